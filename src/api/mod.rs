@@ -1,0 +1,31 @@
+//! Types of the `crd.questdb.io` API and the names the operator stamps on what it owns.
+
+mod questdb;
+
+pub use questdb::*;
+
+/// API group of the operator's resources.
+pub const GROUP: &str = "crd.questdb.io";
+/// Annotation on a Secret that maps it to a QuestDB in the same namespace (ILP auth keys).
+pub const SECRET_QUESTDB_ANNOTATION: &str = "crd.questdb.io/name";
+/// Finalizer that guards cloud resources (instance, DNS record) and PVC retention.
+pub const FINALIZER: &str = "crd.questdb.io/finalizer";
+/// Field manager / event reporter name.
+pub const MANAGER: &str = "questdb-operator";
+
+/// Selector labels: the operator's own, stable, never the user's (selectors are immutable).
+pub mod labels {
+    pub const NAME: &str = "app.kubernetes.io/name";
+    pub const INSTANCE: &str = "app.kubernetes.io/instance";
+    pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
+    pub const NAME_VALUE: &str = "questdb";
+    pub const MANAGED_BY_VALUE: &str = "questdb-operator";
+}
+
+/// Condition types written to `status.conditions`.
+pub mod conditions {
+    pub const READY: &str = "Ready";
+    pub const ILP_AUTH_READY: &str = "IlpAuthReady";
+    pub const NODE_READY: &str = "NodeReady";
+    pub const DNS_READY: &str = "DnsReady";
+}

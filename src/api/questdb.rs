@@ -1,0 +1,339 @@
+//! The `QuestDB` custom resource (`crd.questdb.io/v1beta1`).
+//!
+//! Validation that a single field can express lives in the schema; rules that span fields or
+//! compare old and new objects are CEL (`x-kubernetes-validations`) so the apiserver enforces
+//! them before the operator ever sees a bad object.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{EnvVar, ResourceRequirements};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// Desired state of one QuestDB database.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "crd.questdb.io",
+    version = "v1beta1",
+    kind = "QuestDB",
+    plural = "questdbs",
+    singular = "questdb",
+    shortname = "qdb",
+    shortname = "qdbs",
+    namespaced,
+    status = "QuestDBStatus",
+    cel,
+    printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
+    printcolumn = r#"{"name":"Version","type":"string","jsonPath":".status.version"}"#,
+    printcolumn = r#"{"name":"NodeReady","type":"boolean","jsonPath":".status.nodeReady"}"#,
+    printcolumn = r#"{"name":"NodeIP","type":"string","jsonPath":".status.nodeIP"}"#,
+    printcolumn = r#"{"name":"DNS","type":"string","jsonPath":".status.dnsName"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct QuestDBSpec {
+    /// Container image of the database, e.g. `questdb/questdb:9.0.0`. Its tag is the version.
+    #[x_kube(validation = Rule::new("self.size() > 0").message("image must not be empty"))]
+    pub image: String,
+
+    /// Image pull policy of the database container (Always, IfNotPresent, Never).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_pull_policy: Option<String>,
+
+    /// The volume that holds the whole QuestDB root directory.
+    pub volume: VolumeSpec,
+
+    /// Compute resources of the database container.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+
+    /// QuestDB configuration files.
+    #[serde(default)]
+    pub config: ConfigSpec,
+
+    /// Extra environment variables (QuestDB reads `QDB_*` overrides). Variables the operator
+    /// owns are rejected.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[x_kube(validation = Rule::new(RESERVED_ENV_RULE)
+        .message(Message::Expression(RESERVED_ENV_MESSAGE.into())))]
+    pub env: Vec<EnvVar>,
+
+    /// A dedicated cloud node for this database (AWS). Without it the pod runs on any node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self.zone == oldSelf.zone").message("node.zone is immutable: the volume lives in that zone"))]
+    pub node: Option<NodeSpec>,
+
+    /// Automatic replacement of a dedicated node that stops responding.
+    #[serde(default)]
+    pub failover: FailoverSpec,
+
+    /// A DNS record that follows the database's node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dns: Option<DnsSpec>,
+
+    /// ILP (InfluxDB Line Protocol over TCP) authentication. Keys come from Secrets annotated
+    /// `crd.questdb.io/name: <this QuestDB's name>`.
+    #[serde(default)]
+    pub ilp_auth: IlpAuthSpec,
+
+    /// Release compute (pod and node) and keep the data.
+    #[serde(default)]
+    pub paused: bool,
+}
+
+/// Storage of the QuestDB root directory (`/var/lib/questdb`).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("quantity(self.size).compareTo(quantity(oldSelf.size)) >= 0").message("volume.size may grow but never shrink"),
+    validation = Rule::new("has(self.storageClassName) == has(oldSelf.storageClassName) && (!has(self.storageClassName) || self.storageClassName == oldSelf.storageClassName)").message("volume.storageClassName is immutable")
+)]
+pub struct VolumeSpec {
+    /// Size of the volume, a Kubernetes quantity such as `50Gi`.
+    #[x_kube(validation = Rule::new("isQuantity(self)").message("volume.size must be a quantity such as 50Gi"))]
+    pub size: String,
+    /// Storage class of the PersistentVolumeClaim; the cluster default when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage_class_name: Option<String>,
+    /// Keep the PersistentVolumeClaim (and its data) when the QuestDB is deleted.
+    #[serde(default = "default_true")]
+    pub retain_on_delete: bool,
+}
+
+/// QuestDB configuration files.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct ConfigSpec {
+    /// `server.conf` properties. Keys the operator owns (bind addresses, auth path, root) are
+    /// rejected.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[x_kube(validation = Rule::new(RESERVED_SERVER_KEYS_RULE)
+        .message(Message::Expression(RESERVED_SERVER_KEYS_MESSAGE.into())))]
+    pub server: BTreeMap<String, String>,
+    /// Raw `log.conf`. Logs go to stdout when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub log: Option<String>,
+}
+
+/// A dedicated EC2 node for one database.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeSpec {
+    /// Node image (AMI id). Changing it rolls the database onto a new node.
+    #[x_kube(validation = Rule::new("self.startsWith('ami-')").message("node.image must be an AMI id (ami-...)"))]
+    pub image: String,
+    /// EC2 instance type, e.g. `m6i.large`.
+    pub instance_type: String,
+    /// Availability zone; must match the volume's zone and never changes.
+    pub zone: String,
+}
+
+/// Automatic failover of a dedicated node.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct FailoverSpec {
+    /// Replace a dedicated node that stops responding.
+    #[serde(default = "default_true")]
+    pub enabled: bool,
+    /// How long the node must be unhealthy before it is fenced and replaced.
+    #[serde(default = "default_unhealthy_after")]
+    #[x_kube(validation = Rule::new("self >= 10").message("failover.unhealthyAfterSeconds must be at least 10"))]
+    pub unhealthy_after_seconds: i64,
+}
+
+impl Default for FailoverSpec {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            unhealthy_after_seconds: default_unhealthy_after(),
+        }
+    }
+}
+
+/// A DNS A record that points at the database's node.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct DnsSpec {
+    /// Fully qualified record name, e.g. `db1.tenant.example.com`.
+    #[x_kube(validation = Rule::new("self.matches('^([a-z0-9]([-a-z0-9]*[a-z0-9])?\\\\.)+[a-z]{2,63}\\\\.?$')").message("dns.name must be a lower-case fully qualified domain name"))]
+    pub name: String,
+    /// Record TTL in seconds.
+    #[serde(default = "default_ttl")]
+    pub ttl: i64,
+    /// Point the record at the node's public IP instead of its private one.
+    #[serde(default)]
+    pub public: bool,
+}
+
+/// ILP authentication settings.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct IlpAuthSpec {
+    /// ILP auth is on unless explicitly turned off. With no key Secrets it stays on and refuses
+    /// every client (fail closed): removing the last key never opens the database.
+    #[serde(default = "default_true")]
+    pub enabled: bool,
+}
+
+impl Default for IlpAuthSpec {
+    fn default() -> Self {
+        Self { enabled: true }
+    }
+}
+
+fn default_true() -> bool {
+    true
+}
+fn default_unhealthy_after() -> i64 {
+    90
+}
+fn default_ttl() -> i64 {
+    60
+}
+
+/// `server.conf` keys the operator sets itself; users may not override them.
+pub const RESERVED_SERVER_KEYS: &[&str] = &[
+    "http.net.bind.to",
+    "http.min.net.bind.to",
+    "http.min.enabled",
+    "pg.net.bind.to",
+    "line.tcp.net.bind.to",
+    "line.tcp.auth.db.path",
+    "cairo.root",
+];
+
+/// The environment variables QuestDB maps onto [`RESERVED_SERVER_KEYS`].
+pub fn reserved_env_vars() -> Vec<String> {
+    RESERVED_SERVER_KEYS.iter().map(|k| env_name_for(k)).collect()
+}
+
+/// QuestDB's env override name for a server.conf key: `QDB_` + upper-cased key, `.` → `_`.
+pub fn env_name_for(key: &str) -> String {
+    format!("QDB_{}", key.to_uppercase().replace('.', "_"))
+}
+
+// The CEL rules are literals because the derive embeds them verbatim; a unit test keeps them in
+// step with RESERVED_SERVER_KEYS.
+const RESERVED_SERVER_KEYS_RULE: &str = "self.all(k, !(k in ['http.net.bind.to', 'http.min.net.bind.to', 'http.min.enabled', 'pg.net.bind.to', 'line.tcp.net.bind.to', 'line.tcp.auth.db.path', 'cairo.root']))";
+const RESERVED_SERVER_KEYS_MESSAGE: &str = "'server.conf key ' + self.filter(k, k in ['http.net.bind.to', 'http.min.net.bind.to', 'http.min.enabled', 'pg.net.bind.to', 'line.tcp.net.bind.to', 'line.tcp.auth.db.path', 'cairo.root'])[0] + ' is managed by the operator'";
+const RESERVED_ENV_RULE: &str = "self.all(e, !(e.name in ['QDB_HTTP_NET_BIND_TO', 'QDB_HTTP_MIN_NET_BIND_TO', 'QDB_HTTP_MIN_ENABLED', 'QDB_PG_NET_BIND_TO', 'QDB_LINE_TCP_NET_BIND_TO', 'QDB_LINE_TCP_AUTH_DB_PATH', 'QDB_CAIRO_ROOT']))";
+const RESERVED_ENV_MESSAGE: &str = "'env var ' + self.filter(e, e.name in ['QDB_HTTP_NET_BIND_TO', 'QDB_HTTP_MIN_NET_BIND_TO', 'QDB_HTTP_MIN_ENABLED', 'QDB_PG_NET_BIND_TO', 'QDB_LINE_TCP_NET_BIND_TO', 'QDB_LINE_TCP_AUTH_DB_PATH', 'QDB_CAIRO_ROOT'])[0].name + ' is managed by the operator'";
+
+/// Observed state, written only by the operator.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct QuestDBStatus {
+    /// Coarse lifecycle phase, see [`Phase`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<Phase>,
+    /// The `metadata.generation` this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// QuestDB version (the image tag) that is running or being rolled out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_ready: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none", rename = "nodeIP")]
+    pub node_ip: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none", rename = "instanceID")]
+    pub instance_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_image: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dns_name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoints: Option<Endpoints>,
+    /// Kubernetes-style conditions: `Ready`, `IlpAuthReady`, `NodeReady`, ...
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failover: Option<FailoverStatus>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upgrade: Option<UpgradeStatus>,
+}
+
+/// Coarse lifecycle phase shown by `kubectl get questdb`.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// Accepted; children are being created.
+    Pending,
+    /// A dedicated node is being launched or joined.
+    Provisioning,
+    /// The database pod is Ready.
+    Running,
+    /// Something the operator cannot fix by itself; see conditions.
+    Failed,
+    /// Compute released, data kept.
+    Paused,
+    /// A dedicated node is being replaced after a failure.
+    FailingOver,
+    /// The database is moving to a node with a new image.
+    Upgrading,
+    /// Deletion in progress (finalizer work).
+    Terminating,
+}
+
+impl Phase {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Phase::Pending => "Pending",
+            Phase::Provisioning => "Provisioning",
+            Phase::Running => "Running",
+            Phase::Failed => "Failed",
+            Phase::Paused => "Paused",
+            Phase::FailingOver => "FailingOver",
+            Phase::Upgrading => "Upgrading",
+            Phase::Terminating => "Terminating",
+        }
+    }
+}
+
+/// In-cluster addresses of the database's protocols.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct Endpoints {
+    pub http: String,
+    pub pgwire: String,
+    pub ilp: String,
+}
+
+/// Progress of a node failover; persisted before every side effect.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct FailoverStatus {
+    pub phase: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub old_node: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none", rename = "oldInstanceID")]
+    pub old_instance_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none", rename = "newInstanceID")]
+    pub new_instance_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+/// Progress of a node image upgrade; persisted before every side effect.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct UpgradeStatus {
+    pub phase: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_image: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub to_image: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none", rename = "oldInstanceID")]
+    pub old_instance_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none", rename = "newInstanceID")]
+    pub new_instance_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
