@@ -1,11 +1,14 @@
 //! questdb-operator: runs the whole lifecycle of QuestDB databases on Kubernetes.
 
 pub mod api;
+pub mod app;
 pub mod build;
 pub mod cli;
 pub mod cloud;
 pub mod controllers;
+pub mod crd;
 pub mod http_server;
 pub mod ilp_auth;
 pub mod manager;
 pub mod metrics;
+pub mod sandbox;

@@ -1,4 +1,3 @@
-fn main() {
-    use kube::CustomResourceExt;
-    println!("{}", serde_json::to_string_pretty(&questdb_operator::api::QuestDB::crd()).unwrap());
+fn main() -> std::process::ExitCode {
+    questdb_operator::app::main()
 }

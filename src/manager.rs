@@ -1,1 +1,518 @@
-//! (in progress)
+//! Wiring: client, caches, leader election, controllers, HTTP endpoints and shutdown.
+//!
+//! Caches run on every replica so a standby is warm; controllers run only on the leader. Losing
+//! the Lease stops the controllers and ends `run` with an error: the process exits and restarts
+//! as a standby rather than risk two writers.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use futures::{Stream, StreamExt};
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{
+    ConfigMap, Node, PersistentVolumeClaim, Pod, Secret, Service,
+};
+use kube::api::Api;
+use kube::core::PartialObjectMeta;
+use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::reflector::{self, ObjectRef, ReflectHandle};
+use kube::runtime::{watcher, WatchStreamExt};
+use kube::{Client, Resource};
+use tokio_util::sync::CancellationToken;
+use tracing::{error, info, warn};
+
+use crate::api::{labels, QuestDB, MANAGER};
+use crate::controllers::context::{Caches, Context};
+use crate::controllers::{questdb, retry_delay, Error};
+use crate::http_server::{self, Readiness};
+use crate::ilp_auth;
+use crate::metrics::{ControllerMetrics, Metrics, ReconcileOutcome};
+
+/// Everything `run` needs besides the cluster connection.
+#[derive(Clone, Debug)]
+pub struct ManagerOptions {
+    /// Watch one namespace; all when `None`.
+    pub namespace: Option<String>,
+    pub questdb_concurrency: u16,
+    pub leader_election: Option<LeaderElection>,
+    pub metrics_addr: Option<SocketAddr>,
+    pub health_addr: Option<SocketAddr>,
+}
+
+#[derive(Clone, Debug)]
+pub struct LeaderElection {
+    pub lease_name: String,
+    pub namespace: String,
+    pub identity: String,
+    pub duration: Duration,
+    pub grace: Duration,
+}
+
+impl Default for ManagerOptions {
+    fn default() -> Self {
+        Self {
+            namespace: None,
+            questdb_concurrency: 4,
+            leader_election: None,
+            metrics_addr: None,
+            health_addr: None,
+        }
+    }
+}
+
+/// Handles a test or the sandbox can read while the manager runs.
+#[derive(Clone)]
+pub struct ManagerHandle {
+    pub metrics: Arc<Metrics>,
+    pub readiness: Readiness,
+}
+
+/// Runs the manager until `shutdown` is cancelled (Ok) or leadership is lost (Err).
+pub async fn run(
+    opts: ManagerOptions,
+    config: kube::Config,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    let metrics = Metrics::new();
+    let readiness = Readiness::default();
+    run_with(opts, config, shutdown, ManagerHandle { metrics, readiness }).await
+}
+
+pub async fn run_with(
+    opts: ManagerOptions,
+    config: kube::Config,
+    shutdown: CancellationToken,
+    handle: ManagerHandle,
+) -> anyhow::Result<()> {
+    let ManagerHandle { metrics, readiness } = handle;
+    let client = crate::metrics::instrumented_client(config, metrics.clone())
+        .context("building the Kubernetes client")?;
+
+    let mut servers = Vec::new();
+    if let Some(addr) = opts.metrics_addr {
+        let (m, s) = (metrics.clone(), shutdown.clone());
+        servers.push(tokio::spawn(async move {
+            if let Err(e) = http_server::serve_metrics(addr, m, s).await {
+                error!(error = format!("{e:#}"), %addr, "metrics server failed");
+            }
+        }));
+    }
+    if let Some(addr) = opts.health_addr {
+        let (r, s) = (readiness.clone(), shutdown.clone());
+        servers.push(tokio::spawn(async move {
+            if let Err(e) = http_server::serve_health(addr, r, s).await {
+                error!(error = format!("{e:#}"), %addr, "health server failed");
+            }
+        }));
+    }
+
+    let caches_token = shutdown.child_token();
+    let (caches, subs, cache_tasks) = start_caches(&client, opts.namespace.as_deref(), &caches_token);
+    let phases = caches.questdbs.clone();
+    metrics.set_phase_source(move || {
+        phases
+            .state()
+            .iter()
+            .map(|q| q.status.as_ref().and_then(|s| s.phase))
+            .collect()
+    });
+
+    let result = async {
+        // Subscriptions are drained while the caches fill so the reflectors never block.
+        let (subs, ()) = subs.drain_while(wait_for_caches(&caches, &shutdown)).await;
+        if shutdown.is_cancelled() {
+            return Ok(());
+        }
+        readiness.set_ready();
+        info!("caches synced");
+        match &opts.leader_election {
+            None => {
+                run_controllers(&client, &opts, &metrics, &caches, subs, shutdown.clone()).await;
+                Ok(())
+            }
+            Some(le) => run_as_leader(le, &client, &opts, &metrics, &caches, subs, &shutdown).await,
+        }
+    }
+    .await;
+
+    caches_token.cancel();
+    for t in cache_tasks {
+        let _ = t.await;
+    }
+    shutdown.cancel();
+    for s in servers {
+        let _ = s.await;
+    }
+    result
+}
+
+/// Subscriptions to the shared reflectors. They are taken before the reflectors start (a
+/// reflector's writer is consumed by its stream) and drained while this replica is a standby, so
+/// an unread subscription never holds a reflector back.
+pub struct Subscriptions {
+    questdbs: ReflectHandle<QuestDB>,
+    statefulsets: ReflectHandle<StatefulSet>,
+    configmaps: ReflectHandle<ConfigMap>,
+    services: ReflectHandle<Service>,
+    pvcs: ReflectHandle<PersistentVolumeClaim>,
+    pods: ReflectHandle<Pod>,
+    secrets: ReflectHandle<PartialObjectMeta<Secret>>,
+}
+
+impl Subscriptions {
+    /// Discards events until `until` completes; the controllers reconcile everything when they
+    /// start, so nothing drained is lost.
+    async fn drain_while<T>(mut self, until: impl Future<Output = T>) -> (Self, T) {
+        let mut until = std::pin::pin!(until);
+        loop {
+            tokio::select! {
+                biased;
+                out = &mut until => return (self, out),
+                Some(_) = self.questdbs.next() => {}
+                Some(_) = self.statefulsets.next() => {}
+                Some(_) = self.configmaps.next() => {}
+                Some(_) = self.services.next() => {}
+                Some(_) = self.pvcs.next() => {}
+                Some(_) = self.pods.next() => {}
+                Some(_) = self.secrets.next() => {}
+            }
+        }
+    }
+}
+
+const SHARED_BUFFER: usize = 1024;
+
+fn api_for<K>(client: &Client, ns: Option<&str>) -> Api<K>
+where
+    K: Resource<Scope = kube::core::NamespaceResourceScope, DynamicType = ()>,
+{
+    match ns {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    }
+}
+
+fn managed_selector() -> watcher::Config {
+    watcher::Config::default().labels(&format!(
+        "{}={}",
+        labels::MANAGED_BY,
+        labels::MANAGED_BY_VALUE
+    ))
+}
+
+/// Starts every reflector. Children are watched by the operator's managed-by label so the
+/// caches hold only what the operator manages; Secrets are watched metadata-only so no Secret
+/// data of the cluster is ever cached.
+fn start_caches(
+    client: &Client,
+    ns: Option<&str>,
+    token: &CancellationToken,
+) -> (Caches, Subscriptions, Vec<tokio::task::JoinHandle<()>>) {
+    let mut tasks = Vec::new();
+
+    macro_rules! shared {
+        ($k:ty, $api:expr, $cfg:expr) => {{
+            let (reader, writer) = reflector::store_shared::<$k>(SHARED_BUFFER);
+            let subscription = writer.subscribe().expect("shared store");
+            let stream = watcher($api, $cfg)
+                .default_backoff()
+                .modify(|o: &mut $k| o.meta_mut().managed_fields = None)
+                .reflect_shared(writer);
+            tasks.push(spawn_drain(stream, token.clone(), stringify!($k)));
+            (reader, subscription)
+        }};
+    }
+
+    let (questdbs, w_qdb) = shared!(QuestDB, api_for::<QuestDB>(client, ns), watcher::Config::default());
+    let (statefulsets, w_sts) = shared!(StatefulSet, api_for::<StatefulSet>(client, ns), managed_selector());
+    let (configmaps, w_cm) = shared!(ConfigMap, api_for::<ConfigMap>(client, ns), managed_selector());
+    let (services, w_svc) = shared!(Service, api_for::<Service>(client, ns), managed_selector());
+    let (pvcs, w_pvc) = shared!(PersistentVolumeClaim, api_for::<PersistentVolumeClaim>(client, ns), managed_selector());
+    let (pods, w_pod) = shared!(Pod, api_for::<Pod>(client, ns), managed_selector());
+
+    let (nodes, node_writer) = reflector::store::<Node>();
+    let node_stream = watcher(Api::<Node>::all(client.clone()), watcher::Config::default())
+        .default_backoff()
+        .modify(|n: &mut Node| n.metadata.managed_fields = None)
+        .reflect(node_writer);
+    tasks.push(spawn_drain(node_stream, token.clone(), "Node"));
+
+    let (secrets, secret_writer) = reflector::store_shared::<PartialObjectMeta<Secret>>(SHARED_BUFFER);
+    let w_secret = secret_writer.subscribe().expect("shared store");
+    let secret_api: Api<PartialObjectMeta<Secret>> = match ns {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    };
+    let secret_stream = watcher(secret_api, watcher::Config::default())
+        .default_backoff()
+        .modify(|s: &mut PartialObjectMeta<Secret>| {
+            // Only the mapping annotation matters; drop the rest to keep the cache small when
+            // the cluster holds thousands of unrelated Secrets.
+            s.metadata.managed_fields = None;
+            s.metadata.labels = None;
+            if let Some(a) = s.metadata.annotations.as_mut() {
+                a.retain(|k, _| k == crate::api::SECRET_QUESTDB_ANNOTATION);
+            }
+        })
+        .reflect_shared(secret_writer);
+    tasks.push(spawn_drain(secret_stream, token.clone(), "Secret"));
+
+    let caches = Caches {
+        questdbs,
+        statefulsets,
+        configmaps,
+        services,
+        pvcs,
+        pods,
+        nodes,
+        secrets,
+    };
+    let writers = Subscriptions {
+        questdbs: w_qdb,
+        statefulsets: w_sts,
+        configmaps: w_cm,
+        services: w_svc,
+        pvcs: w_pvc,
+        pods: w_pod,
+        secrets: w_secret,
+    };
+    (caches, writers, tasks)
+}
+
+fn spawn_drain<S, T>(stream: S, token: CancellationToken, what: &'static str) -> tokio::task::JoinHandle<()>
+where
+    S: Stream<Item = Result<T, watcher::Error>> + Send + 'static,
+    T: Send + 'static,
+{
+    tokio::spawn(async move {
+        let mut stream = std::pin::pin!(stream);
+        loop {
+            tokio::select! {
+                _ = token.cancelled() => break,
+                item = stream.next() => match item {
+                    Some(Ok(_)) => {}
+                    // The watcher retries with backoff by itself; a malformed object is skipped.
+                    Some(Err(e)) => warn!(cache = what, error = %e, "watch error"),
+                    None => break,
+                }
+            }
+        }
+    })
+}
+
+async fn wait_for_caches(c: &Caches, shutdown: &CancellationToken) {
+    let all = async {
+        let _ = c.questdbs.wait_until_ready().await;
+        let _ = c.statefulsets.wait_until_ready().await;
+        let _ = c.configmaps.wait_until_ready().await;
+        let _ = c.services.wait_until_ready().await;
+        let _ = c.pvcs.wait_until_ready().await;
+        let _ = c.pods.wait_until_ready().await;
+        let _ = c.nodes.wait_until_ready().await;
+        let _ = c.secrets.wait_until_ready().await;
+    };
+    tokio::select! {
+        _ = all => {}
+        _ = shutdown.cancelled() => {}
+    }
+}
+
+async fn run_as_leader(
+    le: &LeaderElection,
+    client: &Client,
+    opts: &ManagerOptions,
+    metrics: &Arc<Metrics>,
+    caches: &Caches,
+    subs: Subscriptions,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<()> {
+    let manager = kube_lease_manager::LeaseManagerBuilder::new(client.clone(), &le.lease_name)
+        .with_namespace(&le.namespace)
+        .with_identity(&le.identity)
+        .with_duration(le.duration.as_secs())
+        .with_grace(le.grace.as_secs())
+        .with_field_manager(format!("{MANAGER}-{}", le.identity))
+        .build()
+        .await
+        .context("starting leader election")?;
+    let (mut leader, lease_task) = manager.watch().await;
+    metrics.set_leader(&le.lease_name, false);
+    info!(lease = %le.lease_name, identity = %le.identity, "waiting for leadership");
+
+    let became_leader = async {
+        loop {
+            if *leader.borrow_and_update() {
+                return true;
+            }
+            tokio::select! {
+                _ = shutdown.cancelled() => return false,
+                changed = leader.changed() => if changed.is_err() { return false },
+            }
+        }
+    };
+    let (subs, is_leader) = subs.drain_while(became_leader).await;
+    if !is_leader {
+        drop(leader);
+        let _ = lease_task.await;
+        return Ok(());
+    }
+
+    info!(lease = %le.lease_name, identity = %le.identity, "became leader");
+    metrics.set_leader(&le.lease_name, true);
+    let controllers_token = shutdown.child_token();
+    let controllers = run_controllers(client, opts, metrics, caches, subs, controllers_token.clone());
+    let mut controllers = std::pin::pin!(controllers);
+    let lost = loop {
+        tokio::select! {
+            _ = &mut controllers => break false,
+            changed = leader.changed() => {
+                if changed.is_err() || !*leader.borrow_and_update() {
+                    break true;
+                }
+            }
+        }
+    };
+    controllers_token.cancel();
+    if lost {
+        // Stop every reconcile before reporting, so nothing writes after the Lease is gone.
+        controllers.await;
+    }
+    metrics.set_leader(&le.lease_name, false);
+    // Dropping the receiver makes the lease task release the Lease for a fast hand-over.
+    drop(leader);
+    let _ = lease_task.await;
+    if lost {
+        error!(lease = %le.lease_name, "lost leadership; stopping");
+        anyhow::bail!("lost the leader-election Lease {}", le.lease_name);
+    }
+    Ok(())
+}
+
+/// Runs every controller until `token` is cancelled; returns once all of them stopped.
+async fn run_controllers(
+    client: &Client,
+    opts: &ManagerOptions,
+    metrics: &Arc<Metrics>,
+    caches: &Caches,
+    subs: Subscriptions,
+    token: CancellationToken,
+) {
+    let recorder = Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: MANAGER.into(),
+            instance: std::env::var("POD_NAME").ok(),
+        },
+    );
+    let ctrl_metrics = metrics.controller(questdb::CONTROLLER_NAME, opts.questdb_concurrency as usize);
+    let ctx = Arc::new(Context {
+        client: client.clone(),
+        recorder,
+        caches: caches.clone(),
+        metrics: metrics.clone(),
+        keys: Default::default(),
+        failures: Default::default(),
+    });
+    let controller = questdb_controller(subs, caches, opts.questdb_concurrency, &ctrl_metrics)
+        .graceful_shutdown_on(token.cancelled_owned());
+    run_questdb_controller(controller, ctx, ctrl_metrics).await;
+}
+
+/// Builds the QuestDB controller and its triggers. Every trigger is counted for the
+/// `workqueue_*` figures before it reaches the controller.
+fn questdb_controller(
+    subs: Subscriptions,
+    caches: &Caches,
+    concurrency: u16,
+    m: &ControllerMetrics,
+) -> Controller<QuestDB> {
+    let config = ControllerConfig::default().concurrency(concurrency);
+    let seen = m.clone();
+    let main = subs.questdbs.inspect(move |q: &Arc<QuestDB>| seen.observe_trigger(&ObjectRef::from_obj(&**q)));
+    let mut c = Controller::for_shared_stream(main, caches.questdbs.clone()).with_config(config);
+
+    // Children are mapped to their QuestDB by the operator's instance label: pods are owned by
+    // the StatefulSet, retained PVCs by nobody, and the label is on every child alike.
+    fn by_label(
+        meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+        m: &ControllerMetrics,
+    ) -> Option<ObjectRef<QuestDB>> {
+        let name = meta.labels.as_ref()?.get(labels::INSTANCE)?;
+        let r = ObjectRef::<QuestDB>::new(name).within(meta.namespace.as_deref()?);
+        m.observe_trigger(&r);
+        Some(r)
+    }
+    macro_rules! by_label {
+        ($stream:expr, $k:ty) => {{
+            let m = m.clone();
+            c = c.watches_shared_stream($stream, move |o: Arc<$k>| by_label(&o.metadata, &m));
+        }};
+    }
+    by_label!(subs.statefulsets, StatefulSet);
+    by_label!(subs.configmaps, ConfigMap);
+    by_label!(subs.services, Service);
+    by_label!(subs.pvcs, PersistentVolumeClaim);
+    by_label!(subs.pods, Pod);
+    let sm = m.clone();
+    c = c.watches_shared_stream(subs.secrets, move |s: Arc<PartialObjectMeta<Secret>>| {
+        let r = ilp_auth::questdb_for_secret(&s.metadata);
+        if let Some(r) = &r {
+            sm.observe_trigger(&r);
+        }
+        r
+    });
+    // The controller only sees events after it starts: reconcile everything once at start.
+    c.reconcile_all_on(futures::stream::once(async {}))
+}
+
+/// Drives the QuestDB controller: a span and metrics around every reconcile, and an error
+/// policy with per-object exponential backoff.
+async fn run_questdb_controller(controller: Controller<QuestDB>, ctx: Arc<Context>, m: ControllerMetrics) {
+    let reconcile = move |obj: Arc<QuestDB>, ctx: Arc<Context>| {
+        let m = m.clone();
+        async move {
+            let key = ObjectRef::from_obj(&*obj);
+            let guard = m.start(&key);
+            let result = guard.scope(questdb::reconcile(obj, ctx.clone())).await;
+            match &result {
+                Ok(action) => {
+                    ctx.failures.lock().expect("failures lock").remove(&key);
+                    guard.finish(ReconcileOutcome::from_action(action));
+                }
+                // Conflicts are routine for a controller: retried, not reported as errors.
+                Err(e) if e.is_transient_conflict() => {
+                    guard.span().in_scope(|| tracing::debug!(error = %e, "retrying after a conflict"));
+                    guard.finish(ReconcileOutcome::Error);
+                }
+                Err(e) => guard.finish_with_error(e),
+            }
+            result
+        }
+    };
+    controller
+        .run(reconcile, error_policy, ctx)
+        .for_each(|res| async move {
+            if let Err(e) = res {
+                // Reconciler errors were already logged with their cause chain.
+                if !matches!(e, kube::runtime::controller::Error::ReconcilerFailed(..)) {
+                    warn!(error = %e, "controller event");
+                }
+            }
+        })
+        .await;
+}
+
+fn error_policy(obj: Arc<QuestDB>, err: &Error, ctx: Arc<Context>) -> Action {
+    let key = ObjectRef::from_obj(&*obj);
+    let attempt = {
+        let mut failures = ctx.failures.lock().expect("failures lock");
+        let n = failures.entry(key).or_default();
+        *n += 1;
+        *n
+    };
+    Action::requeue(retry_delay(attempt - 1, err.is_transient_conflict()))
+}

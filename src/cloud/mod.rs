@@ -1,1 +1,73 @@
-//! (in progress)
+//! The cloud seam: a node provider (dedicated EC2 instances) and a DNS provider (Route53 A
+//! records) behind small object-safe traits, with two backends:
+//!
+//! - [`aws`]: the AWS SDK (standard credential chain, optional endpoint override for moto);
+//! - [`memory`]: an in-process fake for the sandbox and fast tests that models the failure
+//!   modes moto cannot (ClientToken idempotency, throttling, capacity, eventual consistency).
+//!
+//! Both backends share the policy layer ([`Ec2NodeProvider`], [`Route53DnsProvider`]):
+//! idempotent launch, retries with jittered backoff, a shared rate limit, and a report of every
+//! API attempt to an [`AwsCallObserver`].
+
+mod backend;
+mod config;
+mod dns;
+mod error;
+mod model;
+mod nodes;
+mod observer;
+mod rate_limit;
+mod retry;
+mod tags;
+pub mod user_data;
+
+pub mod aws;
+pub mod memory;
+
+use async_trait::async_trait;
+
+pub use backend::{ChangeAction, Ec2Api, InstanceQuery, Page, Route53Api, RunSpec};
+pub use config::{pick_subnet, CloudConfig, RateLimit, RetryPolicy};
+pub use dns::Route53DnsProvider;
+pub use error::{classify, ApiError, CloudError, ErrorClass};
+pub use model::{display_name, fqdn, ARecord, Instance, InstanceState, LaunchRequest, Taint};
+pub use nodes::Ec2NodeProvider;
+pub use observer::{noop_observer, AwsCallObserver, CallCounter, NoopObserver, SharedObserver};
+pub use tags::{
+    client_token, desired_instance_tags, identity_tags, parse_provider_id, provider_id,
+    ProviderId, TAG_CLUSTER, TAG_NAME, TAG_NAMESPACE, TAG_NAME_AWS, TAG_NODE_GENERATION, TAG_UID,
+};
+pub use user_data::render_user_data;
+
+/// Dedicated nodes. Object safe: the controllers hold an `Arc<dyn NodeProvider>`.
+#[async_trait]
+pub trait NodeProvider: Send + Sync {
+    /// Launch (or find) the instance of `req.uid` + `req.node_generation`. Idempotent: looks
+    /// the instance up by its tags first and launches with a ClientToken derived from uid +
+    /// generation, so repeating the call after a crash never creates a second instance. If
+    /// that generation's instance is already terminated it is returned as is: bump the
+    /// generation to get a new one.
+    async fn launch(&self, req: &LaunchRequest) -> Result<Instance, CloudError>;
+
+    /// Every instance tagged for this cluster, any state, in one paged `DescribeInstances`.
+    /// Meant to be called once per sync and shared across QuestDBs.
+    async fn describe_cluster(&self) -> Result<Vec<Instance>, CloudError>;
+
+    /// These instances. Ids EC2 does not know (yet) are retried for the eventual-consistency
+    /// window, then left out of the result.
+    async fn describe(&self, ids: &[String]) -> Result<Vec<Instance>, CloudError>;
+
+    /// Terminate; an instance that is already terminated or unknown is `Ok`.
+    async fn terminate(&self, id: &str) -> Result<(), CloudError>;
+}
+
+/// DNS A records in the operator's hosted zone. Names are fully qualified, with or without
+/// the trailing dot, case-insensitive.
+#[async_trait]
+pub trait DnsProvider: Send + Sync {
+    /// Point `name` at `ip` only; writes nothing when the record already says exactly that.
+    async fn upsert_a(&self, name: &str, ip: &str, ttl: i64) -> Result<(), CloudError>;
+    async fn read_a(&self, name: &str) -> Result<Option<ARecord>, CloudError>;
+    /// Delete; an absent record is `Ok`.
+    async fn delete_a(&self, name: &str) -> Result<(), CloudError>;
+}

@@ -1,1 +1,92 @@
-//! (in progress)
+//! Controllers hosted by the manager. Each reads like a pipeline:
+//! observe -> build -> apply -> update status.
+
+pub mod children;
+pub mod conditions;
+pub mod context;
+pub mod questdb;
+
+use std::time::Duration;
+
+/// Reconcile failures. Variant names double as metric labels and event reasons.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("object has no namespace")]
+    MissingNamespace,
+    #[error("object has no uid")]
+    MissingUid,
+    #[error("the cache is behind the apiserver for {0}")]
+    StaleCache(String),
+    #[error("optimistic-concurrency conflict")]
+    Conflict,
+    #[error("serializing an object failed")]
+    Serialize(#[source] serde_json::Error),
+    #[error("Kubernetes API call failed")]
+    Kube(#[source] kube::Error),
+}
+
+impl Error {
+    /// Conflicts and stale caches are normal in a controller: retried quickly, never logged as
+    /// errors.
+    pub fn is_transient_conflict(&self) -> bool {
+        matches!(self, Error::StaleCache(_) | Error::Conflict)
+    }
+
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            Error::MissingNamespace => "MissingNamespace",
+            Error::MissingUid => "MissingUid",
+            Error::StaleCache(_) => "StaleCache",
+            Error::Conflict => "Conflict",
+            Error::Serialize(_) => "Serialize",
+            Error::Kube(_) => "Kube",
+        }
+    }
+
+    pub(crate) fn from_status_write(e: kube::Error) -> Self {
+        match e {
+            kube::Error::Api(s) if s.code == 409 => Error::Conflict,
+            e => Error::Kube(e),
+        }
+    }
+}
+
+/// A one-line description of a kube error for events and conditions (no object bodies).
+pub fn short_error(e: &kube::Error) -> String {
+    match e {
+        kube::Error::Api(s) => format!("{} ({}): {}", s.reason, s.code, s.message),
+        other => other.to_string(),
+    }
+}
+
+/// Backoff for failed reconciles of one object: exponential with jitter, capped.
+pub fn retry_delay(attempt: u32, conflict: bool) -> Duration {
+    use backon::BackoffBuilder;
+    let (min, max) = if conflict {
+        (Duration::from_millis(200), Duration::from_secs(5))
+    } else {
+        (Duration::from_secs(1), Duration::from_secs(300))
+    };
+    backon::ExponentialBuilder::default()
+        .with_min_delay(min)
+        .with_max_delay(max)
+        .with_factor(2.0)
+        .with_jitter()
+        .without_max_times()
+        .build()
+        .nth(attempt as usize)
+        .unwrap_or(max)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_delay_grows_and_is_capped() {
+        assert!(retry_delay(0, false) < Duration::from_secs(3));
+        assert!(retry_delay(20, false) <= Duration::from_secs(600));
+        assert!(retry_delay(20, false) >= Duration::from_secs(300));
+        assert!(retry_delay(30, true) <= Duration::from_secs(10));
+    }
+}

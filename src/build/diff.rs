@@ -1,0 +1,474 @@
+//! "Does this child need a write?" for the controller's write-only-when-different rule.
+//!
+//! The API server adds defaults (a Service's clusterIP, a volume's defaultMode, a probe's
+//! scheme), metadata (uid, resourceVersion, managedFields) and status to every stored object, and
+//! canonicalises quantities (`1000m` becomes `1`). Comparing whole objects would therefore write
+//! on every reconcile. Instead each kind compares only what the builders set: the desired object
+//! must be a *subset* of the existing one.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Service};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use kube::Resource;
+use serde::Serialize;
+use serde_json::Value;
+
+use super::quantity::parse_quantity;
+
+/// A child kind the operator builds, with its own notion of "already as desired".
+pub trait OwnedChild: Resource<DynamicType = ()> {
+    /// Whether the spec/data of `existing` already holds everything the operator set in
+    /// `desired` (metadata is compared separately by [`needs_update`]).
+    fn spec_matches(desired: &Self, existing: &Self) -> bool;
+}
+
+/// Whether `existing` must be written to become `desired`: the operator's labels and
+/// annotations missing or different, a different controller reference (adoption, or detaching a
+/// retained PVC), a missing non-controller owner reference, or [`OwnedChild::spec_matches`] false.
+/// Labels and annotations a user added to the child by hand are left alone.
+pub fn needs_update<T: OwnedChild>(desired: &T, existing: &T) -> bool {
+    !(meta_matches(desired.meta(), existing.meta()) && T::spec_matches(desired, existing))
+}
+
+fn meta_matches(desired: &ObjectMeta, existing: &ObjectMeta) -> bool {
+    map_subset(desired.labels.as_ref(), existing.labels.as_ref())
+        && map_subset(desired.annotations.as_ref(), existing.annotations.as_ref())
+        && controller_ref(desired) == controller_ref(existing)
+        && owner_refs(desired)
+            .filter(|r| !is_controller(r))
+            .all(|r| owner_refs(existing).any(|e| e == r))
+}
+
+fn map_subset(
+    desired: Option<&BTreeMap<String, String>>,
+    existing: Option<&BTreeMap<String, String>>,
+) -> bool {
+    desired
+        .into_iter()
+        .flatten()
+        .all(|(k, v)| existing.and_then(|e| e.get(k)) == Some(v))
+}
+
+fn owner_refs(meta: &ObjectMeta) -> impl Iterator<Item = &OwnerReference> {
+    meta.owner_references.iter().flatten()
+}
+
+fn is_controller(r: &OwnerReference) -> bool {
+    r.controller == Some(true)
+}
+
+fn controller_ref(meta: &ObjectMeta) -> Option<&OwnerReference> {
+    owner_refs(meta).find(|r| is_controller(r))
+}
+
+/// Whether every value present in `desired` is equal in `existing`, recursively: objects may
+/// have extra keys in `existing`; arrays must have the same length and match element by element;
+/// numbers compare by value. A `null`, empty array or empty object in `desired` also matches an
+/// absent key, because the API server drops empty fields.
+pub fn json_subset(desired: &Value, existing: &Value) -> bool {
+    match (desired, existing) {
+        (Value::Object(d), Value::Object(e)) => d.iter().all(|(key, dv)| match e.get(key) {
+            Some(ev) => json_subset(dv, ev) || (is_empty(dv) && ev.is_null()),
+            None => is_empty(dv),
+        }),
+        (Value::Array(d), Value::Array(e)) => {
+            d.len() == e.len() && d.iter().zip(e).all(|(dv, ev)| json_subset(dv, ev))
+        }
+        (Value::Number(d), Value::Number(e)) => d == e || d.as_f64() == e.as_f64(),
+        (d, e) => d == e,
+    }
+}
+
+fn is_empty(v: &Value) -> bool {
+    match v {
+        Value::Null => true,
+        Value::Array(a) => a.is_empty(),
+        Value::Object(o) => o.is_empty(),
+        _ => false,
+    }
+}
+
+fn to_json<T: Serialize>(value: &T) -> Value {
+    // The k8s-openapi types always serialize; Null would only make the comparison fail safe
+    // (a write), never skip one.
+    serde_json::to_value(value).unwrap_or(Value::Null)
+}
+
+/// Rewrites every quantity under a `resources.limits`/`resources.requests` map into one
+/// canonical spelling, so `1000m` (desired) equals `1` (stored by the API server).
+fn canonicalise_resources(value: &mut Value) {
+    match value {
+        Value::Object(map) => {
+            for (key, child) in map.iter_mut() {
+                if key == "resources" {
+                    for section in ["limits", "requests"] {
+                        if let Some(Value::Object(quantities)) = child.get_mut(section) {
+                            for q in quantities.values_mut() {
+                                if let Some(n) = q.as_str().and_then(parse_quantity) {
+                                    *q = Value::String(n.to_string());
+                                }
+                            }
+                        }
+                    }
+                }
+                canonicalise_resources(child);
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(canonicalise_resources),
+        _ => {}
+    }
+}
+
+fn spec_subset<T: Serialize>(desired: &T, existing: &T) -> bool {
+    let (mut d, mut e) = (to_json(desired), to_json(existing));
+    canonicalise_resources(&mut d);
+    canonicalise_resources(&mut e);
+    json_subset(&d, &e)
+}
+
+impl OwnedChild for StatefulSet {
+    fn spec_matches(desired: &Self, existing: &Self) -> bool {
+        spec_subset(&desired.spec, &existing.spec)
+    }
+}
+
+impl OwnedChild for ConfigMap {
+    /// The files must be exactly the built ones: a stray key would be mounted nowhere, but a
+    /// changed one would be served to QuestDB.
+    fn spec_matches(desired: &Self, existing: &Self) -> bool {
+        desired.data.clone().unwrap_or_default() == existing.data.clone().unwrap_or_default()
+    }
+}
+
+impl OwnedChild for Service {
+    /// Ports and type as a subset (the server fills in clusterIP, nodePorts, policies), but the
+    /// selector exactly: an extra selector label would silently route to nothing.
+    fn spec_matches(desired: &Self, existing: &Self) -> bool {
+        let selector = |s: &Service| s.spec.as_ref().and_then(|s| s.selector.clone());
+        spec_subset(&desired.spec, &existing.spec)
+            && selector(desired).unwrap_or_default() == selector(existing).unwrap_or_default()
+    }
+}
+
+impl OwnedChild for PersistentVolumeClaim {
+    /// Only the requested size, and only upwards: volumes can be expanded but never shrunk,
+    /// and the rest of a bound claim's spec is immutable.
+    fn spec_matches(desired: &Self, existing: &Self) -> bool {
+        match (requested_storage(desired), requested_storage(existing)) {
+            (Some(want), Some(have)) => want <= have,
+            // A desired size that does not parse is refused by validation before any build; a
+            // stored claim without a size is repaired by a write.
+            (None, _) => true,
+            (Some(_), None) => false,
+        }
+    }
+}
+
+fn requested_storage(pvc: &PersistentVolumeClaim) -> Option<f64> {
+    let quantity = pvc
+        .spec
+        .as_ref()?
+        .resources
+        .as_ref()?
+        .requests
+        .as_ref()?
+        .get("storage")?;
+    parse_quantity(&quantity.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::QuestDB;
+    use crate::build::testing::questdb;
+    use crate::build::{
+        client_service, config_hash, config_map, headless_service, pvc_with_ownership,
+        statefulset, PvcOwnership,
+    };
+    use k8s_openapi::api::core::v1::ResourceRequirements;
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+    use serde::de::DeserializeOwned;
+    use serde_json::json;
+
+    // ---- json_subset ----
+
+    #[test]
+    fn subset_allows_extra_keys_in_existing() {
+        assert!(json_subset(&json!({"a": 1}), &json!({"a": 1, "b": 2})));
+        assert!(json_subset(&json!({}), &json!({"b": 2})));
+        assert!(!json_subset(&json!({"a": 1, "b": 2}), &json!({"a": 1})));
+    }
+
+    #[test]
+    fn subset_compares_nested_values() {
+        let existing = json!({"a": {"b": {"c": "x", "d": true}}});
+        assert!(json_subset(&json!({"a": {"b": {"c": "x"}}}), &existing));
+        assert!(!json_subset(&json!({"a": {"b": {"c": "y"}}}), &existing));
+        assert!(!json_subset(&json!({"a": {"b": {"d": false}}}), &existing));
+    }
+
+    #[test]
+    fn subset_requires_equal_array_lengths_and_elementwise_subsets() {
+        let existing = json!([{"name": "a", "x": 1}, {"name": "b", "x": 2}]);
+        assert!(json_subset(&json!([{"name": "a"}, {"name": "b"}]), &existing));
+        assert!(!json_subset(&json!([{"name": "a"}]), &existing));
+        assert!(!json_subset(&json!([{"name": "b"}, {"name": "a"}]), &existing));
+        assert!(!json_subset(
+            &json!([{"name": "a"}, {"name": "b"}, {"name": "c"}]),
+            &existing
+        ));
+    }
+
+    #[test]
+    fn subset_treats_empty_desired_values_as_absent() {
+        assert!(json_subset(&json!({"a": null}), &json!({})));
+        assert!(json_subset(&json!({"a": []}), &json!({})));
+        assert!(json_subset(&json!({"a": {}}), &json!({"a": null})));
+        assert!(!json_subset(&json!({"a": [1]}), &json!({})));
+        assert!(!json_subset(&json!({"a": "x"}), &json!({})));
+        // A non-empty existing value is not "absent": an explicit empty list differs from it.
+        assert!(!json_subset(&json!({"a": []}), &json!({"a": [1]})));
+    }
+
+    #[test]
+    fn subset_compares_scalars_exactly_and_numbers_by_value() {
+        assert!(json_subset(&json!(1), &json!(1.0)));
+        assert!(!json_subset(&json!(1), &json!("1")));
+        assert!(!json_subset(&json!("a"), &json!("A")));
+        assert!(!json_subset(&json!(true), &json!(null)));
+        assert!(!json_subset(&json!({"a": 1}), &json!([1])));
+    }
+
+    // ---- per-kind ----
+
+    /// What the API server stores for a `desired` object: the desired fields plus `extra`
+    /// (defaults, server metadata, status) merged in.
+    fn stored<T: Serialize + DeserializeOwned>(desired: &T, extra: Value) -> T {
+        let mut value = to_json(desired);
+        merge(&mut value, extra);
+        serde_json::from_value(value).unwrap_or_else(|e| panic!("bad fixture: {e}"))
+    }
+
+    fn merge(into: &mut Value, from: Value) {
+        match (into, from) {
+            (Value::Object(a), Value::Object(b)) => {
+                for (k, v) in b {
+                    merge(a.entry(k).or_insert(Value::Null), v);
+                }
+            }
+            (Value::Array(a), Value::Array(b)) => {
+                for (x, y) in a.iter_mut().zip(b) {
+                    merge(x, y);
+                }
+            }
+            (slot, v) => *slot = v,
+        }
+    }
+
+    fn server_metadata() -> Value {
+        json!({"metadata": {
+            "uid": "1b9d6bcd-bbfd-4b2d-9b5d-ab8dfbbd4bed",
+            "resourceVersion": "4711",
+            "creationTimestamp": "2026-01-01T00:00:00Z",
+            "managedFields": [{"manager": "questdb-operator", "operation": "Update"}],
+            "labels": {"added-by-hand": "yes"},
+            "annotations": {"note": "added by hand"}
+        }})
+    }
+
+    fn sts(qdb: &QuestDB) -> StatefulSet {
+        let cm = config_map(qdb, true);
+        statefulset(qdb, &config_hash(&[&cm]), true, None)
+    }
+
+    fn defaulted_sts(desired: &StatefulSet) -> StatefulSet {
+        let with_meta = stored(desired, server_metadata());
+        stored(
+            &with_meta,
+            json!({
+                "spec": {
+                    "revisionHistoryLimit": 10,
+                    "updateStrategy": {"rollingUpdate": {"partition": 0}},
+                    "persistentVolumeClaimRetentionPolicy": {"whenDeleted": "Retain", "whenScaled": "Retain"},
+                    "template": {"spec": {
+                        "restartPolicy": "Always",
+                        "dnsPolicy": "ClusterFirst",
+                        "schedulerName": "default-scheduler",
+                        "containers": [{
+                            "terminationMessagePath": "/dev/termination-log",
+                            "terminationMessagePolicy": "File",
+                            "readinessProbe": {"successThreshold": 1, "httpGet": {"scheme": "HTTP"}}
+                        }],
+                        "volumes": [{}, {"configMap": {"defaultMode": 420}}, {"configMap": {"defaultMode": 420}}]
+                    }}
+                },
+                "status": {"replicas": 1, "readyReplicas": 1}
+            }),
+        )
+    }
+
+    #[test]
+    fn server_defaults_never_make_a_statefulset_differ() {
+        let desired = sts(&questdb("db1", "tenant-a"));
+        assert!(!needs_update(&desired, &defaulted_sts(&desired)));
+    }
+
+    #[test]
+    fn canonicalised_quantities_do_not_make_a_statefulset_differ() {
+        let mut qdb = questdb("db1", "tenant-a");
+        qdb.spec.resources = Some(ResourceRequirements {
+            requests: Some(BTreeMap::from([
+                ("cpu".to_string(), Quantity("1000m".to_string())),
+                ("memory".to_string(), Quantity("4096Mi".to_string())),
+            ])),
+            ..ResourceRequirements::default()
+        });
+        let desired = sts(&qdb);
+        let existing = stored(
+            &desired,
+            json!({"spec": {"template": {"spec": {
+                "initContainers": [{"resources": {"requests": {"cpu": "1", "memory": "4Gi"}}}],
+                "containers": [{"resources": {"requests": {"cpu": "1", "memory": "4Gi"}}}]
+            }}}}),
+        );
+        assert!(!needs_update(&desired, &existing));
+
+        let bigger = stored(
+            &existing,
+            json!({"spec": {"template": {"spec": {
+                "containers": [{"resources": {"requests": {"cpu": "2"}}}]
+            }}}}),
+        );
+        assert!(needs_update(&desired, &bigger));
+    }
+
+    #[test]
+    fn statefulset_changes_that_matter_are_detected() {
+        let qdb = questdb("db1", "tenant-a");
+        let desired = sts(&qdb);
+        let existing = defaulted_sts(&desired);
+
+        let mut paused = qdb.clone();
+        paused.spec.paused = true;
+        assert!(needs_update(&sts(&paused), &existing), "replicas");
+
+        let mut upgraded = qdb.clone();
+        upgraded.spec.image = "questdb/questdb:9.0.1".into();
+        assert!(needs_update(&sts(&upgraded), &existing), "image");
+
+        let rehashed = statefulset(&qdb, "another-hash", true, None);
+        assert!(needs_update(&rehashed, &existing), "config hash");
+
+        let hand_edited = stored(
+            &existing,
+            json!({"spec": {"template": {"spec": {"containers": [{"image": "evil/image:1"}]}}}}),
+        );
+        assert!(needs_update(&desired, &hand_edited), "hand-edited image");
+    }
+
+    #[test]
+    fn missing_operator_label_or_annotation_needs_a_write() {
+        let mut qdb = questdb("db1", "tenant-a");
+        qdb.metadata.annotations = Some([("owner".to_string(), "alice".to_string())].into());
+        let desired = config_map(&qdb, true);
+        let mut existing = stored(&desired, server_metadata());
+        assert!(!needs_update(&desired, &existing));
+
+        existing.metadata.labels.as_mut().map(|l| l.remove("app.kubernetes.io/instance"));
+        assert!(needs_update(&desired, &existing));
+
+        let mut existing = stored(&desired, server_metadata());
+        existing.metadata.annotations.as_mut().map(|a| a.insert("owner".into(), "bob".into()));
+        assert!(needs_update(&desired, &existing));
+    }
+
+    #[test]
+    fn an_orphan_child_needs_the_owner_reference_added() {
+        let desired = config_map(&questdb("db1", "tenant-a"), true);
+        let mut orphan = stored(&desired, server_metadata());
+        orphan.metadata.owner_references = None;
+        assert!(needs_update(&desired, &orphan));
+    }
+
+    #[test]
+    fn config_map_data_must_match_exactly() {
+        let qdb = questdb("db1", "tenant-a");
+        let desired = config_map(&qdb, true);
+        let existing = stored(&desired, server_metadata());
+        assert!(!needs_update(&desired, &existing));
+
+        assert!(needs_update(&config_map(&qdb, false), &existing));
+
+        let extra = stored(&desired, json!({"data": {"stray.conf": "x"}}));
+        assert!(needs_update(&desired, &extra));
+    }
+
+    #[test]
+    fn service_defaults_are_ignored_but_selector_is_exact() {
+        let qdb = questdb("db1", "tenant-a");
+        let desired = client_service(&qdb);
+        let existing = stored(
+            &desired,
+            json!({"spec": {
+                "clusterIP": "10.96.12.7",
+                "clusterIPs": ["10.96.12.7"],
+                "ipFamilies": ["IPv4"],
+                "ipFamilyPolicy": "SingleStack",
+                "sessionAffinity": "None",
+                "internalTrafficPolicy": "Cluster"
+            }}),
+        );
+        assert!(!needs_update(&desired, &existing));
+
+        let widened = stored(&existing, json!({"spec": {"selector": {"extra": "x"}}}));
+        assert!(needs_update(&desired, &widened));
+
+        let renumbered = stored(&existing, json!({"spec": {"ports": [{"port": 19000}]}}));
+        assert!(needs_update(&desired, &renumbered));
+
+        let headless = headless_service(&qdb);
+        assert!(!needs_update(&headless, &stored(&headless, server_metadata())));
+    }
+
+    #[test]
+    fn pvc_only_grows() {
+        let mut qdb = questdb("db1", "tenant-a");
+        let desired = pvc_with_ownership(&qdb, PvcOwnership::Owned);
+        let existing = stored(
+            &desired,
+            json!({"spec": {"volumeName": "pvc-0a1b", "volumeMode": "Filesystem"},
+                   "status": {"phase": "Bound", "capacity": {"storage": "50Gi"}}}),
+        );
+        assert!(!needs_update(&desired, &existing));
+
+        qdb.spec.volume.size = "100Gi".into();
+        assert!(needs_update(&pvc_with_ownership(&qdb, PvcOwnership::Owned), &existing));
+
+        qdb.spec.volume.size = "20Gi".into();
+        assert!(!needs_update(&pvc_with_ownership(&qdb, PvcOwnership::Owned), &existing));
+
+        qdb.spec.volume.size = "51200Mi".into();
+        assert!(!needs_update(&pvc_with_ownership(&qdb, PvcOwnership::Owned), &existing));
+    }
+
+    #[test]
+    fn detaching_a_retained_pvc_needs_a_write_and_then_is_stable() {
+        let qdb = questdb("db1", "tenant-a");
+        let owned = stored(&pvc_with_ownership(&qdb, PvcOwnership::Owned), server_metadata());
+        let detached = pvc_with_ownership(&qdb, PvcOwnership::Detached);
+        assert!(needs_update(&detached, &owned));
+        assert!(!needs_update(&detached, &stored(&detached, server_metadata())));
+    }
+
+    #[test]
+    fn a_child_controlled_by_someone_else_differs() {
+        let desired = client_service(&questdb("db1", "tenant-a"));
+        let mut foreign = stored(&desired, server_metadata());
+        if let Some(r) = foreign.metadata.owner_references.as_mut().and_then(|r| r.first_mut()) {
+            r.uid = "someone-else".into();
+        }
+        assert!(needs_update(&desired, &foreign));
+    }
+}

@@ -1,0 +1,165 @@
+//! Labels, annotations and owner references every child carries.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use kube::{Resource, ResourceExt};
+
+use crate::api::{labels, QuestDB};
+
+/// kubectl's copy of the whole applied object: copying it onto children would be wrong (it
+/// describes the QuestDB) and large.
+const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
+/// The operator's own labels, the only ones in selectors. Selectors are immutable, so they must
+/// never include anything a user can edit.
+pub fn selector_labels(qdb: &QuestDB) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (labels::NAME.to_string(), labels::NAME_VALUE.to_string()),
+        (labels::INSTANCE.to_string(), qdb.name_any()),
+        (
+            labels::MANAGED_BY.to_string(),
+            labels::MANAGED_BY_VALUE.to_string(),
+        ),
+    ])
+}
+
+/// The user's labels plus the selector labels; the selector labels win so a user label can never
+/// take a child out of its own selector.
+pub fn child_labels(qdb: &QuestDB) -> BTreeMap<String, String> {
+    let mut out = qdb.labels().clone();
+    out.extend(selector_labels(qdb));
+    out
+}
+
+/// The user's annotations, minus kubectl's last-applied copy of the QuestDB.
+pub fn child_annotations(qdb: &QuestDB) -> BTreeMap<String, String> {
+    qdb.annotations()
+        .iter()
+        .filter(|(k, _)| k.as_str() != LAST_APPLIED)
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
+
+/// The controller reference to the QuestDB (`controller` and `blockOwnerDeletion` set, so
+/// foreground deletion waits for children). Empty only for a QuestDB that never came from the
+/// API server (no uid), which the controller never sees.
+pub fn owner_references(qdb: &QuestDB) -> Vec<OwnerReference> {
+    qdb.controller_owner_ref(&())
+        .map(|r| OwnerReference {
+            block_owner_deletion: Some(true),
+            ..r
+        })
+        .into_iter()
+        .collect()
+}
+
+/// Metadata of a child named `name`: namespace, child labels and annotations, owner reference.
+pub fn child_meta(qdb: &QuestDB, name: String) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name),
+        namespace: qdb.namespace(),
+        labels: Some(child_labels(qdb)),
+        annotations: non_empty(child_annotations(qdb)),
+        owner_references: non_empty_vec(owner_references(qdb)),
+        ..ObjectMeta::default()
+    }
+}
+
+/// `None` for an empty map: the API server drops empty maps, and an absent field can never make
+/// a desired object differ from the stored one.
+pub(crate) fn non_empty(map: BTreeMap<String, String>) -> Option<BTreeMap<String, String>> {
+    (!map.is_empty()).then_some(map)
+}
+
+pub(crate) fn non_empty_vec<T>(v: Vec<T>) -> Option<Vec<T>> {
+    (!v.is_empty()).then_some(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::build::testing::questdb;
+
+    fn labelled() -> QuestDB {
+        let mut qdb = questdb("db1", "tenant-a");
+        qdb.metadata.labels = Some(BTreeMap::from([
+            ("team".to_string(), "payments".to_string()),
+            // A user trying to hijack a selector label must not win.
+            (labels::INSTANCE.to_string(), "other".to_string()),
+        ]));
+        qdb.metadata.annotations = Some(BTreeMap::from([
+            ("owner".to_string(), "alice@example.com".to_string()),
+            (LAST_APPLIED.to_string(), "{\"huge\":true}".to_string()),
+        ]));
+        qdb
+    }
+
+    #[test]
+    fn selector_labels_are_exactly_the_operators_three() {
+        let qdb = labelled();
+        let sel = selector_labels(&qdb);
+        assert_eq!(
+            sel,
+            BTreeMap::from([
+                ("app.kubernetes.io/name".to_string(), "questdb".to_string()),
+                ("app.kubernetes.io/instance".to_string(), "db1".to_string()),
+                (
+                    "app.kubernetes.io/managed-by".to_string(),
+                    "questdb-operator".to_string()
+                ),
+            ])
+        );
+    }
+
+    #[test]
+    fn child_labels_keep_user_labels_and_selector_labels_win() {
+        let labels = child_labels(&labelled());
+        assert_eq!(labels.get("team").map(String::as_str), Some("payments"));
+        assert_eq!(
+            labels.get("app.kubernetes.io/instance").map(String::as_str),
+            Some("db1")
+        );
+        assert_eq!(labels.len(), 4);
+    }
+
+    #[test]
+    fn child_annotations_drop_last_applied_configuration() {
+        let ann = child_annotations(&labelled());
+        assert_eq!(
+            ann,
+            BTreeMap::from([("owner".to_string(), "alice@example.com".to_string())])
+        );
+    }
+
+    #[test]
+    fn owner_reference_is_a_blocking_controller_reference() {
+        let qdb = questdb("db1", "tenant-a");
+        let refs = owner_references(&qdb);
+        assert_eq!(refs.len(), 1);
+        let r = &refs[0];
+        assert_eq!(r.api_version, "crd.questdb.io/v1beta1");
+        assert_eq!(r.kind, "QuestDB");
+        assert_eq!(r.name, "db1");
+        assert_eq!(Some(&r.uid), qdb.metadata.uid.as_ref());
+        assert_eq!(r.controller, Some(true));
+        assert_eq!(r.block_owner_deletion, Some(true));
+    }
+
+    #[test]
+    fn child_meta_is_namespaced_labelled_and_owned() {
+        let qdb = labelled();
+        let meta = child_meta(&qdb, "db1-config".to_string());
+        assert_eq!(meta.name.as_deref(), Some("db1-config"));
+        assert_eq!(meta.namespace.as_deref(), Some("tenant-a"));
+        assert_eq!(meta.labels, Some(child_labels(&qdb)));
+        assert_eq!(meta.annotations, Some(child_annotations(&qdb)));
+        assert_eq!(meta.owner_references, Some(owner_references(&qdb)));
+    }
+
+    #[test]
+    fn child_meta_omits_empty_annotations() {
+        let meta = child_meta(&questdb("db1", "tenant-a"), "x".to_string());
+        assert_eq!(meta.annotations, None);
+    }
+}

@@ -1,0 +1,131 @@
+//! The PersistentVolumeClaim with the whole QuestDB root directory.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{
+    PersistentVolumeClaim, PersistentVolumeClaimSpec, VolumeResourceRequirements,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+
+use super::labels::child_meta;
+use super::names;
+use crate::api::QuestDB;
+
+/// Whether the PVC carries the QuestDB's controller reference.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PvcOwnership {
+    /// Owned like every other child: garbage-collected with the QuestDB.
+    Owned,
+    /// No owner reference: the PVC (and the data) outlives the QuestDB, and a new QuestDB of the
+    /// same name adopts it.
+    Detached,
+}
+
+impl PvcOwnership {
+    /// The ownership the PVC of `qdb` gets: detached whenever `volume.retainOnDelete` is set, so
+    /// deleting the QuestDB can never take the data, even while the operator is down and
+    /// whatever the deletion propagation policy. Flipping the flag attaches or detaches the
+    /// existing claim on the next reconcile.
+    pub fn for_questdb(qdb: &QuestDB) -> Self {
+        if qdb.spec.volume.retain_on_delete {
+            Self::Detached
+        } else {
+            Self::Owned
+        }
+    }
+}
+
+/// `<name>-data` with the ownership `volume.retainOnDelete` asks for (see
+/// [`PvcOwnership::for_questdb`]). A retained claim carries no owner reference, so a new QuestDB
+/// of the same name simply finds and mounts it.
+pub fn pvc(qdb: &QuestDB) -> PersistentVolumeClaim {
+    pvc_with_ownership(qdb, PvcOwnership::for_questdb(qdb))
+}
+
+/// `<name>-data`: ReadWriteOnce (one pod at a time), `spec.volume.size`, and the storage class
+/// when one is given (otherwise the cluster default applies); owned or not as `ownership` says.
+pub fn pvc_with_ownership(qdb: &QuestDB, ownership: PvcOwnership) -> PersistentVolumeClaim {
+    let mut metadata = child_meta(qdb, names::pvc(qdb));
+    if ownership == PvcOwnership::Detached {
+        metadata.owner_references = None;
+    }
+    PersistentVolumeClaim {
+        metadata,
+        spec: Some(PersistentVolumeClaimSpec {
+            access_modes: Some(vec!["ReadWriteOnce".to_string()]),
+            storage_class_name: qdb.spec.volume.storage_class_name.clone(),
+            resources: Some(VolumeResourceRequirements {
+                requests: Some(BTreeMap::from([(
+                    "storage".to_string(),
+                    Quantity(qdb.spec.volume.size.clone()),
+                )])),
+                ..VolumeResourceRequirements::default()
+            }),
+            ..PersistentVolumeClaimSpec::default()
+        }),
+        ..PersistentVolumeClaim::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::build::labels::{child_labels, owner_references};
+    use crate::build::testing::questdb;
+
+    fn requested(pvc: &PersistentVolumeClaim) -> Option<String> {
+        pvc.spec
+            .as_ref()?
+            .resources
+            .as_ref()?
+            .requests
+            .as_ref()?
+            .get("storage")
+            .map(|q| q.0.clone())
+    }
+
+    #[test]
+    fn pvc_requests_the_volume_with_its_class() {
+        let qdb = questdb("db1", "tenant-a");
+        let pvc = pvc_with_ownership(&qdb, PvcOwnership::Owned);
+        assert_eq!(pvc.metadata.name.as_deref(), Some("db1-data"));
+        assert_eq!(pvc.metadata.namespace.as_deref(), Some("tenant-a"));
+        assert_eq!(pvc.metadata.labels, Some(child_labels(&qdb)));
+        assert_eq!(pvc.metadata.owner_references, Some(owner_references(&qdb)));
+        let spec = pvc.spec.clone().unwrap_or_default();
+        assert_eq!(spec.access_modes, Some(vec!["ReadWriteOnce".to_string()]));
+        assert_eq!(spec.storage_class_name.as_deref(), Some("gp3"));
+        assert_eq!(requested(&pvc).as_deref(), Some("50Gi"));
+    }
+
+    #[test]
+    fn pvc_without_class_uses_the_cluster_default() {
+        let mut qdb = questdb("db1", "tenant-a");
+        qdb.spec.volume.storage_class_name = None;
+        let spec = pvc(&qdb).spec.unwrap_or_default();
+        assert_eq!(spec.storage_class_name, None);
+    }
+
+    #[test]
+    fn detached_pvc_has_no_owner_but_keeps_its_labels() {
+        let qdb = questdb("db1", "tenant-a");
+        let pvc = pvc_with_ownership(&qdb, PvcOwnership::Detached);
+        assert_eq!(pvc.metadata.owner_references, None);
+        assert_eq!(pvc.metadata.labels, Some(child_labels(&qdb)));
+    }
+
+    #[test]
+    fn retained_volume_is_never_owned_by_the_questdb() {
+        let mut qdb = questdb("db1", "tenant-a");
+        assert!(qdb.spec.volume.retain_on_delete, "retention is the default");
+        assert_eq!(PvcOwnership::for_questdb(&qdb), PvcOwnership::Detached);
+        assert_eq!(pvc(&qdb).metadata.owner_references, None);
+
+        qdb.spec.volume.retain_on_delete = false;
+        assert_eq!(PvcOwnership::for_questdb(&qdb), PvcOwnership::Owned);
+        assert_eq!(
+            pvc(&qdb).metadata.owner_references,
+            Some(owner_references(&qdb))
+        );
+    }
+}

@@ -1,0 +1,592 @@
+//! The StatefulSet that runs the single database pod.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetSpec, StatefulSetUpdateStrategy};
+use k8s_openapi::api::core::v1::{
+    Capabilities, ConfigMapVolumeSource, Container, ContainerPort, HTTPGetAction,
+    PersistentVolumeClaimVolumeSource, PodSecurityContext, PodSpec, PodTemplateSpec, Probe,
+    SeccompProfile, SecurityContext, Toleration, Volume, VolumeMount,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::ResourceExt;
+use sha2::{Digest, Sha256};
+
+use super::labels::{child_annotations, child_labels, child_meta, non_empty_vec, selector_labels};
+use super::{
+    names, port_names, CONFIG_HASH_ANNOTATION, CONTAINER_NAME, HEALTH_PORT, HTTP_PORT,
+    ILP_AUTH_KEY, ILP_PORT, LOG_CONF_KEY, PGWIRE_PORT, QUESTDB_UID, ROOT_DIR, SERVER_CONF_KEY,
+};
+use crate::api::QuestDB;
+
+/// Label on a dedicated node, and key of its taint; the value is [`dedicated_label_value`].
+pub const DEDICATED_LABEL_KEY: &str = "crd.questdb.io/dedicated";
+/// Key of the taint that keeps every other pod off a dedicated node.
+pub const DEDICATED_TAINT_KEY: &str = "crd.questdb.io/dedicated";
+/// Effect of the dedicated-node taint.
+pub const DEDICATED_TAINT_EFFECT: &str = "NoSchedule";
+
+/// The most a label value may hold.
+const LABEL_VALUE_MAX: usize = 63;
+/// Hex digits of the hash that keeps shortened label values unique.
+const LABEL_HASH_HEX: usize = 10;
+
+const DATA_VOLUME: &str = "data";
+const CONFIG_VOLUME: &str = "config";
+const ILP_AUTH_VOLUME: &str = "ilp-auth";
+/// QuestDB needs time to flush and close tables; Kubernetes' default 30s is cut close.
+const TERMINATION_GRACE_SECONDS: i64 = 60;
+
+/// The dedicated node a database is pinned to (AWS): it carries the label
+/// `crd.questdb.io/dedicated=<label_value>` and the taint of the same key and value.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DedicatedNode {
+    pub label_value: String,
+}
+
+impl DedicatedNode {
+    /// The dedicated node for `qdb`, with [`dedicated_label_value`] as its value.
+    pub fn for_questdb(qdb: &QuestDB) -> Self {
+        Self {
+            label_value: dedicated_label_value(qdb),
+        }
+    }
+}
+
+/// The value that ties a dedicated node to one QuestDB: `<namespace>.<name>`, which is unique
+/// across the cluster. When that is longer than a label value may be (63), it is cut and a hash
+/// of the full value appended, so two long names never share a node.
+pub fn dedicated_label_value(qdb: &QuestDB) -> String {
+    let full = format!("{}.{}", qdb.namespace().unwrap_or_default(), qdb.name_any());
+    if full.len() <= LABEL_VALUE_MAX {
+        return full;
+    }
+    let hash = hex::encode(Sha256::digest(full.as_bytes()));
+    // Namespaces and names are ASCII, so byte slicing stays on character boundaries.
+    let prefix = full[..LABEL_VALUE_MAX - LABEL_HASH_HEX - 1]
+        .trim_end_matches(|c: char| !c.is_ascii_alphanumeric());
+    format!("{prefix}-{}", &hash[..LABEL_HASH_HEX])
+}
+
+/// The StatefulSet `<name>`: one replica (none while paused) running QuestDB with its whole root
+/// directory on the `<name>-data` PVC and its configuration files mounted from ConfigMaps.
+/// `config_hash` (see [`super::config_hash`]) goes into the pod template, so a config change is a
+/// template change and restarts the pod. `dedicated` pins the pod to its own node.
+pub fn statefulset(
+    qdb: &QuestDB,
+    config_hash: &str,
+    ilp_auth_enabled: bool,
+    dedicated: Option<&DedicatedNode>,
+) -> StatefulSet {
+    let mut template_annotations = child_annotations(qdb);
+    template_annotations.insert(CONFIG_HASH_ANNOTATION.to_string(), config_hash.to_string());
+
+    StatefulSet {
+        metadata: child_meta(qdb, names::statefulset(qdb)),
+        spec: Some(StatefulSetSpec {
+            replicas: Some(if qdb.spec.paused { 0 } else { 1 }),
+            service_name: Some(names::headless_service(qdb)),
+            selector: LabelSelector {
+                match_labels: Some(selector_labels(qdb)),
+                ..LabelSelector::default()
+            },
+            // Parallel: with one replica ordering buys nothing, and OrderedReady would block a
+            // replacement pod behind a stuck one.
+            pod_management_policy: Some("Parallel".to_string()),
+            update_strategy: Some(StatefulSetUpdateStrategy {
+                type_: Some("RollingUpdate".to_string()),
+                ..StatefulSetUpdateStrategy::default()
+            }),
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(child_labels(qdb)),
+                    annotations: Some(template_annotations),
+                    ..ObjectMeta::default()
+                }),
+                spec: Some(pod_spec(qdb, ilp_auth_enabled, dedicated)),
+            },
+            ..StatefulSetSpec::default()
+        }),
+        ..StatefulSet::default()
+    }
+}
+
+fn pod_spec(qdb: &QuestDB, ilp_auth_enabled: bool, dedicated: Option<&DedicatedNode>) -> PodSpec {
+    let mut volumes = vec![
+        Volume {
+            name: DATA_VOLUME.to_string(),
+            persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+                claim_name: names::pvc(qdb),
+                ..PersistentVolumeClaimVolumeSource::default()
+            }),
+            ..Volume::default()
+        },
+        config_map_volume(CONFIG_VOLUME, names::config_map(qdb)),
+    ];
+    if ilp_auth_enabled {
+        volumes.push(config_map_volume(
+            ILP_AUTH_VOLUME,
+            names::ilp_auth_config_map(qdb),
+        ));
+    }
+    PodSpec {
+        init_containers: Some(vec![init_conf_container(qdb)]),
+        containers: vec![questdb_container(qdb, ilp_auth_enabled)],
+        volumes: Some(volumes),
+        security_context: Some(PodSecurityContext {
+            run_as_user: Some(QUESTDB_UID),
+            run_as_group: Some(QUESTDB_UID),
+            run_as_non_root: Some(true),
+            fs_group: Some(QUESTDB_UID),
+            // A large volume would otherwise be chown'ed file by file at every pod start.
+            fs_group_change_policy: Some("OnRootMismatch".to_string()),
+            seccomp_profile: Some(SeccompProfile {
+                type_: "RuntimeDefault".to_string(),
+                ..SeccompProfile::default()
+            }),
+            ..PodSecurityContext::default()
+        }),
+        termination_grace_period_seconds: Some(TERMINATION_GRACE_SECONDS),
+        // QuestDB reads every QDB_* variable as a config override, and service links would
+        // inject QDB_SERVICE_HOST and friends for any Service named `qdb` in the namespace.
+        enable_service_links: Some(false),
+        node_selector: dedicated.map(|d| {
+            BTreeMap::from([(DEDICATED_LABEL_KEY.to_string(), d.label_value.clone())])
+        }),
+        // Exactly the dedicated taint, never a wildcard: the pod must not land on (or stay on)
+        // nodes that are tainted for any other reason, such as an out-of-service node.
+        tolerations: dedicated.map(|d| {
+            vec![Toleration {
+                key: Some(DEDICATED_TAINT_KEY.to_string()),
+                operator: Some("Equal".to_string()),
+                value: Some(d.label_value.clone()),
+                effect: Some(DEDICATED_TAINT_EFFECT.to_string()),
+                ..Toleration::default()
+            }]
+        }),
+        ..PodSpec::default()
+    }
+}
+
+fn config_map_volume(name: &str, config_map: String) -> Volume {
+    Volume {
+        name: name.to_string(),
+        config_map: Some(ConfigMapVolumeSource {
+            name: config_map,
+            ..ConfigMapVolumeSource::default()
+        }),
+        ..Volume::default()
+    }
+}
+
+fn questdb_container(qdb: &QuestDB, ilp_auth_enabled: bool) -> Container {
+    let mut mounts = vec![
+        data_mount(),
+        file_mount(CONFIG_VOLUME, SERVER_CONF_KEY),
+        file_mount(CONFIG_VOLUME, LOG_CONF_KEY),
+    ];
+    if ilp_auth_enabled {
+        mounts.push(file_mount(ILP_AUTH_VOLUME, ILP_AUTH_KEY));
+    }
+    Container {
+        name: CONTAINER_NAME.to_string(),
+        image: Some(qdb.spec.image.clone()),
+        image_pull_policy: qdb.spec.image_pull_policy.clone(),
+        ports: Some(vec![
+            container_port(port_names::HTTP, HTTP_PORT),
+            container_port(port_names::PGWIRE, PGWIRE_PORT),
+            container_port(port_names::ILP, ILP_PORT),
+            container_port(port_names::HEALTH, HEALTH_PORT),
+        ]),
+        env: non_empty_vec(qdb.spec.env.clone()),
+        resources: qdb.spec.resources.clone(),
+        volume_mounts: Some(mounts),
+        // Startup may replay a large WAL: allow up to 30 minutes before liveness takes over.
+        startup_probe: Some(status_probe(10, 5, 180)),
+        readiness_probe: Some(status_probe(5, 3, 3)),
+        // Restart only after a minute of silence: /status answers even under heavy load, so a
+        // longer silence means the JVM is wedged.
+        liveness_probe: Some(status_probe(10, 5, 6)),
+        security_context: Some(restricted_container()),
+        ..Container::default()
+    }
+}
+
+/// Creates `conf/` on the volume as the QuestDB user before the database starts. Without it the
+/// container runtime creates `conf/` as root while mounting `server.conf` into it, and QuestDB
+/// cannot write the files it extracts there (`mime.types`, `date.formats`).
+fn init_conf_container(qdb: &QuestDB) -> Container {
+    Container {
+        name: "init-conf".to_string(),
+        image: Some(qdb.spec.image.clone()),
+        image_pull_policy: qdb.spec.image_pull_policy.clone(),
+        command: Some(vec![
+            "mkdir".to_string(),
+            "-p".to_string(),
+            format!("{ROOT_DIR}/conf"),
+        ]),
+        // The pod's effective request is the larger of init and main, so copying the main
+        // container's resources costs nothing and satisfies quotas that demand limits.
+        resources: qdb.spec.resources.clone(),
+        volume_mounts: Some(vec![data_mount()]),
+        security_context: Some(restricted_container()),
+        ..Container::default()
+    }
+}
+
+fn data_mount() -> VolumeMount {
+    VolumeMount {
+        name: DATA_VOLUME.to_string(),
+        mount_path: ROOT_DIR.to_string(),
+        ..VolumeMount::default()
+    }
+}
+
+/// One file of a ConfigMap at `conf/<key>`. subPath, because mounting the whole ConfigMap over
+/// `conf/` would hide the files QuestDB keeps there; subPath files are not refreshed in place,
+/// which is fine since the config hash restarts the pod on change.
+fn file_mount(volume: &str, key: &str) -> VolumeMount {
+    VolumeMount {
+        name: volume.to_string(),
+        mount_path: format!("{ROOT_DIR}/conf/{key}"),
+        sub_path: Some(key.to_string()),
+        read_only: Some(true),
+        ..VolumeMount::default()
+    }
+}
+
+fn container_port(name: &str, port: i32) -> ContainerPort {
+    ContainerPort {
+        name: Some(name.to_string()),
+        container_port: port,
+        protocol: Some("TCP".to_string()),
+        ..ContainerPort::default()
+    }
+}
+
+/// GET `/status` on the health server, which answers even while the main HTTP server is busy.
+fn status_probe(period_seconds: i32, timeout_seconds: i32, failure_threshold: i32) -> Probe {
+    Probe {
+        http_get: Some(HTTPGetAction {
+            path: Some("/status".to_string()),
+            port: IntOrString::String(port_names::HEALTH.to_string()),
+            ..HTTPGetAction::default()
+        }),
+        period_seconds: Some(period_seconds),
+        timeout_seconds: Some(timeout_seconds),
+        failure_threshold: Some(failure_threshold),
+        ..Probe::default()
+    }
+}
+
+fn restricted_container() -> SecurityContext {
+    SecurityContext {
+        allow_privilege_escalation: Some(false),
+        capabilities: Some(Capabilities {
+            drop: Some(vec!["ALL".to_string()]),
+            ..Capabilities::default()
+        }),
+        ..SecurityContext::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::build::labels::owner_references;
+    use crate::build::testing::questdb;
+    use k8s_openapi::api::core::v1::{EnvVar, ResourceRequirements};
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+
+    const HASH: &str = "0f1e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c4b5a69788796a5b4c3d2e1f0";
+
+    fn spec(sts: &StatefulSet) -> StatefulSetSpec {
+        sts.spec.clone().unwrap_or_default()
+    }
+
+    fn pod(sts: &StatefulSet) -> PodSpec {
+        spec(sts).template.spec.unwrap_or_default()
+    }
+
+    fn container(sts: &StatefulSet) -> Container {
+        pod(sts)
+            .containers
+            .into_iter()
+            .find(|c| c.name == "questdb")
+            .unwrap_or_default()
+    }
+
+    fn mounts(c: &Container) -> Vec<(String, String, Option<String>)> {
+        c.volume_mounts
+            .clone()
+            .unwrap_or_default()
+            .into_iter()
+            .map(|m| (m.name, m.mount_path, m.sub_path))
+            .collect()
+    }
+
+    #[test]
+    fn runs_one_replica_behind_the_headless_service() {
+        let qdb = questdb("db1", "tenant-a");
+        let sts = statefulset(&qdb, HASH, true, None);
+        assert_eq!(sts.metadata.name.as_deref(), Some("db1"));
+        assert_eq!(sts.metadata.namespace.as_deref(), Some("tenant-a"));
+        assert_eq!(sts.metadata.owner_references, Some(owner_references(&qdb)));
+        let spec = spec(&sts);
+        assert_eq!(spec.replicas, Some(1));
+        assert_eq!(spec.service_name.as_deref(), Some("db1-headless"));
+        assert_eq!(spec.pod_management_policy.as_deref(), Some("Parallel"));
+        assert_eq!(
+            spec.update_strategy.and_then(|u| u.type_).as_deref(),
+            Some("RollingUpdate")
+        );
+        assert!(spec.volume_claim_templates.is_none());
+    }
+
+    #[test]
+    fn paused_database_scales_to_zero() {
+        let mut qdb = questdb("db1", "tenant-a");
+        qdb.spec.paused = true;
+        assert_eq!(spec(&statefulset(&qdb, HASH, true, None)).replicas, Some(0));
+    }
+
+    #[test]
+    fn selector_is_the_operators_labels_and_the_template_carries_user_labels() {
+        let mut qdb = questdb("db1", "tenant-a");
+        qdb.metadata.labels = Some([("team".to_string(), "payments".to_string())].into());
+        qdb.metadata.annotations = Some([("owner".to_string(), "alice".to_string())].into());
+        let sts = statefulset(&qdb, HASH, true, None);
+        let spec = spec(&sts);
+        assert_eq!(spec.selector.match_labels, Some(selector_labels(&qdb)));
+        let meta = spec.template.metadata.unwrap_or_default();
+        assert_eq!(meta.labels, Some(child_labels(&qdb)));
+        let annotations = meta.annotations.unwrap_or_default();
+        assert_eq!(annotations.get("owner").map(String::as_str), Some("alice"));
+        assert_eq!(
+            annotations.get("crd.questdb.io/config-hash").map(String::as_str),
+            Some(HASH)
+        );
+    }
+
+    #[test]
+    fn a_different_config_hash_changes_the_pod_template() {
+        let qdb = questdb("db1", "tenant-a");
+        let a = spec(&statefulset(&qdb, "aaaa", true, None)).template;
+        let b = spec(&statefulset(&qdb, "bbbb", true, None)).template;
+        assert_ne!(a, b);
+    }
+
+    #[test]
+    fn container_runs_the_image_with_named_ports_and_user_env() {
+        let mut qdb = questdb("db1", "tenant-a");
+        qdb.spec.image_pull_policy = Some("IfNotPresent".to_string());
+        qdb.spec.env = vec![EnvVar {
+            name: "QDB_CAIRO_COMMIT_LAG".to_string(),
+            value: Some("1000".to_string()),
+            ..EnvVar::default()
+        }];
+        let resources = ResourceRequirements {
+            requests: Some([("memory".to_string(), Quantity("4Gi".to_string()))].into()),
+            ..ResourceRequirements::default()
+        };
+        qdb.spec.resources = Some(resources.clone());
+        let c = container(&statefulset(&qdb, HASH, true, None));
+        assert_eq!(c.image.as_deref(), Some("questdb/questdb:9.0.0"));
+        assert_eq!(c.image_pull_policy.as_deref(), Some("IfNotPresent"));
+        assert_eq!(c.resources, Some(resources));
+        assert_eq!(c.env, Some(qdb.spec.env.clone()));
+        let ports: Vec<_> = c
+            .ports
+            .unwrap_or_default()
+            .into_iter()
+            .map(|p| (p.name.unwrap_or_default(), p.container_port))
+            .collect();
+        assert_eq!(
+            ports,
+            vec![
+                ("http".to_string(), 9000),
+                ("pgwire".to_string(), 8812),
+                ("ilp".to_string(), 9009),
+                ("health".to_string(), 9003)
+            ]
+        );
+    }
+
+    #[test]
+    fn whole_root_dir_is_on_the_volume_and_config_files_are_mounted_into_conf() {
+        let qdb = questdb("db1", "tenant-a");
+        let sts = statefulset(&qdb, HASH, true, None);
+        let c = container(&sts);
+        assert_eq!(
+            mounts(&c),
+            vec![
+                ("data".into(), "/var/lib/questdb".into(), None),
+                (
+                    "config".into(),
+                    "/var/lib/questdb/conf/server.conf".into(),
+                    Some("server.conf".into())
+                ),
+                (
+                    "config".into(),
+                    "/var/lib/questdb/conf/log.conf".into(),
+                    Some("log.conf".into())
+                ),
+                (
+                    "ilp-auth".into(),
+                    "/var/lib/questdb/conf/auth.txt".into(),
+                    Some("auth.txt".into())
+                ),
+            ]
+        );
+        let volumes = pod(&sts).volumes.unwrap_or_default();
+        let claim = volumes
+            .iter()
+            .find_map(|v| v.persistent_volume_claim.as_ref())
+            .map(|p| p.claim_name.as_str());
+        assert_eq!(claim, Some("db1-data"));
+        let config_maps: Vec<_> = volumes
+            .iter()
+            .filter_map(|v| v.config_map.as_ref().map(|c| c.name.as_str()))
+            .collect();
+        assert_eq!(config_maps, vec!["db1-config", "db1-ilp-auth"]);
+    }
+
+    #[test]
+    fn without_ilp_auth_no_auth_file_is_mounted() {
+        let sts = statefulset(&questdb("db1", "tenant-a"), HASH, false, None);
+        assert!(mounts(&container(&sts))
+            .iter()
+            .all(|(name, path, _)| name != "ilp-auth" && !path.ends_with("auth.txt")));
+        assert!(pod(&sts)
+            .volumes
+            .unwrap_or_default()
+            .iter()
+            .all(|v| v.name != "ilp-auth"));
+    }
+
+    #[test]
+    fn init_container_prepares_conf_as_the_questdb_user() {
+        let sts = statefulset(&questdb("db1", "tenant-a"), HASH, true, None);
+        let init = pod(&sts).init_containers.unwrap_or_default();
+        assert_eq!(init.len(), 1);
+        assert_eq!(
+            init[0].command,
+            Some(vec![
+                "mkdir".to_string(),
+                "-p".to_string(),
+                "/var/lib/questdb/conf".to_string()
+            ])
+        );
+        assert_eq!(init[0].image.as_deref(), Some("questdb/questdb:9.0.0"));
+        assert_eq!(mounts(&init[0]), vec![("data".into(), "/var/lib/questdb".into(), None)]);
+    }
+
+    #[test]
+    fn probes_hit_status_on_the_health_port() {
+        let c = container(&statefulset(&questdb("db1", "tenant-a"), HASH, true, None));
+        let readiness = c.readiness_probe.unwrap_or_default();
+        let liveness = c.liveness_probe.unwrap_or_default();
+        let startup = c.startup_probe.unwrap_or_default();
+        for probe in [&readiness, &liveness, &startup] {
+            let get = probe.http_get.clone().unwrap_or_default();
+            assert_eq!(get.path.as_deref(), Some("/status"));
+            assert_eq!(get.port, IntOrString::String("health".to_string()));
+        }
+        assert_eq!(readiness.period_seconds, Some(5));
+        assert!(liveness.failure_threshold > readiness.failure_threshold);
+        let budget = |p: &Probe| p.period_seconds.unwrap_or(10) * p.failure_threshold.unwrap_or(3);
+        assert!(budget(&startup) >= 600, "startup must tolerate a long WAL replay");
+    }
+
+    #[test]
+    fn pod_and_container_are_locked_down() {
+        let sts = statefulset(&questdb("db1", "tenant-a"), HASH, true, None);
+        let pod = pod(&sts);
+        let psc = pod.security_context.clone().unwrap_or_default();
+        assert_eq!(psc.fs_group, Some(10001));
+        assert_eq!(psc.run_as_user, Some(10001));
+        assert_eq!(psc.run_as_group, Some(10001));
+        assert_eq!(psc.run_as_non_root, Some(true));
+        assert_eq!(psc.fs_group_change_policy.as_deref(), Some("OnRootMismatch"));
+        assert_eq!(
+            psc.seccomp_profile.map(|s| s.type_).as_deref(),
+            Some("RuntimeDefault")
+        );
+        assert_eq!(pod.termination_grace_period_seconds, Some(60));
+        assert_eq!(pod.enable_service_links, Some(false));
+        for c in pod.containers.iter().chain(pod.init_containers.iter().flatten()) {
+            let sc = c.security_context.clone().unwrap_or_default();
+            assert_eq!(sc.allow_privilege_escalation, Some(false), "{}", c.name);
+            assert_eq!(
+                sc.capabilities.and_then(|c| c.drop),
+                Some(vec!["ALL".to_string()])
+            );
+        }
+    }
+
+    #[test]
+    fn shared_nodes_get_no_selector_and_no_toleration() {
+        let pod = pod(&statefulset(&questdb("db1", "tenant-a"), HASH, true, None));
+        assert_eq!(pod.node_selector, None);
+        assert_eq!(pod.tolerations, None);
+    }
+
+    #[test]
+    fn dedicated_node_pins_the_pod_and_tolerates_exactly_its_taint() {
+        let qdb = questdb("db1", "tenant-a");
+        let node = DedicatedNode::for_questdb(&qdb);
+        let pod = pod(&statefulset(&qdb, HASH, true, Some(&node)));
+        assert_eq!(
+            pod.node_selector,
+            Some(BTreeMap::from([(
+                "crd.questdb.io/dedicated".to_string(),
+                "tenant-a.db1".to_string()
+            )]))
+        );
+        assert_eq!(
+            pod.tolerations,
+            Some(vec![Toleration {
+                key: Some("crd.questdb.io/dedicated".to_string()),
+                operator: Some("Equal".to_string()),
+                value: Some("tenant-a.db1".to_string()),
+                effect: Some("NoSchedule".to_string()),
+                toleration_seconds: None,
+            }])
+        );
+    }
+
+    fn is_label_value(v: &str) -> bool {
+        v.len() <= 63
+            && v.starts_with(|c: char| c.is_ascii_alphanumeric())
+            && v.ends_with(|c: char| c.is_ascii_alphanumeric())
+            && v.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+    }
+
+    #[test]
+    fn dedicated_label_value_is_namespace_dot_name() {
+        assert_eq!(dedicated_label_value(&questdb("db1", "tenant-a")), "tenant-a.db1");
+    }
+
+    #[test]
+    fn long_dedicated_label_values_are_shortened_uniquely() {
+        let ns = "a-very-long-namespace-name-for-a-tenant-with-a-long-name-x";
+        let a = dedicated_label_value(&questdb("database-number-one", ns));
+        let b = dedicated_label_value(&questdb("database-number-two", ns));
+        assert!(is_label_value(&a), "{a}");
+        assert!(is_label_value(&b), "{b}");
+        assert_eq!(a.len(), 63);
+        assert_ne!(a, b);
+        assert!(a.starts_with("a-very-long-namespace"));
+        assert_eq!(a, dedicated_label_value(&questdb("database-number-one", ns)));
+    }
+
+    #[test]
+    fn shortening_never_leaves_a_separator_before_the_hash() {
+        // The 52-character prefix ends exactly on the '.' between namespace and name.
+        let ns = "n".repeat(51);
+        let v = dedicated_label_value(&questdb(&"m".repeat(30), &ns));
+        assert!(is_label_value(&v), "{v}");
+        assert!(!v.contains(".-"), "{v}");
+    }
+}

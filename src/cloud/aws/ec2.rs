@@ -1,0 +1,161 @@
+//! [`Ec2Api`] over `aws-sdk-ec2`.
+
+use std::collections::BTreeMap;
+use std::time::SystemTime;
+
+use async_trait::async_trait;
+use aws_config::SdkConfig;
+use aws_sdk_ec2::types::{
+    Filter, HttpTokensState, IamInstanceProfileSpecification, InstanceMetadataOptionsRequest,
+    InstanceType, ResourceType, Tag, TagSpecification,
+};
+use aws_sdk_ec2::Client;
+
+use super::api_error;
+use crate::cloud::backend::{Ec2Api, InstanceQuery, Page, RunSpec};
+use crate::cloud::{ApiError, Instance, InstanceState};
+
+/// The EC2 client.
+#[derive(Clone, Debug)]
+pub struct AwsEc2 {
+    client: Client,
+}
+
+impl AwsEc2 {
+    pub fn new(sdk: &SdkConfig) -> Self {
+        Self {
+            client: Client::new(sdk),
+        }
+    }
+}
+
+fn tag_spec(resource: ResourceType, tags: &BTreeMap<String, String>) -> TagSpecification {
+    let tags = tags
+        .iter()
+        .map(|(k, v)| Tag::builder().key(k).value(v).build())
+        .collect();
+    TagSpecification::builder()
+        .resource_type(resource)
+        .set_tags(Some(tags))
+        .build()
+}
+
+fn filter(name: impl Into<String>, values: Vec<String>) -> Filter {
+    Filter::builder()
+        .name(name)
+        .set_values(Some(values))
+        .build()
+}
+
+/// Our view of an SDK instance; `None` for a record without an id (never seen in practice).
+fn convert(i: &aws_sdk_ec2::types::Instance) -> Option<Instance> {
+    let state = i
+        .state()
+        .and_then(|s| s.name())
+        .and_then(|n| InstanceState::parse(n.as_str()))
+        // An unknown future state is safest treated as "still coming up".
+        .unwrap_or(InstanceState::Pending);
+    Some(Instance {
+        id: i.instance_id()?.to_string(),
+        state,
+        zone: i
+            .placement()
+            .and_then(|p| p.availability_zone())
+            .unwrap_or_default()
+            .to_string(),
+        image: i.image_id().unwrap_or_default().to_string(),
+        instance_type: i
+            .instance_type()
+            .map(|t| t.as_str().to_string())
+            .unwrap_or_default(),
+        private_ip: i.private_ip_address().map(str::to_string),
+        public_ip: i.public_ip_address().map(str::to_string),
+        tags: i
+            .tags()
+            .iter()
+            .filter_map(|t| Some((t.key()?.to_string(), t.value().unwrap_or_default().to_string())))
+            .collect(),
+        launched_at: i.launch_time().and_then(|t| SystemTime::try_from(*t).ok()),
+    })
+}
+
+#[async_trait]
+impl Ec2Api for AwsEc2 {
+    async fn run_instance(&self, spec: &RunSpec) -> Result<Instance, ApiError> {
+        let mut req = self
+            .client
+            .run_instances()
+            .image_id(&spec.image)
+            .instance_type(InstanceType::from(spec.instance_type.as_str()))
+            .min_count(1)
+            .max_count(1)
+            .subnet_id(&spec.subnet_id)
+            .user_data(&spec.user_data_base64)
+            .client_token(&spec.client_token)
+            .tag_specifications(tag_spec(ResourceType::Instance, &spec.tags))
+            .tag_specifications(tag_spec(ResourceType::Volume, &spec.tags))
+            // IMDSv2 only: the database pod must not be able to read the node's credentials
+            // through a simple GET.
+            .metadata_options(
+                InstanceMetadataOptionsRequest::builder()
+                    .http_tokens(HttpTokensState::Required)
+                    .build(),
+            );
+        if !spec.security_group_ids.is_empty() {
+            req = req.set_security_group_ids(Some(spec.security_group_ids.clone()));
+        }
+        if let Some(profile) = &spec.instance_profile {
+            let p = IamInstanceProfileSpecification::builder();
+            let p = if profile.starts_with("arn:") {
+                p.arn(profile)
+            } else {
+                p.name(profile)
+            };
+            req = req.iam_instance_profile(p.build());
+        }
+        let out = req.send().await.map_err(api_error)?;
+        out.instances()
+            .iter()
+            .find_map(convert)
+            .ok_or_else(|| ApiError::new("EmptyResponse", "RunInstances returned no instance"))
+    }
+
+    async fn describe_instances(
+        &self,
+        query: &InstanceQuery,
+        next_token: Option<&str>,
+    ) -> Result<Page<Instance>, ApiError> {
+        let mut req = self
+            .client
+            .describe_instances()
+            .set_next_token(next_token.map(str::to_string));
+        req = match query {
+            InstanceQuery::Tags(tags) => tags.iter().fold(req, |r, (k, v)| {
+                r.filters(filter(format!("tag:{k}"), vec![v.clone()]))
+            }),
+            InstanceQuery::Ids(ids) => req.set_instance_ids(Some(ids.clone())),
+            InstanceQuery::IdFilter(ids) => req.filters(filter("instance-id", ids.clone())),
+        };
+        let out = req.send().await.map_err(api_error)?;
+        let items = out
+            .reservations()
+            .iter()
+            .flat_map(|r| r.instances())
+            .filter_map(convert)
+            .collect();
+        Ok(Page {
+            items,
+            next_token: out.next_token().map(str::to_string),
+        })
+    }
+
+    async fn terminate_instances(&self, ids: &[String]) -> Result<(), ApiError> {
+        self.client
+            .terminate_instances()
+            .set_instance_ids(Some(ids.to_vec()))
+            .send()
+            .await
+            .map_err(api_error)?;
+        Ok(())
+    }
+}

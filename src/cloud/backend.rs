@@ -1,0 +1,76 @@
+//! The raw cloud APIs, one call per method and no policy: each backend (`aws`, `memory`)
+//! implements these; the providers in [`super::nodes`] and [`super::dns`] add idempotency,
+//! retries, rate limiting and observation on top, so both backends share that logic.
+
+use std::collections::BTreeMap;
+
+use async_trait::async_trait;
+
+use super::{ARecord, ApiError, Instance};
+
+/// Arguments of one `RunInstances` (always exactly one instance).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RunSpec {
+    pub image: String,
+    pub instance_type: String,
+    pub zone: String,
+    pub subnet_id: String,
+    pub security_group_ids: Vec<String>,
+    pub instance_profile: Option<String>,
+    /// Base64, as EC2 wants it.
+    pub user_data_base64: String,
+    pub tags: BTreeMap<String, String>,
+    pub client_token: String,
+}
+
+/// Which instances a `DescribeInstances` asks for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum InstanceQuery {
+    /// Instances carrying all these tags (`tag:<k>=<v>` filters, ANDed).
+    Tags(BTreeMap<String, String>),
+    /// Exactly these ids (`InstanceIds`): EC2 fails the whole call with
+    /// `InvalidInstanceID.NotFound` if it does not know one of them (yet).
+    Ids(Vec<String>),
+    /// These ids as an `instance-id` filter: unknown ids are silently absent.
+    IdFilter(Vec<String>),
+}
+
+/// One page of results and the token for the next one.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Page<T> {
+    pub items: Vec<T>,
+    pub next_token: Option<String>,
+}
+
+#[async_trait]
+pub trait Ec2Api: Send + Sync {
+    async fn run_instance(&self, spec: &RunSpec) -> Result<Instance, ApiError>;
+    async fn describe_instances(
+        &self,
+        query: &InstanceQuery,
+        next_token: Option<&str>,
+    ) -> Result<Page<Instance>, ApiError>;
+    async fn terminate_instances(&self, ids: &[String]) -> Result<(), ApiError>;
+}
+
+/// A Route53 change action.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ChangeAction {
+    Create,
+    Upsert,
+    Delete,
+}
+
+#[async_trait]
+pub trait Route53Api: Send + Sync {
+    /// The A record named `fqdn` (trailing dot) in the zone, if any (`ListResourceRecordSets`).
+    async fn find_a(&self, zone_id: &str, fqdn: &str) -> Result<Option<ARecord>, ApiError>;
+    /// `ChangeResourceRecordSets` with one change. A DELETE must carry the current values and
+    /// TTL exactly, or Route53 rejects it.
+    async fn change_a(
+        &self,
+        zone_id: &str,
+        action: ChangeAction,
+        record: &ARecord,
+    ) -> Result<(), ApiError>;
+}

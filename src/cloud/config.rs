@@ -1,0 +1,128 @@
+//! The operator-wide cloud settings (one per operator, not per QuestDB).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use super::CloudError;
+
+/// Cluster-wide AWS settings. Per-database choices (AMI, instance type, zone) live in the
+/// QuestDB's `spec.node`; everything that is the same for every database lives here.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CloudConfig {
+    /// Value of the `questdb.io/cluster` tag: separates operators sharing one AWS account.
+    pub cluster_name: String,
+    pub region: String,
+    /// Availability zone -> subnet id. A database's node must be in its volume's zone.
+    pub subnets_by_zone: BTreeMap<String, String>,
+    pub security_group_ids: Vec<String>,
+    /// Instance profile name, or ARN (starts with `arn:`).
+    pub instance_profile: Option<String>,
+    /// Node bootstrap script with `{{var}}` placeholders, see [`super::user_data`].
+    pub user_data_template: String,
+    pub hosted_zone_id: Option<String>,
+    /// Talk to this endpoint instead of AWS (moto in tests, the sandbox).
+    pub endpoint_url: Option<String>,
+    pub retry: RetryPolicy,
+    pub rate_limit: RateLimit,
+}
+
+impl CloudConfig {
+    /// A configuration with sensible retry/rate-limit defaults and nothing cluster-specific.
+    pub fn new(cluster_name: impl Into<String>, region: impl Into<String>) -> Self {
+        Self {
+            cluster_name: cluster_name.into(),
+            region: region.into(),
+            subnets_by_zone: BTreeMap::new(),
+            security_group_ids: Vec::new(),
+            instance_profile: None,
+            user_data_template: String::new(),
+            hosted_zone_id: None,
+            endpoint_url: None,
+            retry: RetryPolicy::default(),
+            rate_limit: RateLimit::default(),
+        }
+    }
+}
+
+/// How long and how often to retry calls that may succeed later.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RetryPolicy {
+    /// First backoff; doubles each attempt, with full jitter.
+    pub min_delay: Duration,
+    pub max_delay: Duration,
+    /// Attempts after the first for throttling and transient errors.
+    pub max_retries: usize,
+    /// How long an `InvalidInstanceID.NotFound` is treated as EC2 lagging behind a launch.
+    pub eventual_consistency_window: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        Self {
+            min_delay: Duration::from_millis(200),
+            max_delay: Duration::from_secs(10),
+            max_retries: 6,
+            eventual_consistency_window: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Client-side token bucket shared by all calls of one provider, so a burst of reconciles does
+/// not spend the account-wide EC2 API budget that other tools need too.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RateLimit {
+    pub per_second: f64,
+    pub burst: u32,
+}
+
+impl Default for RateLimit {
+    fn default() -> Self {
+        // Well below EC2's documented non-mutating bucket refill (20/s) so the operator never
+        // starves other clients in the account.
+        Self {
+            per_second: 10.0,
+            burst: 20,
+        }
+    }
+}
+
+/// The subnet a node in `zone` is launched into.
+pub fn pick_subnet<'a>(zone: &str, config: &'a CloudConfig) -> Result<&'a str, CloudError> {
+    config
+        .subnets_by_zone
+        .get(zone)
+        .map(String::as_str)
+        .ok_or_else(|| {
+            let known: Vec<&str> = config.subnets_by_zone.keys().map(String::as_str).collect();
+            CloudError::Config(format!(
+                "no subnet configured for zone {zone} (configured zones: [{}])",
+                known.join(", ")
+            ))
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn subnet_is_the_one_of_the_zone() {
+        let mut c = CloudConfig::new("c1", "us-east-1");
+        c.subnets_by_zone
+            .insert("us-east-1a".into(), "subnet-a".into());
+        c.subnets_by_zone
+            .insert("us-east-1b".into(), "subnet-b".into());
+        assert_eq!(pick_subnet("us-east-1b", &c), Ok("subnet-b"));
+    }
+
+    #[test]
+    fn unknown_zone_is_a_config_error_naming_the_known_zones() {
+        let mut c = CloudConfig::new("c1", "us-east-1");
+        c.subnets_by_zone
+            .insert("us-east-1a".into(), "subnet-a".into());
+        let err = pick_subnet("us-east-1c", &c).unwrap_err();
+        assert!(err.is_permanent());
+        let text = err.to_string();
+        assert!(text.contains("us-east-1c") && text.contains("us-east-1a"), "{text}");
+    }
+}

@@ -1,0 +1,413 @@
+//! An in-process EC2 with the behaviours the operator must survive: ClientToken idempotency,
+//! throttling, capacity shortages, AMI / instance type validation, launch latency, eventual
+//! consistency and the pending → running → shutting-down → terminated lifecycle.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::SystemTime;
+
+use async_trait::async_trait;
+use tokio::sync::broadcast;
+use tokio::time::{Duration, Instant};
+
+use crate::cloud::backend::{Ec2Api, InstanceQuery, Page, RunSpec};
+use crate::cloud::{ApiError, Instance, InstanceState};
+
+/// Lifecycle news for whoever simulates the kubelet (the sandbox registers a Node per running
+/// instance and removes it on termination).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum InstanceEvent {
+    Running(Instance),
+    Terminated(String),
+}
+
+/// Static behaviour of the fake.
+#[derive(Clone, Debug)]
+pub struct MemoryEc2Options {
+    /// AMIs that exist; anything else is `InvalidAMIID.NotFound`.
+    pub known_images: BTreeSet<String>,
+    /// Instance types that exist; anything else is `InvalidParameterValue`.
+    pub instance_types: BTreeSet<String>,
+    /// First two octets of private IPs, e.g. `10.0` (strings only; nothing is contacted).
+    pub private_ip_prefix: String,
+    /// Give instances a public IP (from 203.0.113.0/24, a documentation range).
+    pub assign_public_ip: bool,
+    /// Results per DescribeInstances page, so paging is exercised.
+    pub page_size: usize,
+    /// How long RunInstances takes to answer *after* the instance exists: a caller cancelled
+    /// in this window has launched an instance without knowing its id.
+    pub launch_latency: Duration,
+    pub pending_to_running: Duration,
+    pub shutting_down_to_terminated: Duration,
+}
+
+impl Default for MemoryEc2Options {
+    fn default() -> Self {
+        Self {
+            known_images: ["ami-0123456789abcdef0".to_string()].into(),
+            instance_types: ["t3.micro", "t3.large", "m6i.large", "m6i.xlarge", "r6i.large"]
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
+            private_ip_prefix: "10.0".into(),
+            assign_public_ip: false,
+            page_size: 50,
+            launch_latency: Duration::ZERO,
+            pending_to_running: Duration::from_millis(100),
+            shutting_down_to_terminated: Duration::from_millis(100),
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Record {
+    instance: Instance,
+    client_token: String,
+    subnet_id: String,
+    /// Remaining describes that do not see this instance yet (eventual consistency).
+    hidden_for: u32,
+}
+
+#[derive(Debug, Default)]
+struct Faults {
+    throttle_next: u32,
+    no_capacity_zones: BTreeSet<String>,
+    hide_new_instances_for: u32,
+}
+
+#[derive(Debug)]
+struct State {
+    options: MemoryEc2Options,
+    faults: Faults,
+    records: BTreeMap<String, Record>,
+    by_token: HashMap<String, String>,
+    next_serial: u64,
+    calls: Vec<(&'static str, Instant)>,
+}
+
+/// The fake. Cheap to share: wrap it in an `Arc` and hand it to [`crate::cloud::Ec2NodeProvider`].
+pub struct MemoryEc2 {
+    state: Mutex<State>,
+    events: broadcast::Sender<InstanceEvent>,
+    me: Weak<MemoryEc2>,
+}
+
+impl MemoryEc2 {
+    pub fn new(options: MemoryEc2Options) -> Arc<Self> {
+        let (events, _) = broadcast::channel(1024);
+        Arc::new_cyclic(|me| Self {
+            state: Mutex::new(State {
+                options,
+                faults: Faults::default(),
+                records: BTreeMap::new(),
+                by_token: HashMap::new(),
+                next_serial: 1,
+                calls: Vec::new(),
+            }),
+            events,
+            me: me.clone(),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Lifecycle events from now on.
+    pub fn subscribe(&self) -> broadcast::Receiver<InstanceEvent> {
+        self.events.subscribe()
+    }
+
+    /// The next `n` calls (any operation) fail with `RequestLimitExceeded`.
+    pub fn throttle_next(&self, n: u32) {
+        self.lock().faults.throttle_next = n;
+    }
+
+    /// RunInstances in `zone` fails with `InsufficientInstanceCapacity` until cleared.
+    pub fn set_no_capacity(&self, zone: &str, no_capacity: bool) {
+        let mut state = self.lock();
+        if no_capacity {
+            state.faults.no_capacity_zones.insert(zone.to_string());
+        } else {
+            state.faults.no_capacity_zones.remove(zone);
+        }
+    }
+
+    /// Instances launched from now on stay invisible to the next `n` DescribeInstances calls
+    /// that would include them (by id: `InvalidInstanceID.NotFound`; by tag: absent).
+    pub fn hide_new_instances_for(&self, n: u32) {
+        self.lock().faults.hide_new_instances_for = n;
+    }
+
+    pub fn set_launch_latency(&self, latency: Duration) {
+        self.lock().options.launch_latency = latency;
+    }
+
+    pub fn set_pending_to_running(&self, delay: Duration) {
+        self.lock().options.pending_to_running = delay;
+    }
+
+    pub fn add_image(&self, image: &str) {
+        self.lock().options.known_images.insert(image.to_string());
+    }
+
+    /// Every instance ever launched, whatever its state, ignoring eventual consistency.
+    pub fn instances(&self) -> Vec<Instance> {
+        self.lock()
+            .records
+            .values()
+            .map(|r| r.instance.clone())
+            .collect()
+    }
+
+    /// Every API call so far: operation name and when it arrived (tokio clock).
+    pub fn calls(&self) -> Vec<(&'static str, Instant)> {
+        self.lock().calls.clone()
+    }
+
+    /// How many times `operation` was called.
+    pub fn call_count(&self, operation: &str) -> usize {
+        self.lock()
+            .calls
+            .iter()
+            .filter(|(op, _)| *op == operation)
+            .count()
+    }
+
+    /// Record the call and apply throttling: the common prologue of every operation.
+    fn begin(state: &mut State, operation: &'static str) -> Result<(), ApiError> {
+        state.calls.push((operation, Instant::now()));
+        if state.faults.throttle_next > 0 {
+            state.faults.throttle_next -= 1;
+            return Err(ApiError::new("RequestLimitExceeded", "Request limit exceeded."));
+        }
+        Ok(())
+    }
+
+    fn validate(state: &State, spec: &RunSpec) -> Result<(), ApiError> {
+        if !spec.image.starts_with("ami-") {
+            return Err(ApiError::new(
+                "InvalidAMIID.Malformed",
+                format!("Invalid id: \"{}\" (expecting \"ami-...\")", spec.image),
+            ));
+        }
+        if !state.options.known_images.contains(&spec.image) {
+            return Err(ApiError::new(
+                "InvalidAMIID.NotFound",
+                format!("The image id '[{}]' does not exist", spec.image),
+            ));
+        }
+        if !state.options.instance_types.contains(&spec.instance_type) {
+            return Err(ApiError::new(
+                "InvalidParameterValue",
+                format!("Invalid value '{}' for InstanceType.", spec.instance_type),
+            ));
+        }
+        if state.faults.no_capacity_zones.contains(&spec.zone) {
+            return Err(ApiError::new(
+                "InsufficientInstanceCapacity",
+                format!(
+                    "We currently do not have sufficient {} capacity in the Availability Zone you requested ({}).",
+                    spec.instance_type, spec.zone
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    fn create(state: &mut State, spec: &RunSpec) -> Instance {
+        let serial = state.next_serial;
+        state.next_serial += 1;
+        let host = serial % 65_000;
+        let instance = Instance {
+            // Deterministic: ids follow launch order, so test failures reproduce.
+            id: format!("i-{serial:017x}"),
+            state: InstanceState::Pending,
+            zone: spec.zone.clone(),
+            image: spec.image.clone(),
+            instance_type: spec.instance_type.clone(),
+            private_ip: Some(format!(
+                "{}.{}.{}",
+                state.options.private_ip_prefix,
+                host / 250,
+                host % 250 + 4
+            )),
+            public_ip: state
+                .options
+                .assign_public_ip
+                .then(|| format!("203.0.113.{}", serial % 250 + 1)),
+            tags: spec.tags.clone(),
+            launched_at: Some(SystemTime::now()),
+        };
+        state.by_token.insert(spec.client_token.clone(), instance.id.clone());
+        state.records.insert(
+            instance.id.clone(),
+            Record {
+                instance: instance.clone(),
+                client_token: spec.client_token.clone(),
+                subnet_id: spec.subnet_id.clone(),
+                hidden_for: state.faults.hide_new_instances_for,
+            },
+        );
+        instance
+    }
+
+    /// Move `id` from `from` to `to` after `delay`, announcing the result.
+    fn schedule_transition(&self, id: String, from: InstanceState, to: InstanceState, delay: Duration) {
+        let me = self.me.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(delay).await;
+            let Some(ec2) = me.upgrade() else { return };
+            let event = {
+                let mut state = ec2.lock();
+                let Some(record) = state.records.get_mut(&id) else {
+                    return;
+                };
+                if record.instance.state != from {
+                    return;
+                }
+                record.instance.state = to;
+                match to {
+                    InstanceState::Running => InstanceEvent::Running(record.instance.clone()),
+                    _ => InstanceEvent::Terminated(id.clone()),
+                }
+            };
+            // Nobody listening is fine: the sandbox may not care about nodes.
+            let _ = ec2.events.send(event);
+        });
+    }
+
+    fn matches(query: &InstanceQuery, instance: &Instance) -> bool {
+        match query {
+            InstanceQuery::Tags(tags) => tags
+                .iter()
+                .all(|(k, v)| instance.tags.get(k) == Some(v)),
+            InstanceQuery::Ids(ids) | InstanceQuery::IdFilter(ids) => ids.contains(&instance.id),
+        }
+    }
+}
+
+#[async_trait]
+impl Ec2Api for MemoryEc2 {
+    async fn run_instance(&self, spec: &RunSpec) -> Result<Instance, ApiError> {
+        let (instance, latency, created) = {
+            let mut state = self.lock();
+            Self::begin(&mut state, "RunInstances")?;
+            // Like EC2: the ClientToken is checked first, so a retry gets the original answer
+            // even if capacity or the AMI went away since.
+            if let Some(id) = state.by_token.get(&spec.client_token).cloned() {
+                let record = &state.records[&id];
+                if record.instance.image != spec.image
+                    || record.instance.instance_type != spec.instance_type
+                    || record.subnet_id != spec.subnet_id
+                {
+                    return Err(ApiError::new(
+                        "IdempotentParameterMismatch",
+                        "The client token you have provided is associated with a resource that is already deleted or has different parameters.",
+                    ));
+                }
+                debug_assert_eq!(record.client_token, spec.client_token);
+                (record.instance.clone(), state.options.launch_latency, false)
+            } else {
+                Self::validate(&state, spec)?;
+                let instance = Self::create(&mut state, spec);
+                (instance, state.options.launch_latency, true)
+            }
+        };
+        if created {
+            let delay = self.lock().options.pending_to_running;
+            self.schedule_transition(
+                instance.id.clone(),
+                InstanceState::Pending,
+                InstanceState::Running,
+                delay,
+            );
+        }
+        // The instance already exists: a caller dropped during this sleep is the "crash between
+        // launch and status write" case.
+        if !latency.is_zero() {
+            tokio::time::sleep(latency).await;
+        }
+        Ok(instance)
+    }
+
+    async fn describe_instances(
+        &self,
+        query: &InstanceQuery,
+        next_token: Option<&str>,
+    ) -> Result<Page<Instance>, ApiError> {
+        let mut state = self.lock();
+        Self::begin(&mut state, "DescribeInstances")?;
+        let mut unknown = Vec::new();
+        let mut visible = Vec::new();
+        if let InstanceQuery::Ids(ids) = query {
+            for id in ids {
+                match state.records.get(id) {
+                    Some(r) if r.hidden_for == 0 => {}
+                    _ => unknown.push(id.clone()),
+                }
+            }
+        }
+        for record in state.records.values_mut() {
+            if !Self::matches(query, &record.instance) {
+                continue;
+            }
+            if record.hidden_for > 0 {
+                record.hidden_for -= 1;
+            } else {
+                visible.push(record.instance.clone());
+            }
+        }
+        if !unknown.is_empty() {
+            return Err(ApiError::new(
+                "InvalidInstanceID.NotFound",
+                format!("The instance IDs '{}' do not exist", unknown.join(", ")),
+            ));
+        }
+        let start: usize = match next_token {
+            None => 0,
+            Some(token) => token.parse().map_err(|_| {
+                ApiError::new("InvalidParameterValue", format!("bad NextToken {token}"))
+            })?,
+        };
+        let page_size = state.options.page_size.max(1);
+        let end = (start + page_size).min(visible.len());
+        let items = visible.get(start..end).unwrap_or_default().to_vec();
+        let next_token = (end < visible.len()).then(|| end.to_string());
+        Ok(Page { items, next_token })
+    }
+
+    async fn terminate_instances(&self, ids: &[String]) -> Result<(), ApiError> {
+        let (to_schedule, delay) = {
+            let mut state = self.lock();
+            Self::begin(&mut state, "TerminateInstances")?;
+            let unknown: Vec<&String> = ids
+                .iter()
+                .filter(|id| state.records.get(*id).is_none_or(|r| r.hidden_for > 0))
+                .collect();
+            if !unknown.is_empty() {
+                let list: Vec<&str> = unknown.iter().map(|s| s.as_str()).collect();
+                return Err(ApiError::new(
+                    "InvalidInstanceID.NotFound",
+                    format!("The instance IDs '{}' do not exist", list.join(", ")),
+                ));
+            }
+            let mut to_schedule = Vec::new();
+            for id in ids {
+                if let Some(record) = state.records.get_mut(id) {
+                    if !record.instance.state.is_gone() {
+                        record.instance.state = InstanceState::ShuttingDown;
+                        to_schedule.push(id.clone());
+                    }
+                }
+            }
+            (to_schedule, state.options.shutting_down_to_terminated)
+        };
+        for id in to_schedule {
+            self.schedule_transition(id, InstanceState::ShuttingDown, InstanceState::Terminated, delay);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,52 @@
+//! The in-memory backend: a fake EC2 and Route53 for the sandbox and for fast tests.
+//!
+//! ```ignore
+//! let cloud = MemoryCloud::new(config, MemoryEc2Options::default(), noop_observer())?;
+//! let mut events = cloud.ec2.subscribe();      // register a Node per InstanceEvent::Running
+//! let nodes: Arc<dyn NodeProvider> = cloud.nodes.clone();
+//! ```
+
+mod ec2;
+mod route53;
+
+#[cfg(test)]
+mod tests;
+
+use std::sync::Arc;
+
+pub use ec2::{InstanceEvent, MemoryEc2, MemoryEc2Options};
+pub use route53::MemoryRoute53;
+
+use super::{CloudConfig, CloudError, Ec2NodeProvider, Route53DnsProvider, SharedObserver};
+
+/// Both fakes and the providers on top of them, sharing one configuration and observer.
+pub struct MemoryCloud {
+    pub ec2: Arc<MemoryEc2>,
+    pub route53: Arc<MemoryRoute53>,
+    pub nodes: Arc<Ec2NodeProvider<MemoryEc2>>,
+    pub dns: Arc<Route53DnsProvider<MemoryRoute53>>,
+}
+
+impl MemoryCloud {
+    /// Fails only if `config` names no hosted zone (the DNS provider needs one).
+    pub fn new(
+        config: CloudConfig,
+        options: MemoryEc2Options,
+        observer: SharedObserver,
+    ) -> Result<Self, CloudError> {
+        let ec2 = MemoryEc2::new(options);
+        let route53 = Arc::new(MemoryRoute53::new());
+        let dns = Arc::new(Route53DnsProvider::new(
+            route53.clone(),
+            &config,
+            observer.clone(),
+        )?);
+        let nodes = Arc::new(Ec2NodeProvider::new(ec2.clone(), config, observer));
+        Ok(Self {
+            ec2,
+            route53,
+            nodes,
+            dns,
+        })
+    }
+}

@@ -1,0 +1,391 @@
+//! Behaviour of the policy layer (idempotency, retries, rate limit, permanent errors) on the
+//! in-memory backend, which models what moto cannot.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use tokio::time::{timeout, Duration, Instant};
+
+use super::*;
+use crate::cloud::{
+    identity_tags, CallCounter, CloudConfig, CloudError, DnsProvider, InstanceState,
+    LaunchRequest, NodeProvider, RateLimit, RetryPolicy, Taint, TAG_UID,
+};
+
+const AMI: &str = "ami-0123456789abcdef0";
+
+fn config(cluster: &str) -> CloudConfig {
+    let mut c = CloudConfig::new(cluster, "us-east-1");
+    c.subnets_by_zone = BTreeMap::from([
+        ("us-east-1a".to_string(), "subnet-a".to_string()),
+        ("us-east-1b".to_string(), "subnet-b".to_string()),
+    ]);
+    c.security_group_ids = vec!["sg-1".into()];
+    c.user_data_template = "--node-labels={{node_labels}} --register-with-taints={{node_taints}}".into();
+    c.hosted_zone_id = Some("Z123".into());
+    c.retry = RetryPolicy {
+        min_delay: Duration::from_millis(50),
+        max_delay: Duration::from_secs(1),
+        max_retries: 5,
+        eventual_consistency_window: Duration::from_secs(5),
+    };
+    c.rate_limit = RateLimit {
+        per_second: 0.0,
+        burst: 1,
+    };
+    c
+}
+
+fn cloud_with(config: CloudConfig, options: MemoryEc2Options) -> (MemoryCloud, CallCounter) {
+    let counter = CallCounter::new();
+    let cloud = MemoryCloud::new(config, options, Arc::new(counter.clone())).unwrap();
+    (cloud, counter)
+}
+
+fn cloud() -> (MemoryCloud, CallCounter) {
+    cloud_with(config("prod"), MemoryEc2Options::default())
+}
+
+fn request(uid: &str, generation: i64) -> LaunchRequest {
+    LaunchRequest {
+        namespace: "team-a".into(),
+        name: format!("db-{uid}"),
+        uid: uid.into(),
+        node_generation: generation,
+        image: AMI.into(),
+        instance_type: "m6i.large".into(),
+        zone: "us-east-1a".into(),
+        labels: BTreeMap::from([("questdb.io/dedicated".to_string(), uid.to_string())]),
+        taints: vec![Taint::new("questdb.io/dedicated", Some(uid), "NoSchedule")],
+    }
+}
+
+/// Instances of `uid`+`generation` that still count (not shutting down / terminated).
+fn live_instances_of(ec2: &MemoryEc2, uid: &str, generation: i64) -> Vec<String> {
+    let wanted = identity_tags("prod", uid, generation);
+    ec2.instances()
+        .into_iter()
+        .filter(|i| !i.state.is_gone())
+        .filter(|i| wanted.iter().all(|(k, v)| i.tags.get(k) == Some(v)))
+        .map(|i| i.id)
+        .collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn launched_instance_is_tagged_becomes_running_and_is_announced() {
+    let (cloud, _) = cloud();
+    let mut events = cloud.ec2.subscribe();
+    let launched = cloud.nodes.launch(&request("uid-1", 1)).await.unwrap();
+
+    assert_eq!(launched.state, InstanceState::Pending);
+    assert!(launched.id.starts_with("i-") && launched.id.len() == 19, "{}", launched.id);
+    assert!(launched.private_ip.as_deref().unwrap().starts_with("10.0."));
+    assert_eq!(launched.zone, "us-east-1a");
+    assert_eq!(launched.tags[TAG_UID], "uid-1");
+    assert_eq!(launched.tags["questdb.io/cluster"], "prod");
+    assert_eq!(launched.provider_id(), format!("aws:///us-east-1a/{}", launched.id));
+
+    let event = timeout(Duration::from_secs(5), events.recv()).await.unwrap().unwrap();
+    match event {
+        InstanceEvent::Running(i) => assert_eq!(i.id, launched.id),
+        other => panic!("unexpected {other:?}"),
+    }
+    let seen = cloud.nodes.describe(std::slice::from_ref(&launched.id)).await.unwrap();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(seen[0].state, InstanceState::Running);
+}
+
+#[tokio::test(start_paused = true)]
+async fn relaunch_of_the_same_generation_returns_the_same_instance() {
+    let (cloud, _) = cloud();
+    let first = cloud.nodes.launch(&request("uid-1", 1)).await.unwrap();
+    let again = cloud.nodes.launch(&request("uid-1", 1)).await.unwrap();
+    assert_eq!(first.id, again.id);
+    assert_eq!(cloud.ec2.call_count("RunInstances"), 1);
+
+    let next = cloud.nodes.launch(&request("uid-1", 2)).await.unwrap();
+    assert_ne!(next.id, first.id);
+    // Another QuestDB (another uid) never adopts this one's instance.
+    let other = cloud.nodes.launch(&request("uid-2", 1)).await.unwrap();
+    assert_ne!(other.id, first.id);
+}
+
+#[tokio::test(start_paused = true)]
+async fn terminated_generation_is_reported_not_replaced() {
+    let (cloud, _) = cloud();
+    let first = cloud.nodes.launch(&request("uid-1", 1)).await.unwrap();
+    cloud.nodes.terminate(&first.id).await.unwrap();
+    let again = cloud.nodes.launch(&request("uid-1", 1)).await.unwrap();
+    assert_eq!(again.id, first.id);
+    assert!(again.state.is_gone());
+    assert_eq!(cloud.ec2.call_count("RunInstances"), 1);
+}
+
+/// A manager killed at any point of a launch (before the call, while throttled, after EC2
+/// created the instance but before the answer, while EC2 still hides the new instance) and
+/// restarted: the retried launch ends with exactly one instance, the one it returns.
+#[tokio::test(start_paused = true)]
+async fn crash_anywhere_in_launch_never_yields_a_second_instance() {
+    for seed in 0..300u64 {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let (cloud, _) = cloud();
+        cloud
+            .ec2
+            .set_launch_latency(Duration::from_millis(rng.random_range(0..400)));
+        cloud.ec2.hide_new_instances_for(rng.random_range(0..4));
+        cloud.ec2.throttle_next(rng.random_range(0..3));
+        let req = request("uid-1", 1);
+
+        for _crash in 0..rng.random_range(1..4) {
+            let deadline = Duration::from_millis(rng.random_range(0..500));
+            // Dropping the future at the deadline is the crash.
+            let _ = timeout(deadline, cloud.nodes.launch(&req)).await;
+            if rng.random_bool(0.3) {
+                cloud.ec2.throttle_next(rng.random_range(0..3));
+            }
+        }
+        // Sometimes two reconciles race after the restart.
+        let final_id = if rng.random_bool(0.5) {
+            let (a, b) = tokio::join!(cloud.nodes.launch(&req), cloud.nodes.launch(&req));
+            let (a, b) = (a.unwrap(), b.unwrap());
+            assert_eq!(a.id, b.id, "seed {seed}: racing launches disagree");
+            a.id
+        } else {
+            cloud.nodes.launch(&req).await.unwrap().id
+        };
+        let live = live_instances_of(&cloud.ec2, "uid-1", 1);
+        assert_eq!(live, vec![final_id], "seed {seed}");
+        assert_eq!(cloud.ec2.instances().len(), 1, "seed {seed}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn throttled_calls_are_retried_until_they_succeed() {
+    let (cloud, counter) = cloud();
+    cloud.ec2.throttle_next(4);
+    let launched = cloud.nodes.launch(&request("uid-1", 1)).await.unwrap();
+    assert_eq!(live_instances_of(&cloud.ec2, "uid-1", 1), vec![launched.id]);
+    assert_eq!(counter.count("DescribeInstances", "throttled") + counter.count("RunInstances", "throttled"), 4);
+    assert_eq!(counter.count("RunInstances", "ok"), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn throttling_that_never_ends_is_a_retryable_error_not_a_hang() {
+    let (cloud, counter) = cloud();
+    cloud.ec2.throttle_next(u32::MAX);
+    let err = cloud.nodes.describe_cluster().await.unwrap_err();
+    assert!(matches!(err, CloudError::Throttled { .. }), "{err:?}");
+    assert!(!err.is_permanent());
+    // First attempt + max_retries.
+    assert_eq!(counter.attempts("DescribeInstances"), 6);
+}
+
+#[tokio::test(start_paused = true)]
+async fn all_calls_of_a_provider_share_one_rate_limit() {
+    let mut c = config("prod");
+    c.rate_limit = RateLimit {
+        per_second: 5.0,
+        burst: 2,
+    };
+    let (cloud, _) = cloud_with(c, MemoryEc2Options::default());
+    let start = Instant::now();
+    let nodes = cloud.nodes.clone();
+    let tasks: Vec<_> = (0..12)
+        .map(|i| {
+            let nodes = nodes.clone();
+            tokio::spawn(async move {
+                if i % 2 == 0 {
+                    nodes.describe_cluster().await.map(|_| ())
+                } else {
+                    nodes.terminate("i-00000000000000abc").await
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap().unwrap();
+    }
+    let mut times: Vec<f64> = cloud
+        .ec2
+        .calls()
+        .iter()
+        .map(|(_, at)| at.duration_since(start).as_secs_f64())
+        .collect();
+    times.sort_by(f64::total_cmp);
+    assert_eq!(times.len(), 12);
+    for (k, t) in times.iter().enumerate() {
+        // Call k may happen no earlier than when the bucket refilled k+1-burst tokens.
+        let earliest = (k as f64 + 1.0 - 2.0).max(0.0) / 5.0;
+        assert!(*t + 1e-6 >= earliest, "call {k} at {t}s, before {earliest}s: {times:?}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn no_capacity_is_permanent_with_the_aws_message_after_one_attempt() {
+    let (cloud, counter) = cloud();
+    cloud.ec2.set_no_capacity("us-east-1a", true);
+    let err = cloud.nodes.launch(&request("uid-1", 1)).await.unwrap_err();
+    match &err {
+        CloudError::Permanent { code, message, .. } => {
+            assert_eq!(code, "InsufficientInstanceCapacity");
+            assert!(message.contains("us-east-1a"), "{message}");
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+    assert_eq!(cloud.ec2.call_count("RunInstances"), 1);
+    assert_eq!(counter.count("RunInstances", "error:InsufficientInstanceCapacity"), 1);
+
+    // Capacity back: the same request now launches.
+    cloud.ec2.set_no_capacity("us-east-1a", false);
+    cloud.nodes.launch(&request("uid-1", 1)).await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn unknown_ami_and_instance_type_are_permanent_after_one_attempt() {
+    let (cloud, _) = cloud();
+    let mut bad_ami = request("uid-1", 1);
+    bad_ami.image = "ami-00000000000000bad".into();
+    let err = cloud.nodes.launch(&bad_ami).await.unwrap_err();
+    assert_eq!(err.code(), Some("InvalidAMIID.NotFound"));
+    assert!(err.to_string().contains("ami-00000000000000bad"));
+
+    let mut bad_type = request("uid-2", 1);
+    bad_type.instance_type = "m9.gigantic".into();
+    let err = cloud.nodes.launch(&bad_type).await.unwrap_err();
+    assert_eq!(err.code(), Some("InvalidParameterValue"));
+    assert!(err.is_permanent());
+
+    assert_eq!(cloud.ec2.call_count("RunInstances"), 2);
+    assert!(cloud.ec2.instances().is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn zone_without_subnet_fails_before_any_api_call() {
+    let (cloud, counter) = cloud();
+    let mut req = request("uid-1", 1);
+    req.zone = "eu-west-1a".into();
+    let err = cloud.nodes.launch(&req).await.unwrap_err();
+    assert!(matches!(err, CloudError::Config(_)), "{err:?}");
+    assert_eq!(counter.total(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn describe_right_after_launch_waits_out_eventual_consistency() {
+    let (cloud, counter) = cloud();
+    cloud.ec2.hide_new_instances_for(3);
+    // Hidden from the tag lookup too; the ClientToken still makes this a single instance.
+    let launched = cloud.nodes.launch(&request("uid-1", 1)).await.unwrap();
+    let seen = cloud.nodes.describe(std::slice::from_ref(&launched.id)).await.unwrap();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(seen[0].id, launched.id);
+    assert!(counter.count("DescribeInstances", "error:InvalidInstanceID.NotFound") >= 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn describe_of_unknown_ids_leaves_them_out_after_the_window() {
+    let (cloud, _) = cloud();
+    let launched = cloud.nodes.launch(&request("uid-1", 1)).await.unwrap();
+    let start = Instant::now();
+    let seen = cloud
+        .nodes
+        .describe(&[launched.id.clone(), "i-00000000000000dead".to_string()])
+        .await
+        .unwrap();
+    assert_eq!(seen.iter().map(|i| i.id.clone()).collect::<Vec<_>>(), vec![launched.id]);
+    assert!(start.elapsed() <= Duration::from_secs(6));
+}
+
+#[tokio::test(start_paused = true)]
+async fn terminate_is_idempotent_and_announced() {
+    let (cloud, _) = cloud();
+    let launched = cloud.nodes.launch(&request("uid-1", 1)).await.unwrap();
+    let mut events = cloud.ec2.subscribe();
+    cloud.nodes.terminate(&launched.id).await.unwrap();
+    cloud.nodes.terminate(&launched.id).await.unwrap();
+    cloud.nodes.terminate("i-00000000000000abc").await.unwrap();
+
+    let terminated = timeout(Duration::from_secs(5), async {
+        loop {
+            if let Ok(InstanceEvent::Terminated(id)) = events.recv().await {
+                return id;
+            }
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(terminated, launched.id);
+    let seen = cloud.nodes.describe(&[launched.id]).await.unwrap();
+    assert_eq!(seen[0].state, InstanceState::Terminated);
+}
+
+#[tokio::test(start_paused = true)]
+async fn describe_cluster_pages_through_this_cluster_only() {
+    let options = MemoryEc2Options {
+        page_size: 2,
+        ..Default::default()
+    };
+    let ec2 = MemoryEc2::new(options);
+    let observer = crate::cloud::noop_observer();
+    let prod = crate::cloud::Ec2NodeProvider::new(ec2.clone(), config("prod"), observer.clone());
+    let staging = crate::cloud::Ec2NodeProvider::new(ec2.clone(), config("staging"), observer);
+    for n in 0..5 {
+        prod.launch(&request(&format!("uid-{n}"), 1)).await.unwrap();
+    }
+    staging.launch(&request("uid-s", 1)).await.unwrap();
+
+    let before = ec2.call_count("DescribeInstances");
+    let mine = prod.describe_cluster().await.unwrap();
+    assert_eq!(mine.len(), 5);
+    assert!(mine.iter().all(|i| i.tags["questdb.io/cluster"] == "prod"));
+    // 5 instances, 2 per page: one logical describe, three pages.
+    assert_eq!(ec2.call_count("DescribeInstances") - before, 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn dns_upserts_only_on_change_and_deletes_idempotently() {
+    let (cloud, counter) = cloud();
+    let dns = cloud.dns.clone();
+    dns.upsert_a("DB1.example.com", "10.0.0.4", 60).await.unwrap();
+    assert_eq!(
+        cloud.route53.records(),
+        vec![crate::cloud::ARecord {
+            name: "db1.example.com".into(),
+            ips: vec!["10.0.0.4".into()],
+            ttl: 60
+        }]
+    );
+    // Steady state: a read, no write.
+    dns.upsert_a("db1.example.com.", "10.0.0.4", 60).await.unwrap();
+    assert_eq!(counter.attempts("ChangeResourceRecordSets"), 1);
+
+    dns.upsert_a("db1.example.com", "10.0.0.9", 30).await.unwrap();
+    let read = dns.read_a("db1.example.com").await.unwrap().unwrap();
+    assert_eq!((read.ips, read.ttl), (vec!["10.0.0.9".to_string()], 30));
+    assert_eq!(counter.attempts("ChangeResourceRecordSets"), 2);
+
+    dns.delete_a("db1.example.com").await.unwrap();
+    dns.delete_a("db1.example.com").await.unwrap();
+    assert!(cloud.route53.records().is_empty());
+    assert_eq!(dns.read_a("db1.example.com").await.unwrap(), None);
+}
+
+#[tokio::test(start_paused = true)]
+async fn dns_throttling_is_retried() {
+    let (cloud, counter) = cloud();
+    cloud.route53.throttle_next(3);
+    cloud.dns.upsert_a("db1.example.com", "10.0.0.4", 60).await.unwrap();
+    assert_eq!(cloud.route53.records().len(), 1);
+    assert_eq!(counter.count("ListResourceRecordSets", "throttled"), 3);
+}
+
+#[test]
+fn dns_needs_a_hosted_zone() {
+    let mut c = config("prod");
+    c.hosted_zone_id = None;
+    let err = MemoryCloud::new(c, MemoryEc2Options::default(), crate::cloud::noop_observer())
+        .err()
+        .unwrap();
+    assert!(matches!(err, CloudError::Config(_)));
+}

@@ -1,0 +1,159 @@
+//! Plain data exchanged with the providers: what to launch, what exists, what DNS says.
+
+use std::collections::BTreeMap;
+use std::time::SystemTime;
+
+/// One dedicated node to launch: generation `node_generation` of the QuestDB `uid`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LaunchRequest {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    /// Bumped by the controller whenever a *new* node is wanted (failover, image upgrade,
+    /// unpause): the same generation always means the same instance.
+    pub node_generation: i64,
+    /// AMI id (`spec.node.image`).
+    pub image: String,
+    pub instance_type: String,
+    pub zone: String,
+    /// Labels the kubelet registers the Node with.
+    pub labels: BTreeMap<String, String>,
+    /// Taints the kubelet registers the Node with, so nothing lands on it before the operator
+    /// has seen it.
+    pub taints: Vec<Taint>,
+}
+
+/// A Node taint as the kubelet's `--register-with-taints` expects it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Taint {
+    pub key: String,
+    pub value: Option<String>,
+    /// `NoSchedule`, `PreferNoSchedule` or `NoExecute`.
+    pub effect: String,
+}
+
+impl Taint {
+    pub fn new(key: impl Into<String>, value: Option<&str>, effect: impl Into<String>) -> Self {
+        Self {
+            key: key.into(),
+            value: value.map(str::to_string),
+            effect: effect.into(),
+        }
+    }
+}
+
+/// EC2 instance lifecycle state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum InstanceState {
+    Pending,
+    Running,
+    ShuttingDown,
+    Terminated,
+    Stopping,
+    Stopped,
+}
+
+impl InstanceState {
+    /// EC2's own spelling (`shutting-down`, ...).
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            InstanceState::Pending => "pending",
+            InstanceState::Running => "running",
+            InstanceState::ShuttingDown => "shutting-down",
+            InstanceState::Terminated => "terminated",
+            InstanceState::Stopping => "stopping",
+            InstanceState::Stopped => "stopped",
+        }
+    }
+
+    pub fn parse(state: &str) -> Option<Self> {
+        Some(match state {
+            "pending" => InstanceState::Pending,
+            "running" => InstanceState::Running,
+            "shutting-down" => InstanceState::ShuttingDown,
+            "terminated" => InstanceState::Terminated,
+            "stopping" => InstanceState::Stopping,
+            "stopped" => InstanceState::Stopped,
+            _ => return None,
+        })
+    }
+
+    /// The instance is gone or going; it can never serve a database again.
+    pub fn is_gone(&self) -> bool {
+        matches!(self, InstanceState::ShuttingDown | InstanceState::Terminated)
+    }
+}
+
+/// What EC2 reports about one instance.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Instance {
+    pub id: String,
+    pub state: InstanceState,
+    pub zone: String,
+    pub image: String,
+    pub instance_type: String,
+    pub private_ip: Option<String>,
+    pub public_ip: Option<String>,
+    pub tags: BTreeMap<String, String>,
+    pub launched_at: Option<SystemTime>,
+}
+
+impl Instance {
+    /// The `providerID` its Node will carry.
+    pub fn provider_id(&self) -> String {
+        super::provider_id(&self.zone, &self.id)
+    }
+}
+
+/// One A record as DNS holds it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ARecord {
+    /// Fully qualified, without the trailing dot.
+    pub name: String,
+    pub ips: Vec<String>,
+    pub ttl: i64,
+}
+
+/// Fully qualified name as Route53 stores it: lower case, with a trailing dot.
+pub fn fqdn(name: &str) -> String {
+    let lower = name.trim().to_ascii_lowercase();
+    if lower.ends_with('.') {
+        lower
+    } else {
+        format!("{lower}.")
+    }
+}
+
+/// Name as the operator writes it in status: lower case, no trailing dot.
+pub fn display_name(name: &str) -> String {
+    fqdn(name).trim_end_matches('.').to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn states_round_trip_ec2_spelling() {
+        for s in [
+            InstanceState::Pending,
+            InstanceState::Running,
+            InstanceState::ShuttingDown,
+            InstanceState::Terminated,
+            InstanceState::Stopping,
+            InstanceState::Stopped,
+        ] {
+            assert_eq!(InstanceState::parse(s.as_str()), Some(s));
+        }
+        assert_eq!(InstanceState::parse("exploded"), None);
+        assert!(InstanceState::ShuttingDown.is_gone());
+        assert!(!InstanceState::Stopped.is_gone());
+    }
+
+    #[test]
+    fn dns_names_compare_case_and_dot_insensitively() {
+        assert_eq!(fqdn("DB1.Example.com"), "db1.example.com.");
+        assert_eq!(fqdn("db1.example.com."), "db1.example.com.");
+        assert_eq!(display_name("db1.example.com."), "db1.example.com");
+    }
+}

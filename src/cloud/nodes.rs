@@ -1,0 +1,224 @@
+//! The node provider on top of any [`Ec2Api`]: idempotent launch, batched describe, idempotent
+//! terminate.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use base64::Engine;
+
+use super::backend::{Ec2Api, InstanceQuery, Page, RunSpec};
+use super::rate_limit::TokenBucket;
+use super::retry::{CallRunner, NotFound};
+use super::{
+    client_token, desired_instance_tags, identity_tags, pick_subnet, user_data, ApiError,
+    CloudConfig, CloudError, Instance, LaunchRequest, NodeProvider, SharedObserver, TAG_CLUSTER,
+};
+
+/// EC2 documents no hard limit on ids per request; 100 keeps request URLs and responses small.
+const IDS_PER_CALL: usize = 100;
+
+/// [`NodeProvider`] for any EC2 backend (the SDK or the in-memory fake).
+pub struct Ec2NodeProvider<A> {
+    api: Arc<A>,
+    config: CloudConfig,
+    calls: CallRunner,
+}
+
+impl<A: Ec2Api> Ec2NodeProvider<A> {
+    pub fn new(api: Arc<A>, config: CloudConfig, observer: SharedObserver) -> Self {
+        let limiter = Arc::new(TokenBucket::new(&config.rate_limit));
+        let calls = CallRunner::new("ec2", observer, limiter, config.retry.clone());
+        Self {
+            api,
+            config,
+            calls,
+        }
+    }
+
+    /// The backend, e.g. to inject faults into the memory fake.
+    pub fn api(&self) -> &Arc<A> {
+        &self.api
+    }
+
+    async fn describe_all(
+        &self,
+        query: &InstanceQuery,
+        not_found: NotFound,
+    ) -> Result<Vec<Instance>, ApiError> {
+        let mut out = Vec::new();
+        let mut token: Option<String> = None;
+        loop {
+            let page: Page<Instance> = self
+                .calls
+                .call("DescribeInstances", not_found, || {
+                    self.api.describe_instances(query, token.as_deref())
+                })
+                .await?;
+            out.extend(page.items);
+            match page.next_token {
+                Some(next) if !next.is_empty() => token = Some(next),
+                _ => return Ok(out),
+            }
+        }
+    }
+
+    fn run_spec(&self, req: &LaunchRequest) -> Result<RunSpec, CloudError> {
+        let subnet_id = pick_subnet(&req.zone, &self.config)?.to_string();
+        let user_data = user_data::user_data_for(req, &self.config)?;
+        Ok(RunSpec {
+            image: req.image.clone(),
+            instance_type: req.instance_type.clone(),
+            zone: req.zone.clone(),
+            subnet_id,
+            security_group_ids: self.config.security_group_ids.clone(),
+            instance_profile: self.config.instance_profile.clone(),
+            user_data_base64: base64::engine::general_purpose::STANDARD.encode(user_data),
+            tags: desired_instance_tags(
+                &self.config.cluster_name,
+                &req.namespace,
+                &req.name,
+                &req.uid,
+                req.node_generation,
+            ),
+            client_token: client_token(&req.uid, req.node_generation),
+        })
+    }
+}
+
+/// Of the instances tagged for one uid+generation, the one that stands for it: a live one if
+/// any (the oldest, so the answer is stable), else the most recently launched gone one.
+fn pick_existing(mut found: Vec<Instance>) -> Option<Instance> {
+    found.sort_by(|a, b| a.launched_at.cmp(&b.launched_at).then(a.id.cmp(&b.id)));
+    let live = found.iter().position(|i| !i.state.is_gone());
+    match live {
+        Some(idx) => Some(found.swap_remove(idx)),
+        None => found.pop(),
+    }
+}
+
+#[async_trait]
+impl<A: Ec2Api + 'static> NodeProvider for Ec2NodeProvider<A> {
+    async fn launch(&self, req: &LaunchRequest) -> Result<Instance, CloudError> {
+        // Validate the request against our configuration before spending any API call.
+        let spec = self.run_spec(req)?;
+        // Tags first: finds the instance of an earlier, interrupted launch even after EC2 has
+        // forgotten the ClientToken. The ClientToken then covers the opposite window (launched
+        // but not yet visible to DescribeInstances).
+        let query = InstanceQuery::Tags(identity_tags(
+            &self.config.cluster_name,
+            &req.uid,
+            req.node_generation,
+        ));
+        let existing = self
+            .describe_all(&query, NotFound::Return)
+            .await
+            .map_err(|e| CloudError::from_api("DescribeInstances", e))?;
+        // A gone instance of this generation is returned as is (EC2 would do the same for the
+        // reused ClientToken): the caller must bump node_generation to get a new node.
+        if let Some(instance) = pick_existing(existing) {
+            return Ok(instance);
+        }
+        tracing::info!(
+            namespace = %req.namespace,
+            name = %req.name,
+            node_generation = req.node_generation,
+            image = %req.image,
+            instance_type = %req.instance_type,
+            zone = %req.zone,
+            "launching dedicated instance"
+        );
+        self.calls
+            .call("RunInstances", NotFound::Return, || self.api.run_instance(&spec))
+            .await
+            .map_err(|e| CloudError::from_api("RunInstances", e))
+    }
+
+    async fn describe_cluster(&self) -> Result<Vec<Instance>, CloudError> {
+        let query = InstanceQuery::Tags(
+            [(TAG_CLUSTER.to_string(), self.config.cluster_name.clone())].into(),
+        );
+        self.describe_all(&query, NotFound::Return)
+            .await
+            .map_err(|e| CloudError::from_api("DescribeInstances", e))
+    }
+
+    async fn describe(&self, ids: &[String]) -> Result<Vec<Instance>, CloudError> {
+        let mut out = Vec::new();
+        for chunk in ids.chunks(IDS_PER_CALL) {
+            let strict = InstanceQuery::Ids(chunk.to_vec());
+            match self.describe_all(&strict, NotFound::Retry).await {
+                Ok(found) => out.extend(found),
+                // Still unknown after the consistency window: the id is really gone (EC2
+                // forgets terminated instances after about an hour). Ask again with a filter,
+                // which returns the ids it does know instead of failing the whole batch.
+                Err(e) if e.code == "InvalidInstanceID.NotFound" => {
+                    let lenient = InstanceQuery::IdFilter(chunk.to_vec());
+                    let found = self
+                        .describe_all(&lenient, NotFound::Return)
+                        .await
+                        .map_err(|e| CloudError::from_api("DescribeInstances", e))?;
+                    out.extend(found);
+                }
+                Err(e) => return Err(CloudError::from_api("DescribeInstances", e)),
+            }
+        }
+        Ok(out)
+    }
+
+    async fn terminate(&self, id: &str) -> Result<(), CloudError> {
+        let ids = [id.to_string()];
+        match self
+            .calls
+            .call("TerminateInstances", NotFound::Return, || {
+                self.api.terminate_instances(&ids)
+            })
+            .await
+        {
+            Ok(()) => Ok(()),
+            // Never existed or long gone: either way there is nothing left to terminate.
+            Err(e) if e.code == "InvalidInstanceID.NotFound" => Ok(()),
+            Err(e) => Err(CloudError::from_api("TerminateInstances", e)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cloud::InstanceState;
+    use std::time::{Duration, SystemTime};
+
+    fn inst(id: &str, state: InstanceState, launched_secs: u64) -> Instance {
+        Instance {
+            id: id.into(),
+            state,
+            zone: "z".into(),
+            image: "ami-1".into(),
+            instance_type: "t3.micro".into(),
+            private_ip: None,
+            public_ip: None,
+            tags: Default::default(),
+            launched_at: Some(SystemTime::UNIX_EPOCH + Duration::from_secs(launched_secs)),
+        }
+    }
+
+    #[test]
+    fn a_live_instance_wins_over_gone_ones() {
+        let picked = pick_existing(vec![
+            inst("i-1", InstanceState::Terminated, 1),
+            inst("i-2", InstanceState::Pending, 2),
+            inst("i-3", InstanceState::ShuttingDown, 3),
+        ]);
+        assert_eq!(picked.unwrap().id, "i-2");
+    }
+
+    #[test]
+    fn without_live_instances_the_latest_gone_one_is_reported() {
+        let picked = pick_existing(vec![
+            inst("i-3", InstanceState::Terminated, 3),
+            inst("i-1", InstanceState::Terminated, 1),
+        ]);
+        assert_eq!(picked.unwrap().id, "i-3");
+        assert_eq!(pick_existing(vec![]), None);
+    }
+}

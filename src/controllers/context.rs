@@ -1,0 +1,89 @@
+//! What every reconcile shares: the client, one event recorder, the caches, metrics.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{
+    ConfigMap, Node, ObjectReference, PersistentVolumeClaim, Pod, Secret, Service,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::core::PartialObjectMeta;
+use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::{Client, Resource};
+use tracing::warn;
+
+use crate::api::QuestDB;
+use crate::ilp_auth::{KeyError, PublicKey};
+use crate::metrics::Metrics;
+
+/// Reflector caches the reconcilers read instead of the apiserver.
+#[derive(Clone)]
+pub struct Caches {
+    pub questdbs: Store<QuestDB>,
+    pub statefulsets: Store<StatefulSet>,
+    pub configmaps: Store<ConfigMap>,
+    pub services: Store<Service>,
+    pub pvcs: Store<PersistentVolumeClaim>,
+    pub pods: Store<Pod>,
+    pub nodes: Store<Node>,
+    /// Secrets, metadata only: Secret data of the whole cluster is never cached.
+    pub secrets: Store<PartialObjectMeta<Secret>>,
+}
+
+/// Parsed public keys by Secret and resourceVersion, so a resync reads no Secret again. Holds
+/// only the public half (`kid`, `x`, `y`) or the problem found.
+pub type KeyCache = Mutex<HashMap<ObjectRef<Secret>, (String, Result<PublicKey, KeyError>)>>;
+
+pub struct Context {
+    pub client: Client,
+    /// One recorder for the whole manager so its event series cache is shared.
+    pub recorder: Recorder,
+    pub caches: Caches,
+    pub metrics: Arc<Metrics>,
+    pub keys: KeyCache,
+    /// Consecutive failures per object, for backoff and the retries metric.
+    pub failures: Mutex<HashMap<ObjectRef<QuestDB>, u32>>,
+}
+
+impl Context {
+    /// Publishes an event about `qdb`. Failing to record an event must never fail a reconcile.
+    pub async fn event(
+        &self,
+        qdb: &QuestDB,
+        type_: EventType,
+        reason: &str,
+        action: &str,
+        note: String,
+    ) {
+        let reference: ObjectReference = qdb.object_ref(&());
+        let ev = Event {
+            type_,
+            reason: reason.into(),
+            note: Some(truncate(note, 1024)),
+            action: action.into(),
+            secondary: None,
+        };
+        if let Err(e) = self.recorder.publish(&ev, &reference).await {
+            warn!(error = %e, reason, "could not record event");
+        }
+    }
+
+    pub fn metrics_conditions(&self, before: &[Condition], after: &[Condition]) {
+        for c in crate::controllers::conditions::transitions(before, after) {
+            self.metrics.condition_transition(&c.type_, &c.status, &c.reason);
+        }
+    }
+}
+
+fn truncate(mut s: String, max: usize) -> String {
+    if s.len() > max {
+        let mut cut = max;
+        while !s.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        s.truncate(cut);
+    }
+    s
+}

@@ -1,0 +1,119 @@
+//! ILP auth for one QuestDB: the annotated Secrets (found in the metadata-only cache) become an
+//! auth file and the `IlpAuthReady` condition, following `crate::ilp_auth`'s policy.
+//!
+//! Secret data is read with a GET only when a Secret's resourceVersion changed; what is kept is
+//! the parsed public half (or the problem found), never the Secret.
+
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::Api;
+use kube::runtime::events::EventType;
+use kube::runtime::reflector::ObjectRef;
+use kube::ResourceExt;
+use tracing::warn;
+
+use crate::api::{conditions, QuestDB};
+use crate::build;
+use crate::controllers::conditions::Desired;
+use crate::controllers::context::Context;
+use crate::controllers::Error;
+use crate::ilp_auth::{self, reasons};
+
+/// The auth file to mount (None: ILP auth disabled) and the condition to report.
+pub struct Resolution {
+    pub file: Option<String>,
+    pub condition: Option<Desired>,
+}
+
+pub async fn resolve(qdb: &QuestDB, ctx: &Context) -> Result<Resolution, Error> {
+    if !qdb.spec.ilp_auth.enabled {
+        return Ok(Resolution {
+            file: None,
+            condition: Some(Desired::new(
+                conditions::ILP_AUTH_READY,
+                true,
+                "Disabled",
+                "ILP authentication is off (spec.ilpAuth.enabled: false): any client can write over ILP",
+            )),
+        });
+    }
+    let ns = qdb.namespace().unwrap_or_default();
+    let name = qdb.name_any();
+    let mut mine: Vec<_> = ctx
+        .caches
+        .secrets
+        .state()
+        .into_iter()
+        .filter(|s| {
+            ilp_auth::questdb_for_secret(&s.metadata)
+                .is_some_and(|r| r.name == name && r.namespace.as_deref() == Some(ns.as_str()))
+        })
+        .collect();
+    mine.sort_by_key(|s| s.name_any());
+
+    let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
+    let mut parsed = Vec::with_capacity(mine.len());
+    for meta in &mine {
+        let secret_name = meta.name_any();
+        let key = ObjectRef::<Secret>::new(&secret_name).within(&ns);
+        let rv = meta.resource_version().unwrap_or_default();
+        let cached = ctx
+            .keys
+            .lock()
+            .expect("key cache lock")
+            .get(&key)
+            .filter(|(seen, _)| *seen == rv)
+            .map(|(_, r)| r.clone());
+        let result = match cached {
+            Some(r) => r,
+            None => {
+                let Some(secret) = api.get_opt(&secret_name).await.map_err(Error::Kube)? else {
+                    continue; // deleted since the cache saw it; its watch event follows
+                };
+                let r = ilp_auth::parse_secret(&secret);
+                let seen = secret.resource_version().unwrap_or_default();
+                ctx.keys
+                    .lock()
+                    .expect("key cache lock")
+                    .insert(key, (seen, r.clone()));
+                r
+            }
+        };
+        parsed.push((secret_name, result));
+    }
+
+    let outcome = ilp_auth::collect_parsed(parsed);
+    let last_good = ctx
+        .caches
+        .configmaps
+        .get(&ObjectRef::new(&build::names::ilp_auth_config_map(qdb)).within(&ns))
+        .and_then(|cm| cm.data.as_ref()?.get(build::ILP_AUTH_KEY).cloned());
+    let decision = ilp_auth::decide(&outcome, last_good.as_deref());
+
+    let condition = Desired::new(
+        conditions::ILP_AUTH_READY,
+        decision.ready,
+        decision.reason,
+        decision.message.clone(),
+    );
+    let unchanged = qdb.status.as_ref().is_some_and(|s| {
+        s.conditions.iter().any(|c| {
+            c.type_ == conditions::ILP_AUTH_READY
+                && c.reason == decision.reason
+                && c.message == decision.message
+        })
+    });
+    if !decision.ready && !unchanged {
+        warn!(questdb = %name, reason = decision.reason, message = %decision.message, "ILP auth not ready");
+        let type_ = if decision.reason == reasons::NO_KEYS {
+            EventType::Normal
+        } else {
+            EventType::Warning
+        };
+        ctx.event(qdb, type_, decision.reason, "IlpAuth", decision.message.clone())
+            .await;
+    }
+    Ok(Resolution {
+        file: Some(decision.auth_file),
+        condition: Some(condition),
+    })
+}

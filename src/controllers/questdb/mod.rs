@@ -1,0 +1,228 @@
+//! The QuestDB controller: observe (caches) -> validate -> build (pure) -> apply (only what
+//! differs) -> status (only when it differs). A reconcile of a converged QuestDB makes no write.
+
+mod ilp;
+pub mod status;
+#[cfg(test)]
+mod status_tests;
+
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, PostParams};
+use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::{Resource, ResourceExt};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use tracing::{debug, info, warn};
+
+use crate::api::{QuestDB, MANAGER};
+use crate::build;
+use crate::controllers::children::{self, Applied};
+use crate::controllers::context::Context;
+use crate::controllers::Error;
+
+pub const CONTROLLER_NAME: &str = "questdb";
+
+/// How often a converged QuestDB is looked at again even without any event (a safety net for
+/// missed events; it makes no write when nothing changed).
+const RESYNC: std::time::Duration = std::time::Duration::from_secs(300);
+
+pub async fn reconcile(qdb: Arc<QuestDB>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let ns = qdb.namespace().ok_or(Error::MissingNamespace)?;
+    if qdb.meta().deletion_timestamp.is_some() {
+        // Children carry owner references (and the retained PVC none), so garbage collection
+        // does the rest; there is nothing to hold the deletion for.
+        return Ok(Action::await_change());
+    }
+    let uid = qdb.uid().ok_or(Error::MissingUid)?;
+    let mut observed = status::Observed::default();
+
+    if let Err(problems) = build::validate(&qdb) {
+        observed.invalid = problems.iter().map(ToString::to_string).collect();
+        let note = observed.invalid.join("; ");
+        if !already_reported_invalid(&qdb, &note) {
+            warn!(questdb = %qdb.name_any(), problems = %note, "invalid QuestDB spec");
+            ctx.event(&qdb, EventType::Warning, "InvalidSpec", "Validate", note)
+                .await;
+        }
+        write_status(&qdb, &ctx, &observed).await?;
+        return Ok(Action::await_change());
+    }
+
+    let auth = ilp::resolve(&qdb, &ctx).await?;
+    observed.ilp_auth = auth.condition.clone();
+
+    let ilp_enabled = qdb.spec.ilp_auth.enabled;
+    let config = build::config_map(&qdb, ilp_enabled);
+    let auth_map = auth
+        .file
+        .as_deref()
+        .map(|txt| build::ilp_auth_config_map(&qdb, txt));
+    let mut mounted: Vec<&ConfigMap> = vec![&config];
+    if let Some(a) = &auth_map {
+        mounted.push(a);
+    }
+    let hash = build::config_hash(&mounted);
+    let dedicated = None;
+    let sts = build::statefulset(&qdb, &hash, ilp_enabled && auth_map.is_some(), dedicated);
+
+    let c = &ctx.caches;
+    sync(&ctx, &qdb, &uid, &ns, &c.configmaps, config, &mut observed).await?;
+    if let Some(a) = auth_map {
+        sync(&ctx, &qdb, &uid, &ns, &c.configmaps, a, &mut observed).await?;
+    }
+    let svc_headless = build::headless_service(&qdb);
+    let svc_client = build::client_service(&qdb);
+    sync(&ctx, &qdb, &uid, &ns, &c.services, svc_headless, &mut observed).await?;
+    sync(&ctx, &qdb, &uid, &ns, &c.services, svc_client, &mut observed).await?;
+    // A retained PVC never carries an owner reference, not even while the QuestDB lives: data
+    // must survive a deletion even when the operator is down or a finalizer is removed by hand.
+    let mut pvc = build::pvc(&qdb);
+    if pvc.metadata.owner_references.is_none() {
+        // An explicit empty list makes the merge patch drop an owner reference left from
+        // retainOnDelete: false.
+        pvc.metadata.owner_references = Some(Vec::new());
+    }
+    sync(&ctx, &qdb, &uid, &ns, &c.pvcs, pvc, &mut observed).await?;
+    let sts_name = sts.name_any();
+    sync(&ctx, &qdb, &uid, &ns, &c.statefulsets, sts, &mut observed).await?;
+
+    let sts_obj = c
+        .statefulsets
+        .get(&ObjectRef::new(&sts_name).within(&ns));
+    let pod_obj = c
+        .pods
+        .get(&ObjectRef::new(&build::names::pod(&qdb)).within(&ns));
+    let node_obj = pod_obj
+        .as_ref()
+        .and_then(|p| p.spec.as_ref()?.node_name.clone())
+        .and_then(|n| c.nodes.get(&ObjectRef::new(&n)));
+    observed.statefulset = sts_obj.as_deref();
+    observed.pod = pod_obj.as_deref();
+    observed.node = node_obj.as_deref();
+
+    write_status(&qdb, &ctx, &observed).await?;
+    if observed.changed.is_empty() {
+        Ok(Action::requeue(RESYNC))
+    } else {
+        // Our own writes come back as watch events; this is only a backstop.
+        Ok(Action::requeue(std::time::Duration::from_secs(30)))
+    }
+}
+
+fn already_reported_invalid(qdb: &QuestDB, note: &str) -> bool {
+    qdb.status.as_ref().is_some_and(|s| {
+        s.observed_generation == qdb.metadata.generation
+            && s.conditions
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.reason == "InvalidSpec" && c.message == note)
+    })
+}
+
+/// Brings one child in line with `desired`, reading the current state from `cache`.
+async fn sync<K>(
+    ctx: &Context,
+    qdb: &QuestDB,
+    uid: &str,
+    ns: &str,
+    cache: &Store<K>,
+    mut desired: K,
+    observed: &mut status::Observed<'_>,
+) -> Result<(), Error>
+where
+    K: build::OwnedChild
+        + Resource<DynamicType = (), Scope = kube::core::NamespaceResourceScope>
+        + Serialize
+        + DeserializeOwned
+        + Clone
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    let name = desired.name_any();
+    let kind = K::kind(&()).to_string();
+    let existing = cache.get(&ObjectRef::new(&name).within(ns));
+    children::merge_owner_references(&mut desired, existing.as_deref());
+    let action = children::decide(&desired, existing.as_deref(), uid);
+    let api: Api<K> = Api::namespaced(ctx.client.clone(), ns);
+    let what = format!("{kind} {name}");
+    let mut applied = children::apply(&api, &desired, &action).await;
+    if matches!(applied, Ok(Applied::Stale)) && action == children::ChildAction::Create {
+        // The object exists but is not in our cache: created a moment ago, or stripped of the
+        // operator's labels (the caches only see labelled children). Decide on the live object.
+        let live = api.get_opt(&name).await.map_err(Error::Kube)?;
+        children::merge_owner_references(&mut desired, live.as_ref());
+        let action = children::decide(&desired, live.as_ref(), uid);
+        applied = children::apply(&api, &desired, &action).await;
+    }
+    match applied {
+        Ok(Applied::Unchanged) => {}
+        Ok(Applied::Blocked(by)) => {
+            let note = format!("{what} is controlled by {by}; leaving it alone");
+            if !observed.blocked.contains(&what) {
+                ctx.event(qdb, EventType::Warning, "ChildConflict", "Reconcile", note)
+                    .await;
+            }
+            observed.blocked.push(what);
+        }
+        Ok(Applied::Stale) => {
+            debug!(child = %what, "cache behind the apiserver; will retry");
+            return Err(Error::StaleCache(what));
+        }
+        Ok(done) => {
+            let (reason, verb) = match done {
+                Applied::Created => ("Created", "created"),
+                Applied::Adopted => ("Adopted", "adopted"),
+                _ => ("Updated", "updated"),
+            };
+            info!(questdb = %qdb.name_any(), child = %what, "{verb}");
+            ctx.event(qdb, EventType::Normal, reason, "Reconcile", format!("{verb} {what}"))
+                .await;
+            observed.changed.push(what);
+        }
+        Err(e) => {
+            ctx.event(
+                qdb,
+                EventType::Warning,
+                "ApplyFailed",
+                "Reconcile",
+                format!("could not apply {what}: {}", crate::controllers::short_error(&e)),
+            )
+            .await;
+            return Err(Error::Kube(e));
+        }
+    }
+    Ok(())
+}
+
+/// Replaces the status only when it differs; `replace_status` carries the cached
+/// resourceVersion so a concurrent writer yields a conflict instead of being overwritten.
+async fn write_status(
+    qdb: &QuestDB,
+    ctx: &Context,
+    observed: &status::Observed<'_>,
+) -> Result<(), Error> {
+    let new = status::compute(qdb, observed, Timestamp::now());
+    let old = qdb.status.clone().unwrap_or_default();
+    if old == new {
+        return Ok(());
+    }
+    ctx.metrics_conditions(&old.conditions, &new.conditions);
+    let mut obj = qdb.clone();
+    obj.status = Some(new);
+    obj.metadata.managed_fields = None;
+    let api: Api<QuestDB> = Api::namespaced(ctx.client.clone(), &qdb.namespace().unwrap_or_default());
+    let pp = PostParams {
+        field_manager: Some(MANAGER.into()),
+        ..Default::default()
+    };
+    api.replace_status(&qdb.name_any(), &pp, &obj)
+        .await
+        .map_err(Error::from_status_write)?;
+    Ok(())
+}

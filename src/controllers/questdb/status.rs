@@ -1,0 +1,165 @@
+//! Pure status computation: what the QuestDB's status must say, given what was observed.
+
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::jiff::Timestamp;
+
+use crate::api::{conditions, Phase, QuestDB, QuestDBStatus};
+use crate::build;
+use crate::controllers::conditions::{merge, Desired};
+
+/// What the reconcile saw and did, the input of [`compute`].
+#[derive(Default)]
+pub struct Observed<'a> {
+    pub statefulset: Option<&'a StatefulSet>,
+    pub pod: Option<&'a Pod>,
+    pub node: Option<&'a Node>,
+    /// Children that exist but are controlled by another object.
+    pub blocked: Vec<String>,
+    /// Children created or changed by this reconcile (not yet visible as converged).
+    pub changed: Vec<String>,
+    /// Spec problems found by validation; non-empty means nothing was built.
+    pub invalid: Vec<String>,
+    /// The ILP auth condition, decided by the auth module.
+    pub ilp_auth: Option<Desired>,
+}
+
+fn pod_ready(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+fn node_ready(node: &Node) -> bool {
+    node.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+fn node_internal_ip(node: &Node) -> Option<String> {
+    node.status
+        .as_ref()?
+        .addresses
+        .as_ref()?
+        .iter()
+        .find(|a| a.type_ == "InternalIP")
+        .map(|a| a.address.clone())
+}
+
+/// True once the StatefulSet controller has rolled the current template out and the pod is Ready.
+fn rolled_out(sts: &StatefulSet) -> bool {
+    let generation = sts.metadata.generation;
+    let Some(st) = sts.status.as_ref() else {
+        return false;
+    };
+    let want = sts.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
+    st.observed_generation >= generation
+        && st.ready_replicas.unwrap_or(0) >= want
+        && st.updated_replicas.unwrap_or(0) >= want
+        && (st.update_revision.is_none() || st.current_revision == st.update_revision)
+}
+
+/// Computes the full status. Conditions keep their `lastTransitionTime` unless they flip, so the
+/// result equals the existing status when nothing changed — the caller then skips the write.
+pub fn compute(qdb: &QuestDB, obs: &Observed, now: Timestamp) -> QuestDBStatus {
+    let existing = qdb.status.clone().unwrap_or_default();
+    let generation = qdb.metadata.generation;
+    let spec = &qdb.spec;
+
+    let (phase, ready) = if !obs.invalid.is_empty() {
+        (
+            Phase::Failed,
+            Desired::new(
+                conditions::READY,
+                false,
+                "InvalidSpec",
+                obs.invalid.join("; "),
+            ),
+        )
+    } else if !obs.blocked.is_empty() {
+        (
+            Phase::Failed,
+            Desired::new(
+                conditions::READY,
+                false,
+                "ChildConflict",
+                format!(
+                    "objects controlled by something else block this QuestDB: {}",
+                    obs.blocked.join(", ")
+                ),
+            ),
+        )
+    } else if spec.paused {
+        (
+            Phase::Paused,
+            Desired::new(conditions::READY, false, "Paused", "compute released, data kept"),
+        )
+    } else {
+        match obs.statefulset {
+            None => (
+                Phase::Pending,
+                Desired::new(conditions::READY, false, "Creating", "creating the StatefulSet"),
+            ),
+            Some(sts) if !obs.changed.is_empty() || !rolled_out(sts) => {
+                let what = if obs.changed.is_empty() {
+                    "waiting for the database pod to become ready".to_string()
+                } else {
+                    format!("applied {}", obs.changed.join(", "))
+                };
+                (
+                    if existing.phase == Some(Phase::Running) {
+                        Phase::Running
+                    } else {
+                        Phase::Pending
+                    },
+                    Desired::new(conditions::READY, false, "RollingOut", what),
+                )
+            }
+            Some(_) if obs.pod.is_some_and(pod_ready) => (
+                Phase::Running,
+                Desired::new(conditions::READY, true, "Running", "the database pod is ready"),
+            ),
+            Some(_) => (
+                Phase::Pending,
+                Desired::new(
+                    conditions::READY,
+                    false,
+                    "PodNotReady",
+                    "waiting for the database pod to become ready",
+                ),
+            ),
+        }
+    };
+
+    let mut desired = vec![ready];
+    if let Some(a) = &obs.ilp_auth {
+        desired.push(a.clone());
+    }
+
+    let node = if spec.paused { None } else { obs.node };
+    let pod_node = if spec.paused {
+        None
+    } else {
+        obs.pod
+            .and_then(|p| p.spec.as_ref())
+            .and_then(|s| s.node_name.clone())
+    };
+
+    QuestDBStatus {
+        phase: Some(phase),
+        observed_generation: generation,
+        version: build::version_of(&spec.image),
+        node_name: pod_node,
+        node_ready: node.map(node_ready),
+        node_ip: node.and_then(node_internal_ip),
+        instance_id: existing.instance_id.clone(),
+        node_image: existing.node_image.clone(),
+        dns_name: existing.dns_name.clone(),
+        endpoints: Some(build::endpoints(qdb)),
+        conditions: merge(&existing.conditions, &desired, generation, now),
+        failover: existing.failover.clone(),
+        upgrade: existing.upgrade.clone(),
+    }
+}

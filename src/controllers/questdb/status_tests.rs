@@ -1,0 +1,257 @@
+//! What `kubectl get qdb` and the conditions say in every situation the reconcile can observe.
+
+use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetSpec, StatefulSetStatus};
+use k8s_openapi::api::core::v1::{
+    Node, NodeAddress, NodeCondition, NodeStatus, Pod, PodCondition, PodSpec, PodStatus,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::jiff::Timestamp;
+
+use super::status::{compute, Observed};
+use crate::api::{Phase, QuestDB};
+use crate::build::testing;
+use crate::controllers::conditions::Desired;
+
+fn now() -> Timestamp {
+    Timestamp::from_second(1_700_000_000).unwrap()
+}
+
+fn sts(ready: i32, rolled: bool) -> StatefulSet {
+    StatefulSet {
+        metadata: ObjectMeta {
+            generation: Some(2),
+            ..Default::default()
+        },
+        spec: Some(StatefulSetSpec {
+            replicas: Some(1),
+            ..Default::default()
+        }),
+        status: Some(StatefulSetStatus {
+            observed_generation: Some(2),
+            replicas: 1,
+            ready_replicas: Some(ready),
+            updated_replicas: Some(if rolled { 1 } else { 0 }),
+            current_revision: Some("r1".into()),
+            update_revision: Some(if rolled { "r1" } else { "r2" }.into()),
+            ..Default::default()
+        }),
+    }
+}
+
+fn pod(ready: bool, node: &str) -> Pod {
+    Pod {
+        spec: Some(PodSpec {
+            node_name: Some(node.into()),
+            ..Default::default()
+        }),
+        status: Some(PodStatus {
+            conditions: Some(vec![PodCondition {
+                type_: "Ready".into(),
+                status: if ready { "True" } else { "False" }.into(),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn node(ready: &str, ip: &str) -> Node {
+    Node {
+        status: Some(NodeStatus {
+            conditions: Some(vec![NodeCondition {
+                type_: "Ready".into(),
+                status: ready.into(),
+                ..Default::default()
+            }]),
+            addresses: Some(vec![NodeAddress {
+                type_: "InternalIP".into(),
+                address: ip.into(),
+            }]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn ready_condition(qdb: &QuestDB, obs: &Observed) -> (String, String, Option<Phase>) {
+    let st = compute(qdb, obs, now());
+    let c = st.conditions.iter().find(|c| c.type_ == "Ready").unwrap();
+    (c.status.clone(), c.reason.clone(), st.phase)
+}
+
+#[test]
+fn fresh_questdb_is_pending_while_creating() {
+    let q = testing::questdb("db", "ns");
+    let obs = Observed::default();
+    assert_eq!(
+        ready_condition(&q, &obs),
+        ("False".into(), "Creating".into(), Some(Phase::Pending))
+    );
+}
+
+#[test]
+fn running_when_rolled_out_and_pod_ready() {
+    let q = testing::questdb("db", "ns");
+    let (s, p, n) = (sts(1, true), pod(true, "node-a"), node("True", "10.0.0.7"));
+    let obs = Observed {
+        statefulset: Some(&s),
+        pod: Some(&p),
+        node: Some(&n),
+        ..Default::default()
+    };
+    let st = compute(&q, &obs, now());
+    assert_eq!(st.phase, Some(Phase::Running));
+    assert_eq!(st.node_name.as_deref(), Some("node-a"));
+    assert_eq!(st.node_ready, Some(true));
+    assert_eq!(st.node_ip.as_deref(), Some("10.0.0.7"));
+    assert_eq!(st.version.as_deref(), Some("9.0.0"));
+    assert_eq!(st.observed_generation, Some(1));
+    assert!(st.endpoints.unwrap().pgwire.contains(":8812"));
+    let ready = st.conditions.iter().find(|c| c.type_ == "Ready").unwrap();
+    assert_eq!((ready.status.as_str(), ready.reason.as_str()), ("True", "Running"));
+}
+
+#[test]
+fn rolling_out_while_template_not_yet_applied() {
+    let q = testing::questdb("db", "ns");
+    let (s, p) = (sts(1, false), pod(true, "node-a"));
+    let obs = Observed {
+        statefulset: Some(&s),
+        pod: Some(&p),
+        ..Default::default()
+    };
+    let (status, reason, _) = ready_condition(&q, &obs);
+    assert_eq!((status.as_str(), reason.as_str()), ("False", "RollingOut"));
+}
+
+#[test]
+fn a_change_made_by_this_reconcile_is_not_ready_yet() {
+    let q = testing::questdb("db", "ns");
+    let (s, p) = (sts(1, true), pod(true, "node-a"));
+    let obs = Observed {
+        statefulset: Some(&s),
+        pod: Some(&p),
+        changed: vec!["ConfigMap db-config".into()],
+        ..Default::default()
+    };
+    let (status, reason, _) = ready_condition(&q, &obs);
+    assert_eq!((status.as_str(), reason.as_str()), ("False", "RollingOut"));
+}
+
+#[test]
+fn running_database_keeps_running_phase_during_a_config_roll() {
+    let mut q = testing::questdb("db", "ns");
+    q.status = Some(crate::api::QuestDBStatus {
+        phase: Some(Phase::Running),
+        ..Default::default()
+    });
+    let s = sts(0, false);
+    let obs = Observed {
+        statefulset: Some(&s),
+        ..Default::default()
+    };
+    assert_eq!(ready_condition(&q, &obs).2, Some(Phase::Running));
+}
+
+#[test]
+fn pod_not_ready_is_reported() {
+    let q = testing::questdb("db", "ns");
+    let (s, p) = (sts(1, true), pod(false, "node-a"));
+    let obs = Observed {
+        statefulset: Some(&s),
+        pod: Some(&p),
+        ..Default::default()
+    };
+    assert_eq!(ready_condition(&q, &obs).1, "PodNotReady");
+}
+
+#[test]
+fn invalid_spec_wins_over_everything() {
+    let q = testing::questdb("db", "ns");
+    let s = sts(1, true);
+    let obs = Observed {
+        statefulset: Some(&s),
+        invalid: vec!["image \"Bad Image\" is not a valid image reference".into()],
+        ..Default::default()
+    };
+    let st = compute(&q, &obs, now());
+    let ready = st.conditions.iter().find(|c| c.type_ == "Ready").unwrap();
+    assert_eq!(ready.reason, "InvalidSpec");
+    assert!(ready.message.contains("Bad Image"));
+    assert_eq!(st.phase, Some(Phase::Failed));
+}
+
+#[test]
+fn foreign_children_are_named_in_the_condition() {
+    let q = testing::questdb("db", "ns");
+    let obs = Observed {
+        blocked: vec!["Service db".into()],
+        ..Default::default()
+    };
+    let st = compute(&q, &obs, now());
+    let ready = st.conditions.iter().find(|c| c.type_ == "Ready").unwrap();
+    assert_eq!(ready.reason, "ChildConflict");
+    assert!(ready.message.contains("Service db"));
+}
+
+#[test]
+fn paused_reports_paused_and_no_node() {
+    let mut q = testing::questdb("db", "ns");
+    q.spec.paused = true;
+    let (s, p, n) = (sts(0, true), pod(true, "node-a"), node("True", "10.0.0.7"));
+    let obs = Observed {
+        statefulset: Some(&s),
+        pod: Some(&p),
+        node: Some(&n),
+        ..Default::default()
+    };
+    let st = compute(&q, &obs, now());
+    assert_eq!(st.phase, Some(Phase::Paused));
+    assert_eq!(st.node_name, None);
+    assert_eq!(st.node_ip, None);
+}
+
+#[test]
+fn unknown_node_is_not_ready() {
+    let q = testing::questdb("db", "ns");
+    let (s, p, n) = (sts(1, true), pod(true, "node-a"), node("Unknown", "10.0.0.7"));
+    let obs = Observed {
+        statefulset: Some(&s),
+        pod: Some(&p),
+        node: Some(&n),
+        ..Default::default()
+    };
+    assert_eq!(compute(&q, &obs, now()).node_ready, Some(false));
+}
+
+#[test]
+fn ilp_condition_is_included() {
+    let q = testing::questdb("db", "ns");
+    let obs = Observed {
+        ilp_auth: Some(Desired::new("IlpAuthReady", false, "NoKeys", "no keys")),
+        ..Default::default()
+    };
+    let st = compute(&q, &obs, now());
+    assert!(st
+        .conditions
+        .iter()
+        .any(|c| c.type_ == "IlpAuthReady" && c.reason == "NoKeys"));
+}
+
+#[test]
+fn recomputing_a_converged_status_is_identical() {
+    // The reconcile writes status only when it differs: a second pass must produce the same value.
+    let mut q = testing::questdb("db", "ns");
+    let (s, p, n) = (sts(1, true), pod(true, "node-a"), node("True", "10.0.0.7"));
+    let obs = Observed {
+        statefulset: Some(&s),
+        pod: Some(&p),
+        node: Some(&n),
+        ..Default::default()
+    };
+    let first = compute(&q, &obs, now());
+    q.status = Some(first.clone());
+    let later = Timestamp::from_second(1_700_000_999).unwrap();
+    assert_eq!(compute(&q, &obs, later), first);
+}

@@ -1,0 +1,269 @@
+//! The metric families and their registration. Names, labels and buckets of the
+//! controller-runtime families follow controller-runtime and client-go exactly.
+
+use prometheus::{
+    exponential_buckets, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter,
+    IntCounterVec, IntGaugeVec, Opts, Registry,
+};
+
+/// controller-runtime's `controller_runtime_reconcile_time_seconds` buckets.
+const RECONCILE_TIME_BUCKETS: &[f64] = &[
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.6, 0.7, 0.8, 0.9,
+    1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 15.0, 20.0,
+    25.0, 30.0, 40.0, 50.0, 60.0,
+];
+
+/// client-go's `rest_client_request_duration_seconds` buckets.
+const REST_LATENCY_BUCKETS: &[f64] = &[
+    0.005, 0.025, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0,
+];
+
+/// Failover downtime spans node-failure detection, fencing and reattach: tens of seconds to
+/// tens of minutes.
+const FAILOVER_DOWNTIME_BUCKETS: &[f64] = &[
+    5.0, 10.0, 15.0, 30.0, 45.0, 60.0, 90.0, 120.0, 180.0, 240.0, 300.0, 450.0, 600.0, 900.0,
+    1200.0, 1800.0,
+];
+
+/// Upgrade downtime is a planned detach/attach: seconds to a few minutes.
+const UPGRADE_DOWNTIME_BUCKETS: &[f64] = &[
+    1.0, 2.0, 5.0, 10.0, 15.0, 20.0, 30.0, 45.0, 60.0, 90.0, 120.0, 180.0, 300.0, 600.0,
+];
+
+/// Calls per reconcile: a no-op reconcile should land in the `0` bucket.
+const CALLS_PER_RECONCILE_BUCKETS: &[f64] = &[
+    0.0, 1.0, 2.0, 3.0, 5.0, 8.0, 13.0, 21.0, 34.0, 55.0, 89.0,
+];
+
+pub(super) struct Families {
+    pub reconcile_total: IntCounterVec,
+    pub reconcile_errors: IntCounterVec,
+    pub reconcile_time: HistogramVec,
+    pub active_workers: IntGaugeVec,
+    pub max_concurrent_reconciles: IntGaugeVec,
+
+    pub workqueue_depth: IntGaugeVec,
+    pub workqueue_adds: IntCounterVec,
+    pub workqueue_queue_duration: HistogramVec,
+    pub workqueue_work_duration: HistogramVec,
+    pub workqueue_retries: IntCounterVec,
+    pub workqueue_longest_running: GaugeVec,
+    pub workqueue_unfinished_work: GaugeVec,
+
+    pub rest_requests: IntCounterVec,
+    pub rest_request_duration: HistogramVec,
+    pub leader: IntGaugeVec,
+
+    pub aws_requests: IntCounterVec,
+    pub questdbs: IntGaugeVec,
+    pub condition_transitions: IntCounterVec,
+    pub failovers: IntCounterVec,
+    pub upgrades: IntCounterVec,
+    pub failover_downtime: Histogram,
+    pub upgrade_downtime: Histogram,
+    pub reconcile_api_calls: HistogramVec,
+    pub reconcile_aws_calls: HistogramVec,
+    pub orphaned_instances_terminated: IntCounter,
+}
+
+impl Families {
+    /// Builds and registers every family. Names and help texts are constants, so a failure here
+    /// is a programming error caught by the first test that creates a `Metrics`.
+    pub fn register(registry: &Registry) -> Families {
+        let r = Registrar(registry);
+        let controller = &["controller"];
+        let queue = &["name", "controller"];
+        let workqueue_buckets = exponential_buckets(10e-9, 10.0, 12).expect("valid buckets");
+
+        let families = Families {
+            reconcile_total: r.counter_vec(
+                "controller_runtime_reconcile_total",
+                "Total number of reconciliations per controller",
+                &["controller", "result"],
+            ),
+            reconcile_errors: r.counter_vec(
+                "controller_runtime_reconcile_errors_total",
+                "Total number of reconciliation errors per controller",
+                controller,
+            ),
+            reconcile_time: r.histogram_vec(
+                "controller_runtime_reconcile_time_seconds",
+                "Length of time per reconciliation per controller",
+                controller,
+                RECONCILE_TIME_BUCKETS.to_vec(),
+            ),
+            active_workers: r.gauge_vec(
+                "controller_runtime_active_workers",
+                "Number of currently used workers per controller",
+                controller,
+            ),
+            max_concurrent_reconciles: r.gauge_vec(
+                "controller_runtime_max_concurrent_reconciles",
+                "Maximum number of concurrent reconciles per controller (0 = unbounded)",
+                controller,
+            ),
+            workqueue_depth: r.gauge_vec(
+                "workqueue_depth",
+                "Current depth of workqueue (objects triggered, not yet reconciling)",
+                queue,
+            ),
+            workqueue_adds: r.counter_vec(
+                "workqueue_adds_total",
+                "Total number of adds handled by workqueue",
+                queue,
+            ),
+            workqueue_queue_duration: r.histogram_vec(
+                "workqueue_queue_duration_seconds",
+                "How long in seconds an item stays in workqueue before being requested",
+                queue,
+                workqueue_buckets.clone(),
+            ),
+            workqueue_work_duration: r.histogram_vec(
+                "workqueue_work_duration_seconds",
+                "How long in seconds processing an item from workqueue takes",
+                queue,
+                workqueue_buckets,
+            ),
+            workqueue_retries: r.counter_vec(
+                "workqueue_retries_total",
+                "Total number of retries handled by workqueue",
+                queue,
+            ),
+            workqueue_longest_running: r.float_gauge_vec(
+                "workqueue_longest_running_processor_seconds",
+                "How many seconds has the longest running processor for workqueue been running",
+                queue,
+            ),
+            workqueue_unfinished_work: r.float_gauge_vec(
+                "workqueue_unfinished_work_seconds",
+                "How many seconds of work has been done that is in progress",
+                queue,
+            ),
+            rest_requests: r.counter_vec(
+                "rest_client_requests_total",
+                "Number of HTTP requests, partitioned by status code, method, and host",
+                &["code", "method", "host"],
+            ),
+            rest_request_duration: r.histogram_vec(
+                "rest_client_request_duration_seconds",
+                "Request latency in seconds. Broken down by verb, and host",
+                &["verb", "host"],
+                REST_LATENCY_BUCKETS.to_vec(),
+            ),
+            leader: r.gauge_vec(
+                "leader_election_master_status",
+                "Gauge of if the reporting system is master of the relevant lease, 0 indicates backup, 1 indicates master",
+                &["name"],
+            ),
+            aws_requests: r.counter_vec(
+                "questdb_operator_aws_requests_total",
+                "AWS API attempts (retries included) by service, operation and outcome",
+                &["service", "operation", "outcome"],
+            ),
+            questdbs: r.gauge_vec(
+                "questdb_operator_questdbs",
+                "Number of QuestDB resources by phase",
+                &["phase"],
+            ),
+            condition_transitions: r.counter_vec(
+                "questdb_operator_condition_transitions_total",
+                "Changes of QuestDB status conditions, by condition type, new status and reason",
+                &["type", "status", "reason"],
+            ),
+            failovers: r.counter_vec(
+                "questdb_operator_failovers_total",
+                "Failovers of QuestDB nodes, by result",
+                &["result"],
+            ),
+            upgrades: r.counter_vec(
+                "questdb_operator_upgrades_total",
+                "Node image upgrades of QuestDBs, by result",
+                &["result"],
+            ),
+            failover_downtime: r.histogram(
+                "questdb_operator_failover_downtime_seconds",
+                "Seconds a QuestDB was unavailable during a failover",
+                FAILOVER_DOWNTIME_BUCKETS.to_vec(),
+            ),
+            upgrade_downtime: r.histogram(
+                "questdb_operator_upgrade_downtime_seconds",
+                "Seconds a QuestDB was stopped during a node image upgrade",
+                UPGRADE_DOWNTIME_BUCKETS.to_vec(),
+            ),
+            reconcile_api_calls: r.histogram_vec(
+                "questdb_operator_reconcile_api_calls",
+                "Kubernetes API requests made by one reconcile",
+                controller,
+                CALLS_PER_RECONCILE_BUCKETS.to_vec(),
+            ),
+            reconcile_aws_calls: r.histogram_vec(
+                "questdb_operator_reconcile_aws_calls",
+                "AWS API attempts made by one reconcile",
+                controller,
+                CALLS_PER_RECONCILE_BUCKETS.to_vec(),
+            ),
+            orphaned_instances_terminated: r.counter(
+                "questdb_operator_orphaned_instances_terminated_total",
+                "Cloud instances terminated because no QuestDB claims them",
+            ),
+        };
+        r.process_collector();
+        families
+    }
+}
+
+struct Registrar<'a>(&'a Registry);
+
+impl Registrar<'_> {
+    fn register<C: prometheus::core::Collector + Clone + 'static>(&self, collector: C) -> C {
+        self.0
+            .register(Box::new(collector.clone()))
+            .expect("metric names are unique constants");
+        collector
+    }
+
+    fn counter(&self, name: &str, help: &str) -> IntCounter {
+        self.register(IntCounter::with_opts(Opts::new(name, help)).expect("valid counter"))
+    }
+
+    fn counter_vec(&self, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+        self.register(IntCounterVec::new(Opts::new(name, help), labels).expect("valid counter"))
+    }
+
+    fn gauge_vec(&self, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
+        self.register(IntGaugeVec::new(Opts::new(name, help), labels).expect("valid gauge"))
+    }
+
+    fn float_gauge_vec(&self, name: &str, help: &str, labels: &[&str]) -> GaugeVec {
+        self.register(GaugeVec::new(Opts::new(name, help), labels).expect("valid gauge"))
+    }
+
+    fn histogram(&self, name: &str, help: &str, buckets: Vec<f64>) -> Histogram {
+        self.register(
+            Histogram::with_opts(HistogramOpts::new(name, help).buckets(buckets))
+                .expect("valid histogram"),
+        )
+    }
+
+    fn histogram_vec(
+        &self,
+        name: &str,
+        help: &str,
+        labels: &[&str],
+        buckets: Vec<f64>,
+    ) -> HistogramVec {
+        self.register(
+            HistogramVec::new(HistogramOpts::new(name, help).buckets(buckets), labels)
+                .expect("valid histogram"),
+        )
+    }
+
+    /// `process_*` (CPU, RSS, fds, start time); a no-op collector off Linux.
+    fn process_collector(&self) {
+        self.0
+            .register(Box::new(
+                prometheus::process_collector::ProcessCollector::for_self(),
+            ))
+            .expect("process collector registers once per registry");
+    }
+}

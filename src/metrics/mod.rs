@@ -1,0 +1,343 @@
+//! One Prometheus registry for the whole operator.
+//!
+//! The controller-runtime families (`controller_runtime_*`, `workqueue_*`, `rest_client_*`,
+//! `leader_election_master_status`, `process_*`) keep controller-runtime's exact names, labels
+//! and buckets, so kubebuilder's Grafana dashboards work unchanged. Our own families are prefixed
+//! `questdb_operator_`. No family has a label called `instance`: Prometheus attaches its own
+//! `instance` target label and a clash would silently rename ours to `exported_instance`.
+//!
+//! Callers hold an `Arc<Metrics>`; each controller takes a [`ControllerMetrics`] from
+//! [`Metrics::controller`] and wraps every reconcile in [`ControllerMetrics::start`] /
+//! [`ReconcileGuard::finish`]. The kube client is built with [`instrumented_client`].
+//!
+//! # How the `workqueue_*` figures are obtained
+//!
+//! kube-runtime's `Controller` keeps its scheduler private, so the operator cannot read the queue
+//! the way client-go's workqueue reports it. The figures are rebuilt from what the operator does
+//! see — the triggers it feeds into the controller ([`ControllerMetrics::observe_trigger`] and
+//! friends) and the reconciles it runs — following client-go's bookkeeping:
+//!
+//! - `workqueue_adds_total` counts a trigger for an object that is not already waiting (client-go
+//!   also ignores adds of an item that is already queued). A reconcile that starts without a
+//!   pending trigger came from a scheduled requeue or a retry; it is counted as an add when it
+//!   starts, because kube-runtime's delay timer is invisible (client-go counts it when its timer
+//!   fires, which is at most the scheduler's own latency earlier). *Exact for triggers, late by
+//!   the dispatch latency for requeues.*
+//! - `workqueue_depth` is the number of objects triggered but not yet started. Requeues whose
+//!   delay is still running are not counted (client-go does not count them either). An object
+//!   triggered but never reconciled — kube-runtime silently drops triggers for objects that are
+//!   gone from its cache — is forgotten after [`STALE_PENDING_AFTER`], so the gauge cannot stay
+//!   inflated by deleted objects. *Approximation.*
+//! - `workqueue_queue_duration_seconds` is the time from the first trigger of a pending object
+//!   to its reconcile start; for a requeue it is measured from the moment its delay ran out
+//!   (finish time + the requested delay); for a retry after an error whose delay the operator did
+//!   not report ([`ReconcileOutcome::Error`] carries none) nothing is observed rather than a
+//!   figure that would include the backoff. *Approximation.*
+//! - `workqueue_work_duration_seconds` is the reconcile's wall time. *Exact.*
+//! - `workqueue_retries_total` counts reconciles that ended in an error or a plain requeue, the
+//!   two cases controller-runtime hands to the rate-limited queue. It assumes the error policy
+//!   does requeue on error. *Exact under that assumption.*
+//! - `workqueue_longest_running_processor_seconds` and `workqueue_unfinished_work_seconds` are
+//!   computed at scrape time from the reconciles in flight. *Exact.*
+//! - `controller_runtime_active_workers` counts reconciles in flight; `..._max_concurrent_reconciles`
+//!   is the concurrency given to the controller, 0 meaning unbounded (kube-runtime's meaning).
+
+mod controller;
+mod families;
+mod rest_client;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use prometheus::{Encoder, Registry, TextEncoder};
+
+use crate::api::Phase;
+use crate::cloud::SharedObserver;
+
+pub use controller::{
+    ControllerMetrics, ErrorChain, QueueKey, ReconcileGuard, ReconcileOutcome, STALE_PENDING_AFTER,
+};
+pub use rest_client::{instrumented_client, ApiCall, ApiCallSnapshot, RestMetricsLayer};
+
+use families::Families;
+
+/// Content type of the Prometheus text exposition format served on `/metrics`.
+pub const TEXT_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// Label value for QuestDBs that have no phase yet (status not written).
+pub const PHASE_UNKNOWN: &str = "Unknown";
+
+/// Every phase a QuestDB can report, so the phase gauge exposes zeros instead of gaps.
+const ALL_PHASES: [Phase; 8] = [
+    Phase::Pending,
+    Phase::Provisioning,
+    Phase::Running,
+    Phase::Failed,
+    Phase::Paused,
+    Phase::FailingOver,
+    Phase::Upgrading,
+    Phase::Terminating,
+];
+
+/// How a failover ended; the label of `questdb_operator_failovers_total`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FailoverResult {
+    /// The database runs again on a replacement node.
+    Succeeded,
+    /// The state machine gave up; a human has to look.
+    Failed,
+    /// The circuit breaker held it back (too many nodes unhealthy at once).
+    Suppressed,
+}
+
+impl FailoverResult {
+    const ALL: [FailoverResult; 3] = [Self::Succeeded, Self::Failed, Self::Suppressed];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Succeeded => "succeeded",
+            Self::Failed => "failed",
+            Self::Suppressed => "suppressed",
+        }
+    }
+}
+
+/// How an image upgrade ended; the label of `questdb_operator_upgrades_total`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UpgradeResult {
+    /// Running on the new node, old node retired.
+    Succeeded,
+    /// Failed before the database stopped: no downtime.
+    Aborted,
+    /// Failed after the database stopped: moved back to the retained old node.
+    RolledBack,
+    /// Neither forward nor back worked.
+    Failed,
+}
+
+impl UpgradeResult {
+    const ALL: [UpgradeResult; 4] = [
+        Self::Succeeded,
+        Self::Aborted,
+        Self::RolledBack,
+        Self::Failed,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Succeeded => "succeeded",
+            Self::Aborted => "aborted",
+            Self::RolledBack => "rolled_back",
+            Self::Failed => "failed",
+        }
+    }
+}
+
+type PhaseSource = Box<dyn Fn() -> Vec<Option<Phase>> + Send + Sync>;
+
+/// The operator's metrics: one registry and every family in it.
+pub struct Metrics {
+    /// The registry `/metrics` renders; exposed so callers can register extra collectors.
+    pub registry: Registry,
+    families: Families,
+    controllers: Mutex<HashMap<String, Arc<controller::ControllerShared>>>,
+    api_calls: rest_client::ApiCallCounter,
+    phase_source: Mutex<Option<PhaseSource>>,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+impl Metrics {
+    /// A fresh registry with every family registered (including `process_*`).
+    pub fn new() -> Arc<Metrics> {
+        let registry = Registry::new();
+        let families = Families::register(&registry);
+        for phase in ALL_PHASES {
+            families.questdbs.with_label_values(&[phase.as_str()]).set(0);
+        }
+        families.questdbs.with_label_values(&[PHASE_UNKNOWN]).set(0);
+        for result in FailoverResult::ALL {
+            families.failovers.with_label_values(&[result.as_str()]);
+        }
+        for result in UpgradeResult::ALL {
+            families.upgrades.with_label_values(&[result.as_str()]);
+        }
+        Arc::new(Metrics {
+            registry,
+            families,
+            controllers: Mutex::new(HashMap::new()),
+            api_calls: rest_client::ApiCallCounter::default(),
+            phase_source: Mutex::new(None),
+        })
+    }
+
+    /// The metrics of controller `name` (the `controller` and workqueue `name` label).
+    ///
+    /// `max_concurrency` is what the controller was configured with (0 = unbounded). Asking twice
+    /// for the same name returns handles onto the same state.
+    pub fn controller(&self, name: &str, max_concurrency: usize) -> ControllerMetrics {
+        let mut controllers = lock(&self.controllers);
+        let shared = controllers
+            .entry(name.to_string())
+            .or_insert_with(|| Arc::new(controller::ControllerShared::new(name, &self.families)))
+            .clone();
+        shared.set_max_concurrency(max_concurrency);
+        ControllerMetrics::new(shared)
+    }
+
+    /// The text exposition (format 0.0.4) of every family.
+    pub fn render(&self) -> String {
+        self.refresh_scrape_time_gauges();
+        let mut buffer = Vec::new();
+        // Encoding into a Vec only fails on metric families that break the format's rules,
+        // which this module never builds; an empty scrape is the visible symptom if it did.
+        if let Err(err) = TextEncoder::new().encode(&self.registry.gather(), &mut buffer) {
+            tracing::error!(error = %err, "encoding metrics failed");
+        }
+        String::from_utf8(buffer).unwrap_or_default()
+    }
+
+    /// `leader_election_master_status{name}`: 1 while this process holds the lease.
+    pub fn set_leader(&self, lease_name: &str, leader: bool) {
+        self.families
+            .leader
+            .with_label_values(&[lease_name])
+            .set(i64::from(leader));
+    }
+
+    /// One AWS API attempt. `outcome` is `ok`, `throttled` or `error:<code>` (see
+    /// [`crate::cloud::observer::AwsCallObserver`]). Also counted in the current reconcile's
+    /// `questdb_operator_reconcile_aws_calls`.
+    pub fn aws_call(&self, service: &str, operation: &str, outcome: &str) {
+        self.families
+            .aws_requests
+            .with_label_values(&[service, operation, outcome])
+            .inc();
+        controller::count_aws_call_in_current_reconcile();
+    }
+
+    /// An observer for the cloud providers that feeds [`Metrics::aws_call`].
+    pub fn aws_observer(self: &Arc<Self>) -> SharedObserver {
+        let metrics = Arc::clone(self);
+        Arc::new(move |service: &str, operation: &str, outcome: &str| {
+            metrics.aws_call(service, operation, outcome)
+        })
+    }
+
+    /// A condition of a QuestDB changed status (or reason).
+    pub fn condition_transition(&self, type_: &str, status: &str, reason: &str) {
+        self.families
+            .condition_transitions
+            .with_label_values(&[type_, status, reason])
+            .inc();
+    }
+
+    /// A failover ended; `downtime` is from the database becoming unreachable to serving again.
+    pub fn failover_finished(&self, result: FailoverResult, downtime: Option<Duration>) {
+        self.families
+            .failovers
+            .with_label_values(&[result.as_str()])
+            .inc();
+        if let Some(downtime) = downtime {
+            self.families
+                .failover_downtime
+                .observe(downtime.as_secs_f64());
+        }
+    }
+
+    /// An image upgrade ended; `downtime` is from stopping the database to verifying it.
+    pub fn upgrade_finished(&self, result: UpgradeResult, downtime: Option<Duration>) {
+        self.families
+            .upgrades
+            .with_label_values(&[result.as_str()])
+            .inc();
+        if let Some(downtime) = downtime {
+            self.families
+                .upgrade_downtime
+                .observe(downtime.as_secs_f64());
+        }
+    }
+
+    /// The orphan sweep terminated an instance that no QuestDB claims.
+    pub fn orphaned_instance_terminated(&self) {
+        self.families.orphaned_instances_terminated.inc();
+    }
+
+    /// Sets `questdb_operator_questdbs{phase}` from one entry per QuestDB (`None` = no phase yet).
+    pub fn set_questdb_phases(&self, phases: impl IntoIterator<Item = Option<Phase>>) {
+        let mut counts: BTreeMap<&'static str, i64> = ALL_PHASES
+            .iter()
+            .map(|phase| (phase.as_str(), 0))
+            .chain([(PHASE_UNKNOWN, 0)])
+            .collect();
+        for phase in phases {
+            *counts
+                .entry(phase.map_or(PHASE_UNKNOWN, |p| p.as_str()))
+                .or_default() += 1;
+        }
+        for (phase, count) in counts {
+            self.families.questdbs.with_label_values(&[phase]).set(count);
+        }
+    }
+
+    /// Lets every scrape count phases afresh (e.g. from the controller's reflector store), so the
+    /// gauge never lags behind deletions the reconciler does not see.
+    pub fn set_phase_source(
+        &self,
+        source: impl Fn() -> Vec<Option<Phase>> + Send + Sync + 'static,
+    ) {
+        *lock(&self.phase_source) = Some(Box::new(source));
+    }
+
+    /// Kubernetes API calls made through [`instrumented_client`] so far, by verb and resource.
+    pub fn api_calls(&self) -> ApiCallSnapshot {
+        self.api_calls.snapshot()
+    }
+
+    /// Records one request to the API server (what the client layer calls per response).
+    /// `code` is the HTTP status, or `None` when no response arrived (client-go's `<error>`).
+    pub fn record_rest_request(
+        &self,
+        call: &ApiCall,
+        method: &str,
+        host: &str,
+        code: Option<u16>,
+        latency: Duration,
+    ) {
+        let code = code.map_or_else(|| "<error>".to_string(), |c| c.to_string());
+        self.families
+            .rest_requests
+            .with_label_values(&[code.as_str(), method, host])
+            .inc();
+        self.families
+            .rest_request_duration
+            .with_label_values(&[method, host])
+            .observe(latency.as_secs_f64());
+        self.api_calls.record(call);
+        controller::count_api_call_in_current_reconcile();
+    }
+
+    fn refresh_scrape_time_gauges(&self) {
+        if let Some(source) = lock(&self.phase_source).as_ref() {
+            self.set_questdb_phases(source());
+        }
+        for shared in lock(&self.controllers).values() {
+            shared.refresh_in_flight_gauges();
+        }
+    }
+}
+
+/// Locks a mutex, recovering from poisoning: metrics bookkeeping must not take the process down.
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,405 @@
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use http::{Method, Request, Response, StatusCode};
+use prometheus_parse::{Scrape, Value};
+use tower::{Layer, Service, ServiceExt};
+
+use super::*;
+
+/// Parses an exposition the way Prometheus would; a parse failure fails the test.
+fn scrape(metrics: &Metrics) -> Scrape {
+    let text = metrics.render();
+    Scrape::parse(text.lines().map(|l| Ok(l.to_string()))).expect("exposition parses")
+}
+
+/// The value of the sample `name` whose labels include all of `labels`.
+fn value(scrape: &Scrape, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    scrape
+        .samples
+        .iter()
+        .find(|s| {
+            s.metric == name
+                && labels
+                    .iter()
+                    .all(|(k, v)| s.labels.get(k) == Some(*v))
+        })
+        .map(|s| match &s.value {
+            Value::Counter(v) | Value::Gauge(v) | Value::Untyped(v) => *v,
+            other => panic!("{name} is not a scalar: {other:?}"),
+        })
+}
+
+/// `(count, sum)` of histogram `name` with the given labels.
+fn histogram(scrape: &Scrape, name: &str, labels: &[(&str, &str)]) -> (f64, f64) {
+    let count = value(scrape, &format!("{name}_count"), labels);
+    let sum = value(scrape, &format!("{name}_sum"), labels);
+    match (count, sum) {
+        (Some(count), Some(sum)) => (count, sum),
+        _ => {
+            // prometheus-parse folds histograms into one sample; read count/sum from it.
+            let sample = scrape
+                .samples
+                .iter()
+                .find(|s| s.metric == name && labels.iter().all(|(k, v)| s.labels.get(k) == Some(*v)))
+                .unwrap_or_else(|| panic!("histogram {name} {labels:?} missing"));
+            match &sample.value {
+                Value::Histogram(buckets) => {
+                    let count = buckets.last().map_or(0.0, |b| b.count);
+                    let text = sample_sum_from_text(name, labels, scrape);
+                    (count, text)
+                }
+                other => panic!("{name} is not a histogram: {other:?}"),
+            }
+        }
+    }
+}
+
+fn sample_sum_from_text(name: &str, labels: &[(&str, &str)], scrape: &Scrape) -> f64 {
+    value(scrape, &format!("{name}_sum"), labels).unwrap_or(f64::NAN)
+}
+
+const C: &str = "questdb";
+
+fn reconcile(metrics: &ControllerMetrics, key: &str, outcome: ReconcileOutcome) {
+    metrics.start(key).finish(outcome);
+}
+
+#[test]
+fn a_new_controller_exposes_every_result_at_zero() {
+    let metrics = Metrics::new();
+    metrics.controller(C, 4);
+    let s = scrape(&metrics);
+    for result in ["success", "error", "requeue", "requeue_after"] {
+        assert_eq!(
+            value(&s, "controller_runtime_reconcile_total", &[("controller", C), ("result", result)]),
+            Some(0.0),
+            "result {result}"
+        );
+    }
+    assert_eq!(
+        value(&s, "controller_runtime_max_concurrent_reconciles", &[("controller", C)]),
+        Some(4.0)
+    );
+    assert_eq!(value(&s, "workqueue_depth", &[("name", C), ("controller", C)]), Some(0.0));
+    assert_eq!(value(&s, "questdb_operator_questdbs", &[("phase", "Running")]), Some(0.0));
+}
+
+#[test]
+fn no_series_carries_an_instance_label() {
+    let metrics = Metrics::new();
+    let cm = metrics.controller(C, 1);
+    reconcile(&cm, "db/q1", ReconcileOutcome::Success);
+    metrics.aws_call("ec2", "RunInstances", "ok");
+    metrics.set_leader("questdb-operator", true);
+    let s = scrape(&metrics);
+    assert!(!s.samples.is_empty());
+    for sample in &s.samples {
+        assert!(
+            sample.labels.get("instance").is_none(),
+            "{} has an instance label",
+            sample.metric
+        );
+    }
+}
+
+#[test]
+fn reconcile_outcomes_are_counted_by_result() {
+    let metrics = Metrics::new();
+    let cm = metrics.controller(C, 2);
+    reconcile(&cm, "db/q1", ReconcileOutcome::Success);
+    reconcile(&cm, "db/q1", ReconcileOutcome::Success);
+    reconcile(&cm, "db/q2", ReconcileOutcome::Error);
+    reconcile(&cm, "db/q2", ReconcileOutcome::RequeueAfter(Duration::from_secs(30)));
+    reconcile(&cm, "db/q3", ReconcileOutcome::Requeue);
+    drop(cm.start("db/q4")); // a cancelled reconcile is an error
+
+    let s = scrape(&metrics);
+    let total = |result| {
+        value(&s, "controller_runtime_reconcile_total", &[("controller", C), ("result", result)])
+    };
+    assert_eq!(total("success"), Some(2.0));
+    assert_eq!(total("error"), Some(2.0));
+    assert_eq!(total("requeue_after"), Some(1.0));
+    assert_eq!(total("requeue"), Some(1.0));
+    assert_eq!(
+        value(&s, "controller_runtime_reconcile_errors_total", &[("controller", C)]),
+        Some(2.0)
+    );
+    assert_eq!(
+        value(&s, "workqueue_retries_total", &[("name", C), ("controller", C)]),
+        Some(3.0),
+        "errors and plain requeues are retries"
+    );
+    assert_eq!(
+        value(&s, "controller_runtime_active_workers", &[("controller", C)]),
+        Some(0.0)
+    );
+    let (count, _) = histogram(&s, "controller_runtime_reconcile_time_seconds", &[("controller", C)]);
+    assert_eq!(count, 6.0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn queue_figures_follow_triggers_and_reconciles() {
+    let metrics = Metrics::new();
+    let cm = metrics.controller(C, 1);
+    let q = |s: &Scrape, name| value(s, name, &[("name", C), ("controller", C)]);
+
+    // Two triggers for the same object before it runs are one add, as in client-go.
+    cm.observe_trigger("db/q1");
+    tokio::time::advance(Duration::from_secs(1)).await;
+    cm.observe_trigger("db/q1");
+    cm.observe_trigger("db/q2");
+    let s = scrape(&metrics);
+    assert_eq!(q(&s, "workqueue_adds_total"), Some(2.0));
+    assert_eq!(q(&s, "workqueue_depth"), Some(2.0));
+
+    tokio::time::advance(Duration::from_secs(1)).await;
+    let guard = cm.start("db/q1");
+    tokio::time::advance(Duration::from_secs(3)).await;
+    let s = scrape(&metrics);
+    assert_eq!(q(&s, "workqueue_depth"), Some(1.0));
+    assert_eq!(
+        value(&s, "controller_runtime_active_workers", &[("controller", C)]),
+        Some(1.0)
+    );
+    assert_eq!(q(&s, "workqueue_longest_running_processor_seconds"), Some(3.0));
+    guard.finish(ReconcileOutcome::RequeueAfter(Duration::from_secs(10)));
+
+    let s = scrape(&metrics);
+    let labels = &[("name", C), ("controller", C)];
+    assert_eq!(histogram(&s, "workqueue_queue_duration_seconds", labels), (1.0, 2.0));
+    assert_eq!(histogram(&s, "workqueue_work_duration_seconds", labels), (1.0, 3.0));
+    assert_eq!(q(&s, "workqueue_longest_running_processor_seconds"), Some(0.0));
+
+    // The requeue fires 12s after the reconcile ended: 2s later than asked for.
+    tokio::time::advance(Duration::from_secs(12)).await;
+    cm.start("db/q1").finish(ReconcileOutcome::Success);
+    let s = scrape(&metrics);
+    assert_eq!(q(&s, "workqueue_adds_total"), Some(3.0), "a requeue is an add");
+    assert_eq!(histogram(&s, "workqueue_queue_duration_seconds", labels), (2.0, 4.0));
+}
+
+#[tokio::test(start_paused = true)]
+async fn triggers_for_objects_that_never_reconcile_are_forgotten() {
+    let metrics = Metrics::new();
+    let cm = metrics.controller(C, 1);
+    cm.observe_trigger("db/deleted");
+    tokio::time::advance(STALE_PENDING_AFTER + Duration::from_secs(1)).await;
+    cm.observe_trigger("db/q1");
+    let s = scrape(&metrics);
+    assert_eq!(value(&s, "workqueue_depth", &[("controller", C)]), Some(1.0));
+}
+
+#[test]
+fn owned_objects_trigger_their_owner() {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+
+    let metrics = Metrics::new();
+    let cm = metrics.controller(C, 1);
+    let child = ConfigMap {
+        metadata: ObjectMeta {
+            name: Some("q1-config".into()),
+            namespace: Some("db".into()),
+            owner_references: Some(vec![OwnerReference {
+                api_version: "crd.questdb.io/v1beta1".into(),
+                kind: "QuestDB".into(),
+                name: "q1".into(),
+                uid: "u1".into(),
+                controller: Some(true),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    cm.observe_owners(&child, "QuestDB");
+    cm.observe_owners(&child, "Deployment");
+    let s = scrape(&metrics);
+    assert_eq!(value(&s, "workqueue_adds_total", &[("controller", C)]), Some(1.0));
+    // Starting the owner's reconcile takes it off the queue.
+    cm.start("db/q1").finish(ReconcileOutcome::Success);
+    let s = scrape(&metrics);
+    assert_eq!(value(&s, "workqueue_depth", &[("controller", C)]), Some(0.0));
+}
+
+#[tokio::test]
+async fn calls_made_inside_a_reconcile_are_attributed_to_it() {
+    let metrics = Metrics::new();
+    let cm = metrics.controller(C, 1);
+    let call = ApiCall {
+        verb: "get".into(),
+        resource: "nodes".into(),
+    };
+    // Outside any reconcile (a watch, leader election): counted globally only.
+    metrics.record_rest_request(&call, "GET", "h:1", Some(200), Duration::ZERO);
+
+    let m = Arc::clone(&metrics);
+    let returned = cm
+        .instrument(
+            "db/q1",
+            async move {
+                m.record_rest_request(&call, "GET", "h:1", Some(200), Duration::ZERO);
+                m.record_rest_request(&call, "GET", "h:1", Some(404), Duration::ZERO);
+                m.aws_call("ec2", "DescribeInstances", "throttled");
+                Ok::<_, std::io::Error>(7)
+            },
+            |result| match result {
+                Ok(_) => ReconcileOutcome::Success,
+                Err(_) => ReconcileOutcome::Error,
+            },
+        )
+        .await;
+    assert_eq!(returned.expect("reconcile result is passed through"), 7);
+
+    let s = scrape(&metrics);
+    let c = &[("controller", C)];
+    assert_eq!(histogram(&s, "questdb_operator_reconcile_api_calls", c), (1.0, 2.0));
+    assert_eq!(histogram(&s, "questdb_operator_reconcile_aws_calls", c), (1.0, 1.0));
+    assert_eq!(
+        value(&s, "rest_client_requests_total", &[("code", "200"), ("method", "GET"), ("host", "h:1")]),
+        Some(2.0)
+    );
+    assert_eq!(
+        value(
+            &s,
+            "questdb_operator_aws_requests_total",
+            &[("service", "ec2"), ("operation", "DescribeInstances"), ("outcome", "throttled")]
+        ),
+        Some(1.0)
+    );
+    assert_eq!(metrics.api_calls().count("get", "nodes"), 3);
+}
+
+#[test]
+fn questdb_phases_are_counted_from_the_source_at_scrape_time() {
+    let metrics = Metrics::new();
+    let phases = Arc::new(std::sync::Mutex::new(vec![
+        Some(Phase::Running),
+        Some(Phase::Running),
+        None,
+    ]));
+    let source = Arc::clone(&phases);
+    metrics.set_phase_source(move || source.lock().expect("test lock").clone());
+    let s = scrape(&metrics);
+    assert_eq!(value(&s, "questdb_operator_questdbs", &[("phase", "Running")]), Some(2.0));
+    assert_eq!(value(&s, "questdb_operator_questdbs", &[("phase", PHASE_UNKNOWN)]), Some(1.0));
+
+    *phases.lock().expect("test lock") = vec![Some(Phase::FailingOver)];
+    let s = scrape(&metrics);
+    assert_eq!(value(&s, "questdb_operator_questdbs", &[("phase", "Running")]), Some(0.0));
+    assert_eq!(value(&s, "questdb_operator_questdbs", &[("phase", "FailingOver")]), Some(1.0));
+}
+
+#[test]
+fn failovers_upgrades_and_leadership_are_exposed() {
+    let metrics = Metrics::new();
+    metrics.failover_finished(FailoverResult::Succeeded, Some(Duration::from_secs(95)));
+    metrics.failover_finished(FailoverResult::Suppressed, None);
+    metrics.upgrade_finished(UpgradeResult::RolledBack, Some(Duration::from_secs(12)));
+    metrics.condition_transition("Ready", "False", "NodeNotReady");
+    metrics.orphaned_instance_terminated();
+    metrics.set_leader("questdb-operator", true);
+    metrics.set_leader("questdb-operator", false);
+
+    let s = scrape(&metrics);
+    let failovers = |r| value(&s, "questdb_operator_failovers_total", &[("result", r)]);
+    assert_eq!(failovers("succeeded"), Some(1.0));
+    assert_eq!(failovers("suppressed"), Some(1.0));
+    assert_eq!(failovers("failed"), Some(0.0));
+    assert_eq!(histogram(&s, "questdb_operator_failover_downtime_seconds", &[]), (1.0, 95.0));
+    assert_eq!(histogram(&s, "questdb_operator_upgrade_downtime_seconds", &[]), (1.0, 12.0));
+    assert_eq!(
+        value(&s, "questdb_operator_upgrades_total", &[("result", "rolled_back")]),
+        Some(1.0)
+    );
+    assert_eq!(
+        value(
+            &s,
+            "questdb_operator_condition_transitions_total",
+            &[("type", "Ready"), ("status", "False"), ("reason", "NodeNotReady")]
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        value(&s, "questdb_operator_orphaned_instances_terminated_total", &[]),
+        Some(1.0)
+    );
+    assert_eq!(
+        value(&s, "leader_election_master_status", &[("name", "questdb-operator")]),
+        Some(0.0)
+    );
+}
+
+#[tokio::test]
+async fn the_client_layer_counts_requests_by_code_method_and_verb() {
+    let metrics = Metrics::new();
+    let layer = RestMetricsLayer::new(
+        Arc::clone(&metrics),
+        &"https://10.0.0.1:6443".parse().expect("uri"),
+    );
+    let mut service = layer.layer(tower::service_fn(|req: Request<()>| async move {
+        let status = if req.uri().path().ends_with("/missing") {
+            StatusCode::NOT_FOUND
+        } else {
+            StatusCode::OK
+        };
+        Ok::<_, std::convert::Infallible>(Response::builder().status(status).body(()).expect("response"))
+    }));
+    let send = |method: Method, path: &str| {
+        Request::builder()
+            .method(method)
+            .uri(path)
+            .body(())
+            .expect("request")
+    };
+    for request in [
+        send(Method::GET, "/api/v1/namespaces/db/configmaps/missing"),
+        send(Method::GET, "/api/v1/namespaces/db/configmaps/c1"),
+        send(Method::PATCH, "/api/v1/namespaces/db/configmaps/c1"),
+    ] {
+        service.ready().await.expect("ready").call(request).await.expect("response");
+    }
+
+    let s = scrape(&metrics);
+    let requests = |code, method| {
+        value(
+            &s,
+            "rest_client_requests_total",
+            &[("code", code), ("method", method), ("host", "10.0.0.1:6443")],
+        )
+    };
+    assert_eq!(requests("404", "GET"), Some(1.0));
+    assert_eq!(requests("200", "GET"), Some(1.0));
+    assert_eq!(requests("200", "PATCH"), Some(1.0));
+    let (count, _) = histogram(
+        &s,
+        "rest_client_request_duration_seconds",
+        &[("verb", "GET"), ("host", "10.0.0.1:6443")],
+    );
+    assert_eq!(count, 2.0);
+    let calls = metrics.api_calls();
+    assert_eq!(calls.count("get", "configmaps"), 2);
+    assert_eq!(calls.writes(), 1);
+    let by_verb: BTreeMap<_, _> = calls.iter().map(|(c, n)| (c.verb.clone(), n)).collect();
+    assert_eq!(by_verb.get("patch"), Some(&1));
+}
+
+#[test]
+fn kube_actions_map_to_controller_runtime_results() {
+    use kube::runtime::controller::Action;
+    assert_eq!(ReconcileOutcome::from_action(&Action::await_change()), ReconcileOutcome::Success);
+    for delay in [
+        Duration::from_secs(300),
+        Duration::from_millis(1500),
+        Duration::from_millis(250),
+        Duration::from_micros(7),
+    ] {
+        assert_eq!(
+            ReconcileOutcome::from_action(&Action::requeue(delay)),
+            ReconcileOutcome::RequeueAfter(delay),
+            "{delay:?}"
+        );
+    }
+}
