@@ -14,6 +14,7 @@ use crate::manager::{self, LeaderElection, ManagerOptions};
 
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
+    crate::metrics::install_crypto_provider();
     init_logging(cli.log.log_format);
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
@@ -117,7 +118,11 @@ fn hostname() -> String {
     std::env::var("POD_NAME")
         .or_else(|_| std::env::var("HOSTNAME"))
         .ok()
-        .or_else(|| std::fs::read_to_string("/etc/hostname").ok().map(|s| s.trim().to_string()))
+        .or_else(|| {
+            std::fs::read_to_string("/etc/hostname")
+                .ok()
+                .map(|s| s.trim().to_string())
+        })
         .filter(|s| !s.is_empty())
         .unwrap_or_else(|| format!("questdb-operator-{}", std::process::id()))
 }

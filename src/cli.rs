@@ -6,7 +6,11 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 #[derive(Parser, Debug)]
-#[command(name = "questdb-operator", version, about = "Runs QuestDB databases on Kubernetes")]
+#[command(
+    name = "questdb-operator",
+    version,
+    about = "Runs QuestDB databases on Kubernetes"
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
@@ -55,7 +59,11 @@ pub struct RunArgs {
     pub leader_elect: bool,
 
     /// Name of the leader-election Lease.
-    #[arg(long, env = "LEADER_ELECTION_ID", default_value = "questdb-operator-leader")]
+    #[arg(
+        long,
+        env = "LEADER_ELECTION_ID",
+        default_value = "questdb-operator-leader"
+    )]
     pub leader_election_id: String,
 
     /// Namespace of the leader-election Lease (defaults to the pod's namespace).
@@ -114,7 +122,11 @@ pub struct SandboxArgs {
     pub metrics_bind_address: String,
 
     /// Address of the operator's /healthz and /readyz (`0` disables it).
-    #[arg(long, env = "HEALTH_PROBE_BIND_ADDRESS", default_value = "127.0.0.1:8081")]
+    #[arg(
+        long,
+        env = "HEALTH_PROBE_BIND_ADDRESS",
+        default_value = "127.0.0.1:8081"
+    )]
     pub health_probe_bind_address: String,
 
     /// Concurrent reconciles of the QuestDB controller.

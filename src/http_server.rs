@@ -52,11 +52,14 @@ pub fn parse_bind_address(s: &str) -> anyhow::Result<Option<SocketAddr>> {
         let port: u16 = port
             .parse()
             .with_context(|| format!("invalid port in bind address {s:?}"))?;
-        return Ok(Some(SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), port)));
+        return Ok(Some(SocketAddr::new(
+            IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+            port,
+        )));
     }
-    s.parse()
-        .map(Some)
-        .with_context(|| format!("invalid bind address {s:?}: expected \"ip:port\", \":port\" or \"0\""))
+    s.parse().map(Some).with_context(|| {
+        format!("invalid bind address {s:?}: expected \"ip:port\", \":port\" or \"0\"")
+    })
 }
 
 /// Binds a listener; port 0 picks a free port (read it back with `local_addr`).
@@ -81,7 +84,10 @@ pub async fn serve_metrics_on(
     metrics: Arc<Metrics>,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    serve(listener, shutdown, move |request| metrics_response(request, &metrics)).await
+    serve(listener, shutdown, move |request| {
+        metrics_response(request, &metrics)
+    })
+    .await
 }
 
 /// Serves `/healthz` and `/readyz` on `addr` until `shutdown` is cancelled.
@@ -99,7 +105,10 @@ pub async fn serve_health_on(
     readiness: Readiness,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    serve(listener, shutdown, move |request| health_response(request, &readiness)).await
+    serve(listener, shutdown, move |request| {
+        health_response(request, &readiness)
+    })
+    .await
 }
 
 fn metrics_response(request: &Request<Incoming>, metrics: &Metrics) -> Response<Full<Bytes>> {
@@ -140,7 +149,11 @@ fn response(status: StatusCode, content_type: &str, body: String) -> Response<Fu
 
 /// Accept loop shared by both endpoints. On shutdown it stops accepting and drops open
 /// connections: requests here are tiny and idempotent, so nothing worth draining is lost.
-async fn serve<H>(listener: TcpListener, shutdown: CancellationToken, handler: H) -> anyhow::Result<()>
+pub(crate) async fn serve<H>(
+    listener: TcpListener,
+    shutdown: CancellationToken,
+    handler: H,
+) -> anyhow::Result<()>
 where
     H: Fn(&Request<Incoming>) -> Response<Full<Bytes>> + Send + Sync + 'static,
 {
@@ -222,8 +235,14 @@ mod tests {
 
     async fn start_metrics(
         metrics: Arc<Metrics>,
-    ) -> (SocketAddr, CancellationToken, JoinHandle<anyhow::Result<()>>) {
-        let listener = bind("127.0.0.1:0".parse().expect("addr")).await.expect("bind");
+    ) -> (
+        SocketAddr,
+        CancellationToken,
+        JoinHandle<anyhow::Result<()>>,
+    ) {
+        let listener = bind("127.0.0.1:0".parse().expect("addr"))
+            .await
+            .expect("bind");
         let addr = listener.local_addr().expect("local addr");
         let shutdown = CancellationToken::new();
         let server = tokio::spawn(serve_metrics_on(listener, metrics, shutdown.clone()));
@@ -268,11 +287,17 @@ mod tests {
 
     #[tokio::test]
     async fn readyz_turns_ready_once_caches_have_synced() {
-        let listener = bind("127.0.0.1:0".parse().expect("addr")).await.expect("bind");
+        let listener = bind("127.0.0.1:0".parse().expect("addr"))
+            .await
+            .expect("bind");
         let addr = listener.local_addr().expect("local addr");
         let readiness = Readiness::default();
         let shutdown = CancellationToken::new();
-        let server = tokio::spawn(serve_health_on(listener, readiness.clone(), shutdown.clone()));
+        let server = tokio::spawn(serve_health_on(
+            listener,
+            readiness.clone(),
+            shutdown.clone(),
+        ));
 
         assert_eq!(get(addr, "/healthz").await.status, 200);
         assert_eq!(get(addr, "/readyz").await.status, 503);
@@ -291,7 +316,10 @@ mod tests {
         assert_eq!(get(addr, "/metrics").await.status, 200);
         shutdown.cancel();
         server.await.expect("server task").expect("server result");
-        assert!(TcpStream::connect(addr).await.is_err(), "listener is closed");
+        assert!(
+            TcpStream::connect(addr).await.is_err(),
+            "listener is closed"
+        );
     }
 
     #[test]
@@ -299,10 +327,19 @@ mod tests {
         let parse = |s| parse_bind_address(s).expect(s);
         assert_eq!(parse("0"), None);
         assert_eq!(parse(":8080"), Some("0.0.0.0:8080".parse().expect("addr")));
-        assert_eq!(parse("127.0.0.1:9090"), Some("127.0.0.1:9090".parse().expect("addr")));
-        assert_eq!(parse("[::1]:8081"), Some("[::1]:8081".parse().expect("addr")));
+        assert_eq!(
+            parse("127.0.0.1:9090"),
+            Some("127.0.0.1:9090".parse().expect("addr"))
+        );
+        assert_eq!(
+            parse("[::1]:8081"),
+            Some("[::1]:8081".parse().expect("addr"))
+        );
         for bad in ["", ":http", "localhost:8080", "8080", ":70000"] {
-            assert!(parse_bind_address(bad).is_err(), "{bad:?} should be rejected");
+            assert!(
+                parse_bind_address(bad).is_err(),
+                "{bad:?} should be rejected"
+            );
         }
     }
 }

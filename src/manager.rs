@@ -12,9 +12,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{
-    ConfigMap, Node, PersistentVolumeClaim, Pod, Secret, Service,
-};
+use k8s_openapi::api::core::v1::{ConfigMap, Node, PersistentVolumeClaim, Pod, Secret, Service};
 use kube::api::Api;
 use kube::core::PartialObjectMeta;
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
@@ -27,6 +25,7 @@ use tracing::{error, info, warn};
 
 use crate::api::{labels, QuestDB, MANAGER};
 use crate::controllers::context::{Caches, Context};
+use crate::controllers::in_flight::InFlight;
 use crate::controllers::{questdb, retry_delay, Error};
 use crate::http_server::{self, Readiness};
 use crate::ilp_auth;
@@ -69,6 +68,17 @@ impl Default for ManagerOptions {
 pub struct ManagerHandle {
     pub metrics: Arc<Metrics>,
     pub readiness: Readiness,
+    pub in_flight: Arc<InFlight>,
+}
+
+impl Default for ManagerHandle {
+    fn default() -> Self {
+        Self {
+            metrics: Metrics::new(),
+            readiness: Readiness::default(),
+            in_flight: Arc::default(),
+        }
+    }
 }
 
 /// Runs the manager until `shutdown` is cancelled (Ok) or leadership is lost (Err).
@@ -77,9 +87,7 @@ pub async fn run(
     config: kube::Config,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    let metrics = Metrics::new();
-    let readiness = Readiness::default();
-    run_with(opts, config, shutdown, ManagerHandle { metrics, readiness }).await
+    run_with(opts, config, shutdown, ManagerHandle::default()).await
 }
 
 pub async fn run_with(
@@ -88,7 +96,11 @@ pub async fn run_with(
     shutdown: CancellationToken,
     handle: ManagerHandle,
 ) -> anyhow::Result<()> {
-    let ManagerHandle { metrics, readiness } = handle;
+    let ManagerHandle {
+        metrics,
+        readiness,
+        in_flight,
+    } = handle;
     let client = crate::metrics::instrumented_client(config, metrics.clone())
         .context("building the Kubernetes client")?;
 
@@ -111,7 +123,8 @@ pub async fn run_with(
     }
 
     let caches_token = shutdown.child_token();
-    let (caches, subs, cache_tasks) = start_caches(&client, opts.namespace.as_deref(), &caches_token);
+    let (caches, subs, cache_tasks) =
+        start_caches(&client, opts.namespace.as_deref(), &caches_token);
     let phases = caches.questdbs.clone();
     metrics.set_phase_source(move || {
         phases
@@ -129,12 +142,19 @@ pub async fn run_with(
         }
         readiness.set_ready();
         info!("caches synced");
+        let shared = Shared {
+            client: &client,
+            opts: &opts,
+            metrics: &metrics,
+            in_flight: &in_flight,
+            caches: &caches,
+        };
         match &opts.leader_election {
             None => {
-                run_controllers(&client, &opts, &metrics, &caches, subs, shutdown.clone()).await;
+                run_controllers(&shared, subs, shutdown.clone()).await;
                 Ok(())
             }
-            Some(le) => run_as_leader(le, &client, &opts, &metrics, &caches, subs, &shutdown).await,
+            Some(le) => run_as_leader(le, &shared, subs, &shutdown).await,
         }
     }
     .await;
@@ -227,11 +247,27 @@ fn start_caches(
         }};
     }
 
-    let (questdbs, w_qdb) = shared!(QuestDB, api_for::<QuestDB>(client, ns), watcher::Config::default());
-    let (statefulsets, w_sts) = shared!(StatefulSet, api_for::<StatefulSet>(client, ns), managed_selector());
-    let (configmaps, w_cm) = shared!(ConfigMap, api_for::<ConfigMap>(client, ns), managed_selector());
+    let (questdbs, w_qdb) = shared!(
+        QuestDB,
+        api_for::<QuestDB>(client, ns),
+        watcher::Config::default()
+    );
+    let (statefulsets, w_sts) = shared!(
+        StatefulSet,
+        api_for::<StatefulSet>(client, ns),
+        managed_selector()
+    );
+    let (configmaps, w_cm) = shared!(
+        ConfigMap,
+        api_for::<ConfigMap>(client, ns),
+        managed_selector()
+    );
     let (services, w_svc) = shared!(Service, api_for::<Service>(client, ns), managed_selector());
-    let (pvcs, w_pvc) = shared!(PersistentVolumeClaim, api_for::<PersistentVolumeClaim>(client, ns), managed_selector());
+    let (pvcs, w_pvc) = shared!(
+        PersistentVolumeClaim,
+        api_for::<PersistentVolumeClaim>(client, ns),
+        managed_selector()
+    );
     let (pods, w_pod) = shared!(Pod, api_for::<Pod>(client, ns), managed_selector());
 
     let (nodes, node_writer) = reflector::store::<Node>();
@@ -241,7 +277,8 @@ fn start_caches(
         .reflect(node_writer);
     tasks.push(spawn_drain(node_stream, token.clone(), "Node"));
 
-    let (secrets, secret_writer) = reflector::store_shared::<PartialObjectMeta<Secret>>(SHARED_BUFFER);
+    let (secrets, secret_writer) =
+        reflector::store_shared::<PartialObjectMeta<Secret>>(SHARED_BUFFER);
     let w_secret = secret_writer.subscribe().expect("shared store");
     let secret_api: Api<PartialObjectMeta<Secret>> = match ns {
         Some(ns) => Api::namespaced(client.clone(), ns),
@@ -283,7 +320,11 @@ fn start_caches(
     (caches, writers, tasks)
 }
 
-fn spawn_drain<S, T>(stream: S, token: CancellationToken, what: &'static str) -> tokio::task::JoinHandle<()>
+fn spawn_drain<S, T>(
+    stream: S,
+    token: CancellationToken,
+    what: &'static str,
+) -> tokio::task::JoinHandle<()>
 where
     S: Stream<Item = Result<T, watcher::Error>> + Send + 'static,
     T: Send + 'static,
@@ -321,15 +362,22 @@ async fn wait_for_caches(c: &Caches, shutdown: &CancellationToken) {
     }
 }
 
+/// What every controller of this manager shares.
+struct Shared<'a> {
+    client: &'a Client,
+    opts: &'a ManagerOptions,
+    metrics: &'a Arc<Metrics>,
+    in_flight: &'a Arc<InFlight>,
+    caches: &'a Caches,
+}
+
 async fn run_as_leader(
     le: &LeaderElection,
-    client: &Client,
-    opts: &ManagerOptions,
-    metrics: &Arc<Metrics>,
-    caches: &Caches,
+    shared: &Shared<'_>,
     subs: Subscriptions,
     shutdown: &CancellationToken,
 ) -> anyhow::Result<()> {
+    let (client, metrics) = (shared.client, shared.metrics);
     let manager = kube_lease_manager::LeaseManagerBuilder::new(client.clone(), &le.lease_name)
         .with_namespace(&le.namespace)
         .with_identity(&le.identity)
@@ -364,7 +412,7 @@ async fn run_as_leader(
     info!(lease = %le.lease_name, identity = %le.identity, "became leader");
     metrics.set_leader(&le.lease_name, true);
     let controllers_token = shutdown.child_token();
-    let controllers = run_controllers(client, opts, metrics, caches, subs, controllers_token.clone());
+    let controllers = run_controllers(shared, subs, controllers_token.clone());
     let mut controllers = std::pin::pin!(controllers);
     let lost = loop {
         tokio::select! {
@@ -393,14 +441,14 @@ async fn run_as_leader(
 }
 
 /// Runs every controller until `token` is cancelled; returns once all of them stopped.
-async fn run_controllers(
-    client: &Client,
-    opts: &ManagerOptions,
-    metrics: &Arc<Metrics>,
-    caches: &Caches,
-    subs: Subscriptions,
-    token: CancellationToken,
-) {
+async fn run_controllers(shared: &Shared<'_>, subs: Subscriptions, token: CancellationToken) {
+    let Shared {
+        client,
+        opts,
+        metrics,
+        in_flight,
+        caches,
+    } = *shared;
     let recorder = Recorder::new(
         client.clone(),
         Reporter {
@@ -408,7 +456,8 @@ async fn run_controllers(
             instance: std::env::var("POD_NAME").ok(),
         },
     );
-    let ctrl_metrics = metrics.controller(questdb::CONTROLLER_NAME, opts.questdb_concurrency as usize);
+    let ctrl_metrics =
+        metrics.controller(questdb::CONTROLLER_NAME, opts.questdb_concurrency as usize);
     let ctx = Arc::new(Context {
         client: client.clone(),
         recorder,
@@ -419,7 +468,7 @@ async fn run_controllers(
     });
     let controller = questdb_controller(subs, caches, opts.questdb_concurrency, &ctrl_metrics)
         .graceful_shutdown_on(token.cancelled_owned());
-    run_questdb_controller(controller, ctx, ctrl_metrics).await;
+    run_questdb_controller(controller, ctx, ctrl_metrics, in_flight.clone()).await;
 }
 
 /// Builds the QuestDB controller and its triggers. Every trigger is counted for the
@@ -432,7 +481,9 @@ fn questdb_controller(
 ) -> Controller<QuestDB> {
     let config = ControllerConfig::default().concurrency(concurrency);
     let seen = m.clone();
-    let main = subs.questdbs.inspect(move |q: &Arc<QuestDB>| seen.observe_trigger(&ObjectRef::from_obj(&**q)));
+    let main = subs
+        .questdbs
+        .inspect(move |q: &Arc<QuestDB>| seen.observe_trigger(ObjectRef::from_obj(&**q)));
     let mut c = Controller::for_shared_stream(main, caches.questdbs.clone()).with_config(config);
 
     // Children are mapped to their QuestDB by the operator's instance label: pods are owned by
@@ -443,7 +494,7 @@ fn questdb_controller(
     ) -> Option<ObjectRef<QuestDB>> {
         let name = meta.labels.as_ref()?.get(labels::INSTANCE)?;
         let r = ObjectRef::<QuestDB>::new(name).within(meta.namespace.as_deref()?);
-        m.observe_trigger(&r);
+        m.observe_trigger(r.clone());
         Some(r)
     }
     macro_rules! by_label {
@@ -461,7 +512,7 @@ fn questdb_controller(
     c = c.watches_shared_stream(subs.secrets, move |s: Arc<PartialObjectMeta<Secret>>| {
         let r = ilp_auth::questdb_for_secret(&s.metadata);
         if let Some(r) = &r {
-            sm.observe_trigger(&r);
+            sm.observe_trigger(r.clone());
         }
         r
     });
@@ -471,11 +522,18 @@ fn questdb_controller(
 
 /// Drives the QuestDB controller: a span and metrics around every reconcile, and an error
 /// policy with per-object exponential backoff.
-async fn run_questdb_controller(controller: Controller<QuestDB>, ctx: Arc<Context>, m: ControllerMetrics) {
+async fn run_questdb_controller(
+    controller: Controller<QuestDB>,
+    ctx: Arc<Context>,
+    m: ControllerMetrics,
+    in_flight: Arc<InFlight>,
+) {
     let reconcile = move |obj: Arc<QuestDB>, ctx: Arc<Context>| {
         let m = m.clone();
+        let in_flight = in_flight.clone();
         async move {
             let key = ObjectRef::from_obj(&*obj);
+            let _in_flight = in_flight.enter(key.to_string());
             let guard = m.start(&key);
             let result = guard.scope(questdb::reconcile(obj, ctx.clone())).await;
             match &result {
@@ -485,7 +543,9 @@ async fn run_questdb_controller(controller: Controller<QuestDB>, ctx: Arc<Contex
                 }
                 // Conflicts are routine for a controller: retried, not reported as errors.
                 Err(e) if e.is_transient_conflict() => {
-                    guard.span().in_scope(|| tracing::debug!(error = %e, "retrying after a conflict"));
+                    guard
+                        .span()
+                        .in_scope(|| tracing::debug!(error = %e, "retrying after a conflict"));
                     guard.finish(ReconcileOutcome::Error);
                 }
                 Err(e) => guard.finish_with_error(e),

@@ -1,2 +1,151 @@
-//! The local sandbox (in progress).
-pub async fn run(_args: crate::cli::SandboxArgs, _shutdown: tokio_util::sync::CancellationToken) -> anyhow::Result<()> { anyhow::bail!("the sandbox is not wired yet") }
+//! `questdb-operator sandbox`: a simulated control plane with three nodes in two zones, the real
+//! manager against it, and the example QuestDB applied — the README's first command.
+
+use std::time::Duration;
+
+use anyhow::Context as _;
+use futures::StreamExt;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, PostParams};
+use kube::runtime::watcher;
+use kube::{CustomResourceExt, ResourceExt};
+use questdb_sim::{Sim, SimConfig};
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::api::QuestDB;
+use crate::cli::SandboxArgs;
+use crate::http_server::parse_bind_address;
+use crate::manager::{self, ManagerHandle, ManagerOptions};
+
+pub async fn run(args: SandboxArgs, shutdown: CancellationToken) -> anyhow::Result<()> {
+    let cfg = SimConfig {
+        clock_speed: args.clock_speed,
+        bind: Some(([127, 0, 0, 1], args.port).into()),
+        ..SimConfig::sandbox()
+    };
+    let sim = Sim::start(cfg)
+        .await
+        .context("starting the simulated control plane")?;
+    std::fs::write(&args.kubeconfig, sim.kubeconfig_yaml())
+        .with_context(|| format!("writing {}", args.kubeconfig.display()))?;
+    info!(url = %sim.url(), kubeconfig = %args.kubeconfig.display(), "simulated control plane is up (3 nodes, 2 zones)");
+
+    let client = sim.client().await;
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    crds.create(&PostParams::default(), &QuestDB::crd())
+        .await
+        .context("installing the QuestDB CRD")?;
+
+    let opts = ManagerOptions {
+        questdb_concurrency: args.questdb_concurrency,
+        metrics_addr: parse_bind_address(&args.metrics_bind_address)?,
+        health_addr: parse_bind_address(&args.health_probe_bind_address)?,
+        ..Default::default()
+    };
+    let handle = ManagerHandle::default();
+    let manager_token = shutdown.child_token();
+    let manager = tokio::spawn(manager::run_with(
+        opts,
+        sim.client_config(),
+        manager_token.clone(),
+        ManagerHandle {
+            metrics: handle.metrics.clone(),
+            readiness: handle.readiness.clone(),
+            in_flight: handle.in_flight.clone(),
+        },
+    ));
+
+    let example = apply_example(&client, &args.example).await?;
+    println!(
+        "sandbox: kubectl --kubeconfig {} get qdb   (Ctrl-C to stop)",
+        args.kubeconfig.display()
+    );
+    let progress = report_progress(client.clone(), example, args.exit_when_ready);
+    tokio::select! {
+        ready = progress => {
+            if args.exit_when_ready {
+                ready?;
+                shutdown.cancel();
+            } else {
+                shutdown.cancelled().await;
+            }
+        }
+        _ = shutdown.cancelled() => {}
+    }
+
+    manager_token.cancel();
+    match tokio::time::timeout(Duration::from_secs(30), manager).await {
+        Ok(Ok(Err(e))) => warn!(error = format!("{e:#}"), "manager stopped with an error"),
+        Err(_) => warn!("manager did not stop within 30s"),
+        _ => {}
+    }
+    sim.shutdown().await;
+    info!("sandbox stopped");
+    Ok(())
+}
+
+/// Creates the QuestDB of the example manifest; returns its (namespace, name).
+async fn apply_example(
+    client: &kube::Client,
+    path: &std::path::Path,
+) -> anyhow::Result<Option<(String, String)>> {
+    let Ok(text) = std::fs::read_to_string(path) else {
+        info!(path = %path.display(), "no example manifest; apply your own with kubectl");
+        return Ok(None);
+    };
+    let mut qdb: QuestDB =
+        serde_yaml_ng::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+    let ns = qdb.namespace().unwrap_or_else(|| "default".into());
+    qdb.metadata.namespace = Some(ns.clone());
+    let api: Api<QuestDB> = Api::namespaced(client.clone(), &ns);
+    api.create(&PostParams::default(), &qdb)
+        .await
+        .with_context(|| format!("creating the QuestDB from {}", path.display()))?;
+    info!(questdb = %qdb.name_any(), namespace = %ns, "applied {}", path.display());
+    Ok(Some((ns, qdb.name_any())))
+}
+
+/// Prints each change of the example's phase and Ready condition until it is Ready.
+async fn report_progress(
+    client: kube::Client,
+    example: Option<(String, String)>,
+    stop_when_ready: bool,
+) -> anyhow::Result<()> {
+    let Some((ns, name)) = example else {
+        if stop_when_ready {
+            anyhow::bail!("--exit-when-ready needs an example manifest");
+        }
+        return futures::future::pending().await;
+    };
+    let api: Api<QuestDB> = Api::namespaced(client, &ns);
+    let mut stream = std::pin::pin!(watcher::watch_object(api, &name).boxed());
+    let mut last = String::new();
+    while let Some(event) = stream.next().await {
+        let Ok(Some(q)) = event else { continue };
+        let status = q.status.clone().unwrap_or_default();
+        let ready = status.conditions.iter().find(|c| c.type_ == "Ready");
+        let line = format!(
+            "{}/{}: phase={} ready={} ({})",
+            ns,
+            name,
+            status.phase.map(|p| p.as_str()).unwrap_or("-"),
+            ready.map(|c| c.status.as_str()).unwrap_or("-"),
+            ready.map(|c| c.message.as_str()).unwrap_or("-"),
+        );
+        if line != last {
+            println!("{line}");
+            last = line;
+        }
+        if ready.is_some_and(|c| c.status == "True") {
+            println!(
+                "{ns}/{name} is Ready: node {} ({}), version {}",
+                status.node_name.unwrap_or_default(),
+                status.node_ip.unwrap_or_default(),
+                status.version.unwrap_or_default()
+            );
+            return Ok(());
+        }
+    }
+    anyhow::bail!("the watch on {ns}/{name} ended")
+}

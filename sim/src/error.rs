@@ -46,7 +46,10 @@ impl ApiError {
             ..Self::new(
                 409,
                 "AlreadyExists",
-                format!("{} \"{name}\" already exists", group_resource(group, plural)),
+                format!(
+                    "{} \"{name}\" already exists",
+                    group_resource(group, plural)
+                ),
             )
         }
     }
@@ -91,7 +94,9 @@ impl ApiError {
             .map(|c| json!({"reason": c.reason, "message": c.message, "field": c.field}))
             .collect();
         Self {
-            details: Some(json!({"name": name, "group": group, "kind": kind, "causes": causes_json})),
+            details: Some(
+                json!({"name": name, "group": group, "kind": kind, "causes": causes_json}),
+            ),
             ..Self::new(
                 422,
                 "Invalid",

@@ -37,12 +37,19 @@ fn lookup<'a>(v: &'a Value, path: &str) -> Option<&'a Value> {
 }
 
 /// Fields of `applied` whose value would change and that another manager owns.
-pub fn apply_conflicts(owners: &Owners, current: &Value, applied: &Value, manager: &str) -> Vec<(String, String)> {
+pub fn apply_conflicts(
+    owners: &Owners,
+    current: &Value,
+    applied: &Value,
+    manager: &str,
+) -> Vec<(String, String)> {
     let mut out = vec![];
     let mut applied_leaves = vec![];
     leaves(applied, String::new(), &mut applied_leaves);
     for (path, value) in applied_leaves {
-        let Some(owner) = owners.get(&path) else { continue };
+        let Some(owner) = owners.get(&path) else {
+            continue;
+        };
         if owner != manager && lookup(current, &path) != Some(value) {
             out.push((path, owner.clone()));
         }
@@ -52,10 +59,17 @@ pub fn apply_conflicts(owners: &Owners, current: &Value, applied: &Value, manage
 
 /// Records that `manager` now owns the leaves it changed (and, for apply, every leaf it sent);
 /// leaves that disappeared lose their owner.
-pub fn record(owners: &mut Owners, old: &Value, new: &Value, manager: &str, applied: Option<&Value>) {
+pub fn record(
+    owners: &mut Owners,
+    old: &Value,
+    new: &Value,
+    manager: &str,
+    applied: Option<&Value>,
+) {
     let mut new_leaves = vec![];
     leaves(new, String::new(), &mut new_leaves);
-    let present: std::collections::HashSet<&str> = new_leaves.iter().map(|(p, _)| p.as_str()).collect();
+    let present: std::collections::HashSet<&str> =
+        new_leaves.iter().map(|(p, _)| p.as_str()).collect();
     owners.retain(|p, _| present.contains(p.as_str()));
     for (path, value) in &new_leaves {
         if lookup(old, path) != Some(*value) {

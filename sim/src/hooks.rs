@@ -92,13 +92,20 @@ pub struct RequestCounts(pub BTreeMap<(Verb, String), u64>);
 
 impl RequestCounts {
     pub fn get(&self, verb: Verb, resource: &str) -> u64 {
-        self.0.get(&(verb, resource.to_string())).copied().unwrap_or(0)
+        self.0
+            .get(&(verb, resource.to_string()))
+            .copied()
+            .unwrap_or(0)
     }
     pub fn total(&self) -> u64 {
         self.0.values().sum()
     }
     pub fn writes(&self) -> u64 {
-        self.0.iter().filter(|((v, _), _)| v.is_write()).map(|(_, n)| n).sum()
+        self.0
+            .iter()
+            .filter(|((v, _), _)| v.is_write())
+            .map(|(_, n)| n)
+            .sum()
     }
     pub fn reads(&self) -> u64 {
         self.total() - self.writes()
@@ -142,22 +149,34 @@ pub struct FaultEffect {
 impl Hooks {
     pub fn inject(&self, f: Fault) -> FaultId {
         let id = FaultId(self.next_id.fetch_add(1, Ordering::Relaxed));
-        self.faults.lock().unwrap_or_else(|e| e.into_inner()).push((id, f));
+        self.faults
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((id, f));
         id
     }
 
     pub fn remove(&self, id: FaultId) {
-        self.faults.lock().unwrap_or_else(|e| e.into_inner()).retain(|(i, _)| *i != id);
+        self.faults
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|(i, _)| *i != id);
     }
 
     pub fn clear(&self) {
-        self.faults.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        self.faults
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
     }
 
     /// The first matching fault, consuming one of its `times`.
     pub fn fault_for(&self, verb: Verb, resource: &str, name: Option<&str>) -> FaultEffect {
         let mut faults = self.faults.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(pos) = faults.iter().position(|(_, f)| f.matches(verb, resource, name)) else {
+        let Some(pos) = faults
+            .iter()
+            .position(|(_, f)| f.matches(verb, resource, name))
+        else {
             return FaultEffect::default();
         };
         let f = &mut faults[pos].1;
@@ -184,11 +203,19 @@ impl Hooks {
     }
 
     pub fn counts(&self) -> RequestCounts {
-        RequestCounts(self.counts.lock().unwrap_or_else(|e| e.into_inner()).clone())
+        RequestCounts(
+            self.counts
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone(),
+        )
     }
 
     pub fn reset_counts(&self) {
-        self.counts.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        self.counts
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
     }
 
     pub fn cut(&self) {

@@ -92,7 +92,9 @@ const SYSTEM_NAMESPACES: [&str; 4] = ["default", "kube-system", "kube-public", "
 impl Sim {
     pub async fn start(cfg: SimConfig) -> anyhow::Result<Sim> {
         let clock = clock::Clock::new(cfg.clock_speed);
-        let bind = cfg.bind.unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 0)));
+        let bind = cfg
+            .bind
+            .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 0)));
         let listener = tokio::net::TcpListener::bind(bind)
             .await
             .with_context(|| format!("binding the simulated apiserver to {bind}"))?;
@@ -168,7 +170,9 @@ impl Sim {
 
     pub fn cluster(&self) -> &cluster::Cluster {
         // Set in `start` before the Sim is handed out and only taken by `shutdown(self)`.
-        self.cluster.as_ref().expect("cluster runs while the Sim exists")
+        self.cluster
+            .as_ref()
+            .expect("cluster runs while the Sim exists")
     }
 
     pub fn clock(&self) -> &clock::Clock {
@@ -214,7 +218,10 @@ impl Sim {
             let _ = stop.send(());
         }
         if let Some(mut server) = self.server.take() {
-            if tokio::time::timeout(Duration::from_secs(5), &mut server).await.is_err() {
+            if tokio::time::timeout(Duration::from_secs(5), &mut server)
+                .await
+                .is_err()
+            {
                 server.abort();
             }
         }

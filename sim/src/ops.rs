@@ -26,6 +26,8 @@ pub struct Ctx<'a> {
 #[derive(Debug, Clone, Default)]
 pub struct WriteOpts {
     pub dry_run: bool,
+    /// The request addressed the `/status` subresource.
+    pub status_only: bool,
     pub field_manager: Option<String>,
     pub force: bool,
 }
@@ -69,7 +71,14 @@ pub fn timestamp(clock: &Clock) -> String {
 fn new_uid() -> String {
     let b: [u8; 16] = rand::rng().random();
     let h = hex::encode(b);
-    format!("{}-{}-4{}-a{}-{}", &h[0..8], &h[8..12], &h[13..16], &h[17..20], &h[20..32])
+    format!(
+        "{}-{}-4{}-a{}-{}",
+        &h[0..8],
+        &h[8..12],
+        &h[13..16],
+        &h[17..20],
+        &h[20..32]
+    )
 }
 
 fn random_suffix() -> String {
@@ -84,7 +93,11 @@ fn random_suffix() -> String {
 fn obj_ref(rt: &ResourceType, ns: &str, name: &str) -> ObjRef {
     ObjRef {
         key: rt.storage_key.clone(),
-        namespace: if rt.namespaced { ns.to_string() } else { String::new() },
+        namespace: if rt.namespaced {
+            ns.to_string()
+        } else {
+            String::new()
+        },
         name: name.to_string(),
     }
 }
@@ -109,7 +122,9 @@ fn is_crd(rt: &ResourceType) -> bool {
 
 fn check_type_meta(rt: &ResourceType, obj: &mut Value) -> Result<(), ApiError> {
     if !obj.is_object() {
-        return Err(ApiError::bad_request("the request body must be a JSON object"));
+        return Err(ApiError::bad_request(
+            "the request body must be a JSON object",
+        ));
     }
     let api_version = rt.api_version();
     if let Some(v) = obj["apiVersion"].as_str() {
@@ -145,7 +160,10 @@ fn invalid(rt: &ResourceType, name: &str, causes: Vec<FieldCause>) -> ApiError {
 
 /// Schema admission for custom resources, and the CRD's own sanity check for CRDs.
 fn admit(rt: &ResourceType, obj: &mut Value, old: Option<&Value>) -> Result<(), ApiError> {
-    let name = obj["metadata"]["name"].as_str().unwrap_or_default().to_string();
+    let name = obj["metadata"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
     if let Some(schema) = &rt.schema {
         let causes = schema.admit(obj, old);
         if !causes.is_empty() {
@@ -208,7 +226,13 @@ fn check_labels(rt: &ResourceType, obj: &Value) -> Result<(), ApiError> {
     Ok(())
 }
 
-pub fn create(cx: &mut Ctx<'_>, rt: &ResourceType, ns: &str, mut obj: Value, opts: &WriteOpts) -> Result<Written, ApiError> {
+pub fn create(
+    cx: &mut Ctx<'_>,
+    rt: &ResourceType,
+    ns: &str,
+    mut obj: Value,
+    opts: &WriteOpts,
+) -> Result<Written, ApiError> {
     check_type_meta(rt, &mut obj)?;
     let meta = &mut obj["metadata"];
     if rt.namespaced {
@@ -266,7 +290,13 @@ pub fn create(cx: &mut Ctx<'_>, rt: &ResourceType, ns: &str, mut obj: Value, opt
     meta["creationTimestamp"] = Value::String(now);
     meta["generation"] = json!(1);
     if let Some(m) = meta.as_object_mut() {
-        for k in ["deletionTimestamp", "deletionGracePeriodSeconds", "resourceVersion", "managedFields", "selfLink"] {
+        for k in [
+            "deletionTimestamp",
+            "deletionGracePeriodSeconds",
+            "resourceVersion",
+            "managedFields",
+            "selfLink",
+        ] {
             m.remove(k);
         }
     }
@@ -310,10 +340,10 @@ fn update_existing(
     rt: &ResourceType,
     current: &Arc<Stored>,
     mut candidate: Value,
-    status_only: bool,
     opts: &WriteOpts,
     applied: Option<&Value>,
 ) -> Result<Written, ApiError> {
+    let status_only = opts.status_only;
     check_type_meta(rt, &mut candidate)?;
     let old = current.value();
     let name = current.name.clone();
@@ -336,7 +366,10 @@ fn update_existing(
                 &rt.group,
                 &rt.plural,
                 &name,
-                &format!("Precondition failed: UID in precondition: {uid}, UID in object meta: {}", current.uid),
+                &format!(
+                    "Precondition failed: UID in precondition: {uid}, UID in object meta: {}",
+                    current.uid
+                ),
             ));
         }
     }
@@ -363,7 +396,14 @@ fn update_existing(
         candidate
     };
     // Fields only the server sets.
-    for k in ["uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds", "namespace", "generation"] {
+    for k in [
+        "uid",
+        "creationTimestamp",
+        "deletionTimestamp",
+        "deletionGracePeriodSeconds",
+        "namespace",
+        "generation",
+    ] {
         match old["metadata"].get(k) {
             Some(v) => new["metadata"][k] = v.clone(),
             None => {
@@ -379,8 +419,14 @@ fn update_existing(
     }
     check_labels(rt, &new)?;
     if current.deleting {
-        let old_f = old["metadata"]["finalizers"].as_array().cloned().unwrap_or_default();
-        let new_f = new["metadata"]["finalizers"].as_array().cloned().unwrap_or_default();
+        let old_f = old["metadata"]["finalizers"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        let new_f = new["metadata"]["finalizers"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
         if new_f.iter().any(|f| !old_f.contains(f)) {
             return Err(invalid(
                 rt,
@@ -401,8 +447,13 @@ fn update_existing(
     let owners = track_owners(current, &old, &new, opts, applied)?;
     // A pod in its termination grace period stays until the kubelet deletes it with grace 0.
     let finalized = current.deleting
-        && new["metadata"]["finalizers"].as_array().is_none_or(|f| f.is_empty())
-        && new["metadata"]["deletionGracePeriodSeconds"].as_i64().unwrap_or(0) == 0;
+        && new["metadata"]["finalizers"]
+            .as_array()
+            .is_none_or(|f| f.is_empty())
+        && new["metadata"]["deletionGracePeriodSeconds"]
+            .as_i64()
+            .unwrap_or(0)
+            == 0;
     if new == old && owners == current.field_owners {
         // The apiserver does not write (nor bump resourceVersion) for a no-op update.
         return Ok(Written::stored(current, false));
@@ -414,7 +465,11 @@ fn update_existing(
     after_write(cx, rt, &stored);
     if finalized {
         let r = obj_ref(rt, &stored.namespace, &stored.name);
-        let policy = cx.store.pending_propagation.remove(&stored.uid).unwrap_or_default();
+        let policy = cx
+            .store
+            .pending_propagation
+            .remove(&stored.uid)
+            .unwrap_or_default();
         remove_and_collect(cx, &r, policy);
     }
     Ok(Written::stored(&stored, false))
@@ -427,7 +482,10 @@ fn track_owners(
     opts: &WriteOpts,
     applied: Option<&Value>,
 ) -> Result<Option<Arc<Owners>>, ApiError> {
-    let manager = opts.field_manager.clone().unwrap_or_else(|| "unknown".into());
+    let manager = opts
+        .field_manager
+        .clone()
+        .unwrap_or_else(|| "unknown".into());
     if applied.is_none() && current.field_owners.is_none() {
         return Ok(None);
     }
@@ -443,7 +501,11 @@ fn track_owners(
                 return Err(ApiError::new(
                     409,
                     "Conflict",
-                    format!("Apply failed with {} conflict(s): {}", list.len(), list.join(", ")),
+                    format!(
+                        "Apply failed with {} conflict(s): {}",
+                        list.len(),
+                        list.join(", ")
+                    ),
                 ));
             }
         }
@@ -462,14 +524,13 @@ pub fn update(
     ns: &str,
     name: &str,
     obj: Value,
-    status_only: bool,
     opts: &WriteOpts,
 ) -> Result<Written, ApiError> {
     let current = cx
         .store
         .get_ref(&obj_ref(rt, ns, name))
         .ok_or_else(|| not_found(rt, name))?;
-    update_existing(cx, rt, &current, obj, status_only, opts, None)
+    update_existing(cx, rt, &current, obj, opts, None)
 }
 
 pub fn patch(
@@ -479,9 +540,9 @@ pub fn patch(
     name: &str,
     kind: PatchKind,
     body: Value,
-    status_only: bool,
     opts: &WriteOpts,
 ) -> Result<Written, ApiError> {
+    let status_only = opts.status_only;
     let current = cx.store.get_ref(&obj_ref(rt, ns, name));
     let Some(current) = current else {
         if kind == PatchKind::Apply && !status_only {
@@ -509,10 +570,16 @@ pub fn patch(
         }
     }
     let applied = (kind == PatchKind::Apply).then_some(&body);
-    update_existing(cx, rt, &current, patched, status_only, opts, applied)
+    update_existing(cx, rt, &current, patched, opts, applied)
 }
 
-pub fn delete(cx: &mut Ctx<'_>, rt: &ResourceType, ns: &str, name: &str, opts: &DeleteOpts) -> Result<Written, ApiError> {
+pub fn delete(
+    cx: &mut Ctx<'_>,
+    rt: &ResourceType,
+    ns: &str,
+    name: &str,
+    opts: &DeleteOpts,
+) -> Result<Written, ApiError> {
     let r = obj_ref(rt, ns, name);
     let current = cx.store.get_ref(&r).ok_or_else(|| not_found(rt, name))?;
     if let Some(uid) = &opts.precondition_uid {
@@ -521,7 +588,10 @@ pub fn delete(cx: &mut Ctx<'_>, rt: &ResourceType, ns: &str, name: &str, opts: &
                 &rt.group,
                 &rt.plural,
                 name,
-                &format!("Precondition failed: UID in precondition: {uid}, UID in object meta: {}", current.uid),
+                &format!(
+                    "Precondition failed: UID in precondition: {uid}, UID in object meta: {}",
+                    current.uid
+                ),
             ));
         }
     }
@@ -534,7 +604,9 @@ pub fn delete(cx: &mut Ctx<'_>, rt: &ResourceType, ns: &str, name: &str, opts: &
         return Ok(Written::stored(&current, false));
     }
     if is_pod(rt) {
-        if let Some(marked) = start_graceful_pod_deletion(cx, &r, &current, opts.grace_period_seconds) {
+        if let Some(marked) =
+            start_graceful_pod_deletion(cx, &r, &current, opts.grace_period_seconds)
+        {
             return Ok(Written::stored(&marked, false));
         }
     }
@@ -569,7 +641,12 @@ fn is_pod(rt: &ResourceType) -> bool {
 /// Like the apiserver's pod strategy: a pod bound to a node and still running gets a deletion
 /// timestamp and a grace period; the kubelet removes it later with a zero-grace delete.
 /// Returns `None` when the pod should be deleted right away.
-fn start_graceful_pod_deletion(cx: &mut Ctx<'_>, r: &ObjRef, current: &Stored, requested: Option<i64>) -> Option<Arc<Stored>> {
+fn start_graceful_pod_deletion(
+    cx: &mut Ctx<'_>,
+    r: &ObjRef,
+    current: &Stored,
+    requested: Option<i64>,
+) -> Option<Arc<Stored>> {
     let v = current.value();
     let grace = requested
         .or_else(|| v["spec"]["terminationGracePeriodSeconds"].as_i64())
@@ -585,8 +662,10 @@ fn start_graceful_pod_deletion(cx: &mut Ctx<'_>, r: &ObjRef, current: &Stored, r
     }
     let mut v = v;
     let deadline = cx.clock.now() + std::time::Duration::from_secs(grace as u64);
-    let ts = k8s_openapi::jiff::Timestamp::try_from(deadline).unwrap_or(k8s_openapi::jiff::Timestamp::UNIX_EPOCH);
-    v["metadata"]["deletionTimestamp"] = Value::String(ts.strftime("%Y-%m-%dT%H:%M:%SZ").to_string());
+    let ts = k8s_openapi::jiff::Timestamp::try_from(deadline)
+        .unwrap_or(k8s_openapi::jiff::Timestamp::UNIX_EPOCH);
+    v["metadata"]["deletionTimestamp"] =
+        Value::String(ts.strftime("%Y-%m-%dT%H:%M:%SZ").to_string());
     v["metadata"]["deletionGracePeriodSeconds"] = json!(grace);
     Some(cx.store.put(&r.key, v, current.field_owners.clone()))
 }
@@ -601,7 +680,11 @@ pub fn delete_object(cx: &mut Ctx<'_>, r: &ObjRef, policy: Propagation) -> Optio
         if current.deleting {
             // A zero-grace delete of a terminating object ends its grace period; what remains
             // is waiting for finalizers.
-            if v["metadata"]["deletionGracePeriodSeconds"].as_i64().unwrap_or(0) > 0 {
+            if v["metadata"]["deletionGracePeriodSeconds"]
+                .as_i64()
+                .unwrap_or(0)
+                > 0
+            {
                 v["metadata"]["deletionGracePeriodSeconds"] = json!(0);
                 return Some(cx.store.put(&r.key, v, current.field_owners.clone()));
             }
@@ -621,7 +704,9 @@ pub fn delete_object(cx: &mut Ctx<'_>, r: &ObjRef, policy: Propagation) -> Optio
                 return remove_and_collect(cx, r, policy);
             }
         } else {
-            cx.store.pending_propagation.insert(current.uid.clone(), policy);
+            cx.store
+                .pending_propagation
+                .insert(current.uid.clone(), policy);
         }
         return cx.store.get_ref(r).or(Some(marked));
     }
@@ -638,7 +723,10 @@ fn remove_and_collect(cx: &mut Ctx<'_>, r: &ObjRef, policy: Propagation) -> Opti
     let gone = cx.store.remove(r)?;
     if r.key == crd_key() {
         let v = gone.value();
-        if let (Some(group), Some(plural)) = (v["spec"]["group"].as_str(), v["spec"]["names"]["plural"].as_str()) {
+        if let (Some(group), Some(plural)) = (
+            v["spec"]["group"].as_str(),
+            v["spec"]["names"]["plural"].as_str(),
+        ) {
             cx.registry.uninstall_crd(&gone.name);
             cx.store.drop_resource(&StorageKey {
                 group: group.into(),
@@ -647,9 +735,14 @@ fn remove_and_collect(cx: &mut Ctx<'_>, r: &ObjRef, policy: Propagation) -> Opti
         }
     }
     for dep in cx.store.dependents_of(&gone.uid) {
-        let Some(d) = cx.store.get_ref(&dep) else { continue };
+        let Some(d) = cx.store.get_ref(&dep) else {
+            continue;
+        };
         let orphaned = policy == Propagation::Orphan;
-        let other_owner_alive = d.owner_uids.iter().any(|u| u != &gone.uid && cx.store.uid_exists(u));
+        let other_owner_alive = d
+            .owner_uids
+            .iter()
+            .any(|u| u != &gone.uid && cx.store.uid_exists(u));
         if orphaned || other_owner_alive {
             let mut v = d.value();
             if let Some(refs) = v["metadata"]["ownerReferences"].as_array_mut() {

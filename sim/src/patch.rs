@@ -59,7 +59,11 @@ pub fn apply_patch(
             let ops: json_patch::Patch = serde_json::from_value(patch.clone())
                 .map_err(|e| ApiError::bad_request(format!("invalid JSON patch: {e}")))?;
             json_patch::patch(&mut target, &ops).map_err(|e| {
-                ApiError::new(422, "Invalid", format!("the server rejected our request due to an error in our request: {e}"))
+                ApiError::new(
+                    422,
+                    "Invalid",
+                    format!("the server rejected our request due to an error in our request: {e}"),
+                )
             })?;
         }
         PatchKind::Strategic => {
@@ -94,8 +98,13 @@ fn require_object(patch: &Value) -> Result<(), ApiError> {
 /// The merge key of a list field, from the Kubernetes types' `patchMergeKey` tags.
 fn merge_key(field: &str, sample: Option<&Value>) -> Option<&'static str> {
     match field {
-        "containers" | "initContainers" | "ephemeralContainers" | "env" | "volumes"
-        | "imagePullSecrets" | "resourceClaims" => Some("name"),
+        "containers"
+        | "initContainers"
+        | "ephemeralContainers"
+        | "env"
+        | "volumes"
+        | "imagePullSecrets"
+        | "resourceClaims" => Some("name"),
         "ports" => {
             if sample.is_some_and(|s| s.get("containerPort").is_some()) {
                 Some("containerPort")
@@ -140,7 +149,9 @@ pub fn strategic_merge(target: &mut Value, patch: &Value) {
             continue;
         }
         if let Some(field) = key.strip_prefix("$deleteFromPrimitiveList/") {
-            if let (Some(Value::Array(list)), Some(remove)) = (target_map.get_mut(field), value.as_array()) {
+            if let (Some(Value::Array(list)), Some(remove)) =
+                (target_map.get_mut(field), value.as_array())
+            {
                 list.retain(|v| !remove.contains(v));
             }
             continue;
@@ -224,16 +235,22 @@ mod tests {
             "tolerations": [{"key": "j"}]
         }});
         strategic_merge(&mut pod, &patch);
-        assert_eq!(pod["spec"]["containers"], json!([
-            {"name": "a", "image": "a:2", "env": [{"name": "X", "value": "1"}, {"name": "Y", "value": "2"}]}
-        ]));
+        assert_eq!(
+            pod["spec"]["containers"],
+            json!([
+                {"name": "a", "image": "a:2", "env": [{"name": "X", "value": "1"}, {"name": "Y", "value": "2"}]}
+            ])
+        );
         assert_eq!(pod["spec"]["tolerations"], json!([{"key": "j"}]));
     }
 
     #[test]
     fn null_deletes_and_finalizers_merge_as_a_set() {
         let mut obj = json!({"metadata": {"finalizers": ["a"], "labels": {"x": "1", "y": "2"}}});
-        strategic_merge(&mut obj, &json!({"metadata": {"finalizers": ["b", "a"], "labels": {"x": null}}}));
+        strategic_merge(
+            &mut obj,
+            &json!({"metadata": {"finalizers": ["b", "a"], "labels": {"x": null}}}),
+        );
         assert_eq!(obj["metadata"]["finalizers"], json!(["a", "b"]));
         assert_eq!(obj["metadata"]["labels"], json!({"y": "2"}));
     }
@@ -242,6 +259,11 @@ mod tests {
     fn json_patch_test_failure_is_rejected() {
         let cur = json!({"a": 1});
         let p = json!([{"op": "test", "path": "/a", "value": 2}]);
-        assert_eq!(apply_patch(PatchKind::Json, &cur, &p, true).unwrap_err().code, 422);
+        assert_eq!(
+            apply_patch(PatchKind::Json, &cur, &p, true)
+                .unwrap_err()
+                .code,
+            422
+        );
     }
 }

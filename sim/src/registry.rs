@@ -129,25 +129,151 @@ fn builtins() -> Vec<Builtin> {
         status_on_create: soc,
     };
     vec![
-        b("", "v1", "namespaces", "Namespace", false, &["ns"], true, Set(json!({"phase": "Active"}))),
+        b(
+            "",
+            "v1",
+            "namespaces",
+            "Namespace",
+            false,
+            &["ns"],
+            true,
+            Set(json!({"phase": "Active"})),
+        ),
         // Kubelets register nodes with their status already filled in.
         b("", "v1", "nodes", "Node", false, &["no"], true, Keep),
-        b("", "v1", "pods", "Pod", true, &["po"], true, Set(json!({"phase": "Pending"}))),
+        b(
+            "",
+            "v1",
+            "pods",
+            "Pod",
+            true,
+            &["po"],
+            true,
+            Set(json!({"phase": "Pending"})),
+        ),
         b("", "v1", "services", "Service", true, &["svc"], true, Keep),
-        b("", "v1", "endpoints", "Endpoints", true, &["ep"], false, Keep),
-        b("", "v1", "configmaps", "ConfigMap", true, &["cm"], false, Keep),
+        b(
+            "",
+            "v1",
+            "endpoints",
+            "Endpoints",
+            true,
+            &["ep"],
+            false,
+            Keep,
+        ),
+        b(
+            "",
+            "v1",
+            "configmaps",
+            "ConfigMap",
+            true,
+            &["cm"],
+            false,
+            Keep,
+        ),
         b("", "v1", "secrets", "Secret", true, &[], false, Keep),
-        b("", "v1", "persistentvolumeclaims", "PersistentVolumeClaim", true, &["pvc"], true, Set(json!({"phase": "Pending"}))),
-        b("", "v1", "persistentvolumes", "PersistentVolume", false, &["pv"], true, Set(json!({"phase": "Pending"}))),
+        b(
+            "",
+            "v1",
+            "persistentvolumeclaims",
+            "PersistentVolumeClaim",
+            true,
+            &["pvc"],
+            true,
+            Set(json!({"phase": "Pending"})),
+        ),
+        b(
+            "",
+            "v1",
+            "persistentvolumes",
+            "PersistentVolume",
+            false,
+            &["pv"],
+            true,
+            Set(json!({"phase": "Pending"})),
+        ),
         b("", "v1", "events", "Event", true, &["ev"], false, Keep),
-        b("", "v1", "serviceaccounts", "ServiceAccount", true, &["sa"], false, Keep),
-        b("apps", "v1", "statefulsets", "StatefulSet", true, &["sts"], true, Clear),
-        b("apps", "v1", "deployments", "Deployment", true, &["deploy"], true, Clear),
-        b("coordination.k8s.io", "v1", "leases", "Lease", true, &[], false, Keep),
-        b("storage.k8s.io", "v1", "volumeattachments", "VolumeAttachment", false, &[], true, Clear),
-        b("storage.k8s.io", "v1", "storageclasses", "StorageClass", false, &["sc"], false, Keep),
-        b("events.k8s.io", "v1", "events", "Event", true, &["ev"], false, Keep),
-        b("apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition", false, &["crd", "crds"], true, Keep),
+        b(
+            "",
+            "v1",
+            "serviceaccounts",
+            "ServiceAccount",
+            true,
+            &["sa"],
+            false,
+            Keep,
+        ),
+        b(
+            "apps",
+            "v1",
+            "statefulsets",
+            "StatefulSet",
+            true,
+            &["sts"],
+            true,
+            Clear,
+        ),
+        b(
+            "apps",
+            "v1",
+            "deployments",
+            "Deployment",
+            true,
+            &["deploy"],
+            true,
+            Clear,
+        ),
+        b(
+            "coordination.k8s.io",
+            "v1",
+            "leases",
+            "Lease",
+            true,
+            &[],
+            false,
+            Keep,
+        ),
+        b(
+            "storage.k8s.io",
+            "v1",
+            "volumeattachments",
+            "VolumeAttachment",
+            false,
+            &[],
+            true,
+            Clear,
+        ),
+        b(
+            "storage.k8s.io",
+            "v1",
+            "storageclasses",
+            "StorageClass",
+            false,
+            &["sc"],
+            false,
+            Keep,
+        ),
+        b(
+            "events.k8s.io",
+            "v1",
+            "events",
+            "Event",
+            true,
+            &["ev"],
+            false,
+            Keep,
+        ),
+        b(
+            "apiextensions.k8s.io",
+            "v1",
+            "customresourcedefinitions",
+            "CustomResourceDefinition",
+            false,
+            &["crd", "crds"],
+            true,
+            Keep,
+        ),
     ]
 }
 
@@ -164,13 +290,66 @@ fn builtin_type(b: Builtin) -> ResourceType {
         has_status: b.has_status,
         status_on_create: b.status_on_create,
         strategic_merge: true,
-        printer_columns: vec![],
+        printer_columns: builtin_columns(b.plural),
         schema: None,
         storage_key: StorageKey {
             group: b.group.into(),
             plural: b.plural.into(),
         },
     }
+}
+
+/// A few of kubectl's familiar columns for built-in kinds, as simple JSONPaths (the apiserver
+/// computes richer ones in Go, e.g. pod READY counts).
+fn builtin_columns(plural: &str) -> Vec<PrinterColumn> {
+    let col = |name: &str, path: &str| PrinterColumn {
+        name: name.into(),
+        type_: "string".into(),
+        json_path: path.into(),
+        description: String::new(),
+        priority: 0,
+    };
+    let mut cols = match plural {
+        "pods" => vec![
+            col("Status", ".status.phase"),
+            col("Node", ".spec.nodeName"),
+        ],
+        "nodes" => vec![col(
+            "Status",
+            r#".status.conditions[?(@.type=="Ready")].status"#,
+        )],
+        "persistentvolumeclaims" => vec![
+            col("Status", ".status.phase"),
+            col("Volume", ".spec.volumeName"),
+            col("StorageClass", ".spec.storageClassName"),
+        ],
+        "persistentvolumes" => vec![
+            col("Status", ".status.phase"),
+            col("Claim", ".spec.claimRef.name"),
+            col("StorageClass", ".spec.storageClassName"),
+        ],
+        "statefulsets" => vec![
+            col("Replicas", ".spec.replicas"),
+            col("Ready", ".status.readyReplicas"),
+        ],
+        "leases" => vec![col("Holder", ".spec.holderIdentity")],
+        "volumeattachments" => vec![
+            col("Attacher", ".spec.attacher"),
+            col("PV", ".spec.source.persistentVolumeName"),
+            col("Node", ".spec.nodeName"),
+            col("Attached", ".status.attached"),
+        ],
+        "services" => vec![
+            col("Type", ".spec.type"),
+            col("Cluster-IP", ".spec.clusterIP"),
+        ],
+        _ => return vec![],
+    };
+    cols.push(PrinterColumn {
+        type_: "date".into(),
+        ..col("Age", ".metadata.creationTimestamp")
+    });
+    cols
 }
 
 type GvrKey = (String, String, String);
@@ -238,7 +417,10 @@ impl Registry {
     /// the CRD cannot be served (the caller turns it into a 422).
     pub fn install_crd(&self, crd: &Value) -> Result<(), String> {
         let types = crd_resource_types(crd)?;
-        let name = crd["metadata"]["name"].as_str().unwrap_or_default().to_string();
+        let name = crd["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
         let mut inner = self.write();
         if let Some(old) = inner.crd_keys.remove(&name) {
             for k in old {
@@ -369,8 +551,12 @@ pub fn crd_resource_types(crd: &Value) -> Result<Vec<ResourceType>, String> {
     let spec = &crd["spec"];
     let group = spec["group"].as_str().ok_or("spec.group: Required value")?;
     let names = &spec["names"];
-    let plural = names["plural"].as_str().ok_or("spec.names.plural: Required value")?;
-    let kind = names["kind"].as_str().ok_or("spec.names.kind: Required value")?;
+    let plural = names["plural"]
+        .as_str()
+        .ok_or("spec.names.plural: Required value")?;
+    let kind = names["kind"]
+        .as_str()
+        .ok_or("spec.names.kind: Required value")?;
     let expected_name = format!("{plural}.{group}");
     if crd["metadata"]["name"].as_str() != Some(expected_name.as_str()) {
         return Err(format!(
@@ -383,17 +569,25 @@ pub fn crd_resource_types(crd: &Value) -> Result<Vec<ResourceType>, String> {
         .unwrap_or_else(|| kind.to_lowercase());
     let strings = |v: &Value| -> Vec<String> {
         v.as_array()
-            .map(|a| a.iter().filter_map(|s| s.as_str().map(str::to_string)).collect())
+            .map(|a| {
+                a.iter()
+                    .filter_map(|s| s.as_str().map(str::to_string))
+                    .collect()
+            })
             .unwrap_or_default()
     };
     let namespaced = spec["scope"].as_str() != Some("Cluster");
-    let versions = spec["versions"].as_array().ok_or("spec.versions: Required value")?;
+    let versions = spec["versions"]
+        .as_array()
+        .ok_or("spec.versions: Required value")?;
     let mut out = vec![];
     for v in versions {
         if v["served"].as_bool() == Some(false) {
             continue;
         }
-        let version = v["name"].as_str().ok_or("spec.versions[].name: Required value")?;
+        let version = v["name"]
+            .as_str()
+            .ok_or("spec.versions[].name: Required value")?;
         let open_api = &v["schema"]["openAPIV3Schema"];
         let schema = CrdSchema::compile(open_api.clone())
             .map_err(|e| format!("spec.versions[{version}].schema.openAPIV3Schema: {e}"))?;

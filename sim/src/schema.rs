@@ -51,7 +51,9 @@ impl CrdSchema {
         }
         if let Err(errors) = kube_cel::validate_compiled(&self.compiled, obj, old) {
             for e in errors {
-                let value_kind = "object";
+                // The apiserver names the failing value's type: `Invalid value: "integer": ...`.
+                let at = crate::table::json_path(obj, &format!(".{}", e.field_path));
+                let value_kind = at.map(type_name).unwrap_or("object");
                 causes.push(FieldCause {
                     reason: "FieldValueInvalid",
                     field: e.field_path.clone(),
@@ -86,7 +88,8 @@ fn prune(schema: &Value, value: &mut Value, root: bool) {
         Value::Object(map) => {
             let props = schema["properties"].as_object();
             let additional = schema.get("additionalProperties").filter(|a| a.is_object());
-            let preserve = preserves_unknown(schema) || schema["additionalProperties"] == Value::Bool(true);
+            let preserve =
+                preserves_unknown(schema) || schema["additionalProperties"] == Value::Bool(true);
             let keys: Vec<String> = map.keys().cloned().collect();
             for key in keys {
                 if root && matches!(key.as_str(), "apiVersion" | "kind" | "metadata") {
@@ -159,7 +162,10 @@ fn check(schema: &Value, value: &Value, path: &str, root: bool, causes: &mut Vec
         if !(value.is_string() || value.is_i64() || value.is_u64()) {
             causes.push(FieldCause::invalid(
                 path,
-                format!("Invalid value: {}: {path} in body must be of type int-or-string", short(value)),
+                format!(
+                    "Invalid value: {}: {path} in body must be of type int-or-string",
+                    short(value)
+                ),
             ));
         }
         return;
@@ -247,12 +253,16 @@ fn check_bounds(schema: &Value, value: &Value, path: &str, causes: &mut Vec<Fiel
     if let Some(n) = value.as_f64() {
         if let Some(min) = schema["minimum"].as_f64() {
             if n < min {
-                fail(format!("Invalid value: {n}: {path} in body should be greater than or equal to {min}"));
+                fail(format!(
+                    "Invalid value: {n}: {path} in body should be greater than or equal to {min}"
+                ));
             }
         }
         if let Some(max) = schema["maximum"].as_f64() {
             if n > max {
-                fail(format!("Invalid value: {n}: {path} in body should be less than or equal to {max}"));
+                fail(format!(
+                    "Invalid value: {n}: {path} in body should be less than or equal to {max}"
+                ));
             }
         }
     }
@@ -260,7 +270,9 @@ fn check_bounds(schema: &Value, value: &Value, path: &str, causes: &mut Vec<Fiel
         let len = s.chars().count() as u64;
         if let Some(min) = schema["minLength"].as_u64() {
             if len < min {
-                fail(format!("Invalid value: {s:?}: {path} in body should be at least {min} chars long"));
+                fail(format!(
+                    "Invalid value: {s:?}: {path} in body should be at least {min} chars long"
+                ));
             }
         }
         if let Some(max) = schema["maxLength"].as_u64() {
@@ -273,7 +285,9 @@ fn check_bounds(schema: &Value, value: &Value, path: &str, causes: &mut Vec<Fiel
         let len = items.len() as u64;
         if let Some(min) = schema["minItems"].as_u64() {
             if len < min {
-                fail(format!("Invalid value: {len}: {path} in body should have at least {min} items"));
+                fail(format!(
+                    "Invalid value: {len}: {path} in body should have at least {min} items"
+                ));
             }
         }
         if let Some(max) = schema["maxItems"].as_u64() {
@@ -287,11 +301,14 @@ fn check_bounds(schema: &Value, value: &Value, path: &str, causes: &mut Vec<Fiel
 const DNS1123_SUBDOMAIN_MSG: &str = "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')";
 const DNS1123_LABEL_MSG: &str = "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')";
 
-fn is_label(s: &str) -> bool {
+/// One dot-separated part of a DNS-1123 name. Only labels proper (`max_len` 63) are length
+/// limited; the parts of a subdomain are not (the 253 limit applies to the whole name).
+fn is_label_part(s: &str, max_len: usize) -> bool {
     let b = s.as_bytes();
     !b.is_empty()
-        && b.len() <= 63
-        && b.iter().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+        && b.len() <= max_len
+        && b.iter()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
         && b[0] != b'-'
         && b[b.len() - 1] != b'-'
 }
@@ -300,9 +317,9 @@ fn is_label(s: &str) -> bool {
 pub fn validate_name(plural: &str, name: &str) -> Option<FieldCause> {
     let label_only = matches!(plural, "namespaces" | "services");
     let ok = if label_only {
-        is_label(name)
+        is_label_part(name, 63)
     } else {
-        name.len() <= 253 && name.split('.').all(is_label)
+        name.len() <= 253 && name.split('.').all(|p| is_label_part(p, 253))
     };
     if ok {
         return None;
@@ -345,9 +362,13 @@ mod tests {
     #[test]
     fn prunes_unknown_fields_and_applies_defaults() {
         let s = schema();
-        let mut obj = json!({"metadata": {"name": "x"}, "spec": {"size": 1, "junk": 1, "free": {"k": 1}}});
+        let mut obj =
+            json!({"metadata": {"name": "x"}, "spec": {"size": 1, "junk": 1, "free": {"k": 1}}});
         assert!(s.admit(&mut obj, None).is_empty());
-        assert_eq!(obj["spec"], json!({"size": 1, "mode": "a", "free": {"k": 1}}));
+        assert_eq!(
+            obj["spec"],
+            json!({"size": 1, "mode": "a", "free": {"k": 1}})
+        );
     }
 
     #[test]
@@ -355,7 +376,9 @@ mod tests {
         let s = schema();
         let mut obj = json!({"spec": {"mode": "c"}});
         let causes = s.admit(&mut obj, None);
-        assert!(causes.iter().any(|c| c.field == "spec.size" && c.reason == "FieldValueRequired"));
+        assert!(causes
+            .iter()
+            .any(|c| c.field == "spec.size" && c.reason == "FieldValueRequired"));
         assert!(causes.iter().any(|c| c.reason == "FieldValueNotSupported"));
         let mut obj = json!({"spec": {"size": "big"}});
         assert!(!s.admit(&mut obj, None).is_empty());
@@ -367,7 +390,12 @@ mod tests {
         let old = json!({"spec": {"size": 5, "mode": "a"}});
         let mut shrink = json!({"spec": {"size": 4}});
         let causes = s.admit(&mut shrink, Some(&old));
-        assert!(causes.iter().any(|c| c.message.contains("size may not shrink")), "{causes:?}");
+        assert!(
+            causes
+                .iter()
+                .any(|c| c.message.contains("size may not shrink")),
+            "{causes:?}"
+        );
         let mut grow = json!({"spec": {"size": 6}});
         assert!(s.admit(&mut grow, Some(&old)).is_empty());
     }
@@ -378,5 +406,9 @@ mod tests {
         assert!(validate_name("pods", "Web").is_some());
         assert!(validate_name("services", "a.b").is_some());
         assert!(validate_name("pods", "-a").is_some());
+        // VolumeAttachment names are "csi-" + 64 hex characters: longer than a label.
+        let va = format!("csi-{}", "a".repeat(64));
+        assert!(validate_name("volumeattachments", &va).is_none());
+        assert!(validate_name("services", &va).is_some());
     }
 }

@@ -33,7 +33,11 @@ fn top_level_parts(s: &str) -> Vec<&str> {
         }
     }
     parts.push(&s[start..]);
-    parts.into_iter().map(str::trim).filter(|p| !p.is_empty()).collect()
+    parts
+        .into_iter()
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .collect()
 }
 
 fn set_values(s: &str) -> Result<Vec<String>, ApiError> {
@@ -41,7 +45,11 @@ fn set_values(s: &str) -> Result<Vec<String>, ApiError> {
         .trim()
         .strip_prefix('(')
         .and_then(|r| r.strip_suffix(')'))
-        .ok_or_else(|| ApiError::bad_request(format!("unable to parse requirement: expected a (value, ...) set, got {s:?}")))?;
+        .ok_or_else(|| {
+            ApiError::bad_request(format!(
+                "unable to parse requirement: expected a (value, ...) set, got {s:?}"
+            ))
+        })?;
     Ok(inner
         .split(',')
         .map(|v| v.trim().to_string())
@@ -159,17 +167,36 @@ mod tests {
     use super::*;
 
     fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
     }
 
     #[test]
     fn label_selector_operators() {
         let l = labels(&[("app", "db"), ("tier", "gold")]);
-        let yes = ["app=db", "app==db", "app!=web", "tier in (gold, silver)", "tier notin (x)", "app", "!missing", "app=db,tier"];
+        let yes = [
+            "app=db",
+            "app==db",
+            "app!=web",
+            "tier in (gold, silver)",
+            "tier notin (x)",
+            "app",
+            "!missing",
+            "app=db,tier",
+        ];
         for s in yes {
             assert!(LabelSelector::parse(s).unwrap().matches(&l), "{s}");
         }
-        let no = ["app=web", "app!=db", "tier in (x,y)", "tier notin (gold)", "missing", "!app"];
+        let no = [
+            "app=web",
+            "app!=db",
+            "tier in (x,y)",
+            "tier notin (gold)",
+            "missing",
+            "!app",
+        ];
         for s in no {
             assert!(!LabelSelector::parse(s).unwrap().matches(&l), "{s}");
         }
@@ -178,7 +205,15 @@ mod tests {
     #[test]
     fn field_selector_rejects_unknown_fields() {
         assert!(FieldSelector::parse("spec.nodeName=n1", "pods").is_ok());
-        assert_eq!(FieldSelector::parse("spec.nodeName=n1", "services").unwrap_err().code, 400);
-        assert_eq!(FieldSelector::parse("garbage", "pods").unwrap_err().code, 400);
+        assert_eq!(
+            FieldSelector::parse("spec.nodeName=n1", "services")
+                .unwrap_err()
+                .code,
+            400
+        );
+        assert_eq!(
+            FieldSelector::parse("garbage", "pods").unwrap_err().code,
+            400
+        );
     }
 }

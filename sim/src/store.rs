@@ -192,7 +192,9 @@ impl StoreInner {
 
     fn bucket(&mut self, key: &StorageKey) -> &mut Bucket {
         let rv = self.rv;
-        self.buckets.entry(key.clone()).or_insert_with(|| Bucket::new(rv))
+        self.buckets
+            .entry(key.clone())
+            .or_insert_with(|| Bucket::new(rv))
     }
 
     pub fn get(&self, key: &StorageKey, namespace: &str, name: &str) -> Option<Arc<Stored>> {
@@ -277,7 +279,12 @@ impl StoreInner {
     }
 
     /// Stores `obj` (its metadata.resourceVersion is set here) and emits the event.
-    pub fn put(&mut self, key: &StorageKey, mut obj: Value, field_owners: Option<Arc<Owners>>) -> Arc<Stored> {
+    pub fn put(
+        &mut self,
+        key: &StorageKey,
+        mut obj: Value,
+        field_owners: Option<Arc<Owners>>,
+    ) -> Arc<Stored> {
         self.rv += 1;
         let rv = self.rv;
         obj["metadata"]["resourceVersion"] = Value::String(rv.to_string());
@@ -292,11 +299,17 @@ impl StoreInner {
         if let Some(p) = &prev {
             self.unindex_owners(p, &obj_ref);
         } else if !stored.namespace.is_empty() {
-            *self.namespace_counts.entry(stored.namespace.clone()).or_default() += 1;
+            *self
+                .namespace_counts
+                .entry(stored.namespace.clone())
+                .or_default() += 1;
         }
         self.uids.insert(stored.uid.clone(), obj_ref.clone());
         for owner in &stored.owner_uids {
-            self.dependents.entry(owner.clone()).or_default().insert(obj_ref.clone());
+            self.dependents
+                .entry(owner.clone())
+                .or_default()
+                .insert(obj_ref.clone());
         }
         let type_ = if prev.is_some() {
             EventType::Modified
@@ -340,7 +353,13 @@ impl StoreInner {
         }
     }
 
-    fn emit(&mut self, key: &StorageKey, type_: EventType, obj: Arc<Stored>, prev: Option<Arc<Stored>>) {
+    fn emit(
+        &mut self,
+        key: &StorageKey,
+        type_: EventType,
+        obj: Arc<Stored>,
+        prev: Option<Arc<Stored>>,
+    ) {
         let window = self.window;
         let bucket = self.bucket(key);
         let event = Arc::new(Event { type_, obj, prev });
@@ -397,7 +416,10 @@ mod tests {
         assert_eq!(sub.backlog.len(), 1);
         assert_eq!(sub.backlog[0].obj.name, "b");
         s.put(&key(), cm("c"), None);
-        assert!(s.subscribe(&key(), a.rv - 1).is_err(), "older than the window");
+        assert!(
+            s.subscribe(&key(), a.rv - 1).is_err(),
+            "older than the window"
+        );
     }
 
     #[test]
@@ -408,7 +430,11 @@ mod tests {
         child["metadata"]["ownerReferences"] = json!([{"uid": "owner"}]);
         s.put(&key(), child, None);
         assert_eq!(s.dependents_of("owner").len(), 1);
-        s.remove(&ObjRef { key: key(), namespace: "default".into(), name: "child".into() });
+        s.remove(&ObjRef {
+            key: key(),
+            namespace: "default".into(),
+            name: "child".into(),
+        });
         assert!(s.dependents_of("owner").is_empty());
     }
 }

@@ -25,7 +25,8 @@ pub fn json_path<'a>(v: &'a Value, path: &str) -> Option<&'a Value> {
         } else if let Some(r) = rest.strip_prefix('[') {
             let end = r.find(']')?;
             let inner = &r[..end];
-            cur = if let Some(filter) = inner.strip_prefix("?(@.").and_then(|f| f.strip_suffix(')')) {
+            cur = if let Some(filter) = inner.strip_prefix("?(@.").and_then(|f| f.strip_suffix(')'))
+            {
                 let (field, want) = filter.split_once("==")?;
                 let want = want.trim().trim_matches(|c| c == '"' || c == '\'');
                 cur.as_array()?
@@ -85,7 +86,13 @@ fn cell(col: &PrinterColumn, obj: &Value, now: SystemTime) -> Value {
     }
 }
 
-pub fn table(rt: &ResourceType, objects: &[Value], resource_version: u64, include_object: &str, now: SystemTime) -> Value {
+pub fn table(
+    rt: &ResourceType,
+    objects: &[Value],
+    resource_version: u64,
+    include_object: &str,
+    now: SystemTime,
+) -> Value {
     let cols = columns(rt);
     let mut defs = vec![json!({
         "name": "Name", "type": "string", "format": "name", "priority": 0,
@@ -127,8 +134,14 @@ mod tests {
     #[test]
     fn json_path_handles_fields_indexes_and_filters() {
         let v = json!({"status": {"conditions": [{"type": "A", "status": "x"}, {"type": "Ready", "status": "True"}]}});
-        assert_eq!(json_path(&v, ".status.conditions[1].type"), Some(&json!("Ready")));
-        assert_eq!(json_path(&v, r#".status.conditions[?(@.type=="Ready")].status"#), Some(&json!("True")));
+        assert_eq!(
+            json_path(&v, ".status.conditions[1].type"),
+            Some(&json!("Ready"))
+        );
+        assert_eq!(
+            json_path(&v, r#".status.conditions[?(@.type=="Ready")].status"#),
+            Some(&json!("True"))
+        );
         assert_eq!(json_path(&v, ".status.missing"), None);
     }
 

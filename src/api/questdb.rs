@@ -206,7 +206,10 @@ pub const RESERVED_SERVER_KEYS: &[&str] = &[
 
 /// The environment variables QuestDB maps onto [`RESERVED_SERVER_KEYS`].
 pub fn reserved_env_vars() -> Vec<String> {
-    RESERVED_SERVER_KEYS.iter().map(|k| env_name_for(k)).collect()
+    RESERVED_SERVER_KEYS
+        .iter()
+        .map(|k| env_name_for(k))
+        .collect()
 }
 
 /// QuestDB's env override name for a server.conf key: `QDB_` + upper-cased key, `.` → `_`.
@@ -240,7 +243,11 @@ pub struct QuestDBStatus {
     pub node_ready: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none", rename = "nodeIP")]
     pub node_ip: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none", rename = "instanceID")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        rename = "instanceID"
+    )]
     pub instance_id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_image: Option<String>,
@@ -311,9 +318,17 @@ pub struct FailoverStatus {
     pub started_at: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub old_node: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none", rename = "oldInstanceID")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        rename = "oldInstanceID"
+    )]
     pub old_instance_id: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none", rename = "newInstanceID")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        rename = "newInstanceID"
+    )]
     pub new_instance_id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
@@ -330,10 +345,216 @@ pub struct UpgradeStatus {
     pub to_image: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub started_at: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none", rename = "oldInstanceID")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        rename = "oldInstanceID"
+    )]
     pub old_instance_id: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none", rename = "newInstanceID")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        rename = "newInstanceID"
+    )]
     pub new_instance_id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    //! The schema's CEL rules, evaluated client-side by kube's `cel` feature exactly as the
+    //! generated CRD carries them.
+
+    use super::*;
+    use crate::build::testing::questdb;
+    use k8s_openapi::api::core::v1::EnvVar;
+
+    fn node(zone: &str) -> NodeSpec {
+        NodeSpec {
+            image: "ami-0abcdef1234567890".to_string(),
+            instance_type: "m6i.large".to_string(),
+            zone: zone.to_string(),
+        }
+    }
+
+    fn env(name: &str) -> EnvVar {
+        EnvVar {
+            name: name.to_string(),
+            value: Some("1".to_string()),
+            ..EnvVar::default()
+        }
+    }
+
+    /// The messages of every failed rule, or an empty list when `new` is accepted.
+    fn update_errors(new: &QuestDB, old: &QuestDB) -> Vec<String> {
+        match new.validate_cel_update(old) {
+            Ok(()) => Vec::new(),
+            Err(errors) => errors.iter().map(|e| e.message.clone()).collect(),
+        }
+    }
+
+    fn create_errors(qdb: &QuestDB) -> Vec<String> {
+        match qdb.validate_cel() {
+            Ok(()) => Vec::new(),
+            Err(errors) => errors.iter().map(|e| e.message.clone()).collect(),
+        }
+    }
+
+    fn good() -> QuestDB {
+        let mut qdb = questdb("db1", "tenant-a");
+        qdb.spec
+            .config
+            .server
+            .insert("cairo.commit.lag".into(), "1000".into());
+        qdb.spec.env = vec![env("QDB_SHARED_WORKER_COUNT")];
+        qdb.spec.node = Some(node("us-east-1a"));
+        qdb
+    }
+
+    #[test]
+    fn a_good_spec_is_accepted_on_create_and_update() {
+        let qdb = good();
+        assert_eq!(create_errors(&qdb), Vec::<String>::new());
+        let mut edited = qdb.clone();
+        edited.spec.image = "questdb/questdb:9.0.1".into();
+        edited
+            .spec
+            .config
+            .server
+            .insert("shared.worker.count".into(), "4".into());
+        assert_eq!(update_errors(&edited, &qdb), Vec::<String>::new());
+    }
+
+    #[test]
+    fn volume_may_grow_but_never_shrink() {
+        let old = good();
+        let mut grown = old.clone();
+        grown.spec.volume.size = "100Gi".into();
+        assert_eq!(update_errors(&grown, &old), Vec::<String>::new());
+
+        let mut same_in_other_units = old.clone();
+        same_in_other_units.spec.volume.size = "51200Mi".into();
+        assert_eq!(
+            update_errors(&same_in_other_units, &old),
+            Vec::<String>::new()
+        );
+
+        let mut shrunk = old.clone();
+        shrunk.spec.volume.size = "20Gi".into();
+        assert_eq!(
+            update_errors(&shrunk, &old),
+            vec!["volume.size may grow but never shrink"]
+        );
+    }
+
+    #[test]
+    fn volume_size_must_be_a_quantity() {
+        let mut qdb = good();
+        qdb.spec.volume.size = "50GB".into();
+        assert_eq!(
+            create_errors(&qdb),
+            vec!["volume.size must be a quantity such as 50Gi"]
+        );
+    }
+
+    #[test]
+    fn zone_is_immutable() {
+        let old = good();
+        let mut moved = old.clone();
+        moved.spec.node = Some(node("us-east-1b"));
+        assert_eq!(
+            update_errors(&moved, &old),
+            vec!["node.zone is immutable: the volume lives in that zone"]
+        );
+
+        let mut new_image = old.clone();
+        if let Some(n) = new_image.spec.node.as_mut() {
+            n.image = "ami-0fedcba9876543210".into();
+        }
+        assert_eq!(update_errors(&new_image, &old), Vec::<String>::new());
+    }
+
+    #[test]
+    fn storage_class_is_immutable() {
+        let old = good();
+        let mut changed = old.clone();
+        changed.spec.volume.storage_class_name = Some("io2".into());
+        assert_eq!(
+            update_errors(&changed, &old),
+            vec!["volume.storageClassName is immutable"]
+        );
+
+        let mut removed = old.clone();
+        removed.spec.volume.storage_class_name = None;
+        assert_eq!(
+            update_errors(&removed, &old),
+            vec!["volume.storageClassName is immutable"]
+        );
+    }
+
+    #[test]
+    fn every_reserved_server_key_is_rejected_with_a_message_naming_it() {
+        for key in RESERVED_SERVER_KEYS {
+            let mut qdb = good();
+            qdb.spec.config.server.insert(key.to_string(), "x".into());
+            assert_eq!(
+                create_errors(&qdb),
+                vec![format!("server.conf key {key} is managed by the operator")],
+                "{key}"
+            );
+        }
+    }
+
+    #[test]
+    fn every_reserved_env_var_is_rejected_with_a_message_naming_it() {
+        for name in reserved_env_vars() {
+            let mut qdb = good();
+            qdb.spec.env.push(env(&name));
+            assert_eq!(
+                create_errors(&qdb),
+                vec![format!("env var {name} is managed by the operator")],
+                "{name}"
+            );
+        }
+    }
+
+    #[test]
+    fn failover_delay_below_ten_seconds_is_rejected() {
+        let mut qdb = good();
+        qdb.spec.failover.unhealthy_after_seconds = 5;
+        assert_eq!(
+            create_errors(&qdb),
+            vec!["failover.unhealthyAfterSeconds must be at least 10"]
+        );
+    }
+
+    /// The single-quoted items of the first `[...]` list in a CEL expression.
+    fn quoted_list(rule: &str) -> Vec<String> {
+        let start = rule.find('[').map_or(0, |i| i + 1);
+        let end = rule[start..].find(']').map_or(rule.len(), |i| start + i);
+        rule[start..end]
+            .split(',')
+            .map(|item| item.trim().trim_matches('\'').to_string())
+            .collect()
+    }
+
+    #[test]
+    fn cel_rule_literals_list_exactly_the_reserved_names() {
+        let keys: Vec<String> = RESERVED_SERVER_KEYS.iter().map(|k| k.to_string()).collect();
+        assert_eq!(quoted_list(RESERVED_SERVER_KEYS_RULE), keys);
+        assert_eq!(quoted_list(RESERVED_SERVER_KEYS_MESSAGE), keys);
+        assert_eq!(quoted_list(RESERVED_ENV_RULE), reserved_env_vars());
+        assert_eq!(quoted_list(RESERVED_ENV_MESSAGE), reserved_env_vars());
+    }
+
+    #[test]
+    fn env_names_follow_questdbs_override_convention() {
+        assert_eq!(env_name_for("http.net.bind.to"), "QDB_HTTP_NET_BIND_TO");
+        assert_eq!(
+            env_name_for("line.tcp.auth.db.path"),
+            "QDB_LINE_TCP_AUTH_DB_PATH"
+        );
+        assert_eq!(reserved_env_vars().len(), RESERVED_SERVER_KEYS.len());
+    }
 }

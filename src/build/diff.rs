@@ -184,8 +184,8 @@ mod tests {
     use crate::api::QuestDB;
     use crate::build::testing::questdb;
     use crate::build::{
-        client_service, config_hash, config_map, headless_service, pvc_with_ownership,
-        statefulset, PvcOwnership,
+        client_service, config_hash, config_map, headless_service, pvc_with_ownership, statefulset,
+        PvcOwnership,
     };
     use k8s_openapi::api::core::v1::ResourceRequirements;
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -212,9 +212,15 @@ mod tests {
     #[test]
     fn subset_requires_equal_array_lengths_and_elementwise_subsets() {
         let existing = json!([{"name": "a", "x": 1}, {"name": "b", "x": 2}]);
-        assert!(json_subset(&json!([{"name": "a"}, {"name": "b"}]), &existing));
+        assert!(json_subset(
+            &json!([{"name": "a"}, {"name": "b"}]),
+            &existing
+        ));
         assert!(!json_subset(&json!([{"name": "a"}]), &existing));
-        assert!(!json_subset(&json!([{"name": "b"}, {"name": "a"}]), &existing));
+        assert!(!json_subset(
+            &json!([{"name": "b"}, {"name": "a"}]),
+            &existing
+        ));
         assert!(!json_subset(
             &json!([{"name": "a"}, {"name": "b"}, {"name": "c"}]),
             &existing
@@ -376,11 +382,19 @@ mod tests {
         let mut existing = stored(&desired, server_metadata());
         assert!(!needs_update(&desired, &existing));
 
-        existing.metadata.labels.as_mut().map(|l| l.remove("app.kubernetes.io/instance"));
+        existing
+            .metadata
+            .labels
+            .as_mut()
+            .map(|l| l.remove("app.kubernetes.io/instance"));
         assert!(needs_update(&desired, &existing));
 
         let mut existing = stored(&desired, server_metadata());
-        existing.metadata.annotations.as_mut().map(|a| a.insert("owner".into(), "bob".into()));
+        existing
+            .metadata
+            .annotations
+            .as_mut()
+            .map(|a| a.insert("owner".into(), "bob".into()));
         assert!(needs_update(&desired, &existing));
     }
 
@@ -429,7 +443,10 @@ mod tests {
         assert!(needs_update(&desired, &renumbered));
 
         let headless = headless_service(&qdb);
-        assert!(!needs_update(&headless, &stored(&headless, server_metadata())));
+        assert!(!needs_update(
+            &headless,
+            &stored(&headless, server_metadata())
+        ));
     }
 
     #[test]
@@ -444,29 +461,49 @@ mod tests {
         assert!(!needs_update(&desired, &existing));
 
         qdb.spec.volume.size = "100Gi".into();
-        assert!(needs_update(&pvc_with_ownership(&qdb, PvcOwnership::Owned), &existing));
+        assert!(needs_update(
+            &pvc_with_ownership(&qdb, PvcOwnership::Owned),
+            &existing
+        ));
 
         qdb.spec.volume.size = "20Gi".into();
-        assert!(!needs_update(&pvc_with_ownership(&qdb, PvcOwnership::Owned), &existing));
+        assert!(!needs_update(
+            &pvc_with_ownership(&qdb, PvcOwnership::Owned),
+            &existing
+        ));
 
         qdb.spec.volume.size = "51200Mi".into();
-        assert!(!needs_update(&pvc_with_ownership(&qdb, PvcOwnership::Owned), &existing));
+        assert!(!needs_update(
+            &pvc_with_ownership(&qdb, PvcOwnership::Owned),
+            &existing
+        ));
     }
 
     #[test]
     fn detaching_a_retained_pvc_needs_a_write_and_then_is_stable() {
         let qdb = questdb("db1", "tenant-a");
-        let owned = stored(&pvc_with_ownership(&qdb, PvcOwnership::Owned), server_metadata());
+        let owned = stored(
+            &pvc_with_ownership(&qdb, PvcOwnership::Owned),
+            server_metadata(),
+        );
         let detached = pvc_with_ownership(&qdb, PvcOwnership::Detached);
         assert!(needs_update(&detached, &owned));
-        assert!(!needs_update(&detached, &stored(&detached, server_metadata())));
+        assert!(!needs_update(
+            &detached,
+            &stored(&detached, server_metadata())
+        ));
     }
 
     #[test]
     fn a_child_controlled_by_someone_else_differs() {
         let desired = client_service(&questdb("db1", "tenant-a"));
         let mut foreign = stored(&desired, server_metadata());
-        if let Some(r) = foreign.metadata.owner_references.as_mut().and_then(|r| r.first_mut()) {
+        if let Some(r) = foreign
+            .metadata
+            .owner_references
+            .as_mut()
+            .and_then(|r| r.first_mut())
+        {
             r.uid = "someone-else".into();
         }
         assert!(needs_update(&desired, &foreign));

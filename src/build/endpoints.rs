@@ -60,7 +60,10 @@ mod tests {
 
     #[test]
     fn version_is_the_tag() {
-        assert_eq!(version_of("questdb/questdb:9.0.0").as_deref(), Some("9.0.0"));
+        assert_eq!(
+            version_of("questdb/questdb:9.0.0").as_deref(),
+            Some("9.0.0")
+        );
         assert_eq!(
             version_of("localhost:5000/questdb/questdb:8.2.1").as_deref(),
             Some("8.2.1")

@@ -139,7 +139,10 @@ fn is_registry(registry: &str) -> bool {
 }
 
 fn is_ipv6(addr: &str) -> bool {
-    addr.contains(':') && addr.chars().all(|c| c.is_ascii_hexdigit() || c == ':' || c == '.')
+    addr.contains(':')
+        && addr
+            .chars()
+            .all(|c| c.is_ascii_hexdigit() || c == ':' || c == '.')
 }
 
 fn is_port(port: &str) -> bool {
@@ -152,7 +155,9 @@ fn is_domain_component(c: &str) -> bool {
         (Some(first), Some(last)) => {
             first.is_ascii_alphanumeric()
                 && last.is_ascii_alphanumeric()
-                && bytes.iter().all(|b| b.is_ascii_alphanumeric() || *b == b'-')
+                && bytes
+                    .iter()
+                    .all(|b| b.is_ascii_alphanumeric() || *b == b'-')
         }
         _ => false,
     }
@@ -188,7 +193,11 @@ fn parse_digest(digest: &str) -> Result<String, ImageRefError> {
         _ => return Err(ImageRefError::InvalidDigest(digest.to_string())),
     };
     let (hex, len) = hex_len;
-    if hex.len() == len && hex.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
+    if hex.len() == len
+        && hex
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    {
         Ok(digest.to_string())
     } else {
         Err(ImageRefError::InvalidDigest(digest.to_string()))
@@ -244,28 +253,60 @@ mod tests {
     #[test]
     fn single_name_and_ipv6_registries() {
         assert_eq!(ok("questdb").repository, "questdb");
-        assert_eq!(ok("[::1]:5000/questdb:1").registry.as_deref(), Some("[::1]:5000"));
-        assert_eq!(ok("my_org/quest__db-x.y:latest").repository, "my_org/quest__db-x.y");
+        assert_eq!(
+            ok("[::1]:5000/questdb:1").registry.as_deref(),
+            Some("[::1]:5000")
+        );
+        assert_eq!(
+            ok("my_org/quest__db-x.y:latest").repository,
+            "my_org/quest__db-x.y"
+        );
     }
+
+    /// An input and a check of the error it must produce.
+    type Case = (&'static str, fn(&ImageRefError) -> bool);
 
     #[test]
     fn rejects_invalid_references() {
-        let cases: &[(&str, fn(&ImageRefError) -> bool)] = &[
+        let cases: &[Case] = &[
             ("", |e| matches!(e, ImageRefError::Empty)),
-            ("QuestDB", |e| matches!(e, ImageRefError::InvalidRepository(_))),
-            ("questdb/QuestDB:1", |e| matches!(e, ImageRefError::InvalidRepository(_))),
-            ("questdb//questdb", |e| matches!(e, ImageRefError::InvalidRepository(_))),
-            ("questdb/questdb-", |e| matches!(e, ImageRefError::InvalidRepository(_))),
-            ("questdb/a...b", |e| matches!(e, ImageRefError::InvalidRepository(_))),
-            ("questdb/questdb:", |e| matches!(e, ImageRefError::InvalidTag(_))),
-            ("questdb/questdb:.hidden", |e| matches!(e, ImageRefError::InvalidTag(_))),
-            ("questdb/questdb:9.0 .0", |e| matches!(e, ImageRefError::InvalidTag(_))),
-            ("questdb/questdb@sha256:abc", |e| matches!(e, ImageRefError::InvalidDigest(_))),
-            ("questdb/questdb@md5:0123456789abcdef0123456789abcdef", |e| {
+            ("QuestDB", |e| {
+                matches!(e, ImageRefError::InvalidRepository(_))
+            }),
+            ("questdb/QuestDB:1", |e| {
+                matches!(e, ImageRefError::InvalidRepository(_))
+            }),
+            ("questdb//questdb", |e| {
+                matches!(e, ImageRefError::InvalidRepository(_))
+            }),
+            ("questdb/questdb-", |e| {
+                matches!(e, ImageRefError::InvalidRepository(_))
+            }),
+            ("questdb/a...b", |e| {
+                matches!(e, ImageRefError::InvalidRepository(_))
+            }),
+            ("questdb/questdb:", |e| {
+                matches!(e, ImageRefError::InvalidTag(_))
+            }),
+            ("questdb/questdb:.hidden", |e| {
+                matches!(e, ImageRefError::InvalidTag(_))
+            }),
+            ("questdb/questdb:9.0 .0", |e| {
+                matches!(e, ImageRefError::InvalidTag(_))
+            }),
+            ("questdb/questdb@sha256:abc", |e| {
                 matches!(e, ImageRefError::InvalidDigest(_))
             }),
-            ("bad_host.example.com/questdb:1", |e| matches!(e, ImageRefError::InvalidRegistry(_))),
-            ("example.com:port/questdb", |e| matches!(e, ImageRefError::InvalidRegistry(_))),
+            (
+                "questdb/questdb@md5:0123456789abcdef0123456789abcdef",
+                |e| matches!(e, ImageRefError::InvalidDigest(_)),
+            ),
+            ("bad_host.example.com/questdb:1", |e| {
+                matches!(e, ImageRefError::InvalidRegistry(_))
+            }),
+            ("example.com:port/questdb", |e| {
+                matches!(e, ImageRefError::InvalidRegistry(_))
+            }),
         ];
         for (input, expected) in cases {
             match ImageRef::parse(input) {

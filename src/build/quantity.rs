@@ -68,7 +68,10 @@ mod tests {
 
     #[test]
     fn binary_and_decimal_suffixes() {
-        assert_eq!(parse_quantity("50Gi"), Some(50.0 * 1024.0 * 1024.0 * 1024.0));
+        assert_eq!(
+            parse_quantity("50Gi"),
+            Some(50.0 * 1024.0 * 1024.0 * 1024.0)
+        );
         assert_eq!(parse_quantity("1Ki"), Some(1024.0));
         assert_eq!(parse_quantity("2Ei"), Some(2.0 * 1024f64.powi(6)));
         assert_eq!(parse_quantity("1G"), Some(1e9));
@@ -95,7 +98,9 @@ mod tests {
 
     #[test]
     fn rejects_what_is_not_a_quantity() {
-        for bad in ["", "Gi", "50GB", "50 Gi", "fifty", "1..5", "1.2.3", "1e", "1e+", "1Gi ", "-"] {
+        for bad in [
+            "", "Gi", "50GB", "50 Gi", "fifty", "1..5", "1.2.3", "1e", "1e+", "1Gi ", "-",
+        ] {
             assert_eq!(parse_quantity(bad), None, "{bad:?} should not parse");
         }
     }

@@ -78,7 +78,11 @@ mod tests {
     }
 
     fn named(name: &str, port: i32) -> (String, i32, Option<IntOrString>) {
-        (name.to_string(), port, Some(IntOrString::String(name.to_string())))
+        (
+            name.to_string(),
+            port,
+            Some(IntOrString::String(name.to_string())),
+        )
     }
 
     #[test]
@@ -116,7 +120,11 @@ mod tests {
         assert_eq!(spec.selector, Some(selector_labels(&qdb)));
         assert_eq!(
             ports(&svc),
-            vec![named("http", 9000), named("pgwire", 8812), named("ilp", 9009)]
+            vec![
+                named("http", 9000),
+                named("pgwire", 8812),
+                named("ilp", 9009)
+            ]
         );
     }
 

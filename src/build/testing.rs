@@ -3,9 +3,7 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use sha2::{Digest, Sha256};
 
-use crate::api::{
-    ConfigSpec, FailoverSpec, IlpAuthSpec, QuestDB, QuestDBSpec, VolumeSpec,
-};
+use crate::api::{ConfigSpec, FailoverSpec, IlpAuthSpec, QuestDB, QuestDBSpec, VolumeSpec};
 
 /// The image the fixtures run; a real, pinned QuestDB release.
 pub const IMAGE: &str = "questdb/questdb:9.0.0";

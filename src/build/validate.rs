@@ -22,7 +22,10 @@ pub enum SpecProblem {
     /// The name cannot be used for the Services and StatefulSet the operator derives from it.
     InvalidName { name: String, reason: &'static str },
     /// `spec.image` is not an image reference.
-    InvalidImage { image: String, reason: ImageRefError },
+    InvalidImage {
+        image: String,
+        reason: ImageRefError,
+    },
     /// `spec.imagePullPolicy` is not one Kubernetes knows.
     InvalidImagePullPolicy(String),
     /// `spec.volume.size` is not a positive quantity.
@@ -171,7 +174,10 @@ mod tests {
     #[test]
     fn a_realistic_spec_is_valid() {
         let mut qdb = questdb("db1", "tenant-a");
-        qdb.spec.config.server.insert("cairo.commit.lag".into(), "1000".into());
+        qdb.spec
+            .config
+            .server
+            .insert("cairo.commit.lag".into(), "1000".into());
         qdb.spec.env = vec![env("QDB_SHARED_WORKER_COUNT"), env("JAVA_OPTS")];
         qdb.spec.image_pull_policy = Some("IfNotPresent".into());
         assert_eq!(validate(&qdb), Ok(()));
@@ -182,7 +188,10 @@ mod tests {
         let mut qdb = questdb("db1", "tenant-a");
         qdb.spec.image = "questdb/QuestDB:9.0.0".into();
         let found = problems(&qdb);
-        assert!(matches!(found.as_slice(), [SpecProblem::InvalidImage { .. }]), "{found:?}");
+        assert!(
+            matches!(found.as_slice(), [SpecProblem::InvalidImage { .. }]),
+            "{found:?}"
+        );
         let message = found[0].to_string();
         assert!(message.contains("questdb/QuestDB:9.0.0"), "{message}");
         assert!(message.contains("not a valid repository"), "{message}");
@@ -228,7 +237,10 @@ mod tests {
         for bad in ["1ABC", "A B", "A=B", ""] {
             let mut qdb = questdb("db1", "tenant-a");
             qdb.spec.env = vec![env(bad)];
-            assert_eq!(problems(&qdb), vec![SpecProblem::InvalidEnvName(bad.into())]);
+            assert_eq!(
+                problems(&qdb),
+                vec![SpecProblem::InvalidEnvName(bad.into())]
+            );
         }
         let mut qdb = questdb("db1", "tenant-a");
         qdb.spec.env = vec![env("my.var-1"), env("_X")];

@@ -123,6 +123,9 @@ mod tests {
         let err = pick_subnet("us-east-1c", &c).unwrap_err();
         assert!(err.is_permanent());
         let text = err.to_string();
-        assert!(text.contains("us-east-1c") && text.contains("us-east-1a"), "{text}");
+        assert!(
+            text.contains("us-east-1c") && text.contains("us-east-1a"),
+            "{text}"
+        );
     }
 }

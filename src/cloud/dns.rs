@@ -8,9 +8,7 @@ use async_trait::async_trait;
 use super::backend::{ChangeAction, Route53Api};
 use super::rate_limit::TokenBucket;
 use super::retry::{CallRunner, NotFound};
-use super::{
-    display_name, fqdn, ARecord, CloudConfig, CloudError, DnsProvider, SharedObserver,
-};
+use super::{display_name, fqdn, ARecord, CloudConfig, CloudError, DnsProvider, SharedObserver};
 
 /// [`DnsProvider`] for one hosted zone of any Route53 backend.
 pub struct Route53DnsProvider<A> {
@@ -21,12 +19,18 @@ pub struct Route53DnsProvider<A> {
 
 impl<A: Route53Api> Route53DnsProvider<A> {
     /// Fails when the configuration names no hosted zone.
-    pub fn new(api: Arc<A>, config: &CloudConfig, observer: SharedObserver) -> Result<Self, CloudError> {
+    pub fn new(
+        api: Arc<A>,
+        config: &CloudConfig,
+        observer: SharedObserver,
+    ) -> Result<Self, CloudError> {
         let zone_id = config
             .hosted_zone_id
             .clone()
             .filter(|z| !z.is_empty())
-            .ok_or_else(|| CloudError::Config("no hosted zone configured for DNS records".into()))?;
+            .ok_or_else(|| {
+                CloudError::Config("no hosted zone configured for DNS records".into())
+            })?;
         let limiter = Arc::new(TokenBucket::new(&config.rate_limit));
         let calls = CallRunner::new("route53", observer, limiter, config.retry.clone());
         Ok(Self {

@@ -98,7 +98,11 @@ pub fn classify(error: &ApiError) -> ErrorClass {
         ErrorClass::Throttled
     } else if code == "InvalidInstanceID.NotFound" {
         ErrorClass::NotFoundEventuallyConsistent
-    } else if code.starts_with("InvalidAMIID.") || PERMANENT_CODES.contains(&code) {
+    } else if code.starts_with("InvalidAMIID.")
+        // moto (and some EC2 APIs) report an unknown type as InvalidInstanceType.NotFound.
+        || code.starts_with("InvalidInstanceType")
+        || PERMANENT_CODES.contains(&code)
+    {
         ErrorClass::Permanent(error.message.clone())
     } else {
         ErrorClass::Transient
@@ -200,6 +204,7 @@ mod tests {
             "InvalidParameterValue",
             "Unsupported",
             "InsufficientInstanceCapacity",
+            "InvalidInstanceType.NotFound",
         ] {
             let e = ApiError::new(code, format!("the {code} message"));
             assert_eq!(
@@ -221,7 +226,10 @@ mod tests {
     fn final_errors_keep_code_and_message() {
         let e = CloudError::from_api(
             "RunInstances",
-            ApiError::new("InvalidAMIID.NotFound", "The image id '[ami-1]' does not exist"),
+            ApiError::new(
+                "InvalidAMIID.NotFound",
+                "The image id '[ami-1]' does not exist",
+            ),
         );
         assert!(e.is_permanent());
         assert_eq!(e.code(), Some("InvalidAMIID.NotFound"));

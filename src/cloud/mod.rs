@@ -32,10 +32,12 @@ pub use dns::Route53DnsProvider;
 pub use error::{classify, ApiError, CloudError, ErrorClass};
 pub use model::{display_name, fqdn, ARecord, Instance, InstanceState, LaunchRequest, Taint};
 pub use nodes::Ec2NodeProvider;
-pub use observer::{noop_observer, AwsCallObserver, CallCounter, NoopObserver, SharedObserver};
+pub use observer::{
+    noop_observer, AwsCallObserver, CallCounter, CallKey, NoopObserver, SharedObserver,
+};
 pub use tags::{
-    client_token, desired_instance_tags, identity_tags, parse_provider_id, provider_id,
-    ProviderId, TAG_CLUSTER, TAG_NAME, TAG_NAMESPACE, TAG_NAME_AWS, TAG_NODE_GENERATION, TAG_UID,
+    client_token, desired_instance_tags, identity_tags, parse_provider_id, provider_id, ProviderId,
+    TAG_CLUSTER, TAG_NAME, TAG_NAMESPACE, TAG_NAME_AWS, TAG_NODE_GENERATION, TAG_UID,
 };
 pub use user_data::render_user_data;
 
@@ -53,11 +55,13 @@ pub trait NodeProvider: Send + Sync {
     /// Meant to be called once per sync and shared across QuestDBs.
     async fn describe_cluster(&self) -> Result<Vec<Instance>, CloudError>;
 
-    /// These instances. Ids EC2 does not know (yet) are retried for the eventual-consistency
-    /// window, then left out of the result.
+    /// These instances, any state; ids EC2 does not know are left out. An id this provider
+    /// launched moments ago is waited for (bounded by the eventual-consistency window), since
+    /// EC2's reads lag its launches.
     async fn describe(&self, ids: &[String]) -> Result<Vec<Instance>, CloudError>;
 
-    /// Terminate; an instance that is already terminated or unknown is `Ok`.
+    /// Terminate; an instance that is already terminated or unknown is `Ok` (except one this
+    /// provider launched moments ago, which is waited for, so it cannot leak).
     async fn terminate(&self, id: &str) -> Result<(), CloudError>;
 }
 

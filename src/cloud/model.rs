@@ -80,7 +80,10 @@ impl InstanceState {
 
     /// The instance is gone or going; it can never serve a database again.
     pub fn is_gone(&self) -> bool {
-        matches!(self, InstanceState::ShuttingDown | InstanceState::Terminated)
+        matches!(
+            self,
+            InstanceState::ShuttingDown | InstanceState::Terminated
+        )
     }
 }
 

@@ -1,10 +1,12 @@
 //! The node provider on top of any [`Ec2Api`]: idempotent launch, batched describe, idempotent
 //! terminate.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use base64::Engine;
+use tokio::time::Instant;
 
 use super::backend::{Ec2Api, InstanceQuery, Page, RunSpec};
 use super::rate_limit::TokenBucket;
@@ -22,6 +24,9 @@ pub struct Ec2NodeProvider<A> {
     api: Arc<A>,
     config: CloudConfig,
     calls: CallRunner,
+    /// Instances this provider launched within the eventual-consistency window: only for
+    /// these does `InvalidInstanceID.NotFound` mean "not visible yet" rather than "gone".
+    recent_launches: Mutex<HashMap<String, Instant>>,
 }
 
 impl<A: Ec2Api> Ec2NodeProvider<A> {
@@ -32,7 +37,28 @@ impl<A: Ec2Api> Ec2NodeProvider<A> {
             api,
             config,
             calls,
+            recent_launches: Mutex::new(HashMap::new()),
         }
+    }
+
+    fn recent(&self) -> std::sync::MutexGuard<'_, HashMap<String, Instant>> {
+        self.recent_launches
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn remember_launch(&self, id: &str) {
+        let window = self.config.retry.eventual_consistency_window;
+        let mut recent = self.recent();
+        recent.retain(|_, at| at.elapsed() < window);
+        recent.insert(id.to_string(), Instant::now());
+    }
+
+    fn launched_recently(&self, id: &str) -> bool {
+        let window = self.config.retry.eventual_consistency_window;
+        self.recent()
+            .get(id)
+            .is_some_and(|at| at.elapsed() < window)
     }
 
     /// The backend, e.g. to inject faults into the memory fake.
@@ -127,10 +153,15 @@ impl<A: Ec2Api + 'static> NodeProvider for Ec2NodeProvider<A> {
             zone = %req.zone,
             "launching dedicated instance"
         );
-        self.calls
-            .call("RunInstances", NotFound::Return, || self.api.run_instance(&spec))
+        let instance = self
+            .calls
+            .call("RunInstances", NotFound::Return, || {
+                self.api.run_instance(&spec)
+            })
             .await
-            .map_err(|e| CloudError::from_api("RunInstances", e))
+            .map_err(|e| CloudError::from_api("RunInstances", e))?;
+        self.remember_launch(&instance.id);
+        Ok(instance)
     }
 
     async fn describe_cluster(&self) -> Result<Vec<Instance>, CloudError> {
@@ -145,21 +176,33 @@ impl<A: Ec2Api + 'static> NodeProvider for Ec2NodeProvider<A> {
     async fn describe(&self, ids: &[String]) -> Result<Vec<Instance>, CloudError> {
         let mut out = Vec::new();
         for chunk in ids.chunks(IDS_PER_CALL) {
-            let strict = InstanceQuery::Ids(chunk.to_vec());
-            match self.describe_all(&strict, NotFound::Retry).await {
-                Ok(found) => out.extend(found),
-                // Still unknown after the consistency window: the id is really gone (EC2
-                // forgets terminated instances after about an hour). Ask again with a filter,
-                // which returns the ids it does know instead of failing the whole batch.
-                Err(e) if e.code == "InvalidInstanceID.NotFound" => {
-                    let lenient = InstanceQuery::IdFilter(chunk.to_vec());
-                    let found = self
-                        .describe_all(&lenient, NotFound::Return)
-                        .await
-                        .map_err(|e| CloudError::from_api("DescribeInstances", e))?;
-                    out.extend(found);
+            // A filter, not InstanceIds: one unknown id (terminated over an hour ago) must not
+            // fail the whole batch.
+            let lenient = InstanceQuery::IdFilter(chunk.to_vec());
+            let found = self
+                .describe_all(&lenient, NotFound::Return)
+                .await
+                .map_err(|e| CloudError::from_api("DescribeInstances", e))?;
+            let missing: Vec<String> = chunk
+                .iter()
+                .filter(|id| !found.iter().any(|i| &i.id == *id))
+                .filter(|id| self.launched_recently(id))
+                .cloned()
+                .collect();
+            out.extend(found);
+            if missing.is_empty() {
+                continue;
+            }
+            // Launched moments ago and not visible yet: ask by id, which says
+            // InvalidInstanceID.NotFound until EC2 catches up, and wait for it (bounded). One
+            // id per call, so one that never shows up cannot hide the others.
+            for id in missing {
+                let strict = InstanceQuery::Ids(vec![id]);
+                match self.describe_all(&strict, NotFound::Retry).await {
+                    Ok(found) => out.extend(found),
+                    Err(e) if e.code == "InvalidInstanceID.NotFound" => {}
+                    Err(e) => return Err(CloudError::from_api("DescribeInstances", e)),
                 }
-                Err(e) => return Err(CloudError::from_api("DescribeInstances", e)),
             }
         }
         Ok(out)
@@ -167,16 +210,24 @@ impl<A: Ec2Api + 'static> NodeProvider for Ec2NodeProvider<A> {
 
     async fn terminate(&self, id: &str) -> Result<(), CloudError> {
         let ids = [id.to_string()];
+        // "Not found" right after our own launch means "not visible yet", not "gone": keep
+        // asking, or the instance would be leaked while we report success.
+        let recent = self.launched_recently(id);
+        let not_found = if recent {
+            NotFound::Retry
+        } else {
+            NotFound::Return
+        };
         match self
             .calls
-            .call("TerminateInstances", NotFound::Return, || {
+            .call("TerminateInstances", not_found, || {
                 self.api.terminate_instances(&ids)
             })
             .await
         {
             Ok(()) => Ok(()),
-            // Never existed or long gone: either way there is nothing left to terminate.
-            Err(e) if e.code == "InvalidInstanceID.NotFound" => Ok(()),
+            // Never existed or long gone: nothing left to terminate.
+            Err(e) if e.code == "InvalidInstanceID.NotFound" && !recent => Ok(()),
             Err(e) => Err(CloudError::from_api("TerminateInstances", e)),
         }
     }

@@ -38,10 +38,13 @@ pub fn noop_observer() -> SharedObserver {
     Arc::new(NoopObserver)
 }
 
+/// `(service, operation, outcome)`.
+pub type CallKey = (String, String, String);
+
 /// Keeps counts in memory; for tests and for reporting calls per provisioned QuestDB.
 #[derive(Clone, Debug, Default)]
 pub struct CallCounter {
-    counts: Arc<Mutex<BTreeMap<(String, String, String), u64>>>,
+    counts: Arc<Mutex<BTreeMap<CallKey, u64>>>,
 }
 
 impl CallCounter {
@@ -73,7 +76,7 @@ impl CallCounter {
     }
 
     /// `(service, operation, outcome) -> count`.
-    pub fn snapshot(&self) -> BTreeMap<(String, String, String), u64> {
+    pub fn snapshot(&self) -> BTreeMap<CallKey, u64> {
         self.counts
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -105,7 +108,10 @@ mod tests {
             sink.lock().unwrap().push(format!("{s}/{o}/{r}"));
         });
         observer.observe("ec2", "RunInstances", "ok");
-        assert_eq!(*seen.lock().unwrap(), vec!["ec2/RunInstances/ok".to_string()]);
+        assert_eq!(
+            *seen.lock().unwrap(),
+            vec!["ec2/RunInstances/ok".to_string()]
+        );
     }
 
     #[test]

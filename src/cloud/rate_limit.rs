@@ -112,7 +112,7 @@ mod tests {
         let last = done[done.len() - 1];
         assert!((1.99..2.01).contains(&last), "{done:?}");
         for (i, t) in done.iter().enumerate() {
-            assert!(*t + 1e-6 >= i.saturating_sub(1) as f64 * 0.25 , "{done:?}");
+            assert!(*t + 1e-6 >= i.saturating_sub(1) as f64 * 0.25, "{done:?}");
         }
     }
 }

@@ -79,9 +79,7 @@ impl CallRunner {
 
             let mut delay = delays.next().unwrap_or(self.policy.max_delay);
             let retry = match class {
-                ErrorClass::Throttled | ErrorClass::Transient => {
-                    retries < self.policy.max_retries
-                }
+                ErrorClass::Throttled | ErrorClass::Transient => retries < self.policy.max_retries,
                 ErrorClass::NotFoundEventuallyConsistent => {
                     let left = self
                         .policy
@@ -154,7 +152,11 @@ mod tests {
         assert_eq!(counter.count("DescribeInstances", "throttled"), 3);
         assert_eq!(counter.count("DescribeInstances", "ok"), 1);
         // 100 + 200 + 400 ms of backoff at least (jitter only adds).
-        assert!(start.elapsed() >= Duration::from_millis(700), "{:?}", start.elapsed());
+        assert!(
+            start.elapsed() >= Duration::from_millis(700),
+            "{:?}",
+            start.elapsed()
+        );
     }
 
     #[tokio::test(start_paused = true)]
@@ -162,7 +164,9 @@ mod tests {
         let counter = CallCounter::new();
         let n = AtomicUsize::new(0);
         let got = runner(&counter)
-            .call("RunInstances", NotFound::Return, || flaky(&n, 100, "Throttling"))
+            .call("RunInstances", NotFound::Return, || {
+                flaky(&n, 100, "Throttling")
+            })
             .await;
         assert_eq!(got.unwrap_err().code, "Throttling");
         assert_eq!(counter.attempts("RunInstances"), 4);

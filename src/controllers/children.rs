@@ -199,7 +199,10 @@ mod tests {
     fn foreign_controller_blocks() {
         let d = cm(Some(vec![owner("u1", true)]), &[("a", "1")]);
         let e = cm(Some(vec![owner("other", true)]), &[("a", "1")]);
-        assert!(matches!(decide(&d, Some(&e), "u1"), ChildAction::Blocked(_)));
+        assert!(matches!(
+            decide(&d, Some(&e), "u1"),
+            ChildAction::Blocked(_)
+        ));
     }
 
     #[test]
@@ -208,7 +211,10 @@ mod tests {
         // old (deleted, GC pending) object must not be grabbed.
         let d = cm(Some(vec![owner("new", true)]), &[("a", "1")]);
         let e = cm(Some(vec![owner("old", true)]), &[("a", "1")]);
-        assert!(matches!(decide(&d, Some(&e), "new"), ChildAction::Blocked(_)));
+        assert!(matches!(
+            decide(&d, Some(&e), "new"),
+            ChildAction::Blocked(_)
+        ));
     }
 
     #[test]
@@ -216,7 +222,11 @@ mod tests {
         let mut d = cm(Some(vec![owner("u1", true)]), &[]);
         let e = cm(Some(vec![owner("x", false)]), &[]);
         merge_owner_references(&mut d, Some(&e));
-        let uids: Vec<_> = d.owner_references().iter().map(|r| r.uid.as_str()).collect();
+        let uids: Vec<_> = d
+            .owner_references()
+            .iter()
+            .map(|r| r.uid.as_str())
+            .collect();
         assert_eq!(uids, vec!["u1", "x"]);
     }
 
@@ -225,7 +235,11 @@ mod tests {
         let mut d = cm(Some(vec![]), &[]);
         let e = cm(Some(vec![owner("u1", true), owner("x", false)]), &[]);
         merge_owner_references(&mut d, Some(&e));
-        let uids: Vec<_> = d.owner_references().iter().map(|r| r.uid.as_str()).collect();
+        let uids: Vec<_> = d
+            .owner_references()
+            .iter()
+            .map(|r| r.uid.as_str())
+            .collect();
         assert_eq!(uids, vec!["x"]);
         assert_eq!(decide(&d, Some(&e), "u1"), ChildAction::Update);
     }

@@ -13,7 +13,12 @@ pub struct Desired {
 }
 
 impl Desired {
-    pub fn new(type_: &'static str, status: bool, reason: &str, message: impl Into<String>) -> Self {
+    pub fn new(
+        type_: &'static str,
+        status: bool,
+        reason: &str,
+        message: impl Into<String>,
+    ) -> Self {
         Self {
             type_,
             status,
@@ -90,16 +95,36 @@ mod tests {
 
     #[test]
     fn unchanged_status_keeps_transition_time() {
-        let first = merge(&[], &[Desired::new("Ready", false, "Creating", "x")], Some(1), t(100));
-        let second = merge(&first, &[Desired::new("Ready", false, "Creating", "x")], Some(1), t(200));
+        let first = merge(
+            &[],
+            &[Desired::new("Ready", false, "Creating", "x")],
+            Some(1),
+            t(100),
+        );
+        let second = merge(
+            &first,
+            &[Desired::new("Ready", false, "Creating", "x")],
+            Some(1),
+            t(200),
+        );
         assert_eq!(first, second);
         assert_eq!(second[0].last_transition_time, Time(t(100)));
     }
 
     #[test]
     fn flipped_status_moves_transition_time() {
-        let first = merge(&[], &[Desired::new("Ready", false, "Creating", "x")], Some(1), t(100));
-        let second = merge(&first, &[Desired::new("Ready", true, "Running", "ok")], Some(1), t(200));
+        let first = merge(
+            &[],
+            &[Desired::new("Ready", false, "Creating", "x")],
+            Some(1),
+            t(100),
+        );
+        let second = merge(
+            &first,
+            &[Desired::new("Ready", true, "Running", "ok")],
+            Some(1),
+            t(200),
+        );
         assert_eq!(second[0].status, "True");
         assert_eq!(second[0].last_transition_time, Time(t(200)));
         assert_eq!(transitions(&first, &second).len(), 1);
@@ -107,8 +132,18 @@ mod tests {
 
     #[test]
     fn reason_change_without_flip_keeps_time_but_counts_as_transition() {
-        let first = merge(&[], &[Desired::new("Ready", false, "Creating", "x")], Some(1), t(100));
-        let second = merge(&first, &[Desired::new("Ready", false, "PodNotReady", "y")], Some(2), t(200));
+        let first = merge(
+            &[],
+            &[Desired::new("Ready", false, "Creating", "x")],
+            Some(1),
+            t(100),
+        );
+        let second = merge(
+            &first,
+            &[Desired::new("Ready", false, "PodNotReady", "y")],
+            Some(2),
+            t(200),
+        );
         assert_eq!(second[0].last_transition_time, Time(t(100)));
         assert_eq!(second[0].observed_generation, Some(2));
         assert_eq!(transitions(&first, &second).len(), 1);
@@ -116,8 +151,18 @@ mod tests {
 
     #[test]
     fn foreign_conditions_are_kept_and_sorted() {
-        let existing = merge(&[], &[Desired::new("Upgrading", true, "Provisioning", "")], None, t(1));
-        let out = merge(&existing, &[Desired::new("Ready", true, "Running", "")], None, t(2));
+        let existing = merge(
+            &[],
+            &[Desired::new("Upgrading", true, "Provisioning", "")],
+            None,
+            t(1),
+        );
+        let out = merge(
+            &existing,
+            &[Desired::new("Ready", true, "Running", "")],
+            None,
+            t(2),
+        );
         let types: Vec<_> = out.iter().map(|c| c.type_.as_str()).collect();
         assert_eq!(types, vec!["Ready", "Upgrading"]);
     }

@@ -72,7 +72,8 @@ impl Context {
 
     pub fn metrics_conditions(&self, before: &[Condition], after: &[Condition]) {
         for c in crate::controllers::conditions::transitions(before, after) {
-            self.metrics.condition_transition(&c.type_, &c.status, &c.reason);
+            self.metrics
+                .condition_transition(&c.type_, &c.status, &c.reason);
         }
     }
 }

@@ -4,6 +4,7 @@
 pub mod children;
 pub mod conditions;
 pub mod context;
+pub mod in_flight;
 pub mod questdb;
 
 use std::time::Duration;

@@ -31,7 +31,7 @@ pub fn render_auth_file(keys: &[PublicKey]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ilp_auth::test_keys::TestKey;
+    use crate::ilp_auth::testing::TestKey;
 
     fn key(kid: &str, seed: u8) -> PublicKey {
         let k = TestKey::derived(kid, seed);

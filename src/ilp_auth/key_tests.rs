@@ -5,7 +5,7 @@ use base64::Engine as _;
 use serde_json::{json, Map, Value};
 
 use super::*;
-use crate::ilp_auth::test_keys::{public_coordinates, secret, TestKey};
+use crate::ilp_auth::testing::{public_coordinates, secret, TestKey};
 
 const KID: &str = "client-7f3a";
 

@@ -1,5 +1,5 @@
 use super::*;
-use crate::ilp_auth::test_keys::{secret, TestKey};
+use crate::ilp_auth::testing::{secret, TestKey};
 
 fn key(kid: &str, seed: u8) -> TestKey {
     TestKey::derived(kid, seed)

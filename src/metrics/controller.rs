@@ -305,8 +305,8 @@ impl ControllerMetrics {
         let now = Instant::now();
         let mut queue = lock(&self.shared.queue);
         queue.sweep_if_due(now);
-        if !queue.pending.contains_key(&key) {
-            queue.pending.insert(key, now);
+        if let std::collections::hash_map::Entry::Vacant(entry) = queue.pending.entry(key) {
+            entry.insert(now);
             self.shared.adds.inc();
         }
         self.shared.depth.set(gauge_value(queue.pending.len()));
@@ -453,7 +453,10 @@ impl ReconcileGuard {
             queue.in_flight.remove(&self.id);
             match outcome {
                 ReconcileOutcome::RequeueAfter(delay) => {
-                    queue.ready_at.insert(self.key.clone(), now + delay);
+                    // A delay too long to represent never fires: nothing to wait for.
+                    if let Some(ready) = now.checked_add(delay) {
+                        queue.ready_at.insert(self.key.clone(), ready);
+                    }
                 }
                 ReconcileOutcome::Requeue => {
                     queue.ready_at.insert(self.key.clone(), now);

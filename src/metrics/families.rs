@@ -31,9 +31,8 @@ const UPGRADE_DOWNTIME_BUCKETS: &[f64] = &[
 ];
 
 /// Calls per reconcile: a no-op reconcile should land in the `0` bucket.
-const CALLS_PER_RECONCILE_BUCKETS: &[f64] = &[
-    0.0, 1.0, 2.0, 3.0, 5.0, 8.0, 13.0, 21.0, 34.0, 55.0, 89.0,
-];
+const CALLS_PER_RECONCILE_BUCKETS: &[f64] =
+    &[0.0, 1.0, 2.0, 3.0, 5.0, 8.0, 13.0, 21.0, 34.0, 55.0, 89.0];
 
 pub(super) struct Families {
     pub reconcile_total: IntCounterVec,

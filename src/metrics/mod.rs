@@ -58,7 +58,9 @@ use crate::cloud::SharedObserver;
 pub use controller::{
     ControllerMetrics, ErrorChain, QueueKey, ReconcileGuard, ReconcileOutcome, STALE_PENDING_AFTER,
 };
-pub use rest_client::{instrumented_client, ApiCall, ApiCallSnapshot, RestMetricsLayer};
+pub use rest_client::{
+    install_crypto_provider, instrumented_client, ApiCall, ApiCallSnapshot, RestMetricsLayer,
+};
 
 use families::Families;
 
@@ -158,7 +160,10 @@ impl Metrics {
         let registry = Registry::new();
         let families = Families::register(&registry);
         for phase in ALL_PHASES {
-            families.questdbs.with_label_values(&[phase.as_str()]).set(0);
+            families
+                .questdbs
+                .with_label_values(&[phase.as_str()])
+                .set(0);
         }
         families.questdbs.with_label_values(&[PHASE_UNKNOWN]).set(0);
         for result in FailoverResult::ALL {
@@ -281,7 +286,10 @@ impl Metrics {
                 .or_default() += 1;
         }
         for (phase, count) in counts {
-            self.families.questdbs.with_label_values(&[phase]).set(count);
+            self.families
+                .questdbs
+                .with_label_values(&[phase])
+                .set(count);
         }
     }
 

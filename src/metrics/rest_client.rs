@@ -18,10 +18,21 @@ pub fn instrumented_client(
     config: kube::Config,
     metrics: Arc<Metrics>,
 ) -> kube::Result<kube::Client> {
+    install_crypto_provider();
     let layer = RestMetricsLayer::new(metrics, &config.cluster_url);
     Ok(kube::client::ClientBuilder::try_from(config)?
         .with_layer(&layer)
         .build())
+}
+
+/// Selects rustls' process-wide crypto provider once. Both `ring` (kube) and `aws-lc-rs` (the
+/// AWS SDK) are compiled in, and with two candidates rustls refuses to guess and panics on the
+/// first TLS config it builds — including kube's, even for `http://` clusters.
+pub fn install_crypto_provider() {
+    if rustls::crypto::CryptoProvider::get_default().is_none() {
+        // Losing a race to another installer is fine: some provider is then installed.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    }
 }
 
 /// One API call as the API server would authorise it: a verb and a resource.
@@ -187,6 +198,8 @@ impl<S> Layer<S> for RestMetricsLayer {
     }
 }
 
+/// The service [`RestMetricsLayer`] wraps around the client stack. A watch is counted (and its
+/// latency measured) when its response headers arrive, as client-go does.
 #[derive(Clone, Debug)]
 pub struct RestMetricsService<S> {
     inner: S,
@@ -244,10 +257,19 @@ mod tests {
     #[test]
     fn classifies_requests_like_the_api_server() {
         let ns = "/apis/crd.questdb.io/v1beta1/namespaces/db";
-        assert_eq!(classify(Method::GET, &format!("{ns}/questdbs/q1")), pair("get", "questdbs"));
-        assert_eq!(classify(Method::GET, &format!("{ns}/questdbs")), pair("list", "questdbs"));
         assert_eq!(
-            classify(Method::GET, &format!("{ns}/questdbs?watch=true&resourceVersion=5")),
+            classify(Method::GET, &format!("{ns}/questdbs/q1")),
+            pair("get", "questdbs")
+        );
+        assert_eq!(
+            classify(Method::GET, &format!("{ns}/questdbs")),
+            pair("list", "questdbs")
+        );
+        assert_eq!(
+            classify(
+                Method::GET,
+                &format!("{ns}/questdbs?watch=true&resourceVersion=5")
+            ),
             pair("watch", "questdbs")
         );
         assert_eq!(
@@ -258,12 +280,18 @@ mod tests {
             classify(Method::POST, "/api/v1/namespaces/db/configmaps"),
             pair("create", "configmaps")
         );
-        assert_eq!(classify(Method::PUT, "/api/v1/nodes/n1"), pair("update", "nodes"));
+        assert_eq!(
+            classify(Method::PUT, "/api/v1/nodes/n1"),
+            pair("update", "nodes")
+        );
         assert_eq!(
             classify(Method::DELETE, "/api/v1/namespaces/db/pods/p-0"),
             pair("delete", "pods")
         );
-        assert_eq!(classify(Method::GET, "/api/v1/namespaces/db"), pair("get", "namespaces"));
+        assert_eq!(
+            classify(Method::GET, "/api/v1/namespaces/db"),
+            pair("get", "namespaces")
+        );
         assert_eq!(classify(Method::GET, "/apis"), pair("get", "-"));
     }
 

@@ -18,45 +18,21 @@ fn value(scrape: &Scrape, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
     scrape
         .samples
         .iter()
-        .find(|s| {
-            s.metric == name
-                && labels
-                    .iter()
-                    .all(|(k, v)| s.labels.get(k) == Some(*v))
-        })
+        .find(|s| s.metric == name && labels.iter().all(|(k, v)| s.labels.get(k) == Some(*v)))
         .map(|s| match &s.value {
             Value::Counter(v) | Value::Gauge(v) | Value::Untyped(v) => *v,
             other => panic!("{name} is not a scalar: {other:?}"),
         })
 }
 
-/// `(count, sum)` of histogram `name` with the given labels.
+/// `(count, sum)` of histogram `name` with the given labels (its `_count` and `_sum` samples).
 fn histogram(scrape: &Scrape, name: &str, labels: &[(&str, &str)]) -> (f64, f64) {
     let count = value(scrape, &format!("{name}_count"), labels);
     let sum = value(scrape, &format!("{name}_sum"), labels);
     match (count, sum) {
         (Some(count), Some(sum)) => (count, sum),
-        _ => {
-            // prometheus-parse folds histograms into one sample; read count/sum from it.
-            let sample = scrape
-                .samples
-                .iter()
-                .find(|s| s.metric == name && labels.iter().all(|(k, v)| s.labels.get(k) == Some(*v)))
-                .unwrap_or_else(|| panic!("histogram {name} {labels:?} missing"));
-            match &sample.value {
-                Value::Histogram(buckets) => {
-                    let count = buckets.last().map_or(0.0, |b| b.count);
-                    let text = sample_sum_from_text(name, labels, scrape);
-                    (count, text)
-                }
-                other => panic!("{name} is not a histogram: {other:?}"),
-            }
-        }
+        _ => panic!("histogram {name} {labels:?} missing"),
     }
-}
-
-fn sample_sum_from_text(name: &str, labels: &[(&str, &str)], scrape: &Scrape) -> f64 {
-    value(scrape, &format!("{name}_sum"), labels).unwrap_or(f64::NAN)
 }
 
 const C: &str = "questdb";
@@ -72,17 +48,31 @@ fn a_new_controller_exposes_every_result_at_zero() {
     let s = scrape(&metrics);
     for result in ["success", "error", "requeue", "requeue_after"] {
         assert_eq!(
-            value(&s, "controller_runtime_reconcile_total", &[("controller", C), ("result", result)]),
+            value(
+                &s,
+                "controller_runtime_reconcile_total",
+                &[("controller", C), ("result", result)]
+            ),
             Some(0.0),
             "result {result}"
         );
     }
     assert_eq!(
-        value(&s, "controller_runtime_max_concurrent_reconciles", &[("controller", C)]),
+        value(
+            &s,
+            "controller_runtime_max_concurrent_reconciles",
+            &[("controller", C)]
+        ),
         Some(4.0)
     );
-    assert_eq!(value(&s, "workqueue_depth", &[("name", C), ("controller", C)]), Some(0.0));
-    assert_eq!(value(&s, "questdb_operator_questdbs", &[("phase", "Running")]), Some(0.0));
+    assert_eq!(
+        value(&s, "workqueue_depth", &[("name", C), ("controller", C)]),
+        Some(0.0)
+    );
+    assert_eq!(
+        value(&s, "questdb_operator_questdbs", &[("phase", "Running")]),
+        Some(0.0)
+    );
 }
 
 #[test]
@@ -110,32 +100,56 @@ fn reconcile_outcomes_are_counted_by_result() {
     reconcile(&cm, "db/q1", ReconcileOutcome::Success);
     reconcile(&cm, "db/q1", ReconcileOutcome::Success);
     reconcile(&cm, "db/q2", ReconcileOutcome::Error);
-    reconcile(&cm, "db/q2", ReconcileOutcome::RequeueAfter(Duration::from_secs(30)));
+    reconcile(
+        &cm,
+        "db/q2",
+        ReconcileOutcome::RequeueAfter(Duration::from_secs(30)),
+    );
     reconcile(&cm, "db/q3", ReconcileOutcome::Requeue);
     drop(cm.start("db/q4")); // a cancelled reconcile is an error
 
     let s = scrape(&metrics);
     let total = |result| {
-        value(&s, "controller_runtime_reconcile_total", &[("controller", C), ("result", result)])
+        value(
+            &s,
+            "controller_runtime_reconcile_total",
+            &[("controller", C), ("result", result)],
+        )
     };
     assert_eq!(total("success"), Some(2.0));
     assert_eq!(total("error"), Some(2.0));
     assert_eq!(total("requeue_after"), Some(1.0));
     assert_eq!(total("requeue"), Some(1.0));
     assert_eq!(
-        value(&s, "controller_runtime_reconcile_errors_total", &[("controller", C)]),
+        value(
+            &s,
+            "controller_runtime_reconcile_errors_total",
+            &[("controller", C)]
+        ),
         Some(2.0)
     );
     assert_eq!(
-        value(&s, "workqueue_retries_total", &[("name", C), ("controller", C)]),
+        value(
+            &s,
+            "workqueue_retries_total",
+            &[("name", C), ("controller", C)]
+        ),
         Some(3.0),
         "errors and plain requeues are retries"
     );
     assert_eq!(
-        value(&s, "controller_runtime_active_workers", &[("controller", C)]),
+        value(
+            &s,
+            "controller_runtime_active_workers",
+            &[("controller", C)]
+        ),
         Some(0.0)
     );
-    let (count, _) = histogram(&s, "controller_runtime_reconcile_time_seconds", &[("controller", C)]);
+    let (count, _) = histogram(
+        &s,
+        "controller_runtime_reconcile_time_seconds",
+        &[("controller", C)],
+    );
     assert_eq!(count, 6.0);
 }
 
@@ -160,24 +174,47 @@ async fn queue_figures_follow_triggers_and_reconciles() {
     let s = scrape(&metrics);
     assert_eq!(q(&s, "workqueue_depth"), Some(1.0));
     assert_eq!(
-        value(&s, "controller_runtime_active_workers", &[("controller", C)]),
+        value(
+            &s,
+            "controller_runtime_active_workers",
+            &[("controller", C)]
+        ),
         Some(1.0)
     );
-    assert_eq!(q(&s, "workqueue_longest_running_processor_seconds"), Some(3.0));
+    assert_eq!(
+        q(&s, "workqueue_longest_running_processor_seconds"),
+        Some(3.0)
+    );
     guard.finish(ReconcileOutcome::RequeueAfter(Duration::from_secs(10)));
 
     let s = scrape(&metrics);
     let labels = &[("name", C), ("controller", C)];
-    assert_eq!(histogram(&s, "workqueue_queue_duration_seconds", labels), (1.0, 2.0));
-    assert_eq!(histogram(&s, "workqueue_work_duration_seconds", labels), (1.0, 3.0));
-    assert_eq!(q(&s, "workqueue_longest_running_processor_seconds"), Some(0.0));
+    assert_eq!(
+        histogram(&s, "workqueue_queue_duration_seconds", labels),
+        (1.0, 2.0)
+    );
+    assert_eq!(
+        histogram(&s, "workqueue_work_duration_seconds", labels),
+        (1.0, 3.0)
+    );
+    assert_eq!(
+        q(&s, "workqueue_longest_running_processor_seconds"),
+        Some(0.0)
+    );
 
     // The requeue fires 12s after the reconcile ended: 2s later than asked for.
     tokio::time::advance(Duration::from_secs(12)).await;
     cm.start("db/q1").finish(ReconcileOutcome::Success);
     let s = scrape(&metrics);
-    assert_eq!(q(&s, "workqueue_adds_total"), Some(3.0), "a requeue is an add");
-    assert_eq!(histogram(&s, "workqueue_queue_duration_seconds", labels), (2.0, 4.0));
+    assert_eq!(
+        q(&s, "workqueue_adds_total"),
+        Some(3.0),
+        "a requeue is an add"
+    );
+    assert_eq!(
+        histogram(&s, "workqueue_queue_duration_seconds", labels),
+        (2.0, 4.0)
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -188,7 +225,10 @@ async fn triggers_for_objects_that_never_reconcile_are_forgotten() {
     tokio::time::advance(STALE_PENDING_AFTER + Duration::from_secs(1)).await;
     cm.observe_trigger("db/q1");
     let s = scrape(&metrics);
-    assert_eq!(value(&s, "workqueue_depth", &[("controller", C)]), Some(1.0));
+    assert_eq!(
+        value(&s, "workqueue_depth", &[("controller", C)]),
+        Some(1.0)
+    );
 }
 
 #[test]
@@ -217,11 +257,17 @@ fn owned_objects_trigger_their_owner() {
     cm.observe_owners(&child, "QuestDB");
     cm.observe_owners(&child, "Deployment");
     let s = scrape(&metrics);
-    assert_eq!(value(&s, "workqueue_adds_total", &[("controller", C)]), Some(1.0));
+    assert_eq!(
+        value(&s, "workqueue_adds_total", &[("controller", C)]),
+        Some(1.0)
+    );
     // Starting the owner's reconcile takes it off the queue.
     cm.start("db/q1").finish(ReconcileOutcome::Success);
     let s = scrape(&metrics);
-    assert_eq!(value(&s, "workqueue_depth", &[("controller", C)]), Some(0.0));
+    assert_eq!(
+        value(&s, "workqueue_depth", &[("controller", C)]),
+        Some(0.0)
+    );
 }
 
 #[tokio::test]
@@ -255,17 +301,31 @@ async fn calls_made_inside_a_reconcile_are_attributed_to_it() {
 
     let s = scrape(&metrics);
     let c = &[("controller", C)];
-    assert_eq!(histogram(&s, "questdb_operator_reconcile_api_calls", c), (1.0, 2.0));
-    assert_eq!(histogram(&s, "questdb_operator_reconcile_aws_calls", c), (1.0, 1.0));
     assert_eq!(
-        value(&s, "rest_client_requests_total", &[("code", "200"), ("method", "GET"), ("host", "h:1")]),
+        histogram(&s, "questdb_operator_reconcile_api_calls", c),
+        (1.0, 2.0)
+    );
+    assert_eq!(
+        histogram(&s, "questdb_operator_reconcile_aws_calls", c),
+        (1.0, 1.0)
+    );
+    assert_eq!(
+        value(
+            &s,
+            "rest_client_requests_total",
+            &[("code", "200"), ("method", "GET"), ("host", "h:1")]
+        ),
         Some(2.0)
     );
     assert_eq!(
         value(
             &s,
             "questdb_operator_aws_requests_total",
-            &[("service", "ec2"), ("operation", "DescribeInstances"), ("outcome", "throttled")]
+            &[
+                ("service", "ec2"),
+                ("operation", "DescribeInstances"),
+                ("outcome", "throttled")
+            ]
         ),
         Some(1.0)
     );
@@ -283,13 +343,25 @@ fn questdb_phases_are_counted_from_the_source_at_scrape_time() {
     let source = Arc::clone(&phases);
     metrics.set_phase_source(move || source.lock().expect("test lock").clone());
     let s = scrape(&metrics);
-    assert_eq!(value(&s, "questdb_operator_questdbs", &[("phase", "Running")]), Some(2.0));
-    assert_eq!(value(&s, "questdb_operator_questdbs", &[("phase", PHASE_UNKNOWN)]), Some(1.0));
+    assert_eq!(
+        value(&s, "questdb_operator_questdbs", &[("phase", "Running")]),
+        Some(2.0)
+    );
+    assert_eq!(
+        value(&s, "questdb_operator_questdbs", &[("phase", PHASE_UNKNOWN)]),
+        Some(1.0)
+    );
 
     *phases.lock().expect("test lock") = vec![Some(Phase::FailingOver)];
     let s = scrape(&metrics);
-    assert_eq!(value(&s, "questdb_operator_questdbs", &[("phase", "Running")]), Some(0.0));
-    assert_eq!(value(&s, "questdb_operator_questdbs", &[("phase", "FailingOver")]), Some(1.0));
+    assert_eq!(
+        value(&s, "questdb_operator_questdbs", &[("phase", "Running")]),
+        Some(0.0)
+    );
+    assert_eq!(
+        value(&s, "questdb_operator_questdbs", &[("phase", "FailingOver")]),
+        Some(1.0)
+    );
 }
 
 #[test]
@@ -308,26 +380,48 @@ fn failovers_upgrades_and_leadership_are_exposed() {
     assert_eq!(failovers("succeeded"), Some(1.0));
     assert_eq!(failovers("suppressed"), Some(1.0));
     assert_eq!(failovers("failed"), Some(0.0));
-    assert_eq!(histogram(&s, "questdb_operator_failover_downtime_seconds", &[]), (1.0, 95.0));
-    assert_eq!(histogram(&s, "questdb_operator_upgrade_downtime_seconds", &[]), (1.0, 12.0));
     assert_eq!(
-        value(&s, "questdb_operator_upgrades_total", &[("result", "rolled_back")]),
+        histogram(&s, "questdb_operator_failover_downtime_seconds", &[]),
+        (1.0, 95.0)
+    );
+    assert_eq!(
+        histogram(&s, "questdb_operator_upgrade_downtime_seconds", &[]),
+        (1.0, 12.0)
+    );
+    assert_eq!(
+        value(
+            &s,
+            "questdb_operator_upgrades_total",
+            &[("result", "rolled_back")]
+        ),
         Some(1.0)
     );
     assert_eq!(
         value(
             &s,
             "questdb_operator_condition_transitions_total",
-            &[("type", "Ready"), ("status", "False"), ("reason", "NodeNotReady")]
+            &[
+                ("type", "Ready"),
+                ("status", "False"),
+                ("reason", "NodeNotReady")
+            ]
         ),
         Some(1.0)
     );
     assert_eq!(
-        value(&s, "questdb_operator_orphaned_instances_terminated_total", &[]),
+        value(
+            &s,
+            "questdb_operator_orphaned_instances_terminated_total",
+            &[]
+        ),
         Some(1.0)
     );
     assert_eq!(
-        value(&s, "leader_election_master_status", &[("name", "questdb-operator")]),
+        value(
+            &s,
+            "leader_election_master_status",
+            &[("name", "questdb-operator")]
+        ),
         Some(0.0)
     );
 }
@@ -345,7 +439,12 @@ async fn the_client_layer_counts_requests_by_code_method_and_verb() {
         } else {
             StatusCode::OK
         };
-        Ok::<_, std::convert::Infallible>(Response::builder().status(status).body(()).expect("response"))
+        Ok::<_, std::convert::Infallible>(
+            Response::builder()
+                .status(status)
+                .body(())
+                .expect("response"),
+        )
     }));
     let send = |method: Method, path: &str| {
         Request::builder()
@@ -359,7 +458,13 @@ async fn the_client_layer_counts_requests_by_code_method_and_verb() {
         send(Method::GET, "/api/v1/namespaces/db/configmaps/c1"),
         send(Method::PATCH, "/api/v1/namespaces/db/configmaps/c1"),
     ] {
-        service.ready().await.expect("ready").call(request).await.expect("response");
+        service
+            .ready()
+            .await
+            .expect("ready")
+            .call(request)
+            .await
+            .expect("response");
     }
 
     let s = scrape(&metrics);
@@ -367,7 +472,11 @@ async fn the_client_layer_counts_requests_by_code_method_and_verb() {
         value(
             &s,
             "rest_client_requests_total",
-            &[("code", code), ("method", method), ("host", "10.0.0.1:6443")],
+            &[
+                ("code", code),
+                ("method", method),
+                ("host", "10.0.0.1:6443"),
+            ],
         )
     };
     assert_eq!(requests("404", "GET"), Some(1.0));
@@ -389,7 +498,10 @@ async fn the_client_layer_counts_requests_by_code_method_and_verb() {
 #[test]
 fn kube_actions_map_to_controller_runtime_results() {
     use kube::runtime::controller::Action;
-    assert_eq!(ReconcileOutcome::from_action(&Action::await_change()), ReconcileOutcome::Success);
+    assert_eq!(
+        ReconcileOutcome::from_action(&Action::await_change()),
+        ReconcileOutcome::Success
+    );
     for delay in [
         Duration::from_secs(300),
         Duration::from_millis(1500),
@@ -402,4 +514,97 @@ fn kube_actions_map_to_controller_runtime_results() {
             "{delay:?}"
         );
     }
+}
+
+#[tokio::test]
+async fn an_instrumented_kube_client_counts_its_requests() {
+    use crate::http_server::{bind, serve};
+    use http_body_util::Full;
+    use hyper::body::Bytes;
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use tokio_util::sync::CancellationToken;
+
+    let listener = bind("127.0.0.1:0".parse().expect("addr"))
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("local addr");
+    let shutdown = CancellationToken::new();
+    // A stand-in API server that knows one ConfigMap.
+    let server = tokio::spawn(serve(listener, shutdown.clone(), |request| {
+        let (status, body) = if request.uri().path() == "/api/v1/namespaces/db/configmaps/c1" {
+            (
+                StatusCode::OK,
+                r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"c1","namespace":"db"}}"#,
+            )
+        } else {
+            (
+                StatusCode::NOT_FOUND,
+                r#"{"apiVersion":"v1","kind":"Status","status":"Failure","reason":"NotFound","code":404,"message":"not found"}"#,
+            )
+        };
+        Response::builder()
+            .status(status)
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from_static(body.as_bytes())))
+            .expect("response")
+    }));
+
+    let metrics = Metrics::new();
+    let config = kube::Config::new(format!("http://{addr}").parse().expect("cluster url"));
+    let client = instrumented_client(config, Arc::clone(&metrics)).expect("client");
+    let api: kube::Api<ConfigMap> = kube::Api::namespaced(client, "db");
+    let cm = metrics.controller(C, 1);
+    let found = cm
+        .instrument(
+            "db/c1",
+            async {
+                let found = api.get_opt("c1").await.expect("get c1");
+                let missing = api.get_opt("missing").await.expect("get missing");
+                (found.is_some(), missing.is_some())
+            },
+            |_| ReconcileOutcome::Success,
+        )
+        .await;
+    assert_eq!(found, (true, false));
+
+    let s = scrape(&metrics);
+    let host = addr.to_string();
+    let requests = |code| {
+        value(
+            &s,
+            "rest_client_requests_total",
+            &[("code", code), ("method", "GET"), ("host", host.as_str())],
+        )
+    };
+    assert_eq!(requests("200"), Some(1.0));
+    assert_eq!(requests("404"), Some(1.0));
+    assert_eq!(
+        histogram(
+            &s,
+            "questdb_operator_reconcile_api_calls",
+            &[("controller", C)]
+        ),
+        (1.0, 2.0)
+    );
+    assert_eq!(metrics.api_calls().count("get", "configmaps"), 2);
+
+    shutdown.cancel();
+    server.await.expect("server task").expect("server result");
+}
+
+#[test]
+fn an_unrepresentable_requeue_delay_is_recorded_without_panicking() {
+    let metrics = Metrics::new();
+    let cm = metrics.controller(C, 1);
+    cm.start("db/q1")
+        .finish(ReconcileOutcome::RequeueAfter(Duration::MAX));
+    let s = scrape(&metrics);
+    assert_eq!(
+        value(
+            &s,
+            "controller_runtime_reconcile_total",
+            &[("controller", C), ("result", "requeue_after")]
+        ),
+        Some(1.0)
+    );
 }

@@ -16,7 +16,7 @@ use sha2::{Digest, Sha256};
 
 use super::runtime::{remaining, PassOutcome, Shared, Since};
 use super::scheduling::node_taints;
-use super::volumes::{csi_source, pod_is_terminal, pod_volumes};
+use super::volumes::{csi_source, pod_bound_volumes, pod_is_terminal, pod_volumes};
 use super::wellknown::TAINT_OUT_OF_SERVICE;
 
 /// The name Kubernetes' CSI attacher gives a VolumeAttachment (pkg/volume/csi/csi_attacher.go):
@@ -88,7 +88,7 @@ impl AttachDetach {
             if !pod_holds_volumes(&pod, stores.node(node_name).as_deref()) {
                 continue;
             }
-            for pv in pod_volumes_known(stores, &pod) {
+            for pv in pod_bound_volumes(stores, &pod) {
                 if let Some((d, handle)) = csi_source(&pv) {
                     if d == driver {
                         wanted.insert(Wanted {
@@ -128,7 +128,6 @@ impl AttachDetach {
         for want in &desired {
             let key = (want.pv.clone(), want.node.clone());
             let name = volume_attachment_name(&want.handle, &cfg.csi_driver, &want.node);
-            self.unneeded.forget(&name);
             match existing_keys.get(&key) {
                 None => {
                     let others = existing_keys.keys().map(|(p, n)| (p.as_str(), n.as_str()));
@@ -137,9 +136,13 @@ impl AttachDetach {
                         continue;
                     }
                     let va = new_attachment(&name, &cfg.csi_driver, &want.pv, &want.node);
-                    out.record("create VolumeAttachment", api.create(&PostParams::default(), &va).await);
+                    out.record(
+                        "create VolumeAttachment",
+                        api.create(&PostParams::default(), &va).await,
+                    );
                 }
                 Some(va) if va.metadata.deletion_timestamp.is_none() => {
+                    self.unneeded.forget(&name);
                     let attached = va.status.as_ref().is_some_and(|s| s.attached);
                     if attached {
                         self.attaching.forget(&name);
@@ -152,7 +155,10 @@ impl AttachDetach {
                         let written = api
                             .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
                             .await;
-                        if out.record("mark VolumeAttachment attached", written).is_some() {
+                        if out
+                            .record("mark VolumeAttachment attached", written)
+                            .is_some()
+                        {
                             self.attaching.forget(&name);
                         }
                     } else {
@@ -172,9 +178,9 @@ impl AttachDetach {
                 .persistent_volume_name
                 .clone()
                 .map(|pv| (pv, va.spec.node_name.clone()));
-            let still_wanted = key.as_ref().is_some_and(|(pv, node)| {
-                desired.iter().any(|w| &w.pv == pv && &w.node == node)
-            });
+            let still_wanted = key
+                .as_ref()
+                .is_some_and(|(pv, node)| desired.iter().any(|w| &w.pv == pv && &w.node == node));
             if still_wanted && va.metadata.deletion_timestamp.is_none() {
                 continue;
             }
@@ -225,21 +231,6 @@ impl AttachDetach {
     }
 }
 
-/// PVs of a pod whose claims are bound; unbound claims contribute nothing yet.
-fn pod_volumes_known(
-    stores: &super::runtime::Stores,
-    pod: &Pod,
-) -> Vec<Arc<k8s_openapi::api::core::v1::PersistentVolume>> {
-    let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
-    super::volumes::pod_claims(pod)
-        .into_iter()
-        .filter_map(|claim| {
-            let pvc = stores.pvc(namespace, claim)?;
-            super::volumes::bound_pv(stores, &pvc)
-        })
-        .collect()
-}
-
 fn new_attachment(name: &str, driver: &str, pv: &str, node: &str) -> VolumeAttachment {
     VolumeAttachment {
         metadata: ObjectMeta {
@@ -281,6 +272,12 @@ pub(crate) fn pod_volumes_attached(shared: &Shared, pod: &Pod, node: &str) -> bo
     })
 }
 
+impl super::runtime::Reconciler for AttachDetach {
+    fn pass(&mut self) -> impl std::future::Future<Output = PassOutcome> + Send {
+        self.pass_once()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -294,7 +291,10 @@ mod tests {
             name,
             "csi-883accc003f45121140aae8f10a1a23be492a797e31b77055295e4254aa171c6"
         );
-        assert_ne!(name, volume_attachment_name("vol-0123", "ebs.csi.aws.com", "node-a2"));
+        assert_ne!(
+            name,
+            volume_attachment_name("vol-0123", "ebs.csi.aws.com", "node-a2")
+        );
     }
 
     #[test]
@@ -338,11 +338,5 @@ mod tests {
             attacher_finalizer("ebs.csi.aws.com"),
             "external-attacher/ebs-csi-aws-com"
         );
-    }
-}
-
-impl super::runtime::Reconciler for AttachDetach {
-    fn pass(&mut self) -> impl std::future::Future<Output = PassOutcome> + Send {
-        self.pass_once()
     }
 }

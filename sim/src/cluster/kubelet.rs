@@ -115,7 +115,11 @@ pub(crate) async fn register(shared: &Shared, agent: &NodeAgent) -> Result<(), k
     // Creation may drop status (it is a subresource), so report it separately.
     let status = json!({ "status": node.status });
     nodes
-        .patch_status(&agent.spec.name, &PatchParams::default(), &Patch::Merge(&status))
+        .patch_status(
+            &agent.spec.name,
+            &PatchParams::default(),
+            &Patch::Merge(&status),
+        )
         .await?;
     renew_lease(shared, agent).await?;
     Ok(())
@@ -135,7 +139,10 @@ async fn renew_lease(shared: &Shared, agent: &NodeAgent) -> Result<(), kube::Err
     {
         Ok(_) => Ok(()),
         Err(err) if is_status(&err, 404) => {
-            let uid = shared.stores.node(name).and_then(|n| n.metadata.uid.clone());
+            let uid = shared
+                .stores
+                .node(name)
+                .and_then(|n| n.metadata.uid.clone());
             let lease = node_lease(name, uid.as_deref(), &shared.config, now);
             match leases.create(&PostParams::default(), &lease).await {
                 Err(err) if !is_status(&err, 409) => Err(err),
@@ -274,7 +281,12 @@ pub(crate) fn running_status(pod: &Pod, host_ip: &str, pod_ip: &str, now: System
     }
 }
 
-fn pod_conditions(old: &PodStatus, now: SystemTime, started: bool, ready: bool) -> Vec<PodCondition> {
+fn pod_conditions(
+    old: &PodStatus,
+    now: SystemTime,
+    started: bool,
+    ready: bool,
+) -> Vec<PodCondition> {
     let previous = old.conditions.clone().unwrap_or_default();
     let flag = |b: bool| if b { "True" } else { "False" };
     let wanted = [
@@ -375,7 +387,8 @@ impl PodRunner {
             }
             let uid = pod.metadata.uid.clone().unwrap_or_default();
             live_uids.insert(uid.clone());
-            self.sync_pod(&shared, agent, &pod, &uid, now, &mut out).await;
+            self.sync_pod(&shared, agent, &pod, &uid, now, &mut out)
+                .await;
         }
         self.starting.retain(|u| live_uids.contains(u));
         self.stopping.retain(|u| live_uids.contains(u));
@@ -401,7 +414,10 @@ impl PodRunner {
                 .deletion_grace_period_seconds
                 .map(|s| std::time::Duration::from_secs(s.max(0) as u64))
                 .unwrap_or(cfg.pod_stop_delay);
-            let left = remaining(cfg.pod_stop_delay.min(grace), self.stopping.observe(&uid.to_string(), now));
+            let left = remaining(
+                cfg.pod_stop_delay.min(grace),
+                self.stopping.observe(&uid.to_string(), now),
+            );
             if !left.is_zero() {
                 out.requeue(left);
                 return;
@@ -442,7 +458,10 @@ impl PodRunner {
             self.starting.forget(&uid.to_string());
             waiting_status(pod, &host_ip, now)
         } else {
-            let left = remaining(cfg.pod_start_delay, self.starting.observe(&uid.to_string(), now));
+            let left = remaining(
+                cfg.pod_start_delay,
+                self.starting.observe(&uid.to_string(), now),
+            );
             if left.is_zero() {
                 running_status(pod, &host_ip, &agent.allocate_pod_ip(), now)
             } else {
@@ -462,6 +481,12 @@ impl PodRunner {
             api.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
                 .await,
         );
+    }
+}
+
+impl super::runtime::Reconciler for PodRunner {
+    fn pass(&mut self) -> impl std::future::Future<Output = PassOutcome> + Send {
+        self.pass_once()
     }
 }
 
@@ -545,11 +570,5 @@ mod tests {
             }
         }
         assert!(!status_matches(Some(&marked), &later));
-    }
-}
-
-impl super::runtime::Reconciler for PodRunner {
-    fn pass(&mut self) -> impl std::future::Future<Output = PassOutcome> + Send {
-        self.pass_once()
     }
 }

@@ -29,7 +29,6 @@ use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, DeleteParams, PostParams};
 use kube::Client;
-use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
@@ -38,7 +37,7 @@ pub use config::{ClusterConfig, NodeCapacity, NodeSpec, StorageClassSpec};
 
 use crate::clock::Clock;
 use kubelet::Agents;
-use runtime::{control_loop, is_status, Reconciler, Shared, Stores};
+use runtime::{control_loop, is_status, Changes, Kind, LoopSpec, Reconciler, Shared, Stores};
 
 /// How long `start` waits for the first list of every watched kind.
 const STARTUP_TIMEOUT: Duration = Duration::from_secs(30);
@@ -51,18 +50,22 @@ pub struct Cluster {
     agents: Arc<Agents>,
     cancel: CancellationToken,
     tasks: Mutex<JoinSet<()>>,
-    changes: watch::Sender<u64>,
+    changes: Changes,
 }
 
 impl Cluster {
     /// Starts the watch caches, registers `cfg.nodes` and starts every controller.
-    pub async fn start(client: Client, cfg: ClusterConfig, clock: Clock) -> anyhow::Result<Cluster> {
+    pub async fn start(
+        client: Client,
+        cfg: ClusterConfig,
+        clock: Clock,
+    ) -> anyhow::Result<Cluster> {
         ensure_namespace(&client, wellknown::NODE_LEASE_NAMESPACE).await?;
         for class in &cfg.storage_classes {
             ensure_storage_class(&client, class, &cfg.csi_driver).await?;
         }
         let cancel = CancellationToken::new();
-        let (changes, _) = watch::channel(0u64);
+        let changes = runtime::changes_channel();
         let mut tasks = JoinSet::new();
         let stores = Stores::start(&client, &mut tasks, &cancel, &changes);
         if tokio::time::timeout(STARTUP_TIMEOUT, stores.wait_until_ready())
@@ -70,7 +73,9 @@ impl Cluster {
             .is_err()
         {
             cancel.cancel();
-            anyhow::bail!("simulated cluster: watch caches did not fill within {STARTUP_TIMEOUT:?}");
+            anyhow::bail!(
+                "simulated cluster: watch caches did not fill within {STARTUP_TIMEOUT:?}"
+            );
         }
         let nodes = cfg.nodes.clone();
         let shared = Arc::new(Shared {
@@ -94,38 +99,56 @@ impl Cluster {
     }
 
     fn start_controllers(&self) {
-        self.spawn_loop("scheduler", scheduler::Scheduler::new(self.shared.clone()));
+        use Kind::*;
+        let shared = &self.shared;
+        self.spawn_loop(
+            "scheduler",
+            &[Node, Pod, Claim, Volume, StorageClass],
+            scheduler::Scheduler::new(shared.clone()),
+        );
         self.spawn_loop(
             "kubelet-pods",
-            kubelet::PodRunner::new(self.shared.clone(), self.agents.clone()),
+            &[Pod, Claim, Volume, Attachment],
+            kubelet::PodRunner::new(shared.clone(), self.agents.clone()),
         );
         self.spawn_loop(
             "attach-detach",
-            attach_detach::AttachDetach::new(self.shared.clone()),
+            &[Node, Pod, Claim, Volume, Attachment],
+            attach_detach::AttachDetach::new(shared.clone()),
         );
         self.spawn_loop(
             "node-lifecycle",
-            node_lifecycle::NodeLifecycle::new(self.shared.clone()),
+            &[Node, Lease, Pod],
+            node_lifecycle::NodeLifecycle::new(shared.clone()),
         );
+        // Node changes matter to provisioning only through the selected node's zone, which the
+        // cache already holds by the time the scheduler names it; heartbeats need not wake it.
         self.spawn_loop(
             "pv-provisioner",
-            provisioner::Provisioner::new(self.shared.clone()),
+            &[Claim, Volume, Attachment, StorageClass],
+            provisioner::Provisioner::new(shared.clone()),
         );
         self.spawn_loop(
             "statefulset",
-            statefulset::StatefulSetController::new(self.shared.clone()),
+            &[StatefulSet, Pod, Claim],
+            statefulset::StatefulSetController::new(shared.clone()),
         );
     }
 
-    fn spawn_loop(&self, name: &'static str, reconciler: impl Reconciler) {
-        self.spawn(control_loop(
+    fn spawn_loop(
+        &self,
+        name: &'static str,
+        interests: &'static [Kind],
+        reconciler: impl Reconciler,
+    ) {
+        let spec = LoopSpec {
             name,
-            self.shared.clock.clone(),
-            self.shared.config.resync_interval,
-            self.cancel.clone(),
-            self.changes.subscribe(),
-            reconciler,
-        ));
+            interests,
+            clock: self.shared.clock.clone(),
+            resync: self.shared.config.resync_interval,
+            cancel: self.cancel.clone(),
+        };
+        self.spawn(control_loop(spec, self.changes.subscribe(), reconciler));
     }
 
     /// Stops a node's kubelet from writing anything (heartbeats, pod status), like a dead one.
@@ -146,7 +169,9 @@ impl Cluster {
         let agent = self.agents.insert(spec, &self.cancel);
         if let Err(err) = kubelet::register(&self.shared, &agent).await {
             self.agents.remove(&agent.spec.name);
-            return Err(anyhow::Error::new(err).context(format!("registering node {}", agent.spec.name)));
+            return Err(
+                anyhow::Error::new(err).context(format!("registering node {}", agent.spec.name))
+            );
         }
         self.spawn(kubelet::run_heartbeat(self.shared.clone(), agent));
         Ok(())
@@ -200,16 +225,25 @@ async fn ensure_namespace(client: &Client, name: &str) -> anyhow::Result<()> {
         ..Namespace::default()
     };
     match api.create(&PostParams::default(), &ns).await {
-        Err(err) if !is_status(&err, 409) => Err(anyhow::Error::new(err).context(format!("creating namespace {name}"))),
+        Err(err) if !is_status(&err, 409) => {
+            Err(anyhow::Error::new(err).context(format!("creating namespace {name}")))
+        }
         _ => Ok(()),
     }
 }
 
-async fn ensure_storage_class(client: &Client, spec: &StorageClassSpec, driver: &str) -> anyhow::Result<()> {
+async fn ensure_storage_class(
+    client: &Client,
+    spec: &StorageClassSpec,
+    driver: &str,
+) -> anyhow::Result<()> {
     let api: Api<StorageClass> = Api::all(client.clone());
     let mut annotations = std::collections::BTreeMap::new();
     if spec.default {
-        annotations.insert(wellknown::DEFAULT_CLASS_ANNOTATION.to_string(), "true".to_string());
+        annotations.insert(
+            wellknown::DEFAULT_CLASS_ANNOTATION.to_string(),
+            "true".to_string(),
+        );
     }
     let class = StorageClass {
         metadata: ObjectMeta {
@@ -220,10 +254,18 @@ async fn ensure_storage_class(client: &Client, spec: &StorageClassSpec, driver: 
         provisioner: driver.to_string(),
         reclaim_policy: Some(spec.reclaim_policy.clone()),
         volume_binding_mode: Some(
-            if spec.wait_for_first_consumer { "WaitForFirstConsumer" } else { "Immediate" }.to_string(),
+            if spec.wait_for_first_consumer {
+                "WaitForFirstConsumer"
+            } else {
+                "Immediate"
+            }
+            .to_string(),
         ),
         allow_volume_expansion: Some(spec.allow_volume_expansion),
-        parameters: Some(std::collections::BTreeMap::from([("type".to_string(), spec.name.clone())])),
+        parameters: Some(std::collections::BTreeMap::from([(
+            "type".to_string(),
+            spec.name.clone(),
+        )])),
         ..StorageClass::default()
     };
     match api.create(&PostParams::default(), &class).await {

@@ -56,7 +56,11 @@ fn taint(key: &str, effect: &str, now: SystemTime) -> Taint {
 }
 
 /// The node's taints given its Ready status, or `None` when they are already right.
-pub(crate) fn desired_taints(current: &[Taint], ready: Option<&str>, now: SystemTime) -> Option<Vec<Taint>> {
+pub(crate) fn desired_taints(
+    current: &[Taint],
+    ready: Option<&str>,
+    now: SystemTime,
+) -> Option<Vec<Taint>> {
     let condition_keys = [TAINT_UNREACHABLE, TAINT_NOT_READY];
     let wanted_key = match ready {
         Some("Unknown") => Some(TAINT_UNREACHABLE),
@@ -99,11 +103,14 @@ fn effective_toleration<'a>(
     taint: &Taint,
     implied: &'a Toleration,
 ) -> Option<&'a Toleration> {
-    tolerations.iter().find(|t| tolerates(t, taint)).or_else(|| {
-        (taint.effect == EFFECT_NO_EXECUTE
-            && (taint.key == TAINT_UNREACHABLE || taint.key == TAINT_NOT_READY))
-            .then_some(implied)
-    })
+    tolerations
+        .iter()
+        .find(|t| tolerates(t, taint))
+        .or_else(|| {
+            (taint.effect == EFFECT_NO_EXECUTE
+                && (taint.key == TAINT_UNREACHABLE || taint.key == TAINT_NOT_READY))
+                .then_some(implied)
+        })
 }
 
 pub(crate) fn pod_fate(
@@ -189,7 +196,8 @@ impl NodeLifecycle {
                         .as_ref()
                         .and_then(|s| s.conditions.clone())
                         .unwrap_or_default();
-                    let patch = json!({"status": {"conditions": unknown_conditions(now, &previous)}});
+                    let patch =
+                        json!({"status": {"conditions": unknown_conditions(now, &previous)}});
                     let written = nodes_api
                         .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
                         .await;
@@ -199,7 +207,9 @@ impl NodeLifecycle {
                 }
             } else if let Some(last) = last {
                 let silent_at = last + cfg.node_grace_period;
-                out.requeue(silent_at.duration_since(now).unwrap_or_default() + Duration::from_millis(10));
+                out.requeue(
+                    silent_at.duration_since(now).unwrap_or_default() + Duration::from_millis(10),
+                );
             } else {
                 out.requeue(remaining(cfg.node_grace_period, seen_for));
             }
@@ -210,7 +220,9 @@ impl NodeLifecycle {
                 // (e.g. the operator's out-of-service taint).
                 out.record(
                     "update node taints",
-                    nodes_api.replace(&name, &PostParams::default(), &updated).await,
+                    nodes_api
+                        .replace(&name, &PostParams::default(), &updated)
+                        .await,
                 );
             }
             if let Some(ready) = ready {
@@ -246,7 +258,12 @@ impl NodeLifecycle {
                 mark_not_ready(&shared, &pod, &mut out).await;
             }
             let first_seen = now - self.taints_seen.observe(&key, now);
-            match pod_fate(&pod, node_taints(&node), cfg.default_toleration_seconds, first_seen) {
+            match pod_fate(
+                &pod,
+                node_taints(&node),
+                cfg.default_toleration_seconds,
+                first_seen,
+            ) {
                 PodFate::Keep => self.taints_seen.forget(&key),
                 PodFate::ForceDelete => force_delete(&shared, &pod, &mut out).await,
                 PodFate::Evict => evict(&shared, &pod, &mut out).await,
@@ -280,7 +297,10 @@ async fn mark_not_ready(shared: &Shared, pod: &Pod, out: &mut PassOutcome) {
     let Some(conditions) = pod.status.as_ref().and_then(|s| s.conditions.clone()) else {
         return;
     };
-    if !conditions.iter().any(|c| c.type_ == "Ready" && c.status == "True") {
+    if !conditions
+        .iter()
+        .any(|c| c.type_ == "Ready" && c.status == "True")
+    {
         return;
     }
     let now = time(shared.now());
@@ -346,8 +366,8 @@ async fn evict(shared: &Shared, pod: &Pod, out: &mut PassOutcome) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::api::core::v1::PodSpec;
     use k8s_openapi::api::coordination::v1::LeaseSpec;
+    use k8s_openapi::api::core::v1::PodSpec;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 
     fn at(secs: u64) -> SystemTime {
@@ -386,8 +406,12 @@ mod tests {
     #[test]
     fn unknown_node_gets_unreachable_taints_and_loses_them_when_ready_again() {
         let custom = taint("dedicated", EFFECT_NO_SCHEDULE, at(0));
-        let tainted = desired_taints(std::slice::from_ref(&custom), Some("Unknown"), at(5)).unwrap();
-        let keys: Vec<_> = tainted.iter().map(|t| (t.key.as_str(), t.effect.as_str())).collect();
+        let tainted =
+            desired_taints(std::slice::from_ref(&custom), Some("Unknown"), at(5)).unwrap();
+        let keys: Vec<_> = tainted
+            .iter()
+            .map(|t| (t.key.as_str(), t.effect.as_str()))
+            .collect();
         assert_eq!(
             keys,
             [
@@ -397,7 +421,10 @@ mod tests {
             ]
         );
         assert_eq!(desired_taints(&tainted, Some("Unknown"), at(9)), None);
-        assert_eq!(desired_taints(&tainted, Some("True"), at(9)), Some(vec![custom]));
+        assert_eq!(
+            desired_taints(&tainted, Some("True"), at(9)),
+            Some(vec![custom])
+        );
         assert_eq!(desired_taints(&tainted, None, at(9)), None);
     }
 
@@ -411,7 +438,10 @@ mod tests {
         };
         let mut pod = pod_with(vec![]);
         pod.metadata.deletion_timestamp = Some(time(at(0)));
-        assert_eq!(pod_fate(&pod, std::slice::from_ref(&oos), 300, at(0)), PodFate::ForceDelete);
+        assert_eq!(
+            pod_fate(&pod, std::slice::from_ref(&oos), 300, at(0)),
+            PodFate::ForceDelete
+        );
         let tolerant = pod_with(vec![Toleration {
             key: Some(TAINT_OUT_OF_SERVICE.into()),
             operator: Some("Exists".into()),
@@ -425,7 +455,12 @@ mod tests {
         let unreachable = taint(TAINT_UNREACHABLE, EFFECT_NO_EXECUTE, at(100));
         // No explicit toleration: the admission default applies.
         assert_eq!(
-            pod_fate(&pod_with(vec![]), std::slice::from_ref(&unreachable), 300, at(0)),
+            pod_fate(
+                &pod_with(vec![]),
+                std::slice::from_ref(&unreachable),
+                300,
+                at(0)
+            ),
             PodFate::EvictAt(at(400))
         );
         let short = pod_with(vec![Toleration {
@@ -440,6 +475,9 @@ mod tests {
             PodFate::EvictAt(at(130))
         );
         let other = taint("maintenance", EFFECT_NO_EXECUTE, at(100));
-        assert_eq!(pod_fate(&pod_with(vec![]), &[other], 300, at(0)), PodFate::Evict);
+        assert_eq!(
+            pod_fate(&pod_with(vec![]), &[other], 300, at(0)),
+            PodFate::Evict
+        );
     }
 }

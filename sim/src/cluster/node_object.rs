@@ -29,7 +29,9 @@ pub(crate) fn pod_cidr(index: u32) -> (String, String) {
 /// Region of an AWS-style zone name (`us-east-1a` → `us-east-1`); other names are kept whole.
 pub(crate) fn region_of(zone: &str) -> &str {
     match zone.char_indices().last() {
-        Some((i, c)) if c.is_ascii_lowercase() && zone[..i].ends_with(|d: char| d.is_ascii_digit()) => {
+        Some((i, c))
+            if c.is_ascii_lowercase() && zone[..i].ends_with(|d: char| d.is_ascii_digit()) =>
+        {
             &zone[..i]
         }
         _ => zone,
@@ -49,7 +51,10 @@ pub(crate) fn node_labels(spec: &NodeSpec) -> BTreeMap<String, String> {
 }
 
 /// Ready=True plus the pressure conditions, keeping transition times when nothing changed.
-pub(crate) fn healthy_conditions(now: SystemTime, previous: &[NodeCondition]) -> Vec<NodeCondition> {
+pub(crate) fn healthy_conditions(
+    now: SystemTime,
+    previous: &[NodeCondition],
+) -> Vec<NodeCondition> {
     let now = time(now);
     let condition = |type_: &str, status: &str, reason: &str, message: &str| {
         let transition = previous
@@ -67,16 +72,39 @@ pub(crate) fn healthy_conditions(now: SystemTime, previous: &[NodeCondition]) ->
         }
     };
     vec![
-        condition("MemoryPressure", "False", "KubeletHasSufficientMemory", "kubelet has sufficient memory available"),
-        condition("DiskPressure", "False", "KubeletHasNoDiskPressure", "kubelet has no disk pressure"),
-        condition("PIDPressure", "False", "KubeletHasSufficientPID", "kubelet has sufficient PID available"),
-        condition("Ready", "True", "KubeletReady", "kubelet is posting ready status"),
+        condition(
+            "MemoryPressure",
+            "False",
+            "KubeletHasSufficientMemory",
+            "kubelet has sufficient memory available",
+        ),
+        condition(
+            "DiskPressure",
+            "False",
+            "KubeletHasNoDiskPressure",
+            "kubelet has no disk pressure",
+        ),
+        condition(
+            "PIDPressure",
+            "False",
+            "KubeletHasSufficientPID",
+            "kubelet has sufficient PID available",
+        ),
+        condition(
+            "Ready",
+            "True",
+            "KubeletReady",
+            "kubelet is posting ready status",
+        ),
     ]
 }
 
 /// What the node lifecycle controller writes when a kubelet goes silent: every condition
 /// Unknown, last heartbeat kept.
-pub(crate) fn unknown_conditions(now: SystemTime, previous: &[NodeCondition]) -> Vec<NodeCondition> {
+pub(crate) fn unknown_conditions(
+    now: SystemTime,
+    previous: &[NodeCondition],
+) -> Vec<NodeCondition> {
     let now: Time = time(now);
     ["MemoryPressure", "DiskPressure", "PIDPressure", "Ready"]
         .into_iter()
@@ -94,7 +122,12 @@ pub(crate) fn unknown_conditions(now: SystemTime, previous: &[NodeCondition]) ->
         .collect()
 }
 
-pub(crate) fn node_object(spec: &NodeSpec, index: u32, cfg: &ClusterConfig, now: SystemTime) -> Node {
+pub(crate) fn node_object(
+    spec: &NodeSpec,
+    index: u32,
+    cfg: &ClusterConfig,
+    now: SystemTime,
+) -> Node {
     let (cidr, _) = pod_cidr(index);
     let ip = spec
         .internal_ip
@@ -105,7 +138,10 @@ pub(crate) fn node_object(spec: &NodeSpec, index: u32, cfg: &ClusterConfig, now:
         ("cpu".to_string(), Quantity(cap.cpu.clone())),
         ("memory".to_string(), Quantity(cap.memory.clone())),
         ("pods".to_string(), Quantity(cap.pods.to_string())),
-        ("ephemeral-storage".to_string(), Quantity(cap.ephemeral_storage.clone())),
+        (
+            "ephemeral-storage".to_string(),
+            Quantity(cap.ephemeral_storage.clone()),
+        ),
     ]);
     let taints = spec
         .taints
@@ -169,7 +205,12 @@ pub(crate) fn node_object(spec: &NodeSpec, index: u32, cfg: &ClusterConfig, now:
 }
 
 /// The node's Lease in `kube-node-lease`, owned by the Node so it goes when the Node goes.
-pub(crate) fn node_lease(node: &str, node_uid: Option<&str>, cfg: &ClusterConfig, now: SystemTime) -> Lease {
+pub(crate) fn node_lease(
+    node: &str,
+    node_uid: Option<&str>,
+    cfg: &ClusterConfig,
+    now: SystemTime,
+) -> Lease {
     Lease {
         metadata: ObjectMeta {
             name: Some(node.to_string()),
@@ -212,7 +253,10 @@ mod tests {
         assert_eq!(labels[LABEL_HOSTNAME], "ip-10-0-1-5");
         assert_eq!(labels["node.kubernetes.io/instance-type"], "m6i.large");
         let node_spec = node.spec.unwrap();
-        assert_eq!(node_spec.provider_id.as_deref(), Some("aws:///us-east-1b/i-0abc"));
+        assert_eq!(
+            node_spec.provider_id.as_deref(),
+            Some("aws:///us-east-1b/i-0abc")
+        );
         assert_eq!(node_spec.taints.unwrap()[0].key, "questdb.io/dedicated");
         let status = node.status.unwrap();
         let addresses = status.addresses.unwrap();

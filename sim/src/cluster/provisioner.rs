@@ -1,7 +1,7 @@
 //! The PV controller plus a CSI external-provisioner: dynamic provisioning in a zone, binding
 //! PVCs and PVs both ways, volume expansion, and reclaiming PVs whose claim is gone.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{
@@ -114,7 +114,10 @@ pub(crate) fn new_pv(
                 }),
             }),
             persistent_volume_reclaim_policy: Some(
-                class.reclaim_policy.clone().unwrap_or_else(|| "Delete".to_string()),
+                class
+                    .reclaim_policy
+                    .clone()
+                    .unwrap_or_else(|| "Delete".to_string()),
             ),
             storage_class_name: class.metadata.name.clone(),
             volume_mode: spec.volume_mode.or_else(|| Some("Filesystem".to_string())),
@@ -148,7 +151,12 @@ impl Provisioner {
             .filter_map(|n| n.metadata.labels.as_ref()?.get(LABEL_ZONE).cloned())
             .collect();
         if from_nodes.is_empty() {
-            self.shared.config.nodes.iter().map(|n| n.zone.clone()).collect()
+            self.shared
+                .config
+                .nodes
+                .iter()
+                .map(|n| n.zone.clone())
+                .collect()
         } else {
             from_nodes
         }
@@ -162,8 +170,20 @@ impl Provisioner {
         for pvc in &pvcs {
             self.sync_claim(pvc, &pvs, &mut out).await;
         }
+        let claim_uids: HashSet<&str> = pvcs
+            .iter()
+            .filter_map(|c| c.metadata.uid.as_deref())
+            .collect();
+        let attached_pvs: HashSet<String> = shared
+            .stores
+            .attachments
+            .state()
+            .iter()
+            .filter_map(|va| va.spec.source.persistent_volume_name.clone())
+            .collect();
         for pv in &pvs {
-            self.sync_volume(pv, &pvcs, &mut out).await;
+            self.sync_volume(pv, &claim_uids, &attached_pvs, &mut out)
+                .await;
         }
         out
     }
@@ -185,7 +205,8 @@ impl Provisioner {
                 return;
             };
             let claim_ref = pv.spec.as_ref().and_then(|s| s.claim_ref.as_ref());
-            let claimed_by_us = claim_ref.is_some_and(|c| c.uid == pvc.metadata.uid) && claim_ref_matches(&pv, pvc);
+            let claimed_by_us =
+                claim_ref.is_some_and(|c| c.uid == pvc.metadata.uid) && claim_ref_matches(&pv, pvc);
             if !claimed_by_us {
                 if claim_ref.is_none() || claim_ref_matches(&pv, pvc) {
                     // Pre-bound claim: complete the PV's side.
@@ -198,7 +219,9 @@ impl Provisioner {
                     });
                     out.record(
                         "claim PV for pre-bound PVC",
-                        volumes.patch(&volume_name, &PatchParams::default(), &Patch::Merge(&patch)).await,
+                        volumes
+                            .patch(&volume_name, &PatchParams::default(), &Patch::Merge(&patch))
+                            .await,
                     );
                 }
                 return;
@@ -209,7 +232,9 @@ impl Provisioner {
                 let patch = json!({"status": {"phase": "Bound"}});
                 out.record(
                     "mark PV Bound",
-                    volumes.patch_status(&volume_name, &PatchParams::default(), &Patch::Merge(&patch)).await,
+                    volumes
+                        .patch_status(&volume_name, &PatchParams::default(), &Patch::Merge(&patch))
+                        .await,
                 );
             }
             let status = pvc.status.clone().unwrap_or_default();
@@ -224,7 +249,9 @@ impl Provisioner {
                 }});
                 out.record(
                     "mark PVC Bound",
-                    claims.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch)).await,
+                    claims
+                        .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
+                        .await,
                 );
             }
             return;
@@ -240,7 +267,9 @@ impl Provisioner {
             });
             out.record(
                 "bind PVC to PV",
-                claims.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await,
+                claims
+                    .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await,
             );
             return;
         }
@@ -260,7 +289,8 @@ impl Provisioner {
             .and_then(|a| a.get(SELECTED_NODE_ANNOTATION))
             .and_then(|node| shared.stores.node(node))
             .and_then(|node| node.metadata.labels.as_ref()?.get(LABEL_ZONE).cloned());
-        let Some(zone) = provision_zone(&class, selected_zone.as_deref(), &self.cluster_zones()) else {
+        let Some(zone) = provision_zone(&class, selected_zone.as_deref(), &self.cluster_zones())
+        else {
             return;
         };
         let pv = new_pv(pvc, &class, &zone, &new_volume_handle());
@@ -273,7 +303,12 @@ impl Provisioner {
         }
     }
 
-    async fn expand_if_requested(&self, pvc: &PersistentVolumeClaim, pv: &PersistentVolume, out: &mut PassOutcome) {
+    async fn expand_if_requested(
+        &self,
+        pvc: &PersistentVolumeClaim,
+        pv: &PersistentVolume,
+        out: &mut PassOutcome,
+    ) {
         let (Some(wanted), Some(current)) = (requested_storage(pvc), pv_storage(pv)) else {
             return;
         };
@@ -291,14 +326,17 @@ impl Provisioner {
         let patch = json!({"spec": {"capacity": {"storage": wanted}}});
         out.record(
             "expand PV",
-            volumes.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await,
+            volumes
+                .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await,
         );
     }
 
     async fn sync_volume(
         &self,
         pv: &PersistentVolume,
-        pvcs: &[Arc<PersistentVolumeClaim>],
+        claim_uids: &HashSet<&str>,
+        attached_pvs: &HashSet<String>,
         out: &mut PassOutcome,
     ) {
         let shared = &self.shared;
@@ -311,12 +349,14 @@ impl Provisioner {
                 let patch = json!({"status": {"phase": "Available"}});
                 out.record(
                     "mark PV Available",
-                    volumes.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch)).await,
+                    volumes
+                        .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
+                        .await,
                 );
             }
             return;
         };
-        let claim_exists = pvcs.iter().any(|c| c.metadata.uid.as_ref() == Some(claim_uid));
+        let claim_exists = claim_uids.contains(claim_uid.as_str());
         if claim_exists || pv.metadata.deletion_timestamp.is_some() {
             return;
         }
@@ -325,12 +365,7 @@ impl Provisioner {
             .as_ref()
             .and_then(|s| s.persistent_volume_reclaim_policy.as_deref())
             .unwrap_or("Retain");
-        let attached = shared
-            .stores
-            .attachments
-            .state()
-            .iter()
-            .any(|va| va.spec.source.persistent_volume_name.as_deref() == Some(name));
+        let attached = attached_pvs.contains(name);
         if policy == "Delete" && !attached {
             match volumes.delete(name, &DeleteParams::default()).await {
                 Err(err) if is_status(&err, 404) => {}
@@ -342,7 +377,9 @@ impl Provisioner {
             let patch = json!({"status": {"phase": "Released"}});
             out.record(
                 "mark PV Released",
-                volumes.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch)).await,
+                volumes
+                    .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await,
             );
         }
     }
@@ -369,7 +406,14 @@ mod tests {
                 ..Default::default()
             },
             provisioner: "ebs.csi.aws.com".into(),
-            volume_binding_mode: Some(if wait { "WaitForFirstConsumer" } else { "Immediate" }.into()),
+            volume_binding_mode: Some(
+                if wait {
+                    "WaitForFirstConsumer"
+                } else {
+                    "Immediate"
+                }
+                .into(),
+            ),
             reclaim_policy: Some("Retain".into()),
             ..Default::default()
         }
@@ -386,7 +430,10 @@ mod tests {
             spec: Some(PersistentVolumeClaimSpec {
                 access_modes: Some(vec!["ReadWriteOnce".into()]),
                 resources: Some(VolumeResourceRequirements {
-                    requests: Some(BTreeMap::from([("storage".to_string(), Quantity("50Gi".into()))])),
+                    requests: Some(BTreeMap::from([(
+                        "storage".to_string(),
+                        Quantity("50Gi".into()),
+                    )])),
                     ..Default::default()
                 }),
                 ..Default::default()
@@ -399,8 +446,14 @@ mod tests {
     fn wait_for_first_consumer_provisions_only_in_the_selected_nodes_zone() {
         let zones = BTreeSet::from(["a".to_string(), "b".to_string()]);
         assert_eq!(provision_zone(&class(true), None, &zones), None);
-        assert_eq!(provision_zone(&class(true), Some("b"), &zones), Some("b".into()));
-        assert_eq!(provision_zone(&class(false), None, &zones), Some("a".into()));
+        assert_eq!(
+            provision_zone(&class(true), Some("b"), &zones),
+            Some("b".into())
+        );
+        assert_eq!(
+            provision_zone(&class(false), None, &zones),
+            Some("a".into())
+        );
         let mut pinned = class(false);
         pinned.allowed_topologies = Some(vec![TopologySelectorTerm {
             match_label_expressions: Some(vec![TopologySelectorLabelRequirement {
@@ -416,13 +469,32 @@ mod tests {
         let pv = new_pv(&claim(), &class(true), "us-east-1a", "vol-0abc");
         assert_eq!(pv.metadata.name.as_deref(), Some("pvc-1234"));
         let spec = pv.spec.as_ref().unwrap();
-        assert_eq!(spec.capacity.as_ref().unwrap()["storage"], Quantity("50Gi".into()));
-        assert_eq!(spec.persistent_volume_reclaim_policy.as_deref(), Some("Retain"));
+        assert_eq!(
+            spec.capacity.as_ref().unwrap()["storage"],
+            Quantity("50Gi".into())
+        );
+        assert_eq!(
+            spec.persistent_volume_reclaim_policy.as_deref(),
+            Some("Retain")
+        );
         let csi = spec.csi.as_ref().unwrap();
-        assert_eq!((csi.driver.as_str(), csi.volume_handle.as_str()), ("ebs.csi.aws.com", "vol-0abc"));
-        let term = &spec.node_affinity.as_ref().unwrap().required.as_ref().unwrap().node_selector_terms[0];
+        assert_eq!(
+            (csi.driver.as_str(), csi.volume_handle.as_str()),
+            ("ebs.csi.aws.com", "vol-0abc")
+        );
+        let term = &spec
+            .node_affinity
+            .as_ref()
+            .unwrap()
+            .required
+            .as_ref()
+            .unwrap()
+            .node_selector_terms[0];
         let req = &term.match_expressions.as_ref().unwrap()[0];
-        assert_eq!((req.key.as_str(), req.values.as_ref().unwrap()[0].as_str()), (LABEL_ZONE, "us-east-1a"));
+        assert_eq!(
+            (req.key.as_str(), req.values.as_ref().unwrap()[0].as_str()),
+            (LABEL_ZONE, "us-east-1a")
+        );
         assert!(claim_ref_matches(&pv, &claim()));
         let mut other = claim();
         other.metadata.uid = Some("9999".into());

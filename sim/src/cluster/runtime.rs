@@ -42,13 +42,35 @@ pub(crate) struct Stores {
     pub storage_classes: Store<StorageClass>,
 }
 
+/// The kinds the caches hold; a control loop wakes only for the kinds it reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Node,
+    Pod,
+    Claim,
+    Volume,
+    Attachment,
+    StatefulSet,
+    Lease,
+    StorageClass,
+}
+
+const KINDS: usize = 8;
+
+/// Per-kind event counters, bumped by the reflectors.
+pub(crate) type Changes = watch::Sender<[u64; KINDS]>;
+
+pub(crate) fn changes_channel() -> Changes {
+    watch::channel([0; KINDS]).0
+}
+
 impl Stores {
-    /// Starts one reflector per kind; each event bumps `changes` so idle loops wake up.
+    /// Starts one reflector per kind; each event bumps its kind's counter in `changes`.
     pub fn start(
         client: &Client,
         tasks: &mut JoinSet<()>,
         cancel: &CancellationToken,
-        changes: &watch::Sender<u64>,
+        changes: &Changes,
     ) -> Self {
         let mut spawn = Spawner {
             tasks,
@@ -56,14 +78,17 @@ impl Stores {
             changes,
         };
         Self {
-            nodes: spawn.reflect(Api::all(client.clone())),
-            pods: spawn.reflect(Api::all(client.clone())),
-            pvcs: spawn.reflect(Api::all(client.clone())),
-            pvs: spawn.reflect(Api::all(client.clone())),
-            attachments: spawn.reflect(Api::all(client.clone())),
-            statefulsets: spawn.reflect(Api::all(client.clone())),
-            leases: spawn.reflect(Api::namespaced(client.clone(), NODE_LEASE_NAMESPACE)),
-            storage_classes: spawn.reflect(Api::all(client.clone())),
+            nodes: spawn.reflect(Kind::Node, Api::all(client.clone())),
+            pods: spawn.reflect(Kind::Pod, Api::all(client.clone())),
+            pvcs: spawn.reflect(Kind::Claim, Api::all(client.clone())),
+            pvs: spawn.reflect(Kind::Volume, Api::all(client.clone())),
+            attachments: spawn.reflect(Kind::Attachment, Api::all(client.clone())),
+            statefulsets: spawn.reflect(Kind::StatefulSet, Api::all(client.clone())),
+            leases: spawn.reflect(
+                Kind::Lease,
+                Api::namespaced(client.clone(), NODE_LEASE_NAMESPACE),
+            ),
+            storage_classes: spawn.reflect(Kind::StorageClass, Api::all(client.clone())),
         }
     }
 
@@ -104,11 +129,11 @@ impl Stores {
 struct Spawner<'a> {
     tasks: &'a mut JoinSet<()>,
     cancel: &'a CancellationToken,
-    changes: &'a watch::Sender<u64>,
+    changes: &'a Changes,
 }
 
 impl Spawner<'_> {
-    fn reflect<K>(&mut self, api: Api<K>) -> Store<K>
+    fn reflect<K>(&mut self, kind: Kind, api: Api<K>) -> Store<K>
     where
         K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
         K::DynamicType: Default + Eq + Hash + Clone + Send + Sync,
@@ -126,7 +151,7 @@ impl Spawner<'_> {
                 tokio::select! {
                     _ = cancel.cancelled() => break,
                     event = stream.next() => match event {
-                        Some(Ok(_)) => { changes.send_modify(|n| *n = n.wrapping_add(1)); }
+                        Some(Ok(_)) => { changes.send_modify(|n| n[kind as usize] = n[kind as usize].wrapping_add(1)); }
                         Some(Err(err)) => tracing::debug!(%err, kind = %K::kind(&Default::default()), "sim watch error"),
                         None => break,
                     }
@@ -174,23 +199,41 @@ pub(crate) trait Reconciler: Send + 'static {
 }
 
 /// Shortest real pause between passes: events arriving in a burst coalesce into one pass.
-const MIN_PASS_SPACING: Duration = Duration::from_millis(5);
+const MIN_PASS_SPACING: Duration = Duration::from_millis(10);
 const MAX_ERROR_BACKOFF: Duration = Duration::from_secs(2);
 
 /// Runs `pass` whenever a watched object changes, when the pass asked to be requeued, and every
 /// `resync` as a safety net, until `cancel` fires. Failed passes back off exponentially (in real
 /// time, so a broken apiserver is not hammered however fast the clock runs).
+pub(crate) struct LoopSpec {
+    pub name: &'static str,
+    pub interests: &'static [Kind],
+    pub clock: Clock,
+    pub resync: Duration,
+    pub cancel: CancellationToken,
+}
+
 pub(crate) async fn control_loop<R: Reconciler>(
-    name: &'static str,
-    clock: Clock,
-    resync: Duration,
-    cancel: CancellationToken,
-    mut changes: watch::Receiver<u64>,
+    spec: LoopSpec,
+    mut changes: watch::Receiver<[u64; KINDS]>,
     mut reconciler: R,
 ) {
+    let LoopSpec {
+        name,
+        interests,
+        clock,
+        resync,
+        cancel,
+    } = spec;
+    let relevant = |counters: &[u64; KINDS]| {
+        interests
+            .iter()
+            .map(|k| counters[*k as usize])
+            .collect::<Vec<_>>()
+    };
     let mut error_backoff = Duration::from_millis(20);
     loop {
-        changes.mark_unchanged();
+        let mut seen = relevant(&changes.borrow_and_update());
         let outcome = reconciler.pass().await;
         let mut wait = clock.to_real(outcome.requeue_after.unwrap_or(resync).min(resync));
         if outcome.failed {
@@ -205,12 +248,22 @@ pub(crate) async fn control_loop<R: Reconciler>(
             _ = cancel.cancelled() => return,
             _ = tokio::time::sleep(MIN_PASS_SPACING) => {}
         }
-        tokio::select! {
-            _ = cancel.cancelled() => return,
-            changed = changes.changed(), if !outcome.failed => {
-                if changed.is_err() { return; }
+        let deadline = tokio::time::Instant::now() + wait.saturating_sub(MIN_PASS_SPACING);
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                changed = changes.changed(), if !outcome.failed => {
+                    if changed.is_err() { return; }
+                    // Events of kinds this loop does not read (e.g. Lease renewals for the
+                    // scheduler) do not cost it a pass.
+                    let now = relevant(&changes.borrow_and_update());
+                    if now != seen {
+                        break;
+                    }
+                    seen = now;
+                }
+                _ = tokio::time::sleep_until(deadline) => break,
             }
-            _ = tokio::time::sleep(wait.saturating_sub(MIN_PASS_SPACING)) => {}
         }
     }
 }

@@ -3,14 +3,18 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Binding, Node, ObjectReference, PersistentVolumeClaim, Pod, PodCondition};
+use k8s_openapi::api::core::v1::{
+    Binding, Node, ObjectReference, PersistentVolumeClaim, Pod, PodCondition,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
 
 use super::runtime::{is_status, time, PassOutcome, Shared};
 use super::scheduling::{fits, unschedulable_message, ClaimState, Misfit};
-use super::volumes::{bound_pv, claim_class, pod_claims, pod_is_terminal, waits_for_first_consumer};
+use super::volumes::{
+    bound_pv, claim_class, pod_claims, pod_is_terminal, waits_for_first_consumer,
+};
 use super::wellknown::{DEFAULT_SCHEDULER, SELECTED_NODE_ANNOTATION};
 
 /// Whether this scheduler is responsible for `pod` and it still needs a node.
@@ -22,7 +26,9 @@ pub(crate) fn needs_scheduling(pod: &Pod) -> bool {
         .scheduler_name
         .as_deref()
         .is_none_or(|s| s.is_empty() || s == DEFAULT_SCHEDULER);
-    ours && spec.node_name.is_none() && pod.metadata.deletion_timestamp.is_none() && !pod_is_terminal(pod)
+    ours && spec.node_name.is_none()
+        && pod.metadata.deletion_timestamp.is_none()
+        && !pod_is_terminal(pod)
 }
 
 /// Among the nodes that fit, the one with the fewest pods (ties by name, for determinism).
@@ -55,7 +61,12 @@ impl Scheduler {
             if let Some(pv) = bound_pv(stores, &pvc) {
                 let affinity = pv.spec.as_ref().and_then(|s| s.node_affinity.clone());
                 states.push(ClaimState::Bound(affinity));
-            } else if pvc.spec.as_ref().and_then(|s| s.volume_name.as_ref()).is_some() {
+            } else if pvc
+                .spec
+                .as_ref()
+                .and_then(|s| s.volume_name.as_ref())
+                .is_some()
+            {
                 // Pre-bound to a PV that is not there (yet): like unbound immediate.
                 states.push(ClaimState::UnboundImmediate(claim.to_string()));
             } else if claim_class(stores, &pvc).is_some_and(|c| waits_for_first_consumer(&c)) {
@@ -105,7 +116,10 @@ impl Scheduler {
             match choose(&candidates) {
                 Some(node) => {
                     if self.bind(pod, node, &delayed, &mut out).await {
-                        by_node.entry(node.to_string()).or_default().push(pod.clone());
+                        by_node
+                            .entry(node.to_string())
+                            .or_default()
+                            .push(pod.clone());
                     }
                 }
                 None => {
@@ -140,7 +154,9 @@ impl Scheduler {
             let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), namespace);
             let patch = json!({"metadata": {"annotations": {SELECTED_NODE_ANNOTATION: node}}});
             let claim = pvc.metadata.name.as_deref().unwrap_or_default();
-            let written = pvcs.patch(claim, &PatchParams::default(), &Patch::Merge(&patch)).await;
+            let written = pvcs
+                .patch(claim, &PatchParams::default(), &Patch::Merge(&patch))
+                .await;
             if out.record("annotate selected node", written).is_none() {
                 return false;
             }
@@ -172,7 +188,9 @@ impl Scheduler {
                     "metadata": {"resourceVersion": pod.metadata.resource_version},
                     "spec": {"nodeName": node},
                 });
-                let written = pods.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await;
+                let written = pods
+                    .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await;
                 out.record("bind pod by nodeName", written).is_some()
             }
             Err(err) => out.record::<()>("bind pod", Err(err)).is_some(),
@@ -215,6 +233,12 @@ impl Scheduler {
     }
 }
 
+impl super::runtime::Reconciler for Scheduler {
+    fn pass(&mut self) -> impl std::future::Future<Output = PassOutcome> + Send {
+        self.pass_once()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -243,11 +267,5 @@ mod tests {
         pod.spec.as_mut().unwrap().node_name = None;
         pod.metadata.deletion_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH));
         assert!(!needs_scheduling(&pod));
-    }
-}
-
-impl super::runtime::Reconciler for Scheduler {
-    fn pass(&mut self) -> impl std::future::Future<Output = PassOutcome> + Send {
-        self.pass_once()
     }
 }

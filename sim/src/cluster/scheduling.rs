@@ -2,7 +2,7 @@
 //! NodeUnschedulable, NodeName, NodeAffinity (nodeSelector + required affinity), TaintToleration,
 //! NodeResourcesFit and VolumeZone/VolumeBinding, in that order.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
     Node, NodeSelectorRequirement, NodeSelectorTerm, Pod, Taint, Toleration, VolumeNodeAffinity,
@@ -117,10 +117,7 @@ pub(crate) fn untolerated_taint<'a>(
     })
 }
 
-fn requirement_matches(
-    req: &NodeSelectorRequirement,
-    labels: &BTreeMap<String, String>,
-) -> bool {
+fn requirement_matches(req: &NodeSelectorRequirement, labels: &BTreeMap<String, String>) -> bool {
     let value = labels.get(&req.key);
     let values = req.values.as_deref().unwrap_or_default();
     match req.operator.as_str() {
@@ -145,7 +142,11 @@ fn requirement_matches(
     }
 }
 
-fn term_matches(term: &NodeSelectorTerm, node_name: &str, labels: &BTreeMap<String, String>) -> bool {
+fn term_matches(
+    term: &NodeSelectorTerm,
+    node_name: &str,
+    labels: &BTreeMap<String, String>,
+) -> bool {
     let exprs = term.match_expressions.as_deref().unwrap_or_default();
     let fields = term.match_fields.as_deref().unwrap_or_default();
     // An empty term selects nothing (Kubernetes semantics).
@@ -179,7 +180,10 @@ fn selector_and_affinity_match(pod: &Pod, node: &Node) -> bool {
         .affinity
         .as_ref()
         .and_then(|a| a.node_affinity.as_ref())
-        .and_then(|na| na.required_during_scheduling_ignored_during_execution.as_ref());
+        .and_then(|na| {
+            na.required_during_scheduling_ignored_during_execution
+                .as_ref()
+        });
     selector_ok && required.is_none_or(|sel| terms_match(&sel.node_selector_terms, node))
 }
 
@@ -306,13 +310,13 @@ pub(crate) fn fits(
 /// 2 node(s) didn't match Pod's node affinity/selector.`
 pub(crate) fn unschedulable_message(total_nodes: usize, misfits: &[Misfit]) -> String {
     let mut counts: BTreeMap<String, usize> = BTreeMap::new();
-    let distinct: BTreeSet<&Misfit> = misfits.iter().collect();
-    for m in &distinct {
-        let n = misfits.iter().filter(|x| x == m).count();
-        *counts.entry(m.to_string()).or_insert(0) += n;
+    for m in misfits {
+        *counts.entry(m.to_string()).or_insert(0) += 1;
     }
     if counts.is_empty() {
-        return format!("0/{total_nodes} nodes are available: no nodes available to schedule pods.");
+        return format!(
+            "0/{total_nodes} nodes are available: no nodes available to schedule pods."
+        );
     }
     let parts: Vec<String> = counts.iter().map(|(m, n)| format!("{n} {m}")).collect();
     format!("0/{total_nodes} nodes are available: {}.", parts.join(", "))
@@ -381,7 +385,12 @@ mod tests {
         }
     }
 
-    fn toleration(key: Option<&str>, op: &str, value: Option<&str>, effect: Option<&str>) -> Toleration {
+    fn toleration(
+        key: Option<&str>,
+        op: &str,
+        value: Option<&str>,
+        effect: Option<&str>,
+    ) -> Toleration {
         Toleration {
             key: key.map(Into::into),
             operator: Some(op.into()),
@@ -413,13 +422,28 @@ mod tests {
     #[test]
     fn toleration_operators_follow_kubernetes_rules() {
         let t = taint("dedicated", Some("questdb"), "NoSchedule");
-        assert!(tolerates(&toleration(Some("dedicated"), "Equal", Some("questdb"), None), &t));
-        assert!(!tolerates(&toleration(Some("dedicated"), "Equal", Some("other"), None), &t));
-        assert!(tolerates(&toleration(Some("dedicated"), "Exists", None, Some("NoSchedule")), &t));
-        assert!(!tolerates(&toleration(Some("dedicated"), "Exists", None, Some("NoExecute")), &t));
+        assert!(tolerates(
+            &toleration(Some("dedicated"), "Equal", Some("questdb"), None),
+            &t
+        ));
+        assert!(!tolerates(
+            &toleration(Some("dedicated"), "Equal", Some("other"), None),
+            &t
+        ));
+        assert!(tolerates(
+            &toleration(Some("dedicated"), "Exists", None, Some("NoSchedule")),
+            &t
+        ));
+        assert!(!tolerates(
+            &toleration(Some("dedicated"), "Exists", None, Some("NoExecute")),
+            &t
+        ));
         // Empty key + Exists is the wildcard toleration.
         assert!(tolerates(&toleration(None, "Exists", None, None), &t));
-        assert!(!tolerates(&toleration(Some("other"), "Exists", None, None), &t));
+        assert!(!tolerates(
+            &toleration(Some("other"), "Exists", None, None),
+            &t
+        ));
     }
 
     #[test]
@@ -433,8 +457,12 @@ mod tests {
             Err(Misfit::Taint("dedicated: db".into()))
         );
         let mut p = pod();
-        p.spec.as_mut().unwrap().tolerations =
-            Some(vec![toleration(Some("dedicated"), "Equal", Some("db"), None)]);
+        p.spec.as_mut().unwrap().tolerations = Some(vec![toleration(
+            Some("dedicated"),
+            "Equal",
+            Some("db"),
+            None,
+        )]);
         assert_eq!(fits(&p, &n, &[], &[]), Ok(()));
     }
 
@@ -442,8 +470,10 @@ mod tests {
     fn node_selector_and_required_affinity_are_both_enforced() {
         let n = node("n1", "us-east-1a");
         let mut p = pod();
-        p.spec.as_mut().unwrap().node_selector =
-            Some(BTreeMap::from([("kubernetes.io/hostname".into(), "n2".into())]));
+        p.spec.as_mut().unwrap().node_selector = Some(BTreeMap::from([(
+            "kubernetes.io/hostname".into(),
+            "n2".into(),
+        )]));
         assert_eq!(fits(&p, &n, &[], &[]), Err(Misfit::Selector));
 
         let mut p = pod();
@@ -473,17 +503,30 @@ mod tests {
                 .and_then(|a| a.required_during_scheduling_ignored_during_execution),
         };
         let claims = [ClaimState::Bound(Some(affinity))];
-        assert_eq!(fits(&pod(), &node("a1", "us-east-1a"), &[], &claims), Ok(()));
+        assert_eq!(
+            fits(&pod(), &node("a1", "us-east-1a"), &[], &claims),
+            Ok(())
+        );
         assert_eq!(
             fits(&pod(), &node("b1", "us-east-1b"), &[], &claims),
             Err(Misfit::VolumeAffinity)
         );
         assert_eq!(
-            fits(&pod(), &node("b1", "us-east-1b"), &[], &[ClaimState::UnboundWaitForConsumer]),
+            fits(
+                &pod(),
+                &node("b1", "us-east-1b"),
+                &[],
+                &[ClaimState::UnboundWaitForConsumer]
+            ),
             Ok(())
         );
         assert_eq!(
-            fits(&pod(), &node("b1", "us-east-1b"), &[], &[ClaimState::Missing("data".into())]),
+            fits(
+                &pod(),
+                &node("b1", "us-east-1b"),
+                &[],
+                &[ClaimState::Missing("data".into())]
+            ),
             Err(Misfit::ClaimMissing("data".into()))
         );
     }
@@ -492,12 +535,18 @@ mod tests {
     fn requests_beyond_allocatable_do_not_fit() {
         let mut big = pod();
         big.spec.as_mut().unwrap().containers[0].resources = Some(ResourceRequirements {
-            requests: Some(BTreeMap::from([("cpu".to_string(), Quantity("1500m".into()))])),
+            requests: Some(BTreeMap::from([(
+                "cpu".to_string(),
+                Quantity("1500m".into()),
+            )])),
             ..Default::default()
         });
         let n = node("n1", "a");
         assert_eq!(fits(&big, &n, &[], &[]), Ok(()));
-        assert_eq!(fits(&big, &n, &[&big], &[]), Err(Misfit::Insufficient("cpu")));
+        assert_eq!(
+            fits(&big, &n, &[&big], &[]),
+            Err(Misfit::Insufficient("cpu"))
+        );
         let small = pod();
         assert_eq!(
             fits(&small, &n, &[&small, &small, &small], &[]),

@@ -23,7 +23,11 @@ pub(crate) fn revision_name(sts: &StatefulSet) -> String {
     let template = sts.spec.as_ref().map(|s| &s.template);
     let bytes = serde_json::to_vec(&template).unwrap_or_default();
     let digest = hex::encode(Sha256::digest(&bytes));
-    format!("{}-{}", sts.metadata.name.as_deref().unwrap_or_default(), &digest[..10])
+    format!(
+        "{}-{}",
+        sts.metadata.name.as_deref().unwrap_or_default(),
+        &digest[..10]
+    )
 }
 
 pub(crate) fn pod_name(sts: &str, ordinal: i32) -> String {
@@ -313,7 +317,12 @@ fn selector_matches(sts: &StatefulSet, pod: &Pod) -> bool {
         return false;
     };
     // Only matchLabels selectors adopt orphans; matchExpressions are not evaluated here.
-    if spec.selector.match_expressions.as_ref().is_some_and(|e| !e.is_empty()) {
+    if spec
+        .selector
+        .match_expressions
+        .as_ref()
+        .is_some_and(|e| !e.is_empty())
+    {
         return false;
     }
     let labels = pod.metadata.labels.clone().unwrap_or_default();
@@ -336,18 +345,28 @@ impl StatefulSetController {
     async fn pass_once(&mut self) -> PassOutcome {
         let mut out = PassOutcome::default();
         let shared = self.shared.clone();
-        let mut pods_by_ns: BTreeMap<String, Vec<Arc<Pod>>> = BTreeMap::new();
+        // Index once per pass so each set only looks at its own pods (and the orphans of its
+        // namespace it might adopt), not at every pod of the cluster.
+        let mut by_owner: BTreeMap<String, Vec<Arc<Pod>>> = BTreeMap::new();
+        let mut orphans_by_ns: BTreeMap<String, Vec<Arc<Pod>>> = BTreeMap::new();
         for pod in shared.stores.pods.state() {
-            let ns = pod.metadata.namespace.clone().unwrap_or_default();
-            pods_by_ns.entry(ns).or_default().push(pod);
+            match controller_uid(&pod) {
+                Some(uid) => by_owner.entry(uid.to_string()).or_default().push(pod),
+                None => {
+                    let ns = pod.metadata.namespace.clone().unwrap_or_default();
+                    orphans_by_ns.entry(ns).or_default().push(pod);
+                }
+            }
         }
         for sts in shared.stores.statefulsets.state() {
             if sts.metadata.deletion_timestamp.is_some() {
                 continue;
             }
             let ns = sts.metadata.namespace.clone().unwrap_or_default();
-            let pods = pods_by_ns.get(&ns).map(Vec::as_slice).unwrap_or_default();
-            self.sync(&sts, pods, &mut out).await;
+            let uid = sts.metadata.uid.clone().unwrap_or_default();
+            let mut pods = by_owner.get(&uid).cloned().unwrap_or_default();
+            pods.extend(orphans_by_ns.get(&ns).cloned().unwrap_or_default());
+            self.sync(&sts, &pods, &mut out).await;
         }
         out
     }
@@ -378,7 +397,9 @@ impl StatefulSetController {
                     }});
                     out.record(
                         "adopt orphan pod",
-                        pod_api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await,
+                        pod_api
+                            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+                            .await,
                     );
                 }
                 _ => {}
@@ -443,7 +464,9 @@ impl StatefulSetController {
             let patch = json!({"status": status});
             out.record(
                 "update StatefulSet status",
-                sts_api.patch_status(set_name, &PatchParams::default(), &Patch::Merge(&patch)).await,
+                sts_api
+                    .patch_status(set_name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await,
             );
         }
     }
@@ -451,7 +474,8 @@ impl StatefulSetController {
     /// Creates the ordinal's missing PVCs; false when one could not be created.
     async fn ensure_claims(&self, sts: &StatefulSet, ordinal: i32, out: &mut PassOutcome) -> bool {
         let namespace = sts.metadata.namespace.as_deref().unwrap_or("default");
-        let api: Api<PersistentVolumeClaim> = Api::namespaced(self.shared.client.clone(), namespace);
+        let api: Api<PersistentVolumeClaim> =
+            Api::namespaced(self.shared.client.clone(), namespace);
         let mut ok = true;
         for claim in new_claims(sts, ordinal) {
             let name = claim.metadata.name.clone().unwrap_or_default();
@@ -551,7 +575,10 @@ mod tests {
     fn ordered_ready_creates_one_pod_at_a_time() {
         assert_eq!(plan(&shape(3), &[]), vec![Step::Create(0)]);
         assert_eq!(plan(&shape(3), &[view(0, "db-new", false)]), vec![]);
-        assert_eq!(plan(&shape(3), &[view(0, "db-new", true)]), vec![Step::Create(1)]);
+        assert_eq!(
+            plan(&shape(3), &[view(0, "db-new", true)]),
+            vec![Step::Create(1)]
+        );
         let parallel = Shape {
             parallel: true,
             ..shape(3)
@@ -572,7 +599,11 @@ mod tests {
 
     #[test]
     fn scale_down_removes_the_highest_ordinal_first() {
-        let pods = [view(0, "db-new", true), view(1, "db-new", true), view(2, "db-new", true)];
+        let pods = [
+            view(0, "db-new", true),
+            view(1, "db-new", true),
+            view(2, "db-new", true),
+        ];
         assert_eq!(plan(&shape(1), &pods), vec![Step::Delete(2)]);
     }
 
@@ -606,7 +637,12 @@ mod tests {
     #[test]
     fn status_reports_revisions_and_completes_rollouts() {
         let s = shape(2);
-        let mid = compute_status(&s, Some(4), Some("db-old"), &[view(0, "db-old", true), view(1, "db-new", true)]);
+        let mid = compute_status(
+            &s,
+            Some(4),
+            Some("db-old"),
+            &[view(0, "db-old", true), view(1, "db-new", true)],
+        );
         assert_eq!(mid.replicas, 2);
         assert_eq!(mid.ready_replicas, Some(2));
         assert_eq!(mid.current_replicas, Some(1));
@@ -614,7 +650,12 @@ mod tests {
         assert_eq!(mid.current_revision.as_deref(), Some("db-old"));
         assert_eq!(mid.update_revision.as_deref(), Some("db-new"));
         assert_eq!(mid.observed_generation, Some(4));
-        let done = compute_status(&s, Some(4), Some("db-old"), &[view(0, "db-new", true), view(1, "db-new", true)]);
+        let done = compute_status(
+            &s,
+            Some(4),
+            Some("db-old"),
+            &[view(0, "db-new", true), view(1, "db-new", true)],
+        );
         assert_eq!(done.current_revision.as_deref(), Some("db-new"));
         assert_eq!(done.current_replicas, Some(2));
         let fresh = compute_status(&s, Some(1), None, &[]);
@@ -633,11 +674,17 @@ mod tests {
         assert_eq!(labels[STS_POD_NAME_LABEL], "db-0");
         assert_eq!(labels["app"], "db");
         let owner = &pod.metadata.owner_references.as_ref().unwrap()[0];
-        assert_eq!((owner.kind.as_str(), owner.uid.as_str(), owner.controller), ("StatefulSet", "sts-uid", Some(true)));
+        assert_eq!(
+            (owner.kind.as_str(), owner.uid.as_str(), owner.controller),
+            ("StatefulSet", "sts-uid", Some(true))
+        );
         let spec = pod.spec.as_ref().unwrap();
         assert_eq!(spec.hostname.as_deref(), Some("db-0"));
         assert_eq!(spec.subdomain.as_deref(), Some("db-headless"));
-        let claim = spec.volumes.as_ref().unwrap()[0].persistent_volume_claim.as_ref().unwrap();
+        let claim = spec.volumes.as_ref().unwrap()[0]
+            .persistent_volume_claim
+            .as_ref()
+            .unwrap();
         assert_eq!(claim.claim_name, "data-db-0");
         let claims = new_claims(&set, 0);
         assert_eq!(claims[0].metadata.name.as_deref(), Some("data-db-0"));

@@ -48,13 +48,29 @@ pub(crate) fn pod_volumes(stores: &Stores, pod: &Pod) -> Option<Vec<Arc<Persiste
         .collect()
 }
 
+/// The PVs behind those of a pod's claims that are bound; the others contribute nothing yet.
+pub(crate) fn pod_bound_volumes(stores: &Stores, pod: &Pod) -> Vec<Arc<PersistentVolume>> {
+    let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
+    pod_claims(pod)
+        .into_iter()
+        .filter_map(|claim| {
+            let pvc = stores.pvc(namespace, claim)?;
+            bound_pv(stores, &pvc)
+        })
+        .collect()
+}
+
 /// The class a claim uses: its own, or the default class when it names none (what the
 /// DefaultStorageClass admission plugin would have filled in).
 pub(crate) fn claim_class(
     stores: &Stores,
     claim: &PersistentVolumeClaim,
 ) -> Option<Arc<StorageClass>> {
-    match claim.spec.as_ref().and_then(|s| s.storage_class_name.as_deref()) {
+    match claim
+        .spec
+        .as_ref()
+        .and_then(|s| s.storage_class_name.as_deref())
+    {
         Some("") => None,
         Some(name) => stores.storage_class(name),
         None => stores.storage_classes.state().into_iter().find(|sc| {

@@ -33,7 +33,8 @@ pub fn openapi_v2(registry: &Registry) -> Value {
     for rt in registry.all() {
         if let Some(schema) = &rt.schema {
             let mut s = schema.raw().clone();
-            s["x-kubernetes-group-version-kind"] = json!([{"group": rt.group, "version": rt.version, "kind": rt.kind}]);
+            s["x-kubernetes-group-version-kind"] =
+                json!([{"group": rt.group, "version": rt.version, "kind": rt.kind}]);
             definitions.insert(definition_name(&rt.group, &rt.version, &rt.kind), s);
         }
     }
@@ -63,7 +64,10 @@ pub fn openapi_v3_root(registry: &Registry) -> Value {
     for (group, versions) in registry.groups() {
         for v in versions {
             let p = group_version_path(&group, &v);
-            paths.insert(p.clone(), json!({"serverRelativeURL": format!("/openapi/v3/{p}")}));
+            paths.insert(
+                p.clone(),
+                json!({"serverRelativeURL": format!("/openapi/v3/{p}")}),
+            );
         }
     }
     json!({"paths": paths})
@@ -88,7 +92,8 @@ pub fn openapi_v3_group(registry: &Registry, rest: &[&str]) -> Option<Value> {
     if types.is_empty() {
         return None;
     }
-    let field_validation = json!({"name": "fieldValidation", "in": "query", "schema": {"type": "string"}});
+    let field_validation =
+        json!({"name": "fieldValidation", "in": "query", "schema": {"type": "string"}});
     for rt in types {
         let gvk = json!([{"group": rt.group, "version": rt.version, "kind": rt.kind}]);
         let op = json!({
@@ -102,7 +107,10 @@ pub fn openapi_v3_group(registry: &Registry, rest: &[&str]) -> Option<Value> {
             format!("/{gv}/{}", rt.plural)
         };
         paths.insert(base.clone(), json!({"post": op, "get": op}));
-        paths.insert(format!("{base}/{{name}}"), json!({"put": op, "patch": op, "get": op, "delete": op}));
+        paths.insert(
+            format!("{base}/{{name}}"),
+            json!({"put": op, "patch": op, "get": op, "delete": op}),
+        );
         if let Some(schema) = &rt.schema {
             let mut s = schema.raw().clone();
             s["x-kubernetes-group-version-kind"] = gvk;

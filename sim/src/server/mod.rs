@@ -65,7 +65,10 @@ fn parse_resource(group: &str, version: &str, rest: &[&str]) -> Option<ResourceP
         })
     };
     // `/namespaces/{ns}/{plural}...` vs the Namespace object itself (`/namespaces/{name}[/status]`).
-    if rest.first() == Some(&"namespaces") && rest.len() >= 3 && !matches!(rest[2], "status" | "finalize") {
+    if rest.first() == Some(&"namespaces")
+        && rest.len() >= 3
+        && !matches!(rest[2], "status" | "finalize")
+    {
         return path(Some(rest[1].to_string()), &rest[2..]);
     }
     path(None, rest)
@@ -77,11 +80,15 @@ fn route(app: &AppState, path: &str) -> Route {
     match segs.as_slice() {
         ["api"] => Route::Json(discovery::api_versions(&app.address)),
         ["api", v] => json(app.registry.resource_list("", v)),
-        ["api", v, rest @ ..] => parse_resource("", v, rest).map(Route::Resource).unwrap_or(Route::NotFound),
+        ["api", v, rest @ ..] => parse_resource("", v, rest)
+            .map(Route::Resource)
+            .unwrap_or(Route::NotFound),
         ["apis"] => Route::Json(app.registry.api_group_list()),
         ["apis", g] => json(app.registry.api_group(g)),
         ["apis", g, v] => json(app.registry.resource_list(g, v)),
-        ["apis", g, v, rest @ ..] => parse_resource(g, v, rest).map(Route::Resource).unwrap_or(Route::NotFound),
+        ["apis", g, v, rest @ ..] => parse_resource(g, v, rest)
+            .map(Route::Resource)
+            .unwrap_or(Route::NotFound),
         ["version"] => Route::Json(discovery::version()),
         ["openapi", "v2"] => Route::Json(discovery::openapi_v2(&app.registry)),
         ["openapi", "v3"] => Route::Json(discovery::openapi_v3_root(&app.registry)),
@@ -92,14 +99,27 @@ fn route(app: &AppState, path: &str) -> Route {
 }
 
 pub fn json_response(code: StatusCode, body: impl Into<Body>) -> Response {
-    (code, [(header::CONTENT_TYPE, "application/json")], body.into()).into_response()
+    (
+        code,
+        [(header::CONTENT_TYPE, "application/json")],
+        body.into(),
+    )
+        .into_response()
 }
 
 fn not_found_route() -> ApiError {
-    ApiError::new(404, "NotFound", "the server could not find the requested resource")
+    ApiError::new(
+        404,
+        "NotFound",
+        "the server could not find the requested resource",
+    )
 }
 
-fn verb_of(method: &Method, p: &ResourcePath, query: &HashMap<String, String>) -> Result<Verb, ApiError> {
+fn verb_of(
+    method: &Method,
+    p: &ResourcePath,
+    query: &HashMap<String, String>,
+) -> Result<Verb, ApiError> {
     let has_name = p.name.is_some();
     let watch = query.get("watch").is_some_and(|w| w == "true" || w == "1");
     Ok(match (method.as_str(), has_name) {
@@ -158,7 +178,8 @@ async fn handle(State(app): State<Arc<AppState>>, req: Request) -> Response {
             tokio::time::sleep(d).await;
         }
         if let Some(code) = fault.status {
-            return ApiError::new(code, status_reason(code), format!("injected fault: {code}")).into_response();
+            return ApiError::new(code, status_reason(code), format!("injected fault: {code}"))
+                .into_response();
         }
     }
     let rt = match resolve(&app, &path) {
@@ -167,7 +188,9 @@ async fn handle(State(app): State<Arc<AppState>>, req: Request) -> Response {
     };
     let body = match axum::body::to_bytes(body, 64 * 1024 * 1024).await {
         Ok(b) => b,
-        Err(e) => return ApiError::bad_request(format!("reading request body: {e}")).into_response(),
+        Err(e) => {
+            return ApiError::bad_request(format!("reading request body: {e}")).into_response()
+        }
     };
     let req = resource::Req {
         app: &app,
@@ -190,7 +213,9 @@ fn resolve(app: &AppState, p: &ResourcePath) -> Result<Arc<ResourceType>, ApiErr
         .registry
         .lookup(&p.group, &p.version, &p.plural)
         .ok_or_else(not_found_route)?;
-    if (!rt.namespaced && p.namespace.is_some()) || (rt.namespaced && p.namespace.is_none() && p.name.is_some()) {
+    if (!rt.namespaced && p.namespace.is_some())
+        || (rt.namespaced && p.namespace.is_none() && p.name.is_some())
+    {
         return Err(not_found_route());
     }
     match p.subresource.as_deref() {
@@ -223,7 +248,10 @@ pub fn representation(headers: &HeaderMap) -> Representation {
         if alt.contains("as=PartialObjectMetadata") && alt.contains("v=v1") {
             return Representation::Metadata;
         }
-        if alt.starts_with("application/json") || alt.starts_with("*/*") || alt.starts_with("application/yaml") {
+        if alt.starts_with("application/json")
+            || alt.starts_with("*/*")
+            || alt.starts_with("application/yaml")
+        {
             return Representation::Full;
         }
     }

@@ -42,6 +42,7 @@ impl Req<'_> {
     fn write_opts(&self) -> WriteOpts {
         WriteOpts {
             dry_run: self.dry_run(),
+            status_only: self.status_only(),
             field_manager: self.query.get("fieldManager").cloned(),
             force: self.query.get("force").is_some_and(|f| f == "true"),
         }
@@ -98,10 +99,17 @@ fn written(w: Written) -> Response {
 fn one_object(req: &Req<'_>, obj: &Stored) -> Response {
     match representation(req.headers) {
         Representation::Full => json_response(StatusCode::OK, render(obj, req.rt)),
-        Representation::Metadata => json_response(StatusCode::OK, metadata_only(&obj.value()).to_string()),
+        Representation::Metadata => {
+            json_response(StatusCode::OK, metadata_only(&obj.value()).to_string())
+        }
         Representation::Table => {
-            let include = req.query.get("includeObject").map(String::as_str).unwrap_or("Metadata");
-            let t = crate::table::table(req.rt, &[obj.value()], obj.rv, include, req.app.clock.now());
+            let include = req
+                .query
+                .get("includeObject")
+                .map(String::as_str)
+                .unwrap_or("Metadata");
+            let t =
+                crate::table::table(req.rt, &[obj.value()], obj.rv, include, req.app.clock.now());
             json_response(StatusCode::OK, t.to_string())
         }
     }
@@ -132,11 +140,20 @@ pub struct Filter {
 }
 
 impl Filter {
-    pub fn from_query(rt: &ResourceType, path: &ResourcePath, query: &HashMap<String, String>) -> Result<Self, ApiError> {
+    pub fn from_query(
+        rt: &ResourceType,
+        path: &ResourcePath,
+        query: &HashMap<String, String>,
+    ) -> Result<Self, ApiError> {
         Ok(Self {
             namespace: path.namespace.clone(),
-            labels: LabelSelector::parse(query.get("labelSelector").map(String::as_str).unwrap_or(""))?,
-            fields: FieldSelector::parse(query.get("fieldSelector").map(String::as_str).unwrap_or(""), &rt.plural)?,
+            labels: LabelSelector::parse(
+                query.get("labelSelector").map(String::as_str).unwrap_or(""),
+            )?,
+            fields: FieldSelector::parse(
+                query.get("fieldSelector").map(String::as_str).unwrap_or(""),
+                &rt.plural,
+            )?,
         })
     }
 
@@ -170,7 +187,11 @@ fn list_response(req: &Req<'_>, rv: u64, items: &[Arc<Stored>]) -> Response {
     match representation(req.headers) {
         Representation::Table => {
             let values: Vec<Value> = items.iter().map(|o| o.value()).collect();
-            let include = req.query.get("includeObject").map(String::as_str).unwrap_or("Metadata");
+            let include = req
+                .query
+                .get("includeObject")
+                .map(String::as_str)
+                .unwrap_or("Metadata");
             let t = crate::table::table(req.rt, &values, rv, include, req.app.clock.now());
             json_response(StatusCode::OK, t.to_string())
         }
@@ -186,7 +207,8 @@ fn list_response(req: &Req<'_>, rv: u64, items: &[Arc<Stored>]) -> Response {
         }
         Representation::Full => {
             // Concatenate the stored bytes: no per-item re-serialisation on the hot path.
-            let mut out = Vec::with_capacity(128 + items.iter().map(|o| o.json.len() + 1).sum::<usize>());
+            let mut out =
+                Vec::with_capacity(128 + items.iter().map(|o| o.json.len() + 1).sum::<usize>());
             out.extend_from_slice(
                 format!(
                     "{{\"kind\":\"{}List\",\"apiVersion\":\"{}\",\"metadata\":{{\"resourceVersion\":\"{rv}\"}},\"items\":[",
@@ -223,17 +245,18 @@ fn update(req: Req<'_>) -> Result<Response, ApiError> {
     let opts = req.write_opts();
     let mut store = req.app.store.write();
     let mut cx = req.ctx(&mut store);
-    ops::update(&mut cx, req.rt, req.ns(), req.name(), body, req.status_only(), &opts).map(written)
+    ops::update(&mut cx, req.rt, req.ns(), req.name(), body, &opts).map(written)
 }
 
 fn patch(req: Req<'_>) -> Result<Response, ApiError> {
     let ct = req.content_type().to_string();
-    let kind = PatchKind::from_content_type(&ct).ok_or_else(|| ApiError::unsupported_media_type(&ct))?;
+    let kind =
+        PatchKind::from_content_type(&ct).ok_or_else(|| ApiError::unsupported_media_type(&ct))?;
     let body = parse_body(&req.body, kind == PatchKind::Apply)?;
     let opts = req.write_opts();
     let mut store = req.app.store.write();
     let mut cx = req.ctx(&mut store);
-    ops::patch(&mut cx, req.rt, req.ns(), req.name(), kind, body, req.status_only(), &opts).map(written)
+    ops::patch(&mut cx, req.rt, req.ns(), req.name(), kind, body, &opts).map(written)
 }
 
 /// DeleteOptions arrive as a JSON body (kube-rs) and/or query parameters (kubectl).
@@ -251,7 +274,9 @@ fn delete_opts(req: &Req<'_>) -> Result<DeleteOpts, ApiError> {
         Some("Foreground") => Propagation::Foreground,
         Some("Orphan") => Propagation::Orphan,
         Some(other) => {
-            return Err(ApiError::bad_request(format!("unsupported propagationPolicy {other:?}")))
+            return Err(ApiError::bad_request(format!(
+                "unsupported propagationPolicy {other:?}"
+            )))
         }
     };
     let orphan_legacy = body["orphanDependents"].as_bool() == Some(true);
@@ -261,12 +286,20 @@ fn delete_opts(req: &Req<'_>) -> Result<DeleteOpts, ApiError> {
             .is_some_and(|d| d.iter().any(|x| x == "All"));
     Ok(DeleteOpts {
         dry_run,
-        propagation: if orphan_legacy { Propagation::Orphan } else { propagation },
+        propagation: if orphan_legacy {
+            Propagation::Orphan
+        } else {
+            propagation
+        },
         precondition_uid: body["preconditions"]["uid"].as_str().map(str::to_string),
-        precondition_rv: body["preconditions"]["resourceVersion"].as_str().map(str::to_string),
-        grace_period_seconds: body["gracePeriodSeconds"]
-            .as_i64()
-            .or_else(|| req.query.get("gracePeriodSeconds").and_then(|g| g.parse().ok())),
+        precondition_rv: body["preconditions"]["resourceVersion"]
+            .as_str()
+            .map(str::to_string),
+        grace_period_seconds: body["gracePeriodSeconds"].as_i64().or_else(|| {
+            req.query
+                .get("gracePeriodSeconds")
+                .and_then(|g| g.parse().ok())
+        }),
     })
 }
 

@@ -23,15 +23,28 @@ use crate::store::{Event, EventType, Stored};
 struct Renderer {
     rt: Arc<ResourceType>,
     filter: Filter,
-    metadata_only: bool,
+    representation: Representation,
+    /// `includeObject` of Table watches.
+    include_object: String,
+    clock: crate::clock::Clock,
 }
 
 impl Renderer {
     fn line(&self, type_: &str, obj: &Stored) -> Bytes {
-        let object = if self.metadata_only {
-            Bytes::from(metadata_only(&obj.value()).to_string())
-        } else {
-            render(obj, &self.rt)
+        let object = match self.representation {
+            Representation::Full => render(obj, &self.rt),
+            Representation::Metadata => Bytes::from(metadata_only(&obj.value()).to_string()),
+            // `kubectl get -w`: every event carries a one-row Table.
+            Representation::Table => Bytes::from(
+                crate::table::table(
+                    &self.rt,
+                    &[obj.value()],
+                    obj.rv,
+                    &self.include_object,
+                    self.clock.now(),
+                )
+                .to_string(),
+            ),
         };
         let mut out = Vec::with_capacity(object.len() + 32);
         out.extend_from_slice(b"{\"type\":\"");
@@ -68,12 +81,16 @@ impl Renderer {
 }
 
 fn error_line(e: &ApiError) -> Bytes {
-    Bytes::from(format!("{{\"type\":\"ERROR\",\"object\":{}}}\n", e.to_status()))
+    Bytes::from(format!(
+        "{{\"type\":\"ERROR\",\"object\":{}}}\n",
+        e.to_status()
+    ))
 }
 
 fn stream_response(rx: mpsc::Receiver<Bytes>) -> Response {
     let mut rx = rx;
-    let stream = futures::stream::poll_fn(move |cx| rx.poll_recv(cx).map(|o| o.map(Ok::<_, Infallible>)));
+    let stream =
+        futures::stream::poll_fn(move |cx| rx.poll_recv(cx).map(|o| o.map(Ok::<_, Infallible>)));
     (
         StatusCode::OK,
         [(header::CONTENT_TYPE, "application/json")],
@@ -93,8 +110,13 @@ pub fn watch(
         Ok(f) => f,
         Err(e) => return e.into_response(),
     };
-    let rv_param = query.get("resourceVersion").map(String::as_str).unwrap_or("");
-    let bookmarks = query.get("allowWatchBookmarks").is_some_and(|b| b == "true");
+    let rv_param = query
+        .get("resourceVersion")
+        .map(String::as_str)
+        .unwrap_or("");
+    let bookmarks = query
+        .get("allowWatchBookmarks")
+        .is_some_and(|b| b == "true");
     let send_initial = query.get("sendInitialEvents").is_some_and(|b| b == "true");
     let timeout = query
         .get("timeoutSeconds")
@@ -109,14 +131,20 @@ pub fn watch(
         rv => match rv.parse::<u64>() {
             Ok(n) => Some(n),
             Err(_) => {
-                return ApiError::bad_request(format!("invalid resourceVersion {rv:?}")).into_response()
+                return ApiError::bad_request(format!("invalid resourceVersion {rv:?}"))
+                    .into_response()
             }
         },
     };
     let renderer = Renderer {
         rt: rt.clone(),
         filter,
-        metadata_only: representation(headers) == Representation::Metadata,
+        representation: representation(headers),
+        include_object: query
+            .get("includeObject")
+            .cloned()
+            .unwrap_or_else(|| "Metadata".into()),
+        clock: app.clock.clone(),
     };
 
     let (tx, rx) = mpsc::channel::<Bytes>(256);
@@ -159,7 +187,11 @@ pub fn watch(
             initial.push(line);
         }
     }
-    let last_rv = subscription.backlog.last().map(|e| e.obj.rv).unwrap_or(start_rv);
+    let last_rv = subscription
+        .backlog
+        .last()
+        .map(|e| e.obj.rv)
+        .unwrap_or(start_rv);
     let task = WatchTask {
         app: app.clone(),
         renderer,

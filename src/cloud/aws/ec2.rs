@@ -73,7 +73,12 @@ fn convert(i: &aws_sdk_ec2::types::Instance) -> Option<Instance> {
         tags: i
             .tags()
             .iter()
-            .filter_map(|t| Some((t.key()?.to_string(), t.value().unwrap_or_default().to_string())))
+            .filter_map(|t| {
+                Some((
+                    t.key()?.to_string(),
+                    t.value().unwrap_or_default().to_string(),
+                ))
+            })
             .collect(),
         launched_at: i.launch_time().and_then(|t| SystemTime::try_from(*t).ok()),
     })

@@ -16,7 +16,9 @@ use aws_sdk_ec2::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
 pub use ec2::AwsEc2;
 pub use route53::AwsRoute53;
 
-use super::{ApiError, CloudConfig, CloudError, Ec2NodeProvider, Route53DnsProvider, SharedObserver};
+use super::{
+    ApiError, CloudConfig, CloudError, Ec2NodeProvider, Route53DnsProvider, SharedObserver,
+};
 
 /// aws-config's loader set up from `config`. The SDK's own retries are off: the policy layer
 /// retries, so that every attempt is rate limited and counted, and permanent errors are not
@@ -40,7 +42,10 @@ pub struct AwsCloud {
 
 impl AwsCloud {
     /// Resolve credentials through the standard chain and build both providers.
-    pub async fn connect(config: CloudConfig, observer: SharedObserver) -> Result<Self, CloudError> {
+    pub async fn connect(
+        config: CloudConfig,
+        observer: SharedObserver,
+    ) -> Result<Self, CloudError> {
         let sdk = sdk_config_loader(&config).load().await;
         Self::from_sdk_config(&sdk, config, observer)
     }

@@ -25,7 +25,10 @@ impl AwsRoute53 {
 
 fn build_error(e: impl std::fmt::Display) -> ApiError {
     // Only reachable if a required builder field is missing: a bug here, not in AWS.
-    ApiError::new("InvalidInput", format!("could not build Route53 request: {e}"))
+    ApiError::new(
+        "InvalidInput",
+        format!("could not build Route53 request: {e}"),
+    )
 }
 
 #[async_trait]

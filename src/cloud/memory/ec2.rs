@@ -45,10 +45,16 @@ impl Default for MemoryEc2Options {
     fn default() -> Self {
         Self {
             known_images: ["ami-0123456789abcdef0".to_string()].into(),
-            instance_types: ["t3.micro", "t3.large", "m6i.large", "m6i.xlarge", "r6i.large"]
-                .iter()
-                .map(|s| s.to_string())
-                .collect(),
+            instance_types: [
+                "t3.micro",
+                "t3.large",
+                "m6i.large",
+                "m6i.xlarge",
+                "r6i.large",
+            ]
+            .iter()
+            .map(|s| s.to_string())
+            .collect(),
             private_ip_prefix: "10.0".into(),
             assign_public_ip: false,
             page_size: 50,
@@ -135,8 +141,9 @@ impl MemoryEc2 {
         }
     }
 
-    /// Instances launched from now on stay invisible to the next `n` DescribeInstances calls
-    /// that would include them (by id: `InvalidInstanceID.NotFound`; by tag: absent).
+    /// Instances launched from now on stay invisible to the next `n` DescribeInstances /
+    /// TerminateInstances calls that would include them (by id: `InvalidInstanceID.NotFound`;
+    /// by filter: absent).
     pub fn hide_new_instances_for(&self, n: u32) {
         self.lock().faults.hide_new_instances_for = n;
     }
@@ -181,7 +188,10 @@ impl MemoryEc2 {
         state.calls.push((operation, Instant::now()));
         if state.faults.throttle_next > 0 {
             state.faults.throttle_next -= 1;
-            return Err(ApiError::new("RequestLimitExceeded", "Request limit exceeded."));
+            return Err(ApiError::new(
+                "RequestLimitExceeded",
+                "Request limit exceeded.",
+            ));
         }
         Ok(())
     }
@@ -241,7 +251,9 @@ impl MemoryEc2 {
             tags: spec.tags.clone(),
             launched_at: Some(SystemTime::now()),
         };
-        state.by_token.insert(spec.client_token.clone(), instance.id.clone());
+        state
+            .by_token
+            .insert(spec.client_token.clone(), instance.id.clone());
         state.records.insert(
             instance.id.clone(),
             Record {
@@ -255,7 +267,13 @@ impl MemoryEc2 {
     }
 
     /// Move `id` from `from` to `to` after `delay`, announcing the result.
-    fn schedule_transition(&self, id: String, from: InstanceState, to: InstanceState, delay: Duration) {
+    fn schedule_transition(
+        &self,
+        id: String,
+        from: InstanceState,
+        to: InstanceState,
+        delay: Duration,
+    ) {
         let me = self.me.clone();
         tokio::spawn(async move {
             tokio::time::sleep(delay).await;
@@ -281,9 +299,7 @@ impl MemoryEc2 {
 
     fn matches(query: &InstanceQuery, instance: &Instance) -> bool {
         match query {
-            InstanceQuery::Tags(tags) => tags
-                .iter()
-                .all(|(k, v)| instance.tags.get(k) == Some(v)),
+            InstanceQuery::Tags(tags) => tags.iter().all(|(k, v)| instance.tags.get(k) == Some(v)),
             InstanceQuery::Ids(ids) | InstanceQuery::IdFilter(ids) => ids.contains(&instance.id),
         }
     }
@@ -383,12 +399,19 @@ impl Ec2Api for MemoryEc2 {
         let (to_schedule, delay) = {
             let mut state = self.lock();
             Self::begin(&mut state, "TerminateInstances")?;
-            let unknown: Vec<&String> = ids
-                .iter()
-                .filter(|id| state.records.get(*id).is_none_or(|r| r.hidden_for > 0))
-                .collect();
+            let mut unknown = Vec::new();
+            for id in ids {
+                match state.records.get_mut(id) {
+                    Some(r) if r.hidden_for == 0 => {}
+                    Some(r) => {
+                        r.hidden_for -= 1;
+                        unknown.push(id.as_str());
+                    }
+                    None => unknown.push(id.as_str()),
+                }
+            }
             if !unknown.is_empty() {
-                let list: Vec<&str> = unknown.iter().map(|s| s.as_str()).collect();
+                let list = unknown;
                 return Err(ApiError::new(
                     "InvalidInstanceID.NotFound",
                     format!("The instance IDs '{}' do not exist", list.join(", ")),
@@ -406,7 +429,12 @@ impl Ec2Api for MemoryEc2 {
             (to_schedule, state.options.shutting_down_to_terminated)
         };
         for id in to_schedule {
-            self.schedule_transition(id, InstanceState::ShuttingDown, InstanceState::Terminated, delay);
+            self.schedule_transition(
+                id,
+                InstanceState::ShuttingDown,
+                InstanceState::Terminated,
+                delay,
+            );
         }
         Ok(())
     }

@@ -1,9 +1,20 @@
 //! The in-memory backend: a fake EC2 and Route53 for the sandbox and for fast tests.
 //!
-//! ```ignore
+//! ```no_run
+//! # fn demo() -> Result<(), questdb_operator::cloud::CloudError> {
+//! use std::sync::Arc;
+//! use questdb_operator::cloud::memory::{MemoryCloud, MemoryEc2Options};
+//! use questdb_operator::cloud::{noop_observer, CloudConfig, DnsProvider, NodeProvider};
+//!
+//! let mut config = CloudConfig::new("sandbox", "us-east-1");
+//! config.subnets_by_zone.insert("us-east-1a".into(), "subnet-sandbox-a".into());
+//! config.hosted_zone_id = Some("ZSANDBOX".into());
 //! let cloud = MemoryCloud::new(config, MemoryEc2Options::default(), noop_observer())?;
-//! let mut events = cloud.ec2.subscribe();      // register a Node per InstanceEvent::Running
-//! let nodes: Arc<dyn NodeProvider> = cloud.nodes.clone();
+//! // Register a Node in the simulated control plane for each InstanceEvent::Running.
+//! let _events = cloud.ec2.subscribe();
+//! let _nodes: Arc<dyn NodeProvider> = cloud.nodes.clone();
+//! let _dns: Arc<dyn DnsProvider> = cloud.dns.clone();
+//! # Ok(()) }
 //! ```
 
 mod ec2;

@@ -52,7 +52,11 @@ impl MemoryRoute53 {
     }
 
     pub fn call_count(&self, operation: &str) -> usize {
-        self.lock().calls.iter().filter(|op| **op == operation).count()
+        self.lock()
+            .calls
+            .iter()
+            .filter(|op| **op == operation)
+            .count()
     }
 
     fn begin(state: &mut State, operation: &'static str) -> Result<(), ApiError> {

@@ -10,8 +10,8 @@ use tokio::time::{timeout, Duration, Instant};
 
 use super::*;
 use crate::cloud::{
-    identity_tags, CallCounter, CloudConfig, CloudError, DnsProvider, InstanceState,
-    LaunchRequest, NodeProvider, RateLimit, RetryPolicy, Taint, TAG_UID,
+    identity_tags, CallCounter, CloudConfig, CloudError, DnsProvider, InstanceState, LaunchRequest,
+    NodeProvider, RateLimit, RetryPolicy, Taint, TAG_UID,
 };
 
 const AMI: &str = "ami-0123456789abcdef0";
@@ -23,7 +23,8 @@ fn config(cluster: &str) -> CloudConfig {
         ("us-east-1b".to_string(), "subnet-b".to_string()),
     ]);
     c.security_group_ids = vec!["sg-1".into()];
-    c.user_data_template = "--node-labels={{node_labels}} --register-with-taints={{node_taints}}".into();
+    c.user_data_template =
+        "--node-labels={{node_labels}} --register-with-taints={{node_taints}}".into();
     c.hosted_zone_id = Some("Z123".into());
     c.retry = RetryPolicy {
         min_delay: Duration::from_millis(50),
@@ -80,19 +81,33 @@ async fn launched_instance_is_tagged_becomes_running_and_is_announced() {
     let launched = cloud.nodes.launch(&request("uid-1", 1)).await.unwrap();
 
     assert_eq!(launched.state, InstanceState::Pending);
-    assert!(launched.id.starts_with("i-") && launched.id.len() == 19, "{}", launched.id);
+    assert!(
+        launched.id.starts_with("i-") && launched.id.len() == 19,
+        "{}",
+        launched.id
+    );
     assert!(launched.private_ip.as_deref().unwrap().starts_with("10.0."));
     assert_eq!(launched.zone, "us-east-1a");
     assert_eq!(launched.tags[TAG_UID], "uid-1");
     assert_eq!(launched.tags["questdb.io/cluster"], "prod");
-    assert_eq!(launched.provider_id(), format!("aws:///us-east-1a/{}", launched.id));
+    assert_eq!(
+        launched.provider_id(),
+        format!("aws:///us-east-1a/{}", launched.id)
+    );
 
-    let event = timeout(Duration::from_secs(5), events.recv()).await.unwrap().unwrap();
+    let event = timeout(Duration::from_secs(5), events.recv())
+        .await
+        .unwrap()
+        .unwrap();
     match event {
         InstanceEvent::Running(i) => assert_eq!(i.id, launched.id),
         other => panic!("unexpected {other:?}"),
     }
-    let seen = cloud.nodes.describe(std::slice::from_ref(&launched.id)).await.unwrap();
+    let seen = cloud
+        .nodes
+        .describe(std::slice::from_ref(&launched.id))
+        .await
+        .unwrap();
     assert_eq!(seen.len(), 1);
     assert_eq!(seen[0].state, InstanceState::Running);
 }
@@ -167,7 +182,11 @@ async fn throttled_calls_are_retried_until_they_succeed() {
     cloud.ec2.throttle_next(4);
     let launched = cloud.nodes.launch(&request("uid-1", 1)).await.unwrap();
     assert_eq!(live_instances_of(&cloud.ec2, "uid-1", 1), vec![launched.id]);
-    assert_eq!(counter.count("DescribeInstances", "throttled") + counter.count("RunInstances", "throttled"), 4);
+    assert_eq!(
+        counter.count("DescribeInstances", "throttled")
+            + counter.count("RunInstances", "throttled"),
+        4
+    );
     assert_eq!(counter.count("RunInstances", "ok"), 1);
 }
 
@@ -218,7 +237,10 @@ async fn all_calls_of_a_provider_share_one_rate_limit() {
     for (k, t) in times.iter().enumerate() {
         // Call k may happen no earlier than when the bucket refilled k+1-burst tokens.
         let earliest = (k as f64 + 1.0 - 2.0).max(0.0) / 5.0;
-        assert!(*t + 1e-6 >= earliest, "call {k} at {t}s, before {earliest}s: {times:?}");
+        assert!(
+            *t + 1e-6 >= earliest,
+            "call {k} at {t}s, before {earliest}s: {times:?}"
+        );
     }
 }
 
@@ -235,7 +257,10 @@ async fn no_capacity_is_permanent_with_the_aws_message_after_one_attempt() {
         other => panic!("unexpected {other:?}"),
     }
     assert_eq!(cloud.ec2.call_count("RunInstances"), 1);
-    assert_eq!(counter.count("RunInstances", "error:InsufficientInstanceCapacity"), 1);
+    assert_eq!(
+        counter.count("RunInstances", "error:InsufficientInstanceCapacity"),
+        1
+    );
 
     // Capacity back: the same request now launches.
     cloud.ec2.set_no_capacity("us-east-1a", false);
@@ -277,24 +302,42 @@ async fn describe_right_after_launch_waits_out_eventual_consistency() {
     cloud.ec2.hide_new_instances_for(3);
     // Hidden from the tag lookup too; the ClientToken still makes this a single instance.
     let launched = cloud.nodes.launch(&request("uid-1", 1)).await.unwrap();
-    let seen = cloud.nodes.describe(std::slice::from_ref(&launched.id)).await.unwrap();
+    let seen = cloud
+        .nodes
+        .describe(std::slice::from_ref(&launched.id))
+        .await
+        .unwrap();
     assert_eq!(seen.len(), 1);
     assert_eq!(seen[0].id, launched.id);
     assert!(counter.count("DescribeInstances", "error:InvalidInstanceID.NotFound") >= 1);
 }
 
 #[tokio::test(start_paused = true)]
-async fn describe_of_unknown_ids_leaves_them_out_after_the_window() {
+async fn describe_leaves_out_ids_ec2_does_not_know_without_waiting() {
     let (cloud, _) = cloud();
     let launched = cloud.nodes.launch(&request("uid-1", 1)).await.unwrap();
+    let before = cloud.ec2.call_count("DescribeInstances");
     let start = Instant::now();
     let seen = cloud
         .nodes
         .describe(&[launched.id.clone(), "i-00000000000000dead".to_string()])
         .await
         .unwrap();
-    assert_eq!(seen.iter().map(|i| i.id.clone()).collect::<Vec<_>>(), vec![launched.id]);
-    assert!(start.elapsed() <= Duration::from_secs(6));
+    assert_eq!(
+        seen.iter().map(|i| i.id.clone()).collect::<Vec<_>>(),
+        vec![launched.id]
+    );
+    assert_eq!(start.elapsed(), Duration::ZERO);
+    assert_eq!(cloud.ec2.call_count("DescribeInstances") - before, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn terminate_right_after_launch_does_not_leak_an_invisible_instance() {
+    let (cloud, _) = cloud();
+    cloud.ec2.hide_new_instances_for(3);
+    let launched = cloud.nodes.launch(&request("uid-1", 1)).await.unwrap();
+    cloud.nodes.terminate(&launched.id).await.unwrap();
+    assert!(live_instances_of(&cloud.ec2, "uid-1", 1).is_empty());
 }
 
 #[tokio::test(start_paused = true)]
@@ -347,7 +390,9 @@ async fn describe_cluster_pages_through_this_cluster_only() {
 async fn dns_upserts_only_on_change_and_deletes_idempotently() {
     let (cloud, counter) = cloud();
     let dns = cloud.dns.clone();
-    dns.upsert_a("DB1.example.com", "10.0.0.4", 60).await.unwrap();
+    dns.upsert_a("DB1.example.com", "10.0.0.4", 60)
+        .await
+        .unwrap();
     assert_eq!(
         cloud.route53.records(),
         vec![crate::cloud::ARecord {
@@ -357,10 +402,14 @@ async fn dns_upserts_only_on_change_and_deletes_idempotently() {
         }]
     );
     // Steady state: a read, no write.
-    dns.upsert_a("db1.example.com.", "10.0.0.4", 60).await.unwrap();
+    dns.upsert_a("db1.example.com.", "10.0.0.4", 60)
+        .await
+        .unwrap();
     assert_eq!(counter.attempts("ChangeResourceRecordSets"), 1);
 
-    dns.upsert_a("db1.example.com", "10.0.0.9", 30).await.unwrap();
+    dns.upsert_a("db1.example.com", "10.0.0.9", 30)
+        .await
+        .unwrap();
     let read = dns.read_a("db1.example.com").await.unwrap().unwrap();
     assert_eq!((read.ips, read.ttl), (vec!["10.0.0.9".to_string()], 30));
     assert_eq!(counter.attempts("ChangeResourceRecordSets"), 2);
@@ -375,7 +424,11 @@ async fn dns_upserts_only_on_change_and_deletes_idempotently() {
 async fn dns_throttling_is_retried() {
     let (cloud, counter) = cloud();
     cloud.route53.throttle_next(3);
-    cloud.dns.upsert_a("db1.example.com", "10.0.0.4", 60).await.unwrap();
+    cloud
+        .dns
+        .upsert_a("db1.example.com", "10.0.0.4", 60)
+        .await
+        .unwrap();
     assert_eq!(cloud.route53.records().len(), 1);
     assert_eq!(counter.count("ListResourceRecordSets", "throttled"), 3);
 }
@@ -384,8 +437,43 @@ async fn dns_throttling_is_retried() {
 fn dns_needs_a_hosted_zone() {
     let mut c = config("prod");
     c.hosted_zone_id = None;
-    let err = MemoryCloud::new(c, MemoryEc2Options::default(), crate::cloud::noop_observer())
-        .err()
-        .unwrap();
+    let err = MemoryCloud::new(
+        c,
+        MemoryEc2Options::default(),
+        crate::cloud::noop_observer(),
+    )
+    .err()
+    .unwrap();
     assert!(matches!(err, CloudError::Config(_)));
+}
+
+/// The AWS bill of one QuestDB: provisioning costs 1 tag lookup + 1 RunInstances + 1 DNS read +
+/// 1 DNS write; a steady-state sync costs one cluster-wide describe (shared by every QuestDB)
+/// plus one DNS read per QuestDB, and no writes.
+#[tokio::test(start_paused = true)]
+async fn calls_per_provisioned_questdb_and_per_steady_state_sync() {
+    let (cloud, counter) = cloud();
+    let launched = cloud.nodes.launch(&request("uid-1", 1)).await.unwrap();
+    let ip = launched.private_ip.clone().unwrap();
+    cloud
+        .dns
+        .upsert_a("db1.example.com", &ip, 60)
+        .await
+        .unwrap();
+    assert_eq!(counter.attempts("DescribeInstances"), 1);
+    assert_eq!(counter.attempts("RunInstances"), 1);
+    assert_eq!(counter.attempts("ListResourceRecordSets"), 1);
+    assert_eq!(counter.attempts("ChangeResourceRecordSets"), 1);
+    assert_eq!(counter.total(), 4);
+
+    let before = counter.total();
+    let all = cloud.nodes.describe_cluster().await.unwrap();
+    assert_eq!(all.len(), 1);
+    cloud
+        .dns
+        .upsert_a("db1.example.com", &ip, 60)
+        .await
+        .unwrap();
+    assert_eq!(counter.total() - before, 2);
+    assert_eq!(counter.attempts("ChangeResourceRecordSets"), 1);
 }

@@ -25,6 +25,7 @@ pub struct Resolution {
 }
 
 pub async fn resolve(qdb: &QuestDB, ctx: &Context) -> Result<Resolution, Error> {
+    prune_key_cache(ctx);
     if !qdb.spec.ilp_auth.enabled {
         return Ok(Resolution {
             file: None,
@@ -109,11 +110,34 @@ pub async fn resolve(qdb: &QuestDB, ctx: &Context) -> Result<Resolution, Error> 
         } else {
             EventType::Warning
         };
-        ctx.event(qdb, type_, decision.reason, "IlpAuth", decision.message.clone())
-            .await;
+        ctx.event(
+            qdb,
+            type_,
+            decision.reason,
+            "IlpAuth",
+            decision.message.clone(),
+        )
+        .await;
     }
     Ok(Resolution {
         file: Some(decision.auth_file),
         condition: Some(condition),
     })
+}
+
+/// Forgets the parsed keys of Secrets that are gone from the metadata cache or no longer map to
+/// a QuestDB. Without this the key cache would grow with every key Secret ever seen (deleted,
+/// re-created under a new name, un-annotated), for the life of the process. Done on every
+/// reconcile, wherever the Secret was: the QuestDB it belonged to may be gone too.
+fn prune_key_cache(ctx: &Context) {
+    let mut keys = ctx.keys.lock().expect("key cache lock");
+    keys.retain(|secret, _| {
+        let Some(ns) = secret.namespace.as_deref() else {
+            return false;
+        };
+        ctx.caches
+            .secrets
+            .get(&ObjectRef::new(&secret.name).within(ns))
+            .is_some_and(|meta| ilp_auth::questdb_for_secret(&meta.metadata).is_some())
+    });
 }

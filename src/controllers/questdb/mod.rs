@@ -68,7 +68,7 @@ pub async fn reconcile(qdb: Arc<QuestDB>, ctx: Arc<Context>) -> Result<Action, E
     }
     let hash = build::config_hash(&mounted);
     let dedicated = None;
-    let sts = build::statefulset(&qdb, &hash, ilp_enabled && auth_map.is_some(), dedicated);
+    let sts = build::statefulset(&qdb, &hash, ilp_enabled, dedicated);
 
     let c = &ctx.caches;
     sync(&ctx, &qdb, &uid, &ns, &c.configmaps, config, &mut observed).await?;
@@ -77,8 +77,26 @@ pub async fn reconcile(qdb: Arc<QuestDB>, ctx: Arc<Context>) -> Result<Action, E
     }
     let svc_headless = build::headless_service(&qdb);
     let svc_client = build::client_service(&qdb);
-    sync(&ctx, &qdb, &uid, &ns, &c.services, svc_headless, &mut observed).await?;
-    sync(&ctx, &qdb, &uid, &ns, &c.services, svc_client, &mut observed).await?;
+    sync(
+        &ctx,
+        &qdb,
+        &uid,
+        &ns,
+        &c.services,
+        svc_headless,
+        &mut observed,
+    )
+    .await?;
+    sync(
+        &ctx,
+        &qdb,
+        &uid,
+        &ns,
+        &c.services,
+        svc_client,
+        &mut observed,
+    )
+    .await?;
     // A retained PVC never carries an owner reference, not even while the QuestDB lives: data
     // must survive a deletion even when the operator is down or a finalizer is removed by hand.
     let mut pvc = build::pvc(&qdb);
@@ -91,9 +109,7 @@ pub async fn reconcile(qdb: Arc<QuestDB>, ctx: Arc<Context>) -> Result<Action, E
     let sts_name = sts.name_any();
     sync(&ctx, &qdb, &uid, &ns, &c.statefulsets, sts, &mut observed).await?;
 
-    let sts_obj = c
-        .statefulsets
-        .get(&ObjectRef::new(&sts_name).within(&ns));
+    let sts_obj = c.statefulsets.get(&ObjectRef::new(&sts_name).within(&ns));
     let pod_obj = c
         .pods
         .get(&ObjectRef::new(&build::names::pod(&qdb)).within(&ns));
@@ -181,8 +197,14 @@ where
                 _ => ("Updated", "updated"),
             };
             info!(questdb = %qdb.name_any(), child = %what, "{verb}");
-            ctx.event(qdb, EventType::Normal, reason, "Reconcile", format!("{verb} {what}"))
-                .await;
+            ctx.event(
+                qdb,
+                EventType::Normal,
+                reason,
+                "Reconcile",
+                format!("{verb} {what}"),
+            )
+            .await;
             observed.changed.push(what);
         }
         Err(e) => {
@@ -191,7 +213,10 @@ where
                 EventType::Warning,
                 "ApplyFailed",
                 "Reconcile",
-                format!("could not apply {what}: {}", crate::controllers::short_error(&e)),
+                format!(
+                    "could not apply {what}: {}",
+                    crate::controllers::short_error(&e)
+                ),
             )
             .await;
             return Err(Error::Kube(e));
@@ -216,7 +241,8 @@ async fn write_status(
     let mut obj = qdb.clone();
     obj.status = Some(new);
     obj.metadata.managed_fields = None;
-    let api: Api<QuestDB> = Api::namespaced(ctx.client.clone(), &qdb.namespace().unwrap_or_default());
+    let api: Api<QuestDB> =
+        Api::namespaced(ctx.client.clone(), &qdb.namespace().unwrap_or_default());
     let pp = PostParams {
         field_manager: Some(MANAGER.into()),
         ..Default::default()

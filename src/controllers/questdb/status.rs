@@ -94,13 +94,23 @@ pub fn compute(qdb: &QuestDB, obs: &Observed, now: Timestamp) -> QuestDBStatus {
     } else if spec.paused {
         (
             Phase::Paused,
-            Desired::new(conditions::READY, false, "Paused", "compute released, data kept"),
+            Desired::new(
+                conditions::READY,
+                false,
+                "Paused",
+                "compute released, data kept",
+            ),
         )
     } else {
         match obs.statefulset {
             None => (
                 Phase::Pending,
-                Desired::new(conditions::READY, false, "Creating", "creating the StatefulSet"),
+                Desired::new(
+                    conditions::READY,
+                    false,
+                    "Creating",
+                    "creating the StatefulSet",
+                ),
             ),
             Some(sts) if !obs.changed.is_empty() || !rolled_out(sts) => {
                 let what = if obs.changed.is_empty() {
@@ -119,7 +129,12 @@ pub fn compute(qdb: &QuestDB, obs: &Observed, now: Timestamp) -> QuestDBStatus {
             }
             Some(_) if obs.pod.is_some_and(pod_ready) => (
                 Phase::Running,
-                Desired::new(conditions::READY, true, "Running", "the database pod is ready"),
+                Desired::new(
+                    conditions::READY,
+                    true,
+                    "Running",
+                    "the database pod is ready",
+                ),
             ),
             Some(_) => (
                 Phase::Pending,

@@ -109,7 +109,10 @@ fn running_when_rolled_out_and_pod_ready() {
     assert_eq!(st.observed_generation, Some(1));
     assert!(st.endpoints.unwrap().pgwire.contains(":8812"));
     let ready = st.conditions.iter().find(|c| c.type_ == "Ready").unwrap();
-    assert_eq!((ready.status.as_str(), ready.reason.as_str()), ("True", "Running"));
+    assert_eq!(
+        (ready.status.as_str(), ready.reason.as_str()),
+        ("True", "Running")
+    );
 }
 
 #[test]
@@ -215,7 +218,11 @@ fn paused_reports_paused_and_no_node() {
 #[test]
 fn unknown_node_is_not_ready() {
     let q = testing::questdb("db", "ns");
-    let (s, p, n) = (sts(1, true), pod(true, "node-a"), node("Unknown", "10.0.0.7"));
+    let (s, p, n) = (
+        sts(1, true),
+        pod(true, "node-a"),
+        node("Unknown", "10.0.0.7"),
+    );
     let obs = Observed {
         statefulset: Some(&s),
         pod: Some(&p),

@@ -1,4 +1,8 @@
-//! Real P-256 test keys and Secret fixtures for the ILP auth tests.
+//! Real P-256 keys and key Secrets for tests: the unit tests here and the integration tests of
+//! the operator (which cannot see `#[cfg(test)]` items of the library).
+//!
+//! Every key carries its private scalar `d`, as a user's Secret would, so that tests can check
+//! that `d` never leaves the Secret.
 
 use std::collections::BTreeMap;
 
@@ -9,9 +13,12 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::ByteString;
 use p256::elliptic_curve::sec1::ToSec1Point as _;
 
+use super::KEY_TYPE;
 use crate::api::SECRET_QUESTDB_ANNOTATION;
 
+/// Namespace of the Secrets made by [`secret`].
 pub const NAMESPACE: &str = "team-a";
+/// QuestDB named by the Secrets made by [`secret`].
 pub const QUESTDB: &str = "db1";
 
 /// A client's full JWK, private scalar included, as a user would put it in a Secret.
@@ -34,7 +41,10 @@ impl TestKey {
         }
     }
 
-    /// A key derived from a fixed private scalar, so tests are deterministic.
+    /// A key derived from the private scalar `[seed; 32]`, so tests are deterministic.
+    ///
+    /// # Panics
+    /// When `seed` is 0 (the zero scalar is no private key).
     pub fn derived(kid: &str, seed: u8) -> Self {
         let scalar = [seed; 32];
         let (x, y) = public_coordinates(&scalar);
@@ -59,12 +69,28 @@ impl TestKey {
         .to_string()
     }
 
-    /// An annotated Secret holding the JWK JSON in `auth.json`.
+    /// The line QuestDB's auth file must hold for this key (newline included).
+    pub fn auth_line(&self) -> String {
+        format!("{} {KEY_TYPE} {} {}\n", self.kid, self.x, self.y)
+    }
+
+    /// A Secret in [`NAMESPACE`] annotated for [`QUESTDB`], holding the JWK JSON in `auth.json`.
     pub fn json_secret(&self, name: &str) -> Secret {
         secret(name, &[("auth.json", self.jwk_json().as_bytes())])
     }
 
-    /// An annotated Secret holding the JWK as separate data keys, `d` included.
+    /// Like [`TestKey::json_secret`], in any namespace and for any QuestDB.
+    pub fn json_secret_for(&self, namespace: &str, name: &str, questdb: &str) -> Secret {
+        annotated_secret(
+            namespace,
+            name,
+            questdb,
+            &[("auth.json", self.jwk_json().as_bytes())],
+        )
+    }
+
+    /// A Secret in [`NAMESPACE`] annotated for [`QUESTDB`], holding the JWK as separate data
+    /// keys, `d` included.
     pub fn separate_secret(&self, name: &str) -> Secret {
         secret(
             name,
@@ -81,6 +107,9 @@ impl TestKey {
 }
 
 /// The public point of a private scalar, as base64url JWK coordinates.
+///
+/// # Panics
+/// When `scalar` is not a valid P-256 private scalar (zero, or not below the group order).
 pub fn public_coordinates(scalar: &[u8]) -> (String, String) {
     let secret = p256::SecretKey::from_slice(scalar).expect("scalar in range");
     let point = secret.public_key().to_sec1_point(false);
@@ -91,13 +120,23 @@ pub fn public_coordinates(scalar: &[u8]) -> (String, String) {
 
 /// A Secret in [`NAMESPACE`] annotated for [`QUESTDB`] with the given data.
 pub fn secret(name: &str, data: &[(&str, &[u8])]) -> Secret {
+    annotated_secret(NAMESPACE, name, QUESTDB, data)
+}
+
+/// A Secret in `namespace` annotated `crd.questdb.io/name: <questdb>` with the given data.
+pub fn annotated_secret(
+    namespace: &str,
+    name: &str,
+    questdb: &str,
+    data: &[(&str, &[u8])],
+) -> Secret {
     Secret {
         metadata: ObjectMeta {
             name: Some(name.into()),
-            namespace: Some(NAMESPACE.into()),
+            namespace: Some(namespace.into()),
             annotations: Some(BTreeMap::from([(
                 SECRET_QUESTDB_ANNOTATION.to_string(),
-                QUESTDB.to_string(),
+                questdb.to_string(),
             )])),
             ..ObjectMeta::default()
         },

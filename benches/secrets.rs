@@ -1,0 +1,567 @@
+//! What thousands of unrelated Secrets cost the operator, and how fast a key rotation reaches
+//! the pod template: the real operator binary, run as a child process against an in-process
+//! simulated control plane.
+//!
+//! ```text
+//! cargo bench --profile dev --bench secrets               # debug build (fast to compile)
+//! cargo bench --profile dev --bench secrets -- --quick    # smoke run: 500 Secrets
+//! cargo bench --bench secrets                             # optimised build
+//! ```
+//! `SECRETS_BENCH_QUICK=1` does what `--quick` does; `SECRETS_BENCH_COUNT=<n>` sets the number
+//! of unrelated Secrets; `QUESTDB_OPERATOR_BIN=<path>` runs another operator binary. The child's
+//! log goes to a temporary file whose path is printed when something fails.
+//!
+//! Prints a table, then one JSON line (`{"bench":"secrets",...}`) for scripts.
+
+use std::collections::BTreeMap;
+use std::io::Write as _;
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context as _};
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::ByteString;
+use kube::api::{Api, ObjectMeta, PostParams};
+use kube::runtime::wait::await_condition;
+use kube::{Client, CustomResourceExt};
+use questdb_operator::api::QuestDB;
+use questdb_operator::build::testing;
+use questdb_operator::ilp_auth::testing::TestKey;
+use questdb_sim::{Sim, SimConfig};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const NS: &str = "bench";
+const DB: &str = "db1";
+const AUTH_CM: &str = "db1-ilp-auth";
+const KEY_SECRET: &str = "client-key";
+const CONFIG_HASH: &str = "crd.questdb.io/config-hash";
+const FULL_COUNT: usize = 10_000;
+const QUICK_COUNT: usize = 500;
+const SECRET_BYTES: usize = 10 * 1024;
+const IN_FLIGHT: usize = 16;
+/// Budget for the operator's memory growth with 10,000 unrelated Secrets.
+const TARGET_GROWTH_KIB: u64 = 20 * 1024;
+/// How long any single wait may take; generous for a debug build on a busy 2-core machine.
+const TIMEOUT: Duration = Duration::from_secs(300);
+
+struct Settings {
+    secrets: usize,
+    quick: bool,
+}
+
+impl Settings {
+    fn from_env() -> anyhow::Result<Self> {
+        // Cargo passes `--bench` to every bench binary; other arguments are ours.
+        let quick = std::env::args().any(|a| a == "--quick")
+            || std::env::var("SECRETS_BENCH_QUICK").is_ok_and(|v| !v.is_empty() && v != "0");
+        let secrets = match std::env::var("SECRETS_BENCH_COUNT") {
+            Ok(n) => n
+                .parse()
+                .with_context(|| format!("SECRETS_BENCH_COUNT={n:?} is not a number"))?,
+            Err(_) if quick => QUICK_COUNT,
+            Err(_) => FULL_COUNT,
+        };
+        Ok(Self { secrets, quick })
+    }
+}
+
+/// The operator child process, killed when dropped (also on panic or early return) so a failed
+/// run never leaves it behind.
+struct Operator {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Operator {
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn ensure_running(&mut self) -> anyhow::Result<()> {
+        if let Some(status) = self.child.try_wait()? {
+            bail!(
+                "the operator exited ({status}); its log is {}",
+                self.log.display()
+            );
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Operator {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Resident memory of a process, from `/proc/<pid>/status`.
+#[derive(Clone, Copy, Debug)]
+struct Memory {
+    rss_kib: u64,
+    hwm_kib: u64,
+}
+
+fn memory_of(pid: u32) -> anyhow::Result<Memory> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .with_context(|| format!("reading /proc/{pid}/status"))?;
+    let field = |name: &str| -> anyhow::Result<u64> {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
+            .with_context(|| format!("no {name} in /proc/{pid}/status"))
+    };
+    Ok(Memory {
+        rss_kib: field("VmRSS:")?,
+        hwm_kib: field("VmHWM:")?,
+    })
+}
+
+/// The operator binary Cargo built alongside this bench (same profile), unless overridden.
+fn operator_binary() -> anyhow::Result<PathBuf> {
+    let path = std::env::var_os("QUESTDB_OPERATOR_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_questdb-operator")));
+    if !path.is_file() {
+        bail!(
+            "operator binary {} not found: build it with `cargo build --bin questdb-operator` \
+             or set QUESTDB_OPERATOR_BIN",
+            path.display()
+        );
+    }
+    Ok(path)
+}
+
+/// A port nobody listens on right now. The operator binds it a moment later; on a machine where
+/// another process grabs it in between, the readiness wait fails and says so.
+fn free_port() -> anyhow::Result<u16> {
+    let listener = TcpListener::bind("127.0.0.1:0").context("finding a free port")?;
+    Ok(listener.local_addr()?.port())
+}
+
+fn start_operator(
+    binary: &Path,
+    kubeconfig: &Path,
+    health: SocketAddr,
+    dir: &Path,
+) -> anyhow::Result<Operator> {
+    let log = dir.join("operator.log");
+    let out = std::fs::File::create(&log).context("creating the operator log")?;
+    let err = out.try_clone()?;
+    let child = Command::new(binary)
+        .arg("run")
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(["--metrics-bind-address", "127.0.0.1:0"])
+        .arg("--health-probe-bind-address")
+        .arg(health.to_string())
+        .env("RUST_LOG", "warn")
+        .env_remove("KUBECONFIG")
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .spawn()
+        .with_context(|| format!("starting {}", binary.display()))?;
+    Ok(Operator { child, log })
+}
+
+/// One plain HTTP/1.1 GET; true on a 200 answer.
+async fn http_ok(addr: SocketAddr, path: &str) -> bool {
+    let Ok(mut stream) = tokio::net::TcpStream::connect(addr).await else {
+        return false;
+    };
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    if stream.write_all(request.as_bytes()).await.is_err() {
+        return false;
+    }
+    let mut response = Vec::new();
+    let _ = stream.read_to_end(&mut response).await;
+    response.starts_with(b"HTTP/1.1 200") || response.starts_with(b"HTTP/1.0 200")
+}
+
+/// Polls `probe` until it is true, failing after [`TIMEOUT`] or when the operator died.
+async fn wait_until<F, Fut>(what: &str, operator: &mut Operator, mut probe: F) -> anyhow::Result<()>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + TIMEOUT;
+    let mut delay = Duration::from_millis(5);
+    loop {
+        if probe().await {
+            return Ok(());
+        }
+        operator.ensure_running()?;
+        if Instant::now() > deadline {
+            bail!(
+                "timed out after {TIMEOUT:?} waiting for {what}; operator log: {}",
+                operator.log.display()
+            );
+        }
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(Duration::from_millis(100));
+    }
+}
+
+async fn install_crd(client: &Client) -> anyhow::Result<()> {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    crds.create(&PostParams::default(), &QuestDB::crd())
+        .await
+        .context("installing the CRD")?;
+    let api: Api<QuestDB> = Api::all(client.clone());
+    let deadline = Instant::now() + TIMEOUT;
+    while api.list(&Default::default()).await.is_err() {
+        if Instant::now() > deadline {
+            bail!("the QuestDB resource is not served after {TIMEOUT:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(())
+}
+
+fn ilp_keys_loaded(q: &QuestDB, kid: &str) -> bool {
+    let Some(status) = q.status.as_ref() else {
+        return false;
+    };
+    let ready = status
+        .conditions
+        .iter()
+        .any(|c| c.type_ == "Ready" && c.status == "True");
+    let keys = status
+        .conditions
+        .iter()
+        .any(|c| c.type_ == "IlpAuthReady" && c.reason == "KeysLoaded" && c.message.contains(kid));
+    ready && keys
+}
+
+fn config_hash(sts: &StatefulSet) -> Option<String> {
+    sts.spec
+        .as_ref()?
+        .template
+        .metadata
+        .as_ref()?
+        .annotations
+        .as_ref()?
+        .get(CONFIG_HASH)
+        .cloned()
+}
+
+fn unrelated_secret(i: usize, payload: &[u8]) -> Secret {
+    Secret {
+        metadata: ObjectMeta {
+            name: Some(format!("unrelated-{i:05}")),
+            namespace: Some(NS.into()),
+            labels: Some(BTreeMap::from([(
+                "app".to_string(),
+                "neighbour".to_string(),
+            )])),
+            ..ObjectMeta::default()
+        },
+        data: Some(BTreeMap::from([(
+            "blob".to_string(),
+            ByteString(payload.to_vec()),
+        )])),
+        ..Secret::default()
+    }
+}
+
+/// Waits until `db1` is Ready with the key `kid` loaded and deployed.
+async fn wait_key_live(
+    client: &Client,
+    operator: &mut Operator,
+    key: &TestKey,
+) -> anyhow::Result<()> {
+    let qdbs: Api<QuestDB> = Api::namespaced(client.clone(), NS);
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), NS);
+    let line = key.auth_line();
+    wait_until(
+        &format!("key {} deployed and db1 Ready", key.kid),
+        operator,
+        || {
+            let (qdbs, cms, line) = (qdbs.clone(), cms.clone(), line.clone());
+            async move {
+                let file_has_key = cms.get_opt(AUTH_CM).await.ok().flatten().is_some_and(|cm| {
+                    cm.data
+                        .as_ref()
+                        .and_then(|d| d.get("auth.txt"))
+                        .is_some_and(|f| f.contains(&line))
+                });
+                let ready = qdbs
+                    .get_opt(DB)
+                    .await
+                    .ok()
+                    .flatten()
+                    .is_some_and(|q| ilp_keys_loaded(&q, &key.kid));
+                file_has_key && ready
+            }
+        },
+    )
+    .await
+}
+
+struct Figures {
+    secrets: usize,
+    baseline: Memory,
+    loaded: Memory,
+    create_secs: f64,
+    settle_secs: f64,
+    rotation_ms: f64,
+}
+
+impl Figures {
+    fn growth_kib(&self) -> i64 {
+        self.loaded.rss_kib as i64 - self.baseline.rss_kib as i64
+    }
+
+    fn print(&self, profile: &str) {
+        let mib = |kib: u64| kib as f64 / 1024.0;
+        let growth = self.growth_kib() as f64 / 1024.0;
+        let scaled_target =
+            TARGET_GROWTH_KIB as f64 / 1024.0 * self.secrets as f64 / FULL_COUNT as f64;
+        let verdict = if growth < scaled_target { "ok" } else { "OVER" };
+        println!();
+        println!(
+            "secrets bench ({profile} build, {} unrelated {} KiB Secrets)",
+            self.secrets,
+            SECRET_BYTES / 1024
+        );
+        println!("{:-<64}", "");
+        println!(
+            "{:<40} {:>12}",
+            "operator RSS before (MiB)",
+            format!("{:.1}", mib(self.baseline.rss_kib))
+        );
+        println!(
+            "{:<40} {:>12}",
+            "operator RSS after (MiB)",
+            format!("{:.1}", mib(self.loaded.rss_kib))
+        );
+        println!(
+            "{:<40} {:>12}",
+            format!("RSS growth (MiB, target < {scaled_target:.1})"),
+            format!("{growth:.1} {verdict}")
+        );
+        println!(
+            "{:<40} {:>12}",
+            "peak RSS, VmHWM (MiB)",
+            format!("{:.1}", mib(self.loaded.hwm_kib))
+        );
+        println!(
+            "{:<40} {:>12}",
+            "creating the Secrets (s)",
+            format!("{:.1}", self.create_secs)
+        );
+        println!(
+            "{:<40} {:>12}",
+            "until the operator caught up (s)",
+            format!("{:.1}", self.settle_secs)
+        );
+        println!(
+            "{:<40} {:>12}",
+            "key edit -> pod template hash (ms)",
+            format!("{:.0}", self.rotation_ms)
+        );
+        println!("{:-<64}", "");
+        let json = serde_json::json!({
+            "bench": "secrets",
+            "profile": profile,
+            "unrelated_secrets": self.secrets,
+            "secret_bytes": SECRET_BYTES,
+            "rss_before_kib": self.baseline.rss_kib,
+            "rss_after_kib": self.loaded.rss_kib,
+            "rss_growth_kib": self.growth_kib(),
+            "hwm_after_kib": self.loaded.hwm_kib,
+            "target_growth_kib": (scaled_target * 1024.0) as u64,
+            "within_target": growth < scaled_target,
+            "create_seconds": self.create_secs,
+            "catch_up_seconds": self.settle_secs,
+            "rotation_to_template_ms": self.rotation_ms,
+        });
+        println!("{json}");
+        let _ = std::io::stdout().flush();
+    }
+}
+
+async fn run(settings: &Settings) -> anyhow::Result<Figures> {
+    let binary = operator_binary()?;
+    let sim = Sim::start(SimConfig {
+        clock_speed: 20.0,
+        ..SimConfig::sandbox()
+    })
+    .await
+    .context("starting the simulator")?;
+    let client = sim.client().await;
+    install_crd(&client).await?;
+    let ns = Namespace {
+        metadata: ObjectMeta {
+            name: Some(NS.into()),
+            ..ObjectMeta::default()
+        },
+        ..Namespace::default()
+    };
+    Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &ns)
+        .await
+        .context("creating the namespace")?;
+
+    let dir = tempfile::tempdir().context("creating a temporary directory")?;
+    // Kept after the run so a failure can be investigated.
+    let dir = dir.keep();
+    let kubeconfig = dir.join("kubeconfig");
+    std::fs::write(&kubeconfig, sim.kubeconfig_yaml()).context("writing the kubeconfig")?;
+    let health = SocketAddr::from(([127, 0, 0, 1], free_port()?));
+    let mut operator = start_operator(&binary, &kubeconfig, health, &dir)?;
+    eprintln!(
+        "operator pid {} ({}), log {}",
+        operator.pid(),
+        binary.display(),
+        operator.log.display()
+    );
+    wait_until("the operator's /readyz", &mut operator, || {
+        http_ok(health, "/readyz")
+    })
+    .await?;
+
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), NS);
+    let first = TestKey::derived("bench-first", 21);
+    secrets
+        .create(
+            &PostParams::default(),
+            &first.json_secret_for(NS, KEY_SECRET, DB),
+        )
+        .await
+        .context("creating the key Secret")?;
+    let mut qdb = testing::questdb(DB, NS);
+    qdb.metadata = ObjectMeta {
+        name: Some(DB.into()),
+        namespace: Some(NS.into()),
+        ..ObjectMeta::default()
+    };
+    Api::<QuestDB>::namespaced(client.clone(), NS)
+        .create(&PostParams::default(), &qdb)
+        .await
+        .context("creating the QuestDB")?;
+    wait_key_live(&client, &mut operator, &first).await?;
+    let baseline = memory_of(operator.pid())?;
+
+    let started = Instant::now();
+    let payload: Vec<u8> = (0..SECRET_BYTES).map(|i| (i % 251) as u8).collect();
+    futures::stream::iter(0..settings.secrets)
+        .map(|i| {
+            let (secrets, secret) = (secrets.clone(), unrelated_secret(i, &payload));
+            async move { secrets.create(&PostParams::default(), &secret).await }
+        })
+        .buffer_unordered(IN_FLIGHT)
+        .try_for_each(|_| async { Ok(()) })
+        .await
+        .context("creating the unrelated Secrets")?;
+    let create_secs = started.elapsed().as_secs_f64();
+
+    // Secret events reach the operator in order on one watch: once a key Secret created after
+    // all of them is deployed, the metadata cache has seen every unrelated Secret.
+    let caught_up = Instant::now();
+    let second = TestKey::derived("bench-second", 22);
+    secrets
+        .create(
+            &PostParams::default(),
+            &second.json_secret_for(NS, "second-key", DB),
+        )
+        .await
+        .context("creating the second key Secret")?;
+    wait_key_live(&client, &mut operator, &second).await?;
+    let settle_secs = caught_up.elapsed().as_secs_f64();
+    let loaded = memory_of(operator.pid())?;
+
+    // Rotation: edit the first key Secret; time until the pod template's config hash changes.
+    let statefulsets: Api<StatefulSet> = Api::namespaced(client.clone(), NS);
+    let sts = statefulsets
+        .get(DB)
+        .await
+        .context("reading the StatefulSet")?;
+    let hash_before = config_hash(&sts);
+    let rotated = TestKey::derived("bench-rotated", 23);
+    let mut key_secret = secrets
+        .get(KEY_SECRET)
+        .await
+        .context("reading the key Secret")?;
+    key_secret.data = rotated.json_secret_for(NS, KEY_SECRET, DB).data;
+    let hash_changed = {
+        let before = hash_before.clone();
+        await_condition(statefulsets.clone(), DB, move |s: Option<&StatefulSet>| {
+            s.is_some_and(|s| config_hash(s) != before)
+        })
+    };
+    let edit = Instant::now();
+    secrets
+        .replace(KEY_SECRET, &PostParams::default(), &key_secret)
+        .await
+        .context("rotating the key")?;
+    tokio::time::timeout(TIMEOUT, hash_changed)
+        .await
+        .context("waiting for the pod template to change")?
+        .context("watching the StatefulSet")?;
+    let rotation_ms = edit.elapsed().as_secs_f64() * 1000.0;
+    operator.ensure_running()?;
+
+    drop(operator);
+    sim.shutdown().await;
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(Figures {
+        secrets: settings.secrets,
+        baseline,
+        loaded,
+        create_secs,
+        settle_secs,
+        rotation_ms,
+    })
+}
+
+fn main() -> std::process::ExitCode {
+    // Two TLS backends are linked (ring for kube, aws-lc-rs via the AWS SDK), so rustls cannot
+    // pick one by itself; the operator binary makes the same choice.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let settings = match Settings::from_env() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("secrets bench: {e:#}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("secrets bench: starting tokio: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    let profile = if cfg!(debug_assertions) {
+        "debug"
+    } else {
+        "optimised"
+    };
+    match runtime.block_on(run(&settings)) {
+        Ok(figures) => {
+            if settings.quick {
+                println!(
+                    "(quick run: {} Secrets; the target is scaled to that count)",
+                    figures.secrets
+                );
+            }
+            figures.print(profile);
+            std::process::ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("secrets bench failed: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,533 @@
+//! The `aws` cloud backend against moto (a local AWS API emulator): the real SDK requests and
+//! responses for launch / describe by tags / terminate and Route53 upsert / read / delete.
+//!
+//! moto_server comes from `$MOTO_SERVER` or `<repo>/.venv/bin/moto_server` (`bash .ci/moto.sh
+//! install`). Without it these tests fail, unless `SKIP_MOTO=1`. Each test starts its own
+//! server on a free loopback port (killed on drop) and resets it before use.
+//!
+//! Not covered here because moto cannot model them: ClientToken idempotency, throttling,
+//! capacity errors, eventual consistency (see the memory backend's tests in `src/cloud/memory`).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use aws_sdk_ec2::config::Credentials;
+use questdb_operator::cloud::aws::{sdk_config_loader, AwsCloud};
+use questdb_operator::cloud::{
+    CallCounter, CloudConfig, CloudError, DnsProvider, InstanceState, LaunchRequest, NodeProvider,
+    RateLimit, RetryPolicy, Taint, TAG_CLUSTER, TAG_NODE_GENERATION, TAG_UID,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+const REGION: &str = "us-east-1";
+const ZONE: &str = "us-east-1a";
+
+/// A moto_server child process on 127.0.0.1, killed when dropped (also when a test panics).
+struct Moto {
+    child: Child,
+    port: u16,
+}
+
+impl Drop for Moto {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn moto_binary() -> Option<PathBuf> {
+    if let Some(path) = std::env::var_os("MOTO_SERVER") {
+        let path = PathBuf::from(path);
+        return path.exists().then_some(path);
+    }
+    let venv = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/moto_server");
+    venv.exists().then_some(venv)
+}
+
+/// Start moto, or `None` when it is absent and `SKIP_MOTO=1` says that is acceptable.
+async fn start_moto() -> Option<Moto> {
+    let Some(binary) = moto_binary() else {
+        if std::env::var("SKIP_MOTO").as_deref() == Ok("1") {
+            eprintln!("SKIP_MOTO=1 and no moto_server: skipping");
+            return None;
+        }
+        panic!(
+            "moto_server not found: run `bash .ci/moto.sh install` (creates .venv) or set \
+             MOTO_SERVER=/path/to/moto_server; set SKIP_MOTO=1 to skip these tests"
+        );
+    };
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free loopback port")
+        .port();
+    let child = Command::new(&binary)
+        .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+        .env("MOTO_ENABLE_AMI_VALIDATION", "true")
+        .env("MOTO_EC2_ENABLE_INSTANCE_TYPE_VALIDATION", "true")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("starting {}: {e}", binary.display()));
+    let mut moto = Moto { child, port };
+    // Wait for readiness (moto's imports take seconds on a busy machine), bounded.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        if http(port, "GET", "/moto-api/")
+            .await
+            .is_ok_and(|s| s == 200)
+        {
+            break;
+        }
+        if let Ok(Some(status)) = moto.child.try_wait() {
+            panic!("moto_server exited early: {status}");
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "moto_server did not answer on port {port} within 60s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    reset(&mut moto).await;
+    Some(moto)
+}
+
+/// `POST /moto-api/reset`: forget every resource, so a test sees a fresh account.
+async fn reset(moto: &mut Moto) {
+    let status = http(moto.port, "POST", "/moto-api/reset")
+        .await
+        .expect("reset");
+    assert_eq!(status, 200, "moto reset");
+}
+
+/// Minimal HTTP/1.1 request without a body; returns the status code.
+async fn http(port: u16, method: &str, path: &str) -> std::io::Result<u16> {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).await?;
+    let request = format!(
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+    );
+    stream.write_all(request.as_bytes()).await?;
+    let mut response = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut response))
+        .await
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "moto answer"))??;
+    let head = String::from_utf8_lossy(&response);
+    head.split_whitespace()
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidData, "no status line"))
+}
+
+fn base_config(moto: &Moto) -> CloudConfig {
+    base_config_at(format!("http://127.0.0.1:{}", moto.port))
+}
+
+fn base_config_at(endpoint: String) -> CloudConfig {
+    let mut config = CloudConfig::new("moto-test", REGION);
+    config.endpoint_url = Some(endpoint);
+    config.user_data_template =
+        "#!/bin/bash\n# --node-labels={{node_labels}} --register-with-taints={{node_taints}}\n"
+            .into();
+    config.retry = RetryPolicy {
+        min_delay: Duration::from_millis(20),
+        max_delay: Duration::from_millis(200),
+        max_retries: 2,
+        eventual_consistency_window: Duration::from_secs(1),
+    };
+    config.rate_limit = RateLimit {
+        per_second: 0.0,
+        burst: 1,
+    };
+    config
+}
+
+/// SDK configuration for moto: dummy credentials, only in this test.
+async fn sdk(config: &CloudConfig) -> aws_config::SdkConfig {
+    sdk_config_loader(config)
+        .credentials_provider(Credentials::new(
+            "testing",
+            "testing",
+            None,
+            None,
+            "moto-test",
+        ))
+        .load()
+        .await
+}
+
+/// Subnet per zone of moto's default VPC; looked up because ids change on every reset.
+async fn default_subnets(sdk: &aws_config::SdkConfig) -> BTreeMap<String, String> {
+    let ec2 = aws_sdk_ec2::Client::new(sdk);
+    let out = ec2
+        .describe_subnets()
+        .send()
+        .await
+        .expect("DescribeSubnets");
+    out.subnets()
+        .iter()
+        .filter_map(|s| {
+            Some((
+                s.availability_zone()?.to_string(),
+                s.subnet_id()?.to_string(),
+            ))
+        })
+        .collect()
+}
+
+/// An AMI that moto knows (with AMI validation on, made-up ids are rejected).
+async fn some_ami(sdk: &aws_config::SdkConfig) -> String {
+    let ec2 = aws_sdk_ec2::Client::new(sdk);
+    let out = ec2.describe_images().send().await.expect("DescribeImages");
+    out.images()
+        .iter()
+        .find_map(|i| i.image_id().map(str::to_string))
+        .expect("moto ships AMIs")
+}
+
+async fn ec2_setup(moto: &Moto) -> (CloudConfig, aws_config::SdkConfig, String) {
+    let mut config = base_config(moto);
+    let sdk = sdk(&config).await;
+    config.subnets_by_zone = default_subnets(&sdk).await;
+    assert!(
+        config.subnets_by_zone.contains_key(ZONE),
+        "{:?}",
+        config.subnets_by_zone
+    );
+    let ami = some_ami(&sdk).await;
+    (config, sdk, ami)
+}
+
+fn request(uid: &str, generation: i64, ami: &str) -> LaunchRequest {
+    LaunchRequest {
+        namespace: "team-a".into(),
+        name: "db1".into(),
+        uid: uid.into(),
+        node_generation: generation,
+        image: ami.into(),
+        instance_type: "t3.micro".into(),
+        zone: ZONE.into(),
+        labels: BTreeMap::from([("questdb.io/dedicated".to_string(), "team-a.db1".to_string())]),
+        taints: vec![Taint::new(
+            "questdb.io/dedicated",
+            Some("team-a.db1"),
+            "NoSchedule",
+        )],
+    }
+}
+
+#[tokio::test]
+async fn launch_describe_by_tags_and_terminate() {
+    let Some(moto) = start_moto().await else {
+        return;
+    };
+    let (config, sdk, ami) = ec2_setup(&moto).await;
+    let counter = CallCounter::new();
+    let cloud = AwsCloud::from_sdk_config(&sdk, config, Arc::new(counter.clone())).unwrap();
+    let nodes: Arc<dyn NodeProvider> = cloud.nodes.clone();
+
+    let launched = nodes.launch(&request("uid-1", 1, &ami)).await.unwrap();
+    assert!(launched.id.starts_with("i-"), "{}", launched.id);
+    assert_eq!(launched.zone, ZONE);
+    assert_eq!(launched.image, ami);
+    assert_eq!(launched.instance_type, "t3.micro");
+    assert!(launched.private_ip.is_some());
+    assert_eq!(launched.tags[TAG_CLUSTER], "moto-test");
+    assert_eq!(launched.tags[TAG_UID], "uid-1");
+    assert_eq!(launched.tags[TAG_NODE_GENERATION], "1");
+    assert_eq!(launched.tags["Name"], "questdb-team-a-db1-g1");
+
+    // The retried launch finds the instance by its tags (moto ignores ClientToken, so this
+    // is the tag lookup at work) and does not call RunInstances again.
+    let again = nodes.launch(&request("uid-1", 1, &ami)).await.unwrap();
+    assert_eq!(again.id, launched.id);
+    assert_eq!(counter.attempts("RunInstances"), 1);
+
+    let other = nodes.launch(&request("uid-2", 1, &ami)).await.unwrap();
+    assert_ne!(other.id, launched.id);
+
+    let mut cluster: Vec<String> = nodes
+        .describe_cluster()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|i| i.id)
+        .collect();
+    cluster.sort();
+    let mut expected = vec![launched.id.clone(), other.id.clone()];
+    expected.sort();
+    assert_eq!(cluster, expected);
+
+    let described = nodes
+        .describe(std::slice::from_ref(&launched.id))
+        .await
+        .unwrap();
+    assert_eq!(described.len(), 1);
+    assert!(
+        matches!(
+            described[0].state,
+            InstanceState::Pending | InstanceState::Running
+        ),
+        "{:?}",
+        described[0].state
+    );
+
+    nodes.terminate(&launched.id).await.unwrap();
+    nodes.terminate(&launched.id).await.unwrap();
+    nodes.terminate("i-0123456789abcdef0").await.unwrap();
+    let after = nodes
+        .describe(std::slice::from_ref(&launched.id))
+        .await
+        .unwrap();
+    assert!(after[0].state.is_gone(), "{:?}", after[0].state);
+
+    // A terminated generation is reported, not silently replaced.
+    let relaunch = nodes.launch(&request("uid-1", 1, &ami)).await.unwrap();
+    assert_eq!(relaunch.id, launched.id);
+    assert!(relaunch.state.is_gone());
+    let next = nodes.launch(&request("uid-1", 2, &ami)).await.unwrap();
+    assert_ne!(next.id, launched.id);
+    assert!(!next.state.is_gone());
+    assert_eq!(counter.count("RunInstances", "ok"), 3);
+}
+
+#[tokio::test]
+async fn unknown_ami_and_instance_type_are_permanent_without_retries() {
+    let Some(moto) = start_moto().await else {
+        return;
+    };
+    let (config, sdk, ami) = ec2_setup(&moto).await;
+    let counter = CallCounter::new();
+    let cloud = AwsCloud::from_sdk_config(&sdk, config, Arc::new(counter.clone())).unwrap();
+
+    let err = cloud
+        .nodes
+        .launch(&request("uid-1", 1, "ami-00000000deadbeef0"))
+        .await
+        .unwrap_err();
+    match &err {
+        CloudError::Permanent { code, message, .. } => {
+            assert!(code.starts_with("InvalidAMIID."), "{code}");
+            assert!(message.contains("ami-00000000deadbeef0"), "{message}");
+        }
+        other => panic!("expected a permanent error, got {other:?}"),
+    }
+    assert_eq!(counter.attempts("RunInstances"), 1);
+
+    let mut bad_type = request("uid-2", 1, &ami);
+    bad_type.instance_type = "m9.gigantic".into();
+    let err = cloud.nodes.launch(&bad_type).await.unwrap_err();
+    assert!(err.is_permanent(), "{err:?}");
+    assert!(err.to_string().contains("m9.gigantic"), "{err}");
+    assert_eq!(counter.attempts("RunInstances"), 2);
+    assert!(cloud.nodes.describe_cluster().await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn dns_upsert_read_and_delete() {
+    let Some(moto) = start_moto().await else {
+        return;
+    };
+    let mut config = base_config(&moto);
+    let sdk = sdk(&config).await;
+    let route53 = aws_sdk_route53::Client::new(&sdk);
+    let zone = route53
+        .create_hosted_zone()
+        .name("example.com")
+        .caller_reference("aws-moto-test")
+        .send()
+        .await
+        .expect("CreateHostedZone");
+    let zone_id = zone
+        .hosted_zone()
+        .map(|z| z.id().to_string())
+        .expect("zone id");
+    config.hosted_zone_id = Some(zone_id.trim_start_matches("/hostedzone/").to_string());
+
+    let counter = CallCounter::new();
+    let cloud = AwsCloud::from_sdk_config(&sdk, config, Arc::new(counter.clone())).unwrap();
+    let dns: Arc<dyn DnsProvider> = cloud.dns.clone().expect("hosted zone configured");
+
+    assert_eq!(dns.read_a("db1.example.com").await.unwrap(), None);
+    dns.upsert_a("db1.example.com", "10.0.0.4", 60)
+        .await
+        .unwrap();
+    let record = dns.read_a("db1.example.com").await.unwrap().unwrap();
+    assert_eq!(record.name, "db1.example.com");
+    assert_eq!(record.ips, vec!["10.0.0.4".to_string()]);
+    assert_eq!(record.ttl, 60);
+
+    // Same value: read only, no change sent.
+    dns.upsert_a("db1.example.com.", "10.0.0.4", 60)
+        .await
+        .unwrap();
+    assert_eq!(counter.attempts("ChangeResourceRecordSets"), 1);
+
+    // A neighbour record sorts right after ours; it must not be mistaken for it.
+    dns.upsert_a("db10.example.com", "10.0.0.7", 60)
+        .await
+        .unwrap();
+    dns.upsert_a("db1.example.com", "10.0.0.9", 30)
+        .await
+        .unwrap();
+    let record = dns.read_a("db1.example.com").await.unwrap().unwrap();
+    assert_eq!((record.ips, record.ttl), (vec!["10.0.0.9".to_string()], 30));
+
+    dns.delete_a("db1.example.com").await.unwrap();
+    assert_eq!(dns.read_a("db1.example.com").await.unwrap(), None);
+    dns.delete_a("db1.example.com").await.unwrap();
+    assert_eq!(dns.read_a("db2.example.com").await.unwrap(), None);
+    let neighbour = dns.read_a("db10.example.com").await.unwrap().unwrap();
+    assert_eq!(neighbour.ips, vec!["10.0.0.7".to_string()]);
+}
+
+/// A loopback HTTP server that answers with scripted responses, in order, and records each
+/// request's first line and body. For the error shapes moto never produces (throttling,
+/// capacity), so the SDK's parsing of real AWS error bodies is tested too.
+struct ScriptedAws {
+    port: u16,
+    requests: Arc<std::sync::Mutex<Vec<String>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for ScriptedAws {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl ScriptedAws {
+    async fn start(responses: Vec<(u16, &'static str)>) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let requests = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let seen = requests.clone();
+        let task = tokio::spawn(async move {
+            let mut script = responses.into_iter();
+            while let Ok((mut conn, _)) = listener.accept().await {
+                let Some(request) = read_request(&mut conn).await else {
+                    continue;
+                };
+                seen.lock().unwrap().push(request);
+                let (status, body) = script
+                    .next()
+                    .unwrap_or((500, "<Response><Errors><Error><Code>ScriptExhausted</Code><Message>no more scripted responses</Message></Error></Errors></Response>"));
+                let response = format!(
+                    "HTTP/1.1 {status} X\r\nContent-Type: text/xml\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = conn.write_all(response.as_bytes()).await;
+                let _ = conn.shutdown().await;
+            }
+        });
+        Self {
+            port,
+            requests,
+            task,
+        }
+    }
+
+    fn requests(&self) -> Vec<String> {
+        self.requests.lock().unwrap().clone()
+    }
+}
+
+/// First line and body of one HTTP/1.1 request with a Content-Length body (or none).
+async fn read_request(conn: &mut TcpStream) -> Option<String> {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    let header_end = loop {
+        let n = conn.read(&mut chunk).await.ok()?;
+        if n == 0 {
+            return None;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+        if let Some(pos) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break pos + 4;
+        }
+    };
+    let head = String::from_utf8_lossy(&buf[..header_end]).to_string();
+    let length: usize = head
+        .lines()
+        .find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.eq_ignore_ascii_case("content-length")
+                .then(|| v.trim().parse().ok())?
+        })
+        .unwrap_or(0);
+    while buf.len() < header_end + length {
+        let n = conn.read(&mut chunk).await.ok()?;
+        if n == 0 {
+            break;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+    let first_line = head.lines().next().unwrap_or_default().to_string();
+    let body = String::from_utf8_lossy(&buf[header_end..]).to_string();
+    Some(format!("{first_line} {body}"))
+}
+
+const EC2_THROTTLED: &str = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Response><Errors><Error><Code>RequestLimitExceeded</Code><Message>Request limit exceeded.</Message></Error></Errors><RequestID>req-1</RequestID></Response>";
+const EC2_NO_INSTANCES: &str = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<DescribeInstancesResponse xmlns=\"http://ec2.amazonaws.com/doc/2016-11-15/\"><requestId>req-2</requestId><reservationSet/></DescribeInstancesResponse>";
+const EC2_NO_CAPACITY: &str = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Response><Errors><Error><Code>InsufficientInstanceCapacity</Code><Message>We currently do not have sufficient m6i.large capacity in the Availability Zone you requested (us-east-1a).</Message></Error></Errors><RequestID>req-3</RequestID></Response>";
+const ROUTE53_THROTTLED: &str = "<?xml version=\"1.0\"?>\n<ErrorResponse xmlns=\"https://route53.amazonaws.com/doc/2013-04-01/\"><Error><Type>Sender</Type><Code>Throttling</Code><Message>Rate exceeded</Message></Error><RequestId>req-4</RequestId></ErrorResponse>";
+const ROUTE53_EMPTY: &str = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<ListResourceRecordSetsResponse xmlns=\"https://route53.amazonaws.com/doc/2013-04-01/\"><ResourceRecordSets></ResourceRecordSets><IsTruncated>false</IsTruncated><MaxItems>1</MaxItems></ListResourceRecordSetsResponse>";
+
+/// Throttling and capacity errors as AWS sends them on the wire: throttling is retried (every
+/// attempt counted), no capacity is a permanent error with AWS's message after one attempt.
+#[tokio::test]
+async fn aws_error_bodies_drive_retries_and_permanent_errors() {
+    let server = ScriptedAws::start(vec![
+        (503, EC2_THROTTLED),
+        (503, EC2_THROTTLED),
+        (200, EC2_NO_INSTANCES),
+        (200, EC2_NO_INSTANCES),
+        (500, EC2_NO_CAPACITY),
+        (400, ROUTE53_THROTTLED),
+        (200, ROUTE53_EMPTY),
+    ])
+    .await;
+    let mut config = base_config_at(format!("http://127.0.0.1:{}", server.port));
+    config.subnets_by_zone = BTreeMap::from([(ZONE.to_string(), "subnet-1".to_string())]);
+    config.hosted_zone_id = Some("Z1".into());
+    let sdk = sdk(&config).await;
+    let counter = CallCounter::new();
+    let cloud = AwsCloud::from_sdk_config(&sdk, config, Arc::new(counter.clone())).unwrap();
+
+    assert!(cloud.nodes.describe_cluster().await.unwrap().is_empty());
+    assert_eq!(counter.count("DescribeInstances", "throttled"), 2);
+    assert_eq!(counter.count("DescribeInstances", "ok"), 1);
+
+    let err = cloud
+        .nodes
+        .launch(&request("uid-1", 1, "ami-0123456789abcdef0"))
+        .await
+        .unwrap_err();
+    match &err {
+        CloudError::Permanent { code, message, .. } => {
+            assert_eq!(code, "InsufficientInstanceCapacity");
+            assert!(message.contains("us-east-1a"), "{message}");
+        }
+        other => panic!("expected a permanent error, got {other:?}"),
+    }
+    assert_eq!(counter.attempts("RunInstances"), 1);
+
+    let dns = cloud.dns.clone().unwrap();
+    assert_eq!(dns.read_a("db1.example.com").await.unwrap(), None);
+    assert_eq!(counter.count("ListResourceRecordSets", "throttled"), 1);
+
+    let requests = server.requests();
+    assert_eq!(requests.len(), 7, "{requests:#?}");
+    let run = &requests[4];
+    assert!(run.contains("Action=RunInstances"), "{run}");
+    assert!(
+        run.contains(&format!(
+            "ClientToken={}",
+            questdb_operator::cloud::client_token("uid-1", 1)
+        )),
+        "{run}"
+    );
+    assert!(run.contains("SubnetId=subnet-1"), "{run}");
+}

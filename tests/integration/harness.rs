@@ -1,0 +1,213 @@
+//! Starts a simulator, installs the CRD, runs the manager, and waits on conditions.
+
+use std::fmt::Debug;
+use std::future::Future;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, PostParams};
+use kube::runtime::wait::{await_condition, Condition};
+use kube::{Client, CustomResourceExt, Resource};
+use questdb_operator::api::QuestDB;
+use questdb_operator::build::testing;
+use questdb_operator::manager::{self, ManagerHandle, ManagerOptions};
+use questdb_sim::{Sim, SimConfig};
+use serde::de::DeserializeOwned;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+/// Generous: a loaded 2-core CI machine builds and runs many tests at once.
+pub const TIMEOUT: Duration = Duration::from_secs(60);
+
+pub struct Env {
+    pub sim: Sim,
+    pub client: Client,
+    pub handle: ManagerHandle,
+    shutdown: CancellationToken,
+    task: Option<JoinHandle<anyhow::Result<()>>>,
+}
+
+/// Fast simulated time so kubelet start-up and grace periods take milliseconds.
+pub fn sim_config() -> SimConfig {
+    SimConfig {
+        clock_speed: 20.0,
+        ..SimConfig::sandbox()
+    }
+}
+
+impl Env {
+    pub async fn start() -> Env {
+        Self::start_with(sim_config(), ManagerOptions::default()).await
+    }
+
+    pub async fn start_with(cfg: SimConfig, opts: ManagerOptions) -> Env {
+        init_tracing();
+        let sim = Sim::start(cfg).await.expect("simulator starts");
+        let client = sim.client().await;
+        install_crd(&client).await;
+        let mut env = Env {
+            sim,
+            client,
+            handle: ManagerHandle::default(),
+            shutdown: CancellationToken::new(),
+            task: None,
+        };
+        env.start_manager(opts);
+        wait_until("manager caches synced", || {
+            let r = env.handle.readiness.clone();
+            async move { r.is_ready() }
+        })
+        .await;
+        env
+    }
+
+    fn start_manager(&mut self, opts: ManagerOptions) {
+        let config = self.sim.client_config();
+        let token = self.shutdown.clone();
+        let handle = ManagerHandle {
+            metrics: self.handle.metrics.clone(),
+            readiness: self.handle.readiness.clone(),
+            in_flight: self.handle.in_flight.clone(),
+        };
+        self.task = Some(tokio::spawn(manager::run_with(opts, config, token, handle)));
+    }
+
+    /// Stops the manager (graceful shutdown) and returns what `run` returned.
+    pub async fn stop_manager(&mut self) -> anyhow::Result<()> {
+        self.shutdown.cancel();
+        match self.task.take() {
+            Some(t) => tokio::time::timeout(TIMEOUT, t)
+                .await
+                .expect("manager stops within the timeout")
+                .expect("manager task does not panic"),
+            None => Ok(()),
+        }
+    }
+
+    pub async fn stop(mut self) {
+        let _ = self.stop_manager().await;
+        self.sim.shutdown().await;
+    }
+
+    pub fn api<K>(&self, ns: &str) -> Api<K>
+    where
+        K: Resource<Scope = kube::core::NamespaceResourceScope, DynamicType = ()>,
+    {
+        Api::namespaced(self.client.clone(), ns)
+    }
+
+    pub async fn namespace(&self, name: &str) {
+        let ns = Namespace {
+            metadata: kube::api::ObjectMeta {
+                name: Some(name.into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        Api::<Namespace>::all(self.client.clone())
+            .create(&PostParams::default(), &ns)
+            .await
+            .expect("namespace created");
+    }
+
+    /// Creates a QuestDB from the standard fixture, adjusted by `edit`.
+    pub async fn create_questdb(
+        &self,
+        ns: &str,
+        name: &str,
+        edit: impl FnOnce(&mut QuestDB),
+    ) -> QuestDB {
+        let mut q = testing::questdb(name, ns);
+        q.metadata.uid = None;
+        q.metadata.resource_version = None;
+        q.metadata.generation = None;
+        edit(&mut q);
+        self.api::<QuestDB>(ns)
+            .create(&PostParams::default(), &q)
+            .await
+            .expect("QuestDB created")
+    }
+}
+
+pub async fn install_crd(client: &Client) {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    crds.create(&PostParams::default(), &QuestDB::crd())
+        .await
+        .expect("CRD installed");
+    wait_until("QuestDB resource served", || {
+        let api: Api<QuestDB> = Api::all(client.clone());
+        async move { api.list(&Default::default()).await.is_ok() }
+    })
+    .await;
+}
+
+/// Waits (watch-based) until `cond` holds for the named object.
+pub async fn wait_for<K>(api: &Api<K>, name: &str, what: &str, cond: impl Condition<K>) -> K
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
+{
+    match tokio::time::timeout(TIMEOUT, await_condition(api.clone(), name, cond)).await {
+        Ok(Ok(Some(obj))) => obj,
+        Ok(Ok(None)) => panic!("{what}: {name} was deleted"),
+        Ok(Err(e)) => panic!("{what}: watch failed: {e}"),
+        Err(_) => {
+            let now = api.get_opt(name).await.ok().flatten();
+            panic!("{what}: timed out after {TIMEOUT:?}; object is now {now:#?}")
+        }
+    }
+}
+
+/// Polls `probe` until it returns true (for facts no single watch can express).
+pub async fn wait_until<F, Fut>(what: &str, mut probe: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + TIMEOUT;
+    let mut delay = Duration::from_millis(10);
+    loop {
+        if probe().await {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for: {what}"
+        );
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(Duration::from_millis(250));
+    }
+}
+
+/// The QuestDB's Ready condition is True.
+pub fn is_ready() -> impl Condition<QuestDB> {
+    |q: Option<&QuestDB>| {
+        q.and_then(|q| q.status.as_ref()).is_some_and(|s| {
+            s.conditions
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.status == "True")
+        })
+    }
+}
+
+/// The QuestDB's condition `type_` has `reason`.
+pub fn has_condition(type_: &'static str, reason: &'static str) -> impl Condition<QuestDB> {
+    move |q: Option<&QuestDB>| {
+        q.and_then(|q| q.status.as_ref()).is_some_and(|s| {
+            s.conditions
+                .iter()
+                .any(|c| c.type_ == type_ && c.reason == reason)
+        })
+    }
+}
+
+fn init_tracing() {
+    questdb_operator::metrics::install_crypto_provider();
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_test_writer()
+        .try_init();
+}

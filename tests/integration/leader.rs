@@ -1,0 +1,167 @@
+//! Leader election: only the Lease holder reconciles, a standby takes over, and a leader that
+//! loses its Lease stops.
+
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use questdb_operator::api::QuestDB;
+use questdb_operator::manager::{self, LeaderElection, ManagerHandle, ManagerOptions};
+use questdb_sim::Sim;
+use tokio_util::sync::CancellationToken;
+
+use crate::harness::{install_crd, is_ready, sim_config, wait_for, wait_until, TIMEOUT};
+
+const LEASE: &str = "questdb-operator-leader";
+const LEASE_NS: &str = "questdb-operator";
+
+fn options(identity: &str) -> ManagerOptions {
+    ManagerOptions {
+        leader_election: Some(LeaderElection {
+            lease_name: LEASE.into(),
+            namespace: LEASE_NS.into(),
+            identity: identity.into(),
+            duration: Duration::from_secs(4),
+            grace: Duration::from_secs(1),
+        }),
+        ..Default::default()
+    }
+}
+
+struct Running {
+    handle: ManagerHandle,
+    token: CancellationToken,
+    task: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+fn spawn(sim: &Sim, identity: &str) -> Running {
+    let handle = ManagerHandle::default();
+    let token = CancellationToken::new();
+    let task = tokio::spawn(manager::run_with(
+        options(identity),
+        sim.client_config(),
+        token.clone(),
+        ManagerHandle {
+            metrics: handle.metrics.clone(),
+            readiness: handle.readiness.clone(),
+            in_flight: handle.in_flight.clone(),
+        },
+    ));
+    Running {
+        handle,
+        token,
+        task,
+    }
+}
+
+fn is_leader(r: &Running) -> bool {
+    r.handle.metrics.render().lines().any(|l| {
+        l.starts_with("leader_election_master_status") && l.contains(LEASE) && l.ends_with(" 1")
+    })
+}
+
+async fn holder(leases: &Api<Lease>) -> Option<String> {
+    leases
+        .get_opt(LEASE)
+        .await
+        .ok()
+        .flatten()
+        .and_then(|l| l.spec?.holder_identity)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn standby_takes_over_and_a_deposed_leader_stops() {
+    questdb_operator::metrics::install_crypto_provider();
+    let sim = Sim::start(sim_config()).await.unwrap();
+    let client = sim.client().await;
+    install_crd(&client).await;
+    let ns = Namespace {
+        metadata: kube::api::ObjectMeta {
+            name: Some(LEASE_NS.into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &ns)
+        .await
+        .unwrap();
+    let leases: Api<Lease> = Api::namespaced(client.clone(), LEASE_NS);
+    let qdbs: Api<QuestDB> = Api::namespaced(client.clone(), "default");
+
+    let a = spawn(&sim, "manager-a");
+    wait_until("manager-a leads", || {
+        let leases = leases.clone();
+        async move { holder(&leases).await.as_deref() == Some("manager-a") }
+    })
+    .await;
+    let b = spawn(&sim, "manager-b");
+    wait_until("both ready (caches synced on the standby too)", || {
+        let ready = a.handle.readiness.is_ready() && b.handle.readiness.is_ready();
+        async move { ready }
+    })
+    .await;
+    wait_until("manager-a reports leadership", || {
+        let l = is_leader(&a);
+        async move { l }
+    })
+    .await;
+    assert!(!is_leader(&b), "only one leader");
+
+    let mut q = questdb_operator::build::testing::questdb("db1", "default");
+    q.metadata.uid = None;
+    q.metadata.resource_version = None;
+    qdbs.create(&PostParams::default(), &q).await.unwrap();
+    wait_for(&qdbs, "db1", "reconciled by the leader", is_ready()).await;
+    assert_eq!(
+        b.handle.in_flight.max_total(),
+        0,
+        "the standby never reconciled"
+    );
+
+    // The leader stops: the standby takes over within the lease duration.
+    a.token.cancel();
+    tokio::time::timeout(TIMEOUT, a.task)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    wait_until("manager-b leads", || {
+        let leases = leases.clone();
+        async move { holder(&leases).await.as_deref() == Some("manager-b") }
+    })
+    .await;
+    let mut q2 = q.clone();
+    q2.metadata.name = Some("db2".into());
+    qdbs.create(&PostParams::default(), &q2).await.unwrap();
+    wait_for(&qdbs, "db2", "reconciled by the new leader", is_ready()).await;
+
+    // Someone else grabs the Lease: manager-b must stop reconciling and end with an error.
+    let steal = serde_json::json!({"spec": {
+        "holderIdentity": "intruder",
+        "renewTime": k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(k8s_openapi::jiff::Timestamp::now()),
+        "leaseDurationSeconds": 3600,
+    }});
+    leases
+        .patch(LEASE, &PatchParams::default(), &Patch::Merge(&steal))
+        .await
+        .unwrap();
+    let Running {
+        handle: b_handle,
+        token: b_token,
+        task: b_task,
+    } = b;
+    let ended = tokio::time::timeout(TIMEOUT, b_task)
+        .await
+        .expect("deposed leader stops")
+        .unwrap();
+    assert!(ended.is_err(), "a deposed leader reports the loss");
+    assert!(!b_handle
+        .metrics
+        .render()
+        .lines()
+        .any(|l| l.starts_with("leader_election_master_status") && l.ends_with(" 1")));
+    b_token.cancel();
+    sim.shutdown().await;
+}

@@ -1,0 +1,7 @@
+//! Integration tests: the real manager against the simulated control plane. One test binary
+//! (one link) for the whole suite; each test starts its own simulator on an ephemeral port.
+
+mod harness;
+mod ilp_auth;
+mod leader;
+mod questdb;

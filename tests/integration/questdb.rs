@@ -1,0 +1,507 @@
+//! The QuestDB controller as a provisioner and on-call engineer see it.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Service};
+use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::runtime::wait::Condition;
+use kube::{Resource, ResourceExt};
+use questdb_operator::api::QuestDB;
+use questdb_operator::manager::ManagerOptions;
+use questdb_sim::{Fault, Verb};
+use serde_json::json;
+
+use crate::harness::{has_condition, is_ready, sim_config, wait_for, wait_until, Env};
+
+const NS: &str = "tenant-a";
+
+fn controlled_by(obj: &impl Resource, qdb: &QuestDB) -> bool {
+    obj.owner_references()
+        .iter()
+        .any(|r| r.controller == Some(true) && Some(&r.uid) == qdb.meta().uid.as_ref())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn create_makes_every_child_and_reports_ready() {
+    let env = Env::start().await;
+    env.namespace(NS).await;
+    let created = env
+        .create_questdb(NS, "db1", |q| {
+            q.metadata.labels = Some(BTreeMap::from([("team".into(), "ingest".into())]));
+            q.spec
+                .config
+                .server
+                .insert("cairo.commit.lag".into(), "1000".into());
+        })
+        .await;
+
+    let q = wait_for(&env.api::<QuestDB>(NS), "db1", "QuestDB Ready", is_ready()).await;
+    let status = q.status.clone().unwrap();
+    assert_eq!(status.phase.map(|p| p.as_str()), Some("Running"));
+    assert_eq!(status.version.as_deref(), Some("9.0.0"));
+    assert!(
+        status.node_name.is_some(),
+        "status names the node: {status:?}"
+    );
+    assert_eq!(status.node_ready, Some(true));
+    assert!(status.node_ip.is_some());
+    assert_eq!(status.observed_generation, q.metadata.generation);
+
+    let sts = env.api::<StatefulSet>(NS).get("db1").await.unwrap();
+    assert!(controlled_by(&sts, &created));
+    assert_eq!(sts.labels().get("team").map(String::as_str), Some("ingest"));
+    let selector = sts
+        .spec
+        .as_ref()
+        .unwrap()
+        .selector
+        .match_labels
+        .clone()
+        .unwrap();
+    assert!(
+        !selector.contains_key("team"),
+        "user labels never enter the selector"
+    );
+    for name in ["db1", "db1-headless"] {
+        let svc = env.api::<Service>(NS).get(name).await.unwrap();
+        assert!(controlled_by(&svc, &created), "service {name} owned");
+    }
+    let cm = env.api::<ConfigMap>(NS).get("db1-config").await.unwrap();
+    assert!(controlled_by(&cm, &created));
+    let server_conf = cm.data.unwrap()["server.conf"].clone();
+    assert!(server_conf.contains("cairo.commit.lag=1000"));
+    assert!(server_conf.contains("pg.net.bind.to=0.0.0.0:8812"));
+    let pvc = env
+        .api::<PersistentVolumeClaim>(NS)
+        .get("db1-data")
+        .await
+        .unwrap();
+    assert!(
+        pvc.owner_references().is_empty(),
+        "a retained PVC carries no owner reference"
+    );
+    let pod = env.api::<Pod>(NS).get("db1-0").await.unwrap();
+    assert_eq!(
+        pod.spec.unwrap().security_context.unwrap().fs_group,
+        Some(10001)
+    );
+    env.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleted_and_hand_edited_children_are_restored() {
+    let env = Env::start().await;
+    env.namespace(NS).await;
+    env.create_questdb(NS, "db1", |_| {}).await;
+    wait_for(&env.api::<QuestDB>(NS), "db1", "QuestDB Ready", is_ready()).await;
+
+    let services = env.api::<Service>(NS);
+    services
+        .delete("db1", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_for(
+        &services,
+        "db1",
+        "client Service recreated",
+        |s: Option<&Service>| s.is_some_and(|s| s.meta().deletion_timestamp.is_none()),
+    )
+    .await;
+
+    let maps = env.api::<ConfigMap>(NS);
+    let patch = json!({"data": {"server.conf": "http.net.bind.to=0.0.0.0:1\n"}});
+    maps.patch("db1-config", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    wait_for(
+        &maps,
+        "db1-config",
+        "server.conf restored",
+        |c: Option<&ConfigMap>| {
+            c.and_then(|c| c.data.as_ref())
+                .and_then(|d| d.get("server.conf"))
+                .is_some_and(|s| s.contains("http.net.bind.to=0.0.0.0:9000"))
+        },
+    )
+    .await;
+    env.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn config_change_rolls_the_pod() {
+    let env = Env::start().await;
+    env.namespace(NS).await;
+    env.create_questdb(NS, "db1", |_| {}).await;
+    let qdbs = env.api::<QuestDB>(NS);
+    wait_for(&qdbs, "db1", "QuestDB Ready", is_ready()).await;
+    let pods = env.api::<Pod>(NS);
+    let before = pods.get("db1-0").await.unwrap().uid().unwrap();
+
+    let patch = json!({"spec": {"config": {"server": {"cairo.commit.lag": "5000"}}}});
+    qdbs.patch("db1", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+
+    wait_for(&pods, "db1-0", "pod replaced", move |p: Option<&Pod>| {
+        p.is_some_and(|p| p.uid().as_deref() != Some(before.as_str()))
+    })
+    .await;
+    let q = wait_for(&qdbs, "db1", "Ready again", |q: Option<&QuestDB>| {
+        is_ready().matches_object(q)
+            && q.is_some_and(|q| {
+                q.status.as_ref().unwrap().observed_generation == q.metadata.generation
+            })
+    })
+    .await;
+    assert_eq!(q.metadata.generation, Some(2));
+    let cm = env.api::<ConfigMap>(NS).get("db1-config").await.unwrap();
+    assert!(cm.data.unwrap()["server.conf"].contains("cairo.commit.lag=5000"));
+    env.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_the_questdb_keeps_the_data_and_a_new_one_adopts_it() {
+    let env = Env::start().await;
+    env.namespace(NS).await;
+    env.create_questdb(NS, "db1", |_| {}).await;
+    let qdbs = env.api::<QuestDB>(NS);
+    wait_for(&qdbs, "db1", "QuestDB Ready", is_ready()).await;
+    let pvcs = env.api::<PersistentVolumeClaim>(NS);
+    let pvc_uid = pvcs.get("db1-data").await.unwrap().uid();
+
+    qdbs.delete("db1", &DeleteParams::default()).await.unwrap();
+    wait_until("QuestDB gone", || {
+        let qdbs = qdbs.clone();
+        async move { qdbs.get_opt("db1").await.unwrap().is_none() }
+    })
+    .await;
+    let sts = env.api::<StatefulSet>(NS);
+    wait_until("StatefulSet garbage-collected", || {
+        let sts = sts.clone();
+        async move { sts.get_opt("db1").await.unwrap().is_none() }
+    })
+    .await;
+    assert_eq!(
+        pvcs.get("db1-data").await.unwrap().uid(),
+        pvc_uid,
+        "PVC kept"
+    );
+
+    env.create_questdb(NS, "db1", |_| {}).await;
+    wait_for(
+        &qdbs,
+        "db1",
+        "new QuestDB Ready on the old data",
+        is_ready(),
+    )
+    .await;
+    assert_eq!(
+        pvcs.get("db1-data").await.unwrap().uid(),
+        pvc_uid,
+        "same PVC reused"
+    );
+    env.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retain_on_delete_false_lets_the_data_go() {
+    let env = Env::start().await;
+    env.namespace(NS).await;
+    let q = env
+        .create_questdb(NS, "db1", |q| q.spec.volume.retain_on_delete = false)
+        .await;
+    let qdbs = env.api::<QuestDB>(NS);
+    wait_for(&qdbs, "db1", "QuestDB Ready", is_ready()).await;
+    let pvcs = env.api::<PersistentVolumeClaim>(NS);
+    assert!(controlled_by(&pvcs.get("db1-data").await.unwrap(), &q));
+    qdbs.delete("db1", &DeleteParams::default()).await.unwrap();
+    wait_until("PVC garbage-collected", || {
+        let pvcs = pvcs.clone();
+        async move { pvcs.get_opt("db1-data").await.unwrap().is_none() }
+    })
+    .await;
+    env.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unparsable_image_gives_invalid_spec_and_creates_nothing() {
+    let env = Env::start().await;
+    env.namespace(NS).await;
+    env.create_questdb(NS, "bad", |q| q.spec.image = "questdb/QuestDB:::9".into())
+        .await;
+    let q = wait_for(
+        &env.api::<QuestDB>(NS),
+        "bad",
+        "InvalidSpec reported",
+        has_condition("Ready", "InvalidSpec"),
+    )
+    .await;
+    let msg = &q
+        .status
+        .unwrap()
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Ready")
+        .unwrap()
+        .message
+        .clone();
+    assert!(msg.contains("image"), "message names the problem: {msg}");
+    for (what, n) in [
+        (
+            "statefulsets",
+            env.api::<StatefulSet>(NS)
+                .list(&ListParams::default())
+                .await
+                .unwrap()
+                .items
+                .len(),
+        ),
+        (
+            "configmaps",
+            env.api::<ConfigMap>(NS)
+                .list(&ListParams::default())
+                .await
+                .unwrap()
+                .items
+                .len(),
+        ),
+        (
+            "pvcs",
+            env.api::<PersistentVolumeClaim>(NS)
+                .list(&ListParams::default())
+                .await
+                .unwrap()
+                .items
+                .len(),
+        ),
+    ] {
+        assert_eq!(n, 0, "nothing partial: {what}");
+    }
+    let events: Api<k8s_openapi::api::events::v1::Event> = env.api(NS);
+    wait_until("a Warning event names the problem", || {
+        let events = events.clone();
+        async move {
+            events
+                .list(&ListParams::default())
+                .await
+                .unwrap()
+                .items
+                .iter()
+                .any(|e| {
+                    e.type_.as_deref() == Some("Warning")
+                        && e.reason.as_deref() == Some("InvalidSpec")
+                })
+        }
+    })
+    .await;
+    env.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_apiserver_rejects_reserved_keys_and_shrinking_volumes() {
+    let env = Env::start().await;
+    env.namespace(NS).await;
+    let qdbs = env.api::<QuestDB>(NS);
+    let mut bad = questdb_operator::build::testing::questdb("x", NS);
+    bad.metadata = ObjectMeta {
+        name: Some("x".into()),
+        ..Default::default()
+    };
+    bad.spec
+        .config
+        .server
+        .insert("line.tcp.auth.db.path".into(), "/tmp/a".into());
+    let err = qdbs.create(&PostParams::default(), &bad).await.unwrap_err();
+    assert!(err.to_string().contains("line.tcp.auth.db.path"), "{err}");
+
+    env.create_questdb(NS, "db1", |_| {}).await;
+    let patch = json!({"spec": {"volume": {"size": "10Gi"}}});
+    let err = qdbs
+        .patch("db1", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("shrink"), "{err}");
+    let grow = json!({"spec": {"volume": {"size": "100Gi"}}});
+    qdbs.patch("db1", &PatchParams::default(), &Patch::Merge(&grow))
+        .await
+        .unwrap();
+    env.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adopts_unowned_children_and_leaves_foreign_ones_alone() {
+    let env = Env::start().await;
+    env.namespace(NS).await;
+    // A ConfigMap left by an older tool, with no controller: adopted.
+    let cms = env.api::<ConfigMap>(NS);
+    let orphan = ConfigMap {
+        metadata: ObjectMeta {
+            name: Some("db1-config".into()),
+            ..Default::default()
+        },
+        data: Some(BTreeMap::from([("server.conf".into(), "old".into())])),
+        ..Default::default()
+    };
+    cms.create(&PostParams::default(), &orphan).await.unwrap();
+    // A Service controlled by something else: left alone, reported.
+    let svcs = env.api::<Service>(NS);
+    let foreign = Service {
+        metadata: ObjectMeta {
+            name: Some("db2".into()),
+            owner_references: Some(vec![
+                k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+                    api_version: "apps/v1".into(),
+                    kind: "Deployment".into(),
+                    name: "someone-else".into(),
+                    uid: "0000-foreign".into(),
+                    controller: Some(true),
+                    block_owner_deletion: None,
+                },
+            ]),
+            ..Default::default()
+        },
+        spec: Some(Default::default()),
+        ..Default::default()
+    };
+    svcs.create(&PostParams::default(), &foreign).await.unwrap();
+
+    let q1 = env.create_questdb(NS, "db1", |_| {}).await;
+    env.create_questdb(NS, "db2", |_| {}).await;
+    let cm = wait_for(
+        &cms,
+        "db1-config",
+        "ConfigMap adopted",
+        |c: Option<&ConfigMap>| c.is_some_and(|c| !c.owner_references().is_empty()),
+    )
+    .await;
+    assert!(controlled_by(&cm, &q1));
+    assert!(cm.data.unwrap()["server.conf"].contains("http.net.bind.to"));
+
+    let q2 = wait_for(
+        &env.api::<QuestDB>(NS),
+        "db2",
+        "conflict reported",
+        has_condition("Ready", "ChildConflict"),
+    )
+    .await;
+    let msg = q2
+        .status
+        .unwrap()
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Ready")
+        .unwrap()
+        .message
+        .clone();
+    assert!(msg.contains("Service db2"), "{msg}");
+    let still = svcs.get("db2").await.unwrap();
+    assert_eq!(
+        still.owner_references()[0].uid,
+        "0000-foreign",
+        "foreign Service untouched"
+    );
+    env.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_no_op_resync_of_50_questdbs_makes_zero_writes() {
+    let env = Env::start().await;
+    env.namespace(NS).await;
+    for i in 0..50 {
+        env.create_questdb(NS, &format!("db{i}"), |_| {}).await;
+    }
+    let qdbs = env.api::<QuestDB>(NS);
+    for i in 0..50 {
+        wait_for(&qdbs, &format!("db{i}"), "QuestDB Ready", is_ready()).await;
+    }
+    // Let in-flight reconciles triggered by the last status writes finish: wait until a full
+    // second passes with no write at all.
+    let sim = &env.sim;
+    let mut last = sim.request_counts().writes();
+    wait_until("writes settle", || {
+        let now = sim.request_counts().writes();
+        let settled = now == last;
+        last = now;
+        async move {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            settled
+        }
+    })
+    .await;
+
+    sim.reset_request_counts();
+    let before = env.handle.metrics.render();
+    // Cutting every watch makes every informer re-list and the controller see every object
+    // again: a full resync.
+    sim.cut_watches();
+    let reconciles = |text: &str| -> f64 {
+        text.lines()
+            .filter(|l| {
+                l.starts_with("controller_runtime_reconcile_total{") && l.contains("questdb")
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    let start = reconciles(&before);
+    let metrics = env.handle.metrics.clone();
+    wait_until("50 reconciles after the resync", || {
+        let m = metrics.clone();
+        async move { reconciles(&m.render()) >= start + 50.0 }
+    })
+    .await;
+    let counts = sim.request_counts();
+    assert_eq!(
+        counts.writes(),
+        0,
+        "a no-op resync writes nothing; requests were {counts:?}"
+    );
+    env.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn never_two_reconciles_of_one_object_at_once() {
+    let opts = ManagerOptions {
+        questdb_concurrency: 8,
+        ..Default::default()
+    };
+    let env = Env::start_with(sim_config(), opts).await;
+    env.namespace(NS).await;
+    // Slow status writes make reconciles long enough to overlap.
+    env.sim
+        .inject_fault(Fault::latency(Duration::from_millis(40)).on(Verb::Update, "questdbs"));
+    let qdbs = env.api::<QuestDB>(NS);
+    for i in 0..24 {
+        env.create_questdb(NS, &format!("db{i}"), |_| {}).await;
+    }
+    // Frequent triggers: annotate every object several times while reconciles run.
+    for round in 0..5 {
+        for i in 0..24 {
+            let patch = json!({"metadata": {"annotations": {"poke": round.to_string()}}});
+            qdbs.patch(
+                &format!("db{i}"),
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await
+            .unwrap();
+        }
+    }
+    for i in 0..24 {
+        wait_for(&qdbs, &format!("db{i}"), "QuestDB Ready", is_ready()).await;
+    }
+    let f = &env.handle.in_flight;
+    assert_eq!(f.max_per_object(), 1, "never two reconciles of one object");
+    assert!(
+        f.max_total() > 1,
+        "reconciles of different objects overlap: {}",
+        f.max_total()
+    );
+    assert!(
+        f.max_total() <= 8,
+        "concurrency limit respected: {}",
+        f.max_total()
+    );
+    env.stop().await;
+}
