@@ -1,6 +1,7 @@
 //! Process entry: logging, the runtime, signals and the subcommands.
 
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use anyhow::Context as _;
 use clap::Parser;
@@ -8,9 +9,12 @@ use tokio_util::sync::CancellationToken;
 use tracing::{error, info};
 use tracing_subscriber::EnvFilter;
 
-use crate::cli::{Cli, Command, LogFormat, RunArgs};
+use crate::cli::{parse_subnets, Cli, CloudArgs, CloudProvider, Command, LogFormat, RunArgs};
+use crate::cloud::aws::AwsCloud;
+use crate::cloud::memory::{MemoryCloud, MemoryEc2, MemoryEc2Options, MemoryRoute53};
+use crate::cloud::{CloudConfig, DnsProvider, SharedObserver};
 use crate::http_server::parse_bind_address;
-use crate::manager::{self, LeaderElection, ManagerOptions};
+use crate::manager::{self, Cloud, CloudSettings, LeaderElection, ManagerHandle, ManagerOptions};
 
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -93,8 +97,125 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         }
         None => kube::Config::infer().await?,
     };
-    let opts = options_from(&args)?;
-    manager::run(opts, config, shutdown_on_signal()).await
+    let mut opts = options_from(&args)?;
+    // The metrics exist before the providers so every AWS call is counted in /metrics.
+    let handle = ManagerHandle::default();
+    let built = build_cloud(
+        &args.cloud,
+        CloudProvider::None,
+        handle.metrics.aws_observer(),
+    )
+    .await?;
+    opts.cloud = built.map(|b| b.cloud);
+    manager::run_with(opts, config, shutdown_on_signal(), handle).await
+}
+
+/// The node bootstrap used when `--node-user-data-template` is not given: the EKS AMI's
+/// bootstrap script, with the kubelet registering the node already labelled and tainted.
+pub const DEFAULT_USER_DATA_TEMPLATE: &str = r#"#!/bin/bash
+set -euo pipefail
+/etc/eks/bootstrap.sh '{{cluster_name}}' \
+  --kubelet-extra-args '--node-labels={{node_labels}} --register-with-taints={{node_taints}}'
+"#;
+
+/// Providers built from the flags; `memory` is set for the memory provider so the sandbox and
+/// tests can bridge its instances into simulated Nodes and inject faults.
+pub struct BuiltCloud {
+    pub cloud: Cloud,
+    pub memory: Option<(Arc<MemoryEc2>, Arc<MemoryRoute53>)>,
+}
+
+/// The sandbox's memory provider: subnets for the simulator's zones and a hosted zone, unless
+/// the flags say otherwise.
+pub const SANDBOX_ZONES: [&str; 2] = ["sim-zone-a", "sim-zone-b"];
+pub const SANDBOX_HOSTED_ZONE: &str = "ZSANDBOX";
+
+/// The operator-wide cloud configuration the flags describe.
+pub fn cloud_config(args: &CloudArgs, provider: CloudProvider) -> anyhow::Result<CloudConfig> {
+    let region = match (&args.aws_region, provider) {
+        (Some(r), _) => r.clone(),
+        (None, CloudProvider::Aws) => {
+            anyhow::bail!("--aws-region (or AWS_REGION) is required with --cloud-provider aws")
+        }
+        (None, _) => "sim-region-1".to_string(),
+    };
+    let mut config = CloudConfig::new(args.cluster_name.clone(), region);
+    config.subnets_by_zone = parse_subnets(&args.aws_subnets).map_err(anyhow::Error::msg)?;
+    config.security_group_ids = args.aws_security_group_ids.clone();
+    config.instance_profile = args.aws_instance_profile.clone();
+    config.hosted_zone_id = args.route53_hosted_zone_id.clone();
+    config.endpoint_url = args.aws_endpoint_url.clone();
+    config.user_data_template = match &args.node_user_data_template {
+        Some(path) => std::fs::read_to_string(path)
+            .with_context(|| format!("reading the user-data template {}", path.display()))?,
+        None => DEFAULT_USER_DATA_TEMPLATE.to_string(),
+    };
+    if provider == CloudProvider::Memory {
+        if config.subnets_by_zone.is_empty() {
+            for zone in SANDBOX_ZONES {
+                config
+                    .subnets_by_zone
+                    .insert(zone.to_string(), format!("subnet-{zone}"));
+            }
+        }
+        if config.hosted_zone_id.is_none() {
+            config.hosted_zone_id = Some(SANDBOX_HOSTED_ZONE.to_string());
+        }
+    }
+    Ok(config)
+}
+
+pub fn cloud_settings(args: &CloudArgs) -> CloudSettings {
+    CloudSettings {
+        instance_sync_interval: args.instance_sync_interval,
+        orphan_sweep_interval: args.orphan_sweep_interval,
+        orphan_grace_period: args.orphan_grace_period,
+    }
+}
+
+/// Builds the node and DNS providers the flags ask for (`default` when `--cloud-provider` is
+/// not given). `observer` is usually `ManagerHandle::metrics.aws_observer()`.
+pub async fn build_cloud(
+    args: &CloudArgs,
+    default: CloudProvider,
+    observer: SharedObserver,
+) -> anyhow::Result<Option<BuiltCloud>> {
+    let provider = args.cloud_provider.unwrap_or(default);
+    if provider == CloudProvider::None {
+        return Ok(None);
+    }
+    let config = cloud_config(args, provider)?;
+    let settings = cloud_settings(args);
+    let built = match provider {
+        CloudProvider::None => return Ok(None),
+        CloudProvider::Memory => {
+            let m = MemoryCloud::new(config, MemoryEc2Options::default(), observer)
+                .context("building the memory cloud")?;
+            BuiltCloud {
+                cloud: Cloud {
+                    nodes: m.nodes.clone(),
+                    dns: Some(m.dns.clone() as Arc<dyn DnsProvider>),
+                    settings,
+                },
+                memory: Some((m.ec2.clone(), m.route53.clone())),
+            }
+        }
+        CloudProvider::Aws => {
+            let aws = AwsCloud::connect(config, observer)
+                .await
+                .context("connecting to AWS")?;
+            BuiltCloud {
+                cloud: Cloud {
+                    nodes: aws.nodes.clone(),
+                    dns: aws.dns.clone().map(|d| d as Arc<dyn DnsProvider>),
+                    settings,
+                },
+                memory: None,
+            }
+        }
+    };
+    info!(provider = ?provider, "cloud provider configured");
+    Ok(Some(built))
 }
 
 pub fn options_from(args: &RunArgs) -> anyhow::Result<ManagerOptions> {
@@ -111,6 +232,8 @@ pub fn options_from(args: &RunArgs) -> anyhow::Result<ManagerOptions> {
         }),
         metrics_addr: parse_bind_address(&args.metrics_bind_address)?,
         health_addr: parse_bind_address(&args.health_probe_bind_address)?,
+        // Built by the caller: the providers need the manager's metrics.
+        cloud: None,
     })
 }
 

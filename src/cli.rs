@@ -1,7 +1,9 @@
 //! Command line: `run`, `crd`, `sandbox`, `version`. Every flag can also come from an env var.
 //! Flag names follow controller-runtime's where one exists.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
@@ -93,6 +95,108 @@ pub struct RunArgs {
     /// Concurrent reconciles of the QuestDB controller (never two of one object).
     #[arg(long, env = "QUESTDB_CONCURRENCY", default_value_t = 4)]
     pub questdb_concurrency: u16,
+
+    #[command(flatten)]
+    pub cloud: CloudArgs,
+}
+
+/// Where dedicated nodes and DNS records come from.
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CloudProvider {
+    /// No dedicated nodes: `spec.node` / `spec.dns` report NotConfigured.
+    None,
+    /// In-process fake EC2 + Route53 (sandbox, tests).
+    Memory,
+    /// EC2 + Route53 through the AWS SDK (standard credential chain).
+    Aws,
+}
+
+/// Operator-wide cloud settings, shared by `run` and `sandbox`.
+#[derive(Args, Debug, Clone)]
+pub struct CloudArgs {
+    /// Node and DNS provider (run: `none` by default; sandbox: `memory`).
+    #[arg(long, env = "CLOUD_PROVIDER", value_enum)]
+    pub cloud_provider: Option<CloudProvider>,
+
+    /// Value of the `questdb.io/cluster` tag on every instance: separates operators sharing
+    /// one AWS account. The orphan sweep only ever looks at instances with this tag.
+    #[arg(long, env = "CLUSTER_NAME", default_value = "questdb")]
+    pub cluster_name: String,
+
+    /// AWS region (otherwise the SDK's chain: AWS_REGION, profile, instance metadata).
+    #[arg(long, env = "AWS_REGION")]
+    pub aws_region: Option<String>,
+
+    /// Talk to this endpoint instead of AWS (e.g. moto on 127.0.0.1).
+    #[arg(long, env = "AWS_ENDPOINT_URL")]
+    pub aws_endpoint_url: Option<String>,
+
+    /// Subnet per availability zone: `zone=subnet-id,zone=subnet-id`.
+    #[arg(long, env = "AWS_SUBNETS", default_value = "")]
+    pub aws_subnets: String,
+
+    /// Security groups of every dedicated node (comma separated).
+    #[arg(long, env = "AWS_SECURITY_GROUP_IDS", value_delimiter = ',')]
+    pub aws_security_group_ids: Vec<String>,
+
+    /// Instance profile (name or ARN) of every dedicated node.
+    #[arg(long, env = "AWS_INSTANCE_PROFILE")]
+    pub aws_instance_profile: Option<String>,
+
+    /// User-data template that joins a node to the cluster; `{{node_labels}}` and
+    /// `{{node_taints}}` must reach the kubelet. A built-in EKS bootstrap is used when unset.
+    #[arg(long, env = "NODE_USER_DATA_TEMPLATE")]
+    pub node_user_data_template: Option<PathBuf>,
+
+    /// Route53 hosted zone of `spec.dns` records (DNS is unavailable without it).
+    #[arg(long, env = "ROUTE53_HOSTED_ZONE_ID")]
+    pub route53_hosted_zone_id: Option<String>,
+
+    /// How often orphaned instances are looked for (`90s`, `5m`, `1h` or seconds).
+    #[arg(long, env = "ORPHAN_SWEEP_INTERVAL", default_value = "5m", value_parser = parse_duration)]
+    pub orphan_sweep_interval: Duration,
+
+    /// How long an instance without a QuestDB is left alone before it is terminated.
+    #[arg(long, env = "ORPHAN_GRACE_PERIOD", default_value = "10m", value_parser = parse_duration)]
+    pub orphan_grace_period: Duration,
+
+    /// Maximum age of the shared DescribeInstances answer for converged databases.
+    #[arg(long, env = "INSTANCE_SYNC_INTERVAL", default_value = "30s", value_parser = parse_duration)]
+    pub instance_sync_interval: Duration,
+}
+
+/// `90s`, `5m`, `1h` or a plain number of seconds.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let (number, unit) = match text.find(|c: char| !c.is_ascii_digit()) {
+        Some(i) => text.split_at(i),
+        None => (text, "s"),
+    };
+    let n: u64 = number
+        .parse()
+        .map_err(|_| format!("`{text}` is not a duration such as 90s, 5m or 1h"))?;
+    let seconds = match unit {
+        "ms" => return Ok(Duration::from_millis(n)),
+        "s" => n,
+        "m" => n * 60,
+        "h" => n * 3600,
+        _ => return Err(format!("`{text}`: unknown unit `{unit}` (ms, s, m, h)")),
+    };
+    Ok(Duration::from_secs(seconds))
+}
+
+/// `zone=subnet,zone=subnet` as a map.
+pub fn parse_subnets(text: &str) -> Result<BTreeMap<String, String>, String> {
+    text.split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .map(|pair| match pair.split_once('=') {
+            Some((zone, subnet)) if !zone.trim().is_empty() && !subnet.trim().is_empty() => {
+                Ok((zone.trim().to_string(), subnet.trim().to_string()))
+            }
+            _ => Err(format!("`{pair}` is not zone=subnet-id")),
+        })
+        .collect()
 }
 
 #[derive(Args, Debug, Clone)]
@@ -132,6 +236,9 @@ pub struct SandboxArgs {
     /// Concurrent reconciles of the QuestDB controller.
     #[arg(long, env = "QUESTDB_CONCURRENCY", default_value_t = 4)]
     pub questdb_concurrency: u16,
+
+    #[command(flatten)]
+    pub cloud: CloudArgs,
 }
 
 #[cfg(test)]
@@ -154,6 +261,43 @@ mod tests {
         assert_eq!(args.health_probe_bind_address, ":8081");
         assert_eq!(args.questdb_concurrency, 4);
         assert!(!args.leader_elect);
+    }
+
+    #[test]
+    fn cloud_flags_parse_durations_and_subnets() {
+        let cli = Cli::try_parse_from([
+            "questdb-operator",
+            "run",
+            "--cloud-provider",
+            "aws",
+            "--aws-subnets",
+            "us-east-1a=subnet-a, us-east-1b=subnet-b",
+            "--aws-security-group-ids",
+            "sg-1,sg-2",
+            "--orphan-grace-period",
+            "90s",
+        ])
+        .unwrap();
+        let Command::Run(args) = cli.command else {
+            panic!("expected run")
+        };
+        assert_eq!(args.cloud.cloud_provider, Some(CloudProvider::Aws));
+        assert_eq!(args.cloud.aws_security_group_ids, ["sg-1", "sg-2"]);
+        assert_eq!(args.cloud.orphan_grace_period, Duration::from_secs(90));
+        assert_eq!(args.cloud.orphan_sweep_interval, Duration::from_secs(300));
+        let subnets = parse_subnets(&args.cloud.aws_subnets).unwrap();
+        assert_eq!(subnets["us-east-1b"], "subnet-b");
+    }
+
+    #[test]
+    fn bad_durations_and_subnets_are_rejected_with_the_culprit() {
+        assert!(parse_duration("5x").unwrap_err().contains("5x"));
+        assert!(parse_duration("soon").is_err());
+        assert_eq!(parse_duration("2h"), Ok(Duration::from_secs(7200)));
+        assert!(parse_subnets("us-east-1a")
+            .unwrap_err()
+            .contains("us-east-1a"));
+        assert_eq!(parse_subnets(""), Ok(BTreeMap::new()));
     }
 
     #[test]

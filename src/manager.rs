@@ -24,9 +24,11 @@ use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
 use crate::api::{labels, QuestDB, MANAGER};
+use crate::controllers::cloud_runtime::CloudRuntime;
+pub use crate::controllers::cloud_runtime::{Cloud, CloudSettings};
 use crate::controllers::context::{Caches, Context};
 use crate::controllers::in_flight::InFlight;
-use crate::controllers::{questdb, retry_delay, Error};
+use crate::controllers::{questdb, retry_delay, sweep, Error};
 use crate::http_server::{self, Readiness};
 use crate::ilp_auth;
 use crate::metrics::{ControllerMetrics, Metrics, ReconcileOutcome};
@@ -40,6 +42,10 @@ pub struct ManagerOptions {
     pub leader_election: Option<LeaderElection>,
     pub metrics_addr: Option<SocketAddr>,
     pub health_addr: Option<SocketAddr>,
+    /// Dedicated nodes and DNS; `None` runs without them (`spec.node` / `spec.dns` then
+    /// report `NotConfigured`). Build the providers with `ManagerHandle::metrics`'s
+    /// `aws_observer()` so every AWS call shows up in /metrics.
+    pub cloud: Option<Cloud>,
 }
 
 #[derive(Clone, Debug)]
@@ -59,6 +65,7 @@ impl Default for ManagerOptions {
             leader_election: None,
             metrics_addr: None,
             health_addr: None,
+            cloud: None,
         }
     }
 }
@@ -181,6 +188,38 @@ pub struct Subscriptions {
     pvcs: ReflectHandle<PersistentVolumeClaim>,
     pods: ReflectHandle<Pod>,
     secrets: ReflectHandle<PartialObjectMeta<Secret>>,
+    /// QuestDBs whose child or key Secret was deleted: shared reflectors only fan out applied
+    /// objects, so deletions are forwarded from the reflector streams themselves.
+    deleted: DeletionReceiver,
+}
+
+type DeletionReceiver = futures::channel::mpsc::Receiver<ObjectRef<QuestDB>>;
+type DeletionSender = futures::channel::mpsc::Sender<ObjectRef<QuestDB>>;
+
+/// Bounded: when a standby's buffer is full, dropping is fine — the controllers reconcile
+/// everything when they start.
+const DELETION_BUFFER: usize = 1024;
+
+/// Forwards the deletion of an object to the QuestDB `map` says it belongs to.
+fn forward_deletion<K>(
+    event: &Result<watcher::Event<K>, watcher::Error>,
+    tx: &DeletionSender,
+    map: impl Fn(&K) -> Option<ObjectRef<QuestDB>>,
+) {
+    if let Ok(watcher::Event::Delete(obj)) = event {
+        if let Some(r) = map(obj) {
+            let _ = tx.clone().try_send(r);
+        }
+    }
+}
+
+/// The QuestDB a child belongs to, by the operator's instance label (pods are owned by the
+/// StatefulSet and retained PVCs by nobody, but every child carries the label).
+fn questdb_of(
+    meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+) -> Option<ObjectRef<QuestDB>> {
+    let name = meta.labels.as_ref()?.get(labels::INSTANCE)?;
+    Some(ObjectRef::<QuestDB>::new(name).within(meta.namespace.as_deref()?))
 }
 
 impl Subscriptions {
@@ -199,6 +238,7 @@ impl Subscriptions {
                 Some(_) = self.pvcs.next() => {}
                 Some(_) = self.pods.next() => {}
                 Some(_) = self.secrets.next() => {}
+                Some(_) = self.deleted.next() => {}
             }
         }
     }
@@ -233,15 +273,18 @@ fn start_caches(
     token: &CancellationToken,
 ) -> (Caches, Subscriptions, Vec<tokio::task::JoinHandle<()>>) {
     let mut tasks = Vec::new();
+    let (deleted_tx, deleted) = futures::channel::mpsc::channel(DELETION_BUFFER);
 
     macro_rules! shared {
         ($k:ty, $api:expr, $cfg:expr) => {{
             let (reader, writer) = reflector::store_shared::<$k>(SHARED_BUFFER);
             let subscription = writer.subscribe().expect("shared store");
+            let tx = deleted_tx.clone();
             let stream = watcher($api, $cfg)
                 .default_backoff()
                 .modify(|o: &mut $k| o.meta_mut().managed_fields = None)
-                .reflect_shared(writer);
+                .reflect_shared(writer)
+                .inspect(move |ev| forward_deletion(ev, &tx, |o: &$k| questdb_of(o.meta())));
             tasks.push(spawn_drain(stream, token.clone(), stringify!($k)));
             (reader, subscription)
         }};
@@ -295,7 +338,12 @@ fn start_caches(
                 a.retain(|k, _| k == crate::api::SECRET_QUESTDB_ANNOTATION);
             }
         })
-        .reflect_shared(secret_writer);
+        .reflect_shared(secret_writer)
+        .inspect(move |ev| {
+            forward_deletion(ev, &deleted_tx, |s: &PartialObjectMeta<Secret>| {
+                ilp_auth::questdb_for_secret(&s.metadata)
+            })
+        });
     tasks.push(spawn_drain(secret_stream, token.clone(), "Secret"));
 
     let caches = Caches {
@@ -316,6 +364,7 @@ fn start_caches(
         pvcs: w_pvc,
         pods: w_pod,
         secrets: w_secret,
+        deleted,
     };
     (caches, writers, tasks)
 }
@@ -465,10 +514,16 @@ async fn run_controllers(shared: &Shared<'_>, subs: Subscriptions, token: Cancel
         metrics: metrics.clone(),
         keys: Default::default(),
         failures: Default::default(),
+        // Built per leadership term: a new leader starts from a fresh view of EC2.
+        cloud: opts.cloud.clone().map(|c| Arc::new(CloudRuntime::new(c))),
     });
+    let sweeper = sweep::run(ctx.clone(), opts.namespace.clone(), token.clone());
     let controller = questdb_controller(subs, caches, opts.questdb_concurrency, &ctrl_metrics)
         .graceful_shutdown_on(token.cancelled_owned());
-    run_questdb_controller(controller, ctx, ctrl_metrics, in_flight.clone()).await;
+    tokio::join!(
+        run_questdb_controller(controller, ctx, ctrl_metrics, in_flight.clone()),
+        sweeper
+    );
 }
 
 /// Builds the QuestDB controller and its triggers. Every trigger is counted for the
@@ -492,8 +547,7 @@ fn questdb_controller(
         meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
         m: &ControllerMetrics,
     ) -> Option<ObjectRef<QuestDB>> {
-        let name = meta.labels.as_ref()?.get(labels::INSTANCE)?;
-        let r = ObjectRef::<QuestDB>::new(name).within(meta.namespace.as_deref()?);
+        let r = questdb_of(meta)?;
         m.observe_trigger(r.clone());
         Some(r)
     }
@@ -516,6 +570,8 @@ fn questdb_controller(
         }
         r
     });
+    let dm = m.clone();
+    c = c.reconcile_on(subs.deleted.inspect(move |r| dm.observe_trigger(r)));
     // The controller only sees events after it starts: reconcile everything once at start.
     c.reconcile_all_on(futures::stream::once(async {}))
 }

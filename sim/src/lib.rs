@@ -7,6 +7,7 @@
 pub mod clock;
 pub mod cluster;
 pub mod error;
+mod events;
 mod fields;
 pub mod hooks;
 mod ops;
@@ -194,6 +195,14 @@ impl Sim {
     /// Ends every open watch stream; clients see a normal end of stream and re-watch.
     pub fn cut_watches(&self) {
         self.app.hooks.cut()
+    }
+
+    /// Expires every watch's resume point (an etcd compaction) and ends every open watch, so
+    /// watchers relist instead of resuming: a full resync of every informer. `cut_watches`
+    /// alone lets them resume without a relist, as after a normal watch timeout.
+    pub fn expire_watches(&self) {
+        self.app.store.write().compact_all();
+        self.app.hooks.cut();
     }
 
     pub fn request_counts(&self) -> RequestCounts {

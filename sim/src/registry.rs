@@ -290,10 +290,16 @@ fn builtin_type(b: Builtin) -> ResourceType {
         has_status: b.has_status,
         status_on_create: b.status_on_create,
         strategic_merge: true,
-        printer_columns: builtin_columns(b.plural),
+        printer_columns: builtin_columns(b.group, b.plural),
         schema: None,
+        // events.k8s.io/v1 Events are the core/v1 Events in another shape.
         storage_key: StorageKey {
-            group: b.group.into(),
+            group: if b.group == "events.k8s.io" {
+                ""
+            } else {
+                b.group
+            }
+            .into(),
             plural: b.plural.into(),
         },
     }
@@ -301,7 +307,7 @@ fn builtin_type(b: Builtin) -> ResourceType {
 
 /// A few of kubectl's familiar columns for built-in kinds, as simple JSONPaths (the apiserver
 /// computes richer ones in Go, e.g. pod READY counts).
-fn builtin_columns(plural: &str) -> Vec<PrinterColumn> {
+fn builtin_columns(group: &str, plural: &str) -> Vec<PrinterColumn> {
     let col = |name: &str, path: &str| PrinterColumn {
         name: name.into(),
         type_: "string".into(),
@@ -342,6 +348,18 @@ fn builtin_columns(plural: &str) -> Vec<PrinterColumn> {
         "services" => vec![
             col("Type", ".spec.type"),
             col("Cluster-IP", ".spec.clusterIP"),
+        ],
+        "events" if group.is_empty() => vec![
+            col("Type", ".type"),
+            col("Reason", ".reason"),
+            col("Object", ".involvedObject.name"),
+            col("Message", ".message"),
+        ],
+        "events" => vec![
+            col("Type", ".type"),
+            col("Reason", ".reason"),
+            col("Object", ".regarding.name"),
+            col("Note", ".note"),
         ],
         _ => return vec![],
     };

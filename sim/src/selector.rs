@@ -98,12 +98,14 @@ impl LabelSelector {
 }
 
 /// The fields a field selector may test; the store keeps them beside each object.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Field {
     Name,
     Namespace,
     NodeName,
     Phase,
+    /// A field kept in `FieldValues::extra` (Events).
+    Extra(String),
 }
 
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -114,6 +116,7 @@ pub struct FieldValues<'a> {
     pub namespace: &'a str,
     pub node_name: &'a str,
     pub phase: &'a str,
+    pub extra: &'a [(String, String)],
 }
 
 impl FieldSelector {
@@ -138,6 +141,14 @@ impl FieldSelector {
                 ("metadata.namespace", _) => Field::Namespace,
                 ("spec.nodeName", "pods") => Field::NodeName,
                 ("status.phase", "pods") => Field::Phase,
+                (k, "events")
+                    if k.starts_with("involvedObject.") || k == "reason" || k == "type" =>
+                {
+                    Field::Extra(k.to_string())
+                }
+                (k, "events") if k.starts_with("regarding.") => {
+                    Field::Extra(k.replacen("regarding.", "involvedObject.", 1))
+                }
                 (other, _) => {
                     return Err(ApiError::bad_request(format!(
                         "field label not supported: {other}"
@@ -156,6 +167,12 @@ impl FieldSelector {
                 Field::Namespace => f.namespace,
                 Field::NodeName => f.node_name,
                 Field::Phase => f.phase,
+                Field::Extra(key) => f
+                    .extra
+                    .iter()
+                    .find(|(k, _)| k == key)
+                    .map(|(_, v)| v.as_str())
+                    .unwrap_or(""),
             };
             (have == want) == *eq
         })

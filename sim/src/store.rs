@@ -46,6 +46,8 @@ pub struct Stored {
     pub node_name: String,
     pub phase: String,
     pub owner_uids: Vec<String>,
+    /// Extra field-selector values (Events' `involvedObject.*`, `reason`, `type`).
+    pub fields: Vec<(String, String)>,
     pub has_finalizers: bool,
     pub deleting: bool,
     /// Only for objects that were ever server-side applied.
@@ -80,6 +82,7 @@ impl Stored {
             node_name: s(&v["spec"]["nodeName"]),
             phase: s(&v["status"]["phase"]),
             owner_uids,
+            fields: crate::events::selectable_fields(v),
             has_finalizers: meta["finalizers"].as_array().is_some_and(|f| !f.is_empty()),
             deleting: meta["deletionTimestamp"].is_string(),
             field_owners,
@@ -373,6 +376,18 @@ impl StoreInner {
         let _ = bucket.tx.send(event);
     }
 
+    /// Forgets every retained event, like an etcd compaction: watches resuming from any
+    /// resourceVersion seen so far get 410 Expired and their clients relist. The counter moves
+    /// one step so that a fresh list returns a resourceVersion that can be watched from.
+    pub fn compact_all(&mut self) {
+        self.rv += 1;
+        let rv = self.rv;
+        for bucket in self.buckets.values_mut() {
+            bucket.log.clear();
+            bucket.compacted = rv;
+        }
+    }
+
     /// Drops a whole resource (its CRD was deleted), emitting DELETED for each object.
     pub fn drop_resource(&mut self, key: &StorageKey) {
         let refs: Vec<ObjRef> = self
@@ -420,6 +435,17 @@ mod tests {
             s.subscribe(&key(), a.rv - 1).is_err(),
             "older than the window"
         );
+    }
+
+    #[test]
+    fn compaction_expires_old_versions_but_not_a_fresh_list() {
+        let store = Store::new(10);
+        let mut s = store.write();
+        let a = s.put(&key(), cm("a"), None);
+        s.compact_all();
+        assert!(s.subscribe(&key(), a.rv).is_err());
+        let fresh = s.current_rv();
+        assert!(s.subscribe(&key(), fresh).is_ok());
     }
 
     #[test]

@@ -251,8 +251,16 @@ pub struct QuestDBStatus {
     pub instance_id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_image: Option<String>,
+    /// Generation of the dedicated node: written *before* its instance is launched, so a crash
+    /// between launch and recording `instanceID` finds the same instance again (tags and
+    /// ClientToken are derived from uid + this number). Bumped when a new node is wanted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_generation: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dns_name: Option<String>,
+    /// The address `dnsName` was last pointed at; lets a steady-state reconcile skip Route53.
+    #[serde(default, skip_serializing_if = "Option::is_none", rename = "dnsIP")]
+    pub dns_ip: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub endpoints: Option<Endpoints>,
     /// Kubernetes-style conditions: `Ready`, `IlpAuthReady`, `NodeReady`, ...

@@ -15,6 +15,7 @@ use kube::{Client, Resource};
 use tracing::warn;
 
 use crate::api::QuestDB;
+use crate::controllers::cloud_runtime::CloudRuntime;
 use crate::ilp_auth::{KeyError, PublicKey};
 use crate::metrics::Metrics;
 
@@ -45,6 +46,8 @@ pub struct Context {
     pub keys: KeyCache,
     /// Consecutive failures per object, for backoff and the retries metric.
     pub failures: Mutex<HashMap<ObjectRef<QuestDB>, u32>>,
+    /// Node and DNS providers; `None` runs without dedicated nodes.
+    pub cloud: Option<Arc<CloudRuntime>>,
 }
 
 impl Context {

@@ -2,10 +2,14 @@
 //! observe -> build -> apply -> update status.
 
 pub mod children;
+pub mod cloud_runtime;
 pub mod conditions;
 pub mod context;
+pub mod dns;
 pub mod in_flight;
+pub mod node;
 pub mod questdb;
+pub mod sweep;
 
 use std::time::Duration;
 
@@ -24,6 +28,9 @@ pub enum Error {
     Serialize(#[source] serde_json::Error),
     #[error("Kubernetes API call failed")]
     Kube(#[source] kube::Error),
+    /// Throttled or transient after the provider's own retries; the reconcile backs off.
+    #[error("cloud API call failed")]
+    Cloud(#[source] crate::cloud::CloudError),
 }
 
 impl Error {
@@ -41,6 +48,7 @@ impl Error {
             Error::Conflict => "Conflict",
             Error::Serialize(_) => "Serialize",
             Error::Kube(_) => "Kube",
+            Error::Cloud(_) => "Cloud",
         }
     }
 

@@ -85,6 +85,21 @@ impl Env {
         }
     }
 
+    /// Stops the manager and starts a fresh one (new caches, new metrics): a full resync as
+    /// after an operator restart or a leader hand-over.
+    pub async fn restart_manager(&mut self, opts: ManagerOptions) {
+        self.stop_manager().await.expect("manager stopped cleanly");
+        self.shutdown = CancellationToken::new();
+        self.handle = ManagerHandle::default();
+        self.start_manager(opts);
+        let r = self.handle.readiness.clone();
+        wait_until("restarted manager caches synced", || {
+            let r = r.clone();
+            async move { r.is_ready() }
+        })
+        .await;
+    }
+
     pub async fn stop(mut self) {
         let _ = self.stop_manager().await;
         self.sim.shutdown().await;

@@ -473,7 +473,8 @@ async fn a_secret_in_another_namespace_never_reaches_the_questdb() {
     let second = TestKey::derived("team-a-second", 11);
     create_secret(&env, &key_secret(&second, "second-key")).await;
 
-    let expected = format!("{}{}", second.auth_line(), mine.auth_line());
+    // Sorted by kid.
+    let expected = format!("{}{}", mine.auth_line(), second.auth_line());
     let cm = wait_for(
         &env.api::<ConfigMap>(NS),
         AUTH_CM,

@@ -1,7 +1,10 @@
 //! Integration tests: the real manager against the simulated control plane. One test binary
 //! (one link) for the whole suite; each test starts its own simulator on an ephemeral port.
 
+mod cloud;
+mod e2e;
 mod harness;
 mod ilp_auth;
 mod leader;
+mod metrics;
 mod questdb;

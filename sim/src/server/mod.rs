@@ -1,6 +1,7 @@
 //! HTTP front end: parses Kubernetes REST paths, applies test hooks, dispatches to the store.
 
 mod discovery;
+mod paging;
 mod resource;
 mod watch;
 
@@ -258,6 +259,11 @@ pub fn representation(headers: &HeaderMap) -> Representation {
     Representation::Full
 }
 
+/// The object as a JSON value of the requested version (see [`render`]).
+pub fn value_as(obj: &crate::store::Stored, rt: &ResourceType) -> serde_json::Value {
+    crate::events::to_version(obj.value(), &rt.api_version())
+}
+
 /// The object's JSON as the requested version: custom resources are stored once for all
 /// served versions, so a read through another version only relabels `apiVersion`.
 pub fn render(obj: &crate::store::Stored, rt: &ResourceType) -> Bytes {
@@ -265,7 +271,5 @@ pub fn render(obj: &crate::store::Stored, rt: &ResourceType) -> Bytes {
     if obj.api_version == want {
         return obj.json.clone();
     }
-    let mut v = obj.value();
-    v["apiVersion"] = serde_json::Value::String(want);
-    Bytes::from(v.to_string())
+    Bytes::from(crate::events::to_version(obj.value(), &want).to_string())
 }

@@ -8,7 +8,9 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::Response;
 use serde_json::{json, Value};
 
-use super::{json_response, render, representation, AppState, Representation, ResourcePath};
+use super::{
+    json_response, render, representation, value_as, AppState, Representation, ResourcePath,
+};
 use crate::error::ApiError;
 use crate::hooks::Verb;
 use crate::ops::{self, Ctx, DeleteOpts, WriteOpts, Written};
@@ -108,8 +110,13 @@ fn one_object(req: &Req<'_>, obj: &Stored) -> Response {
                 .get("includeObject")
                 .map(String::as_str)
                 .unwrap_or("Metadata");
-            let t =
-                crate::table::table(req.rt, &[obj.value()], obj.rv, include, req.app.clock.now());
+            let t = crate::table::table(
+                req.rt,
+                &[value_as(obj, req.rt)],
+                obj.rv,
+                include,
+                req.app.clock.now(),
+            );
             json_response(StatusCode::OK, t.to_string())
         }
     }
@@ -165,6 +172,7 @@ impl Filter {
                 namespace: &o.namespace,
                 node_name: &o.node_name,
                 phase: &o.phase,
+                extra: &o.fields,
             })
     }
 }
@@ -180,19 +188,26 @@ fn list(req: Req<'_>) -> Result<Response, ApiError> {
             .collect();
         (store.current_rv(), items)
     };
-    Ok(list_response(&req, rv, &items))
+    let page = super::paging::paginate(
+        items,
+        rv,
+        req.query.get("limit").map(String::as_str),
+        req.query.get("continue").map(String::as_str),
+    )?;
+    Ok(list_response(&req, page.meta, &page.items))
 }
 
-fn list_response(req: &Req<'_>, rv: u64, items: &[Arc<Stored>]) -> Response {
+fn list_response(req: &Req<'_>, meta: Value, items: &[Arc<Stored>]) -> Response {
     match representation(req.headers) {
         Representation::Table => {
-            let values: Vec<Value> = items.iter().map(|o| o.value()).collect();
+            let values: Vec<Value> = items.iter().map(|o| value_as(o, req.rt)).collect();
             let include = req
                 .query
                 .get("includeObject")
                 .map(String::as_str)
                 .unwrap_or("Metadata");
-            let t = crate::table::table(req.rt, &values, rv, include, req.app.clock.now());
+            let mut t = crate::table::table(req.rt, &values, 0, include, req.app.clock.now());
+            t["metadata"] = meta;
             json_response(StatusCode::OK, t.to_string())
         }
         Representation::Metadata => {
@@ -200,7 +215,7 @@ fn list_response(req: &Req<'_>, rv: u64, items: &[Arc<Stored>]) -> Response {
             let body = json!({
                 "kind": "PartialObjectMetadataList",
                 "apiVersion": "meta.k8s.io/v1",
-                "metadata": {"resourceVersion": rv.to_string()},
+                "metadata": meta,
                 "items": values,
             });
             json_response(StatusCode::OK, body.to_string())
@@ -211,7 +226,7 @@ fn list_response(req: &Req<'_>, rv: u64, items: &[Arc<Stored>]) -> Response {
                 Vec::with_capacity(128 + items.iter().map(|o| o.json.len() + 1).sum::<usize>());
             out.extend_from_slice(
                 format!(
-                    "{{\"kind\":\"{}List\",\"apiVersion\":\"{}\",\"metadata\":{{\"resourceVersion\":\"{rv}\"}},\"items\":[",
+                    "{{\"kind\":\"{}List\",\"apiVersion\":\"{}\",\"metadata\":{meta},\"items\":[",
                     req.rt.kind,
                     req.rt.api_version()
                 )
@@ -323,5 +338,9 @@ fn delete_collection(req: Req<'_>) -> Result<Response, ApiError> {
     let deleted = ops::delete_collection(&mut cx, req.rt, targets, &opts);
     let rv = cx.store.current_rv();
     drop(store);
-    Ok(list_response(&req, rv, &deleted))
+    Ok(list_response(
+        &req,
+        json!({"resourceVersion": rv.to_string()}),
+        &deleted,
+    ))
 }

@@ -14,7 +14,7 @@ use serde_json::json;
 use tokio::sync::{broadcast, mpsc};
 
 use super::resource::{metadata_only, Filter};
-use super::{render, representation, AppState, Representation, ResourcePath};
+use super::{render, representation, value_as, AppState, Representation, ResourcePath};
 use crate::error::ApiError;
 use crate::registry::ResourceType;
 use crate::store::{Event, EventType, Stored};
@@ -38,7 +38,7 @@ impl Renderer {
             Representation::Table => Bytes::from(
                 crate::table::table(
                     &self.rt,
-                    &[obj.value()],
+                    &[value_as(obj, &self.rt)],
                     obj.rv,
                     &self.include_object,
                     self.clock.now(),

@@ -49,6 +49,19 @@ async fn the_event_recorder_creates_and_then_patches_a_series() {
         .as_ref()
         .expect("a series after the repeat");
     assert_eq!(series.count, 2);
+
+    // The same Event through core/v1, selected the way `kubectl describe` does.
+    let core: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(client.clone(), "default");
+    let selected = core
+        .list(
+            &kube::api::ListParams::default()
+                .fields("involvedObject.kind=ConfigMap,involvedObject.name=a"),
+        )
+        .await
+        .unwrap();
+    assert_eq!(selected.items.len(), 1);
+    assert_eq!(selected.items[0].message.as_deref(), Some("twice"));
+    assert_eq!(selected.items[0].involved_object.name.as_deref(), Some("a"));
     sim.shutdown().await;
 }
 

@@ -170,3 +170,30 @@ async fn sandbox_nodes_register_and_become_ready() {
     }
     sim.shutdown().await;
 }
+
+type Events = BoxStream<'static, Result<watcher::Event<ConfigMap>, watcher::Error>>;
+
+async fn init_done(events: &mut Events) {
+    while let Some(e) = events.next().await {
+        if matches!(e, Ok(watcher::Event::InitDone)) {
+            return;
+        }
+    }
+    panic!("watcher ended");
+}
+
+#[tokio::test]
+async fn expiring_watches_makes_a_kube_watcher_relist() {
+    let sim = sim().await;
+    let cms = configmaps(&sim.client().await);
+    cms.create(&PostParams::default(), &configmap("a"))
+        .await
+        .unwrap();
+    let mut events: Events = watcher(cms.clone(), watcher::Config::default()).boxed();
+    within("the initial list", init_done(&mut events)).await;
+    let lists_before = sim.request_counts().get(Verb::List, "configmaps");
+    sim.expire_watches();
+    within("a relist", init_done(&mut events)).await;
+    assert!(sim.request_counts().get(Verb::List, "configmaps") > lists_before);
+    sim.shutdown().await;
+}

@@ -184,3 +184,35 @@ async fn kubectl_get_shows_a_crds_printer_columns() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("size may not shrink"));
     sim.shutdown().await;
 }
+
+#[tokio::test]
+async fn kubectl_describe_shows_events_recorded_through_events_k8s_io() {
+    use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+    use kube::Resource;
+
+    if !kubectl_available() {
+        return;
+    }
+    let sim = sim().await;
+    let client = sim.client().await;
+    let cm = configmaps(&client)
+        .create(&kube::api::PostParams::default(), &configmap("described"))
+        .await
+        .unwrap();
+    let recorder = Recorder::new(client.clone(), Reporter::from("conformance"));
+    let event = Event {
+        type_: EventType::Warning,
+        reason: "Probed".into(),
+        note: Some("seen by kubectl".into()),
+        action: "Probe".into(),
+        secondary: None,
+    };
+    recorder.publish(&event, &cm.object_ref(&())).await.unwrap();
+    let dir = Workdir::new(&sim, "describe");
+    let out = dir.kubectl(&["describe", "configmap", "described"]).await;
+    assert!(
+        out.contains("Probed") && out.contains("seen by kubectl"),
+        "{out}"
+    );
+    sim.shutdown().await;
+}

@@ -141,3 +141,104 @@ fn prune_key_cache(ctx: &Context) {
             .is_some_and(|meta| ilp_auth::questdb_for_secret(&meta.metadata).is_some())
     });
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use kube::core::PartialObjectMeta;
+    use kube::runtime::events::{Recorder, Reporter};
+    use kube::runtime::reflector::{self, store::Writer};
+    use kube::runtime::watcher;
+
+    use super::*;
+    use crate::api::SECRET_QUESTDB_ANNOTATION;
+    use crate::controllers::context::Caches;
+    use crate::ilp_auth::testing::TestKey;
+    use crate::metrics::Metrics;
+
+    fn meta(ns: &str, name: &str, annotation: Option<&str>) -> PartialObjectMeta<Secret> {
+        let mut m = PartialObjectMeta::<Secret>::default();
+        m.metadata.name = Some(name.into());
+        m.metadata.namespace = Some(ns.into());
+        m.metadata.annotations = annotation
+            .map(|a| BTreeMap::from([(SECRET_QUESTDB_ANNOTATION.to_string(), a.to_string())]));
+        m
+    }
+
+    /// A Context whose Secret cache is fed by the returned writer. The client points at a
+    /// closed local port: pruning must never need the apiserver.
+    fn context() -> (Context, Writer<PartialObjectMeta<Secret>>) {
+        // ring and aws-lc-rs are both linked: rustls needs to be told which one to use.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let uri: http::Uri = "http://127.0.0.1:9".parse().expect("static URI");
+        let client = kube::Client::try_from(kube::Config::new(uri)).expect("plain-HTTP client");
+        let (secrets, writer) = reflector::store();
+        let caches = Caches {
+            questdbs: reflector::store().0,
+            statefulsets: reflector::store().0,
+            configmaps: reflector::store().0,
+            services: reflector::store().0,
+            pvcs: reflector::store().0,
+            pods: reflector::store().0,
+            nodes: reflector::store().0,
+            secrets,
+        };
+        let ctx = Context {
+            recorder: Recorder::new(client.clone(), Reporter::from("test")),
+            client,
+            caches,
+            metrics: Metrics::new(),
+            keys: Default::default(),
+            failures: Default::default(),
+            cloud: None,
+        };
+        (ctx, writer)
+    }
+
+    fn cache_key(ctx: &Context, ns: &str, name: &str) {
+        let key = TestKey::derived(name, 1);
+        let parsed = ilp_auth::PublicKey::new(name, &key.x, &key.y);
+        ctx.keys
+            .lock()
+            .expect("key cache lock")
+            .insert(ObjectRef::new(name).within(ns), ("1".into(), parsed));
+    }
+
+    fn cached(ctx: &Context) -> Vec<String> {
+        let mut names: Vec<String> = ctx
+            .keys
+            .lock()
+            .expect("key cache lock")
+            .keys()
+            .map(|k| format!("{}/{}", k.namespace.as_deref().unwrap_or_default(), k.name))
+            .collect();
+        names.sort();
+        names
+    }
+
+    #[tokio::test]
+    async fn pruning_forgets_keys_of_deleted_and_unannotated_secrets_only() {
+        let (ctx, mut writer) = context();
+        for m in [
+            meta("a", "kept", Some("db1")),
+            meta("a", "unannotated", None),
+            meta("b", "other-db", Some("db2")),
+        ] {
+            writer.apply_watcher_event(&watcher::Event::Apply(m));
+        }
+        for (ns, name) in [
+            ("a", "kept"),
+            ("a", "unannotated"),
+            ("b", "other-db"),
+            ("a", "deleted"),
+            ("gone-namespace", "deleted"),
+        ] {
+            cache_key(&ctx, ns, name);
+        }
+
+        prune_key_cache(&ctx);
+
+        assert_eq!(cached(&ctx), ["a/kept", "b/other-db"]);
+    }
+}

@@ -1,6 +1,7 @@
 //! The QuestDB controller: observe (caches) -> validate -> build (pure) -> apply (only what
 //! differs) -> status (only when it differs). A reconcile of a converged QuestDB makes no write.
 
+pub mod cloud;
 mod ilp;
 pub mod status;
 #[cfg(test)]
@@ -34,9 +35,7 @@ const RESYNC: std::time::Duration = std::time::Duration::from_secs(300);
 pub async fn reconcile(qdb: Arc<QuestDB>, ctx: Arc<Context>) -> Result<Action, Error> {
     let ns = qdb.namespace().ok_or(Error::MissingNamespace)?;
     if qdb.meta().deletion_timestamp.is_some() {
-        // Children carry owner references (and the retained PVC none), so garbage collection
-        // does the rest; there is nothing to hold the deletion for.
-        return Ok(Action::await_change());
+        return finalize(qdb, &ctx).await;
     }
     let uid = qdb.uid().ok_or(Error::MissingUid)?;
     let mut observed = status::Observed::default();
@@ -53,6 +52,17 @@ pub async fn reconcile(qdb: Arc<QuestDB>, ctx: Arc<Context>) -> Result<Action, E
         return Ok(Action::await_change());
     }
 
+    // Cloud steps write status (intent before side effects), so they work on an owned copy
+    // whose resourceVersion follows those writes; the final status write then builds on it.
+    let mut current = (*qdb).clone();
+    if ctx.cloud.is_some() && cloud::wants_finalizer(&current) && !cloud::has_finalizer(&current) {
+        // Before any cloud resource exists, so a deletion can never skip its cleanup.
+        cloud::set_finalizer(&mut current, &ctx, true).await?;
+    }
+    let paused = current.spec.paused;
+    let cloud_out = cloud::reconcile(&mut current, &ctx, paused).await?;
+    let qdb = Arc::new(current);
+
     let auth = ilp::resolve(&qdb, &ctx).await?;
     observed.ilp_auth = auth.condition.clone();
 
@@ -67,8 +77,7 @@ pub async fn reconcile(qdb: Arc<QuestDB>, ctx: Arc<Context>) -> Result<Action, E
         mounted.push(a);
     }
     let hash = build::config_hash(&mounted);
-    let dedicated = None;
-    let sts = build::statefulset(&qdb, &hash, ilp_enabled, dedicated);
+    let sts = build::statefulset(&qdb, &hash, ilp_enabled, cloud_out.dedicated.as_ref());
 
     let c = &ctx.caches;
     sync(&ctx, &qdb, &uid, &ns, &c.configmaps, config, &mut observed).await?;
@@ -120,14 +129,46 @@ pub async fn reconcile(qdb: Arc<QuestDB>, ctx: Arc<Context>) -> Result<Action, E
     observed.statefulset = sts_obj.as_deref();
     observed.pod = pod_obj.as_deref();
     observed.node = node_obj.as_deref();
+    observed.cloud = Some(&cloud_out);
 
     write_status(&qdb, &ctx, &observed).await?;
-    if observed.changed.is_empty() {
-        Ok(Action::requeue(RESYNC))
+    let next = if observed.changed.is_empty() {
+        RESYNC
     } else {
         // Our own writes come back as watch events; this is only a backstop.
-        Ok(Action::requeue(std::time::Duration::from_secs(30)))
+        std::time::Duration::from_secs(30)
+    };
+    Ok(Action::requeue(
+        cloud_out.requeue.map_or(next, |r| r.min(next)),
+    ))
+}
+
+/// Deletion: release the node and the DNS record, then let the QuestDB go. Children carry
+/// owner references (the retained PVC none), so garbage collection does the rest.
+async fn finalize(qdb: Arc<QuestDB>, ctx: &Context) -> Result<Action, Error> {
+    if !cloud::has_finalizer(&qdb) {
+        return Ok(Action::await_change());
     }
+    let mut current = (*qdb).clone();
+    let out = cloud::reconcile(&mut current, ctx, true).await?;
+    if !out.released {
+        if ctx.cloud.is_none() {
+            let note = "the operator runs without a cloud provider; the finalizer stays until the instance and DNS record recorded in status are cleaned up".to_string();
+            ctx.event(
+                &current,
+                EventType::Warning,
+                "CleanupBlocked",
+                "Finalize",
+                note,
+            )
+            .await;
+            return Ok(Action::requeue(RESYNC));
+        }
+        return Ok(Action::requeue(out.requeue.unwrap_or(cloud::WAITING_SYNC)));
+    }
+    info!(questdb = %current.name_any(), "cloud resources released; removing the finalizer");
+    cloud::set_finalizer(&mut current, ctx, false).await?;
+    Ok(Action::await_change())
 }
 
 fn already_reported_invalid(qdb: &QuestDB, note: &str) -> bool {

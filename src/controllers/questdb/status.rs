@@ -7,6 +7,7 @@ use k8s_openapi::jiff::Timestamp;
 use crate::api::{conditions, Phase, QuestDB, QuestDBStatus};
 use crate::build;
 use crate::controllers::conditions::{merge, Desired};
+use crate::controllers::questdb::cloud::CloudOutcome;
 
 /// What the reconcile saw and did, the input of [`compute`].
 #[derive(Default)]
@@ -22,6 +23,8 @@ pub struct Observed<'a> {
     pub invalid: Vec<String>,
     /// The ILP auth condition, decided by the auth module.
     pub ilp_auth: Option<Desired>,
+    /// The dedicated node and DNS record, when the cloud part ran.
+    pub cloud: Option<&'a CloudOutcome>,
 }
 
 fn pod_ready(pod: &Pod) -> bool {
@@ -152,14 +155,34 @@ pub fn compute(qdb: &QuestDB, obs: &Observed, now: Timestamp) -> QuestDBStatus {
     if let Some(a) = &obs.ilp_auth {
         desired.push(a.clone());
     }
+    let cloud = obs.cloud.filter(|_| obs.invalid.is_empty());
+    if let Some(c) = cloud {
+        desired.extend(c.node_condition.iter().cloned());
+        desired.extend(c.dns_condition.iter().cloned());
+    }
+    // A database waiting for its dedicated node is Provisioning, not merely Pending.
+    let phase = match cloud {
+        Some(c) if c.provisioning() && !spec.paused && phase == Phase::Pending => {
+            Phase::Provisioning
+        }
+        _ => phase,
+    };
 
-    let node = if spec.paused { None } else { obs.node };
+    // With a dedicated node, the node fields describe it (even before the pod is scheduled).
+    let dedicated = cloud.and_then(|c| c.node.as_deref());
+    let node = if spec.paused {
+        None
+    } else {
+        dedicated.or(obs.node)
+    };
     let pod_node = if spec.paused {
         None
     } else {
-        obs.pod
-            .and_then(|p| p.spec.as_ref())
-            .and_then(|s| s.node_name.clone())
+        dedicated.and_then(|n| n.metadata.name.clone()).or_else(|| {
+            obs.pod
+                .and_then(|p| p.spec.as_ref())
+                .and_then(|s| s.node_name.clone())
+        })
     };
 
     QuestDBStatus {
@@ -171,7 +194,9 @@ pub fn compute(qdb: &QuestDB, obs: &Observed, now: Timestamp) -> QuestDBStatus {
         node_ip: node.and_then(node_internal_ip),
         instance_id: existing.instance_id.clone(),
         node_image: existing.node_image.clone(),
+        node_generation: existing.node_generation,
         dns_name: existing.dns_name.clone(),
+        dns_ip: existing.dns_ip.clone(),
         endpoints: Some(build::endpoints(qdb)),
         conditions: merge(&existing.conditions, &desired, generation, now),
         failover: existing.failover.clone(),

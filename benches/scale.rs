@@ -1,0 +1,779 @@
+//! The operator under N QuestDBs (issue 7): the real operator binary, run as a child process so
+//! its memory is its own, against an in-process simulated control plane.
+//!
+//! ```text
+//! cargo bench --bench scale                                  # N=1000, concurrency 1,4,16
+//! cargo bench --bench scale -- --quick                       # CI smoke run: N=50, concurrency 4
+//! cargo bench --bench scale -- --questdbs 200 --concurrency 2,8
+//! cargo bench --profile dev --bench scale -- --quick         # unoptimised, fast to build
+//! ```
+//! `QUESTDB_OPERATOR_BIN=<path>` runs another operator binary.
+//!
+//! For every concurrency, on a fresh simulator and operator:
+//! 1. provisioning: create N QuestDBs (32 creates in flight) and time until all are Ready;
+//!    the operator's requests during it, per QuestDB, split by verb and resource;
+//! 2. watch cut: every watch stream ends; the operator's watchers resume from their last
+//!    resourceVersion, which must cost no write and no reconcile;
+//! 3. full resync: the operator is restarted, lists everything and reconciles all N QuestDBs;
+//!    with everything converged that must cost no write and no uncached read (GET).
+//!
+//! Prints a table, then as its last line one JSON object for scripts.
+
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::io::Write as _;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{bail, Context as _};
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Service};
+use kube::api::{Api, ListParams, ObjectMeta, PostParams};
+use kube::runtime::watcher;
+use kube::{Client, Resource, ResourceExt};
+use questdb_operator::api::{labels, QuestDB};
+use questdb_operator::build::testing;
+use questdb_sim::cluster::{ClusterConfig, NodeSpec};
+use questdb_sim::{RequestCounts, Sim, SimConfig, Verb};
+use serde::de::DeserializeOwned;
+use serde_json::json;
+use tokio::time::Instant;
+
+use support::operator::{self, Memory, Operator, RunArgs};
+use support::prom::{self, quantile};
+use support::{cluster, wait};
+
+const NS: &str = "scale";
+const CONTROLLER: &str = "questdb";
+const DEFAULT_QUESTDBS: usize = 1000;
+const DEFAULT_CONCURRENCY: &[u16] = &[1, 4, 16];
+const QUICK_QUESTDBS: usize = 50;
+const QUICK_CONCURRENCY: u16 = 4;
+/// The operator's own default `--questdb-concurrency`: the headline figures come from it.
+const OPERATOR_DEFAULT_CONCURRENCY: u16 = 4;
+/// QuestDB creates in flight, as a provisioning service would send them.
+const CREATES_IN_FLIGHT: usize = 32;
+/// Pods a simulated node takes (the kubelet default); nodes are added to fit N QuestDBs.
+const PODS_PER_NODE: usize = 110;
+/// Simulated time runs this much faster, so volume attach and container start (5 simulated
+/// seconds) take a quarter of a wall second and the figures are the operator's, not the sim's.
+const CLOCK_SPEED: f64 = 20.0;
+
+const PROVISION_TIMEOUT: Duration = Duration::from_secs(600);
+const RESYNC_TIMEOUT: Duration = Duration::from_secs(600);
+const STEP_TIMEOUT: Duration = Duration::from_secs(120);
+/// The operator counts as at rest when it has not started a reconcile for this long.
+const QUIET_FOR: Duration = Duration::from_secs(2);
+const QUIET_TIMEOUT: Duration = Duration::from_secs(120);
+
+struct Settings {
+    questdbs: usize,
+    concurrency: Vec<u16>,
+}
+
+impl Settings {
+    fn from_args() -> anyhow::Result<Settings> {
+        let mut settings = Settings {
+            questdbs: DEFAULT_QUESTDBS,
+            concurrency: DEFAULT_CONCURRENCY.to_vec(),
+        };
+        let mut args = std::env::args().skip(1);
+        while let Some(arg) = args.next() {
+            let (flag, inline) = match arg.split_once('=') {
+                Some((f, v)) => (f.to_string(), Some(v.to_string())),
+                None => (arg.clone(), None),
+            };
+            let mut value = |name: &str| {
+                inline
+                    .clone()
+                    .or_else(|| args.next())
+                    .with_context(|| format!("{name} needs a value"))
+            };
+            match flag.as_str() {
+                // Cargo passes `--bench` to every bench binary.
+                "--bench" => {}
+                "--quick" => {
+                    settings.questdbs = QUICK_QUESTDBS;
+                    settings.concurrency = vec![QUICK_CONCURRENCY];
+                }
+                "--questdbs" => {
+                    let v = value("--questdbs")?;
+                    settings.questdbs = v
+                        .parse()
+                        .with_context(|| format!("--questdbs {v:?} is not a count"))?;
+                }
+                "--concurrency" => {
+                    let v = value("--concurrency")?;
+                    settings.concurrency = v
+                        .split(',')
+                        .map(|c| c.trim().parse::<u16>())
+                        .collect::<Result<_, _>>()
+                        .with_context(|| {
+                            format!("--concurrency {v:?} is not a list like 1,4,16")
+                        })?;
+                }
+                other => bail!(
+                    "unknown argument {other:?}; use --questdbs N, --concurrency 1,4,16, --quick"
+                ),
+            }
+        }
+        if settings.questdbs == 0 || settings.concurrency.is_empty() {
+            bail!("need at least one QuestDB and one concurrency");
+        }
+        if settings.concurrency.contains(&0) {
+            bail!("a concurrency of 0 would never reconcile");
+        }
+        Ok(settings)
+    }
+}
+
+/// Enough nodes in two zones for N single-pod QuestDBs.
+fn sim_config(questdbs: usize) -> SimConfig {
+    let nodes = questdbs.div_ceil(PODS_PER_NODE).max(3);
+    let nodes = (0..nodes)
+        .map(|i| {
+            let zone = if i % 2 == 0 { "a" } else { "b" };
+            NodeSpec::new(format!("sim-node-{i:03}"), format!("sim-zone-{zone}"))
+        })
+        .collect();
+    SimConfig {
+        clock_speed: CLOCK_SPEED,
+        nodes,
+        cluster: ClusterConfig::default(),
+        ..SimConfig::default()
+    }
+}
+
+/// What the operator asked the apiserver in one phase.
+struct Requests(RequestCounts);
+
+impl Requests {
+    fn is_event(resource: &str) -> bool {
+        resource == "events"
+    }
+
+    fn sum(&self, keep: impl Fn(Verb, &str) -> bool) -> u64 {
+        self.0
+             .0
+            .iter()
+            .filter(|((v, r), _)| keep(*v, r))
+            .map(|(_, n)| n)
+            .sum()
+    }
+
+    /// Writes other than events: what the minimum is about.
+    fn writes(&self) -> u64 {
+        self.sum(|v, r| v.is_write() && !Self::is_event(r))
+    }
+
+    fn events(&self) -> u64 {
+        self.sum(|_, r| Self::is_event(r))
+    }
+
+    /// Reads the caches did not answer.
+    fn gets(&self) -> u64 {
+        self.sum(|v, r| v == Verb::Get && !Self::is_event(r))
+    }
+
+    /// Informer traffic: initial lists and (re-)watches.
+    fn lists(&self) -> u64 {
+        self.sum(|v, _| v == Verb::List)
+    }
+
+    fn watches(&self) -> u64 {
+        self.sum(|v, _| v == Verb::Watch)
+    }
+
+    fn reads(&self) -> u64 {
+        self.sum(|v, r| !v.is_write() && !Self::is_event(r))
+    }
+
+    fn watched_resources(&self) -> BTreeSet<String> {
+        self.0
+             .0
+            .iter()
+            .filter(|((v, _), n)| *v == Verb::Watch && **n > 0)
+            .map(|((_, r), _)| r.clone())
+            .collect()
+    }
+
+    /// `resource: verb n, verb n` lines; per QuestDB when `per` is set, totals otherwise.
+    fn breakdown(&self, per: Option<usize>) -> Vec<String> {
+        let mut by_resource: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+        for ((verb, resource), n) in &self.0 .0 {
+            let n = match per {
+                Some(per) => format!("{:.2}", *n as f64 / per as f64),
+                None => n.to_string(),
+            };
+            by_resource
+                .entry(resource)
+                .or_default()
+                .push(format!("{} {n}", verb_name(*verb)));
+        }
+        by_resource
+            .into_iter()
+            .map(|(r, verbs)| format!("{r:<28} {}", verbs.join(", ")))
+            .collect()
+    }
+}
+
+fn verb_name(v: Verb) -> &'static str {
+    match v {
+        Verb::Get => "get",
+        Verb::List => "list",
+        Verb::Watch => "watch",
+        Verb::Create => "create",
+        Verb::Update => "update",
+        Verb::Patch => "patch",
+        Verb::Delete => "delete",
+        Verb::DeleteCollection => "deletecollection",
+    }
+}
+
+/// Reconcile latency from the operator's `controller_runtime_reconcile_time_seconds`.
+#[derive(Clone, Copy, Default)]
+struct Latency {
+    p50_ms: Option<f64>,
+    p99_ms: Option<f64>,
+}
+
+struct Figures {
+    concurrency: u16,
+    questdbs: usize,
+    nodes: usize,
+    provision_secs: f64,
+    create_secs: f64,
+    children: usize,
+    provisioning: Requests,
+    provisioning_latency: Latency,
+    /// Reconciles and the seconds spent in them until all were Ready.
+    provision_reconciles: f64,
+    provision_busy_secs: f64,
+    at_rest: Memory,
+    rest_was_quiet: bool,
+    cut: Requests,
+    cut_reconciles: f64,
+    resync: Requests,
+    resync_secs: f64,
+    resync_reconciles: f64,
+    resync_latency: Latency,
+    after_resync: Memory,
+}
+
+impl Figures {
+    fn per(&self, n: u64) -> f64 {
+        self.per_f(n as f64)
+    }
+
+    fn per_f(&self, n: f64) -> f64 {
+        n / self.questdbs as f64
+    }
+
+    fn children_per_questdb(&self) -> f64 {
+        self.children as f64 / self.questdbs as f64
+    }
+
+    /// Every child created once and one status write (Ready) per QuestDB: nothing less can
+    /// provision it. (The operator also reports `Provisioning` first, a deliberate extra write
+    /// that makes progress visible.)
+    fn min_writes_per_questdb(&self) -> f64 {
+        self.children_per_questdb() + 1.0
+    }
+
+    /// The share of the wall time the reconcile workers were busy while provisioning: low means
+    /// the operator waited (on the cluster, on its queue), not that it was short of workers.
+    fn worker_utilisation(&self) -> f64 {
+        self.provision_busy_secs / (self.provision_secs * f64::from(self.concurrency))
+    }
+
+    fn json(&self) -> serde_json::Value {
+        let mib = |kib: u64| round(kib as f64 / 1024.0, 1);
+        json!({
+            "concurrency": self.concurrency,
+            "questdbs": self.questdbs,
+            "provision_seconds": round(self.provision_secs, 2),
+            "writes_per_questdb": round(self.per(self.provisioning.writes()), 2),
+            "min_writes_per_questdb": round(self.min_writes_per_questdb(), 2),
+            "status_writes_per_questdb": round(self.per(self.provisioning.sum(|v, r| v.is_write() && r == "questdbs/status")), 2),
+            "reconciles_per_questdb": round(self.per_f(self.provision_reconciles), 2),
+            "worker_utilisation": round(self.worker_utilisation(), 3),
+            "reads_per_questdb": round(self.per(self.provisioning.reads()), 2),
+            "gets_per_questdb": round(self.per(self.provisioning.gets()), 2),
+            "events_per_questdb": round(self.per(self.provisioning.events()), 2),
+            "noop_writes": self.resync.writes(),
+            "noop_reads": self.resync.gets(),
+            "noop_lists": self.resync.lists(),
+            "noop_watches": self.resync.watches(),
+            "noop_events": self.resync.events(),
+            "noop_reconciles": self.resync_reconciles,
+            "resync_seconds": round(self.resync_secs, 2),
+            "watch_cut_writes": self.cut.writes(),
+            "watch_cut_reads": self.cut.gets(),
+            "watch_cut_lists": self.cut.lists(),
+            "watch_cut_reconciles": self.cut_reconciles,
+            "rss_mib_peak": mib(self.at_rest.hwm_kib),
+            "rss_mib_rest": mib(self.at_rest.rss_kib),
+            "rss_mib_after_restart": mib(self.after_resync.rss_kib),
+            "reconcile_p50_ms": self.provisioning_latency.p50_ms.map(|v| round(v, 1)),
+            "reconcile_p99_ms": self.provisioning_latency.p99_ms.map(|v| round(v, 1)),
+            "resync_reconcile_p99_ms": self.resync_latency.p99_ms.map(|v| round(v, 1)),
+        })
+    }
+
+    fn print_details(&self) {
+        println!();
+        println!(
+            "concurrency {}: {} QuestDBs on {} simulated nodes",
+            self.concurrency, self.questdbs, self.nodes
+        );
+        println!(
+            "  creates sent in {:.2} s; all Ready after {:.2} s; {} children ({:.2} per QuestDB){}",
+            self.create_secs,
+            self.provision_secs,
+            self.children,
+            self.children_per_questdb(),
+            if self.rest_was_quiet {
+                ""
+            } else {
+                "; the operator never went quiet, rest figures taken anyway"
+            }
+        );
+        println!(
+            "  until Ready: {:.2} reconciles per QuestDB, {:.1} s inside reconciles, workers busy \
+             {:.0}% of the time",
+            self.per_f(self.provision_reconciles),
+            self.provision_busy_secs,
+            self.worker_utilisation() * 100.0
+        );
+        println!("  provisioning requests per QuestDB:");
+        for line in self.provisioning.breakdown(Some(self.questdbs)) {
+            println!("    {line}");
+        }
+        println!(
+            "  watch cut: {} reconciles, {} writes, {} GETs, {} lists, {} watches",
+            self.cut_reconciles,
+            self.cut.writes(),
+            self.cut.gets(),
+            self.cut.lists(),
+            self.cut.watches()
+        );
+        println!(
+            "  restart resync: {} reconciles in {:.2} s; requests (totals):",
+            self.resync_reconciles, self.resync_secs
+        );
+        for line in self.resync.breakdown(None) {
+            println!("    {line}");
+        }
+    }
+}
+
+fn round(v: f64, digits: i32) -> f64 {
+    let f = 10f64.powi(digits);
+    (v * f).round() / f
+}
+
+fn ms(v: Option<f64>) -> String {
+    v.map_or_else(|| "-".to_string(), |v| format!("{v:.1}"))
+}
+
+fn print_table(runs: &[Figures]) {
+    let mib = |kib: u64| kib as f64 / 1024.0;
+    println!();
+    println!(
+        "{:>4} {:>6} {:>9} {:>12} {:>9} {:>8} {:>14} {:>9} {:>9} {:>8} {:>8}",
+        "conc",
+        "N",
+        "ready s",
+        "writes/qdb",
+        "GETs/qdb",
+        "ev/qdb",
+        "resync w/GET",
+        "RSS peak",
+        "RSS rest",
+        "p50 ms",
+        "p99 ms"
+    );
+    for f in runs {
+        println!(
+            "{:>4} {:>6} {:>9.2} {:>12} {:>9.2} {:>8.2} {:>14} {:>9.1} {:>9.1} {:>8} {:>8}",
+            f.concurrency,
+            f.questdbs,
+            f.provision_secs,
+            format!(
+                "{:.2} ({:.0})",
+                f.per(f.provisioning.writes()),
+                f.min_writes_per_questdb()
+            ),
+            f.per(f.provisioning.gets()),
+            f.per(f.provisioning.events()),
+            format!("{}/{}", f.resync.writes(), f.resync.gets()),
+            mib(f.at_rest.hwm_kib),
+            mib(f.at_rest.rss_kib),
+            ms(f.provisioning_latency.p50_ms),
+            ms(f.provisioning_latency.p99_ms),
+        );
+    }
+    println!(
+        "writes/qdb: provisioning writes per QuestDB without events (minimum in brackets: \
+         children + 1 status write); resync: writes/GETs when a restarted operator reconciles \
+         all N (target 0/0); RSS in MiB (target <= 64); latency from the operator's histogram"
+    );
+}
+
+fn final_json(runs: &[Figures]) -> serde_json::Value {
+    let headline = runs
+        .iter()
+        .find(|f| f.concurrency == OPERATOR_DEFAULT_CONCURRENCY)
+        .or_else(|| runs.iter().max_by_key(|f| f.concurrency));
+    let mut out = headline.map(Figures::json).unwrap_or_else(|| json!({}));
+    let profile = if cfg!(debug_assertions) {
+        "debug"
+    } else {
+        "release"
+    };
+    out["bench"] = json!("scale");
+    out["profile"] = json!(profile);
+    out["by_concurrency"] = runs.iter().map(Figures::json).collect();
+    out
+}
+
+/// Scrapes the operator's reconcile counter for the QuestDB controller.
+async fn reconciles(addr: SocketAddr) -> anyhow::Result<f64> {
+    Ok(prom::scrape(addr).await?.sum(
+        "controller_runtime_reconcile_total",
+        "controller",
+        CONTROLLER,
+    ))
+}
+
+/// Reconciles so far and the seconds spent in them.
+async fn reconcile_work(addr: SocketAddr) -> anyhow::Result<(f64, f64)> {
+    let m = prom::scrape(addr).await?;
+    Ok((
+        m.sum(
+            "controller_runtime_reconcile_total",
+            "controller",
+            CONTROLLER,
+        ),
+        m.sum(
+            "controller_runtime_reconcile_time_seconds_sum",
+            "controller",
+            CONTROLLER,
+        ),
+    ))
+}
+
+async fn latency(addr: SocketAddr) -> anyhow::Result<Latency> {
+    let metrics = prom::scrape(addr).await?;
+    let buckets = metrics.histogram(
+        "controller_runtime_reconcile_time_seconds",
+        "controller",
+        CONTROLLER,
+    );
+    Ok(Latency {
+        p50_ms: quantile(&buckets, 0.50).map(|s| s * 1000.0),
+        p99_ms: quantile(&buckets, 0.99).map(|s| s * 1000.0),
+    })
+}
+
+/// Waits until the operator has started no reconcile for [`QUIET_FOR`] and has none running.
+/// Returns false when it never settles within [`QUIET_TIMEOUT`] (figures are taken anyway).
+async fn wait_quiet(operator: &mut Operator, metrics: SocketAddr) -> anyhow::Result<bool> {
+    let deadline = Instant::now() + QUIET_TIMEOUT;
+    let mut last = (f64::NAN, Instant::now());
+    loop {
+        operator.ensure_running()?;
+        let m = prom::scrape(metrics).await?;
+        let total = m.sum(
+            "controller_runtime_reconcile_total",
+            "controller",
+            CONTROLLER,
+        );
+        let busy = m.sum(
+            "controller_runtime_active_workers",
+            "controller",
+            CONTROLLER,
+        ) > 0.0;
+        if total != last.0 || busy {
+            last = (total, Instant::now());
+        } else if last.1.elapsed() >= QUIET_FOR {
+            return Ok(true);
+        }
+        if Instant::now() > deadline {
+            return Ok(false);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+fn is_ready(q: &QuestDB) -> bool {
+    q.status.as_ref().is_some_and(|s| {
+        s.conditions
+            .iter()
+            .any(|c| c.type_ == "Ready" && c.status == "True")
+    })
+}
+
+/// Watches the namespace's QuestDBs until `n` are Ready at once.
+async fn all_ready(client: &Client, operator: &mut Operator, n: usize) -> anyhow::Result<()> {
+    let api: Api<QuestDB> = Api::namespaced(client.clone(), NS);
+    let mut events = watcher(api, watcher::Config::default()).boxed();
+    let mut ready: HashSet<String> = HashSet::new();
+    let mut relisting: HashSet<String> = HashSet::new();
+    // The operator is checked between events so a crash is reported at once, not as a timeout.
+    let mut alive = tokio::time::interval(Duration::from_secs(1));
+    let deadline = tokio::time::sleep(PROVISION_TIMEOUT);
+    tokio::pin!(deadline);
+    while ready.len() < n {
+        tokio::select! {
+            ev = events.next() => {
+                let ev = ev.context("the QuestDB watch ended")?.context("watching QuestDBs")?;
+                match ev {
+                    watcher::Event::Init => relisting.clear(),
+                    watcher::Event::InitApply(q) => {
+                        if is_ready(&q) {
+                            relisting.insert(q.name_any());
+                        }
+                    }
+                    watcher::Event::InitDone => ready = std::mem::take(&mut relisting),
+                    watcher::Event::Apply(q) if is_ready(&q) => {
+                        ready.insert(q.name_any());
+                    }
+                    watcher::Event::Apply(q) | watcher::Event::Delete(q) => {
+                        ready.remove(&q.name_any());
+                    }
+                }
+            }
+            _ = alive.tick() => operator.ensure_running()?,
+            _ = &mut deadline => bail!(
+                "only {} of {n} QuestDBs Ready after {PROVISION_TIMEOUT:?}; operator log: {}",
+                ready.len(),
+                operator.log().display()
+            ),
+        }
+    }
+    Ok(())
+}
+
+async fn create_questdbs(client: &Client, n: usize) -> anyhow::Result<()> {
+    let api: Api<QuestDB> = Api::namespaced(client.clone(), NS);
+    futures::stream::iter(0..n)
+        .map(|i| {
+            let api = api.clone();
+            async move {
+                let name = format!("db-{i:05}");
+                let mut q = testing::questdb(&name, NS);
+                q.metadata = ObjectMeta {
+                    name: Some(name),
+                    namespace: Some(NS.into()),
+                    ..ObjectMeta::default()
+                };
+                api.create(&PostParams::default(), &q).await
+            }
+        })
+        .buffer_unordered(CREATES_IN_FLIGHT)
+        .try_for_each(|_| async { Ok(()) })
+        .await
+        .context("creating QuestDBs")
+}
+
+async fn count_managed<K>(client: &Client) -> anyhow::Result<usize>
+where
+    K: Resource<Scope = kube::core::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + DeserializeOwned
+        + std::fmt::Debug,
+{
+    let api: Api<K> = Api::namespaced(client.clone(), NS);
+    let selector = format!("{}={}", labels::MANAGED_BY, labels::MANAGED_BY_VALUE);
+    let list = api
+        .list(&ListParams::default().labels(&selector))
+        .await
+        .with_context(|| format!("listing {}", K::plural(&())))?;
+    Ok(list.items.len())
+}
+
+/// The objects the operator created for the QuestDBs (the pods are the StatefulSets' doing).
+async fn count_children(client: &Client) -> anyhow::Result<usize> {
+    Ok(count_managed::<ConfigMap>(client).await?
+        + count_managed::<Service>(client).await?
+        + count_managed::<PersistentVolumeClaim>(client).await?
+        + count_managed::<StatefulSet>(client).await?)
+}
+
+async fn start_operator(
+    binary: &Path,
+    kubeconfig: &Path,
+    concurrency: u16,
+    log: PathBuf,
+) -> anyhow::Result<(Operator, RunArgs)> {
+    let mut args = RunArgs::on_free_ports(kubeconfig.to_path_buf())?;
+    args.concurrency = Some(concurrency);
+    let mut op = Operator::start(binary, &args, log)?;
+    let health = args.health;
+    wait::until(
+        "the operator's /readyz",
+        STEP_TIMEOUT,
+        &mut op,
+        || async move { operator::http_get(health, "/readyz").await.is_some() },
+    )
+    .await?;
+    Ok((op, args))
+}
+
+async fn run_one(binary: &Path, questdbs: usize, concurrency: u16) -> anyhow::Result<Figures> {
+    let config = sim_config(questdbs);
+    let nodes = config.nodes.len();
+    let sim = Sim::start(config).await.context("starting the simulator")?;
+    let client = cluster::uncounted_client(&sim)?;
+    cluster::install_crd(&client, STEP_TIMEOUT).await?;
+    cluster::create_namespace(&client, NS).await?;
+
+    // Kept after a failed run so its operator logs can be read.
+    let dir = tempfile::tempdir()
+        .context("creating a temporary directory")?
+        .keep();
+    let kubeconfig = dir.join("kubeconfig");
+    std::fs::write(&kubeconfig, sim.kubeconfig_yaml()).context("writing the kubeconfig")?;
+
+    // 1. Provisioning.
+    let (mut op, args) =
+        start_operator(binary, &kubeconfig, concurrency, dir.join("operator.log")).await?;
+    eprintln!(
+        "concurrency {concurrency}: operator pid {}, log {}",
+        op.pid(),
+        op.log().display()
+    );
+    let startup = Requests(sim.request_counts());
+    sim.reset_request_counts();
+    let started = Instant::now();
+    create_questdbs(&client, questdbs).await?;
+    let create_secs = started.elapsed().as_secs_f64();
+    all_ready(&client, &mut op, questdbs).await?;
+    let provision_secs = started.elapsed().as_secs_f64();
+    let provisioning_latency = latency(args.metrics).await?;
+    let (provision_reconciles, provision_busy_secs) = reconcile_work(args.metrics).await?;
+    let rest_was_quiet = wait_quiet(&mut op, args.metrics).await?;
+    let provisioning = Requests(sim.request_counts());
+    let at_rest = op.memory()?;
+    let children = count_children(&client).await?;
+    eprintln!("concurrency {concurrency}: {questdbs} Ready after {provision_secs:.2} s");
+
+    // 2. Watch cut: the watchers resume where they were, so nothing is re-listed or reconciled.
+    let mut watched = startup.watched_resources();
+    watched.extend(provisioning.watched_resources());
+    let before_cut = reconciles(args.metrics).await?;
+    sim.reset_request_counts();
+    sim.cut_watches();
+    wait::until("every watch resumed", STEP_TIMEOUT, &mut op, || {
+        let resumed = Requests(sim.request_counts()).watched_resources();
+        let all = watched.is_subset(&resumed);
+        async move { all }
+    })
+    .await?;
+    wait_quiet(&mut op, args.metrics).await?;
+    let cut = Requests(sim.request_counts());
+    let cut_reconciles = reconciles(args.metrics).await? - before_cut;
+
+    // 3. Full resync: a restarted operator lists everything and reconciles every QuestDB.
+    drop(op);
+    sim.reset_request_counts();
+    let restarted = Instant::now();
+    let (mut op, args) = start_operator(
+        binary,
+        &kubeconfig,
+        concurrency,
+        dir.join("operator-restarted.log"),
+    )
+    .await?;
+    let target = questdbs as f64;
+    let metrics = args.metrics;
+    wait::until(
+        "the restarted operator reconciled every QuestDB",
+        RESYNC_TIMEOUT,
+        &mut op,
+        || async move { reconciles(metrics).await.is_ok_and(|n| n >= target) },
+    )
+    .await?;
+    let resync_secs = restarted.elapsed().as_secs_f64();
+    wait_quiet(&mut op, args.metrics).await?;
+    let resync = Requests(sim.request_counts());
+    let resync_reconciles = reconciles(args.metrics).await?;
+    let resync_latency = latency(args.metrics).await?;
+    let after_resync = op.memory()?;
+
+    drop(op);
+    sim.shutdown().await;
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(Figures {
+        concurrency,
+        questdbs,
+        nodes,
+        provision_secs,
+        create_secs,
+        children,
+        provisioning,
+        provisioning_latency,
+        provision_reconciles,
+        provision_busy_secs,
+        at_rest,
+        rest_was_quiet,
+        cut,
+        cut_reconciles,
+        resync,
+        resync_secs,
+        resync_reconciles,
+        resync_latency,
+        after_resync,
+    })
+}
+
+async fn run(settings: &Settings) -> anyhow::Result<Vec<Figures>> {
+    let binary = operator::binary()?;
+    eprintln!("operator binary {}", binary.display());
+    let mut runs = Vec::new();
+    for &c in &settings.concurrency {
+        let figures = run_one(&binary, settings.questdbs, c)
+            .await
+            .with_context(|| format!("concurrency {c}"))?;
+        figures.print_details();
+        runs.push(figures);
+    }
+    Ok(runs)
+}
+
+fn main() -> std::process::ExitCode {
+    questdb_operator::metrics::install_crypto_provider();
+    let settings = match Settings::from_args() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("scale bench: {e:#}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("scale bench: starting tokio: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(&settings)) {
+        Ok(runs) => {
+            print_table(&runs);
+            println!("{}", final_json(&runs));
+            let _ = std::io::stdout().flush();
+            std::process::ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("scale bench failed: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,11 @@
+//! Code shared by the benchmarks that run the real operator binary as a child process against
+//! an in-process simulated control plane: the child process, its memory, its metrics, waiting.
+//!
+//! Each bench compiles its own copy of this module and uses only part of it, hence the
+//! `dead_code` allowance (an unused helper in one bench is used by another).
+#![allow(dead_code)]
+
+pub mod cluster;
+pub mod operator;
+pub mod prom;
+pub mod wait;

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# A provisioner creates a QuestDB and gets a running database with every child.
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+ensure_namespace
+say "create qdb/e2e-db"
+questdb_manifest e2e-db | kubectl apply -f -
+wait_ready e2e-db
+for obj in statefulset/e2e-db service/e2e-db service/e2e-db-headless configmap/e2e-db-config pvc/e2e-db-data; do
+    k get "$obj" >/dev/null || fail "$obj missing"
+done
+[ "$(k get qdb e2e-db -o jsonpath='{.status.phase}')" = Running ] || fail "phase is not Running"
+[ "$(k get qdb e2e-db -o jsonpath='{.status.version}')" = 9.0.0 ] || fail "version is not 9.0.0"
+k get qdb e2e-db
+say "ok: created"

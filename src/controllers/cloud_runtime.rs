@@ -1,0 +1,178 @@
+//! The cloud side of the manager: the providers it was configured with and the instance cache
+//! every QuestDB reconcile shares.
+
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::cloud::{CloudError, DnsProvider, Instance, NodeProvider};
+use crate::controllers::questdb::cloud::LaunchFailures;
+
+/// Cloud providers and timings handed to the manager (`ManagerOptions::cloud`).
+#[derive(Clone)]
+pub struct Cloud {
+    pub nodes: Arc<dyn NodeProvider>,
+    /// `None` when no hosted zone is configured: `spec.dns` then reports `DnsReady=False`.
+    pub dns: Option<Arc<dyn DnsProvider>>,
+    pub settings: CloudSettings,
+}
+
+impl fmt::Debug for Cloud {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Cloud")
+            .field("dns", &self.dns.is_some())
+            .field("settings", &self.settings)
+            .finish_non_exhaustive()
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct CloudSettings {
+    /// How old the shared DescribeInstances answer may be before a reconcile refreshes it: the
+    /// steady-state cost is one DescribeInstances per this interval for the whole operator.
+    pub instance_sync_interval: Duration,
+    pub orphan_sweep_interval: Duration,
+    /// How long an instance without a QuestDB is left alone before it is terminated (covers a
+    /// QuestDB cache that lags a brand-new object, and a human restoring a deleted QuestDB).
+    pub orphan_grace_period: Duration,
+}
+
+impl Default for CloudSettings {
+    fn default() -> Self {
+        Self {
+            instance_sync_interval: Duration::from_secs(30),
+            orphan_sweep_interval: Duration::from_secs(300),
+            orphan_grace_period: Duration::from_secs(600),
+        }
+    }
+}
+
+/// What the controllers hold: the configuration plus the shared instance cache.
+pub struct CloudRuntime {
+    pub nodes: Arc<dyn NodeProvider>,
+    pub dns: Option<Arc<dyn DnsProvider>>,
+    pub settings: CloudSettings,
+    pub instances: InstanceCache,
+    /// Permanent launch failures by QuestDB uid (in memory: a restart retries once).
+    pub launch_failures: LaunchFailures,
+}
+
+impl CloudRuntime {
+    pub fn new(cloud: Cloud) -> Self {
+        Self {
+            instances: InstanceCache::new(cloud.settings.instance_sync_interval),
+            nodes: cloud.nodes,
+            dns: cloud.dns,
+            settings: cloud.settings,
+            launch_failures: LaunchFailures::default(),
+        }
+    }
+}
+
+struct Snapshot {
+    fetched_at: Instant,
+    instances: Arc<Vec<Instance>>,
+}
+
+/// One `describe_cluster()` answer shared by every reconcile until it is older than `max_age`
+/// or invalidated (after a launch or terminate, or by a reconcile waiting for a state change).
+/// Concurrent readers of a stale cache wait for a single refresh instead of each calling AWS.
+pub struct InstanceCache {
+    max_age: Duration,
+    snapshot: Mutex<Option<Snapshot>>,
+    refresh: tokio::sync::Mutex<()>,
+}
+
+impl InstanceCache {
+    pub fn new(max_age: Duration) -> Self {
+        Self {
+            max_age,
+            snapshot: Mutex::new(None),
+            refresh: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    fn fresh(&self, max_age: Duration, newer_than: Option<Instant>) -> Option<Arc<Vec<Instance>>> {
+        let guard = self.snapshot.lock().unwrap_or_else(|p| p.into_inner());
+        let snap = guard.as_ref()?;
+        let young = snap.fetched_at.elapsed() < max_age.min(self.max_age);
+        let after = newer_than.is_none_or(|t| snap.fetched_at > t);
+        (young && after).then(|| snap.instances.clone())
+    }
+
+    /// Every instance tagged for this cluster, at most the cache's `max_age` old.
+    pub async fn get(&self, nodes: &dyn NodeProvider) -> Result<Arc<Vec<Instance>>, CloudError> {
+        self.get_within(nodes, self.max_age).await
+    }
+
+    /// Like [`InstanceCache::get`] with a tighter bound, for a reconcile waiting on a state
+    /// change: however many QuestDBs wait, the operator asks at most once per `max_age`.
+    pub async fn get_within(
+        &self,
+        nodes: &dyn NodeProvider,
+        max_age: Duration,
+    ) -> Result<Arc<Vec<Instance>>, CloudError> {
+        if let Some(hit) = self.fresh(max_age, None) {
+            return Ok(hit);
+        }
+        let asked_at = Instant::now();
+        let _single_flight = self.refresh.lock().await;
+        // Someone else may have refreshed while we waited for the lock.
+        if let Some(hit) = self.fresh(max_age, Some(asked_at)) {
+            return Ok(hit);
+        }
+        let instances = Arc::new(nodes.describe_cluster().await?);
+        *self.snapshot.lock().unwrap_or_else(|p| p.into_inner()) = Some(Snapshot {
+            fetched_at: Instant::now(),
+            instances: instances.clone(),
+        });
+        Ok(instances)
+    }
+
+    /// The next `get` asks AWS again.
+    pub fn invalidate(&self) {
+        *self.snapshot.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cloud::memory::{MemoryCloud, MemoryEc2Options};
+    use crate::cloud::{noop_observer, CloudConfig};
+
+    fn cloud() -> MemoryCloud {
+        let mut config = CloudConfig::new("c1", "r1");
+        config.hosted_zone_id = Some("Z1".into());
+        MemoryCloud::new(config, MemoryEc2Options::default(), noop_observer()).expect("cloud")
+    }
+
+    #[tokio::test]
+    async fn concurrent_readers_share_one_describe_until_invalidated() {
+        let cloud = cloud();
+        let cache = InstanceCache::new(Duration::from_secs(60));
+        let nodes: &dyn NodeProvider = cloud.nodes.as_ref();
+        let (a, b, c) = tokio::join!(cache.get(nodes), cache.get(nodes), cache.get(nodes));
+        assert!(a.is_ok() && b.is_ok() && c.is_ok());
+        assert_eq!(cloud.ec2.call_count("DescribeInstances"), 1);
+        cache.invalidate();
+        cache.get(nodes).await.expect("describe");
+        assert_eq!(cloud.ec2.call_count("DescribeInstances"), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_old_answer_is_refreshed() {
+        let cloud = cloud();
+        let cache = InstanceCache::new(Duration::from_secs(30));
+        let nodes: &dyn NodeProvider = cloud.nodes.as_ref();
+        cache.get(nodes).await.expect("describe");
+        tokio::time::advance(Duration::from_secs(10)).await;
+        cache.get(nodes).await.expect("describe");
+        assert_eq!(cloud.ec2.call_count("DescribeInstances"), 1);
+        tokio::time::advance(Duration::from_secs(31)).await;
+        cache.get(nodes).await.expect("describe");
+        assert_eq!(cloud.ec2.call_count("DescribeInstances"), 2);
+    }
+}

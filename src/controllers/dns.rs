@@ -1,0 +1,199 @@
+//! Planning for a QuestDB's DNS record. Pure; the shell in `questdb::cloud` performs the step.
+//!
+//! `status.dnsName` + `status.dnsIP` say what the record was last set to, so a converged
+//! QuestDB costs no Route53 call at all: the provider is asked only when they differ from what
+//! is wanted.
+
+use crate::api::{conditions, DnsSpec, QuestDBStatus};
+use crate::cloud::display_name;
+use crate::controllers::conditions::Desired;
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum DnsStep {
+    /// No record wanted and none recorded.
+    Nothing,
+    /// The record is as wanted.
+    InSync(Desired),
+    /// Point `name` at `ip`.
+    Upsert { name: String, ip: String, ttl: i64 },
+    /// Remove the record status names (paused, deleted, renamed, or `spec.dns` removed).
+    Delete { name: String },
+    /// A record is wanted but cannot be written yet (no node address, no hosted zone).
+    Blocked(Desired),
+}
+
+pub struct DnsView<'a> {
+    pub spec: Option<&'a DnsSpec>,
+    /// Paused or being deleted.
+    pub release: bool,
+    pub status: &'a QuestDBStatus,
+    /// The dedicated instance's private and public IPs, once known.
+    pub private_ip: Option<&'a str>,
+    pub public_ip: Option<&'a str>,
+    pub provider_configured: bool,
+}
+
+pub fn plan(v: &DnsView) -> DnsStep {
+    let wanted = v.spec.filter(|_| !v.release);
+    let recorded = v.status.dns_name.as_deref();
+    if let Some(old) = recorded {
+        let renamed = wanted.is_none_or(|d| display_name(&d.name) != old);
+        if renamed {
+            if !v.provider_configured {
+                return DnsStep::Blocked(not_configured());
+            }
+            return DnsStep::Delete {
+                name: old.to_string(),
+            };
+        }
+    }
+    let Some(dns) = wanted else {
+        return DnsStep::Nothing;
+    };
+    if !v.provider_configured {
+        return DnsStep::Blocked(not_configured());
+    }
+    let ip = if dns.public {
+        v.public_ip
+    } else {
+        v.private_ip
+    };
+    let Some(ip) = ip else {
+        let which = if dns.public { "public" } else { "private" };
+        return DnsStep::Blocked(Desired::new(
+            conditions::DNS_READY,
+            false,
+            "WaitingForNode",
+            format!("waiting for the dedicated node's {which} IP"),
+        ));
+    };
+    let name = display_name(&dns.name);
+    if recorded == Some(name.as_str()) && v.status.dns_ip.as_deref() == Some(ip) {
+        return DnsStep::InSync(published(&name, ip));
+    }
+    DnsStep::Upsert {
+        name,
+        ip: ip.to_string(),
+        ttl: dns.ttl,
+    }
+}
+
+pub fn published(name: &str, ip: &str) -> Desired {
+    Desired::new(
+        conditions::DNS_READY,
+        true,
+        "Published",
+        format!("{name} points at {ip}"),
+    )
+}
+
+fn not_configured() -> Desired {
+    Desired::new(
+        conditions::DNS_READY,
+        false,
+        "NotConfigured",
+        "the operator has no Route53 hosted zone configured (--route53-hosted-zone-id)",
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dns(name: &str, public: bool) -> DnsSpec {
+        DnsSpec {
+            name: name.into(),
+            ttl: 60,
+            public,
+        }
+    }
+
+    fn status(name: Option<&str>, ip: Option<&str>) -> QuestDBStatus {
+        QuestDBStatus {
+            dns_name: name.map(str::to_string),
+            dns_ip: ip.map(str::to_string),
+            ..QuestDBStatus::default()
+        }
+    }
+
+    fn view<'a>(spec: Option<&'a DnsSpec>, status: &'a QuestDBStatus) -> DnsView<'a> {
+        DnsView {
+            spec,
+            release: false,
+            status,
+            private_ip: Some("10.0.0.4"),
+            public_ip: Some("203.0.113.9"),
+            provider_configured: true,
+        }
+    }
+
+    #[test]
+    fn a_new_record_points_at_the_private_ip_with_the_spec_ttl() {
+        let d = dns("DB1.Example.com.", false);
+        let s = status(None, None);
+        assert_eq!(
+            plan(&view(Some(&d), &s)),
+            DnsStep::Upsert {
+                name: "db1.example.com".into(),
+                ip: "10.0.0.4".into(),
+                ttl: 60
+            }
+        );
+    }
+
+    #[test]
+    fn public_records_use_the_public_ip() {
+        let d = dns("db1.example.com", true);
+        let s = status(None, None);
+        assert!(
+            matches!(plan(&view(Some(&d), &s)), DnsStep::Upsert { ip, .. } if ip == "203.0.113.9")
+        );
+    }
+
+    #[test]
+    fn a_recorded_record_with_the_same_ip_costs_nothing() {
+        let d = dns("db1.example.com", false);
+        let s = status(Some("db1.example.com"), Some("10.0.0.4"));
+        assert!(matches!(plan(&view(Some(&d), &s)), DnsStep::InSync(c) if c.status));
+    }
+
+    #[test]
+    fn a_new_ip_is_upserted() {
+        let d = dns("db1.example.com", false);
+        let s = status(Some("db1.example.com"), Some("10.0.0.99"));
+        assert!(matches!(plan(&view(Some(&d), &s)), DnsStep::Upsert { .. }));
+    }
+
+    #[test]
+    fn a_renamed_or_removed_or_paused_record_is_deleted_first() {
+        let s = status(Some("old.example.com"), Some("10.0.0.4"));
+        let renamed = dns("new.example.com", false);
+        let delete = DnsStep::Delete {
+            name: "old.example.com".into(),
+        };
+        assert_eq!(plan(&view(Some(&renamed), &s)), delete);
+        assert_eq!(plan(&view(None, &s)), delete);
+        let same = dns("old.example.com", false);
+        let mut paused = view(Some(&same), &s);
+        paused.release = true;
+        assert_eq!(plan(&paused), delete);
+    }
+
+    #[test]
+    fn without_a_node_ip_or_a_hosted_zone_the_record_waits() {
+        let d = dns("db1.example.com", false);
+        let s = status(None, None);
+        let mut v = view(Some(&d), &s);
+        v.private_ip = None;
+        assert!(matches!(plan(&v), DnsStep::Blocked(c) if c.reason == "WaitingForNode"));
+        let mut v = view(Some(&d), &s);
+        v.provider_configured = false;
+        assert!(matches!(plan(&v), DnsStep::Blocked(c) if c.reason == "NotConfigured"));
+    }
+
+    #[test]
+    fn nothing_wanted_nothing_recorded_is_nothing() {
+        let s = status(None, None);
+        assert_eq!(plan(&view(None, &s)), DnsStep::Nothing);
+    }
+}

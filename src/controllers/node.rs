@@ -1,0 +1,234 @@
+//! Planning for a QuestDB's dedicated node: given what status, EC2 and the Node cache say, the
+//! one next step. Pure, so every state of the machine is a unit test; the async shell in
+//! `questdb::cloud` performs the step.
+//!
+//! Intent is persisted before each side effect: `status.nodeGeneration` is written before a
+//! launch, and the instance (tags + ClientToken) is a function of uid + that generation, so
+//! repeating any step after a crash finds the same instance instead of creating a second one.
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Node;
+
+use crate::api::{conditions, NodeSpec, QuestDBStatus};
+use crate::build::{
+    DedicatedNode, DEDICATED_LABEL_KEY, DEDICATED_TAINT_EFFECT, DEDICATED_TAINT_KEY,
+};
+use crate::cloud::{parse_provider_id, Instance, InstanceState, TAG_NODE_GENERATION, TAG_UID};
+use crate::controllers::conditions::Desired;
+
+/// How long a permanent launch failure (unknown AMI, no capacity, ...) is shown before the
+/// launch is tried again: slow on purpose, no retry storm against a request that cannot work.
+pub const PERMANENT_FAILURE_RETRY: Duration = Duration::from_secs(600);
+
+/// What the planner looks at.
+pub struct NodeView<'a> {
+    pub uid: &'a str,
+    pub spec: Option<&'a NodeSpec>,
+    /// Paused or being deleted: the node must be released.
+    pub release: bool,
+    pub status: &'a QuestDBStatus,
+    /// Every instance of this cluster (the shared cache); filtered by uid here.
+    pub instances: &'a [Instance],
+    pub nodes: &'a [std::sync::Arc<Node>],
+    pub dedicated: &'a DedicatedNode,
+    /// The last launch of this generation failed permanently less than
+    /// [`PERMANENT_FAILURE_RETRY`] ago, with this message.
+    pub recent_permanent_failure: Option<&'a str>,
+}
+
+/// The next step for the dedicated node.
+#[derive(Clone, Debug, PartialEq)]
+pub enum NodeStep {
+    /// No dedicated node wanted and none left over.
+    Nothing,
+    /// Write `status.nodeGeneration` (before launching that generation).
+    PersistGeneration(i64),
+    /// Launch (or find) the instance of this generation.
+    Launch(i64),
+    /// The instance of this generation exists but status does not name it yet (just launched,
+    /// or found again after a crash): record it.
+    RecordInstance(Instance),
+    /// Status names an instance the cache does not hold: ask EC2 about that id directly.
+    LookUp(String),
+    /// Status names an instance that no longer exists (terminated outside the operator): start
+    /// a new generation; the volume keeps the data.
+    Replace { next_generation: i64 },
+    /// The instance is on its way; look again soon.
+    Wait(Desired),
+    /// The Node is there but lacks the dedicated label and/or taint.
+    Dedicate { node: String },
+    /// Node up, labelled and tainted.
+    Ready { node: String, ready: bool },
+    /// Terminate these (live) instances of this QuestDB.
+    Terminate(Vec<String>),
+    /// Every instance of this QuestDB is gone: forget it (the next node is a new generation).
+    Released { next_generation: Option<i64> },
+    /// The last launch failed permanently; keep showing it until the retry time.
+    Failed(Desired),
+}
+
+fn gen_of(i: &Instance) -> Option<i64> {
+    i.tags.get(TAG_NODE_GENERATION)?.parse().ok()
+}
+
+/// The instances of this QuestDB.
+pub fn owned_by<'a>(instances: &'a [Instance], uid: &str) -> Vec<&'a Instance> {
+    instances
+        .iter()
+        .filter(|i| i.tags.get(TAG_UID).is_some_and(|u| u == uid))
+        .collect()
+}
+
+/// The Node that registered for `instance_id` (by `spec.providerID`).
+pub fn node_for<'a>(nodes: &'a [std::sync::Arc<Node>], instance_id: &str) -> Option<&'a Node> {
+    nodes.iter().map(AsRef::as_ref).find(|n| {
+        n.spec
+            .as_ref()
+            .and_then(|s| s.provider_id.as_deref())
+            .and_then(parse_provider_id)
+            .is_some_and(|p| p.instance_id == instance_id)
+    })
+}
+
+/// True when the Node carries the dedicated label and taint of this QuestDB.
+pub fn is_dedicated(node: &Node, dedicated: &DedicatedNode) -> bool {
+    let labelled = node
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(DEDICATED_LABEL_KEY))
+        .is_some_and(|v| *v == dedicated.label_value);
+    let tainted = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .is_some_and(|ts| {
+            ts.iter().any(|t| {
+                t.key == DEDICATED_TAINT_KEY
+                    && t.effect == DEDICATED_TAINT_EFFECT
+                    && t.value.as_deref() == Some(dedicated.label_value.as_str())
+            })
+        });
+    labelled && tainted
+}
+
+pub fn node_is_ready(node: &Node) -> bool {
+    node.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+fn waiting(reason: &str, message: impl Into<String>) -> NodeStep {
+    NodeStep::Wait(Desired::new(conditions::NODE_READY, false, reason, message))
+}
+
+pub fn plan(v: &NodeView) -> NodeStep {
+    let mine = owned_by(v.instances, v.uid);
+    let wanted = v.spec.filter(|_| !v.release);
+    let Some(_spec) = wanted else {
+        let live: Vec<String> = mine
+            .iter()
+            .filter(|i| !i.state.is_gone())
+            .map(|i| i.id.clone())
+            .collect();
+        if !live.is_empty() {
+            return NodeStep::Terminate(live);
+        }
+        // Only "terminated" is final: a shutting-down instance may still hold the volume.
+        if let Some(i) = mine.iter().find(|i| i.state == InstanceState::ShuttingDown) {
+            return waiting(
+                "Releasing",
+                format!("waiting for instance {} to terminate", i.id),
+            );
+        }
+        if let Some(id) = &v.status.instance_id {
+            // The cache has never seen it (or lost it): make sure before forgetting it.
+            if !mine.iter().any(|i| &i.id == id) {
+                return NodeStep::LookUp(id.clone());
+            }
+        }
+        return match (&v.status.instance_id, v.status.node_generation) {
+            (Some(_), generation) => NodeStep::Released {
+                next_generation: generation.map(|g| g + 1),
+            },
+            (None, _) => NodeStep::Nothing,
+        };
+    };
+
+    let Some(generation) = v.status.node_generation else {
+        return NodeStep::PersistGeneration(1);
+    };
+    let instance = match &v.status.instance_id {
+        Some(id) => match mine.iter().find(|i| &i.id == id) {
+            Some(i) => *i,
+            None => return NodeStep::LookUp(id.clone()),
+        },
+        None => {
+            let of_generation: Vec<&Instance> = mine
+                .iter()
+                .copied()
+                .filter(|i| gen_of(i) == Some(generation))
+                .collect();
+            // The same rule as the provider's launch: a live one wins; a gone one means this
+            // generation is spent.
+            let pick = of_generation
+                .iter()
+                .find(|i| !i.state.is_gone())
+                .or_else(|| of_generation.first());
+            return match pick {
+                Some(i) if i.state.is_gone() => NodeStep::Replace {
+                    next_generation: generation + 1,
+                },
+                Some(i) => NodeStep::RecordInstance((*i).clone()),
+                None => match v.recent_permanent_failure {
+                    Some(message) => NodeStep::Failed(Desired::new(
+                        conditions::NODE_READY,
+                        false,
+                        "LaunchFailed",
+                        message,
+                    )),
+                    None => NodeStep::Launch(generation),
+                },
+            };
+        }
+    };
+
+    match instance.state {
+        InstanceState::ShuttingDown | InstanceState::Terminated => NodeStep::Replace {
+            next_generation: generation + 1,
+        },
+        InstanceState::Pending => {
+            waiting("Launching", format!("instance {} is starting", instance.id))
+        }
+        InstanceState::Stopping | InstanceState::Stopped => waiting(
+            "InstanceStopped",
+            format!(
+                "instance {} is {}; start it again or delete it to get a new node",
+                instance.id,
+                instance.state.as_str()
+            ),
+        ),
+        InstanceState::Running => match node_for(v.nodes, &instance.id) {
+            None => waiting(
+                "WaitingForNode",
+                format!(
+                    "instance {} is running; waiting for its Node to register",
+                    instance.id
+                ),
+            ),
+            Some(node) if !is_dedicated(node, v.dedicated) => NodeStep::Dedicate {
+                node: node.metadata.name.clone().unwrap_or_default(),
+            },
+            Some(node) => NodeStep::Ready {
+                node: node.metadata.name.clone().unwrap_or_default(),
+                ready: node_is_ready(node),
+            },
+        },
+    }
+}
+
+#[cfg(test)]
+#[path = "node_tests.rs"]
+mod tests;

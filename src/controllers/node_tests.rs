@@ -1,0 +1,303 @@
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::{Node, NodeCondition, NodeSpec as K8sNodeSpec, NodeStatus, Taint};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+use super::*;
+use crate::cloud::{desired_instance_tags, provider_id};
+
+const UID: &str = "uid-1";
+
+fn spec() -> NodeSpec {
+    NodeSpec {
+        image: "ami-1".into(),
+        instance_type: "m6i.large".into(),
+        zone: "z-a".into(),
+    }
+}
+
+fn dedicated() -> DedicatedNode {
+    DedicatedNode {
+        label_value: "ns.db".into(),
+    }
+}
+
+fn instance(id: &str, generation: i64, state: InstanceState) -> Instance {
+    Instance {
+        id: id.into(),
+        state,
+        zone: "z-a".into(),
+        image: "ami-1".into(),
+        instance_type: "m6i.large".into(),
+        private_ip: Some("10.0.0.4".into()),
+        public_ip: None,
+        tags: desired_instance_tags("c", "ns", "db", UID, generation),
+        launched_at: None,
+    }
+}
+
+fn foreign(id: &str) -> Instance {
+    let mut i = instance(id, 1, InstanceState::Running);
+    i.tags = desired_instance_tags("c", "ns", "other", "uid-other", 1);
+    i
+}
+
+fn node(instance_id: &str, labelled: bool, ready: bool) -> Arc<Node> {
+    let d = dedicated();
+    Arc::new(Node {
+        metadata: ObjectMeta {
+            name: Some(format!("node-{instance_id}")),
+            labels: labelled.then(|| {
+                BTreeMap::from([(DEDICATED_LABEL_KEY.to_string(), d.label_value.clone())])
+            }),
+            ..ObjectMeta::default()
+        },
+        spec: Some(K8sNodeSpec {
+            provider_id: Some(provider_id("z-a", instance_id)),
+            taints: labelled.then(|| {
+                vec![Taint {
+                    key: DEDICATED_TAINT_KEY.into(),
+                    value: Some(d.label_value.clone()),
+                    effect: DEDICATED_TAINT_EFFECT.into(),
+                    time_added: None,
+                }]
+            }),
+            ..K8sNodeSpec::default()
+        }),
+        status: Some(NodeStatus {
+            conditions: Some(vec![NodeCondition {
+                type_: "Ready".into(),
+                status: if ready { "True" } else { "False" }.into(),
+                ..NodeCondition::default()
+            }]),
+            ..NodeStatus::default()
+        }),
+    })
+}
+
+fn status(generation: Option<i64>, instance_id: Option<&str>) -> QuestDBStatus {
+    QuestDBStatus {
+        node_generation: generation,
+        instance_id: instance_id.map(str::to_string),
+        ..QuestDBStatus::default()
+    }
+}
+
+struct Case {
+    spec: Option<NodeSpec>,
+    release: bool,
+    status: QuestDBStatus,
+    instances: Vec<Instance>,
+    nodes: Vec<Arc<Node>>,
+    failure: Option<&'static str>,
+}
+
+impl Case {
+    fn new(status: QuestDBStatus) -> Self {
+        Self {
+            spec: Some(spec()),
+            release: false,
+            status,
+            instances: vec![],
+            nodes: vec![],
+            failure: None,
+        }
+    }
+    fn plan(&self) -> NodeStep {
+        let d = dedicated();
+        plan(&NodeView {
+            uid: UID,
+            spec: self.spec.as_ref(),
+            release: self.release,
+            status: &self.status,
+            instances: &self.instances,
+            nodes: &self.nodes,
+            dedicated: &d,
+            recent_permanent_failure: self.failure,
+        })
+    }
+}
+
+fn reason(step: &NodeStep) -> &str {
+    match step {
+        NodeStep::Wait(d) | NodeStep::Failed(d) => &d.reason,
+        _ => "",
+    }
+}
+
+#[test]
+fn the_generation_is_persisted_before_anything_is_launched() {
+    assert_eq!(
+        Case::new(status(None, None)).plan(),
+        NodeStep::PersistGeneration(1)
+    );
+}
+
+#[test]
+fn a_persisted_generation_without_an_instance_is_launched() {
+    let mut c = Case::new(status(Some(1), None));
+    c.instances = vec![foreign("i-9")];
+    assert_eq!(c.plan(), NodeStep::Launch(1));
+}
+
+#[test]
+fn after_a_crash_the_instance_of_the_generation_is_recorded_not_launched_again() {
+    let mut c = Case::new(status(Some(2), None));
+    let live = instance("i-2", 2, InstanceState::Pending);
+    c.instances = vec![instance("i-1", 1, InstanceState::Terminated), live.clone()];
+    assert_eq!(c.plan(), NodeStep::RecordInstance(live));
+}
+
+#[test]
+fn a_spent_generation_moves_on_to_the_next() {
+    let mut c = Case::new(status(Some(1), None));
+    c.instances = vec![instance("i-1", 1, InstanceState::Terminated)];
+    assert_eq!(c.plan(), NodeStep::Replace { next_generation: 2 });
+    let mut c = Case::new(status(Some(1), Some("i-1")));
+    c.instances = vec![instance("i-1", 1, InstanceState::ShuttingDown)];
+    assert_eq!(c.plan(), NodeStep::Replace { next_generation: 2 });
+}
+
+#[test]
+fn a_recent_permanent_failure_is_shown_instead_of_launching_again() {
+    let mut c = Case::new(status(Some(1), None));
+    c.failure = Some("The image id '[ami-1]' does not exist");
+    let step = c.plan();
+    assert_eq!(reason(&step), "LaunchFailed");
+    assert!(matches!(&step, NodeStep::Failed(d) if d.message.contains("ami-1")));
+}
+
+#[test]
+fn an_instance_missing_from_the_cache_is_looked_up_by_id() {
+    let c = Case::new(status(Some(1), Some("i-1")));
+    assert_eq!(c.plan(), NodeStep::LookUp("i-1".into()));
+}
+
+#[test]
+fn a_pending_instance_waits_as_launching() {
+    let mut c = Case::new(status(Some(1), Some("i-1")));
+    c.instances = vec![instance("i-1", 1, InstanceState::Pending)];
+    assert_eq!(reason(&c.plan()), "Launching");
+}
+
+#[test]
+fn a_stopped_instance_is_reported_not_replaced() {
+    let mut c = Case::new(status(Some(1), Some("i-1")));
+    c.instances = vec![instance("i-1", 1, InstanceState::Stopped)];
+    assert_eq!(reason(&c.plan()), "InstanceStopped");
+}
+
+#[test]
+fn a_running_instance_waits_for_its_node() {
+    let mut c = Case::new(status(Some(1), Some("i-1")));
+    c.instances = vec![instance("i-1", 1, InstanceState::Running)];
+    c.nodes = vec![node("i-2", true, true)];
+    assert_eq!(reason(&c.plan()), "WaitingForNode");
+}
+
+#[test]
+fn a_node_without_label_or_taint_is_dedicated() {
+    let mut c = Case::new(status(Some(1), Some("i-1")));
+    c.instances = vec![instance("i-1", 1, InstanceState::Running)];
+    c.nodes = vec![node("i-1", false, true)];
+    assert_eq!(
+        c.plan(),
+        NodeStep::Dedicate {
+            node: "node-i-1".into()
+        }
+    );
+}
+
+#[test]
+fn a_dedicated_node_is_ready_or_not_as_its_condition_says() {
+    let mut c = Case::new(status(Some(1), Some("i-1")));
+    c.instances = vec![instance("i-1", 1, InstanceState::Running)];
+    c.nodes = vec![node("i-1", true, true)];
+    assert_eq!(
+        c.plan(),
+        NodeStep::Ready {
+            node: "node-i-1".into(),
+            ready: true
+        }
+    );
+    c.nodes = vec![node("i-1", true, false)];
+    assert_eq!(
+        c.plan(),
+        NodeStep::Ready {
+            node: "node-i-1".into(),
+            ready: false
+        }
+    );
+}
+
+#[test]
+fn a_new_node_image_keeps_the_current_node() {
+    let mut c = Case::new(status(Some(1), Some("i-1")));
+    c.instances = vec![instance("i-1", 1, InstanceState::Running)];
+    c.nodes = vec![node("i-1", true, true)];
+    if let Some(s) = c.spec.as_mut() {
+        s.image = "ami-2".into();
+    }
+    assert!(matches!(c.plan(), NodeStep::Ready { .. }));
+}
+
+#[test]
+fn releasing_terminates_every_live_instance_of_this_questdb_only() {
+    let mut c = Case::new(status(Some(2), Some("i-2")));
+    c.release = true;
+    c.instances = vec![
+        instance("i-1", 1, InstanceState::Terminated),
+        instance("i-2", 2, InstanceState::Running),
+        instance("i-3", 2, InstanceState::Pending),
+        foreign("i-9"),
+    ];
+    assert_eq!(
+        c.plan(),
+        NodeStep::Terminate(vec!["i-2".into(), "i-3".into()])
+    );
+}
+
+#[test]
+fn released_once_everything_is_gone_and_the_next_node_is_a_new_generation() {
+    let mut c = Case::new(status(Some(2), Some("i-2")));
+    c.release = true;
+    c.instances = vec![instance("i-2", 2, InstanceState::Terminated)];
+    assert_eq!(
+        c.plan(),
+        NodeStep::Released {
+            next_generation: Some(3)
+        }
+    );
+}
+
+#[test]
+fn releasing_an_instance_the_cache_never_saw_asks_ec2_first() {
+    let mut c = Case::new(status(Some(1), Some("i-1")));
+    c.release = true;
+    assert_eq!(c.plan(), NodeStep::LookUp("i-1".into()));
+}
+
+#[test]
+fn without_spec_node_and_nothing_recorded_there_is_nothing_to_do() {
+    let mut c = Case::new(status(None, None));
+    c.spec = None;
+    c.instances = vec![foreign("i-9")];
+    assert_eq!(c.plan(), NodeStep::Nothing);
+}
+
+#[test]
+fn removing_spec_node_releases_the_node() {
+    let mut c = Case::new(status(Some(1), Some("i-1")));
+    c.spec = None;
+    c.instances = vec![instance("i-1", 1, InstanceState::Running)];
+    assert_eq!(c.plan(), NodeStep::Terminate(vec!["i-1".into()]));
+}
+
+#[test]
+fn release_waits_until_ec2_says_terminated() {
+    let mut c = Case::new(status(Some(1), Some("i-1")));
+    c.release = true;
+    c.instances = vec![instance("i-1", 1, InstanceState::ShuttingDown)];
+    assert_eq!(reason(&c.plan()), "Releasing");
+}

@@ -1,0 +1,707 @@
+//! The cloud part of a QuestDB reconcile: performs the steps `controllers::node` and
+//! `controllers::dns` plan, persisting intent in status before each side effect.
+//!
+//! AWS cost: a converged QuestDB (its instance recorded, its Node registered, dedicated and
+//! Ready, DNS recorded at the Node's address) costs no AWS call at all: the kubelet's Node is
+//! the proof of life. Otherwise instance state comes from the shared [`InstanceCache`] (one
+//! DescribeInstances per sync interval for the whole operator, at most one per
+//! [`WAITING_SYNC`] while something is in transition).
+//!
+//! [`InstanceCache`]: crate::controllers::cloud_runtime::InstanceCache
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::runtime::events::EventType;
+use kube::ResourceExt;
+use serde_json::json;
+use tracing::{info, warn};
+
+use crate::api::{conditions, QuestDB, QuestDBStatus, FINALIZER, MANAGER};
+use crate::build::{
+    DedicatedNode, DEDICATED_LABEL_KEY, DEDICATED_TAINT_EFFECT, DEDICATED_TAINT_KEY,
+};
+use crate::cloud::{
+    desired_instance_tags, CloudError, Instance, InstanceState, LaunchRequest, Taint,
+};
+use crate::controllers::cloud_runtime::CloudRuntime;
+use crate::controllers::conditions::Desired;
+use crate::controllers::context::Context;
+use crate::controllers::dns::{self, DnsStep, DnsView};
+use crate::controllers::node::{self, NodeStep, NodeView, PERMANENT_FAILURE_RETRY};
+use crate::controllers::Error;
+
+/// How fresh instance data must be while a node is launching or being released.
+pub const WAITING_SYNC: Duration = Duration::from_secs(2);
+/// Steps one reconcile may take before handing over to the next (each persisted).
+const MAX_STEPS: usize = 8;
+
+/// A permanent launch failure, remembered so the launch is not repeated on every reconcile.
+#[derive(Clone, Debug)]
+pub struct LaunchFailure {
+    /// `metadata.generation` of the QuestDB when it failed: a spec edit retries at once.
+    pub spec_generation: Option<i64>,
+    pub node_generation: i64,
+    pub at: tokio::time::Instant,
+    pub message: String,
+}
+
+pub type LaunchFailures = std::sync::Mutex<HashMap<String, LaunchFailure>>;
+
+/// What the rest of the reconcile needs from the cloud part.
+#[derive(Default)]
+pub struct CloudOutcome {
+    /// Pin the pod to the dedicated node.
+    pub dedicated: Option<DedicatedNode>,
+    pub node_condition: Option<Desired>,
+    pub dns_condition: Option<Desired>,
+    /// The dedicated Node, once registered.
+    pub node: Option<Arc<Node>>,
+    /// Nothing left in the cloud for this QuestDB (the finalizer may go).
+    pub released: bool,
+    pub requeue: Option<Duration>,
+}
+
+impl CloudOutcome {
+    /// The node is not ready yet: the phase is Provisioning.
+    pub fn provisioning(&self) -> bool {
+        self.node_condition.as_ref().is_some_and(|c| !c.status)
+    }
+
+    fn requeue_within(&mut self, d: Duration) {
+        self.requeue = Some(self.requeue.map_or(d, |r| r.min(d)));
+    }
+}
+
+/// True when `qdb` needs the finalizer (it has, or may get, cloud resources).
+pub fn wants_finalizer(qdb: &QuestDB) -> bool {
+    qdb.spec.node.is_some() || qdb.spec.dns.is_some()
+}
+
+pub fn has_finalizer(qdb: &QuestDB) -> bool {
+    qdb.finalizers().iter().any(|f| f == FINALIZER)
+}
+
+/// Adds or removes the finalizer; the resourceVersion makes it a no-op on a stale object.
+pub async fn set_finalizer(qdb: &mut QuestDB, ctx: &Context, present: bool) -> Result<(), Error> {
+    let mut finalizers: Vec<String> = qdb
+        .finalizers()
+        .iter()
+        .filter(|f| *f != FINALIZER)
+        .cloned()
+        .collect();
+    if present {
+        finalizers.push(FINALIZER.to_string());
+    }
+    let patch = json!({"metadata": {
+        "finalizers": finalizers,
+        "resourceVersion": qdb.resource_version(),
+    }});
+    let api: Api<QuestDB> =
+        Api::namespaced(ctx.client.clone(), &qdb.namespace().unwrap_or_default());
+    let pp = PatchParams {
+        field_manager: Some(MANAGER.into()),
+        ..PatchParams::default()
+    };
+    *qdb = api
+        .patch(&qdb.name_any(), &pp, &Patch::Merge(&patch))
+        .await
+        .map_err(Error::from_status_write)?;
+    Ok(())
+}
+
+/// Writes `edit` of the status (with the object's resourceVersion, so a stale view of the
+/// status yields a conflict instead of being acted on) and continues with the stored object.
+async fn persist(
+    qdb: &mut QuestDB,
+    ctx: &Context,
+    edit: impl FnOnce(&mut QuestDBStatus),
+) -> Result<(), Error> {
+    let mut obj = qdb.clone();
+    let mut status = obj.status.take().unwrap_or_default();
+    edit(&mut status);
+    obj.status = Some(status);
+    obj.metadata.managed_fields = None;
+    let api: Api<QuestDB> =
+        Api::namespaced(ctx.client.clone(), &qdb.namespace().unwrap_or_default());
+    let pp = PostParams {
+        field_manager: Some(MANAGER.into()),
+        ..PostParams::default()
+    };
+    *qdb = api
+        .replace_status(&qdb.name_any(), &pp, &obj)
+        .await
+        .map_err(Error::from_status_write)?;
+    Ok(())
+}
+
+fn not_configured(type_: &'static str) -> Desired {
+    Desired::new(
+        type_,
+        false,
+        "NotConfigured",
+        "the operator runs without a cloud provider (--cloud-provider)",
+    )
+}
+
+/// Runs the node and DNS steps. `release` = paused or being deleted.
+pub async fn reconcile(
+    qdb: &mut QuestDB,
+    ctx: &Context,
+    release: bool,
+) -> Result<CloudOutcome, Error> {
+    let mut out = CloudOutcome::default();
+    let Some(cloud) = ctx.cloud.as_deref() else {
+        out.node_condition = qdb
+            .spec
+            .node
+            .as_ref()
+            .map(|_| not_configured(conditions::NODE_READY));
+        out.dns_condition = qdb
+            .spec
+            .dns
+            .as_ref()
+            .map(|_| not_configured(conditions::DNS_READY));
+        let status = qdb.status.clone().unwrap_or_default();
+        // Without a provider nothing can be cleaned up; say so rather than forget it.
+        out.released = status.instance_id.is_none() && status.dns_name.is_none();
+        return Ok(out);
+    };
+    let dedicated = DedicatedNode::for_questdb(qdb);
+    if qdb.spec.node.is_some() {
+        out.dedicated = Some(dedicated.clone());
+    }
+
+    if !release {
+        if let Some(fast) = steady_state(qdb, ctx, &dedicated) {
+            if let Some(done) = dns_step(qdb, ctx, cloud, &fast.ips, true, &mut out).await? {
+                out.node_condition = Some(ready_condition(&fast.name, true));
+                out.node = Some(fast.node);
+                out.dns_condition = done;
+                return Ok(out);
+            }
+        }
+    }
+
+    let status = qdb.status.clone().unwrap_or_default();
+    let involved =
+        qdb.spec.node.is_some() || status.node_generation.is_some() || status.instance_id.is_some();
+    let current = if involved {
+        node_steps(qdb, ctx, cloud, &dedicated, release, &mut out).await?
+    } else {
+        out.released = true;
+        None
+    };
+    let ips = current
+        .map(|i| Ips {
+            private: i.private_ip,
+            public: i.public_ip,
+        })
+        .unwrap_or_default();
+    out.dns_condition = dns_step(qdb, ctx, cloud, &ips, false, &mut out)
+        .await?
+        .flatten();
+    let dns_left = qdb.status.as_ref().is_some_and(|s| s.dns_name.is_some());
+    out.released = out.released && !dns_left;
+    Ok(out)
+}
+
+#[derive(Default)]
+struct Ips {
+    private: Option<String>,
+    public: Option<String>,
+}
+
+/// The dedicated node as the Node cache shows it.
+struct SteadyNode {
+    name: String,
+    node: Arc<Node>,
+    ips: Ips,
+}
+
+fn node_address(node: &Node, kind: &str) -> Option<String> {
+    node.status
+        .as_ref()?
+        .addresses
+        .as_ref()?
+        .iter()
+        .find(|a| a.type_ == kind)
+        .map(|a| a.address.clone())
+}
+
+/// A converged QuestDB: instance recorded, its Node registered, dedicated and Ready.
+fn steady_state(qdb: &QuestDB, ctx: &Context, dedicated: &DedicatedNode) -> Option<SteadyNode> {
+    qdb.spec.node.as_ref()?;
+    let id = qdb.status.as_ref()?.instance_id.as_deref()?;
+    let nodes = ctx.caches.nodes.state();
+    let node = node::node_for(&nodes, id)?;
+    if !node::is_dedicated(node, dedicated) || !node::node_is_ready(node) {
+        return None;
+    }
+    let found = nodes
+        .iter()
+        .find(|n| n.metadata.name == node.metadata.name)?
+        .clone();
+    Some(SteadyNode {
+        name: node.metadata.name.clone().unwrap_or_default(),
+        ips: Ips {
+            private: node_address(node, "InternalIP"),
+            public: node_address(node, "ExternalIP"),
+        },
+        node: found,
+    })
+}
+
+fn ready_condition(node: &str, ready: bool) -> Desired {
+    if ready {
+        Desired::new(
+            conditions::NODE_READY,
+            true,
+            "Ready",
+            format!("dedicated node {node} is ready"),
+        )
+    } else {
+        Desired::new(
+            conditions::NODE_READY,
+            false,
+            "NodeNotReady",
+            format!("dedicated node {node} is not ready"),
+        )
+    }
+}
+
+fn launch_request(
+    qdb: &QuestDB,
+    uid: &str,
+    generation: i64,
+    dedicated: &DedicatedNode,
+) -> Option<LaunchRequest> {
+    let spec = qdb.spec.node.as_ref()?;
+    Some(LaunchRequest {
+        namespace: qdb.namespace().unwrap_or_default(),
+        name: qdb.name_any(),
+        uid: uid.to_string(),
+        node_generation: generation,
+        image: spec.image.clone(),
+        instance_type: spec.instance_type.clone(),
+        zone: spec.zone.clone(),
+        labels: [(
+            DEDICATED_LABEL_KEY.to_string(),
+            dedicated.label_value.clone(),
+        )]
+        .into(),
+        taints: vec![Taint::new(
+            DEDICATED_TAINT_KEY,
+            Some(&dedicated.label_value),
+            DEDICATED_TAINT_EFFECT,
+        )],
+    })
+}
+
+fn cloud_error(e: CloudError) -> Error {
+    Error::Cloud(e)
+}
+
+/// Runs node steps until one has to wait; returns the instance status names, if any.
+async fn node_steps(
+    qdb: &mut QuestDB,
+    ctx: &Context,
+    cloud: &CloudRuntime,
+    dedicated: &DedicatedNode,
+    release: bool,
+    out: &mut CloudOutcome,
+) -> Result<Option<Instance>, Error> {
+    let uid = qdb.uid().ok_or(Error::MissingUid)?;
+    let settled = qdb.status.as_ref().is_some_and(|s| {
+        s.instance_id.is_some()
+            && s.conditions
+                .iter()
+                .any(|c| c.type_ == conditions::NODE_READY && c.status == "True")
+    });
+    let max_age = if settled && !release {
+        cloud.settings.instance_sync_interval
+    } else {
+        WAITING_SYNC
+    };
+    let cached = cloud
+        .instances
+        .get_within(cloud.nodes.as_ref(), max_age)
+        .await
+        .map_err(cloud_error)?;
+    // What this reconcile learnt beyond the shared snapshot (its own launch, a lookup).
+    let mut learnt: Vec<Instance> = Vec::new();
+
+    for _ in 0..MAX_STEPS {
+        let mut instances: Vec<Instance> = cached
+            .iter()
+            .filter(|i| !learnt.iter().any(|l| l.id == i.id))
+            .cloned()
+            .collect();
+        instances.extend(learnt.iter().cloned());
+        let status = qdb.status.clone().unwrap_or_default();
+        let failure = recent_failure(cloud, &uid, qdb.metadata.generation, status.node_generation);
+        let nodes = ctx.caches.nodes.state();
+        let step = node::plan(&NodeView {
+            uid: &uid,
+            spec: qdb.spec.node.as_ref(),
+            release,
+            status: &status,
+            instances: &instances,
+            nodes: &nodes,
+            dedicated,
+            recent_permanent_failure: failure.as_ref().map(|f| f.message.as_str()),
+        });
+        let current = status
+            .instance_id
+            .as_ref()
+            .and_then(|id| instances.iter().find(|i| &i.id == id))
+            .cloned();
+        match step {
+            NodeStep::Nothing => {
+                out.released = true;
+                return Ok(None);
+            }
+            NodeStep::PersistGeneration(g) => {
+                persist(qdb, ctx, |s| s.node_generation = Some(g)).await?;
+            }
+            NodeStep::Launch(g) => {
+                let Some(req) = launch_request(qdb, &uid, g, dedicated) else {
+                    return Ok(None);
+                };
+                match cloud.nodes.launch(&req).await {
+                    Ok(instance) => {
+                        cloud.instances.invalidate();
+                        forget_failure(cloud, &uid);
+                        learnt.push(instance);
+                    }
+                    Err(e) if e.is_permanent() => {
+                        let message = e.to_string();
+                        warn!(questdb = %qdb.name_any(), error = %message, "launch failed permanently");
+                        ctx.event(
+                            qdb,
+                            EventType::Warning,
+                            "LaunchFailed",
+                            "LaunchNode",
+                            message.clone(),
+                        )
+                        .await;
+                        remember_failure(cloud, &uid, qdb.metadata.generation, g, message.clone());
+                        out.node_condition = Some(Desired::new(
+                            conditions::NODE_READY,
+                            false,
+                            "LaunchFailed",
+                            message,
+                        ));
+                        out.requeue_within(PERMANENT_FAILURE_RETRY);
+                        return Ok(None);
+                    }
+                    Err(e) => return Err(cloud_error(e)),
+                }
+            }
+            NodeStep::RecordInstance(instance) => {
+                info!(questdb = %qdb.name_any(), instance = %instance.id, "recording dedicated instance");
+                let (id, image) = (instance.id.clone(), instance.image.clone());
+                persist(qdb, ctx, |s| {
+                    s.instance_id = Some(id);
+                    s.node_image = Some(image);
+                })
+                .await?;
+                if !learnt.iter().any(|l| l.id == instance.id) {
+                    learnt.push(instance);
+                }
+            }
+            NodeStep::LookUp(id) => {
+                let found = cloud
+                    .nodes
+                    .describe(std::slice::from_ref(&id))
+                    .await
+                    .map_err(cloud_error)?;
+                match found.into_iter().find(|i| i.id == id) {
+                    Some(i) => learnt.push(i),
+                    // EC2 forgets terminated instances after a while: gone for good.
+                    None => learnt.push(forgotten(qdb, &uid, &id, status.node_generation)),
+                }
+            }
+            NodeStep::Replace { next_generation } => {
+                let note = format!(
+                    "instance {} is gone; launching node generation {next_generation}",
+                    status.instance_id.as_deref().unwrap_or("-")
+                );
+                ctx.event(qdb, EventType::Warning, "NodeGone", "ReplaceNode", note)
+                    .await;
+                persist(qdb, ctx, |s| {
+                    s.node_generation = Some(next_generation);
+                    s.instance_id = None;
+                    s.node_image = None;
+                })
+                .await?;
+            }
+            NodeStep::Wait(condition) => {
+                out.node_condition = Some(condition);
+                out.requeue_within(WAITING_SYNC);
+                return Ok(current);
+            }
+            NodeStep::Dedicate { node } => {
+                dedicate(ctx, &node, dedicated).await?;
+                out.node_condition = Some(Desired::new(
+                    conditions::NODE_READY,
+                    false,
+                    "WaitingForNode",
+                    format!("labelled and tainted node {node} for this database"),
+                ));
+                out.requeue_within(Duration::from_secs(1));
+                return Ok(current);
+            }
+            NodeStep::Ready { node, ready } => {
+                out.node_condition = Some(ready_condition(&node, ready));
+                out.node = nodes
+                    .iter()
+                    .find(|n| n.metadata.name.as_deref() == Some(node.as_str()))
+                    .cloned();
+                if !ready {
+                    out.requeue_within(WAITING_SYNC);
+                }
+                return Ok(current);
+            }
+            NodeStep::Terminate(ids) => {
+                for id in &ids {
+                    info!(questdb = %qdb.name_any(), instance = %id, "terminating dedicated instance");
+                    cloud.nodes.terminate(id).await.map_err(cloud_error)?;
+                }
+                cloud.instances.invalidate();
+                ctx.event(
+                    qdb,
+                    EventType::Normal,
+                    "ReleasingNode",
+                    "TerminateNode",
+                    format!("terminating instance(s) {}", ids.join(", ")),
+                )
+                .await;
+                out.node_condition = Some(Desired::new(
+                    conditions::NODE_READY,
+                    false,
+                    "Releasing",
+                    format!("terminating instance(s) {}", ids.join(", ")),
+                ));
+                out.requeue_within(WAITING_SYNC);
+                return Ok(None);
+            }
+            NodeStep::Released { next_generation } => {
+                persist(qdb, ctx, |s| {
+                    s.instance_id = None;
+                    s.node_image = None;
+                    s.node_generation = next_generation;
+                })
+                .await?;
+                out.node_condition = qdb.spec.node.as_ref().map(|_| {
+                    Desired::new(
+                        conditions::NODE_READY,
+                        false,
+                        "Released",
+                        "the dedicated node was released; the volume is kept",
+                    )
+                });
+                out.released = true;
+                return Ok(None);
+            }
+            NodeStep::Failed(condition) => {
+                out.node_condition = Some(condition);
+                let left = failure.map_or(PERMANENT_FAILURE_RETRY, |f| {
+                    PERMANENT_FAILURE_RETRY.saturating_sub(f.at.elapsed())
+                });
+                out.requeue_within(left.max(Duration::from_secs(1)));
+                return Ok(None);
+            }
+        }
+    }
+    out.requeue_within(Duration::from_secs(1));
+    Ok(None)
+}
+
+/// An instance EC2 no longer knows, as a terminated record the planner understands.
+fn forgotten(qdb: &QuestDB, uid: &str, id: &str, generation: Option<i64>) -> Instance {
+    Instance {
+        id: id.to_string(),
+        state: InstanceState::Terminated,
+        zone: String::new(),
+        image: String::new(),
+        instance_type: String::new(),
+        private_ip: None,
+        public_ip: None,
+        tags: desired_instance_tags(
+            "",
+            &qdb.namespace().unwrap_or_default(),
+            &qdb.name_any(),
+            uid,
+            generation.unwrap_or_default(),
+        ),
+        launched_at: None,
+    }
+}
+
+fn recent_failure(
+    cloud: &CloudRuntime,
+    uid: &str,
+    spec_generation: Option<i64>,
+    node_generation: Option<i64>,
+) -> Option<LaunchFailure> {
+    let failures = cloud
+        .launch_failures
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    failures.get(uid).cloned().filter(|f| {
+        f.spec_generation == spec_generation
+            && Some(f.node_generation) == node_generation
+            && f.at.elapsed() < PERMANENT_FAILURE_RETRY
+    })
+}
+
+fn remember_failure(
+    cloud: &CloudRuntime,
+    uid: &str,
+    spec_generation: Option<i64>,
+    g: i64,
+    message: String,
+) {
+    cloud
+        .launch_failures
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(
+            uid.to_string(),
+            LaunchFailure {
+                spec_generation,
+                node_generation: g,
+                at: tokio::time::Instant::now(),
+                message,
+            },
+        );
+}
+
+fn forget_failure(cloud: &CloudRuntime, uid: &str) {
+    cloud
+        .launch_failures
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .remove(uid);
+}
+
+/// Adds the dedicated label and taint to the Node, keeping its other taints.
+async fn dedicate(ctx: &Context, name: &str, dedicated: &DedicatedNode) -> Result<(), Error> {
+    let api: Api<Node> = Api::all(ctx.client.clone());
+    let Some(live) = api.get_opt(name).await.map_err(Error::Kube)? else {
+        return Ok(());
+    };
+    let mut taints: Vec<serde_json::Value> = live
+        .spec
+        .as_ref()
+        .and_then(|s| s.taints.clone())
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|t| t.key != DEDICATED_TAINT_KEY)
+        .filter_map(|t| serde_json::to_value(t).ok())
+        .collect();
+    taints.push(json!({
+        "key": DEDICATED_TAINT_KEY,
+        "value": dedicated.label_value,
+        "effect": DEDICATED_TAINT_EFFECT,
+    }));
+    // The resourceVersion guards the taint list (a merge patch replaces it whole).
+    let patch = json!({
+        "metadata": {
+            "resourceVersion": live.resource_version(),
+            "labels": {DEDICATED_LABEL_KEY: dedicated.label_value},
+        },
+        "spec": {"taints": taints},
+    });
+    let pp = PatchParams {
+        field_manager: Some(MANAGER.into()),
+        ..PatchParams::default()
+    };
+    api.patch(name, &pp, &Patch::Merge(&patch))
+        .await
+        .map_err(Error::from_status_write)?;
+    info!(node = %name, value = %dedicated.label_value, "dedicated node labelled and tainted");
+    Ok(())
+}
+
+/// Performs the DNS step. Returns `Ok(None)` when the fast path (`from_node`: addresses read
+/// from the Node only) cannot decide, `Ok(Some(condition))` otherwise.
+async fn dns_step(
+    qdb: &mut QuestDB,
+    ctx: &Context,
+    cloud: &CloudRuntime,
+    ips: &Ips,
+    from_node: bool,
+    out: &mut CloudOutcome,
+) -> Result<Option<Option<Desired>>, Error> {
+    let status = qdb.status.clone().unwrap_or_default();
+    let release = qdb.spec.paused || qdb.metadata.deletion_timestamp.is_some();
+    let step = dns::plan(&DnsView {
+        spec: qdb.spec.dns.as_ref(),
+        release,
+        status: &status,
+        private_ip: ips.private.as_deref(),
+        public_ip: ips.public.as_deref(),
+        provider_configured: cloud.dns.is_some(),
+    });
+    let Some(provider) = cloud.dns.as_ref() else {
+        return Ok(Some(match step {
+            DnsStep::Blocked(c) => Some(c),
+            _ => None,
+        }));
+    };
+    match step {
+        DnsStep::Nothing => Ok(Some(None)),
+        DnsStep::InSync(c) => Ok(Some(Some(c))),
+        DnsStep::Blocked(c) if c.reason == "WaitingForNode" && from_node => {
+            // The fast path read the Node only; let the instance data decide.
+            Ok(None)
+        }
+        DnsStep::Blocked(c) => Ok(Some(Some(c))),
+        DnsStep::Upsert { name, ip, ttl } => {
+            provider
+                .upsert_a(&name, &ip, ttl)
+                .await
+                .map_err(cloud_error)?;
+            info!(questdb = %qdb.name_any(), record = %name, %ip, "DNS record published");
+            let (n, a) = (name.clone(), ip.clone());
+            persist(qdb, ctx, |s| {
+                s.dns_name = Some(n);
+                s.dns_ip = Some(a);
+            })
+            .await?;
+            ctx.event(
+                qdb,
+                EventType::Normal,
+                "DnsPublished",
+                "UpsertRecord",
+                format!("{name} -> {ip}"),
+            )
+            .await;
+            Ok(Some(Some(dns::published(&name, &ip))))
+        }
+        DnsStep::Delete { name } => {
+            provider.delete_a(&name).await.map_err(cloud_error)?;
+            info!(questdb = %qdb.name_any(), record = %name, "DNS record deleted");
+            persist(qdb, ctx, |s| {
+                s.dns_name = None;
+                s.dns_ip = None;
+            })
+            .await?;
+            // The new record (if any) is written by the next pass.
+            out.requeue_within(Duration::from_secs(1));
+            Ok(Some(qdb.spec.dns.as_ref().filter(|_| release).map(|_| {
+                Desired::new(
+                    conditions::DNS_READY,
+                    false,
+                    "Removed",
+                    format!("record {name} removed while compute is released"),
+                )
+            })))
+        }
+    }
+}

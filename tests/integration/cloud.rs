@@ -1,0 +1,615 @@
+//! Dedicated nodes and DNS end to end: the real manager, the memory cloud, and the simulator
+//! registering a Node for every running instance (the sandbox's bridge).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Pod};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
+use questdb_operator::api::{DnsSpec, NodeSpec, QuestDB};
+use questdb_operator::build::{names, testing, DEDICATED_LABEL_KEY, DEDICATED_TAINT_KEY};
+use questdb_operator::cloud::memory::{MemoryCloud, MemoryEc2Options};
+use questdb_operator::cloud::{
+    CloudConfig, InstanceState, LaunchRequest, NodeProvider, RetryPolicy, TAG_UID,
+};
+use questdb_operator::manager::{self, Cloud, CloudSettings, ManagerHandle, ManagerOptions};
+use questdb_operator::sandbox::{node_name_for, spawn_memory_bridge};
+use questdb_sim::Sim;
+use serde_json::json;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::harness::{has_condition, install_crd, is_ready, sim_config, wait_for, wait_until};
+
+const NS: &str = "cloud";
+const AMI: &str = "ami-0123456789abcdef0";
+
+/// The simulator, the memory cloud bridged into it, and a manager that can be stopped,
+/// restarted or killed outright.
+struct CloudEnv {
+    sim: Arc<Sim>,
+    client: Client,
+    cloud: MemoryCloud,
+    handle: ManagerHandle,
+    settings: CloudSettings,
+    manager: Option<(CancellationToken, JoinHandle<anyhow::Result<()>>)>,
+    bridge: (CancellationToken, JoinHandle<()>),
+}
+
+fn cloud_config() -> CloudConfig {
+    let mut config = CloudConfig::new("it", "sim-region-1");
+    for zone in ["sim-zone-a", "sim-zone-b"] {
+        config
+            .subnets_by_zone
+            .insert(zone.into(), format!("subnet-{zone}"));
+    }
+    config.hosted_zone_id = Some("ZTEST".into());
+    config.user_data_template =
+        "--node-labels={{node_labels}} --register-with-taints={{node_taints}}".into();
+    // Fast backoff: the tests throttle on purpose.
+    config.retry = RetryPolicy {
+        min_delay: Duration::from_millis(5),
+        max_delay: Duration::from_millis(50),
+        max_retries: 3,
+        eventual_consistency_window: Duration::from_secs(5),
+    };
+    config
+}
+
+impl CloudEnv {
+    async fn start(settings: CloudSettings) -> CloudEnv {
+        let sim = Arc::new(Sim::start(sim_config()).await.expect("simulator starts"));
+        let client = sim.client().await;
+        install_crd(&client).await;
+        let handle = ManagerHandle::default();
+        let cloud = MemoryCloud::new(
+            cloud_config(),
+            MemoryEc2Options::default(),
+            handle.metrics.aws_observer(),
+        )
+        .expect("memory cloud");
+        let stop = CancellationToken::new();
+        let bridge = spawn_memory_bridge(cloud.ec2.subscribe(), sim.clone(), stop.clone());
+        let mut env = CloudEnv {
+            sim,
+            client,
+            cloud,
+            handle,
+            settings,
+            manager: None,
+            bridge: (stop, bridge),
+        };
+        env.namespace().await;
+        env.start_manager().await;
+        env
+    }
+
+    fn options(&self) -> ManagerOptions {
+        ManagerOptions {
+            cloud: Some(Cloud {
+                nodes: self.cloud.nodes.clone(),
+                dns: Some(self.cloud.dns.clone()),
+                settings: self.settings.clone(),
+            }),
+            ..ManagerOptions::default()
+        }
+    }
+
+    async fn start_manager(&mut self) {
+        self.handle = ManagerHandle {
+            metrics: self.handle.metrics.clone(),
+            ..ManagerHandle::default()
+        };
+        let token = CancellationToken::new();
+        let task = tokio::spawn(manager::run_with(
+            self.options(),
+            self.sim.client_config(),
+            token.clone(),
+            self.handle.clone(),
+        ));
+        self.manager = Some((token, task));
+        let r = self.handle.readiness.clone();
+        wait_until("manager caches synced", || {
+            let r = r.clone();
+            async move { r.is_ready() }
+        })
+        .await;
+    }
+
+    async fn stop_manager(&mut self) {
+        if let Some((token, task)) = self.manager.take() {
+            token.cancel();
+            let _ = tokio::time::timeout(crate::harness::TIMEOUT, task).await;
+        }
+    }
+
+    /// A crash: the manager's future is dropped wherever it is (mid-launch included).
+    async fn kill_manager(&mut self) {
+        if let Some((token, task)) = self.manager.take() {
+            task.abort();
+            let _ = task.await;
+            // The caches' own tasks outlive an abort; stop them like a dead process would.
+            token.cancel();
+        }
+    }
+
+    async fn namespace(&self) {
+        let ns: k8s_openapi::api::core::v1::Namespace =
+            serde_json::from_value(json!({"metadata": {"name": NS}})).expect("namespace");
+        Api::all(self.client.clone())
+            .create(&PostParams::default(), &ns)
+            .await
+            .expect("namespace created");
+    }
+
+    fn qdbs(&self) -> Api<QuestDB> {
+        Api::namespaced(self.client.clone(), NS)
+    }
+
+    async fn create(&self, name: &str, edit: impl FnOnce(&mut QuestDB)) -> QuestDB {
+        let mut q = testing::questdb(name, NS);
+        q.metadata.uid = None;
+        q.metadata.resource_version = None;
+        q.metadata.generation = None;
+        q.spec.node = Some(NodeSpec {
+            image: AMI.into(),
+            instance_type: "m6i.large".into(),
+            zone: "sim-zone-a".into(),
+        });
+        q.spec.dns = Some(DnsSpec {
+            name: format!("{name}.db.example.com"),
+            ttl: 60,
+            public: false,
+        });
+        edit(&mut q);
+        self.qdbs()
+            .create(&PostParams::default(), &q)
+            .await
+            .expect("QuestDB created")
+    }
+
+    async fn stop(mut self) {
+        self.stop_manager().await;
+        self.bridge.0.cancel();
+        let _ = self.bridge.1.await;
+        match Arc::try_unwrap(self.sim) {
+            Ok(sim) => sim.shutdown().await,
+            Err(_) => panic!("the simulator is still shared"),
+        }
+    }
+
+    fn live_instances_of(&self, uid: &str) -> Vec<String> {
+        self.cloud
+            .ec2
+            .instances()
+            .into_iter()
+            .filter(|i| i.tags.get(TAG_UID).map(String::as_str) == Some(uid))
+            .filter(|i| i.state != InstanceState::Terminated)
+            .map(|i| i.id)
+            .collect()
+    }
+
+    fn aws_calls(&self) -> usize {
+        self.cloud.ec2.calls().len()
+            + ["ListResourceRecordSets", "ChangeResourceRecordSets"]
+                .iter()
+                .map(|op| self.cloud.route53.call_count(op))
+                .sum::<usize>()
+    }
+}
+
+fn settings() -> CloudSettings {
+    CloudSettings {
+        instance_sync_interval: Duration::from_secs(30),
+        orphan_sweep_interval: Duration::from_secs(3600),
+        orphan_grace_period: Duration::from_secs(3600),
+    }
+}
+
+fn reconciles(text: &str) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with("controller_runtime_reconcile_total{") && l.contains("questdb"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Waits until a second passes without any write to the simulated apiserver.
+async fn writes_settle(sim: &Sim) {
+    let mut last = sim.request_counts().writes();
+    wait_until("writes settle", || {
+        let now = sim.request_counts().writes();
+        let settled = now == last;
+        last = now;
+        async move {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            settled
+        }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_questdb_with_a_node_gets_its_own_instance_node_and_dns_and_releases_them_on_delete() {
+    let mut env = CloudEnv::start(settings()).await;
+    let created = env.create("db1", |_| {}).await;
+    let uid = created.uid().expect("uid");
+
+    let q = wait_for(&env.qdbs(), "db1", "QuestDB Ready", is_ready()).await;
+    let status = q.status.clone().expect("status");
+    let instances = env.cloud.ec2.instances();
+    assert_eq!(instances.len(), 1, "one instance: {instances:?}");
+    let instance = &instances[0];
+    assert_eq!(status.instance_id.as_deref(), Some(instance.id.as_str()));
+    assert_eq!(status.node_image.as_deref(), Some(AMI));
+    assert_eq!(status.node_generation, Some(1));
+    let node_name = node_name_for(&instance.id);
+    assert_eq!(status.node_name.as_deref(), Some(node_name.as_str()));
+    assert_eq!(status.node_ready, Some(true));
+    assert_eq!(status.node_ip, instance.private_ip);
+    assert_eq!(status.dns_name.as_deref(), Some("db1.db.example.com"));
+    for (type_, reason) in [("NodeReady", "Ready"), ("DnsReady", "Published")] {
+        assert!(
+            status
+                .conditions
+                .iter()
+                .any(|c| c.type_ == type_ && c.status == "True" && c.reason == reason),
+            "{type_}: {:?}",
+            status.conditions
+        );
+    }
+
+    // The pod runs on the dedicated node, which carries the label and taint.
+    let pod = Api::<Pod>::namespaced(env.client.clone(), NS)
+        .get(&names::pod(&q))
+        .await
+        .expect("pod");
+    assert_eq!(
+        pod.spec.as_ref().and_then(|s| s.node_name.as_deref()),
+        Some(node_name.as_str())
+    );
+    let node = Api::<Node>::all(env.client.clone())
+        .get(&node_name)
+        .await
+        .expect("node");
+    assert!(node.labels().contains_key(DEDICATED_LABEL_KEY));
+    assert!(node
+        .spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .is_some_and(|ts| ts
+            .iter()
+            .any(|t| t.key == DEDICATED_TAINT_KEY && t.effect == "NoSchedule")));
+
+    // DNS points at the node's private IP.
+    let records = env.cloud.route53.records();
+    assert_eq!(records.len(), 1, "{records:?}");
+    assert_eq!(records[0].name, "db1.db.example.com");
+    assert_eq!(Some(&records[0].ips[0]), instance.private_ip.as_ref());
+    assert_eq!(records[0].ttl, 60);
+    eprintln!("AWS calls to provision one QuestDB: {}", env.aws_calls());
+
+    // Steady state: a full resync (new manager, new instance cache) writes nothing and asks
+    // AWS nothing.
+    writes_settle(&env.sim).await;
+    env.sim.reset_request_counts();
+    let aws_before = env.aws_calls();
+    env.stop_manager().await;
+    let before = reconciles(&env.handle.metrics.render());
+    env.start_manager().await;
+    let metrics = env.handle.metrics.clone();
+    wait_until("a reconcile after the restart", || {
+        let m = metrics.clone();
+        async move { reconciles(&m.render()) > before }
+    })
+    .await;
+    writes_settle(&env.sim).await;
+    let counts = env.sim.request_counts();
+    assert_eq!(
+        counts.writes(),
+        0,
+        "a no-op resync writes nothing: {counts:?}"
+    );
+    assert_eq!(
+        env.aws_calls() - aws_before,
+        0,
+        "a converged QuestDB costs no AWS call"
+    );
+
+    // Delete: instance terminated, record gone, Node gone, PVC kept, QuestDB gone.
+    let pvc_name = names::pvc(&q);
+    env.qdbs()
+        .delete("db1", &DeleteParams::default())
+        .await
+        .expect("delete");
+    let qdbs = env.qdbs();
+    wait_until("QuestDB deleted", || {
+        let qdbs = qdbs.clone();
+        async move { qdbs.get_opt("db1").await.ok().flatten().is_none() }
+    })
+    .await;
+    assert!(
+        env.live_instances_of(&uid).is_empty(),
+        "instance terminated"
+    );
+    assert!(env.cloud.route53.records().is_empty(), "record deleted");
+    let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(env.client.clone(), NS);
+    assert!(
+        pvcs.get_opt(&pvc_name).await.expect("get").is_some(),
+        "PVC kept"
+    );
+    let nodes: Api<Node> = Api::all(env.client.clone());
+    wait_until("the terminated instance's Node is gone", || {
+        let nodes = nodes.clone();
+        let name = node_name.clone();
+        async move { nodes.get_opt(&name).await.ok().flatten().is_none() }
+    })
+    .await;
+    env.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_ami_is_reported_with_the_aws_message_without_a_retry_storm() {
+    let env = CloudEnv::start(settings()).await;
+    env.create("bad", |q| {
+        if let Some(n) = q.spec.node.as_mut() {
+            n.image = "ami-00000000000000bad".into();
+        }
+    })
+    .await;
+    let q = wait_for(
+        &env.qdbs(),
+        "bad",
+        "NodeReady=LaunchFailed",
+        has_condition("NodeReady", "LaunchFailed"),
+    )
+    .await;
+    let status = q.status.clone().expect("status");
+    let c = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "NodeReady")
+        .expect("NodeReady");
+    assert!(c.message.contains("ami-00000000000000bad"), "{}", c.message);
+    assert_eq!(status.phase.map(|p| p.as_str()), Some("Provisioning"));
+
+    // More reconciles (label edits) must not launch again.
+    let before = reconciles(&env.handle.metrics.render());
+    for i in 0..3 {
+        env.qdbs()
+            .patch(
+                "bad",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"labels": {"poke": i.to_string()}}})),
+            )
+            .await
+            .expect("label");
+    }
+    let metrics = env.handle.metrics.clone();
+    wait_until("three more reconciles", || {
+        let m = metrics.clone();
+        async move { reconciles(&m.render()) >= before + 3.0 }
+    })
+    .await;
+    assert_eq!(env.cloud.ec2.call_count("RunInstances"), 1);
+    assert!(env.cloud.ec2.instances().is_empty());
+    env.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn throttling_is_backed_off_and_ends_ready() {
+    let env = CloudEnv::start(settings()).await;
+    env.cloud.ec2.throttle_next(12);
+    env.cloud.route53.throttle_next(6);
+    env.create("slow", |_| {}).await;
+    wait_for(&env.qdbs(), "slow", "QuestDB Ready", is_ready()).await;
+    assert_eq!(env.cloud.ec2.instances().len(), 1);
+    env.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pause_releases_the_node_and_unpause_brings_a_new_one_on_the_same_volume() {
+    let env = CloudEnv::start(settings()).await;
+    let created = env.create("p1", |_| {}).await;
+    let uid = created.uid().expect("uid");
+    let q = wait_for(&env.qdbs(), "p1", "QuestDB Ready", is_ready()).await;
+    let first = q
+        .status
+        .as_ref()
+        .and_then(|s| s.instance_id.clone())
+        .expect("instance");
+    let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(env.client.clone(), NS);
+    let pvc_uid = pvcs.get(&names::pvc(&q)).await.expect("pvc").uid();
+
+    let paused = |p: bool| Patch::Merge(json!({"spec": {"paused": p}}));
+    env.qdbs()
+        .patch("p1", &PatchParams::default(), &paused(true))
+        .await
+        .expect("pause");
+    wait_for(&env.qdbs(), "p1", "node released", |q: Option<&QuestDB>| {
+        q.and_then(|q| q.status.as_ref())
+            .is_some_and(|s| s.instance_id.is_none() && s.dns_name.is_none())
+    })
+    .await;
+    assert!(env.live_instances_of(&uid).is_empty());
+    assert!(env.cloud.route53.records().is_empty());
+
+    env.qdbs()
+        .patch("p1", &PatchParams::default(), &paused(false))
+        .await
+        .expect("unpause");
+    let q = wait_for(&env.qdbs(), "p1", "Ready again", |q: Option<&QuestDB>| {
+        is_ready_now(q)
+            && q.and_then(|q| q.status.as_ref())
+                .is_some_and(|s| s.instance_id.is_some())
+    })
+    .await;
+    let status = q.status.clone().expect("status");
+    let second = status.instance_id.expect("instance");
+    assert_ne!(first, second, "a new node");
+    assert_eq!(status.node_generation, Some(2));
+    assert_eq!(env.live_instances_of(&uid), vec![second]);
+    assert_eq!(
+        pvcs.get(&names::pvc(&q)).await.expect("pvc").uid(),
+        pvc_uid,
+        "same volume"
+    );
+    assert_eq!(env.cloud.route53.records().len(), 1);
+    env.stop().await;
+}
+
+fn is_ready_now(q: Option<&QuestDB>) -> bool {
+    q.and_then(|q| q.status.as_ref()).is_some_and(|s| {
+        s.conditions
+            .iter()
+            .any(|c| c.type_ == "Ready" && c.status == "True")
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_orphan_sweep_terminates_instances_whose_questdb_is_gone() {
+    let env = CloudEnv::start(CloudSettings {
+        orphan_sweep_interval: Duration::from_millis(200),
+        orphan_grace_period: Duration::from_millis(500),
+        ..settings()
+    })
+    .await;
+    // A QuestDB that stays, and an instance nobody claims.
+    env.create("kept", |_| {}).await;
+    let kept = wait_for(&env.qdbs(), "kept", "QuestDB Ready", is_ready()).await;
+    let orphan = env
+        .cloud
+        .nodes
+        .launch(&LaunchRequest {
+            namespace: NS.into(),
+            name: "deleted-long-ago".into(),
+            uid: "00000000-0000-0000-0000-00000000dead".into(),
+            node_generation: 1,
+            image: AMI.into(),
+            instance_type: "t3.micro".into(),
+            zone: "sim-zone-b".into(),
+            labels: Default::default(),
+            taints: vec![],
+        })
+        .await
+        .expect("launch");
+    let ec2 = env.cloud.ec2.clone();
+    let id = orphan.id.clone();
+    wait_until("orphan terminated", || {
+        let ec2 = ec2.clone();
+        let id = id.clone();
+        async move {
+            ec2.instances()
+                .iter()
+                .any(|i| i.id == id && i.state == InstanceState::Terminated)
+        }
+    })
+    .await;
+    assert!(env.handle.metrics.render().lines().any(|l| l
+        .starts_with("questdb_operator_orphaned_instances_terminated_total")
+        && l.ends_with(" 1")));
+    let kept_uid = kept.uid().expect("uid");
+    assert_eq!(
+        env.live_instances_of(&kept_uid).len(),
+        1,
+        "the claimed one stays"
+    );
+    env.stop().await;
+}
+
+/// Kill the manager while RunInstances is in flight (the instance exists, its id is not
+/// recorded anywhere yet), many times over: every QuestDB still ends with exactly one instance.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_the_manager_between_launch_and_status_write_never_yields_a_second_instance() {
+    let mut env = CloudEnv::start(settings()).await;
+    env.cloud.ec2.set_launch_latency(Duration::from_millis(300));
+    // EC2's eventual consistency: new instances stay invisible to the first describes, so the
+    // ClientToken (not only the tag lookup) has to catch the repeat.
+    env.cloud.ec2.hide_new_instances_for(2);
+    let names = ["c1", "c2", "c3"];
+    let mut uids = Vec::new();
+    for name in names {
+        uids.push(env.create(name, |_| {}).await.uid().expect("uid"));
+    }
+    for round in 0..8 {
+        let before = env.cloud.ec2.call_count("RunInstances");
+        let ec2 = env.cloud.ec2.clone();
+        let qdbs = env.qdbs();
+        let all_recorded = || {
+            let qdbs = qdbs.clone();
+            async move {
+                let list = qdbs.list(&Default::default()).await.expect("list");
+                list.items
+                    .iter()
+                    .all(|q| q.status.as_ref().is_some_and(|s| s.instance_id.is_some()))
+            }
+        };
+        if all_recorded().await {
+            break;
+        }
+        wait_until("a launch in flight", || {
+            let ec2 = ec2.clone();
+            async move { ec2.call_count("RunInstances") > before }
+        })
+        .await;
+        env.kill_manager().await;
+        eprintln!("round {round}: killed with a RunInstances in flight");
+        env.start_manager().await;
+    }
+    env.cloud.ec2.set_launch_latency(Duration::ZERO);
+    for name in names {
+        wait_for(&env.qdbs(), name, "QuestDB Ready", is_ready()).await;
+    }
+    for uid in &uids {
+        assert_eq!(
+            env.live_instances_of(uid).len(),
+            1,
+            "exactly one instance for {uid}"
+        );
+    }
+    assert_eq!(env.cloud.ec2.instances().len(), names.len());
+    eprintln!(
+        "RunInstances calls: {}, DescribeInstances calls: {}",
+        env.cloud.ec2.call_count("RunInstances"),
+        env.cloud.ec2.call_count("DescribeInstances")
+    );
+    env.stop().await;
+}
+
+/// The status write after a launch fails (apiserver 500s): the instance is found again, never
+/// launched twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failing_status_writes_after_a_launch_never_yield_a_second_instance() {
+    let env = CloudEnv::start(settings()).await;
+    env.cloud.ec2.hide_new_instances_for(3);
+    // The launch is still in flight when the fault goes in.
+    env.cloud.ec2.set_launch_latency(Duration::from_millis(500));
+    let created = env.create("f1", |_| {}).await;
+    let uid = created.uid().expect("uid");
+    // Once the generation is persisted, every status write fails for a while.
+    wait_for(
+        &env.qdbs(),
+        "f1",
+        "generation persisted",
+        |q: Option<&QuestDB>| {
+            q.and_then(|q| q.status.as_ref())
+                .is_some_and(|s| s.node_generation.is_some())
+        },
+    )
+    .await;
+    let fault = env.sim.inject_fault(
+        questdb_sim::Fault::status(500).on(questdb_sim::Verb::Update, "questdbs/status"),
+    );
+    env.cloud.ec2.set_launch_latency(Duration::ZERO);
+    let ec2 = env.cloud.ec2.clone();
+    wait_until("several launch attempts", || {
+        let ec2 = ec2.clone();
+        async move { ec2.call_count("DescribeInstances") >= 4 }
+    })
+    .await;
+    env.sim.remove_fault(fault);
+    wait_for(&env.qdbs(), "f1", "QuestDB Ready", is_ready()).await;
+    assert_eq!(env.live_instances_of(&uid).len(), 1);
+    assert_eq!(env.cloud.ec2.instances().len(), 1);
+    env.stop().await;
+}
