@@ -59,6 +59,14 @@ fn cloud_config() -> CloudConfig {
 
 impl CloudEnv {
     async fn start(settings: CloudSettings) -> CloudEnv {
+        questdb_operator::metrics::install_crypto_provider();
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(
+                tracing_subscriber::EnvFilter::try_from_default_env()
+                    .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+            )
+            .with_test_writer()
+            .try_init();
         let sim = Arc::new(Sim::start(sim_config()).await.expect("simulator starts"));
         let client = sim.client().await;
         install_crd(&client).await;

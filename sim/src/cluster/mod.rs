@@ -3,7 +3,7 @@
 //! provisioning/binding, attach/detach). They are ordinary kube-rs clients of the simulated
 //! apiserver, so they meet the same conflicts and watch behaviour as real components.
 //!
-//! Known differences from Kubernetes are listed in `DEVIATIONS.md` next to this file.
+//! Known differences from Kubernetes are listed in `sim/README.md`.
 
 mod attach_detach;
 mod config;
