@@ -92,6 +92,7 @@ const SYSTEM_NAMESPACES: [&str; 4] = ["default", "kube-system", "kube-public", "
 
 impl Sim {
     pub async fn start(cfg: SimConfig) -> anyhow::Result<Sim> {
+        install_crypto_provider();
         let clock = clock::Clock::new(cfg.clock_speed);
         let bind = cfg
             .bind
@@ -242,6 +243,15 @@ impl Drop for Sim {
         if let Some(server) = self.server.take() {
             server.abort();
         }
+    }
+}
+
+/// kube's client builds a TLS connector even for `http://` clusters, and rustls refuses to pick
+/// a crypto provider when a build links two (kube's ring and the AWS SDK's aws-lc-rs are both
+/// present when the whole workspace is built). Losing a race to another installer is fine.
+fn install_crypto_provider() {
+    if rustls::crypto::CryptoProvider::get_default().is_none() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
     }
 }
 

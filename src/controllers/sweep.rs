@@ -61,7 +61,10 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<String>, token: Cancellati
         return;
     };
     let mut clock = OrphanClock::default();
-    let mut tick = tokio::time::interval(cloud.settings.orphan_sweep_interval);
+    // The first sweep waits one interval: nothing could be due earlier anyway (the grace
+    // period starts when an orphan is first seen), and a restart costs no extra AWS call.
+    let period = cloud.settings.orphan_sweep_interval;
+    let mut tick = tokio::time::interval_at(Instant::now() + period, period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {

@@ -295,7 +295,20 @@ async fn a_questdb_with_a_node_gets_its_own_instance_node_and_dns_and_releases_t
     assert_eq!(records[0].name, "db1.db.example.com");
     assert_eq!(Some(&records[0].ips[0]), instance.private_ip.as_ref());
     assert_eq!(records[0].ttl, 60);
-    eprintln!("AWS calls to provision one QuestDB: {}", env.aws_calls());
+    let provisioning = env.aws_calls();
+    eprintln!(
+        "AWS calls to provision one QuestDB: {provisioning} (DescribeInstances {}, RunInstances {}, ListResourceRecordSets {}, ChangeResourceRecordSets {})",
+        env.cloud.ec2.call_count("DescribeInstances"),
+        env.cloud.ec2.call_count("RunInstances"),
+        env.cloud.route53.call_count("ListResourceRecordSets"),
+        env.cloud.route53.call_count("ChangeResourceRecordSets"),
+    );
+    assert_eq!(env.cloud.ec2.call_count("RunInstances"), 1);
+    assert_eq!(env.cloud.route53.call_count("ChangeResourceRecordSets"), 1);
+    assert!(
+        provisioning <= 12,
+        "provisioning is cheap: {provisioning} calls"
+    );
 
     // Steady state: a full resync (new manager, new instance cache) writes nothing and asks
     // AWS nothing.
@@ -531,42 +544,30 @@ async fn the_orphan_sweep_terminates_instances_whose_questdb_is_gone() {
 async fn killing_the_manager_between_launch_and_status_write_never_yields_a_second_instance() {
     let mut env = CloudEnv::start(settings()).await;
     env.cloud.ec2.set_launch_latency(Duration::from_millis(300));
-    // EC2's eventual consistency: new instances stay invisible to the first describes, so the
-    // ClientToken (not only the tag lookup) has to catch the repeat.
-    env.cloud.ec2.hide_new_instances_for(2);
-    let names = ["c1", "c2", "c3"];
     let mut uids = Vec::new();
-    for name in names {
-        uids.push(env.create(name, |_| {}).await.uid().expect("uid"));
-    }
-    for round in 0..8 {
+    const ROUNDS: usize = 6;
+    for round in 0..ROUNDS {
+        // EC2's eventual consistency: new instances stay invisible to the first describes,
+        // so the ClientToken (not only the tag lookup) has to catch the repeat.
+        env.cloud.ec2.hide_new_instances_for(2);
         let before = env.cloud.ec2.call_count("RunInstances");
-        let ec2 = env.cloud.ec2.clone();
-        let qdbs = env.qdbs();
-        let all_recorded = || {
-            let qdbs = qdbs.clone();
-            async move {
-                let list = qdbs.list(&Default::default()).await.expect("list");
-                list.items
-                    .iter()
-                    .all(|q| q.status.as_ref().is_some_and(|s| s.instance_id.is_some()))
-            }
-        };
-        if all_recorded().await {
-            break;
+        for i in 0..2 {
+            let created = env.create(&format!("c{round}-{i}"), |_| {}).await;
+            uids.push(created.uid().expect("uid"));
         }
+        let ec2 = env.cloud.ec2.clone();
         wait_until("a launch in flight", || {
             let ec2 = ec2.clone();
             async move { ec2.call_count("RunInstances") > before }
         })
         .await;
         env.kill_manager().await;
-        eprintln!("round {round}: killed with a RunInstances in flight");
         env.start_manager().await;
     }
     env.cloud.ec2.set_launch_latency(Duration::ZERO);
-    for name in names {
-        wait_for(&env.qdbs(), name, "QuestDB Ready", is_ready()).await;
+    let list = env.qdbs().list(&Default::default()).await.expect("list");
+    for q in &list.items {
+        wait_for(&env.qdbs(), &q.name_any(), "QuestDB Ready", is_ready()).await;
     }
     for uid in &uids {
         assert_eq!(
@@ -575,9 +576,10 @@ async fn killing_the_manager_between_launch_and_status_write_never_yields_a_seco
             "exactly one instance for {uid}"
         );
     }
-    assert_eq!(env.cloud.ec2.instances().len(), names.len());
+    assert_eq!(env.cloud.ec2.instances().len(), uids.len());
     eprintln!(
-        "RunInstances calls: {}, DescribeInstances calls: {}",
+        "{ROUNDS} kills mid-launch, {} QuestDBs: RunInstances calls {}, DescribeInstances calls {}",
+        uids.len(),
         env.cloud.ec2.call_count("RunInstances"),
         env.cloud.ec2.call_count("DescribeInstances")
     );
