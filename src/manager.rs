@@ -26,7 +26,7 @@ use tracing::{error, info, warn};
 use crate::api::{labels, QuestDB, MANAGER};
 use crate::controllers::cloud_runtime::CloudRuntime;
 pub use crate::controllers::cloud_runtime::{Cloud, CloudSettings};
-use crate::controllers::context::{Caches, Context};
+use crate::controllers::context::{Caches, Context, GuardedQuestDB};
 use crate::controllers::in_flight::InFlight;
 use crate::controllers::{questdb, retry_delay, sweep, Error};
 use crate::http_server::{self, Readiness};
@@ -137,6 +137,7 @@ pub async fn run_with(
         phases
             .state()
             .iter()
+            .filter_map(|q| q.0.as_ref().ok())
             .map(|q| q.status.as_ref().and_then(|s| s.phase))
             .collect()
     });
@@ -181,7 +182,7 @@ pub async fn run_with(
 /// reflector's writer is consumed by its stream) and drained while this replica is a standby, so
 /// an unread subscription never holds a reflector back.
 pub struct Subscriptions {
-    questdbs: ReflectHandle<QuestDB>,
+    questdbs: ReflectHandle<GuardedQuestDB>,
     statefulsets: ReflectHandle<StatefulSet>,
     configmaps: ReflectHandle<ConfigMap>,
     services: ReflectHandle<Service>,
@@ -193,8 +194,8 @@ pub struct Subscriptions {
     deleted: DeletionReceiver,
 }
 
-type DeletionReceiver = futures::channel::mpsc::Receiver<ObjectRef<QuestDB>>;
-type DeletionSender = futures::channel::mpsc::Sender<ObjectRef<QuestDB>>;
+type DeletionReceiver = futures::channel::mpsc::Receiver<ObjectRef<GuardedQuestDB>>;
+type DeletionSender = futures::channel::mpsc::Sender<ObjectRef<GuardedQuestDB>>;
 
 /// Bounded: when a standby's buffer is full, dropping is fine — the controllers reconcile
 /// everything when they start.
@@ -204,7 +205,7 @@ const DELETION_BUFFER: usize = 1024;
 fn forward_deletion<K>(
     event: &Result<watcher::Event<K>, watcher::Error>,
     tx: &DeletionSender,
-    map: impl Fn(&K) -> Option<ObjectRef<QuestDB>>,
+    map: impl Fn(&K) -> Option<ObjectRef<GuardedQuestDB>>,
 ) {
     if let Ok(watcher::Event::Delete(obj)) = event {
         if let Some(r) = map(obj) {
@@ -217,9 +218,18 @@ fn forward_deletion<K>(
 /// StatefulSet and retained PVCs by nobody, but every child carries the label).
 fn questdb_of(
     meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
-) -> Option<ObjectRef<QuestDB>> {
+) -> Option<ObjectRef<GuardedQuestDB>> {
     let name = meta.labels.as_ref()?.get(labels::INSTANCE)?;
-    Some(ObjectRef::<QuestDB>::new(name).within(meta.namespace.as_deref()?))
+    Some(ObjectRef::new(name).within(meta.namespace.as_deref()?))
+}
+
+/// The controller's key for a QuestDB found by name.
+fn guarded(r: ObjectRef<QuestDB>) -> ObjectRef<GuardedQuestDB> {
+    let key = ObjectRef::new(&r.name);
+    match r.namespace.as_deref() {
+        Some(ns) => key.within(ns),
+        None => key,
+    }
 }
 
 impl Subscriptions {
@@ -291,8 +301,8 @@ fn start_caches(
     }
 
     let (questdbs, w_qdb) = shared!(
-        QuestDB,
-        api_for::<QuestDB>(client, ns),
+        GuardedQuestDB,
+        api_for::<GuardedQuestDB>(client, ns),
         watcher::Config::default()
     );
     let (statefulsets, w_sts) = shared!(
@@ -341,7 +351,7 @@ fn start_caches(
         .reflect_shared(secret_writer)
         .inspect(move |ev| {
             forward_deletion(ev, &deleted_tx, |s: &PartialObjectMeta<Secret>| {
-                ilp_auth::questdb_for_secret(&s.metadata)
+                ilp_auth::questdb_for_secret(&s.metadata).map(guarded)
             })
         });
     tasks.push(spawn_drain(secret_stream, token.clone(), "Secret"));
@@ -533,12 +543,12 @@ fn questdb_controller(
     caches: &Caches,
     concurrency: u16,
     m: &ControllerMetrics,
-) -> Controller<QuestDB> {
+) -> Controller<GuardedQuestDB> {
     let config = ControllerConfig::default().concurrency(concurrency);
     let seen = m.clone();
     let main = subs
         .questdbs
-        .inspect(move |q: &Arc<QuestDB>| seen.observe_trigger(ObjectRef::from_obj(&**q)));
+        .inspect(move |q: &Arc<GuardedQuestDB>| seen.observe_trigger(ObjectRef::from_obj(&**q)));
     let mut c = Controller::for_shared_stream(main, caches.questdbs.clone()).with_config(config);
 
     // Children are mapped to their QuestDB by the operator's instance label: pods are owned by
@@ -546,7 +556,7 @@ fn questdb_controller(
     fn by_label(
         meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
         m: &ControllerMetrics,
-    ) -> Option<ObjectRef<QuestDB>> {
+    ) -> Option<ObjectRef<GuardedQuestDB>> {
         let r = questdb_of(meta)?;
         m.observe_trigger(r.clone());
         Some(r)
@@ -564,7 +574,7 @@ fn questdb_controller(
     by_label!(subs.pods, Pod);
     let sm = m.clone();
     c = c.watches_shared_stream(subs.secrets, move |s: Arc<PartialObjectMeta<Secret>>| {
-        let r = ilp_auth::questdb_for_secret(&s.metadata);
+        let r = ilp_auth::questdb_for_secret(&s.metadata).map(guarded);
         if let Some(r) = &r {
             sm.observe_trigger(r.clone());
         }
@@ -579,19 +589,30 @@ fn questdb_controller(
 /// Drives the QuestDB controller: a span and metrics around every reconcile, and an error
 /// policy with per-object exponential backoff.
 async fn run_questdb_controller(
-    controller: Controller<QuestDB>,
+    controller: Controller<GuardedQuestDB>,
     ctx: Arc<Context>,
     m: ControllerMetrics,
     in_flight: Arc<InFlight>,
 ) {
-    let reconcile = move |obj: Arc<QuestDB>, ctx: Arc<Context>| {
+    let reconcile = move |obj: Arc<GuardedQuestDB>, ctx: Arc<Context>| {
         let m = m.clone();
         let in_flight = in_flight.clone();
         async move {
             let key = ObjectRef::from_obj(&*obj);
             let _in_flight = in_flight.enter(key.to_string());
             let guard = m.start(&key);
-            let result = guard.scope(questdb::reconcile(obj, ctx.clone())).await;
+            let result = match &obj.0 {
+                Ok(qdb) => {
+                    guard
+                        .scope(questdb::reconcile(Arc::new(qdb.clone()), ctx.clone()))
+                        .await
+                }
+                Err(invalid) => {
+                    guard
+                        .scope(questdb::report_unreadable(&obj, invalid, &ctx))
+                        .await
+                }
+            };
             match &result {
                 Ok(action) => {
                     ctx.failures.lock().expect("failures lock").remove(&key);
@@ -622,7 +643,7 @@ async fn run_questdb_controller(
         .await;
 }
 
-fn error_policy(obj: Arc<QuestDB>, err: &Error, ctx: Arc<Context>) -> Action {
+fn error_policy(obj: Arc<GuardedQuestDB>, err: &Error, ctx: Arc<Context>) -> Action {
     let key = ObjectRef::from_obj(&*obj);
     let attempt = {
         let mut failures = ctx.failures.lock().expect("failures lock");

@@ -15,6 +15,9 @@ use kube::{Client, Resource};
 use tracing::warn;
 
 use crate::api::QuestDB;
+
+/// A QuestDB as the watch delivers it: parsed, or the metadata and the parse error.
+pub type GuardedQuestDB = kube::core::DeserializeGuard<QuestDB>;
 use crate::controllers::cloud_runtime::CloudRuntime;
 use crate::ilp_auth::{KeyError, PublicKey};
 use crate::metrics::Metrics;
@@ -22,7 +25,8 @@ use crate::metrics::Metrics;
 /// Reflector caches the reconcilers read instead of the apiserver.
 #[derive(Clone)]
 pub struct Caches {
-    pub questdbs: Store<QuestDB>,
+    /// Guarded: one QuestDB that does not deserialize must not stop the watch of all others.
+    pub questdbs: Store<GuardedQuestDB>,
     pub statefulsets: Store<StatefulSet>,
     pub configmaps: Store<ConfigMap>,
     pub services: Store<Service>,
@@ -45,7 +49,7 @@ pub struct Context {
     pub metrics: Arc<Metrics>,
     pub keys: KeyCache,
     /// Consecutive failures per object, for backoff and the retries metric.
-    pub failures: Mutex<HashMap<ObjectRef<QuestDB>, u32>>,
+    pub failures: Mutex<HashMap<ObjectRef<GuardedQuestDB>, u32>>,
     /// Node and DNS providers; `None` runs without dedicated nodes.
     pub cloud: Option<Arc<CloudRuntime>>,
 }
@@ -60,7 +64,20 @@ impl Context {
         action: &str,
         note: String,
     ) {
-        let reference: ObjectReference = qdb.object_ref(&());
+        self.event_for(&qdb.object_ref(&()), type_, reason, action, note)
+            .await
+    }
+
+    /// Publishes an event about any object. Failing to record an event must never fail a
+    /// reconcile.
+    pub async fn event_for(
+        &self,
+        reference: &ObjectReference,
+        type_: EventType,
+        reason: &str,
+        action: &str,
+        note: String,
+    ) {
         let ev = Event {
             type_,
             reason: reason.into(),
@@ -68,7 +85,7 @@ impl Context {
             action: action.into(),
             secondary: None,
         };
-        if let Err(e) = self.recorder.publish(&ev, &reference).await {
+        if let Err(e) = self.recorder.publish(&ev, reference).await {
             warn!(error = %e, reason, "could not record event");
         }
     }

@@ -5,7 +5,12 @@ use std::process::Command;
 
 #[test]
 fn e2e_scenarios_pass_against_the_sandbox() {
-    if Command::new("kubectl").arg("version").arg("--client").output().is_err() {
+    if Command::new("kubectl")
+        .arg("version")
+        .arg("--client")
+        .output()
+        .is_err()
+    {
         // kubectl is part of the machine image; without it there is nothing to drive.
         eprintln!("kubectl not found: skipping the e2e scenarios");
         return;

@@ -42,10 +42,19 @@ impl Env {
     }
 
     pub async fn start_with(cfg: SimConfig, opts: ManagerOptions) -> Env {
+        Self::start_with_crd(cfg, opts, QuestDB::crd()).await
+    }
+
+    /// Like [`Env::start_with`], with a CRD of the test's choosing (e.g. a looser schema).
+    pub async fn start_with_crd(
+        cfg: SimConfig,
+        opts: ManagerOptions,
+        crd: CustomResourceDefinition,
+    ) -> Env {
         init_tracing();
         let sim = Sim::start(cfg).await.expect("simulator starts");
         let client = sim.client().await;
-        install_crd(&client).await;
+        install(&client, &crd).await;
         let mut env = Env {
             sim,
             client,
@@ -146,8 +155,12 @@ impl Env {
 }
 
 pub async fn install_crd(client: &Client) {
+    install(client, &QuestDB::crd()).await
+}
+
+async fn install(client: &Client, crd: &CustomResourceDefinition) {
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    crds.create(&PostParams::default(), &QuestDB::crd())
+    crds.create(&PostParams::default(), crd)
         .await
         .expect("CRD installed");
     wait_until("QuestDB resource served", || {

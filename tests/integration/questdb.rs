@@ -501,3 +501,72 @@ async fn never_two_reconciles_of_one_object_at_once() {
     );
     env.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreadable_questdb_never_stops_the_others() {
+    // A looser schema than ours (as after a downgrade of the operator) lets the apiserver store
+    // a QuestDB this operator cannot parse.
+    let mut crd = <QuestDB as kube::CustomResourceExt>::crd();
+    let schema = crd.spec.versions[0]
+        .schema
+        .as_mut()
+        .unwrap()
+        .open_api_v3_schema
+        .as_mut()
+        .unwrap();
+    let props = schema.properties.as_mut().unwrap();
+    props.insert(
+        "spec".into(),
+        serde_json::from_value(
+            json!({"type": "object", "x-kubernetes-preserve-unknown-fields": true}),
+        )
+        .unwrap(),
+    );
+    let env = Env::start_with_crd(sim_config(), ManagerOptions::default(), crd).await;
+    env.namespace(NS).await;
+    let ar = kube::api::ApiResource::erase::<QuestDB>(&());
+    let dynamic: Api<kube::api::DynamicObject> = Api::namespaced_with(env.client.clone(), NS, &ar);
+    let bad: kube::api::DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "crd.questdb.io/v1beta1", "kind": "QuestDB",
+        "metadata": {"name": "unreadable"},
+        "spec": {"image": 42, "volume": "big"}
+    }))
+    .unwrap();
+    dynamic.create(&PostParams::default(), &bad).await.unwrap();
+    env.create_questdb(NS, "fine", |_| {}).await;
+
+    wait_for(
+        &env.api::<QuestDB>(NS),
+        "fine",
+        "the readable QuestDB is Ready",
+        is_ready(),
+    )
+    .await;
+    let events: Api<k8s_openapi::api::events::v1::Event> = env.api(NS);
+    wait_until("a Warning event says the QuestDB is unreadable", || {
+        let events = events.clone();
+        async move {
+            events
+                .list(&ListParams::default())
+                .await
+                .unwrap()
+                .items
+                .iter()
+                .any(|e| {
+                    e.reason.as_deref() == Some("Unreadable")
+                        && e.regarding.as_ref().and_then(|r| r.name.as_deref())
+                            == Some("unreadable")
+                })
+        }
+    })
+    .await;
+    assert!(
+        env.api::<StatefulSet>(NS)
+            .get_opt("unreadable")
+            .await
+            .unwrap()
+            .is_none(),
+        "nothing is built for an object the operator cannot read"
+    );
+    env.stop().await;
+}

@@ -202,6 +202,17 @@ fn after_write(cx: &mut Ctx<'_>, rt: &ResourceType, stored: &Stored) {
             tracing::warn!(crd = %stored.name, error = %e, "stored CRD could not be served");
         }
     }
+    // The garbage collector also collects a dependent written *after* all of its owners were
+    // gone (a controller acting on a stale cache does that): the write succeeds, the object is
+    // collected right after, as the real GC does once it has checked the owners are absent.
+    if !stored.owner_uids.is_empty() && stored.owner_uids.iter().all(|u| !cx.store.uid_exists(u)) {
+        let r = ObjRef {
+            key: rt.storage_key.clone(),
+            namespace: stored.namespace.clone(),
+            name: stored.name.clone(),
+        };
+        delete::delete_object(cx, &r, crate::store::Propagation::Background);
+    }
 }
 
 fn check_labels(rt: &ResourceType, obj: &Value) -> Result<(), ApiError> {

@@ -85,6 +85,32 @@ async fn background_deletion_collects_dependents_whose_owners_are_all_gone() {
 }
 
 #[tokio::test]
+async fn a_dependent_written_after_its_owner_is_gone_is_collected() {
+    // A controller acting on a stale cache recreates a child of an owner that was just deleted;
+    // the garbage collector must take it, or it blocks the owner's successor forever.
+    let sim = sim().await;
+    let cms = configmaps(&sim.client().await);
+    let owner = cms
+        .create(&PostParams::default(), &configmap("gone-owner"))
+        .await
+        .unwrap();
+    cms.delete("gone-owner", &DeleteParams::default())
+        .await
+        .unwrap();
+    owned_configmap(&cms, "late-child", &[&owner]).await;
+    assert_eq!(code(&cms.get("late-child").await.unwrap_err()), 404);
+    let alive = cms
+        .create(&PostParams::default(), &configmap("live-owner"))
+        .await
+        .unwrap();
+    owned_configmap(&cms, "kept-child", &[&owner, &alive]).await;
+    cms.get("kept-child")
+        .await
+        .expect("one live owner keeps it");
+    sim.shutdown().await;
+}
+
+#[tokio::test]
 async fn orphan_deletion_removes_owner_references() {
     let sim = sim().await;
     let cms = configmaps(&sim.client().await);

@@ -132,10 +132,12 @@ pub async fn reconcile(qdb: Arc<QuestDB>, ctx: Arc<Context>) -> Result<Action, E
     observed.cloud = Some(&cloud_out);
 
     write_status(&qdb, &ctx, &observed).await?;
-    let next = if observed.changed.is_empty() {
+    let next = if observed.changed.is_empty() && observed.blocked.is_empty() {
         RESYNC
     } else {
-        // Our own writes come back as watch events; this is only a backstop.
+        // Our own writes come back as watch events, and a blocking child usually belongs to a
+        // predecessor of the same name that garbage collection is about to remove; this is only
+        // a backstop.
         std::time::Duration::from_secs(30)
     };
     Ok(Action::requeue(
@@ -149,6 +151,14 @@ async fn finalize(qdb: Arc<QuestDB>, ctx: &Context) -> Result<Action, Error> {
     if !cloud::has_finalizer(&qdb) {
         return Ok(Action::await_change());
     }
+    match release_and_unblock(qdb, ctx).await {
+        // A reconcile queued before the finalizer went finds the object already gone.
+        Err(Error::Kube(kube::Error::Api(s))) if s.code == 404 => Ok(Action::await_change()),
+        other => other,
+    }
+}
+
+async fn release_and_unblock(qdb: Arc<QuestDB>, ctx: &Context) -> Result<Action, Error> {
     let mut current = (*qdb).clone();
     let out = cloud::reconcile(&mut current, ctx, true).await?;
     if !out.released {
@@ -292,4 +302,37 @@ async fn write_status(
         .await
         .map_err(Error::from_status_write)?;
     Ok(())
+}
+
+/// A QuestDB the operator cannot parse (e.g. written against another schema version): it is
+/// left alone, said once in the log and as a Warning event, and every other QuestDB carries on.
+pub async fn report_unreadable(
+    obj: &crate::controllers::context::GuardedQuestDB,
+    invalid: &kube::core::error_boundary::InvalidObject,
+    ctx: &Context,
+) -> Result<Action, Error> {
+    warn!(
+        questdb = %obj.name_any(),
+        namespace = obj.namespace().unwrap_or_default(),
+        error = %invalid.error,
+        "cannot read this QuestDB; leaving it alone until it changes"
+    );
+    let reference = k8s_openapi::api::core::v1::ObjectReference {
+        api_version: Some(format!("{}/v1beta1", crate::api::GROUP)),
+        kind: Some("QuestDB".into()),
+        name: invalid.metadata.name.clone(),
+        namespace: invalid.metadata.namespace.clone(),
+        uid: invalid.metadata.uid.clone(),
+        resource_version: invalid.metadata.resource_version.clone(),
+        ..Default::default()
+    };
+    ctx.event_for(
+        &reference,
+        EventType::Warning,
+        "Unreadable",
+        "Reconcile",
+        format!("the operator cannot read this QuestDB: {}", invalid.error),
+    )
+    .await;
+    Ok(Action::await_change())
 }

@@ -198,8 +198,30 @@ pub fn compute(qdb: &QuestDB, obs: &Observed, now: Timestamp) -> QuestDBStatus {
         dns_name: existing.dns_name.clone(),
         dns_ip: existing.dns_ip.clone(),
         endpoints: Some(build::endpoints(qdb)),
-        conditions: merge(&existing.conditions, &desired, generation, now),
+        conditions: without_stale_cloud_conditions(
+            merge(&existing.conditions, &desired, generation, now),
+            qdb,
+            cloud,
+        ),
         failover: existing.failover.clone(),
         upgrade: existing.upgrade.clone(),
     }
+}
+
+/// Drops `NodeReady` / `DnsReady` once their field is gone from the spec and the cloud part
+/// has nothing more to say about it (the node or record is released): a removed feature must
+/// not keep reporting its last state.
+fn without_stale_cloud_conditions(
+    mut list: Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>,
+    qdb: &QuestDB,
+    cloud: Option<&CloudOutcome>,
+) -> Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
+    let Some(c) = cloud else { return list };
+    let drop_node = qdb.spec.node.is_none() && c.node_condition.is_none();
+    let drop_dns = qdb.spec.dns.is_none() && c.dns_condition.is_none();
+    list.retain(|k| {
+        !(drop_node && k.type_ == conditions::NODE_READY
+            || drop_dns && k.type_ == conditions::DNS_READY)
+    });
+    list
 }

@@ -262,3 +262,43 @@ fn recomputing_a_converged_status_is_identical() {
     let later = Timestamp::from_second(1_700_000_999).unwrap();
     assert_eq!(compute(&q, &obs, later), first);
 }
+
+#[test]
+fn cloud_conditions_follow_the_cloud_part_and_vanish_with_their_spec_field() {
+    use crate::controllers::questdb::cloud::CloudOutcome;
+    let mut q = crate::build::testing::questdb("db1", "ns");
+    q.spec.node = Some(crate::api::NodeSpec {
+        image: "ami-1".into(),
+        instance_type: "m6i.large".into(),
+        zone: "z".into(),
+    });
+    let waiting = CloudOutcome {
+        node_condition: Some(Desired::new("NodeReady", false, "Launching", "starting")),
+        ..CloudOutcome::default()
+    };
+    let obs = Observed {
+        cloud: Some(&waiting),
+        ..Observed::default()
+    };
+    let st = compute(&q, &obs, Timestamp::now());
+    assert_eq!(st.phase, Some(crate::api::Phase::Provisioning));
+    assert!(st
+        .conditions
+        .iter()
+        .any(|c| c.type_ == "NodeReady" && c.reason == "Launching"));
+
+    // spec.node removed and released: the condition goes away.
+    q.status = Some(st);
+    q.spec.node = None;
+    let released = CloudOutcome::default();
+    let obs = Observed {
+        cloud: Some(&released),
+        ..Observed::default()
+    };
+    let st = compute(&q, &obs, Timestamp::now());
+    assert!(
+        st.conditions.iter().all(|c| c.type_ != "NodeReady"),
+        "{:?}",
+        st.conditions
+    );
+}
