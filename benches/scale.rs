@@ -252,6 +252,8 @@ struct Figures {
     /// Reconciles and the seconds spent in them until all were Ready.
     provision_reconciles: f64,
     provision_busy_secs: f64,
+    /// Requests the apiserver answered 409 Conflict (stale cache or resourceVersion).
+    provision_conflicts: f64,
     at_rest: Memory,
     rest_was_quiet: bool,
     cut: Requests,
@@ -299,6 +301,7 @@ impl Figures {
             "min_writes_per_questdb": round(self.min_writes_per_questdb(), 2),
             "status_writes_per_questdb": round(self.per(self.provisioning.sum(|v, r| v.is_write() && r == "questdbs/status")), 2),
             "reconciles_per_questdb": round(self.per_f(self.provision_reconciles), 2),
+            "conflicts_per_questdb": round(self.per_f(self.provision_conflicts), 2),
             "worker_utilisation": round(self.worker_utilisation(), 3),
             "reads_per_questdb": round(self.per(self.provisioning.reads()), 2),
             "gets_per_questdb": round(self.per(self.provisioning.gets()), 2),
@@ -342,9 +345,10 @@ impl Figures {
             }
         );
         println!(
-            "  until Ready: {:.2} reconciles per QuestDB, {:.1} s inside reconciles, workers busy \
-             {:.0}% of the time",
+            "  until Ready: {:.2} reconciles and {:.2} 409 answers per QuestDB, {:.1} s inside \
+             reconciles, workers busy {:.0}% of the time",
             self.per_f(self.provision_reconciles),
+            self.per_f(self.provision_conflicts),
             self.provision_busy_secs,
             self.worker_utilisation() * 100.0
         );
@@ -656,6 +660,10 @@ async fn run_one(binary: &Path, questdbs: usize, concurrency: u16) -> anyhow::Re
     let provision_secs = started.elapsed().as_secs_f64();
     let provisioning_latency = latency(args.metrics).await?;
     let (provision_reconciles, provision_busy_secs) = reconcile_work(args.metrics).await?;
+    let provision_conflicts =
+        prom::scrape(args.metrics)
+            .await?
+            .sum("rest_client_requests_total", "code", "409");
     let rest_was_quiet = wait_quiet(&mut op, args.metrics).await?;
     let provisioning = Requests(sim.request_counts());
     let at_rest = op.memory()?;
@@ -719,6 +727,7 @@ async fn run_one(binary: &Path, questdbs: usize, concurrency: u16) -> anyhow::Re
         provisioning_latency,
         provision_reconciles,
         provision_busy_secs,
+        provision_conflicts,
         at_rest,
         rest_was_quiet,
         cut,
