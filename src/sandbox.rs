@@ -18,7 +18,7 @@ use tracing::{info, warn};
 
 use crate::api::QuestDB;
 use crate::build::{
-    dedicated_label_value, DEDICATED_LABEL_KEY, DEDICATED_TAINT_EFFECT, DEDICATED_TAINT_KEY,
+    dedicated_label_value_for, DEDICATED_LABEL_KEY, DEDICATED_TAINT_EFFECT, DEDICATED_TAINT_KEY,
 };
 use crate::cli::{CloudProvider, SandboxArgs};
 use crate::cloud::memory::InstanceEvent;
@@ -61,6 +61,14 @@ pub async fn run(args: SandboxArgs, shutdown: CancellationToken) -> anyhow::Resu
         .map(|(ec2, _)| {
             info!("memory cloud: a simulated Node joins for every running instance");
             spawn_memory_bridge(ec2.subscribe(), sim.clone(), bridge_token.clone())
+        })
+        .or_else(|| {
+            let nodes = built.as_ref()?.cloud.nodes.clone();
+            info!("AWS endpoint: a simulated Node joins for every running instance it reports");
+            let (sim, stop) = (sim.clone(), bridge_token.clone());
+            Some(tokio::spawn(async move {
+                bridge_polled_cloud(nodes.as_ref(), sim.cluster(), stop).await
+            }))
         });
     let opts = ManagerOptions {
         questdb_concurrency: args.questdb_concurrency,
@@ -232,6 +240,52 @@ pub async fn bridge_memory_cloud(
     }
 }
 
+/// Plays the kubelet for a real EC2 API (moto through `--aws-endpoint-url`), which has no event
+/// stream: every few seconds, one `describe_cluster` and the simulated Nodes are brought in line
+/// with the running instances.
+pub async fn bridge_polled_cloud(
+    nodes: &dyn crate::cloud::NodeProvider,
+    cluster: &Cluster,
+    stop: CancellationToken,
+) {
+    let mut joined: std::collections::BTreeSet<String> = Default::default();
+    loop {
+        match nodes.describe_cluster().await {
+            Ok(instances) => {
+                let running: std::collections::BTreeMap<&str, &Instance> = instances
+                    .iter()
+                    .filter(|i| i.state == crate::cloud::InstanceState::Running)
+                    .map(|i| (i.id.as_str(), i))
+                    .collect();
+                for (id, instance) in &running {
+                    if !joined.contains(*id)
+                        && cluster.add_node(node_spec_for(instance)).await.is_ok()
+                    {
+                        info!(instance = %id, "simulated node joined");
+                        joined.insert(id.to_string());
+                    }
+                }
+                let gone: Vec<String> = joined
+                    .iter()
+                    .filter(|id| !running.contains_key(id.as_str()))
+                    .cloned()
+                    .collect();
+                for id in gone {
+                    if cluster.remove_node(&node_name_for(&id)).await.is_ok() {
+                        info!(instance = %id, "simulated node removed");
+                        joined.remove(&id);
+                    }
+                }
+            }
+            Err(e) => warn!(error = %e, "describing instances for the simulated nodes failed"),
+        }
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(Duration::from_secs(2)) => {}
+        }
+    }
+}
+
 /// [`bridge_memory_cloud`] on its own task, for callers that share the simulator.
 pub fn spawn_memory_bridge(
     events: broadcast::Receiver<InstanceEvent>,
@@ -253,24 +307,11 @@ fn node_spec_for(instance: &Instance) -> NodeSpec {
     let tag = |k: &str| instance.tags.get(k).cloned();
     if let Some(value) = tag(TAG_NAMESPACE)
         .zip(tag(TAG_NAME))
-        .and_then(|(ns, name)| dedicated_value(&ns, &name))
+        .map(|(ns, name)| dedicated_label_value_for(&ns, &name))
     {
         spec = spec
             .with_label(DEDICATED_LABEL_KEY, value.clone())
             .with_taint(DEDICATED_TAINT_KEY, Some(&value), DEDICATED_TAINT_EFFECT);
     }
     spec
-}
-
-/// The dedicated label value of QuestDB `namespace/name` (the builder takes a whole QuestDB;
-/// only its name and namespace matter).
-fn dedicated_value(namespace: &str, name: &str) -> Option<String> {
-    let probe: QuestDB = serde_json::from_value(serde_json::json!({
-        "apiVersion": "crd.questdb.io/v1beta1",
-        "kind": "QuestDB",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {"image": "-", "volume": {"size": "1Gi"}},
-    }))
-    .ok()?;
-    Some(dedicated_label_value(&probe))
 }

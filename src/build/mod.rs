@@ -24,8 +24,8 @@ pub use labels::{child_annotations, child_labels, owner_references, selector_lab
 pub use pvc::{pvc, pvc_with_ownership, PvcOwnership};
 pub use service::{client_service, headless_service};
 pub use statefulset::{
-    dedicated_label_value, statefulset, DedicatedNode, DEDICATED_LABEL_KEY, DEDICATED_TAINT_EFFECT,
-    DEDICATED_TAINT_KEY,
+    dedicated_label_value, dedicated_label_value_for, statefulset, DedicatedNode,
+    DEDICATED_LABEL_KEY, DEDICATED_TAINT_EFFECT, DEDICATED_TAINT_KEY,
 };
 pub use validate::{validate, SpecProblem};
 

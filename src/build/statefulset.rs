@@ -58,7 +58,12 @@ impl DedicatedNode {
 /// across the cluster. When that is longer than a label value may be (63), it is cut and a hash
 /// of the full value appended, so two long names never share a node.
 pub fn dedicated_label_value(qdb: &QuestDB) -> String {
-    let full = format!("{}.{}", qdb.namespace().unwrap_or_default(), qdb.name_any());
+    dedicated_label_value_for(&qdb.namespace().unwrap_or_default(), &qdb.name_any())
+}
+
+/// [`dedicated_label_value`] from a namespace and name (what an instance's tags carry).
+pub fn dedicated_label_value_for(namespace: &str, name: &str) -> String {
+    let full = format!("{namespace}.{name}");
     if full.len() <= LABEL_VALUE_MAX {
         return full;
     }
