@@ -17,7 +17,7 @@ use kube::api::Api;
 use kube::core::PartialObjectMeta;
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
 use kube::runtime::events::{Recorder, Reporter};
-use kube::runtime::reflector::{self, ObjectRef, ReflectHandle};
+use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Client, Resource};
 use tokio_util::sync::CancellationToken;
@@ -178,39 +178,34 @@ pub async fn run_with(
     result
 }
 
-/// Subscriptions to the shared reflectors. They are taken before the reflectors start (a
-/// reflector's writer is consumed by its stream) and drained while this replica is a standby, so
-/// an unread subscription never holds a reflector back.
+/// Reconcile requests, forwarded from the reflector streams after each event reached its cache:
+/// a QuestDB's own changes, and the changes and deletions of its children and key Secrets.
+///
+/// kube-runtime's shared-stream subscriptions are not used for triggers: they fan out only
+/// applied objects (no deletions), and a subscription whose object vanished from the cache
+/// before it was read returns `Pending` without a wake-up, which can stall that trigger stream.
 pub struct Subscriptions {
-    questdbs: ReflectHandle<GuardedQuestDB>,
-    statefulsets: ReflectHandle<StatefulSet>,
-    configmaps: ReflectHandle<ConfigMap>,
-    services: ReflectHandle<Service>,
-    pvcs: ReflectHandle<PersistentVolumeClaim>,
-    pods: ReflectHandle<Pod>,
-    secrets: ReflectHandle<PartialObjectMeta<Secret>>,
-    /// QuestDBs whose child or key Secret was deleted: shared reflectors only fan out applied
-    /// objects, so deletions are forwarded from the reflector streams themselves.
-    deleted: DeletionReceiver,
+    triggers: TriggerReceiver,
 }
 
-type DeletionReceiver = futures::channel::mpsc::Receiver<ObjectRef<GuardedQuestDB>>;
-type DeletionSender = futures::channel::mpsc::Sender<ObjectRef<GuardedQuestDB>>;
+type TriggerReceiver = futures::channel::mpsc::UnboundedReceiver<ObjectRef<GuardedQuestDB>>;
+type TriggerSender = futures::channel::mpsc::UnboundedSender<ObjectRef<GuardedQuestDB>>;
 
-/// Bounded: when a standby's buffer is full, dropping is fine — the controllers reconcile
-/// everything when they start.
-const DELETION_BUFFER: usize = 1024;
-
-/// Forwards the deletion of an object to the QuestDB `map` says it belongs to.
-fn forward_deletion<K>(
+/// Forwards an object's event to the QuestDB `map` says it belongs to. Unbounded, because a
+/// dropped trigger would be a missed reconcile; a standby drains it continuously.
+fn forward<K>(
     event: &Result<watcher::Event<K>, watcher::Error>,
-    tx: &DeletionSender,
+    tx: &TriggerSender,
+    deletions: bool,
     map: impl Fn(&K) -> Option<ObjectRef<GuardedQuestDB>>,
 ) {
-    if let Ok(watcher::Event::Delete(obj)) = event {
-        if let Some(r) = map(obj) {
-            let _ = tx.clone().try_send(r);
-        }
+    let obj = match event {
+        Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) => o,
+        Ok(watcher::Event::Delete(o)) if deletions => o,
+        _ => return,
+    };
+    if let Some(r) = map(obj) {
+        let _ = tx.unbounded_send(r);
     }
 }
 
@@ -233,28 +228,19 @@ fn guarded(r: ObjectRef<QuestDB>) -> ObjectRef<GuardedQuestDB> {
 }
 
 impl Subscriptions {
-    /// Discards events until `until` completes; the controllers reconcile everything when they
-    /// start, so nothing drained is lost.
+    /// Discards requests until `until` completes; the controllers reconcile everything when
+    /// they start, so nothing drained is lost.
     async fn drain_while<T>(mut self, until: impl Future<Output = T>) -> (Self, T) {
         let mut until = std::pin::pin!(until);
         loop {
             tokio::select! {
                 biased;
                 out = &mut until => return (self, out),
-                Some(_) = self.questdbs.next() => {}
-                Some(_) = self.statefulsets.next() => {}
-                Some(_) = self.configmaps.next() => {}
-                Some(_) = self.services.next() => {}
-                Some(_) = self.pvcs.next() => {}
-                Some(_) = self.pods.next() => {}
-                Some(_) = self.secrets.next() => {}
-                Some(_) = self.deleted.next() => {}
+                Some(_) = self.triggers.next() => {}
             }
         }
     }
 }
-
-const SHARED_BUFFER: usize = 1024;
 
 fn api_for<K>(client: &Client, ns: Option<&str>) -> Api<K>
 where
@@ -283,45 +269,65 @@ fn start_caches(
     token: &CancellationToken,
 ) -> (Caches, Subscriptions, Vec<tokio::task::JoinHandle<()>>) {
     let mut tasks = Vec::new();
-    let (deleted_tx, deleted) = futures::channel::mpsc::channel(DELETION_BUFFER);
+    let (tx, triggers) = futures::channel::mpsc::unbounded();
 
-    macro_rules! shared {
-        ($k:ty, $api:expr, $cfg:expr) => {{
-            let (reader, writer) = reflector::store_shared::<$k>(SHARED_BUFFER);
-            let subscription = writer.subscribe().expect("shared store");
-            let tx = deleted_tx.clone();
+    // `inspect` runs after `reflect`: a request is only sent once its event is in the cache.
+    macro_rules! cached {
+        ($k:ty, $api:expr, $cfg:expr, $deletions:expr, $map:expr) => {{
+            let (reader, writer) = reflector::store::<$k>();
+            let tx = tx.clone();
             let stream = watcher($api, $cfg)
                 .default_backoff()
                 .modify(|o: &mut $k| o.meta_mut().managed_fields = None)
-                .reflect_shared(writer)
-                .inspect(move |ev| forward_deletion(ev, &tx, |o: &$k| questdb_of(o.meta())));
+                .reflect(writer)
+                .inspect(move |ev| forward(ev, &tx, $deletions, $map));
             tasks.push(spawn_drain(stream, token.clone(), stringify!($k)));
-            (reader, subscription)
+            reader
         }};
     }
 
-    let (questdbs, w_qdb) = shared!(
+    let questdbs = cached!(
         GuardedQuestDB,
         api_for::<GuardedQuestDB>(client, ns),
-        watcher::Config::default()
+        watcher::Config::default(),
+        false,
+        |q: &GuardedQuestDB| Some(ObjectRef::from_obj(q))
     );
-    let (statefulsets, w_sts) = shared!(
+    let statefulsets = cached!(
         StatefulSet,
         api_for::<StatefulSet>(client, ns),
-        managed_selector()
+        managed_selector(),
+        true,
+        |o: &StatefulSet| questdb_of(o.meta())
     );
-    let (configmaps, w_cm) = shared!(
+    let configmaps = cached!(
         ConfigMap,
         api_for::<ConfigMap>(client, ns),
-        managed_selector()
+        managed_selector(),
+        true,
+        |o: &ConfigMap| questdb_of(o.meta())
     );
-    let (services, w_svc) = shared!(Service, api_for::<Service>(client, ns), managed_selector());
-    let (pvcs, w_pvc) = shared!(
+    let services = cached!(
+        Service,
+        api_for::<Service>(client, ns),
+        managed_selector(),
+        true,
+        |o: &Service| questdb_of(o.meta())
+    );
+    let pvcs = cached!(
         PersistentVolumeClaim,
         api_for::<PersistentVolumeClaim>(client, ns),
-        managed_selector()
+        managed_selector(),
+        true,
+        |o: &PersistentVolumeClaim| questdb_of(o.meta())
     );
-    let (pods, w_pod) = shared!(Pod, api_for::<Pod>(client, ns), managed_selector());
+    let pods = cached!(
+        Pod,
+        api_for::<Pod>(client, ns),
+        managed_selector(),
+        true,
+        |o: &Pod| questdb_of(o.meta())
+    );
 
     let (nodes, node_writer) = reflector::store::<Node>();
     let node_stream = watcher(Api::<Node>::all(client.clone()), watcher::Config::default())
@@ -330,9 +336,7 @@ fn start_caches(
         .reflect(node_writer);
     tasks.push(spawn_drain(node_stream, token.clone(), "Node"));
 
-    let (secrets, secret_writer) =
-        reflector::store_shared::<PartialObjectMeta<Secret>>(SHARED_BUFFER);
-    let w_secret = secret_writer.subscribe().expect("shared store");
+    let (secrets, secret_writer) = reflector::store::<PartialObjectMeta<Secret>>();
     let secret_api: Api<PartialObjectMeta<Secret>> = match ns {
         Some(ns) => Api::namespaced(client.clone(), ns),
         None => Api::all(client.clone()),
@@ -348,9 +352,9 @@ fn start_caches(
                 a.retain(|k, _| k == crate::api::SECRET_QUESTDB_ANNOTATION);
             }
         })
-        .reflect_shared(secret_writer)
+        .reflect(secret_writer)
         .inspect(move |ev| {
-            forward_deletion(ev, &deleted_tx, |s: &PartialObjectMeta<Secret>| {
+            forward(ev, &tx, true, |s: &PartialObjectMeta<Secret>| {
                 ilp_auth::questdb_for_secret(&s.metadata).map(guarded)
             })
         });
@@ -366,17 +370,7 @@ fn start_caches(
         nodes,
         secrets,
     };
-    let writers = Subscriptions {
-        questdbs: w_qdb,
-        statefulsets: w_sts,
-        configmaps: w_cm,
-        services: w_svc,
-        pvcs: w_pvc,
-        pods: w_pod,
-        secrets: w_secret,
-        deleted,
-    };
-    (caches, writers, tasks)
+    (caches, Subscriptions { triggers }, tasks)
 }
 
 fn spawn_drain<S, T>(
@@ -545,43 +539,12 @@ fn questdb_controller(
     m: &ControllerMetrics,
 ) -> Controller<GuardedQuestDB> {
     let config = ControllerConfig::default().concurrency(concurrency);
+    // Every request comes through `subs.triggers`; the main stream only lends its cache.
+    let none = futures::stream::pending::<Result<GuardedQuestDB, watcher::Error>>();
     let seen = m.clone();
-    let main = subs
-        .questdbs
-        .inspect(move |q: &Arc<GuardedQuestDB>| seen.observe_trigger(ObjectRef::from_obj(&**q)));
-    let mut c = Controller::for_shared_stream(main, caches.questdbs.clone()).with_config(config);
-
-    // Children are mapped to their QuestDB by the operator's instance label: pods are owned by
-    // the StatefulSet, retained PVCs by nobody, and the label is on every child alike.
-    fn by_label(
-        meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
-        m: &ControllerMetrics,
-    ) -> Option<ObjectRef<GuardedQuestDB>> {
-        let r = questdb_of(meta)?;
-        m.observe_trigger(r.clone());
-        Some(r)
-    }
-    macro_rules! by_label {
-        ($stream:expr, $k:ty) => {{
-            let m = m.clone();
-            c = c.watches_shared_stream($stream, move |o: Arc<$k>| by_label(&o.metadata, &m));
-        }};
-    }
-    by_label!(subs.statefulsets, StatefulSet);
-    by_label!(subs.configmaps, ConfigMap);
-    by_label!(subs.services, Service);
-    by_label!(subs.pvcs, PersistentVolumeClaim);
-    by_label!(subs.pods, Pod);
-    let sm = m.clone();
-    c = c.watches_shared_stream(subs.secrets, move |s: Arc<PartialObjectMeta<Secret>>| {
-        let r = ilp_auth::questdb_for_secret(&s.metadata).map(guarded);
-        if let Some(r) = &r {
-            sm.observe_trigger(r.clone());
-        }
-        r
-    });
-    let dm = m.clone();
-    c = c.reconcile_on(subs.deleted.inspect(move |r| dm.observe_trigger(r)));
+    let c = Controller::for_stream(none, caches.questdbs.clone())
+        .with_config(config)
+        .reconcile_on(subs.triggers.inspect(move |r| seen.observe_trigger(r)));
     // The controller only sees events after it starts: reconcile everything once at start.
     c.reconcile_all_on(futures::stream::once(async {}))
 }

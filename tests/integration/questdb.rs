@@ -345,17 +345,31 @@ async fn adopts_unowned_children_and_leaves_foreign_ones_alone() {
         ..Default::default()
     };
     cms.create(&PostParams::default(), &orphan).await.unwrap();
-    // A Service controlled by something else: left alone, reported.
+    // A Service controlled by something else (which must exist, or the garbage collector takes
+    // the Service): left alone, reported.
+    let other = cms
+        .create(
+            &PostParams::default(),
+            &ConfigMap {
+                metadata: ObjectMeta {
+                    name: Some("someone-else".into()),
+                    ..Default::default()
+                },
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
     let svcs = env.api::<Service>(NS);
     let foreign = Service {
         metadata: ObjectMeta {
             name: Some("db2".into()),
             owner_references: Some(vec![
                 k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
-                    api_version: "apps/v1".into(),
-                    kind: "Deployment".into(),
+                    api_version: "v1".into(),
+                    kind: "ConfigMap".into(),
                     name: "someone-else".into(),
-                    uid: "0000-foreign".into(),
+                    uid: other.uid().unwrap(),
                     controller: Some(true),
                     block_owner_deletion: None,
                 },
@@ -399,7 +413,7 @@ async fn adopts_unowned_children_and_leaves_foreign_ones_alone() {
     let still = svcs.get("db2").await.unwrap();
     assert_eq!(
         still.owner_references()[0].uid,
-        "0000-foreign",
+        other.uid().unwrap(),
         "foreign Service untouched"
     );
     env.stop().await;
