@@ -273,12 +273,19 @@ fn start_caches(
 
     // `inspect` runs after `reflect`: a request is only sent once its event is in the cache.
     macro_rules! cached {
-        ($k:ty, $api:expr, $cfg:expr, $deletions:expr, $map:expr) => {{
+        ($k:ty, $api:expr, $cfg:expr, $deletions:expr, $map:expr) => {
+            cached!($k, $api, $cfg, $deletions, $map, |_: &mut $k| {})
+        };
+        ($k:ty, $api:expr, $cfg:expr, $deletions:expr, $map:expr, $trim:expr) => {{
             let (reader, writer) = reflector::store::<$k>();
             let tx = tx.clone();
+            let trim = $trim;
             let stream = watcher($api, $cfg)
                 .default_backoff()
-                .modify(|o: &mut $k| o.meta_mut().managed_fields = None)
+                .modify(move |o: &mut $k| {
+                    o.meta_mut().managed_fields = None;
+                    trim(o);
+                })
                 .reflect(writer)
                 .inspect(move |ev| forward(ev, &tx, $deletions, $map));
             tasks.push(spawn_drain(stream, token.clone(), stringify!($k)));
@@ -326,7 +333,8 @@ fn start_caches(
         api_for::<Pod>(client, ns),
         managed_selector(),
         true,
-        |o: &Pod| questdb_of(o.meta())
+        |o: &Pod| questdb_of(o.meta()),
+        trim_pod
     );
 
     let (nodes, node_writer) = reflector::store::<Node>();
@@ -371,6 +379,25 @@ fn start_caches(
         secrets,
     };
     (caches, Subscriptions { triggers }, tasks)
+}
+
+/// The controller reads a pod's node and Ready condition only; the rest (the whole container
+/// spec, statuses) is most of a pod's size, dropped before it reaches the cache.
+fn trim_pod(pod: &mut Pod) {
+    if let Some(spec) = pod.spec.as_mut() {
+        *spec = k8s_openapi::api::core::v1::PodSpec {
+            node_name: spec.node_name.take(),
+            ..Default::default()
+        };
+    }
+    if let Some(status) = pod.status.as_mut() {
+        *status = k8s_openapi::api::core::v1::PodStatus {
+            phase: status.phase.take(),
+            conditions: status.conditions.take(),
+            ..Default::default()
+        };
+    }
+    pod.metadata.annotations = None;
 }
 
 fn spawn_drain<S, T>(

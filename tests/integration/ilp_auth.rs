@@ -99,11 +99,14 @@ fn mounts_auth_txt(sts: &StatefulSet) -> bool {
 }
 
 async fn pod_uid(env: &Env) -> String {
-    let pod = env
-        .api::<Pod>(NS)
-        .get(POD)
-        .await
-        .expect("database pod exists");
+    // The pod may be between its deletion and its replacement by the StatefulSet controller.
+    let pod = wait_for(
+        &env.api::<Pod>(NS),
+        POD,
+        "database pod exists",
+        |p: Option<&Pod>| p.is_some(),
+    )
+    .await;
     pod.uid().expect("pod has a uid")
 }
 

@@ -131,6 +131,7 @@ pub async fn reconcile(qdb: Arc<QuestDB>, ctx: Arc<Context>) -> Result<Action, E
     observed.node = node_obj.as_deref();
     observed.cloud = Some(&cloud_out);
 
+    publish_applied(&qdb, &ctx, &observed.applied).await;
     write_status(&qdb, &ctx, &observed).await?;
     let next = if observed.changed.is_empty() && observed.blocked.is_empty() {
         RESYNC
@@ -248,14 +249,7 @@ where
                 _ => ("Updated", "updated"),
             };
             info!(questdb = %qdb.name_any(), child = %what, "{verb}");
-            ctx.event(
-                qdb,
-                EventType::Normal,
-                reason,
-                "Reconcile",
-                format!("{verb} {what}"),
-            )
-            .await;
+            observed.applied.push((reason, what.clone()));
             observed.changed.push(what);
         }
         Err(e) => {
@@ -335,4 +329,34 @@ pub async fn report_unreadable(
     )
     .await;
     Ok(Action::await_change())
+}
+
+/// One event per reason and reconcile ("created ConfigMap a, Service b, ..."), not one per child:
+/// fewer writes, and every child named. kube's recorder folds events with the same key into one
+/// series that keeps its first note, so the action carries a digest of the note: a repeat of the
+/// same change is counted in its series, a different change is a new event.
+async fn publish_applied(qdb: &QuestDB, ctx: &Context, applied: &[(&'static str, String)]) {
+    for reason in ["Created", "Adopted", "Updated"] {
+        let what: Vec<&str> = applied
+            .iter()
+            .filter(|(r, _)| *r == reason)
+            .map(|(_, w)| w.as_str())
+            .collect();
+        if what.is_empty() {
+            continue;
+        }
+        let note = format!("{} {}", reason.to_lowercase(), what.join(", "));
+        let digest = {
+            use sha2::Digest;
+            hex::encode(&sha2::Sha256::digest(note.as_bytes())[..4])
+        };
+        ctx.event(
+            qdb,
+            EventType::Normal,
+            reason,
+            &format!("Reconcile-{digest}"),
+            note,
+        )
+        .await;
+    }
 }

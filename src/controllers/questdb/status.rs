@@ -19,6 +19,8 @@ pub struct Observed<'a> {
     pub blocked: Vec<String>,
     /// Children created or changed by this reconcile (not yet visible as converged).
     pub changed: Vec<String>,
+    /// What this reconcile wrote, by event reason ("Created", "Adopted", "Updated").
+    pub applied: Vec<(&'static str, String)>,
     /// Spec problems found by validation; non-empty means nothing was built.
     pub invalid: Vec<String>,
     /// The ILP auth condition, decided by the auth module.
