@@ -17,6 +17,21 @@ use crate::harness::{has_condition, is_ready, sim_config, wait_for, wait_until, 
 
 const NS: &str = "tenant-a";
 
+async fn count<K>(env: &Env) -> usize
+where
+    K: Resource<Scope = kube::core::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    env.api::<K>(NS)
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .len()
+}
+
 fn controlled_by(obj: &impl Resource, qdb: &QuestDB) -> bool {
     obj.owner_references()
         .iter()
@@ -248,37 +263,9 @@ async fn unparsable_image_gives_invalid_spec_and_creates_nothing() {
         .message
         .clone();
     assert!(msg.contains("image"), "message names the problem: {msg}");
-    for (what, n) in [
-        (
-            "statefulsets",
-            env.api::<StatefulSet>(NS)
-                .list(&ListParams::default())
-                .await
-                .unwrap()
-                .items
-                .len(),
-        ),
-        (
-            "configmaps",
-            env.api::<ConfigMap>(NS)
-                .list(&ListParams::default())
-                .await
-                .unwrap()
-                .items
-                .len(),
-        ),
-        (
-            "pvcs",
-            env.api::<PersistentVolumeClaim>(NS)
-                .list(&ListParams::default())
-                .await
-                .unwrap()
-                .items
-                .len(),
-        ),
-    ] {
-        assert_eq!(n, 0, "nothing partial: {what}");
-    }
+    assert_eq!(count::<StatefulSet>(&env).await, 0, "no StatefulSet");
+    assert_eq!(count::<ConfigMap>(&env).await, 0, "no ConfigMap");
+    assert_eq!(count::<PersistentVolumeClaim>(&env).await, 0, "no PVC");
     let events: Api<k8s_openapi::api::events::v1::Event> = env.api(NS);
     wait_until("a Warning event names the problem", || {
         let events = events.clone();
