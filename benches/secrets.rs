@@ -13,27 +13,28 @@
 //!
 //! Prints a table, then one JSON line (`{"bench":"secrets",...}`) for scripts.
 
+mod support;
+
 use std::collections::BTreeMap;
 use std::io::Write as _;
-use std::net::{SocketAddr, TcpListener};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context as _};
+use anyhow::Context as _;
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use k8s_openapi::ByteString;
 use kube::api::{Api, ObjectMeta, PostParams};
 use kube::runtime::wait::await_condition;
-use kube::{Client, CustomResourceExt};
+use kube::Client;
 use questdb_operator::api::QuestDB;
 use questdb_operator::build::testing;
 use questdb_operator::ilp_auth::testing::TestKey;
 use questdb_sim::{Sim, SimConfig};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use support::operator::{self, Memory, Operator, RunArgs};
+use support::{cluster, wait};
 
 const NS: &str = "bench";
 const DB: &str = "db1";
@@ -68,161 +69,6 @@ impl Settings {
         };
         Ok(Self { secrets, quick })
     }
-}
-
-/// The operator child process, killed when dropped (also on panic or early return) so a failed
-/// run never leaves it behind.
-struct Operator {
-    child: Child,
-    log: PathBuf,
-}
-
-impl Operator {
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    fn ensure_running(&mut self) -> anyhow::Result<()> {
-        if let Some(status) = self.child.try_wait()? {
-            bail!(
-                "the operator exited ({status}); its log is {}",
-                self.log.display()
-            );
-        }
-        Ok(())
-    }
-}
-
-impl Drop for Operator {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// Resident memory of a process, from `/proc/<pid>/status`.
-#[derive(Clone, Copy, Debug)]
-struct Memory {
-    rss_kib: u64,
-    hwm_kib: u64,
-}
-
-fn memory_of(pid: u32) -> anyhow::Result<Memory> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .with_context(|| format!("reading /proc/{pid}/status"))?;
-    let field = |name: &str| -> anyhow::Result<u64> {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
-            .with_context(|| format!("no {name} in /proc/{pid}/status"))
-    };
-    Ok(Memory {
-        rss_kib: field("VmRSS:")?,
-        hwm_kib: field("VmHWM:")?,
-    })
-}
-
-/// The operator binary Cargo built alongside this bench (same profile), unless overridden.
-fn operator_binary() -> anyhow::Result<PathBuf> {
-    let path = std::env::var_os("QUESTDB_OPERATOR_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_questdb-operator")));
-    if !path.is_file() {
-        bail!(
-            "operator binary {} not found: build it with `cargo build --bin questdb-operator` \
-             or set QUESTDB_OPERATOR_BIN",
-            path.display()
-        );
-    }
-    Ok(path)
-}
-
-/// A port nobody listens on right now. The operator binds it a moment later; on a machine where
-/// another process grabs it in between, the readiness wait fails and says so.
-fn free_port() -> anyhow::Result<u16> {
-    let listener = TcpListener::bind("127.0.0.1:0").context("finding a free port")?;
-    Ok(listener.local_addr()?.port())
-}
-
-fn start_operator(
-    binary: &Path,
-    kubeconfig: &Path,
-    health: SocketAddr,
-    dir: &Path,
-) -> anyhow::Result<Operator> {
-    let log = dir.join("operator.log");
-    let out = std::fs::File::create(&log).context("creating the operator log")?;
-    let err = out.try_clone()?;
-    let child = Command::new(binary)
-        .arg("run")
-        .arg("--kubeconfig")
-        .arg(kubeconfig)
-        .args(["--metrics-bind-address", "127.0.0.1:0"])
-        .arg("--health-probe-bind-address")
-        .arg(health.to_string())
-        .env("RUST_LOG", "warn")
-        .env_remove("KUBECONFIG")
-        .stdin(Stdio::null())
-        .stdout(out)
-        .stderr(err)
-        .spawn()
-        .with_context(|| format!("starting {}", binary.display()))?;
-    Ok(Operator { child, log })
-}
-
-/// One plain HTTP/1.1 GET; true on a 200 answer.
-async fn http_ok(addr: SocketAddr, path: &str) -> bool {
-    let Ok(mut stream) = tokio::net::TcpStream::connect(addr).await else {
-        return false;
-    };
-    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
-    if stream.write_all(request.as_bytes()).await.is_err() {
-        return false;
-    }
-    let mut response = Vec::new();
-    let _ = stream.read_to_end(&mut response).await;
-    response.starts_with(b"HTTP/1.1 200") || response.starts_with(b"HTTP/1.0 200")
-}
-
-/// Polls `probe` until it is true, failing after [`TIMEOUT`] or when the operator died.
-async fn wait_until<F, Fut>(what: &str, operator: &mut Operator, mut probe: F) -> anyhow::Result<()>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = Instant::now() + TIMEOUT;
-    let mut delay = Duration::from_millis(5);
-    loop {
-        if probe().await {
-            return Ok(());
-        }
-        operator.ensure_running()?;
-        if Instant::now() > deadline {
-            bail!(
-                "timed out after {TIMEOUT:?} waiting for {what}; operator log: {}",
-                operator.log.display()
-            );
-        }
-        tokio::time::sleep(delay).await;
-        delay = (delay * 2).min(Duration::from_millis(100));
-    }
-}
-
-async fn install_crd(client: &Client) -> anyhow::Result<()> {
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    crds.create(&PostParams::default(), &QuestDB::crd())
-        .await
-        .context("installing the CRD")?;
-    let api: Api<QuestDB> = Api::all(client.clone());
-    let deadline = Instant::now() + TIMEOUT;
-    while api.list(&Default::default()).await.is_err() {
-        if Instant::now() > deadline {
-            bail!("the QuestDB resource is not served after {TIMEOUT:?}");
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    Ok(())
 }
 
 fn ilp_keys_loaded(q: &QuestDB, kid: &str) -> bool {
@@ -280,8 +126,9 @@ async fn wait_key_live(
     let qdbs: Api<QuestDB> = Api::namespaced(client.clone(), NS);
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), NS);
     let line = key.auth_line();
-    wait_until(
+    wait::until(
         &format!("key {} deployed and db1 Ready", key.kid),
+        TIMEOUT,
         operator,
         || {
             let (qdbs, cms, line) = (qdbs.clone(), cms.clone(), line.clone());
@@ -393,7 +240,7 @@ impl Figures {
 }
 
 async fn run(settings: &Settings) -> anyhow::Result<Figures> {
-    let binary = operator_binary()?;
+    let binary = operator::binary()?;
     let sim = Sim::start(SimConfig {
         clock_speed: 20.0,
         ..SimConfig::sandbox()
@@ -401,35 +248,35 @@ async fn run(settings: &Settings) -> anyhow::Result<Figures> {
     .await
     .context("starting the simulator")?;
     let client = sim.client().await;
-    install_crd(&client).await?;
-    let ns = Namespace {
-        metadata: ObjectMeta {
-            name: Some(NS.into()),
-            ..ObjectMeta::default()
-        },
-        ..Namespace::default()
-    };
-    Api::<Namespace>::all(client.clone())
-        .create(&PostParams::default(), &ns)
-        .await
-        .context("creating the namespace")?;
+    cluster::install_crd(&client, TIMEOUT).await?;
+    cluster::create_namespace(&client, NS).await?;
 
     let dir = tempfile::tempdir().context("creating a temporary directory")?;
     // Kept after the run so a failure can be investigated.
     let dir = dir.keep();
     let kubeconfig = dir.join("kubeconfig");
     std::fs::write(&kubeconfig, sim.kubeconfig_yaml()).context("writing the kubeconfig")?;
-    let health = SocketAddr::from(([127, 0, 0, 1], free_port()?));
-    let mut operator = start_operator(&binary, &kubeconfig, health, &dir)?;
+    let args = RunArgs {
+        kubeconfig,
+        // Not scraped: any free port the operator picks.
+        metrics: SocketAddr::from(([127, 0, 0, 1], 0)),
+        health: operator::free_addr()?,
+        concurrency: None,
+    };
+    let health = args.health;
+    let mut operator = Operator::start(&binary, &args, dir.join("operator.log"))?;
     eprintln!(
         "operator pid {} ({}), log {}",
         operator.pid(),
         binary.display(),
-        operator.log.display()
+        operator.log().display()
     );
-    wait_until("the operator's /readyz", &mut operator, || {
-        http_ok(health, "/readyz")
-    })
+    wait::until(
+        "the operator's /readyz",
+        TIMEOUT,
+        &mut operator,
+        || async move { operator::http_get(health, "/readyz").await.is_some() },
+    )
     .await?;
 
     let secrets: Api<Secret> = Api::namespaced(client.clone(), NS);
@@ -452,7 +299,7 @@ async fn run(settings: &Settings) -> anyhow::Result<Figures> {
         .await
         .context("creating the QuestDB")?;
     wait_key_live(&client, &mut operator, &first).await?;
-    let baseline = memory_of(operator.pid())?;
+    let baseline = operator.memory()?;
 
     let started = Instant::now();
     let payload: Vec<u8> = (0..SECRET_BYTES).map(|i| (i % 251) as u8).collect();
@@ -480,7 +327,7 @@ async fn run(settings: &Settings) -> anyhow::Result<Figures> {
         .context("creating the second key Secret")?;
     wait_key_live(&client, &mut operator, &second).await?;
     let settle_secs = caught_up.elapsed().as_secs_f64();
-    let loaded = memory_of(operator.pid())?;
+    let loaded = operator.memory()?;
 
     // Rotation: edit the first key Secret; time until the pod template's config hash changes.
     // The watch is opened after the edit, so the figure includes one list round trip.
