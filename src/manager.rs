@@ -565,7 +565,12 @@ fn questdb_controller(
     concurrency: u16,
     m: &ControllerMetrics,
 ) -> Controller<GuardedQuestDB> {
-    let config = ControllerConfig::default().concurrency(concurrency);
+    // A short debounce folds the burst of events that follows a reconcile's own writes (six
+    // children appearing, then the StatefulSet's status steps) into one reconcile that sees them
+    // all, instead of several that act on a cache not yet caught up.
+    let config = ControllerConfig::default()
+        .concurrency(concurrency)
+        .debounce(Duration::from_millis(100));
     // Every request comes through `subs.triggers`; the main stream only lends its cache.
     let none = futures::stream::pending::<Result<GuardedQuestDB, watcher::Error>>();
     let seen = m.clone();
