@@ -207,6 +207,28 @@ where
     }
 }
 
+/// Waits until an Event in `ns` satisfies `matches` (events.k8s.io/v1, as the recorder writes).
+pub async fn wait_for_event(
+    env: &Env,
+    ns: &str,
+    what: &str,
+    matches: impl Fn(&k8s_openapi::api::events::v1::Event) -> bool,
+) {
+    let events: Api<k8s_openapi::api::events::v1::Event> = env.api(ns);
+    let matches = &matches;
+    wait_until(what, || {
+        let events = events.clone();
+        async move {
+            events
+                .list(&Default::default())
+                .await
+                .map(|l| l.items.iter().any(matches))
+                .unwrap_or(false)
+        }
+    })
+    .await;
+}
+
 /// The QuestDB's Ready condition is True.
 pub fn is_ready() -> impl Condition<QuestDB> {
     |q: Option<&QuestDB>| {

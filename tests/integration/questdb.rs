@@ -13,7 +13,9 @@ use questdb_operator::manager::ManagerOptions;
 use questdb_sim::{Fault, Verb};
 use serde_json::json;
 
-use crate::harness::{has_condition, is_ready, sim_config, wait_for, wait_until, Env};
+use crate::harness::{
+    has_condition, is_ready, sim_config, wait_for, wait_for_event, wait_until, Env,
+};
 
 const NS: &str = "tenant-a";
 
@@ -266,21 +268,8 @@ async fn unparsable_image_gives_invalid_spec_and_creates_nothing() {
     assert_eq!(count::<StatefulSet>(&env).await, 0, "no StatefulSet");
     assert_eq!(count::<ConfigMap>(&env).await, 0, "no ConfigMap");
     assert_eq!(count::<PersistentVolumeClaim>(&env).await, 0, "no PVC");
-    let events: Api<k8s_openapi::api::events::v1::Event> = env.api(NS);
-    wait_until("a Warning event names the problem", || {
-        let events = events.clone();
-        async move {
-            events
-                .list(&ListParams::default())
-                .await
-                .unwrap()
-                .items
-                .iter()
-                .any(|e| {
-                    e.type_.as_deref() == Some("Warning")
-                        && e.reason.as_deref() == Some("InvalidSpec")
-                })
-        }
+    wait_for_event(&env, NS, "a Warning event names the problem", |e| {
+        e.type_.as_deref() == Some("Warning") && e.reason.as_deref() == Some("InvalidSpec")
     })
     .await;
     env.stop().await;
@@ -543,23 +532,15 @@ async fn an_unreadable_questdb_never_stops_the_others() {
         is_ready(),
     )
     .await;
-    let events: Api<k8s_openapi::api::events::v1::Event> = env.api(NS);
-    wait_until("a Warning event says the QuestDB is unreadable", || {
-        let events = events.clone();
-        async move {
-            events
-                .list(&ListParams::default())
-                .await
-                .unwrap()
-                .items
-                .iter()
-                .any(|e| {
-                    e.reason.as_deref() == Some("Unreadable")
-                        && e.regarding.as_ref().and_then(|r| r.name.as_deref())
-                            == Some("unreadable")
-                })
-        }
-    })
+    wait_for_event(
+        &env,
+        NS,
+        "a Warning event says the QuestDB is unreadable",
+        |e| {
+            e.reason.as_deref() == Some("Unreadable")
+                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("unreadable")
+        },
+    )
     .await;
     assert!(
         env.api::<StatefulSet>(NS)
