@@ -345,27 +345,26 @@ fn start_caches(
     tasks.push(spawn_drain(node_stream, token.clone(), "Node"));
 
     let (secrets, secret_writer) = reflector::store::<PartialObjectMeta<Secret>>();
-    let secret_api: Api<PartialObjectMeta<Secret>> = match ns {
-        Some(ns) => Api::namespaced(client.clone(), ns),
-        None => Api::all(client.clone()),
-    };
-    let secret_stream = watcher(secret_api, watcher::Config::default())
-        .default_backoff()
-        .modify(|s: &mut PartialObjectMeta<Secret>| {
-            // Only the mapping annotation matters; drop the rest to keep the cache small when
-            // the cluster holds thousands of unrelated Secrets.
-            s.metadata.managed_fields = None;
-            s.metadata.labels = None;
-            if let Some(a) = s.metadata.annotations.as_mut() {
-                a.retain(|k, _| k == crate::api::SECRET_QUESTDB_ANNOTATION);
-            }
+    let secret_stream = watcher(
+        api_for::<PartialObjectMeta<Secret>>(client, ns),
+        watcher::Config::default(),
+    )
+    .default_backoff()
+    .modify(|s: &mut PartialObjectMeta<Secret>| {
+        // Only the mapping annotation matters; drop the rest to keep the cache small when
+        // the cluster holds thousands of unrelated Secrets.
+        s.metadata.managed_fields = None;
+        s.metadata.labels = None;
+        if let Some(a) = s.metadata.annotations.as_mut() {
+            a.retain(|k, _| k == crate::api::SECRET_QUESTDB_ANNOTATION);
+        }
+    })
+    .reflect(secret_writer)
+    .inspect(move |ev| {
+        forward(ev, &tx, true, |s: &PartialObjectMeta<Secret>| {
+            ilp_auth::questdb_for_secret(&s.metadata).map(guarded)
         })
-        .reflect(secret_writer)
-        .inspect(move |ev| {
-            forward(ev, &tx, true, |s: &PartialObjectMeta<Secret>| {
-                ilp_auth::questdb_for_secret(&s.metadata).map(guarded)
-            })
-        });
+    });
     tasks.push(spawn_drain(secret_stream, token.clone(), "Secret"));
 
     let caches = Caches {

@@ -82,11 +82,7 @@ pub async fn run(args: SandboxArgs, shutdown: CancellationToken) -> anyhow::Resu
         opts,
         sim.client_config(),
         manager_token.clone(),
-        ManagerHandle {
-            metrics: handle.metrics.clone(),
-            readiness: handle.readiness.clone(),
-            in_flight: handle.in_flight.clone(),
-        },
+        handle.clone(),
     ));
 
     let example = apply_example(&client, &args.example).await?;

@@ -74,11 +74,7 @@ impl Env {
     fn start_manager(&mut self, opts: ManagerOptions) {
         let config = self.sim.client_config();
         let token = self.shutdown.clone();
-        let handle = ManagerHandle {
-            metrics: self.handle.metrics.clone(),
-            readiness: self.handle.readiness.clone(),
-            in_flight: self.handle.in_flight.clone(),
-        };
+        let handle = self.handle.clone();
         self.task = Some(tokio::spawn(manager::run_with(opts, config, token, handle)));
     }
 

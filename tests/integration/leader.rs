@@ -42,11 +42,7 @@ fn spawn(sim: &Sim, identity: &str) -> Running {
         options(identity),
         sim.client_config(),
         token.clone(),
-        ManagerHandle {
-            metrics: handle.metrics.clone(),
-            readiness: handle.readiness.clone(),
-            in_flight: handle.in_flight.clone(),
-        },
+        handle.clone(),
     ));
     Running {
         handle,

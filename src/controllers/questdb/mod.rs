@@ -185,9 +185,11 @@ async fn release_and_unblock(qdb: Arc<QuestDB>, ctx: &Context) -> Result<Action,
 fn already_reported_invalid(qdb: &QuestDB, note: &str) -> bool {
     qdb.status.as_ref().is_some_and(|s| {
         s.observed_generation == qdb.metadata.generation
-            && s.conditions
-                .iter()
-                .any(|c| c.type_ == "Ready" && c.reason == "InvalidSpec" && c.message == note)
+            && s.conditions.iter().any(|c| {
+                c.type_ == crate::api::conditions::READY
+                    && c.reason == "InvalidSpec"
+                    && c.message == note
+            })
     })
 }
 
