@@ -1,0 +1,493 @@
+//! Starts etcd → kube-apiserver → kube-controller-manager → kube-scheduler on loopback in a
+//! temporary directory, then the fake CSI driver and kubelets, and a proxy for clients.
+//! Everything stops when the [`ControlPlane`] is dropped (also when a test panics, in which case
+//! the tail of every component's log is printed).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use k8s_openapi::api::core::v1::ServiceAccount;
+use kube::api::Api;
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Client, Config};
+use tokio_util::sync::CancellationToken;
+
+use crate::kubelet::{Kubelets, NodeHandle, NodeRegistration};
+use crate::process::{free_port, tail, Component};
+use crate::proxy::{ApiProxy, Fault, FaultId, RequestCounts};
+use crate::{binaries, csi, rbac, timings};
+
+/// The controllers kube-controller-manager runs: what a StatefulSet with a volume needs to live,
+/// move and die on real semantics. Names: cmd/kube-controller-manager/names/controller_names.go.
+pub const CONTROLLERS: &[&str] = &[
+    "serviceaccount-token-controller",
+    "serviceaccount-controller",
+    "garbage-collector-controller",
+    "namespace-controller",
+    "statefulset-controller",
+    "disruption-controller",
+    "node-lifecycle-controller",
+    "taint-eviction-controller",
+    "pod-garbage-collector-controller",
+    "persistentvolume-binder-controller",
+    "persistentvolume-attach-detach-controller",
+    "persistentvolumeclaim-protection-controller",
+    "persistentvolume-protection-controller",
+    "root-ca-certificate-publisher-controller",
+];
+
+pub const REGION: &str = "sim-region-1";
+
+#[derive(Clone, Debug)]
+pub struct ControlPlaneOptions {
+    /// Nodes joined at start (shared workers for pods without a dedicated node).
+    pub nodes: Vec<NodeRegistration>,
+}
+
+impl ControlPlaneOptions {
+    /// Three worker nodes in two zones, as the sandbox and most tests want.
+    pub fn sandbox() -> Self {
+        Self {
+            nodes: vec![
+                NodeRegistration::worker("worker-a1", "sim-zone-a"),
+                NodeRegistration::worker("worker-a2", "sim-zone-a"),
+                NodeRegistration::worker("worker-b1", "sim-zone-b"),
+            ],
+        }
+    }
+
+    /// No node at all.
+    pub fn empty() -> Self {
+        Self { nodes: vec![] }
+    }
+}
+
+impl Default for ControlPlaneOptions {
+    fn default() -> Self {
+        Self::sandbox()
+    }
+}
+
+pub struct ControlPlane {
+    // Field order is drop order: agents, then the proxy, then the processes (scheduler first,
+    // etcd last), then the directory.
+    stop: CancellationToken,
+    kubelets: Kubelets,
+    proxy: ApiProxy,
+    scheduler: Component,
+    controller_manager: Component,
+    apiserver: Component,
+    etcd: Component,
+    admin_token: String,
+    operator_token: String,
+    apiserver_url: String,
+    admin: Client,
+    dir: tempfile::TempDir,
+    /// The CSI attacher's switches (fail or stall attachments).
+    pub csi: Arc<csi::Switches>,
+    pub started_in: Duration,
+}
+
+fn kubeconfig_yaml(server: &str, token: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: questdb-testenv\n  cluster:\n    server: {server}\n    insecure-skip-tls-verify: true\nusers:\n- name: user\n  user:\n    token: {token}\ncontexts:\n- name: questdb-testenv\n  context: {{cluster: questdb-testenv, user: user, namespace: default}}\ncurrent-context: questdb-testenv\n"
+    )
+}
+
+async fn config_from(yaml: &str) -> anyhow::Result<Config> {
+    let kc = Kubeconfig::from_yaml(yaml)?;
+    let mut config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await?;
+    config.read_timeout = None;
+    Ok(config)
+}
+
+fn random_token() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let mut out = String::new();
+    for _ in 0..2 {
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u128(Instant::now().elapsed().as_nanos());
+        out.push_str(&format!("{:016x}", h.finish()));
+    }
+    out
+}
+
+/// GET `path` from a loopback HTTPS endpoint (self-signed) and report a 200.
+async fn https_ok(url: &str, token: Option<&str>, path: &str) -> bool {
+    let mut config = Config::new(url.parse().expect("url"));
+    config.accept_invalid_certs = true;
+    if let Some(t) = token {
+        config.headers.push((
+            http::header::AUTHORIZATION,
+            format!("Bearer {t}").parse().expect("header"),
+        ));
+    }
+    let Ok(client) = Client::try_from(config) else {
+        return false;
+    };
+    let req = http::Request::get(path).body(vec![]).expect("request");
+    matches!(
+        tokio::time::timeout(Duration::from_secs(2), client.request_text(req)).await,
+        Ok(Ok(t)) if t.trim() == "ok"
+    )
+}
+
+/// GET `http://addr/health` from etcd and report it healthy.
+async fn etcd_healthy(port: u16) -> bool {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let Ok(Ok(mut s)) = tokio::time::timeout(
+        Duration::from_secs(1),
+        tokio::net::TcpStream::connect(("127.0.0.1", port)),
+    )
+    .await
+    else {
+        return false;
+    };
+    let req = format!("GET /health HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\n\r\n");
+    if s.write_all(req.as_bytes()).await.is_err() {
+        return false;
+    }
+    let mut buf = String::new();
+    let _ = tokio::time::timeout(Duration::from_secs(1), s.read_to_string(&mut buf)).await;
+    buf.contains("\"health\":\"true\"")
+}
+
+impl ControlPlane {
+    pub async fn start(opts: ControlPlaneOptions) -> anyhow::Result<ControlPlane> {
+        let started = Instant::now();
+        let bin = binaries::dir()?;
+        let dir = tempfile::Builder::new()
+            .prefix("qdb-control-plane-")
+            .tempdir()
+            .context("creating the control plane's temporary directory")?;
+        let d = dir.path();
+
+        let sa_key = d.join("sa.key");
+        let out = std::process::Command::new("openssl")
+            .args(["genrsa", "-out"])
+            .arg(&sa_key)
+            .arg("2048")
+            .output()
+            .context("control plane: running openssl to make the service-account key")?;
+        if !out.status.success() {
+            bail!(
+                "control plane: openssl genrsa failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        let admin_token = random_token();
+        let operator_token = random_token();
+        let (op_user, op_groups) = rbac::operator_user();
+        std::fs::write(
+            d.join("tokens.csv"),
+            format!(
+                "{admin_token},admin,admin-uid,\"system:masters\"\n{operator_token},{op_user},operator-uid,\"{}\"\n",
+                op_groups.join(",")
+            ),
+        )?;
+
+        let etcd_port = free_port()?;
+        let peer_port = free_port()?;
+        let mut etcd = Component::spawn(
+            "etcd",
+            &bin.join("etcd"),
+            &[
+                "--name=default".into(),
+                format!("--data-dir={}", d.join("etcd").display()),
+                format!("--listen-client-urls=http://127.0.0.1:{etcd_port}"),
+                format!("--advertise-client-urls=http://127.0.0.1:{etcd_port}"),
+                format!("--listen-peer-urls=http://127.0.0.1:{peer_port}"),
+                format!("--initial-advertise-peer-urls=http://127.0.0.1:{peer_port}"),
+                format!("--initial-cluster=default=http://127.0.0.1:{peer_port}"),
+                "--unsafe-no-fsync=true".into(),
+                "--log-level=warn".into(),
+            ],
+            d,
+        )?;
+        etcd.wait_ready(Duration::from_secs(30), || etcd_healthy(etcd_port))
+            .await?;
+
+        let api_port = free_port()?;
+        let apiserver_url = format!("https://127.0.0.1:{api_port}");
+        let mut api_args = vec![
+            format!("--etcd-servers=http://127.0.0.1:{etcd_port}"),
+            "--bind-address=127.0.0.1".into(),
+            "--advertise-address=127.0.0.1".into(),
+            format!("--secure-port={api_port}"),
+            format!("--cert-dir={}", d.join("certs").display()),
+            "--service-cluster-ip-range=10.96.0.0/16".into(),
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
+            format!("--service-account-key-file={}", sa_key.display()),
+            format!("--service-account-signing-key-file={}", sa_key.display()),
+            "--authorization-mode=Node,RBAC".into(),
+            format!("--token-auth-file={}", d.join("tokens.csv").display()),
+            "--allow-privileged=true".into(),
+            "--enable-admission-plugins=NodeRestriction".into(),
+            "--endpoint-reconciler-type=none".into(),
+            "--v=1".into(),
+        ];
+        api_args.extend(timings::apiserver_flags());
+        let mut apiserver =
+            Component::spawn("kube-apiserver", &bin.join("kube-apiserver"), &api_args, d)?;
+        let tok = admin_token.clone();
+        let url = apiserver_url.clone();
+        apiserver
+            .wait_ready(Duration::from_secs(90), || {
+                let (url, tok) = (url.clone(), tok.clone());
+                async move { https_ok(&url, Some(&tok), "/readyz").await }
+            })
+            .await?;
+        let admin_yaml = kubeconfig_yaml(&apiserver_url, &admin_token);
+        let admin_kubeconfig = d.join("admin.kubeconfig");
+        std::fs::write(&admin_kubeconfig, &admin_yaml)?;
+        let admin = Client::try_from(config_from(&admin_yaml).await?)?;
+
+        let kcm_port = free_port()?;
+        let mut kcm_args = vec![
+            format!("--kubeconfig={}", admin_kubeconfig.display()),
+            "--leader-elect=false".into(),
+            "--bind-address=127.0.0.1".into(),
+            format!("--secure-port={kcm_port}"),
+            format!("--cert-dir={}", d.join("kcm-certs").display()),
+            format!("--service-account-private-key-file={}", sa_key.display()),
+            format!("--controllers={}", CONTROLLERS.join(",")),
+            "--v=1".into(),
+        ];
+        kcm_args.extend(timings::controller_manager_flags());
+        let mut controller_manager = Component::spawn(
+            "kube-controller-manager",
+            &bin.join("kube-controller-manager"),
+            &kcm_args,
+            d,
+        )?;
+        let sched_port = free_port()?;
+        let mut scheduler = Component::spawn(
+            "kube-scheduler",
+            &bin.join("kube-scheduler"),
+            &[
+                format!("--kubeconfig={}", admin_kubeconfig.display()),
+                "--leader-elect=false".into(),
+                "--bind-address=127.0.0.1".into(),
+                format!("--secure-port={sched_port}"),
+                format!("--cert-dir={}", d.join("scheduler-certs").display()),
+                "--v=1".into(),
+            ],
+            d,
+        )?;
+        controller_manager
+            .wait_ready(Duration::from_secs(60), || {
+                let url = format!("https://127.0.0.1:{kcm_port}");
+                async move { https_ok(&url, None, "/healthz").await }
+            })
+            .await?;
+        scheduler
+            .wait_ready(Duration::from_secs(60), || {
+                let url = format!("https://127.0.0.1:{sched_port}");
+                async move { https_ok(&url, None, "/healthz").await }
+            })
+            .await?;
+        // The serviceaccount controller is running once `default` has its ServiceAccount;
+        // pods cannot be admitted before.
+        let sas: Api<ServiceAccount> = Api::namespaced(admin.clone(), "default");
+        controller_manager
+            .wait_ready(Duration::from_secs(60), || {
+                let sas = sas.clone();
+                async move { sas.get_opt("default").await.ok().flatten().is_some() }
+            })
+            .await?;
+
+        rbac::install(&admin)
+            .await
+            .context("installing deploy/'s RBAC")?;
+        let stop = CancellationToken::new();
+        let switches = Arc::new(csi::Switches::default());
+        csi::install(&admin)
+            .await
+            .context("installing the CSI driver objects")?;
+        csi::spawn(admin.clone(), switches.clone(), stop.clone());
+        let kubelets = Kubelets::start(admin.clone(), stop.clone());
+        for node in opts.nodes {
+            kubelets.join(node).await?;
+        }
+
+        let mut upstream = config_from(&kubeconfig_yaml(&apiserver_url, "unused")).await?;
+        upstream.auth_info = Default::default();
+        upstream.default_retry = false;
+        let proxy = ApiProxy::start(Client::try_from(upstream)?).await?;
+
+        let started_in = started.elapsed();
+        eprintln!(
+            "control plane: kube-apiserver {} ready in {:.1}s ({})",
+            apiserver_url,
+            started_in.as_secs_f64(),
+            d.display()
+        );
+        Ok(ControlPlane {
+            stop,
+            kubelets,
+            proxy,
+            scheduler,
+            controller_manager,
+            apiserver,
+            etcd,
+            admin_token,
+            operator_token,
+            apiserver_url,
+            admin,
+            dir,
+            csi: switches,
+            started_in,
+        })
+    }
+
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// The kube-apiserver's own URL (clients of tests should use the proxy's).
+    pub fn apiserver_url(&self) -> &str {
+        &self.apiserver_url
+    }
+
+    /// A kubeconfig with cluster-admin rights through the proxy (for kubectl and tests).
+    pub fn kubeconfig_yaml(&self) -> String {
+        kubeconfig_yaml(&self.proxy.url(), &self.admin_token)
+    }
+
+    /// A kubeconfig for the operator: through the proxy, under `deploy/`'s RBAC.
+    pub fn operator_kubeconfig_yaml(&self) -> String {
+        kubeconfig_yaml(&self.proxy.url(), &self.operator_token)
+    }
+
+    pub async fn client_config(&self) -> Config {
+        config_from(&self.kubeconfig_yaml())
+            .await
+            .expect("admin config")
+    }
+
+    pub async fn operator_config(&self) -> Config {
+        config_from(&self.operator_kubeconfig_yaml())
+            .await
+            .expect("operator config")
+    }
+
+    /// A cluster-admin client through the proxy.
+    pub async fn client(&self) -> Client {
+        Client::try_from(self.client_config().await).expect("admin client")
+    }
+
+    /// A cluster-admin client straight to the apiserver (not counted, never faulted).
+    pub fn direct_client(&self) -> Client {
+        self.admin.clone()
+    }
+
+    pub fn request_counts(&self) -> RequestCounts {
+        self.proxy.request_counts()
+    }
+
+    pub fn reset_request_counts(&self) {
+        self.proxy.reset_request_counts()
+    }
+
+    pub fn inject_fault(&self, fault: Fault) -> FaultId {
+        self.proxy.inject_fault(fault)
+    }
+
+    pub fn remove_fault(&self, id: FaultId) {
+        self.proxy.remove_fault(id)
+    }
+
+    pub fn clear_faults(&self) {
+        self.proxy.clear_faults()
+    }
+
+    pub fn cut_watches(&self) {
+        self.proxy.cut_watches()
+    }
+
+    pub fn expire_watches(&self) {
+        self.proxy.expire_watches()
+    }
+
+    /// Registers a Node the way a kubelet would and keeps it alive.
+    pub async fn join_node(&self, node: NodeRegistration) -> anyhow::Result<NodeHandle> {
+        self.kubelets.join(node).await
+    }
+
+    pub fn node(&self, name: &str) -> Option<NodeHandle> {
+        self.kubelets.get(name)
+    }
+
+    pub fn kubelets(&self) -> &Kubelets {
+        &self.kubelets
+    }
+
+    /// Process ids, for the benchmarks' memory figures.
+    pub fn pids(&self) -> Vec<(&'static str, u32)> {
+        [
+            &self.etcd,
+            &self.apiserver,
+            &self.controller_manager,
+            &self.scheduler,
+        ]
+        .iter()
+        .map(|c| (c.name, c.pid()))
+        .collect()
+    }
+
+    /// Fails when a component has exited.
+    pub fn check_alive(&mut self) -> anyhow::Result<()> {
+        for c in [
+            &mut self.etcd,
+            &mut self.apiserver,
+            &mut self.controller_manager,
+            &mut self.scheduler,
+        ] {
+            if !c.is_running() {
+                bail!(
+                    "{} exited; log {}:\n{}",
+                    c.name,
+                    c.log.display(),
+                    tail(&c.log, 15)
+                );
+            }
+        }
+        Ok(())
+    }
+
+    fn logs(&self) -> Vec<(&'static str, PathBuf)> {
+        [
+            &self.etcd,
+            &self.apiserver,
+            &self.controller_manager,
+            &self.scheduler,
+        ]
+        .iter()
+        .map(|c| (c.name, c.log.clone()))
+        .collect()
+    }
+}
+
+impl Drop for ControlPlane {
+    fn drop(&mut self) {
+        self.stop.cancel();
+        if std::thread::panicking() {
+            for (name, log) in self.logs() {
+                eprintln!(
+                    "---- {name} (last lines of {}) ----\n{}",
+                    log.display(),
+                    tail(&log, 12)
+                );
+            }
+        }
+        if std::env::var_os("QDB_KEEP_CONTROL_PLANE").is_some() {
+            let kept = std::mem::replace(
+                &mut self.dir,
+                tempfile::Builder::new().tempdir().expect("tempdir"),
+            );
+            eprintln!("control plane: kept {}", kept.keep().display());
+        }
+    }
+}

@@ -1,0 +1,928 @@
+//! What kubelets do, for nodes that have no real kubelet: register the Node (from the
+//! instance's user data for cloud nodes), renew the node Lease, post NodeStatus (Ready,
+//! `volumesInUse`), and run pods: wait until their volumes are attached, report them Running
+//! and Ready, and on deletion stop them, unmount, and delete the pod object. A node can be
+//! powered off (heartbeats and pods stop) or partitioned (the same, seen from the cluster;
+//! the instance keeps its volume) and healed.
+//! Sources: pkg/kubelet/nodelease, kubelet_node_status.go, volumemanager (volumesInUse is
+//! reported before mount and dropped after unmount), status_manager.go (the kubelet deletes a
+//! terminated pod with grace 0 once its volumes are unmounted).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use futures::StreamExt;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod, Taint};
+use k8s_openapi::api::storage::v1::CSINode;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, Time};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{watcher, WatchStreamExt};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use crate::csi::{DRIVER, ZONE_LABEL};
+use crate::timings;
+
+pub const KUBELET_VERSION: &str = "v1.37.2";
+
+/// How a Node joins: what its kubelet registers.
+#[derive(Clone, Debug)]
+pub struct NodeRegistration {
+    pub name: String,
+    pub zone: String,
+    pub labels: BTreeMap<String, String>,
+    pub taints: Vec<Taint>,
+    pub provider_id: Option<String>,
+    pub internal_ip: Option<String>,
+    pub external_ip: Option<String>,
+    pub cpu: String,
+    pub memory: String,
+    pub ready_after: Duration,
+}
+
+impl NodeRegistration {
+    /// A shared worker node.
+    pub fn worker(name: &str, zone: &str) -> Self {
+        Self {
+            name: name.into(),
+            zone: zone.into(),
+            labels: BTreeMap::new(),
+            taints: vec![],
+            provider_id: None,
+            internal_ip: None,
+            external_ip: None,
+            cpu: "16".into(),
+            memory: "64Gi".into(),
+            ready_after: timings::NODE_READY_DELAY,
+        }
+    }
+
+    /// The Node an EC2 instance's kubelet registers, from its rendered user data: the labels
+    /// and taints of `--node-labels` / `--register-with-taints`, wherever the bootstrap
+    /// format puts them (AL2023 `NodeConfig` kubelet flags, a shell line, Bottlerocket TOML
+    /// is not parsed). Fails as the kubelet fails to start: no flags, a malformed label or
+    /// taint, or a label the kubelet may not set on itself (NodeRestriction).
+    pub fn from_user_data(
+        name: &str,
+        zone: &str,
+        instance_id: &str,
+        internal_ip: Option<String>,
+        user_data: &str,
+    ) -> anyhow::Result<Self> {
+        let text = decode_user_data(user_data);
+        let labels_flag = flag(&text, "--node-labels=")
+            .context("user data: no --node-labels flag for the kubelet")?;
+        let taints_flag = flag(&text, "--register-with-taints=")
+            .context("user data: no --register-with-taints flag for the kubelet")?;
+        let mut reg = Self::worker(name, zone);
+        reg.provider_id = Some(format!("aws:///{zone}/{instance_id}"));
+        reg.internal_ip = internal_ip;
+        reg.cpu = "2".into();
+        reg.memory = "8Gi".into();
+        reg.labels = parse_labels(&labels_flag)?;
+        reg.taints = parse_taints(&taints_flag)?;
+        Ok(reg)
+    }
+}
+
+fn decode_user_data(raw: &str) -> String {
+    use base64::Engine as _;
+    if raw.contains("--node-labels") {
+        return raw.to_string();
+    }
+    base64::engine::general_purpose::STANDARD
+        .decode(raw.trim())
+        .ok()
+        .and_then(|b| String::from_utf8(b).ok())
+        .unwrap_or_else(|| raw.to_string())
+}
+
+fn flag(text: &str, prefix: &str) -> Option<String> {
+    let start = text.find(prefix)? + prefix.len();
+    let value: String = text[start..]
+        .chars()
+        .take_while(|c| !c.is_whitespace() && !matches!(c, '"' | '\'' | ']' | '\\'))
+        .collect();
+    Some(value.trim_end_matches(',').to_string())
+}
+
+/// kubelet `--node-labels` validation (cmd/kubelet/app/options: `ValidateNodeLabels`): labels
+/// under kubernetes.io / k8s.io only from the allowed list, never `node-restriction.kubernetes.io/`.
+fn parse_labels(flag: &str) -> anyhow::Result<BTreeMap<String, String>> {
+    const ALLOWED: &[&str] = &[
+        "kubernetes.io/hostname",
+        "kubernetes.io/arch",
+        "kubernetes.io/os",
+        "beta.kubernetes.io/instance-type",
+        "node.kubernetes.io/instance-type",
+        "topology.kubernetes.io/region",
+        "topology.kubernetes.io/zone",
+        "failure-domain.beta.kubernetes.io/region",
+        "failure-domain.beta.kubernetes.io/zone",
+    ];
+    let mut out = BTreeMap::new();
+    for pair in flag.split(',').filter(|p| !p.is_empty()) {
+        let (k, v) = pair
+            .split_once('=')
+            .with_context(|| format!("kubelet: malformed --node-labels entry {pair:?}"))?;
+        let domain = k.split_once('/').map(|(d, _)| d).unwrap_or("");
+        let restricted = domain == "kubernetes.io"
+            || domain == "k8s.io"
+            || domain.ends_with(".kubernetes.io")
+            || domain.ends_with(".k8s.io");
+        let allowed = ALLOWED.contains(&k)
+            || domain == "kubelet.kubernetes.io"
+            || domain.ends_with(".kubelet.kubernetes.io")
+            || domain == "node.kubernetes.io"
+            || domain.ends_with(".node.kubernetes.io");
+        if restricted && !allowed {
+            bail!("kubelet: unknown 'kubernetes.io' or 'k8s.io' label {k:?} in --node-labels");
+        }
+        if k.is_empty() || v.len() > 63 || k.rsplit('/').next().is_none_or(|n| n.len() > 63) {
+            bail!("kubelet: invalid label {k}={v}");
+        }
+        out.insert(k.to_string(), v.to_string());
+    }
+    Ok(out)
+}
+
+fn parse_taints(flag: &str) -> anyhow::Result<Vec<Taint>> {
+    let mut out = vec![];
+    for t in flag.split(',').filter(|p| !p.is_empty()) {
+        let (kv, effect) = t
+            .rsplit_once(':')
+            .with_context(|| format!("kubelet: taint {t:?} has no effect"))?;
+        if !matches!(effect, "NoSchedule" | "PreferNoSchedule" | "NoExecute") {
+            bail!("kubelet: taint {t:?} has an invalid effect");
+        }
+        let (key, value) = match kv.split_once('=') {
+            Some((k, v)) => (k, Some(v.to_string())),
+            None => (kv, None),
+        };
+        out.push(Taint {
+            key: key.into(),
+            value,
+            effect: effect.into(),
+            time_added: None,
+        });
+    }
+    Ok(out)
+}
+
+/// A node's fault, as a test or a sandbox user sets it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    None,
+    /// The instance is off: no heartbeat, no pod changes.
+    PowerOff,
+    /// Cut off from the apiserver: no heartbeat, no pod changes; the instance (and whatever it
+    /// mounted) keeps running.
+    Partition,
+}
+
+struct NodeState {
+    fault: Mutex<Fault>,
+    volumes_in_use: Mutex<BTreeSet<String>>,
+    changed: Notify,
+    stop: CancellationToken,
+    index: u32,
+    registration: NodeRegistration,
+}
+
+/// A joined node, to fault, heal or stop.
+#[derive(Clone)]
+pub struct NodeHandle {
+    pub name: String,
+    state: Arc<NodeState>,
+}
+
+impl NodeHandle {
+    pub fn fault(&self) -> Fault {
+        *self.state.fault.lock().unwrap()
+    }
+
+    pub fn set_fault(&self, fault: Fault) {
+        *self.state.fault.lock().unwrap() = fault;
+        self.state.changed.notify_one();
+    }
+
+    pub fn power_off(&self) {
+        self.set_fault(Fault::PowerOff)
+    }
+
+    pub fn partition(&self) {
+        self.set_fault(Fault::Partition)
+    }
+
+    pub fn heal(&self) {
+        self.set_fault(Fault::None)
+    }
+
+    /// The kubelet stops for good (its instance is gone); the Node object stays, as it does
+    /// until something deletes it.
+    pub fn stop(&self) {
+        self.state.stop.cancel();
+    }
+
+    pub fn internal_ip(&self) -> String {
+        node_ip(&self.state)
+    }
+
+    fn healthy(&self) -> bool {
+        self.fault() == Fault::None && !self.state.stop.is_cancelled()
+    }
+}
+
+fn node_ip(state: &NodeState) -> String {
+    state
+        .registration
+        .internal_ip
+        .clone()
+        .unwrap_or_else(|| format!("10.0.{}.{}", state.index / 250, state.index % 250 + 2))
+}
+
+/// The kubelets of one control plane.
+#[derive(Clone)]
+pub struct Kubelets {
+    client: Client,
+    nodes: Arc<Mutex<BTreeMap<String, NodeHandle>>>,
+    next_index: Arc<AtomicU32>,
+    stop: CancellationToken,
+}
+
+impl Kubelets {
+    pub fn start(client: Client, stop: CancellationToken) -> Kubelets {
+        let k = Kubelets {
+            client,
+            nodes: Arc::default(),
+            next_index: Arc::default(),
+            stop,
+        };
+        tokio::spawn(run_pods(k.clone()));
+        k
+    }
+
+    pub fn get(&self, name: &str) -> Option<NodeHandle> {
+        self.nodes.lock().unwrap().get(name).cloned()
+    }
+
+    pub fn names(&self) -> Vec<String> {
+        self.nodes.lock().unwrap().keys().cloned().collect()
+    }
+
+    /// Registers the Node (and its Lease and CSINode) and starts its heartbeat.
+    pub async fn join(&self, reg: NodeRegistration) -> anyhow::Result<NodeHandle> {
+        let index = self.next_index.fetch_add(1, Ordering::Relaxed);
+        let state = Arc::new(NodeState {
+            fault: Mutex::new(Fault::None),
+            volumes_in_use: Mutex::default(),
+            changed: Notify::new(),
+            stop: self.stop.child_token(),
+            index,
+            registration: reg.clone(),
+        });
+        let handle = NodeHandle {
+            name: reg.name.clone(),
+            state: state.clone(),
+        };
+        register(&self.client, &state)
+            .await
+            .with_context(|| format!("registering node {}", reg.name))?;
+        if let Some(old) = self
+            .nodes
+            .lock()
+            .unwrap()
+            .insert(reg.name.clone(), handle.clone())
+        {
+            old.stop();
+        }
+        tokio::spawn(heartbeat(self.client.clone(), state));
+        info!(node = %reg.name, "node joined");
+        Ok(handle)
+    }
+
+    /// Stops a node's kubelet and forgets it.
+    pub fn leave(&self, name: &str) {
+        if let Some(h) = self.nodes.lock().unwrap().remove(name) {
+            h.stop();
+        }
+    }
+
+    /// An EC2 instance booted: its kubelet registers from the rendered user data. A bootstrap
+    /// the kubelet rejects never registers, as on a real instance (the error says why).
+    pub async fn instance_running(
+        &self,
+        node_name: &str,
+        zone: &str,
+        instance_id: &str,
+        private_ip: Option<String>,
+        user_data: &str,
+    ) -> anyhow::Result<NodeHandle> {
+        let reg =
+            NodeRegistration::from_user_data(node_name, zone, instance_id, private_ip, user_data)
+                .with_context(|| format!("instance {instance_id} never joins"))?;
+        self.join(reg).await
+    }
+
+    /// The instance is gone: its kubelet stops, and the Node object is deleted once the
+    /// node-lifecycle controller has marked it NotReady, as the AWS cloud-controller-manager's
+    /// cloud-node-lifecycle controller does (it deletes only NotReady nodes whose instance no
+    /// longer exists; k8s.io/cloud-provider/controllers/nodelifecycle).
+    pub fn instance_terminated(&self, node_name: &str) {
+        self.leave(node_name);
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        let name = node_name.to_string();
+        let stop = self.stop.clone();
+        tokio::spawn(async move {
+            loop {
+                let node = match nodes.get_opt(&name).await {
+                    Ok(Some(n)) => n,
+                    Ok(None) => return,
+                    Err(_) => {
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                        continue;
+                    }
+                };
+                let ready = node
+                    .status
+                    .and_then(|s| s.conditions)
+                    .unwrap_or_default()
+                    .into_iter()
+                    .any(|c| c.type_ == "Ready" && c.status == "True");
+                if !ready {
+                    let _ = nodes.delete(&name, &DeleteParams::default()).await;
+                    return;
+                }
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    _ = tokio::time::sleep(timings::NODE_MONITOR_PERIOD) => {}
+                }
+            }
+        });
+    }
+}
+
+fn conditions(ready: bool) -> serde_json::Value {
+    let now = Time(k8s_openapi::jiff::Timestamp::now());
+    let cond = |t: &str, status: &str, reason: &str, message: &str| {
+        json!({"type": t, "status": status, "reason": reason, "message": message,
+               "lastHeartbeatTime": now, "lastTransitionTime": now})
+    };
+    json!([
+        cond(
+            "MemoryPressure",
+            "False",
+            "KubeletHasSufficientMemory",
+            "kubelet has sufficient memory available"
+        ),
+        cond(
+            "DiskPressure",
+            "False",
+            "KubeletHasNoDiskPressure",
+            "kubelet has no disk pressure"
+        ),
+        cond(
+            "PIDPressure",
+            "False",
+            "KubeletHasSufficientPID",
+            "kubelet has sufficient PID available"
+        ),
+        if ready {
+            cond(
+                "Ready",
+                "True",
+                "KubeletReady",
+                "kubelet is posting ready status",
+            )
+        } else {
+            cond("Ready", "False", "KubeletNotReady", "container runtime network not ready: NetworkReady=false (CNI not initialized); CSI driver not registered")
+        },
+    ])
+}
+
+async fn register(client: &Client, state: &NodeState) -> anyhow::Result<()> {
+    let reg = &state.registration;
+    let mut labels = reg.labels.clone();
+    labels.insert("kubernetes.io/hostname".into(), reg.name.clone());
+    labels.insert("kubernetes.io/os".into(), "linux".into());
+    labels.insert("kubernetes.io/arch".into(), "amd64".into());
+    labels.insert(ZONE_LABEL.into(), reg.zone.clone());
+    labels.insert(
+        "topology.kubernetes.io/region".into(),
+        crate::control_plane::REGION.into(),
+    );
+    let mut addresses = vec![
+        json!({"type": "InternalIP", "address": node_ip(state)}),
+        json!({"type": "Hostname", "address": reg.name}),
+    ];
+    if let Some(ip) = &reg.external_ip {
+        addresses.push(json!({"type": "ExternalIP", "address": ip}));
+    }
+    let resources =
+        json!({"cpu": reg.cpu, "memory": reg.memory, "pods": "110", "ephemeral-storage": "100Gi"});
+    let node: Node = serde_json::from_value(json!({
+        "metadata": {
+            "name": reg.name,
+            "labels": labels,
+            "annotations": {"volumes.kubernetes.io/controller-managed-attach-detach": "true",
+                            "node.alpha.kubernetes.io/ttl": "0"},
+        },
+        "spec": {"providerID": reg.provider_id, "taints": reg.taints},
+        "status": {
+            "capacity": resources, "allocatable": resources,
+            "conditions": conditions(false),
+            "addresses": addresses,
+            "nodeInfo": {"kubeletVersion": KUBELET_VERSION, "kubeProxyVersion": "", "osImage": "Amazon Linux 2023",
+                "kernelVersion": "6.1", "containerRuntimeVersion": "containerd://2.1.0", "operatingSystem": "linux",
+                "architecture": "amd64", "machineID": "", "systemUUID": "", "bootID": format!("boot-{}", state.index)},
+            "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},
+        },
+    }))?;
+    let nodes: Api<Node> = Api::all(client.clone());
+    let created = match nodes.create(&PostParams::default(), &node).await {
+        Ok(n) => n,
+        Err(kube::Error::Api(e)) if e.code == 409 => nodes.get(&reg.name).await?,
+        Err(e) => return Err(e.into()),
+    };
+    let lease: Lease = serde_json::from_value(json!({
+        "metadata": {
+            "name": reg.name, "namespace": "kube-node-lease",
+            "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": reg.name, "uid": created.uid()}],
+        },
+        "spec": {"holderIdentity": reg.name, "leaseDurationSeconds": timings::NODE_LEASE_DURATION.as_secs(),
+                 "renewTime": MicroTime(k8s_openapi::jiff::Timestamp::now())},
+    }))?;
+    let leases: Api<Lease> = Api::namespaced(client.clone(), "kube-node-lease");
+    match leases.create(&PostParams::default(), &lease).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 409 => {}
+        Err(e) => return Err(e.into()),
+    }
+    let csinode: CSINode = serde_json::from_value(json!({
+        "metadata": {"name": reg.name,
+            "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": reg.name, "uid": created.uid()}]},
+        "spec": {"drivers": [{"name": DRIVER, "nodeID": reg.provider_id.clone().unwrap_or(reg.name.clone()),
+            "topologyKeys": [ZONE_LABEL], "allocatable": {"count": 25}}]},
+    }))?;
+    match Api::<CSINode>::all(client.clone())
+        .create(&PostParams::default(), &csinode)
+        .await
+    {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 409 => {}
+        Err(e) => return Err(e.into()),
+    }
+    Ok(())
+}
+
+/// Lease renewals and NodeStatus posts while the node is healthy.
+async fn heartbeat(client: Client, state: Arc<NodeState>) {
+    let name = state.registration.name.clone();
+    let leases: Api<Lease> = Api::namespaced(client.clone(), "kube-node-lease");
+    let nodes: Api<Node> = Api::all(client.clone());
+    let pp = PatchParams::default();
+    let joined = Instant::now();
+    let mut posted_ready = false;
+    let mut posted_volumes: Option<BTreeSet<String>> = None;
+    let mut last_status = Instant::now();
+    let mut was_faulted = false;
+    loop {
+        tokio::select! {
+            _ = state.stop.cancelled() => return,
+            _ = tokio::time::sleep(timings::NODE_LEASE_RENEW) => {}
+            _ = state.changed.notified() => {}
+        }
+        if *state.fault.lock().unwrap() != Fault::None {
+            was_faulted = true;
+            continue;
+        }
+        let renew = json!({"spec": {"renewTime": MicroTime(k8s_openapi::jiff::Timestamp::now()),
+                                     "holderIdentity": name}});
+        match leases.patch(&name, &pp, &Patch::Merge(&renew)).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 404 => {
+                debug!(node = %name, "node lease gone; kubelet stops");
+                return;
+            }
+            Err(e) => debug!(node = %name, error = %e, "lease renew failed"),
+        }
+        let ready = joined.elapsed() >= state.registration.ready_after;
+        let volumes = state.volumes_in_use.lock().unwrap().clone();
+        let due = ready != posted_ready
+            || posted_volumes.as_ref() != Some(&volumes)
+            || last_status.elapsed() >= timings::NODE_STATUS_REPORT
+            || was_faulted;
+        if !due {
+            continue;
+        }
+        let in_use: Vec<String> = volumes.iter().cloned().collect();
+        let patch = json!({"status": {"conditions": conditions(ready), "volumesInUse": in_use}});
+        match nodes
+            .patch_status(&name, &pp, &Patch::Strategic(&patch))
+            .await
+        {
+            Ok(_) => {
+                posted_ready = ready;
+                posted_volumes = Some(volumes);
+                last_status = Instant::now();
+                was_faulted = false;
+            }
+            Err(kube::Error::Api(e)) if e.code == 404 => {
+                debug!(node = %name, "node object deleted; kubelet stops");
+                return;
+            }
+            Err(e) => debug!(node = %name, error = %e, "node status post failed"),
+        }
+        if !ready {
+            // Ready comes after `ready_after`, not at the next renew.
+            let wait = state
+                .registration
+                .ready_after
+                .saturating_sub(joined.elapsed());
+            if wait < timings::NODE_LEASE_RENEW {
+                let s = state.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(wait).await;
+                    s.changed.notify_one();
+                });
+            }
+        }
+    }
+}
+
+fn store<K>(
+    client: &Client,
+    stop: &CancellationToken,
+    tx: tokio::sync::mpsc::UnboundedSender<()>,
+) -> Store<K>
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    let (reader, writer) = reflector::store();
+    let stream = watcher(Api::<K>::all(client.clone()), watcher::Config::default())
+        .default_backoff()
+        .reflect(writer)
+        .touched_objects();
+    let stop = stop.clone();
+    tokio::spawn(async move {
+        let mut stream = std::pin::pin!(stream);
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                item = stream.next() => match item {
+                    Some(_) => { let _ = tx.send(()); }
+                    None => return,
+                },
+            }
+        }
+    });
+    reader
+}
+
+#[derive(Debug)]
+enum PodPhase {
+    /// Volumes requested (in `volumesInUse`), waiting for them to attach.
+    Starting,
+    /// Volumes attached at this instant; containers start.
+    Attached(Instant),
+    Running,
+    Stopping(Instant),
+}
+
+struct PodRun {
+    node: String,
+    volumes: Vec<String>,
+    phase: PodPhase,
+    busy: bool,
+}
+
+/// The pod side of every kubelet: one loop over the shared caches.
+async fn run_pods(k: Kubelets) {
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let pods = store::<Pod>(&k.client, &k.stop, tx.clone());
+    let nodes = store::<Node>(&k.client, &k.stop, tx.clone());
+    let pvcs = store::<PersistentVolumeClaim>(&k.client, &k.stop, tx.clone());
+    let pvs = store::<PersistentVolume>(&k.client, &k.stop, tx);
+    let runs: Arc<Mutex<BTreeMap<String, PodRun>>> = Arc::default();
+    let (done_tx, mut done_rx) = tokio::sync::mpsc::unbounded_channel::<()>();
+    loop {
+        tokio::select! {
+            _ = k.stop.cancelled() => return,
+            _ = rx.recv() => {}
+            _ = done_rx.recv() => {}
+            _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+        }
+        let all_pods = pods.state();
+        let live: BTreeSet<String> = all_pods.iter().filter_map(|p| p.uid()).collect();
+        // Pods deleted (by us or force-deleted): their volumes are unmounted by their kubelet.
+        let gone: Vec<(String, PodRun)> = {
+            let mut r = runs.lock().unwrap();
+            // A kubelet cut off from the cluster unmounts only once it is back.
+            let ids: Vec<String> = r
+                .iter()
+                .filter(|(u, run)| {
+                    !live.contains(*u) && k.get(&run.node).is_none_or(|h| h.healthy())
+                })
+                .map(|(u, _)| u.clone())
+                .collect();
+            ids.into_iter()
+                .filter_map(|u| r.remove(&u).map(|run| (u, run)))
+                .collect()
+        };
+        for (_, run) in gone {
+            if let Some(h) = k.get(&run.node) {
+                if h.healthy() {
+                    unmount(&h, &run.volumes, &runs);
+                }
+            }
+        }
+        for pod in all_pods.iter() {
+            let Some(node_name) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) else {
+                continue;
+            };
+            let Some(handle) = k.get(&node_name) else {
+                continue;
+            };
+            if !handle.healthy() {
+                continue;
+            }
+            let uid = pod.uid().unwrap_or_default();
+            let mut r = runs.lock().unwrap();
+            let run = r.entry(uid.clone()).or_insert_with(|| PodRun {
+                node: node_name.clone(),
+                volumes: vec![],
+                phase: PodPhase::Starting,
+                busy: false,
+            });
+            if run.busy {
+                continue;
+            }
+            if pod.metadata.deletion_timestamp.is_some() {
+                let grace = pod
+                    .metadata
+                    .deletion_grace_period_seconds
+                    .unwrap_or(30)
+                    .max(0) as u64;
+                let stop_after = timings::CONTAINER_STOP.min(Duration::from_secs(grace));
+                match run.phase {
+                    PodPhase::Stopping(since) if since.elapsed() >= stop_after => {
+                        run.busy = true;
+                        let volumes = run.volumes.clone();
+                        drop(r);
+                        unmount(&handle, &volumes, &runs);
+                        let (client, pod, runs, done) =
+                            (k.client.clone(), pod.clone(), runs.clone(), done_tx.clone());
+                        tokio::spawn(async move {
+                            finish_pod(&client, &pod).await;
+                            if let Some(run) = runs.lock().unwrap().get_mut(&uid) {
+                                run.busy = false;
+                            }
+                            let _ = done.send(());
+                        });
+                    }
+                    PodPhase::Stopping(_) => {}
+                    _ => run.phase = PodPhase::Stopping(Instant::now()),
+                }
+                continue;
+            }
+            match run.phase {
+                PodPhase::Starting => {
+                    let Some(volumes) = pod_volumes(pod, &pvcs, &pvs) else {
+                        continue;
+                    };
+                    if run.volumes != volumes {
+                        run.volumes = volumes.clone();
+                        let mut in_use = handle.state.volumes_in_use.lock().unwrap();
+                        let before = in_use.len();
+                        in_use.extend(volumes.iter().cloned());
+                        if in_use.len() != before {
+                            handle.state.changed.notify_one();
+                        }
+                    }
+                    let attached: BTreeSet<String> = nodes
+                        .get(&ObjectRef::new(&node_name))
+                        .and_then(|n| n.status.clone())
+                        .and_then(|s| s.volumes_attached)
+                        .unwrap_or_default()
+                        .into_iter()
+                        .map(|v| v.name)
+                        .collect();
+                    if volumes.iter().all(|v| attached.contains(v)) {
+                        run.phase = PodPhase::Attached(Instant::now());
+                    }
+                }
+                PodPhase::Attached(since) if since.elapsed() >= timings::CONTAINER_START => {
+                    run.busy = true;
+                    drop(r);
+                    let ip = pod_ip(&handle, pod);
+                    let (client, pod, runs, done) =
+                        (k.client.clone(), pod.clone(), runs.clone(), done_tx.clone());
+                    tokio::spawn(async move {
+                        let ok = start_pod(&client, &pod, &ip).await;
+                        if let Some(run) = runs.lock().unwrap().get_mut(&uid) {
+                            run.busy = false;
+                            if ok {
+                                run.phase = PodPhase::Running;
+                            }
+                        }
+                        let _ = done.send(());
+                    });
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
+/// `kubernetes.io/csi/<driver>^<volumeHandle>` for each CSI volume of the pod; `None` while a
+/// claim is unbound.
+fn pod_volumes(
+    pod: &Pod,
+    pvcs: &Store<PersistentVolumeClaim>,
+    pvs: &Store<PersistentVolume>,
+) -> Option<Vec<String>> {
+    let ns = pod.namespace().unwrap_or_default();
+    let mut out = vec![];
+    for v in pod.spec.as_ref()?.volumes.iter().flatten() {
+        let Some(claim) = &v.persistent_volume_claim else {
+            continue;
+        };
+        let pvc = pvcs.get(&ObjectRef::new(&claim.claim_name).within(&ns))?;
+        let pv_name = pvc
+            .spec
+            .as_ref()?
+            .volume_name
+            .clone()
+            .filter(|n| !n.is_empty())?;
+        let pv = pvs.get(&ObjectRef::new(&pv_name))?;
+        let csi = pv.spec.as_ref()?.csi.as_ref()?;
+        out.push(format!(
+            "kubernetes.io/csi/{}^{}",
+            csi.driver, csi.volume_handle
+        ));
+    }
+    Some(out)
+}
+
+fn unmount(handle: &NodeHandle, volumes: &[String], runs: &Arc<Mutex<BTreeMap<String, PodRun>>>) {
+    // A volume another pod on the node still mounts stays in use.
+    let still: BTreeSet<String> = runs
+        .lock()
+        .unwrap()
+        .values()
+        .filter(|r| r.node == handle.name && !matches!(r.phase, PodPhase::Stopping(_)))
+        .flat_map(|r| r.volumes.iter().cloned())
+        .collect();
+    let mut in_use = handle.state.volumes_in_use.lock().unwrap();
+    let before = in_use.len();
+    for v in volumes {
+        if !still.contains(v) {
+            in_use.remove(v);
+        }
+    }
+    if in_use.len() != before {
+        handle.state.changed.notify_one();
+    }
+}
+
+fn pod_ip(handle: &NodeHandle, pod: &Pod) -> String {
+    if pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.host_network)
+        .unwrap_or(false)
+    {
+        return handle.internal_ip();
+    }
+    let n = pod
+        .uid()
+        .unwrap_or_default()
+        .bytes()
+        .fold(0u32, |a, b| a.wrapping_mul(31).wrapping_add(b as u32));
+    format!("10.244.{}.{}", handle.state.index % 250, n % 250 + 2)
+}
+
+async fn start_pod(client: &Client, pod: &Pod, ip: &str) -> bool {
+    let api: Api<Pod> = Api::namespaced(client.clone(), &pod.namespace().unwrap_or_default());
+    let now = Time(k8s_openapi::jiff::Timestamp::now());
+    let containers: Vec<serde_json::Value> = pod
+        .spec
+        .as_ref()
+        .map(|s| s.containers.clone())
+        .unwrap_or_default()
+        .iter()
+        .map(|c| {
+            json!({"name": c.name, "image": c.image, "imageID": format!("docker.io/{}", c.image.clone().unwrap_or_default()),
+                   "containerID": format!("containerd://{}", pod.uid().unwrap_or_default()),
+                   "ready": true, "started": true, "restartCount": 0,
+                   "state": {"running": {"startedAt": now}}})
+        })
+        .collect();
+    let cond = |t: &str| json!({"type": t, "status": "True", "lastTransitionTime": now});
+    let host_ip = ip_of_node(client, pod).await;
+    let patch = json!({"status": {
+        "phase": "Running",
+        "conditions": [cond("PodReadyToStartContainers"), cond("Initialized"), cond("Ready"), cond("ContainersReady"), cond("PodScheduled")],
+        "podIP": ip, "podIPs": [{"ip": ip}],
+        "hostIP": host_ip, "hostIPs": [{"ip": host_ip}],
+        "startTime": now,
+        "containerStatuses": containers,
+    }});
+    match api
+        .patch_status(
+            &pod.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+    {
+        Ok(_) => true,
+        Err(e) => {
+            debug!(pod = %pod.name_any(), error = %e, "pod status update failed");
+            false
+        }
+    }
+}
+
+async fn ip_of_node(client: &Client, pod: &Pod) -> String {
+    let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) else {
+        return String::new();
+    };
+    Api::<Node>::all(client.clone())
+        .get_opt(&node)
+        .await
+        .ok()
+        .flatten()
+        .and_then(|n| n.status)
+        .and_then(|s| s.addresses)
+        .and_then(|a| a.into_iter().find(|a| a.type_ == "InternalIP"))
+        .map(|a| a.address)
+        .unwrap_or_default()
+}
+
+/// Containers stopped and volumes unmounted: the kubelet deletes the pod object for good.
+async fn finish_pod(client: &Client, pod: &Pod) {
+    let api: Api<Pod> = Api::namespaced(client.clone(), &pod.namespace().unwrap_or_default());
+    let dp = DeleteParams {
+        grace_period_seconds: Some(0),
+        preconditions: Some(Preconditions {
+            uid: pod.uid(),
+            resource_version: None,
+        }),
+        ..Default::default()
+    };
+    match api.delete(&pod.name_any(), &dp).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {}
+        Err(e) => {
+            warn!(pod = %pod.name_any(), error = %e, "kubelet could not delete a stopped pod")
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn user_data_flags_become_labels_and_taints() {
+        let ud = "#!/bin/bash\n/etc/eks/bootstrap.sh c --kubelet-extra-args '--node-labels=a.io/x=1,b=2 --register-with-taints=k=v:NoSchedule'\n";
+        let r = NodeRegistration::from_user_data("n", "z", "i-1", None, ud).unwrap();
+        assert_eq!(r.labels.get("a.io/x").map(String::as_str), Some("1"));
+        assert_eq!(r.taints.len(), 1);
+        assert_eq!(r.taints[0].value.as_deref(), Some("v"));
+        assert_eq!(r.provider_id.as_deref(), Some("aws:///z/i-1"));
+    }
+
+    #[test]
+    fn nodeconfig_flags_in_yaml_lists_parse() {
+        let ud = "spec:\n  kubelet:\n    flags:\n      - \"--node-labels=q.io/d=x\"\n      - \"--register-with-taints=q.io/d=x:NoSchedule\"\n";
+        let r = NodeRegistration::from_user_data("n", "z", "i-1", None, ud).unwrap();
+        assert_eq!(r.labels.len(), 1);
+        assert_eq!(r.taints[0].effect, "NoSchedule");
+    }
+
+    #[test]
+    fn a_kubelet_refuses_restricted_labels_and_missing_flags() {
+        let ud =
+            "--node-labels=node-restriction.kubernetes.io/x=1 --register-with-taints=a:NoSchedule";
+        assert!(NodeRegistration::from_user_data("n", "z", "i", None, ud).is_err());
+        assert!(NodeRegistration::from_user_data("n", "z", "i", None, "echo hi").is_err());
+        let bad_taint = "--node-labels=a=b --register-with-taints=a=b:Sometimes";
+        assert!(NodeRegistration::from_user_data("n", "z", "i", None, bad_taint).is_err());
+    }
+}

@@ -1,0 +1,20 @@
+//! A real Kubernetes control plane for tests, benches and the sandbox: etcd, kube-apiserver,
+//! kube-controller-manager and kube-scheduler built from their Go modules
+//! (`hack/control-plane/`), started as plain processes on loopback, plus what kubelets and the
+//! EBS CSI driver would do (`kubelet`, `csi`), and a proxy in front of the apiserver that counts
+//! requests and injects faults (`proxy`). Never a dependency of the operator binary.
+//!
+//! Shortened timings (so tests take seconds, not minutes) are all in [`timings`].
+
+pub mod binaries;
+pub mod control_plane;
+pub mod csi;
+pub mod kubelet;
+pub mod process;
+pub mod proxy;
+pub mod rbac;
+pub mod timings;
+
+pub use control_plane::{ControlPlane, ControlPlaneOptions};
+pub use kubelet::{Fault as NodeFault, NodeHandle, NodeRegistration};
+pub use proxy::{Fault, FaultId, RequestCounts, Verb};

@@ -1,0 +1,155 @@
+//! The harness is real: the pinned release answers, RBAC is enforced, and the controllers that
+//! failover depends on act as they do in a cluster.
+
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::storage::v1::VolumeAttachment;
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::{Client, ResourceExt};
+use questdb_testenv::{ControlPlane, ControlPlaneOptions};
+use serde_json::json;
+
+const TIMEOUT: Duration = Duration::from_secs(90);
+
+async fn wait_until<F, Fut>(what: &str, mut probe: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + TIMEOUT;
+    while !probe().await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn namespace(client: &Client, name: &str) {
+    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
+    Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &ns)
+        .await
+        .unwrap();
+}
+
+fn statefulset(name: &str, node_selector: Option<(&str, &str)>) -> StatefulSet {
+    let selector = node_selector.map(|(k, v)| json!({k: v}));
+    serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {
+            "serviceName": name, "replicas": 1,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {
+                    "nodeSelector": selector,
+                    "containers": [{"name": "db", "image": "questdb/questdb:9.0.0",
+                        "volumeMounts": [{"name": "data", "mountPath": "/var/lib/questdb"}]}],
+                },
+            },
+            "volumeClaimTemplates": [{"metadata": {"name": "data"},
+                "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "gp3",
+                         "resources": {"requests": {"storage": "1Gi"}}}}],
+        },
+    }))
+    .unwrap()
+}
+
+async fn running_pod(pods: &Api<Pod>, name: &str) -> Pod {
+    wait_until(&format!("{name} Running"), || async {
+        pods.get_opt(name)
+            .await
+            .ok()
+            .flatten()
+            .and_then(|p| p.status)
+            .and_then(|s| s.phase)
+            .as_deref()
+            == Some("Running")
+    })
+    .await;
+    pods.get(name).await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pinned_release_answers_and_rbac_denies_what_deploy_does_not_grant() {
+    let cp = ControlPlane::start(ControlPlaneOptions::empty())
+        .await
+        .unwrap();
+    let client = cp.client().await;
+    let version = client.apiserver_version().await.unwrap();
+    assert_eq!(version.git_version, "v1.37.2");
+
+    let operator = Client::try_from(cp.operator_config().await).unwrap();
+    namespace(&client, "rbac").await;
+    // deploy/ grants list on StatefulSets but never delete.
+    let sts: Api<StatefulSet> = Api::namespaced(operator.clone(), "rbac");
+    sts.list(&ListParams::default())
+        .await
+        .expect("list is granted");
+    let denied = sts
+        .delete_collection(&DeleteParams::default(), &ListParams::default())
+        .await;
+    match denied {
+        Err(kube::Error::Api(e)) => assert_eq!(e.code, 403, "{e:?}"),
+        other => panic!("deleting StatefulSets must be forbidden, got {other:?}"),
+    }
+    eprintln!(
+        "control plane started in {:.1}s",
+        cp.started_in.as_secs_f64()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_statefulset_pod_on_a_silent_node_is_evicted_but_not_replaced_while_it_exists() {
+    let cp = ControlPlane::start(ControlPlaneOptions::sandbox())
+        .await
+        .unwrap();
+    let client = cp.client().await;
+    namespace(&client, "evict").await;
+    let sts: Api<StatefulSet> = Api::namespaced(client.clone(), "evict");
+    sts.create(&PostParams::default(), &statefulset("db", None))
+        .await
+        .unwrap();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "evict");
+    let pod = running_pod(&pods, "db-0").await;
+    let node = pod.spec.as_ref().unwrap().node_name.clone().unwrap();
+    let vas: Api<VolumeAttachment> = Api::all(client.clone());
+    let attached = vas.list(&ListParams::default()).await.unwrap();
+    assert!(
+        attached
+            .items
+            .iter()
+            .any(|va| va.spec.node_name == node && va.status.as_ref().is_some_and(|s| s.attached)),
+        "the pod's volume is attached to its node through a VolumeAttachment"
+    );
+
+    cp.node(&node).unwrap().partition();
+    // node-lifecycle: Ready Unknown after the grace period, NoExecute taint; taint-eviction:
+    // the pod is deleted gracefully but stays Terminating (no kubelet confirms).
+    wait_until("db-0 marked for deletion", || async {
+        pods.get_opt("db-0")
+            .await
+            .ok()
+            .flatten()
+            .is_some_and(|p| p.metadata.deletion_timestamp.is_some())
+    })
+    .await;
+    let terminating = pods.get("db-0").await.unwrap();
+    assert_eq!(terminating.uid(), pod.uid(), "the same pod object stays");
+    // The StatefulSet controller keeps at most one pod per ordinal: nothing replaces it.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let still = pods.get("db-0").await.unwrap();
+    assert_eq!(
+        still.uid(),
+        pod.uid(),
+        "no replacement while the old pod exists"
+    );
+    assert_eq!(
+        pods.list(&ListParams::default()).await.unwrap().items.len(),
+        1
+    );
+}
