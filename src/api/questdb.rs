@@ -56,8 +56,7 @@ pub struct QuestDBSpec {
     /// Extra environment variables (QuestDB reads `QDB_*` overrides). Variables the operator
     /// owns are rejected.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[x_kube(validation = Rule::new(RESERVED_ENV_RULE)
-        .message(Message::Expression(RESERVED_ENV_MESSAGE.into())))]
+    #[schemars(transform = env_schema)]
     pub env: Vec<EnvVar>,
 
     /// A dedicated cloud node for this database (AWS). Without it the pod runs on any node.
@@ -109,8 +108,7 @@ pub struct ConfigSpec {
     /// `server.conf` properties. Keys the operator owns (bind addresses, auth path, root) are
     /// rejected.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    #[x_kube(validation = Rule::new(RESERVED_SERVER_KEYS_RULE)
-        .message(Message::Expression(RESERVED_SERVER_KEYS_MESSAGE.into())))]
+    #[schemars(transform = server_schema)]
     pub server: BTreeMap<String, String>,
     /// Raw `log.conf`. Logs go to stdout when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -158,6 +156,7 @@ impl Default for FailoverSpec {
 pub struct DnsSpec {
     /// Fully qualified record name, e.g. `db1.tenant.example.com`.
     #[x_kube(validation = Rule::new("self.matches('^([a-z0-9]([-a-z0-9]*[a-z0-9])?\\\\.)+[a-z]{2,63}\\\\.?$')").message("dns.name must be a lower-case fully qualified domain name"))]
+    #[schemars(length(max = 253))]
     pub name: String,
     /// Record TTL in seconds.
     #[serde(default = "default_ttl")]
@@ -217,12 +216,62 @@ pub fn env_name_for(key: &str) -> String {
     format!("QDB_{}", key.to_uppercase().replace('.', "_"))
 }
 
-// The CEL rules are literals because the derive embeds them verbatim; a unit test keeps them in
-// step with RESERVED_SERVER_KEYS.
-const RESERVED_SERVER_KEYS_RULE: &str = "self.all(k, !(k in ['http.net.bind.to', 'http.min.net.bind.to', 'http.min.enabled', 'pg.net.bind.to', 'line.tcp.net.bind.to', 'line.tcp.auth.db.path', 'cairo.root']))";
-const RESERVED_SERVER_KEYS_MESSAGE: &str = "'server.conf key ' + self.filter(k, k in ['http.net.bind.to', 'http.min.net.bind.to', 'http.min.enabled', 'pg.net.bind.to', 'line.tcp.net.bind.to', 'line.tcp.auth.db.path', 'cairo.root'])[0] + ' is managed by the operator'";
-const RESERVED_ENV_RULE: &str = "self.all(e, !(e.name in ['QDB_HTTP_NET_BIND_TO', 'QDB_HTTP_MIN_NET_BIND_TO', 'QDB_HTTP_MIN_ENABLED', 'QDB_PG_NET_BIND_TO', 'QDB_LINE_TCP_NET_BIND_TO', 'QDB_LINE_TCP_AUTH_DB_PATH', 'QDB_CAIRO_ROOT']))";
-const RESERVED_ENV_MESSAGE: &str = "'env var ' + self.filter(e, e.name in ['QDB_HTTP_NET_BIND_TO', 'QDB_HTTP_MIN_NET_BIND_TO', 'QDB_HTTP_MIN_ENABLED', 'QDB_PG_NET_BIND_TO', 'QDB_LINE_TCP_NET_BIND_TO', 'QDB_LINE_TCP_AUTH_DB_PATH', 'QDB_CAIRO_ROOT'])[0].name + ' is managed by the operator'";
+/// Upper bounds the apiserver's CEL cost estimator needs: without them it assumes every list
+/// and string as large as a whole request and refuses the CRD ("estimated rule cost exceeds
+/// budget"), as the real kube-apiserver did.
+pub const MAX_ENV_VARS: u64 = 64;
+pub const MAX_ENV_NAME_LENGTH: u64 = 256;
+pub const MAX_SERVER_PROPERTIES: u64 = 256;
+pub const MAX_SERVER_VALUE_LENGTH: u64 = 4096;
+
+/// One CEL rule per reserved name, so the message names the key without a `messageExpression`
+/// (whose estimated cost over a list of EnvVars the apiserver refuses).
+fn reserved_rules(check: impl Fn(&str) -> String, what: &str, names: &[String]) -> serde_json::Value {
+    names
+        .iter()
+        .map(|n| {
+            serde_json::json!({
+                "rule": check(n),
+                "message": format!("{what} {n} is managed by the operator"),
+            })
+        })
+        .collect()
+}
+
+fn env_schema(schema: &mut schemars::Schema) {
+    schema.insert("maxItems".into(), MAX_ENV_VARS.into());
+    if let Some(name) = schema
+        .get_mut("items")
+        .and_then(|i| i.get_mut("properties"))
+        .and_then(|p| p.get_mut("name"))
+        .and_then(|n| n.as_object_mut())
+    {
+        name.insert("maxLength".into(), MAX_ENV_NAME_LENGTH.into());
+    }
+    schema.insert(
+        "x-kubernetes-validations".into(),
+        reserved_rules(
+            |n| format!("!self.exists(e, e.name == '{n}')"),
+            "env var",
+            &reserved_env_vars(),
+        ),
+    );
+}
+
+fn server_schema(schema: &mut schemars::Schema) {
+    schema.insert("maxProperties".into(), MAX_SERVER_PROPERTIES.into());
+    if let Some(values) = schema
+        .get_mut("additionalProperties")
+        .and_then(|v| v.as_object_mut())
+    {
+        values.insert("maxLength".into(), MAX_SERVER_VALUE_LENGTH.into());
+    }
+    let keys: Vec<String> = RESERVED_SERVER_KEYS.iter().map(|k| k.to_string()).collect();
+    schema.insert(
+        "x-kubernetes-validations".into(),
+        reserved_rules(|k| format!("!('{k}' in self)"), "server.conf key", &keys),
+    );
+}
 
 /// Observed state, written only by the operator.
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
@@ -535,25 +584,6 @@ mod tests {
             create_errors(&qdb),
             vec!["failover.unhealthyAfterSeconds must be at least 10"]
         );
-    }
-
-    /// The single-quoted items of the first `[...]` list in a CEL expression.
-    fn quoted_list(rule: &str) -> Vec<String> {
-        let start = rule.find('[').map_or(0, |i| i + 1);
-        let end = rule[start..].find(']').map_or(rule.len(), |i| start + i);
-        rule[start..end]
-            .split(',')
-            .map(|item| item.trim().trim_matches('\'').to_string())
-            .collect()
-    }
-
-    #[test]
-    fn cel_rule_literals_list_exactly_the_reserved_names() {
-        let keys: Vec<String> = RESERVED_SERVER_KEYS.iter().map(|k| k.to_string()).collect();
-        assert_eq!(quoted_list(RESERVED_SERVER_KEYS_RULE), keys);
-        assert_eq!(quoted_list(RESERVED_SERVER_KEYS_MESSAGE), keys);
-        assert_eq!(quoted_list(RESERVED_ENV_RULE), reserved_env_vars());
-        assert_eq!(quoted_list(RESERVED_ENV_MESSAGE), reserved_env_vars());
     }
 
     #[test]

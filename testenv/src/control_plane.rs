@@ -315,7 +315,7 @@ impl ControlPlane {
         let mut upstream = config_from(&kubeconfig_yaml(&apiserver_url, "unused")).await?;
         upstream.auth_info = Default::default();
         upstream.default_retry = false;
-        let proxy = ApiProxy::start(Client::try_from(upstream)?).await?;
+        let proxy = ApiProxy::start(Client::try_from(upstream)?, &admin_token).await?;
 
         let started_in = started.elapsed();
         eprintln!(

@@ -230,6 +230,7 @@ struct State {
     /// Watch paths whose next resumption is answered `410 Expired`.
     expired: Mutex<BTreeSet<String>>,
     open_watches: Mutex<BTreeSet<String>>,
+    default_auth: Option<http::HeaderValue>,
 }
 
 /// The running proxy; stops when dropped.
@@ -241,11 +242,16 @@ pub struct ApiProxy {
 
 impl ApiProxy {
     /// Listens on an ephemeral loopback port and forwards to `upstream` (a client with no
-    /// credentials of its own: each request's Authorization header passes through).
-    pub async fn start(upstream: kube::Client) -> anyhow::Result<ApiProxy> {
+    /// credentials of its own: each request's Authorization header passes through). Requests
+    /// without one get `default_token`'s: kubectl (client-go) never sends a bearer token over
+    /// plain HTTP, and the proxy is loopback-only.
+    pub async fn start(upstream: kube::Client, default_token: &str) -> anyhow::Result<ApiProxy> {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
-        let state = Arc::new(State::default());
+        let state = Arc::new(State {
+            default_auth: Some(format!("Bearer {default_token}").parse()?),
+            ..State::default()
+        });
         let stop = CancellationToken::new();
         tokio::spawn(serve(listener, upstream, state.clone(), stop.clone()));
         Ok(ApiProxy { addr, state, stop })
@@ -448,6 +454,11 @@ async fn forward(
             "host" | "connection" | "transfer-encoding" | "keep-alive" | "upgrade"
         ) {
             out = out.header(k, v);
+        }
+    }
+    if !parts.headers.contains_key(http::header::AUTHORIZATION) {
+        if let Some(auth) = &state.default_auth {
+            out = out.header(http::header::AUTHORIZATION, auth);
         }
     }
     let out = out.body(kube::client::Body::from(bytes))?;

@@ -1,5 +1,5 @@
-//! Dedicated nodes and DNS end to end: the real manager, the memory cloud, and the simulator
-//! registering a Node for every running instance (the sandbox's bridge).
+//! Dedicated nodes and DNS end to end: the real manager, the memory cloud, and a kubelet that
+//! registers a Node from every running instance's rendered user data.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,26 +9,27 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use questdb_operator::api::{DnsSpec, NodeSpec, QuestDB};
 use questdb_operator::build::{names, testing, DEDICATED_LABEL_KEY, DEDICATED_TAINT_KEY};
+use questdb_operator::cloud::memory::{InstanceEvent, MemoryEc2};
 use questdb_operator::cloud::memory::{MemoryCloud, MemoryEc2Options};
 use questdb_operator::cloud::{
     CloudConfig, InstanceState, LaunchRequest, NodeProvider, RetryPolicy, TAG_UID,
 };
 use questdb_operator::manager::{self, Cloud, CloudSettings, ManagerHandle, ManagerOptions};
-use questdb_operator::sandbox::{node_name_for, spawn_memory_bridge};
-use questdb_sim::Sim;
+use questdb_operator::sandbox::node_name_for;
+use questdb_testenv::{ControlPlane, Fault, Verb};
 use serde_json::json;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::harness::{has_condition, install_crd, is_ready, sim_config, wait_for, wait_until};
+use crate::harness::{control_plane, has_condition, is_ready, wait_for, wait_until};
 
 const NS: &str = "cloud";
 const AMI: &str = "ami-0123456789abcdef0";
 
-/// The simulator, the memory cloud bridged into it, and a manager that can be stopped,
+/// The control plane, the memory cloud joined to it, and a manager that can be stopped,
 /// restarted or killed outright.
 struct CloudEnv {
-    sim: Arc<Sim>,
+    cp: ControlPlane,
     client: Client,
     cloud: MemoryCloud,
     handle: ManagerHandle,
@@ -67,9 +68,7 @@ impl CloudEnv {
             )
             .with_test_writer()
             .try_init();
-        let sim = Arc::new(Sim::start(sim_config()).await.expect("simulator starts"));
-        let client = sim.client().await;
-        install_crd(&client).await;
+        let (cp, client) = control_plane().await;
         let handle = ManagerHandle::default();
         let cloud = MemoryCloud::new(
             cloud_config(),
@@ -78,9 +77,9 @@ impl CloudEnv {
         )
         .expect("memory cloud");
         let stop = CancellationToken::new();
-        let bridge = spawn_memory_bridge(cloud.ec2.subscribe(), sim.clone(), stop.clone());
+        let bridge = spawn_node_join(&cp, cloud.ec2.clone(), stop.clone());
         let mut env = CloudEnv {
-            sim,
+            cp,
             client,
             cloud,
             handle,
@@ -112,7 +111,7 @@ impl CloudEnv {
         let token = CancellationToken::new();
         let task = tokio::spawn(manager::run_with(
             self.options(),
-            self.sim.client_config(),
+            self.cp.operator_config().await,
             token.clone(),
             self.handle.clone(),
         ));
@@ -181,10 +180,6 @@ impl CloudEnv {
         self.stop_manager().await;
         self.bridge.0.cancel();
         let _ = self.bridge.1.await;
-        match Arc::try_unwrap(self.sim) {
-            Ok(sim) => sim.shutdown().await,
-            Err(_) => panic!("the simulator is still shared"),
-        }
     }
 
     fn live_instances_of(&self, uid: &str) -> Vec<String> {
@@ -207,6 +202,47 @@ impl CloudEnv {
     }
 }
 
+/// What EC2 and the kubelet do together: every instance that reaches `running` boots from its
+/// user data and registers its Node; a terminated one stops and its Node goes.
+fn spawn_node_join(
+    cp: &ControlPlane,
+    ec2: Arc<MemoryEc2>,
+    stop: CancellationToken,
+) -> JoinHandle<()> {
+    let kubelets = cp.kubelets().clone();
+    let mut events = ec2.subscribe();
+    tokio::spawn(async move {
+        loop {
+            let event = tokio::select! {
+                _ = stop.cancelled() => return,
+                e = events.recv() => e,
+            };
+            match event {
+                Ok(InstanceEvent::Running(i)) => {
+                    let user_data = ec2.user_data(&i.id).unwrap_or_default();
+                    if let Err(e) = kubelets
+                        .instance_running(
+                            &node_name_for(&i.id),
+                            &i.zone,
+                            &i.id,
+                            i.private_ip.clone(),
+                            &user_data,
+                        )
+                        .await
+                    {
+                        eprintln!("node join: {e:#}");
+                    }
+                }
+                Ok(InstanceEvent::Terminated(id)) => {
+                    kubelets.instance_terminated(&node_name_for(&id))
+                }
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                Err(_) => return,
+            }
+        }
+    })
+}
+
 fn settings() -> CloudSettings {
     CloudSettings {
         instance_sync_interval: Duration::from_secs(30),
@@ -222,8 +258,8 @@ fn reconciles(text: &str) -> f64 {
         .sum()
 }
 
-/// Waits until a second passes without any write to the simulated apiserver.
-async fn writes_settle(sim: &Sim) {
+/// Waits until a second passes without any write to the apiserver.
+async fn writes_settle(sim: &ControlPlane) {
     let mut last = sim.request_counts().writes();
     wait_until("writes settle", || {
         let now = sim.request_counts().writes();
@@ -312,8 +348,8 @@ async fn a_questdb_with_a_node_gets_its_own_instance_node_and_dns_and_releases_t
 
     // Steady state: a full resync (new manager, new instance cache) writes nothing and asks
     // AWS nothing.
-    writes_settle(&env.sim).await;
-    env.sim.reset_request_counts();
+    writes_settle(&env.cp).await;
+    env.cp.reset_request_counts();
     let aws_before = env.aws_calls();
     env.stop_manager().await;
     let before = reconciles(&env.handle.metrics.render());
@@ -324,8 +360,8 @@ async fn a_questdb_with_a_node_gets_its_own_instance_node_and_dns_and_releases_t
         async move { reconciles(&m.render()) > before }
     })
     .await;
-    writes_settle(&env.sim).await;
-    let counts = env.sim.request_counts();
+    writes_settle(&env.cp).await;
+    let counts = env.cp.request_counts();
     assert_eq!(
         counts.writes(),
         0,
@@ -607,9 +643,9 @@ async fn failing_status_writes_after_a_launch_never_yield_a_second_instance() {
         },
     )
     .await;
-    let fault = env.sim.inject_fault(
-        questdb_sim::Fault::status(500).on(questdb_sim::Verb::Update, "questdbs/status"),
-    );
+    let fault = env
+        .cp
+        .inject_fault(Fault::status(500).on(Verb::Update, "questdbs/status"));
     env.cloud.ec2.set_launch_latency(Duration::ZERO);
     let ec2 = env.cloud.ec2.clone();
     wait_until("several launch attempts", || {
@@ -617,7 +653,7 @@ async fn failing_status_writes_after_a_launch_never_yield_a_second_instance() {
         async move { ec2.call_count("DescribeInstances") >= 4 }
     })
     .await;
-    env.sim.remove_fault(fault);
+    env.cp.remove_fault(fault);
     wait_for(&env.qdbs(), "f1", "QuestDB Ready", is_ready()).await;
     assert_eq!(env.live_instances_of(&uid).len(), 1);
     assert_eq!(env.cloud.ec2.instances().len(), 1);

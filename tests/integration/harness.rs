@@ -1,4 +1,5 @@
-//! Starts a simulator, installs the CRD, runs the manager, and waits on conditions.
+//! Starts a real control plane (questdb-testenv), installs the CRD, runs the manager under
+//! `deploy/`'s RBAC, and waits on conditions.
 
 use std::fmt::Debug;
 use std::future::Future;
@@ -12,57 +13,63 @@ use kube::{Client, CustomResourceExt, Resource};
 use questdb_operator::api::QuestDB;
 use questdb_operator::build::testing;
 use questdb_operator::manager::{self, ManagerHandle, ManagerOptions};
-use questdb_sim::{Sim, SimConfig};
+use questdb_testenv::{ControlPlane, ControlPlaneOptions};
 use serde::de::DeserializeOwned;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-/// Generous: a loaded 2-core CI machine builds and runs many tests at once.
-pub const TIMEOUT: Duration = Duration::from_secs(60);
+/// Generous: a loaded 2-core CI machine runs two control planes at once.
+pub const TIMEOUT: Duration = Duration::from_secs(90);
 
 pub struct Env {
-    pub sim: Sim,
+    pub cp: ControlPlane,
     pub client: Client,
     pub handle: ManagerHandle,
     shutdown: CancellationToken,
     task: Option<JoinHandle<anyhow::Result<()>>>,
 }
 
-/// Fast simulated time so kubelet start-up and grace periods take milliseconds.
-pub fn sim_config() -> SimConfig {
-    SimConfig {
-        clock_speed: 20.0,
-        ..SimConfig::sandbox()
-    }
+/// Three worker nodes in two zones.
+pub fn cluster() -> ControlPlaneOptions {
+    ControlPlaneOptions::sandbox()
+}
+
+/// A started control plane with the QuestDB CRD installed.
+pub async fn control_plane() -> (ControlPlane, Client) {
+    init_tracing();
+    let cp = ControlPlane::start(cluster())
+        .await
+        .expect("control plane starts");
+    let client = cp.client().await;
+    install_crd(&client).await;
+    (cp, client)
 }
 
 impl Env {
     pub async fn start() -> Env {
-        Self::start_with(sim_config(), ManagerOptions::default()).await
+        Self::start_with(ManagerOptions::default()).await
     }
 
-    pub async fn start_with(cfg: SimConfig, opts: ManagerOptions) -> Env {
-        Self::start_with_crd(cfg, opts, QuestDB::crd()).await
+    pub async fn start_with(opts: ManagerOptions) -> Env {
+        Self::start_with_crd(opts, QuestDB::crd()).await
     }
 
     /// Like [`Env::start_with`], with a CRD of the test's choosing (e.g. a looser schema).
-    pub async fn start_with_crd(
-        cfg: SimConfig,
-        opts: ManagerOptions,
-        crd: CustomResourceDefinition,
-    ) -> Env {
+    pub async fn start_with_crd(opts: ManagerOptions, crd: CustomResourceDefinition) -> Env {
         init_tracing();
-        let sim = Sim::start(cfg).await.expect("simulator starts");
-        let client = sim.client().await;
+        let cp = ControlPlane::start(cluster())
+            .await
+            .expect("control plane starts");
+        let client = cp.client().await;
         install(&client, &crd).await;
         let mut env = Env {
-            sim,
+            cp,
             client,
             handle: ManagerHandle::default(),
             shutdown: CancellationToken::new(),
             task: None,
         };
-        env.start_manager(opts);
+        env.start_manager(opts).await;
         wait_until("manager caches synced", || {
             let r = env.handle.readiness.clone();
             async move { r.is_ready() }
@@ -71,8 +78,9 @@ impl Env {
         env
     }
 
-    fn start_manager(&mut self, opts: ManagerOptions) {
-        let config = self.sim.client_config();
+    async fn start_manager(&mut self, opts: ManagerOptions) {
+        // The operator's own credentials: deploy/'s ClusterRole and Role, nothing more.
+        let config = self.cp.operator_config().await;
         let token = self.shutdown.clone();
         let handle = self.handle.clone();
         self.task = Some(tokio::spawn(manager::run_with(opts, config, token, handle)));
@@ -96,7 +104,7 @@ impl Env {
         self.stop_manager().await.expect("manager stopped cleanly");
         self.shutdown = CancellationToken::new();
         self.handle = ManagerHandle::default();
-        self.start_manager(opts);
+        self.start_manager(opts).await;
         let r = self.handle.readiness.clone();
         wait_until("restarted manager caches synced", || {
             let r = r.clone();
@@ -107,7 +115,6 @@ impl Env {
 
     pub async fn stop(mut self) {
         let _ = self.stop_manager().await;
-        self.sim.shutdown().await;
     }
 
     pub fn api<K>(&self, ns: &str) -> Api<K>

@@ -15,7 +15,7 @@ use kube::runtime::wait::Condition;
 use kube::ResourceExt;
 use questdb_operator::api::{QuestDB, SECRET_QUESTDB_ANNOTATION};
 use questdb_operator::ilp_auth::testing::{annotated_secret, TestKey};
-use questdb_sim::Verb;
+use questdb_testenv::Verb;
 use serde::Serialize;
 use serde_json::json;
 
@@ -403,7 +403,7 @@ async fn unrelated_secrets_trigger_no_reconcile_and_no_secret_read() {
     wait_for(&env.api::<QuestDB>(NS), DB, "Ready", is_ready()).await;
     wait_idle(&env).await;
     let before = env.handle.metrics.render();
-    env.sim.reset_request_counts();
+    env.cp.reset_request_counts();
 
     // Busy neighbours: Secrets without the annotation, one with another annotation, edited and
     // deleted. (Periodic requeues come every 300 s, so none falls into this test.)
@@ -452,7 +452,7 @@ async fn unrelated_secrets_trigger_no_reconcile_and_no_secret_read() {
         reconciles(&before),
         "no QuestDB reconciled"
     );
-    let counts = env.sim.request_counts();
+    let counts = env.cp.request_counts();
     assert_eq!(
         counts.get(Verb::Get, "secrets"),
         0,

@@ -4,14 +4,13 @@
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use questdb_operator::api::QuestDB;
 use questdb_operator::manager::{self, LeaderElection, ManagerHandle, ManagerOptions};
-use questdb_sim::Sim;
+use questdb_testenv::ControlPlane;
 use tokio_util::sync::CancellationToken;
 
-use crate::harness::{install_crd, is_ready, sim_config, wait_for, wait_until, TIMEOUT};
+use crate::harness::{control_plane, is_ready, wait_for, wait_until, TIMEOUT};
 
 const LEASE: &str = "questdb-operator-leader";
 const LEASE_NS: &str = "questdb-operator";
@@ -35,12 +34,13 @@ struct Running {
     task: tokio::task::JoinHandle<anyhow::Result<()>>,
 }
 
-fn spawn(sim: &Sim, identity: &str) -> Running {
+/// A manager under the operator's own credentials (deploy/'s Role covers the Lease).
+async fn spawn(cp: &ControlPlane, identity: &str) -> Running {
     let handle = ManagerHandle::default();
     let token = CancellationToken::new();
     let task = tokio::spawn(manager::run_with(
         options(identity),
-        sim.client_config(),
+        cp.operator_config().await,
         token.clone(),
         handle.clone(),
     ));
@@ -69,30 +69,18 @@ async fn holder(leases: &Api<Lease>) -> Option<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn standby_takes_over_and_a_deposed_leader_stops() {
     questdb_operator::metrics::install_crypto_provider();
-    let sim = Sim::start(sim_config()).await.unwrap();
-    let client = sim.client().await;
-    install_crd(&client).await;
-    let ns = Namespace {
-        metadata: kube::api::ObjectMeta {
-            name: Some(LEASE_NS.into()),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    Api::<Namespace>::all(client.clone())
-        .create(&PostParams::default(), &ns)
-        .await
-        .unwrap();
+    // deploy/ (installed by the control plane) made the operator's namespace already.
+    let (cp, client) = control_plane().await;
     let leases: Api<Lease> = Api::namespaced(client.clone(), LEASE_NS);
     let qdbs: Api<QuestDB> = Api::namespaced(client.clone(), "default");
 
-    let a = spawn(&sim, "manager-a");
+    let a = spawn(&cp, "manager-a").await;
     wait_until("manager-a leads", || {
         let leases = leases.clone();
         async move { holder(&leases).await.as_deref() == Some("manager-a") }
     })
     .await;
-    let b = spawn(&sim, "manager-b");
+    let b = spawn(&cp, "manager-b").await;
     wait_until("both ready (caches synced on the standby too)", || {
         let ready = a.handle.readiness.is_ready() && b.handle.readiness.is_ready();
         async move { ready }
@@ -159,5 +147,5 @@ async fn standby_takes_over_and_a_deposed_leader_stops() {
         .lines()
         .any(|l| l.starts_with("leader_election_master_status") && l.ends_with(" 1")));
     b_token.cancel();
-    sim.shutdown().await;
+    drop(cp);
 }

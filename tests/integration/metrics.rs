@@ -8,7 +8,7 @@ use questdb_operator::api::QuestDB;
 use questdb_operator::manager::ManagerOptions;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::harness::{has_condition, is_ready, sim_config, wait_for, wait_until, Env};
+use crate::harness::{has_condition, is_ready, wait_for, wait_until, Env};
 
 const NS: &str = "metrics";
 
@@ -71,7 +71,7 @@ async fn scrape_after_a_known_sequence_of_reconciles() {
         questdb_concurrency: 3,
         ..Default::default()
     };
-    let env = Env::start_with(sim_config(), opts).await;
+    let env = Env::start_with(opts).await;
     assert_eq!(get(health_addr, "/healthz").await.0, 200);
     assert_eq!(get(health_addr, "/readyz").await.0, 200, "caches synced");
     env.namespace(NS).await;

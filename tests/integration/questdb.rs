@@ -10,12 +10,10 @@ use kube::runtime::wait::Condition;
 use kube::{Resource, ResourceExt};
 use questdb_operator::api::QuestDB;
 use questdb_operator::manager::ManagerOptions;
-use questdb_sim::{Fault, Verb};
+use questdb_testenv::{Fault, Verb};
 use serde_json::json;
 
-use crate::harness::{
-    has_condition, is_ready, sim_config, wait_for, wait_for_event, wait_until, Env,
-};
+use crate::harness::{has_condition, is_ready, wait_for, wait_for_event, wait_until, Env};
 
 const NS: &str = "tenant-a";
 
@@ -408,9 +406,9 @@ async fn a_no_op_resync_of_50_questdbs_makes_zero_writes() {
     }
     // Let in-flight reconciles triggered by the last status writes finish: wait until a full
     // second passes with no write at all.
-    let mut last = env.sim.request_counts().writes();
+    let mut last = env.cp.request_counts().writes();
     wait_until("writes settle", || {
-        let now = env.sim.request_counts().writes();
+        let now = env.cp.request_counts().writes();
         let settled = now == last;
         last = now;
         async move {
@@ -420,7 +418,7 @@ async fn a_no_op_resync_of_50_questdbs_makes_zero_writes() {
     })
     .await;
 
-    env.sim.reset_request_counts();
+    env.cp.reset_request_counts();
     // A fresh manager lists everything and reconciles every QuestDB once: a full resync.
     env.restart_manager(ManagerOptions::default()).await;
     let reconciles = |text: &str| -> f64 {
@@ -437,7 +435,7 @@ async fn a_no_op_resync_of_50_questdbs_makes_zero_writes() {
         async move { reconciles(&m.render()) >= 50.0 }
     })
     .await;
-    let counts = env.sim.request_counts();
+    let counts = env.cp.request_counts();
     assert_eq!(
         counts.writes(),
         0,
@@ -452,10 +450,10 @@ async fn never_two_reconciles_of_one_object_at_once() {
         questdb_concurrency: 8,
         ..Default::default()
     };
-    let env = Env::start_with(sim_config(), opts).await;
+    let env = Env::start_with(opts).await;
     env.namespace(NS).await;
     // Slow status writes make reconciles long enough to overlap.
-    env.sim
+    env.cp
         .inject_fault(Fault::latency(Duration::from_millis(40)).on(Verb::Update, "questdbs"));
     let qdbs = env.api::<QuestDB>(NS);
     for i in 0..24 {
@@ -512,7 +510,7 @@ async fn an_unreadable_questdb_never_stops_the_others() {
         )
         .unwrap(),
     );
-    let env = Env::start_with_crd(sim_config(), ManagerOptions::default(), crd).await;
+    let env = Env::start_with_crd(ManagerOptions::default(), crd).await;
     env.namespace(NS).await;
     let ar = kube::api::ApiResource::erase::<QuestDB>(&());
     let dynamic: Api<kube::api::DynamicObject> = Api::namespaced_with(env.client.clone(), NS, &ar);

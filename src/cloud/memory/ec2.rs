@@ -70,6 +70,8 @@ struct Record {
     instance: Instance,
     client_token: String,
     subnet_id: String,
+    /// As RunInstances received it (base64): what the instance's kubelet is bootstrapped from.
+    user_data_base64: String,
     /// Remaining describes that do not see this instance yet (eventual consistency).
     hidden_for: u32,
 }
@@ -161,6 +163,14 @@ impl MemoryEc2 {
     }
 
     /// Every instance ever launched, whatever its state, ignoring eventual consistency.
+    /// The user data (base64) an instance was launched with.
+    pub fn user_data(&self, id: &str) -> Option<String> {
+        self.lock()
+            .records
+            .get(id)
+            .map(|r| r.user_data_base64.clone())
+    }
+
     pub fn instances(&self) -> Vec<Instance> {
         self.lock()
             .records
@@ -260,6 +270,7 @@ impl MemoryEc2 {
                 instance: instance.clone(),
                 client_token: spec.client_token.clone(),
                 subnet_id: spec.subnet_id.clone(),
+                user_data_base64: spec.user_data_base64.clone(),
                 hidden_for: state.faults.hide_new_instances_for,
             },
         );
