@@ -226,7 +226,11 @@ pub const MAX_SERVER_VALUE_LENGTH: u64 = 4096;
 
 /// One CEL rule per reserved name, so the message names the key without a `messageExpression`
 /// (whose estimated cost over a list of EnvVars the apiserver refuses).
-fn reserved_rules(check: impl Fn(&str) -> String, what: &str, names: &[String]) -> serde_json::Value {
+fn reserved_rules(
+    check: impl Fn(&str) -> String,
+    what: &str,
+    names: &[String],
+) -> serde_json::Value {
     names
         .iter()
         .map(|n| {

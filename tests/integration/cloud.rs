@@ -478,6 +478,18 @@ async fn pause_releases_the_node_and_unpause_brings_a_new_one_on_the_same_volume
     let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(env.client.clone(), NS);
     let pvc_uid = pvcs.get(&names::pvc(&q)).await.expect("pvc").uid();
 
+    // Whenever EC2 is asked to terminate the instance, the database pod must already be gone
+    // (QuestDB got its termination grace, the kubelet unmounted the volume).
+    let mut terminations = env.cloud.ec2.subscribe();
+    let pods: Api<Pod> = Api::namespaced(env.client.clone(), NS);
+    let pod_name = names::pod(&q);
+    let pod_at_termination = tokio::spawn(async move {
+        loop {
+            if let Ok(InstanceEvent::Terminated(_)) = terminations.recv().await {
+                return pods.get_opt(&pod_name).await.expect("pod read").is_some();
+            }
+        }
+    });
     let paused = |p: bool| Patch::Merge(json!({"spec": {"paused": p}}));
     env.qdbs()
         .patch("p1", &PatchParams::default(), &paused(true))
@@ -488,6 +500,10 @@ async fn pause_releases_the_node_and_unpause_brings_a_new_one_on_the_same_volume
             .is_some_and(|s| s.instance_id.is_none() && s.dns_name.is_none())
     })
     .await;
+    assert!(
+        !pod_at_termination.await.expect("watcher"),
+        "the instance was terminated while the database pod still existed"
+    );
     assert!(env.live_instances_of(&uid).is_empty());
     assert!(env.cloud.route53.records().is_empty());
 

@@ -24,12 +24,16 @@ where
         + serde::de::DeserializeOwned
         + std::fmt::Debug,
 {
+    // Every namespace holds the cluster's CA bundle, published by kube-controller-manager's
+    // root-ca-certificate-publisher; anything else was made by the operator.
     env.api::<K>(NS)
         .list(&ListParams::default())
         .await
         .unwrap()
         .items
-        .len()
+        .iter()
+        .filter(|o| o.meta().name.as_deref() != Some("kube-root-ca.crt"))
+        .count()
 }
 
 fn controlled_by(obj: &impl Resource, qdb: &QuestDB) -> bool {
@@ -350,7 +354,13 @@ async fn adopts_unowned_children_and_leaves_foreign_ones_alone() {
             ]),
             ..Default::default()
         },
-        spec: Some(Default::default()),
+        spec: Some(k8s_openapi::api::core::v1::ServiceSpec {
+            ports: Some(vec![k8s_openapi::api::core::v1::ServicePort {
+                port: 80,
+                ..Default::default()
+            }]),
+            ..Default::default()
+        }),
         ..Default::default()
     };
     svcs.create(&PostParams::default(), &foreign).await.unwrap();

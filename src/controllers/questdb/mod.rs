@@ -6,6 +6,7 @@ mod ilp;
 pub mod status;
 #[cfg(test)]
 mod status_tests;
+mod stop_first;
 
 use std::sync::Arc;
 
@@ -59,8 +60,10 @@ pub async fn reconcile(qdb: Arc<QuestDB>, ctx: Arc<Context>) -> Result<Action, E
         // Before any cloud resource exists, so a deletion can never skip its cleanup.
         cloud::set_finalizer(&mut current, &ctx, true).await?;
     }
-    let paused = current.spec.paused;
-    let cloud_out = cloud::reconcile(&mut current, &ctx, paused).await?;
+    // A paused database keeps its node until its pod has stopped (the StatefulSet below is
+    // scaled to zero first).
+    let release = current.spec.paused && stop_first::database_stopped(&current, &ctx.caches);
+    let cloud_out = cloud::reconcile(&mut current, &ctx, release).await?;
     let qdb = Arc::new(current);
 
     let auth = ilp::resolve(&qdb, &ctx).await?;
@@ -161,6 +164,12 @@ async fn finalize(qdb: Arc<QuestDB>, ctx: &Context) -> Result<Action, Error> {
 
 async fn release_and_unblock(qdb: Arc<QuestDB>, ctx: &Context) -> Result<Action, Error> {
     let mut current = (*qdb).clone();
+    if !stop_first::database_stopped(&current, &ctx.caches) {
+        stop_first::scale_to_zero(&current, &ctx.caches, &ctx.client).await?;
+        debug!(questdb = %current.name_any(), "waiting for the database pod to stop before releasing its node");
+        // The pod's deletion is a watch event; this is a backstop.
+        return Ok(Action::requeue(cloud::WAITING_SYNC));
+    }
     let out = cloud::reconcile(&mut current, ctx, true).await?;
     if !out.released {
         if ctx.cloud.is_none() {

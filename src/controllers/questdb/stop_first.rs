@@ -1,0 +1,68 @@
+//! Compute last: a dedicated node is released (instance terminated) only once the database
+//! pod is gone, so QuestDB always gets its termination grace to close its tables and the
+//! kubelet unmounts the volume before the instance goes. Terminating first leaves the pod
+//! Terminating on a dead node and its volume attached until the attach-detach controller's
+//! 6-minute force detach (kubernetes-semantics.md, "Releasing a volume").
+
+use k8s_openapi::api::apps::v1::StatefulSet;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::reflector::ObjectRef;
+use kube::ResourceExt;
+use serde_json::json;
+
+use crate::api::{QuestDB, MANAGER};
+use crate::build;
+use crate::controllers::context::Caches;
+use crate::controllers::Error;
+
+/// True when no database pod exists and the StatefulSet (if any) wants none and has none.
+pub fn database_stopped(qdb: &QuestDB, caches: &Caches) -> bool {
+    let ns = qdb.namespace().unwrap_or_default();
+    let pod = ObjectRef::new(&build::names::pod(qdb)).within(&ns);
+    if caches.pods.get(&pod).is_some() {
+        return false;
+    }
+    let sts = ObjectRef::new(&qdb.name_any()).within(&ns);
+    caches
+        .statefulsets
+        .get(&sts)
+        .is_none_or(|s| scaled_to_zero(&s))
+}
+
+fn scaled_to_zero(sts: &StatefulSet) -> bool {
+    sts.spec.as_ref().and_then(|s| s.replicas) == Some(0)
+        && sts.status.as_ref().is_none_or(|s| s.replicas == 0)
+}
+
+/// On deletion the StatefulSet outlives the QuestDB's finalizer (garbage collection comes
+/// after), so it is scaled to zero here first. One write, only when it still wants a pod.
+pub async fn scale_to_zero(
+    qdb: &QuestDB,
+    caches: &Caches,
+    client: &kube::Client,
+) -> Result<(), Error> {
+    let ns = qdb.namespace().unwrap_or_default();
+    let name = qdb.name_any();
+    let Some(sts) = caches.statefulsets.get(&ObjectRef::new(&name).within(&ns)) else {
+        return Ok(());
+    };
+    if sts.spec.as_ref().and_then(|s| s.replicas) == Some(0) {
+        return Ok(());
+    }
+    let owned = sts
+        .owner_references()
+        .iter()
+        .any(|o| o.controller == Some(true) && Some(&o.uid) == qdb.metadata.uid.as_ref());
+    if !owned {
+        return Ok(());
+    }
+    let api: Api<StatefulSet> = Api::namespaced(client.clone(), &ns);
+    let pp = PatchParams {
+        field_manager: Some(MANAGER.into()),
+        ..PatchParams::default()
+    };
+    api.patch(&name, &pp, &Patch::Merge(json!({"spec": {"replicas": 0}})))
+        .await
+        .map_err(Error::from_status_write)?;
+    Ok(())
+}
