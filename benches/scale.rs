@@ -7,7 +7,10 @@
 //! cargo bench --bench scale -- --questdbs 200 --concurrency 2,8
 //! cargo bench --profile dev --bench scale -- --quick         # unoptimised, fast to build
 //! ```
-//! `QUESTDB_OPERATOR_BIN=<path>` runs another operator binary.
+//! `QUESTDB_OPERATOR_BIN=<path>` runs another operator binary. `--control-plane real` runs
+//! against the real control plane (questdb-testenv) instead of the simulator, and first times a
+//! plain client making the same creates and status updates with no operator (the baseline:
+//! what the apiserver itself takes on this machine).
 //!
 //! For every concurrency, on a fresh simulator and operator:
 //! 1. provisioning: create N QuestDBs (32 creates in flight) and time until all are Ready;
@@ -37,16 +40,21 @@ use kube::{Client, Resource, ResourceExt};
 use questdb_operator::api::{labels, QuestDB};
 use questdb_operator::build::testing;
 use questdb_sim::cluster::{ClusterConfig, NodeSpec};
-use questdb_sim::{RequestCounts, Sim, SimConfig, Verb};
+use questdb_sim::SimConfig;
+use questdb_testenv::{RequestCounts, Verb};
 use serde::de::DeserializeOwned;
 use serde_json::json;
 use tokio::time::Instant;
 
+use support::control_plane::{Cluster, Kind};
 use support::operator::{self, Memory, Operator, RunArgs};
 use support::prom::{self, quantile};
 use support::{cluster, wait};
 
 const NS: &str = "scale";
+
+/// The plain-client baseline of a `--control-plane real` run, for the summary.
+static BASELINE_SECS: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
 const CONTROLLER: &str = "questdb";
 const DEFAULT_QUESTDBS: usize = 1000;
 const DEFAULT_CONCURRENCY: &[u16] = &[1, 4, 16];
@@ -72,6 +80,7 @@ const QUIET_TIMEOUT: Duration = Duration::from_secs(120);
 struct Settings {
     questdbs: usize,
     concurrency: Vec<u16>,
+    control_plane: Kind,
 }
 
 impl Settings {
@@ -79,6 +88,7 @@ impl Settings {
         let mut settings = Settings {
             questdbs: DEFAULT_QUESTDBS,
             concurrency: DEFAULT_CONCURRENCY.to_vec(),
+            control_plane: Kind::Simulated,
         };
         let mut args = std::env::args().skip(1);
         while let Some(arg) = args.next() {
@@ -115,8 +125,9 @@ impl Settings {
                             format!("--concurrency {v:?} is not a list like 1,4,16")
                         })?;
                 }
+                "--control-plane" => settings.control_plane = value("--control-plane")?.parse()?,
                 other => bail!(
-                    "unknown argument {other:?}; use --questdbs N, --concurrency 1,4,16, --quick"
+                    "unknown argument {other:?}; use --questdbs N, --concurrency 1,4,16, --quick, --control-plane simulated|real"
                 ),
             }
         }
@@ -221,16 +232,7 @@ impl Requests {
 }
 
 fn verb_name(v: Verb) -> &'static str {
-    match v {
-        Verb::Get => "get",
-        Verb::List => "list",
-        Verb::Watch => "watch",
-        Verb::Create => "create",
-        Verb::Update => "update",
-        Verb::Patch => "patch",
-        Verb::Delete => "delete",
-        Verb::DeleteCollection => "deletecollection",
-    }
+    v.as_str()
 }
 
 /// Reconcile latency from the operator's `controller_runtime_reconcile_time_seconds`.
@@ -440,6 +442,15 @@ fn final_json(runs: &[Figures]) -> serde_json::Value {
     };
     out["bench"] = json!("scale");
     out["profile"] = json!(profile);
+    if let Some(&b) = BASELINE_SECS.get() {
+        out["control_plane"] = json!("real");
+        out["baseline_plain_client_secs"] = json!(round(b, 2));
+        if let Some(h) = headline {
+            out["ready_over_baseline"] = json!(round(h.provision_secs / b, 2));
+        }
+    } else {
+        out["control_plane"] = json!("simulated");
+    }
     out["by_concurrency"] = runs.iter().map(Figures::json).collect();
     out
 }
@@ -628,11 +639,25 @@ async fn start_operator(
     Ok((op, args))
 }
 
-async fn run_one(binary: &Path, questdbs: usize, concurrency: u16) -> anyhow::Result<Figures> {
+fn worker_nodes(questdbs: usize) -> Vec<(String, String)> {
+    (0..questdbs.div_ceil(PODS_PER_NODE).max(3))
+        .map(|i| {
+            let zone = if i % 2 == 0 { "a" } else { "b" };
+            (format!("sim-node-{i:03}"), format!("sim-zone-{zone}"))
+        })
+        .collect()
+}
+
+async fn run_one(
+    binary: &Path,
+    questdbs: usize,
+    concurrency: u16,
+    kind: Kind,
+) -> anyhow::Result<Figures> {
     let config = sim_config(questdbs);
     let nodes = config.nodes.len();
-    let sim = Sim::start(config).await.context("starting the simulator")?;
-    let client = cluster::uncounted_client(&sim)?;
+    let sim = Cluster::start(kind, config, &worker_nodes(questdbs)).await?;
+    let client = sim.bench_client()?;
     cluster::install_crd(&client, STEP_TIMEOUT).await?;
     cluster::create_namespace(&client, NS).await?;
 
@@ -641,7 +666,7 @@ async fn run_one(binary: &Path, questdbs: usize, concurrency: u16) -> anyhow::Re
         .context("creating a temporary directory")?
         .keep();
     let kubeconfig = dir.join("kubeconfig");
-    std::fs::write(&kubeconfig, sim.kubeconfig_yaml()).context("writing the kubeconfig")?;
+    std::fs::write(&kubeconfig, sim.operator_kubeconfig()).context("writing the kubeconfig")?;
 
     // 1. Provisioning.
     let (mut op, args) =
@@ -740,12 +765,71 @@ async fn run_one(binary: &Path, questdbs: usize, concurrency: u16) -> anyhow::Re
     })
 }
 
+/// The apiserver's own cost for what the operator writes: a plain client, no operator, the
+/// same creates (QuestDB + ConfigMap, two Services, PVC, StatefulSet, as the operator builds
+/// them) and one status update per QuestDB, 32 in flight, on a fresh control plane.
+async fn plain_client_baseline(kind: Kind, questdbs: usize) -> anyhow::Result<f64> {
+    use questdb_operator::build;
+    let cluster = Cluster::start(kind, sim_config(questdbs), &worker_nodes(questdbs)).await?;
+    let client = cluster.bench_client()?;
+    cluster::install_crd(&client, STEP_TIMEOUT).await?;
+    cluster::create_namespace(&client, NS).await?;
+    let pp = PostParams::default();
+    let started = Instant::now();
+    futures::stream::iter(0..questdbs)
+        .map(|i| {
+            let client = client.clone();
+            let pp = pp.clone();
+            async move {
+                let name = format!("db-{i:05}");
+                let mut q = testing::questdb(&name, NS);
+                q.metadata = ObjectMeta {
+                    name: Some(name.clone()),
+                    namespace: Some(NS.into()),
+                    ..ObjectMeta::default()
+                };
+                let qdbs: Api<QuestDB> = Api::namespaced(client.clone(), NS);
+                let mut created = qdbs.create(&pp, &q).await?;
+                let config = build::config_map(&created, false);
+                let hash = build::config_hash(&[&config]);
+                let cms: Api<ConfigMap> = Api::namespaced(client.clone(), NS);
+                cms.create(&pp, &config).await?;
+                let svcs: Api<Service> = Api::namespaced(client.clone(), NS);
+                svcs.create(&pp, &build::headless_service(&created)).await?;
+                svcs.create(&pp, &build::client_service(&created)).await?;
+                let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), NS);
+                pvcs.create(&pp, &build::pvc(&created)).await?;
+                let sts: Api<StatefulSet> = Api::namespaced(client.clone(), NS);
+                sts.create(&pp, &build::statefulset(&created, &hash, false, None))
+                    .await?;
+                created.status = Some(Default::default());
+                qdbs.replace_status(&name, &pp, &created).await?;
+                anyhow::Ok(())
+            }
+        })
+        .buffer_unordered(CREATES_IN_FLIGHT)
+        .try_for_each(|_| async { Ok(()) })
+        .await
+        .context("baseline creates")?;
+    let secs = started.elapsed().as_secs_f64();
+    cluster.shutdown().await;
+    Ok(secs)
+}
+
 async fn run(settings: &Settings) -> anyhow::Result<Vec<Figures>> {
     let binary = operator::binary()?;
     eprintln!("operator binary {}", binary.display());
+    if settings.control_plane == Kind::Real {
+        let secs = plain_client_baseline(Kind::Real, settings.questdbs).await?;
+        eprintln!(
+            "baseline: a plain client made the same creates and status updates for {} QuestDBs in {secs:.2} s (no operator)",
+            settings.questdbs
+        );
+        let _ = BASELINE_SECS.set(secs);
+    }
     let mut runs = Vec::new();
     for &c in &settings.concurrency {
-        let figures = run_one(&binary, settings.questdbs, c)
+        let figures = run_one(&binary, settings.questdbs, c, settings.control_plane)
             .await
             .with_context(|| format!("concurrency {c}"))?;
         figures.print_details();

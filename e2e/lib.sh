@@ -10,21 +10,20 @@ k() { kubectl -n "$NS" "$@"; }
 say() { printf '\n[%s] %s\n' "$(date -u +%H:%M:%S)" "$*"; }
 fail() { echo "FAIL: $*" >&2; k get qdb -o wide >&2 || true; exit 1; }
 
-# `kubectl apply` everywhere: `kubectl create <kind>` sends protobuf, which the simulator does not
-# speak (see sim/README.md).
+# The everyday commands a user types (`kubectl create namespace`, `kubectl create secret
+# generic`), so the scenarios also prove they work against the cluster.
 ensure_namespace() {
-    printf 'apiVersion: v1\nkind: Namespace\nmetadata: {name: %s}\n' "$NS" | kubectl apply -f - >/dev/null
+    kubectl get namespace "$NS" >/dev/null 2>&1 || kubectl create namespace "$NS" >/dev/null
 }
 
 # secret_json NAME JSON: a Secret holding a JWK in auth.json, created or replaced.
 secret_json() {
-    cat <<YAML | kubectl apply -f - >/dev/null
-apiVersion: v1
-kind: Secret
-metadata: {name: $1, namespace: $NS}
-stringData:
-  auth.json: '$2'
-YAML
+    if k get secret "$1" >/dev/null 2>&1; then
+        k create secret generic "$1" --from-literal=auth.json="$2" --dry-run=client -o yaml |
+            kubectl apply -f - >/dev/null
+    else
+        k create secret generic "$1" --from-literal=auth.json="$2" >/dev/null
+    fi
 }
 
 # wait_ready NAME: the QuestDB's Ready condition turns True.

@@ -1,21 +1,21 @@
 #!/usr/bin/env bash
 # Starts the sandbox, runs every scenario against it, stops it. Used by the integration test
 # `e2e_scenarios_pass_against_the_sandbox` and runnable by hand:
-#   bash e2e/sandbox.sh [path/to/questdb-operator]
+#   bash e2e/sandbox.sh [path/to/questdb-sandbox]
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BIN="${1:-${QUESTDB_OPERATOR_BIN:-}}"
 if [ -z "$BIN" ]; then
-    cargo build --quiet --bin questdb-operator --manifest-path "$ROOT/Cargo.toml"
-    BIN="${CARGO_TARGET_DIR:-$ROOT/target}/debug/questdb-operator"
+    cargo build --quiet -p questdb-sandbox --manifest-path "$ROOT/Cargo.toml"
+    BIN="${CARGO_TARGET_DIR:-$ROOT/target}/debug/questdb-sandbox"
 fi
 WORK="$(mktemp -d)"
 export KUBECONFIG="$WORK/sandbox.kubeconfig"
-"$BIN" sandbox --kubeconfig "$KUBECONFIG" --example /nonexistent --clock-speed 10 \
+"$BIN" --kubeconfig "$KUBECONFIG" --example /nonexistent --clock-speed 10 \
     --metrics-bind-address 0 --health-probe-bind-address 0 >"$WORK/sandbox.log" 2>&1 &
 PID=$!
 trap 'kill -INT $PID 2>/dev/null; wait $PID 2>/dev/null; rm -rf "$WORK"' EXIT
-for _ in $(seq 1 100); do
+for _ in $(seq 1 600); do
     [ -s "$KUBECONFIG" ] && kubectl get --raw /readyz >/dev/null 2>&1 && break
     kill -0 $PID 2>/dev/null || { cat "$WORK/sandbox.log"; exit 1; }
     sleep 0.2

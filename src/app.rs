@@ -11,6 +11,7 @@ use tracing_subscriber::EnvFilter;
 
 use crate::cli::{parse_subnets, Cli, CloudArgs, CloudProvider, Command, LogFormat, RunArgs};
 use crate::cloud::aws::AwsCloud;
+#[cfg(feature = "memory-cloud")]
 use crate::cloud::memory::{MemoryCloud, MemoryEc2, MemoryEc2Options, MemoryRoute53};
 use crate::cloud::{CloudConfig, DnsProvider, SharedObserver};
 use crate::http_server::parse_bind_address;
@@ -47,8 +48,7 @@ async fn dispatch(command: Command) -> anyhow::Result<()> {
             println!("questdb-operator {}", env!("CARGO_PKG_VERSION"));
             Ok(())
         }
-        Command::Run(args) => run(args).await,
-        Command::Sandbox(args) => crate::sandbox::run(args, shutdown_on_signal()).await,
+        Command::Run(args) => run(*args).await,
     }
 }
 
@@ -119,9 +119,10 @@ set -euo pipefail
 "#;
 
 /// Providers built from the flags; `memory` is set for the memory provider so the sandbox and
-/// tests can bridge its instances into simulated Nodes and inject faults.
+/// tests can join its instances as Nodes and inject faults.
 pub struct BuiltCloud {
     pub cloud: Cloud,
+    #[cfg(feature = "memory-cloud")]
     pub memory: Option<(Arc<MemoryEc2>, Arc<MemoryRoute53>)>,
 }
 
@@ -150,6 +151,7 @@ pub fn cloud_config(args: &CloudArgs, provider: CloudProvider) -> anyhow::Result
             .with_context(|| format!("reading the user-data template {}", path.display()))?,
         None => DEFAULT_USER_DATA_TEMPLATE.to_string(),
     };
+    #[cfg(feature = "memory-cloud")]
     if provider == CloudProvider::Memory {
         if config.subnets_by_zone.is_empty() {
             for zone in SANDBOX_ZONES {
@@ -188,6 +190,7 @@ pub async fn build_cloud(
     let settings = cloud_settings(args);
     let built = match provider {
         CloudProvider::None => return Ok(None),
+        #[cfg(feature = "memory-cloud")]
         CloudProvider::Memory => {
             let m = MemoryCloud::new(config, MemoryEc2Options::default(), observer)
                 .context("building the memory cloud")?;
@@ -210,6 +213,7 @@ pub async fn build_cloud(
                     dns: aws.dns.clone().map(|d| d as Arc<dyn DnsProvider>),
                     settings,
                 },
+                #[cfg(feature = "memory-cloud")]
                 memory: None,
             }
         }

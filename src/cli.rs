@@ -1,4 +1,4 @@
-//! Command line: `run`, `crd`, `sandbox`, `version`. Every flag can also come from an env var.
+//! Command line: `run`, `crd`, `version`. Every flag can also come from an env var.
 //! Flag names follow controller-runtime's where one exists.
 
 use std::collections::BTreeMap;
@@ -23,12 +23,9 @@ pub struct Cli {
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Run the operator against the cluster of the current kubeconfig / in-cluster config.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Print the QuestDB CustomResourceDefinition as YAML.
     Crd,
-    /// Start a simulated control plane with three nodes, run the operator against it and apply
-    /// examples/questdb.yaml: a local sandbox with no cluster needed.
-    Sandbox(SandboxArgs),
     /// Print the version.
     Version,
 }
@@ -105,13 +102,14 @@ pub struct RunArgs {
 pub enum CloudProvider {
     /// No dedicated nodes: `spec.node` / `spec.dns` report NotConfigured.
     None,
-    /// In-process fake EC2 + Route53 (sandbox, tests).
+    /// In-process fake EC2 + Route53 (sandbox, tests; not in the shipped binary).
+    #[cfg(feature = "memory-cloud")]
     Memory,
     /// EC2 + Route53 through the AWS SDK (standard credential chain).
     Aws,
 }
 
-/// Operator-wide cloud settings, shared by `run` and `sandbox`.
+/// Operator-wide cloud settings, shared by `run` and the sandbox.
 #[derive(Args, Debug, Clone)]
 pub struct CloudArgs {
     /// Node and DNS provider (run: `none` by default; sandbox: `memory`).
@@ -197,48 +195,6 @@ pub fn parse_subnets(text: &str) -> Result<BTreeMap<String, String>, String> {
             _ => Err(format!("`{pair}` is not zone=subnet-id")),
         })
         .collect()
-}
-
-#[derive(Args, Debug, Clone)]
-pub struct SandboxArgs {
-    /// Where to write a kubeconfig for kubectl.
-    #[arg(long, env = "SANDBOX_KUBECONFIG", default_value = "sandbox.kubeconfig")]
-    pub kubeconfig: PathBuf,
-
-    /// Port of the simulated apiserver on 127.0.0.1 (0 = any free port).
-    #[arg(long, env = "SANDBOX_PORT", default_value_t = 0)]
-    pub port: u16,
-
-    /// QuestDB manifest applied at start (skipped when the file does not exist).
-    #[arg(long, env = "SANDBOX_EXAMPLE", default_value = "examples/questdb.yaml")]
-    pub example: PathBuf,
-
-    /// Simulated time runs this many times faster than wall time (grace periods, heartbeats).
-    #[arg(long, env = "SANDBOX_CLOCK_SPEED", default_value_t = 1.0)]
-    pub clock_speed: f64,
-
-    /// Exit once the example QuestDB is Ready instead of running until Ctrl-C.
-    #[arg(long, env = "SANDBOX_EXIT_WHEN_READY", default_value_t = false)]
-    pub exit_when_ready: bool,
-
-    /// Address of the operator's /metrics endpoint (`0` disables it).
-    #[arg(long, env = "METRICS_BIND_ADDRESS", default_value = "127.0.0.1:8080")]
-    pub metrics_bind_address: String,
-
-    /// Address of the operator's /healthz and /readyz (`0` disables it).
-    #[arg(
-        long,
-        env = "HEALTH_PROBE_BIND_ADDRESS",
-        default_value = "127.0.0.1:8081"
-    )]
-    pub health_probe_bind_address: String,
-
-    /// Concurrent reconciles of the QuestDB controller.
-    #[arg(long, env = "QUESTDB_CONCURRENCY", default_value_t = 4)]
-    pub questdb_concurrency: u16,
-
-    #[command(flatten)]
-    pub cloud: CloudArgs,
 }
 
 #[cfg(test)]

@@ -11,4 +11,3 @@ pub mod http_server;
 pub mod ilp_auth;
 pub mod manager;
 pub mod metrics;
-pub mod sandbox;

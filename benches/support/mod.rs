@@ -6,6 +6,7 @@
 #![allow(dead_code)]
 
 pub mod cluster;
+pub mod control_plane;
 pub mod operator;
 pub mod prom;
 pub mod wait;

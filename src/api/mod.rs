@@ -10,6 +10,10 @@ pub const GROUP: &str = "crd.questdb.io";
 pub const SECRET_QUESTDB_ANNOTATION: &str = "crd.questdb.io/name";
 /// Finalizer that guards cloud resources (instance, DNS record) and PVC retention.
 pub const FINALIZER: &str = "crd.questdb.io/finalizer";
+/// Annotation a user puts on an existing object (a PVC, ConfigMap or Service with a colliding
+/// name, e.g. from a migration) to hand it over to the QuestDB of that name. Without it, only
+/// objects carrying the operator's labels for that QuestDB are ever adopted.
+pub const ADOPT_ANNOTATION: &str = "crd.questdb.io/adopt";
 /// Field manager / event reporter name.
 pub const MANAGER: &str = "questdb-operator";
 

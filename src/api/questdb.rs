@@ -14,6 +14,8 @@ use serde::{Deserialize, Serialize};
 
 /// Desired state of one QuestDB database.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+// Client-side CEL (kube's `cel` feature) only for the unit tests; the apiserver is the judge.
+#[cfg_attr(test, kube(cel))]
 #[kube(
     group = "crd.questdb.io",
     version = "v1beta1",
@@ -24,7 +26,6 @@ use serde::{Deserialize, Serialize};
     shortname = "qdbs",
     namespaced,
     status = "QuestDBStatus",
-    cel,
     printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
     printcolumn = r#"{"name":"Version","type":"string","jsonPath":".status.version"}"#,
     printcolumn = r#"{"name":"NodeReady","type":"boolean","jsonPath":".status.nodeReady"}"#,

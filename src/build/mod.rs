@@ -14,6 +14,7 @@ pub mod pvc;
 pub mod quantity;
 pub mod service;
 pub mod statefulset;
+#[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod validate;
 

@@ -136,6 +136,9 @@ fn pod_spec(qdb: &QuestDB, ilp_auth_enabled: bool, dedicated: Option<&DedicatedN
         ));
     }
     PodSpec {
+        // QuestDB never calls the Kubernetes API: a mounted token would only be something to
+        // steal from a compromised database.
+        automount_service_account_token: Some(false),
         init_containers: Some(vec![init_conf_container(qdb)]),
         containers: vec![questdb_container(qdb, ilp_auth_enabled)],
         volumes: Some(volumes),
@@ -328,6 +331,14 @@ mod tests {
             .into_iter()
             .map(|m| (m.name, m.mount_path, m.sub_path))
             .collect()
+    }
+
+    #[test]
+    fn database_pods_carry_no_service_account_token() {
+        let qdb = questdb("db1", "ns");
+        let sts = statefulset(&qdb, HASH, true, None);
+        let pod = sts.spec.unwrap().template.spec.unwrap();
+        assert_eq!(pod.automount_service_account_token, Some(false));
     }
 
     #[test]

@@ -22,6 +22,7 @@ mod tags;
 pub mod user_data;
 
 pub mod aws;
+#[cfg(any(test, feature = "memory-cloud"))]
 pub mod memory;
 
 use async_trait::async_trait;

@@ -8,7 +8,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use std::fmt::Debug;
 
-use crate::api::MANAGER;
+use crate::api::{labels, ADOPT_ANNOTATION, MANAGER};
 use crate::build::{needs_update, OwnedChild};
 
 /// What to do with one child object.
@@ -16,13 +16,15 @@ use crate::build::{needs_update, OwnedChild};
 pub enum ChildAction {
     /// Absent: create it.
     Create,
-    /// Present without a controller: take it over (owner reference + desired fields).
+    /// Present without a controller, and provably ours (our labels for this QuestDB, or the
+    /// user's adoption annotation): take it over (owner reference + desired fields).
     Adopt,
     /// Ours, but a field we set differs.
     Update,
     /// Ours and identical in every field we set: no write.
     InSync,
-    /// Controlled by another object: never touched. Holds a human description of the owner.
+    /// Controlled by another object, or not provably ours: never touched, never mounted.
+    /// Holds a human description of why.
     Blocked(String),
 }
 
@@ -50,6 +52,11 @@ where
         Some(c) if c.uid != owner_uid => {
             return ChildAction::Blocked(format!("{} {}", c.kind, c.name));
         }
+        None if !provably_ours(desired, existing) => {
+            return ChildAction::Blocked(format!(
+                "nobody (it lacks this QuestDB's labels; annotate it {ADOPT_ANNOTATION}=true to hand it over)"
+            ));
+        }
         None if controller_of(desired.meta()).is_some() => return ChildAction::Adopt,
         _ => {}
     }
@@ -57,6 +64,47 @@ where
         ChildAction::Update
     } else {
         ChildAction::InSync
+    }
+}
+
+/// An object without a controller is ours only when it carries the operator's labels for the
+/// same QuestDB (a retained PVC, a child whose owner reference was removed) or the user's
+/// adoption annotation. Another application's PVC with a colliding name is neither.
+fn provably_ours<K: Resource>(desired: &K, existing: &K) -> bool {
+    let l = existing.labels();
+    let ours = l.get(labels::MANAGED_BY).map(String::as_str) == Some(labels::MANAGED_BY_VALUE)
+        && l.get(labels::NAME).map(String::as_str) == Some(labels::NAME_VALUE)
+        && l.get(labels::INSTANCE).is_some()
+        && l.get(labels::INSTANCE) == desired.labels().get(labels::INSTANCE);
+    ours || existing
+        .annotations()
+        .get(ADOPT_ANNOTATION)
+        .map(String::as_str)
+        == Some("true")
+}
+
+/// Whether `obj`'s controller is the QuestDB with `uid`.
+pub fn controlled_by<K: Resource>(obj: &K, uid: &str) -> bool {
+    controller_of(obj.meta()).is_some_and(|c| c.uid == uid)
+}
+
+/// Deletes a child the operator controls and no longer wants; the uid precondition makes sure
+/// it is the object that was looked at, never a successor with the same name.
+pub async fn delete_owned<K>(api: &Api<K>, obj: &K) -> kube::Result<()>
+where
+    K: Resource + Clone + DeserializeOwned + Debug,
+{
+    let dp = kube::api::DeleteParams {
+        preconditions: Some(kube::api::Preconditions {
+            uid: obj.meta().uid.clone(),
+            resource_version: None,
+        }),
+        ..Default::default()
+    };
+    match api.delete(&obj.name_any(), &dp).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(()),
+        Err(e) => Err(e),
     }
 }
 
@@ -149,12 +197,24 @@ mod tests {
         }
     }
 
+    fn our_labels(instance: &str) -> BTreeMap<String, String> {
+        BTreeMap::from([
+            (labels::NAME.to_string(), labels::NAME_VALUE.to_string()),
+            (labels::INSTANCE.to_string(), instance.to_string()),
+            (
+                labels::MANAGED_BY.to_string(),
+                labels::MANAGED_BY_VALUE.to_string(),
+            ),
+        ])
+    }
+
     fn cm(owners: Option<Vec<OwnerReference>>, data: &[(&str, &str)]) -> ConfigMap {
         ConfigMap {
             metadata: ObjectMeta {
                 name: Some("db-config".into()),
                 namespace: Some("ns".into()),
                 owner_references: owners,
+                labels: Some(our_labels("db")),
                 ..Default::default()
             },
             data: Some(
@@ -189,9 +249,48 @@ mod tests {
     }
 
     #[test]
-    fn unowned_is_adopted() {
+    fn unowned_with_our_labels_is_adopted() {
         let d = cm(Some(vec![owner("u1", true)]), &[("a", "1")]);
         let e = cm(None, &[("a", "1")]);
+        assert_eq!(decide(&d, Some(&e), "u1"), ChildAction::Adopt);
+    }
+
+    #[test]
+    fn another_applications_object_is_never_adopted_or_used() {
+        let d = cm(Some(vec![owner("u1", true)]), &[("a", "1")]);
+        let mut e = cm(None, &[("a", "1")]);
+        e.metadata.labels = Some(BTreeMap::from([(
+            labels::NAME.to_string(),
+            "prometheus".to_string(),
+        )]));
+        assert!(matches!(
+            decide(&d, Some(&e), "u1"),
+            ChildAction::Blocked(_)
+        ));
+        // Retained children (no owner reference wanted) are not used either.
+        let mut retained = d.clone();
+        retained.metadata.owner_references = None;
+        assert!(matches!(
+            decide(&retained, Some(&e), "u1"),
+            ChildAction::Blocked(_)
+        ));
+        // Our labels for another QuestDB are not ours either.
+        e.metadata.labels = Some(our_labels("other"));
+        assert!(matches!(
+            decide(&d, Some(&e), "u1"),
+            ChildAction::Blocked(_)
+        ));
+    }
+
+    #[test]
+    fn the_adoption_annotation_hands_an_object_over() {
+        let d = cm(Some(vec![owner("u1", true)]), &[("a", "1")]);
+        let mut e = cm(None, &[("a", "1")]);
+        e.metadata.labels = None;
+        e.metadata.annotations = Some(BTreeMap::from([(
+            ADOPT_ANNOTATION.to_string(),
+            "true".to_string(),
+        )]));
         assert_eq!(decide(&d, Some(&e), "u1"), ChildAction::Adopt);
     }
 

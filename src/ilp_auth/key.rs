@@ -140,6 +140,8 @@ pub enum KeyError {
     NotOnCurve,
     #[error("`kid` is empty")]
     EmptyKid,
+    #[error("`kid` is {len} bytes long; at most {MAX_KID_LEN} are accepted")]
+    KidTooLong { len: usize },
     #[error("`kid` contains whitespace; QuestDB separates the fields of its auth file with it")]
     KidContainsWhitespace,
     #[error("`kid` contains a character outside printable ASCII")]
@@ -280,9 +282,16 @@ fn check_curve(crv: &str) -> Result<(), KeyError> {
     }
 }
 
+/// Longest accepted `kid`: with the per-QuestDB key cap, the auth file stays far below the
+/// 1 MiB a ConfigMap may hold (a line is kid + 2 x 43 base64url characters + 17).
+pub const MAX_KID_LEN: usize = 256;
+
 fn validate_kid(kid: &str) -> Result<(), KeyError> {
     if kid.is_empty() {
         return Err(KeyError::EmptyKid);
+    }
+    if kid.len() > MAX_KID_LEN {
+        return Err(KeyError::KidTooLong { len: kid.len() });
     }
     if kid.chars().any(char::is_whitespace) {
         return Err(KeyError::KidContainsWhitespace);

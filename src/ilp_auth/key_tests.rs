@@ -436,3 +436,13 @@ fn the_private_scalar_never_reaches_the_public_key() {
         assert!(!shown.contains(&key.d));
     }
 }
+
+#[test]
+fn an_overlong_kid_is_refused_with_its_length() {
+    let long = "k".repeat(MAX_KID_LEN + 1);
+    let key = TestKey::derived("x", 1);
+    let (x, y) = public_coordinates(&decode(&key.d));
+    let err = PublicKey::new(&long, &x, &y).unwrap_err();
+    assert!(matches!(err, KeyError::KidTooLong { len } if len == MAX_KID_LEN + 1));
+    assert!(PublicKey::new(&"k".repeat(MAX_KID_LEN), &x, &y).is_ok());
+}

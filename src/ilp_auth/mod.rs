@@ -36,6 +36,7 @@ mod auth_file;
 mod key;
 mod mapping;
 mod policy;
+#[cfg(any(test, feature = "testing"))]
 pub mod testing;
 
 pub use auth_file::{render_auth_file, AUTH_DB_PATH, AUTH_DB_PATH_KEY, KEY_TYPE};

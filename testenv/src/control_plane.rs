@@ -156,6 +156,9 @@ async fn etcd_healthy(port: u16) -> bool {
 
 impl ControlPlane {
     pub async fn start(opts: ControlPlaneOptions) -> anyhow::Result<ControlPlane> {
+        // kube uses ring; a workspace build also links aws-lc-rs (the AWS SDK), so rustls
+        // cannot pick one by itself. Whoever installed one first wins.
+        let _ = rustls::crypto::ring::default_provider().install_default();
         let started = Instant::now();
         let bin = binaries::dir()?;
         let dir = tempfile::Builder::new()

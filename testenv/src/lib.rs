@@ -9,6 +9,7 @@
 pub mod binaries;
 pub mod control_plane;
 pub mod csi;
+pub mod instances;
 pub mod kubelet;
 pub mod process;
 pub mod proxy;
@@ -16,5 +17,6 @@ pub mod rbac;
 pub mod timings;
 
 pub use control_plane::{ControlPlane, ControlPlaneOptions};
+pub use instances::{node_name_for_instance, spawn_instance_join, InstanceChange};
 pub use kubelet::{Fault as NodeFault, NodeHandle, NodeRegistration};
 pub use proxy::{Fault, FaultId, RequestCounts, Verb};

@@ -72,9 +72,9 @@ pub struct RequestInfo {
 /// (k8s.io/apiserver/pkg/endpoints/request/requestinfo.go); `None` for non-resource paths.
 pub fn classify(method: &http::Method, uri: &http::Uri) -> Option<RequestInfo> {
     let segs: Vec<&str> = uri.path().trim_matches('/').split('/').collect();
-    let rest = match segs.first()? {
-        &"api" if segs.len() >= 3 => &segs[2..],
-        &"apis" if segs.len() >= 4 => &segs[3..],
+    let rest = match *segs.first()? {
+        "api" if segs.len() >= 3 => &segs[2..],
+        "apis" if segs.len() >= 4 => &segs[3..],
         _ => return None,
     };
     let (namespace, rest) = if rest.first() == Some(&"namespaces") && rest.len() >= 3 {

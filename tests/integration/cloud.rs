@@ -15,8 +15,10 @@ use questdb_operator::cloud::{
     CloudConfig, InstanceState, LaunchRequest, NodeProvider, RetryPolicy, TAG_UID,
 };
 use questdb_operator::manager::{self, Cloud, CloudSettings, ManagerHandle, ManagerOptions};
-use questdb_operator::sandbox::node_name_for;
-use questdb_testenv::{ControlPlane, Fault, Verb};
+use questdb_testenv::{
+    node_name_for_instance as node_name_for, spawn_instance_join, ControlPlane, Fault,
+    InstanceChange, Verb,
+};
 use serde_json::json;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -202,45 +204,33 @@ impl CloudEnv {
     }
 }
 
-/// What EC2 and the kubelet do together: every instance that reaches `running` boots from its
-/// user data and registers its Node; a terminated one stops and its Node goes.
+/// The memory cloud's instances as a cloud reports them: each running one boots from its
+/// user data and registers its Node, a terminated one's Node goes.
 fn spawn_node_join(
     cp: &ControlPlane,
     ec2: Arc<MemoryEc2>,
     stop: CancellationToken,
 ) -> JoinHandle<()> {
-    let kubelets = cp.kubelets().clone();
-    let mut events = ec2.subscribe();
-    tokio::spawn(async move {
-        loop {
-            let event = tokio::select! {
-                _ = stop.cancelled() => return,
-                e = events.recv() => e,
-            };
-            match event {
-                Ok(InstanceEvent::Running(i)) => {
-                    let user_data = ec2.user_data(&i.id).unwrap_or_default();
-                    if let Err(e) = kubelets
-                        .instance_running(
-                            &node_name_for(&i.id),
-                            &i.zone,
-                            &i.id,
-                            i.private_ip.clone(),
-                            &user_data,
-                        )
-                        .await
-                    {
-                        eprintln!("node join: {e:#}");
-                    }
-                }
-                Ok(InstanceEvent::Terminated(id)) => {
-                    kubelets.instance_terminated(&node_name_for(&id))
-                }
-                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
-                Err(_) => return,
+    let changes = futures::stream::unfold(ec2.subscribe(), move |mut rx| {
+        let ec2 = ec2.clone();
+        async move {
+            loop {
+                let change = match rx.recv().await {
+                    Ok(InstanceEvent::Running(i)) => InstanceChange::Running {
+                        user_data: ec2.user_data(&i.id).unwrap_or_default(),
+                        id: i.id,
+                        zone: i.zone,
+                        private_ip: i.private_ip,
+                    },
+                    Ok(InstanceEvent::Terminated(id)) => InstanceChange::Terminated { id },
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
+                    Err(_) => return None,
+                };
+                return Some((change, rx));
             }
         }
-    })
+    });
+    spawn_instance_join(cp.kubelets().clone(), changes, stop)
 }
 
 fn settings() -> CloudSettings {

@@ -723,3 +723,30 @@ async fn the_private_key_appears_nowhere_outside_its_secret() {
     }
     env.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn disabling_ilp_auth_deletes_its_configmap() {
+    let env = start_with_key(&TestKey::derived("ingest", 21)).await;
+    let qdbs = env.api::<QuestDB>(NS);
+    qdbs.patch(
+        DB,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"ilpAuth": {"enabled": false}}})),
+    )
+    .await
+    .expect("auth off");
+    wait_for(&qdbs, DB, "auth reported off", ilp_auth("True", "Disabled")).await;
+    wait_until("the auth ConfigMap is deleted", || {
+        let cms = env.api::<ConfigMap>(NS);
+        async move { cms.get_opt(AUTH_CM).await.expect("read").is_none() }
+    })
+    .await;
+    let sts = env
+        .api::<StatefulSet>(NS)
+        .get(DB)
+        .await
+        .expect("StatefulSet");
+    assert!(!mounts_auth_txt(&sts), "the pod no longer mounts it");
+    wait_for(&qdbs, DB, "Ready without auth", is_ready()).await;
+    env.stop().await;
+}

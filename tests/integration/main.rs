@@ -2,7 +2,6 @@
 //! (one link) for the whole suite; each test starts its own simulator on an ephemeral port.
 
 mod cloud;
-mod e2e;
 mod harness;
 mod ilp_auth;
 mod leader;

@@ -312,11 +312,20 @@ async fn the_apiserver_rejects_reserved_keys_and_shrinking_volumes() {
 async fn adopts_unowned_children_and_leaves_foreign_ones_alone() {
     let env = Env::start().await;
     env.namespace(NS).await;
-    // A ConfigMap left by an older tool, with no controller: adopted.
+    // A ConfigMap with the operator's labels for db1 whose owner reference was removed (a
+    // restore from backup, an older operator): provably ours, adopted.
     let cms = env.api::<ConfigMap>(NS);
     let orphan = ConfigMap {
         metadata: ObjectMeta {
             name: Some("db1-config".into()),
+            labels: Some(BTreeMap::from([
+                ("app.kubernetes.io/name".into(), "questdb".into()),
+                ("app.kubernetes.io/instance".into(), "db1".into()),
+                (
+                    "app.kubernetes.io/managed-by".into(),
+                    "questdb-operator".into(),
+                ),
+            ])),
             ..Default::default()
         },
         data: Some(BTreeMap::from([("server.conf".into(), "old".into())])),
@@ -400,6 +409,68 @@ async fn adopts_unowned_children_and_leaves_foreign_ones_alone() {
         other.uid().unwrap(),
         "foreign Service untouched"
     );
+    env.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_applications_pvc_survives_a_colliding_questdbs_deletion() {
+    let env = Env::start().await;
+    env.namespace(NS).await;
+    // Prometheus' volume, no owner, no questdb labels, named as QuestDB `metrics` would name its.
+    let pvcs = env.api::<PersistentVolumeClaim>(NS);
+    let theirs: PersistentVolumeClaim = serde_json::from_value(json!({
+        "metadata": {"name": "metrics-data", "labels": {"app.kubernetes.io/name": "prometheus"}},
+        "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "gp3",
+                 "resources": {"requests": {"storage": "1Gi"}}},
+    }))
+    .unwrap();
+    let theirs = pvcs.create(&PostParams::default(), &theirs).await.unwrap();
+    env.create_questdb(NS, "metrics", |q| q.spec.volume.retain_on_delete = false)
+        .await;
+    let q = wait_for(
+        &env.api::<QuestDB>(NS),
+        "metrics",
+        "conflict reported",
+        has_condition("Ready", "ChildConflict"),
+    )
+    .await;
+    let msg = &q
+        .status
+        .as_ref()
+        .unwrap()
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Ready")
+        .unwrap()
+        .message;
+    assert!(msg.contains("PersistentVolumeClaim metrics-data"), "{msg}");
+    // Never mounted: no StatefulSet exists to mount it.
+    assert_eq!(
+        count::<StatefulSet>(&env).await,
+        0,
+        "no StatefulSet mounts it"
+    );
+    let pvc = pvcs.get("metrics-data").await.unwrap();
+    assert!(pvc.owner_references().is_empty(), "never adopted");
+
+    env.api::<QuestDB>(NS)
+        .delete("metrics", &Default::default())
+        .await
+        .unwrap();
+    wait_until("the QuestDB is gone", || {
+        let api = env.api::<QuestDB>(NS);
+        async move { api.get_opt("metrics").await.unwrap().is_none() }
+    })
+    .await;
+    // Garbage collection of the QuestDB's own children (the ConfigMap) proves GC ran.
+    wait_until("the QuestDB's ConfigMap is collected", || {
+        let cms = env.api::<ConfigMap>(NS);
+        async move { cms.get_opt("metrics-config").await.unwrap().is_none() }
+    })
+    .await;
+    let after = pvcs.get("metrics-data").await.expect("their PVC survives");
+    assert_eq!(after.uid(), theirs.uid());
+    assert!(after.metadata.deletion_timestamp.is_none());
     env.stop().await;
 }
 

@@ -162,7 +162,6 @@ impl MemoryEc2 {
         self.lock().options.known_images.insert(image.to_string());
     }
 
-    /// Every instance ever launched, whatever its state, ignoring eventual consistency.
     /// The user data (base64) an instance was launched with.
     pub fn user_data(&self, id: &str) -> Option<String> {
         self.lock()
@@ -171,6 +170,20 @@ impl MemoryEc2 {
             .map(|r| r.user_data_base64.clone())
     }
 
+    /// The instance loses power: EC2 reports it `stopped` (a fault a test or sandbox user
+    /// injects; the operator never stops instances). Returns whether it was running.
+    pub fn power_off(&self, id: &str) -> bool {
+        let mut state = self.lock();
+        match state.records.get_mut(id) {
+            Some(r) if r.instance.state == InstanceState::Running => {
+                r.instance.state = InstanceState::Stopped;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Every instance ever launched, whatever its state, ignoring eventual consistency.
     pub fn instances(&self) -> Vec<Instance> {
         self.lock()
             .records

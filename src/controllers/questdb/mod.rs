@@ -86,6 +86,17 @@ pub async fn reconcile(qdb: Arc<QuestDB>, ctx: Arc<Context>) -> Result<Action, E
     sync(&ctx, &qdb, &uid, &ns, &c.configmaps, config, &mut observed).await?;
     if let Some(a) = auth_map {
         sync(&ctx, &qdb, &uid, &ns, &c.configmaps, a, &mut observed).await?;
+    } else {
+        // ILP auth turned off: the auth file the pod no longer mounts goes too.
+        let name = build::names::ilp_auth_config_map(&qdb);
+        let existing = c.configmaps.get(&ObjectRef::new(&name).within(&ns));
+        if let Some(cm) = existing.filter(|cm| children::controlled_by(cm.as_ref(), &uid)) {
+            children::delete_owned(&Api::<ConfigMap>::namespaced(ctx.client.clone(), &ns), &cm)
+                .await
+                .map_err(Error::Kube)?;
+            info!(questdb = %qdb.name_any(), child = %name, "deleted (ILP auth disabled)");
+            observed.changed.push(format!("ConfigMap {name}"));
+        }
     }
     let svc_headless = build::headless_service(&qdb);
     let svc_client = build::client_service(&qdb);
@@ -119,7 +130,11 @@ pub async fn reconcile(qdb: Arc<QuestDB>, ctx: Arc<Context>) -> Result<Action, E
     }
     sync(&ctx, &qdb, &uid, &ns, &c.pvcs, pvc, &mut observed).await?;
     let sts_name = sts.name_any();
-    sync(&ctx, &qdb, &uid, &ns, &c.statefulsets, sts, &mut observed).await?;
+    // A blocked child (another application's PVC or ConfigMap with a colliding name) is never
+    // mounted: the StatefulSet waits until the conflict is resolved.
+    if observed.blocked.is_empty() {
+        sync(&ctx, &qdb, &uid, &ns, &c.statefulsets, sts, &mut observed).await?;
+    }
 
     let sts_obj = c.statefulsets.get(&ObjectRef::new(&sts_name).within(&ns));
     let pod_obj = c
@@ -243,7 +258,13 @@ where
         Ok(Applied::Unchanged) => {}
         Ok(Applied::Blocked(by)) => {
             let note = format!("{what} is controlled by {by}; leaving it alone");
-            if !observed.blocked.contains(&what) {
+            // One Warning per distinct conflict: the status already names reported ones.
+            let reported = qdb.status.as_ref().is_some_and(|s| {
+                s.conditions.iter().any(|c| {
+                    c.reason == "ChildConflict" && c.message.split(", ").any(|m| m.ends_with(&what))
+                })
+            });
+            if !reported {
                 ctx.event(qdb, EventType::Warning, "ChildConflict", "Reconcile", note)
                     .await;
             }

@@ -91,7 +91,7 @@ pub fn compute(qdb: &QuestDB, obs: &Observed, now: Timestamp) -> QuestDBStatus {
                 false,
                 "ChildConflict",
                 format!(
-                    "objects controlled by something else block this QuestDB: {}",
+                    "objects that are not this QuestDB's block it (never adopted, never mounted): {}",
                     obs.blocked.join(", ")
                 ),
             ),

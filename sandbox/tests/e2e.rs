@@ -1,4 +1,5 @@
-//! The kubectl scenario scripts in `e2e/` against the real `questdb-operator sandbox` binary:
+//! The kubectl scenario scripts in `e2e/` against the `questdb-sandbox` binary (on the real
+//! control plane when Go is available):
 //! what a user does by hand, checked on every CI run.
 
 use std::process::Command;
@@ -15,10 +16,10 @@ fn e2e_scenarios_pass_against_the_sandbox() {
         eprintln!("kubectl not found: skipping the e2e scenarios");
         return;
     }
-    let root = env!("CARGO_MANIFEST_DIR");
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
     let out = Command::new("bash")
         .arg(format!("{root}/e2e/sandbox.sh"))
-        .arg(env!("CARGO_BIN_EXE_questdb-operator"))
+        .arg(env!("CARGO_BIN_EXE_questdb-sandbox"))
         .env("E2E_TIMEOUT", "120s")
         .output()
         .expect("bash runs");

@@ -1,30 +1,31 @@
-//! `questdb-operator sandbox`: a simulated control plane with three nodes in two zones, the real
-//! manager against it, and the example QuestDB applied — the README's first command.
+//! The fallback when Go is missing (no real control plane can be built): `questdb-sim`, a
+//! simulated control plane with three nodes in two zones. Its deviations from Kubernetes are
+//! listed in sim/README.md; nothing here is a reference for how a cluster behaves.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use futures::StreamExt;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, PostParams};
-use kube::runtime::watcher;
-use kube::{CustomResourceExt, ResourceExt};
+use kube::CustomResourceExt;
+use questdb_operator::api::QuestDB;
+use questdb_operator::build::{
+    dedicated_label_value_for, DEDICATED_LABEL_KEY, DEDICATED_TAINT_EFFECT, DEDICATED_TAINT_KEY,
+};
+use questdb_operator::cli::CloudProvider;
+use questdb_operator::cloud::memory::InstanceEvent;
+use questdb_operator::cloud::{Instance, TAG_NAME, TAG_NAMESPACE};
+use questdb_operator::http_server::parse_bind_address;
+use questdb_operator::manager::{self, ManagerHandle, ManagerOptions};
 use questdb_sim::cluster::{Cluster, NodeSpec};
 use questdb_sim::{Sim, SimConfig};
 use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::api::QuestDB;
-use crate::build::{
-    dedicated_label_value_for, DEDICATED_LABEL_KEY, DEDICATED_TAINT_EFFECT, DEDICATED_TAINT_KEY,
-};
-use crate::cli::{CloudProvider, SandboxArgs};
-use crate::cloud::memory::InstanceEvent;
-use crate::cloud::{Instance, TAG_NAME, TAG_NAMESPACE};
-use crate::http_server::parse_bind_address;
-use crate::manager::{self, ManagerHandle, ManagerOptions};
+use crate::progress::{apply_example, report_progress};
+use crate::SandboxArgs;
 
 pub async fn run(args: SandboxArgs, shutdown: CancellationToken) -> anyhow::Result<()> {
     let cfg = SimConfig {
@@ -48,7 +49,7 @@ pub async fn run(args: SandboxArgs, shutdown: CancellationToken) -> anyhow::Resu
         .context("installing the QuestDB CRD")?;
 
     let handle = ManagerHandle::default();
-    let built = crate::app::build_cloud(
+    let built = questdb_operator::app::build_cloud(
         &args.cloud,
         CloudProvider::Memory,
         handle.metrics.aws_observer(),
@@ -121,73 +122,6 @@ pub async fn run(args: SandboxArgs, shutdown: CancellationToken) -> anyhow::Resu
     Ok(())
 }
 
-/// Creates the QuestDB of the example manifest; returns its (namespace, name).
-async fn apply_example(
-    client: &kube::Client,
-    path: &std::path::Path,
-) -> anyhow::Result<Option<(String, String)>> {
-    let Ok(text) = std::fs::read_to_string(path) else {
-        info!(path = %path.display(), "no example manifest; apply your own with kubectl");
-        return Ok(None);
-    };
-    let mut qdb: QuestDB =
-        serde_yaml_ng::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
-    let ns = qdb.namespace().unwrap_or_else(|| "default".into());
-    qdb.metadata.namespace = Some(ns.clone());
-    let api: Api<QuestDB> = Api::namespaced(client.clone(), &ns);
-    api.create(&PostParams::default(), &qdb)
-        .await
-        .with_context(|| format!("creating the QuestDB from {}", path.display()))?;
-    info!(questdb = %qdb.name_any(), namespace = %ns, "applied {}", path.display());
-    Ok(Some((ns, qdb.name_any())))
-}
-
-/// Prints each change of the example's phase and Ready condition until it is Ready.
-async fn report_progress(
-    client: kube::Client,
-    example: Option<(String, String)>,
-    stop_when_ready: bool,
-) -> anyhow::Result<()> {
-    let Some((ns, name)) = example else {
-        if stop_when_ready {
-            anyhow::bail!("--exit-when-ready needs an example manifest");
-        }
-        return futures::future::pending().await;
-    };
-    let api: Api<QuestDB> = Api::namespaced(client, &ns);
-    let mut stream = std::pin::pin!(watcher::watch_object(api, &name).boxed());
-    let mut last = String::new();
-    while let Some(event) = stream.next().await {
-        let Ok(Some(q)) = event else { continue };
-        let status = q.status.clone().unwrap_or_default();
-        let ready = status.conditions.iter().find(|c| c.type_ == "Ready");
-        let line = format!(
-            "{}/{}: phase={} ready={} ({})",
-            ns,
-            name,
-            status.phase.map(|p| p.as_str()).unwrap_or("-"),
-            ready.map(|c| c.status.as_str()).unwrap_or("-"),
-            ready.map(|c| c.message.as_str()).unwrap_or("-"),
-        );
-        if line != last {
-            println!("{line}");
-            last = line;
-        }
-        if ready.is_some_and(|c| c.status == "True") {
-            println!(
-                "{ns}/{name} is Ready: node {} ({}), instance {}, DNS {}, version {}",
-                status.node_name.unwrap_or_default(),
-                status.node_ip.unwrap_or_default(),
-                status.instance_id.as_deref().unwrap_or("-"),
-                status.dns_name.as_deref().unwrap_or("-"),
-                status.version.unwrap_or_default()
-            );
-            return Ok(());
-        }
-    }
-    anyhow::bail!("the watch on {ns}/{name} ended")
-}
-
 /// Plays the kubelet for the memory cloud: registers a simulated Node for each instance that
 /// reaches `running` and removes it when the instance terminates, until `stop`.
 ///
@@ -240,7 +174,7 @@ pub async fn bridge_memory_cloud(
 /// stream: every few seconds, one `describe_cluster` and the simulated Nodes are brought in line
 /// with the running instances.
 pub async fn bridge_polled_cloud(
-    nodes: &dyn crate::cloud::NodeProvider,
+    nodes: &dyn questdb_operator::cloud::NodeProvider,
     cluster: &Cluster,
     stop: CancellationToken,
 ) {
@@ -250,7 +184,7 @@ pub async fn bridge_polled_cloud(
             Ok(instances) => {
                 let running: std::collections::BTreeMap<&str, &Instance> = instances
                     .iter()
-                    .filter(|i| i.state == crate::cloud::InstanceState::Running)
+                    .filter(|i| i.state == questdb_operator::cloud::InstanceState::Running)
                     .map(|i| (i.id.as_str(), i))
                     .collect();
                 for (id, instance) in &running {

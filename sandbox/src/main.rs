@@ -1,0 +1,118 @@
+//! `questdb-sandbox`: a local Kubernetes control plane, the real operator against it, the
+//! in-memory cloud, and `examples/questdb.yaml` applied: the README's first command. The
+//! control plane is the real one (kube-apiserver, kube-controller-manager, kube-scheduler and
+//! etcd built from their Go modules on first use) whenever Go is available, `questdb-sim`
+//! otherwise, with a line that says so.
+
+mod faults;
+mod progress;
+mod real;
+mod simulated;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Parser;
+use questdb_operator::cli::CloudArgs;
+
+#[derive(Parser, Debug, Clone)]
+#[command(
+    name = "questdb-sandbox",
+    version,
+    about = "A local QuestDB operator sandbox"
+)]
+pub struct SandboxArgs {
+    /// Where to write a kubeconfig for kubectl.
+    #[arg(long, env = "SANDBOX_KUBECONFIG", default_value = "sandbox.kubeconfig")]
+    pub kubeconfig: PathBuf,
+
+    /// Control plane: `auto` (real when Go is available), `real` or `simulated`.
+    #[arg(long, env = "SANDBOX_CONTROL_PLANE", default_value = "auto")]
+    pub control_plane: String,
+
+    /// Port of the simulated apiserver on 127.0.0.1 (0 = any free port; simulated only).
+    #[arg(long, env = "SANDBOX_PORT", default_value_t = 0)]
+    pub port: u16,
+
+    /// QuestDB manifest applied at start (skipped when the file does not exist).
+    #[arg(long, env = "SANDBOX_EXAMPLE", default_value = "examples/questdb.yaml")]
+    pub example: PathBuf,
+
+    /// Simulated time runs this many times faster than wall time (simulated only).
+    #[arg(long, env = "SANDBOX_CLOCK_SPEED", default_value_t = 1.0)]
+    pub clock_speed: f64,
+
+    /// Exit once the example QuestDB is Ready instead of running until Ctrl-C.
+    #[arg(long, env = "SANDBOX_EXIT_WHEN_READY", default_value_t = false)]
+    pub exit_when_ready: bool,
+
+    /// Address of the operator's /metrics endpoint (`0` disables it).
+    #[arg(long, env = "METRICS_BIND_ADDRESS", default_value = "127.0.0.1:8080")]
+    pub metrics_bind_address: String,
+
+    /// Address of the operator's /healthz and /readyz (`0` disables it).
+    #[arg(
+        long,
+        env = "HEALTH_PROBE_BIND_ADDRESS",
+        default_value = "127.0.0.1:8081"
+    )]
+    pub health_probe_bind_address: String,
+
+    /// Concurrent reconciles of the QuestDB controller.
+    #[arg(long, env = "QUESTDB_CONCURRENCY", default_value_t = 4)]
+    pub questdb_concurrency: u16,
+
+    #[command(flatten)]
+    pub cloud: CloudArgs,
+}
+
+fn main() -> ExitCode {
+    let args = SandboxArgs::parse();
+    questdb_operator::metrics::install_crypto_provider();
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("sandbox: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async move {
+        let shutdown = questdb_operator::app::shutdown_on_signal();
+        let real = match args.control_plane.as_str() {
+            "real" => true,
+            "simulated" => false,
+            "auto" => {
+                let go = questdb_testenv::binaries::go_available();
+                if !go {
+                    eprintln!(
+                        "sandbox: Go is not installed, so the cluster is SIMULATED (questdb-sim): \
+                         its behaviour differs from Kubernetes (sim/README.md). Install Go 1.26+ \
+                         for a real control plane."
+                    );
+                }
+                go
+            }
+            other => {
+                anyhow::bail!("--control-plane must be auto, real or simulated, not {other:?}")
+            }
+        };
+        if real {
+            real::run(args, shutdown).await
+        } else {
+            simulated::run(args, shutdown).await
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("sandbox: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,76 @@
+//! What both control planes share: the example QuestDB and the progress lines.
+
+use anyhow::Context as _;
+use futures::StreamExt;
+use kube::api::{Api, PostParams};
+use kube::runtime::watcher;
+use kube::ResourceExt;
+use questdb_operator::api::QuestDB;
+use tracing::info;
+
+/// Creates the QuestDB of the example manifest; returns its (namespace, name).
+pub async fn apply_example(
+    client: &kube::Client,
+    path: &std::path::Path,
+) -> anyhow::Result<Option<(String, String)>> {
+    let Ok(text) = std::fs::read_to_string(path) else {
+        info!(path = %path.display(), "no example manifest; apply your own with kubectl");
+        return Ok(None);
+    };
+    let mut qdb: QuestDB =
+        serde_yaml_ng::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+    let ns = qdb.namespace().unwrap_or_else(|| "default".into());
+    qdb.metadata.namespace = Some(ns.clone());
+    let api: Api<QuestDB> = Api::namespaced(client.clone(), &ns);
+    api.create(&PostParams::default(), &qdb)
+        .await
+        .with_context(|| format!("creating the QuestDB from {}", path.display()))?;
+    info!(questdb = %qdb.name_any(), namespace = %ns, "applied {}", path.display());
+    Ok(Some((ns, qdb.name_any())))
+}
+
+/// Prints each change of the example's phase and Ready condition until it is Ready.
+pub async fn report_progress(
+    client: kube::Client,
+    example: Option<(String, String)>,
+    stop_when_ready: bool,
+) -> anyhow::Result<()> {
+    let Some((ns, name)) = example else {
+        if stop_when_ready {
+            anyhow::bail!("--exit-when-ready needs an example manifest");
+        }
+        return futures::future::pending().await;
+    };
+    let api: Api<QuestDB> = Api::namespaced(client, &ns);
+    let mut stream = std::pin::pin!(watcher::watch_object(api, &name).boxed());
+    let mut last = String::new();
+    while let Some(event) = stream.next().await {
+        let Ok(Some(q)) = event else { continue };
+        let status = q.status.clone().unwrap_or_default();
+        let ready = status.conditions.iter().find(|c| c.type_ == "Ready");
+        let line = format!(
+            "{}/{}: phase={} ready={} ({})",
+            ns,
+            name,
+            status.phase.map(|p| p.as_str()).unwrap_or("-"),
+            ready.map(|c| c.status.as_str()).unwrap_or("-"),
+            ready.map(|c| c.message.as_str()).unwrap_or("-"),
+        );
+        if line != last {
+            println!("{line}");
+            last = line;
+        }
+        if ready.is_some_and(|c| c.status == "True") {
+            println!(
+                "{ns}/{name} is Ready: node {} ({}), instance {}, DNS {}, version {}",
+                status.node_name.unwrap_or_default(),
+                status.node_ip.unwrap_or_default(),
+                status.instance_id.as_deref().unwrap_or("-"),
+                status.dns_name.as_deref().unwrap_or("-"),
+                status.version.unwrap_or_default()
+            );
+            return Ok(());
+        }
+    }
+    anyhow::bail!("the watch on {ns}/{name} ended")
+}

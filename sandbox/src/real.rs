@@ -1,0 +1,139 @@
+//! The sandbox on the real control plane (questdb-testenv): kube-apiserver,
+//! kube-controller-manager, kube-scheduler and etcd, three worker nodes in two zones, the
+//! in-memory cloud whose instances join as Nodes from their user data, and the operator under
+//! `deploy/`'s RBAC.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context as _};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, PostParams};
+use kube::CustomResourceExt;
+use questdb_operator::api::QuestDB;
+use questdb_operator::cli::CloudProvider;
+use questdb_operator::cloud::memory::{InstanceEvent, MemoryEc2};
+use questdb_operator::http_server::parse_bind_address;
+use questdb_operator::manager::{self, ManagerHandle, ManagerOptions};
+use questdb_testenv::{spawn_instance_join, ControlPlane, ControlPlaneOptions, InstanceChange};
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::progress::{apply_example, report_progress};
+use crate::SandboxArgs;
+
+pub async fn run(args: SandboxArgs, shutdown: CancellationToken) -> anyhow::Result<()> {
+    if args.cloud.cloud_provider == Some(CloudProvider::Aws) {
+        bail!("--cloud-provider aws runs on the simulated control plane only (add --control-plane simulated): instances an AWS endpoint reports cannot boot here");
+    }
+    eprintln!("sandbox: starting a real control plane (kube-apiserver, kube-controller-manager, kube-scheduler, etcd)");
+    let cp = ControlPlane::start(ControlPlaneOptions::sandbox())
+        .await
+        .context("starting the control plane")?;
+    std::fs::write(&args.kubeconfig, cp.kubeconfig_yaml())
+        .with_context(|| format!("writing {}", args.kubeconfig.display()))?;
+    info!(kubeconfig = %args.kubeconfig.display(), logs = %cp.dir().display(), "control plane is up (3 worker nodes, 2 zones)");
+
+    let client = cp.client().await;
+    Api::<CustomResourceDefinition>::all(client.clone())
+        .create(&PostParams::default(), &QuestDB::crd())
+        .await
+        .context("installing the QuestDB CRD")?;
+
+    let handle = ManagerHandle::default();
+    let built = questdb_operator::app::build_cloud(
+        &args.cloud,
+        CloudProvider::Memory,
+        handle.metrics.aws_observer(),
+    )
+    .await?;
+    let join_token = shutdown.child_token();
+    let mut ec2_for_faults = None;
+    let join = built
+        .as_ref()
+        .and_then(|b| b.memory.as_ref())
+        .map(|(ec2, _)| {
+            info!(
+                "memory cloud: each running instance boots from its user data and joins as a Node"
+            );
+            ec2_for_faults = Some(ec2.clone());
+            spawn_instance_join(
+                cp.kubelets().clone(),
+                instance_changes(ec2.clone()),
+                join_token.clone(),
+            )
+        });
+    let faults = crate::faults::spawn(&cp, client.clone(), ec2_for_faults, join_token.clone());
+    let opts = ManagerOptions {
+        questdb_concurrency: args.questdb_concurrency,
+        metrics_addr: parse_bind_address(&args.metrics_bind_address)?,
+        health_addr: parse_bind_address(&args.health_probe_bind_address)?,
+        cloud: built.map(|b| b.cloud),
+        ..Default::default()
+    };
+    let manager_token = shutdown.child_token();
+    let manager = tokio::spawn(manager::run_with(
+        opts,
+        cp.operator_config().await,
+        manager_token.clone(),
+        handle.clone(),
+    ));
+
+    let example = apply_example(&client, &args.example).await?;
+    println!(
+        "sandbox: kubectl --kubeconfig {} get qdb   (Ctrl-C to stop)",
+        args.kubeconfig.display()
+    );
+    let progress = report_progress(client.clone(), example, args.exit_when_ready);
+    tokio::select! {
+        ready = progress => {
+            if args.exit_when_ready {
+                ready?;
+                shutdown.cancel();
+            } else {
+                shutdown.cancelled().await;
+            }
+        }
+        _ = shutdown.cancelled() => {}
+    }
+
+    manager_token.cancel();
+    match tokio::time::timeout(Duration::from_secs(30), manager).await {
+        Ok(Ok(Err(e))) => warn!(error = format!("{e:#}"), "manager stopped with an error"),
+        Err(_) => warn!("manager did not stop within 30s"),
+        _ => {}
+    }
+    join_token.cancel();
+    if let Some(j) = join {
+        let _ = j.await;
+    }
+    let _ = faults.await;
+    drop(cp);
+    info!("sandbox stopped");
+    Ok(())
+}
+
+/// The memory cloud's instance events as a cloud reports them.
+pub fn instance_changes(
+    ec2: Arc<MemoryEc2>,
+) -> impl futures::Stream<Item = InstanceChange> + Send + 'static {
+    futures::stream::unfold(ec2.subscribe(), move |mut rx| {
+        let ec2 = ec2.clone();
+        async move {
+            loop {
+                let change = match rx.recv().await {
+                    Ok(InstanceEvent::Running(i)) => InstanceChange::Running {
+                        user_data: ec2.user_data(&i.id).unwrap_or_default(),
+                        id: i.id,
+                        zone: i.zone,
+                        private_ip: i.private_ip,
+                    },
+                    Ok(InstanceEvent::Terminated(id)) => InstanceChange::Terminated { id },
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
+                    Err(_) => return None,
+                };
+                return Some((change, rx));
+            }
+        }
+    })
+}
