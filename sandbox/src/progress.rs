@@ -6,10 +6,49 @@ use kube::api::{Api, PostParams};
 use kube::runtime::watcher;
 use kube::ResourceExt;
 use questdb_operator::api::QuestDB;
-use tracing::info;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::SandboxArgs;
+
+/// Applies the example, reports progress until it is Ready (and exits then with
+/// `--exit-when-ready`) or until Ctrl-C, then stops the manager gracefully.
+pub async fn run_until_stopped(
+    client: &kube::Client,
+    args: &SandboxArgs,
+    shutdown: &CancellationToken,
+    manager_token: CancellationToken,
+    manager: JoinHandle<anyhow::Result<()>>,
+) -> anyhow::Result<()> {
+    let example = apply_example(client, &args.example).await?;
+    println!(
+        "sandbox: kubectl --kubeconfig {} get qdb   (Ctrl-C to stop)",
+        args.kubeconfig.display()
+    );
+    let progress = report_progress(client.clone(), example, args.exit_when_ready);
+    tokio::select! {
+        ready = progress => {
+            if args.exit_when_ready {
+                ready?;
+                shutdown.cancel();
+            } else {
+                shutdown.cancelled().await;
+            }
+        }
+        _ = shutdown.cancelled() => {}
+    }
+    manager_token.cancel();
+    match tokio::time::timeout(std::time::Duration::from_secs(30), manager).await {
+        Ok(Ok(Err(e))) => warn!(error = format!("{e:#}"), "manager stopped with an error"),
+        Err(_) => warn!("manager did not stop within 30s"),
+        _ => {}
+    }
+    Ok(())
+}
 
 /// Creates the QuestDB of the example manifest; returns its (namespace, name).
-pub async fn apply_example(
+async fn apply_example(
     client: &kube::Client,
     path: &std::path::Path,
 ) -> anyhow::Result<Option<(String, String)>> {
@@ -30,7 +69,7 @@ pub async fn apply_example(
 }
 
 /// Prints each change of the example's phase and Ready condition until it is Ready.
-pub async fn report_progress(
+async fn report_progress(
     client: kube::Client,
     example: Option<(String, String)>,
     stop_when_ready: bool,

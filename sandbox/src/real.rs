@@ -4,7 +4,6 @@
 //! `deploy/`'s RBAC.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use anyhow::{bail, Context as _};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -17,9 +16,8 @@ use questdb_operator::http_server::parse_bind_address;
 use questdb_operator::manager::{self, ManagerHandle, ManagerOptions};
 use questdb_testenv::{spawn_instance_join, ControlPlane, ControlPlaneOptions, InstanceChange};
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::info;
 
-use crate::progress::{apply_example, report_progress};
 use crate::SandboxArgs;
 
 pub async fn run(args: SandboxArgs, shutdown: CancellationToken) -> anyhow::Result<()> {
@@ -79,30 +77,7 @@ pub async fn run(args: SandboxArgs, shutdown: CancellationToken) -> anyhow::Resu
         handle.clone(),
     ));
 
-    let example = apply_example(&client, &args.example).await?;
-    println!(
-        "sandbox: kubectl --kubeconfig {} get qdb   (Ctrl-C to stop)",
-        args.kubeconfig.display()
-    );
-    let progress = report_progress(client.clone(), example, args.exit_when_ready);
-    tokio::select! {
-        ready = progress => {
-            if args.exit_when_ready {
-                ready?;
-                shutdown.cancel();
-            } else {
-                shutdown.cancelled().await;
-            }
-        }
-        _ = shutdown.cancelled() => {}
-    }
-
-    manager_token.cancel();
-    match tokio::time::timeout(Duration::from_secs(30), manager).await {
-        Ok(Ok(Err(e))) => warn!(error = format!("{e:#}"), "manager stopped with an error"),
-        Err(_) => warn!("manager did not stop within 30s"),
-        _ => {}
-    }
+    crate::progress::run_until_stopped(&client, &args, &shutdown, manager_token, manager).await?;
     join_token.cancel();
     if let Some(j) = join {
         let _ = j.await;

@@ -24,7 +24,6 @@ use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::progress::{apply_example, report_progress};
 use crate::SandboxArgs;
 
 pub async fn run(args: SandboxArgs, shutdown: CancellationToken) -> anyhow::Result<()> {
@@ -86,30 +85,7 @@ pub async fn run(args: SandboxArgs, shutdown: CancellationToken) -> anyhow::Resu
         handle.clone(),
     ));
 
-    let example = apply_example(&client, &args.example).await?;
-    println!(
-        "sandbox: kubectl --kubeconfig {} get qdb   (Ctrl-C to stop)",
-        args.kubeconfig.display()
-    );
-    let progress = report_progress(client.clone(), example, args.exit_when_ready);
-    tokio::select! {
-        ready = progress => {
-            if args.exit_when_ready {
-                ready?;
-                shutdown.cancel();
-            } else {
-                shutdown.cancelled().await;
-            }
-        }
-        _ = shutdown.cancelled() => {}
-    }
-
-    manager_token.cancel();
-    match tokio::time::timeout(Duration::from_secs(30), manager).await {
-        Ok(Ok(Err(e))) => warn!(error = format!("{e:#}"), "manager stopped with an error"),
-        Err(_) => warn!("manager did not stop within 30s"),
-        _ => {}
-    }
+    crate::progress::run_until_stopped(&client, &args, &shutdown, manager_token, manager).await?;
     bridge_token.cancel();
     if let Some(b) = bridge {
         let _ = b.await;

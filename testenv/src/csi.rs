@@ -11,12 +11,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::{CSIDriver, StorageClass, VolumeAttachment};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::reflector::{self, Store};
-use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
@@ -92,26 +90,8 @@ where
         + Sync
         + 'static,
 {
-    let (reader, writer) = reflector::store();
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-    let stream = watcher(Api::<K>::all(client.clone()), watcher::Config::default())
-        .default_backoff()
-        .reflect(writer)
-        .applied_objects();
-    let stop = stop.clone();
-    tokio::spawn(async move {
-        let mut stream = std::pin::pin!(stream);
-        loop {
-            tokio::select! {
-                _ = stop.cancelled() => return,
-                item = stream.next() => match item {
-                    Some(_) => { let _ = tx.send(()); }
-                    None => return,
-                },
-            }
-        }
-    });
-    (reader, rx)
+    (crate::cache::store(client, stop, tx), rx)
 }
 
 /// Starts the provisioner and the attacher.

@@ -14,14 +14,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod, Taint};
 use k8s_openapi::api::storage::v1::CSINode;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, Time};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
-use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::{watcher, WatchStreamExt};
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 use tokio::sync::Notify;
@@ -558,41 +556,6 @@ async fn heartbeat(client: Client, state: Arc<NodeState>) {
     }
 }
 
-fn store<K>(
-    client: &Client,
-    stop: &CancellationToken,
-    tx: tokio::sync::mpsc::UnboundedSender<()>,
-) -> Store<K>
-where
-    K: kube::Resource<DynamicType = ()>
-        + Clone
-        + serde::de::DeserializeOwned
-        + std::fmt::Debug
-        + Send
-        + Sync
-        + 'static,
-{
-    let (reader, writer) = reflector::store();
-    let stream = watcher(Api::<K>::all(client.clone()), watcher::Config::default())
-        .default_backoff()
-        .reflect(writer)
-        .touched_objects();
-    let stop = stop.clone();
-    tokio::spawn(async move {
-        let mut stream = std::pin::pin!(stream);
-        loop {
-            tokio::select! {
-                _ = stop.cancelled() => return,
-                item = stream.next() => match item {
-                    Some(_) => { let _ = tx.send(()); }
-                    None => return,
-                },
-            }
-        }
-    });
-    reader
-}
-
 #[derive(Debug)]
 enum PodPhase {
     /// Volumes requested (in `volumesInUse`), waiting for them to attach.
@@ -613,10 +576,10 @@ struct PodRun {
 /// The pod side of every kubelet: one loop over the shared caches.
 async fn run_pods(k: Kubelets) {
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    let pods = store::<Pod>(&k.client, &k.stop, tx.clone());
-    let nodes = store::<Node>(&k.client, &k.stop, tx.clone());
-    let pvcs = store::<PersistentVolumeClaim>(&k.client, &k.stop, tx.clone());
-    let pvs = store::<PersistentVolume>(&k.client, &k.stop, tx);
+    let pods = crate::cache::store::<Pod>(&k.client, &k.stop, tx.clone());
+    let nodes = crate::cache::store::<Node>(&k.client, &k.stop, tx.clone());
+    let pvcs = crate::cache::store::<PersistentVolumeClaim>(&k.client, &k.stop, tx.clone());
+    let pvs = crate::cache::store::<PersistentVolume>(&k.client, &k.stop, tx);
     let runs: Arc<Mutex<BTreeMap<String, PodRun>>> = Arc::default();
     let (done_tx, mut done_rx) = tokio::sync::mpsc::unbounded_channel::<()>();
     loop {

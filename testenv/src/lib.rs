@@ -7,6 +7,7 @@
 //! Shortened timings (so tests take seconds, not minutes) are all in [`timings`].
 
 pub mod binaries;
+mod cache;
 pub mod control_plane;
 pub mod csi;
 pub mod instances;

@@ -245,6 +245,44 @@ async fn retain_on_delete_false_lets_the_data_go() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retain_on_delete_flip_followed_at_once_by_a_delete_keeps_the_pvc() {
+    let mut env = Env::start().await;
+    env.namespace(NS).await;
+    let q = env
+        .create_questdb(NS, "db1", |q| q.spec.volume.retain_on_delete = false)
+        .await;
+    let qdbs = env.api::<QuestDB>(NS);
+    wait_for(&qdbs, "db1", "QuestDB Ready", is_ready()).await;
+    let pvcs = env.api::<PersistentVolumeClaim>(NS);
+    assert!(controlled_by(&pvcs.get("db1-data").await.unwrap(), &q));
+    // The worst case: the operator sees neither the flip nor the delete before both happened.
+    env.stop_manager().await.expect("manager stops");
+    qdbs.patch(
+        "db1",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"volume": {"retainOnDelete": true}}})),
+    )
+    .await
+    .unwrap();
+    qdbs.delete("db1", &DeleteParams::default()).await.unwrap();
+    env.restart_manager(ManagerOptions::default()).await;
+    wait_until("the QuestDB is gone", || {
+        let qdbs = qdbs.clone();
+        async move { qdbs.get_opt("db1").await.unwrap().is_none() }
+    })
+    .await;
+    wait_until("its ConfigMap is garbage-collected", || {
+        let cms = env.api::<ConfigMap>(NS);
+        async move { cms.get_opt("db1-config").await.unwrap().is_none() }
+    })
+    .await;
+    let pvc = pvcs.get("db1-data").await.expect("the data survives");
+    assert!(pvc.metadata.deletion_timestamp.is_none());
+    assert!(pvc.owner_references().is_empty());
+    env.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unparsable_image_gives_invalid_spec_and_creates_nothing() {
     let env = Env::start().await;
     env.namespace(NS).await;

@@ -56,10 +56,15 @@ pub async fn reconcile(qdb: Arc<QuestDB>, ctx: Arc<Context>) -> Result<Action, E
     // Cloud steps write status (intent before side effects), so they work on an owned copy
     // whose resourceVersion follows those writes; the final status write then builds on it.
     let mut current = (*qdb).clone();
-    if ctx.cloud.is_some() && cloud::wants_finalizer(&current) && !cloud::has_finalizer(&current) {
-        // Before any cloud resource exists, so a deletion can never skip its cleanup.
+    let wants_finalizer = (ctx.cloud.is_some() && cloud::wants_finalizer(&current))
+        || !current.spec.volume.retain_on_delete;
+    if wants_finalizer && !cloud::has_finalizer(&current) {
+        // Before any cloud resource exists and before the PVC carries an owner reference, so a
+        // deletion can never skip its cleanup nor outrun a retainOnDelete flip.
         cloud::set_finalizer(&mut current, &ctx, true).await?;
     }
+    // Data first: the PVC (and a retainOnDelete flip) before any other step.
+    sync_pvc(&ctx, &current, &uid, &ns, &mut observed).await?;
     // A paused database keeps its node until its pod has stopped (the StatefulSet below is
     // scaled to zero first).
     let release = current.spec.paused && stop_first::database_stopped(&current, &ctx.caches);
@@ -120,15 +125,6 @@ pub async fn reconcile(qdb: Arc<QuestDB>, ctx: Arc<Context>) -> Result<Action, E
         &mut observed,
     )
     .await?;
-    // A retained PVC never carries an owner reference, not even while the QuestDB lives: data
-    // must survive a deletion even when the operator is down or a finalizer is removed by hand.
-    let mut pvc = build::pvc(&qdb);
-    if pvc.metadata.owner_references.is_none() {
-        // An explicit empty list makes the merge patch drop an owner reference left from
-        // retainOnDelete: false.
-        pvc.metadata.owner_references = Some(Vec::new());
-    }
-    sync(&ctx, &qdb, &uid, &ns, &c.pvcs, pvc, &mut observed).await?;
     let sts_name = sts.name_any();
     // A blocked child (another application's PVC or ConfigMap with a colliding name) is never
     // mounted: the StatefulSet waits until the conflict is resolved.
@@ -164,6 +160,24 @@ pub async fn reconcile(qdb: Arc<QuestDB>, ctx: Arc<Context>) -> Result<Action, E
     ))
 }
 
+/// A retained PVC never carries an owner reference, not even while the QuestDB lives: data must
+/// survive a deletion even when the operator is down or a finalizer is removed by hand.
+async fn sync_pvc(
+    ctx: &Context,
+    qdb: &QuestDB,
+    uid: &str,
+    ns: &str,
+    observed: &mut status::Observed<'_>,
+) -> Result<(), Error> {
+    let mut pvc = build::pvc(qdb);
+    if pvc.metadata.owner_references.is_none() {
+        // An explicit empty list makes the merge patch drop an owner reference left from
+        // retainOnDelete: false.
+        pvc.metadata.owner_references = Some(Vec::new());
+    }
+    sync(ctx, qdb, uid, ns, &ctx.caches.pvcs, pvc, observed).await
+}
+
 /// Deletion: release the node and the DNS record, then let the QuestDB go. Children carry
 /// owner references (the retained PVC none), so garbage collection does the rest.
 async fn finalize(qdb: Arc<QuestDB>, ctx: &Context) -> Result<Action, Error> {
@@ -179,6 +193,22 @@ async fn finalize(qdb: Arc<QuestDB>, ctx: &Context) -> Result<Action, Error> {
 
 async fn release_and_unblock(qdb: Arc<QuestDB>, ctx: &Context) -> Result<Action, Error> {
     let mut current = (*qdb).clone();
+    if current.spec.volume.retain_on_delete {
+        // Data first: a retainOnDelete flip that raced the delete still keeps the volume, as
+        // the PVC loses our owner reference before the finalizer goes.
+        let uid = current.uid().ok_or(Error::MissingUid)?;
+        let ns = current.namespace().ok_or(Error::MissingNamespace)?;
+        let name = build::names::pvc(&current);
+        let ours = ctx
+            .caches
+            .pvcs
+            .get(&ObjectRef::new(&name).within(&ns))
+            .is_some_and(|p| children::controlled_by(p.as_ref(), &uid));
+        if ours {
+            let mut observed = status::Observed::default();
+            sync_pvc(ctx, &current, &uid, &ns, &mut observed).await?;
+        }
+    }
     if !stop_first::database_stopped(&current, &ctx.caches) {
         stop_first::scale_to_zero(&current, &ctx.caches, &ctx.client).await?;
         debug!(questdb = %current.name_any(), "waiting for the database pod to stop before releasing its node");
