@@ -9,5 +9,6 @@ pub mod controllers;
 pub mod crd;
 pub mod http_server;
 pub mod ilp_auth;
+pub mod leadership;
 pub mod manager;
 pub mod metrics;

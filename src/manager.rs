@@ -493,9 +493,12 @@ async fn run_as_leader(
     let controllers_token = shutdown.child_token();
     let controllers = run_controllers(shared, subs, controllers_token.clone());
     let mut controllers = std::pin::pin!(controllers);
+    let renewals = crate::leadership::watch_renewals(client.clone(), le);
+    let mut renewals = std::pin::pin!(renewals);
     let lost = loop {
         tokio::select! {
             _ = &mut controllers => break false,
+            _ = &mut renewals => break true,
             changed = leader.changed() => {
                 if changed.is_err() || !*leader.borrow_and_update() {
                     break true;
@@ -505,13 +508,21 @@ async fn run_as_leader(
     };
     controllers_token.cancel();
     if lost {
-        // Stop every reconcile before reporting, so nothing writes after the Lease is gone.
-        controllers.await;
+        // Stop every reconcile (and the AWS calls inside them) before reporting, so nothing
+        // writes after the Lease may have gone: a short grace, then they are dropped.
+        let (_, period) = crate::leadership::deadline_and_period(le);
+        let _ = tokio::time::timeout(period, &mut controllers).await;
     }
     metrics.set_leader(&le.lease_name, false);
-    // Dropping the receiver makes the lease task release the Lease for a fast hand-over.
+    // Dropping the receiver makes the lease task release the Lease for a fast hand-over; cut
+    // off from the apiserver, that release cannot be waited for.
     drop(leader);
-    let _ = lease_task.await;
+    if lost {
+        // Cut off or replaced: there is nothing to release, and no time to wait for it.
+        lease_task.abort();
+    } else {
+        let _ = tokio::time::timeout(le.grace, lease_task).await;
+    }
     if lost {
         error!(lease = %le.lease_name, "lost leadership; stopping");
         anyhow::bail!("lost the leader-election Lease {}", le.lease_name);

@@ -149,3 +149,52 @@ async fn standby_takes_over_and_a_deposed_leader_stops() {
     b_token.cancel();
     drop(cp);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_cut_off_from_the_apiserver_stops_before_its_lease_can_expire() {
+    let (cp, client) = control_plane().await;
+    let leases: Api<Lease> = Api::namespaced(cp.direct_client(), LEASE_NS);
+    let a = spawn(&cp, "manager-a").await;
+    wait_until("manager-a leads", || {
+        let leases = leases.clone();
+        async move { holder(&leases).await.as_deref() == Some("manager-a") }
+    })
+    .await;
+    wait_until("manager-a reports leadership", || {
+        let l = is_leader(&a);
+        async move { l }
+    })
+    .await;
+    drop(client);
+    // Every request of the operator now dies on the wire: no renewal, no reads.
+    cp.inject_fault(questdb_testenv::Fault::cut());
+    let ended = tokio::time::timeout(TIMEOUT, a.task)
+        .await
+        .expect("a cut-off leader stops")
+        .expect("manager task does not panic");
+    let stopped_at = k8s_openapi::jiff::Timestamp::now();
+    assert!(ended.is_err(), "a deposed leader reports the loss");
+    assert!(
+        !a.handle
+            .metrics
+            .render()
+            .lines()
+            .any(|l| l.starts_with("leader_election_master_status") && l.ends_with(" 1")),
+        "it no longer reports leadership"
+    );
+    // Its last successful renewal, as the apiserver recorded it: the leader stopped before
+    // that renewal's lease ran out, so no standby can have led at the same time.
+    let lease = leases.get(LEASE).await.expect("lease");
+    let spec = lease.spec.expect("spec");
+    let renewed = spec.renew_time.expect("renewTime").0;
+    let expires = renewed
+        .checked_add(std::time::Duration::from_secs(
+            spec.lease_duration_seconds.unwrap_or(0) as u64,
+        ))
+        .expect("time");
+    assert!(
+        stopped_at < expires,
+        "stopped at {stopped_at}, after the lease (renewed {renewed}) expired at {expires}"
+    );
+    a.token.cancel();
+}
