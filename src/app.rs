@@ -140,7 +140,14 @@ pub fn cloud_config(args: &CloudArgs, provider: CloudProvider) -> anyhow::Result
         }
         (None, _) => "sim-region-1".to_string(),
     };
-    let mut config = CloudConfig::new(args.cluster_name.clone(), region);
+    let cluster_name = match (&args.cluster_name, provider) {
+        (Some(name), _) if !name.trim().is_empty() => name.clone(),
+        (_, CloudProvider::Aws) => anyhow::bail!(
+            "--cluster-name (or CLUSTER_NAME) is required with --cloud-provider aws: it tags every instance, and the orphan sweep of another cluster in the same account must never see them as its own"
+        ),
+        _ => "sandbox".to_string(),
+    };
+    let mut config = CloudConfig::new(cluster_name, region);
     config.subnets_by_zone = parse_subnets(&args.aws_subnets).map_err(anyhow::Error::msg)?;
     config.security_group_ids = args.aws_security_group_ids.clone();
     config.instance_profile = args.aws_instance_profile.clone();

@@ -117,9 +117,10 @@ pub struct CloudArgs {
     pub cloud_provider: Option<CloudProvider>,
 
     /// Value of the `questdb.io/cluster` tag on every instance: separates operators sharing
-    /// one AWS account. The orphan sweep only ever looks at instances with this tag.
-    #[arg(long, env = "CLUSTER_NAME", default_value = "questdb")]
-    pub cluster_name: String,
+    /// one AWS account. The orphan sweep only ever looks at instances with this tag. Required
+    /// with `--cloud-provider aws`: a shared default would let two clusters sweep each other.
+    #[arg(long, env = "CLUSTER_NAME")]
+    pub cluster_name: Option<String>,
 
     /// AWS region (otherwise the SDK's chain: AWS_REGION, profile, instance metadata).
     #[arg(long, env = "AWS_REGION")]
@@ -254,6 +255,24 @@ mod tests {
             .unwrap_err()
             .contains("us-east-1a"));
         assert_eq!(parse_subnets(""), Ok(BTreeMap::new()));
+    }
+
+    #[test]
+    fn aws_without_a_cluster_name_is_refused_at_start_up() {
+        let parse = |extra: &[&str]| {
+            let mut argv = vec!["questdb-operator", "run", "--cloud-provider", "aws"];
+            argv.extend_from_slice(extra);
+            let Command::Run(args) = Cli::try_parse_from(argv).unwrap().command else {
+                panic!("expected run")
+            };
+            crate::app::cloud_config(&args.cloud, CloudProvider::Aws)
+        };
+        let err = parse(&["--aws-region", "us-east-1"])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("--cluster-name"), "{err}");
+        let ok = parse(&["--aws-region", "us-east-1", "--cluster-name", "prod-eu"]).unwrap();
+        assert_eq!(ok.cluster_name, "prod-eu");
     }
 
     #[test]
