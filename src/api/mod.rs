@@ -32,4 +32,7 @@ pub mod conditions {
     pub const ILP_AUTH_READY: &str = "IlpAuthReady";
     pub const NODE_READY: &str = "NodeReady";
     pub const DNS_READY: &str = "DnsReady";
+    /// Whether the current spec could be built; False keeps a running database on its last
+    /// good spec, with every other condition and column as it was.
+    pub const SPEC_VALID: &str = "SpecValid";
 }

@@ -283,6 +283,49 @@ async fn a_retain_on_delete_flip_followed_at_once_by_a_delete_keeps_the_pvc() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_invalid_edit_keeps_the_columns_of_a_running_database() {
+    let env = Env::start().await;
+    env.namespace(NS).await;
+    env.create_questdb(NS, "db1", |_| {}).await;
+    let qdbs = env.api::<QuestDB>(NS);
+    let before = wait_for(&qdbs, "db1", "QuestDB Ready", is_ready()).await;
+    let pod_uid = env.api::<Pod>(NS).get("db1-0").await.unwrap().uid();
+    qdbs.patch(
+        "db1",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"image": "questdb/QuestDB:::9"}})),
+    )
+    .await
+    .unwrap();
+    let q = wait_for(
+        &qdbs,
+        "db1",
+        "SpecValid=False reported",
+        has_condition("SpecValid", "InvalidSpec"),
+    )
+    .await;
+    let (was, now) = (before.status.unwrap(), q.status.unwrap());
+    assert_eq!(now.phase, was.phase, "on-call sees the database as it runs");
+    assert_eq!(now.version, was.version);
+    assert_eq!(now.node_name, was.node_name);
+    assert!(now
+        .conditions
+        .iter()
+        .any(|c| c.type_ == "Ready" && c.status == "True"));
+    wait_for_event(&env, NS, "a Warning names the problem", |e| {
+        e.type_.as_deref() == Some("Warning") && e.reason.as_deref() == Some("InvalidSpec")
+    })
+    .await;
+    let pod = env.api::<Pod>(NS).get("db1-0").await.unwrap();
+    assert_eq!(
+        pod.uid(),
+        pod_uid,
+        "the database kept running on its last good spec"
+    );
+    env.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unparsable_image_gives_invalid_spec_and_creates_nothing() {
     let env = Env::start().await;
     env.namespace(NS).await;

@@ -240,7 +240,7 @@ fn already_reported_invalid(qdb: &QuestDB, note: &str) -> bool {
     qdb.status.as_ref().is_some_and(|s| {
         s.observed_generation == qdb.metadata.generation
             && s.conditions.iter().any(|c| {
-                c.type_ == crate::api::conditions::READY
+                c.type_ == crate::api::conditions::SPEC_VALID
                     && c.reason == "InvalidSpec"
                     && c.message == note
             })

@@ -71,6 +71,9 @@ fn rolled_out(sts: &StatefulSet) -> bool {
 pub fn compute(qdb: &QuestDB, obs: &Observed, now: Timestamp) -> QuestDBStatus {
     let existing = qdb.status.clone().unwrap_or_default();
     let generation = qdb.metadata.generation;
+    if !obs.invalid.is_empty() && built_before(&existing) {
+        return on_last_good_spec(existing, obs, generation, now);
+    }
     let spec = &qdb.spec;
 
     let (phase, ready) = if !obs.invalid.is_empty() {
@@ -153,7 +156,7 @@ pub fn compute(qdb: &QuestDB, obs: &Observed, now: Timestamp) -> QuestDBStatus {
         }
     };
 
-    let mut desired = vec![ready];
+    let mut desired = vec![ready, spec_valid(obs)];
     if let Some(a) = &obs.ilp_auth {
         desired.push(a.clone());
     }
@@ -207,6 +210,46 @@ pub fn compute(qdb: &QuestDB, obs: &Observed, now: Timestamp) -> QuestDBStatus {
         ),
         failover: existing.failover.clone(),
         upgrade: existing.upgrade.clone(),
+    }
+}
+
+fn spec_valid(obs: &Observed) -> Desired {
+    if obs.invalid.is_empty() {
+        Desired::new(conditions::SPEC_VALID, true, "Valid", "the spec is valid")
+    } else {
+        Desired::new(
+            conditions::SPEC_VALID,
+            false,
+            "InvalidSpec",
+            obs.invalid.join("; "),
+        )
+    }
+}
+
+/// Whether children were ever built from a valid spec (a database may be running on it).
+fn built_before(existing: &QuestDBStatus) -> bool {
+    existing.phase.is_some()
+        && !existing
+            .conditions
+            .iter()
+            .any(|c| c.type_ == conditions::READY && c.reason == "InvalidSpec")
+}
+
+/// An invalid edit of a database built before: it keeps running on its last good spec, so
+/// phase, version, node columns, `Ready` and every other condition stay as they are; only
+/// `SpecValid=False` says what is wrong. `Failed` would tell on-call of an outage that is not
+/// there.
+fn on_last_good_spec(
+    existing: QuestDBStatus,
+    obs: &Observed,
+    generation: Option<i64>,
+    now: Timestamp,
+) -> QuestDBStatus {
+    let conditions = merge(&existing.conditions, &[spec_valid(obs)], generation, now);
+    QuestDBStatus {
+        observed_generation: generation,
+        conditions,
+        ..existing
     }
 }
 

@@ -186,6 +186,57 @@ fn invalid_spec_wins_over_everything() {
 }
 
 #[test]
+fn an_invalid_edit_of_a_running_database_keeps_its_columns_and_ready() {
+    let mut q = testing::questdb("db", "ns");
+    let (s, p) = (sts(1, true), pod(true, "node-a"));
+    let running = Observed {
+        statefulset: Some(&s),
+        pod: Some(&p),
+        ..Default::default()
+    };
+    q.status = Some(compute(&q, &running, now()));
+    let before = q.status.clone().unwrap();
+    assert_eq!(before.phase, Some(Phase::Running));
+
+    q.spec.image = "questdb/QuestDB:::9".into();
+    q.metadata.generation = Some(2);
+    let invalid = Observed {
+        invalid: vec!["image \"questdb/QuestDB:::9\" is not a valid image reference".into()],
+        ..Default::default()
+    };
+    let st = compute(&q, &invalid, now());
+    assert_eq!(st.phase, Some(Phase::Running), "no outage reported");
+    assert_eq!(st.version, before.version, "the version that runs");
+    assert_eq!(st.node_name, before.node_name);
+    let ready = st.conditions.iter().find(|c| c.type_ == "Ready").unwrap();
+    assert_eq!(
+        (ready.status.as_str(), ready.reason.as_str()),
+        ("True", "Running")
+    );
+    let valid = st
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "SpecValid")
+        .unwrap();
+    assert_eq!(
+        (valid.status.as_str(), valid.reason.as_str()),
+        ("False", "InvalidSpec")
+    );
+    assert!(valid.message.contains("QuestDB:::9"));
+
+    // Fixed again: SpecValid turns True, the rest follows what is observed.
+    q.spec.image = "questdb/questdb:9.0.0".into();
+    q.status = Some(st);
+    let st = compute(&q, &running, now());
+    let valid = st
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "SpecValid")
+        .unwrap();
+    assert_eq!(valid.status, "True");
+}
+
+#[test]
 fn foreign_children_are_named_in_the_condition() {
     let q = testing::questdb("db", "ns");
     let obs = Observed {
