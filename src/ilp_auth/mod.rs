@@ -26,11 +26,11 @@
 //! - No key Secret at all: an empty file — ILP auth stays ON and refuses every client (fail
 //!   closed) — with `IlpAuthReady=False`/`NoKeys`, so that on-call can alert on it. Only
 //!   `spec.ilpAuth.enabled: false` turns authentication off; losing the last key never does.
-//! - Any invalid Secret or duplicate kid: the LAST GOOD file stays in place (a typo must neither
-//!   lock every client out nor open the database) with `IlpAuthReady=False`/`InvalidSecret` or
-//!   `DuplicateKid`, naming the Secrets and the problems. Until it is fixed no key change is
-//!   applied, removals included; the condition message says so. Without a last good file the
-//!   keys that did validate are used, which never admits more than those keys' holders.
+//! - Any invalid Secret or duplicate kid: the keys that validated are deployed and the broken
+//!   Secrets withhold their own keys (a typo locks out that one client, never every client, and
+//!   never opens the database), with `IlpAuthReady=False`/`InvalidSecret` or `DuplicateKid`
+//!   naming the Secrets and the problems. Revocation beats any earlier file: deleting a key
+//!   Secret (or its annotation) removes its key at once, however many other Secrets are broken.
 
 mod auth_file;
 mod key;

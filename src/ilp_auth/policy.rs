@@ -114,12 +114,10 @@ fn secret_name(secret: &Secret) -> String {
 /// Which auth file a decision deploys.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FileChoice {
-    /// Rendered from a complete outcome: deploy it and remember it as the last good file.
+    /// Rendered from a complete outcome.
     Complete,
-    /// Some Secret is broken: the last good file stays.
-    LastGood,
-    /// Some Secret is broken and there is no last good file (first deployment): only the keys
-    /// that validated are used.
+    /// Some Secret is broken: the keys that validated are used, a broken Secret withholds only
+    /// its own key, and a removed Secret's key is gone (revocation beats any earlier file).
     ValidKeysOnly,
 }
 
@@ -151,16 +149,12 @@ impl AuthDecision {
 
 /// Applies the ILP auth policy (see the module docs) to an outcome.
 ///
-/// `last_good` is the auth file deployed from the last complete outcome. Passing the file that
-/// is currently deployed works too: the only other file this function deploys is a
-/// [`FileChoice::ValidKeysOnly`] one, and keeping that while the problem lasts admits no one new.
-///
 /// Zero keys is reported as `IlpAuthReady=False`/`NoKeys` rather than `True`: the database is
 /// then closed to every ILP client, which is almost never what anyone wants for long, and a
 /// False condition is something on-call can alert on.
-pub fn decide(outcome: &AuthOutcome, last_good: Option<&str>) -> AuthDecision {
+pub fn decide(outcome: &AuthOutcome) -> AuthDecision {
     if !outcome.is_complete() {
-        return decide_with_problems(outcome, last_good);
+        return decide_with_problems(outcome);
     }
     let auth_file = render_auth_file(&outcome.keys);
     if outcome.keys.is_empty() {
@@ -189,7 +183,7 @@ pub fn decide(outcome: &AuthOutcome, last_good: Option<&str>) -> AuthDecision {
     }
 }
 
-fn decide_with_problems(outcome: &AuthOutcome, last_good: Option<&str>) -> AuthDecision {
+fn decide_with_problems(outcome: &AuthOutcome) -> AuthDecision {
     let only_duplicates = outcome
         .problems
         .iter()
@@ -205,26 +199,15 @@ fn decide_with_problems(outcome: &AuthOutcome, last_good: Option<&str>) -> AuthD
         .map(|p| format!("Secret {}: {}", p.secret, p.error))
         .collect();
     let problems: Vec<&str> = problems.iter().map(String::as_str).collect();
-    let (auth_file, file_choice, consequence) = match last_good {
-        Some(file) => (
-            file.to_owned(),
-            FileChoice::LastGood,
-            "The last good auth file stays in place; no key change (addition or removal) \
-             applies until this is fixed"
-                .to_owned(),
-        ),
-        None => (
-            render_auth_file(&outcome.keys),
-            FileChoice::ValidKeysOnly,
-            match outcome.keys.len() {
-                0 => "There is no earlier auth file and no valid key, so every ILP client is \
-                      refused until this is fixed"
-                    .to_owned(),
-                n => format!(
-                    "There is no earlier auth file, so only the {} deployed until this is fixed",
-                    plural(n, "valid key is", "valid keys are")
-                ),
-            },
+    // A broken Secret withholds only its own key: keeping an earlier file instead would keep
+    // a leaked key whose Secret was just deleted for as long as any other Secret is broken.
+    let auth_file = render_auth_file(&outcome.keys);
+    let file_choice = FileChoice::ValidKeysOnly;
+    let consequence = match outcome.keys.len() {
+        0 => "No valid key remains, so every ILP client is refused until this is fixed".to_owned(),
+        n => format!(
+            "Their keys are withheld until fixed; the {} deployed",
+            plural(n, "other valid key is", "other valid keys are")
         ),
     };
     AuthDecision {

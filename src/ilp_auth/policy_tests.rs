@@ -117,7 +117,7 @@ fn invalid_secret_is_reported_by_name_and_does_not_stop_the_others() {
 fn complete_outcome_loads_the_new_file() {
     let (alice, bob) = (key("alice", 1), key("bob", 2));
     let outcome = collect(&[bob.json_secret("s-bob"), alice.json_secret("s-alice")]);
-    let decision = decide(&outcome, Some("old-kid ec-p-256-sha256 a b\n"));
+    let decision = decide(&outcome);
     assert_eq!(decision.file_choice, FileChoice::Complete);
     assert_eq!(
         decision.auth_file,
@@ -134,11 +134,8 @@ fn complete_outcome_loads_the_new_file() {
 fn rotating_a_key_changes_the_file() {
     let before = key("alice", 1);
     let after = key("alice", 9);
-    let old = decide(&collect(&[before.json_secret("s-alice")]), None);
-    let new = decide(
-        &collect(&[after.json_secret("s-alice")]),
-        Some(&old.auth_file),
-    );
+    let old = decide(&collect(&[before.json_secret("s-alice")]));
+    let new = decide(&collect(&[after.json_secret("s-alice")]));
     assert_eq!(new.file_choice, FileChoice::Complete);
     assert_ne!(new.auth_file, old.auth_file);
     assert!(new.auth_file.contains(&after.x));
@@ -148,14 +145,12 @@ fn rotating_a_key_changes_the_file() {
 #[test]
 fn removing_a_secret_removes_its_key() {
     let (alice, bob) = (key("alice", 1), key("bob", 2));
-    let both = decide(
-        &collect(&[alice.json_secret("s-alice"), bob.json_secret("s-bob")]),
-        None,
-    );
-    let only_alice = decide(
-        &collect(&[alice.json_secret("s-alice")]),
-        Some(&both.auth_file),
-    );
+    let both = decide(&collect(&[
+        alice.json_secret("s-alice"),
+        bob.json_secret("s-bob"),
+    ]));
+    assert!(both.auth_file.contains("bob "));
+    let only_alice = decide(&collect(&[alice.json_secret("s-alice")]));
     assert_eq!(only_alice.auth_file, render_auth_file(&[public(&alice)]));
     assert!(!only_alice.auth_file.contains("bob"));
 }
@@ -164,8 +159,8 @@ fn removing_a_secret_removes_its_key() {
 fn no_keys_fails_closed_with_an_alertable_condition() {
     let outcome = collect(&[]);
     assert!(outcome.is_complete());
-    // Even with an earlier file: removing the last key must revoke it, not keep it.
-    let decision = decide(&outcome, Some("alice ec-p-256-sha256 a b\n"));
+    // Removing the last key revokes it: the file is empty, auth stays on.
+    let decision = decide(&outcome);
     assert_eq!(decision.auth_file, "");
     assert_eq!(decision.file_choice, FileChoice::Complete);
     assert!(!decision.ready);
@@ -176,19 +171,18 @@ fn no_keys_fails_closed_with_an_alertable_condition() {
 }
 
 #[test]
-fn invalid_secret_keeps_the_last_good_file() {
+fn an_invalid_secret_withholds_only_its_own_key() {
     let (alice, bob) = (key("alice", 1), key("bob", 2));
-    let last_good = decide(&collect(&[alice.json_secret("s-alice")]), None).auth_file;
     let outcome = collect(&[alice.json_secret("s-alice"), broken_secret("s-bob", &bob)]);
-    let decision = decide(&outcome, Some(&last_good));
-    assert_eq!(decision.auth_file, last_good);
-    assert_eq!(decision.file_choice, FileChoice::LastGood);
+    let decision = decide(&outcome);
+    assert_eq!(decision.auth_file, render_auth_file(&[public(&alice)]));
+    assert_eq!(decision.file_choice, FileChoice::ValidKeysOnly);
     assert!(!decision.ready);
     assert_eq!(decision.reason, reasons::INVALID_SECRET);
     assert!(
         decision.message.starts_with(
             "1 key Secret rejected: Secret s-bob: `x` is not base64url (alphabet A-Z a-z 0-9 - _). \
-             The last good auth file stays in place"
+             Their keys are withheld until fixed; the 1 other valid key is deployed"
         ),
         "{}",
         decision.message
@@ -198,31 +192,33 @@ fn invalid_secret_keeps_the_last_good_file() {
 }
 
 #[test]
-fn a_removal_waits_while_another_secret_is_broken() {
-    // Documented trade-off of "keep the last good file": the condition says so.
-    let (alice, bob) = (key("alice", 1), key("bob", 2));
-    let last_good = decide(
-        &collect(&[alice.json_secret("s-alice"), bob.json_secret("s-bob")]),
-        None,
-    )
-    .auth_file;
-    let decision = decide(
-        &collect(&[broken_secret("s-alice", &alice)]),
-        Some(&last_good),
-    );
-    assert_eq!(decision.auth_file, last_good);
-    assert!(decision
-        .message
-        .contains("no key change (addition or removal)"));
+fn deleting_a_leaked_keys_secret_revokes_it_while_another_is_broken() {
+    let (alice, bob, carol) = (key("alice", 1), key("bob", 2), key("carol", 3));
+    let before = decide(&collect(&[
+        alice.json_secret("s-alice"),
+        bob.json_secret("s-bob"),
+        carol.json_secret("s-carol"),
+    ]));
+    assert!(before.auth_file.contains("bob "));
+    // bob's key leaked: its Secret is deleted while carol's is mid-edit and broken.
+    let after = decide(&collect(&[
+        alice.json_secret("s-alice"),
+        broken_secret("s-carol", &carol),
+    ]));
+    assert!(!after.auth_file.contains("bob "), "{}", after.auth_file);
+    assert_eq!(after.auth_file, render_auth_file(&[public(&alice)]));
 }
 
 #[test]
-fn duplicate_kid_keeps_the_last_good_file_with_its_own_reason() {
-    let (first, second) = (key("shared", 1), key("shared", 2));
-    let last_good = decide(&collect(&[first.json_secret("a-first")]), None).auth_file;
-    let outcome = collect(&[first.json_secret("a-first"), second.json_secret("b-second")]);
-    let decision = decide(&outcome, Some(&last_good));
-    assert_eq!(decision.auth_file, last_good);
+fn duplicate_kids_withhold_both_keys_with_their_own_reason() {
+    let (first, second, other) = (key("shared", 1), key("shared", 2), key("other", 3));
+    let outcome = collect(&[
+        first.json_secret("a-first"),
+        second.json_secret("b-second"),
+        other.json_secret("c-other"),
+    ]);
+    let decision = decide(&outcome);
+    assert_eq!(decision.auth_file, render_auth_file(&[public(&other)]));
     assert_eq!(decision.reason, reasons::DUPLICATE_KID);
     assert!(decision.message.contains(
         "Secret a-first: its `kid` is also used by Secret b-second; \
@@ -231,7 +227,7 @@ fn duplicate_kid_keeps_the_last_good_file_with_its_own_reason() {
     assert!(decision
         .message
         .contains("Secret b-second: its `kid` is also used by Secret a-first"));
-    assert_no_leak(&outcome, &decision, &[&first, &second]);
+    assert_no_leak(&outcome, &decision, &[&first, &second, &other]);
 }
 
 #[test]
@@ -242,7 +238,7 @@ fn invalid_and_duplicate_together_report_invalid_secret() {
         second.json_secret("b"),
         broken_secret("c", &third),
     ]);
-    let decision = decide(&outcome, Some(""));
+    let decision = decide(&outcome);
     assert_eq!(decision.reason, reasons::INVALID_SECRET);
     assert!(decision
         .message
@@ -250,18 +246,9 @@ fn invalid_and_duplicate_together_report_invalid_secret() {
 }
 
 #[test]
-fn without_a_last_good_file_only_valid_keys_are_deployed() {
-    let (alice, bob) = (key("alice", 1), key("bob", 2));
-    let outcome = collect(&[alice.json_secret("s-alice"), broken_secret("s-bob", &bob)]);
-    let decision = decide(&outcome, None);
-    assert_eq!(decision.file_choice, FileChoice::ValidKeysOnly);
-    assert_eq!(decision.auth_file, render_auth_file(&[public(&alice)]));
-    assert!(!decision.ready);
-    assert!(decision
-        .message
-        .contains("only the 1 valid key is deployed"));
-
-    let nothing_valid = decide(&collect(&[broken_secret("s-bob", &bob)]), None);
+fn nothing_valid_refuses_every_client() {
+    let bob = key("bob", 2);
+    let nothing_valid = decide(&collect(&[broken_secret("s-bob", &bob)]));
     assert_eq!(nothing_valid.auth_file, "");
     assert!(nothing_valid
         .message
@@ -276,7 +263,7 @@ fn long_problem_lists_are_summarised() {
         .map(|k| broken_secret(&format!("s{}", k.kid), k))
         .collect();
     let outcome = collect(&secrets);
-    let decision = decide(&outcome, Some(""));
+    let decision = decide(&outcome);
     assert!(decision
         .message
         .starts_with("15 key Secrets rejected: Secret sk01: "));
@@ -287,7 +274,7 @@ fn long_problem_lists_are_summarised() {
     assert_no_leak(&outcome, &decision, &refs);
 
     let many_valid: Vec<Secret> = keys.iter().map(|k| k.json_secret(&k.kid)).collect();
-    let loaded = decide(&collect(&many_valid), None);
+    let loaded = decide(&collect(&many_valid));
     assert_eq!(
         loaded.message,
         "15 ILP keys loaded: k01, k02, k03, k04, k05, k06, k07, k08, k09, k10, and 5 more"

@@ -27,7 +27,6 @@ const AUTH_CM: &str = "db1-ilp-auth";
 const CONFIG_CM: &str = "db1-config";
 const POD: &str = "db1-0";
 const AUTH_PATH_LINE: &str = "line.tcp.auth.db.path=conf/auth.txt";
-const CONFIG_HASH: &str = "crd.questdb.io/config-hash";
 
 /// The QuestDB's `IlpAuthReady` condition has this status and reason.
 fn ilp_auth(status: &'static str, reason: &'static str) -> impl Condition<QuestDB> {
@@ -63,18 +62,6 @@ fn server_conf(cm: &ConfigMap) -> String {
         .and_then(|d| d.get("server.conf"))
         .cloned()
         .unwrap_or_default()
-}
-
-fn config_hash(sts: &StatefulSet) -> Option<String> {
-    sts.spec
-        .as_ref()?
-        .template
-        .metadata
-        .as_ref()?
-        .annotations
-        .as_ref()?
-        .get(CONFIG_HASH)
-        .cloned()
 }
 
 /// Whether the pod template mounts the auth ConfigMap as `conf/auth.txt`.
@@ -145,12 +132,6 @@ fn key_secret(key: &TestKey, name: &str) -> Secret {
 /// A JWK that is not a P-256 key: `crv` says P-384 (`d` included, as a user would paste it).
 fn wrong_curve_jwk(key: &TestKey) -> String {
     json!({"kty": "EC", "crv": "P-384", "kid": key.kid, "x": key.x, "y": key.y, "d": key.d})
-        .to_string()
-}
-
-/// A JWK whose point is not on P-256: `y` of another key.
-fn off_curve_jwk(key: &TestKey, other: &TestKey) -> String {
-    json!({"kty": "EC", "crv": "P-256", "kid": key.kid, "x": key.x, "y": other.y, "d": key.d})
         .to_string()
 }
 
@@ -309,54 +290,79 @@ async fn rotating_the_key_in_the_secret_alone_redeploys_and_restarts() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_malformed_secret_keeps_the_last_good_file_and_says_why() {
+async fn deleting_a_leaked_keys_secret_revokes_it_while_another_secret_is_broken() {
     let good = TestKey::derived("ingest", 3);
     let env = start_with_key(&good).await;
     let qdbs = env.api::<QuestDB>(NS);
     let cms = env.api::<ConfigMap>(NS);
-    let statefulsets = env.api::<StatefulSet>(NS);
-    let pod_before = pod_uid(&env).await;
-    let sts_before = statefulsets.get(DB).await.expect("StatefulSet");
-    let hash_before = config_hash(&sts_before);
-    assert!(
-        hash_before.is_some(),
-        "the pod template carries a config hash"
-    );
+    let leaked = TestKey::derived("partner", 5);
+    create_secret(&env, &key_secret(&leaked, "partner-key")).await;
+    let mut both = [good.auth_line(), leaked.auth_line()];
+    both.sort();
+    wait_for(
+        &cms,
+        AUTH_CM,
+        "both keys deployed",
+        auth_txt_is(both.concat()),
+    )
+    .await;
 
+    // client-key is broken mid-edit: only its own key is withheld.
     let next = TestKey::derived("ingest", 4);
-    for (what, jwk) in [
-        ("wrong curve", wrong_curve_jwk(&next)),
-        ("point off the curve", off_curve_jwk(&next, &good)),
-    ] {
-        replace_secret_data(&env, "client-key", json_data(jwk)).await;
-        let q = wait_for(&qdbs, DB, what, |q: Option<&QuestDB>| {
-            ilp_auth("False", "InvalidSecret").matches_object(q)
-                && q.is_some_and(|q| ilp_auth_message(q).contains("Secret client-key"))
-        })
-        .await;
-        // The reconcile that reported the problem has already applied the children: what they
-        // hold now is what it decided.
-        let message = ilp_auth_message(&q);
-        assert!(message.contains("last good auth file"), "{what}: {message}");
-        let cm = cms.get(AUTH_CM).await.expect("auth ConfigMap");
-        assert_eq!(
-            auth_txt(&cm),
-            Some(good.auth_line().as_str()),
-            "{what}: last good file kept"
-        );
-        let sts = statefulsets.get(DB).await.expect("StatefulSet");
-        assert_eq!(
-            config_hash(&sts),
-            hash_before,
-            "{what}: pod template unchanged"
-        );
-        assert_eq!(
-            sts.metadata.generation, sts_before.metadata.generation,
-            "{what}: StatefulSet not rewritten"
-        );
-        assert_eq!(pod_uid(&env).await, pod_before, "{what}: pod not restarted");
-    }
+    replace_secret_data(&env, "client-key", json_data(wrong_curve_jwk(&next))).await;
+    let q = wait_for(&qdbs, DB, "problem reported", |q: Option<&QuestDB>| {
+        ilp_auth("False", "InvalidSecret").matches_object(q)
+            && q.is_some_and(|q| ilp_auth_message(q).contains("Secret client-key"))
+    })
+    .await;
+    assert!(
+        ilp_auth_message(&q).contains("withheld"),
+        "{}",
+        ilp_auth_message(&q)
+    );
+    wait_for(
+        &cms,
+        AUTH_CM,
+        "the broken Secret's key withheld, the other kept",
+        auth_txt_is(leaked.auth_line()),
+    )
+    .await;
+    wait_for_warning(&env, "InvalidSecret", "client-key").await;
 
+    // partner's key leaked: deleting its Secret revokes it at once, broken Secret or not.
+    env.api::<Secret>(NS)
+        .delete("partner-key", &DeleteParams::default())
+        .await
+        .expect("Secret deleted");
+    wait_for(
+        &cms,
+        AUTH_CM,
+        "the leaked key revoked",
+        auth_txt_is(String::new()),
+    )
+    .await;
+
+    // Fixing the Secret applies its new key.
+    replace_secret_data(&env, "client-key", json_data(next.jwk_json())).await;
+    wait_for(
+        &cms,
+        AUTH_CM,
+        "fixed key deployed",
+        auth_txt_is(next.auth_line()),
+    )
+    .await;
+    wait_for(
+        &qdbs,
+        DB,
+        "keys loaded again",
+        ilp_auth("True", "KeysLoaded"),
+    )
+    .await;
+    env.stop().await;
+}
+
+/// A Warning event about the QuestDB with `reason` whose note names `secret`.
+async fn wait_for_warning(env: &Env, reason: &'static str, secret: &'static str) {
     let events: Api<k8s_openapi::api::events::v1::Event> = env.api(NS);
     wait_until("a Warning event names the Secret", || {
         let events = events.clone();
@@ -369,32 +375,13 @@ async fn a_malformed_secret_keeps_the_last_good_file_and_says_why() {
                 .iter()
                 .any(|e| {
                     e.type_.as_deref() == Some("Warning")
-                        && e.reason.as_deref() == Some("InvalidSecret")
-                        && e.note.as_deref().is_some_and(|n| n.contains("client-key"))
+                        && e.reason.as_deref() == Some(reason)
+                        && e.note.as_deref().is_some_and(|n| n.contains(secret))
                         && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(DB)
                 })
         }
     })
     .await;
-
-    // Fixing the Secret applies the new key at once.
-    replace_secret_data(&env, "client-key", json_data(next.jwk_json())).await;
-    wait_for(
-        &cms,
-        AUTH_CM,
-        "fixed key deployed",
-        auth_txt_is(next.auth_line()),
-    )
-    .await;
-    wait_pod_replaced(&env, &pod_before, "pod restarted with the fixed key").await;
-    wait_for(
-        &qdbs,
-        DB,
-        "keys loaded again",
-        ilp_auth("True", "KeysLoaded"),
-    )
-    .await;
-    env.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -12,7 +12,6 @@ use kube::ResourceExt;
 use tracing::warn;
 
 use crate::api::{conditions, QuestDB};
-use crate::build;
 use crate::controllers::conditions::Desired;
 use crate::controllers::context::Context;
 use crate::controllers::Error;
@@ -83,12 +82,7 @@ pub async fn resolve(qdb: &QuestDB, ctx: &Context) -> Result<Resolution, Error> 
     }
 
     let outcome = ilp_auth::collect_parsed(parsed);
-    let last_good = ctx
-        .caches
-        .configmaps
-        .get(&ObjectRef::new(&build::names::ilp_auth_config_map(qdb)).within(&ns))
-        .and_then(|cm| cm.data.as_ref()?.get(build::ILP_AUTH_KEY).cloned());
-    let decision = ilp_auth::decide(&outcome, last_good.as_deref());
+    let decision = ilp_auth::decide(&outcome);
 
     let condition = Desired::new(
         conditions::ILP_AUTH_READY,
