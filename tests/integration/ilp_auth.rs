@@ -19,7 +19,7 @@ use questdb_testenv::Verb;
 use serde::Serialize;
 use serde_json::json;
 
-use crate::harness::{is_ready, wait_for, wait_until, Env};
+use crate::harness::{is_ready, wait_for, wait_for_event, wait_until, Env};
 
 const NS: &str = "ingest";
 const DB: &str = "db1";
@@ -363,23 +363,11 @@ async fn deleting_a_leaked_keys_secret_revokes_it_while_another_secret_is_broken
 
 /// A Warning event about the QuestDB with `reason` whose note names `secret`.
 async fn wait_for_warning(env: &Env, reason: &'static str, secret: &'static str) {
-    let events: Api<k8s_openapi::api::events::v1::Event> = env.api(NS);
-    wait_until("a Warning event names the Secret", || {
-        let events = events.clone();
-        async move {
-            events
-                .list(&ListParams::default())
-                .await
-                .expect("events listed")
-                .items
-                .iter()
-                .any(|e| {
-                    e.type_.as_deref() == Some("Warning")
-                        && e.reason.as_deref() == Some(reason)
-                        && e.note.as_deref().is_some_and(|n| n.contains(secret))
-                        && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(DB)
-                })
-        }
+    wait_for_event(env, NS, "a Warning event names the Secret", |e| {
+        e.type_.as_deref() == Some("Warning")
+            && e.reason.as_deref() == Some(reason)
+            && e.note.as_deref().is_some_and(|n| n.contains(secret))
+            && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(DB)
     })
     .await;
 }
@@ -661,18 +649,8 @@ async fn the_private_key_appears_nowhere_outside_its_secret() {
     )
     .await;
     wait_for(&qdbs, DB, "Ready", is_ready()).await;
-    let events: Api<k8s_openapi::api::events::v1::Event> = env.api(NS);
-    wait_until("the Warning event is recorded", || {
-        let events = events.clone();
-        async move {
-            events
-                .list(&ListParams::default())
-                .await
-                .expect("events listed")
-                .items
-                .iter()
-                .any(|e| e.reason.as_deref() == Some("InvalidSecret"))
-        }
+    wait_for_event(&env, NS, "the Warning event is recorded", |e| {
+        e.reason.as_deref() == Some("InvalidSecret")
     })
     .await;
 
@@ -683,6 +661,7 @@ async fn the_private_key_appears_nowhere_outside_its_secret() {
     objects.extend(dump(env.api::<Service>(NS), "Service").await);
     objects.extend(dump(env.api::<PersistentVolumeClaim>(NS), "PVC").await);
     objects.extend(dump(env.api::<k8s_openapi::api::core::v1::Event>(NS), "Event").await);
+    let events: Api<k8s_openapi::api::events::v1::Event> = env.api(NS);
     objects.extend(dump(events, "events.k8s.io Event").await);
     objects.extend(dump(qdbs, "QuestDB").await);
     objects.push(("metrics".into(), env.handle.metrics.render()));
