@@ -150,6 +150,8 @@ pub enum KeyError {
     KidStartsWithHash,
     #[error("its `kid` is also used by Secret {}; QuestDB refuses duplicate key ids", .other_secrets.join(", "))]
     DuplicateKid { other_secrets: Vec<String> },
+    #[error("this QuestDB already has {max} keys, the most one auth file holds; this Secret's key is not deployed", max = crate::ilp_auth::MAX_KEYS)]
+    TooManyKeys,
 }
 
 /// Reads the public half of the JWK in `secret` and validates it (see the module docs for the

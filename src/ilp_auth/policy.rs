@@ -19,6 +19,11 @@ pub mod reasons {
     pub const DUPLICATE_KID: &str = "DuplicateKid";
 }
 
+/// Keys one QuestDB's auth file holds at most: with kids of at most
+/// [`super::MAX_KID_LEN`] bytes a line is under 400 bytes, so the file stays far below the 1 MiB
+/// a ConfigMap may hold. Secrets past the cap (in name order) are reported, not deployed.
+pub const MAX_KEYS: usize = 1000;
+
 /// How many Secrets or kids a condition message lists before summarising the rest: a
 /// condition message is capped (32 KiB) and must stay readable in `kubectl describe`.
 const MAX_LISTED: usize = 10;
@@ -83,7 +88,12 @@ pub fn collect_parsed(
         match key {
             Ok(key) => {
                 let owners = &secrets_by_kid[key.kid()];
-                if owners.len() == 1 {
+                if owners.len() == 1 && outcome.keys.len() >= MAX_KEYS {
+                    outcome.problems.push(SecretProblem {
+                        secret: name,
+                        error: KeyError::TooManyKeys,
+                    });
+                } else if owners.len() == 1 {
                     outcome.keys.push(key);
                 } else {
                     let other_secrets = owners.iter().filter(|o| **o != name).cloned().collect();

@@ -281,3 +281,18 @@ fn long_problem_lists_are_summarised() {
     );
     assert_eq!(loaded.auth_file.lines().count(), 15);
 }
+
+#[test]
+fn keys_past_the_cap_are_reported_not_deployed() {
+    let secrets: Vec<_> = (0..=MAX_KEYS)
+        .map(|i| key(&format!("k{i:05}"), (i % 200 + 1) as u8).json_secret(&format!("s{i:05}")))
+        .collect();
+    let outcome = collect(&secrets);
+    assert_eq!(outcome.keys.len(), MAX_KEYS);
+    assert_eq!(outcome.problems.len(), 1);
+    assert_eq!(outcome.problems[0].secret, format!("s{MAX_KEYS:05}"));
+    assert_eq!(outcome.problems[0].error, KeyError::TooManyKeys);
+    let decision = decide(&outcome);
+    assert!(decision.auth_file.len() < 1024 * 1024);
+    assert!(decision.message.contains(&format!("Secret s{MAX_KEYS:05}")));
+}
