@@ -12,6 +12,26 @@ use tracing::{info, warn};
 
 use crate::SandboxArgs;
 
+/// Installs the QuestDB CRD and waits until the apiserver serves the resource: a real
+/// apiserver establishes a new CRD a moment after accepting it, and the example is applied next.
+pub async fn install_crd(client: &kube::Client) -> anyhow::Result<()> {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    use kube::CustomResourceExt;
+    Api::<CustomResourceDefinition>::all(client.clone())
+        .create(&PostParams::default(), &QuestDB::crd())
+        .await
+        .context("installing the QuestDB CRD")?;
+    let served: Api<QuestDB> = Api::all(client.clone());
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
+    while served.list(&Default::default()).await.is_err() {
+        if tokio::time::Instant::now() > deadline {
+            anyhow::bail!("the QuestDB resource is not served 60 s after installing its CRD");
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    Ok(())
+}
+
 /// Applies the example, reports progress until it is Ready (and exits then with
 /// `--exit-when-ready`) or until Ctrl-C, then stops the manager gracefully.
 pub async fn run_until_stopped(

@@ -6,10 +6,6 @@
 use std::sync::Arc;
 
 use anyhow::{bail, Context as _};
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, PostParams};
-use kube::CustomResourceExt;
-use questdb_operator::api::QuestDB;
 use questdb_operator::cli::CloudProvider;
 use questdb_operator::cloud::memory::{InstanceEvent, MemoryEc2};
 use questdb_operator::http_server::parse_bind_address;
@@ -33,10 +29,7 @@ pub async fn run(args: SandboxArgs, shutdown: CancellationToken) -> anyhow::Resu
     info!(kubeconfig = %args.kubeconfig.display(), logs = %cp.dir().display(), "control plane is up (3 worker nodes, 2 zones)");
 
     let client = cp.client().await;
-    Api::<CustomResourceDefinition>::all(client.clone())
-        .create(&PostParams::default(), &QuestDB::crd())
-        .await
-        .context("installing the QuestDB CRD")?;
+    crate::progress::install_crd(&client).await?;
 
     let handle = ManagerHandle::default();
     let built = questdb_operator::app::build_cloud(

@@ -6,10 +6,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, PostParams};
-use kube::CustomResourceExt;
-use questdb_operator::api::QuestDB;
 use questdb_operator::build::{
     dedicated_label_value_for, DEDICATED_LABEL_KEY, DEDICATED_TAINT_EFFECT, DEDICATED_TAINT_KEY,
 };
@@ -42,10 +38,7 @@ pub async fn run(args: SandboxArgs, shutdown: CancellationToken) -> anyhow::Resu
     info!(url = %sim.url(), kubeconfig = %args.kubeconfig.display(), "simulated control plane is up (3 nodes, 2 zones)");
 
     let client = sim.client().await;
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    crds.create(&PostParams::default(), &QuestDB::crd())
-        .await
-        .context("installing the QuestDB CRD")?;
+    crate::progress::install_crd(&client).await?;
 
     let handle = ManagerHandle::default();
     let built = questdb_operator::app::build_cloud(

@@ -116,6 +116,12 @@ fn random_token() -> String {
 
 /// GET `path` from a loopback HTTPS endpoint (self-signed) and report a 200.
 async fn https_ok(url: &str, token: Option<&str>, path: &str) -> bool {
+    // Only ask once the port listens: kube's client logs every refused connection as an ERROR,
+    // which would fill a sandbox user's terminal while the components start.
+    let addr = url.trim_start_matches("https://");
+    if tokio::net::TcpStream::connect(addr).await.is_err() {
+        return false;
+    }
     let mut config = Config::new(url.parse().expect("url"));
     config.accept_invalid_certs = true;
     if let Some(t) = token {
