@@ -26,7 +26,8 @@ pub use pvc::{pvc, pvc_with_ownership, PvcOwnership};
 pub use service::{client_service, headless_service};
 pub use statefulset::{
     dedicated_label_value, dedicated_label_value_for, statefulset, DedicatedNode,
-    DEDICATED_LABEL_KEY, DEDICATED_TAINT_EFFECT, DEDICATED_TAINT_KEY,
+    DEDICATED_LABEL_KEY, DEDICATED_TAINT_EFFECT, DEDICATED_TAINT_KEY, PIN_AWAITING_INSTANCE,
+    PIN_LABEL_KEY,
 };
 pub use validate::{validate, SpecProblem};
 

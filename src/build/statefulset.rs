@@ -26,6 +26,16 @@ pub const DEDICATED_LABEL_KEY: &str = "crd.questdb.io/dedicated";
 pub const DEDICATED_TAINT_KEY: &str = "crd.questdb.io/dedicated";
 /// Effect of the dedicated-node taint.
 pub const DEDICATED_TAINT_EFFECT: &str = "NoSchedule";
+/// Label the operator sets on a dedicated node once it has matched the Node to the instance it
+/// launched (by providerID); the value is the instance id. The pod selects on it, so it lands
+/// only on the node of the instance in `status.instanceId`, never on a predecessor that is
+/// still registered while it terminates, nor on a node of an earlier QuestDB of the same name.
+/// NodeRestriction forbids kubelets to set `node-restriction.kubernetes.io/` labels on their
+/// own Node, so a compromised node cannot attract a database by labelling itself
+/// (https://kubernetes.io/docs/reference/access-authn-authz/admission-controllers/#noderestriction).
+pub const PIN_LABEL_KEY: &str = "node-restriction.kubernetes.io/questdb-instance";
+/// Pin value while no instance is recorded: no node carries it, so the pod waits in Pending.
+pub const PIN_AWAITING_INSTANCE: &str = "awaiting-instance";
 
 /// The most a label value may hold.
 const LABEL_VALUE_MAX: usize = 63;
@@ -39,18 +49,28 @@ const ILP_AUTH_VOLUME: &str = "ilp-auth";
 const TERMINATION_GRACE_SECONDS: i64 = 60;
 
 /// The dedicated node a database is pinned to (AWS): it carries the label
-/// `crd.questdb.io/dedicated=<label_value>` and the taint of the same key and value.
+/// `crd.questdb.io/dedicated=<label_value>`, the taint of the same key and value, and
+/// [`PIN_LABEL_KEY`]`=<instance>`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DedicatedNode {
     pub label_value: String,
+    /// The instance in `status.instanceId`; `None` while there is none.
+    pub instance: Option<String>,
 }
 
 impl DedicatedNode {
-    /// The dedicated node for `qdb`, with [`dedicated_label_value`] as its value.
+    /// The dedicated node for `qdb`, with [`dedicated_label_value`] as its value and the
+    /// instance its status records.
     pub fn for_questdb(qdb: &QuestDB) -> Self {
         Self {
             label_value: dedicated_label_value(qdb),
+            instance: qdb.status.as_ref().and_then(|s| s.instance_id.clone()),
         }
+    }
+
+    /// The value of [`PIN_LABEL_KEY`] the pod selects.
+    pub fn pin_value(&self) -> &str {
+        self.instance.as_deref().unwrap_or(PIN_AWAITING_INSTANCE)
     }
 }
 
@@ -159,8 +179,12 @@ fn pod_spec(qdb: &QuestDB, ilp_auth_enabled: bool, dedicated: Option<&DedicatedN
         // QuestDB reads every QDB_* variable as a config override, and service links would
         // inject QDB_SERVICE_HOST and friends for any Service named `qdb` in the namespace.
         enable_service_links: Some(false),
-        node_selector: dedicated
-            .map(|d| BTreeMap::from([(DEDICATED_LABEL_KEY.to_string(), d.label_value.clone())])),
+        node_selector: dedicated.map(|d| {
+            BTreeMap::from([
+                (DEDICATED_LABEL_KEY.to_string(), d.label_value.clone()),
+                (PIN_LABEL_KEY.to_string(), d.pin_value().to_string()),
+            ])
+        }),
         // Exactly the dedicated taint, never a wildcard: the pod must not land on (or stay on)
         // nodes that are tainted for any other reason, such as an out-of-service node.
         tolerations: dedicated.map(|d| {
@@ -564,15 +588,25 @@ mod tests {
 
     #[test]
     fn dedicated_node_pins_the_pod_and_tolerates_exactly_its_taint() {
-        let qdb = questdb("db1", "tenant-a");
+        let mut qdb = questdb("db1", "tenant-a");
+        qdb.status = Some(crate::api::QuestDBStatus {
+            instance_id: Some("i-0abc".to_string()),
+            ..Default::default()
+        });
         let node = DedicatedNode::for_questdb(&qdb);
         let pod = pod(&statefulset(&qdb, HASH, true, Some(&node)));
         assert_eq!(
             pod.node_selector,
-            Some(BTreeMap::from([(
-                "crd.questdb.io/dedicated".to_string(),
-                "tenant-a.db1".to_string()
-            )]))
+            Some(BTreeMap::from([
+                (
+                    "crd.questdb.io/dedicated".to_string(),
+                    "tenant-a.db1".to_string()
+                ),
+                (
+                    "node-restriction.kubernetes.io/questdb-instance".to_string(),
+                    "i-0abc".to_string()
+                ),
+            ]))
         );
         assert_eq!(
             pod.tolerations,
@@ -584,6 +618,21 @@ mod tests {
                 toleration_seconds: None,
             }])
         );
+    }
+
+    #[test]
+    fn without_a_recorded_instance_the_pod_matches_no_node_not_a_predecessor() {
+        let qdb = questdb("db1", "tenant-a");
+        let node = DedicatedNode::for_questdb(&qdb);
+        let pod = pod(&statefulset(&qdb, HASH, true, Some(&node)));
+        let selector = pod.node_selector.unwrap_or_default();
+        assert_eq!(
+            selector
+                .get("node-restriction.kubernetes.io/questdb-instance")
+                .map(String::as_str),
+            Some("awaiting-instance")
+        );
+        assert!(is_label_value("awaiting-instance"));
     }
 
     fn is_label_value(v: &str) -> bool {

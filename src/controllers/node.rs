@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::Node;
 
 use crate::api::{conditions, NodeSpec, QuestDBStatus};
 use crate::build::{
-    DedicatedNode, DEDICATED_LABEL_KEY, DEDICATED_TAINT_EFFECT, DEDICATED_TAINT_KEY,
+    DedicatedNode, DEDICATED_LABEL_KEY, DEDICATED_TAINT_EFFECT, DEDICATED_TAINT_KEY, PIN_LABEL_KEY,
 };
 use crate::cloud::{parse_provider_id, Instance, InstanceState, TAG_NODE_GENERATION, TAG_UID};
 use crate::controllers::conditions::Desired;
@@ -56,8 +56,8 @@ pub enum NodeStep {
     Replace { next_generation: i64 },
     /// The instance is on its way; look again soon.
     Wait(Desired),
-    /// The Node is there but lacks the dedicated label and/or taint.
-    Dedicate { node: String },
+    /// The Node is there but lacks the dedicated label, the pin label and/or the taint.
+    Dedicate { node: String, instance: String },
     /// Node up, labelled and tainted.
     Ready { node: String, ready: bool },
     /// Terminate these (live) instances of this QuestDB.
@@ -91,14 +91,12 @@ pub fn node_for<'a>(nodes: &'a [std::sync::Arc<Node>], instance_id: &str) -> Opt
     })
 }
 
-/// True when the Node carries the dedicated label and taint of this QuestDB.
-pub fn is_dedicated(node: &Node, dedicated: &DedicatedNode) -> bool {
-    let labelled = node
-        .metadata
-        .labels
-        .as_ref()
-        .and_then(|l| l.get(DEDICATED_LABEL_KEY))
-        .is_some_and(|v| *v == dedicated.label_value);
+/// True when the Node carries the dedicated label and taint of this QuestDB, and the pin label
+/// naming `instance_id` (which only the operator sets).
+pub fn is_dedicated(node: &Node, dedicated: &DedicatedNode, instance_id: &str) -> bool {
+    let label = |key: &str| node.metadata.labels.as_ref().and_then(|l| l.get(key));
+    let labelled = label(DEDICATED_LABEL_KEY).is_some_and(|v| *v == dedicated.label_value)
+        && label(PIN_LABEL_KEY).is_some_and(|v| v == instance_id);
     let tainted = node
         .spec
         .as_ref()
@@ -218,8 +216,9 @@ pub fn plan(v: &NodeView) -> NodeStep {
                     instance.id
                 ),
             ),
-            Some(node) if !is_dedicated(node, v.dedicated) => NodeStep::Dedicate {
+            Some(node) if !is_dedicated(node, v.dedicated, &instance.id) => NodeStep::Dedicate {
                 node: node.metadata.name.clone().unwrap_or_default(),
+                instance: instance.id.clone(),
             },
             Some(node) => NodeStep::Ready {
                 node: node.metadata.name.clone().unwrap_or_default(),

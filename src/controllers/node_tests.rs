@@ -20,6 +20,7 @@ fn spec() -> NodeSpec {
 fn dedicated() -> DedicatedNode {
     DedicatedNode {
         label_value: "ns.db".into(),
+        instance: None,
     }
 }
 
@@ -49,7 +50,10 @@ fn node(instance_id: &str, labelled: bool, ready: bool) -> Arc<Node> {
         metadata: ObjectMeta {
             name: Some(format!("node-{instance_id}")),
             labels: labelled.then(|| {
-                BTreeMap::from([(DEDICATED_LABEL_KEY.to_string(), d.label_value.clone())])
+                BTreeMap::from([
+                    (DEDICATED_LABEL_KEY.to_string(), d.label_value.clone()),
+                    (PIN_LABEL_KEY.to_string(), instance_id.to_string()),
+                ])
             }),
             ..ObjectMeta::default()
         },
@@ -204,9 +208,30 @@ fn a_node_without_label_or_taint_is_dedicated() {
     assert_eq!(
         c.plan(),
         NodeStep::Dedicate {
-            node: "node-i-1".into()
+            node: "node-i-1".into(),
+            instance: "i-1".into()
         }
     );
+}
+
+/// The user data labels and taints the node as it joins, but only the operator, having matched
+/// the Node to its instance, may pin it: a node that labelled itself is not yet dedicated.
+#[test]
+fn a_self_labelled_node_is_pinned_by_the_operator_before_it_counts() {
+    let mut c = Case::new(status(Some(1), Some("i-1")));
+    c.instances = vec![instance("i-1", 1, InstanceState::Running)];
+    let mut n = (*node("i-1", true, true)).clone();
+    if let Some(l) = n.metadata.labels.as_mut() {
+        l.remove(PIN_LABEL_KEY);
+    }
+    c.nodes = vec![Arc::new(n.clone())];
+    assert!(matches!(c.plan(), NodeStep::Dedicate { .. }));
+    // A pin naming another instance (copied labels, a reused name) is not this node's pin.
+    if let Some(l) = n.metadata.labels.as_mut() {
+        l.insert(PIN_LABEL_KEY.to_string(), "i-0".to_string());
+    }
+    c.nodes = vec![Arc::new(n)];
+    assert!(matches!(c.plan(), NodeStep::Dedicate { .. }));
 }
 
 #[test]

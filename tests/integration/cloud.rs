@@ -510,6 +510,21 @@ async fn pause_releases_the_node_and_unpause_brings_a_new_one_on_the_same_volume
     let status = q.status.clone().expect("status");
     let second = status.instance_id.expect("instance");
     assert_ne!(first, second, "a new node");
+    // The predecessor's Node stays registered a while after its instance terminates (as on
+    // EKS until the cloud controller removes it); the pod must never be placed there.
+    let pod = Api::<Pod>::namespaced(env.client.clone(), NS)
+        .get(&names::pod(&q))
+        .await
+        .expect("pod");
+    assert_eq!(
+        pod.spec.and_then(|s| s.node_name).as_deref(),
+        status.node_name.as_deref(),
+        "the database runs on the node of the new instance"
+    );
+    assert!(status
+        .node_name
+        .as_deref()
+        .is_some_and(|n| n.starts_with(second.as_str())));
     assert_eq!(status.node_generation, Some(2));
     assert_eq!(env.live_instances_of(&uid), vec![second]);
     assert_eq!(

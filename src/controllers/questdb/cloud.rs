@@ -22,7 +22,7 @@ use tracing::{info, warn};
 
 use crate::api::{conditions, QuestDB, QuestDBStatus, FINALIZER, MANAGER};
 use crate::build::{
-    DedicatedNode, DEDICATED_LABEL_KEY, DEDICATED_TAINT_EFFECT, DEDICATED_TAINT_KEY,
+    DedicatedNode, DEDICATED_LABEL_KEY, DEDICATED_TAINT_EFFECT, DEDICATED_TAINT_KEY, PIN_LABEL_KEY,
 };
 use crate::cloud::{
     desired_instance_tags, CloudError, Instance, InstanceState, LaunchRequest, Taint,
@@ -171,9 +171,6 @@ pub async fn reconcile(
         return Ok(out);
     };
     let dedicated = DedicatedNode::for_questdb(qdb);
-    if qdb.spec.node.is_some() {
-        out.dedicated = Some(dedicated.clone());
-    }
 
     if !release {
         if let Some(fast) = steady_state(qdb, ctx, &dedicated) {
@@ -181,6 +178,7 @@ pub async fn reconcile(
                 out.node_condition = Some(ready_condition(&fast.name, true));
                 out.node = Some(fast.node);
                 out.dns_condition = done;
+                out.dedicated = Some(dedicated);
                 return Ok(out);
             }
         }
@@ -206,6 +204,10 @@ pub async fn reconcile(
         .flatten();
     let dns_left = qdb.status.as_ref().is_some_and(|s| s.dns_name.is_some());
     out.released = out.released && !dns_left;
+    // Read again: the node steps may have recorded (or forgotten) the instance the pod pins.
+    if qdb.spec.node.is_some() {
+        out.dedicated = Some(DedicatedNode::for_questdb(qdb));
+    }
     Ok(out)
 }
 
@@ -238,7 +240,7 @@ fn steady_state(qdb: &QuestDB, ctx: &Context, dedicated: &DedicatedNode) -> Opti
     let id = qdb.status.as_ref()?.instance_id.as_deref()?;
     let nodes = ctx.caches.nodes.state();
     let node = node::node_for(&nodes, id)?;
-    if !node::is_dedicated(node, dedicated) || !node::node_is_ready(node) {
+    if !node::is_dedicated(node, dedicated, id) || !node::node_is_ready(node) {
         return None;
     }
     let found = nodes
@@ -444,8 +446,8 @@ async fn node_steps(
                 out.requeue_within(WAITING_SYNC);
                 return Ok(current);
             }
-            NodeStep::Dedicate { node } => {
-                dedicate(ctx, &node, dedicated).await?;
+            NodeStep::Dedicate { node, instance } => {
+                dedicate(ctx, &node, dedicated, &instance).await?;
                 out.node_condition = Some(Desired::new(
                     conditions::NODE_READY,
                     false,
@@ -590,7 +592,12 @@ fn forget_failure(cloud: &CloudRuntime, uid: &str) {
 }
 
 /// Adds the dedicated label and taint to the Node, keeping its other taints.
-async fn dedicate(ctx: &Context, name: &str, dedicated: &DedicatedNode) -> Result<(), Error> {
+async fn dedicate(
+    ctx: &Context,
+    name: &str,
+    dedicated: &DedicatedNode,
+    instance: &str,
+) -> Result<(), Error> {
     let api: Api<Node> = Api::all(ctx.client.clone());
     let Some(live) = api.get_opt(name).await.map_err(Error::Kube)? else {
         return Ok(());
@@ -613,7 +620,7 @@ async fn dedicate(ctx: &Context, name: &str, dedicated: &DedicatedNode) -> Resul
     let patch = json!({
         "metadata": {
             "resourceVersion": live.resource_version(),
-            "labels": {DEDICATED_LABEL_KEY: dedicated.label_value},
+            "labels": {DEDICATED_LABEL_KEY: dedicated.label_value, PIN_LABEL_KEY: instance},
         },
         "spec": {"taints": taints},
     });
@@ -624,7 +631,7 @@ async fn dedicate(ctx: &Context, name: &str, dedicated: &DedicatedNode) -> Resul
     api.patch(name, &pp, &Patch::Merge(&patch))
         .await
         .map_err(Error::from_status_write)?;
-    info!(node = %name, value = %dedicated.label_value, "dedicated node labelled and tainted");
+    info!(node = %name, value = %dedicated.label_value, %instance, "dedicated node labelled, pinned and tainted");
     Ok(())
 }
 
