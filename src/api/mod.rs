@@ -35,4 +35,7 @@ pub mod conditions {
     /// Whether the current spec could be built; False keeps a running database on its last
     /// good spec, with every other condition and column as it was.
     pub const SPEC_VALID: &str = "SpecValid";
+    /// Whether the volume requests what `spec.volume.size` asks (or more: volumes never
+    /// shrink); False when its StorageClass cannot expand it.
+    pub const VOLUME_SIZE_READY: &str = "VolumeSizeReady";
 }

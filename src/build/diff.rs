@@ -19,6 +19,11 @@ use super::quantity::parse_quantity;
 
 /// A child kind the operator builds, with its own notion of "already as desired".
 pub trait OwnedChild: Resource<DynamicType = ()> {
+    /// Written with server-side apply, so a field the operator stops setting is removed. False
+    /// for the PVC: most of its spec is immutable once bound, and only its size and metadata
+    /// are ever written after creation (a JSON merge patch of exactly those).
+    const SERVER_SIDE_APPLY: bool = true;
+
     /// Whether the spec/data of `existing` already holds everything the operator set in
     /// `desired` (metadata is compared separately by [`needs_update`]).
     fn spec_matches(desired: &Self, existing: &Self) -> bool;
@@ -153,6 +158,8 @@ impl OwnedChild for Service {
 }
 
 impl OwnedChild for PersistentVolumeClaim {
+    const SERVER_SIDE_APPLY: bool = false;
+
     /// Only the requested size, and only upwards: volumes can be expanded but never shrunk,
     /// and the rest of a bound claim's spec is immutable.
     fn spec_matches(desired: &Self, existing: &Self) -> bool {

@@ -22,7 +22,9 @@ pub use config::{config_hash, config_map, ilp_auth_config_map, log_conf, server_
 pub use diff::{json_subset, needs_update, OwnedChild};
 pub use endpoints::{endpoints, version_of};
 pub use labels::{child_annotations, child_labels, owner_references, selector_labels};
-pub use pvc::{pvc, pvc_with_ownership, PvcOwnership};
+pub use pvc::{
+    pvc, pvc_update, pvc_with_ownership, requested_size, size_plan, PvcOwnership, SizePlan,
+};
 pub use service::{client_service, headless_service};
 pub use statefulset::{
     dedicated_label_value, dedicated_label_value_for, statefulset, DedicatedNode,

@@ -9,6 +9,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use super::labels::child_meta;
 use super::names;
+use super::quantity::parse_quantity;
 use crate::api::QuestDB;
 
 /// Whether the PVC carries the QuestDB's controller reference.
@@ -67,6 +68,84 @@ pub fn pvc_with_ownership(qdb: &QuestDB, ownership: PvcOwnership) -> PersistentV
     }
 }
 
+/// What to ask of an existing claim's size, and what to tell the user about it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SizePlan {
+    /// The size to request: never below what the claim already requests.
+    pub request: String,
+    /// `VolumeSizeReady`.
+    pub ready: bool,
+    pub reason: &'static str,
+    pub message: String,
+}
+
+/// The size to request of an existing claim that requests `have` when the spec wants `want`.
+/// `expandable`: whether its StorageClass allows expansion (`None`: unknown, let the
+/// apiserver decide). Volumes never shrink (the apiserver refuses it), and a class without
+/// `allowVolumeExpansion` makes growing fail at admission on every reconcile: both keep the
+/// current size and say so, instead of a write that can never succeed. Pure.
+pub fn size_plan(want: &str, have: &str, expandable: Option<bool>, class: &str) -> SizePlan {
+    let (w, h) = (parse_quantity(want), parse_quantity(have));
+    let keep = |ready, reason, message: String| SizePlan {
+        request: have.to_string(),
+        ready,
+        reason,
+        message,
+    };
+    match (w, h) {
+        (Some(w), Some(h)) if w > h && expandable == Some(false) => keep(
+            false,
+            "NotExpandable",
+            format!(
+                "spec.volume.size asks for {want} but StorageClass {class} does not allow volume expansion; the volume stays at {have}"
+            ),
+        ),
+        (Some(w), Some(h)) if w > h => SizePlan {
+            request: want.to_string(),
+            ready: true,
+            reason: "Expanding",
+            message: format!("the volume is being expanded from {have} to {want}"),
+        },
+        (Some(w), Some(h)) if w < h => keep(
+            true,
+            "Larger",
+            format!("the volume requests {have}, more than spec.volume.size {want}; volumes never shrink"),
+        ),
+        _ => keep(true, "AsRequested", format!("the volume requests {have}")),
+    }
+}
+
+/// The storage a claim requests, as written.
+pub fn requested_size(pvc: &PersistentVolumeClaim) -> Option<String> {
+    pvc.spec
+        .as_ref()?
+        .resources
+        .as_ref()?
+        .requests
+        .as_ref()?
+        .get("storage")
+        .map(|q| q.0.clone())
+}
+
+/// What is written to an existing claim: its metadata and the size of `plan`, nothing of the
+/// spec that is immutable once bound (access modes, class, volume mode).
+pub fn pvc_update(desired: &PersistentVolumeClaim, request: &str) -> PersistentVolumeClaim {
+    PersistentVolumeClaim {
+        metadata: desired.metadata.clone(),
+        spec: Some(PersistentVolumeClaimSpec {
+            resources: Some(VolumeResourceRequirements {
+                requests: Some(BTreeMap::from([(
+                    "storage".to_string(),
+                    Quantity(request.to_string()),
+                )])),
+                ..VolumeResourceRequirements::default()
+            }),
+            ..PersistentVolumeClaimSpec::default()
+        }),
+        ..PersistentVolumeClaim::default()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -82,6 +161,36 @@ mod tests {
             .as_ref()?
             .get("storage")
             .map(|q| q.0.clone())
+    }
+
+    #[test]
+    fn a_volume_never_shrinks_and_a_fixed_class_is_reported_not_retried() {
+        let larger = size_plan("50Gi", "100Gi", Some(true), "gp3");
+        assert_eq!(larger.request, "100Gi");
+        assert!(larger.ready);
+        let fixed = size_plan("200Gi", "100Gi", Some(false), "gp3-fixed");
+        assert_eq!(fixed.request, "100Gi");
+        assert!(!fixed.ready);
+        assert_eq!(fixed.reason, "NotExpandable");
+        assert!(fixed.message.contains("gp3-fixed"), "{}", fixed.message);
+        let grows = size_plan("200Gi", "100Gi", Some(true), "gp3");
+        assert_eq!(grows.request, "200Gi");
+        let unknown = size_plan("200Gi", "100Gi", None, "gp3");
+        assert_eq!(unknown.request, "200Gi", "the apiserver decides");
+        let same = size_plan("100Gi", "102400Mi", Some(false), "gp3-fixed");
+        assert_eq!(same.request, "102400Mi");
+        assert_eq!(same.reason, "AsRequested");
+    }
+
+    #[test]
+    fn an_update_of_a_bound_claim_carries_no_immutable_field() {
+        let qdb = questdb("db1", "tenant-a");
+        let body = pvc_update(&pvc(&qdb), "60Gi");
+        let spec = body.spec.clone().unwrap_or_default();
+        assert_eq!(spec.access_modes, None);
+        assert_eq!(spec.storage_class_name, None);
+        assert_eq!(requested_size(&body).as_deref(), Some("60Gi"));
+        assert_eq!(body.metadata, pvc(&qdb).metadata);
     }
 
     #[test]

@@ -1,11 +1,15 @@
 //! Owned children: decide (pure) what a desired object needs against the cached one, then apply
 //! that decision with at most one write.
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
+    FieldsV1, ManagedFieldsEntry, ObjectMeta, OwnerReference,
+};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::{Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
+use serde_json::json;
+use sha2::{Digest, Sha256};
 use std::fmt::Debug;
 
 use crate::api::{labels, ADOPT_ANNOTATION, MANAGER};
@@ -140,15 +144,50 @@ pub enum Applied {
     Updated,
     Unchanged,
     Blocked(String),
-    /// The cache was behind the apiserver (create raced an existing object): retry soon.
+    /// The cache was behind the apiserver (create raced an existing object, or the object
+    /// changed since the decision was made): retry soon.
     Stale,
 }
 
-/// Applies `action` with at most one write. Uses a JSON merge patch for updates so fields the
-/// operator does not set (status, defaults, bound volume names) are left alone.
-pub async fn apply<K>(api: &Api<K>, desired: &K, action: &ChildAction) -> kube::Result<Applied>
+/// Annotation holding a hash of the desired object the operator last applied. A field the
+/// operator stops setting (a removed `spec.node`, env var or resource limit) is invisible to
+/// the "desired ⊆ existing" comparison; it changes the hash, so the child is applied again and
+/// server-side apply removes the field.
+pub const APPLIED_HASH_ANNOTATION: &str = "crd.questdb.io/applied-hash";
+
+/// Adds [`APPLIED_HASH_ANNOTATION`] to `desired`: a hash of everything else in it.
+pub fn stamp_applied_hash<K: Resource + Serialize>(desired: &mut K) {
+    desired.annotations_mut().remove(APPLIED_HASH_ANNOTATION);
+    let bytes = serde_json::to_vec(desired).unwrap_or_default();
+    let hash = hex::encode(&Sha256::digest(&bytes)[..8]);
+    desired
+        .annotations_mut()
+        .insert(APPLIED_HASH_ANNOTATION.to_string(), hash);
+}
+
+fn api_error(code: u16) -> bool {
+    // 404: deleted since; 409: changed since (resourceVersion precondition).
+    matches!(code, 404 | 409)
+}
+
+/// Applies `action` with at most one write for the decision itself. `existing` is the object
+/// the decision was made on (the cache's copy).
+///
+/// Creation is a plain create, which fails when any object of that name exists: server-side
+/// apply would silently merge into an object the cache has not seen yet. Later writes of
+/// [`OwnedChild::SERVER_SIDE_APPLY`] kinds are server-side applies under the field manager
+/// `questdb-operator` (forced: the operator's fields are the operator's), with the cached
+/// resourceVersion as precondition, so fields the operator no longer sets are removed by the
+/// apiserver and fields others set (defaults, other controllers, a user's extra labels) stay.
+/// The PVC is merge-patched with exactly its metadata and size.
+pub async fn apply<K>(
+    api: &Api<K>,
+    desired: &K,
+    existing: Option<&K>,
+    action: &ChildAction,
+) -> kube::Result<Applied>
 where
-    K: Resource + Serialize + DeserializeOwned + Clone + Debug,
+    K: OwnedChild + Serialize + DeserializeOwned + Clone + Debug,
 {
     match action {
         ChildAction::InSync => Ok(Applied::Unchanged),
@@ -159,24 +198,152 @@ where
                 ..Default::default()
             };
             match api.create(&pp, desired).await {
-                Ok(_) => Ok(Applied::Created),
+                Ok(created) => {
+                    if K::SERVER_SIDE_APPLY {
+                        // Best effort: a crash or conflict here leaves an ownership entry that
+                        // the next update converts first.
+                        let _ = upgrade_managed_fields(api, &created).await;
+                    }
+                    Ok(Applied::Created)
+                }
                 Err(kube::Error::Api(s)) if s.code == 409 => Ok(Applied::Stale),
                 Err(e) => Err(e),
             }
         }
         ChildAction::Adopt | ChildAction::Update => {
-            let pp = PatchParams {
-                field_manager: Some(MANAGER.into()),
-                ..Default::default()
+            let done = if *action == ChildAction::Adopt {
+                Applied::Adopted
+            } else {
+                Applied::Updated
             };
-            let name = desired.name_any();
-            match api.patch(&name, &pp, &Patch::Merge(desired)).await {
-                Ok(_) if *action == ChildAction::Adopt => Ok(Applied::Adopted),
-                Ok(_) => Ok(Applied::Updated),
-                Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(Applied::Stale),
+            let result = if K::SERVER_SIDE_APPLY {
+                server_side_apply(api, desired, existing).await
+            } else {
+                merge_patch(api, desired, existing).await
+            };
+            match result {
+                Ok(true) => Ok(done),
+                Ok(false) => Ok(Applied::Stale),
+                Err(kube::Error::Api(s)) if api_error(s.code) => Ok(Applied::Stale),
                 Err(e) => Err(e),
             }
         }
+    }
+}
+
+/// The JSON merge patch of a PVC: metadata and (only ever upwards) the requested size.
+async fn merge_patch<K>(api: &Api<K>, desired: &K, existing: Option<&K>) -> kube::Result<bool>
+where
+    K: OwnedChild + Serialize + DeserializeOwned + Clone + Debug,
+{
+    let mut body = desired.clone();
+    merge_owner_references(&mut body, existing);
+    body.meta_mut().resource_version = existing.and_then(|e| e.meta().resource_version.clone());
+    let pp = PatchParams {
+        field_manager: Some(MANAGER.into()),
+        ..Default::default()
+    };
+    api.patch(&desired.name_any(), &pp, &Patch::Merge(&body))
+        .await
+        .map(|_| true)
+}
+
+/// Reads the live object (the cache strips managedFields), refuses to act when it is not the
+/// object the decision was made on, converts ownership recorded by earlier plain writes, then
+/// applies.
+async fn server_side_apply<K>(api: &Api<K>, desired: &K, existing: Option<&K>) -> kube::Result<bool>
+where
+    K: OwnedChild + Serialize + DeserializeOwned + Clone + Debug,
+{
+    let Some(live) = api.get_opt(&desired.name_any()).await? else {
+        return Ok(false);
+    };
+    let decided_on = existing.and_then(|e| e.meta().resource_version.as_deref());
+    if decided_on.is_some() && live.meta().resource_version.as_deref() != decided_on {
+        return Ok(false);
+    }
+    let live = match upgrade_managed_fields(api, &live).await? {
+        Some(upgraded) => upgraded,
+        None => live,
+    };
+    let mut body = desired.clone();
+    body.meta_mut().resource_version = live.meta().resource_version.clone();
+    let pp = PatchParams::apply(MANAGER).force();
+    api.patch(&desired.name_any(), &pp, &Patch::Apply(&body))
+        .await
+        .map(|_| true)
+}
+
+/// Fields written by a create or merge patch belong to `(questdb-operator, Update)`, and a
+/// server-side apply never removes a field another entry still owns. This moves them to the
+/// operator's `Apply` entry (as `kubectl` does when it upgrades client-side to server-side
+/// apply), in one patch guarded by the resourceVersion. `Ok(None)`: nothing to convert.
+async fn upgrade_managed_fields<K>(api: &Api<K>, live: &K) -> kube::Result<Option<K>>
+where
+    K: Resource + Serialize + DeserializeOwned + Clone + Debug,
+{
+    let Some(patch) = managed_fields_upgrade(live.meta()) else {
+        return Ok(None);
+    };
+    let pp = PatchParams {
+        field_manager: Some(MANAGER.into()),
+        ..Default::default()
+    };
+    api.patch(&live.name_any(), &pp, &Patch::Merge(&patch))
+        .await
+        .map(Some)
+}
+
+fn is_legacy_entry(m: &ManagedFieldsEntry) -> bool {
+    m.manager.as_deref() == Some(MANAGER)
+        && m.operation.as_deref() == Some("Update")
+        && m.subresource.as_deref().unwrap_or_default().is_empty()
+}
+
+/// The patch that [`upgrade_managed_fields`] sends, if one is needed. Pure.
+pub fn managed_fields_upgrade(meta: &ObjectMeta) -> Option<serde_json::Value> {
+    let entries = meta.managed_fields.as_deref().unwrap_or_default();
+    let legacy = entries.iter().position(is_legacy_entry)?;
+    let rv = meta.resource_version.clone().unwrap_or_default();
+    let mut upgraded: Vec<ManagedFieldsEntry> = entries.to_vec();
+    let from = upgraded.remove(legacy);
+    let applied = upgraded.iter_mut().find(|m| {
+        m.manager.as_deref() == Some(MANAGER)
+            && m.operation.as_deref() == Some("Apply")
+            && m.subresource.as_deref().unwrap_or_default().is_empty()
+    });
+    match applied {
+        Some(a) => {
+            let mut fields = a.fields_v1.take().map(|f| f.0).unwrap_or(json!({}));
+            if let Some(f) = from.fields_v1 {
+                union(&mut fields, f.0);
+            }
+            a.fields_v1 = Some(FieldsV1(fields));
+        }
+        None => {
+            let mut entry = from;
+            entry.operation = Some("Apply".to_string());
+            upgraded.insert(legacy, entry);
+        }
+    }
+    // A merge patch replaces the list whole; the resourceVersion makes it conditional.
+    Some(json!({"metadata": {"resourceVersion": rv, "managedFields": upgraded}}))
+}
+
+/// Union of two managed-field sets (`fieldsV1` trees: nested objects whose leaves are `{}`).
+fn union(into: &mut serde_json::Value, from: serde_json::Value) {
+    match (into, from) {
+        (serde_json::Value::Object(a), serde_json::Value::Object(b)) => {
+            for (k, v) in b {
+                match a.get_mut(&k) {
+                    Some(existing) => union(existing, v),
+                    None => {
+                        a.insert(k, v);
+                    }
+                }
+            }
+        }
+        (into, from) => *into = from,
     }
 }
 
@@ -341,5 +508,100 @@ mod tests {
             .collect();
         assert_eq!(uids, vec!["x"]);
         assert_eq!(decide(&d, Some(&e), "u1"), ChildAction::Update);
+    }
+
+    fn entry(manager: &str, operation: &str, fields: serde_json::Value) -> ManagedFieldsEntry {
+        ManagedFieldsEntry {
+            manager: Some(manager.into()),
+            operation: Some(operation.into()),
+            api_version: Some("v1".into()),
+            fields_type: Some("FieldsV1".into()),
+            fields_v1: Some(FieldsV1(fields)),
+            ..Default::default()
+        }
+    }
+
+    fn meta_with(entries: Vec<ManagedFieldsEntry>) -> ObjectMeta {
+        ObjectMeta {
+            resource_version: Some("7".into()),
+            managed_fields: Some(entries),
+            ..Default::default()
+        }
+    }
+
+    fn upgraded(meta: &ObjectMeta) -> Vec<ManagedFieldsEntry> {
+        let patch = managed_fields_upgrade(meta).expect("an upgrade");
+        assert_eq!(patch["metadata"]["resourceVersion"], "7", "guarded");
+        serde_json::from_value(patch["metadata"]["managedFields"].clone()).expect("entries")
+    }
+
+    /// Fields the operator wrote with a create stay owned by an Update entry, which a server-side
+    /// apply never clears: without the upgrade, a removed field would stay in the child for good.
+    #[test]
+    fn fields_from_a_create_become_the_operators_applied_fields() {
+        let kcm = entry("kube-controller-manager", "Update", json!({"f:status": {}}));
+        let meta = meta_with(vec![
+            entry(MANAGER, "Update", json!({"f:spec": {"f:a": {}}})),
+            kcm.clone(),
+        ]);
+        let after = upgraded(&meta);
+        assert_eq!(after.len(), 2);
+        assert_eq!(after[0].operation.as_deref(), Some("Apply"));
+        assert_eq!(after[0].manager.as_deref(), Some(MANAGER));
+        assert_eq!(after[1], kcm, "other managers are untouched");
+    }
+
+    #[test]
+    fn an_existing_applied_entry_absorbs_the_old_fields() {
+        let meta = meta_with(vec![
+            entry(MANAGER, "Apply", json!({"f:spec": {"f:a": {}}})),
+            entry(
+                MANAGER,
+                "Update",
+                json!({"f:spec": {"f:b": {}}, "f:data": {}}),
+            ),
+        ]);
+        let after = upgraded(&meta);
+        assert_eq!(after.len(), 1);
+        assert_eq!(
+            after[0].fields_v1.as_ref().map(|f| f.0.clone()),
+            Some(json!({"f:spec": {"f:a": {}, "f:b": {}}, "f:data": {}}))
+        );
+    }
+
+    #[test]
+    fn nothing_to_upgrade_means_no_write() {
+        let meta = meta_with(vec![
+            entry(MANAGER, "Apply", json!({"f:spec": {}})),
+            entry("kubectl-edit", "Update", json!({"f:spec": {}})),
+        ]);
+        assert_eq!(managed_fields_upgrade(&meta), None);
+        let mut status_only = entry(MANAGER, "Update", json!({"f:status": {}}));
+        status_only.subresource = Some("status".into());
+        assert_eq!(managed_fields_upgrade(&meta_with(vec![status_only])), None);
+    }
+
+    /// A removal (a field no longer built) must change what the converged check compares.
+    #[test]
+    fn the_applied_hash_changes_when_a_field_is_removed() {
+        // Labels compare as a subset, so without the hash a dropped label looks converged.
+        let mut with = cm(Some(vec![owner("u1", true)]), &[("a", "1")]);
+        with.labels_mut().insert("team".into(), "x".into());
+        let mut without = cm(Some(vec![owner("u1", true)]), &[("a", "1")]);
+        let unstamped = without.clone();
+        assert_eq!(decide(&unstamped, Some(&with), "u1"), ChildAction::InSync);
+        stamp_applied_hash(&mut with);
+        stamp_applied_hash(&mut without);
+        let hash = |c: &ConfigMap| c.annotations().get(APPLIED_HASH_ANNOTATION).cloned();
+        assert!(hash(&with).is_some());
+        assert_ne!(hash(&with), hash(&without));
+        let again = {
+            let mut c = with.clone();
+            stamp_applied_hash(&mut c);
+            c
+        };
+        assert_eq!(hash(&again), hash(&with), "stable");
+        // The stored object carries the old hash: the decision is an update.
+        assert_eq!(decide(&without, Some(&with), "u1"), ChildAction::Update);
     }
 }

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Pod};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
@@ -678,5 +679,59 @@ async fn failing_status_writes_after_a_launch_never_yield_a_second_instance() {
     wait_for(&env.qdbs(), "f1", "QuestDB Ready", is_ready()).await;
     assert_eq!(env.live_instances_of(&uid).len(), 1);
     assert_eq!(env.cloud.ec2.instances().len(), 1);
+    env.stop().await;
+}
+
+/// Removing `spec.node` must unpin the pod (a merge patch used to leave the nodeSelector
+/// naming a node about to be terminated: an outage), and the node goes only once the pod has
+/// left it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn removing_spec_node_unpins_the_pod_and_then_releases_the_node() {
+    let env = CloudEnv::start(settings()).await;
+    let created = env.create("un", |_| {}).await;
+    let uid = created.uid().expect("uid");
+    let q = wait_for(&env.qdbs(), "un", "QuestDB Ready", is_ready()).await;
+    let node_name = q
+        .status
+        .as_ref()
+        .and_then(|s| s.node_name.clone())
+        .expect("node");
+
+    let mut terminations = env.cloud.ec2.subscribe();
+    let pods: Api<Pod> = Api::namespaced(env.client.clone(), NS);
+    let pod_name = names::pod(&q);
+    let old_node = node_name.clone();
+    let pod_on_node_at_termination = tokio::spawn(async move {
+        loop {
+            if let Ok(InstanceEvent::Terminated(_)) = terminations.recv().await {
+                let pod = pods.get_opt(&pod_name).await.expect("pod read");
+                return pod.and_then(|p| p.spec).and_then(|s| s.node_name) == Some(old_node);
+            }
+        }
+    });
+    env.qdbs()
+        .patch(
+            "un",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"node": null}})),
+        )
+        .await
+        .expect("remove spec.node");
+    let stss: Api<StatefulSet> = Api::namespaced(env.client.clone(), NS);
+    wait_for(&stss, "un", "pod unpinned", |s: Option<&StatefulSet>| {
+        s.and_then(|s| s.spec.as_ref())
+            .and_then(|s| s.template.spec.as_ref())
+            .is_some_and(|p| p.node_selector.is_none() && p.tolerations.is_none())
+    })
+    .await;
+    wait_until("the dedicated instance is terminated", || {
+        let live = env.live_instances_of(&uid);
+        async move { live.is_empty() }
+    })
+    .await;
+    assert!(
+        !pod_on_node_at_termination.await.expect("watcher"),
+        "the node was terminated while the database pod still ran on it"
+    );
     env.stop().await;
 }

@@ -359,7 +359,7 @@ async fn unparsable_image_gives_invalid_spec_and_creates_nothing() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_apiserver_rejects_reserved_keys_and_shrinking_volumes() {
+async fn the_apiserver_rejects_reserved_keys_and_a_changed_storage_class() {
     let env = Env::start().await;
     env.namespace(NS).await;
     let qdbs = env.api::<QuestDB>(NS);
@@ -376,12 +376,15 @@ async fn the_apiserver_rejects_reserved_keys_and_shrinking_volumes() {
     assert!(err.to_string().contains("line.tcp.auth.db.path"), "{err}");
 
     env.create_questdb(NS, "db1", |_| {}).await;
-    let patch = json!({"spec": {"volume": {"size": "10Gi"}}});
+    let patch = json!({"spec": {"volume": {"storageClassName": "gp3-fixed"}}});
     let err = qdbs
         .patch("db1", &PatchParams::default(), &Patch::Merge(&patch))
         .await
         .unwrap_err();
-    assert!(err.to_string().contains("shrink"), "{err}");
+    assert!(
+        err.to_string().contains("storageClassName is immutable"),
+        "{err}"
+    );
     let grow = json!({"spec": {"volume": {"size": "100Gi"}}});
     qdbs.patch("db1", &PatchParams::default(), &Patch::Merge(&grow))
         .await
@@ -710,5 +713,168 @@ async fn an_unreadable_questdb_never_stops_the_others() {
             .is_none(),
         "nothing is built for an object the operator cannot read"
     );
+    env.stop().await;
+}
+
+fn container_env(sts: &StatefulSet) -> Vec<String> {
+    sts.spec
+        .as_ref()
+        .and_then(|s| s.template.spec.as_ref())
+        .and_then(|p| p.containers.first())
+        .and_then(|c| c.env.clone())
+        .unwrap_or_default()
+        .into_iter()
+        .map(|e| e.name)
+        .collect()
+}
+
+/// A merge patch that only ever sets fields would leave a removed variable (or limit, or node
+/// pin) in the StatefulSet for good; server-side apply removes it, and leaves alone what others
+/// put there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_field_removed_from_the_spec_is_removed_from_the_statefulset() {
+    let env = Env::start().await;
+    env.namespace(NS).await;
+    env.create_questdb(NS, "fr", |q| {
+        q.spec.env = vec![serde_json::from_value(
+            json!({"name": "QDB_LINE_TCP_MAINTENANCE_JOB_INTERVAL", "value": "1000"}),
+        )
+        .unwrap()];
+        q.spec.resources = Some(
+            serde_json::from_value(
+                json!({"limits": {"memory": "2Gi"}, "requests": {"memory": "1Gi"}}),
+            )
+            .unwrap(),
+        );
+    })
+    .await;
+    let stss = env.api::<StatefulSet>(NS);
+    wait_for(
+        &stss,
+        "fr",
+        "StatefulSet with the variable",
+        |s: Option<&StatefulSet>| {
+            s.is_some_and(|s| {
+                container_env(s)
+                    .iter()
+                    .any(|n| n == "QDB_LINE_TCP_MAINTENANCE_JOB_INTERVAL")
+            })
+        },
+    )
+    .await;
+    // Someone else's label on the StatefulSet (a cost-allocation tool, say).
+    stss.patch(
+        "fr",
+        &PatchParams::apply("cost-tool"),
+        &Patch::Apply(json!({"apiVersion": "apps/v1", "kind": "StatefulSet",
+            "metadata": {"name": "fr", "labels": {"cost-center": "42"}}})),
+    )
+    .await
+    .expect("label");
+
+    env.api::<QuestDB>(NS)
+        .patch(
+            "fr",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"env": [], "resources": null}})),
+        )
+        .await
+        .expect("remove env and resources");
+    let sts = wait_for(
+        &stss,
+        "fr",
+        "variable removed",
+        |s: Option<&StatefulSet>| {
+            s.is_some_and(|s| {
+                !container_env(s)
+                    .iter()
+                    .any(|n| n == "QDB_LINE_TCP_MAINTENANCE_JOB_INTERVAL")
+            })
+        },
+    )
+    .await;
+    let limits = sts
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.spec.as_ref())
+        .and_then(|p| p.containers.first())
+        .and_then(|c| c.resources.clone())
+        .and_then(|r| r.limits);
+    assert_eq!(limits, None, "the removed memory limit is gone too");
+    assert_eq!(
+        sts.labels().get("cost-center").map(String::as_str),
+        Some("42"),
+        "fields another manager set are left alone"
+    );
+    env.stop().await;
+}
+
+/// Growing a volume whose StorageClass cannot expand is refused at admission on every try; the
+/// operator says so once in a condition, keeps the volume as it is and the database running.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn growing_a_volume_on_a_fixed_class_is_reported_not_retried_forever() {
+    let env = Env::start().await;
+    env.namespace(NS).await;
+    env.create_questdb(NS, "fixed", |q| {
+        q.spec.volume.storage_class_name = Some("gp3-fixed".into());
+        q.spec.volume.size = "1Gi".into();
+    })
+    .await;
+    let qdbs = env.api::<QuestDB>(NS);
+    wait_for(
+        &qdbs,
+        "fixed",
+        "volume as requested",
+        has_condition("VolumeSizeReady", "AsRequested"),
+    )
+    .await;
+    qdbs.patch(
+        "fixed",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"volume": {"size": "2Gi"}}})),
+    )
+    .await
+    .expect("grow");
+    let q = wait_for(
+        &qdbs,
+        "fixed",
+        "not expandable",
+        has_condition("VolumeSizeReady", "NotExpandable"),
+    )
+    .await;
+    let status = q.status.clone().unwrap_or_default();
+    let ready = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Ready")
+        .expect("Ready");
+    assert_ne!(ready.reason, "ApplyFailed", "{ready:?}");
+    let pvc = env
+        .api::<PersistentVolumeClaim>(NS)
+        .get("fixed-data")
+        .await
+        .expect("pvc");
+    let size = pvc
+        .spec
+        .and_then(|s| s.resources)
+        .and_then(|r| r.requests)
+        .and_then(|r| r.get("storage").cloned())
+        .map(|q| q.0);
+    assert_eq!(size.as_deref(), Some("1Gi"));
+    // The mistake can be undone: back to the volume's size, and the condition clears.
+    qdbs.patch(
+        "fixed",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"volume": {"size": "1Gi"}}})),
+    )
+    .await
+    .expect("revert");
+    wait_for(
+        &qdbs,
+        "fixed",
+        "volume as requested again",
+        has_condition("VolumeSizeReady", "AsRequested"),
+    )
+    .await;
     env.stop().await;
 }

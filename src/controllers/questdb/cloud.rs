@@ -147,11 +147,13 @@ fn not_configured(type_: &'static str) -> Desired {
     )
 }
 
-/// Runs the node and DNS steps. `release` = paused or being deleted.
+/// Runs the node and DNS steps. `release` = paused or being deleted. `hold`: the node is no
+/// longer wanted but the database pod still runs on it, so it is not released yet.
 pub async fn reconcile(
     qdb: &mut QuestDB,
     ctx: &Context,
     release: bool,
+    hold: bool,
 ) -> Result<CloudOutcome, Error> {
     let mut out = CloudOutcome::default();
     let Some(cloud) = ctx.cloud.as_deref() else {
@@ -187,7 +189,19 @@ pub async fn reconcile(
     let status = qdb.status.clone().unwrap_or_default();
     let involved =
         qdb.spec.node.is_some() || status.node_generation.is_some() || status.instance_id.is_some();
-    let current = if involved {
+    let current = if involved && hold {
+        out.node_condition = Some(Desired::new(
+            conditions::NODE_READY,
+            false,
+            "MovingOff",
+            format!(
+                "spec.node was removed; instance {} is released once the database pod has left it",
+                status.instance_id.as_deref().unwrap_or("-")
+            ),
+        ));
+        out.requeue_within(WAITING_SYNC);
+        None
+    } else if involved {
         node_steps(qdb, ctx, cloud, &dedicated, release, &mut out).await?
     } else {
         out.released = true;

@@ -11,6 +11,7 @@ mod stop_first;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, PostParams};
 use kube::runtime::controller::Action;
@@ -21,9 +22,10 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tracing::{debug, info, warn};
 
-use crate::api::{QuestDB, MANAGER};
+use crate::api::{conditions, QuestDB, MANAGER};
 use crate::build;
 use crate::controllers::children::{self, Applied};
+use crate::controllers::conditions::Desired;
 use crate::controllers::context::Context;
 use crate::controllers::Error;
 
@@ -68,7 +70,11 @@ pub async fn reconcile(qdb: Arc<QuestDB>, ctx: Arc<Context>) -> Result<Action, E
     // A paused database keeps its node until its pod has stopped (the StatefulSet below is
     // scaled to zero first).
     let release = current.spec.paused && stop_first::database_stopped(&current, &ctx.caches);
-    let cloud_out = cloud::reconcile(&mut current, &ctx, release).await?;
+    // spec.node removed: the unpinned pod moves to a shared node first, then the node goes.
+    let hold = current.spec.node.is_none()
+        && !current.spec.paused
+        && stop_first::pod_on_recorded_node(&current, &ctx.caches);
+    let cloud_out = cloud::reconcile(&mut current, &ctx, release, hold).await?;
     let qdb = Arc::new(current);
 
     let auth = ilp::resolve(&qdb, &ctx).await?;
@@ -175,7 +181,49 @@ async fn sync_pvc(
         // retainOnDelete: false.
         pvc.metadata.owner_references = Some(Vec::new());
     }
+    let name = pvc.name_any();
+    let existing = ctx.caches.pvcs.get(&ObjectRef::new(&name).within(ns));
+    let have = existing.as_deref().and_then(build::requested_size);
+    if let (Some(existing), Some(have)) = (existing.as_deref(), have) {
+        let want = qdb.spec.volume.size.as_str();
+        let class = existing
+            .spec
+            .as_ref()
+            .and_then(|s| s.storage_class_name.clone())
+            .unwrap_or_default();
+        let grows = matches!(
+            (build::quantity::parse_quantity(want), build::quantity::parse_quantity(&have)),
+            (Some(w), Some(h)) if w > h
+        );
+        let expandable = if grows && !class.is_empty() {
+            storage_class_expands(ctx, &class).await
+        } else {
+            None
+        };
+        let plan = build::size_plan(want, &have, expandable, &class);
+        observed.volume_size = Some(Desired::new(
+            conditions::VOLUME_SIZE_READY,
+            plan.ready,
+            plan.reason,
+            plan.message.clone(),
+        ));
+        pvc = build::pvc_update(&pvc, &plan.request);
+    }
     sync(ctx, qdb, uid, ns, &ctx.caches.pvcs, pvc, observed).await
+}
+
+/// `allowVolumeExpansion` of a StorageClass; `None` when it cannot be read (the apiserver's
+/// admission then has the last word).
+async fn storage_class_expands(ctx: &Context, class: &str) -> Option<bool> {
+    let api: Api<StorageClass> = Api::all(ctx.client.clone());
+    match api.get_opt(class).await {
+        Ok(Some(sc)) => Some(sc.allow_volume_expansion == Some(true)),
+        Ok(None) => Some(false),
+        Err(e) => {
+            debug!(storage_class = %class, error = %e, "could not read the StorageClass");
+            None
+        }
+    }
 }
 
 /// Deletion: release the node and the DNS record, then let the QuestDB go. Children carry
@@ -215,7 +263,7 @@ async fn release_and_unblock(qdb: Arc<QuestDB>, ctx: &Context) -> Result<Action,
         // The pod's deletion is a watch event; this is a backstop.
         return Ok(Action::requeue(cloud::WAITING_SYNC));
     }
-    let out = cloud::reconcile(&mut current, ctx, true).await?;
+    let out = cloud::reconcile(&mut current, ctx, true, false).await?;
     if !out.released {
         if ctx.cloud.is_none() {
             let note = "the operator runs without a cloud provider; the finalizer stays until the instance and DNS record recorded in status are cleaned up".to_string();
@@ -270,19 +318,20 @@ where
 {
     let name = desired.name_any();
     let kind = K::kind(&()).to_string();
+    if K::SERVER_SIDE_APPLY {
+        children::stamp_applied_hash(&mut desired);
+    }
     let existing = cache.get(&ObjectRef::new(&name).within(ns));
-    children::merge_owner_references(&mut desired, existing.as_deref());
     let action = children::decide(&desired, existing.as_deref(), uid);
     let api: Api<K> = Api::namespaced(ctx.client.clone(), ns);
     let what = format!("{kind} {name}");
-    let mut applied = children::apply(&api, &desired, &action).await;
+    let mut applied = children::apply(&api, &desired, existing.as_deref(), &action).await;
     if matches!(applied, Ok(Applied::Stale)) && action == children::ChildAction::Create {
         // The object exists but is not in our cache: created a moment ago, or stripped of the
         // operator's labels (the caches only see labelled children). Decide on the live object.
         let live = api.get_opt(&name).await.map_err(Error::Kube)?;
-        children::merge_owner_references(&mut desired, live.as_ref());
         let action = children::decide(&desired, live.as_ref(), uid);
-        applied = children::apply(&api, &desired, &action).await;
+        applied = children::apply(&api, &desired, live.as_ref(), &action).await;
     }
     match applied {
         Ok(Applied::Unchanged) => {}

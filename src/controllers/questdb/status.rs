@@ -25,6 +25,8 @@ pub struct Observed<'a> {
     pub invalid: Vec<String>,
     /// The ILP auth condition, decided by the auth module.
     pub ilp_auth: Option<Desired>,
+    /// `VolumeSizeReady`, once the claim exists.
+    pub volume_size: Option<Desired>,
     /// The dedicated node and DNS record, when the cloud part ran.
     pub cloud: Option<&'a CloudOutcome>,
 }
@@ -159,6 +161,9 @@ pub fn compute(qdb: &QuestDB, obs: &Observed, now: Timestamp) -> QuestDBStatus {
     let mut desired = vec![ready, spec_valid(obs)];
     if let Some(a) = &obs.ilp_auth {
         desired.push(a.clone());
+    }
+    if let Some(v) = &obs.volume_size {
+        desired.push(v.clone());
     }
     let cloud = obs.cloud.filter(|_| obs.invalid.is_empty());
     if let Some(c) = cloud {

@@ -29,6 +29,23 @@ pub fn database_stopped(qdb: &QuestDB, caches: &Caches) -> bool {
         .is_none_or(|s| scaled_to_zero(&s))
 }
 
+/// True while the database pod still runs on the node of the instance status records: the
+/// node must not go yet when `spec.node` was removed and the pod is moving to a shared node.
+pub fn pod_on_recorded_node(qdb: &QuestDB, caches: &Caches) -> bool {
+    let Some(id) = qdb.status.as_ref().and_then(|s| s.instance_id.as_deref()) else {
+        return false;
+    };
+    let nodes = caches.nodes.state();
+    let Some(node) = crate::controllers::node::node_for(&nodes, id) else {
+        return false;
+    };
+    let ns = qdb.namespace().unwrap_or_default();
+    let pod = ObjectRef::new(&build::names::pod(qdb)).within(&ns);
+    caches.pods.get(&pod).is_some_and(|p| {
+        p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == node.metadata.name.as_deref()
+    })
+}
+
 fn scaled_to_zero(sts: &StatefulSet) -> bool {
     sts.spec.as_ref().and_then(|s| s.replicas) == Some(0)
         && sts.status.as_ref().is_none_or(|s| s.replicas == 0)
