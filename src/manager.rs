@@ -13,6 +13,7 @@ use anyhow::Context as _;
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Node, PersistentVolumeClaim, Pod, Secret, Service};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::Api;
 use kube::core::PartialObjectMeta;
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
@@ -337,6 +338,14 @@ fn start_caches(
         trim_pod
     );
 
+    let network_policies = cached!(
+        NetworkPolicy,
+        api_for::<NetworkPolicy>(client, ns),
+        managed_selector(),
+        true,
+        |o: &NetworkPolicy| questdb_of(o.meta())
+    );
+
     let (nodes, node_writer) = reflector::store::<Node>();
     let node_stream = watcher(Api::<Node>::all(client.clone()), watcher::Config::default())
         .default_backoff()
@@ -374,6 +383,7 @@ fn start_caches(
         services,
         pvcs,
         pods,
+        network_policies,
         nodes,
         secrets,
     };
@@ -432,6 +442,7 @@ async fn wait_for_caches(c: &Caches, shutdown: &CancellationToken) {
         let _ = c.services.wait_until_ready().await;
         let _ = c.pvcs.wait_until_ready().await;
         let _ = c.pods.wait_until_ready().await;
+        let _ = c.network_policies.wait_until_ready().await;
         let _ = c.nodes.wait_until_ready().await;
         let _ = c.secrets.wait_until_ready().await;
     };

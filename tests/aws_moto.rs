@@ -136,6 +136,7 @@ fn base_config_at(endpoint: String) -> CloudConfig {
         max_delay: Duration::from_millis(200),
         max_retries: 2,
         eventual_consistency_window: Duration::from_secs(1),
+        ..RetryPolicy::default()
     };
     config.rate_limit = RateLimit {
         per_second: 0.0,

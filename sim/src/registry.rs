@@ -245,6 +245,16 @@ fn builtins() -> Vec<Builtin> {
             Clear,
         ),
         b(
+            "networking.k8s.io",
+            "v1",
+            "networkpolicies",
+            "NetworkPolicy",
+            true,
+            &["netpol"],
+            false,
+            Keep,
+        ),
+        b(
             "storage.k8s.io",
             "v1",
             "storageclasses",

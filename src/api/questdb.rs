@@ -7,6 +7,7 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{EnvVar, ResourceRequirements};
+use k8s_openapi::api::networking::v1::NetworkPolicyPeer;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
@@ -81,6 +82,36 @@ pub struct QuestDBSpec {
     /// Release compute (pod and node) and keep the data.
     #[serde(default)]
     pub paused: bool,
+
+    /// Who may reach the database ports (a NetworkPolicy per QuestDB, on by default).
+    #[serde(default)]
+    pub network_policy: NetworkPolicySpec,
+}
+
+/// The NetworkPolicy that guards the database ports (HTTP, pgwire, ILP): QuestDB ships with
+/// well-known default credentials, so by default only pods of the QuestDB's own namespace may
+/// connect. The health port gets no rule: kubelet probes come from the node, which a
+/// NetworkPolicy always admits.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct NetworkPolicySpec {
+    /// Off: no NetworkPolicy (an existing one made by the operator is deleted).
+    #[serde(default = "default_true")]
+    pub enabled: bool,
+    /// Peers admitted to the database ports, as in a NetworkPolicy ingress rule
+    /// (`podSelector`, `namespaceSelector`, `ipBlock`). Empty: every pod of this namespace.
+    /// Clients outside the cluster reaching a dedicated node's address need an `ipBlock`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub from: Vec<NetworkPolicyPeer>,
+}
+
+impl Default for NetworkPolicySpec {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            from: Vec::new(),
+        }
+    }
 }
 
 /// Storage of the QuestDB root directory (`/var/lib/questdb`).

@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Service};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::Resource;
 use serde::Serialize;
@@ -134,6 +135,12 @@ fn spec_subset<T: Serialize>(desired: &T, existing: &T) -> bool {
 }
 
 impl OwnedChild for StatefulSet {
+    fn spec_matches(desired: &Self, existing: &Self) -> bool {
+        spec_subset(&desired.spec, &existing.spec)
+    }
+}
+
+impl OwnedChild for NetworkPolicy {
     fn spec_matches(desired: &Self, existing: &Self) -> bool {
         spec_subset(&desired.spec, &existing.spec)
     }

@@ -10,6 +10,7 @@ pub mod endpoints;
 pub mod image_ref;
 pub mod labels;
 pub mod names;
+pub mod network_policy;
 pub mod pvc;
 pub mod quantity;
 pub mod service;
@@ -22,6 +23,7 @@ pub use config::{config_hash, config_map, ilp_auth_config_map, log_conf, server_
 pub use diff::{json_subset, needs_update, OwnedChild};
 pub use endpoints::{endpoints, version_of};
 pub use labels::{child_annotations, child_labels, owner_references, selector_labels};
+pub use network_policy::network_policy;
 pub use pvc::{
     pvc, pvc_update, pvc_with_ownership, requested_size, size_plan, PvcOwnership, SizePlan,
 };

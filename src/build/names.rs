@@ -7,6 +7,11 @@ use kube::ResourceExt;
 
 use crate::api::QuestDB;
 
+/// `<name>`: the NetworkPolicy guarding the database ports.
+pub fn network_policy(qdb: &QuestDB) -> String {
+    qdb.name_any()
+}
+
 /// The StatefulSet runs the database pod.
 pub fn statefulset(qdb: &QuestDB) -> String {
     qdb.name_any()

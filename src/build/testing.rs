@@ -3,7 +3,9 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use sha2::{Digest, Sha256};
 
-use crate::api::{ConfigSpec, FailoverSpec, IlpAuthSpec, QuestDB, QuestDBSpec, VolumeSpec};
+use crate::api::{
+    ConfigSpec, FailoverSpec, IlpAuthSpec, NetworkPolicySpec, QuestDB, QuestDBSpec, VolumeSpec,
+};
 
 /// The image the fixtures run; a real, pinned QuestDB release.
 pub const IMAGE: &str = "questdb/questdb:9.0.0";
@@ -43,6 +45,7 @@ pub fn spec() -> QuestDBSpec {
         dns: None,
         ilp_auth: IlpAuthSpec::default(),
         paused: false,
+        network_policy: NetworkPolicySpec::default(),
     }
 }
 

@@ -54,6 +54,12 @@ pub struct RetryPolicy {
     pub max_retries: usize,
     /// How long an `InvalidInstanceID.NotFound` is treated as EC2 lagging behind a launch.
     pub eventual_consistency_window: Duration,
+    /// One attempt that has not answered by then counts as a transient `Timeout`.
+    pub attempt_timeout: Duration,
+    /// No retry starts after this much time since the call began: a call always ends well
+    /// within the leader Lease (15 s by default), so a deposed leader's AWS calls do not
+    /// outlive its leadership by long.
+    pub call_deadline: Duration,
 }
 
 impl Default for RetryPolicy {
@@ -62,7 +68,9 @@ impl Default for RetryPolicy {
             min_delay: Duration::from_millis(200),
             max_delay: Duration::from_secs(10),
             max_retries: 6,
-            eventual_consistency_window: Duration::from_secs(30),
+            eventual_consistency_window: Duration::from_secs(10),
+            attempt_timeout: Duration::from_secs(5),
+            call_deadline: Duration::from_secs(12),
         }
     }
 }

@@ -63,12 +63,17 @@ impl CallRunner {
         let mut retries = 0usize;
         loop {
             self.limiter.acquire().await;
-            let error = match attempt().await {
-                Ok(value) => {
+            let answer = tokio::time::timeout(self.policy.attempt_timeout, attempt()).await;
+            let error = match answer {
+                Ok(Ok(value)) => {
                     self.observer.observe(self.service, operation, "ok");
                     return Ok(value);
                 }
-                Err(error) => error,
+                Ok(Err(error)) => error,
+                Err(_) => ApiError::new(
+                    "Timeout",
+                    format!("no answer within {:?}", self.policy.attempt_timeout),
+                ),
             };
             let class = classify(&error);
             let outcome = match class {
@@ -90,7 +95,8 @@ impl CallRunner {
                 }
                 ErrorClass::Permanent(_) => false,
             };
-            if !retry {
+            let in_time = started.elapsed() + delay < self.policy.call_deadline;
+            if !retry || !in_time {
                 return Err(error);
             }
             retries += 1;
@@ -125,6 +131,8 @@ mod tests {
                 max_delay: Duration::from_secs(2),
                 max_retries: 3,
                 eventual_consistency_window: Duration::from_secs(10),
+                attempt_timeout: Duration::from_secs(5),
+                call_deadline: Duration::from_secs(30),
             },
         )
     }
@@ -221,6 +229,30 @@ mod tests {
         assert!(
             waited >= Duration::from_secs(10) && waited < Duration::from_secs(11),
             "{waited:?}"
+        );
+    }
+
+    /// A hung endpoint must not hold a reconcile (and a deposed leader's call) for ever.
+    #[tokio::test(start_paused = true)]
+    async fn a_call_that_never_answers_ends_within_the_deadline() {
+        let counter = CallCounter::default();
+        let mut r = runner(&counter);
+        r.policy.attempt_timeout = Duration::from_secs(2);
+        r.policy.call_deadline = Duration::from_secs(5);
+        r.policy.max_retries = 100;
+        let start = Instant::now();
+        let got: Result<u32, ApiError> = r
+            .call("RunInstances", NotFound::Return, std::future::pending)
+            .await;
+        assert_eq!(got.map_err(|e| e.code), Err("Timeout".to_string()));
+        assert!(
+            start.elapsed() < Duration::from_secs(8),
+            "{:?}",
+            start.elapsed()
+        );
+        assert!(
+            counter.attempts("RunInstances") >= 2,
+            "timeouts are retried"
         );
     }
 }

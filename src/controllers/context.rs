@@ -7,6 +7,7 @@ use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{
     ConfigMap, Node, ObjectReference, PersistentVolumeClaim, Pod, Secret, Service,
 };
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::core::PartialObjectMeta;
 use kube::runtime::events::{Event, EventType, Recorder};
@@ -32,6 +33,7 @@ pub struct Caches {
     pub services: Store<Service>,
     pub pvcs: Store<PersistentVolumeClaim>,
     pub pods: Store<Pod>,
+    pub network_policies: Store<NetworkPolicy>,
     pub nodes: Store<Node>,
     /// Secrets, metadata only: Secret data of the whole cluster is never cached.
     pub secrets: Store<PartialObjectMeta<Secret>>,

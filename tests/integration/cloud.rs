@@ -57,6 +57,7 @@ fn cloud_config() -> CloudConfig {
         max_delay: Duration::from_millis(50),
         max_retries: 3,
         eventual_consistency_window: Duration::from_secs(5),
+        ..RetryPolicy::default()
     };
     config
 }

@@ -878,3 +878,68 @@ async fn growing_a_volume_on_a_fixed_class_is_reported_not_retried_forever() {
     .await;
     env.stop().await;
 }
+
+/// QuestDB ships with well-known default credentials: without a policy, pgwire and HTTP are
+/// open to every pod of the cluster. The operator's policy admits its own namespace only, and
+/// goes when the user switches it off.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn other_namespaces_are_kept_off_the_database_ports_unless_the_spec_says_otherwise() {
+    use k8s_openapi::api::networking::v1::NetworkPolicy;
+    let env = Env::start().await;
+    env.namespace(NS).await;
+    let q = env.create_questdb(NS, "np", |_| {}).await;
+    let nps = env.api::<NetworkPolicy>(NS);
+    let np = wait_for(&nps, "np", "NetworkPolicy", |n: Option<&NetworkPolicy>| {
+        n.is_some()
+    })
+    .await;
+    assert!(controlled_by(&np, &q));
+    let spec = np.spec.clone().unwrap_or_default();
+    assert_eq!(spec.policy_types, Some(vec!["Ingress".to_string()]));
+    let rule = spec.ingress.unwrap_or_default().remove(0);
+    let from = rule.from.unwrap_or_default();
+    assert_eq!(from.len(), 1);
+    assert!(from[0].namespace_selector.is_none(), "{from:?}");
+    assert!(from[0].pod_selector.is_some(), "{from:?}");
+
+    env.api::<QuestDB>(NS)
+        .patch(
+            "np",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"networkPolicy": {"from": [
+                {"namespaceSelector": {"matchLabels": {"team": "analytics"}}}
+            ]}}})),
+        )
+        .await
+        .expect("allow a team");
+    wait_for(
+        &nps,
+        "np",
+        "the listed peer only",
+        |n: Option<&NetworkPolicy>| {
+            n.and_then(|n| n.spec.as_ref())
+                .and_then(|s| s.ingress.as_ref())
+                .and_then(|r| r.first())
+                .and_then(|r| r.from.as_ref())
+                .is_some_and(|f| {
+                    f.len() == 1 && f[0].namespace_selector.is_some() && f[0].pod_selector.is_none()
+                })
+        },
+    )
+    .await;
+
+    env.api::<QuestDB>(NS)
+        .patch(
+            "np",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"networkPolicy": {"enabled": false}}})),
+        )
+        .await
+        .expect("switch off");
+    wait_until("policy deleted", || {
+        let nps = nps.clone();
+        async move { nps.get_opt("np").await.expect("read").is_none() }
+    })
+    .await;
+    env.stop().await;
+}

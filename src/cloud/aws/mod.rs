@@ -10,6 +10,7 @@ mod route53;
 use std::sync::Arc;
 
 use aws_config::retry::RetryConfig;
+use aws_config::timeout::TimeoutConfig;
 use aws_config::{BehaviorVersion, ConfigLoader, Region, SdkConfig};
 use aws_sdk_ec2::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
 
@@ -26,7 +27,15 @@ use super::{
 pub fn sdk_config_loader(config: &CloudConfig) -> ConfigLoader {
     let mut loader = aws_config::defaults(BehaviorVersion::latest())
         .region(Region::new(config.region.clone()))
-        .retry_config(RetryConfig::disabled());
+        .retry_config(RetryConfig::disabled())
+        // The policy layer bounds each attempt and the whole call; connecting is bounded here so
+        // an unreachable endpoint fails fast as a transient error.
+        .timeout_config(
+            TimeoutConfig::builder()
+                .connect_timeout(std::time::Duration::from_secs(3))
+                .operation_attempt_timeout(config.retry.attempt_timeout)
+                .build(),
+        );
     if let Some(url) = &config.endpoint_url {
         loader = loader.endpoint_url(url.clone());
     }

@@ -31,6 +31,7 @@ fn config(cluster: &str) -> CloudConfig {
         max_delay: Duration::from_secs(1),
         max_retries: 5,
         eventual_consistency_window: Duration::from_secs(5),
+        ..RetryPolicy::default()
     };
     c.rate_limit = RateLimit {
         per_second: 0.0,

@@ -175,6 +175,7 @@ mod tests {
             services: reflector::store().0,
             pvcs: reflector::store().0,
             pods: reflector::store().0,
+            network_policies: reflector::store().0,
             nodes: reflector::store().0,
             secrets,
         };

@@ -11,6 +11,7 @@ mod stop_first;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, PostParams};
@@ -107,6 +108,33 @@ pub async fn reconcile(qdb: Arc<QuestDB>, ctx: Arc<Context>) -> Result<Action, E
                 .map_err(Error::Kube)?;
             info!(questdb = %qdb.name_any(), child = %name, "deleted (ILP auth disabled)");
             observed.changed.push(format!("ConfigMap {name}"));
+        }
+    }
+    match build::network_policy(&qdb) {
+        Some(np) => {
+            sync(
+                &ctx,
+                &qdb,
+                &uid,
+                &ns,
+                &c.network_policies,
+                np,
+                &mut observed,
+            )
+            .await?
+        }
+        None => {
+            // Switched off: the policy the operator made goes (never one it does not control).
+            let name = build::names::network_policy(&qdb);
+            let existing = c.network_policies.get(&ObjectRef::new(&name).within(&ns));
+            if let Some(np) = existing.filter(|n| children::controlled_by(n.as_ref(), &uid)) {
+                let api = Api::<NetworkPolicy>::namespaced(ctx.client.clone(), &ns);
+                children::delete_owned(&api, &np)
+                    .await
+                    .map_err(Error::Kube)?;
+                info!(questdb = %qdb.name_any(), child = %name, "deleted (network policy off)");
+                observed.changed.push(format!("NetworkPolicy {name}"));
+            }
         }
     }
     let svc_headless = build::headless_service(&qdb);
@@ -393,9 +421,8 @@ async fn write_status(
     if old == new {
         return Ok(());
     }
-    ctx.metrics_conditions(&old.conditions, &new.conditions);
     let mut obj = qdb.clone();
-    obj.status = Some(new);
+    obj.status = Some(new.clone());
     obj.metadata.managed_fields = None;
     let api: Api<QuestDB> =
         Api::namespaced(ctx.client.clone(), &qdb.namespace().unwrap_or_default());
@@ -406,6 +433,9 @@ async fn write_status(
     api.replace_status(&qdb.name_any(), &pp, &obj)
         .await
         .map_err(Error::from_status_write)?;
+    // Counted once it is written: a conflict retry would otherwise count the same transition
+    // twice.
+    ctx.metrics_conditions(&old.conditions, &new.conditions);
     Ok(())
 }
 
