@@ -55,16 +55,20 @@ pub fn pvc_with_ownership(qdb: &QuestDB, ownership: PvcOwnership) -> PersistentV
         spec: Some(PersistentVolumeClaimSpec {
             access_modes: Some(vec!["ReadWriteOnce".to_string()]),
             storage_class_name: qdb.spec.volume.storage_class_name.clone(),
-            resources: Some(VolumeResourceRequirements {
-                requests: Some(BTreeMap::from([(
-                    "storage".to_string(),
-                    Quantity(qdb.spec.volume.size.clone()),
-                )])),
-                ..VolumeResourceRequirements::default()
-            }),
+            resources: Some(storage_request(&qdb.spec.volume.size)),
             ..PersistentVolumeClaimSpec::default()
         }),
         ..PersistentVolumeClaim::default()
+    }
+}
+
+fn storage_request(size: &str) -> VolumeResourceRequirements {
+    VolumeResourceRequirements {
+        requests: Some(BTreeMap::from([(
+            "storage".to_string(),
+            Quantity(size.to_string()),
+        )])),
+        ..VolumeResourceRequirements::default()
     }
 }
 
@@ -133,13 +137,7 @@ pub fn pvc_update(desired: &PersistentVolumeClaim, request: &str) -> PersistentV
     PersistentVolumeClaim {
         metadata: desired.metadata.clone(),
         spec: Some(PersistentVolumeClaimSpec {
-            resources: Some(VolumeResourceRequirements {
-                requests: Some(BTreeMap::from([(
-                    "storage".to_string(),
-                    Quantity(request.to_string()),
-                )])),
-                ..VolumeResourceRequirements::default()
-            }),
+            resources: Some(storage_request(request)),
             ..PersistentVolumeClaimSpec::default()
         }),
         ..PersistentVolumeClaim::default()
@@ -151,17 +149,6 @@ mod tests {
     use super::*;
     use crate::build::labels::{child_labels, owner_references};
     use crate::build::testing::questdb;
-
-    fn requested(pvc: &PersistentVolumeClaim) -> Option<String> {
-        pvc.spec
-            .as_ref()?
-            .resources
-            .as_ref()?
-            .requests
-            .as_ref()?
-            .get("storage")
-            .map(|q| q.0.clone())
-    }
 
     #[test]
     fn a_volume_never_shrinks_and_a_fixed_class_is_reported_not_retried() {
@@ -204,7 +191,7 @@ mod tests {
         let spec = pvc.spec.clone().unwrap_or_default();
         assert_eq!(spec.access_modes, Some(vec!["ReadWriteOnce".to_string()]));
         assert_eq!(spec.storage_class_name.as_deref(), Some("gp3"));
-        assert_eq!(requested(&pvc).as_deref(), Some("50Gi"));
+        assert_eq!(requested_size(&pvc).as_deref(), Some("50Gi"));
     }
 
     #[test]

@@ -472,16 +472,7 @@ async fn pause_releases_the_node_and_unpause_brings_a_new_one_on_the_same_volume
 
     // Whenever EC2 is asked to terminate the instance, the database pod must already be gone
     // (QuestDB got its termination grace, the kubelet unmounted the volume).
-    let mut terminations = env.cloud.ec2.subscribe();
-    let pods: Api<Pod> = Api::namespaced(env.client.clone(), NS);
-    let pod_name = names::pod(&q);
-    let pod_at_termination = tokio::spawn(async move {
-        loop {
-            if let Ok(InstanceEvent::Terminated(_)) = terminations.recv().await {
-                return pods.get_opt(&pod_name).await.expect("pod read").is_some();
-            }
-        }
-    });
+    let pod_at_termination = pod_at_first_termination(&env, names::pod(&q));
     let paused = |p: bool| Patch::Merge(json!({"spec": {"paused": p}}));
     env.qdbs()
         .patch("p1", &PatchParams::default(), &paused(true))
@@ -493,7 +484,7 @@ async fn pause_releases_the_node_and_unpause_brings_a_new_one_on_the_same_volume
     })
     .await;
     assert!(
-        !pod_at_termination.await.expect("watcher"),
+        pod_at_termination.await.expect("watcher").is_none(),
         "the instance was terminated while the database pod still existed"
     );
     assert!(env.live_instances_of(&uid).is_empty());
@@ -536,6 +527,19 @@ async fn pause_releases_the_node_and_unpause_brings_a_new_one_on_the_same_volume
     );
     assert_eq!(env.cloud.route53.records().len(), 1);
     env.stop().await;
+}
+
+/// The database pod as it is at the moment EC2 is first asked to terminate an instance.
+fn pod_at_first_termination(env: &CloudEnv, pod_name: String) -> JoinHandle<Option<Pod>> {
+    let mut terminations = env.cloud.ec2.subscribe();
+    let pods: Api<Pod> = Api::namespaced(env.client.clone(), NS);
+    tokio::spawn(async move {
+        loop {
+            if let Ok(InstanceEvent::Terminated(_)) = terminations.recv().await {
+                return pods.get_opt(&pod_name).await.expect("pod read");
+            }
+        }
+    })
 }
 
 fn is_ready_now(q: Option<&QuestDB>) -> bool {
@@ -698,18 +702,7 @@ async fn removing_spec_node_unpins_the_pod_and_then_releases_the_node() {
         .and_then(|s| s.node_name.clone())
         .expect("node");
 
-    let mut terminations = env.cloud.ec2.subscribe();
-    let pods: Api<Pod> = Api::namespaced(env.client.clone(), NS);
-    let pod_name = names::pod(&q);
-    let old_node = node_name.clone();
-    let pod_on_node_at_termination = tokio::spawn(async move {
-        loop {
-            if let Ok(InstanceEvent::Terminated(_)) = terminations.recv().await {
-                let pod = pods.get_opt(&pod_name).await.expect("pod read");
-                return pod.and_then(|p| p.spec).and_then(|s| s.node_name) == Some(old_node);
-            }
-        }
-    });
+    let pod_at_termination = pod_at_first_termination(&env, names::pod(&q));
     env.qdbs()
         .patch(
             "un",
@@ -730,8 +723,10 @@ async fn removing_spec_node_unpins_the_pod_and_then_releases_the_node() {
         async move { live.is_empty() }
     })
     .await;
-    assert!(
-        !pod_on_node_at_termination.await.expect("watcher"),
+    let pod = pod_at_termination.await.expect("watcher");
+    assert_ne!(
+        pod.and_then(|p| p.spec).and_then(|s| s.node_name),
+        Some(node_name),
         "the node was terminated while the database pod still ran on it"
     );
     env.stop().await;
