@@ -72,6 +72,11 @@ fn storage_request(size: &str) -> VolumeResourceRequirements {
     }
 }
 
+/// Whether `want` asks for more than `have` (both quantities; unparsable never grows).
+pub fn grows(want: &str, have: &str) -> bool {
+    matches!((parse_quantity(want), parse_quantity(have)), (Some(w), Some(h)) if w > h)
+}
+
 /// What to ask of an existing claim's size, and what to tell the user about it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SizePlan {
@@ -97,14 +102,14 @@ pub fn size_plan(want: &str, have: &str, expandable: Option<bool>, class: &str) 
         message,
     };
     match (w, h) {
-        (Some(w), Some(h)) if w > h && expandable == Some(false) => keep(
+        _ if grows(want, have) && expandable == Some(false) => keep(
             false,
             "NotExpandable",
             format!(
                 "spec.volume.size asks for {want} but StorageClass {class} does not allow volume expansion; the volume stays at {have}"
             ),
         ),
-        (Some(w), Some(h)) if w > h => SizePlan {
+        _ if grows(want, have) => SizePlan {
             request: want.to_string(),
             ready: true,
             reason: "Expanding",

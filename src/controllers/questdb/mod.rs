@@ -219,11 +219,8 @@ async fn sync_pvc(
             .as_ref()
             .and_then(|s| s.storage_class_name.clone())
             .unwrap_or_default();
-        let grows = matches!(
-            (build::quantity::parse_quantity(want), build::quantity::parse_quantity(&have)),
-            (Some(w), Some(h)) if w > h
-        );
-        let expandable = if grows && !class.is_empty() {
+        // The StorageClass is read only when it matters: when the size grows.
+        let expandable = if build::pvc::grows(want, &have) && !class.is_empty() {
             storage_class_expands(ctx, &class).await
         } else {
             None
