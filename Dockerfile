@@ -19,7 +19,7 @@ FROM gcr.io/distroless/cc-debian12:nonroot
 COPY --from=builder /out/questdb-operator /questdb-operator
 # Numeric user so `runAsNonRoot` can be verified by the kubelet without reading /etc/passwd.
 USER 65532:65532
-# Metrics and health probes (see deploy/deployment.yaml). The binary writes nothing to disk,
+# Metrics and health probes (see deploy/operator/deployment.yaml). The binary writes nothing to disk,
 # so it runs with a read-only root filesystem.
 EXPOSE 8080 8081
 ENTRYPOINT ["/questdb-operator"]

@@ -13,7 +13,7 @@ use crate::cli::{parse_subnets, Cli, CloudArgs, CloudProvider, Command, LogForma
 use crate::cloud::aws::AwsCloud;
 #[cfg(feature = "memory-cloud")]
 use crate::cloud::memory::{MemoryCloud, MemoryEc2, MemoryEc2Options, MemoryRoute53};
-use crate::cloud::{CloudConfig, DnsProvider, SharedObserver};
+use crate::cloud::{user_data, CloudConfig, DnsProvider, EksCluster, RootVolume, SharedObserver};
 use crate::http_server::parse_bind_address;
 use crate::manager::{self, Cloud, CloudSettings, LeaderElection, ManagerHandle, ManagerOptions};
 
@@ -110,13 +110,15 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     manager::run_with(opts, config, shutdown_on_signal(), handle).await
 }
 
-/// The node bootstrap used when `--node-user-data-template` is not given: the EKS AMI's
-/// bootstrap script, with the kubelet registering the node already labelled and tainted.
-pub const DEFAULT_USER_DATA_TEMPLATE: &str = r#"#!/bin/bash
-set -euo pipefail
-/etc/eks/bootstrap.sh '{{cluster_name}}' \
-  --kubelet-extra-args '--node-labels={{node_labels}} --register-with-taints={{node_taints}}'
-"#;
+/// The node bootstrap used when `--node-user-data-template` is not given.
+pub const DEFAULT_USER_DATA_TEMPLATE: &str = crate::cloud::user_data::AL2023_NODECONFIG_TEMPLATE;
+
+/// The EKS cluster the sandbox's in-memory instances "join" (the test environment's node
+/// join parses the rendered NodeConfig, so the default template is exercised there too).
+pub const SANDBOX_EKS_ENDPOINT: &str = "https://sandbox.eks.invalid";
+/// base64 of `sandbox-ca`.
+pub const SANDBOX_EKS_CA: &str = "c2FuZGJveC1jYQ==";
+pub const SANDBOX_SERVICE_CIDR: &str = "10.100.0.0/16";
 
 /// Providers built from the flags; `memory` is set for the memory provider so the sandbox and
 /// tests can join its instances as Nodes and inject faults.
@@ -150,6 +152,21 @@ pub fn cloud_config(args: &CloudArgs, provider: CloudProvider) -> anyhow::Result
     let mut config = CloudConfig::new(cluster_name, region);
     config.subnets_by_zone = parse_subnets(&args.aws_subnets).map_err(anyhow::Error::msg)?;
     config.security_group_ids = args.aws_security_group_ids.clone();
+    if provider == CloudProvider::Aws && config.security_group_ids.is_empty() {
+        anyhow::bail!(
+            "--aws-security-group-ids (or AWS_SECURITY_GROUP_IDS) is required with --cloud-provider aws: without it EC2 gives nodes the VPC's default group, which does not let them reach the cluster"
+        );
+    }
+    config.eks = EksCluster {
+        api_endpoint: args.eks_api_endpoint.clone(),
+        certificate_authority: args.eks_certificate_authority.clone(),
+        service_cidr: args.eks_service_cidr.clone(),
+    };
+    config.root_volume = RootVolume {
+        device_name: args.node_root_device_name.clone(),
+        size_gib: args.node_root_volume_gib,
+        kms_key_id: args.node_root_volume_kms_key_id.clone(),
+    };
     config.instance_profile = args.aws_instance_profile.clone();
     config.hosted_zone_id = args.route53_hosted_zone_id.clone();
     config.endpoint_url = args.aws_endpoint_url.clone();
@@ -170,7 +187,15 @@ pub fn cloud_config(args: &CloudArgs, provider: CloudProvider) -> anyhow::Result
         if config.hosted_zone_id.is_none() {
             config.hosted_zone_id = Some(SANDBOX_HOSTED_ZONE.to_string());
         }
+        let eks = &mut config.eks;
+        eks.api_endpoint
+            .get_or_insert_with(|| SANDBOX_EKS_ENDPOINT.to_string());
+        eks.certificate_authority
+            .get_or_insert_with(|| SANDBOX_EKS_CA.to_string());
+        eks.service_cidr
+            .get_or_insert_with(|| SANDBOX_SERVICE_CIDR.to_string());
     }
+    user_data::check_template(&config).map_err(|e| anyhow::anyhow!("{e}"))?;
     Ok(config)
 }
 

@@ -143,9 +143,34 @@ pub struct CloudArgs {
     pub aws_instance_profile: Option<String>,
 
     /// User-data template that joins a node to the cluster; `{{node_labels}}` and
-    /// `{{node_taints}}` must reach the kubelet. A built-in EKS bootstrap is used when unset.
+    /// `{{node_taints}}` must reach the kubelet. Unset: the built-in Amazon Linux 2023 `nodeadm`
+    /// NodeConfig, which needs the three `--eks-*` flags.
     #[arg(long, env = "NODE_USER_DATA_TEMPLATE")]
     pub node_user_data_template: Option<PathBuf>,
+
+    /// The EKS cluster's API server endpoint (`aws eks describe-cluster` → `endpoint`).
+    #[arg(long, env = "EKS_API_ENDPOINT")]
+    pub eks_api_endpoint: Option<String>,
+
+    /// The EKS cluster's CA bundle, base64 (`certificateAuthority.data`).
+    #[arg(long, env = "EKS_CERTIFICATE_AUTHORITY")]
+    pub eks_certificate_authority: Option<String>,
+
+    /// The EKS cluster's service CIDR (`kubernetesNetworkConfig.serviceIpv4Cidr`).
+    #[arg(long, env = "EKS_SERVICE_CIDR")]
+    pub eks_service_cidr: Option<String>,
+
+    /// Root device name of the node AMI (the encrypted gp3 root volume is mapped there).
+    #[arg(long, env = "NODE_ROOT_DEVICE_NAME", default_value = "/dev/xvda")]
+    pub node_root_device_name: String,
+
+    /// Size of a dedicated node's root volume in GiB (the database's data has its own volume).
+    #[arg(long, env = "NODE_ROOT_VOLUME_GIB", default_value_t = 20)]
+    pub node_root_volume_gib: i32,
+
+    /// KMS key of the root volume's encryption (the account's default EBS key when unset).
+    #[arg(long, env = "NODE_ROOT_VOLUME_KMS_KEY_ID")]
+    pub node_root_volume_kms_key_id: Option<String>,
 
     /// Route53 hosted zone of `spec.dns` records (DNS is unavailable without it).
     #[arg(long, env = "ROUTE53_HOSTED_ZONE_ID")]
@@ -258,7 +283,7 @@ mod tests {
     }
 
     #[test]
-    fn aws_without_a_cluster_name_is_refused_at_start_up() {
+    fn aws_without_cluster_name_security_groups_or_eks_endpoint_is_refused_at_start_up() {
         let parse = |extra: &[&str]| {
             let mut argv = vec!["questdb-operator", "run", "--cloud-provider", "aws"];
             argv.extend_from_slice(extra);
@@ -271,8 +296,23 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("--cluster-name"), "{err}");
-        let ok = parse(&["--aws-region", "us-east-1", "--cluster-name", "prod-eu"]).unwrap();
+        let base = ["--aws-region", "us-east-1", "--cluster-name", "prod-eu"];
+        let err = parse(&base).unwrap_err().to_string();
+        assert!(err.contains("--aws-security-group-ids"), "{err}");
+        let with_sg = [&base[..], &["--aws-security-group-ids", "sg-1"]].concat();
+        let err = parse(&with_sg).unwrap_err().to_string();
+        assert!(err.contains("--eks-api-endpoint"), "{err}");
+        let eks = [
+            "--eks-api-endpoint",
+            "https://x.eks.amazonaws.com",
+            "--eks-certificate-authority",
+            "Y2E=",
+            "--eks-service-cidr",
+            "172.20.0.0/16",
+        ];
+        let ok = parse(&[&with_sg[..], &eks[..]].concat()).unwrap();
         assert_eq!(ok.cluster_name, "prod-eu");
+        assert_eq!(ok.root_volume.device_name, "/dev/xvda");
     }
 
     #[test]

@@ -131,8 +131,12 @@ pub async fn run_with(
     }
 
     let caches_token = shutdown.child_token();
-    let (caches, subs, cache_tasks) =
-        start_caches(&client, opts.namespace.as_deref(), &caches_token);
+    let (caches, subs, cache_tasks) = start_caches(
+        &client,
+        opts.namespace.as_deref(),
+        watches_nodes(&opts),
+        &caches_token,
+    );
     let phases = caches.questdbs.clone();
     metrics.set_phase_source(move || {
         phases
@@ -264,9 +268,17 @@ fn managed_selector() -> watcher::Config {
 /// Starts every reflector. Children are watched by the operator's managed-by label so the
 /// caches hold only what the operator manages; Secrets are watched metadata-only so no Secret
 /// data of the cluster is ever cached.
+/// Nodes are cluster-scoped: a namespaced install without a cloud provider (Role-only RBAC)
+/// never reads them; its NodeIP column comes from the pod's hostIP and NodeReady stays empty.
+/// Dedicated nodes need them (labels, taints, the pin), whatever the namespace.
+pub fn watches_nodes(opts: &ManagerOptions) -> bool {
+    opts.cloud.is_some() || opts.namespace.is_none()
+}
+
 fn start_caches(
     client: &Client,
     ns: Option<&str>,
+    watch_nodes: bool,
     token: &CancellationToken,
 ) -> (Caches, Subscriptions, Vec<tokio::task::JoinHandle<()>>) {
     let mut tasks = Vec::new();
@@ -346,12 +358,18 @@ fn start_caches(
         |o: &NetworkPolicy| questdb_of(o.meta())
     );
 
-    let (nodes, node_writer) = reflector::store::<Node>();
-    let node_stream = watcher(Api::<Node>::all(client.clone()), watcher::Config::default())
-        .default_backoff()
-        .modify(|n: &mut Node| n.metadata.managed_fields = None)
-        .reflect(node_writer);
-    tasks.push(spawn_drain(node_stream, token.clone(), "Node"));
+    let (nodes, mut node_writer) = reflector::store::<Node>();
+    if watch_nodes {
+        let node_stream = watcher(Api::<Node>::all(client.clone()), watcher::Config::default())
+            .default_backoff()
+            .modify(|n: &mut Node| n.metadata.managed_fields = None)
+            .reflect(node_writer);
+        tasks.push(spawn_drain(node_stream, token.clone(), "Node"));
+    } else {
+        // An empty, ready store: nothing waits on a watch the RBAC would refuse.
+        node_writer.apply_watcher_event(&watcher::Event::Init);
+        node_writer.apply_watcher_event(&watcher::Event::InitDone);
+    }
 
     let (secrets, secret_writer) = reflector::store::<PartialObjectMeta<Secret>>();
     let secret_stream = watcher(
@@ -403,6 +421,7 @@ fn trim_pod(pod: &mut Pod) {
         *status = k8s_openapi::api::core::v1::PodStatus {
             phase: status.phase.take(),
             conditions: status.conditions.take(),
+            host_ip: status.host_ip.take(),
             ..Default::default()
         };
     }

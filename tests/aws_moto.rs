@@ -17,8 +17,8 @@ use std::time::Duration;
 use aws_sdk_ec2::config::Credentials;
 use questdb_operator::cloud::aws::{sdk_config_loader, AwsCloud};
 use questdb_operator::cloud::{
-    CallCounter, CloudConfig, CloudError, DnsProvider, InstanceState, LaunchRequest, NodeProvider,
-    RateLimit, RetryPolicy, Taint, TAG_CLUSTER, TAG_NODE_GENERATION, TAG_UID,
+    CallCounter, CloudConfig, CloudError, DnsOwner, DnsProvider, InstanceState, LaunchRequest,
+    NodeProvider, RateLimit, RetryPolicy, Taint, TAG_CLUSTER, TAG_NODE_GENERATION, TAG_UID,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -142,6 +142,7 @@ fn base_config_at(endpoint: String) -> CloudConfig {
         per_second: 0.0,
         burst: 1,
     };
+    config.route53_rate_limit = config.rate_limit.clone();
     config
 }
 
@@ -216,6 +217,7 @@ fn request(uid: &str, generation: i64, ami: &str) -> LaunchRequest {
             Some("team-a.db1"),
             "NoSchedule",
         )],
+        public_ip: false,
     }
 }
 
@@ -294,6 +296,79 @@ async fn launch_describe_by_tags_and_terminate() {
     assert_eq!(counter.count("RunInstances", "ok"), 3);
 }
 
+/// What a security review checks on a node: in its volume's zone, IMDSv2 with one hop (pods
+/// cannot reach the node role's credentials), an encrypted gp3 root, the cluster's ownership tag.
+#[tokio::test]
+async fn a_dedicated_node_is_launched_hardened_in_its_volumes_zone() {
+    let Some(moto) = start_moto().await else {
+        return;
+    };
+    let (mut config, sdk, ami) = ec2_setup(&moto).await;
+    config.security_group_ids = vec![default_security_group(&sdk).await];
+    config.root_volume.size_gib = 30;
+    let cloud = AwsCloud::from_sdk_config(&sdk, config, Arc::new(CallCounter::new())).unwrap();
+    let launched = cloud
+        .nodes
+        .launch(&request("uid-h", 1, &ami))
+        .await
+        .unwrap();
+    assert_eq!(launched.tags["kubernetes.io/cluster/moto-test"], "owned");
+
+    let ec2 = aws_sdk_ec2::Client::new(&sdk);
+    let out = ec2
+        .describe_instances()
+        .instance_ids(&launched.id)
+        .send()
+        .await
+        .unwrap();
+    let instance = &out.reservations()[0].instances()[0];
+    assert_eq!(
+        instance.placement().and_then(|p| p.availability_zone()),
+        Some(ZONE)
+    );
+    let md = instance.metadata_options().expect("metadata options");
+    assert_eq!(md.http_tokens().map(|t| t.as_str()), Some("required"));
+    assert_eq!(md.http_put_response_hop_limit(), Some(1));
+    assert!(!instance.security_groups().is_empty());
+    let root = instance
+        .block_device_mappings()
+        .iter()
+        .find(|b| b.device_name() == Some("/dev/xvda"))
+        .expect("root device mapped");
+    let volume_id = root.ebs().and_then(|e| e.volume_id()).expect("root volume");
+    let volumes = ec2
+        .describe_volumes()
+        .volume_ids(volume_id)
+        .send()
+        .await
+        .unwrap();
+    let volume = &volumes.volumes()[0];
+    assert_eq!(volume.encrypted(), Some(true));
+    assert_eq!(volume.size(), Some(30));
+    assert_eq!(volume.volume_type().map(|t| t.as_str()), Some("gp3"));
+
+    // spec.dns.public: the address the record will name exists from launch on.
+    let public = cloud
+        .nodes
+        .launch(&LaunchRequest {
+            public_ip: true,
+            ..request("uid-p", 1, &ami)
+        })
+        .await
+        .unwrap();
+    assert!(public.public_ip.is_some(), "{public:?}");
+    assert_eq!(public.zone, ZONE);
+}
+
+async fn default_security_group(sdk: &aws_config::SdkConfig) -> String {
+    let ec2 = aws_sdk_ec2::Client::new(sdk);
+    let out = ec2.describe_security_groups().send().await.unwrap();
+    out.security_groups()
+        .iter()
+        .find_map(|g| g.group_id().map(str::to_string))
+        .expect("moto has a default security group")
+}
+
 #[tokio::test]
 async fn unknown_ami_and_instance_type_are_permanent_without_retries() {
     let Some(moto) = start_moto().await else {
@@ -351,34 +426,67 @@ async fn dns_upsert_read_and_delete() {
     let cloud = AwsCloud::from_sdk_config(&sdk, config, Arc::new(counter.clone())).unwrap();
     let dns: Arc<dyn DnsProvider> = cloud.dns.clone().expect("hosted zone configured");
 
+    let owner = |uid: &str| DnsOwner {
+        uid: uid.into(),
+        published_ip: None,
+    };
+    let (ours, theirs) = (owner("uid-1"), owner("uid-2"));
     assert_eq!(dns.read_a("db1.example.com").await.unwrap(), None);
-    dns.upsert_a("db1.example.com", "10.0.0.4", 60)
+    dns.upsert_a("db1.example.com", "10.0.0.4", 60, &ours)
         .await
         .unwrap();
     let record = dns.read_a("db1.example.com").await.unwrap().unwrap();
     assert_eq!(record.name, "db1.example.com");
     assert_eq!(record.ips, vec!["10.0.0.4".to_string()]);
     assert_eq!(record.ttl, 60);
+    // The ownership record beside it, in one batch with the A record.
+    let sets = route53
+        .list_resource_record_sets()
+        .hosted_zone_id(&zone_id)
+        .send()
+        .await
+        .unwrap();
+    let txt: Vec<String> = sets
+        .resource_record_sets()
+        .iter()
+        .filter(|s| s.name() == "db1.example.com." && s.r#type().as_str() == "TXT")
+        .flat_map(|s| s.resource_records().iter().map(|r| r.value().to_string()))
+        .collect();
+    assert_eq!(
+        txt,
+        vec!["\"heritage=questdb-operator,cluster=moto-test,uid=uid-1\"".to_string()]
+    );
+    assert_eq!(counter.attempts("ChangeResourceRecordSets"), 1);
 
     // Same value: read only, no change sent.
-    dns.upsert_a("db1.example.com.", "10.0.0.4", 60)
+    dns.upsert_a("db1.example.com.", "10.0.0.4", 60, &ours)
         .await
         .unwrap();
     assert_eq!(counter.attempts("ChangeResourceRecordSets"), 1);
 
+    // Another QuestDB asking for the same name gets a refusal; the record stays.
+    let err = dns
+        .upsert_a("db1.example.com", "10.9.9.9", 60, &theirs)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("RecordOwnedElsewhere"), "{err}");
+    dns.delete_a("db1.example.com", &theirs).await.unwrap();
+    let record = dns.read_a("db1.example.com").await.unwrap().unwrap();
+    assert_eq!(record.ips, vec!["10.0.0.4".to_string()]);
+
     // A neighbour record sorts right after ours; it must not be mistaken for it.
-    dns.upsert_a("db10.example.com", "10.0.0.7", 60)
+    dns.upsert_a("db10.example.com", "10.0.0.7", 60, &theirs)
         .await
         .unwrap();
-    dns.upsert_a("db1.example.com", "10.0.0.9", 30)
+    dns.upsert_a("db1.example.com", "10.0.0.9", 30, &ours)
         .await
         .unwrap();
     let record = dns.read_a("db1.example.com").await.unwrap().unwrap();
     assert_eq!((record.ips, record.ttl), (vec!["10.0.0.9".to_string()], 30));
 
-    dns.delete_a("db1.example.com").await.unwrap();
+    dns.delete_a("db1.example.com", &ours).await.unwrap();
     assert_eq!(dns.read_a("db1.example.com").await.unwrap(), None);
-    dns.delete_a("db1.example.com").await.unwrap();
+    dns.delete_a("db1.example.com", &ours).await.unwrap();
     assert_eq!(dns.read_a("db2.example.com").await.unwrap(), None);
     let neighbour = dns.read_a("db10.example.com").await.unwrap().unwrap();
     assert_eq!(neighbour.ips, vec!["10.0.0.7".to_string()]);

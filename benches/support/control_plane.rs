@@ -63,6 +63,7 @@ impl Cluster {
                         .iter()
                         .map(|(n, z)| NodeRegistration::worker(n, z))
                         .collect(),
+                    ..ControlPlaneOptions::empty()
                 };
                 Cluster::Real(Box::new(
                     ControlPlane::start(opts)

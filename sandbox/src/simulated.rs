@@ -41,8 +41,20 @@ pub async fn run(args: SandboxArgs, shutdown: CancellationToken) -> anyhow::Resu
     crate::progress::install_crd(&client).await?;
 
     let handle = ManagerHandle::default();
+    // Nodes here join by the rendered NodeConfig, not a real EKS cluster: the default
+    // template gets the sandbox's stand-in endpoint, CA and service CIDR unless given.
+    let mut cloud_args = args.cloud.clone();
+    cloud_args
+        .eks_api_endpoint
+        .get_or_insert_with(|| questdb_operator::app::SANDBOX_EKS_ENDPOINT.to_string());
+    cloud_args
+        .eks_certificate_authority
+        .get_or_insert_with(|| questdb_operator::app::SANDBOX_EKS_CA.to_string());
+    cloud_args
+        .eks_service_cidr
+        .get_or_insert_with(|| questdb_operator::app::SANDBOX_SERVICE_CIDR.to_string());
     let built = questdb_operator::app::build_cloud(
-        &args.cloud,
+        &cloud_args,
         CloudProvider::Memory,
         handle.metrics.aws_observer(),
     )

@@ -38,4 +38,8 @@ pub mod conditions {
     /// Whether the volume requests what `spec.volume.size` asks (or more: volumes never
     /// shrink); False when its StorageClass cannot expand it.
     pub const VOLUME_SIZE_READY: &str = "VolumeSizeReady";
+    /// Automatic failover of the dedicated node: True while nothing holds it back (or it is
+    /// under way), False with reason `FailoverSuppressed`/`FailoverStuck` when a person should
+    /// look.
+    pub const FAILOVER: &str = "Failover";
 }

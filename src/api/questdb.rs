@@ -191,7 +191,9 @@ pub struct DnsSpec {
     #[x_kube(validation = Rule::new("self.matches('^([a-z0-9]([-a-z0-9]*[a-z0-9])?\\\\.)+[a-z]{2,63}\\\\.?$')").message("dns.name must be a lower-case fully qualified domain name"))]
     #[schemars(length(max = 253))]
     pub name: String,
-    /// Record TTL in seconds.
+    /// Record TTL in seconds (0 to one week; Route53 takes larger values, but a record that
+    /// must follow its database to a new node is useless with a longer one).
+    #[x_kube(validation = Rule::new("self >= 0 && self <= 604800").message("dns.ttl must be between 0 and 604800 seconds"))]
     #[serde(default = "default_ttl")]
     pub ttl: i64,
     /// Point the record at the node's public IP instead of its private one.
@@ -407,9 +409,22 @@ pub struct Endpoints {
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 #[serde(rename_all = "camelCase")]
 pub struct FailoverStatus {
+    /// `Fencing`, `Releasing`, `Reattaching`, `Recovering`, then `Healthy` (done).
     pub phase: String,
+    /// Why it started (e.g. `NodeLeaseExpired`, `NodeNotReady`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub started_at: Option<String>,
+    /// When the current phase was entered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase_started_at: Option<String>,
+    /// When the database answered again (phase `Healthy`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<String>,
+    /// Seconds from the start of fencing to the database answering again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub downtime_seconds: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub old_node: Option<String>,
     #[serde(
@@ -609,6 +624,23 @@ mod tests {
             create_errors(&qdb),
             vec!["failover.unhealthyAfterSeconds must be at least 10"]
         );
+    }
+
+    #[test]
+    fn a_dns_ttl_route53_would_refuse_or_that_outlives_a_node_is_rejected() {
+        for ttl in [-1, 604_801] {
+            let mut qdb = good();
+            qdb.spec.dns = Some(DnsSpec {
+                name: "db.example.com".into(),
+                ttl,
+                public: false,
+            });
+            assert_eq!(
+                create_errors(&qdb),
+                vec!["dns.ttl must be between 0 and 604800 seconds"],
+                "{ttl}"
+            );
+        }
     }
 
     #[test]

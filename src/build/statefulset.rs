@@ -160,7 +160,11 @@ fn pod_spec(qdb: &QuestDB, ilp_auth_enabled: bool, dedicated: Option<&DedicatedN
         // steal from a compromised database.
         automount_service_account_token: Some(false),
         init_containers: Some(vec![init_conf_container(qdb)]),
-        containers: vec![questdb_container(qdb, ilp_auth_enabled)],
+        containers: vec![questdb_container(
+            qdb,
+            ilp_auth_enabled,
+            dedicated.is_some(),
+        )],
         volumes: Some(volumes),
         security_context: Some(PodSecurityContext {
             run_as_user: Some(QUESTDB_UID),
@@ -211,7 +215,11 @@ fn config_map_volume(name: &str, config_map: String) -> Volume {
     }
 }
 
-fn questdb_container(qdb: &QuestDB, ilp_auth_enabled: bool) -> Container {
+/// On a dedicated node the database ports are also host ports: the DNS record names the
+/// node's address, and without them a client resolving it would get "connection refused"
+/// (the database listens on the pod IP). The node is the database's alone, so nothing else
+/// wants these ports there; the health port stays pod-only (probes come from the kubelet).
+fn questdb_container(qdb: &QuestDB, ilp_auth_enabled: bool, on_dedicated_node: bool) -> Container {
     let mut mounts = vec![
         data_mount(),
         file_mount(CONFIG_VOLUME, SERVER_CONF_KEY),
@@ -225,10 +233,10 @@ fn questdb_container(qdb: &QuestDB, ilp_auth_enabled: bool) -> Container {
         image: Some(qdb.spec.image.clone()),
         image_pull_policy: qdb.spec.image_pull_policy.clone(),
         ports: Some(vec![
-            container_port(port_names::HTTP, HTTP_PORT),
-            container_port(port_names::PGWIRE, PGWIRE_PORT),
-            container_port(port_names::ILP, ILP_PORT),
-            container_port(port_names::HEALTH, HEALTH_PORT),
+            container_port(port_names::HTTP, HTTP_PORT, on_dedicated_node),
+            container_port(port_names::PGWIRE, PGWIRE_PORT, on_dedicated_node),
+            container_port(port_names::ILP, ILP_PORT, on_dedicated_node),
+            container_port(port_names::HEALTH, HEALTH_PORT, false),
         ]),
         env: non_empty_vec(qdb.spec.env.clone()),
         resources: qdb.spec.resources.clone(),
@@ -287,10 +295,11 @@ fn file_mount(volume: &str, key: &str) -> VolumeMount {
     }
 }
 
-fn container_port(name: &str, port: i32) -> ContainerPort {
+fn container_port(name: &str, port: i32, on_host: bool) -> ContainerPort {
     ContainerPort {
         name: Some(name.to_string()),
         container_port: port,
+        host_port: on_host.then_some(port),
         protocol: Some("TCP".to_string()),
         ..ContainerPort::default()
     }
@@ -618,6 +627,38 @@ mod tests {
                 toleration_seconds: None,
             }])
         );
+    }
+
+    fn host_ports(pod: &PodSpec) -> Vec<(String, Option<i32>)> {
+        pod.containers[0]
+            .ports
+            .iter()
+            .flatten()
+            .map(|p| (p.name.clone().unwrap_or_default(), p.host_port))
+            .collect()
+    }
+
+    /// The DNS record names the dedicated node's address: the database must answer there.
+    #[test]
+    fn on_a_dedicated_node_the_database_ports_answer_at_the_node_address() {
+        let qdb = questdb("db1", "tenant-a");
+        let node = DedicatedNode::for_questdb(&qdb);
+        let pod = pod(&statefulset(&qdb, HASH, true, Some(&node)));
+        assert_eq!(
+            host_ports(&pod),
+            vec![
+                ("http".to_string(), Some(9000)),
+                ("pgwire".to_string(), Some(8812)),
+                ("ilp".to_string(), Some(9009)),
+                ("health".to_string(), None),
+            ]
+        );
+        let shared = pod_of_shared(&qdb);
+        assert!(host_ports(&shared).iter().all(|(_, h)| h.is_none()));
+    }
+
+    fn pod_of_shared(qdb: &QuestDB) -> PodSpec {
+        pod(&statefulset(qdb, HASH, true, None))
     }
 
     #[test]

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use async_trait::async_trait;
 
-use super::{ARecord, ApiError, Instance};
+use super::{ApiError, Instance};
 
 /// Arguments of one `RunInstances` (always exactly one instance).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -21,6 +21,9 @@ pub struct RunSpec {
     pub user_data_base64: String,
     pub tags: BTreeMap<String, String>,
     pub client_token: String,
+    pub root_volume: super::RootVolume,
+    /// A public IPv4 address on the primary interface.
+    pub public_ip: bool,
 }
 
 /// Which instances a `DescribeInstances` asks for.
@@ -61,16 +64,27 @@ pub enum ChangeAction {
     Delete,
 }
 
+/// One record set as Route53 holds it (`name` fully qualified with the trailing dot, `kind`
+/// the record type as Route53 spells it, TXT values with their quotes).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RecordSet {
+    pub name: String,
+    pub kind: String,
+    pub values: Vec<String>,
+    pub ttl: i64,
+}
+
 #[async_trait]
 pub trait Route53Api: Send + Sync {
-    /// The A record named `fqdn` (trailing dot) in the zone, if any (`ListResourceRecordSets`).
-    async fn find_a(&self, zone_id: &str, fqdn: &str) -> Result<Option<ARecord>, ApiError>;
-    /// `ChangeResourceRecordSets` with one change. A DELETE must carry the current values and
-    /// TTL exactly, or Route53 rejects it.
-    async fn change_a(
+    /// Every record set named `fqdn` (trailing dot) in the zone, whatever its type
+    /// (`ListResourceRecordSets` from that name).
+    async fn find(&self, zone_id: &str, fqdn: &str) -> Result<Vec<RecordSet>, ApiError>;
+    /// One `ChangeResourceRecordSets` batch, applied all or nothing. A DELETE must carry the
+    /// current values and TTL exactly, a CREATE fails when the set exists (Route53 API
+    /// reference, ChangeResourceRecordSets).
+    async fn change(
         &self,
         zone_id: &str,
-        action: ChangeAction,
-        record: &ARecord,
+        changes: &[(ChangeAction, RecordSet)],
     ) -> Result<(), ApiError>;
 }

@@ -19,11 +19,19 @@ pub struct CloudConfig {
     pub instance_profile: Option<String>,
     /// Node bootstrap script with `{{var}}` placeholders, see [`super::user_data`].
     pub user_data_template: String,
+    /// What the default (AL2023 `nodeadm`) bootstrap needs to know about the EKS cluster.
+    pub eks: EksCluster,
+    /// The root volume of every dedicated node.
+    pub root_volume: RootVolume,
     pub hosted_zone_id: Option<String>,
     /// Talk to this endpoint instead of AWS (moto in tests, the sandbox).
     pub endpoint_url: Option<String>,
     pub retry: RetryPolicy,
+    /// EC2's client-side budget.
     pub rate_limit: RateLimit,
+    /// Route53's, separate: Route53 allows five requests per second per account for all of
+    /// its API (Route53 developer guide, "Quotas: API requests"), far below EC2.
+    pub route53_rate_limit: RateLimit,
 }
 
 impl CloudConfig {
@@ -36,10 +44,44 @@ impl CloudConfig {
             security_group_ids: Vec::new(),
             instance_profile: None,
             user_data_template: String::new(),
+            eks: EksCluster::default(),
+            root_volume: RootVolume::default(),
             hosted_zone_id: None,
             endpoint_url: None,
             retry: RetryPolicy::default(),
             rate_limit: RateLimit::default(),
+            route53_rate_limit: RateLimit::route53(),
+        }
+    }
+}
+
+/// The EKS cluster a node joins (`aws eks describe-cluster`: `endpoint`,
+/// `certificateAuthority.data`, `kubernetesNetworkConfig.serviceIpv4Cidr`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct EksCluster {
+    pub api_endpoint: Option<String>,
+    /// Base64 PEM bundle, as DescribeCluster returns it.
+    pub certificate_authority: Option<String>,
+    pub service_cidr: Option<String>,
+}
+
+/// Root EBS volume of a dedicated node: always encrypted gp3 (the account's default key
+/// unless a KMS key is named), deleted with the instance (the database's data is on its own
+/// volume, never here).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RootVolume {
+    /// The AMI's root device (`/dev/xvda` on AL2023 and Bottlerocket).
+    pub device_name: String,
+    pub size_gib: i32,
+    pub kms_key_id: Option<String>,
+}
+
+impl Default for RootVolume {
+    fn default() -> Self {
+        Self {
+            device_name: "/dev/xvda".into(),
+            size_gib: 20,
+            kms_key_id: None,
         }
     }
 }
@@ -90,6 +132,16 @@ impl Default for RateLimit {
         Self {
             per_second: 10.0,
             burst: 20,
+        }
+    }
+}
+
+impl RateLimit {
+    /// Below Route53's five requests per second per account, leaving room for other tools.
+    pub fn route53() -> Self {
+        Self {
+            per_second: 3.0,
+            burst: 5,
         }
     }
 }

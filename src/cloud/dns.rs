@@ -5,15 +5,18 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
-use super::backend::{ChangeAction, Route53Api};
+use super::backend::{ChangeAction, RecordSet, Route53Api};
 use super::rate_limit::TokenBucket;
 use super::retry::{CallRunner, NotFound};
-use super::{display_name, fqdn, ARecord, CloudConfig, CloudError, DnsProvider, SharedObserver};
+use super::{
+    display_name, fqdn, ARecord, CloudConfig, CloudError, DnsOwner, DnsProvider, SharedObserver,
+};
 
 /// [`DnsProvider`] for one hosted zone of any Route53 backend.
 pub struct Route53DnsProvider<A> {
     api: Arc<A>,
     zone_id: String,
+    cluster: String,
     calls: CallRunner,
 }
 
@@ -31,11 +34,12 @@ impl<A: Route53Api> Route53DnsProvider<A> {
             .ok_or_else(|| {
                 CloudError::Config("no hosted zone configured for DNS records".into())
             })?;
-        let limiter = Arc::new(TokenBucket::new(&config.rate_limit));
+        let limiter = Arc::new(TokenBucket::new(&config.route53_rate_limit));
         let calls = CallRunner::new("route53", observer, limiter, config.retry.clone());
         Ok(Self {
             api,
             zone_id,
+            cluster: config.cluster_name.clone(),
             calls,
         })
     }
@@ -44,67 +48,187 @@ impl<A: Route53Api> Route53DnsProvider<A> {
         &self.api
     }
 
-    async fn read(&self, fqdn: &str) -> Result<Option<ARecord>, CloudError> {
+    async fn read(&self, fqdn: &str) -> Result<Vec<RecordSet>, CloudError> {
         self.calls
             .call("ListResourceRecordSets", NotFound::Return, || {
-                self.api.find_a(&self.zone_id, fqdn)
+                self.api.find(&self.zone_id, fqdn)
             })
             .await
             .map_err(|e| CloudError::from_api("ListResourceRecordSets", e))
     }
 
-    async fn change(&self, action: ChangeAction, record: &ARecord) -> Result<(), CloudError> {
+    async fn change(&self, changes: &[(ChangeAction, RecordSet)]) -> Result<(), CloudError> {
         self.calls
             .call("ChangeResourceRecordSets", NotFound::Return, || {
-                self.api.change_a(&self.zone_id, action, record)
+                self.api.change(&self.zone_id, changes)
             })
             .await
             .map_err(|e| CloudError::from_api("ChangeResourceRecordSets", e))
     }
 }
 
+/// TXT values are quoted strings in Route53.
+fn quoted(value: &str) -> String {
+    format!("\"{value}\"")
+}
+
+fn owned_elsewhere(name: &str, why: &str) -> CloudError {
+    CloudError::Permanent {
+        operation: "ChangeResourceRecordSets".into(),
+        code: OWNED_ELSEWHERE.into(),
+        message: format!(
+            "{} {why}; the operator does not overwrite it",
+            display_name(name)
+        ),
+    }
+}
+
+/// The error code of a name that is not this QuestDB's to write.
+pub const OWNED_ELSEWHERE: &str = "RecordOwnedElsewhere";
+
+/// What a name's record sets say about who owns it.
+#[derive(Debug, PartialEq, Eq)]
+enum Ownership {
+    /// Nothing at this name.
+    Free,
+    /// Our TXT is there.
+    Ours,
+    /// An A record with exactly the IP this QuestDB published and no TXT: written before
+    /// ownership records existed.
+    OursUnmarked,
+    /// Anything else: another owner's TXT, an unmarked A record we did not publish, a CNAME.
+    Foreign(&'static str),
+}
+
+fn ownership(sets: &[RecordSet], owner: &DnsOwner, ours: &str) -> Ownership {
+    let txt = sets.iter().find(|s| s.kind == "TXT");
+    let a = sets.iter().find(|s| s.kind == "A");
+    let ours = quoted(ours);
+    match (txt, a) {
+        (Some(t), _) if t.values.contains(&ours) => Ownership::Ours,
+        (Some(t), _)
+            if t.values
+                .iter()
+                .any(|v| v.contains("heritage=questdb-operator")) =>
+        {
+            Ownership::Foreign("belongs to another QuestDB")
+        }
+        (_, Some(a))
+            if owner
+                .published_ip
+                .as_ref()
+                .is_some_and(|ip| a.values == [ip.clone()]) =>
+        {
+            Ownership::OursUnmarked
+        }
+        (_, Some(_)) => Ownership::Foreign("is an A record this QuestDB did not write"),
+        _ if sets.iter().any(|s| s.kind == "CNAME") => Ownership::Foreign("is a CNAME"),
+        _ => Ownership::Free,
+    }
+}
+
 #[async_trait]
 impl<A: Route53Api + 'static> DnsProvider for Route53DnsProvider<A> {
-    async fn upsert_a(&self, name: &str, ip: &str, ttl: i64) -> Result<(), CloudError> {
+    async fn upsert_a(
+        &self,
+        name: &str,
+        ip: &str,
+        ttl: i64,
+        owner: &DnsOwner,
+    ) -> Result<(), CloudError> {
         let name = fqdn(name);
-        let wanted = ARecord {
+        let sets = self.read(&name).await?;
+        let wanted = RecordSet {
             name: name.clone(),
-            ips: vec![ip.to_string()],
+            kind: "A".into(),
+            values: vec![ip.to_string()],
             ttl,
         };
-        if let Some(current) = self.read(&name).await? {
-            if current.ips == wanted.ips && current.ttl == ttl {
-                return Ok(());
-            }
+        let marker = RecordSet {
+            name: name.clone(),
+            kind: "TXT".into(),
+            values: vec![quoted(&owner.txt(&self.cluster))],
+            ttl,
+        };
+        let current_a = sets.iter().find(|s| s.kind == "A");
+        let changes = match ownership(&sets, owner, &owner.txt(&self.cluster)) {
+            Ownership::Foreign(why) => return Err(owned_elsewhere(&name, why)),
+            Ownership::Ours if current_a == Some(&wanted) => return Ok(()),
+            Ownership::Ours => vec![(ChangeAction::Upsert, wanted)],
+            // CREATE, not UPSERT, for the marker: if another writer got there between our read
+            // and this batch, the whole batch fails instead of overwriting theirs.
+            Ownership::OursUnmarked => vec![
+                (ChangeAction::Create, marker),
+                (ChangeAction::Upsert, wanted),
+            ],
+            Ownership::Free => vec![
+                (ChangeAction::Create, marker),
+                (ChangeAction::Create, wanted),
+            ],
+        };
+        tracing::info!(record = %display_name(&name), ip, ttl, "writing DNS record");
+        match self.change(&changes).await {
+            Err(CloudError::Permanent { code, .. }) if code == "InvalidChangeBatch" => Err(
+                owned_elsewhere(&name, "was written by someone else meanwhile"),
+            ),
+            other => other,
         }
-        tracing::info!(record = %display_name(&name), ip, ttl, "upserting DNS record");
-        self.change(ChangeAction::Upsert, &wanted).await
     }
 
     async fn read_a(&self, name: &str) -> Result<Option<ARecord>, CloudError> {
-        Ok(self.read(&fqdn(name)).await?.map(|mut r| {
-            r.name = display_name(&r.name);
-            r
-        }))
+        Ok(self
+            .read(&fqdn(name))
+            .await?
+            .into_iter()
+            .find(|s| s.kind == "A")
+            .map(|s| ARecord {
+                name: display_name(&s.name),
+                ips: s.values,
+                ttl: s.ttl,
+            }))
     }
 
-    async fn delete_a(&self, name: &str) -> Result<(), CloudError> {
+    async fn delete_a(&self, name: &str, owner: &DnsOwner) -> Result<(), CloudError> {
         let name = fqdn(name);
-        let Some(current) = self.read(&name).await? else {
-            return Ok(());
-        };
-        match self.change(ChangeAction::Delete, &current).await {
-            Ok(()) => {}
-            // Changed or removed between our read and our DELETE (Route53 rejects a DELETE
-            // whose values are not the current ones): look once more.
-            Err(CloudError::Permanent { code, .. }) if code == "InvalidChangeBatch" => {
-                if let Some(changed) = self.read(&name).await? {
-                    self.change(ChangeAction::Delete, &changed).await?;
+        // Twice at most: a DELETE carries the exact current values, so a record changed
+        // between our read and our DELETE is read once more.
+        for _ in 0..2 {
+            let sets = self.read(&name).await?;
+            let of = |kind: &str| sets.iter().find(|s| s.kind == kind).cloned();
+            let ours = quoted(&owner.txt(&self.cluster));
+            let changes: Vec<(ChangeAction, RecordSet)> = match ownership(
+                &sets,
+                owner,
+                &owner.txt(&self.cluster),
+            ) {
+                Ownership::Ours | Ownership::OursUnmarked => [of("A"), of("TXT")]
+                    .into_iter()
+                    .flatten()
+                    .filter(|s| s.kind == "A" || s.values.contains(&ours))
+                    .map(|s| (ChangeAction::Delete, s))
+                    .collect(),
+                Ownership::Free => return Ok(()),
+                Ownership::Foreign(why) => {
+                    tracing::warn!(record = %display_name(&name), "not deleting a DNS record that {why}");
+                    return Ok(());
                 }
+            };
+            if changes.is_empty() {
+                return Ok(());
             }
-            Err(e) => return Err(e),
+            match self.change(&changes).await {
+                Ok(()) => {
+                    tracing::info!(record = %display_name(&name), "deleted DNS record");
+                    return Ok(());
+                }
+                Err(CloudError::Permanent { code, .. }) if code == "InvalidChangeBatch" => continue,
+                Err(e) => return Err(e),
+            }
         }
-        tracing::info!(record = %display_name(&name), "deleted DNS record");
-        Ok(())
+        Err(CloudError::Transient {
+            operation: "ChangeResourceRecordSets".into(),
+            code: "InvalidChangeBatch".into(),
+            message: format!("{} kept changing while being deleted", display_name(&name)),
+        })
     }
 }

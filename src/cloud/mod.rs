@@ -27,9 +27,9 @@ pub mod memory;
 
 use async_trait::async_trait;
 
-pub use backend::{ChangeAction, Ec2Api, InstanceQuery, Page, Route53Api, RunSpec};
-pub use config::{pick_subnet, CloudConfig, RateLimit, RetryPolicy};
-pub use dns::Route53DnsProvider;
+pub use backend::{ChangeAction, Ec2Api, InstanceQuery, Page, RecordSet, Route53Api, RunSpec};
+pub use config::{pick_subnet, CloudConfig, EksCluster, RateLimit, RetryPolicy, RootVolume};
+pub use dns::{Route53DnsProvider, OWNED_ELSEWHERE};
 pub use error::{classify, ApiError, CloudError, ErrorClass};
 pub use model::{display_name, fqdn, ARecord, Instance, InstanceState, LaunchRequest, Taint};
 pub use nodes::Ec2NodeProvider;
@@ -67,12 +67,43 @@ pub trait NodeProvider: Send + Sync {
 }
 
 /// DNS A records in the operator's hosted zone. Names are fully qualified, with or without
-/// the trailing dot, case-insensitive.
+/// the trailing dot, case-insensitive. A hosted zone is shared (other tenants, other tools,
+/// people): every record the operator writes carries an ownership TXT record beside it, and a
+/// name whose records are not provably this QuestDB's is never written or deleted.
 #[async_trait]
 pub trait DnsProvider: Send + Sync {
     /// Point `name` at `ip` only; writes nothing when the record already says exactly that.
-    async fn upsert_a(&self, name: &str, ip: &str, ttl: i64) -> Result<(), CloudError>;
+    /// A record owned by anyone else is `Permanent { code: RecordOwnedElsewhere }`.
+    async fn upsert_a(
+        &self,
+        name: &str,
+        ip: &str,
+        ttl: i64,
+        owner: &DnsOwner,
+    ) -> Result<(), CloudError>;
     async fn read_a(&self, name: &str) -> Result<Option<ARecord>, CloudError>;
-    /// Delete; an absent record is `Ok`.
-    async fn delete_a(&self, name: &str) -> Result<(), CloudError>;
+    /// Delete the record and its ownership TXT; an absent record is `Ok`, and so is one that
+    /// is not ours (left alone: it is someone else's now).
+    async fn delete_a(&self, name: &str, owner: &DnsOwner) -> Result<(), CloudError>;
+}
+
+/// Who may write a DNS name: one QuestDB (of the provider's cluster).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DnsOwner {
+    /// The QuestDB's uid (a re-created QuestDB of the same name is another owner).
+    pub uid: String,
+    /// The IP status records this QuestDB published at this name, if any: an A record with
+    /// exactly that value and no TXT was written by an operator version before ownership
+    /// records, and is adopted.
+    pub published_ip: Option<String>,
+}
+
+impl DnsOwner {
+    /// The ownership TXT value (unquoted) in the hosted zone of `cluster`'s operator.
+    pub fn txt(&self, cluster: &str) -> String {
+        format!(
+            "heritage=questdb-operator,cluster={cluster},uid={}",
+            self.uid
+        )
+    }
 }

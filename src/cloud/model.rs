@@ -21,6 +21,9 @@ pub struct LaunchRequest {
     /// Taints the kubelet registers the Node with, so nothing lands on it before the operator
     /// has seen it.
     pub taints: Vec<Taint>,
+    /// Give the node a public IPv4 address (`spec.dns.public`: the record names it). Decided at
+    /// launch: EC2 does not add one to a running instance's primary interface.
+    pub public_ip: bool,
 }
 
 /// A Node taint as the kubelet's `--register-with-taints` expects it.

@@ -107,6 +107,8 @@ impl<A: Ec2Api> Ec2NodeProvider<A> {
                 req.node_generation,
             ),
             client_token: client_token(&req.uid, req.node_generation),
+            root_volume: self.config.root_volume.clone(),
+            public_ip: req.public_ip,
         })
     }
 }

@@ -33,6 +33,12 @@ pub fn desired_instance_tags(
         (TAG_UID.to_string(), uid.to_string()),
         (TAG_NODE_GENERATION.to_string(), node_generation.to_string()),
         (TAG_NAME_AWS.to_string(), display),
+        // EKS: a self-managed node's instance carries its cluster's ownership tag (the cloud
+        // provider and the load balancer controller find the cluster's nodes by it).
+        (
+            format!("kubernetes.io/cluster/{cluster}"),
+            "owned".to_string(),
+        ),
     ])
 }
 

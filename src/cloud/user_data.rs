@@ -3,11 +3,127 @@
 //! The template comes from the operator's configuration; it must pass `{{node_labels}}` and
 //! `{{node_taints}}` to the kubelet (`--node-labels`, `--register-with-taints`) so the Node is
 //! born dedicated and tainted: nothing else can be scheduled there in the window before the
-//! operator first sees it.
+//! operator first sees it. [`check_template`] refuses, at start-up, a template that does not,
+//! or that uses a placeholder nothing fills.
 
 use std::collections::BTreeMap;
 
-use super::{CloudConfig, CloudError, LaunchRequest};
+use super::{CloudConfig, CloudError, LaunchRequest, Taint};
+
+/// The default bootstrap: Amazon Linux 2023 EKS AMIs join through `nodeadm`, which reads a
+/// `NodeConfig` from a MIME multi-part user data part of type `application/node.eks.aws`.
+/// Cluster name, API endpoint, CA bundle and service CIDR are its required fields
+/// (awslabs.github.io/amazon-eks-ami/nodeadm: "the minimum required parameters"); AL2's
+/// `/etc/eks/bootstrap.sh` does not exist on AL2023, and AL2 has no AMIs for Kubernetes 1.33+.
+/// The kubelet flags are quoted: a taint's `key=value:Effect` must stay one YAML string.
+pub const AL2023_NODECONFIG_TEMPLATE: &str = r#"MIME-Version: 1.0
+Content-Type: multipart/mixed; boundary="//"
+
+--//
+Content-Type: application/node.eks.aws
+
+---
+apiVersion: node.eks.aws/v1alpha1
+kind: NodeConfig
+spec:
+  cluster:
+    name: "{{cluster_name}}"
+    apiServerEndpoint: "{{api_endpoint}}"
+    certificateAuthority: "{{certificate_authority}}"
+    cidr: "{{service_cidr}}"
+  kubelet:
+    flags:
+      - "--node-labels={{node_labels}}"
+      - "--register-with-taints={{node_taints}}"
+
+--//--
+"#;
+
+/// What a template must hand to the kubelet; without either, the Node is born undedicated or
+/// untainted.
+pub const REQUIRED_PLACEHOLDERS: [&str; 2] = ["node_labels", "node_taints"];
+
+/// The placeholders of `template`, in order (`{{ x }}` and `{{x}}` alike).
+pub fn placeholders(template: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut rest = template;
+    while let Some(start) = rest.find("{{") {
+        let after = &rest[start + 2..];
+        let Some(end) = after.find("}}") else { break };
+        out.push(after[..end].trim().to_string());
+        rest = &after[end + 2..];
+    }
+    out
+}
+
+/// Start-up check of the configured template: it must pass the dedicated labels and taints,
+/// and every placeholder it uses must have a value (for the EKS cluster's endpoint, CA and
+/// service CIDR: the flag that gives it is named).
+pub fn check_template(config: &CloudConfig) -> Result<(), CloudError> {
+    let used = placeholders(&config.user_data_template);
+    let lacking: Vec<&str> = REQUIRED_PLACEHOLDERS
+        .into_iter()
+        .filter(|p| !used.iter().any(|u| u == p))
+        .collect();
+    // Formats that take keys and values apart (Bottlerocket) write the dedicated key
+    // themselves and use the bare value twice: once for the label, once for the taint.
+    let bare_value_uses = used.iter().filter(|u| *u == "dedicated_value").count();
+    let keyed = bare_value_uses >= 2
+        && config
+            .user_data_template
+            .matches(crate::build::DEDICATED_LABEL_KEY)
+            .count()
+            >= 2;
+    if !lacking.is_empty() && !keyed {
+        return Err(CloudError::Config(format!(
+            "the user-data template never uses {} (nor {{{{dedicated_value}}}} for both the {} label and taint): the node would join without its dedicated label or taint",
+            lacking
+                .iter()
+                .map(|p| format!("{{{{{p}}}}}"))
+                .collect::<Vec<_>>()
+                .join(" and "),
+            crate::build::DEDICATED_LABEL_KEY
+        )));
+    }
+    let sample = LaunchRequest {
+        namespace: "ns".into(),
+        name: "db".into(),
+        uid: "uid".into(),
+        node_generation: 1,
+        image: "ami-0".into(),
+        instance_type: "m7i.large".into(),
+        zone: "zone-a".into(),
+        labels: BTreeMap::from([("dedicated".to_string(), "ns.db".to_string())]),
+        taints: vec![Taint::new("dedicated", Some("ns.db"), "NoSchedule")],
+        public_ip: false,
+    };
+    let vars = bootstrap_vars(&sample, config);
+    let missing: Vec<String> = used
+        .iter()
+        .filter(|u| !vars.contains_key(u.as_str()))
+        .map(|u| match flag_for(u) {
+            Some(flag) => format!("{{{{{u}}}}} (set {flag})"),
+            None => format!("{{{{{u}}}}} (not a template variable)"),
+        })
+        .collect();
+    if !missing.is_empty() {
+        return Err(CloudError::Config(format!(
+            "the user-data template uses placeholders without a value: {}",
+            missing.join(", ")
+        )));
+    }
+    render_user_data(&config.user_data_template, &vars).map(|_| ())
+}
+
+/// The flag that fills an optional placeholder.
+fn flag_for(placeholder: &str) -> Option<&'static str> {
+    match placeholder {
+        "api_endpoint" => Some("--eks-api-endpoint"),
+        "certificate_authority" => Some("--eks-certificate-authority"),
+        "service_cidr" => Some("--eks-service-cidr"),
+        _ => None,
+    }
+}
 
 /// Substitute `{{var}}` (whitespace inside the braces allowed) with `vars[var]`.
 ///
@@ -67,9 +183,10 @@ pub fn kubelet_taints(req: &LaunchRequest) -> String {
         .join(",")
 }
 
-/// Everything a template may refer to.
+/// Everything a template may refer to. The EKS cluster's endpoint, CA and service CIDR are
+/// present only when configured, so a template that needs them fails [`check_template`].
 pub fn bootstrap_vars(req: &LaunchRequest, config: &CloudConfig) -> BTreeMap<String, String> {
-    BTreeMap::from([
+    let mut vars = BTreeMap::from([
         ("cluster_name".to_string(), config.cluster_name.clone()),
         ("region".to_string(), config.region.clone()),
         ("zone".to_string(), req.zone.clone()),
@@ -84,7 +201,24 @@ pub fn bootstrap_vars(req: &LaunchRequest, config: &CloudConfig) -> BTreeMap<Str
         ("instance_type".to_string(), req.instance_type.clone()),
         ("node_labels".to_string(), kubelet_labels(&req.labels)),
         ("node_taints".to_string(), kubelet_taints(req)),
-    ])
+        // The bare value of the dedicated label and taint, for formats that take keys and
+        // values apart (Bottlerocket's TOML settings).
+        (
+            "dedicated_value".to_string(),
+            req.labels.values().next().cloned().unwrap_or_default(),
+        ),
+    ]);
+    let eks = &config.eks;
+    for (key, value) in [
+        ("api_endpoint", &eks.api_endpoint),
+        ("certificate_authority", &eks.certificate_authority),
+        ("service_cidr", &eks.service_cidr),
+    ] {
+        if let Some(v) = value {
+            vars.insert(key.to_string(), v.clone());
+        }
+    }
+    vars
 }
 
 /// The user data for `req`: the configured template rendered with [`bootstrap_vars`].
@@ -114,6 +248,7 @@ mod tests {
                 Taint::new("questdb.io/dedicated", Some("team-a.db1"), "NoSchedule"),
                 Taint::new("questdb.io/bootstrapping", None, "NoExecute"),
             ],
+            public_ip: false,
         }
     }
 
@@ -129,6 +264,109 @@ mod tests {
             "#!/bin/bash\n/etc/eks/bootstrap.sh prod --kubelet-extra-args \
              '--node-labels=questdb.io/dedicated=team-a.db1,questdb.io/node=true \
              --register-with-taints=questdb.io/dedicated=team-a.db1:NoSchedule,questdb.io/bootstrapping:NoExecute'\n"
+        );
+    }
+
+    fn eks_config() -> CloudConfig {
+        let mut config = CloudConfig::new("prod-eu", "eu-west-1");
+        config.user_data_template = AL2023_NODECONFIG_TEMPLATE.into();
+        config.eks = crate::cloud::EksCluster {
+            api_endpoint: Some("https://ABC.gr7.eu-west-1.eks.amazonaws.com".into()),
+            certificate_authority: Some("LS0tLS1CRUdJTg==".into()),
+            service_cidr: Some("172.20.0.0/16".into()),
+        };
+        config
+    }
+
+    /// The default joins an AL2023 node: a nodeadm NodeConfig with the cluster's endpoint, CA
+    /// and service CIDR, and the kubelet flags that make the node dedicated from birth.
+    #[test]
+    fn the_default_template_is_a_nodeadm_node_config_with_dedicated_kubelet_flags() {
+        let config = eks_config();
+        check_template(&config).unwrap();
+        let rendered = user_data_for(&request(), &config).unwrap();
+        assert!(rendered.contains("Content-Type: application/node.eks.aws"));
+        let yaml = rendered
+            .split("---\n")
+            .nth(1)
+            .and_then(|rest| rest.split("\n--//--").next())
+            .unwrap();
+        let doc: serde_json::Value = serde_yaml_ng::from_str(yaml).unwrap();
+        assert_eq!(doc["apiVersion"], "node.eks.aws/v1alpha1");
+        assert_eq!(doc["kind"], "NodeConfig");
+        let cluster = &doc["spec"]["cluster"];
+        assert_eq!(cluster["name"], "prod-eu");
+        assert_eq!(
+            cluster["apiServerEndpoint"],
+            "https://ABC.gr7.eu-west-1.eks.amazonaws.com"
+        );
+        assert_eq!(cluster["certificateAuthority"], "LS0tLS1CRUdJTg==");
+        assert_eq!(cluster["cidr"], "172.20.0.0/16");
+        let flags = doc["spec"]["kubelet"]["flags"].as_array().unwrap();
+        assert_eq!(
+            flags[0],
+            "--node-labels=questdb.io/dedicated=team-a.db1,questdb.io/node=true"
+        );
+        assert_eq!(
+            flags[1],
+            "--register-with-taints=questdb.io/dedicated=team-a.db1:NoSchedule,questdb.io/bootstrapping:NoExecute"
+        );
+    }
+
+    #[test]
+    fn the_default_template_without_the_cluster_endpoint_is_refused_naming_the_flags() {
+        let mut config = eks_config();
+        config.eks = Default::default();
+        let err = check_template(&config).unwrap_err().to_string();
+        for flag in [
+            "--eks-api-endpoint",
+            "--eks-certificate-authority",
+            "--eks-service-cidr",
+        ] {
+            assert!(err.contains(flag), "{err}");
+        }
+    }
+
+    #[test]
+    fn a_template_that_drops_the_taint_is_refused_at_start_up() {
+        let mut config = eks_config();
+        config.user_data_template = "#!/bin/bash\nkubelet --node-labels={{node_labels}}\n".into();
+        let err = check_template(&config).unwrap_err().to_string();
+        assert!(err.contains("{{node_taints}}"), "{err}");
+        assert!(!err.contains("{{node_labels}}"), "{err}");
+    }
+
+    #[test]
+    fn a_template_with_an_unknown_placeholder_is_refused_at_start_up() {
+        let mut config = eks_config();
+        config.user_data_template =
+            "--node-labels={{node_labels}} --register-with-taints={{node_taints}} {{clustr}}"
+                .into();
+        let err = check_template(&config).unwrap_err().to_string();
+        assert!(
+            err.contains("{{clustr}} (not a template variable)"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn the_bottlerocket_example_passes_the_start_up_check_and_carries_the_bare_value() {
+        let mut config = eks_config();
+        config.user_data_template =
+            include_str!("../../examples/bottlerocket-user-data.toml").into();
+        check_template(&config).unwrap();
+        let rendered = user_data_for(&request(), &config).unwrap();
+        assert!(
+            rendered.contains("cluster-name = \"prod-eu\""),
+            "{rendered}"
+        );
+        assert!(
+            rendered.contains("\"crd.questdb.io/dedicated\" = \"team-a.db1\""),
+            "{rendered}"
+        );
+        assert!(
+            rendered.contains("\"crd.questdb.io/dedicated\" = [\"team-a.db1:NoSchedule\"]"),
+            "{rendered}"
         );
     }
 

@@ -27,7 +27,7 @@ pub struct OrphanClock {
 }
 
 impl OrphanClock {
-    /// The live instances whose QuestDB (by uid) is not in `uids` and that have been orphans
+    /// The live instances carrying a QuestDB uid that is not in `uids`, orphans
     /// for at least `grace`. Instances that stopped being orphans are forgotten.
     pub fn due<'a>(
         &mut self,
@@ -39,7 +39,9 @@ impl OrphanClock {
         let orphans: Vec<&Instance> = instances
             .iter()
             .filter(|i| !i.state.is_gone())
-            .filter(|i| i.tags.get(TAG_UID).is_none_or(|u| !uids.contains(u)))
+            // No uid tag: not launched by this operator (tagged by hand, or by another tool
+            // that copies our cluster tag), so never ours to terminate.
+            .filter(|i| i.tags.get(TAG_UID).is_some_and(|u| !uids.contains(u)))
             .collect();
         self.first_seen
             .retain(|id, _| orphans.iter().any(|i| &i.id == id));
@@ -174,6 +176,21 @@ mod tests {
             tags: desired_instance_tags("c", "ns", "db", uid, 1),
             launched_at: None,
         }
+    }
+
+    #[test]
+    fn an_instance_without_a_uid_tag_is_never_swept() {
+        let mut clock = OrphanClock::default();
+        let mut stranger = instance("i-stranger", "x", InstanceState::Running);
+        stranger.tags.remove(TAG_UID);
+        let instances = vec![stranger];
+        let (t0, grace) = (Instant::now(), Duration::from_secs(60));
+        assert!(clock
+            .due(&instances, &BTreeSet::new(), grace, t0)
+            .is_empty());
+        assert!(clock
+            .due(&instances, &BTreeSet::new(), grace, t0 + grace * 10)
+            .is_empty());
     }
 
     #[test]

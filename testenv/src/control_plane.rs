@@ -44,6 +44,8 @@ pub const REGION: &str = "sim-region-1";
 pub struct ControlPlaneOptions {
     /// Nodes joined at start (shared workers for pods without a dedicated node).
     pub nodes: Vec<NodeRegistration>,
+    /// The RBAC the operator's token is bound by.
+    pub rbac: rbac::Install,
 }
 
 impl ControlPlaneOptions {
@@ -55,12 +57,16 @@ impl ControlPlaneOptions {
                 NodeRegistration::worker("worker-a2", "sim-zone-a"),
                 NodeRegistration::worker("worker-b1", "sim-zone-b"),
             ],
+            rbac: rbac::Install::ClusterWide,
         }
     }
 
     /// No node at all.
     pub fn empty() -> Self {
-        Self { nodes: vec![] }
+        Self {
+            nodes: vec![],
+            rbac: rbac::Install::ClusterWide,
+        }
     }
 }
 
@@ -307,7 +313,7 @@ impl ControlPlane {
             })
             .await?;
 
-        rbac::install(&admin)
+        rbac::install(&admin, opts.rbac)
             .await
             .context("installing deploy/'s RBAC")?;
         let stop = CancellationToken::new();

@@ -76,10 +76,15 @@ impl NodeRegistration {
         user_data: &str,
     ) -> anyhow::Result<Self> {
         let text = decode_user_data(user_data);
-        let labels_flag = flag(&text, "--node-labels=")
-            .context("user data: no --node-labels flag for the kubelet")?;
-        let taints_flag = flag(&text, "--register-with-taints=")
-            .context("user data: no --register-with-taints flag for the kubelet")?;
+        let (labels_flag, taints_flag) = match nodeadm_kubelet_flags(&text)? {
+            Some(flags) => flags,
+            None => (
+                flag(&text, "--node-labels=")
+                    .context("user data: no --node-labels flag for the kubelet")?,
+                flag(&text, "--register-with-taints=")
+                    .context("user data: no --register-with-taints flag for the kubelet")?,
+            ),
+        };
         let mut reg = Self::worker(name, zone);
         reg.provider_id = Some(format!("aws:///{zone}/{instance_id}"));
         reg.internal_ip = internal_ip;
@@ -89,6 +94,91 @@ impl NodeRegistration {
         reg.taints = parse_taints(&taints_flag)?;
         Ok(reg)
     }
+}
+
+/// AL2023's `nodeadm`: user data that is a MIME multi-part document is searched for a part of
+/// type `application/node.eks.aws` holding a `NodeConfig`, whose cluster name, API endpoint, CA
+/// and service CIDR are required (awslabs.github.io/amazon-eks-ami/nodeadm). A node whose
+/// NodeConfig lacks one never joins, so neither does this one. `None` when the user data is
+/// not for nodeadm (a shell script).
+fn nodeadm_kubelet_flags(text: &str) -> anyhow::Result<Option<(String, String)>> {
+    if !text.contains("application/node.eks.aws") {
+        return Ok(None);
+    }
+    let boundary = text
+        .lines()
+        .take_while(|l| !l.trim().is_empty())
+        .find_map(|l| {
+            let l = l.trim();
+            let rest = l.strip_prefix("Content-Type:")?.trim();
+            rest.starts_with("multipart/mixed")
+                .then(|| rest.split("boundary=").nth(1))
+                .flatten()
+                .map(|b| b.trim_matches('"').to_string())
+        })
+        .context("nodeadm user data: no `Content-Type: multipart/mixed; boundary=...` header")?;
+    let delimiter = format!("--{boundary}");
+    let part = text
+        .split(delimiter.as_str())
+        .skip(1)
+        .map(|p| p.trim_start_matches(['\r', '\n']))
+        .find(|p| {
+            p.lines()
+                .take_while(|l| !l.trim().is_empty())
+                .any(|l| l.trim() == "Content-Type: application/node.eks.aws")
+        })
+        .context("nodeadm user data: no part of type application/node.eks.aws")?;
+    let body = part
+        .split_once("\n\n")
+        .map(|(_, b)| b)
+        .context("nodeadm user data: the NodeConfig part has no body")?;
+    let doc: serde_json::Value =
+        serde_yaml_ng::from_str(body).context("nodeadm user data: NodeConfig is not YAML")?;
+    anyhow::ensure!(
+        doc["apiVersion"] == "node.eks.aws/v1alpha1" && doc["kind"] == "NodeConfig",
+        "nodeadm user data: not a node.eks.aws/v1alpha1 NodeConfig: {doc}"
+    );
+    let cluster = &doc["spec"]["cluster"];
+    let field = |name: &str| -> anyhow::Result<String> {
+        cluster[name]
+            .as_str()
+            .filter(|v| !v.is_empty())
+            .map(str::to_string)
+            .with_context(|| format!("nodeadm user data: spec.cluster.{name} is missing"))
+    };
+    field("name")?;
+    let endpoint = field("apiServerEndpoint")?;
+    anyhow::ensure!(
+        endpoint.starts_with("https://"),
+        "nodeadm user data: apiServerEndpoint {endpoint:?} is not an https URL"
+    );
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD
+        .decode(field("certificateAuthority")?)
+        .context("nodeadm user data: certificateAuthority is not base64")?;
+    let cidr = field("cidr")?;
+    let (ip, bits) = cidr
+        .split_once('/')
+        .with_context(|| format!("nodeadm user data: cidr {cidr:?} is not a CIDR"))?;
+    anyhow::ensure!(
+        ip.parse::<std::net::IpAddr>().is_ok() && bits.parse::<u8>().is_ok_and(|b| b <= 128),
+        "nodeadm user data: cidr {cidr:?} is not a CIDR"
+    );
+    let flags: Vec<&str> = doc["spec"]["kubelet"]["flags"]
+        .as_array()
+        .map(|a| a.iter().filter_map(|f| f.as_str()).collect())
+        .unwrap_or_default();
+    let value = |prefix: &str| -> anyhow::Result<String> {
+        flags
+            .iter()
+            .find_map(|f| f.strip_prefix(prefix))
+            .map(str::to_string)
+            .with_context(|| format!("nodeadm user data: no {prefix} in spec.kubelet.flags"))
+    };
+    Ok(Some((
+        value("--node-labels=")?,
+        value("--register-with-taints=")?,
+    )))
 }
 
 fn decode_user_data(raw: &str) -> String {
@@ -869,6 +959,44 @@ mod tests {
         assert_eq!(r.taints.len(), 1);
         assert_eq!(r.taints[0].value.as_deref(), Some("v"));
         assert_eq!(r.provider_id.as_deref(), Some("aws:///z/i-1"));
+    }
+
+    fn nodeadm(cluster: &str, flags: &str) -> String {
+        format!(
+            "MIME-Version: 1.0\nContent-Type: multipart/mixed; boundary=\"B\"\n\n--B\nContent-Type: application/node.eks.aws\n\n---\napiVersion: node.eks.aws/v1alpha1\nkind: NodeConfig\nspec:\n  cluster:\n{cluster}  kubelet:\n    flags:\n{flags}\n--B--\n"
+        )
+    }
+
+    const CLUSTER: &str = "    name: c\n    apiServerEndpoint: https://x.eks.amazonaws.com\n    certificateAuthority: Y2E=\n    cidr: 10.100.0.0/16\n";
+    const FLAGS: &str =
+        "      - \"--node-labels=q.io/d=x\"\n      - \"--register-with-taints=q.io/d=x:NoSchedule\"\n";
+
+    #[test]
+    fn a_nodeadm_node_config_joins_with_its_kubelet_flags() {
+        let r = NodeRegistration::from_user_data("n", "z", "i-1", None, &nodeadm(CLUSTER, FLAGS))
+            .unwrap();
+        assert_eq!(r.labels.get("q.io/d").map(String::as_str), Some("x"));
+        assert_eq!(r.taints[0].effect, "NoSchedule");
+    }
+
+    #[test]
+    fn a_node_config_without_endpoint_ca_or_cidr_never_joins() {
+        for drop in ["apiServerEndpoint", "certificateAuthority", "cidr", "name"] {
+            let cluster: String = CLUSTER
+                .lines()
+                .filter(|l| !l.trim_start().starts_with(&format!("{drop}:")))
+                .map(|l| format!("{l}\n"))
+                .collect();
+            let err =
+                NodeRegistration::from_user_data("n", "z", "i", None, &nodeadm(&cluster, FLAGS))
+                    .unwrap_err();
+            assert!(format!("{err:#}").contains(drop), "{err:#}");
+        }
+        let no_taint = "      - \"--node-labels=q.io/d=x\"\n";
+        assert!(
+            NodeRegistration::from_user_data("n", "z", "i", None, &nodeadm(CLUSTER, no_taint))
+                .is_err()
+        );
     }
 
     #[test]

@@ -34,8 +34,19 @@ fn load<K: DeserializeOwned>(deploy: &Path, file: &str) -> anyhow::Result<K> {
     serde_yaml_ng::from_str(&text).with_context(|| format!("parsing {}", path.display()))
 }
 
-/// Installs `deploy/`'s namespace, ClusterRole, Role and their bindings with an admin client.
-pub async fn install(admin: &Client) -> anyhow::Result<()> {
+/// Which of `deploy/`'s installs the operator's token is bound by.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Install {
+    /// `deploy/`: the ClusterRole, every namespace.
+    #[default]
+    ClusterWide,
+    /// `deploy/namespaced/`: a Role in the operator's namespace, nothing cluster-wide.
+    Namespaced,
+}
+
+/// Installs the operator's namespace, its leader-election Role and the data-plane RBAC of
+/// `install`, from `deploy/`'s files, with an admin client.
+pub async fn install(admin: &Client, install: Install) -> anyhow::Result<()> {
     let deploy = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy");
     let pp = PostParams::default();
     let ns: Namespace =
@@ -43,21 +54,69 @@ pub async fn install(admin: &Client) -> anyhow::Result<()> {
     Api::<Namespace>::all(admin.clone())
         .create(&pp, &ns)
         .await?;
-    let cr: ClusterRole = load(&deploy, "clusterrole.yaml")?;
-    Api::<ClusterRole>::all(admin.clone())
-        .create(&pp, &cr)
+    let roles = Api::<Role>::namespaced(admin.clone(), OPERATOR_NAMESPACE);
+    let bindings = Api::<RoleBinding>::namespaced(admin.clone(), OPERATOR_NAMESPACE);
+    roles
+        .create(&pp, &load(&deploy, "operator/role.yaml")?)
         .await?;
-    let crb: ClusterRoleBinding = load(&deploy, "clusterrolebinding.yaml")?;
-    Api::<ClusterRoleBinding>::all(admin.clone())
-        .create(&pp, &crb)
+    bindings
+        .create(&pp, &load(&deploy, "operator/rolebinding.yaml")?)
         .await?;
-    let role: Role = load(&deploy, "role.yaml")?;
-    Api::<Role>::namespaced(admin.clone(), OPERATOR_NAMESPACE)
-        .create(&pp, &role)
-        .await?;
-    let rb: RoleBinding = load(&deploy, "rolebinding.yaml")?;
-    Api::<RoleBinding>::namespaced(admin.clone(), OPERATOR_NAMESPACE)
-        .create(&pp, &rb)
-        .await?;
+    match install {
+        Install::ClusterWide => {
+            let cr: ClusterRole = load(&deploy, "clusterrole.yaml")?;
+            Api::<ClusterRole>::all(admin.clone())
+                .create(&pp, &cr)
+                .await?;
+            let crb: ClusterRoleBinding = load(&deploy, "clusterrolebinding.yaml")?;
+            Api::<ClusterRoleBinding>::all(admin.clone())
+                .create(&pp, &crb)
+                .await?;
+        }
+        Install::Namespaced => {
+            roles
+                .create(&pp, &load(&deploy, "namespaced/role.yaml")?)
+                .await?;
+            bindings
+                .create(&pp, &load(&deploy, "namespaced/rolebinding.yaml")?)
+                .await?;
+        }
+    }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::rbac::v1::PolicyRule;
+
+    fn grants(rules: &[PolicyRule]) -> std::collections::BTreeSet<(String, String, String)> {
+        let mut out = std::collections::BTreeSet::new();
+        for r in rules {
+            for g in r.api_groups.iter().flatten() {
+                for res in r.resources.iter().flatten() {
+                    for v in &r.verbs {
+                        out.insert((g.clone(), res.clone(), v.clone()));
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// A verb added to the cluster-wide install and forgotten in the namespaced one would fail
+    /// only there, in production.
+    #[test]
+    fn the_namespaced_role_grants_every_namespaced_verb_of_the_cluster_role() {
+        let deploy = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy");
+        let cluster: ClusterRole = load(&deploy, "clusterrole.yaml").unwrap();
+        let role: Role = load(&deploy, "namespaced/role.yaml").unwrap();
+        let cluster_scoped = ["nodes", "storageclasses"];
+        let want: std::collections::BTreeSet<_> = grants(&cluster.rules.unwrap_or_default())
+            .into_iter()
+            .filter(|(_, r, _)| !cluster_scoped.contains(&r.as_str()))
+            .collect();
+        let have = grants(&role.rules.unwrap_or_default());
+        assert_eq!(have, want);
+    }
 }

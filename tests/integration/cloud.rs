@@ -49,8 +49,15 @@ fn cloud_config() -> CloudConfig {
             .insert(zone.into(), format!("subnet-{zone}"));
     }
     config.hosted_zone_id = Some("ZTEST".into());
-    config.user_data_template =
-        "--node-labels={{node_labels}} --register-with-taints={{node_taints}}".into();
+    // The shipped default (an AL2023 nodeadm NodeConfig): the test environment's node join
+    // parses it as nodeadm would, so a template that cannot join a node fails these tests.
+    config.user_data_template = questdb_operator::app::DEFAULT_USER_DATA_TEMPLATE.into();
+    config.eks = questdb_operator::cloud::EksCluster {
+        api_endpoint: Some("https://it.eks.invalid".into()),
+        certificate_authority: Some("aXQtY2E=".into()),
+        service_cidr: Some("10.100.0.0/16".into()),
+    };
+    questdb_operator::cloud::user_data::check_template(&config).expect("template accepted");
     // Fast backoff: the tests throttle on purpose.
     config.retry = RetryPolicy {
         min_delay: Duration::from_millis(5),
@@ -574,6 +581,7 @@ async fn the_orphan_sweep_terminates_instances_whose_questdb_is_gone() {
             zone: "sim-zone-b".into(),
             labels: Default::default(),
             taints: vec![],
+            public_ip: false,
         })
         .await
         .expect("launch");
@@ -729,5 +737,64 @@ async fn removing_spec_node_unpins_the_pod_and_then_releases_the_node() {
         Some(node_name),
         "the node was terminated while the database pod still ran on it"
     );
+    env.stop().await;
+}
+
+/// A hosted zone is shared: a second QuestDB asking for the name the first one holds must not
+/// take its record (clients of the first would reach the wrong database), nor remove it when it
+/// goes; it says why in its condition and one Warning event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_questdb_cannot_take_or_delete_another_ones_dns_record() {
+    let env = CloudEnv::start(settings()).await;
+    let shared = |q: &mut QuestDB| {
+        q.spec.dns.as_mut().expect("dns").name = "shared.db.example.com".into();
+    };
+    env.create("first", shared).await;
+    let first = wait_for(&env.qdbs(), "first", "first Ready", is_ready()).await;
+    let first_ip = first.status.and_then(|s| s.dns_ip).expect("published");
+
+    env.create("second", shared).await;
+    let second = wait_for(
+        &env.qdbs(),
+        "second",
+        "name refused",
+        has_condition("DnsReady", "RecordOwnedElsewhere"),
+    )
+    .await;
+    assert_eq!(second.status.and_then(|s| s.dns_name), None);
+    let records = env.cloud.route53.records();
+    assert_eq!(records.len(), 1, "{records:?}");
+    assert_eq!(records[0].ips, vec![first_ip.clone()]);
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(env.client.clone(), NS);
+    let warnings = events
+        .list(&Default::default())
+        .await
+        .expect("events")
+        .items
+        .into_iter()
+        .filter(|e| {
+            e.reason.as_deref() == Some("RecordOwnedElsewhere")
+                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("second")
+        })
+        .map(|e| e.series.map_or(1, |s| s.count))
+        .sum::<i32>();
+    assert_eq!(
+        warnings, 1,
+        "one Warning for the refusal, not one per requeue"
+    );
+
+    env.qdbs()
+        .delete("second", &DeleteParams::default())
+        .await
+        .expect("delete second");
+    let qdbs = env.qdbs();
+    wait_until("second gone", || {
+        let qdbs = qdbs.clone();
+        async move { matches!(qdbs.get_opt("second").await, Ok(None)) }
+    })
+    .await;
+    let records = env.cloud.route53.records();
+    assert_eq!(records.len(), 1, "{records:?}");
+    assert_eq!(records[0].ips, vec![first_ip]);
     env.stop().await;
 }

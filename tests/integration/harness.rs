@@ -56,8 +56,18 @@ impl Env {
 
     /// Like [`Env::start_with`], with a CRD of the test's choosing (e.g. a looser schema).
     pub async fn start_with_crd(opts: ManagerOptions, crd: CustomResourceDefinition) -> Env {
+        Self::start_on(cluster(), opts, crd).await
+    }
+
+    /// Like [`Env::start_with_crd`], on a control plane of the test's choosing (e.g. the
+    /// namespaced install's RBAC).
+    pub async fn start_on(
+        cluster: ControlPlaneOptions,
+        opts: ManagerOptions,
+        crd: CustomResourceDefinition,
+    ) -> Env {
         init_tracing();
-        let cp = ControlPlane::start(cluster())
+        let cp = ControlPlane::start(cluster)
             .await
             .expect("control plane starts");
         let client = cp.client().await;

@@ -6,4 +6,5 @@ mod harness;
 mod ilp_auth;
 mod leader;
 mod metrics;
+mod namespaced;
 mod questdb;

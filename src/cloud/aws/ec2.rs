@@ -6,8 +6,10 @@ use std::time::SystemTime;
 use async_trait::async_trait;
 use aws_config::SdkConfig;
 use aws_sdk_ec2::types::{
-    Filter, HttpTokensState, IamInstanceProfileSpecification, InstanceMetadataOptionsRequest,
-    InstanceType, ResourceType, Tag, TagSpecification,
+    BlockDeviceMapping, EbsBlockDevice, Filter, HttpTokensState, IamInstanceProfileSpecification,
+    InstanceMetadataEndpointState, InstanceMetadataOptionsRequest,
+    InstanceNetworkInterfaceSpecification, InstanceType, Placement, ResourceType, Tag,
+    TagSpecification, VolumeType,
 };
 use aws_sdk_ec2::Client;
 
@@ -37,6 +39,21 @@ fn tag_spec(resource: ResourceType, tags: &BTreeMap<String, String>) -> TagSpeci
     TagSpecification::builder()
         .resource_type(resource)
         .set_tags(Some(tags))
+        .build()
+}
+
+/// Encrypted gp3, whatever the account's EBS defaults say.
+fn root_volume(v: &crate::cloud::RootVolume) -> BlockDeviceMapping {
+    let ebs = EbsBlockDevice::builder()
+        .volume_type(VolumeType::Gp3)
+        .volume_size(v.size_gib)
+        .encrypted(true)
+        .delete_on_termination(true)
+        .set_kms_key_id(v.kms_key_id.clone())
+        .build();
+    BlockDeviceMapping::builder()
+        .device_name(&v.device_name)
+        .ebs(ebs)
         .build()
 }
 
@@ -94,20 +111,41 @@ impl Ec2Api for AwsEc2 {
             .instance_type(InstanceType::from(spec.instance_type.as_str()))
             .min_count(1)
             .max_count(1)
-            .subnet_id(&spec.subnet_id)
             .user_data(&spec.user_data_base64)
             .client_token(&spec.client_token)
             .tag_specifications(tag_spec(ResourceType::Instance, &spec.tags))
             .tag_specifications(tag_spec(ResourceType::Volume, &spec.tags))
-            // IMDSv2 only: the database pod must not be able to read the node's credentials
-            // through a simple GET.
+            // The subnet map decides the zone too; naming it makes a wrong map an error
+            // instead of a node in another zone than its volume.
+            .placement(Placement::builder().availability_zone(&spec.zone).build())
+            // IMDSv2 only, one hop: the token's response dies at the node's network namespace,
+            // so the database pod cannot read the node role's credentials
+            // (docs.aws.amazon.com/AWSEC2/latest/UserGuide/configuring-IMDS-existing-instances.html).
             .metadata_options(
                 InstanceMetadataOptionsRequest::builder()
+                    .http_endpoint(InstanceMetadataEndpointState::Enabled)
                     .http_tokens(HttpTokensState::Required)
+                    .http_put_response_hop_limit(1)
+                    .build(),
+            )
+            .block_device_mappings(root_volume(&spec.root_volume));
+        if spec.public_ip {
+            // A public address is an interface setting; with an interface in the request, the
+            // subnet and groups go there too (EC2 refuses them at both levels).
+            req = req.network_interfaces(
+                InstanceNetworkInterfaceSpecification::builder()
+                    .device_index(0)
+                    .subnet_id(&spec.subnet_id)
+                    .set_groups(Some(spec.security_group_ids.clone()))
+                    .associate_public_ip_address(true)
+                    .delete_on_termination(true)
                     .build(),
             );
-        if !spec.security_group_ids.is_empty() {
-            req = req.set_security_group_ids(Some(spec.security_group_ids.clone()));
+        } else {
+            req = req.subnet_id(&spec.subnet_id);
+            if !spec.security_group_ids.is_empty() {
+                req = req.set_security_group_ids(Some(spec.security_group_ids.clone()));
+            }
         }
         if let Some(profile) = &spec.instance_profile {
             let p = IamInstanceProfileSpecification::builder();

@@ -267,9 +267,8 @@ impl MemoryEc2 {
                 host / 250,
                 host % 250 + 4
             )),
-            public_ip: state
-                .options
-                .assign_public_ip
+            // EC2: a public address only when asked for, or when the subnet maps one on launch.
+            public_ip: (spec.public_ip || state.options.assign_public_ip)
                 .then(|| format!("203.0.113.{}", serial % 250 + 1)),
             tags: spec.tags.clone(),
             launched_at: Some(SystemTime::now()),

@@ -6,13 +6,13 @@ use std::sync::Mutex;
 
 use async_trait::async_trait;
 
-use crate::cloud::backend::{ChangeAction, Route53Api};
+use crate::cloud::backend::{ChangeAction, RecordSet, Route53Api};
 use crate::cloud::{display_name, fqdn, ARecord, ApiError};
 
 #[derive(Debug, Default)]
 struct State {
-    /// `(zone id, fqdn) -> record`.
-    records: BTreeMap<(String, String), ARecord>,
+    /// `(zone id, fqdn, type) -> record set`.
+    records: BTreeMap<(String, String, String), RecordSet>,
     throttle_next: u32,
     calls: Vec<&'static str>,
 }
@@ -34,16 +34,38 @@ impl MemoryRoute53 {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Every record of every zone, names without the trailing dot.
+    /// Every A record of every zone, names without the trailing dot.
     pub fn records(&self) -> Vec<ARecord> {
         self.lock()
             .records
             .values()
+            .filter(|r| r.kind == "A")
             .map(|r| ARecord {
                 name: display_name(&r.name),
-                ..r.clone()
+                ips: r.values.clone(),
+                ttl: r.ttl,
             })
             .collect()
+    }
+
+    /// The TXT values at `name` (quoted, as Route53 stores them).
+    pub fn txt(&self, name: &str) -> Vec<String> {
+        self.lock()
+            .records
+            .values()
+            .filter(|r| r.kind == "TXT" && r.name == fqdn(name))
+            .flat_map(|r| r.values.clone())
+            .collect()
+    }
+
+    /// Someone else's record set, put there behind the operator's back (another tenant, a
+    /// person with the console).
+    pub fn put_foreign(&self, zone_id: &str, set: RecordSet) {
+        let name = fqdn(&set.name);
+        self.lock().records.insert(
+            (zone_id.to_string(), name.clone(), set.kind.clone()),
+            RecordSet { name, ..set },
+        );
     }
 
     /// The next `n` calls fail with `Throttling`.
@@ -71,60 +93,66 @@ impl MemoryRoute53 {
 
 #[async_trait]
 impl Route53Api for MemoryRoute53 {
-    async fn find_a(&self, zone_id: &str, name: &str) -> Result<Option<ARecord>, ApiError> {
+    async fn find(&self, zone_id: &str, name: &str) -> Result<Vec<RecordSet>, ApiError> {
         let mut state = self.lock();
         Self::begin(&mut state, "ListResourceRecordSets")?;
+        let name = fqdn(name);
         Ok(state
             .records
-            .get(&(zone_id.to_string(), fqdn(name)))
-            .cloned())
+            .iter()
+            .filter(|((z, n, _), _)| *z == zone_id && *n == name)
+            .map(|(_, r)| r.clone())
+            .collect())
     }
 
-    async fn change_a(
+    /// All or nothing, as Route53 applies a batch: every change is checked against the state
+    /// the earlier changes of the batch leave, and nothing is stored when one fails.
+    async fn change(
         &self,
         zone_id: &str,
-        action: ChangeAction,
-        record: &ARecord,
+        changes: &[(ChangeAction, RecordSet)],
     ) -> Result<(), ApiError> {
         let mut state = self.lock();
         Self::begin(&mut state, "ChangeResourceRecordSets")?;
-        let key = (zone_id.to_string(), fqdn(&record.name));
-        let stored = ARecord {
-            name: key.1.clone(),
-            ..record.clone()
-        };
-        match action {
-            ChangeAction::Create if state.records.contains_key(&key) => Err(ApiError::new(
-                "InvalidChangeBatch",
-                format!(
-                    "Tried to create resource record set [name='{}', type='A'] but it already exists",
-                    key.1
-                ),
-            )),
-            ChangeAction::Create | ChangeAction::Upsert => {
-                state.records.insert(key, stored);
-                Ok(())
-            }
-            ChangeAction::Delete => match state.records.get(&key) {
-                Some(current) if *current == stored => {
-                    state.records.remove(&key);
-                    Ok(())
+        let mut next = state.records.clone();
+        for (action, record) in changes {
+            let name = fqdn(&record.name);
+            let key = (zone_id.to_string(), name.clone(), record.kind.clone());
+            let stored = RecordSet {
+                name: name.clone(),
+                ..record.clone()
+            };
+            let what = format!("[name='{name}', type='{}']", record.kind);
+            match action {
+                ChangeAction::Create if next.contains_key(&key) => {
+                    return Err(ApiError::new(
+                        "InvalidChangeBatch",
+                        format!("Tried to create resource record set {what} but it already exists"),
+                    ))
                 }
-                Some(_) => Err(ApiError::new(
-                    "InvalidChangeBatch",
-                    format!(
-                        "Tried to delete resource record set [name='{}', type='A'] but the values provided do not match the current values",
-                        key.1
-                    ),
-                )),
-                None => Err(ApiError::new(
-                    "InvalidChangeBatch",
-                    format!(
-                        "Tried to delete resource record set [name='{}', type='A'] but it was not found",
-                        key.1
-                    ),
-                )),
-            },
+                ChangeAction::Create | ChangeAction::Upsert => {
+                    next.insert(key, stored);
+                }
+                ChangeAction::Delete => match next.get(&key) {
+                    Some(current) if *current == stored => {
+                        next.remove(&key);
+                    }
+                    Some(_) => {
+                        return Err(ApiError::new(
+                            "InvalidChangeBatch",
+                            format!("Tried to delete resource record set {what} but the values provided do not match the current values"),
+                        ))
+                    }
+                    None => {
+                        return Err(ApiError::new(
+                            "InvalidChangeBatch",
+                            format!("Tried to delete resource record set {what} but it was not found"),
+                        ))
+                    }
+                },
+            }
         }
+        state.records = next;
+        Ok(())
     }
 }

@@ -37,6 +37,7 @@ fn config(cluster: &str) -> CloudConfig {
         per_second: 0.0,
         burst: 1,
     };
+    c.route53_rate_limit = c.rate_limit.clone();
     c
 }
 
@@ -61,6 +62,7 @@ fn request(uid: &str, generation: i64) -> LaunchRequest {
         zone: "us-east-1a".into(),
         labels: BTreeMap::from([("questdb.io/dedicated".to_string(), uid.to_string())]),
         taints: vec![Taint::new("questdb.io/dedicated", Some(uid), "NoSchedule")],
+        public_ip: false,
     }
 }
 
@@ -387,11 +389,82 @@ async fn describe_cluster_pages_through_this_cluster_only() {
     assert_eq!(ec2.call_count("DescribeInstances") - before, 3);
 }
 
+fn owner(uid: &str) -> crate::cloud::DnsOwner {
+    crate::cloud::DnsOwner {
+        uid: uid.into(),
+        published_ip: None,
+    }
+}
+
+/// A shared hosted zone: a second QuestDB (another namespace, same `dns.name`) must not take
+/// the first one's record, nor delete it when it goes.
+#[tokio::test(start_paused = true)]
+async fn a_name_another_questdb_owns_is_neither_overwritten_nor_deleted() {
+    let (cloud, _) = cloud();
+    let dns = cloud.dns.clone();
+    dns.upsert_a("db.example.com", "10.0.0.1", 60, &owner("first"))
+        .await
+        .unwrap();
+    let err = dns
+        .upsert_a("db.example.com", "10.0.0.2", 60, &owner("second"))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, CloudError::Permanent { code, .. } if code == "RecordOwnedElsewhere"),
+        "{err}"
+    );
+    dns.delete_a("db.example.com", &owner("second"))
+        .await
+        .unwrap();
+    assert_eq!(cloud.route53.records()[0].ips, vec!["10.0.0.1".to_string()]);
+    assert_eq!(
+        cloud.route53.txt("db.example.com"),
+        vec!["\"heritage=questdb-operator,cluster=prod,uid=first\"".to_string()]
+    );
+    dns.delete_a("db.example.com", &owner("first"))
+        .await
+        .unwrap();
+    assert!(cloud.route53.records().is_empty());
+    assert!(cloud.route53.txt("db.example.com").is_empty());
+}
+
+/// A record someone made by hand (or with another tool) is not the operator's to take.
+#[tokio::test(start_paused = true)]
+async fn an_unmarked_record_is_adopted_only_with_the_ip_this_questdb_published() {
+    let (cloud, _) = cloud();
+    let dns = cloud.dns.clone();
+    cloud.route53.put_foreign(
+        "Z123",
+        crate::cloud::RecordSet {
+            name: "db.example.com".into(),
+            kind: "A".into(),
+            values: vec!["10.0.0.1".into()],
+            ttl: 300,
+        },
+    );
+    let err = dns
+        .upsert_a("db.example.com", "10.0.0.5", 60, &owner("q"))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("RecordOwnedElsewhere"), "{err}");
+    assert_eq!(cloud.route53.records()[0].ips, vec!["10.0.0.1".to_string()]);
+    // An earlier operator version published 10.0.0.1 for this QuestDB (status says so): adopt.
+    let published = crate::cloud::DnsOwner {
+        uid: "q".into(),
+        published_ip: Some("10.0.0.1".into()),
+    };
+    dns.upsert_a("db.example.com", "10.0.0.5", 60, &published)
+        .await
+        .unwrap();
+    assert_eq!(cloud.route53.records()[0].ips, vec!["10.0.0.5".to_string()]);
+    assert_eq!(cloud.route53.txt("db.example.com").len(), 1);
+}
+
 #[tokio::test(start_paused = true)]
 async fn dns_upserts_only_on_change_and_deletes_idempotently() {
     let (cloud, counter) = cloud();
     let dns = cloud.dns.clone();
-    dns.upsert_a("DB1.example.com", "10.0.0.4", 60)
+    dns.upsert_a("DB1.example.com", "10.0.0.4", 60, &owner("uid-1"))
         .await
         .unwrap();
     assert_eq!(
@@ -403,20 +476,24 @@ async fn dns_upserts_only_on_change_and_deletes_idempotently() {
         }]
     );
     // Steady state: a read, no write.
-    dns.upsert_a("db1.example.com.", "10.0.0.4", 60)
+    dns.upsert_a("db1.example.com.", "10.0.0.4", 60, &owner("uid-1"))
         .await
         .unwrap();
     assert_eq!(counter.attempts("ChangeResourceRecordSets"), 1);
 
-    dns.upsert_a("db1.example.com", "10.0.0.9", 30)
+    dns.upsert_a("db1.example.com", "10.0.0.9", 30, &owner("uid-1"))
         .await
         .unwrap();
     let read = dns.read_a("db1.example.com").await.unwrap().unwrap();
     assert_eq!((read.ips, read.ttl), (vec!["10.0.0.9".to_string()], 30));
     assert_eq!(counter.attempts("ChangeResourceRecordSets"), 2);
 
-    dns.delete_a("db1.example.com").await.unwrap();
-    dns.delete_a("db1.example.com").await.unwrap();
+    dns.delete_a("db1.example.com", &owner("uid-1"))
+        .await
+        .unwrap();
+    dns.delete_a("db1.example.com", &owner("uid-1"))
+        .await
+        .unwrap();
     assert!(cloud.route53.records().is_empty());
     assert_eq!(dns.read_a("db1.example.com").await.unwrap(), None);
 }
@@ -427,7 +504,7 @@ async fn dns_throttling_is_retried() {
     cloud.route53.throttle_next(3);
     cloud
         .dns
-        .upsert_a("db1.example.com", "10.0.0.4", 60)
+        .upsert_a("db1.example.com", "10.0.0.4", 60, &owner("uid-1"))
         .await
         .unwrap();
     assert_eq!(cloud.route53.records().len(), 1);
@@ -458,7 +535,7 @@ async fn calls_per_provisioned_questdb_and_per_steady_state_sync() {
     let ip = launched.private_ip.clone().unwrap();
     cloud
         .dns
-        .upsert_a("db1.example.com", &ip, 60)
+        .upsert_a("db1.example.com", &ip, 60, &owner("uid-1"))
         .await
         .unwrap();
     assert_eq!(counter.attempts("DescribeInstances"), 1);
@@ -472,7 +549,7 @@ async fn calls_per_provisioned_questdb_and_per_steady_state_sync() {
     assert_eq!(all.len(), 1);
     cloud
         .dns
-        .upsert_a("db1.example.com", &ip, 60)
+        .upsert_a("db1.example.com", &ip, 60, &owner("uid-1"))
         .await
         .unwrap();
     assert_eq!(counter.total() - before, 2);

@@ -25,7 +25,8 @@ use crate::build::{
     DedicatedNode, DEDICATED_LABEL_KEY, DEDICATED_TAINT_EFFECT, DEDICATED_TAINT_KEY, PIN_LABEL_KEY,
 };
 use crate::cloud::{
-    desired_instance_tags, CloudError, Instance, InstanceState, LaunchRequest, Taint,
+    desired_instance_tags, display_name, CloudError, DnsOwner, Instance, InstanceState,
+    LaunchRequest, Taint, OWNED_ELSEWHERE,
 };
 use crate::controllers::cloud_runtime::CloudRuntime;
 use crate::controllers::conditions::Desired;
@@ -314,6 +315,7 @@ fn launch_request(
             Some(&dedicated.label_value),
             DEDICATED_TAINT_EFFECT,
         )],
+        public_ip: qdb.spec.dns.as_ref().is_some_and(|d| d.public),
     })
 }
 
@@ -649,6 +651,38 @@ async fn dedicate(
     Ok(())
 }
 
+/// This QuestDB as the owner of `name`: its uid, and the IP status says it published there.
+fn dns_owner(qdb: &QuestDB, status: &QuestDBStatus, name: &str) -> DnsOwner {
+    let published = status
+        .dns_name
+        .as_deref()
+        .is_some_and(|n| display_name(n) == display_name(name));
+    DnsOwner {
+        uid: qdb.uid().unwrap_or_default(),
+        published_ip: status.dns_ip.clone().filter(|_| published),
+    }
+}
+
+/// A DNS error that needs a person (a name owned by someone else, a record Route53 refuses, no
+/// hosted zone): a condition and one event, not a failed reconcile retried forever.
+fn dns_refusal(e: &CloudError) -> Option<&'static str> {
+    match e {
+        CloudError::Permanent { code, .. } if code == OWNED_ELSEWHERE => {
+            Some("RecordOwnedElsewhere")
+        }
+        CloudError::Permanent { .. } | CloudError::Config(_) => Some("DnsRejected"),
+        _ => None,
+    }
+}
+
+/// The condition already says this: its event was sent when it first did.
+fn already_reported(status: &QuestDBStatus, c: &Desired) -> bool {
+    status
+        .conditions
+        .iter()
+        .any(|k| k.type_ == c.type_ && k.reason == c.reason && k.message == c.message)
+}
+
 /// Performs the DNS step. Returns `Ok(None)` when the fast path (`from_node`: addresses read
 /// from the Node only) cannot decide, `Ok(Some(condition))` otherwise.
 async fn dns_step(
@@ -684,10 +718,27 @@ async fn dns_step(
         }
         DnsStep::Blocked(c) => Ok(Some(Some(c))),
         DnsStep::Upsert { name, ip, ttl } => {
-            provider
-                .upsert_a(&name, &ip, ttl)
-                .await
-                .map_err(cloud_error)?;
+            let owner = dns_owner(qdb, &status, &name);
+            if let Err(e) = provider.upsert_a(&name, &ip, ttl, &owner).await {
+                return match dns_refusal(&e) {
+                    Some(reason) => {
+                        let c = Desired::new(conditions::DNS_READY, false, reason, e.to_string());
+                        if !already_reported(&status, &c) {
+                            warn!(questdb = %qdb.name_any(), record = %name, error = %e, "DNS record not written");
+                            ctx.event(
+                                qdb,
+                                EventType::Warning,
+                                reason,
+                                "UpsertRecord",
+                                e.to_string(),
+                            )
+                            .await;
+                        }
+                        Ok(Some(Some(c)))
+                    }
+                    None => Err(cloud_error(e)),
+                };
+            }
             info!(questdb = %qdb.name_any(), record = %name, %ip, "DNS record published");
             let (n, a) = (name.clone(), ip.clone());
             persist(qdb, ctx, |s| {
@@ -706,7 +757,11 @@ async fn dns_step(
             Ok(Some(Some(dns::published(&name, &ip))))
         }
         DnsStep::Delete { name } => {
-            provider.delete_a(&name).await.map_err(cloud_error)?;
+            let owner = dns_owner(qdb, &status, &name);
+            provider
+                .delete_a(&name, &owner)
+                .await
+                .map_err(cloud_error)?;
             info!(questdb = %qdb.name_any(), record = %name, "DNS record deleted");
             persist(qdb, ctx, |s| {
                 s.dns_name = None;

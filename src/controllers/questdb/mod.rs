@@ -232,9 +232,36 @@ async fn sync_pvc(
             plan.reason,
             plan.message.clone(),
         ));
-        pvc = build::pvc_update(&pvc, &plan.request);
+        let grown = build::pvc_update(&pvc, &plan.request);
+        if expandable.is_some() || plan.request == have {
+            pvc = grown;
+        } else {
+            // The class could not be read (a namespaced install has no StorageClass grant):
+            // the apiserver's resize admission decides, and its refusal is the answer.
+            match sync(ctx, qdb, uid, ns, &ctx.caches.pvcs, grown, observed).await {
+                Err(Error::Kube(kube::Error::Api(e))) if refused_resize(&e) => {
+                    let plan = build::size_plan(want, &have, Some(false), &class);
+                    observed.volume_size = Some(Desired::new(
+                        conditions::VOLUME_SIZE_READY,
+                        plan.ready,
+                        plan.reason,
+                        plan.message.clone(),
+                    ));
+                    pvc = build::pvc_update(&pvc, &plan.request);
+                }
+                other => return other,
+            }
+        }
     }
     sync(ctx, qdb, uid, ns, &ctx.caches.pvcs, pvc, observed).await
+}
+
+/// The PersistentVolumeClaimResize admission plugin's refusal of a claim whose StorageClass
+/// does not allow expansion (plugin/pkg/admission/storage/persistentvolume/resize: 403, "only
+/// dynamically provisioned pvc can be resized and the storageclass that provisions the pvc
+/// must support resize").
+fn refused_resize(e: &kube::core::Status) -> bool {
+    e.code == 403 && e.message.contains("must support resize")
 }
 
 /// `allowVolumeExpansion` of a StorageClass; `None` when it cannot be read (the apiserver's

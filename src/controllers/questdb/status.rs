@@ -201,7 +201,15 @@ pub fn compute(qdb: &QuestDB, obs: &Observed, now: Timestamp) -> QuestDBStatus {
         version: build::version_of(&spec.image),
         node_name: pod_node,
         node_ready: node.map(node_ready),
-        node_ip: node.and_then(node_internal_ip),
+        node_ip: match node {
+            Some(n) => node_internal_ip(n),
+            // No Node read (a namespaced install): the kubelet's address as the pod reports it.
+            None if !spec.paused => obs
+                .pod
+                .and_then(|p| p.status.as_ref())
+                .and_then(|s| s.host_ip.clone()),
+            None => None,
+        },
         instance_id: existing.instance_id.clone(),
         node_image: existing.node_image.clone(),
         node_generation: existing.node_generation,

@@ -115,6 +115,24 @@ fn running_when_rolled_out_and_pod_ready() {
     );
 }
 
+/// A namespaced install reads no Nodes: on-call still sees where the database runs.
+#[test]
+fn without_a_node_read_the_node_ip_column_comes_from_the_pod() {
+    let q = testing::questdb("db", "ns");
+    let (s, mut p) = (sts(1, true), pod(true, "node-a"));
+    p.status.as_mut().unwrap().host_ip = Some("10.0.0.9".into());
+    let obs = Observed {
+        statefulset: Some(&s),
+        pod: Some(&p),
+        ..Default::default()
+    };
+    let st = compute(&q, &obs, now());
+    assert_eq!(st.phase, Some(Phase::Running));
+    assert_eq!(st.node_ip.as_deref(), Some("10.0.0.9"));
+    assert_eq!(st.node_name.as_deref(), Some("node-a"));
+    assert_eq!(st.node_ready, None, "unknown, not a guess");
+}
+
 #[test]
 fn rolling_out_while_template_not_yet_applied() {
     let q = testing::questdb("db", "ns");
