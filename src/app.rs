@@ -13,7 +13,9 @@ use crate::cli::{parse_subnets, Cli, CloudArgs, CloudProvider, Command, LogForma
 use crate::cloud::aws::AwsCloud;
 #[cfg(feature = "memory-cloud")]
 use crate::cloud::memory::{MemoryCloud, MemoryEc2, MemoryEc2Options, MemoryRoute53};
-use crate::cloud::{user_data, CloudConfig, DnsProvider, EksCluster, RootVolume, SharedObserver};
+use crate::cloud::{
+    user_data, CloudConfig, DnsProvider, EksCluster, NodeProvider as _, RootVolume, SharedObserver,
+};
 use crate::http_server::parse_bind_address;
 use crate::manager::{self, Cloud, CloudSettings, LeaderElection, ManagerHandle, ManagerOptions};
 
@@ -239,6 +241,10 @@ pub async fn build_cloud(
             let aws = AwsCloud::connect(config, observer)
                 .await
                 .context("connecting to AWS")?;
+            aws.nodes
+                .check_subnets()
+                .await
+                .context("checking the subnet map against EC2")?;
             BuiltCloud {
                 cloud: Cloud {
                     nodes: aws.nodes.clone(),

@@ -12,6 +12,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Node, PersistentVolumeClaim, Pod, Secret, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::Api;
@@ -29,7 +30,7 @@ use crate::controllers::cloud_runtime::CloudRuntime;
 pub use crate::controllers::cloud_runtime::{Cloud, CloudSettings};
 use crate::controllers::context::{Caches, Context, GuardedQuestDB};
 use crate::controllers::in_flight::InFlight;
-use crate::controllers::{questdb, retry_delay, sweep, Error};
+use crate::controllers::{node_health, questdb, retry_delay, sweep, Error};
 use crate::http_server::{self, Readiness};
 use crate::ilp_auth;
 use crate::metrics::{ControllerMetrics, Metrics, ReconcileOutcome};
@@ -135,6 +136,7 @@ pub async fn run_with(
         &client,
         opts.namespace.as_deref(),
         watches_nodes(&opts),
+        opts.cloud.is_some(),
         &caches_token,
     );
     let phases = caches.questdbs.clone();
@@ -191,6 +193,8 @@ pub async fn run_with(
 /// before it was read returns `Pending` without a wake-up, which can stall that trigger stream.
 pub struct Subscriptions {
     triggers: TriggerReceiver,
+    /// For loops that ask for reconciles themselves (node health).
+    sender: TriggerSender,
 }
 
 type TriggerReceiver = futures::channel::mpsc::UnboundedReceiver<ObjectRef<GuardedQuestDB>>;
@@ -221,6 +225,11 @@ fn questdb_of(
 ) -> Option<ObjectRef<GuardedQuestDB>> {
     let name = meta.labels.as_ref()?.get(labels::INSTANCE)?;
     Some(ObjectRef::new(name).within(meta.namespace.as_deref()?))
+}
+
+/// The controller's key for a QuestDB.
+pub fn questdb_ref(qdb: &QuestDB) -> Option<ObjectRef<GuardedQuestDB>> {
+    Some(ObjectRef::new(&qdb.metadata.name.clone()?).within(qdb.metadata.namespace.as_deref()?))
 }
 
 /// The controller's key for a QuestDB found by name.
@@ -279,10 +288,12 @@ fn start_caches(
     client: &Client,
     ns: Option<&str>,
     watch_nodes: bool,
+    watch_leases: bool,
     token: &CancellationToken,
 ) -> (Caches, Subscriptions, Vec<tokio::task::JoinHandle<()>>) {
     let mut tasks = Vec::new();
     let (tx, triggers) = futures::channel::mpsc::unbounded();
+    let sender = tx.clone();
 
     // `inspect` runs after `reflect`: a request is only sent once its event is in the cache.
     macro_rules! cached {
@@ -371,6 +382,33 @@ fn start_caches(
         node_writer.apply_watcher_event(&watcher::Event::InitDone);
     }
 
+    // Dedicated nodes' health: the kubelets' Leases, trimmed to their renewTime.
+    let (leases, mut lease_writer) = reflector::store::<Lease>();
+    if watch_leases {
+        let api: Api<Lease> = Api::namespaced(
+            client.clone(),
+            crate::controllers::node_health::NODE_LEASE_NAMESPACE,
+        );
+        let lease_stream = watcher(api, watcher::Config::default())
+            .default_backoff()
+            .modify(|l: &mut Lease| {
+                l.metadata.managed_fields = None;
+                l.metadata.owner_references = None;
+                l.metadata.labels = None;
+                if let Some(spec) = l.spec.as_mut() {
+                    *spec = k8s_openapi::api::coordination::v1::LeaseSpec {
+                        renew_time: spec.renew_time.take(),
+                        ..Default::default()
+                    };
+                }
+            })
+            .reflect(lease_writer);
+        tasks.push(spawn_drain(lease_stream, token.clone(), "Lease"));
+    } else {
+        lease_writer.apply_watcher_event(&watcher::Event::Init);
+        lease_writer.apply_watcher_event(&watcher::Event::InitDone);
+    }
+
     let (secrets, secret_writer) = reflector::store::<PartialObjectMeta<Secret>>();
     let secret_stream = watcher(
         api_for::<PartialObjectMeta<Secret>>(client, ns),
@@ -403,9 +441,10 @@ fn start_caches(
         pods,
         network_policies,
         nodes,
+        leases,
         secrets,
     };
-    (caches, Subscriptions { triggers }, tasks)
+    (caches, Subscriptions { triggers, sender }, tasks)
 }
 
 /// The controller reads a pod's node and Ready condition only; the rest (the whole container
@@ -463,6 +502,7 @@ async fn wait_for_caches(c: &Caches, shutdown: &CancellationToken) {
         let _ = c.pods.wait_until_ready().await;
         let _ = c.network_policies.wait_until_ready().await;
         let _ = c.nodes.wait_until_ready().await;
+        let _ = c.leases.wait_until_ready().await;
         let _ = c.secrets.wait_until_ready().await;
     };
     tokio::select! {
@@ -589,11 +629,20 @@ async fn run_controllers(shared: &Shared<'_>, subs: Subscriptions, token: Cancel
         cloud: opts.cloud.clone().map(|c| Arc::new(CloudRuntime::new(c))),
     });
     let sweeper = sweep::run(ctx.clone(), opts.namespace.clone(), token.clone());
+    let sender = subs.sender.clone();
+    let health = node_health::run(
+        ctx.clone(),
+        move |r| {
+            let _ = sender.unbounded_send(r);
+        },
+        token.clone(),
+    );
     let controller = questdb_controller(subs, caches, opts.questdb_concurrency, &ctrl_metrics)
         .graceful_shutdown_on(token.cancelled_owned());
     tokio::join!(
         run_questdb_controller(controller, ctx, ctrl_metrics, in_flight.clone()),
-        sweeper
+        sweeper,
+        health
     );
 }
 

@@ -360,6 +360,38 @@ async fn a_dedicated_node_is_launched_hardened_in_its_volumes_zone() {
     assert_eq!(public.zone, ZONE);
 }
 
+/// A subnet map that names the wrong zone is refused at start-up, naming the subnet.
+#[tokio::test]
+async fn a_subnet_mapped_to_the_wrong_zone_is_refused_at_start_up() {
+    let Some(moto) = start_moto().await else {
+        return;
+    };
+    let (config, sdk, _) = ec2_setup(&moto).await;
+    let good =
+        AwsCloud::from_sdk_config(&sdk, config.clone(), Arc::new(CallCounter::new())).unwrap();
+    good.nodes.check_subnets().await.unwrap();
+    let mut wrong = config.clone();
+    let (zone_a, subnet_a) = wrong
+        .subnets_by_zone
+        .iter()
+        .next()
+        .map(|(z, s)| (z.clone(), s.clone()))
+        .unwrap();
+    let (zone_b, subnet_b) = wrong
+        .subnets_by_zone
+        .iter()
+        .nth(1)
+        .map(|(z, s)| (z.clone(), s.clone()))
+        .unwrap();
+    wrong
+        .subnets_by_zone
+        .insert(zone_a.clone(), subnet_b.clone());
+    wrong.subnets_by_zone.insert(zone_b, subnet_a);
+    let bad = AwsCloud::from_sdk_config(&sdk, wrong, Arc::new(CallCounter::new())).unwrap();
+    let err = bad.nodes.check_subnets().await.unwrap_err().to_string();
+    assert!(err.contains(&subnet_b) && err.contains(&zone_a), "{err}");
+}
+
 async fn default_security_group(sdk: &aws_config::SdkConfig) -> String {
     let ec2 = aws_sdk_ec2::Client::new(sdk);
     let out = ec2.describe_security_groups().send().await.unwrap();

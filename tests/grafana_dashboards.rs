@@ -227,6 +227,10 @@ fn exposition_after_one_of_everything() -> String {
     metrics.failover_finished(FailoverResult::Succeeded, Some(Duration::from_secs(80)));
     metrics.upgrade_finished(UpgradeResult::Succeeded, Some(Duration::from_secs(9)));
     metrics.orphaned_instance_terminated();
+    metrics.failover_suppressed("TooManyUnhealthyNodes");
+    metrics.set_unhealthy_dedicated_nodes(1);
+    metrics.failover_step("Fencing", Duration::from_secs(3));
+    metrics.failover_detected(Duration::from_millis(300));
     metrics.render()
 }
 

@@ -96,6 +96,7 @@ pub fn instance_changes(
                         zone: i.zone,
                         private_ip: i.private_ip,
                     },
+                    Ok(InstanceEvent::Stopped(id)) => InstanceChange::Stopped { id },
                     Ok(InstanceEvent::Terminated(id)) => InstanceChange::Terminated { id },
                     Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
                     Err(_) => return None,

@@ -140,6 +140,10 @@ pub async fn bridge_memory_cloud(
                     }
                 }
             }
+            // The simulator has no stopped-instance model; its fallback sandbox keeps the Node.
+            Ok(InstanceEvent::Stopped(id)) => {
+                info!(instance = %id, "instance stopped (the simulated node stays)");
+            }
             Err(broadcast::error::RecvError::Lagged(n)) => {
                 warn!(
                     missed = n,

@@ -54,6 +54,10 @@ pub trait Ec2Api: Send + Sync {
         next_token: Option<&str>,
     ) -> Result<Page<Instance>, ApiError>;
     async fn terminate_instances(&self, ids: &[String]) -> Result<(), ApiError>;
+    /// `StopInstances` with `Force` (a hung instance must still be stopped: it is a fence).
+    async fn stop_instances(&self, ids: &[String]) -> Result<(), ApiError>;
+    /// `DescribeSubnets`: each subnet's availability zone.
+    async fn subnet_zones(&self, ids: &[String]) -> Result<Vec<(String, String)>, ApiError>;
 }
 
 /// A Route53 change action.

@@ -64,6 +64,14 @@ pub trait NodeProvider: Send + Sync {
     /// Terminate; an instance that is already terminated or unknown is `Ok` (except one this
     /// provider launched moments ago, which is waited for, so it cannot leak).
     async fn terminate(&self, id: &str) -> Result<(), CloudError>;
+
+    /// Stop with force: the fence of a failover (an instance that may still write must be
+    /// down before its volume moves). A stopped, terminating or unknown instance is `Ok`.
+    async fn stop(&self, id: &str) -> Result<(), CloudError>;
+
+    /// Start-up check of `--aws-subnets`: every subnet exists and lies in the zone it is
+    /// mapped to (a node launched with `Placement` in one zone and a subnet of another fails).
+    async fn check_subnets(&self) -> Result<(), CloudError>;
 }
 
 /// DNS A records in the operator's hosted zone. Names are fully qualified, with or without

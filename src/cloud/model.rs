@@ -102,6 +102,9 @@ pub struct Instance {
     pub public_ip: Option<String>,
     pub tags: BTreeMap<String, String>,
     pub launched_at: Option<SystemTime>,
+    /// EC2's `StateReason` message once the instance stopped or ended (e.g.
+    /// `Client.VolumeLimitExceeded: Volume limit exceeded`): why it went away.
+    pub state_reason: Option<String>,
 }
 
 impl Instance {

@@ -233,6 +233,60 @@ impl<A: Ec2Api + 'static> NodeProvider for Ec2NodeProvider<A> {
             Err(e) => Err(CloudError::from_api("TerminateInstances", e)),
         }
     }
+
+    async fn check_subnets(&self) -> Result<(), CloudError> {
+        let ids: Vec<String> = self.config.subnets_by_zone.values().cloned().collect();
+        if ids.is_empty() {
+            return Err(CloudError::Config(
+                "--aws-subnets maps no zone to a subnet: no node could be launched".into(),
+            ));
+        }
+        let found = self
+            .calls
+            .call("DescribeSubnets", NotFound::Return, || {
+                self.api.subnet_zones(&ids)
+            })
+            .await
+            .map_err(|e| CloudError::from_api("DescribeSubnets", e))?;
+        let wrong: Vec<String> = self
+            .config
+            .subnets_by_zone
+            .iter()
+            .filter_map(
+                |(zone, subnet)| match found.iter().find(|(id, _)| id == subnet) {
+                    Some((_, actual)) if actual == zone => None,
+                    Some((_, actual)) => Some(format!("{subnet} is in {actual}, not {zone}")),
+                    None => Some(format!("{subnet} does not exist")),
+                },
+            )
+            .collect();
+        if wrong.is_empty() {
+            Ok(())
+        } else {
+            Err(CloudError::Config(format!(
+                "--aws-subnets: {}",
+                wrong.join("; ")
+            )))
+        }
+    }
+
+    async fn stop(&self, id: &str) -> Result<(), CloudError> {
+        let ids = [id.to_string()];
+        match self
+            .calls
+            .call("StopInstances", NotFound::Return, || {
+                self.api.stop_instances(&ids)
+            })
+            .await
+        {
+            Ok(()) => Ok(()),
+            // Gone is as fenced as stopped.
+            Err(e) if e.code == "InvalidInstanceID.NotFound" => Ok(()),
+            // EC2 refuses to stop an instance that is already terminating.
+            Err(e) if e.code == "IncorrectInstanceState" => Ok(()),
+            Err(e) => Err(CloudError::from_api("StopInstances", e)),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -252,6 +306,7 @@ mod tests {
             public_ip: None,
             tags: Default::default(),
             launched_at: Some(SystemTime::UNIX_EPOCH + Duration::from_secs(launched_secs)),
+            state_reason: None,
         }
     }
 

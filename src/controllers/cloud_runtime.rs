@@ -57,6 +57,11 @@ pub struct CloudRuntime {
     pub instances: InstanceCache,
     /// Permanent launch failures by QuestDB uid (in memory: a restart retries once).
     pub launch_failures: LaunchFailures,
+    /// When each dedicated node was last seen alive (this leadership term's clock).
+    pub health: crate::controllers::node_health::NodeHealth,
+    /// When instances that went away by themselves were replaced, by QuestDB uid (in memory:
+    /// a restart allows one more at once, as with `launch_failures`).
+    pub relaunches: Mutex<std::collections::HashMap<String, Vec<Instant>>>,
 }
 
 impl CloudRuntime {
@@ -67,6 +72,8 @@ impl CloudRuntime {
             dns: cloud.dns,
             settings: cloud.settings,
             launch_failures: LaunchFailures::default(),
+            health: Default::default(),
+            relaunches: Default::default(),
         }
     }
 }

@@ -35,6 +35,8 @@ pub struct Caches {
     pub pods: Store<Pod>,
     pub network_policies: Store<NetworkPolicy>,
     pub nodes: Store<Node>,
+    /// The kubelets' Leases in `kube-node-lease` (renewTime only), with a cloud provider.
+    pub leases: Store<k8s_openapi::api::coordination::v1::Lease>,
     /// Secrets, metadata only: Secret data of the whole cluster is never cached.
     pub secrets: Store<PartialObjectMeta<Secret>>,
 }

@@ -6,8 +6,10 @@ pub mod cloud_runtime;
 pub mod conditions;
 pub mod context;
 pub mod dns;
+pub mod failover;
 pub mod in_flight;
 pub mod node;
+pub mod node_health;
 pub mod questdb;
 pub mod sweep;
 

@@ -51,9 +51,14 @@ pub enum NodeStep {
     RecordInstance(Instance),
     /// Status names an instance the cache does not hold: ask EC2 about that id directly.
     LookUp(String),
-    /// Status names an instance that no longer exists (terminated outside the operator): start
-    /// a new generation; the volume keeps the data.
-    Replace { next_generation: i64 },
+    /// Status names an instance that no longer exists (terminated outside the operator, or
+    /// ended before it ran): start a new generation; the volume keeps the data.
+    Replace {
+        next_generation: i64,
+        /// The instance that went away, and EC2's reason.
+        gone: String,
+        reason: Option<String>,
+    },
     /// The instance is on its way; look again soon.
     Wait(Desired),
     /// The Node is there but lacks the dedicated label, the pin label and/or the taint.
@@ -178,6 +183,8 @@ pub fn plan(v: &NodeView) -> NodeStep {
             return match pick {
                 Some(i) if i.state.is_gone() => NodeStep::Replace {
                     next_generation: generation + 1,
+                    gone: i.id.clone(),
+                    reason: i.state_reason.clone(),
                 },
                 Some(i) => NodeStep::RecordInstance((*i).clone()),
                 None => match v.recent_permanent_failure {
@@ -196,6 +203,8 @@ pub fn plan(v: &NodeView) -> NodeStep {
     match instance.state {
         InstanceState::ShuttingDown | InstanceState::Terminated => NodeStep::Replace {
             next_generation: generation + 1,
+            gone: instance.id.clone(),
+            reason: instance.state_reason.clone(),
         },
         InstanceState::Pending => {
             waiting("Launching", format!("instance {} is starting", instance.id))
@@ -225,6 +234,48 @@ pub fn plan(v: &NodeView) -> NodeStep {
                 ready: node_is_ready(node),
             },
         },
+    }
+}
+
+/// Replacements of instances that went away by themselves, per QuestDB and hour: more is a
+/// pattern (a KMS key policy, a volume limit, a bad AMI) for a person, not a loop.
+pub const MAX_RELAUNCHES_PER_HOUR: usize = 5;
+const RELAUNCH_BASE: Duration = Duration::from_secs(30);
+const RELAUNCH_MAX: Duration = Duration::from_secs(900);
+const HOUR: Duration = Duration::from_secs(3600);
+
+/// Whether a replacement may launch now, given the earlier ones (`history`, any order).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Relaunch {
+    Now,
+    /// Exponential backoff since the last replacement: 30 s, 1, 2, 4 min ... capped at 15.
+    Backoff(Duration),
+    /// The hourly cap is reached; the oldest replacement ages out after this long.
+    Capped(Duration),
+}
+
+pub fn relaunch(history: &[tokio::time::Instant], now: tokio::time::Instant) -> Relaunch {
+    let recent: Vec<_> = history
+        .iter()
+        .filter(|t| now.saturating_duration_since(**t) < HOUR)
+        .copied()
+        .collect();
+    if recent.len() >= MAX_RELAUNCHES_PER_HOUR {
+        let oldest = recent.iter().min().copied().unwrap_or(now);
+        return Relaunch::Capped(HOUR.saturating_sub(now.saturating_duration_since(oldest)));
+    }
+    let Some(last) = recent.iter().max().copied() else {
+        return Relaunch::Now;
+    };
+    let exp = u32::try_from(recent.len() - 1).unwrap_or(u32::MAX).min(10);
+    let backoff = RELAUNCH_BASE
+        .saturating_mul(2u32.saturating_pow(exp))
+        .min(RELAUNCH_MAX);
+    let since = now.saturating_duration_since(last);
+    if since >= backoff {
+        Relaunch::Now
+    } else {
+        Relaunch::Backoff(backoff - since)
     }
 }
 

@@ -35,6 +35,7 @@ fn instance(id: &str, generation: i64, state: InstanceState) -> Instance {
         public_ip: None,
         tags: desired_instance_tags("c", "ns", "db", UID, generation),
         launched_at: None,
+        state_reason: None,
     }
 }
 
@@ -156,11 +157,74 @@ fn after_a_crash_the_instance_of_the_generation_is_recorded_not_launched_again()
 #[test]
 fn a_spent_generation_moves_on_to_the_next() {
     let mut c = Case::new(status(Some(1), None));
-    c.instances = vec![instance("i-1", 1, InstanceState::Terminated)];
-    assert_eq!(c.plan(), NodeStep::Replace { next_generation: 2 });
+    let mut gone = instance("i-1", 1, InstanceState::Terminated);
+    gone.state_reason = Some("Client.VolumeLimitExceeded: Volume limit exceeded".into());
+    c.instances = vec![gone];
+    assert_eq!(
+        c.plan(),
+        NodeStep::Replace {
+            next_generation: 2,
+            gone: "i-1".into(),
+            reason: Some("Client.VolumeLimitExceeded: Volume limit exceeded".into()),
+        }
+    );
     let mut c = Case::new(status(Some(1), Some("i-1")));
     c.instances = vec![instance("i-1", 1, InstanceState::ShuttingDown)];
-    assert_eq!(c.plan(), NodeStep::Replace { next_generation: 2 });
+    assert_eq!(
+        c.plan(),
+        NodeStep::Replace {
+            next_generation: 2,
+            gone: "i-1".into(),
+            reason: None,
+        }
+    );
+}
+
+/// An instance that dies while pending (a KMS key policy, a volume limit) must not become a
+/// launch loop: replacements back off exponentially and stop at the hourly cap.
+#[test]
+fn replacements_back_off_and_are_capped_per_hour() {
+    use std::time::Duration;
+    let t0 = tokio::time::Instant::now();
+    let at = |s: u64| t0 + Duration::from_secs(s);
+    assert_eq!(relaunch(&[], t0), Relaunch::Now);
+    assert_eq!(
+        relaunch(&[t0], at(10)),
+        Relaunch::Backoff(Duration::from_secs(20))
+    );
+    assert_eq!(relaunch(&[t0], at(30)), Relaunch::Now);
+    assert_eq!(
+        relaunch(&[t0, at(30)], at(40)),
+        Relaunch::Backoff(Duration::from_secs(50))
+    );
+    assert_eq!(
+        relaunch(&[t0, at(30), at(90)], at(150)),
+        Relaunch::Backoff(Duration::from_secs(60))
+    );
+    // The bound: however fast instances die, at most MAX_RELAUNCHES_PER_HOUR per hour.
+    let mut history = Vec::new();
+    let mut now = t0;
+    let mut launched = 0;
+    while now < t0 + Duration::from_secs(3600) {
+        match relaunch(&history, now) {
+            Relaunch::Now => {
+                history.push(now);
+                launched += 1;
+            }
+            Relaunch::Backoff(_) | Relaunch::Capped(_) => {}
+        }
+        now += Duration::from_secs(1);
+    }
+    assert_eq!(launched, MAX_RELAUNCHES_PER_HOUR);
+    assert!(matches!(
+        relaunch(&history, now - Duration::from_secs(1)),
+        Relaunch::Capped(_)
+    ));
+    // An hour after the first, one more is allowed.
+    assert!(!matches!(
+        relaunch(&history, t0 + Duration::from_secs(3601)),
+        Relaunch::Capped(_)
+    ));
 }
 
 #[test]

@@ -108,12 +108,54 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<String>, token: Cancellati
             .into_iter()
             .cloned()
             .collect();
+        let managed = instances
+            .iter()
+            .filter(|i| !i.state.is_gone() && i.tags.contains_key(TAG_UID))
+            .count();
+        if !within_bound(due.len(), managed) {
+            // Many at once is not a few deleted databases: a QuestDB cache that is empty or
+            // partial (RBAC, a wrong namespace flag) would make every instance look orphaned.
+            warn!(
+                orphans = due.len(),
+                managed,
+                "orphan sweep: more instances look orphaned than one pass may terminate; terminating none"
+            );
+            for instance in &due {
+                hold_back(&ctx, instance, due.len(), managed).await;
+            }
+            continue;
+        }
         for instance in due {
             if token.is_cancelled() {
                 return;
             }
             terminate_orphan(&ctx, &cloud.nodes, &instance).await;
         }
+    }
+}
+
+/// One pass terminates at most max(1, 10%) of the managed instances; more is held back whole.
+pub fn within_bound(orphans: usize, managed: usize) -> bool {
+    orphans <= (managed / 10).max(1)
+}
+
+async fn hold_back(ctx: &Context, instance: &Instance, orphans: usize, managed: usize) {
+    let nodes = ctx.caches.nodes.state();
+    let Some(node) = node_for(&nodes, &instance.id) else {
+        return;
+    };
+    let ev = Event {
+        type_: EventType::Warning,
+        reason: "OrphanSweepHeldBack".into(),
+        note: Some(format!(
+            "instance {} looks orphaned, but so do {orphans} of {managed} managed instances: more than one sweep may terminate, so none is; check the operator's QuestDB cache and --namespace",
+            instance.id
+        )),
+        action: "TerminateOrphan".into(),
+        secondary: None,
+    };
+    if let Err(e) = ctx.recorder.publish(&ev, &node.object_ref(&())).await {
+        warn!(error = %e, "could not record event");
     }
 }
 
@@ -175,7 +217,18 @@ mod tests {
             public_ip: None,
             tags: desired_instance_tags("c", "ns", "db", uid, 1),
             launched_at: None,
+            state_reason: None,
         }
+    }
+
+    #[test]
+    fn a_sweep_that_would_terminate_many_instances_terminates_none() {
+        assert!(within_bound(1, 1));
+        assert!(within_bound(1, 5));
+        assert!(!within_bound(2, 5));
+        assert!(within_bound(3, 30));
+        assert!(!within_bound(4, 30));
+        assert!(within_bound(0, 0));
     }
 
     #[test]

@@ -3,7 +3,7 @@
 
 use prometheus::{
     exponential_buckets, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter,
-    IntCounterVec, IntGaugeVec, Opts, Registry,
+    IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
 };
 
 /// controller-runtime's `controller_runtime_reconcile_time_seconds` buckets.
@@ -63,6 +63,10 @@ pub(super) struct Families {
     pub reconcile_api_calls: HistogramVec,
     pub reconcile_aws_calls: HistogramVec,
     pub orphaned_instances_terminated: IntCounter,
+    pub failovers_suppressed: IntCounterVec,
+    pub unhealthy_dedicated_nodes: IntGauge,
+    pub failover_steps: HistogramVec,
+    pub failover_detection: Histogram,
 }
 
 impl Families {
@@ -205,6 +209,26 @@ impl Families {
                 "questdb_operator_orphaned_instances_terminated_total",
                 "Cloud instances terminated because no QuestDB claims them",
             ),
+            failovers_suppressed: r.counter_vec(
+                "questdb_operator_failovers_suppressed_total",
+                "Failovers held back although the node was unhealthy past its threshold, by reason",
+                &["reason"],
+            ),
+            unhealthy_dedicated_nodes: r.gauge(
+                "questdb_operator_unhealthy_dedicated_nodes",
+                "Dedicated nodes silent or not Ready for at least 10 s",
+            ),
+            failover_steps: r.histogram_vec(
+                "questdb_operator_failover_step_duration_seconds",
+                "Seconds each failover step took, by step",
+                &["step"],
+                FAILOVER_DOWNTIME_BUCKETS.to_vec(),
+            ),
+            failover_detection: r.histogram(
+                "questdb_operator_failover_detection_latency_seconds",
+                "Seconds from a node crossing its unhealthy threshold to the fencing call",
+                vec![0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0],
+            ),
         };
         r.process_collector();
         families
@@ -227,6 +251,10 @@ impl Registrar<'_> {
 
     fn counter_vec(&self, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
         self.register(IntCounterVec::new(Opts::new(name, help), labels).expect("valid counter"))
+    }
+
+    fn gauge(&self, name: &str, help: &str) -> IntGauge {
+        self.register(IntGauge::with_opts(Opts::new(name, help)).expect("valid gauge"))
     }
 
     fn gauge_vec(&self, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {

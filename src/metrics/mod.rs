@@ -268,6 +268,33 @@ impl Metrics {
         }
     }
 
+    /// A failover was due but held back (`reason` as in the `Failover` condition).
+    pub fn failover_suppressed(&self, reason: &str) {
+        self.families
+            .failovers_suppressed
+            .with_label_values(&[reason])
+            .inc();
+    }
+
+    pub fn set_unhealthy_dedicated_nodes(&self, n: usize) {
+        self.families.unhealthy_dedicated_nodes.set(n as i64);
+    }
+
+    /// A failover step ended after `took`.
+    pub fn failover_step(&self, step: &str, took: Duration) {
+        self.families
+            .failover_steps
+            .with_label_values(&[step])
+            .observe(took.as_secs_f64());
+    }
+
+    /// From the threshold crossing to the fencing call.
+    pub fn failover_detected(&self, latency: Duration) {
+        self.families
+            .failover_detection
+            .observe(latency.as_secs_f64());
+    }
+
     /// The orphan sweep terminated an instance that no QuestDB claims.
     pub fn orphaned_instance_terminated(&self) {
         self.families.orphaned_instances_terminated.inc();

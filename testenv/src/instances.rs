@@ -19,6 +19,10 @@ pub enum InstanceChange {
         /// As RunInstances received it (base64 or plain).
         user_data: String,
     },
+    /// Stopped: the kubelet is gone, the Node stays (tainted by the cloud controller).
+    Stopped {
+        id: String,
+    },
     Terminated {
         id: String,
     },
@@ -56,6 +60,9 @@ pub fn spawn_instance_join(
                     {
                         warn!(instance = %id, error = format!("{e:#}"), "node join failed");
                     }
+                }
+                InstanceChange::Stopped { id } => {
+                    kubelets.instance_stopped(&node_name_for_instance(&id))
                 }
                 InstanceChange::Terminated { id } => {
                     kubelets.instance_terminated(&node_name_for_instance(&id))

@@ -426,28 +426,74 @@ impl Kubelets {
     /// longer exists; k8s.io/cloud-provider/controllers/nodelifecycle).
     pub fn instance_terminated(&self, node_name: &str) {
         self.leave(node_name);
+        self.once_not_ready(node_name, |nodes, node| async move {
+            let name = node.name_any();
+            nodes.delete(&name, &DeleteParams::default()).await.is_ok()
+        });
+    }
+
+    /// The instance is stopped (StopInstances, or a power loss EC2 reports as stopped): its
+    /// kubelet stops and the Node **stays**; once it is NotReady the cloud controller taints it
+    /// `node.cloudprovider.kubernetes.io/shutdown:NoSchedule`, as the AWS
+    /// cloud-controller-manager does for a shut-down instance
+    /// (k8s.io/cloud-provider/controllers/nodelifecycle: `ShutdownTaint`).
+    pub fn instance_stopped(&self, node_name: &str) {
+        self.leave(node_name);
+        self.once_not_ready(node_name, |nodes, node| async move {
+            let mut taints = node
+                .spec
+                .as_ref()
+                .and_then(|s| s.taints.clone())
+                .unwrap_or_default();
+            if taints.iter().any(|t| t.key == SHUTDOWN_TAINT) {
+                return true;
+            }
+            taints.push(Taint {
+                key: SHUTDOWN_TAINT.into(),
+                effect: "NoSchedule".into(),
+                ..Default::default()
+            });
+            let patch = json!({"metadata": {"resourceVersion": node.metadata.resource_version},
+                               "spec": {"taints": taints}});
+            nodes
+                .patch(
+                    &node.name_any(),
+                    &PatchParams::default(),
+                    &Patch::Merge(&patch),
+                )
+                .await
+                .is_ok()
+        });
+    }
+
+    /// What the cloud controller does to the Node of an instance that stopped or ended, once
+    /// the node-lifecycle controller has marked it NotReady (checked every monitor period);
+    /// `act` returns false to be tried again. Nothing happens if the Node is gone.
+    fn once_not_ready<F, Fut>(&self, node_name: &str, act: F)
+    where
+        F: Fn(Api<Node>, Node) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = bool> + Send,
+    {
         let nodes: Api<Node> = Api::all(self.client.clone());
         let name = node_name.to_string();
         let stop = self.stop.clone();
         tokio::spawn(async move {
             loop {
-                let node = match nodes.get_opt(&name).await {
-                    Ok(Some(n)) => n,
-                    Ok(None) => return,
-                    Err(_) => {
-                        tokio::time::sleep(Duration::from_secs(1)).await;
-                        continue;
+                match nodes.get_opt(&name).await {
+                    Ok(Some(node)) => {
+                        let ready = node
+                            .status
+                            .as_ref()
+                            .and_then(|s| s.conditions.as_ref())
+                            .is_some_and(|cs| {
+                                cs.iter().any(|c| c.type_ == "Ready" && c.status == "True")
+                            });
+                        if !ready && act(nodes.clone(), node).await {
+                            return;
+                        }
                     }
-                };
-                let ready = node
-                    .status
-                    .and_then(|s| s.conditions)
-                    .unwrap_or_default()
-                    .into_iter()
-                    .any(|c| c.type_ == "Ready" && c.status == "True");
-                if !ready {
-                    let _ = nodes.delete(&name, &DeleteParams::default()).await;
-                    return;
+                    Ok(None) => return,
+                    Err(_) => {}
                 }
                 tokio::select! {
                     _ = stop.cancelled() => return,
@@ -457,6 +503,9 @@ impl Kubelets {
         });
     }
 }
+
+/// The cloud controller's taint on the Node of a shut-down instance.
+pub const SHUTDOWN_TAINT: &str = "node.cloudprovider.kubernetes.io/shutdown";
 
 fn conditions(ready: bool) -> serde_json::Value {
     let now = Time(k8s_openapi::jiff::Timestamp::now());

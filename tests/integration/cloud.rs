@@ -231,6 +231,7 @@ fn spawn_node_join(
                         zone: i.zone,
                         private_ip: i.private_ip,
                     },
+                    Ok(InstanceEvent::Stopped(id)) => InstanceChange::Stopped { id },
                     Ok(InstanceEvent::Terminated(id)) => InstanceChange::Terminated { id },
                     Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
                     Err(_) => return None,
@@ -324,11 +325,34 @@ async fn a_questdb_with_a_node_gets_its_own_instance_node_and_dns_and_releases_t
             .iter()
             .any(|t| t.key == DEDICATED_TAINT_KEY && t.effect == "NoSchedule")));
 
-    // DNS points at the node's private IP.
+    // DNS points at the node's private IP, where the database's ports are bound.
     let records = env.cloud.route53.records();
     assert_eq!(records.len(), 1, "{records:?}");
     assert_eq!(records[0].name, "db1.db.example.com");
     assert_eq!(Some(&records[0].ips[0]), instance.private_ip.as_ref());
+    let pod = Api::<Pod>::namespaced(env.client.clone(), NS)
+        .get(&names::pod(&q))
+        .await
+        .expect("pod");
+    assert_eq!(
+        pod.status.as_ref().and_then(|s| s.host_ip.as_ref()),
+        Some(&records[0].ips[0]),
+        "the record names the address of the pod's node"
+    );
+    let host_ports: Vec<i32> = pod
+        .spec
+        .as_ref()
+        .map(|s| &s.containers[0])
+        .and_then(|c| c.ports.clone())
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|p| p.host_port)
+        .collect();
+    assert_eq!(
+        host_ports,
+        vec![9000, 8812, 9009],
+        "HTTP, pgwire, ILP on the node address"
+    );
     assert_eq!(records[0].ttl, 60);
     let provisioning = env.aws_calls();
     eprintln!(
@@ -798,3 +822,6 @@ async fn a_second_questdb_cannot_take_or_delete_another_ones_dns_record() {
     assert_eq!(records[0].ips, vec![first_ip]);
     env.stop().await;
 }
+
+#[path = "failover.rs"]
+mod failover;

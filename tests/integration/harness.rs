@@ -188,13 +188,28 @@ pub async fn wait_for<K>(api: &Api<K>, name: &str, what: &str, cond: impl Condit
 where
     K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
 {
-    match tokio::time::timeout(TIMEOUT, await_condition(api.clone(), name, cond)).await {
+    wait_for_within(api, name, what, TIMEOUT, cond).await
+}
+
+/// [`wait_for`] with a timeout of the test's choosing (a failover takes the cluster's own
+/// timings: node grace, pod GC period, detach, attach).
+pub async fn wait_for_within<K>(
+    api: &Api<K>,
+    name: &str,
+    what: &str,
+    timeout: Duration,
+    cond: impl Condition<K>,
+) -> K
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
+{
+    match tokio::time::timeout(timeout, await_condition(api.clone(), name, cond)).await {
         Ok(Ok(Some(obj))) => obj,
         Ok(Ok(None)) => panic!("{what}: {name} was deleted"),
         Ok(Err(e)) => panic!("{what}: watch failed: {e}"),
         Err(_) => {
             let now = api.get_opt(name).await.ok().flatten();
-            panic!("{what}: timed out after {TIMEOUT:?}; object is now {now:#?}")
+            panic!("{what}: timed out after {timeout:?}; object is now {now:#?}")
         }
     }
 }

@@ -98,6 +98,10 @@ fn convert(i: &aws_sdk_ec2::types::Instance) -> Option<Instance> {
             })
             .collect(),
         launched_at: i.launch_time().and_then(|t| SystemTime::try_from(*t).ok()),
+        state_reason: i
+            .state_reason()
+            .and_then(|r| r.message())
+            .map(str::to_string),
     })
 }
 
@@ -190,6 +194,37 @@ impl Ec2Api for AwsEc2 {
             items,
             next_token: out.next_token().map(str::to_string),
         })
+    }
+
+    async fn subnet_zones(&self, ids: &[String]) -> Result<Vec<(String, String)>, ApiError> {
+        let out = self
+            .client
+            .describe_subnets()
+            .set_subnet_ids(Some(ids.to_vec()))
+            .send()
+            .await
+            .map_err(api_error)?;
+        Ok(out
+            .subnets()
+            .iter()
+            .filter_map(|s| {
+                Some((
+                    s.subnet_id()?.to_string(),
+                    s.availability_zone()?.to_string(),
+                ))
+            })
+            .collect())
+    }
+
+    async fn stop_instances(&self, ids: &[String]) -> Result<(), ApiError> {
+        self.client
+            .stop_instances()
+            .set_instance_ids(Some(ids.to_vec()))
+            .force(true)
+            .send()
+            .await
+            .map_err(api_error)?;
+        Ok(())
     }
 
     async fn terminate_instances(&self, ids: &[String]) -> Result<(), ApiError> {

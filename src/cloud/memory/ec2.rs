@@ -18,6 +18,8 @@ use crate::cloud::{ApiError, Instance, InstanceState};
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum InstanceEvent {
     Running(Instance),
+    /// Stopped (by StopInstances or a power loss): the kubelet is gone, the Node stays.
+    Stopped(String),
     Terminated(String),
 }
 
@@ -171,16 +173,22 @@ impl MemoryEc2 {
     }
 
     /// The instance loses power: EC2 reports it `stopped` (a fault a test or sandbox user
-    /// injects; the operator never stops instances). Returns whether it was running.
+    /// injects). Returns whether it was running.
     pub fn power_off(&self, id: &str) -> bool {
-        let mut state = self.lock();
-        match state.records.get_mut(id) {
-            Some(r) if r.instance.state == InstanceState::Running => {
-                r.instance.state = InstanceState::Stopped;
-                true
+        let stopped = {
+            let mut state = self.lock();
+            match state.records.get_mut(id) {
+                Some(r) if r.instance.state == InstanceState::Running => {
+                    r.instance.state = InstanceState::Stopped;
+                    true
+                }
+                _ => false,
             }
-            _ => false,
+        };
+        if stopped {
+            let _ = self.events.send(InstanceEvent::Stopped(id.to_string()));
         }
+        stopped
     }
 
     /// Every instance ever launched, whatever its state, ignoring eventual consistency.
@@ -272,6 +280,7 @@ impl MemoryEc2 {
                 .then(|| format!("203.0.113.{}", serial % 250 + 1)),
             tags: spec.tags.clone(),
             launched_at: Some(SystemTime::now()),
+            state_reason: None,
         };
         state
             .by_token
@@ -312,6 +321,7 @@ impl MemoryEc2 {
                 record.instance.state = to;
                 match to {
                     InstanceState::Running => InstanceEvent::Running(record.instance.clone()),
+                    InstanceState::Stopped => InstanceEvent::Stopped(id.clone()),
                     _ => InstanceEvent::Terminated(id.clone()),
                 }
             };
@@ -416,6 +426,53 @@ impl Ec2Api for MemoryEc2 {
         let items = visible.get(start..end).unwrap_or_default().to_vec();
         let next_token = (end < visible.len()).then(|| end.to_string());
         Ok(Page { items, next_token })
+    }
+
+    /// The sandbox's subnets are named `subnet-<zone>`.
+    async fn subnet_zones(&self, ids: &[String]) -> Result<Vec<(String, String)>, ApiError> {
+        let mut state = self.lock();
+        Self::begin(&mut state, "DescribeSubnets")?;
+        ids.iter()
+            .map(|id| match id.strip_prefix("subnet-") {
+                Some(zone) => Ok((id.clone(), zone.to_string())),
+                None => Err(ApiError::new(
+                    "InvalidSubnetID.NotFound",
+                    format!("The subnet ID '{id}' does not exist"),
+                )),
+            })
+            .collect()
+    }
+
+    /// StopInstances with Force: `running`/`pending` → `stopping` → `stopped`; stopped or gone
+    /// instances are left as they are (EC2 answers with their current state, no error).
+    async fn stop_instances(&self, ids: &[String]) -> Result<(), ApiError> {
+        let (to_schedule, delay) = {
+            let mut state = self.lock();
+            Self::begin(&mut state, "StopInstances")?;
+            if let Some(id) = ids.iter().find(|id| !state.records.contains_key(*id)) {
+                return Err(ApiError::new(
+                    "InvalidInstanceID.NotFound",
+                    format!("The instance ID '{id}' does not exist"),
+                ));
+            }
+            let mut to_schedule = Vec::new();
+            for id in ids {
+                if let Some(record) = state.records.get_mut(id) {
+                    if matches!(
+                        record.instance.state,
+                        InstanceState::Running | InstanceState::Pending
+                    ) {
+                        record.instance.state = InstanceState::Stopping;
+                        to_schedule.push(id.clone());
+                    }
+                }
+            }
+            (to_schedule, state.options.shutting_down_to_terminated)
+        };
+        for id in to_schedule {
+            self.schedule_transition(id, InstanceState::Stopping, InstanceState::Stopped, delay);
+        }
+        Ok(())
     }
 
     async fn terminate_instances(&self, ids: &[String]) -> Result<(), ApiError> {

@@ -59,6 +59,8 @@ pub struct CloudOutcome {
     pub dedicated: Option<DedicatedNode>,
     pub node_condition: Option<Desired>,
     pub dns_condition: Option<Desired>,
+    /// Automatic failover: armed, under way, held back or stuck.
+    pub failover_condition: Option<Desired>,
     /// The dedicated Node, once registered.
     pub node: Option<Arc<Node>>,
     /// Nothing left in the cloud for this QuestDB (the finalizer may go).
@@ -72,7 +74,7 @@ impl CloudOutcome {
         self.node_condition.as_ref().is_some_and(|c| !c.status)
     }
 
-    fn requeue_within(&mut self, d: Duration) {
+    pub(super) fn requeue_within(&mut self, d: Duration) {
         self.requeue = Some(self.requeue.map_or(d, |r| r.min(d)));
     }
 }
@@ -116,7 +118,7 @@ pub async fn set_finalizer(qdb: &mut QuestDB, ctx: &Context, present: bool) -> R
 
 /// Writes `edit` of the status (with the object's resourceVersion, so a stale view of the
 /// status yields a conflict instead of being acted on) and continues with the stored object.
-async fn persist(
+pub(super) async fn persist(
     qdb: &mut QuestDB,
     ctx: &Context,
     edit: impl FnOnce(&mut QuestDBStatus),
@@ -173,6 +175,8 @@ pub async fn reconcile(
         out.released = status.instance_id.is_none() && status.dns_name.is_none();
         return Ok(out);
     };
+    // Before the steady-state shortcut: a node whose Lease stopped may still look Ready.
+    out.failover_condition = super::failover::reconcile(qdb, ctx, cloud, &mut out).await?;
     let dedicated = DedicatedNode::for_questdb(qdb);
 
     if !release {
@@ -443,10 +447,54 @@ async fn node_steps(
                     None => learnt.push(forgotten(qdb, &uid, &id, status.node_generation)),
                 }
             }
-            NodeStep::Replace { next_generation } => {
+            NodeStep::Replace {
+                next_generation,
+                gone,
+                reason,
+            } => {
+                let why = reason.as_deref().unwrap_or("no reason given by EC2");
+                let uid = qdb.uid().unwrap_or_default();
+                let now = tokio::time::Instant::now();
+                let hold = {
+                    let mut all = cloud.relaunches.lock().unwrap_or_else(|p| p.into_inner());
+                    let history = all.entry(uid).or_default();
+                    let verdict = node::relaunch(history, now);
+                    if verdict == node::Relaunch::Now {
+                        history.push(now);
+                    }
+                    verdict
+                };
+                let wait = match hold {
+                    node::Relaunch::Now => None,
+                    node::Relaunch::Backoff(d) => Some(("RelaunchBackoff", d)),
+                    node::Relaunch::Capped(d) => Some(("RelaunchCapped", d)),
+                };
+                if let Some((reason, d)) = wait {
+                    let c = Desired::new(
+                        conditions::NODE_READY,
+                        false,
+                        reason,
+                        format!(
+                            "instance {gone} went away ({why}); the next launch waits (at most {} per hour)",
+                            node::MAX_RELAUNCHES_PER_HOUR
+                        ),
+                    );
+                    if !already_reported(&status, &c) {
+                        ctx.event(
+                            qdb,
+                            EventType::Warning,
+                            reason,
+                            "ReplaceNode",
+                            c.message.clone(),
+                        )
+                        .await;
+                    }
+                    out.node_condition = Some(c);
+                    out.requeue_within(d.max(Duration::from_secs(1)));
+                    return Ok(None);
+                }
                 let note = format!(
-                    "instance {} is gone; launching node generation {next_generation}",
-                    status.instance_id.as_deref().unwrap_or("-")
+                    "instance {gone} is gone ({why}); launching node generation {next_generation}"
                 );
                 ctx.event(qdb, EventType::Warning, "NodeGone", "ReplaceNode", note)
                     .await;
@@ -557,6 +605,7 @@ fn forgotten(qdb: &QuestDB, uid: &str, id: &str, generation: Option<i64>) -> Ins
             generation.unwrap_or_default(),
         ),
         launched_at: None,
+        state_reason: None,
     }
 }
 
@@ -618,36 +667,49 @@ async fn dedicate(
     let Some(live) = api.get_opt(name).await.map_err(Error::Kube)? else {
         return Ok(());
     };
+    let taint = json!({
+        "key": DEDICATED_TAINT_KEY,
+        "value": dedicated.label_value,
+        "effect": DEDICATED_TAINT_EFFECT,
+    });
+    let labels = json!({DEDICATED_LABEL_KEY: dedicated.label_value, PIN_LABEL_KEY: instance});
+    patch_node(ctx, &live, taint, Some(labels)).await?;
+    info!(node = %name, value = %dedicated.label_value, %instance, "dedicated node labelled, pinned and tainted");
+    Ok(())
+}
+
+/// Adds `taint` to the live Node (replacing one with its key) and sets `labels`. The
+/// resourceVersion guards the taint list: a merge patch replaces it whole.
+pub(super) async fn patch_node(
+    ctx: &Context,
+    live: &Node,
+    taint: serde_json::Value,
+    labels: Option<serde_json::Value>,
+) -> Result<(), Error> {
+    let key = taint["key"].as_str().unwrap_or_default().to_string();
     let mut taints: Vec<serde_json::Value> = live
         .spec
         .as_ref()
         .and_then(|s| s.taints.clone())
         .unwrap_or_default()
         .into_iter()
-        .filter(|t| t.key != DEDICATED_TAINT_KEY)
+        .filter(|t| t.key != key)
         .filter_map(|t| serde_json::to_value(t).ok())
         .collect();
-    taints.push(json!({
-        "key": DEDICATED_TAINT_KEY,
-        "value": dedicated.label_value,
-        "effect": DEDICATED_TAINT_EFFECT,
-    }));
-    // The resourceVersion guards the taint list (a merge patch replaces it whole).
-    let patch = json!({
-        "metadata": {
-            "resourceVersion": live.resource_version(),
-            "labels": {DEDICATED_LABEL_KEY: dedicated.label_value, PIN_LABEL_KEY: instance},
-        },
-        "spec": {"taints": taints},
-    });
+    taints.push(taint);
+    let mut metadata = json!({"resourceVersion": live.resource_version()});
+    if let Some(labels) = labels {
+        metadata["labels"] = labels;
+    }
+    let patch = json!({"metadata": metadata, "spec": {"taints": taints}});
     let pp = PatchParams {
         field_manager: Some(MANAGER.into()),
         ..PatchParams::default()
     };
-    api.patch(name, &pp, &Patch::Merge(&patch))
+    Api::<Node>::all(ctx.client.clone())
+        .patch(&live.name_any(), &pp, &Patch::Merge(&patch))
         .await
         .map_err(Error::from_status_write)?;
-    info!(node = %name, value = %dedicated.label_value, %instance, "dedicated node labelled, pinned and tainted");
     Ok(())
 }
 

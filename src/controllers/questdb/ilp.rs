@@ -177,6 +177,7 @@ mod tests {
             pods: reflector::store().0,
             network_policies: reflector::store().0,
             nodes: reflector::store().0,
+            leases: reflector::store().0,
             secrets,
         };
         let ctx = Context {

@@ -2,6 +2,7 @@
 //! differs) -> status (only when it differs). A reconcile of a converged QuestDB makes no write.
 
 pub mod cloud;
+pub mod failover;
 mod ilp;
 pub mod status;
 #[cfg(test)]

@@ -169,7 +169,15 @@ pub fn compute(qdb: &QuestDB, obs: &Observed, now: Timestamp) -> QuestDBStatus {
     if let Some(c) = cloud {
         desired.extend(c.node_condition.iter().cloned());
         desired.extend(c.dns_condition.iter().cloned());
+        desired.extend(c.failover_condition.iter().cloned());
     }
+    // A failover under way says so, whatever the pod looks like meanwhile.
+    let failing_over = crate::controllers::failover::in_progress(&existing) && !spec.paused;
+    let phase = if failing_over && phase != Phase::Running {
+        Phase::FailingOver
+    } else {
+        phase
+    };
     // A database waiting for its dedicated node is Provisioning, not merely Pending.
     let phase = match cloud {
         Some(c) if c.provisioning() && !spec.paused && phase == Phase::Pending => {
@@ -276,10 +284,12 @@ fn without_stale_cloud_conditions(
 ) -> Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
     let Some(c) = cloud else { return list };
     let drop_node = qdb.spec.node.is_none() && c.node_condition.is_none();
+    let drop_failover = c.failover_condition.is_none();
     let drop_dns = qdb.spec.dns.is_none() && c.dns_condition.is_none();
     list.retain(|k| {
         !(drop_node && k.type_ == conditions::NODE_READY
-            || drop_dns && k.type_ == conditions::DNS_READY)
+            || drop_dns && k.type_ == conditions::DNS_READY
+            || drop_failover && k.type_ == conditions::FAILOVER)
     });
     list
 }

@@ -1,0 +1,246 @@
+//! Failover of a dedicated node that stopped responding: when to start, and the one next step.
+//! Pure, so every state is a unit test; `questdb::failover` performs the steps.
+//!
+//! The order is what keeps the volume safe: the old instance is **fenced** (stopped or
+//! terminated, as EC2 reports it) before anything lets the volume go. Only then is the old Node
+//! tainted `node.kubernetes.io/out-of-service=nodeshutdown:NoExecute`, which lets the
+//! pod-garbage-collector remove the pod stuck on it and the attach-detach controller detach at
+//! once (Kubernetes "non-graceful node shutdown", GA 1.28; the docs require the node to be
+//! shut down first). A partitioned instance that still runs therefore never shares its volume
+//! with the replacement. Each step is recorded in `status.failover` before its side effect, and
+//! each side effect is idempotent (stop a stopped instance, taint a tainted node), so a crash at
+//! any line resumes where it was.
+//!
+//! The instance is stopped, not terminated, to fence it: on EKS the cloud controller deletes the
+//! Node of a terminated instance within seconds, and a deleted Node's volumes wait for the
+//! attach-detach controller's 6-minute force detach; a stopped instance keeps its Node, which
+//! takes the out-of-service taint. The stopped instance is terminated once the database is back.
+
+use std::time::Duration;
+
+use crate::api::{conditions, FailoverSpec, FailoverStatus, QuestDBStatus};
+use crate::cloud::InstanceState;
+use crate::controllers::conditions::Desired;
+
+/// The steps, as `status.failover.phase` spells them.
+pub mod phase {
+    pub const FENCING: &str = "Fencing";
+    pub const RELEASING: &str = "Releasing";
+    pub const REATTACHING: &str = "Reattaching";
+    pub const RECOVERING: &str = "Recovering";
+    /// Done: the record of the last failover.
+    pub const HEALTHY: &str = "Healthy";
+}
+
+/// `metadata.annotations` key that turns failover off for one QuestDB (maintenance).
+pub const SKIP_ANNOTATION: &str = "crd.questdb.io/skip-failover";
+
+/// The taint that lets a fenced node's pods and volumes go (`v1.TaintNodeOutOfService`).
+pub const OUT_OF_SERVICE_TAINT: &str = "node.kubernetes.io/out-of-service";
+pub const OUT_OF_SERVICE_VALUE: &str = "nodeshutdown";
+pub const OUT_OF_SERVICE_EFFECT: &str = "NoExecute";
+
+/// A failover does not start again within this long of the last one's start: a replacement
+/// that dies at once is a pattern for a person, not a loop.
+pub const MIN_INTERVAL: Duration = Duration::from_secs(600);
+
+/// How long each step may take before the QuestDB reports `FailoverStuck` (it keeps waiting;
+/// every step's wait is a watch event or a slow requeue, never a busy loop).
+pub fn step_timeout(phase: &str) -> Duration {
+    match phase {
+        phase::FENCING => Duration::from_secs(300),
+        phase::RELEASING => Duration::from_secs(600),
+        phase::REATTACHING => Duration::from_secs(600),
+        _ => Duration::from_secs(900),
+    }
+}
+
+/// Whether a failover is under way (not absent, not finished).
+pub fn in_progress(status: &QuestDBStatus) -> bool {
+    status
+        .failover
+        .as_ref()
+        .is_some_and(|f| f.phase != phase::HEALTHY)
+}
+
+/// What decides whether to start.
+pub struct StartView<'a> {
+    pub spec: &'a FailoverSpec,
+    pub skip_annotation: bool,
+    pub status: &'a QuestDBStatus,
+    /// How long the node of `status.instanceId` has been silent or not Ready, on the operator's
+    /// own clock; `None` when it is healthy (or unknown to the tracker).
+    pub unhealthy_for: Option<Duration>,
+    /// Too many dedicated nodes are unhealthy at once: a partition or an outage, not a node.
+    pub breaker_open: bool,
+    /// Seconds since the last failover started (from `status.failover.startedAt`).
+    pub since_last_start: Option<Duration>,
+}
+
+/// The decision about starting a failover.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Start {
+    /// Nothing wrong (or not long enough).
+    No,
+    /// The node is unhealthy past the threshold, but a safety rule holds the failover back.
+    Suppressed {
+        reason: &'static str,
+        message: String,
+    },
+    /// Fence the instance in status and replace it.
+    Go,
+}
+
+pub fn should_start(v: &StartView) -> Start {
+    let Some(unhealthy) = v.unhealthy_for else {
+        return Start::No;
+    };
+    let threshold = Duration::from_secs(v.spec.unhealthy_after_seconds.max(0) as u64);
+    if unhealthy < threshold || v.status.instance_id.is_none() || in_progress(v.status) {
+        return Start::No;
+    }
+    let node = v.status.node_name.as_deref().unwrap_or("its node");
+    let suppressed = |reason, message: String| Start::Suppressed { reason, message };
+    if !v.spec.enabled {
+        return suppressed(
+            "Disabled",
+            format!(
+                "{node} has been unhealthy for {}s; spec.failover.enabled is false",
+                unhealthy.as_secs()
+            ),
+        );
+    }
+    if v.skip_annotation {
+        return suppressed(
+            "SkipAnnotation",
+            format!(
+                "{node} has been unhealthy for {}s; {SKIP_ANNOTATION} is set",
+                unhealthy.as_secs()
+            ),
+        );
+    }
+    if v.breaker_open {
+        return suppressed(
+            "TooManyUnhealthyNodes",
+            format!("{node} has been unhealthy for {}s, but so are too many other dedicated nodes: that looks like a partition or an outage, not a dead node", unhealthy.as_secs()),
+        );
+    }
+    if v.since_last_start.is_some_and(|d| d < MIN_INTERVAL) {
+        return suppressed(
+            "RecentFailover",
+            format!("{node} has been unhealthy for {}s; the last failover started less than {} minutes ago", unhealthy.as_secs(), MIN_INTERVAL.as_secs() / 60),
+        );
+    }
+    Start::Go
+}
+
+/// The circuit breaker: more than max(1, 20%) of the managed dedicated nodes unhealthy at once.
+pub fn breaker_open(unhealthy: usize, managed: usize) -> bool {
+    unhealthy > (managed / 5).max(1)
+}
+
+/// What the steps look at.
+pub struct StepView<'a> {
+    pub failover: &'a FailoverStatus,
+    /// EC2's state of the old instance (`None`: EC2 no longer knows it, i.e. long terminated).
+    pub old_instance: Option<InstanceState>,
+    /// The old Node object still exists.
+    pub old_node_exists: bool,
+    pub old_node_tainted: bool,
+    /// A pod of this QuestDB is still bound to the old node, or its volume is still attached
+    /// there (a VolumeAttachment for the old node).
+    pub old_node_holds_pod: bool,
+    pub old_node_holds_volume: bool,
+    /// The database pod runs (Running) on the node of the new instance.
+    pub pod_running_on_new_node: bool,
+    pub pod_ready: bool,
+    /// `spec.dns` is unset, or the record points at the new node.
+    pub dns_follows: bool,
+}
+
+/// The next step of a failover under way.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Step {
+    /// Stop the old instance (force); repeated until EC2 reports it stopped or terminated.
+    Fence(String),
+    /// Record the next phase (before the side effect that belongs to it).
+    Advance(&'static str),
+    /// Taint the old Node out-of-service.
+    TaintOutOfService(String),
+    /// Nothing to do but wait for the cluster; the string says for what.
+    Wait(String),
+    /// The database is back: terminate the fenced instance and record the end.
+    Finish(String),
+}
+
+pub fn next_step(v: &StepView) -> Step {
+    let f = v.failover;
+    let old = f.old_instance_id.clone().unwrap_or_default();
+    match f.phase.as_str() {
+        phase::FENCING => match v.old_instance {
+            Some(InstanceState::Stopped | InstanceState::Terminated) | None => {
+                Step::Advance(phase::RELEASING)
+            }
+            // Stopping or shutting down: EC2 has the request; repeating it is harmless and
+            // cheap, but waiting is enough.
+            Some(InstanceState::Stopping | InstanceState::ShuttingDown) => {
+                Step::Wait(format!("instance {old} is being stopped"))
+            }
+            Some(InstanceState::Pending | InstanceState::Running) => Step::Fence(old),
+        },
+        phase::RELEASING => {
+            let node = f.old_node.clone().unwrap_or_default();
+            if v.old_node_exists
+                && !v.old_node_tainted
+                && (v.old_node_holds_pod || v.old_node_holds_volume)
+            {
+                Step::TaintOutOfService(node)
+            } else if v.old_node_holds_pod || v.old_node_holds_volume {
+                Step::Wait(format!(
+                    "waiting for the database pod and its volume to leave {node}"
+                ))
+            } else {
+                Step::Advance(phase::REATTACHING)
+            }
+        }
+        phase::REATTACHING => {
+            if v.pod_running_on_new_node {
+                Step::Advance(phase::RECOVERING)
+            } else {
+                Step::Wait("waiting for the database pod to start on the new node".into())
+            }
+        }
+        phase::RECOVERING => {
+            if v.pod_ready && v.dns_follows {
+                Step::Finish(old)
+            } else if !v.pod_ready {
+                Step::Wait("waiting for the database to answer its health check".into())
+            } else {
+                Step::Wait("waiting for the DNS record to follow the database".into())
+            }
+        }
+        _ => Step::Wait(String::new()),
+    }
+}
+
+/// `FailoverStuck` once a step has run past its timeout.
+pub fn stuck(failover: &FailoverStatus, in_step_for: Duration) -> Option<Desired> {
+    let limit = step_timeout(&failover.phase);
+    (in_step_for > limit).then(|| {
+        Desired::new(
+            conditions::FAILOVER,
+            false,
+            "FailoverStuck",
+            format!(
+                "step {} has not finished after {} minutes: {}",
+                failover.phase,
+                limit.as_secs() / 60,
+                failover.message.clone().unwrap_or_default()
+            ),
+        )
+    })
+}
+
+#[cfg(test)]
+#[path = "failover_tests.rs"]
+mod tests;

@@ -1,0 +1,250 @@
+use super::*;
+
+fn spec() -> FailoverSpec {
+    FailoverSpec {
+        enabled: true,
+        unhealthy_after_seconds: 30,
+    }
+}
+
+fn running_status() -> QuestDBStatus {
+    QuestDBStatus {
+        instance_id: Some("i-old".into()),
+        node_name: Some("node-old".into()),
+        node_generation: Some(1),
+        ..Default::default()
+    }
+}
+
+fn start(
+    spec: &FailoverSpec,
+    status: &QuestDBStatus,
+    unhealthy: Option<u64>,
+    breaker: bool,
+) -> Start {
+    should_start(&StartView {
+        spec,
+        skip_annotation: false,
+        status,
+        unhealthy_for: unhealthy.map(Duration::from_secs),
+        breaker_open: breaker,
+        since_last_start: None,
+    })
+}
+
+#[test]
+fn a_node_silent_past_the_threshold_is_failed_over() {
+    assert_eq!(
+        start(&spec(), &running_status(), Some(31), false),
+        Start::Go
+    );
+}
+
+#[test]
+fn a_heartbeat_that_returns_before_the_threshold_causes_nothing() {
+    assert_eq!(
+        start(&spec(), &running_status(), Some(29), false),
+        Start::No
+    );
+    assert_eq!(start(&spec(), &running_status(), None, false), Start::No);
+}
+
+#[test]
+fn many_silent_nodes_at_once_are_a_partition_not_a_dead_node() {
+    assert!(matches!(
+        start(&spec(), &running_status(), Some(60), true),
+        Start::Suppressed {
+            reason: "TooManyUnhealthyNodes",
+            ..
+        }
+    ));
+    // More than max(1, 20%): one of one may fail over, two of five may not.
+    assert!(!breaker_open(1, 1));
+    assert!(!breaker_open(1, 5));
+    assert!(breaker_open(2, 5));
+    assert!(breaker_open(3, 5));
+    assert!(!breaker_open(2, 10));
+    assert!(breaker_open(3, 10));
+}
+
+#[test]
+fn disabled_skipped_or_recently_failed_over_databases_are_held_back_with_a_reason() {
+    let mut off = spec();
+    off.enabled = false;
+    assert!(matches!(
+        start(&off, &running_status(), Some(60), false),
+        Start::Suppressed {
+            reason: "Disabled",
+            ..
+        }
+    ));
+    let status = running_status();
+    let skip = should_start(&StartView {
+        spec: &spec(),
+        skip_annotation: true,
+        status: &status,
+        unhealthy_for: Some(Duration::from_secs(60)),
+        breaker_open: false,
+        since_last_start: None,
+    });
+    assert!(matches!(
+        skip,
+        Start::Suppressed {
+            reason: "SkipAnnotation",
+            ..
+        }
+    ));
+    let recent = should_start(&StartView {
+        spec: &spec(),
+        skip_annotation: false,
+        status: &status,
+        unhealthy_for: Some(Duration::from_secs(60)),
+        breaker_open: false,
+        since_last_start: Some(Duration::from_secs(60)),
+    });
+    assert!(matches!(
+        recent,
+        Start::Suppressed {
+            reason: "RecentFailover",
+            ..
+        }
+    ));
+}
+
+#[test]
+fn a_failover_under_way_or_without_an_instance_does_not_start_another() {
+    let mut status = running_status();
+    status.failover = Some(FailoverStatus {
+        phase: phase::RELEASING.into(),
+        ..Default::default()
+    });
+    assert_eq!(start(&spec(), &status, Some(600), false), Start::No);
+    let mut none = running_status();
+    none.instance_id = None;
+    assert_eq!(start(&spec(), &none, Some(600), false), Start::No);
+    // A finished one is only a record.
+    status.failover.as_mut().unwrap().phase = phase::HEALTHY.into();
+    assert_eq!(start(&spec(), &status, Some(600), false), Start::Go);
+}
+
+fn failover(phase: &str) -> FailoverStatus {
+    FailoverStatus {
+        phase: phase.into(),
+        old_instance_id: Some("i-old".into()),
+        old_node: Some("node-old".into()),
+        ..Default::default()
+    }
+}
+
+fn view(f: &FailoverStatus) -> StepView<'_> {
+    StepView {
+        failover: f,
+        old_instance: Some(InstanceState::Running),
+        old_node_exists: true,
+        old_node_tainted: false,
+        old_node_holds_pod: true,
+        old_node_holds_volume: true,
+        pod_running_on_new_node: false,
+        pod_ready: false,
+        dns_follows: false,
+    }
+}
+
+/// The rule everything else rests on: the volume is let go only once EC2 says the old
+/// instance no longer runs.
+#[test]
+fn nothing_releases_the_volume_before_the_old_instance_is_fenced() {
+    let f = failover(phase::FENCING);
+    for state in [InstanceState::Running, InstanceState::Pending] {
+        let v = StepView {
+            old_instance: Some(state),
+            ..view(&f)
+        };
+        assert_eq!(next_step(&v), Step::Fence("i-old".into()));
+    }
+    for state in [InstanceState::Stopping, InstanceState::ShuttingDown] {
+        let v = StepView {
+            old_instance: Some(state),
+            ..view(&f)
+        };
+        assert!(matches!(next_step(&v), Step::Wait(_)));
+    }
+    for state in [
+        Some(InstanceState::Stopped),
+        Some(InstanceState::Terminated),
+        None,
+    ] {
+        let v = StepView {
+            old_instance: state,
+            ..view(&f)
+        };
+        assert_eq!(next_step(&v), Step::Advance(phase::RELEASING));
+    }
+}
+
+#[test]
+fn releasing_taints_the_fenced_node_once_then_waits_for_pod_and_volume() {
+    let f = failover(phase::RELEASING);
+    assert_eq!(
+        next_step(&view(&f)),
+        Step::TaintOutOfService("node-old".into())
+    );
+    let tainted = StepView {
+        old_node_tainted: true,
+        ..view(&f)
+    };
+    assert!(matches!(next_step(&tainted), Step::Wait(_)));
+    let pod_gone = StepView {
+        old_node_tainted: true,
+        old_node_holds_pod: false,
+        ..view(&f)
+    };
+    assert!(
+        matches!(next_step(&pod_gone), Step::Wait(_)),
+        "volume still attached"
+    );
+    let free = StepView {
+        old_node_holds_pod: false,
+        old_node_holds_volume: false,
+        ..view(&f)
+    };
+    assert_eq!(next_step(&free), Step::Advance(phase::REATTACHING));
+    // The Node was deleted (the cloud removed it): nothing to taint, wait for what is left.
+    let gone = StepView {
+        old_node_exists: false,
+        ..view(&f)
+    };
+    assert!(matches!(next_step(&gone), Step::Wait(_)));
+}
+
+#[test]
+fn recovery_ends_when_the_database_answers_and_dns_follows() {
+    let f = failover(phase::REATTACHING);
+    assert!(matches!(next_step(&view(&f)), Step::Wait(_)));
+    let started = StepView {
+        pod_running_on_new_node: true,
+        ..view(&f)
+    };
+    assert_eq!(next_step(&started), Step::Advance(phase::RECOVERING));
+    let f = failover(phase::RECOVERING);
+    let ready = StepView {
+        pod_running_on_new_node: true,
+        pod_ready: true,
+        ..view(&f)
+    };
+    assert!(matches!(next_step(&ready), Step::Wait(m) if m.contains("DNS")));
+    let done = StepView {
+        dns_follows: true,
+        ..ready
+    };
+    assert_eq!(next_step(&done), Step::Finish("i-old".into()));
+}
+
+#[test]
+fn a_step_past_its_timeout_is_reported_stuck() {
+    let f = failover(phase::RELEASING);
+    assert_eq!(stuck(&f, Duration::from_secs(60)), None);
+    let c = stuck(&f, Duration::from_secs(601)).expect("stuck");
+    assert_eq!(c.reason, "FailoverStuck");
+    assert!(!c.status);
+}

@@ -1,0 +1,507 @@
+//! Performs the failover steps `controllers::failover` plans. Runs at the top of the cloud
+//! part of a QuestDB's reconcile, so a failover is never two reconciles of one object at once;
+//! every step is persisted in `status.failover` before its side effect.
+
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::storage::v1::VolumeAttachment;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, ListParams};
+use kube::runtime::events::EventType;
+use kube::runtime::reflector::ObjectRef;
+use kube::ResourceExt;
+use serde_json::json;
+use tracing::{info, warn};
+
+use super::cloud::{patch_node, persist, CloudOutcome};
+use crate::api::{conditions, FailoverStatus, QuestDB, QuestDBStatus};
+use crate::build::names;
+use crate::cloud::{CloudError, InstanceState};
+use crate::controllers::cloud_runtime::CloudRuntime;
+use crate::controllers::conditions::Desired;
+use crate::controllers::context::Context;
+use crate::controllers::failover::{
+    self, phase, Start, StartView, Step, StepView, OUT_OF_SERVICE_EFFECT, OUT_OF_SERVICE_TAINT,
+    OUT_OF_SERVICE_VALUE, SKIP_ANNOTATION,
+};
+use crate::controllers::node::{node_for, node_is_ready};
+use crate::controllers::node_health::NODE_LEASE_NAMESPACE;
+use crate::controllers::Error;
+use crate::metrics::FailoverResult;
+
+/// Watch events drive most waits; this is how soon a wait on something unwatched (EC2, a
+/// VolumeAttachment) looks again.
+const STEP_POLL: Duration = Duration::from_secs(2);
+
+fn now() -> String {
+    Timestamp::now().to_string()
+}
+
+fn since(ts: Option<&str>) -> Option<Duration> {
+    let t: Timestamp = ts?.parse().ok()?;
+    let d = Timestamp::now().duration_since(t);
+    Duration::try_from(d).ok()
+}
+
+fn condition(status: bool, reason: &str, message: String) -> Desired {
+    Desired::new(conditions::FAILOVER, status, reason, message)
+}
+
+/// The condition already says this: its event was sent when it first did.
+fn reported(status: &QuestDBStatus, c: &Desired) -> bool {
+    status
+        .conditions
+        .iter()
+        .any(|k| k.type_ == c.type_ && k.reason == c.reason && k.message == c.message)
+}
+
+/// Starts a failover when the node of the recorded instance is unhealthy past the threshold
+/// (and nothing holds it back), or advances the one under way. Returns the `Failover`
+/// condition; `None` for a QuestDB without a dedicated node.
+pub async fn reconcile(
+    qdb: &mut QuestDB,
+    ctx: &Context,
+    cloud: &CloudRuntime,
+    out: &mut CloudOutcome,
+) -> Result<Option<Desired>, Error> {
+    if qdb.spec.node.is_none() || qdb.spec.paused || qdb.metadata.deletion_timestamp.is_some() {
+        return Ok(None);
+    }
+    let status = qdb.status.clone().unwrap_or_default();
+    if failover::in_progress(&status) {
+        return steps(qdb, ctx, cloud, out).await.map(Some);
+    }
+    let Some(id) = status.instance_id.clone() else {
+        return Ok(Some(armed()));
+    };
+    let nodes = ctx.caches.nodes.state();
+    let Some(node) = node_for(&nodes, &id).and_then(|n| n.metadata.name.clone()) else {
+        return Ok(Some(armed()));
+    };
+    let unhealthy_for = cloud
+        .health
+        .unhealthy_for(&node, tokio::time::Instant::now());
+    let since_last_start = status
+        .failover
+        .as_ref()
+        .and_then(|f| since(f.started_at.as_deref()));
+    let decision = failover::should_start(&StartView {
+        spec: &qdb.spec.failover,
+        skip_annotation: qdb
+            .annotations()
+            .get(SKIP_ANNOTATION)
+            .is_some_and(|v| v == "true"),
+        status: &status,
+        unhealthy_for,
+        breaker_open: cloud.health.breaker_open(),
+        since_last_start,
+    });
+    match decision {
+        Start::No => Ok(Some(armed())),
+        Start::Suppressed { reason, message } => {
+            let c = condition(false, "FailoverSuppressed", format!("{reason}: {message}"));
+            if !reported(&status, &c) {
+                warn!(questdb = %qdb.name_any(), %node, reason, "failover suppressed: {message}");
+                ctx.metrics.failover_suppressed(reason);
+                ctx.event(
+                    qdb,
+                    EventType::Warning,
+                    "FailoverSuppressed",
+                    "Failover",
+                    c.message.clone(),
+                )
+                .await;
+            }
+            out.requeue_within(Duration::from_secs(5));
+            Ok(Some(c))
+        }
+        Start::Go => {
+            let threshold = Duration::from_secs(qdb.spec.failover.unhealthy_after_seconds as u64);
+            let Some(reason) = confirm(ctx, cloud, &node, &id).await? else {
+                return Ok(Some(armed()));
+            };
+            let next_generation = status.node_generation.unwrap_or(1) + 1;
+            let record = FailoverStatus {
+                phase: phase::FENCING.into(),
+                reason: Some(reason.into()),
+                started_at: Some(now()),
+                phase_started_at: Some(now()),
+                old_node: Some(node.clone()),
+                old_instance_id: Some(id.clone()),
+                message: Some(format!("fencing instance {id}")),
+                ..Default::default()
+            };
+            // Intent first: the replacement's generation and the old instance, before the stop.
+            persist(qdb, ctx, |s| {
+                s.failover = Some(record);
+                s.instance_id = None;
+                s.node_generation = Some(next_generation);
+            })
+            .await?;
+            if let Some(u) = unhealthy_for {
+                ctx.metrics.failover_detected(u.saturating_sub(threshold));
+            }
+            let note = format!(
+                "node {node} has not answered for {}s ({reason}): fencing instance {id}, launching a replacement",
+                unhealthy_for.unwrap_or_default().as_secs()
+            );
+            warn!(questdb = %qdb.name_any(), "{note}");
+            ctx.event(qdb, EventType::Warning, "FailoverStarted", "Failover", note)
+                .await;
+            steps(qdb, ctx, cloud, out).await.map(Some)
+        }
+    }
+}
+
+fn armed() -> Desired {
+    condition(
+        true,
+        "Armed",
+        "the dedicated node is replaced automatically if it stops answering".into(),
+    )
+}
+
+/// Live reads before acting: the cache may lag. The Lease must still carry the renewTime the
+/// tracker saw (a newer one means the node is alive and the watch is behind), and EC2's view
+/// of the instance names the reason. `None`: not confirmed, do nothing.
+async fn confirm(
+    ctx: &Context,
+    cloud: &CloudRuntime,
+    node: &str,
+    instance: &str,
+) -> Result<Option<&'static str>, Error> {
+    let leases: Api<Lease> = Api::namespaced(ctx.client.clone(), NODE_LEASE_NAMESPACE);
+    let live_renew = leases
+        .get_opt(node)
+        .await
+        .map_err(Error::Kube)?
+        .and_then(|l| l.spec?.renew_time)
+        .map(|t| t.0.to_string());
+    let live_node = Api::<Node>::all(ctx.client.clone())
+        .get_opt(node)
+        .await
+        .map_err(Error::Kube)?;
+    let seen = cloud.health.last_renew(node);
+    if live_renew.is_some() && live_renew != seen {
+        info!(%node, "node Lease renewed after all; no failover");
+        return Ok(None);
+    }
+    let ready = live_node.as_ref().is_some_and(node_is_ready);
+    let state = cloud
+        .nodes
+        .describe(&[instance.to_string()])
+        .await
+        .map_err(Error::Cloud)?
+        .into_iter()
+        .find(|i| i.id == instance)
+        .map(|i| i.state);
+    Ok(Some(match state {
+        Some(InstanceState::Stopped | InstanceState::Terminated | InstanceState::ShuttingDown)
+        | None => "InstanceDown",
+        _ if ready => "NodeLeaseExpired",
+        _ => "NodeNotReady",
+    }))
+}
+
+/// Runs steps until one has to wait.
+async fn steps(
+    qdb: &mut QuestDB,
+    ctx: &Context,
+    cloud: &CloudRuntime,
+    out: &mut CloudOutcome,
+) -> Result<Desired, Error> {
+    for _ in 0..6 {
+        let status = qdb.status.clone().unwrap_or_default();
+        let Some(f) = status.failover.clone() else {
+            return Ok(armed());
+        };
+        let facts = observe(qdb, ctx, cloud, &status, &f).await?;
+        let step = failover::next_step(&facts.view(&f));
+        match step {
+            Step::Fence(id) => {
+                match cloud.nodes.stop(&id).await {
+                    Ok(()) => {
+                        info!(questdb = %qdb.name_any(), instance = %id, "fencing: stop requested")
+                    }
+                    Err(CloudError::Throttled { .. } | CloudError::Transient { .. }) => {}
+                    Err(e) => return Err(Error::Cloud(e)),
+                }
+                out.requeue_within(STEP_POLL);
+                return Ok(in_progress(&f));
+            }
+            Step::Advance(next) => {
+                if let Some(took) = since(f.phase_started_at.as_deref()) {
+                    ctx.metrics.failover_step(&f.phase, took);
+                }
+                persist(qdb, ctx, |s| {
+                    if let Some(f) = s.failover.as_mut() {
+                        f.phase = next.into();
+                        f.phase_started_at = Some(now());
+                        f.message = None;
+                    }
+                })
+                .await?;
+                ctx.event(
+                    qdb,
+                    EventType::Normal,
+                    &format!("Failover{next}"),
+                    "Failover",
+                    format!(
+                        "failover of {}: {next}",
+                        f.old_node.clone().unwrap_or_default()
+                    ),
+                )
+                .await;
+            }
+            Step::TaintOutOfService(node) => {
+                taint_out_of_service(ctx, &node).await?;
+                info!(questdb = %qdb.name_any(), %node, "fenced node tainted out-of-service");
+                out.requeue_within(STEP_POLL);
+                return Ok(in_progress(&f));
+            }
+            Step::Wait(message) => {
+                if f.message.as_deref() != Some(message.as_str()) {
+                    persist(qdb, ctx, |s| {
+                        if let Some(f) = s.failover.as_mut() {
+                            f.message = Some(message.clone());
+                        }
+                    })
+                    .await?;
+                }
+                out.requeue_within(STEP_POLL);
+                let in_step = since(f.phase_started_at.as_deref()).unwrap_or_default();
+                return Ok(match failover::stuck(&f, in_step) {
+                    Some(c) => {
+                        if !reported(&status, &c) {
+                            warn!(questdb = %qdb.name_any(), "{}", c.message);
+                            ctx.event(
+                                qdb,
+                                EventType::Warning,
+                                "FailoverStuck",
+                                "Failover",
+                                c.message.clone(),
+                            )
+                            .await;
+                        }
+                        out.requeue_within(Duration::from_secs(30));
+                        c
+                    }
+                    None => in_progress(&f),
+                });
+            }
+            Step::Finish(old) => {
+                cloud.nodes.terminate(&old).await.map_err(Error::Cloud)?;
+                let downtime = since(f.started_at.as_deref());
+                if let Some(took) = since(f.phase_started_at.as_deref()) {
+                    ctx.metrics.failover_step(&f.phase, took);
+                }
+                persist(qdb, ctx, |s| {
+                    if let Some(f) = s.failover.as_mut() {
+                        f.phase = phase::HEALTHY.into();
+                        f.phase_started_at = Some(now());
+                        f.finished_at = Some(now());
+                        f.downtime_seconds = downtime.map(|d| d.as_secs() as i64);
+                        f.new_instance_id = s.instance_id.clone();
+                        f.message = Some(format!("fenced instance {old} terminated"));
+                    }
+                })
+                .await?;
+                ctx.metrics
+                    .failover_finished(FailoverResult::Succeeded, downtime);
+                let note = format!(
+                    "the database answers again on instance {} after {}s; instance {old} terminated",
+                    qdb.status
+                        .as_ref()
+                        .and_then(|s| s.instance_id.clone())
+                        .unwrap_or_default(),
+                    downtime.unwrap_or_default().as_secs()
+                );
+                info!(questdb = %qdb.name_any(), "failover done: {note}");
+                ctx.event(
+                    qdb,
+                    EventType::Normal,
+                    "FailoverSucceeded",
+                    "Failover",
+                    note,
+                )
+                .await;
+                return Ok(condition(
+                    true,
+                    "Recovered",
+                    "the last failover succeeded".into(),
+                ));
+            }
+        }
+    }
+    out.requeue_within(STEP_POLL);
+    Ok(armed())
+}
+
+fn in_progress(f: &FailoverStatus) -> Desired {
+    condition(
+        true,
+        "InProgress",
+        format!("{}: {}", f.phase, f.message.clone().unwrap_or_default()),
+    )
+}
+
+/// [`StepView`] without the failover record.
+struct Facts {
+    old_instance: Option<InstanceState>,
+    old_node_exists: bool,
+    old_node_tainted: bool,
+    old_node_holds_pod: bool,
+    old_node_holds_volume: bool,
+    pod_running_on_new_node: bool,
+    pod_ready: bool,
+    dns_follows: bool,
+}
+
+impl Facts {
+    fn view<'a>(&self, failover: &'a FailoverStatus) -> StepView<'a> {
+        StepView {
+            failover,
+            old_instance: self.old_instance,
+            old_node_exists: self.old_node_exists,
+            old_node_tainted: self.old_node_tainted,
+            old_node_holds_pod: self.old_node_holds_pod,
+            old_node_holds_volume: self.old_node_holds_volume,
+            pod_running_on_new_node: self.pod_running_on_new_node,
+            pod_ready: self.pod_ready,
+            dns_follows: self.dns_follows,
+        }
+    }
+}
+
+/// What the steps need to know, from the caches, EC2 (fencing only) and the
+/// VolumeAttachments (releasing only).
+async fn observe(
+    qdb: &QuestDB,
+    ctx: &Context,
+    cloud: &CloudRuntime,
+    status: &QuestDBStatus,
+    f: &FailoverStatus,
+) -> Result<Facts, Error> {
+    let old_id = f.old_instance_id.clone().unwrap_or_default();
+    let old_node = f.old_node.clone().unwrap_or_default();
+    let nodes = ctx.caches.nodes.state();
+    let old = nodes
+        .iter()
+        .find(|n| n.metadata.name.as_deref() == Some(old_node.as_str()));
+    let ns = qdb.namespace().unwrap_or_default();
+    let pod = ctx
+        .caches
+        .pods
+        .get(&ObjectRef::new(&names::pod(qdb)).within(&ns));
+    let pod_node = pod
+        .as_ref()
+        .and_then(|p| p.spec.as_ref()?.node_name.clone());
+    let old_instance = if matches!(f.phase.as_str(), phase::FENCING | phase::RECOVERING) {
+        cloud
+            .nodes
+            .describe(std::slice::from_ref(&old_id))
+            .await
+            .map_err(Error::Cloud)?
+            .into_iter()
+            .find(|i| i.id == old_id)
+            .map(|i| i.state)
+    } else {
+        None
+    };
+    let old_node_holds_volume = if f.phase == phase::RELEASING {
+        volume_attached_to(qdb, ctx, &old_node).await?
+    } else {
+        false
+    };
+    let new_node = status
+        .instance_id
+        .as_deref()
+        .and_then(|id| node_for(&nodes, id));
+    let on_new = new_node.is_some_and(|n| n.metadata.name == pod_node);
+    let running = pod
+        .as_ref()
+        .and_then(|p| p.status.as_ref()?.phase.clone())
+        .is_some_and(|p| p == "Running");
+    let ready = pod
+        .as_ref()
+        .and_then(|p| p.status.as_ref()?.conditions.clone())
+        .unwrap_or_default()
+        .iter()
+        .any(|c| c.type_ == "Ready" && c.status == "True");
+    let dns_follows = match (&qdb.spec.dns, cloud.dns.as_ref(), new_node) {
+        (Some(dns), Some(_), Some(n)) => {
+            let kind = if dns.public {
+                "ExternalIP"
+            } else {
+                "InternalIP"
+            };
+            let want = n
+                .status
+                .as_ref()
+                .and_then(|s| s.addresses.as_ref())
+                .and_then(|a| a.iter().find(|a| a.type_ == kind))
+                .map(|a| a.address.clone());
+            want.is_some() && status.dns_ip == want
+        }
+        (Some(_), Some(_), None) => false,
+        _ => true,
+    };
+    Ok(Facts {
+        old_instance,
+        old_node_exists: old.is_some(),
+        old_node_tainted: old.is_some_and(|n| has_out_of_service(n)),
+        old_node_holds_pod: pod_node.as_deref() == Some(old_node.as_str()),
+        old_node_holds_volume,
+        pod_running_on_new_node: on_new && running,
+        pod_ready: on_new && ready,
+        dns_follows,
+    })
+}
+
+fn has_out_of_service(node: &Node) -> bool {
+    node.spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .is_some_and(|ts| ts.iter().any(|t| t.key == OUT_OF_SERVICE_TAINT))
+}
+
+/// Whether the QuestDB's volume still has a VolumeAttachment on `node`. Matched by the PV
+/// name in `spec.source` (the object's name is a CSI implementation detail).
+async fn volume_attached_to(qdb: &QuestDB, ctx: &Context, node: &str) -> Result<bool, Error> {
+    let ns = qdb.namespace().unwrap_or_default();
+    let pv = ctx
+        .caches
+        .pvcs
+        .get(&ObjectRef::new(&names::pvc(qdb)).within(&ns))
+        .and_then(|p| p.spec.as_ref()?.volume_name.clone());
+    let Some(pv) = pv else { return Ok(false) };
+    let api: Api<VolumeAttachment> = Api::all(ctx.client.clone());
+    let list = api
+        .list(&ListParams::default())
+        .await
+        .map_err(Error::Kube)?;
+    Ok(list.items.iter().any(|va| {
+        va.spec.node_name == node
+            && va.spec.source.persistent_volume_name.as_deref() == Some(pv.as_str())
+    }))
+}
+
+/// `node.kubernetes.io/out-of-service=nodeshutdown:NoExecute`, keeping the node's other taints.
+async fn taint_out_of_service(ctx: &Context, name: &str) -> Result<(), Error> {
+    let api: Api<Node> = Api::all(ctx.client.clone());
+    let Some(live) = api.get_opt(name).await.map_err(Error::Kube)? else {
+        return Ok(());
+    };
+    if has_out_of_service(&live) {
+        return Ok(());
+    }
+    let taint = json!({
+        "key": OUT_OF_SERVICE_TAINT,
+        "value": OUT_OF_SERVICE_VALUE,
+        "effect": OUT_OF_SERVICE_EFFECT,
+    });
+    patch_node(ctx, &live, taint, None).await?;
+    Ok(())
+}

@@ -1,0 +1,351 @@
+//! Failover on the real control plane: a dedicated node that stops answering is fenced and
+//! replaced, the database comes back on the same volume, and the volume is never attached to
+//! the replacement while the old instance may still run.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+use k8s_openapi::api::storage::v1::VolumeAttachment;
+use kube::api::Api;
+use kube::runtime::{watcher, WatchStreamExt};
+use kube::ResourceExt;
+use questdb_operator::api::QuestDB;
+use questdb_operator::build::names;
+use questdb_operator::cloud::InstanceState;
+use tokio_util::sync::CancellationToken;
+
+use super::{node_name_for, settings, CloudEnv, NS};
+use crate::harness::{is_ready, wait_for, wait_for_within, wait_until};
+
+/// Detection (10 s) + the cluster's own timings: node grace, pod GC period (20 s), detach,
+/// attach, pod start; generous for a loaded 2-core machine.
+const FAILOVER_TIMEOUT: Duration = Duration::from_secs(240);
+
+fn failover_phase(q: &QuestDB) -> Option<String> {
+    q.status
+        .as_ref()?
+        .failover
+        .as_ref()
+        .map(|f| f.phase.clone())
+}
+
+/// Creates `db1` with a 10 s threshold and waits until it runs; returns (instance, node, pvc uid).
+async fn running_database(env: &CloudEnv) -> (String, String, String) {
+    env.create("db1", |q| q.spec.failover.unhealthy_after_seconds = 10)
+        .await;
+    let q = wait_for(&env.qdbs(), "db1", "QuestDB Ready", is_ready()).await;
+    let id = q
+        .status
+        .and_then(|s| s.instance_id)
+        .expect("instance recorded");
+    let pvc = Api::<PersistentVolumeClaim>::namespaced(env.client.clone(), NS)
+        .get("db1-data")
+        .await
+        .expect("pvc");
+    (id.clone(), node_name_for(&id), pvc.uid().expect("uid"))
+}
+
+/// Watches every VolumeAttachment of the cluster for the whole test and records a violation
+/// whenever the database's volume is attached to a node other than `old_node` while the old
+/// instance is not yet stopped or terminated (two writers possible).
+fn two_writer_watch(
+    env: &CloudEnv,
+    old_node: String,
+    old_instance: String,
+    stop: CancellationToken,
+) -> Arc<Mutex<Vec<String>>> {
+    let violations = Arc::new(Mutex::new(Vec::new()));
+    let api: Api<VolumeAttachment> = Api::all(env.client.clone());
+    let ec2 = env.cloud.ec2.clone();
+    let out = violations.clone();
+    tokio::spawn(async move {
+        let mut stream = std::pin::pin!(watcher(api, watcher::Config::default()).applied_objects());
+        loop {
+            let va = tokio::select! {
+                _ = stop.cancelled() => return,
+                next = stream.next() => match next {
+                    Some(Ok(va)) => va,
+                    Some(Err(_)) => continue,
+                    None => return,
+                },
+            };
+            let attached = va.status.as_ref().is_some_and(|s| s.attached);
+            if !attached || va.spec.node_name == old_node {
+                continue;
+            }
+            let old_state = ec2
+                .instances()
+                .into_iter()
+                .find(|i| i.id == old_instance)
+                .map(|i| i.state);
+            if !matches!(
+                old_state,
+                Some(InstanceState::Stopped | InstanceState::Terminated) | None
+            ) {
+                out.lock().unwrap().push(format!(
+                    "{} attached to {} while {old_instance} is {old_state:?}",
+                    va.name_any(),
+                    va.spec.node_name
+                ));
+            }
+        }
+    });
+    violations
+}
+
+/// After a failover: the database answers on a new instance with the same volume, DNS names
+/// the new node, the fenced instance is terminated.
+async fn assert_moved(env: &CloudEnv, old_id: &str, pvc_uid: &str) {
+    let q = wait_for_within(
+        &env.qdbs(),
+        "db1",
+        "failover finished",
+        FAILOVER_TIMEOUT,
+        |q: Option<&QuestDB>| q.and_then(failover_phase).as_deref() == Some("Healthy"),
+    )
+    .await;
+    let status = q.status.clone().expect("status");
+    let new_id = status.instance_id.clone().expect("new instance");
+    assert_ne!(new_id, old_id);
+    let failover = status.failover.clone().expect("failover record");
+    assert_eq!(failover.old_instance_id.as_deref(), Some(old_id));
+    assert_eq!(failover.new_instance_id.as_deref(), Some(new_id.as_str()));
+    assert!(failover.downtime_seconds.is_some(), "{failover:?}");
+    let q = wait_for(&env.qdbs(), "db1", "Ready after failover", is_ready()).await;
+    assert_eq!(
+        q.status.as_ref().and_then(|s| s.phase).map(|p| p.as_str()),
+        Some("Running")
+    );
+    let pod = Api::<Pod>::namespaced(env.client.clone(), NS)
+        .get(&names::pod(&q))
+        .await
+        .expect("pod");
+    assert_eq!(
+        pod.spec.as_ref().and_then(|s| s.node_name.clone()),
+        Some(node_name_for(&new_id))
+    );
+    let pvc = Api::<PersistentVolumeClaim>::namespaced(env.client.clone(), NS)
+        .get("db1-data")
+        .await
+        .expect("pvc");
+    assert_eq!(pvc.uid().as_deref(), Some(pvc_uid), "the same volume");
+    let new_ip = env
+        .cloud
+        .ec2
+        .instances()
+        .into_iter()
+        .find(|i| i.id == new_id)
+        .and_then(|i| i.private_ip)
+        .expect("new ip");
+    let records = env.cloud.route53.records();
+    assert_eq!(records.len(), 1, "{records:?}");
+    assert_eq!(records[0].ips, vec![new_ip], "DNS follows the database");
+    let ec2 = env.cloud.ec2.clone();
+    let old = old_id.to_string();
+    wait_until("fenced instance terminated", || {
+        let ec2 = ec2.clone();
+        let old = old.clone();
+        async move {
+            ec2.instances()
+                .iter()
+                .any(|i| i.id == old && i.state == InstanceState::Terminated)
+        }
+    })
+    .await;
+}
+
+/// The partition case, the dangerous one: the old instance still runs (and could still write)
+/// while its kubelet is cut off. The volume must not reach the replacement before EC2 reports
+/// the old instance stopped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partitioned_node_is_fenced_before_its_volume_moves() {
+    let env = CloudEnv::start(settings()).await;
+    let (old_id, old_node, pvc_uid) = running_database(&env).await;
+    let stop = CancellationToken::new();
+    let violations = two_writer_watch(&env, old_node.clone(), old_id.clone(), stop.clone());
+    env.cp
+        .node(&old_node)
+        .expect("kubelet of the dedicated node")
+        .partition();
+    assert_moved(&env, &old_id, &pvc_uid).await;
+    stop.cancel();
+    let v = violations.lock().unwrap().clone();
+    assert!(v.is_empty(), "two writers possible: {v:?}");
+    assert!(
+        env.cloud.ec2.call_count("StopInstances") >= 1,
+        "the fence is a stop"
+    );
+    env.stop().await;
+}
+
+/// The power-off case: EC2 already reports the instance stopped and the kubelet is silent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dedicated_node_that_loses_power_is_replaced_on_the_same_volume() {
+    let env = CloudEnv::start(settings()).await;
+    let (old_id, old_node, pvc_uid) = running_database(&env).await;
+    env.cp
+        .node(&old_node)
+        .expect("kubelet of the dedicated node")
+        .power_off();
+    assert!(env.cloud.ec2.power_off(&old_id));
+    assert_moved(&env, &old_id, &pvc_uid).await;
+    env.stop().await;
+}
+
+/// A node that misses a few heartbeats and comes back before the threshold keeps its database.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_heartbeat_that_returns_before_the_threshold_causes_no_failover() {
+    let env = CloudEnv::start(settings()).await;
+    env.create("db1", |q| q.spec.failover.unhealthy_after_seconds = 30)
+        .await;
+    let q = wait_for(&env.qdbs(), "db1", "QuestDB Ready", is_ready()).await;
+    let id = q.status.and_then(|s| s.instance_id).expect("instance");
+    let node = env.cp.node(&node_name_for(&id)).expect("kubelet");
+    node.partition();
+    // The operator saw the node unhealthy (its gauge says so) ...
+    let metrics = env.handle.metrics.clone();
+    let seen_unhealthy = Arc::new(AtomicBool::new(false));
+    let flag = seen_unhealthy.clone();
+    wait_until("node counted unhealthy", || {
+        let m = metrics.render();
+        let flag = flag.clone();
+        async move {
+            let hit = m.contains("questdb_operator_unhealthy_dedicated_nodes 1");
+            if hit {
+                flag.store(true, Ordering::SeqCst);
+            }
+            hit
+        }
+    })
+    .await;
+    // ... and healthy again once the heartbeat returned, well before 30 s.
+    node.heal();
+    wait_until("node counted healthy again", || {
+        let m = metrics.render();
+        async move { m.contains("questdb_operator_unhealthy_dedicated_nodes 0") }
+    })
+    .await;
+    assert!(seen_unhealthy.load(Ordering::SeqCst));
+    let q = env.qdbs().get("db1").await.expect("db1");
+    let status = q.status.expect("status");
+    assert_eq!(status.failover, None, "no failover started");
+    assert_eq!(status.instance_id.as_deref(), Some(id.as_str()));
+    assert_eq!(env.cloud.ec2.call_count("StopInstances"), 0);
+    env.stop().await;
+}
+
+/// Three of five dedicated nodes silent at once is a partition or an outage, not three dead
+/// nodes: fencing them would turn a network blip into three outages. Nothing is stopped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_of_five_silent_nodes_trip_the_breaker_and_nothing_is_fenced() {
+    let env = CloudEnv::start(settings()).await;
+    let names = ["db1", "db2", "db3", "db4", "db5"];
+    for name in names {
+        env.create(name, |q| q.spec.failover.unhealthy_after_seconds = 10)
+            .await;
+    }
+    let mut nodes = Vec::new();
+    for name in names {
+        let q = wait_for(&env.qdbs(), name, "QuestDB Ready", is_ready()).await;
+        let id = q.status.and_then(|s| s.instance_id).expect("instance");
+        nodes.push(node_name_for(&id));
+    }
+    for node in &nodes[..3] {
+        env.cp.node(node).expect("kubelet").partition();
+    }
+    let q = wait_for_within(
+        &env.qdbs(),
+        "db1",
+        "failover held back",
+        FAILOVER_TIMEOUT,
+        crate::harness::has_condition("Failover", "FailoverSuppressed"),
+    )
+    .await;
+    let message = q
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Failover"))
+        .map(|c| c.message.clone())
+        .unwrap_or_default();
+    assert!(message.contains("TooManyUnhealthyNodes"), "{message}");
+    assert_eq!(env.cloud.ec2.call_count("StopInstances"), 0);
+    assert_eq!(env.cloud.ec2.call_count("TerminateInstances"), 0);
+    for name in names {
+        let q = env.qdbs().get(name).await.expect("qdb");
+        assert_eq!(
+            q.status.and_then(|s| s.failover),
+            None,
+            "{name}: no failover started"
+        );
+    }
+    env.stop().await;
+}
+
+/// A crash at any step resumes where it was: the manager is killed (its future dropped
+/// wherever it is) each time the failover enters a new step, and restarted. The end is still
+/// exactly one live instance, one attachment and one pod, on the same volume.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_the_manager_at_every_failover_step_still_ends_with_one_of_everything() {
+    let mut env = CloudEnv::start(settings()).await;
+    let (old_id, old_node, pvc_uid) = running_database(&env).await;
+    let uid = env
+        .qdbs()
+        .get("db1")
+        .await
+        .expect("db1")
+        .uid()
+        .expect("uid");
+    env.cp.node(&old_node).expect("kubelet").partition();
+
+    let mut killed = std::collections::BTreeSet::new();
+    let api = env.qdbs();
+    let cfg = watcher::Config::default().fields("metadata.name=db1");
+    let mut events = std::pin::pin!(watcher(api, cfg).applied_objects());
+    let deadline = tokio::time::Instant::now() + FAILOVER_TIMEOUT;
+    loop {
+        let q = tokio::time::timeout_at(deadline, events.next())
+            .await
+            .expect("failover finishes in time")
+            .expect("watch open")
+            .expect("watch event");
+        match failover_phase(&q).as_deref() {
+            Some("Healthy") => break,
+            Some(step) if killed.insert(step.to_string()) => {
+                env.kill_manager().await;
+                env.start_manager().await;
+            }
+            _ => {}
+        }
+    }
+    assert!(killed.len() >= 3, "killed at {killed:?}");
+    assert_moved(&env, &old_id, &pvc_uid).await;
+    let live = env.live_instances_of(&uid);
+    assert_eq!(live.len(), 1, "one live instance: {live:?}");
+    let pv = Api::<PersistentVolumeClaim>::namespaced(env.client.clone(), NS)
+        .get("db1-data")
+        .await
+        .expect("pvc")
+        .spec
+        .and_then(|s| s.volume_name)
+        .expect("bound");
+    let attachments: Vec<String> = Api::<VolumeAttachment>::all(env.client.clone())
+        .list(&Default::default())
+        .await
+        .expect("list")
+        .items
+        .into_iter()
+        .filter(|va| va.spec.source.persistent_volume_name.as_deref() == Some(pv.as_str()))
+        .map(|va| va.spec.node_name)
+        .collect();
+    assert_eq!(attachments, vec![node_name_for(&live[0])], "one attachment");
+    let pods = Api::<Pod>::namespaced(env.client.clone(), NS)
+        .list(&Default::default())
+        .await
+        .expect("pods")
+        .items;
+    assert_eq!(pods.len(), 1, "one pod");
+    env.stop().await;
+}
