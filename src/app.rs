@@ -206,6 +206,7 @@ pub fn cloud_settings(args: &CloudArgs) -> CloudSettings {
         instance_sync_interval: args.instance_sync_interval,
         orphan_sweep_interval: args.orphan_sweep_interval,
         orphan_grace_period: args.orphan_grace_period,
+        upgrade_node_timeout: args.upgrade_node_timeout,
     }
 }
 

@@ -184,6 +184,10 @@ pub struct CloudArgs {
     #[arg(long, env = "ORPHAN_GRACE_PERIOD", default_value = "10m", value_parser = parse_duration)]
     pub orphan_grace_period: Duration,
 
+    /// How long a node-image move waits for the new node to join and be Ready before aborting.
+    #[arg(long, env = "UPGRADE_NODE_TIMEOUT", default_value = "10m", value_parser = parse_duration)]
+    pub upgrade_node_timeout: Duration,
+
     /// Maximum age of the shared DescribeInstances answer for converged databases.
     #[arg(long, env = "INSTANCE_SYNC_INTERVAL", default_value = "30s", value_parser = parse_duration)]
     pub instance_sync_interval: Duration,

@@ -42,4 +42,8 @@ pub mod conditions {
     /// under way), False with reason `FailoverSuppressed`/`FailoverStuck` when a person should
     /// look.
     pub const FAILOVER: &str = "Failover";
+    /// A move to a node of a new image or instance type: `Moving` (with the step) while it
+    /// runs, `UpToDate` when the node matches the spec, False with the reason it waits or was
+    /// aborted.
+    pub const NODE_UPGRADE: &str = "NodeUpgrade";
 }

@@ -339,6 +339,10 @@ pub struct QuestDBStatus {
     pub instance_id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_image: Option<String>,
+    /// Instance type of the recorded instance (a change of `spec.node.instanceType` moves the
+    /// database like an image change).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_instance_type: Option<String>,
     /// Generation of the dedicated node: written *before* its instance is launched, so a crash
     /// between launch and recording `instanceID` finds the same instance again (tags and
     /// ClientToken are derived from uid + this number). Bumped when a new node is wanted.
@@ -447,13 +451,32 @@ pub struct FailoverStatus {
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 #[serde(rename_all = "camelCase")]
 pub struct UpgradeStatus {
+    /// `Provisioning`, `NodeReady`, `Stopping`, `Moving`, `Verifying`, then `Completed` or
+    /// `Aborted` (the record of the last one).
     pub phase: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub from_image: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub to_image: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_instance_type: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub to_instance_type: Option<String>,
+    /// Why it was aborted (e.g. `LaunchFailed`, `NodeNeverJoined`, `Superseded`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub started_at: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase_started_at: Option<String>,
+    /// When the database stopped on the old node (downtime starts).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stopped_at: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<String>,
+    /// Seconds from the database stopping on the old node to answering on the new one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub downtime_seconds: Option<i64>,
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",

@@ -37,6 +37,9 @@ pub struct CloudSettings {
     /// How long an instance without a QuestDB is left alone before it is terminated (covers a
     /// QuestDB cache that lags a brand-new object, and a human restoring a deleted QuestDB).
     pub orphan_grace_period: Duration,
+    /// How long a node-image move waits for the new node to join and become Ready before it
+    /// aborts (the database is never stopped before that).
+    pub upgrade_node_timeout: Duration,
 }
 
 impl Default for CloudSettings {
@@ -45,6 +48,7 @@ impl Default for CloudSettings {
             instance_sync_interval: Duration::from_secs(30),
             orphan_sweep_interval: Duration::from_secs(300),
             orphan_grace_period: Duration::from_secs(600),
+            upgrade_node_timeout: Duration::from_secs(600),
         }
     }
 }

@@ -12,6 +12,7 @@ pub mod node;
 pub mod node_health;
 pub mod questdb;
 pub mod sweep;
+pub mod upgrade;
 
 use std::time::Duration;
 

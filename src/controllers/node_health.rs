@@ -24,9 +24,6 @@ use crate::controllers::node::node_is_ready;
 /// The namespace of the kubelets' Leases.
 pub const NODE_LEASE_NAMESPACE: &str = "kube-node-lease";
 
-/// `spec.failover.unhealthyAfterSeconds` when the node's QuestDB is not in the cache.
-const DEFAULT_THRESHOLD: Duration = Duration::from_secs(90);
-
 /// No database asks for less (the CRD's minimum of `failover.unhealthyAfterSeconds`); nodes
 /// silent for shorter are not counted as unhealthy anywhere.
 pub const MIN_UNHEALTHY: Duration = Duration::from_secs(10);
@@ -164,7 +161,7 @@ pub async fn run(
             .iter()
             .filter_map(|n| Some((n, pinned_instance(n)?)))
             .collect();
-        let (mut unhealthy, mut suspects, mut due) = (0, 0, Vec::new());
+        let (mut managed, mut unhealthy, mut suspects, mut due) = (0, 0, 0, Vec::new());
         for (node, instance) in &dedicated {
             let name = node.metadata.name.as_deref().unwrap_or_default();
             let lease = ctx
@@ -178,11 +175,16 @@ pub async fn run(
             cloud
                 .health
                 .observe(name, renew.as_deref(), node_is_ready(node), now);
+            // A node no QuestDB runs on any more (fenced, being replaced, upgraded away) is
+            // not a database at risk: it neither counts toward the breaker nor triggers.
+            let Some(owner) = owners.get(instance) else {
+                continue;
+            };
+            managed += 1;
             let Some(silent) = cloud.health.unhealthy_for(name, now) else {
                 continue;
             };
-            let owner = owners.get(instance);
-            let threshold = owner.map_or(DEFAULT_THRESHOLD, |(_, t)| *t);
+            let threshold = owner.1;
             if silent >= MIN_UNHEALTHY {
                 unhealthy += 1;
             }
@@ -193,7 +195,7 @@ pub async fn run(
                 suspects += 1;
             }
             if silent >= threshold {
-                due.extend(owner.and_then(|(q, _)| crate::manager::questdb_ref(q)));
+                due.extend(crate::manager::questdb_ref(owner.0));
             }
         }
         cloud.health.retain(|n| {
@@ -201,9 +203,7 @@ pub async fn run(
                 .iter()
                 .any(|(d, _)| d.metadata.name.as_deref() == Some(n))
         });
-        cloud
-            .health
-            .set_breaker(breaker_open(suspects, dedicated.len()));
+        cloud.health.set_breaker(breaker_open(suspects, managed));
         ctx.metrics.set_unhealthy_dedicated_nodes(unhealthy);
         // After the breaker is set: the reconciles read it.
         for r in due {

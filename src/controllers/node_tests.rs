@@ -321,7 +321,7 @@ fn a_dedicated_node_is_ready_or_not_as_its_condition_says() {
 }
 
 #[test]
-fn a_new_node_image_keeps_the_current_node() {
+fn a_new_node_image_is_left_to_the_move_and_never_replaces_the_node_here() {
     let mut c = Case::new(status(Some(1), Some("i-1")));
     c.instances = vec![instance("i-1", 1, InstanceState::Running)];
     c.nodes = vec![node("i-1", true, true)];

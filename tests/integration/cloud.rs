@@ -248,6 +248,7 @@ fn settings() -> CloudSettings {
         instance_sync_interval: Duration::from_secs(30),
         orphan_sweep_interval: Duration::from_secs(3600),
         orphan_grace_period: Duration::from_secs(3600),
+        upgrade_node_timeout: Duration::from_secs(20),
     }
 }
 
@@ -825,3 +826,6 @@ async fn a_second_questdb_cannot_take_or_delete_another_ones_dns_record() {
 
 #[path = "failover.rs"]
 mod failover;
+
+#[path = "upgrade.rs"]
+mod upgrade;

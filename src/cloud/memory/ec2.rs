@@ -41,12 +41,22 @@ pub struct MemoryEc2Options {
     pub launch_latency: Duration,
     pub pending_to_running: Duration,
     pub shutting_down_to_terminated: Duration,
+    /// Images whose instances run but never join the cluster (their bootstrap fails): no
+    /// `Running` event reaches whoever joins Nodes.
+    pub never_join_images: BTreeSet<String>,
 }
 
 impl Default for MemoryEc2Options {
     fn default() -> Self {
         Self {
-            known_images: ["ami-0123456789abcdef0".to_string()].into(),
+            // Two images that join normally (an upgrade moves between them) and one whose
+            // nodes never join (an upgrade to it aborts).
+            known_images: [
+                "ami-0123456789abcdef0".to_string(),
+                "ami-0fedcba9876543210".to_string(),
+                "ami-0000000000000dead".to_string(),
+            ]
+            .into(),
             instance_types: [
                 "t3.micro",
                 "t3.large",
@@ -63,6 +73,7 @@ impl Default for MemoryEc2Options {
             launch_latency: Duration::ZERO,
             pending_to_running: Duration::from_millis(100),
             shutting_down_to_terminated: Duration::from_millis(100),
+            never_join_images: ["ami-0000000000000dead".to_string()].into(),
         }
     }
 }
@@ -312,6 +323,7 @@ impl MemoryEc2 {
             let Some(ec2) = me.upgrade() else { return };
             let event = {
                 let mut state = ec2.lock();
+                let never_join = state.options.never_join_images.clone();
                 let Some(record) = state.records.get_mut(&id) else {
                     return;
                 };
@@ -320,6 +332,7 @@ impl MemoryEc2 {
                 }
                 record.instance.state = to;
                 match to {
+                    InstanceState::Running if never_join.contains(&record.instance.image) => return,
                     InstanceState::Running => InstanceEvent::Running(record.instance.clone()),
                     InstanceState::Stopped => InstanceEvent::Stopped(id.clone()),
                     _ => InstanceEvent::Terminated(id.clone()),

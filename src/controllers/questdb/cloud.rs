@@ -61,6 +61,8 @@ pub struct CloudOutcome {
     pub dns_condition: Option<Desired>,
     /// Automatic failover: armed, under way, held back or stuck.
     pub failover_condition: Option<Desired>,
+    /// Node image / instance type moves.
+    pub upgrade_condition: Option<Desired>,
     /// The dedicated Node, once registered.
     pub node: Option<Arc<Node>>,
     /// Nothing left in the cloud for this QuestDB (the finalizer may go).
@@ -177,6 +179,7 @@ pub async fn reconcile(
     };
     // Before the steady-state shortcut: a node whose Lease stopped may still look Ready.
     out.failover_condition = super::failover::reconcile(qdb, ctx, cloud, &mut out).await?;
+    out.upgrade_condition = super::upgrade::reconcile(qdb, ctx, cloud, &mut out).await?;
     let dedicated = DedicatedNode::for_questdb(qdb);
 
     if !release {
@@ -294,7 +297,7 @@ fn ready_condition(node: &str, ready: bool) -> Desired {
     }
 }
 
-fn launch_request(
+pub(super) fn launch_request(
     qdb: &QuestDB,
     uid: &str,
     generation: i64,
@@ -425,10 +428,15 @@ async fn node_steps(
             }
             NodeStep::RecordInstance(instance) => {
                 info!(questdb = %qdb.name_any(), instance = %instance.id, "recording dedicated instance");
-                let (id, image) = (instance.id.clone(), instance.image.clone());
+                let (id, image, kind) = (
+                    instance.id.clone(),
+                    instance.image.clone(),
+                    instance.instance_type.clone(),
+                );
                 persist(qdb, ctx, |s| {
                     s.instance_id = Some(id);
                     s.node_image = Some(image);
+                    s.node_instance_type = Some(kind);
                 })
                 .await?;
                 if !learnt.iter().any(|l| l.id == instance.id) {
@@ -502,6 +510,7 @@ async fn node_steps(
                     s.node_generation = Some(next_generation);
                     s.instance_id = None;
                     s.node_image = None;
+                    s.node_instance_type = None;
                 })
                 .await?;
             }
@@ -559,6 +568,7 @@ async fn node_steps(
                 persist(qdb, ctx, |s| {
                     s.instance_id = None;
                     s.node_image = None;
+                    s.node_instance_type = None;
                     s.node_generation = next_generation;
                 })
                 .await?;
@@ -657,7 +667,7 @@ fn forget_failure(cloud: &CloudRuntime, uid: &str) {
 }
 
 /// Adds the dedicated label and taint to the Node, keeping its other taints.
-async fn dedicate(
+pub(super) async fn dedicate(
     ctx: &Context,
     name: &str,
     dedicated: &DedicatedNode,

@@ -35,11 +35,11 @@ use crate::metrics::FailoverResult;
 /// VolumeAttachment) looks again.
 const STEP_POLL: Duration = Duration::from_secs(2);
 
-fn now() -> String {
+pub(super) fn now() -> String {
     Timestamp::now().to_string()
 }
 
-fn since(ts: Option<&str>) -> Option<Duration> {
+pub(super) fn since(ts: Option<&str>) -> Option<Duration> {
     let t: Timestamp = ts?.parse().ok()?;
     let d = Timestamp::now().duration_since(t);
     Duration::try_from(d).ok()
@@ -430,7 +430,27 @@ async fn observe(
         .unwrap_or_default()
         .iter()
         .any(|c| c.type_ == "Ready" && c.status == "True");
-    let dns_follows = match (&qdb.spec.dns, cloud.dns.as_ref(), new_node) {
+    let dns_follows = dns_follows(qdb, cloud, status, new_node);
+    Ok(Facts {
+        old_instance,
+        old_node_exists: old.is_some(),
+        old_node_tainted: old.is_some_and(|n| has_out_of_service(n)),
+        old_node_holds_pod: pod_node.as_deref() == Some(old_node.as_str()),
+        old_node_holds_volume,
+        pod_running_on_new_node: on_new && running,
+        pod_ready: on_new && ready,
+        dns_follows,
+    })
+}
+
+/// `spec.dns` is unset (or cannot be served), or the record names `node`'s address.
+pub(super) fn dns_follows(
+    qdb: &QuestDB,
+    cloud: &CloudRuntime,
+    status: &QuestDBStatus,
+    node: Option<&Node>,
+) -> bool {
+    match (&qdb.spec.dns, cloud.dns.as_ref(), node) {
         (Some(dns), Some(_), Some(n)) => {
             let kind = if dns.public {
                 "ExternalIP"
@@ -447,17 +467,7 @@ async fn observe(
         }
         (Some(_), Some(_), None) => false,
         _ => true,
-    };
-    Ok(Facts {
-        old_instance,
-        old_node_exists: old.is_some(),
-        old_node_tainted: old.is_some_and(|n| has_out_of_service(n)),
-        old_node_holds_pod: pod_node.as_deref() == Some(old_node.as_str()),
-        old_node_holds_volume,
-        pod_running_on_new_node: on_new && running,
-        pod_ready: on_new && ready,
-        dns_follows,
-    })
+    }
 }
 
 fn has_out_of_service(node: &Node) -> bool {
@@ -469,7 +479,11 @@ fn has_out_of_service(node: &Node) -> bool {
 
 /// Whether the QuestDB's volume still has a VolumeAttachment on `node`. Matched by the PV
 /// name in `spec.source` (the object's name is a CSI implementation detail).
-async fn volume_attached_to(qdb: &QuestDB, ctx: &Context, node: &str) -> Result<bool, Error> {
+pub(super) async fn volume_attached_to(
+    qdb: &QuestDB,
+    ctx: &Context,
+    node: &str,
+) -> Result<bool, Error> {
     let ns = qdb.namespace().unwrap_or_default();
     let pv = ctx
         .caches

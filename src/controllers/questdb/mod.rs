@@ -8,6 +8,7 @@ pub mod status;
 #[cfg(test)]
 mod status_tests;
 mod stop_first;
+pub mod upgrade;
 
 use std::sync::Arc;
 

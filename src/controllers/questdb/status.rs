@@ -170,11 +170,15 @@ pub fn compute(qdb: &QuestDB, obs: &Observed, now: Timestamp) -> QuestDBStatus {
         desired.extend(c.node_condition.iter().cloned());
         desired.extend(c.dns_condition.iter().cloned());
         desired.extend(c.failover_condition.iter().cloned());
+        desired.extend(c.upgrade_condition.iter().cloned());
     }
     // A failover under way says so, whatever the pod looks like meanwhile.
     let failing_over = crate::controllers::failover::in_progress(&existing) && !spec.paused;
+    let upgrading = crate::controllers::upgrade::in_progress(&existing) && !spec.paused;
     let phase = if failing_over && phase != Phase::Running {
         Phase::FailingOver
+    } else if upgrading {
+        Phase::Upgrading
     } else {
         phase
     };
@@ -220,6 +224,7 @@ pub fn compute(qdb: &QuestDB, obs: &Observed, now: Timestamp) -> QuestDBStatus {
         },
         instance_id: existing.instance_id.clone(),
         node_image: existing.node_image.clone(),
+        node_instance_type: existing.node_instance_type.clone(),
         node_generation: existing.node_generation,
         dns_name: existing.dns_name.clone(),
         dns_ip: existing.dns_ip.clone(),
@@ -285,11 +290,13 @@ fn without_stale_cloud_conditions(
     let Some(c) = cloud else { return list };
     let drop_node = qdb.spec.node.is_none() && c.node_condition.is_none();
     let drop_failover = c.failover_condition.is_none();
+    let drop_upgrade = c.upgrade_condition.is_none();
     let drop_dns = qdb.spec.dns.is_none() && c.dns_condition.is_none();
     list.retain(|k| {
         !(drop_node && k.type_ == conditions::NODE_READY
             || drop_dns && k.type_ == conditions::DNS_READY
-            || drop_failover && k.type_ == conditions::FAILOVER)
+            || drop_failover && k.type_ == conditions::FAILOVER
+            || drop_upgrade && k.type_ == conditions::NODE_UPGRADE)
     });
     list
 }

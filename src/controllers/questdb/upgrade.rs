@@ -1,0 +1,403 @@
+//! Performs the node-image (and instance-type) move `controllers::upgrade` plans, in the cloud
+//! part of a QuestDB's reconcile: never two reconciles of one object at once, every step
+//! persisted in `status.upgrade` before its side effect, a failover always first.
+
+use std::time::Duration;
+
+use kube::runtime::events::EventType;
+use kube::runtime::reflector::ObjectRef;
+use kube::ResourceExt;
+use tracing::{info, warn};
+
+use super::cloud::{dedicate, launch_request, persist, CloudOutcome};
+use super::failover::{dns_follows, now, since, volume_attached_to};
+use crate::api::{conditions, QuestDB, QuestDBStatus, UpgradeStatus};
+use crate::build::{names, DedicatedNode};
+use crate::cloud::Instance;
+use crate::controllers::cloud_runtime::CloudRuntime;
+use crate::controllers::conditions::Desired;
+use crate::controllers::context::Context;
+use crate::controllers::node::{is_dedicated, node_for, node_is_ready};
+use crate::controllers::upgrade::{self, phase, Start, StartView, Step, StepView};
+use crate::controllers::{failover, Error};
+use crate::metrics::UpgradeResult;
+
+const STEP_POLL: Duration = Duration::from_secs(2);
+
+fn condition(status: bool, reason: &str, message: String) -> Desired {
+    Desired::new(conditions::NODE_UPGRADE, status, reason, message)
+}
+
+fn up_to_date() -> Desired {
+    condition(
+        true,
+        "UpToDate",
+        "the node runs the image and instance type of the spec".into(),
+    )
+}
+
+/// Starts a move when the recorded node differs from `spec.node`, or advances the one under
+/// way. Returns the `NodeUpgrade` condition; `None` without a dedicated node.
+pub async fn reconcile(
+    qdb: &mut QuestDB,
+    ctx: &Context,
+    cloud: &CloudRuntime,
+    out: &mut CloudOutcome,
+) -> Result<Option<Desired>, Error> {
+    let Some(spec) = qdb.spec.node.clone() else {
+        return Ok(None);
+    };
+    if qdb.spec.paused || qdb.metadata.deletion_timestamp.is_some() {
+        return Ok(None);
+    }
+    let status = qdb.status.clone().unwrap_or_default();
+    if failover::in_progress(&status) {
+        // A failover pre-empts a move that has not stopped the database yet.
+        if let Some(u) = status
+            .upgrade
+            .as_ref()
+            .filter(|u| upgrade::before_stopping(&u.phase))
+        {
+            if upgrade::in_progress(&status) {
+                let u = u.clone();
+                abort(
+                    qdb,
+                    ctx,
+                    cloud,
+                    &u,
+                    "Preempted",
+                    "a failover of the database started".into(),
+                )
+                .await?;
+            }
+        }
+        return Ok(None);
+    }
+    if !upgrade::in_progress(&status) {
+        let decision = upgrade::should_start(&StartView {
+            spec: &spec,
+            status: &status,
+            database_ready: pod_ready_on(qdb, ctx, status.instance_id.as_deref()),
+            failover_in_progress: false,
+        });
+        match decision {
+            Start::No => {
+                return Ok(Some(match status.upgrade.as_ref() {
+                    Some(u) if u.phase == phase::ABORTED && upgrade::targets(u, &spec) => {
+                        condition(
+                            false,
+                            u.reason.as_deref().unwrap_or("Aborted"),
+                            u.message.clone().unwrap_or_default(),
+                        )
+                    }
+                    _ => up_to_date(),
+                }))
+            }
+            Start::Waiting(why) => {
+                out.requeue_within(Duration::from_secs(10));
+                return Ok(Some(condition(false, "Waiting", why)));
+            }
+            Start::Go => {
+                let next_generation = status.node_generation.unwrap_or(1) + 1;
+                let record = UpgradeStatus {
+                    phase: phase::PROVISIONING.into(),
+                    from_image: status.node_image.clone(),
+                    to_image: Some(spec.image.clone()),
+                    from_instance_type: status.node_instance_type.clone(),
+                    to_instance_type: Some(spec.instance_type.clone()),
+                    old_instance_id: status.instance_id.clone(),
+                    started_at: Some(now()),
+                    phase_started_at: Some(now()),
+                    ..Default::default()
+                };
+                // The new node's generation is recorded before it is launched.
+                persist(qdb, ctx, |s| {
+                    s.upgrade = Some(record);
+                    s.node_generation = Some(next_generation);
+                })
+                .await?;
+                let note = format!(
+                    "moving to a node of {} ({}); the database keeps running until the new node is Ready",
+                    spec.image, spec.instance_type
+                );
+                info!(questdb = %qdb.name_any(), "{note}");
+                ctx.event(qdb, EventType::Normal, "UpgradeStarted", "Upgrade", note)
+                    .await;
+            }
+        }
+    }
+    steps(qdb, ctx, cloud, out).await.map(Some)
+}
+
+fn pod_ready_on(qdb: &QuestDB, ctx: &Context, instance: Option<&str>) -> bool {
+    let Some(instance) = instance else {
+        return false;
+    };
+    let nodes = ctx.caches.nodes.state();
+    let node = node_for(&nodes, instance).and_then(|n| n.metadata.name.clone());
+    let ns = qdb.namespace().unwrap_or_default();
+    ctx.caches
+        .pods
+        .get(&ObjectRef::new(&names::pod(qdb)).within(&ns))
+        .is_some_and(|p| {
+            p.spec.as_ref().and_then(|s| s.node_name.clone()) == node
+                && p.status
+                    .as_ref()
+                    .and_then(|s| s.conditions.as_ref())
+                    .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+        })
+}
+
+async fn steps(
+    qdb: &mut QuestDB,
+    ctx: &Context,
+    cloud: &CloudRuntime,
+    out: &mut CloudOutcome,
+) -> Result<Desired, Error> {
+    for _ in 0..8 {
+        let status = qdb.status.clone().unwrap_or_default();
+        let Some(u) = status.upgrade.clone() else {
+            return Ok(up_to_date());
+        };
+        if !upgrade::in_progress(&status) {
+            return Ok(up_to_date());
+        }
+        let Some(spec) = qdb.spec.node.clone() else {
+            return Ok(up_to_date());
+        };
+        let (new_instance, launch_error) =
+            if u.phase == phase::PROVISIONING && upgrade::targets(&u, &spec) {
+                launch(qdb, cloud, &status).await?
+            } else {
+                (None, None)
+            };
+        let nodes = ctx.caches.nodes.state();
+        let new_id = u.new_instance_id.clone();
+        let new_node = new_id.as_deref().and_then(|id| node_for(&nodes, id));
+        let old_node = u
+            .old_instance_id
+            .as_deref()
+            .and_then(|id| node_for(&nodes, id))
+            .and_then(|n| n.metadata.name.clone());
+        let ns = qdb.namespace().unwrap_or_default();
+        let pod = ctx
+            .caches
+            .pods
+            .get(&ObjectRef::new(&names::pod(qdb)).within(&ns));
+        let pod_node = pod
+            .as_ref()
+            .and_then(|p| p.spec.as_ref()?.node_name.clone());
+        let on_new = new_node.is_some_and(|n| n.metadata.name == pod_node && pod_node.is_some());
+        let running = pod
+            .as_ref()
+            .and_then(|p| p.status.as_ref()?.phase.clone())
+            .is_some_and(|p| p == "Running");
+        let dedicated = DedicatedNode {
+            label_value: DedicatedNode::for_questdb(qdb).label_value,
+            instance: new_id.clone(),
+        };
+        let volume_on_old = match (&u.phase[..], old_node.as_deref()) {
+            (phase::STOPPING, Some(node)) => volume_attached_to(qdb, ctx, node).await?,
+            _ => false,
+        };
+        let view = StepView {
+            upgrade: &u,
+            spec: &spec,
+            new_instance: new_instance.as_ref(),
+            launch_error: launch_error.as_deref(),
+            new_node: new_node.and_then(|n| n.metadata.name.clone()),
+            new_node_dedicated: match (new_node, new_id.as_deref()) {
+                (Some(n), Some(id)) => is_dedicated(n, &dedicated, id),
+                _ => false,
+            },
+            new_node_ready: new_node.is_some_and(node_is_ready),
+            in_phase_for: since(u.phase_started_at.as_deref()).unwrap_or_default(),
+            node_timeout: cloud.settings.upgrade_node_timeout,
+            pod_on_old_node: old_node.is_some() && pod_node == old_node,
+            volume_on_old_node: volume_on_old,
+            pod_running_on_new_node: on_new && running,
+            pod_ready: on_new && pod_ready_on(qdb, ctx, new_id.as_deref()),
+            dns_follows: dns_follows(qdb, cloud, &status, new_node),
+        };
+        let step = upgrade::next_step(&view);
+        match step {
+            Step::Launch => {
+                let Some(i) = new_instance else {
+                    out.requeue_within(STEP_POLL);
+                    return Ok(moving(&u));
+                };
+                persist(qdb, ctx, |s| {
+                    if let Some(u) = s.upgrade.as_mut() {
+                        u.new_instance_id = Some(i.id.clone());
+                    }
+                })
+                .await?;
+            }
+            Step::Dedicate { node, instance } => {
+                dedicate(ctx, &node, &dedicated, &instance).await?;
+                out.requeue_within(STEP_POLL);
+                return Ok(moving(&u));
+            }
+            Step::Advance(next) => {
+                if let Some(took) = since(u.phase_started_at.as_deref()) {
+                    info!(questdb = %qdb.name_any(), step = %u.phase, seconds = took.as_secs_f64(), "node move step done");
+                }
+                persist(qdb, ctx, |s| {
+                    if let Some(u) = s.upgrade.as_mut() {
+                        u.phase = next.into();
+                        u.phase_started_at = Some(now());
+                        u.message = None;
+                    }
+                })
+                .await?;
+                ctx.event(
+                    qdb,
+                    EventType::Normal,
+                    &format!("Upgrade{next}"),
+                    "Upgrade",
+                    format!("node move: {next}"),
+                )
+                .await;
+            }
+            Step::Switch => {
+                let (id, image, kind) = (
+                    new_id.clone().unwrap_or_default(),
+                    u.to_image.clone(),
+                    u.to_instance_type.clone(),
+                );
+                // Downtime starts: the recorded instance is the new one, so the pod's pin
+                // moves and the StatefulSet controller stops the database gracefully.
+                persist(qdb, ctx, |s| {
+                    s.instance_id = Some(id.clone());
+                    s.node_image = image;
+                    s.node_instance_type = kind;
+                    if let Some(u) = s.upgrade.as_mut() {
+                        u.phase = phase::STOPPING.into();
+                        u.phase_started_at = Some(now());
+                        u.stopped_at = Some(now());
+                        u.message = None;
+                    }
+                })
+                .await?;
+                ctx.event(
+                    qdb,
+                    EventType::Normal,
+                    "UpgradeStopping",
+                    "Upgrade",
+                    format!(
+                        "the new node is Ready; stopping the database to move it to instance {id}"
+                    ),
+                )
+                .await;
+            }
+            Step::Wait(message) => {
+                if u.message.as_deref() != Some(message.as_str()) {
+                    persist(qdb, ctx, |s| {
+                        if let Some(u) = s.upgrade.as_mut() {
+                            u.message = Some(message.clone());
+                        }
+                    })
+                    .await?;
+                }
+                out.requeue_within(STEP_POLL);
+                return Ok(moving(&u));
+            }
+            Step::Abort { reason, message } => {
+                abort(qdb, ctx, cloud, &u, reason, message.clone()).await?;
+                return Ok(condition(false, reason, message));
+            }
+            Step::Finish => {
+                if let Some(old) = u.old_instance_id.as_deref() {
+                    cloud.nodes.terminate(old).await.map_err(Error::Cloud)?;
+                }
+                let downtime = since(u.stopped_at.as_deref());
+                persist(qdb, ctx, |s| {
+                    if let Some(u) = s.upgrade.as_mut() {
+                        u.phase = phase::COMPLETED.into();
+                        u.phase_started_at = Some(now());
+                        u.finished_at = Some(now());
+                        u.downtime_seconds = downtime.map(|d| d.as_secs() as i64);
+                        u.message = None;
+                    }
+                })
+                .await?;
+                ctx.metrics
+                    .upgrade_finished(UpgradeResult::Succeeded, downtime);
+                let note = format!(
+                    "the database answers on the new node after {}s of downtime; old instance {} terminated",
+                    downtime.unwrap_or_default().as_secs(),
+                    u.old_instance_id.clone().unwrap_or_default()
+                );
+                info!(questdb = %qdb.name_any(), "{note}");
+                ctx.event(qdb, EventType::Normal, "UpgradeCompleted", "Upgrade", note)
+                    .await;
+                return Ok(up_to_date());
+            }
+        }
+    }
+    out.requeue_within(STEP_POLL);
+    Ok(condition(true, "Moving", "node move in progress".into()))
+}
+
+fn moving(u: &UpgradeStatus) -> Desired {
+    condition(
+        true,
+        "Moving",
+        format!("{}: {}", u.phase, u.message.clone().unwrap_or_default()),
+    )
+}
+
+/// The idempotent launch of the new node (found by its tags if it exists). A permanent error
+/// (unknown image, unsupported type, no capacity) is returned as a message: it aborts.
+async fn launch(
+    qdb: &QuestDB,
+    cloud: &CloudRuntime,
+    status: &QuestDBStatus,
+) -> Result<(Option<Instance>, Option<String>), Error> {
+    let uid = qdb.uid().unwrap_or_default();
+    let generation = status.node_generation.unwrap_or(1);
+    let dedicated = DedicatedNode::for_questdb(qdb);
+    let Some(req) = launch_request(qdb, &uid, generation, &dedicated) else {
+        return Ok((None, None));
+    };
+    match cloud.nodes.launch(&req).await {
+        Ok(i) => Ok((Some(i), None)),
+        Err(e) if e.is_permanent() => Ok((None, Some(e.to_string()))),
+        Err(e) => Err(Error::Cloud(e)),
+    }
+}
+
+/// The database was never stopped: the new instance goes, the record says why, once.
+async fn abort(
+    qdb: &mut QuestDB,
+    ctx: &Context,
+    cloud: &CloudRuntime,
+    u: &UpgradeStatus,
+    reason: &'static str,
+    message: String,
+) -> Result<(), Error> {
+    if let Some(id) = u.new_instance_id.as_deref() {
+        cloud.nodes.terminate(id).await.map_err(Error::Cloud)?;
+    }
+    persist(qdb, ctx, |s| {
+        if let Some(u) = s.upgrade.as_mut() {
+            u.phase = phase::ABORTED.into();
+            u.reason = Some(reason.into());
+            u.message = Some(message.clone());
+            u.phase_started_at = Some(now());
+            u.finished_at = Some(now());
+        }
+    })
+    .await?;
+    warn!(questdb = %qdb.name_any(), reason, "node move aborted; the database stays on its node: {message}");
+    ctx.metrics.upgrade_finished(UpgradeResult::Aborted, None);
+    ctx.event(
+        qdb,
+        EventType::Warning,
+        "UpgradeAborted",
+        "Upgrade",
+        format!("{reason}: {message}"),
+    )
+    .await;
+    Ok(())
+}
