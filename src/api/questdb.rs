@@ -32,6 +32,8 @@ use serde::{Deserialize, Serialize};
     printcolumn = r#"{"name":"NodeReady","type":"boolean","jsonPath":".status.nodeReady"}"#,
     printcolumn = r#"{"name":"NodeIP","type":"string","jsonPath":".status.nodeIP"}"#,
     printcolumn = r#"{"name":"DNS","type":"string","jsonPath":".status.dnsName"}"#,
+    printcolumn = r#"{"name":"Failover","type":"string","priority":1,"jsonPath":".status.failover.phase"}"#,
+    printcolumn = r#"{"name":"NodeMove","type":"string","priority":1,"jsonPath":".status.upgrade.phase"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]

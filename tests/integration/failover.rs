@@ -18,7 +18,7 @@ use questdb_operator::cloud::InstanceState;
 use tokio_util::sync::CancellationToken;
 
 use super::{node_name_for, settings, CloudEnv, NS};
-use crate::harness::{is_ready, wait_for, wait_for_within, wait_until};
+use crate::harness::{is_ready, is_running, wait_for, wait_for_within, wait_until};
 
 /// Detection (10 s) + the cluster's own timings: node grace, pod GC period (20 s), detach,
 /// attach, pod start; generous for a loaded 2-core machine.
@@ -128,11 +128,7 @@ async fn assert_moved(env: &CloudEnv, old_id: &str, pvc_uid: &str) {
         "failover figure: downtime {:?} s from fencing to the database answering",
         failover.downtime_seconds
     );
-    let q = wait_for(&env.qdbs(), "db1", "Ready after failover", is_ready()).await;
-    assert_eq!(
-        q.status.as_ref().and_then(|s| s.phase).map(|p| p.as_str()),
-        Some("Running")
-    );
+    let q = wait_for(&env.qdbs(), "db1", "Running after failover", is_running()).await;
     let pod = Api::<Pod>::namespaced(env.client.clone(), NS)
         .get(&names::pod(&q))
         .await

@@ -268,6 +268,16 @@ pub fn is_ready() -> impl Condition<QuestDB> {
     }
 }
 
+/// Ready, and the phase says Running (a step record is written before the status that follows
+/// from it, so the two can briefly disagree).
+pub fn is_running() -> impl Condition<QuestDB> {
+    |q: Option<&QuestDB>| {
+        is_ready().matches_object(q)
+            && q.and_then(|q| q.status.as_ref()?.phase)
+                .is_some_and(|p| p.as_str() == "Running")
+    }
+}
+
 /// The QuestDB's condition `type_` has `reason`.
 pub fn has_condition(type_: &'static str, reason: &'static str) -> impl Condition<QuestDB> {
     move |q: Option<&QuestDB>| {

@@ -55,7 +55,8 @@ fn node_internal_ip(node: &Node) -> Option<String> {
         .map(|a| a.address.clone())
 }
 
-/// True once the StatefulSet controller has rolled the current template out and the pod is Ready.
+/// True once the StatefulSet controller has rolled the current template out (whether or not
+/// the pod is Ready: a pod on a dead node is not a rollout).
 fn rolled_out(sts: &StatefulSet) -> bool {
     let generation = sts.metadata.generation;
     let Some(st) = sts.status.as_ref() else {
@@ -63,7 +64,6 @@ fn rolled_out(sts: &StatefulSet) -> bool {
     };
     let want = sts.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
     st.observed_generation >= generation
-        && st.ready_replicas.unwrap_or(0) >= want
         && st.updated_replicas.unwrap_or(0) >= want
         && (st.update_revision.is_none() || st.current_revision == st.update_revision)
 }
@@ -146,15 +146,32 @@ pub fn compute(qdb: &QuestDB, obs: &Observed, now: Timestamp) -> QuestDBStatus {
                     "the database pod is ready",
                 ),
             ),
-            Some(_) => (
-                Phase::Pending,
-                Desired::new(
-                    conditions::READY,
-                    false,
-                    "PodNotReady",
-                    "waiting for the database pod to become ready",
-                ),
-            ),
+            Some(_) => {
+                let phase = if existing.phase == Some(Phase::Running) {
+                    Phase::Running
+                } else {
+                    Phase::Pending
+                };
+                let dead_node = obs.node.filter(|n| !node_ready(n));
+                let ready = match dead_node {
+                    Some(n) => Desired::new(
+                        conditions::READY,
+                        false,
+                        "NodeNotReady",
+                        format!(
+                            "the database pod's node {} is not ready: the database does not answer",
+                            n.metadata.name.clone().unwrap_or_default()
+                        ),
+                    ),
+                    None => Desired::new(
+                        conditions::READY,
+                        false,
+                        "PodNotReady",
+                        "waiting for the database pod to become ready",
+                    ),
+                };
+                (phase, ready)
+            }
         }
     };
 
@@ -175,7 +192,7 @@ pub fn compute(qdb: &QuestDB, obs: &Observed, now: Timestamp) -> QuestDBStatus {
     // A failover under way says so, whatever the pod looks like meanwhile.
     let failing_over = crate::controllers::failover::in_progress(&existing) && !spec.paused;
     let upgrading = crate::controllers::upgrade::in_progress(&existing) && !spec.paused;
-    let phase = if failing_over && phase != Phase::Running {
+    let phase = if failing_over {
         Phase::FailingOver
     } else if upgrading {
         Phase::Upgrading

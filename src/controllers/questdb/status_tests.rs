@@ -371,3 +371,31 @@ fn cloud_conditions_follow_the_cloud_part_and_vanish_with_their_spec_field() {
         st.conditions
     );
 }
+
+/// A pod that stops being Ready because its node died is not a rollout: on-call must read the
+/// node, not "RollingOut".
+#[test]
+fn a_pod_on_a_dead_node_is_reported_as_such_not_as_a_rollout() {
+    let mut q = testing::questdb("db", "ns");
+    q.status = Some(crate::api::QuestDBStatus {
+        phase: Some(Phase::Running),
+        ..Default::default()
+    });
+    let mut s = sts(1, true);
+    s.status.as_mut().unwrap().ready_replicas = Some(0);
+    let (p, mut n) = (pod(false, "node-a"), node("Unknown", "10.0.0.7"));
+    n.metadata.name = Some("node-a".into());
+    let obs = Observed {
+        statefulset: Some(&s),
+        pod: Some(&p),
+        node: Some(&n),
+        ..Default::default()
+    };
+    let st = compute(&q, &obs, now());
+    let ready = st.conditions.iter().find(|c| c.type_ == "Ready").unwrap();
+    assert_eq!(
+        (ready.status.as_str(), ready.reason.as_str()),
+        ("False", "NodeNotReady")
+    );
+    assert!(ready.message.contains("node-a"), "{}", ready.message);
+}
