@@ -24,7 +24,7 @@ use serde_json::json;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::harness::{control_plane, has_condition, is_ready, wait_for, wait_until};
+use crate::harness::{control_plane, has_condition, is_ready, is_running, wait_for, wait_until};
 
 const NS: &str = "cloud";
 const AMI: &str = "ami-0123456789abcdef0";
@@ -202,6 +202,50 @@ impl CloudEnv {
             .filter(|i| i.state != InstanceState::Terminated)
             .map(|i| i.id)
             .collect()
+    }
+
+    /// Waits until EC2 reports `id` terminated.
+    async fn wait_terminated(&self, id: &str, what: &str) {
+        let ec2 = self.cloud.ec2.clone();
+        wait_until(what, || {
+            let ec2 = ec2.clone();
+            async move {
+                ec2.instances()
+                    .iter()
+                    .any(|i| i.id == id && i.state == InstanceState::Terminated)
+            }
+        })
+        .await;
+    }
+
+    /// After a failover or a node move: `db1` is Ready and Running on the node of `instance`,
+    /// with the volume whose uid is `pvc_uid`, and its DNS record names that instance's address.
+    async fn assert_runs_on(&self, instance: &str, pvc_uid: &str) {
+        let q = wait_for(&self.qdbs(), "db1", "Running on the new node", is_running()).await;
+        let pod = Api::<Pod>::namespaced(self.client.clone(), NS)
+            .get(&names::pod(&q))
+            .await
+            .expect("pod");
+        assert_eq!(
+            pod.spec.as_ref().and_then(|s| s.node_name.clone()),
+            Some(node_name_for(instance))
+        );
+        let pvc = Api::<PersistentVolumeClaim>::namespaced(self.client.clone(), NS)
+            .get("db1-data")
+            .await
+            .expect("pvc");
+        assert_eq!(pvc.uid().as_deref(), Some(pvc_uid), "the same volume");
+        let ip = self
+            .cloud
+            .ec2
+            .instances()
+            .into_iter()
+            .find(|i| i.id == instance)
+            .and_then(|i| i.private_ip)
+            .expect("new ip");
+        let records = self.cloud.route53.records();
+        assert_eq!(records.len(), 1, "{records:?}");
+        assert_eq!(records[0].ips, vec![ip], "DNS follows the database");
     }
 
     fn aws_calls(&self) -> usize {

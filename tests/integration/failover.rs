@@ -13,12 +13,11 @@ use kube::api::Api;
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::ResourceExt;
 use questdb_operator::api::QuestDB;
-use questdb_operator::build::names;
 use questdb_operator::cloud::InstanceState;
 use tokio_util::sync::CancellationToken;
 
 use super::{node_name_for, settings, CloudEnv, NS};
-use crate::harness::{is_ready, is_running, wait_for, wait_for_within, wait_until};
+use crate::harness::{is_ready, wait_for, wait_for_within, wait_until};
 
 /// Detection (10 s) + the cluster's own timings: node grace, pod GC period (20 s), detach,
 /// attach, pod start; generous for a loaded 2-core machine.
@@ -32,11 +31,20 @@ fn failover_phase(q: &QuestDB) -> Option<String> {
         .map(|f| f.phase.clone())
 }
 
-/// Creates `db1` with a 10 s threshold and waits until it runs; returns (instance, node, pvc uid).
-async fn running_database(env: &CloudEnv) -> (String, String, String) {
+/// `db1`, running with a 10 s failover threshold.
+struct Running {
+    uid: String,
+    instance: String,
+    node: String,
+    pvc_uid: String,
+}
+
+/// Creates `db1` with a 10 s threshold and waits until it runs.
+async fn running_database(env: &CloudEnv) -> Running {
     env.create("db1", |q| q.spec.failover.unhealthy_after_seconds = 10)
         .await;
     let q = wait_for(&env.qdbs(), "db1", "QuestDB Ready", is_ready()).await;
+    let uid = q.uid().expect("uid");
     let id = q
         .status
         .and_then(|s| s.instance_id)
@@ -45,7 +53,12 @@ async fn running_database(env: &CloudEnv) -> (String, String, String) {
         .get("db1-data")
         .await
         .expect("pvc");
-    (id.clone(), node_name_for(&id), pvc.uid().expect("uid"))
+    Running {
+        uid,
+        node: node_name_for(&id),
+        instance: id,
+        pvc_uid: pvc.uid().expect("uid"),
+    }
 }
 
 /// Watches every VolumeAttachment of the cluster for the whole test and records a violation
@@ -128,43 +141,9 @@ async fn assert_moved(env: &CloudEnv, old_id: &str, pvc_uid: &str) {
         "failover figure: downtime {:?} s from fencing to the database answering",
         failover.downtime_seconds
     );
-    let q = wait_for(&env.qdbs(), "db1", "Running after failover", is_running()).await;
-    let pod = Api::<Pod>::namespaced(env.client.clone(), NS)
-        .get(&names::pod(&q))
-        .await
-        .expect("pod");
-    assert_eq!(
-        pod.spec.as_ref().and_then(|s| s.node_name.clone()),
-        Some(node_name_for(&new_id))
-    );
-    let pvc = Api::<PersistentVolumeClaim>::namespaced(env.client.clone(), NS)
-        .get("db1-data")
-        .await
-        .expect("pvc");
-    assert_eq!(pvc.uid().as_deref(), Some(pvc_uid), "the same volume");
-    let new_ip = env
-        .cloud
-        .ec2
-        .instances()
-        .into_iter()
-        .find(|i| i.id == new_id)
-        .and_then(|i| i.private_ip)
-        .expect("new ip");
-    let records = env.cloud.route53.records();
-    assert_eq!(records.len(), 1, "{records:?}");
-    assert_eq!(records[0].ips, vec![new_ip], "DNS follows the database");
-    let ec2 = env.cloud.ec2.clone();
-    let old = old_id.to_string();
-    wait_until("fenced instance terminated", || {
-        let ec2 = ec2.clone();
-        let old = old.clone();
-        async move {
-            ec2.instances()
-                .iter()
-                .any(|i| i.id == old && i.state == InstanceState::Terminated)
-        }
-    })
-    .await;
+    env.assert_runs_on(&new_id, pvc_uid).await;
+    env.wait_terminated(old_id, "fenced instance terminated")
+        .await;
 }
 
 /// The partition case, the dangerous one: the old instance still runs (and could still write)
@@ -173,7 +152,12 @@ async fn assert_moved(env: &CloudEnv, old_id: &str, pvc_uid: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_partitioned_node_is_fenced_before_its_volume_moves() {
     let env = CloudEnv::start(settings()).await;
-    let (old_id, old_node, pvc_uid) = running_database(&env).await;
+    let Running {
+        instance: old_id,
+        node: old_node,
+        pvc_uid,
+        ..
+    } = running_database(&env).await;
     let stop = CancellationToken::new();
     let violations = two_writer_watch(&env, old_node.clone(), old_id.clone(), stop.clone());
     env.cp
@@ -195,7 +179,12 @@ async fn a_partitioned_node_is_fenced_before_its_volume_moves() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dedicated_node_that_loses_power_is_replaced_on_the_same_volume() {
     let env = CloudEnv::start(settings()).await;
-    let (old_id, old_node, pvc_uid) = running_database(&env).await;
+    let Running {
+        instance: old_id,
+        node: old_node,
+        pvc_uid,
+        ..
+    } = running_database(&env).await;
     env.cp
         .node(&old_node)
         .expect("kubelet of the dedicated node")
@@ -300,14 +289,12 @@ async fn three_of_five_silent_nodes_trip_the_breaker_and_nothing_is_fenced() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killing_the_manager_at_every_failover_step_still_ends_with_one_of_everything() {
     let mut env = CloudEnv::start(settings()).await;
-    let (old_id, old_node, pvc_uid) = running_database(&env).await;
-    let uid = env
-        .qdbs()
-        .get("db1")
-        .await
-        .expect("db1")
-        .uid()
-        .expect("uid");
+    let Running {
+        uid,
+        instance: old_id,
+        node: old_node,
+        pvc_uid,
+    } = running_database(&env).await;
     env.cp.node(&old_node).expect("kubelet").partition();
 
     let mut killed = std::collections::BTreeSet::new();
@@ -365,14 +352,12 @@ async fn killing_the_manager_at_every_failover_step_still_ends_with_one_of_every
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failover_during_a_node_move_pre_empts_the_move() {
     let env = CloudEnv::start(settings()).await;
-    let (old_id, old_node, pvc_uid) = running_database(&env).await;
-    let uid = env
-        .qdbs()
-        .get("db1")
-        .await
-        .expect("db1")
-        .uid()
-        .expect("uid");
+    let Running {
+        uid,
+        instance: old_id,
+        node: old_node,
+        pvc_uid,
+    } = running_database(&env).await;
     // A move that stays in Provisioning a while: new instances take 40 s to boot. (The
     // failover's replacement boots from the new image too: the spec asks for it.)
     env.cloud

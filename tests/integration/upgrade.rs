@@ -7,11 +7,9 @@ use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use kube::api::{Api, Patch, PatchParams};
 use kube::ResourceExt;
 use questdb_operator::api::QuestDB;
-use questdb_operator::build::names;
-use questdb_operator::cloud::InstanceState;
 use serde_json::json;
 
-use super::{node_name_for, settings, CloudEnv, NS};
+use super::{settings, CloudEnv, NS};
 use crate::harness::{has_condition, is_ready, is_running, wait_for, wait_for_within, wait_until};
 
 const NEW_AMI: &str = "ami-0fedcba9876543210";
@@ -53,7 +51,8 @@ async fn a_new_node_image_moves_the_database_to_a_new_node_with_the_same_volume(
         .get("db1-data")
         .await
         .expect("pvc")
-        .uid();
+        .uid()
+        .expect("uid");
 
     set_image(&env, NEW_AMI).await;
     let q = wait_for_within(
@@ -85,33 +84,9 @@ async fn a_new_node_image_moves_the_database_to_a_new_node_with_the_same_volume(
         .expect("new instance");
     assert_eq!(new.image, NEW_AMI);
 
-    let q = wait_for(&env.qdbs(), "db1", "Ready on the new node", is_ready()).await;
-    let pod = Api::<Pod>::namespaced(env.client.clone(), NS)
-        .get(&names::pod(&q))
-        .await
-        .expect("pod");
-    assert_eq!(
-        pod.spec.and_then(|s| s.node_name),
-        Some(node_name_for(&new_id))
-    );
-    let pvc = Api::<PersistentVolumeClaim>::namespaced(env.client.clone(), NS)
-        .get("db1-data")
-        .await
-        .expect("pvc");
-    assert_eq!(pvc.uid(), pvc_uid, "the same volume");
-    let records = env.cloud.route53.records();
-    assert_eq!(records[0].ips, vec![new.private_ip.clone().expect("ip")]);
-    let ec2 = env.cloud.ec2.clone();
-    wait_until("old instance terminated", || {
-        let ec2 = ec2.clone();
-        let old = old_id.clone();
-        async move {
-            ec2.instances()
-                .iter()
-                .any(|i| i.id == old && i.state == InstanceState::Terminated)
-        }
-    })
-    .await;
+    env.assert_runs_on(&new_id, &pvc_uid).await;
+    env.wait_terminated(&old_id, "old instance terminated")
+        .await;
     env.stop().await;
 }
 
@@ -151,17 +126,8 @@ async fn a_move_that_cannot_work_aborts_without_stopping_the_database() {
         .upgrade
         .and_then(|u| u.new_instance_id)
         .expect("a new instance was tried");
-    let ec2 = env.cloud.ec2.clone();
-    wait_until("the instance that never joined is terminated", || {
-        let ec2 = ec2.clone();
-        let tried = tried.clone();
-        async move {
-            ec2.instances()
-                .iter()
-                .any(|i| i.id == tried && i.state == InstanceState::Terminated)
-        }
-    })
-    .await;
+    env.wait_terminated(&tried, "the instance that never joined is terminated")
+        .await;
     wait_for(&env.qdbs(), "db1", "still Running", is_running()).await;
     env.stop().await;
 }

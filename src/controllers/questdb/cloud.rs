@@ -748,7 +748,7 @@ fn dns_refusal(e: &CloudError) -> Option<&'static str> {
 }
 
 /// The condition already says this: its event was sent when it first did.
-fn already_reported(status: &QuestDBStatus, c: &Desired) -> bool {
+pub(super) fn already_reported(status: &QuestDBStatus, c: &Desired) -> bool {
     status
         .conditions
         .iter()

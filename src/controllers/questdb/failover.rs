@@ -15,7 +15,8 @@ use kube::ResourceExt;
 use serde_json::json;
 use tracing::{info, warn};
 
-use super::cloud::{patch_node, persist, CloudOutcome};
+use super::cloud::{already_reported, patch_node, persist, CloudOutcome};
+use super::status::pod_ready;
 use crate::api::{conditions, FailoverStatus, QuestDB, QuestDBStatus};
 use crate::build::names;
 use crate::cloud::{CloudError, InstanceState};
@@ -47,14 +48,6 @@ pub(super) fn since(ts: Option<&str>) -> Option<Duration> {
 
 fn condition(status: bool, reason: &str, message: String) -> Desired {
     Desired::new(conditions::FAILOVER, status, reason, message)
-}
-
-/// The condition already says this: its event was sent when it first did.
-fn reported(status: &QuestDBStatus, c: &Desired) -> bool {
-    status
-        .conditions
-        .iter()
-        .any(|k| k.type_ == c.type_ && k.reason == c.reason && k.message == c.message)
 }
 
 /// Starts a failover when the node of the recorded instance is unhealthy past the threshold
@@ -102,7 +95,7 @@ pub async fn reconcile(
         Start::No => Ok(Some(armed())),
         Start::Suppressed { reason, message } => {
             let c = condition(false, "FailoverSuppressed", format!("{reason}: {message}"));
-            if !reported(&status, &c) {
+            if !already_reported(&status, &c) {
                 warn!(questdb = %qdb.name_any(), %node, reason, "failover suppressed: {message}");
                 ctx.metrics.failover_suppressed(reason);
                 ctx.event(
@@ -274,7 +267,7 @@ async fn steps(
                 let in_step = since(f.phase_started_at.as_deref()).unwrap_or_default();
                 return Ok(match failover::stuck(&f, in_step) {
                     Some(c) => {
-                        if !reported(&status, &c) {
+                        if !already_reported(&status, &c) {
                             warn!(questdb = %qdb.name_any(), "{}", c.message);
                             ctx.event(
                                 qdb,
@@ -424,12 +417,7 @@ async fn observe(
         .as_ref()
         .and_then(|p| p.status.as_ref()?.phase.clone())
         .is_some_and(|p| p == "Running");
-    let ready = pod
-        .as_ref()
-        .and_then(|p| p.status.as_ref()?.conditions.clone())
-        .unwrap_or_default()
-        .iter()
-        .any(|c| c.type_ == "Ready" && c.status == "True");
+    let ready = pod.as_deref().is_some_and(pod_ready);
     let dns_follows = dns_follows(qdb, cloud, status, new_node);
     Ok(Facts {
         old_instance,

@@ -7,6 +7,7 @@ use k8s_openapi::jiff::Timestamp;
 use crate::api::{conditions, Phase, QuestDB, QuestDBStatus};
 use crate::build;
 use crate::controllers::conditions::{merge, Desired};
+use crate::controllers::node::node_is_ready;
 use crate::controllers::questdb::cloud::CloudOutcome;
 
 /// What the reconcile saw and did, the input of [`compute`].
@@ -31,15 +32,8 @@ pub struct Observed<'a> {
     pub cloud: Option<&'a CloudOutcome>,
 }
 
-fn pod_ready(pod: &Pod) -> bool {
+pub(super) fn pod_ready(pod: &Pod) -> bool {
     pod.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-}
-
-fn node_ready(node: &Node) -> bool {
-    node.status
         .as_ref()
         .and_then(|s| s.conditions.as_ref())
         .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
@@ -152,7 +146,7 @@ pub fn compute(qdb: &QuestDB, obs: &Observed, now: Timestamp) -> QuestDBStatus {
                 } else {
                     Phase::Pending
                 };
-                let dead_node = obs.node.filter(|n| !node_ready(n));
+                let dead_node = obs.node.filter(|n| !node_is_ready(n));
                 let ready = match dead_node {
                     Some(n) => Desired::new(
                         conditions::READY,
@@ -229,7 +223,7 @@ pub fn compute(qdb: &QuestDB, obs: &Observed, now: Timestamp) -> QuestDBStatus {
         observed_generation: generation,
         version: build::version_of(&spec.image),
         node_name: pod_node,
-        node_ready: node.map(node_ready),
+        node_ready: node.map(node_is_ready),
         node_ip: match node {
             Some(n) => node_internal_ip(n),
             // No Node read (a namespaced install): the kubelet's address as the pod reports it.

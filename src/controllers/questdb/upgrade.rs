@@ -11,6 +11,7 @@ use tracing::{info, warn};
 
 use super::cloud::{dedicate, launch_request, persist, CloudOutcome};
 use super::failover::{dns_follows, now, since, volume_attached_to};
+use super::status::pod_ready;
 use crate::api::{conditions, QuestDB, QuestDBStatus, UpgradeStatus};
 use crate::build::{names, DedicatedNode};
 use crate::cloud::Instance;
@@ -139,13 +140,7 @@ fn pod_ready_on(qdb: &QuestDB, ctx: &Context, instance: Option<&str>) -> bool {
     ctx.caches
         .pods
         .get(&ObjectRef::new(&names::pod(qdb)).within(&ns))
-        .is_some_and(|p| {
-            p.spec.as_ref().and_then(|s| s.node_name.clone()) == node
-                && p.status
-                    .as_ref()
-                    .and_then(|s| s.conditions.as_ref())
-                    .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-        })
+        .is_some_and(|p| p.spec.as_ref().and_then(|s| s.node_name.clone()) == node && pod_ready(&p))
 }
 
 async fn steps(
