@@ -207,6 +207,8 @@ pub fn cloud_settings(args: &CloudArgs) -> CloudSettings {
         orphan_sweep_interval: args.orphan_sweep_interval,
         orphan_grace_period: args.orphan_grace_period,
         upgrade_node_timeout: args.upgrade_node_timeout,
+        upgrade_step_timeout: args.upgrade_step_timeout,
+        upgrade_concurrency: usize::from(args.upgrade_concurrency),
     }
 }
 

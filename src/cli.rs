@@ -188,6 +188,15 @@ pub struct CloudArgs {
     #[arg(long, env = "UPGRADE_NODE_TIMEOUT", default_value = "10m", value_parser = parse_duration)]
     pub upgrade_node_timeout: Duration,
 
+    /// How long each node-move step after the database stopped (stop, move, verify) may take
+    /// before the database goes back to its old node.
+    #[arg(long, env = "UPGRADE_STEP_TIMEOUT", default_value = "10m", value_parser = parse_duration)]
+    pub upgrade_step_timeout: Duration,
+
+    /// Node moves (image or instance type changes) under way at once, across all QuestDBs.
+    #[arg(long, env = "UPGRADE_CONCURRENCY", default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..))]
+    pub upgrade_concurrency: u16,
+
     /// Maximum age of the shared DescribeInstances answer for converged databases.
     #[arg(long, env = "INSTANCE_SYNC_INTERVAL", default_value = "30s", value_parser = parse_duration)]
     pub instance_sync_interval: Duration,

@@ -218,6 +218,7 @@ fn request(uid: &str, generation: i64, ami: &str) -> LaunchRequest {
             "NoSchedule",
         )],
         public_ip: false,
+        fallback_instance_types: Vec::new(),
     }
 }
 
@@ -352,6 +353,7 @@ async fn a_dedicated_node_is_launched_hardened_in_its_volumes_zone() {
         .nodes
         .launch(&LaunchRequest {
             public_ip: true,
+            fallback_instance_types: Vec::new(),
             ..request("uid-p", 1, &ami)
         })
         .await

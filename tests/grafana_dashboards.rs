@@ -225,7 +225,7 @@ fn exposition_after_one_of_everything() -> String {
     metrics.set_questdb_phases([Some(Phase::Running), None]);
     metrics.condition_transition("Ready", "False", "PodNotReady");
     metrics.failover_finished(FailoverResult::Succeeded, Some(Duration::from_secs(80)));
-    metrics.upgrade_finished(UpgradeResult::Succeeded, Some(Duration::from_secs(9)));
+    metrics.upgrade_finished(UpgradeResult::Completed, Some(Duration::from_secs(9)));
     metrics.orphaned_instance_terminated();
     metrics.failover_suppressed("TooManyUnhealthyNodes");
     metrics.set_unhealthy_dedicated_nodes(1);

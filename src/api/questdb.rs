@@ -151,7 +151,7 @@ pub struct ConfigSpec {
 }
 
 /// A dedicated EC2 node for one database.
-#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct NodeSpec {
     /// Node image (AMI id). Changing it rolls the database onto a new node.
@@ -161,6 +161,40 @@ pub struct NodeSpec {
     pub instance_type: String,
     /// Availability zone; must match the volume's zone and never changes.
     pub zone: String,
+    /// Instance types to try, in order, when EC2 has no capacity for `instanceType` in the
+    /// zone (the volume is zonal, so the zone never changes). A database running on a
+    /// fallback type is not moved back by itself; editing `instanceType` moves it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 5))]
+    pub fallback_instance_types: Vec<String>,
+    /// How long the old node is kept, cordoned, after a move (e.g. `30m`, the default): setting
+    /// `image` back within it moves the database back without launching a node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 16))]
+    #[x_kube(validation = Rule::new("self.matches('^[0-9]+(s|m|h)$')").message("node.rollbackWindow must be a duration such as 90s, 30m or 2h"))]
+    pub rollback_window: Option<String>,
+    /// When a node move may start (UTC). Without it, a move starts as soon as the spec changes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub maintenance_window: Option<MaintenanceWindow>,
+}
+
+/// A weekly window in UTC in which node moves may start (a started move runs to its end).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct MaintenanceWindow {
+    /// Days the window opens on (`Mon` ... `Sun`); every day when empty.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 7))]
+    #[x_kube(validation = Rule::new("self.all(d, d in ['Mon', 'Tue', 'Wed', 'Thu', 'Fri', 'Sat', 'Sun'])").message("maintenanceWindow.days are Mon, Tue, Wed, Thu, Fri, Sat or Sun"))]
+    pub days: Vec<String>,
+    /// Opening time, `HH:MM` UTC.
+    #[schemars(length(max = 5))]
+    #[x_kube(validation = Rule::new("self.matches('^([01][0-9]|2[0-3]):[0-5][0-9]$')").message("maintenanceWindow.start must be HH:MM (UTC)"))]
+    pub start: String,
+    /// How long the window stays open, e.g. `4h` (at most a week).
+    #[schemars(length(max = 16))]
+    #[x_kube(validation = Rule::new("self.matches('^[0-9]+(s|m|h)$')").message("maintenanceWindow.duration must be a duration such as 90m or 4h"))]
+    pub duration: String,
 }
 
 /// Automatic failover of a dedicated node.
@@ -345,6 +379,9 @@ pub struct QuestDBStatus {
     /// database like an image change).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_instance_type: Option<String>,
+    /// The image of the node the database ran on before its last move (kept for a rollback).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous_node_image: Option<String>,
     /// Generation of the dedicated node: written *before* its instance is launched, so a crash
     /// between launch and recording `instanceID` finds the same instance again (tags and
     /// ClientToken are derived from uid + this number). Bumped when a new node is wanted.
@@ -453,8 +490,9 @@ pub struct FailoverStatus {
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 #[serde(rename_all = "camelCase")]
 pub struct UpgradeStatus {
-    /// `Provisioning`, `NodeReady`, `Stopping`, `Moving`, `Verifying`, then `Completed` or
-    /// `Aborted` (the record of the last one).
+    /// `Validating`, `Provisioning`, `NodeReady`, `Stopping`, `Moving`, `Verifying`,
+    /// `Retaining` (the old node kept for the rollback window), then `Completed`, `Aborted`
+    /// (the database never stopped) or `RolledBack` (it returned to the old node).
     pub phase: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub from_image: Option<String>,
@@ -493,6 +531,13 @@ pub struct UpgradeStatus {
     pub new_instance_id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    /// The move failed after the database stopped, or the spec was set back then: the
+    /// database returns to the old node (`oldInstanceID` and `newInstanceID` swapped).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub rolling_back: bool,
+    /// When the retained old node is terminated (end of `spec.node.rollbackWindow`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retain_until: Option<String>,
 }
 
 #[cfg(test)]
@@ -509,6 +554,7 @@ mod tests {
             image: "ami-0abcdef1234567890".to_string(),
             instance_type: "m6i.large".to_string(),
             zone: zone.to_string(),
+            ..Default::default()
         }
     }
 
@@ -666,6 +712,44 @@ mod tests {
                 "{ttl}"
             );
         }
+    }
+
+    #[test]
+    fn a_rollback_window_or_maintenance_window_the_operator_cannot_read_is_rejected() {
+        let with = |f: &dyn Fn(&mut NodeSpec)| {
+            let mut qdb = good();
+            f(qdb.spec.node.as_mut().unwrap());
+            create_errors(&qdb)
+        };
+        assert!(with(&|n| n.rollback_window = Some("45m".into())).is_empty());
+        assert_eq!(
+            with(&|n| n.rollback_window = Some("half an hour".into())),
+            vec!["node.rollbackWindow must be a duration such as 90s, 30m or 2h"]
+        );
+        let window = |days: &[&str], start: &str, duration: &str| MaintenanceWindow {
+            days: days.iter().map(|d| d.to_string()).collect(),
+            start: start.into(),
+            duration: duration.into(),
+        };
+        assert!(
+            with(&|n| n.maintenance_window = Some(window(&["Sat", "Sun"], "02:00", "4h")))
+                .is_empty()
+        );
+        assert_eq!(
+            with(&|n| n.maintenance_window = Some(window(&["Saturday"], "02:00", "4h"))),
+            vec!["maintenanceWindow.days are Mon, Tue, Wed, Thu, Fri, Sat or Sun"]
+        );
+        assert_eq!(
+            with(&|n| n.maintenance_window = Some(window(&[], "2am", "4h"))),
+            vec!["maintenanceWindow.start must be HH:MM (UTC)"]
+        );
+        assert_eq!(
+            with(&|n| n.maintenance_window = Some(window(&[], "24:00", "4 hours"))),
+            vec![
+                "maintenanceWindow.duration must be a duration such as 90m or 4h",
+                "maintenanceWindow.start must be HH:MM (UTC)"
+            ]
+        );
     }
 
     #[test]

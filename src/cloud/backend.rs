@@ -58,6 +58,15 @@ pub trait Ec2Api: Send + Sync {
     async fn stop_instances(&self, ids: &[String]) -> Result<(), ApiError>;
     /// `DescribeSubnets`: each subnet's availability zone.
     async fn subnet_zones(&self, ids: &[String]) -> Result<Vec<(String, String)>, ApiError>;
+    /// `DescribeImages` with an `image-id` filter: an unknown id is absent, not an error.
+    async fn describe_image(&self, id: &str) -> Result<Option<super::ImageFacts>, ApiError>;
+    /// `DescribeInstanceTypes` (supported architectures) and `DescribeInstanceTypeOfferings`
+    /// in `zone`; `None` for a type EC2 does not know.
+    async fn describe_instance_type(
+        &self,
+        name: &str,
+        zone: &str,
+    ) -> Result<Option<super::InstanceTypeFacts>, ApiError>;
 }
 
 /// A Route53 change action.

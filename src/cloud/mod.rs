@@ -31,14 +31,18 @@ pub use backend::{ChangeAction, Ec2Api, InstanceQuery, Page, RecordSet, Route53A
 pub use config::{pick_subnet, CloudConfig, EksCluster, RateLimit, RetryPolicy, RootVolume};
 pub use dns::{Route53DnsProvider, OWNED_ELSEWHERE};
 pub use error::{classify, ApiError, CloudError, ErrorClass};
-pub use model::{display_name, fqdn, ARecord, Instance, InstanceState, LaunchRequest, Taint};
+pub use model::{
+    display_name, fqdn, ARecord, ImageFacts, Instance, InstanceState, InstanceTypeFacts,
+    LaunchRequest, NodeFacts, Taint,
+};
 pub use nodes::Ec2NodeProvider;
 pub use observer::{
     noop_observer, AwsCallObserver, CallCounter, CallKey, NoopObserver, SharedObserver,
 };
 pub use tags::{
-    client_token, desired_instance_tags, identity_tags, parse_provider_id, provider_id, ProviderId,
-    TAG_CLUSTER, TAG_NAME, TAG_NAMESPACE, TAG_NAME_AWS, TAG_NODE_GENERATION, TAG_UID,
+    client_token, desired_instance_tags, fallback_client_token, identity_tags, parse_provider_id,
+    provider_id, ProviderId, TAG_CLUSTER, TAG_NAME, TAG_NAMESPACE, TAG_NAME_AWS,
+    TAG_NODE_GENERATION, TAG_UID,
 };
 pub use user_data::render_user_data;
 
@@ -72,6 +76,15 @@ pub trait NodeProvider: Send + Sync {
     /// Start-up check of `--aws-subnets`: every subnet exists and lies in the zone it is
     /// mapped to (a node launched with `Placement` in one zone and a subnet of another fails).
     async fn check_subnets(&self) -> Result<(), CloudError>;
+
+    /// What EC2 knows of `image` and of `instance_type` in `zone` (a node move checks them
+    /// before it launches anything).
+    async fn node_facts(
+        &self,
+        image: &str,
+        instance_type: &str,
+        zone: &str,
+    ) -> Result<NodeFacts, CloudError>;
 }
 
 /// DNS A records in the operator's hosted zone. Names are fully qualified, with or without

@@ -24,6 +24,37 @@ pub struct LaunchRequest {
     /// Give the node a public IPv4 address (`spec.dns.public`: the record names it). Decided at
     /// launch: EC2 does not add one to a running instance's primary interface.
     pub public_ip: bool,
+    /// Tried in order when EC2 has no capacity for `instance_type` in the zone.
+    pub fallback_instance_types: Vec<String>,
+}
+
+/// What EC2 says about an AMI (`DescribeImages`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ImageFacts {
+    pub id: String,
+    /// `available`, `pending`, `failed`, `deregistered`, ...
+    pub state: String,
+    /// `x86_64`, `arm64`, ...
+    pub architecture: String,
+    /// `ebs` or `instance-store`.
+    pub root_device_type: String,
+}
+
+/// What EC2 says about an instance type in one zone (`DescribeInstanceTypes`,
+/// `DescribeInstanceTypeOfferings`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InstanceTypeFacts {
+    pub name: String,
+    pub architectures: Vec<String>,
+    pub offered_in_zone: bool,
+}
+
+/// The facts a node move checks before it launches anything; `None` where EC2 does not know
+/// the image or the type.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeFacts {
+    pub image: Option<ImageFacts>,
+    pub instance_type: Option<InstanceTypeFacts>,
 }
 
 /// A Node taint as the kubelet's `--register-with-taints` expects it.

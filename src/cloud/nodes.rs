@@ -12,9 +12,14 @@ use super::backend::{Ec2Api, InstanceQuery, Page, RunSpec};
 use super::rate_limit::TokenBucket;
 use super::retry::{CallRunner, NotFound};
 use super::{
-    client_token, desired_instance_tags, identity_tags, pick_subnet, user_data, ApiError,
-    CloudConfig, CloudError, Instance, LaunchRequest, NodeProvider, SharedObserver, TAG_CLUSTER,
+    client_token, desired_instance_tags, fallback_client_token, identity_tags, pick_subnet,
+    user_data, ApiError, CloudConfig, CloudError, Instance, LaunchRequest, NodeFacts, NodeProvider,
+    SharedObserver, TAG_CLUSTER,
 };
+
+/// RunInstances' answer when the zone has no capacity for the type (EC2 API reference, error
+/// codes): the one error a fallback instance type can help with.
+const NO_CAPACITY: &str = "InsufficientInstanceCapacity";
 
 /// EC2 documents no hard limit on ids per request; 100 keeps request URLs and responses small.
 const IDS_PER_CALL: usize = 100;
@@ -155,15 +160,49 @@ impl<A: Ec2Api + 'static> NodeProvider for Ec2NodeProvider<A> {
             zone = %req.zone,
             "launching dedicated instance"
         );
-        let instance = self
-            .calls
-            .call("RunInstances", NotFound::Return, || {
-                self.api.run_instance(&spec)
-            })
-            .await
-            .map_err(|e| CloudError::from_api("RunInstances", e))?;
-        self.remember_launch(&instance.id);
-        Ok(instance)
+        let mut short = Vec::new();
+        let mut spec = spec;
+        let types = std::iter::once(req.instance_type.clone())
+            .chain(req.fallback_instance_types.iter().cloned());
+        for (i, kind) in types.enumerate() {
+            if i > 0 {
+                // Same zone (the volume is zonal), same tags: only the type and its token change.
+                spec.client_token = fallback_client_token(&req.uid, req.node_generation, &kind);
+                spec.instance_type = kind.clone();
+                tracing::info!(namespace = %req.namespace, name = %req.name, instance_type = %kind, "no capacity for the earlier instance type(s); trying a fallback");
+            }
+            match self
+                .calls
+                .call("RunInstances", NotFound::Return, || {
+                    self.api.run_instance(&spec)
+                })
+                .await
+            {
+                Ok(instance) => {
+                    self.remember_launch(&instance.id);
+                    return Ok(instance);
+                }
+                Err(e) if e.code == NO_CAPACITY => short.push((kind, e)),
+                Err(e) => return Err(CloudError::from_api("RunInstances", e)),
+            }
+        }
+        let tried: Vec<String> = short.iter().map(|(k, _)| k.clone()).collect();
+        let mut last = short
+            .pop()
+            .map(|(_, e)| e)
+            .unwrap_or_else(|| ApiError::new(NO_CAPACITY, ""));
+        last.message = format!(
+            "no capacity in {} for {}{}: {}",
+            req.zone,
+            tried.join(", "),
+            if req.fallback_instance_types.is_empty() {
+                " (spec.node.fallbackInstanceTypes may name alternatives)"
+            } else {
+                ""
+            },
+            last.message
+        );
+        Err(CloudError::from_api("RunInstances", last))
     }
 
     async fn describe_cluster(&self) -> Result<Vec<Instance>, CloudError> {
@@ -268,6 +307,32 @@ impl<A: Ec2Api + 'static> NodeProvider for Ec2NodeProvider<A> {
                 wrong.join("; ")
             )))
         }
+    }
+
+    async fn node_facts(
+        &self,
+        image: &str,
+        instance_type: &str,
+        zone: &str,
+    ) -> Result<NodeFacts, CloudError> {
+        let image = self
+            .calls
+            .call("DescribeImages", NotFound::Return, || {
+                self.api.describe_image(image)
+            })
+            .await
+            .map_err(|e| CloudError::from_api("DescribeImages", e))?;
+        let instance_type = self
+            .calls
+            .call("DescribeInstanceTypes", NotFound::Return, || {
+                self.api.describe_instance_type(instance_type, zone)
+            })
+            .await
+            .map_err(|e| CloudError::from_api("DescribeInstanceTypes", e))?;
+        Ok(NodeFacts {
+            image,
+            instance_type,
+        })
     }
 
     async fn stop(&self, id: &str) -> Result<(), CloudError> {

@@ -67,7 +67,17 @@ fn truncate_ascii(s: &mut String, max: usize) {
 /// written) gets the already-launched instance back instead of a second one. Hashed because
 /// EC2 allows at most 64 ASCII characters and the uid is user-visible input of any length.
 pub fn client_token(uid: &str, node_generation: i64) -> String {
-    let digest = Sha256::digest(format!("{uid}/{node_generation}").as_bytes());
+    token_of(&format!("{uid}/{node_generation}"))
+}
+
+/// The ClientToken of a launch with a fallback instance type: EC2 refuses a token reused with
+/// other parameters (`IdempotentParameterMismatch`), so each type has its own.
+pub fn fallback_client_token(uid: &str, node_generation: i64, instance_type: &str) -> String {
+    token_of(&format!("{uid}/{node_generation}/{instance_type}"))
+}
+
+fn token_of(seed: &str) -> String {
+    let digest = Sha256::digest(seed.as_bytes());
     let hex = hex::encode(digest);
     format!("qdb-{}", &hex[..56])
 }
@@ -134,6 +144,10 @@ mod tests {
         assert_ne!(t, client_token("another-uid", 1));
         let huge = "u".repeat(10_000);
         assert!(client_token(&huge, i64::MAX).len() <= 64);
+        let fallback = fallback_client_token(uid, 1, "m6a.large");
+        assert_ne!(fallback, t);
+        assert_ne!(fallback, fallback_client_token(uid, 1, "m5.large"));
+        assert!(fallback_client_token(&huge, 1, &huge).len() <= 64);
     }
 
     #[test]

@@ -96,6 +96,7 @@ pub fn check_template(config: &CloudConfig) -> Result<(), CloudError> {
         labels: BTreeMap::from([("dedicated".to_string(), "ns.db".to_string())]),
         taints: vec![Taint::new("dedicated", Some("ns.db"), "NoSchedule")],
         public_ip: false,
+        fallback_instance_types: Vec::new(),
     };
     let vars = bootstrap_vars(&sample, config);
     let missing: Vec<String> = used
@@ -249,6 +250,7 @@ mod tests {
                 Taint::new("questdb.io/bootstrapping", None, "NoExecute"),
             ],
             public_ip: false,
+            fallback_instance_types: Vec::new(),
         }
     }
 

@@ -40,6 +40,11 @@ pub struct CloudSettings {
     /// How long a node-image move waits for the new node to join and become Ready before it
     /// aborts (the database is never stopped before that).
     pub upgrade_node_timeout: Duration,
+    /// How long each node-move step after the database stopped may take before the database
+    /// goes back to its old node.
+    pub upgrade_step_timeout: Duration,
+    /// Node moves under way at once, across all QuestDBs (`--upgrade-concurrency`).
+    pub upgrade_concurrency: usize,
 }
 
 impl Default for CloudSettings {
@@ -49,6 +54,8 @@ impl Default for CloudSettings {
             orphan_sweep_interval: Duration::from_secs(300),
             orphan_grace_period: Duration::from_secs(600),
             upgrade_node_timeout: Duration::from_secs(600),
+            upgrade_step_timeout: Duration::from_secs(600),
+            upgrade_concurrency: 2,
         }
     }
 }
@@ -66,6 +73,9 @@ pub struct CloudRuntime {
     /// When instances that went away by themselves were replaced, by QuestDB uid (in memory:
     /// a restart allows one more at once, as with `launch_failures`).
     pub relaunches: Mutex<std::collections::HashMap<String, Vec<Instant>>>,
+    /// Node moves this process started, by QuestDB uid, until their record reaches the cache
+    /// (the concurrency limit counts both).
+    pub upgrade_claims: Mutex<std::collections::HashMap<String, Instant>>,
 }
 
 impl CloudRuntime {
@@ -78,6 +88,7 @@ impl CloudRuntime {
             launch_failures: LaunchFailures::default(),
             health: Default::default(),
             relaunches: Default::default(),
+            upgrade_claims: Default::default(),
         }
     }
 }

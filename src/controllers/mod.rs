@@ -8,6 +8,7 @@ pub mod context;
 pub mod dns;
 pub mod failover;
 pub mod in_flight;
+pub mod maintenance;
 pub mod node;
 pub mod node_health;
 pub mod questdb;

@@ -14,6 +14,7 @@ fn spec() -> NodeSpec {
         image: "ami-1".into(),
         instance_type: "m6i.large".into(),
         zone: "z-a".into(),
+        ..Default::default()
     }
 }
 

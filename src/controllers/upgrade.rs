@@ -1,20 +1,28 @@
 //! Moving a database to a node built from a new image (or of a new instance type): when to
 //! start, and the one next step. Pure; `questdb::upgrade` performs the steps.
 //!
-//! The new node is launched, joined, dedicated and Ready **before** the database stops, so
-//! anything that goes wrong until then (an unknown image, a node that never joins, the field
-//! set back) aborts with the database never touched. Then the recorded instance switches to the
-//! new one: the StatefulSet's pin changes, its controller stops the pod gracefully (QuestDB
-//! closes its tables within the termination grace period, the kubelet unmounts, the volume
-//! detaches), and the pod starts on the new node with the same volume. Each step is recorded in
-//! `status.upgrade` before its side effect.
+//! The image and type are checked against EC2 first, then the new node is launched, joined,
+//! dedicated and Ready **before** the database stops, so anything that goes wrong until then
+//! (an unknown image, a node that never joins, the field set back) aborts with the database
+//! never touched. Then the recorded instance switches to the new one: the StatefulSet's pin
+//! changes, its controller stops the pod gracefully (QuestDB closes its tables within the
+//! termination grace period, the kubelet unmounts, the volume detaches), and the pod starts
+//! on the new node with the same volume. A failure after the stop (or the field set back then)
+//! switches back to the old node, which is still there. After the move the old node is kept,
+//! cordoned, for the rollback window: setting the field back within it moves the database back
+//! without a launch. Each step is recorded in `status.upgrade` before its side effect.
 
 use std::time::Duration;
 
+use k8s_openapi::jiff::Timestamp;
+
+use super::maintenance::{self, WindowState};
 use crate::api::{NodeSpec, QuestDBStatus, UpgradeStatus};
-use crate::cloud::Instance;
+use crate::cloud::{Instance, NodeFacts};
 
 pub mod phase {
+    /// The image and instance type are checked against EC2.
+    pub const VALIDATING: &str = "Validating";
     pub const PROVISIONING: &str = "Provisioning";
     pub const NODE_READY: &str = "NodeReady";
     /// Downtime starts: the database stops on the old node.
@@ -22,27 +30,73 @@ pub mod phase {
     pub const MOVING: &str = "Moving";
     /// Downtime ends when the pod is Ready and DNS names the new node.
     pub const VERIFYING: &str = "Verifying";
+    /// The database runs on the new node; the old one is kept, cordoned, for a rollback.
+    pub const RETAINING: &str = "Retaining";
     pub const COMPLETED: &str = "Completed";
+    /// Ended before the database stopped.
     pub const ABORTED: &str = "Aborted";
+    /// Ended with the database back on the old node.
+    pub const ROLLED_BACK: &str = "RolledBack";
 }
 
-/// Whether an upgrade is under way.
+/// The default `spec.node.rollbackWindow`.
+pub const DEFAULT_ROLLBACK_WINDOW: Duration = Duration::from_secs(30 * 60);
+
+fn ended(phase: &str) -> bool {
+    matches!(
+        phase,
+        phase::COMPLETED | phase::ABORTED | phase::ROLLED_BACK
+    )
+}
+
+/// Whether a move is under way (the database is about to move, moving, or moving back). A
+/// retained old node is not a move: the database runs where the spec asks.
 pub fn in_progress(status: &QuestDBStatus) -> bool {
     status
         .upgrade
         .as_ref()
-        .is_some_and(|u| u.phase != phase::COMPLETED && u.phase != phase::ABORTED)
+        .is_some_and(|u| !ended(&u.phase) && u.phase != phase::RETAINING)
+}
+
+/// Whether the steps have work: a move, or a retained old node to release.
+pub fn active(status: &QuestDBStatus) -> bool {
+    status.upgrade.as_ref().is_some_and(|u| !ended(&u.phase))
 }
 
 /// Before this step the database runs untouched on the old node.
 pub fn before_stopping(phase: &str) -> bool {
-    matches!(phase, phase::PROVISIONING | phase::NODE_READY)
+    matches!(
+        phase,
+        phase::VALIDATING | phase::PROVISIONING | phase::NODE_READY
+    )
 }
 
 /// Whether `u` moves to what `spec` asks for.
 pub fn targets(u: &UpgradeStatus, spec: &NodeSpec) -> bool {
     u.to_image.as_deref() == Some(spec.image.as_str())
         && u.to_instance_type.as_deref() == Some(spec.instance_type.as_str())
+}
+
+/// Whether `spec` asks for the node `u` moves away from.
+pub fn reverts(u: &UpgradeStatus, spec: &NodeSpec) -> bool {
+    u.from_image.as_deref() == Some(spec.image.as_str())
+        && u.from_instance_type.as_deref() == Some(spec.instance_type.as_str())
+}
+
+/// `spec.node.rollbackWindow`, or the default (the schema only admits readable values).
+pub fn rollback_window(spec: &NodeSpec) -> Duration {
+    spec.rollback_window
+        .as_deref()
+        .and_then(|w| crate::cli::parse_duration(w).ok())
+        .unwrap_or(DEFAULT_ROLLBACK_WINDOW)
+}
+
+/// When a retained old node goes: the window of the spec as it is now (a user may shorten it
+/// to release the node early) from the start of `Retaining`.
+pub fn retention_end(u: &UpgradeStatus, spec: &NodeSpec) -> Option<Timestamp> {
+    let since: Timestamp = u.phase_started_at.as_deref()?.parse().ok()?;
+    let window = k8s_openapi::jiff::SignedDuration::try_from(rollback_window(spec)).ok()?;
+    since.checked_add(window).ok()
 }
 
 /// What decides whether to start: status alone (a converged QuestDB costs no AWS call).
@@ -52,58 +106,135 @@ pub struct StartView<'a> {
     /// The database is Ready (an upgrade never starts from a broken state).
     pub database_ready: bool,
     pub failover_in_progress: bool,
+    pub now: Timestamp,
+    /// Moves of other QuestDBs under way, and how many may run at once.
+    pub moves_elsewhere: usize,
+    pub concurrency: usize,
 }
 
 #[derive(Clone, Debug, PartialEq)]
 pub enum Start {
     No,
-    /// The node differs from the spec, but the move waits (the reason is for a condition).
-    Waiting(String),
+    /// The node differs from the spec, but the move waits (the reason is for a condition) and
+    /// is looked at again within `retry`.
+    Waiting {
+        why: String,
+        retry: Duration,
+    },
     Go,
 }
 
 /// Whether the recorded instance differs from what the spec asks for (an instance type not
-/// recorded, by an earlier operator version, is not a difference).
+/// recorded, by an earlier operator version, is not a difference; nor is a fallback type the
+/// spec allows, or the database would be moved off it at once).
 pub fn differs(spec: &NodeSpec, status: &QuestDBStatus) -> bool {
     let image = status
         .node_image
         .as_deref()
         .is_some_and(|i| i != spec.image);
-    let kind = status
-        .node_instance_type
-        .as_deref()
-        .is_some_and(|t| t != spec.instance_type);
+    let kind = status.node_instance_type.as_deref().is_some_and(|t| {
+        t != spec.instance_type && !spec.fallback_instance_types.iter().any(|f| f == t)
+    });
     image || kind
 }
 
 pub fn should_start(v: &StartView) -> Start {
-    if v.status.instance_id.is_none() || in_progress(v.status) || !differs(v.spec, v.status) {
+    if v.status.instance_id.is_none() || active(v.status) || !differs(v.spec, v.status) {
         return Start::No;
     }
     // The same target failed before: not retried in a loop; a new edit (another target) is.
-    let aborted_same = v
-        .status
-        .upgrade
-        .as_ref()
-        .is_some_and(|u| u.phase == phase::ABORTED && targets(u, v.spec));
-    if aborted_same {
+    let failed_same = v.status.upgrade.as_ref().is_some_and(|u| {
+        (u.phase == phase::ABORTED || u.phase == phase::ROLLED_BACK) && targets(u, v.spec)
+    });
+    if failed_same {
         return Start::No;
     }
+    let waiting = |why: String, retry| Start::Waiting { why, retry };
     if v.failover_in_progress {
-        return Start::Waiting("a failover is under way".into());
+        return waiting("a failover is under way".into(), Duration::from_secs(10));
     }
     if !v.database_ready {
-        return Start::Waiting(
+        return waiting(
             "the database is not Ready; a move starts from a healthy database only".into(),
+            Duration::from_secs(10),
+        );
+    }
+    if let Some(w) = &v.spec.maintenance_window {
+        match maintenance::state(w, v.now) {
+            Ok(WindowState::Open) => {}
+            Ok(WindowState::OpensAt(at)) => {
+                let wait = Duration::try_from(at.duration_since(v.now)).unwrap_or_default();
+                return waiting(
+                    format!("outside the maintenance window; the move starts at {at}"),
+                    wait.clamp(Duration::from_secs(1), Duration::from_secs(3600)),
+                );
+            }
+            Err(e) => return waiting(e, Duration::from_secs(3600)),
+        }
+    }
+    if v.moves_elsewhere >= v.concurrency {
+        return waiting(
+            format!(
+                "{} other node move(s) under way; at most {} at once (--upgrade-concurrency)",
+                v.moves_elsewhere, v.concurrency
+            ),
+            Duration::from_secs(10),
         );
     }
     Start::Go
+}
+
+/// Whether the new node fits: the image exists, is available, boots from EBS and is built for
+/// an architecture of the type; the type exists and is offered in the volume's zone.
+pub fn check_node(facts: &NodeFacts, spec: &NodeSpec) -> Result<(), String> {
+    let Some(image) = &facts.image else {
+        return Err(format!(
+            "image {} does not exist (DescribeImages)",
+            spec.image
+        ));
+    };
+    if image.state != "available" {
+        return Err(format!(
+            "image {} is {}, not available",
+            image.id, image.state
+        ));
+    }
+    if image.root_device_type != "ebs" {
+        return Err(format!(
+            "image {} boots from {}; a dedicated node needs an EBS-backed image",
+            image.id, image.root_device_type
+        ));
+    }
+    let Some(kind) = &facts.instance_type else {
+        return Err(format!(
+            "instance type {} does not exist (DescribeInstanceTypes)",
+            spec.instance_type
+        ));
+    };
+    if !kind.offered_in_zone {
+        return Err(format!(
+            "instance type {} is not offered in {}",
+            kind.name, spec.zone
+        ));
+    }
+    if !kind.architectures.contains(&image.architecture) {
+        return Err(format!(
+            "image {} is built for {}, instance type {} runs {}",
+            image.id,
+            image.architecture,
+            kind.name,
+            kind.architectures.join("/")
+        ));
+    }
+    Ok(())
 }
 
 /// What the steps look at.
 pub struct StepView<'a> {
     pub upgrade: &'a UpgradeStatus,
     pub spec: &'a NodeSpec,
+    /// EC2's verdict on the target image and type (`Validating` only).
+    pub validation: Option<Result<(), String>>,
     /// The new instance (from an idempotent launch in `Provisioning`, else EC2's cache).
     pub new_instance: Option<&'a Instance>,
     /// A permanent launch error (unknown image, unsupported type, no capacity).
@@ -112,15 +243,21 @@ pub struct StepView<'a> {
     pub new_node: Option<String>,
     pub new_node_dedicated: bool,
     pub new_node_ready: bool,
+    /// Cordoned (a retained node the database moves back to).
+    pub new_node_cordoned: bool,
     /// How long the current phase has run.
     pub in_phase_for: Duration,
     /// How long the new node may take to join and become Ready.
     pub node_timeout: Duration,
+    /// How long each step after the stop may take before the database goes back.
+    pub move_timeout: Duration,
     pub pod_on_old_node: bool,
     pub volume_on_old_node: bool,
     pub pod_running_on_new_node: bool,
     pub pod_ready: bool,
     pub dns_follows: bool,
+    /// `Retaining`: the rollback window has passed.
+    pub retention_over: bool,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -131,6 +268,10 @@ pub enum Step {
         node: String,
         instance: String,
     },
+    /// A retained node the database moves back to takes pods again.
+    Uncordon {
+        node: String,
+    },
     Advance(&'static str),
     /// Record the new instance as the database's: downtime starts.
     Switch,
@@ -140,8 +281,20 @@ pub enum Step {
         reason: &'static str,
         message: String,
     },
-    /// The database answers on the new node: terminate the old instance.
-    Finish,
+    /// The database stopped but does not answer on the new node (or the field was set
+    /// back): record the old instance as the database's again.
+    RollBack {
+        reason: &'static str,
+        message: String,
+    },
+    /// The database answers on the new node: cordon the old one and keep it.
+    Retain,
+    /// The database answers on the old node again: terminate the new one.
+    FinishRollback,
+    /// The rollback window is over (or the spec moved on): terminate the old node.
+    Release,
+    /// The spec asks for the retained node again: move back without a launch.
+    Revert,
 }
 
 pub fn next_step(v: &StepView) -> Step {
@@ -159,7 +312,48 @@ pub fn next_step(v: &StepView) -> Step {
         };
     }
     let abort = |reason, message: String| Step::Abort { reason, message };
+    let after_stop = matches!(
+        u.phase.as_str(),
+        phase::STOPPING | phase::MOVING | phase::VERIFYING
+    );
+    if after_stop && !u.rolling_back && reverts(u, v.spec) {
+        return Step::RollBack {
+            reason: "Reverted",
+            message: format!(
+                "spec.node set back to {} ({}); the database returns to instance {}",
+                v.spec.image,
+                v.spec.instance_type,
+                u.old_instance_id.clone().unwrap_or_default()
+            ),
+        };
+    }
+    // A step after the stop that takes too long sends the database back (once: a move back
+    // that also stalls waits, with the reason in the record, for a human).
+    let timed_out = |what: &str| -> Option<Step> {
+        if v.in_phase_for <= v.move_timeout {
+            return None;
+        }
+        if u.rolling_back {
+            return Some(Step::Wait(format!(
+                "moving back: {what} for {}s; needs attention",
+                v.in_phase_for.as_secs()
+            )));
+        }
+        Some(Step::RollBack {
+            reason: "MoveFailed",
+            message: format!(
+                "{what} within {}s; the database returns to instance {}",
+                v.move_timeout.as_secs(),
+                u.old_instance_id.clone().unwrap_or_default()
+            ),
+        })
+    };
     match u.phase.as_str() {
+        phase::VALIDATING => match &v.validation {
+            Some(Ok(())) => Step::Advance(phase::PROVISIONING),
+            Some(Err(e)) => abort("InvalidNode", e.clone()),
+            None => Step::Wait("checking the image and instance type".into()),
+        },
         phase::PROVISIONING => {
             if let Some(e) = v.launch_error {
                 return abort("LaunchFailed", e.to_string());
@@ -199,25 +393,24 @@ pub fn next_step(v: &StepView) -> Step {
                 (None, _) => Step::Wait(format!("waiting for instance {} to join", i.id)),
             }
         }
-        phase::NODE_READY => {
-            if v.new_node_ready {
-                Step::Switch
-            } else if v.in_phase_for > v.node_timeout {
-                abort(
-                    "NodeNeverReady",
-                    format!(
-                        "node {} did not become Ready within {}s",
-                        v.new_node.clone().unwrap_or_default(),
-                        v.node_timeout.as_secs()
-                    ),
-                )
-            } else {
-                Step::Wait("waiting for the new node to become Ready".into())
-            }
-        }
+        phase::NODE_READY => match &v.new_node {
+            Some(node) if v.new_node_cordoned => Step::Uncordon { node: node.clone() },
+            Some(_) if v.new_node_ready => Step::Switch,
+            _ if v.in_phase_for > v.node_timeout => abort(
+                "NodeNeverReady",
+                format!(
+                    "node {} did not become Ready within {}s",
+                    v.new_node.clone().unwrap_or_default(),
+                    v.node_timeout.as_secs()
+                ),
+            ),
+            _ => Step::Wait("waiting for the new node to become Ready".into()),
+        },
         phase::STOPPING => {
             if v.pod_on_old_node || v.volume_on_old_node {
-                Step::Wait("the database stops on the old node and its volume detaches".into())
+                timed_out("the database did not stop and release its volume").unwrap_or_else(|| {
+                    Step::Wait("the database stops on the old node and its volume detaches".into())
+                })
             } else {
                 Step::Advance(phase::MOVING)
             }
@@ -226,17 +419,53 @@ pub fn next_step(v: &StepView) -> Step {
             if v.pod_running_on_new_node {
                 Step::Advance(phase::VERIFYING)
             } else {
-                Step::Wait("the database starts on the new node".into())
+                timed_out("the database did not start on the new node")
+                    .unwrap_or_else(|| Step::Wait("the database starts on the new node".into()))
             }
         }
         phase::VERIFYING => {
             if v.pod_ready && v.dns_follows {
-                Step::Finish
+                if u.rolling_back {
+                    Step::FinishRollback
+                } else {
+                    Step::Retain
+                }
             } else {
-                Step::Wait("waiting for the database to answer on the new node".into())
+                timed_out("the database did not become Ready on the new node").unwrap_or_else(
+                    || Step::Wait("waiting for the database to answer on the new node".into()),
+                )
+            }
+        }
+        phase::RETAINING => {
+            if reverts(u, v.spec) {
+                Step::Revert
+            } else if v.retention_over || !targets(u, v.spec) {
+                Step::Release
+            } else {
+                Step::Wait(format!(
+                    "old instance {} kept, cordoned, for a rollback (until retainUntil)",
+                    u.old_instance_id.clone().unwrap_or_default()
+                ))
             }
         }
         _ => Step::Wait(String::new()),
+    }
+}
+
+/// The record of a move back to the retained node of `u` (no launch, no validation: the node
+/// ran the database minutes ago). `current` is the node the database leaves.
+pub fn revert_record(u: &UpgradeStatus, status: &QuestDBStatus, now: &str) -> UpgradeStatus {
+    UpgradeStatus {
+        phase: phase::NODE_READY.into(),
+        from_image: status.node_image.clone(),
+        to_image: u.from_image.clone(),
+        from_instance_type: status.node_instance_type.clone(),
+        to_instance_type: u.from_instance_type.clone(),
+        old_instance_id: status.instance_id.clone(),
+        new_instance_id: u.old_instance_id.clone(),
+        started_at: Some(now.to_string()),
+        phase_started_at: Some(now.to_string()),
+        ..Default::default()
     }
 }
 

@@ -6,6 +6,7 @@ fn spec(image: &str) -> NodeSpec {
         image: image.into(),
         instance_type: "m6i.large".into(),
         zone: "z-a".into(),
+        ..Default::default()
     }
 }
 
@@ -33,12 +34,23 @@ fn running_on(image: &str) -> QuestDBStatus {
     }
 }
 
-fn start(spec: &NodeSpec, status: &QuestDBStatus, ready: bool) -> Start {
-    should_start(&StartView {
+fn start_view<'a>(spec: &'a NodeSpec, status: &'a QuestDBStatus) -> StartView<'a> {
+    StartView {
         spec,
         status,
-        database_ready: ready,
+        database_ready: true,
         failover_in_progress: false,
+        // A Monday.
+        now: "2026-11-23T12:00:00Z".parse().unwrap(),
+        moves_elsewhere: 0,
+        concurrency: 2,
+    }
+}
+
+fn start(spec: &NodeSpec, status: &QuestDBStatus, ready: bool) -> Start {
+    should_start(&StartView {
+        database_ready: ready,
+        ..start_view(spec, status)
     })
 }
 
@@ -52,7 +64,7 @@ fn a_new_image_or_instance_type_starts_a_move_from_a_healthy_database_only() {
     assert_eq!(start(&bigger, &status, true), Start::Go);
     assert!(matches!(
         start(&spec("ami-2"), &status, false),
-        Start::Waiting(_)
+        Start::Waiting { .. }
     ));
     let mut unrecorded = status.clone();
     unrecorded.node_instance_type = None;
@@ -91,8 +103,12 @@ fn view<'a>(u: &'a UpgradeStatus, spec: &'a NodeSpec, new: Option<&'a Instance>)
         new_node: None,
         new_node_dedicated: false,
         new_node_ready: false,
+        new_node_cordoned: false,
+        validation: None,
         in_phase_for: Duration::from_secs(1),
         node_timeout: Duration::from_secs(600),
+        move_timeout: Duration::from_secs(300),
+        retention_over: false,
         pod_on_old_node: true,
         volume_on_old_node: true,
         pod_running_on_new_node: false,
@@ -166,9 +182,22 @@ fn setting_the_field_back_before_the_database_stops_aborts_the_move() {
             }
         ));
     }
-    // After the stop the move finishes; going back is then a move of its own.
-    let u = upgrade(phase::MOVING);
-    assert!(matches!(next_step(&view(&u, &back, None)), Step::Wait(_)));
+    // After the stop, setting the field back sends the database back to the old node.
+    let mut u = upgrade(phase::MOVING);
+    u.from_image = Some("ami-1".into());
+    u.from_instance_type = Some("m6i.large".into());
+    assert!(matches!(
+        next_step(&view(&u, &back, None)),
+        Step::RollBack {
+            reason: "Reverted",
+            ..
+        }
+    ));
+    // A third image after the stop: this move finishes first, then the next one starts.
+    assert!(matches!(
+        next_step(&view(&u, &spec("ami-3"), None)),
+        Step::Wait(_)
+    ));
 }
 
 #[test]
@@ -230,5 +259,228 @@ fn the_move_walks_launch_dedicate_ready_switch_stop_move_verify_finish() {
         dns_follows: true,
         ..view(&u, &s, Some(&new))
     };
-    assert_eq!(next_step(&answers), Step::Finish);
+    assert_eq!(next_step(&answers), Step::Retain);
+}
+
+#[test]
+fn a_move_waits_for_its_maintenance_window_and_says_when_it_opens() {
+    let status = running_on("ami-1");
+    let mut s = spec("ami-2");
+    s.maintenance_window = Some(crate::api::MaintenanceWindow {
+        days: vec!["Sat".into()],
+        start: "02:00".into(),
+        duration: "4h".into(),
+    });
+    match should_start(&start_view(&s, &status)) {
+        Start::Waiting { why, retry } => {
+            assert!(why.contains("2026-11-28T02:00:00Z"), "{why}");
+            assert_eq!(retry, Duration::from_secs(3600));
+        }
+        other => panic!("{other:?}"),
+    }
+    let inside = StartView {
+        now: "2026-11-28T03:00:00Z".parse().unwrap(),
+        ..start_view(&s, &status)
+    };
+    assert_eq!(should_start(&inside), Start::Go);
+}
+
+#[test]
+fn no_more_moves_start_than_the_concurrency_flag_allows() {
+    let status = running_on("ami-1");
+    let s = spec("ami-2");
+    let full = StartView {
+        moves_elsewhere: 2,
+        ..start_view(&s, &status)
+    };
+    assert!(matches!(should_start(&full), Start::Waiting { .. }));
+    let room = StartView {
+        moves_elsewhere: 1,
+        ..start_view(&s, &status)
+    };
+    assert_eq!(should_start(&room), Start::Go);
+}
+
+#[test]
+fn a_rolled_back_target_is_not_retried_and_a_retained_node_is_not_a_new_move() {
+    let mut status = running_on("ami-1");
+    status.upgrade = Some(UpgradeStatus {
+        phase: phase::ROLLED_BACK.into(),
+        to_image: Some("ami-2".into()),
+        to_instance_type: Some("m6i.large".into()),
+        ..Default::default()
+    });
+    assert_eq!(start(&spec("ami-2"), &status, true), Start::No);
+    assert_eq!(start(&spec("ami-3"), &status, true), Start::Go);
+    status.upgrade.as_mut().unwrap().phase = phase::RETAINING.into();
+    assert_eq!(start(&spec("ami-3"), &status, true), Start::No);
+    assert!(!in_progress(&status) && active(&status));
+}
+
+#[test]
+fn running_on_an_allowed_fallback_type_is_not_a_difference() {
+    let mut status = running_on("ami-1");
+    status.node_instance_type = Some("m6a.large".into());
+    let mut s = spec("ami-1");
+    assert_eq!(start(&s, &status, true), Start::Go);
+    s.fallback_instance_types = vec!["m6a.large".into()];
+    assert_eq!(start(&s, &status, true), Start::No);
+}
+
+fn facts(arch: &str, kind_arch: &str) -> NodeFacts {
+    NodeFacts {
+        image: Some(crate::cloud::ImageFacts {
+            id: "ami-2".into(),
+            state: "available".into(),
+            architecture: arch.into(),
+            root_device_type: "ebs".into(),
+        }),
+        instance_type: Some(crate::cloud::InstanceTypeFacts {
+            name: "m6i.large".into(),
+            architectures: vec![kind_arch.into()],
+            offered_in_zone: true,
+        }),
+    }
+}
+
+#[test]
+fn an_image_or_type_that_cannot_run_the_node_is_refused_before_any_launch() {
+    let s = spec("ami-2");
+    assert_eq!(check_node(&facts("x86_64", "x86_64"), &s), Ok(()));
+    let refused = |f: NodeFacts, says: &str| {
+        let e = check_node(&f, &s).unwrap_err();
+        assert!(e.contains(says), "{e}");
+    };
+    refused(facts("arm64", "x86_64"), "built for arm64");
+    let mut f = facts("x86_64", "x86_64");
+    f.image = None;
+    refused(f, "does not exist");
+    let mut f = facts("x86_64", "x86_64");
+    f.image.as_mut().unwrap().state = "deregistered".into();
+    refused(f, "deregistered");
+    let mut f = facts("x86_64", "x86_64");
+    f.image.as_mut().unwrap().root_device_type = "instance-store".into();
+    refused(f, "EBS-backed");
+    let mut f = facts("x86_64", "x86_64");
+    f.instance_type = None;
+    refused(f, "instance type m6i.large does not exist");
+    let mut f = facts("x86_64", "x86_64");
+    f.instance_type.as_mut().unwrap().offered_in_zone = false;
+    refused(f, "not offered in z-a");
+}
+
+#[test]
+fn validation_decides_between_provisioning_and_abort() {
+    let s = spec("ami-2");
+    let u = upgrade(phase::VALIDATING);
+    assert!(matches!(next_step(&view(&u, &s, None)), Step::Wait(_)));
+    let ok = StepView {
+        validation: Some(Ok(())),
+        ..view(&u, &s, None)
+    };
+    assert_eq!(next_step(&ok), Step::Advance(phase::PROVISIONING));
+    let bad = StepView {
+        validation: Some(Err("image ami-2 does not exist".into())),
+        ..view(&u, &s, None)
+    };
+    assert!(matches!(
+        next_step(&bad),
+        Step::Abort {
+            reason: "InvalidNode",
+            ..
+        }
+    ));
+}
+
+/// After the stop, a step that takes too long sends the database back to its old node once;
+/// a move back that stalls too waits for a human instead of bouncing.
+#[test]
+fn a_failure_after_the_stop_moves_the_database_back_once() {
+    let s = spec("ami-2");
+    for p in [phase::STOPPING, phase::MOVING, phase::VERIFYING] {
+        let u = upgrade(p);
+        let late = StepView {
+            in_phase_for: Duration::from_secs(301),
+            ..view(&u, &s, None)
+        };
+        assert!(
+            matches!(
+                next_step(&late),
+                Step::RollBack {
+                    reason: "MoveFailed",
+                    ..
+                }
+            ),
+            "{p}"
+        );
+        let mut back = upgrade(p);
+        back.rolling_back = true;
+        let late = StepView {
+            in_phase_for: Duration::from_secs(301),
+            ..view(&back, &s, None)
+        };
+        assert!(
+            matches!(next_step(&late), Step::Wait(m) if m.contains("needs attention")),
+            "{p}"
+        );
+    }
+    let mut back = upgrade(phase::VERIFYING);
+    back.rolling_back = true;
+    let answers = StepView {
+        pod_ready: true,
+        dns_follows: true,
+        ..view(&back, &s, None)
+    };
+    assert_eq!(next_step(&answers), Step::FinishRollback);
+}
+
+#[test]
+fn a_retained_node_is_released_after_its_window_or_used_for_a_revert() {
+    let mut u = upgrade(phase::RETAINING);
+    u.from_image = Some("ami-1".into());
+    u.from_instance_type = Some("m6i.large".into());
+    u.old_instance_id = Some("i-1".into());
+    let (two, one) = (spec("ami-2"), spec("ami-1"));
+    assert!(matches!(
+        next_step(&view(&u, &spec("ami-2"), None)),
+        Step::Wait(_)
+    ));
+    let over = StepView {
+        retention_over: true,
+        ..view(&u, &two, None)
+    };
+    assert_eq!(next_step(&over), Step::Release);
+    assert_eq!(next_step(&view(&u, &spec("ami-3"), None)), Step::Release);
+    assert_eq!(next_step(&view(&u, &spec("ami-1"), None)), Step::Revert);
+    // Even past the window, as long as the node is still there.
+    let over = StepView {
+        retention_over: true,
+        ..view(&u, &one, None)
+    };
+    assert_eq!(next_step(&over), Step::Revert);
+
+    let status = QuestDBStatus {
+        instance_id: Some("i-2".into()),
+        node_image: Some("ami-2".into()),
+        node_instance_type: Some("m6i.large".into()),
+        ..Default::default()
+    };
+    let back = revert_record(&u, &status, "2026-11-23T12:00:00Z");
+    assert_eq!(back.phase, phase::NODE_READY);
+    assert_eq!(back.new_instance_id.as_deref(), Some("i-1"));
+    assert_eq!(back.old_instance_id.as_deref(), Some("i-2"));
+    assert!(targets(&back, &spec("ami-1")) && reverts(&back, &spec("ami-2")));
+    // The retained node is cordoned: it takes pods again before the switch.
+    let cordoned = StepView {
+        new_node: Some("n1".into()),
+        new_node_ready: true,
+        new_node_cordoned: true,
+        ..view(&back, &one, None)
+    };
+    assert_eq!(next_step(&cordoned), Step::Uncordon { node: "n1".into() });
+    let open = StepView {
+        new_node_cordoned: false,
+        ..cordoned
+    };
+    assert_eq!(next_step(&open), Step::Switch);
 }

@@ -67,6 +67,7 @@ pub(super) struct Families {
     pub unhealthy_dedicated_nodes: IntGauge,
     pub failover_steps: HistogramVec,
     pub failover_detection: Histogram,
+    pub upgrade_steps: HistogramVec,
 }
 
 impl Families {
@@ -228,6 +229,12 @@ impl Families {
                 "questdb_operator_failover_detection_latency_seconds",
                 "Seconds from a node crossing its unhealthy threshold to the fencing call",
                 vec![0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0],
+            ),
+            upgrade_steps: r.histogram_vec(
+                "questdb_operator_upgrade_step_duration_seconds",
+                "Seconds each node-move step took, by step",
+                &["step"],
+                FAILOVER_DOWNTIME_BUCKETS.to_vec(),
             ),
         };
         r.process_collector();

@@ -105,33 +105,25 @@ impl FailoverResult {
     }
 }
 
-/// How an image upgrade ended; the label of `questdb_operator_upgrades_total`.
+/// How a node move ended; the label of `questdb_operator_upgrades_total`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum UpgradeResult {
-    /// Running on the new node, old node retired.
-    Succeeded,
+    /// Running on the new node.
+    Completed,
     /// Failed before the database stopped: no downtime.
     Aborted,
-    /// Failed after the database stopped: moved back to the retained old node.
+    /// Failed (or set back) after the database stopped: back on the old node.
     RolledBack,
-    /// Neither forward nor back worked.
-    Failed,
 }
 
 impl UpgradeResult {
-    const ALL: [UpgradeResult; 4] = [
-        Self::Succeeded,
-        Self::Aborted,
-        Self::RolledBack,
-        Self::Failed,
-    ];
+    const ALL: [UpgradeResult; 3] = [Self::Completed, Self::Aborted, Self::RolledBack];
 
     pub fn as_str(self) -> &'static str {
         match self {
-            Self::Succeeded => "succeeded",
+            Self::Completed => "completed",
             Self::Aborted => "aborted",
             Self::RolledBack => "rolled_back",
-            Self::Failed => "failed",
         }
     }
 }
@@ -284,6 +276,14 @@ impl Metrics {
     pub fn failover_step(&self, step: &str, took: Duration) {
         self.families
             .failover_steps
+            .with_label_values(&[step])
+            .observe(took.as_secs_f64());
+    }
+
+    /// A node-move step ended after `took`.
+    pub fn upgrade_step(&self, step: &str, took: Duration) {
+        self.families
+            .upgrade_steps
             .with_label_values(&[step])
             .observe(took.as_secs_f64());
     }

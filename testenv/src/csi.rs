@@ -42,6 +42,8 @@ pub struct Switches {
     pub stall_attach: AtomicBool,
     /// Detaches never complete (the finalizer stays).
     pub stall_detach: AtomicBool,
+    /// Attaches to every node but this one fail (a volume that only works where it is).
+    pub attach_only_to: Mutex<Option<String>>,
 }
 
 /// The CSIDriver (attach required) and the StorageClasses.
@@ -349,7 +351,14 @@ async fn attacher(client: Client, switches: Arc<Switches>, stop: CancellationTok
                         "rpc error: code = Internal desc = Could not attach volume to node {}: VolumeInUse: volume is already attached to node {}",
                         va.spec.node_name, other.spec.node_name
                     ))
-                } else if switches.fail_attach.load(Ordering::Relaxed) {
+                } else if switches.fail_attach.load(Ordering::Relaxed)
+                    || switches
+                        .attach_only_to
+                        .lock()
+                        .unwrap()
+                        .as_ref()
+                        .is_some_and(|only| *only != va.spec.node_name)
+                {
                     if last_error
                         .as_deref()
                         .is_some_and(|m| m.contains("injected"))

@@ -174,6 +174,7 @@ impl CloudEnv {
             image: AMI.into(),
             instance_type: "m6i.large".into(),
             zone: "sim-zone-a".into(),
+            ..Default::default()
         });
         q.spec.dns = Some(DnsSpec {
             name: format!("{name}.db.example.com"),
@@ -293,6 +294,8 @@ fn settings() -> CloudSettings {
         orphan_sweep_interval: Duration::from_secs(3600),
         orphan_grace_period: Duration::from_secs(3600),
         upgrade_node_timeout: Duration::from_secs(20),
+        upgrade_step_timeout: Duration::from_secs(30),
+        upgrade_concurrency: 2,
     }
 }
 
@@ -651,6 +654,7 @@ async fn the_orphan_sweep_terminates_instances_whose_questdb_is_gone() {
             labels: Default::default(),
             taints: vec![],
             public_ip: false,
+            fallback_instance_types: Vec::new(),
         })
         .await
         .expect("launch");

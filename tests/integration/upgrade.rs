@@ -1,15 +1,18 @@
 //! Node image moves on the real control plane: one field changes, the database moves to a node
 //! of the new image with its volume; a move that cannot work aborts before the database stops.
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Pod};
 use kube::api::{Api, Patch, PatchParams};
 use kube::ResourceExt;
 use questdb_operator::api::QuestDB;
+use questdb_operator::cloud::TAG_UID;
+use questdb_testenv::node_name_for_instance as node_name_for;
 use serde_json::json;
 
-use super::{settings, CloudEnv, NS};
+use super::{is_ready_now, settings, CloudEnv, NS};
 use crate::harness::{has_condition, is_ready, is_running, wait_for, wait_for_within, wait_until};
 
 const NEW_AMI: &str = "ami-0fedcba9876543210";
@@ -41,52 +44,203 @@ fn upgrade_phase(q: &QuestDB) -> Option<String> {
     q.status.as_ref()?.upgrade.as_ref().map(|u| u.phase.clone())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_new_node_image_moves_the_database_to_a_new_node_with_the_same_volume() {
-    let env = CloudEnv::start(settings()).await;
-    env.create("db1", |_| {}).await;
+async fn patch_node(env: &CloudEnv, node: serde_json::Value) {
+    env.qdbs()
+        .patch(
+            "db1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"node": node}})),
+        )
+        .await
+        .expect("patch spec.node");
+}
+
+/// Creates `db1` and waits until it is Ready: its uid and instance.
+async fn ready_db1(env: &CloudEnv, edit: impl FnOnce(&mut QuestDB)) -> (String, String) {
+    env.create("db1", edit).await;
     let q = wait_for(&env.qdbs(), "db1", "QuestDB Ready", is_ready()).await;
-    let old_id = q.status.and_then(|s| s.instance_id).expect("instance");
-    let pvc_uid = Api::<PersistentVolumeClaim>::namespaced(env.client.clone(), NS)
+    let uid = q.uid().expect("uid");
+    let instance = q.status.and_then(|s| s.instance_id).expect("instance");
+    (uid, instance)
+}
+
+async fn pvc_uid(env: &CloudEnv) -> String {
+    Api::<PersistentVolumeClaim>::namespaced(env.client.clone(), NS)
         .get("db1-data")
         .await
         .expect("pvc")
         .uid()
-        .expect("uid");
+        .expect("uid")
+}
 
-    set_image(&env, NEW_AMI).await;
-    let q = wait_for_within(
+fn instance(env: &CloudEnv, id: &str) -> questdb_operator::cloud::Instance {
+    env.cloud
+        .ec2
+        .instances()
+        .into_iter()
+        .find(|i| i.id == id)
+        .expect("instance known to EC2")
+}
+
+/// Every instance ever launched for the QuestDB `uid`, any state.
+fn launched_for(env: &CloudEnv, uid: &str) -> BTreeSet<String> {
+    env.cloud
+        .ec2
+        .instances()
+        .into_iter()
+        .filter(|i| i.tags.get(TAG_UID).map(String::as_str) == Some(uid))
+        .map(|i| i.id)
+        .collect()
+}
+
+async fn node_of(env: &CloudEnv, instance: &str) -> Node {
+    Api::<Node>::all(env.client.clone())
+        .get(&node_name_for(instance))
+        .await
+        .expect("node")
+}
+
+/// The move's record reaches `phase` with `image` as its target.
+async fn wait_move(
+    env: &CloudEnv,
+    what: &str,
+    phase: &'static str,
+    image: &'static str,
+) -> QuestDB {
+    wait_for_within(
         &env.qdbs(),
         "db1",
-        "move completed",
+        what,
         MOVE_TIMEOUT,
-        |q: Option<&QuestDB>| q.and_then(upgrade_phase).as_deref() == Some("Completed"),
+        move |q: Option<&QuestDB>| {
+            q.and_then(|q| q.status.as_ref()?.upgrade.clone())
+                .is_some_and(|u| u.phase == phase && u.to_image.as_deref() == Some(image))
+        },
     )
-    .await;
+    .await
+}
+
+/// The whole life of a move: the database moves to a node of the new image with its volume,
+/// the old node is kept cordoned; setting the image back moves it back to that node without a
+/// launch; shortening the window releases the node it left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_node_image_moves_the_database_and_setting_it_back_returns_without_a_launch() {
+    let env = CloudEnv::start(settings()).await;
+    let (uid, old_id) = ready_db1(&env, |_| {}).await;
+    let pvc = pvc_uid(&env).await;
+
+    set_image(&env, NEW_AMI).await;
+    let q = wait_move(&env, "moved, old node retained", "Retaining", NEW_AMI).await;
     let status = q.status.clone().expect("status");
     let new_id = status.instance_id.clone().expect("new instance");
     assert_ne!(new_id, old_id);
     assert_eq!(status.node_image.as_deref(), Some(NEW_AMI));
+    assert_eq!(status.previous_node_image.as_deref(), Some(super::AMI));
     let upgrade = status.upgrade.clone().expect("record");
     assert_eq!(upgrade.old_instance_id.as_deref(), Some(old_id.as_str()));
     assert_eq!(upgrade.new_instance_id.as_deref(), Some(new_id.as_str()));
+    assert!(upgrade.retain_until.is_some(), "{upgrade:?}");
     eprintln!(
         "node move: downtime {:?} s (stopped at {:?}, finished at {:?})",
         upgrade.downtime_seconds, upgrade.stopped_at, upgrade.finished_at
     );
     assert!(upgrade.downtime_seconds.is_some());
-    let new = env
-        .cloud
-        .ec2
-        .instances()
-        .into_iter()
-        .find(|i| i.id == new_id)
-        .expect("new instance");
+    let new = instance(&env, &new_id);
     assert_eq!(new.image, NEW_AMI);
+    env.assert_runs_on(&new_id, &pvc).await;
+    let live: BTreeSet<String> = env.live_instances_of(&uid).into_iter().collect();
+    assert_eq!(
+        live,
+        [old_id.clone(), new_id.clone()].into(),
+        "old node retained"
+    );
+    let old_node = node_of(&env, &old_id).await;
+    assert_eq!(
+        old_node.spec.and_then(|s| s.unschedulable),
+        Some(true),
+        "the retained node is cordoned"
+    );
 
-    env.assert_runs_on(&new_id, &pvc_uid).await;
-    env.wait_terminated(&old_id, "old instance terminated")
+    set_image(&env, super::AMI).await;
+    let q = wait_move(
+        &env,
+        "moved back, new node retained",
+        "Retaining",
+        super::AMI,
+    )
+    .await;
+    let status = q.status.expect("status");
+    assert_eq!(status.instance_id.as_deref(), Some(old_id.as_str()));
+    assert_eq!(status.node_image.as_deref(), Some(super::AMI));
+    assert_eq!(
+        launched_for(&env, &uid),
+        [old_id.clone(), new_id.clone()].into(),
+        "no launch to move back"
+    );
+    env.assert_runs_on(&old_id, &pvc).await;
+    let back = node_of(&env, &old_id).await;
+    assert_ne!(back.spec.and_then(|s| s.unschedulable), Some(true));
+
+    patch_node(&env, json!({"rollbackWindow": "1s"})).await;
+    wait_move(&env, "window over", "Completed", super::AMI).await;
+    env.wait_terminated(&new_id, "the node it left is terminated")
         .await;
+    env.assert_runs_on(&old_id, &pvc).await;
+    env.stop().await;
+}
+
+/// A database that cannot start on the new node (its volume will not attach there) goes back
+/// to the old node, which is still there: one more stop, no data left behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_that_cannot_start_on_the_new_node_goes_back_to_the_old_one() {
+    let env = CloudEnv::start(settings()).await;
+    let (_, old_id) = ready_db1(&env, |_| {}).await;
+    let pvc = pvc_uid(&env).await;
+    *env.cp.csi.attach_only_to.lock().unwrap() = Some(node_name_for(&old_id));
+
+    set_image(&env, NEW_AMI).await;
+    let q = wait_move(&env, "rolled back", "RolledBack", NEW_AMI).await;
+    let status = q.status.clone().expect("status");
+    assert_eq!(status.instance_id.as_deref(), Some(old_id.as_str()));
+    assert_eq!(status.node_image.as_deref(), Some(super::AMI));
+    let upgrade = status.upgrade.expect("record");
+    assert_eq!(upgrade.reason.as_deref(), Some("MoveFailed"), "{upgrade:?}");
+    eprintln!("rollback: downtime {:?} s", upgrade.downtime_seconds);
+    let failed = upgrade.old_instance_id.expect("the instance it failed on");
+    assert_ne!(failed, old_id);
+    env.wait_terminated(&failed, "the failed node is terminated")
+        .await;
+    env.assert_runs_on(&old_id, &pvc).await;
+    let q = wait_for(
+        &env.qdbs(),
+        "db1",
+        "rollback reported",
+        has_condition("NodeUpgrade", "MoveFailed"),
+    )
+    .await;
+    assert!(is_ready_now(Some(&q)));
+    env.stop().await;
+}
+
+/// An instance type change moves the database the same way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_type_change_moves_the_database_to_a_node_of_that_type() {
+    let env = CloudEnv::start(settings()).await;
+    let (_, old_id) = ready_db1(&env, |q| {
+        q.spec.node.as_mut().unwrap().rollback_window = Some("0s".into());
+    })
+    .await;
+    let pvc = pvc_uid(&env).await;
+    patch_node(&env, json!({"instanceType": "m6i.xlarge"})).await;
+    let q = wait_move(&env, "resized", "Completed", super::AMI).await;
+    let status = q.status.expect("status");
+    let new_id = status.instance_id.expect("instance");
+    assert_eq!(status.node_instance_type.as_deref(), Some("m6i.xlarge"));
+    let new = instance(&env, &new_id);
+    assert_eq!(new.instance_type, "m6i.xlarge");
+    env.wait_terminated(&old_id, "the old node is terminated (no rollback window)")
+        .await;
+    env.assert_runs_on(&new_id, &pvc).await;
     env.stop().await;
 }
 
@@ -95,9 +249,7 @@ async fn a_new_node_image_moves_the_database_to_a_new_node_with_the_same_volume(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_move_that_cannot_work_aborts_without_stopping_the_database() {
     let env = CloudEnv::start(settings()).await;
-    env.create("db1", |_| {}).await;
-    let q = wait_for(&env.qdbs(), "db1", "QuestDB Ready", is_ready()).await;
-    let id = q.status.and_then(|s| s.instance_id).expect("instance");
+    let (_, id) = ready_db1(&env, |_| {}).await;
     let pod = pod_uid(&env).await;
 
     set_image(&env, UNKNOWN).await;
@@ -105,7 +257,7 @@ async fn a_move_that_cannot_work_aborts_without_stopping_the_database() {
         &env.qdbs(),
         "db1",
         "unknown image aborts",
-        has_condition("NodeUpgrade", "LaunchFailed"),
+        has_condition("NodeUpgrade", "InvalidNode"),
     )
     .await;
     assert_eq!(pod_uid(&env).await, pod, "the database never stopped");
@@ -129,7 +281,43 @@ async fn a_move_that_cannot_work_aborts_without_stopping_the_database() {
     env.wait_terminated(&tried, "the instance that never joined is terminated")
         .await;
     wait_for(&env.qdbs(), "db1", "still Running", is_running()).await;
+
+    // Outside its maintenance window a move waits, and says when it will start.
+    let closed_today = json!({"days": [tomorrow()], "start": "00:00", "duration": "1h"});
+    patch_node(
+        &env,
+        json!({"maintenanceWindow": closed_today, "image": NEW_AMI}),
+    )
+    .await;
+    let q = wait_for(
+        &env.qdbs(),
+        "db1",
+        "move waits for its window",
+        has_condition("NodeUpgrade", "Waiting"),
+    )
+    .await;
+    let message = q
+        .status
+        .and_then(|s| s.conditions.into_iter().find(|c| c.type_ == "NodeUpgrade"))
+        .map(|c| c.message)
+        .unwrap_or_default();
+    assert!(
+        message.contains("maintenance window") && message.contains("T00:00:00Z"),
+        "{message}"
+    );
+    assert_eq!(pod_uid(&env).await, pod, "the database never stopped");
     env.stop().await;
+}
+
+/// The three-letter name of tomorrow (UTC): a window on that day only is closed now.
+fn tomorrow() -> &'static str {
+    let days = ["Thu", "Fri", "Sat", "Sun", "Mon", "Tue", "Wed"];
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    // 1970-01-01 was a Thursday.
+    days[((secs / 86_400 + 1) % 7) as usize]
 }
 
 /// A crash at any step of a move resumes where it was: the manager is killed each time the
@@ -139,9 +327,10 @@ async fn killing_the_manager_at_every_move_step_leaves_one_instance_and_one_pod(
     use futures::StreamExt;
     use kube::runtime::{watcher, WatchStreamExt};
     let mut env = CloudEnv::start(settings()).await;
-    env.create("db1", |_| {}).await;
-    let q = wait_for(&env.qdbs(), "db1", "QuestDB Ready", is_ready()).await;
-    let uid = q.uid().expect("uid");
+    let (uid, _) = ready_db1(&env, |q| {
+        q.spec.node.as_mut().unwrap().rollback_window = Some("0s".into());
+    })
+    .await;
     set_image(&env, NEW_AMI).await;
     let mut killed = std::collections::BTreeSet::new();
     let cfg = watcher::Config::default().fields("metadata.name=db1");
@@ -155,7 +344,7 @@ async fn killing_the_manager_at_every_move_step_leaves_one_instance_and_one_pod(
             .expect("watch event");
         match upgrade_phase(&q).as_deref() {
             Some("Completed") => break,
-            Some("Aborted") => panic!("move aborted: {:?}", q.status),
+            Some("Aborted") | Some("RolledBack") => panic!("move failed: {:?}", q.status),
             Some(step) if killed.insert(step.to_string()) => {
                 env.kill_manager().await;
                 env.start_manager().await;

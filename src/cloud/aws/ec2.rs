@@ -216,6 +216,74 @@ impl Ec2Api for AwsEc2 {
             .collect())
     }
 
+    async fn describe_image(&self, id: &str) -> Result<Option<crate::cloud::ImageFacts>, ApiError> {
+        let out = self
+            .client
+            .describe_images()
+            .filters(filter("image-id", vec![id.to_string()]))
+            .send()
+            .await
+            .map_err(api_error)?;
+        Ok(out.images().iter().find_map(|i| {
+            Some(crate::cloud::ImageFacts {
+                id: i.image_id()?.to_string(),
+                state: i.state()?.as_str().to_string(),
+                architecture: i.architecture()?.as_str().to_string(),
+                root_device_type: i.root_device_type()?.as_str().to_string(),
+            })
+        }))
+    }
+
+    async fn describe_instance_type(
+        &self,
+        name: &str,
+        zone: &str,
+    ) -> Result<Option<crate::cloud::InstanceTypeFacts>, ApiError> {
+        let types = self
+            .client
+            .describe_instance_types()
+            .instance_types(InstanceType::from(name))
+            .send()
+            .await;
+        let types = match types {
+            Ok(t) => t,
+            // EC2 names an unknown type in the request's error rather than answering empty.
+            Err(e) => {
+                let e = api_error(e);
+                if e.code == "InvalidInstanceType" {
+                    return Ok(None);
+                }
+                return Err(e);
+            }
+        };
+        let Some(info) = types.instance_types().first() else {
+            return Ok(None);
+        };
+        let architectures = info
+            .processor_info()
+            .map(|p| {
+                p.supported_architectures()
+                    .iter()
+                    .map(|a| a.as_str().to_string())
+                    .collect()
+            })
+            .unwrap_or_default();
+        let offerings = self
+            .client
+            .describe_instance_type_offerings()
+            .location_type(aws_sdk_ec2::types::LocationType::AvailabilityZone)
+            .filters(filter("location", vec![zone.to_string()]))
+            .filters(filter("instance-type", vec![name.to_string()]))
+            .send()
+            .await
+            .map_err(api_error)?;
+        Ok(Some(crate::cloud::InstanceTypeFacts {
+            name: name.to_string(),
+            architectures,
+            offered_in_zone: !offerings.instance_type_offerings().is_empty(),
+        }))
+    }
+
     async fn stop_instances(&self, ids: &[String]) -> Result<(), ApiError> {
         self.client
             .stop_instances()

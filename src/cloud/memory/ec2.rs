@@ -41,6 +41,10 @@ pub struct MemoryEc2Options {
     pub launch_latency: Duration,
     pub pending_to_running: Duration,
     pub shutting_down_to_terminated: Duration,
+    /// Images built for arm64 (all others are x86_64).
+    pub arm64_images: BTreeSet<String>,
+    /// Instance types with Graviton (arm64) processors (all others are x86_64).
+    pub arm64_instance_types: BTreeSet<String>,
     /// Images whose instances run but never join the cluster (their bootstrap fails): no
     /// `Running` event reaches whoever joins Nodes.
     pub never_join_images: BTreeSet<String>,
@@ -55,14 +59,18 @@ impl Default for MemoryEc2Options {
                 "ami-0123456789abcdef0".to_string(),
                 "ami-0fedcba9876543210".to_string(),
                 "ami-0000000000000dead".to_string(),
+                "ami-0a64a64a64a64a64a".to_string(),
             ]
             .into(),
+            arm64_images: ["ami-0a64a64a64a64a64a".to_string()].into(),
+            arm64_instance_types: ["m7g.large".to_string()].into(),
             instance_types: [
                 "t3.micro",
                 "t3.large",
                 "m6i.large",
                 "m6i.xlarge",
                 "r6i.large",
+                "m7g.large",
             ]
             .iter()
             .map(|s| s.to_string())
@@ -93,6 +101,8 @@ struct Record {
 struct Faults {
     throttle_next: u32,
     no_capacity_zones: BTreeSet<String>,
+    /// (zone, instance type) pairs without capacity.
+    no_capacity_types: BTreeSet<(String, String)>,
     hide_new_instances_for: u32,
 }
 
@@ -153,6 +163,18 @@ impl MemoryEc2 {
             state.faults.no_capacity_zones.insert(zone.to_string());
         } else {
             state.faults.no_capacity_zones.remove(zone);
+        }
+    }
+
+    /// RunInstances of `instance_type` in `zone` fails with `InsufficientInstanceCapacity`
+    /// until cleared (other types launch: EC2's shortages are per type and zone).
+    pub fn set_no_capacity_for(&self, zone: &str, instance_type: &str, no_capacity: bool) {
+        let key = (zone.to_string(), instance_type.to_string());
+        let mut state = self.lock();
+        if no_capacity {
+            state.faults.no_capacity_types.insert(key);
+        } else {
+            state.faults.no_capacity_types.remove(&key);
         }
     }
 
@@ -257,7 +279,11 @@ impl MemoryEc2 {
                 format!("Invalid value '{}' for InstanceType.", spec.instance_type),
             ));
         }
-        if state.faults.no_capacity_zones.contains(&spec.zone) {
+        let short_of_type = state
+            .faults
+            .no_capacity_types
+            .contains(&(spec.zone.clone(), spec.instance_type.clone()));
+        if short_of_type || state.faults.no_capacity_zones.contains(&spec.zone) {
             return Err(ApiError::new(
                 "InsufficientInstanceCapacity",
                 format!(
@@ -454,6 +480,49 @@ impl Ec2Api for MemoryEc2 {
                 )),
             })
             .collect()
+    }
+
+    async fn describe_image(&self, id: &str) -> Result<Option<crate::cloud::ImageFacts>, ApiError> {
+        let mut state = self.lock();
+        Self::begin(&mut state, "DescribeImages")?;
+        let arch = if state.options.arm64_images.contains(id) {
+            "arm64"
+        } else {
+            "x86_64"
+        };
+        Ok(state
+            .options
+            .known_images
+            .contains(id)
+            .then(|| crate::cloud::ImageFacts {
+                id: id.to_string(),
+                state: "available".into(),
+                architecture: arch.into(),
+                root_device_type: "ebs".into(),
+            }))
+    }
+
+    /// Every known type is offered in every zone.
+    async fn describe_instance_type(
+        &self,
+        name: &str,
+        _zone: &str,
+    ) -> Result<Option<crate::cloud::InstanceTypeFacts>, ApiError> {
+        let mut state = self.lock();
+        Self::begin(&mut state, "DescribeInstanceTypes")?;
+        if !state.options.instance_types.contains(name) {
+            return Ok(None);
+        }
+        let arch = if state.options.arm64_instance_types.contains(name) {
+            "arm64"
+        } else {
+            "x86_64"
+        };
+        Ok(Some(crate::cloud::InstanceTypeFacts {
+            name: name.to_string(),
+            architectures: vec![arch.into()],
+            offered_in_zone: true,
+        }))
     }
 
     /// StopInstances with Force: `running`/`pending` → `stopping` → `stopped`; stopped or gone

@@ -63,6 +63,7 @@ fn request(uid: &str, generation: i64) -> LaunchRequest {
         labels: BTreeMap::from([("questdb.io/dedicated".to_string(), uid.to_string())]),
         taints: vec![Taint::new("questdb.io/dedicated", Some(uid), "NoSchedule")],
         public_ip: false,
+        fallback_instance_types: Vec::new(),
     }
 }
 

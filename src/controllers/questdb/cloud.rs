@@ -323,6 +323,7 @@ pub(super) fn launch_request(
             DEDICATED_TAINT_EFFECT,
         )],
         public_ip: qdb.spec.dns.as_ref().is_some_and(|d| d.public),
+        fallback_instance_types: spec.fallback_instance_types.clone(),
     })
 }
 

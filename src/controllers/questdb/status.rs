@@ -236,6 +236,7 @@ pub fn compute(qdb: &QuestDB, obs: &Observed, now: Timestamp) -> QuestDBStatus {
         instance_id: existing.instance_id.clone(),
         node_image: existing.node_image.clone(),
         node_instance_type: existing.node_instance_type.clone(),
+        previous_node_image: existing.previous_node_image.clone(),
         node_generation: existing.node_generation,
         dns_name: existing.dns_name.clone(),
         dns_ip: existing.dns_ip.clone(),

@@ -340,6 +340,7 @@ fn cloud_conditions_follow_the_cloud_part_and_vanish_with_their_spec_field() {
         image: "ami-1".into(),
         instance_type: "m6i.large".into(),
         zone: "z".into(),
+        ..Default::default()
     });
     let waiting = CloudOutcome {
         node_condition: Some(Desired::new("NodeReady", false, "Launching", "starting")),

@@ -2,11 +2,17 @@
 //! part of a QuestDB's reconcile: never two reconciles of one object at once, every step
 //! persisted in `status.upgrade` before its side effect, a failover always first.
 
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
 use kube::ResourceExt;
+use serde_json::json;
+use tokio::time::Instant;
 use tracing::{info, warn};
 
 use super::cloud::{dedicate, launch_request, persist, CloudOutcome};
@@ -38,7 +44,8 @@ fn up_to_date() -> Desired {
 }
 
 /// Starts a move when the recorded node differs from `spec.node`, or advances the one under
-/// way. Returns the `NodeUpgrade` condition; `None` without a dedicated node.
+/// way (or releases a retained old node). Returns the `NodeUpgrade` condition; `None` without
+/// a dedicated node.
 pub async fn reconcile(
     qdb: &mut QuestDB,
     ctx: &Context,
@@ -59,75 +66,118 @@ pub async fn reconcile(
             .as_ref()
             .filter(|u| upgrade::before_stopping(&u.phase))
         {
-            if upgrade::in_progress(&status) {
-                let u = u.clone();
-                abort(
-                    qdb,
-                    ctx,
-                    cloud,
-                    &u,
-                    "Preempted",
-                    "a failover of the database started".into(),
-                )
-                .await?;
-            }
+            let u = u.clone();
+            abort(
+                qdb,
+                ctx,
+                cloud,
+                &u,
+                "Preempted",
+                "a failover of the database started".into(),
+            )
+            .await?;
         }
         return Ok(None);
     }
-    if !upgrade::in_progress(&status) {
+    if upgrade::active(&status) {
+        let condition = steps(qdb, ctx, cloud, out).await?;
+        let status = qdb.status.clone().unwrap_or_default();
+        if upgrade::active(&status) {
+            return Ok(Some(condition));
+        }
+    }
+    let status = qdb.status.clone().unwrap_or_default();
+    let uid = qdb.uid().unwrap_or_default();
+    let decision = {
+        let mut claims = cloud
+            .upgrade_claims
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        claims.retain(|_, at| at.elapsed() < CLAIM_TTL);
         let decision = upgrade::should_start(&StartView {
             spec: &spec,
             status: &status,
             database_ready: pod_ready_on(qdb, ctx, status.instance_id.as_deref()),
             failover_in_progress: false,
+            now: Timestamp::now(),
+            moves_elsewhere: moves_elsewhere(ctx, &claims, &uid),
+            concurrency: cloud.settings.upgrade_concurrency,
         });
-        match decision {
-            Start::No => {
-                return Ok(Some(match status.upgrade.as_ref() {
-                    Some(u) if u.phase == phase::ABORTED && upgrade::targets(u, &spec) => {
-                        condition(
-                            false,
-                            u.reason.as_deref().unwrap_or("Aborted"),
-                            u.message.clone().unwrap_or_default(),
-                        )
-                    }
-                    _ => up_to_date(),
-                }))
-            }
-            Start::Waiting(why) => {
-                out.requeue_within(Duration::from_secs(10));
-                return Ok(Some(condition(false, "Waiting", why)));
-            }
-            Start::Go => {
-                let next_generation = status.node_generation.unwrap_or(1) + 1;
-                let record = UpgradeStatus {
-                    phase: phase::PROVISIONING.into(),
-                    from_image: status.node_image.clone(),
-                    to_image: Some(spec.image.clone()),
-                    from_instance_type: status.node_instance_type.clone(),
-                    to_instance_type: Some(spec.instance_type.clone()),
-                    old_instance_id: status.instance_id.clone(),
-                    started_at: Some(now()),
-                    phase_started_at: Some(now()),
-                    ..Default::default()
-                };
-                // The new node's generation is recorded before it is launched.
-                persist(qdb, ctx, |s| {
-                    s.upgrade = Some(record);
-                    s.node_generation = Some(next_generation);
-                })
-                .await?;
-                let note = format!(
-                    "moving to a node of {} ({}); the database keeps running until the new node is Ready",
-                    spec.image, spec.instance_type
-                );
-                info!(questdb = %qdb.name_any(), "{note}");
-                ctx.event(qdb, EventType::Normal, "UpgradeStarted", "Upgrade", note)
-                    .await;
-            }
+        if decision == Start::Go {
+            claims.insert(uid.clone(), Instant::now());
+        }
+        decision
+    };
+    match decision {
+        Start::No => {
+            return Ok(Some(match status.upgrade.as_ref() {
+                Some(u)
+                    if (u.phase == phase::ABORTED || u.phase == phase::ROLLED_BACK)
+                        && upgrade::targets(u, &spec) =>
+                {
+                    condition(
+                        false,
+                        u.reason.as_deref().unwrap_or("Aborted"),
+                        u.message.clone().unwrap_or_default(),
+                    )
+                }
+                _ => up_to_date(),
+            }))
+        }
+        Start::Waiting { why, retry } => {
+            out.requeue_within(retry);
+            return Ok(Some(condition(false, "Waiting", why)));
+        }
+        Start::Go => {
+            let next_generation = status.node_generation.unwrap_or(1) + 1;
+            let record = UpgradeStatus {
+                phase: phase::VALIDATING.into(),
+                from_image: status.node_image.clone(),
+                to_image: Some(spec.image.clone()),
+                from_instance_type: status.node_instance_type.clone(),
+                to_instance_type: Some(spec.instance_type.clone()),
+                old_instance_id: status.instance_id.clone(),
+                started_at: Some(now()),
+                phase_started_at: Some(now()),
+                ..Default::default()
+            };
+            // The new node's generation is recorded before it is launched.
+            persist(qdb, ctx, |s| {
+                s.upgrade = Some(record);
+                s.node_generation = Some(next_generation);
+            })
+            .await?;
+            let note = format!(
+                "moving to a node of {} ({}); the database keeps running until the new node is Ready",
+                spec.image, spec.instance_type
+            );
+            info!(questdb = %qdb.name_any(), "{note}");
+            ctx.event(qdb, EventType::Normal, "UpgradeStarted", "Upgrade", note)
+                .await;
         }
     }
     steps(qdb, ctx, cloud, out).await.map(Some)
+}
+
+/// How long a started move counts through its claim (then through its persisted record,
+/// which the QuestDB cache holds by then).
+const CLAIM_TTL: Duration = Duration::from_secs(30);
+
+/// Moves of other QuestDBs under way: persisted ones (the cache) and ones this process
+/// started moments ago (the claims).
+fn moves_elsewhere(ctx: &Context, claims: &HashMap<String, Instant>, uid: &str) -> usize {
+    let mut uids: HashSet<String> = ctx
+        .caches
+        .questdbs
+        .state()
+        .iter()
+        .filter_map(|g| g.0.as_ref().ok())
+        .filter(|q| q.status.as_ref().is_some_and(upgrade::in_progress))
+        .filter_map(|q| q.metadata.uid.clone())
+        .collect();
+    uids.extend(claims.keys().cloned());
+    uids.remove(uid);
+    uids.len()
 }
 
 fn pod_ready_on(qdb: &QuestDB, ctx: &Context, instance: Option<&str>) -> bool {
@@ -149,16 +199,26 @@ async fn steps(
     cloud: &CloudRuntime,
     out: &mut CloudOutcome,
 ) -> Result<Desired, Error> {
-    for _ in 0..8 {
+    for _ in 0..10 {
         let status = qdb.status.clone().unwrap_or_default();
         let Some(u) = status.upgrade.clone() else {
             return Ok(up_to_date());
         };
-        if !upgrade::in_progress(&status) {
+        if !upgrade::active(&status) {
             return Ok(up_to_date());
         }
         let Some(spec) = qdb.spec.node.clone() else {
             return Ok(up_to_date());
+        };
+        let validation = if u.phase == phase::VALIDATING && upgrade::targets(&u, &spec) {
+            let facts = cloud
+                .nodes
+                .node_facts(&spec.image, &spec.instance_type, &spec.zone)
+                .await
+                .map_err(Error::Cloud)?;
+            Some(upgrade::check_node(&facts, &spec))
+        } else {
+            None
         };
         let (new_instance, launch_error) =
             if u.phase == phase::PROVISIONING && upgrade::targets(&u, &spec) {
@@ -195,9 +255,13 @@ async fn steps(
             (phase::STOPPING, Some(node)) => volume_attached_to(qdb, ctx, node).await?,
             _ => false,
         };
+        let retain_until = (u.phase == phase::RETAINING)
+            .then(|| upgrade::retention_end(&u, &spec))
+            .flatten();
         let view = StepView {
             upgrade: &u,
             spec: &spec,
+            validation,
             new_instance: new_instance.as_ref(),
             launch_error: launch_error.as_deref(),
             new_node: new_node.and_then(|n| n.metadata.name.clone()),
@@ -206,13 +270,16 @@ async fn steps(
                 _ => false,
             },
             new_node_ready: new_node.is_some_and(node_is_ready),
+            new_node_cordoned: new_node.is_some_and(is_cordoned),
             in_phase_for: since(u.phase_started_at.as_deref()).unwrap_or_default(),
             node_timeout: cloud.settings.upgrade_node_timeout,
+            move_timeout: cloud.settings.upgrade_step_timeout,
             pod_on_old_node: old_node.is_some() && pod_node == old_node,
             volume_on_old_node: volume_on_old,
             pod_running_on_new_node: on_new && running,
             pod_ready: on_new && pod_ready_on(qdb, ctx, new_id.as_deref()),
             dns_follows: dns_follows(qdb, cloud, &status, new_node),
+            retention_over: retain_until.is_none_or(|t| t <= Timestamp::now()),
         };
         let step = upgrade::next_step(&view);
         match step {
@@ -233,26 +300,13 @@ async fn steps(
                 out.requeue_within(STEP_POLL);
                 return Ok(moving(&u));
             }
+            Step::Uncordon { node } => {
+                set_unschedulable(ctx, &node, false).await?;
+                out.requeue_within(STEP_POLL);
+                return Ok(moving(&u));
+            }
             Step::Advance(next) => {
-                if let Some(took) = since(u.phase_started_at.as_deref()) {
-                    info!(questdb = %qdb.name_any(), step = %u.phase, seconds = took.as_secs_f64(), "node move step done");
-                }
-                persist(qdb, ctx, |s| {
-                    if let Some(u) = s.upgrade.as_mut() {
-                        u.phase = next.into();
-                        u.phase_started_at = Some(now());
-                        u.message = None;
-                    }
-                })
-                .await?;
-                ctx.event(
-                    qdb,
-                    EventType::Normal,
-                    &format!("Upgrade{next}"),
-                    "Upgrade",
-                    format!("node move: {next}"),
-                )
-                .await;
+                advance(qdb, ctx, &u, next).await?;
             }
             Step::Switch => {
                 let (id, image, kind) = (
@@ -260,6 +314,11 @@ async fn steps(
                     u.to_image.clone(),
                     u.to_instance_type.clone(),
                 );
+                let kind = new_instance
+                    .as_ref()
+                    .map(|i| i.instance_type.clone())
+                    .or(kind);
+                step_done(qdb, ctx, &u);
                 // Downtime starts: the recorded instance is the new one, so the pod's pin
                 // moves and the StatefulSet controller stops the database gracefully.
                 persist(qdb, ctx, |s| {
@@ -286,41 +345,96 @@ async fn steps(
                 .await;
             }
             Step::Wait(message) => {
-                if u.message.as_deref() != Some(message.as_str()) {
+                let until_text = retain_until.map(|t| t.to_string());
+                if u.message.as_deref() != Some(message.as_str())
+                    || (until_text.is_some() && u.retain_until != until_text)
+                {
                     persist(qdb, ctx, |s| {
                         if let Some(u) = s.upgrade.as_mut() {
                             u.message = Some(message.clone());
+                            if until_text.is_some() {
+                                u.retain_until = until_text.clone();
+                            }
                         }
                     })
                     .await?;
                 }
-                out.requeue_within(STEP_POLL);
+                let poll = match retain_until {
+                    Some(t) => Duration::try_from(t.duration_since(Timestamp::now()))
+                        .unwrap_or_default()
+                        .clamp(STEP_POLL, Duration::from_secs(300)),
+                    None => STEP_POLL,
+                };
+                out.requeue_within(poll);
+                if u.phase == phase::RETAINING {
+                    return Ok(retaining(&u));
+                }
                 return Ok(moving(&u));
             }
             Step::Abort { reason, message } => {
                 abort(qdb, ctx, cloud, &u, reason, message.clone()).await?;
                 return Ok(condition(false, reason, message));
             }
-            Step::Finish => {
-                if let Some(old) = u.old_instance_id.as_deref() {
-                    cloud.nodes.terminate(old).await.map_err(Error::Cloud)?;
+            Step::RollBack { reason, message } => {
+                roll_back(qdb, ctx, &u, reason, message).await?;
+            }
+            Step::Retain => {
+                retain(qdb, ctx, &u, &spec, old_node.as_deref()).await?;
+            }
+            Step::FinishRollback => {
+                if let Some(failed) = u.old_instance_id.as_deref() {
+                    cloud.nodes.terminate(failed).await.map_err(Error::Cloud)?;
                 }
+                step_done(qdb, ctx, &u);
                 let downtime = since(u.stopped_at.as_deref());
                 persist(qdb, ctx, |s| {
                     if let Some(u) = s.upgrade.as_mut() {
-                        u.phase = phase::COMPLETED.into();
+                        u.phase = phase::ROLLED_BACK.into();
                         u.phase_started_at = Some(now());
                         u.finished_at = Some(now());
                         u.downtime_seconds = downtime.map(|d| d.as_secs() as i64);
-                        u.message = None;
                     }
                 })
                 .await?;
                 ctx.metrics
-                    .upgrade_finished(UpgradeResult::Succeeded, downtime);
+                    .upgrade_finished(UpgradeResult::RolledBack, downtime);
                 let note = format!(
-                    "the database answers on the new node after {}s of downtime; old instance {} terminated",
+                    "the database answers on its old node again after {}s of downtime; instance {} terminated ({})",
                     downtime.unwrap_or_default().as_secs(),
+                    u.old_instance_id.clone().unwrap_or_default(),
+                    u.message.clone().unwrap_or_default()
+                );
+                warn!(questdb = %qdb.name_any(), "{note}");
+                ctx.event(
+                    qdb,
+                    EventType::Warning,
+                    "UpgradeRolledBack",
+                    "Upgrade",
+                    note,
+                )
+                .await;
+                let reason = u.reason.clone().unwrap_or_else(|| "RolledBack".into());
+                return Ok(condition(
+                    false,
+                    &reason,
+                    u.message.clone().unwrap_or_default(),
+                ));
+            }
+            Step::Release => {
+                if let Some(old) = u.old_instance_id.as_deref() {
+                    cloud.nodes.terminate(old).await.map_err(Error::Cloud)?;
+                }
+                cloud.instances.invalidate();
+                persist(qdb, ctx, |s| {
+                    if let Some(u) = s.upgrade.as_mut() {
+                        u.phase = phase::COMPLETED.into();
+                        u.phase_started_at = Some(now());
+                        u.message = None;
+                    }
+                })
+                .await?;
+                let note = format!(
+                    "old instance {} terminated (rollback window over)",
                     u.old_instance_id.clone().unwrap_or_default()
                 );
                 info!(questdb = %qdb.name_any(), "{note}");
@@ -328,10 +442,169 @@ async fn steps(
                     .await;
                 return Ok(up_to_date());
             }
+            Step::Revert => {
+                let record = upgrade::revert_record(&u, &status, &now());
+                let note = format!(
+                    "spec.node set back to {} ({}) within the rollback window: moving back to retained instance {}",
+                    spec.image,
+                    spec.instance_type,
+                    u.old_instance_id.clone().unwrap_or_default()
+                );
+                persist(qdb, ctx, |s| s.upgrade = Some(record)).await?;
+                info!(questdb = %qdb.name_any(), "{note}");
+                ctx.event(qdb, EventType::Normal, "UpgradeStarted", "Upgrade", note)
+                    .await;
+            }
         }
     }
     out.requeue_within(STEP_POLL);
     Ok(condition(true, "Moving", "node move in progress".into()))
+}
+
+/// Records the next phase (the step that ended goes to the log and the step histogram).
+async fn advance(
+    qdb: &mut QuestDB,
+    ctx: &Context,
+    u: &UpgradeStatus,
+    next: &'static str,
+) -> Result<(), Error> {
+    step_done(qdb, ctx, u);
+    persist(qdb, ctx, |s| {
+        if let Some(u) = s.upgrade.as_mut() {
+            u.phase = next.into();
+            u.phase_started_at = Some(now());
+            u.message = None;
+        }
+    })
+    .await?;
+    ctx.event(
+        qdb,
+        EventType::Normal,
+        &format!("Upgrade{next}"),
+        "Upgrade",
+        format!("node move: {next}"),
+    )
+    .await;
+    Ok(())
+}
+
+fn step_done(qdb: &QuestDB, ctx: &Context, u: &UpgradeStatus) {
+    if let Some(took) = since(u.phase_started_at.as_deref()) {
+        info!(questdb = %qdb.name_any(), step = %u.phase, seconds = took.as_secs_f64(), "node move step done");
+        ctx.metrics.upgrade_step(&u.phase, took);
+    }
+}
+
+/// The database stopped but does not answer on the new node (or the spec was set back): the
+/// old instance, still there and dedicated, becomes the database's again. The record swaps the
+/// two ids, so the same steps move the database back.
+async fn roll_back(
+    qdb: &mut QuestDB,
+    ctx: &Context,
+    u: &UpgradeStatus,
+    reason: &'static str,
+    message: String,
+) -> Result<(), Error> {
+    let old = u.old_instance_id.clone();
+    let (image, kind) = (u.from_image.clone(), u.from_instance_type.clone());
+    step_done(qdb, ctx, u);
+    persist(qdb, ctx, |s| {
+        s.instance_id = old.clone();
+        s.node_image = image;
+        s.node_instance_type = kind;
+        if let Some(u) = s.upgrade.as_mut() {
+            std::mem::swap(&mut u.old_instance_id, &mut u.new_instance_id);
+            u.rolling_back = true;
+            u.reason = Some(reason.into());
+            u.message = Some(message.clone());
+            u.phase = phase::STOPPING.into();
+            u.phase_started_at = Some(now());
+        }
+    })
+    .await?;
+    warn!(questdb = %qdb.name_any(), reason, "node move rolling back: {message}");
+    ctx.event(
+        qdb,
+        EventType::Warning,
+        "UpgradeRollingBack",
+        "Upgrade",
+        format!("{reason}: {message}"),
+    )
+    .await;
+    Ok(())
+}
+
+/// The database answers on the new node: the old one is cordoned (nothing else lands on it)
+/// and kept for the rollback window.
+async fn retain(
+    qdb: &mut QuestDB,
+    ctx: &Context,
+    u: &UpgradeStatus,
+    spec: &crate::api::NodeSpec,
+    old_node: Option<&str>,
+) -> Result<(), Error> {
+    let window = upgrade::rollback_window(spec);
+    if let Some(node) = old_node {
+        if !window.is_zero() {
+            set_unschedulable(ctx, node, true).await?;
+        }
+    }
+    step_done(qdb, ctx, u);
+    let downtime = since(u.stopped_at.as_deref());
+    let retain_until = Timestamp::now()
+        .checked_add(SignedDuration::try_from(window).unwrap_or_default())
+        .unwrap_or_else(|_| Timestamp::now())
+        .to_string();
+    let previous = u.from_image.clone();
+    persist(qdb, ctx, |s| {
+        s.previous_node_image = previous;
+        if let Some(u) = s.upgrade.as_mut() {
+            u.phase = phase::RETAINING.into();
+            u.phase_started_at = Some(now());
+            u.finished_at = Some(now());
+            u.downtime_seconds = downtime.map(|d| d.as_secs() as i64);
+            u.retain_until = Some(retain_until.clone());
+            u.message = None;
+        }
+    })
+    .await?;
+    ctx.metrics
+        .upgrade_finished(UpgradeResult::Completed, downtime);
+    let note = format!(
+        "the database answers on the new node after {}s of downtime; old instance {} kept, cordoned, until {retain_until} for a rollback",
+        downtime.unwrap_or_default().as_secs(),
+        u.old_instance_id.clone().unwrap_or_default()
+    );
+    info!(questdb = %qdb.name_any(), "{note}");
+    ctx.event(qdb, EventType::Normal, "UpgradeRetaining", "Upgrade", note)
+        .await;
+    Ok(())
+}
+
+/// Cordons (or uncordons) a Node: `spec.unschedulable`, as `kubectl cordon` sets it.
+async fn set_unschedulable(ctx: &Context, name: &str, cordon: bool) -> Result<(), Error> {
+    let api: Api<Node> = Api::all(ctx.client.clone());
+    let patch = json!({"spec": {"unschedulable": cordon}});
+    match api
+        .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
+        Ok(_) => Ok(()),
+        // The Node went away with its instance: nothing to cordon.
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+        Err(e) => Err(Error::Kube(e)),
+    }
+}
+
+fn is_cordoned(node: &Node) -> bool {
+    node.spec
+        .as_ref()
+        .and_then(|s| s.unschedulable)
+        .unwrap_or(false)
+}
+
+fn retaining(u: &UpgradeStatus) -> Desired {
+    condition(true, "Retaining", u.message.clone().unwrap_or_default())
 }
 
 fn moving(u: &UpgradeStatus) -> Desired {
