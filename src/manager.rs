@@ -198,7 +198,7 @@ pub struct Subscriptions {
 }
 
 type TriggerReceiver = futures::channel::mpsc::UnboundedReceiver<ObjectRef<GuardedQuestDB>>;
-type TriggerSender = futures::channel::mpsc::UnboundedSender<ObjectRef<GuardedQuestDB>>;
+type TriggerSender = crate::controllers::context::Wake;
 
 /// Forwards an object's event to the QuestDB `map` says it belongs to. Unbounded, because a
 /// dropped trigger would be a missed reconcile; a standby drains it continuously.
@@ -627,6 +627,7 @@ async fn run_controllers(shared: &Shared<'_>, subs: Subscriptions, token: Cancel
         failures: Default::default(),
         // Built per leadership term: a new leader starts from a fresh view of EC2.
         cloud: opts.cloud.clone().map(|c| Arc::new(CloudRuntime::new(c))),
+        wake: Some(subs.sender.clone()),
     });
     let sweeper = sweep::run(ctx.clone(), opts.namespace.clone(), token.clone());
     let sender = subs.sender.clone();

@@ -435,6 +435,40 @@ async fn unknown_ami_and_instance_type_are_permanent_without_retries() {
     assert!(cloud.nodes.describe_cluster().await.unwrap().is_empty());
 }
 
+/// What a node move checks before it launches: DescribeImages, DescribeInstanceTypes and
+/// DescribeInstanceTypeOfferings as the SDK sends them, and unknown ids as absent, not errors.
+#[tokio::test]
+async fn node_facts_read_the_image_and_the_type_offered_in_the_zone() {
+    let Some(moto) = start_moto().await else {
+        return;
+    };
+    let (config, sdk, ami) = ec2_setup(&moto).await;
+    let cloud = AwsCloud::from_sdk_config(&sdk, config, Arc::new(CallCounter::new())).unwrap();
+    let facts = cloud
+        .nodes
+        .node_facts(&ami, "m6i.large", ZONE)
+        .await
+        .expect("facts");
+    let image = facts.image.expect("moto's image");
+    assert_eq!(image.id, ami);
+    assert_eq!(image.state, "available");
+    assert!(!image.architecture.is_empty() && !image.root_device_type.is_empty());
+    let kind = facts.instance_type.expect("m6i.large");
+    assert!(
+        kind.architectures.contains(&"x86_64".to_string()),
+        "{kind:?}"
+    );
+    assert!(kind.offered_in_zone, "{kind:?}");
+
+    let unknown = cloud
+        .nodes
+        .node_facts("ami-00000000deadbeef0", "m9.gigantic", ZONE)
+        .await
+        .expect("unknown ids are an answer, not an error");
+    assert_eq!(unknown.image, None);
+    assert_eq!(unknown.instance_type, None);
+}
+
 #[tokio::test]
 async fn dns_upsert_read_and_delete() {
     let Some(moto) = start_moto().await else {

@@ -231,6 +231,7 @@ fn exposition_after_one_of_everything() -> String {
     metrics.set_unhealthy_dedicated_nodes(1);
     metrics.failover_step("Fencing", Duration::from_secs(3));
     metrics.failover_detected(Duration::from_millis(300));
+    metrics.upgrade_step("Stopping", Duration::from_secs(3));
     metrics.render()
 }
 

@@ -76,6 +76,9 @@ pub struct CloudRuntime {
     /// Node moves this process started, by QuestDB uid, until their record reaches the cache
     /// (the concurrency limit counts both).
     pub upgrade_claims: Mutex<std::collections::HashMap<String, Instant>>,
+    /// Node moves that ended moments ago, by QuestDB uid: the cache may still show them under
+    /// way, and the moves their end wakes must not wait behind them.
+    pub upgrade_ends: Mutex<std::collections::HashMap<String, Instant>>,
 }
 
 impl CloudRuntime {
@@ -89,6 +92,7 @@ impl CloudRuntime {
             health: Default::default(),
             relaunches: Default::default(),
             upgrade_claims: Default::default(),
+            upgrade_ends: Default::default(),
         }
     }
 }

@@ -56,7 +56,12 @@ pub struct Context {
     pub failures: Mutex<HashMap<ObjectRef<GuardedQuestDB>, u32>>,
     /// Node and DNS providers; `None` runs without dedicated nodes.
     pub cloud: Option<Arc<CloudRuntime>>,
+    /// Asks the controller to reconcile another QuestDB (a freed node-move slot wakes the
+    /// moves queued behind it instead of leaving them to their next poll).
+    pub wake: Option<Wake>,
 }
+
+pub type Wake = futures::channel::mpsc::UnboundedSender<ObjectRef<GuardedQuestDB>>;
 
 impl Context {
     /// Publishes an event about `qdb`. Failing to record an event must never fail a reconcile.

@@ -524,6 +524,41 @@ async fn an_unknown_ami_is_reported_with_the_aws_message_without_a_retry_storm()
     env.stop().await;
 }
 
+/// EC2 has no m6i.large in the volume's zone: the database runs on the first fallback type
+/// that launches, says so in its status, and is not moved off it in a loop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_capacity_shortage_falls_back_to_the_next_instance_type_without_moving_back() {
+    let env = CloudEnv::start(settings()).await;
+    env.cloud
+        .ec2
+        .set_no_capacity_for("sim-zone-a", "m6i.large", true);
+    env.create("db1", |q| {
+        if let Some(n) = q.spec.node.as_mut() {
+            n.fallback_instance_types = vec!["m6i.xlarge".into()];
+        }
+    })
+    .await;
+    let q = wait_for(&env.qdbs(), "db1", "QuestDB Ready", is_ready()).await;
+    let status = q.status.expect("status");
+    assert_eq!(status.node_instance_type.as_deref(), Some("m6i.xlarge"));
+    assert_eq!(env.cloud.ec2.instances().len(), 1);
+    assert_eq!(env.cloud.ec2.instances()[0].instance_type, "m6i.xlarge");
+    writes_settle(&env.cp).await;
+    let q = env.qdbs().get("db1").await.expect("db1");
+    let status = q.status.expect("status");
+    assert!(status.upgrade.is_none(), "{:?}", status.upgrade);
+    assert!(
+        status
+            .conditions
+            .iter()
+            .any(|c| c.type_ == "NodeUpgrade" && c.status == "True"),
+        "{:?}",
+        status.conditions
+    );
+    assert_eq!(env.cloud.ec2.instances().len(), 1, "no second launch");
+    env.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn throttling_is_backed_off_and_ends_ready() {
     let env = CloudEnv::start(settings()).await;

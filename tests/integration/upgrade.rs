@@ -369,3 +369,107 @@ async fn killing_the_manager_at_every_move_step_leaves_one_instance_and_one_pod(
     assert_eq!(pods.len(), 1, "one pod");
     env.stop().await;
 }
+
+/// A fleet rollout: 50 QuestDBs, their specs edited one after another. Moves queue behind
+/// `--upgrade-concurrency` (a watch over every QuestDB fails the test the moment more are under
+/// way), every database ends on a node of its own built from the new image, and no instance
+/// is ever recorded by two QuestDBs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifty_databases_upgraded_one_edit_after_another_never_exceed_the_concurrency_flag() {
+    use futures::StreamExt;
+    use kube::runtime::{watcher, WatchStreamExt};
+    use std::collections::BTreeMap;
+    const FLEET: usize = 50;
+    const CONCURRENCY: usize = 4;
+    let mut fleet_settings = settings();
+    fleet_settings.upgrade_concurrency = CONCURRENCY;
+    let env = CloudEnv::start(fleet_settings).await;
+    let names: Vec<String> = (0..FLEET).map(|i| format!("db{i:02}")).collect();
+    for name in &names {
+        env.create(name, |q| {
+            q.spec.node.as_mut().unwrap().rollback_window = Some("0s".into());
+            q.spec.dns = None;
+        })
+        .await;
+    }
+    let started = std::time::Instant::now();
+    for name in &names {
+        wait_for_within(&env.qdbs(), name, "QuestDB Ready", MOVE_TIMEOUT, is_ready()).await;
+    }
+    eprintln!("fleet: {FLEET} databases Ready in {:?}", started.elapsed());
+
+    let started = std::time::Instant::now();
+    for name in &names {
+        env.qdbs()
+            .patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"node": {"image": NEW_AMI}}})),
+            )
+            .await
+            .expect("patch spec.node.image");
+    }
+    let moving = |q: &QuestDB| {
+        q.status
+            .as_ref()
+            .and_then(|s| s.upgrade.as_ref())
+            .is_some_and(|u| {
+                !matches!(
+                    u.phase.as_str(),
+                    "Completed" | "Aborted" | "RolledBack" | "Retaining"
+                )
+            })
+    };
+    let mut state: BTreeMap<String, QuestDB> = BTreeMap::new();
+    let mut most = 0;
+    let mut events =
+        std::pin::pin!(watcher(env.qdbs(), watcher::Config::default()).applied_objects());
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(900);
+    loop {
+        let q = tokio::time::timeout_at(deadline, events.next())
+            .await
+            .expect("rollout finishes in time")
+            .expect("watch open")
+            .expect("watch event");
+        if let Some(u) = q.status.as_ref().and_then(|s| s.upgrade.as_ref()) {
+            assert!(
+                !matches!(u.phase.as_str(), "Aborted" | "RolledBack"),
+                "{}: {u:?}",
+                q.name_any()
+            );
+        }
+        state.insert(q.name_any(), q);
+        let now = state.values().filter(|q| moving(q)).count();
+        most = most.max(now);
+        assert!(now <= CONCURRENCY, "{now} moves under way at once");
+        let done = state
+            .values()
+            .filter(|q| {
+                q.status.as_ref().is_some_and(|s| {
+                    s.node_image.as_deref() == Some(NEW_AMI)
+                        && s.upgrade.as_ref().is_some_and(|u| u.phase == "Completed")
+                })
+            })
+            .count();
+        if done == FLEET {
+            break;
+        }
+    }
+    eprintln!(
+        "fleet: {FLEET} moves done in {:?}, at most {most} at once (flag {CONCURRENCY})",
+        started.elapsed()
+    );
+    assert!(most >= 2, "moves ran side by side: {most}");
+    let mut seen = BTreeSet::new();
+    for q in state.values() {
+        let s = q.status.as_ref().expect("status");
+        let u = s.upgrade.as_ref().expect("record");
+        for id in [u.old_instance_id.clone(), u.new_instance_id.clone()] {
+            let id = id.expect("ids recorded");
+            assert!(seen.insert(id.clone()), "{id} recorded by two QuestDBs");
+        }
+        let id = s.instance_id.as_deref().expect("instance");
+        assert_eq!(instance(&env, id).image, NEW_AMI);
+    }
+    env.stop().await;
+}

@@ -271,6 +271,46 @@ async fn no_capacity_is_permanent_with_the_aws_message_after_one_attempt() {
     cloud.nodes.launch(&request("uid-1", 1)).await.unwrap();
 }
 
+/// EC2 runs short of one type in one zone: the fallback types are tried in order, each with a
+/// ClientToken of its own (a token reused with another type is `IdempotentParameterMismatch`),
+/// and a launch repeated after that finds the instance by its tags instead of launching again.
+#[tokio::test(start_paused = true)]
+async fn no_capacity_for_the_type_falls_back_to_the_next_type_in_the_same_zone() {
+    let (cloud, _) = cloud();
+    cloud
+        .ec2
+        .set_no_capacity_for("us-east-1a", "m6i.large", true);
+    cloud
+        .ec2
+        .set_no_capacity_for("us-east-1a", "m6i.xlarge", true);
+    let mut req = request("uid-1", 1);
+    req.fallback_instance_types = vec!["m6i.xlarge".into(), "r6i.large".into()];
+    let launched = cloud.nodes.launch(&req).await.unwrap();
+    assert_eq!(launched.instance_type, "r6i.large");
+    assert_eq!(launched.zone, "us-east-1a");
+    assert_eq!(cloud.ec2.call_count("RunInstances"), 3);
+    let again = cloud.nodes.launch(&req).await.unwrap();
+    assert_eq!(again.id, launched.id);
+    assert_eq!(cloud.ec2.call_count("RunInstances"), 3);
+
+    // Every type short: one error that names the zone and every type tried.
+    let mut req = request("uid-2", 1);
+    req.fallback_instance_types = vec!["m6i.xlarge".into()];
+    let err = cloud.nodes.launch(&req).await.unwrap_err().to_string();
+    assert!(
+        err.contains("us-east-1a") && err.contains("m6i.large, m6i.xlarge"),
+        "{err}"
+    );
+    // Without fallbacks the message says where alternatives go.
+    let err = cloud
+        .nodes
+        .launch(&request("uid-3", 1))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("fallbackInstanceTypes"), "{err}");
+}
+
 #[tokio::test(start_paused = true)]
 async fn unknown_ami_and_instance_type_are_permanent_after_one_attempt() {
     let (cloud, _) = cloud();

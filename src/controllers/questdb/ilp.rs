@@ -188,6 +188,7 @@ mod tests {
             keys: Default::default(),
             failures: Default::default(),
             cloud: None,
+            wake: None,
         };
         (ctx, writer)
     }

@@ -94,17 +94,30 @@ pub async fn reconcile(
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         claims.retain(|_, at| at.elapsed() < CLAIM_TTL);
+        let ended: HashSet<String> = cloud
+            .upgrade_ends
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .iter()
+            .filter(|(_, at)| at.elapsed() < CLAIM_TTL)
+            .map(|(uid, _)| uid.clone())
+            .collect();
         let decision = upgrade::should_start(&StartView {
             spec: &spec,
             status: &status,
             database_ready: pod_ready_on(qdb, ctx, status.instance_id.as_deref()),
             failover_in_progress: false,
             now: Timestamp::now(),
-            moves_elsewhere: moves_elsewhere(ctx, &claims, &uid),
+            moves_elsewhere: moves_elsewhere(ctx, &claims, &ended, &uid),
             concurrency: cloud.settings.upgrade_concurrency,
         });
         if decision == Start::Go {
             claims.insert(uid.clone(), Instant::now());
+            cloud
+                .upgrade_ends
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .remove(&uid);
         }
         decision
     };
@@ -159,13 +172,55 @@ pub async fn reconcile(
     steps(qdb, ctx, cloud, out).await.map(Some)
 }
 
+/// A move ended and freed its slot (its claim goes at once): the QuestDBs whose node differs
+/// from their spec (the ones that may be queued) are reconciled now rather than at their next
+/// poll.
+fn wake_queued(qdb: &QuestDB, ctx: &Context) {
+    if let (Some(cloud), Some(uid)) = (ctx.cloud.as_ref(), qdb.metadata.uid.as_deref()) {
+        let mut claims = cloud
+            .upgrade_claims
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        claims.remove(uid);
+        let mut ends = cloud
+            .upgrade_ends
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        ends.retain(|_, at| at.elapsed() < CLAIM_TTL);
+        ends.insert(uid.to_string(), Instant::now());
+    }
+    let Some(wake) = ctx.wake.as_ref() else {
+        return;
+    };
+    let me = qdb.metadata.uid.as_deref();
+    for q in ctx.caches.questdbs.state() {
+        let Ok(q) = q.0.as_ref() else { continue };
+        let queued = q.metadata.uid.as_deref() != me
+            && q.spec
+                .node
+                .as_ref()
+                .zip(q.status.as_ref())
+                .is_some_and(|(spec, status)| {
+                    upgrade::differs(spec, status) && !upgrade::active(status)
+                });
+        if let Some(r) = queued.then(|| crate::manager::questdb_ref(q)).flatten() {
+            let _ = wake.unbounded_send(r);
+        }
+    }
+}
+
 /// How long a started move counts through its claim (then through its persisted record,
 /// which the QuestDB cache holds by then).
 const CLAIM_TTL: Duration = Duration::from_secs(30);
 
 /// Moves of other QuestDBs under way: persisted ones (the cache) and ones this process
 /// started moments ago (the claims).
-fn moves_elsewhere(ctx: &Context, claims: &HashMap<String, Instant>, uid: &str) -> usize {
+fn moves_elsewhere(
+    ctx: &Context,
+    claims: &HashMap<String, Instant>,
+    ended: &HashSet<String>,
+    uid: &str,
+) -> usize {
     let mut uids: HashSet<String> = ctx
         .caches
         .questdbs
@@ -174,6 +229,7 @@ fn moves_elsewhere(ctx: &Context, claims: &HashMap<String, Instant>, uid: &str) 
         .filter_map(|g| g.0.as_ref().ok())
         .filter(|q| q.status.as_ref().is_some_and(upgrade::in_progress))
         .filter_map(|q| q.metadata.uid.clone())
+        .filter(|u| !ended.contains(u))
         .collect();
     uids.extend(claims.keys().cloned());
     uids.remove(uid);
@@ -398,6 +454,7 @@ async fn steps(
                 .await?;
                 ctx.metrics
                     .upgrade_finished(UpgradeResult::RolledBack, downtime);
+                wake_queued(qdb, ctx);
                 let note = format!(
                     "the database answers on its old node again after {}s of downtime; instance {} terminated ({})",
                     downtime.unwrap_or_default().as_secs(),
@@ -570,6 +627,7 @@ async fn retain(
     .await?;
     ctx.metrics
         .upgrade_finished(UpgradeResult::Completed, downtime);
+    wake_queued(qdb, ctx);
     let note = format!(
         "the database answers on the new node after {}s of downtime; old instance {} kept, cordoned, until {retain_until} for a rollback",
         downtime.unwrap_or_default().as_secs(),
@@ -659,6 +717,7 @@ async fn abort(
     .await?;
     warn!(questdb = %qdb.name_any(), reason, "node move aborted; the database stays on its node: {message}");
     ctx.metrics.upgrade_finished(UpgradeResult::Aborted, None);
+    wake_queued(qdb, ctx);
     ctx.event(
         qdb,
         EventType::Warning,
