@@ -268,6 +268,7 @@ pub fn options_from(args: &RunArgs) -> anyhow::Result<ManagerOptions> {
     Ok(ManagerOptions {
         namespace: Some(args.namespace.clone()).filter(|n| !n.is_empty()),
         questdb_concurrency: args.questdb_concurrency,
+        node_health_concurrency: args.node_health_concurrency,
         leader_election: args.leader_elect.then(|| LeaderElection {
             lease_name: args.leader_election_id.clone(),
             namespace: args.leader_election_namespace.clone(),

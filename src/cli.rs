@@ -93,6 +93,10 @@ pub struct RunArgs {
     #[arg(long, env = "QUESTDB_CONCURRENCY", default_value_t = 4)]
     pub questdb_concurrency: u16,
 
+    /// Concurrent reconciles of the node-health controller (never two of one Node).
+    #[arg(long, env = "NODE_HEALTH_CONCURRENCY", default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..))]
+    pub node_health_concurrency: u16,
+
     #[command(flatten)]
     pub cloud: CloudArgs,
 }

@@ -41,6 +41,8 @@ pub struct ManagerOptions {
     /// Watch one namespace; all when `None`.
     pub namespace: Option<String>,
     pub questdb_concurrency: u16,
+    /// Concurrent reconciles of the node-health controller (never two of one Node).
+    pub node_health_concurrency: u16,
     pub leader_election: Option<LeaderElection>,
     pub metrics_addr: Option<SocketAddr>,
     pub health_addr: Option<SocketAddr>,
@@ -64,6 +66,7 @@ impl Default for ManagerOptions {
         Self {
             namespace: None,
             questdb_concurrency: 4,
+            node_health_concurrency: 2,
             leader_election: None,
             metrics_addr: None,
             health_addr: None,
@@ -193,8 +196,10 @@ pub async fn run_with(
 /// before it was read returns `Pending` without a wake-up, which can stall that trigger stream.
 pub struct Subscriptions {
     triggers: TriggerReceiver,
-    /// For loops that ask for reconciles themselves (node health).
+    /// For reconciles that ask for reconciles of other QuestDBs (node health, node moves).
     sender: TriggerSender,
+    /// The node-health controller's requests: a dedicated Node or its kubelet Lease changed.
+    node_triggers: futures::channel::mpsc::UnboundedReceiver<ObjectRef<Node>>,
 }
 
 type TriggerReceiver = futures::channel::mpsc::UnboundedReceiver<ObjectRef<GuardedQuestDB>>;
@@ -251,6 +256,7 @@ impl Subscriptions {
                 biased;
                 out = &mut until => return (self, out),
                 Some(_) = self.triggers.next() => {}
+                Some(_) = self.node_triggers.next() => {}
             }
         }
     }
@@ -294,6 +300,7 @@ fn start_caches(
     let mut tasks = Vec::new();
     let (tx, triggers) = futures::channel::mpsc::unbounded();
     let sender = tx.clone();
+    let (node_tx, node_triggers) = futures::channel::mpsc::unbounded::<ObjectRef<Node>>();
 
     // `inspect` runs after `reflect`: a request is only sent once its event is in the cache.
     macro_rules! cached {
@@ -374,7 +381,19 @@ fn start_caches(
         let node_stream = watcher(Api::<Node>::all(client.clone()), watcher::Config::default())
             .default_backoff()
             .modify(|n: &mut Node| n.metadata.managed_fields = None)
-            .reflect(node_writer);
+            .reflect(node_writer)
+            .inspect({
+                let node_tx = node_tx.clone();
+                move |ev| {
+                    // Only dedicated nodes have a health to judge; a deleted one is forgotten
+                    // by the next survey.
+                    if let Ok(watcher::Event::Apply(n) | watcher::Event::InitApply(n)) = ev {
+                        if node_health::pinned_instance(n).is_some() {
+                            let _ = node_tx.unbounded_send(ObjectRef::from_obj(n));
+                        }
+                    }
+                }
+            });
         tasks.push(spawn_drain(node_stream, token.clone(), "Node"));
     } else {
         // An empty, ready store: nothing waits on a watch the RBAC would refuse.
@@ -402,7 +421,14 @@ fn start_caches(
                     };
                 }
             })
-            .reflect(lease_writer);
+            .reflect(lease_writer)
+            .inspect(move |ev| {
+                if let Ok(watcher::Event::Apply(l) | watcher::Event::InitApply(l)) = ev {
+                    if let Some(node) = node_health::node_of_lease(l) {
+                        let _ = node_tx.unbounded_send(node);
+                    }
+                }
+            });
         tasks.push(spawn_drain(lease_stream, token.clone(), "Lease"));
     } else {
         lease_writer.apply_watcher_event(&watcher::Event::Init);
@@ -444,7 +470,15 @@ fn start_caches(
         leases,
         secrets,
     };
-    (caches, Subscriptions { triggers, sender }, tasks)
+    (
+        caches,
+        Subscriptions {
+            triggers,
+            sender,
+            node_triggers,
+        },
+        tasks,
+    )
 }
 
 /// The controller reads a pod's node and Ready condition only; the rest (the whole container
@@ -630,15 +664,20 @@ async fn run_controllers(shared: &Shared<'_>, subs: Subscriptions, token: Cancel
         wake: Some(subs.sender.clone()),
     });
     let sweeper = sweep::run(ctx.clone(), opts.namespace.clone(), token.clone());
-    let sender = subs.sender.clone();
-    let health = node_health::run(
+    let Subscriptions {
+        triggers,
+        sender: _,
+        node_triggers,
+    } = subs;
+    let health = run_node_health(
+        node_triggers,
+        caches,
+        opts.node_health_concurrency,
+        metrics,
         ctx.clone(),
-        move |r| {
-            let _ = sender.unbounded_send(r);
-        },
         token.clone(),
     );
-    let controller = questdb_controller(subs, caches, opts.questdb_concurrency, &ctrl_metrics)
+    let controller = questdb_controller(triggers, caches, opts.questdb_concurrency, &ctrl_metrics)
         .graceful_shutdown_on(token.cancelled_owned());
     tokio::join!(
         run_questdb_controller(controller, ctx, ctrl_metrics, in_flight.clone()),
@@ -647,10 +686,60 @@ async fn run_controllers(shared: &Shared<'_>, subs: Subscriptions, token: Cancel
     );
 }
 
+/// The node-health controller: one reconcile per dedicated Node when it or its kubelet's
+/// Lease changes, and on its own requeue while it looks unhealthy (a silent kubelet sends
+/// nothing). Runs only with a cloud provider (dedicated nodes).
+async fn run_node_health(
+    node_triggers: futures::channel::mpsc::UnboundedReceiver<ObjectRef<Node>>,
+    caches: &Caches,
+    concurrency: u16,
+    metrics: &Arc<Metrics>,
+    ctx: Arc<Context>,
+    token: CancellationToken,
+) {
+    if ctx.cloud.is_none() {
+        // Nothing to judge; the channel is drained so the watch streams never back up.
+        let mut node_triggers = node_triggers;
+        tokio::select! {
+            _ = token.cancelled() => {}
+            _ = async { while node_triggers.next().await.is_some() {} } => {}
+        }
+        return;
+    }
+    let m = metrics.controller(node_health::CONTROLLER_NAME, concurrency as usize);
+    let seen = m.clone();
+    let none = futures::stream::pending::<Result<Node, watcher::Error>>();
+    let controller = Controller::for_stream(none, caches.nodes.clone())
+        .with_config(ControllerConfig::default().concurrency(concurrency))
+        .reconcile_on(node_triggers.inspect(move |r| seen.observe_trigger(r)))
+        .reconcile_all_on(futures::stream::once(async {}))
+        .graceful_shutdown_on(token.cancelled_owned());
+    let reconcile = move |node: Arc<Node>, ctx: Arc<Context>| {
+        let m = m.clone();
+        async move {
+            let guard = m.start(ObjectRef::from_obj(&*node));
+            let result = guard.scope(node_health::reconcile(node, ctx)).await;
+            match &result {
+                Ok(action) => guard.finish(ReconcileOutcome::from_action(action)),
+                Err(e) => guard.finish_with_error(e),
+            }
+            result
+        }
+    };
+    controller
+        .run(
+            reconcile,
+            |_, _, _| Action::requeue(Duration::from_secs(1)),
+            ctx,
+        )
+        .for_each(|_| async {})
+        .await;
+}
+
 /// Builds the QuestDB controller and its triggers. Every trigger is counted for the
 /// `workqueue_*` figures before it reaches the controller.
 fn questdb_controller(
-    subs: Subscriptions,
+    triggers: TriggerReceiver,
     caches: &Caches,
     concurrency: u16,
     m: &ControllerMetrics,
@@ -666,7 +755,7 @@ fn questdb_controller(
     let seen = m.clone();
     let c = Controller::for_stream(none, caches.questdbs.clone())
         .with_config(config)
-        .reconcile_on(subs.triggers.inspect(move |r| seen.observe_trigger(r)));
+        .reconcile_on(triggers.inspect(move |r| seen.observe_trigger(r)));
     // The controller only sees events after it starts: reconcile everything once at start.
     c.reconcile_all_on(futures::stream::once(async {}))
 }

@@ -39,6 +39,9 @@ pub mod phase {
     pub const ROLLED_BACK: &str = "RolledBack";
 }
 
+/// The abort reason of a move a failover pre-empted.
+pub const PREEMPTED: &str = "Preempted";
+
 /// The default `spec.node.rollbackWindow`.
 pub const DEFAULT_ROLLBACK_WINDOW: Duration = Duration::from_secs(30 * 60);
 
@@ -143,8 +146,11 @@ pub fn should_start(v: &StartView) -> Start {
         return Start::No;
     }
     // The same target failed before: not retried in a loop; a new edit (another target) is.
+    // A move a failover pre-empted is not a failure of the target: it starts again.
     let failed_same = v.status.upgrade.as_ref().is_some_and(|u| {
-        (u.phase == phase::ABORTED || u.phase == phase::ROLLED_BACK) && targets(u, v.spec)
+        (u.phase == phase::ABORTED || u.phase == phase::ROLLED_BACK)
+            && targets(u, v.spec)
+            && u.reason.as_deref() != Some(PREEMPTED)
     });
     if failed_same {
         return Start::No;

@@ -82,6 +82,9 @@ fn an_aborted_target_is_not_retried_in_a_loop_but_a_new_edit_is() {
     });
     assert_eq!(start(&spec("ami-bad"), &status, true), Start::No);
     assert_eq!(start(&spec("ami-2"), &status, true), Start::Go);
+    // A failover pre-empted it: the target did not fail, the move starts again.
+    status.upgrade.as_mut().unwrap().reason = Some(PREEMPTED.into());
+    assert_eq!(start(&spec("ami-bad"), &status, true), Start::Go);
 }
 
 fn upgrade(phase: &str) -> UpgradeStatus {

@@ -222,6 +222,48 @@ async fn a_database_that_cannot_start_on_the_new_node_goes_back_to_the_old_one()
     env.stop().await;
 }
 
+/// Setting the image back while the database is being moved (stopped, or starting on the new
+/// node) returns it to the old node, which is still there: no further launch, same volume.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn setting_the_image_back_during_a_move_returns_to_the_old_node_without_a_launch() {
+    let env = CloudEnv::start(settings()).await;
+    let (uid, old_id) = ready_db1(&env, |_| {}).await;
+    let pvc = pvc_uid(&env).await;
+    set_image(&env, NEW_AMI).await;
+    let q = wait_move(&env, "the database stops", "Stopping", NEW_AMI).await;
+    let new_id = q
+        .status
+        .and_then(|s| s.upgrade?.new_instance_id)
+        .expect("new instance");
+    set_image(&env, super::AMI).await;
+    // Back on the old node either way: rolled back mid-move, or moved back from retention.
+    let q = wait_for_within(
+        &env.qdbs(),
+        "db1",
+        "back on the old node",
+        MOVE_TIMEOUT,
+        |q: Option<&QuestDB>| {
+            q.and_then(|q| q.status.as_ref()).is_some_and(|s| {
+                s.node_image.as_deref() == Some(super::AMI)
+                    && s.upgrade
+                        .as_ref()
+                        .is_some_and(|u| matches!(u.phase.as_str(), "RolledBack" | "Retaining"))
+            })
+        },
+    )
+    .await;
+    let status = q.status.expect("status");
+    eprintln!("set back during the move: {:?}", status.upgrade);
+    assert_eq!(status.instance_id.as_deref(), Some(old_id.as_str()));
+    assert_eq!(
+        launched_for(&env, &uid),
+        [old_id.clone(), new_id].into(),
+        "no launch to go back"
+    );
+    env.assert_runs_on(&old_id, &pvc).await;
+    env.stop().await;
+}
+
 /// An instance type change moves the database the same way.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_instance_type_change_moves_the_database_to_a_node_of_that_type() {

@@ -123,24 +123,36 @@ pub async fn set_finalizer(qdb: &mut QuestDB, ctx: &Context, present: bool) -> R
 pub(super) async fn persist(
     qdb: &mut QuestDB,
     ctx: &Context,
-    edit: impl FnOnce(&mut QuestDBStatus),
+    mut edit: impl FnMut(&mut QuestDBStatus),
 ) -> Result<(), Error> {
-    let mut obj = qdb.clone();
-    let mut status = obj.status.take().unwrap_or_default();
-    edit(&mut status);
-    obj.status = Some(status);
-    obj.metadata.managed_fields = None;
     let api: Api<QuestDB> =
         Api::namespaced(ctx.client.clone(), &qdb.namespace().unwrap_or_default());
     let pp = PostParams {
         field_manager: Some(MANAGER.into()),
         ..PostParams::default()
     };
-    *qdb = api
-        .replace_status(&qdb.name_any(), &pp, &obj)
-        .await
-        .map_err(Error::from_status_write)?;
-    Ok(())
+    // A user's edit of the spec between two writes of one reconcile bumps resourceVersion: the
+    // record of a side effect already done (a DNS record written, an instance switched) must
+    // not be lost to that conflict, so the edit is applied again to the object as it is now.
+    // The operator is the only writer of status, so re-applying it is the same record.
+    for attempt in 0.. {
+        let mut obj = qdb.clone();
+        let mut status = obj.status.take().unwrap_or_default();
+        edit(&mut status);
+        obj.status = Some(status);
+        obj.metadata.managed_fields = None;
+        match api.replace_status(&qdb.name_any(), &pp, &obj).await {
+            Ok(written) => {
+                *qdb = written;
+                return Ok(());
+            }
+            Err(kube::Error::Api(e)) if e.code == 409 && attempt < 3 => {
+                *qdb = api.get(&qdb.name_any()).await.map_err(Error::Kube)?;
+            }
+            Err(e) => return Err(Error::from_status_write(e)),
+        }
+    }
+    unreachable!("the loop returns")
 }
 
 fn not_configured(type_: &'static str) -> Desired {
@@ -435,9 +447,9 @@ async fn node_steps(
                     instance.instance_type.clone(),
                 );
                 persist(qdb, ctx, |s| {
-                    s.instance_id = Some(id);
-                    s.node_image = Some(image);
-                    s.node_instance_type = Some(kind);
+                    s.instance_id = Some(id.clone());
+                    s.node_image = Some(image.clone());
+                    s.node_instance_type = Some(kind.clone());
                 })
                 .await?;
                 if !learnt.iter().any(|l| l.id == instance.id) {
@@ -815,8 +827,8 @@ async fn dns_step(
             info!(questdb = %qdb.name_any(), record = %name, %ip, "DNS record published");
             let (n, a) = (name.clone(), ip.clone());
             persist(qdb, ctx, |s| {
-                s.dns_name = Some(n);
-                s.dns_ip = Some(a);
+                s.dns_name = Some(n.clone());
+                s.dns_ip = Some(a.clone());
             })
             .await?;
             ctx.event(

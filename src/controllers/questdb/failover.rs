@@ -128,7 +128,7 @@ pub async fn reconcile(
             };
             // Intent first: the replacement's generation and the old instance, before the stop.
             persist(qdb, ctx, |s| {
-                s.failover = Some(record);
+                s.failover = Some(record.clone());
                 s.instance_id = None;
                 s.node_generation = Some(next_generation);
             })

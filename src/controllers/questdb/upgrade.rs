@@ -72,8 +72,8 @@ pub async fn reconcile(
                 ctx,
                 cloud,
                 &u,
-                "Preempted",
-                "a failover of the database started".into(),
+                upgrade::PREEMPTED,
+                "a failover of the database started; the move starts again after it".into(),
             )
             .await?;
         }
@@ -156,7 +156,7 @@ pub async fn reconcile(
             };
             // The new node's generation is recorded before it is launched.
             persist(qdb, ctx, |s| {
-                s.upgrade = Some(record);
+                s.upgrade = Some(record.clone());
                 s.node_generation = Some(next_generation);
             })
             .await?;
@@ -246,7 +246,12 @@ fn pod_ready_on(qdb: &QuestDB, ctx: &Context, instance: Option<&str>) -> bool {
     ctx.caches
         .pods
         .get(&ObjectRef::new(&names::pod(qdb)).within(&ns))
-        .is_some_and(|p| p.spec.as_ref().and_then(|s| s.node_name.clone()) == node && pod_ready(&p))
+        .is_some_and(|p| {
+            // A pod on its way out answers for seconds more; it is not the database's home.
+            p.metadata.deletion_timestamp.is_none()
+                && p.spec.as_ref().and_then(|s| s.node_name.clone()) == node
+                && pod_ready(&p)
+        })
 }
 
 async fn steps(
@@ -301,6 +306,7 @@ async fn steps(
         let on_new = new_node.is_some_and(|n| n.metadata.name == pod_node && pod_node.is_some());
         let running = pod
             .as_ref()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
             .and_then(|p| p.status.as_ref()?.phase.clone())
             .is_some_and(|p| p == "Running");
         let dedicated = DedicatedNode {
@@ -379,8 +385,8 @@ async fn steps(
                 // moves and the StatefulSet controller stops the database gracefully.
                 persist(qdb, ctx, |s| {
                     s.instance_id = Some(id.clone());
-                    s.node_image = image;
-                    s.node_instance_type = kind;
+                    s.node_image = image.clone();
+                    s.node_instance_type = kind.clone();
                     if let Some(u) = s.upgrade.as_mut() {
                         u.phase = phase::STOPPING.into();
                         u.phase_started_at = Some(now());
@@ -507,7 +513,7 @@ async fn steps(
                     spec.instance_type,
                     u.old_instance_id.clone().unwrap_or_default()
                 );
-                persist(qdb, ctx, |s| s.upgrade = Some(record)).await?;
+                persist(qdb, ctx, |s| s.upgrade = Some(record.clone())).await?;
                 info!(questdb = %qdb.name_any(), "{note}");
                 ctx.event(qdb, EventType::Normal, "UpgradeStarted", "Upgrade", note)
                     .await;
@@ -567,8 +573,8 @@ async fn roll_back(
     step_done(qdb, ctx, u);
     persist(qdb, ctx, |s| {
         s.instance_id = old.clone();
-        s.node_image = image;
-        s.node_instance_type = kind;
+        s.node_image = image.clone();
+        s.node_instance_type = kind.clone();
         if let Some(u) = s.upgrade.as_mut() {
             std::mem::swap(&mut u.old_instance_id, &mut u.new_instance_id);
             u.rolling_back = true;
@@ -614,7 +620,7 @@ async fn retain(
         .to_string();
     let previous = u.from_image.clone();
     persist(qdb, ctx, |s| {
-        s.previous_node_image = previous;
+        s.previous_node_image = previous.clone();
         if let Some(u) = s.upgrade.as_mut() {
             u.phase = phase::RETAINING.into();
             u.phase_started_at = Some(now());
