@@ -38,7 +38,7 @@ use kube::api::{Api, ListParams, ObjectMeta, PostParams};
 use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
 use questdb_operator::api::{labels, QuestDB};
-use questdb_operator::build::testing;
+use questdb_operator::desired::testing;
 use questdb_sim::cluster::{ClusterConfig, NodeSpec};
 use questdb_sim::SimConfig;
 use questdb_testenv::{RequestCounts, Verb};
@@ -769,7 +769,7 @@ async fn run_one(
 /// same creates (QuestDB + ConfigMap, two Services, PVC, StatefulSet, as the operator builds
 /// them) and one status update per QuestDB, 32 in flight, on a fresh control plane.
 async fn plain_client_baseline(kind: Kind, questdbs: usize) -> anyhow::Result<f64> {
-    use questdb_operator::build;
+    use questdb_operator::desired;
     let cluster = Cluster::start(kind, sim_config(questdbs), &worker_nodes(questdbs)).await?;
     let client = cluster.bench_client()?;
     cluster::install_crd(&client, STEP_TIMEOUT).await?;
@@ -790,17 +790,18 @@ async fn plain_client_baseline(kind: Kind, questdbs: usize) -> anyhow::Result<f6
                 };
                 let qdbs: Api<QuestDB> = Api::namespaced(client.clone(), NS);
                 let mut created = qdbs.create(&pp, &q).await?;
-                let config = build::config_map(&created, false);
-                let hash = build::config_hash(&[&config]);
+                let config = desired::config_map(&created, false);
+                let hash = desired::config_hash(&[&config]);
                 let cms: Api<ConfigMap> = Api::namespaced(client.clone(), NS);
                 cms.create(&pp, &config).await?;
                 let svcs: Api<Service> = Api::namespaced(client.clone(), NS);
-                svcs.create(&pp, &build::headless_service(&created)).await?;
-                svcs.create(&pp, &build::client_service(&created)).await?;
+                svcs.create(&pp, &desired::headless_service(&created))
+                    .await?;
+                svcs.create(&pp, &desired::client_service(&created)).await?;
                 let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), NS);
-                pvcs.create(&pp, &build::pvc(&created)).await?;
+                pvcs.create(&pp, &desired::pvc(&created)).await?;
                 let sts: Api<StatefulSet> = Api::namespaced(client.clone(), NS);
-                sts.create(&pp, &build::statefulset(&created, &hash, false, None))
+                sts.create(&pp, &desired::statefulset(&created, &hash, false, None))
                     .await?;
                 created.status = Some(Default::default());
                 qdbs.replace_status(&name, &pp, &created).await?;

@@ -29,7 +29,7 @@ use kube::api::{Api, ObjectMeta, PostParams};
 use kube::runtime::wait::await_condition;
 use kube::Client;
 use questdb_operator::api::QuestDB;
-use questdb_operator::build::testing;
+use questdb_operator::desired::testing;
 use questdb_operator::ilp_auth::testing::TestKey;
 use questdb_sim::{Sim, SimConfig};
 

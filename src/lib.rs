@@ -2,11 +2,11 @@
 
 pub mod api;
 pub mod app;
-pub mod build;
 pub mod cli;
 pub mod cloud;
 pub mod controllers;
 pub mod crd;
+pub mod desired;
 pub mod http_server;
 pub mod ilp_auth;
 pub mod leadership;

@@ -6,12 +6,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use questdb_operator::build::{
-    dedicated_label_value_for, DEDICATED_LABEL_KEY, DEDICATED_TAINT_EFFECT, DEDICATED_TAINT_KEY,
-};
 use questdb_operator::cli::CloudProvider;
 use questdb_operator::cloud::memory::InstanceEvent;
 use questdb_operator::cloud::{Instance, TAG_NAME, TAG_NAMESPACE};
+use questdb_operator::desired::{
+    dedicated_label_value_for, DEDICATED_LABEL_KEY, DEDICATED_TAINT_EFFECT, DEDICATED_TAINT_KEY,
+};
 use questdb_operator::http_server::parse_bind_address;
 use questdb_operator::manager::{self, ManagerHandle, ManagerOptions};
 use questdb_sim::cluster::{Cluster, NodeSpec};

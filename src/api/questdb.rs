@@ -546,7 +546,7 @@ mod tests {
     //! generated CRD carries them.
 
     use super::*;
-    use crate::build::testing::questdb;
+    use crate::desired::testing::questdb;
     use k8s_openapi::api::core::v1::EnvVar;
 
     fn node(zone: &str) -> NodeSpec {

@@ -71,7 +71,7 @@ pub fn check_template(config: &CloudConfig) -> Result<(), CloudError> {
     let keyed = bare_value_uses >= 2
         && config
             .user_data_template
-            .matches(crate::build::DEDICATED_LABEL_KEY)
+            .matches(crate::desired::DEDICATED_LABEL_KEY)
             .count()
             >= 2;
     if !lacking.is_empty() && !keyed {
@@ -82,7 +82,7 @@ pub fn check_template(config: &CloudConfig) -> Result<(), CloudError> {
                 .map(|p| format!("{{{{{p}}}}}"))
                 .collect::<Vec<_>>()
                 .join(" and "),
-            crate::build::DEDICATED_LABEL_KEY
+            crate::desired::DEDICATED_LABEL_KEY
         )));
     }
     let sample = LaunchRequest {

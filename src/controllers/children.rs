@@ -13,7 +13,7 @@ use sha2::{Digest, Sha256};
 use std::fmt::Debug;
 
 use crate::api::{labels, ADOPT_ANNOTATION, MANAGER};
-use crate::build::{needs_update, OwnedChild};
+use crate::desired::{needs_update, OwnedChild};
 
 /// What to do with one child object.
 #[derive(Clone, Debug, PartialEq, Eq)]

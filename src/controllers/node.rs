@@ -11,11 +11,11 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Node;
 
 use crate::api::{conditions, NodeSpec, QuestDBStatus};
-use crate::build::{
-    DedicatedNode, DEDICATED_LABEL_KEY, DEDICATED_TAINT_EFFECT, DEDICATED_TAINT_KEY, PIN_LABEL_KEY,
-};
 use crate::cloud::{parse_provider_id, Instance, InstanceState, TAG_NODE_GENERATION, TAG_UID};
 use crate::controllers::conditions::Desired;
+use crate::desired::{
+    DedicatedNode, DEDICATED_LABEL_KEY, DEDICATED_TAINT_EFFECT, DEDICATED_TAINT_KEY, PIN_LABEL_KEY,
+};
 
 /// How long a permanent launch failure (unknown AMI, no capacity, ...) is shown before the
 /// launch is tried again: slow on purpose, no retry storm against a request that cannot work.

@@ -15,8 +15,8 @@ use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 use tokio::time::Instant;
 
-use crate::build::PIN_LABEL_KEY;
 use crate::controllers::context::{Context, GuardedQuestDB};
+use crate::desired::PIN_LABEL_KEY;
 
 use crate::controllers::failover::breaker_open;
 use crate::controllers::node::node_is_ready;

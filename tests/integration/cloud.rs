@@ -9,12 +9,12 @@ use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Pod};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use questdb_operator::api::{DnsSpec, NodeSpec, QuestDB};
-use questdb_operator::build::{names, testing, DEDICATED_LABEL_KEY, DEDICATED_TAINT_KEY};
 use questdb_operator::cloud::memory::{InstanceEvent, MemoryEc2};
 use questdb_operator::cloud::memory::{MemoryCloud, MemoryEc2Options};
 use questdb_operator::cloud::{
     CloudConfig, InstanceState, LaunchRequest, NodeProvider, RetryPolicy, TAG_UID,
 };
+use questdb_operator::desired::{names, testing, DEDICATED_LABEL_KEY, DEDICATED_TAINT_KEY};
 use questdb_operator::manager::{self, Cloud, CloudSettings, ManagerHandle, ManagerOptions};
 use questdb_testenv::{
     node_name_for_instance as node_name_for, spawn_instance_join, ControlPlane, Fault,

@@ -11,7 +11,7 @@ use kube::api::{Api, PostParams};
 use kube::runtime::wait::{await_condition, Condition};
 use kube::{Client, CustomResourceExt, Resource};
 use questdb_operator::api::QuestDB;
-use questdb_operator::build::testing;
+use questdb_operator::desired::testing;
 use questdb_operator::manager::{self, ManagerHandle, ManagerOptions};
 use questdb_testenv::{ControlPlane, ControlPlaneOptions};
 use serde::de::DeserializeOwned;

@@ -93,7 +93,7 @@ async fn standby_takes_over_and_a_deposed_leader_stops() {
     .await;
     assert!(!is_leader(&b), "only one leader");
 
-    let mut q = questdb_operator::build::testing::questdb("db1", "default");
+    let mut q = questdb_operator::desired::testing::questdb("db1", "default");
     q.metadata.uid = None;
     q.metadata.resource_version = None;
     qdbs.create(&PostParams::default(), &q).await.unwrap();

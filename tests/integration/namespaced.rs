@@ -85,7 +85,7 @@ async fn a_role_only_install_runs_its_databases_without_reading_anything_cluster
         .await
         .expect("pvc");
     assert_eq!(
-        questdb_operator::build::requested_size(&pvc).as_deref(),
+        questdb_operator::desired::requested_size(&pvc).as_deref(),
         Some("1Gi")
     );
 

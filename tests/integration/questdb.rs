@@ -363,7 +363,7 @@ async fn the_apiserver_rejects_reserved_keys_and_a_changed_storage_class() {
     let env = Env::start().await;
     env.namespace(NS).await;
     let qdbs = env.api::<QuestDB>(NS);
-    let mut bad = questdb_operator::build::testing::questdb("x", NS);
+    let mut bad = questdb_operator::desired::testing::questdb("x", NS);
     bad.metadata = ObjectMeta {
         name: Some("x".into()),
         ..Default::default()

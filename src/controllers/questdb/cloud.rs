@@ -21,9 +21,6 @@ use serde_json::json;
 use tracing::{info, warn};
 
 use crate::api::{conditions, QuestDB, QuestDBStatus, FINALIZER, MANAGER};
-use crate::build::{
-    DedicatedNode, DEDICATED_LABEL_KEY, DEDICATED_TAINT_EFFECT, DEDICATED_TAINT_KEY, PIN_LABEL_KEY,
-};
 use crate::cloud::{
     desired_instance_tags, display_name, CloudError, DnsOwner, Instance, InstanceState,
     LaunchRequest, Taint, OWNED_ELSEWHERE,
@@ -34,6 +31,9 @@ use crate::controllers::context::Context;
 use crate::controllers::dns::{self, DnsStep, DnsView};
 use crate::controllers::node::{self, NodeStep, NodeView, PERMANENT_FAILURE_RETRY};
 use crate::controllers::Error;
+use crate::desired::{
+    DedicatedNode, DEDICATED_LABEL_KEY, DEDICATED_TAINT_EFFECT, DEDICATED_TAINT_KEY, PIN_LABEL_KEY,
+};
 
 /// How fresh instance data must be while a node is launching or being released.
 pub const WAITING_SYNC: Duration = Duration::from_secs(2);

@@ -18,7 +18,6 @@ use tracing::{info, warn};
 use super::cloud::{already_reported, patch_node, persist, CloudOutcome};
 use super::status::pod_ready;
 use crate::api::{conditions, FailoverStatus, QuestDB, QuestDBStatus};
-use crate::build::names;
 use crate::cloud::{CloudError, InstanceState};
 use crate::controllers::cloud_runtime::CloudRuntime;
 use crate::controllers::conditions::Desired;
@@ -30,6 +29,7 @@ use crate::controllers::failover::{
 use crate::controllers::node::{node_for, node_is_ready};
 use crate::controllers::node_health::NODE_LEASE_NAMESPACE;
 use crate::controllers::Error;
+use crate::desired::names;
 use crate::metrics::FailoverResult;
 
 /// Watch events drive most waits; this is how soon a wait on something unwatched (EC2, a

@@ -26,11 +26,11 @@ use serde::Serialize;
 use tracing::{debug, info, warn};
 
 use crate::api::{conditions, QuestDB, MANAGER};
-use crate::build;
 use crate::controllers::children::{self, Applied};
 use crate::controllers::conditions::Desired;
 use crate::controllers::context::Context;
 use crate::controllers::Error;
+use crate::desired;
 
 pub const CONTROLLER_NAME: &str = "questdb";
 
@@ -46,7 +46,7 @@ pub async fn reconcile(qdb: Arc<QuestDB>, ctx: Arc<Context>) -> Result<Action, E
     let uid = qdb.uid().ok_or(Error::MissingUid)?;
     let mut observed = status::Observed::default();
 
-    if let Err(problems) = build::validate(&qdb) {
+    if let Err(problems) = desired::validate(&qdb) {
         observed.invalid = problems.iter().map(ToString::to_string).collect();
         let note = observed.invalid.join("; ");
         if !already_reported_invalid(&qdb, &note) {
@@ -84,17 +84,17 @@ pub async fn reconcile(qdb: Arc<QuestDB>, ctx: Arc<Context>) -> Result<Action, E
     observed.ilp_auth = auth.condition.clone();
 
     let ilp_enabled = qdb.spec.ilp_auth.enabled;
-    let config = build::config_map(&qdb, ilp_enabled);
+    let config = desired::config_map(&qdb, ilp_enabled);
     let auth_map = auth
         .file
         .as_deref()
-        .map(|txt| build::ilp_auth_config_map(&qdb, txt));
+        .map(|txt| desired::ilp_auth_config_map(&qdb, txt));
     let mut mounted: Vec<&ConfigMap> = vec![&config];
     if let Some(a) = &auth_map {
         mounted.push(a);
     }
-    let hash = build::config_hash(&mounted);
-    let sts = build::statefulset(&qdb, &hash, ilp_enabled, cloud_out.dedicated.as_ref());
+    let hash = desired::config_hash(&mounted);
+    let sts = desired::statefulset(&qdb, &hash, ilp_enabled, cloud_out.dedicated.as_ref());
 
     let c = &ctx.caches;
     sync(&ctx, &qdb, &uid, &ns, &c.configmaps, config, &mut observed).await?;
@@ -102,7 +102,7 @@ pub async fn reconcile(qdb: Arc<QuestDB>, ctx: Arc<Context>) -> Result<Action, E
         sync(&ctx, &qdb, &uid, &ns, &c.configmaps, a, &mut observed).await?;
     } else {
         // ILP auth turned off: the auth file the pod no longer mounts goes too.
-        let name = build::names::ilp_auth_config_map(&qdb);
+        let name = desired::names::ilp_auth_config_map(&qdb);
         let existing = c.configmaps.get(&ObjectRef::new(&name).within(&ns));
         if let Some(cm) = existing.filter(|cm| children::controlled_by(cm.as_ref(), &uid)) {
             children::delete_owned(&Api::<ConfigMap>::namespaced(ctx.client.clone(), &ns), &cm)
@@ -112,7 +112,7 @@ pub async fn reconcile(qdb: Arc<QuestDB>, ctx: Arc<Context>) -> Result<Action, E
             observed.changed.push(format!("ConfigMap {name}"));
         }
     }
-    match build::network_policy(&qdb) {
+    match desired::network_policy(&qdb) {
         Some(np) => {
             sync(
                 &ctx,
@@ -127,7 +127,7 @@ pub async fn reconcile(qdb: Arc<QuestDB>, ctx: Arc<Context>) -> Result<Action, E
         }
         None => {
             // Switched off: the policy the operator made goes (never one it does not control).
-            let name = build::names::network_policy(&qdb);
+            let name = desired::names::network_policy(&qdb);
             let existing = c.network_policies.get(&ObjectRef::new(&name).within(&ns));
             if let Some(np) = existing.filter(|n| children::controlled_by(n.as_ref(), &uid)) {
                 let api = Api::<NetworkPolicy>::namespaced(ctx.client.clone(), &ns);
@@ -139,8 +139,8 @@ pub async fn reconcile(qdb: Arc<QuestDB>, ctx: Arc<Context>) -> Result<Action, E
             }
         }
     }
-    let svc_headless = build::headless_service(&qdb);
-    let svc_client = build::client_service(&qdb);
+    let svc_headless = desired::headless_service(&qdb);
+    let svc_client = desired::client_service(&qdb);
     sync(
         &ctx,
         &qdb,
@@ -171,7 +171,7 @@ pub async fn reconcile(qdb: Arc<QuestDB>, ctx: Arc<Context>) -> Result<Action, E
     let sts_obj = c.statefulsets.get(&ObjectRef::new(&sts_name).within(&ns));
     let pod_obj = c
         .pods
-        .get(&ObjectRef::new(&build::names::pod(&qdb)).within(&ns));
+        .get(&ObjectRef::new(&desired::names::pod(&qdb)).within(&ns));
     let node_obj = pod_obj
         .as_ref()
         .and_then(|p| p.spec.as_ref()?.node_name.clone())
@@ -205,7 +205,7 @@ async fn sync_pvc(
     ns: &str,
     observed: &mut status::Observed<'_>,
 ) -> Result<(), Error> {
-    let mut pvc = build::pvc(qdb);
+    let mut pvc = desired::pvc(qdb);
     if pvc.metadata.owner_references.is_none() {
         // An explicit empty list makes the merge patch drop an owner reference left from
         // retainOnDelete: false.
@@ -213,7 +213,7 @@ async fn sync_pvc(
     }
     let name = pvc.name_any();
     let existing = ctx.caches.pvcs.get(&ObjectRef::new(&name).within(ns));
-    let have = existing.as_deref().and_then(build::requested_size);
+    let have = existing.as_deref().and_then(desired::requested_size);
     if let (Some(existing), Some(have)) = (existing.as_deref(), have) {
         let want = qdb.spec.volume.size.as_str();
         let class = existing
@@ -222,19 +222,19 @@ async fn sync_pvc(
             .and_then(|s| s.storage_class_name.clone())
             .unwrap_or_default();
         // The StorageClass is read only when it matters: when the size grows.
-        let expandable = if build::pvc::grows(want, &have) && !class.is_empty() {
+        let expandable = if desired::pvc::grows(want, &have) && !class.is_empty() {
             storage_class_expands(ctx, &class).await
         } else {
             None
         };
-        let plan = build::size_plan(want, &have, expandable, &class);
+        let plan = desired::size_plan(want, &have, expandable, &class);
         observed.volume_size = Some(Desired::new(
             conditions::VOLUME_SIZE_READY,
             plan.ready,
             plan.reason,
             plan.message.clone(),
         ));
-        let grown = build::pvc_update(&pvc, &plan.request);
+        let grown = desired::pvc_update(&pvc, &plan.request);
         if expandable.is_some() || plan.request == have {
             pvc = grown;
         } else {
@@ -242,14 +242,14 @@ async fn sync_pvc(
             // the apiserver's resize admission decides, and its refusal is the answer.
             match sync(ctx, qdb, uid, ns, &ctx.caches.pvcs, grown, observed).await {
                 Err(Error::Kube(kube::Error::Api(e))) if refused_resize(&e) => {
-                    let plan = build::size_plan(want, &have, Some(false), &class);
+                    let plan = desired::size_plan(want, &have, Some(false), &class);
                     observed.volume_size = Some(Desired::new(
                         conditions::VOLUME_SIZE_READY,
                         plan.ready,
                         plan.reason,
                         plan.message.clone(),
                     ));
-                    pvc = build::pvc_update(&pvc, &plan.request);
+                    pvc = desired::pvc_update(&pvc, &plan.request);
                 }
                 other => return other,
             }
@@ -300,7 +300,7 @@ async fn release_and_unblock(qdb: Arc<QuestDB>, ctx: &Context) -> Result<Action,
         // the PVC loses our owner reference before the finalizer goes.
         let uid = current.uid().ok_or(Error::MissingUid)?;
         let ns = current.namespace().ok_or(Error::MissingNamespace)?;
-        let name = build::names::pvc(&current);
+        let name = desired::names::pvc(&current);
         let ours = ctx
             .caches
             .pvcs
@@ -360,7 +360,7 @@ async fn sync<K>(
     observed: &mut status::Observed<'_>,
 ) -> Result<(), Error>
 where
-    K: build::OwnedChild
+    K: desired::OwnedChild
         + Resource<DynamicType = (), Scope = kube::core::NamespaceResourceScope>
         + Serialize
         + DeserializeOwned

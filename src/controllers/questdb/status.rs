@@ -5,10 +5,10 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::jiff::Timestamp;
 
 use crate::api::{conditions, Phase, QuestDB, QuestDBStatus};
-use crate::build;
 use crate::controllers::conditions::{merge, Desired};
 use crate::controllers::node::node_is_ready;
 use crate::controllers::questdb::cloud::CloudOutcome;
+use crate::desired;
 
 /// What the reconcile saw and did, the input of [`compute`].
 #[derive(Default)]
@@ -221,7 +221,7 @@ pub fn compute(qdb: &QuestDB, obs: &Observed, now: Timestamp) -> QuestDBStatus {
     QuestDBStatus {
         phase: Some(phase),
         observed_generation: generation,
-        version: build::version_of(&spec.image),
+        version: desired::version_of(&spec.image),
         node_name: pod_node,
         node_ready: node.map(node_is_ready),
         node_ip: match node {
@@ -240,7 +240,7 @@ pub fn compute(qdb: &QuestDB, obs: &Observed, now: Timestamp) -> QuestDBStatus {
         node_generation: existing.node_generation,
         dns_name: existing.dns_name.clone(),
         dns_ip: existing.dns_ip.clone(),
-        endpoints: Some(build::endpoints(qdb)),
+        endpoints: Some(desired::endpoints(qdb)),
         conditions: without_stale_cloud_conditions(
             merge(&existing.conditions, &desired, generation, now),
             qdb,

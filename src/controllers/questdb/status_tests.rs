@@ -9,8 +9,8 @@ use k8s_openapi::jiff::Timestamp;
 
 use super::status::{compute, Observed};
 use crate::api::{Phase, QuestDB};
-use crate::build::testing;
 use crate::controllers::conditions::Desired;
+use crate::desired::testing;
 
 fn now() -> Timestamp {
     Timestamp::from_second(1_700_000_000).unwrap()
@@ -335,7 +335,7 @@ fn recomputing_a_converged_status_is_identical() {
 #[test]
 fn cloud_conditions_follow_the_cloud_part_and_vanish_with_their_spec_field() {
     use crate::controllers::questdb::cloud::CloudOutcome;
-    let mut q = crate::build::testing::questdb("db1", "ns");
+    let mut q = crate::desired::testing::questdb("db1", "ns");
     q.spec.node = Some(crate::api::NodeSpec {
         image: "ami-1".into(),
         instance_type: "m6i.large".into(),

@@ -11,14 +11,14 @@ use kube::ResourceExt;
 use serde_json::json;
 
 use crate::api::{QuestDB, MANAGER};
-use crate::build;
 use crate::controllers::context::Caches;
 use crate::controllers::Error;
+use crate::desired;
 
 /// True when no database pod exists and the StatefulSet (if any) wants none and has none.
 pub fn database_stopped(qdb: &QuestDB, caches: &Caches) -> bool {
     let ns = qdb.namespace().unwrap_or_default();
-    let pod = ObjectRef::new(&build::names::pod(qdb)).within(&ns);
+    let pod = ObjectRef::new(&desired::names::pod(qdb)).within(&ns);
     if caches.pods.get(&pod).is_some() {
         return false;
     }
@@ -40,7 +40,7 @@ pub fn pod_on_recorded_node(qdb: &QuestDB, caches: &Caches) -> bool {
         return false;
     };
     let ns = qdb.namespace().unwrap_or_default();
-    let pod = ObjectRef::new(&build::names::pod(qdb)).within(&ns);
+    let pod = ObjectRef::new(&desired::names::pod(qdb)).within(&ns);
     caches.pods.get(&pod).is_some_and(|p| {
         p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == node.metadata.name.as_deref()
     })

@@ -19,7 +19,6 @@ use super::cloud::{dedicate, launch_request, persist, CloudOutcome};
 use super::failover::{dns_follows, now, since, volume_attached_to};
 use super::status::pod_ready;
 use crate::api::{conditions, QuestDB, QuestDBStatus, UpgradeStatus};
-use crate::build::{names, DedicatedNode};
 use crate::cloud::Instance;
 use crate::controllers::cloud_runtime::CloudRuntime;
 use crate::controllers::conditions::Desired;
@@ -27,6 +26,7 @@ use crate::controllers::context::Context;
 use crate::controllers::node::{is_dedicated, node_for, node_is_ready};
 use crate::controllers::upgrade::{self, phase, Start, StartView, Step, StepView};
 use crate::controllers::{failover, Error};
+use crate::desired::{names, DedicatedNode};
 use crate::metrics::UpgradeResult;
 
 const STEP_POLL: Duration = Duration::from_secs(2);

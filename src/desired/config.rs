@@ -169,8 +169,8 @@ fn escape_property(s: &str, is_key: bool) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::build::labels::{child_labels, owner_references};
-    use crate::build::testing::questdb;
+    use crate::desired::labels::{child_labels, owner_references};
+    use crate::desired::testing::questdb;
 
     fn with_server(props: &[(&str, &str)]) -> QuestDB {
         let mut qdb = questdb("db1", "tenant-a");

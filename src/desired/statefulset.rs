@@ -334,8 +334,8 @@ fn restricted_container() -> SecurityContext {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::build::labels::owner_references;
-    use crate::build::testing::questdb;
+    use crate::desired::labels::owner_references;
+    use crate::desired::testing::questdb;
     use k8s_openapi::api::core::v1::{EnvVar, ResourceRequirements};
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 

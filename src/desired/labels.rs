@@ -79,7 +79,7 @@ pub(crate) fn non_empty_vec<T>(v: Vec<T>) -> Option<Vec<T>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::build::testing::questdb;
+    use crate::desired::testing::questdb;
 
     fn labelled() -> QuestDB {
         let mut qdb = questdb("db1", "tenant-a");

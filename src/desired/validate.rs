@@ -156,7 +156,7 @@ fn is_env_name(name: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::build::testing::questdb;
+    use crate::desired::testing::questdb;
     use k8s_openapi::api::core::v1::EnvVar;
 
     fn env(name: &str) -> EnvVar {

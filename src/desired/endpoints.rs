@@ -48,7 +48,7 @@ pub fn version_of(image: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::build::testing::questdb;
+    use crate::desired::testing::questdb;
 
     #[test]
     fn endpoints_point_at_the_client_service() {

@@ -52,8 +52,8 @@ pub fn network_policy(qdb: &QuestDB) -> Option<NetworkPolicy> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::build::testing::questdb;
-    use crate::build::HEALTH_PORT;
+    use crate::desired::testing::questdb;
+    use crate::desired::HEALTH_PORT;
 
     fn rule(np: &NetworkPolicy) -> NetworkPolicyIngressRule {
         let spec = np.spec.clone().unwrap_or_default();

@@ -51,7 +51,7 @@ pub fn pod(qdb: &QuestDB) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::build::testing::questdb;
+    use crate::desired::testing::questdb;
 
     #[test]
     fn children_are_named_after_the_questdb() {

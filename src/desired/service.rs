@@ -64,8 +64,8 @@ fn port(name: &str, number: i32) -> ServicePort {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::build::labels::{child_labels, owner_references};
-    use crate::build::testing::questdb;
+    use crate::desired::labels::{child_labels, owner_references};
+    use crate::desired::testing::questdb;
 
     fn ports(svc: &Service) -> Vec<(String, i32, Option<IntOrString>)> {
         svc.spec

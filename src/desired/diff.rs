@@ -196,8 +196,8 @@ fn requested_storage(pvc: &PersistentVolumeClaim) -> Option<f64> {
 mod tests {
     use super::*;
     use crate::api::QuestDB;
-    use crate::build::testing::questdb;
-    use crate::build::{
+    use crate::desired::testing::questdb;
+    use crate::desired::{
         client_service, config_hash, config_map, headless_service, pvc_with_ownership, statefulset,
         PvcOwnership,
     };

@@ -152,8 +152,8 @@ pub fn pvc_update(desired: &PersistentVolumeClaim, request: &str) -> PersistentV
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::build::labels::{child_labels, owner_references};
-    use crate::build::testing::questdb;
+    use crate::desired::labels::{child_labels, owner_references};
+    use crate::desired::testing::questdb;
 
     #[test]
     fn a_volume_never_shrinks_and_a_fixed_class_is_reported_not_retried() {
