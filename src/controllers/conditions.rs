@@ -3,16 +3,17 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 
-/// A condition as a controller decides it, before timestamps are attached.
+/// A controller's verdict on one condition type (status, reason, message), before the
+/// timestamps of a Kubernetes `Condition` are attached.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Desired {
+pub struct Verdict {
     pub type_: &'static str,
     pub status: bool,
     pub reason: String,
     pub message: String,
 }
 
-impl Desired {
+impl Verdict {
     pub fn new(
         type_: &'static str,
         status: bool,
@@ -40,7 +41,7 @@ fn status_str(status: bool) -> &'static str {
 /// reconcile that changes nothing produces an identical list (and therefore no status write).
 pub fn merge(
     existing: &[Condition],
-    desired: &[Desired],
+    desired: &[Verdict],
     generation: Option<i64>,
     now: Timestamp,
 ) -> Vec<Condition> {
@@ -97,13 +98,13 @@ mod tests {
     fn unchanged_status_keeps_transition_time() {
         let first = merge(
             &[],
-            &[Desired::new("Ready", false, "Creating", "x")],
+            &[Verdict::new("Ready", false, "Creating", "x")],
             Some(1),
             t(100),
         );
         let second = merge(
             &first,
-            &[Desired::new("Ready", false, "Creating", "x")],
+            &[Verdict::new("Ready", false, "Creating", "x")],
             Some(1),
             t(200),
         );
@@ -115,13 +116,13 @@ mod tests {
     fn flipped_status_moves_transition_time() {
         let first = merge(
             &[],
-            &[Desired::new("Ready", false, "Creating", "x")],
+            &[Verdict::new("Ready", false, "Creating", "x")],
             Some(1),
             t(100),
         );
         let second = merge(
             &first,
-            &[Desired::new("Ready", true, "Running", "ok")],
+            &[Verdict::new("Ready", true, "Running", "ok")],
             Some(1),
             t(200),
         );
@@ -134,13 +135,13 @@ mod tests {
     fn reason_change_without_flip_keeps_time_but_counts_as_transition() {
         let first = merge(
             &[],
-            &[Desired::new("Ready", false, "Creating", "x")],
+            &[Verdict::new("Ready", false, "Creating", "x")],
             Some(1),
             t(100),
         );
         let second = merge(
             &first,
-            &[Desired::new("Ready", false, "PodNotReady", "y")],
+            &[Verdict::new("Ready", false, "PodNotReady", "y")],
             Some(2),
             t(200),
         );
@@ -153,13 +154,13 @@ mod tests {
     fn foreign_conditions_are_kept_and_sorted() {
         let existing = merge(
             &[],
-            &[Desired::new("Upgrading", true, "Provisioning", "")],
+            &[Verdict::new("Upgrading", true, "Provisioning", "")],
             None,
             t(1),
         );
         let out = merge(
             &existing,
-            &[Desired::new("Ready", true, "Running", "")],
+            &[Verdict::new("Ready", true, "Running", "")],
             None,
             t(2),
         );

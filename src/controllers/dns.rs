@@ -6,20 +6,20 @@
 
 use crate::api::{conditions, DnsSpec, QuestDBStatus};
 use crate::cloud::display_name;
-use crate::controllers::conditions::Desired;
+use crate::controllers::conditions::Verdict;
 
 #[derive(Clone, Debug, PartialEq)]
 pub enum DnsStep {
     /// No record wanted and none recorded.
     Nothing,
     /// The record is as wanted.
-    InSync(Desired),
+    InSync(Verdict),
     /// Point `name` at `ip`.
     Upsert { name: String, ip: String, ttl: i64 },
     /// Remove the record status names (paused, deleted, renamed, or `spec.dns` removed).
     Delete { name: String },
     /// A record is wanted but cannot be written yet (no node address, no hosted zone).
-    Blocked(Desired),
+    Blocked(Verdict),
 }
 
 pub struct DnsView<'a> {
@@ -60,7 +60,7 @@ pub fn plan(v: &DnsView) -> DnsStep {
     };
     let Some(ip) = ip else {
         let which = if dns.public { "public" } else { "private" };
-        return DnsStep::Blocked(Desired::new(
+        return DnsStep::Blocked(Verdict::new(
             conditions::DNS_READY,
             false,
             "WaitingForNode",
@@ -78,8 +78,8 @@ pub fn plan(v: &DnsView) -> DnsStep {
     }
 }
 
-pub fn published(name: &str, ip: &str) -> Desired {
-    Desired::new(
+pub fn published(name: &str, ip: &str) -> Verdict {
+    Verdict::new(
         conditions::DNS_READY,
         true,
         "Published",
@@ -87,8 +87,8 @@ pub fn published(name: &str, ip: &str) -> Desired {
     )
 }
 
-fn not_configured() -> Desired {
-    Desired::new(
+fn not_configured() -> Verdict {
+    Verdict::new(
         conditions::DNS_READY,
         false,
         "NotConfigured",

@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use crate::api::{conditions, FailoverSpec, FailoverStatus, QuestDBStatus};
 use crate::cloud::InstanceState;
-use crate::controllers::conditions::Desired;
+use crate::controllers::conditions::Verdict;
 
 /// The steps, as `status.failover.phase` spells them.
 pub mod phase {
@@ -224,10 +224,10 @@ pub fn next_step(v: &StepView) -> Step {
 }
 
 /// `FailoverStuck` once a step has run past its timeout.
-pub fn stuck(failover: &FailoverStatus, in_step_for: Duration) -> Option<Desired> {
+pub fn stuck(failover: &FailoverStatus, in_step_for: Duration) -> Option<Verdict> {
     let limit = step_timeout(&failover.phase);
     (in_step_for > limit).then(|| {
-        Desired::new(
+        Verdict::new(
             conditions::FAILOVER,
             false,
             "FailoverStuck",

@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::Node;
 
 use crate::api::{conditions, NodeSpec, QuestDBStatus};
 use crate::cloud::{parse_provider_id, Instance, InstanceState, TAG_NODE_GENERATION, TAG_UID};
-use crate::controllers::conditions::Desired;
+use crate::controllers::conditions::Verdict;
 use crate::desired::{
     DedicatedNode, DEDICATED_LABEL_KEY, DEDICATED_TAINT_EFFECT, DEDICATED_TAINT_KEY, PIN_LABEL_KEY,
 };
@@ -60,7 +60,7 @@ pub enum NodeStep {
         reason: Option<String>,
     },
     /// The instance is on its way; look again soon.
-    Wait(Desired),
+    Wait(Verdict),
     /// The Node is there but lacks the dedicated label, the pin label and/or the taint.
     Dedicate { node: String, instance: String },
     /// Node up, labelled and tainted.
@@ -70,7 +70,7 @@ pub enum NodeStep {
     /// Every instance of this QuestDB is gone: forget it (the next node is a new generation).
     Released { next_generation: Option<i64> },
     /// The last launch failed permanently; keep showing it until the retry time.
-    Failed(Desired),
+    Failed(Verdict),
 }
 
 fn gen_of(i: &Instance) -> Option<i64> {
@@ -124,7 +124,7 @@ pub fn node_is_ready(node: &Node) -> bool {
 }
 
 fn waiting(reason: &str, message: impl Into<String>) -> NodeStep {
-    NodeStep::Wait(Desired::new(conditions::NODE_READY, false, reason, message))
+    NodeStep::Wait(Verdict::new(conditions::NODE_READY, false, reason, message))
 }
 
 pub fn plan(v: &NodeView) -> NodeStep {
@@ -188,7 +188,7 @@ pub fn plan(v: &NodeView) -> NodeStep {
                 },
                 Some(i) => NodeStep::RecordInstance((*i).clone()),
                 None => match v.recent_permanent_failure {
-                    Some(message) => NodeStep::Failed(Desired::new(
+                    Some(message) => NodeStep::Failed(Verdict::new(
                         conditions::NODE_READY,
                         false,
                         "LaunchFailed",

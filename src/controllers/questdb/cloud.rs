@@ -26,7 +26,7 @@ use crate::cloud::{
     LaunchRequest, Taint, OWNED_ELSEWHERE,
 };
 use crate::controllers::cloud_runtime::CloudRuntime;
-use crate::controllers::conditions::Desired;
+use crate::controllers::conditions::Verdict;
 use crate::controllers::context::Context;
 use crate::controllers::dns::{self, DnsStep, DnsView};
 use crate::controllers::node::{self, NodeStep, NodeView, PERMANENT_FAILURE_RETRY};
@@ -57,12 +57,12 @@ pub type LaunchFailures = std::sync::Mutex<HashMap<String, LaunchFailure>>;
 pub struct CloudOutcome {
     /// Pin the pod to the dedicated node.
     pub dedicated: Option<DedicatedNode>,
-    pub node_condition: Option<Desired>,
-    pub dns_condition: Option<Desired>,
+    pub node_condition: Option<Verdict>,
+    pub dns_condition: Option<Verdict>,
     /// Automatic failover: armed, under way, held back or stuck.
-    pub failover_condition: Option<Desired>,
+    pub failover_condition: Option<Verdict>,
     /// Node image / instance type moves.
-    pub upgrade_condition: Option<Desired>,
+    pub upgrade_condition: Option<Verdict>,
     /// The dedicated Node, once registered.
     pub node: Option<Arc<Node>>,
     /// Nothing left in the cloud for this QuestDB (the finalizer may go).
@@ -155,8 +155,8 @@ pub(super) async fn persist(
     unreachable!("the loop returns")
 }
 
-fn not_configured(type_: &'static str) -> Desired {
-    Desired::new(
+fn not_configured(type_: &'static str) -> Verdict {
+    Verdict::new(
         type_,
         false,
         "NotConfigured",
@@ -210,7 +210,7 @@ pub async fn reconcile(
     let involved =
         qdb.spec.node.is_some() || status.node_generation.is_some() || status.instance_id.is_some();
     let current = if involved && hold {
-        out.node_condition = Some(Desired::new(
+        out.node_condition = Some(Verdict::new(
             conditions::NODE_READY,
             false,
             "MovingOff",
@@ -291,16 +291,16 @@ fn steady_state(qdb: &QuestDB, ctx: &Context, dedicated: &DedicatedNode) -> Opti
     })
 }
 
-fn ready_condition(node: &str, ready: bool) -> Desired {
+fn ready_condition(node: &str, ready: bool) -> Verdict {
     if ready {
-        Desired::new(
+        Verdict::new(
             conditions::NODE_READY,
             true,
             "Ready",
             format!("dedicated node {node} is ready"),
         )
     } else {
-        Desired::new(
+        Verdict::new(
             conditions::NODE_READY,
             false,
             "NodeNotReady",
@@ -427,7 +427,7 @@ async fn node_steps(
                         )
                         .await;
                         remember_failure(cloud, &uid, qdb.metadata.generation, g, message.clone());
-                        out.node_condition = Some(Desired::new(
+                        out.node_condition = Some(Verdict::new(
                             conditions::NODE_READY,
                             false,
                             "LaunchFailed",
@@ -491,7 +491,7 @@ async fn node_steps(
                     node::Relaunch::Capped(d) => Some(("RelaunchCapped", d)),
                 };
                 if let Some((reason, d)) = wait {
-                    let c = Desired::new(
+                    let c = Verdict::new(
                         conditions::NODE_READY,
                         false,
                         reason,
@@ -534,7 +534,7 @@ async fn node_steps(
             }
             NodeStep::Dedicate { node, instance } => {
                 dedicate(ctx, &node, dedicated, &instance).await?;
-                out.node_condition = Some(Desired::new(
+                out.node_condition = Some(Verdict::new(
                     conditions::NODE_READY,
                     false,
                     "WaitingForNode",
@@ -568,7 +568,7 @@ async fn node_steps(
                     format!("terminating instance(s) {}", ids.join(", ")),
                 )
                 .await;
-                out.node_condition = Some(Desired::new(
+                out.node_condition = Some(Verdict::new(
                     conditions::NODE_READY,
                     false,
                     "Releasing",
@@ -586,7 +586,7 @@ async fn node_steps(
                 })
                 .await?;
                 out.node_condition = qdb.spec.node.as_ref().map(|_| {
-                    Desired::new(
+                    Verdict::new(
                         conditions::NODE_READY,
                         false,
                         "Released",
@@ -761,7 +761,7 @@ fn dns_refusal(e: &CloudError) -> Option<&'static str> {
 }
 
 /// The condition already says this: its event was sent when it first did.
-pub(super) fn already_reported(status: &QuestDBStatus, c: &Desired) -> bool {
+pub(super) fn already_reported(status: &QuestDBStatus, c: &Verdict) -> bool {
     status
         .conditions
         .iter()
@@ -777,7 +777,7 @@ async fn dns_step(
     ips: &Ips,
     from_node: bool,
     out: &mut CloudOutcome,
-) -> Result<Option<Option<Desired>>, Error> {
+) -> Result<Option<Option<Verdict>>, Error> {
     let status = qdb.status.clone().unwrap_or_default();
     let release = qdb.spec.paused || qdb.metadata.deletion_timestamp.is_some();
     let step = dns::plan(&DnsView {
@@ -807,7 +807,7 @@ async fn dns_step(
             if let Err(e) = provider.upsert_a(&name, &ip, ttl, &owner).await {
                 return match dns_refusal(&e) {
                     Some(reason) => {
-                        let c = Desired::new(conditions::DNS_READY, false, reason, e.to_string());
+                        let c = Verdict::new(conditions::DNS_READY, false, reason, e.to_string());
                         if !already_reported(&status, &c) {
                             warn!(questdb = %qdb.name_any(), record = %name, error = %e, "DNS record not written");
                             ctx.event(
@@ -856,7 +856,7 @@ async fn dns_step(
             // The new record (if any) is written by the next pass.
             out.requeue_within(Duration::from_secs(1));
             Ok(Some(qdb.spec.dns.as_ref().filter(|_| release).map(|_| {
-                Desired::new(
+                Verdict::new(
                     conditions::DNS_READY,
                     false,
                     "Removed",

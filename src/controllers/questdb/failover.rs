@@ -20,7 +20,7 @@ use super::status::pod_ready;
 use crate::api::{conditions, FailoverStatus, QuestDB, QuestDBStatus};
 use crate::cloud::{CloudError, InstanceState};
 use crate::controllers::cloud_runtime::CloudRuntime;
-use crate::controllers::conditions::Desired;
+use crate::controllers::conditions::Verdict;
 use crate::controllers::context::Context;
 use crate::controllers::failover::{
     self, phase, Start, StartView, Step, StepView, OUT_OF_SERVICE_EFFECT, OUT_OF_SERVICE_TAINT,
@@ -46,8 +46,8 @@ pub(super) fn since(ts: Option<&str>) -> Option<Duration> {
     Duration::try_from(d).ok()
 }
 
-fn condition(status: bool, reason: &str, message: String) -> Desired {
-    Desired::new(conditions::FAILOVER, status, reason, message)
+fn condition(status: bool, reason: &str, message: String) -> Verdict {
+    Verdict::new(conditions::FAILOVER, status, reason, message)
 }
 
 /// Starts a failover when the node of the recorded instance is unhealthy past the threshold
@@ -58,7 +58,7 @@ pub async fn reconcile(
     ctx: &Context,
     cloud: &CloudRuntime,
     out: &mut CloudOutcome,
-) -> Result<Option<Desired>, Error> {
+) -> Result<Option<Verdict>, Error> {
     if qdb.spec.node.is_none() || qdb.spec.paused || qdb.metadata.deletion_timestamp.is_some() {
         return Ok(None);
     }
@@ -148,7 +148,7 @@ pub async fn reconcile(
     }
 }
 
-fn armed() -> Desired {
+fn armed() -> Verdict {
     condition(
         true,
         "Armed",
@@ -204,7 +204,7 @@ async fn steps(
     ctx: &Context,
     cloud: &CloudRuntime,
     out: &mut CloudOutcome,
-) -> Result<Desired, Error> {
+) -> Result<Verdict, Error> {
     for _ in 0..6 {
         let status = qdb.status.clone().unwrap_or_default();
         let Some(f) = status.failover.clone() else {
@@ -332,7 +332,7 @@ async fn steps(
     Ok(armed())
 }
 
-fn in_progress(f: &FailoverStatus) -> Desired {
+fn in_progress(f: &FailoverStatus) -> Verdict {
     condition(
         true,
         "InProgress",

@@ -12,7 +12,7 @@ use kube::ResourceExt;
 use tracing::warn;
 
 use crate::api::{conditions, QuestDB};
-use crate::controllers::conditions::Desired;
+use crate::controllers::conditions::Verdict;
 use crate::controllers::context::Context;
 use crate::controllers::Error;
 use crate::ilp_auth::{self, reasons};
@@ -20,7 +20,7 @@ use crate::ilp_auth::{self, reasons};
 /// The auth file to mount (None: ILP auth disabled) and the condition to report.
 pub struct Resolution {
     pub file: Option<String>,
-    pub condition: Option<Desired>,
+    pub condition: Option<Verdict>,
 }
 
 pub async fn resolve(qdb: &QuestDB, ctx: &Context) -> Result<Resolution, Error> {
@@ -28,7 +28,7 @@ pub async fn resolve(qdb: &QuestDB, ctx: &Context) -> Result<Resolution, Error> 
     if !qdb.spec.ilp_auth.enabled {
         return Ok(Resolution {
             file: None,
-            condition: Some(Desired::new(
+            condition: Some(Verdict::new(
                 conditions::ILP_AUTH_READY,
                 true,
                 "Disabled",
@@ -84,7 +84,7 @@ pub async fn resolve(qdb: &QuestDB, ctx: &Context) -> Result<Resolution, Error> 
     let outcome = ilp_auth::collect_parsed(parsed);
     let decision = ilp_auth::decide(&outcome);
 
-    let condition = Desired::new(
+    let condition = Verdict::new(
         conditions::ILP_AUTH_READY,
         decision.ready,
         decision.reason,

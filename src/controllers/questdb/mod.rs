@@ -27,7 +27,7 @@ use tracing::{debug, info, warn};
 
 use crate::api::{conditions, QuestDB, MANAGER};
 use crate::controllers::children::{self, Applied};
-use crate::controllers::conditions::Desired;
+use crate::controllers::conditions::Verdict;
 use crate::controllers::context::Context;
 use crate::controllers::Error;
 use crate::desired;
@@ -228,7 +228,7 @@ async fn sync_pvc(
             None
         };
         let plan = desired::size_plan(want, &have, expandable, &class);
-        observed.volume_size = Some(Desired::new(
+        observed.volume_size = Some(Verdict::new(
             conditions::VOLUME_SIZE_READY,
             plan.ready,
             plan.reason,
@@ -243,7 +243,7 @@ async fn sync_pvc(
             match sync(ctx, qdb, uid, ns, &ctx.caches.pvcs, grown, observed).await {
                 Err(Error::Kube(kube::Error::Api(e))) if refused_resize(&e) => {
                     let plan = desired::size_plan(want, &have, Some(false), &class);
-                    observed.volume_size = Some(Desired::new(
+                    observed.volume_size = Some(Verdict::new(
                         conditions::VOLUME_SIZE_READY,
                         plan.ready,
                         plan.reason,

@@ -5,7 +5,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::jiff::Timestamp;
 
 use crate::api::{conditions, Phase, QuestDB, QuestDBStatus};
-use crate::controllers::conditions::{merge, Desired};
+use crate::controllers::conditions::{merge, Verdict};
 use crate::controllers::node::node_is_ready;
 use crate::controllers::questdb::cloud::CloudOutcome;
 use crate::desired;
@@ -25,9 +25,9 @@ pub struct Observed<'a> {
     /// Spec problems found by validation; non-empty means nothing was built.
     pub invalid: Vec<String>,
     /// The ILP auth condition, decided by the auth module.
-    pub ilp_auth: Option<Desired>,
+    pub ilp_auth: Option<Verdict>,
     /// `VolumeSizeReady`, once the claim exists.
-    pub volume_size: Option<Desired>,
+    pub volume_size: Option<Verdict>,
     /// The dedicated node and DNS record, when the cloud part ran.
     pub cloud: Option<&'a CloudOutcome>,
 }
@@ -75,7 +75,7 @@ pub fn compute(qdb: &QuestDB, obs: &Observed, now: Timestamp) -> QuestDBStatus {
     let (phase, ready) = if !obs.invalid.is_empty() {
         (
             Phase::Failed,
-            Desired::new(
+            Verdict::new(
                 conditions::READY,
                 false,
                 "InvalidSpec",
@@ -85,7 +85,7 @@ pub fn compute(qdb: &QuestDB, obs: &Observed, now: Timestamp) -> QuestDBStatus {
     } else if !obs.blocked.is_empty() {
         (
             Phase::Failed,
-            Desired::new(
+            Verdict::new(
                 conditions::READY,
                 false,
                 "ChildConflict",
@@ -98,7 +98,7 @@ pub fn compute(qdb: &QuestDB, obs: &Observed, now: Timestamp) -> QuestDBStatus {
     } else if spec.paused {
         (
             Phase::Paused,
-            Desired::new(
+            Verdict::new(
                 conditions::READY,
                 false,
                 "Paused",
@@ -109,7 +109,7 @@ pub fn compute(qdb: &QuestDB, obs: &Observed, now: Timestamp) -> QuestDBStatus {
         match obs.statefulset {
             None => (
                 Phase::Pending,
-                Desired::new(
+                Verdict::new(
                     conditions::READY,
                     false,
                     "Creating",
@@ -128,12 +128,12 @@ pub fn compute(qdb: &QuestDB, obs: &Observed, now: Timestamp) -> QuestDBStatus {
                     } else {
                         Phase::Pending
                     },
-                    Desired::new(conditions::READY, false, "RollingOut", what),
+                    Verdict::new(conditions::READY, false, "RollingOut", what),
                 )
             }
             Some(_) if obs.pod.is_some_and(pod_ready) => (
                 Phase::Running,
-                Desired::new(
+                Verdict::new(
                     conditions::READY,
                     true,
                     "Running",
@@ -148,7 +148,7 @@ pub fn compute(qdb: &QuestDB, obs: &Observed, now: Timestamp) -> QuestDBStatus {
                 };
                 let dead_node = obs.node.filter(|n| !node_is_ready(n));
                 let ready = match dead_node {
-                    Some(n) => Desired::new(
+                    Some(n) => Verdict::new(
                         conditions::READY,
                         false,
                         "NodeNotReady",
@@ -157,7 +157,7 @@ pub fn compute(qdb: &QuestDB, obs: &Observed, now: Timestamp) -> QuestDBStatus {
                             n.metadata.name.clone().unwrap_or_default()
                         ),
                     ),
-                    None => Desired::new(
+                    None => Verdict::new(
                         conditions::READY,
                         false,
                         "PodNotReady",
@@ -251,11 +251,11 @@ pub fn compute(qdb: &QuestDB, obs: &Observed, now: Timestamp) -> QuestDBStatus {
     }
 }
 
-fn spec_valid(obs: &Observed) -> Desired {
+fn spec_valid(obs: &Observed) -> Verdict {
     if obs.invalid.is_empty() {
-        Desired::new(conditions::SPEC_VALID, true, "Valid", "the spec is valid")
+        Verdict::new(conditions::SPEC_VALID, true, "Valid", "the spec is valid")
     } else {
-        Desired::new(
+        Verdict::new(
             conditions::SPEC_VALID,
             false,
             "InvalidSpec",

@@ -9,7 +9,7 @@ use k8s_openapi::jiff::Timestamp;
 
 use super::status::{compute, Observed};
 use crate::api::{Phase, QuestDB};
-use crate::controllers::conditions::Desired;
+use crate::controllers::conditions::Verdict;
 use crate::desired::testing;
 
 fn now() -> Timestamp {
@@ -305,7 +305,7 @@ fn unknown_node_is_not_ready() {
 fn ilp_condition_is_included() {
     let q = testing::questdb("db", "ns");
     let obs = Observed {
-        ilp_auth: Some(Desired::new("IlpAuthReady", false, "NoKeys", "no keys")),
+        ilp_auth: Some(Verdict::new("IlpAuthReady", false, "NoKeys", "no keys")),
         ..Default::default()
     };
     let st = compute(&q, &obs, now());
@@ -343,7 +343,7 @@ fn cloud_conditions_follow_the_cloud_part_and_vanish_with_their_spec_field() {
         ..Default::default()
     });
     let waiting = CloudOutcome {
-        node_condition: Some(Desired::new("NodeReady", false, "Launching", "starting")),
+        node_condition: Some(Verdict::new("NodeReady", false, "Launching", "starting")),
         ..CloudOutcome::default()
     };
     let obs = Observed {

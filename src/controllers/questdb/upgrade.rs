@@ -21,7 +21,7 @@ use super::status::pod_ready;
 use crate::api::{conditions, QuestDB, QuestDBStatus, UpgradeStatus};
 use crate::cloud::Instance;
 use crate::controllers::cloud_runtime::CloudRuntime;
-use crate::controllers::conditions::Desired;
+use crate::controllers::conditions::Verdict;
 use crate::controllers::context::Context;
 use crate::controllers::node::{is_dedicated, node_for, node_is_ready};
 use crate::controllers::upgrade::{self, phase, Start, StartView, Step, StepView};
@@ -31,11 +31,11 @@ use crate::metrics::UpgradeResult;
 
 const STEP_POLL: Duration = Duration::from_secs(2);
 
-fn condition(status: bool, reason: &str, message: String) -> Desired {
-    Desired::new(conditions::NODE_UPGRADE, status, reason, message)
+fn condition(status: bool, reason: &str, message: String) -> Verdict {
+    Verdict::new(conditions::NODE_UPGRADE, status, reason, message)
 }
 
-fn up_to_date() -> Desired {
+fn up_to_date() -> Verdict {
     condition(
         true,
         "UpToDate",
@@ -51,7 +51,7 @@ pub async fn reconcile(
     ctx: &Context,
     cloud: &CloudRuntime,
     out: &mut CloudOutcome,
-) -> Result<Option<Desired>, Error> {
+) -> Result<Option<Verdict>, Error> {
     let Some(spec) = qdb.spec.node.clone() else {
         return Ok(None);
     };
@@ -259,7 +259,7 @@ async fn steps(
     ctx: &Context,
     cloud: &CloudRuntime,
     out: &mut CloudOutcome,
-) -> Result<Desired, Error> {
+) -> Result<Verdict, Error> {
     for _ in 0..10 {
         let status = qdb.status.clone().unwrap_or_default();
         let Some(u) = status.upgrade.clone() else {
@@ -667,11 +667,11 @@ fn is_cordoned(node: &Node) -> bool {
         .unwrap_or(false)
 }
 
-fn retaining(u: &UpgradeStatus) -> Desired {
+fn retaining(u: &UpgradeStatus) -> Verdict {
     condition(true, "Retaining", u.message.clone().unwrap_or_default())
 }
 
-fn moving(u: &UpgradeStatus) -> Desired {
+fn moving(u: &UpgradeStatus) -> Verdict {
     condition(
         true,
         "Moving",
