@@ -13,7 +13,7 @@ use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-/// Verdict state of one QuestDB database.
+/// Desired state of one QuestDB database.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 // Client-side CEL (kube's `cel` feature) only for the unit tests; the apiserver is the judge.
 #[cfg_attr(test, kube(cel))]
