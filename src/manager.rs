@@ -18,7 +18,7 @@ use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::Api;
 use kube::core::PartialObjectMeta;
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
-use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::events::{EventType, Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Client, Resource};
@@ -799,7 +799,23 @@ async fn run_questdb_controller(
                         .in_scope(|| tracing::debug!(error = %e, "retrying after a conflict"));
                     guard.finish(ReconcileOutcome::Error);
                 }
-                Err(e) => guard.finish_with_error(e),
+                Err(e) => {
+                    ctx.metrics
+                        .reconcile_error(questdb::CONTROLLER_NAME, e.reason());
+                    // One Warning event per failing streak (the backoff retries are counted,
+                    // not announced); the cause chain carries no Secret data.
+                    let first = !ctx
+                        .failures
+                        .lock()
+                        .expect("failures lock")
+                        .contains_key(&key);
+                    if let (true, Ok(qdb)) = (first, &obj.0) {
+                        let note = crate::metrics::ErrorChain(e).to_string();
+                        ctx.event(qdb, EventType::Warning, e.reason(), "Reconcile", note)
+                            .await;
+                    }
+                    guard.finish_with_error(e)
+                }
             }
             result
         }

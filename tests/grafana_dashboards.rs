@@ -232,6 +232,7 @@ fn exposition_after_one_of_everything() -> String {
     metrics.failover_step("Fencing", Duration::from_secs(3));
     metrics.failover_detected(Duration::from_millis(300));
     metrics.upgrade_step("Stopping", Duration::from_secs(3));
+    metrics.reconcile_error("questdb", "CloudApiError");
     metrics.render()
 }
 

@@ -17,7 +17,8 @@ pub mod upgrade;
 
 use std::time::Duration;
 
-/// Reconcile failures. Variant names double as metric labels and event reasons.
+/// Reconcile failures. [`Error::reason`] is the label of `questdb_operator_reconcile_errors_total`
+/// and the reason of the Warning event a failing streak starts with.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("object has no namespace")]
@@ -44,15 +45,15 @@ impl Error {
         matches!(self, Error::StaleCache(_) | Error::Conflict)
     }
 
-    pub fn metric_label(&self) -> &'static str {
+    pub fn reason(&self) -> &'static str {
         match self {
             Error::MissingNamespace => "MissingNamespace",
             Error::MissingUid => "MissingUid",
             Error::StaleCache(_) => "StaleCache",
             Error::Conflict => "Conflict",
-            Error::Serialize(_) => "Serialize",
-            Error::Kube(_) => "Kube",
-            Error::Cloud(_) => "Cloud",
+            Error::Serialize(_) => "SerializeFailed",
+            Error::Kube(_) => "KubernetesApiError",
+            Error::Cloud(_) => "CloudApiError",
         }
     }
 

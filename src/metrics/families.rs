@@ -68,6 +68,7 @@ pub(super) struct Families {
     pub failover_steps: HistogramVec,
     pub failover_detection: Histogram,
     pub upgrade_steps: HistogramVec,
+    pub reconcile_errors_by_reason: IntCounterVec,
 }
 
 impl Families {
@@ -229,6 +230,11 @@ impl Families {
                 "questdb_operator_failover_detection_latency_seconds",
                 "Seconds from a node crossing its unhealthy threshold to the fencing call",
                 vec![0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0],
+            ),
+            reconcile_errors_by_reason: r.counter_vec(
+                "questdb_operator_reconcile_errors_total",
+                "Reconciles that failed, by controller and reason (the error kind, also the Warning event's reason)",
+                &["controller", "reason"],
             ),
             upgrade_steps: r.histogram_vec(
                 "questdb_operator_upgrade_step_duration_seconds",

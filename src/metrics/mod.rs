@@ -260,6 +260,14 @@ impl Metrics {
         }
     }
 
+    /// A reconcile failed with an error of kind `reason` (conflicts are retried, not counted).
+    pub fn reconcile_error(&self, controller: &str, reason: &str) {
+        self.families
+            .reconcile_errors_by_reason
+            .with_label_values(&[controller, reason])
+            .inc();
+    }
+
     /// A failover was due but held back (`reason` as in the `Failover` condition).
     pub fn failover_suppressed(&self, reason: &str) {
         self.families

@@ -567,6 +567,36 @@ async fn throttling_is_backed_off_and_ends_ready() {
     env.create("slow", |_| {}).await;
     wait_for(&env.qdbs(), "slow", "QuestDB Ready", is_ready()).await;
     assert_eq!(env.cloud.ec2.instances().len(), 1);
+    // On-call sees the failing reconciles: a counter by reason, and one Warning event for the
+    // streak (not one per retry).
+    let failed = env
+        .handle
+        .metrics
+        .render()
+        .lines()
+        .filter(|l| {
+            l.starts_with("questdb_operator_reconcile_errors_total{")
+                && l.contains("reason=\"CloudApiError\"")
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>();
+    assert!(failed >= 1.0, "reconcile errors counted: {failed}");
+    let warnings: Vec<_> =
+        Api::<k8s_openapi::api::events::v1::Event>::namespaced(env.client.clone(), NS)
+            .list(&Default::default())
+            .await
+            .expect("events")
+            .items
+            .into_iter()
+            .filter(|e| e.reason.as_deref() == Some("CloudApiError"))
+            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("slow"))
+            .collect();
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    let note = warnings[0].note.clone().unwrap_or_default();
+    assert!(
+        note.contains("DescribeInstances is still throttled"),
+        "{note}"
+    );
     env.stop().await;
 }
 
