@@ -30,7 +30,7 @@ use crate::controllers::cloud_runtime::CloudRuntime;
 pub use crate::controllers::cloud_runtime::{Cloud, CloudSettings};
 use crate::controllers::context::{Caches, Context, GuardedQuestDB};
 use crate::controllers::in_flight::InFlight;
-use crate::controllers::{node_health, questdb, retry_delay, sweep, Error};
+use crate::controllers::{node_health, questdb, retry_delay, sweep, Error, Next};
 use crate::http_server::{self, Readiness};
 use crate::ilp_auth;
 use crate::metrics::{ControllerMetrics, Metrics, ReconcileOutcome};
@@ -720,10 +720,10 @@ async fn run_node_health(
             let guard = m.start(ObjectRef::from_obj(&*node));
             let result = guard.scope(node_health::reconcile(node, ctx)).await;
             match &result {
-                Ok(action) => guard.finish(ReconcileOutcome::from_action(action)),
+                Ok(next) => guard.finish(next.outcome()),
                 Err(e) => guard.finish_with_error(e),
             }
-            result
+            result.map(Next::action)
         }
     };
     controller
@@ -788,9 +788,9 @@ async fn run_questdb_controller(
                 }
             };
             match &result {
-                Ok(action) => {
+                Ok(next) => {
                     ctx.failures.lock().expect("failures lock").remove(&key);
-                    guard.finish(ReconcileOutcome::from_action(action));
+                    guard.finish(next.outcome());
                 }
                 // Conflicts are routine for a controller: retried, not reported as errors.
                 Err(e) if e.is_transient_conflict() => {
@@ -817,7 +817,7 @@ async fn run_questdb_controller(
                     guard.finish_with_error(e)
                 }
             }
-            result
+            result.map(Next::action)
         }
     };
     controller

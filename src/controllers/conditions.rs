@@ -3,6 +3,17 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 
+/// Condition and event reasons the code also acts on (one spelling, never a literal compared
+/// in two places).
+pub mod reasons {
+    /// `Ready=False`: the spec fails validation; nothing is applied.
+    pub const INVALID_SPEC: &str = "InvalidSpec";
+    /// `Ready=False`: a child the operator would create exists and is not ours.
+    pub const CHILD_CONFLICT: &str = "ChildConflict";
+    /// `NodeReady`/`DnsReady=False`: the dedicated node has not joined (or has no address) yet.
+    pub const WAITING_FOR_NODE: &str = "WaitingForNode";
+}
+
 /// A controller's verdict on one condition type (status, reason, message), before the
 /// timestamps of a Kubernetes `Condition` are attached.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -6,6 +6,7 @@
 
 use crate::api::{conditions, DnsSpec, QuestDBStatus};
 use crate::cloud::display_name;
+use crate::controllers::conditions::reasons;
 use crate::controllers::conditions::Verdict;
 
 #[derive(Clone, Debug, PartialEq)]
@@ -63,7 +64,7 @@ pub fn plan(v: &DnsView) -> DnsStep {
         return DnsStep::Blocked(Verdict::new(
             conditions::DNS_READY,
             false,
-            "WaitingForNode",
+            reasons::WAITING_FOR_NODE,
             format!("waiting for the dedicated node's {which} IP"),
         ));
     };
@@ -185,7 +186,7 @@ mod tests {
         let s = status(None, None);
         let mut v = view(Some(&d), &s);
         v.private_ip = None;
-        assert!(matches!(plan(&v), DnsStep::Blocked(c) if c.reason == "WaitingForNode"));
+        assert!(matches!(plan(&v), DnsStep::Blocked(c) if c.reason == reasons::WAITING_FOR_NODE));
         let mut v = view(Some(&d), &s);
         v.provider_configured = false;
         assert!(matches!(plan(&v), DnsStep::Blocked(c) if c.reason == "NotConfigured"));

@@ -17,6 +17,37 @@ pub mod upgrade;
 
 use std::time::Duration;
 
+use kube::runtime::controller::Action;
+
+use crate::metrics::ReconcileOutcome;
+
+/// What a reconcile asks for next. It becomes kube-runtime's `Action` at the controller boundary
+/// and the `result` of `controller_runtime_reconcile_total`, with its delay, without looking
+/// inside `Action` (which keeps the delay private).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Next {
+    /// Nothing to do until something changes.
+    AwaitChange,
+    /// Look again after this long even without a change.
+    RequeueAfter(Duration),
+}
+
+impl Next {
+    pub fn action(self) -> Action {
+        match self {
+            Next::AwaitChange => Action::await_change(),
+            Next::RequeueAfter(d) => Action::requeue(d),
+        }
+    }
+
+    pub fn outcome(self) -> ReconcileOutcome {
+        match self {
+            Next::AwaitChange => ReconcileOutcome::Success,
+            Next::RequeueAfter(d) => ReconcileOutcome::RequeueAfter(d),
+        }
+    }
+}
+
 /// Reconcile failures. [`Error::reason`] is the label of `questdb_operator_reconcile_errors_total`
 /// and the reason of the Warning event a failing streak starts with.
 #[derive(Debug, thiserror::Error)]
@@ -95,6 +126,18 @@ pub fn retry_delay(attempt: u32, conflict: bool) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn what_a_reconcile_asks_for_is_the_action_and_the_metric_result() {
+        assert_eq!(Next::AwaitChange.action(), Action::await_change());
+        assert_eq!(Next::AwaitChange.outcome(), ReconcileOutcome::Success);
+        let d = Duration::from_millis(1500);
+        assert_eq!(Next::RequeueAfter(d).action(), Action::requeue(d));
+        assert_eq!(
+            Next::RequeueAfter(d).outcome(),
+            ReconcileOutcome::RequeueAfter(d)
+        );
+    }
 
     #[test]
     fn retry_delay_grows_and_is_capped() {

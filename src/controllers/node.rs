@@ -12,6 +12,7 @@ use k8s_openapi::api::core::v1::Node;
 
 use crate::api::{conditions, NodeSpec, QuestDBStatus};
 use crate::cloud::{parse_provider_id, Instance, InstanceState, TAG_NODE_GENERATION, TAG_UID};
+use crate::controllers::conditions::reasons;
 use crate::controllers::conditions::Verdict;
 use crate::desired::{
     DedicatedNode, DEDICATED_LABEL_KEY, DEDICATED_TAINT_EFFECT, DEDICATED_TAINT_KEY, PIN_LABEL_KEY,
@@ -219,7 +220,7 @@ pub fn plan(v: &NodeView) -> NodeStep {
         ),
         InstanceState::Running => match node_for(v.nodes, &instance.id) {
             None => waiting(
-                "WaitingForNode",
+                reasons::WAITING_FOR_NODE,
                 format!(
                     "instance {} is running; waiting for its Node to register",
                     instance.id

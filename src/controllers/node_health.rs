@@ -9,9 +9,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::controllers::Next;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
-use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 use tokio::time::Instant;
 
@@ -205,12 +205,12 @@ fn survey(ctx: &Context, health: &NodeHealth, node: &str, now: Instant) -> Surve
 /// asks for a reconcile of the node's QuestDB once it is unhealthy past that database's
 /// threshold (the QuestDB reconcile confirms with live reads and decides). In memory only: no
 /// API or AWS call, so a reconcile costs microseconds and never fails.
-pub async fn reconcile(node: Arc<Node>, ctx: Arc<Context>) -> Result<Action, Error> {
+pub async fn reconcile(node: Arc<Node>, ctx: Arc<Context>) -> Result<Next, Error> {
     let Some(cloud) = ctx.cloud.as_ref() else {
-        return Ok(Action::await_change());
+        return Ok(Next::AwaitChange);
     };
     let Some(name) = node.metadata.name.as_deref() else {
-        return Ok(Action::await_change());
+        return Ok(Next::AwaitChange);
     };
     let now = Instant::now();
     if pinned_instance(&node).is_some() {
@@ -232,7 +232,7 @@ pub async fn reconcile(node: Arc<Node>, ctx: Arc<Context>) -> Result<Action, Err
         .set_breaker(breaker_open(survey.suspects, survey.managed));
     ctx.metrics.set_unhealthy_dedicated_nodes(survey.unhealthy);
     let Some((questdb, threshold)) = survey.owner else {
-        return Ok(Action::await_change());
+        return Ok(Next::AwaitChange);
     };
     let silent = cloud.health.unhealthy_for(name, now);
     if silent.is_some_and(|s| s >= threshold) {
@@ -247,7 +247,7 @@ pub async fn reconcile(node: Arc<Node>, ctx: Arc<Context>) -> Result<Action, Err
         Some(_) => SUSPECT_POLL,
         None => (threshold / 2).saturating_sub(cloud.health.silent_for(name, now)),
     };
-    Ok(Action::requeue(next.max(SUSPECT_POLL)))
+    Ok(Next::RequeueAfter(next.max(SUSPECT_POLL)))
 }
 
 /// The Node a kubelet Lease belongs to (same name, in `kube-node-lease`).

@@ -6,6 +6,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::*;
 use crate::cloud::{desired_instance_tags, provider_id};
+use crate::controllers::conditions::reasons;
 
 const UID: &str = "uid-1";
 
@@ -262,7 +263,7 @@ fn a_running_instance_waits_for_its_node() {
     let mut c = Case::new(status(Some(1), Some("i-1")));
     c.instances = vec![instance("i-1", 1, InstanceState::Running)];
     c.nodes = vec![node("i-2", true, true)];
-    assert_eq!(reason(&c.plan()), "WaitingForNode");
+    assert_eq!(reason(&c.plan()), reasons::WAITING_FOR_NODE);
 }
 
 #[test]

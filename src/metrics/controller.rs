@@ -8,7 +8,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use kube::runtime::controller::Action;
 use kube::runtime::reflector::{Lookup, ObjectRef};
 use kube::Resource;
 use prometheus::{Gauge, Histogram, IntCounter, IntGauge};
@@ -96,9 +95,9 @@ impl From<&QueueKey> for QueueKey {
 
 /// How a reconcile ended, in controller-runtime's terms (the `result` label).
 ///
-/// With kube-runtime: `Ok(Action::await_change())` is `Success`, `Ok(Action::requeue(d))` is
-/// `RequeueAfter(d)`, `Err(_)` is `Error`. `Requeue` (an immediate, rate-limited requeue) has no
-/// kube-runtime equivalent besides `Action::requeue(Duration::ZERO)`.
+/// The reconcilers say what they want next with `controllers::Next` (`AwaitChange` is `Success`,
+/// `RequeueAfter(d)` is `RequeueAfter(d)`); `Err(_)` is `Error`. `Requeue` (an immediate,
+/// rate-limited requeue) is controller-runtime's; nothing here asks for it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ReconcileOutcome {
     Success,
@@ -108,25 +107,6 @@ pub enum ReconcileOutcome {
 }
 
 impl ReconcileOutcome {
-    /// The outcome of a reconcile that returned `Ok(action)`.
-    ///
-    /// kube-runtime keeps `Action`'s delay private; its `Debug` output (`Action { requeue_after:
-    /// Some(300s) }`) is the only way to read it. A unit test pins that format, so a kube upgrade
-    /// that changes it fails loudly; until then an unreadable delay degrades to a zero delay
-    /// (queue time then counts from the reconcile's end).
-    pub fn from_action(action: &Action) -> Self {
-        if *action == Action::await_change() {
-            return ReconcileOutcome::Success;
-        }
-        let debug = format!("{action:?}");
-        let delay = debug
-            .split_once("Some(")
-            .and_then(|(_, rest)| rest.split_once(')'))
-            .and_then(|(duration, _)| parse_debug_duration(duration))
-            .unwrap_or_default();
-        ReconcileOutcome::RequeueAfter(delay)
-    }
-
     pub fn as_label(self) -> &'static str {
         match self {
             ReconcileOutcome::Success => "success",
@@ -502,21 +482,6 @@ impl fmt::Display for ErrorChain<'_> {
         }
         Ok(())
     }
-}
-
-/// Parses `Duration`'s `Debug` output: a decimal number and one of `s`, `ms`, `µs`, `ns`.
-fn parse_debug_duration(text: &str) -> Option<Duration> {
-    let (number, scale) = if let Some(n) = text.strip_suffix("ms") {
-        (n, 1e-3)
-    } else if let Some(n) = text.strip_suffix("µs") {
-        (n, 1e-6)
-    } else if let Some(n) = text.strip_suffix("ns") {
-        (n, 1e-9)
-    } else {
-        (text.strip_suffix('s')?, 1.0)
-    };
-    let value: f64 = number.parse().ok()?;
-    Duration::try_from_secs_f64(value * scale).ok()
 }
 
 fn gauge_value(len: usize) -> i64 {

@@ -495,27 +495,6 @@ async fn the_client_layer_counts_requests_by_code_method_and_verb() {
     assert_eq!(by_verb.get("patch"), Some(&1));
 }
 
-#[test]
-fn kube_actions_map_to_controller_runtime_results() {
-    use kube::runtime::controller::Action;
-    assert_eq!(
-        ReconcileOutcome::from_action(&Action::await_change()),
-        ReconcileOutcome::Success
-    );
-    for delay in [
-        Duration::from_secs(300),
-        Duration::from_millis(1500),
-        Duration::from_millis(250),
-        Duration::from_micros(7),
-    ] {
-        assert_eq!(
-            ReconcileOutcome::from_action(&Action::requeue(delay)),
-            ReconcileOutcome::RequeueAfter(delay),
-            "{delay:?}"
-        );
-    }
-}
-
 #[tokio::test]
 async fn an_instrumented_kube_client_counts_its_requests() {
     use crate::http_server::{bind, serve};

@@ -26,6 +26,7 @@ use crate::cloud::{
     LaunchRequest, Taint, OWNED_ELSEWHERE,
 };
 use crate::controllers::cloud_runtime::CloudRuntime;
+use crate::controllers::conditions::reasons;
 use crate::controllers::conditions::Verdict;
 use crate::controllers::context::Context;
 use crate::controllers::dns::{self, DnsStep, DnsView};
@@ -537,7 +538,7 @@ async fn node_steps(
                 out.node_condition = Some(Verdict::new(
                     conditions::NODE_READY,
                     false,
-                    "WaitingForNode",
+                    reasons::WAITING_FOR_NODE,
                     format!("labelled and tainted node {node} for this database"),
                 ));
                 out.requeue_within(Duration::from_secs(1));
@@ -797,7 +798,7 @@ async fn dns_step(
     match step {
         DnsStep::Nothing => Ok(Some(None)),
         DnsStep::InSync(c) => Ok(Some(Some(c))),
-        DnsStep::Blocked(c) if c.reason == "WaitingForNode" && from_node => {
+        DnsStep::Blocked(c) if c.reason == reasons::WAITING_FOR_NODE && from_node => {
             // The fast path read the Node only; let the instance data decide.
             Ok(None)
         }

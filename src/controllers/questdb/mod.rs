@@ -12,12 +12,13 @@ pub mod upgrade;
 
 use std::sync::Arc;
 
+use crate::controllers::conditions::reasons;
+use crate::controllers::Next;
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, PostParams};
-use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Resource, ResourceExt};
@@ -38,7 +39,7 @@ pub const CONTROLLER_NAME: &str = "questdb";
 /// missed events; it makes no write when nothing changed).
 const RESYNC: std::time::Duration = std::time::Duration::from_secs(300);
 
-pub async fn reconcile(qdb: Arc<QuestDB>, ctx: Arc<Context>) -> Result<Action, Error> {
+pub async fn reconcile(qdb: Arc<QuestDB>, ctx: Arc<Context>) -> Result<Next, Error> {
     let ns = qdb.namespace().ok_or(Error::MissingNamespace)?;
     if qdb.meta().deletion_timestamp.is_some() {
         return finalize(qdb, &ctx).await;
@@ -51,11 +52,17 @@ pub async fn reconcile(qdb: Arc<QuestDB>, ctx: Arc<Context>) -> Result<Action, E
         let note = observed.invalid.join("; ");
         if !already_reported_invalid(&qdb, &note) {
             warn!(questdb = %qdb.name_any(), problems = %note, "invalid QuestDB spec");
-            ctx.event(&qdb, EventType::Warning, "InvalidSpec", "Validate", note)
-                .await;
+            ctx.event(
+                &qdb,
+                EventType::Warning,
+                reasons::INVALID_SPEC,
+                "Validate",
+                note,
+            )
+            .await;
         }
         write_status(&qdb, &ctx, &observed).await?;
-        return Ok(Action::await_change());
+        return Ok(Next::AwaitChange);
     }
 
     // Cloud steps write status (intent before side effects), so they work on an owned copy
@@ -191,7 +198,7 @@ pub async fn reconcile(qdb: Arc<QuestDB>, ctx: Arc<Context>) -> Result<Action, E
         // a backstop.
         std::time::Duration::from_secs(30)
     };
-    Ok(Action::requeue(
+    Ok(Next::RequeueAfter(
         cloud_out.requeue.map_or(next, |r| r.min(next)),
     ))
 }
@@ -282,18 +289,18 @@ async fn storage_class_expands(ctx: &Context, class: &str) -> Option<bool> {
 
 /// Deletion: release the node and the DNS record, then let the QuestDB go. Children carry
 /// owner references (the retained PVC none), so garbage collection does the rest.
-async fn finalize(qdb: Arc<QuestDB>, ctx: &Context) -> Result<Action, Error> {
+async fn finalize(qdb: Arc<QuestDB>, ctx: &Context) -> Result<Next, Error> {
     if !cloud::has_finalizer(&qdb) {
-        return Ok(Action::await_change());
+        return Ok(Next::AwaitChange);
     }
     match release_and_unblock(qdb, ctx).await {
         // A reconcile queued before the finalizer went finds the object already gone.
-        Err(Error::Kube(kube::Error::Api(s))) if s.code == 404 => Ok(Action::await_change()),
+        Err(Error::Kube(kube::Error::Api(s))) if s.code == 404 => Ok(Next::AwaitChange),
         other => other,
     }
 }
 
-async fn release_and_unblock(qdb: Arc<QuestDB>, ctx: &Context) -> Result<Action, Error> {
+async fn release_and_unblock(qdb: Arc<QuestDB>, ctx: &Context) -> Result<Next, Error> {
     let mut current = (*qdb).clone();
     if current.spec.volume.retain_on_delete {
         // Data first: a retainOnDelete flip that raced the delete still keeps the volume, as
@@ -315,7 +322,7 @@ async fn release_and_unblock(qdb: Arc<QuestDB>, ctx: &Context) -> Result<Action,
         stop_first::scale_to_zero(&current, &ctx.caches, &ctx.client).await?;
         debug!(questdb = %current.name_any(), "waiting for the database pod to stop before releasing its node");
         // The pod's deletion is a watch event; this is a backstop.
-        return Ok(Action::requeue(cloud::WAITING_SYNC));
+        return Ok(Next::RequeueAfter(cloud::WAITING_SYNC));
     }
     let out = cloud::reconcile(&mut current, ctx, true, false).await?;
     if !out.released {
@@ -329,13 +336,15 @@ async fn release_and_unblock(qdb: Arc<QuestDB>, ctx: &Context) -> Result<Action,
                 note,
             )
             .await;
-            return Ok(Action::requeue(RESYNC));
+            return Ok(Next::RequeueAfter(RESYNC));
         }
-        return Ok(Action::requeue(out.requeue.unwrap_or(cloud::WAITING_SYNC)));
+        return Ok(Next::RequeueAfter(
+            out.requeue.unwrap_or(cloud::WAITING_SYNC),
+        ));
     }
     info!(questdb = %current.name_any(), "cloud resources released; removing the finalizer");
     cloud::set_finalizer(&mut current, ctx, false).await?;
-    Ok(Action::await_change())
+    Ok(Next::AwaitChange)
 }
 
 fn already_reported_invalid(qdb: &QuestDB, note: &str) -> bool {
@@ -343,7 +352,7 @@ fn already_reported_invalid(qdb: &QuestDB, note: &str) -> bool {
         s.observed_generation == qdb.metadata.generation
             && s.conditions.iter().any(|c| {
                 c.type_ == crate::api::conditions::SPEC_VALID
-                    && c.reason == "InvalidSpec"
+                    && c.reason == reasons::INVALID_SPEC
                     && c.message == note
             })
     })
@@ -394,12 +403,19 @@ where
             // One Warning per distinct conflict: the status already names reported ones.
             let reported = qdb.status.as_ref().is_some_and(|s| {
                 s.conditions.iter().any(|c| {
-                    c.reason == "ChildConflict" && c.message.split(", ").any(|m| m.ends_with(&what))
+                    c.reason == reasons::CHILD_CONFLICT
+                        && c.message.split(", ").any(|m| m.ends_with(&what))
                 })
             });
             if !reported {
-                ctx.event(qdb, EventType::Warning, "ChildConflict", "Reconcile", note)
-                    .await;
+                ctx.event(
+                    qdb,
+                    EventType::Warning,
+                    reasons::CHILD_CONFLICT,
+                    "Reconcile",
+                    note,
+                )
+                .await;
             }
             observed.blocked.push(what);
         }
@@ -471,7 +487,7 @@ pub async fn report_unreadable(
     obj: &crate::controllers::context::GuardedQuestDB,
     invalid: &kube::core::error_boundary::InvalidObject,
     ctx: &Context,
-) -> Result<Action, Error> {
+) -> Result<Next, Error> {
     warn!(
         questdb = %obj.name_any(),
         namespace = obj.namespace().unwrap_or_default(),
@@ -495,7 +511,7 @@ pub async fn report_unreadable(
         format!("the operator cannot read this QuestDB: {}", invalid.error),
     )
     .await;
-    Ok(Action::await_change())
+    Ok(Next::AwaitChange)
 }
 
 /// One event per reason and reconcile ("created ConfigMap a, Service b, ..."), not one per child:

@@ -5,6 +5,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::jiff::Timestamp;
 
 use crate::api::{conditions, Phase, QuestDB, QuestDBStatus};
+use crate::controllers::conditions::reasons;
 use crate::controllers::conditions::{merge, Verdict};
 use crate::controllers::node::node_is_ready;
 use crate::controllers::questdb::cloud::CloudOutcome;
@@ -78,7 +79,7 @@ pub fn compute(qdb: &QuestDB, obs: &Observed, now: Timestamp) -> QuestDBStatus {
             Verdict::new(
                 conditions::READY,
                 false,
-                "InvalidSpec",
+                reasons::INVALID_SPEC,
                 obs.invalid.join("; "),
             ),
         )
@@ -88,7 +89,7 @@ pub fn compute(qdb: &QuestDB, obs: &Observed, now: Timestamp) -> QuestDBStatus {
             Verdict::new(
                 conditions::READY,
                 false,
-                "ChildConflict",
+                reasons::CHILD_CONFLICT,
                 format!(
                     "objects that are not this QuestDB's block it (never adopted, never mounted): {}",
                     obs.blocked.join(", ")
@@ -258,7 +259,7 @@ fn spec_valid(obs: &Observed) -> Verdict {
         Verdict::new(
             conditions::SPEC_VALID,
             false,
-            "InvalidSpec",
+            reasons::INVALID_SPEC,
             obs.invalid.join("; "),
         )
     }
@@ -270,7 +271,7 @@ fn built_before(existing: &QuestDBStatus) -> bool {
         && !existing
             .conditions
             .iter()
-            .any(|c| c.type_ == conditions::READY && c.reason == "InvalidSpec")
+            .any(|c| c.type_ == conditions::READY && c.reason == reasons::INVALID_SPEC)
 }
 
 /// An invalid edit of a database built before: it keeps running on its last good spec, so

@@ -1,5 +1,6 @@
 //! What `kubectl get qdb` and the conditions say in every situation the reconcile can observe.
 
+use crate::controllers::conditions::reasons;
 use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetSpec, StatefulSetStatus};
 use k8s_openapi::api::core::v1::{
     Node, NodeAddress, NodeCondition, NodeStatus, Pod, PodCondition, PodSpec, PodStatus,
@@ -198,7 +199,7 @@ fn invalid_spec_wins_over_everything() {
     };
     let st = compute(&q, &obs, now());
     let ready = st.conditions.iter().find(|c| c.type_ == "Ready").unwrap();
-    assert_eq!(ready.reason, "InvalidSpec");
+    assert_eq!(ready.reason, reasons::INVALID_SPEC);
     assert!(ready.message.contains("Bad Image"));
     assert_eq!(st.phase, Some(Phase::Failed));
 }
@@ -238,7 +239,7 @@ fn an_invalid_edit_of_a_running_database_keeps_its_columns_and_ready() {
         .unwrap();
     assert_eq!(
         (valid.status.as_str(), valid.reason.as_str()),
-        ("False", "InvalidSpec")
+        ("False", reasons::INVALID_SPEC)
     );
     assert!(valid.message.contains("QuestDB:::9"));
 
@@ -263,7 +264,7 @@ fn foreign_children_are_named_in_the_condition() {
     };
     let st = compute(&q, &obs, now());
     let ready = st.conditions.iter().find(|c| c.type_ == "Ready").unwrap();
-    assert_eq!(ready.reason, "ChildConflict");
+    assert_eq!(ready.reason, reasons::CHILD_CONFLICT);
     assert!(ready.message.contains("Service db"));
 }
 
