@@ -556,6 +556,26 @@ async fn a_capacity_shortage_falls_back_to_the_next_instance_type_without_moving
         status.conditions
     );
     assert_eq!(env.cloud.ec2.instances().len(), 1, "no second launch");
+
+    // A node move while the shortage lasts lands on the fallback too, and says so.
+    env.qdbs()
+        .patch(
+            "db1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"node": {
+                "image": "ami-0fedcba9876543210", "rollbackWindow": "0s"
+            }}})),
+        )
+        .await
+        .expect("patch image");
+    let q = wait_for(&env.qdbs(), "db1", "moved", |q: Option<&QuestDB>| {
+        q.and_then(|q| q.status.as_ref()?.upgrade.clone())
+            .is_some_and(|u| u.phase == "Completed")
+    })
+    .await;
+    let status = q.status.expect("status");
+    assert_eq!(status.node_image.as_deref(), Some("ami-0fedcba9876543210"));
+    assert_eq!(status.node_instance_type.as_deref(), Some("m6i.xlarge"));
     env.stop().await;
 }
 

@@ -376,8 +376,16 @@ async fn steps(
                     u.to_image.clone(),
                     u.to_instance_type.clone(),
                 );
-                let kind = new_instance
-                    .as_ref()
+                // The type the instance has: a launch may have fallen back to one of
+                // spec.node.fallbackInstanceTypes. One DescribeInstances per move.
+                let launched = cloud
+                    .nodes
+                    .describe(std::slice::from_ref(&id))
+                    .await
+                    .map_err(Error::Cloud)?;
+                let kind = launched
+                    .iter()
+                    .find(|i| i.id == id)
                     .map(|i| i.instance_type.clone())
                     .or(kind);
                 step_done(qdb, ctx, &u);
