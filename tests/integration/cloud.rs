@@ -249,6 +249,42 @@ impl CloudEnv {
         assert_eq!(records[0].ips, vec![ip], "DNS follows the database");
     }
 
+    /// Kills the manager (its future dropped wherever it is) and starts it again the first time
+    /// `db1` is seen in each step `phase` reports, until it reports `done`; a step in `failed`
+    /// fails the test. Returns the steps it was killed in.
+    async fn kill_at_every_step(
+        &mut self,
+        phase: fn(&QuestDB) -> Option<String>,
+        done: &str,
+        failed: &[&str],
+        timeout: Duration,
+    ) -> std::collections::BTreeSet<String> {
+        use futures::StreamExt;
+        use kube::runtime::{watcher, WatchStreamExt};
+        let mut killed = std::collections::BTreeSet::new();
+        let cfg = watcher::Config::default().fields("metadata.name=db1");
+        let mut events = std::pin::pin!(watcher(self.qdbs(), cfg).applied_objects());
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let q = tokio::time::timeout_at(deadline, events.next())
+                .await
+                .unwrap_or_else(|_| panic!("{done} in time; killed in {killed:?}"))
+                .expect("watch open")
+                .expect("watch event");
+            match phase(&q) {
+                Some(step) if step == done => return killed,
+                Some(step) if failed.contains(&step.as_str()) => {
+                    panic!("{step}: {:?}", q.status)
+                }
+                Some(step) if killed.insert(step.clone()) => {
+                    self.kill_manager().await;
+                    self.start_manager().await;
+                }
+                _ => {}
+            }
+        }
+    }
+
     fn aws_calls(&self) -> usize {
         self.cloud.ec2.calls().len()
             + ["ListResourceRecordSets", "ChangeResourceRecordSets"]

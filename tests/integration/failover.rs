@@ -297,26 +297,9 @@ async fn killing_the_manager_at_every_failover_step_still_ends_with_one_of_every
     } = running_database(&env).await;
     env.cp.node(&old_node).expect("kubelet").partition();
 
-    let mut killed = std::collections::BTreeSet::new();
-    let api = env.qdbs();
-    let cfg = watcher::Config::default().fields("metadata.name=db1");
-    let mut events = std::pin::pin!(watcher(api, cfg).applied_objects());
-    let deadline = tokio::time::Instant::now() + FAILOVER_TIMEOUT;
-    loop {
-        let q = tokio::time::timeout_at(deadline, events.next())
-            .await
-            .expect("failover finishes in time")
-            .expect("watch open")
-            .expect("watch event");
-        match failover_phase(&q).as_deref() {
-            Some("Healthy") => break,
-            Some(step) if killed.insert(step.to_string()) => {
-                env.kill_manager().await;
-                env.start_manager().await;
-            }
-            _ => {}
-        }
-    }
+    let killed = env
+        .kill_at_every_step(failover_phase, "Healthy", &[], FAILOVER_TIMEOUT)
+        .await;
     assert!(killed.len() >= 3, "killed at {killed:?}");
     assert_one_of_everything(&env, &uid, &old_id, &pvc_uid).await;
     env.stop().await;

@@ -366,34 +366,20 @@ fn tomorrow() -> &'static str {
 /// move enters a new step and restarted; the end is one live instance (the new one), one pod.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killing_the_manager_at_every_move_step_leaves_one_instance_and_one_pod() {
-    use futures::StreamExt;
-    use kube::runtime::{watcher, WatchStreamExt};
     let mut env = CloudEnv::start(settings()).await;
     let (uid, _) = ready_db1(&env, |q| {
         q.spec.node.as_mut().unwrap().rollback_window = Some("0s".into());
     })
     .await;
     set_image(&env, NEW_AMI).await;
-    let mut killed = std::collections::BTreeSet::new();
-    let cfg = watcher::Config::default().fields("metadata.name=db1");
-    let mut events = std::pin::pin!(watcher(env.qdbs(), cfg).applied_objects());
-    let deadline = tokio::time::Instant::now() + MOVE_TIMEOUT;
-    loop {
-        let q = tokio::time::timeout_at(deadline, events.next())
-            .await
-            .expect("move finishes in time")
-            .expect("watch open")
-            .expect("watch event");
-        match upgrade_phase(&q).as_deref() {
-            Some("Completed") => break,
-            Some("Aborted") | Some("RolledBack") => panic!("move failed: {:?}", q.status),
-            Some(step) if killed.insert(step.to_string()) => {
-                env.kill_manager().await;
-                env.start_manager().await;
-            }
-            _ => {}
-        }
-    }
+    let killed = env
+        .kill_at_every_step(
+            upgrade_phase,
+            "Completed",
+            &["Aborted", "RolledBack"],
+            MOVE_TIMEOUT,
+        )
+        .await;
     assert!(killed.len() >= 3, "killed at {killed:?}");
     let q = wait_for(&env.qdbs(), "db1", "Ready after the move", is_ready()).await;
     let new_id = q.status.and_then(|s| s.instance_id).expect("instance");

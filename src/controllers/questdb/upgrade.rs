@@ -87,39 +87,12 @@ pub async fn reconcile(
         }
     }
     let status = qdb.status.clone().unwrap_or_default();
-    let uid = qdb.uid().unwrap_or_default();
-    let decision = {
-        let mut claims = cloud
-            .upgrade_claims
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        claims.retain(|_, at| at.elapsed() < CLAIM_TTL);
-        let ended: HashSet<String> = cloud
-            .upgrade_ends
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .iter()
-            .filter(|(_, at)| at.elapsed() < CLAIM_TTL)
-            .map(|(uid, _)| uid.clone())
-            .collect();
-        let decision = upgrade::should_start(&StartView {
-            spec: &spec,
-            status: &status,
-            database_ready: pod_ready_on(qdb, ctx, status.instance_id.as_deref()),
-            failover_in_progress: false,
-            now: Timestamp::now(),
-            moves_elsewhere: moves_elsewhere(ctx, &claims, &ended, &uid),
-            concurrency: cloud.settings.upgrade_concurrency,
-        });
-        if decision == Start::Go {
-            claims.insert(uid.clone(), Instant::now());
-            cloud
-                .upgrade_ends
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner())
-                .remove(&uid);
-        }
-        decision
+    // A converged QuestDB (node as the spec asks) never waits for a slot: no lock, no scan of
+    // the other QuestDBs, no pod lookup on its reconcile.
+    let decision = if upgrade::differs(&spec, &status) {
+        decide(qdb, ctx, cloud, &spec, &status)
+    } else {
+        Start::No
     };
     match decision {
         Start::No => {
@@ -170,6 +143,49 @@ pub async fn reconcile(
         }
     }
     steps(qdb, ctx, cloud, out).await.map(Some)
+}
+
+/// Whether a move starts now, claiming a slot of `--upgrade-concurrency` when it does (under
+/// the claims lock, so two reconciles cannot both take the last slot).
+fn decide(
+    qdb: &QuestDB,
+    ctx: &Context,
+    cloud: &CloudRuntime,
+    spec: &crate::api::NodeSpec,
+    status: &QuestDBStatus,
+) -> Start {
+    let uid = qdb.uid().unwrap_or_default();
+    let mut claims = cloud
+        .upgrade_claims
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    claims.retain(|_, at| at.elapsed() < CLAIM_TTL);
+    let ended: HashSet<String> = cloud
+        .upgrade_ends
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .iter()
+        .filter(|(_, at)| at.elapsed() < CLAIM_TTL)
+        .map(|(uid, _)| uid.clone())
+        .collect();
+    let decision = upgrade::should_start(&StartView {
+        spec,
+        status,
+        database_ready: pod_ready_on(qdb, ctx, status.instance_id.as_deref()),
+        failover_in_progress: false,
+        now: Timestamp::now(),
+        moves_elsewhere: moves_elsewhere(ctx, &claims, &ended, &uid),
+        concurrency: cloud.settings.upgrade_concurrency,
+    });
+    if decision == Start::Go {
+        claims.insert(uid.clone(), Instant::now());
+        cloud
+            .upgrade_ends
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .remove(&uid);
+    }
+    decision
 }
 
 /// A move ended and freed its slot (its claim goes at once): the QuestDBs whose node differs
