@@ -14,7 +14,15 @@ use kube::Client;
 use tokio::time::Instant;
 use tracing::warn;
 
-use crate::manager::LeaderElection;
+/// Leader election on a Lease (`ManagerOptions::leader_election`).
+#[derive(Clone, Debug)]
+pub struct LeaderElection {
+    pub lease_name: String,
+    pub namespace: String,
+    pub identity: String,
+    pub duration: Duration,
+    pub grace: Duration,
+}
 
 /// How long renewals may go unseen before the leader stops, and how often it looks.
 pub fn deadline_and_period(le: &LeaderElection) -> (Duration, Duration) {

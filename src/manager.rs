@@ -52,14 +52,7 @@ pub struct ManagerOptions {
     pub cloud: Option<Cloud>,
 }
 
-#[derive(Clone, Debug)]
-pub struct LeaderElection {
-    pub lease_name: String,
-    pub namespace: String,
-    pub identity: String,
-    pub duration: Duration,
-    pub grace: Duration,
-}
+pub use crate::leadership::LeaderElection;
 
 impl Default for ManagerOptions {
     fn default() -> Self {
@@ -230,11 +223,6 @@ fn questdb_of(
 ) -> Option<ObjectRef<GuardedQuestDB>> {
     let name = meta.labels.as_ref()?.get(labels::INSTANCE)?;
     Some(ObjectRef::new(name).within(meta.namespace.as_deref()?))
-}
-
-/// The controller's key for a QuestDB.
-pub fn questdb_ref(qdb: &QuestDB) -> Option<ObjectRef<GuardedQuestDB>> {
-    Some(ObjectRef::new(&qdb.metadata.name.clone()?).within(qdb.metadata.namespace.as_deref()?))
 }
 
 /// The controller's key for a QuestDB found by name.

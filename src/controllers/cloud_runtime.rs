@@ -1,6 +1,7 @@
 //! The cloud side of the manager: the providers it was configured with and the instance cache
 //! every QuestDB reconcile shares.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -8,7 +9,6 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::cloud::{CloudError, DnsProvider, Instance, NodeProvider};
-use crate::controllers::questdb::cloud::LaunchFailures;
 
 /// Cloud providers and timings handed to the manager (`ManagerOptions::cloud`).
 #[derive(Clone)]
@@ -69,7 +69,7 @@ pub struct CloudRuntime {
     /// Permanent launch failures by QuestDB uid (in memory: a restart retries once).
     pub launch_failures: LaunchFailures,
     /// When each dedicated node was last seen alive (this leadership term's clock).
-    pub health: crate::controllers::node_health::NodeHealth,
+    pub health: crate::controllers::node_health::tracker::NodeHealth,
     /// When instances that went away by themselves were replaced, by QuestDB uid (in memory:
     /// a restart allows one more at once, as with `launch_failures`).
     pub relaunches: Mutex<std::collections::HashMap<String, Vec<Instant>>>,
@@ -202,3 +202,15 @@ mod tests {
         assert_eq!(cloud.ec2.call_count("DescribeInstances"), 2);
     }
 }
+
+/// A permanent launch failure, remembered so the launch is not repeated on every reconcile.
+#[derive(Clone, Debug)]
+pub struct LaunchFailure {
+    /// `metadata.generation` of the QuestDB when it failed: a spec edit retries at once.
+    pub spec_generation: Option<i64>,
+    pub node_generation: i64,
+    pub at: tokio::time::Instant,
+    pub message: String,
+}
+
+pub type LaunchFailures = std::sync::Mutex<HashMap<String, LaunchFailure>>;

@@ -19,6 +19,11 @@ use crate::api::QuestDB;
 
 /// A QuestDB as the watch delivers it: parsed, or the metadata and the parse error.
 pub type GuardedQuestDB = kube::core::DeserializeGuard<QuestDB>;
+
+/// The controller's key for a QuestDB.
+pub fn questdb_ref(qdb: &QuestDB) -> Option<ObjectRef<GuardedQuestDB>> {
+    Some(ObjectRef::new(&qdb.metadata.name.clone()?).within(qdb.metadata.namespace.as_deref()?))
+}
 use crate::controllers::cloud_runtime::CloudRuntime;
 use crate::ilp_auth::{KeyError, PublicKey};
 use crate::metrics::Metrics;

@@ -2,6 +2,7 @@
 //! observe -> build -> apply -> update status.
 
 pub mod children;
+pub mod clock;
 pub mod cloud_runtime;
 pub mod conditions;
 pub mod context;

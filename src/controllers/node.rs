@@ -9,9 +9,12 @@
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
+use kube::ResourceExt;
 
-use crate::api::{conditions, NodeSpec, QuestDBStatus};
-use crate::cloud::{parse_provider_id, Instance, InstanceState, TAG_NODE_GENERATION, TAG_UID};
+use crate::api::{conditions, NodeSpec, QuestDB, QuestDBStatus};
+use crate::cloud::{
+    parse_provider_id, Instance, InstanceState, LaunchRequest, Taint, TAG_NODE_GENERATION, TAG_UID,
+};
 use crate::controllers::conditions::reasons;
 use crate::controllers::conditions::Verdict;
 use crate::desired::{
@@ -283,3 +286,33 @@ pub fn relaunch(history: &[tokio::time::Instant], now: tokio::time::Instant) -> 
 #[cfg(test)]
 #[path = "node_tests.rs"]
 mod tests;
+
+pub(super) fn launch_request(
+    qdb: &QuestDB,
+    uid: &str,
+    generation: i64,
+    dedicated: &DedicatedNode,
+) -> Option<LaunchRequest> {
+    let spec = qdb.spec.node.as_ref()?;
+    Some(LaunchRequest {
+        namespace: qdb.namespace().unwrap_or_default(),
+        name: qdb.name_any(),
+        uid: uid.to_string(),
+        node_generation: generation,
+        image: spec.image.clone(),
+        instance_type: spec.instance_type.clone(),
+        zone: spec.zone.clone(),
+        labels: [(
+            DEDICATED_LABEL_KEY.to_string(),
+            dedicated.label_value.clone(),
+        )]
+        .into(),
+        taints: vec![Taint::new(
+            DEDICATED_TAINT_KEY,
+            Some(&dedicated.label_value),
+            DEDICATED_TAINT_EFFECT,
+        )],
+        public_ip: qdb.spec.dns.as_ref().is_some_and(|d| d.public),
+        fallback_instance_types: spec.fallback_instance_types.clone(),
+    })
+}

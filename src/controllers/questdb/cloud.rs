@@ -9,78 +9,39 @@
 //!
 //! [`InstanceCache`]: crate::controllers::cloud_runtime::InstanceCache
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::EventType;
 use kube::ResourceExt;
 use serde_json::json;
 use tracing::{info, warn};
 
+use super::node_marks::dedicate;
+pub use super::outcome::CloudOutcome;
+use super::record::{already_reported, persist};
 use crate::api::{conditions, QuestDB, QuestDBStatus, FINALIZER, MANAGER};
 use crate::cloud::{
     desired_instance_tags, display_name, CloudError, DnsOwner, Instance, InstanceState,
-    LaunchRequest, Taint, OWNED_ELSEWHERE,
+    OWNED_ELSEWHERE,
 };
 use crate::controllers::cloud_runtime::CloudRuntime;
+use crate::controllers::cloud_runtime::LaunchFailure;
 use crate::controllers::conditions::reasons;
 use crate::controllers::conditions::Verdict;
 use crate::controllers::context::Context;
 use crate::controllers::dns::{self, DnsStep, DnsView};
+use crate::controllers::node::launch_request;
 use crate::controllers::node::{self, NodeStep, NodeView, PERMANENT_FAILURE_RETRY};
 use crate::controllers::Error;
-use crate::desired::{
-    DedicatedNode, DEDICATED_LABEL_KEY, DEDICATED_TAINT_EFFECT, DEDICATED_TAINT_KEY, PIN_LABEL_KEY,
-};
+use crate::desired::DedicatedNode;
 
 /// How fresh instance data must be while a node is launching or being released.
 pub const WAITING_SYNC: Duration = Duration::from_secs(2);
 /// Steps one reconcile may take before handing over to the next (each persisted).
 const MAX_STEPS: usize = 8;
-
-/// A permanent launch failure, remembered so the launch is not repeated on every reconcile.
-#[derive(Clone, Debug)]
-pub struct LaunchFailure {
-    /// `metadata.generation` of the QuestDB when it failed: a spec edit retries at once.
-    pub spec_generation: Option<i64>,
-    pub node_generation: i64,
-    pub at: tokio::time::Instant,
-    pub message: String,
-}
-
-pub type LaunchFailures = std::sync::Mutex<HashMap<String, LaunchFailure>>;
-
-/// What the rest of the reconcile needs from the cloud part.
-#[derive(Default)]
-pub struct CloudOutcome {
-    /// Pin the pod to the dedicated node.
-    pub dedicated: Option<DedicatedNode>,
-    pub node_condition: Option<Verdict>,
-    pub dns_condition: Option<Verdict>,
-    /// Automatic failover: armed, under way, held back or stuck.
-    pub failover_condition: Option<Verdict>,
-    /// Node image / instance type moves.
-    pub upgrade_condition: Option<Verdict>,
-    /// The dedicated Node, once registered.
-    pub node: Option<Arc<Node>>,
-    /// Nothing left in the cloud for this QuestDB (the finalizer may go).
-    pub released: bool,
-    pub requeue: Option<Duration>,
-}
-
-impl CloudOutcome {
-    /// The node is not ready yet: the phase is Provisioning.
-    pub fn provisioning(&self) -> bool {
-        self.node_condition.as_ref().is_some_and(|c| !c.status)
-    }
-
-    pub(super) fn requeue_within(&mut self, d: Duration) {
-        self.requeue = Some(self.requeue.map_or(d, |r| r.min(d)));
-    }
-}
 
 /// True when `qdb` needs the finalizer (it has, or may get, cloud resources).
 pub fn wants_finalizer(qdb: &QuestDB) -> bool {
@@ -117,43 +78,6 @@ pub async fn set_finalizer(qdb: &mut QuestDB, ctx: &Context, present: bool) -> R
         .await
         .map_err(Error::from_status_write)?;
     Ok(())
-}
-
-/// Writes `edit` of the status (with the object's resourceVersion, so a stale view of the
-/// status yields a conflict instead of being acted on) and continues with the stored object.
-pub(super) async fn persist(
-    qdb: &mut QuestDB,
-    ctx: &Context,
-    mut edit: impl FnMut(&mut QuestDBStatus),
-) -> Result<(), Error> {
-    let api: Api<QuestDB> =
-        Api::namespaced(ctx.client.clone(), &qdb.namespace().unwrap_or_default());
-    let pp = PostParams {
-        field_manager: Some(MANAGER.into()),
-        ..PostParams::default()
-    };
-    // A user's edit of the spec between two writes of one reconcile bumps resourceVersion: the
-    // record of a side effect already done (a DNS record written, an instance switched) must
-    // not be lost to that conflict, so the edit is applied again to the object as it is now.
-    // The operator is the only writer of status, so re-applying it is the same record.
-    for attempt in 0.. {
-        let mut obj = qdb.clone();
-        let mut status = obj.status.take().unwrap_or_default();
-        edit(&mut status);
-        obj.status = Some(status);
-        obj.metadata.managed_fields = None;
-        match api.replace_status(&qdb.name_any(), &pp, &obj).await {
-            Ok(written) => {
-                *qdb = written;
-                return Ok(());
-            }
-            Err(kube::Error::Api(e)) if e.code == 409 && attempt < 3 => {
-                *qdb = api.get(&qdb.name_any()).await.map_err(Error::Kube)?;
-            }
-            Err(e) => return Err(Error::from_status_write(e)),
-        }
-    }
-    unreachable!("the loop returns")
 }
 
 fn not_configured(type_: &'static str) -> Verdict {
@@ -308,36 +232,6 @@ fn ready_condition(node: &str, ready: bool) -> Verdict {
             format!("dedicated node {node} is not ready"),
         )
     }
-}
-
-pub(super) fn launch_request(
-    qdb: &QuestDB,
-    uid: &str,
-    generation: i64,
-    dedicated: &DedicatedNode,
-) -> Option<LaunchRequest> {
-    let spec = qdb.spec.node.as_ref()?;
-    Some(LaunchRequest {
-        namespace: qdb.namespace().unwrap_or_default(),
-        name: qdb.name_any(),
-        uid: uid.to_string(),
-        node_generation: generation,
-        image: spec.image.clone(),
-        instance_type: spec.instance_type.clone(),
-        zone: spec.zone.clone(),
-        labels: [(
-            DEDICATED_LABEL_KEY.to_string(),
-            dedicated.label_value.clone(),
-        )]
-        .into(),
-        taints: vec![Taint::new(
-            DEDICATED_TAINT_KEY,
-            Some(&dedicated.label_value),
-            DEDICATED_TAINT_EFFECT,
-        )],
-        public_ip: qdb.spec.dns.as_ref().is_some_and(|d| d.public),
-        fallback_instance_types: spec.fallback_instance_types.clone(),
-    })
 }
 
 fn cloud_error(e: CloudError) -> Error {
@@ -680,63 +574,6 @@ fn forget_failure(cloud: &CloudRuntime, uid: &str) {
         .remove(uid);
 }
 
-/// Adds the dedicated label and taint to the Node, keeping its other taints.
-pub(super) async fn dedicate(
-    ctx: &Context,
-    name: &str,
-    dedicated: &DedicatedNode,
-    instance: &str,
-) -> Result<(), Error> {
-    let api: Api<Node> = Api::all(ctx.client.clone());
-    let Some(live) = api.get_opt(name).await.map_err(Error::Kube)? else {
-        return Ok(());
-    };
-    let taint = json!({
-        "key": DEDICATED_TAINT_KEY,
-        "value": dedicated.label_value,
-        "effect": DEDICATED_TAINT_EFFECT,
-    });
-    let labels = json!({DEDICATED_LABEL_KEY: dedicated.label_value, PIN_LABEL_KEY: instance});
-    patch_node(ctx, &live, taint, Some(labels)).await?;
-    info!(node = %name, value = %dedicated.label_value, %instance, "dedicated node labelled, pinned and tainted");
-    Ok(())
-}
-
-/// Adds `taint` to the live Node (replacing one with its key) and sets `labels`. The
-/// resourceVersion guards the taint list: a merge patch replaces it whole.
-pub(super) async fn patch_node(
-    ctx: &Context,
-    live: &Node,
-    taint: serde_json::Value,
-    labels: Option<serde_json::Value>,
-) -> Result<(), Error> {
-    let key = taint["key"].as_str().unwrap_or_default().to_string();
-    let mut taints: Vec<serde_json::Value> = live
-        .spec
-        .as_ref()
-        .and_then(|s| s.taints.clone())
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|t| t.key != key)
-        .filter_map(|t| serde_json::to_value(t).ok())
-        .collect();
-    taints.push(taint);
-    let mut metadata = json!({"resourceVersion": live.resource_version()});
-    if let Some(labels) = labels {
-        metadata["labels"] = labels;
-    }
-    let patch = json!({"metadata": metadata, "spec": {"taints": taints}});
-    let pp = PatchParams {
-        field_manager: Some(MANAGER.into()),
-        ..PatchParams::default()
-    };
-    Api::<Node>::all(ctx.client.clone())
-        .patch(&live.name_any(), &pp, &Patch::Merge(&patch))
-        .await
-        .map_err(Error::from_status_write)?;
-    Ok(())
-}
-
 /// This QuestDB as the owner of `name`: its uid, and the IP status says it published there.
 fn dns_owner(qdb: &QuestDB, status: &QuestDBStatus, name: &str) -> DnsOwner {
     let published = status
@@ -759,14 +596,6 @@ fn dns_refusal(e: &CloudError) -> Option<&'static str> {
         CloudError::Permanent { .. } | CloudError::Config(_) => Some("DnsRejected"),
         _ => None,
     }
-}
-
-/// The condition already says this: its event was sent when it first did.
-pub(super) fn already_reported(status: &QuestDBStatus, c: &Verdict) -> bool {
-    status
-        .conditions
-        .iter()
-        .any(|k| k.type_ == c.type_ && k.reason == c.reason && k.message == c.message)
 }
 
 /// Performs the DNS step. Returns `Ok(None)` when the fast path (`from_node`: addresses read

@@ -6,19 +6,21 @@ use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
-use k8s_openapi::api::storage::v1::VolumeAttachment;
-use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, ListParams};
+use kube::api::Api;
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
 use kube::ResourceExt;
 use serde_json::json;
 use tracing::{info, warn};
 
-use super::cloud::{already_reported, patch_node, persist, CloudOutcome};
+use super::node_marks::patch_node;
+use super::outcome::CloudOutcome;
+use super::placement::{dns_follows, volume_attached_to};
+use super::record::{already_reported, persist};
 use super::status::pod_ready;
 use crate::api::{conditions, FailoverStatus, QuestDB, QuestDBStatus};
 use crate::cloud::{CloudError, InstanceState};
+use crate::controllers::clock::{now, since};
 use crate::controllers::cloud_runtime::CloudRuntime;
 use crate::controllers::conditions::Verdict;
 use crate::controllers::context::Context;
@@ -27,7 +29,7 @@ use crate::controllers::failover::{
     OUT_OF_SERVICE_VALUE, SKIP_ANNOTATION,
 };
 use crate::controllers::node::{node_for, node_is_ready};
-use crate::controllers::node_health::NODE_LEASE_NAMESPACE;
+use crate::controllers::node_health::tracker::NODE_LEASE_NAMESPACE;
 use crate::controllers::Error;
 use crate::desired::names;
 use crate::metrics::FailoverResult;
@@ -35,16 +37,6 @@ use crate::metrics::FailoverResult;
 /// Watch events drive most waits; this is how soon a wait on something unwatched (EC2, a
 /// VolumeAttachment) looks again.
 const STEP_POLL: Duration = Duration::from_secs(2);
-
-pub(super) fn now() -> String {
-    Timestamp::now().to_string()
-}
-
-pub(super) fn since(ts: Option<&str>) -> Option<Duration> {
-    let t: Timestamp = ts?.parse().ok()?;
-    let d = Timestamp::now().duration_since(t);
-    Duration::try_from(d).ok()
-}
 
 fn condition(status: bool, reason: &str, message: String) -> Verdict {
     Verdict::new(conditions::FAILOVER, status, reason, message)
@@ -431,63 +423,11 @@ async fn observe(
     })
 }
 
-/// `spec.dns` is unset (or cannot be served), or the record names `node`'s address.
-pub(super) fn dns_follows(
-    qdb: &QuestDB,
-    cloud: &CloudRuntime,
-    status: &QuestDBStatus,
-    node: Option<&Node>,
-) -> bool {
-    match (&qdb.spec.dns, cloud.dns.as_ref(), node) {
-        (Some(dns), Some(_), Some(n)) => {
-            let kind = if dns.public {
-                "ExternalIP"
-            } else {
-                "InternalIP"
-            };
-            let want = n
-                .status
-                .as_ref()
-                .and_then(|s| s.addresses.as_ref())
-                .and_then(|a| a.iter().find(|a| a.type_ == kind))
-                .map(|a| a.address.clone());
-            want.is_some() && status.dns_ip == want
-        }
-        (Some(_), Some(_), None) => false,
-        _ => true,
-    }
-}
-
 fn has_out_of_service(node: &Node) -> bool {
     node.spec
         .as_ref()
         .and_then(|s| s.taints.as_ref())
         .is_some_and(|ts| ts.iter().any(|t| t.key == OUT_OF_SERVICE_TAINT))
-}
-
-/// Whether the QuestDB's volume still has a VolumeAttachment on `node`. Matched by the PV
-/// name in `spec.source` (the object's name is a CSI implementation detail).
-pub(super) async fn volume_attached_to(
-    qdb: &QuestDB,
-    ctx: &Context,
-    node: &str,
-) -> Result<bool, Error> {
-    let ns = qdb.namespace().unwrap_or_default();
-    let pv = ctx
-        .caches
-        .pvcs
-        .get(&ObjectRef::new(&names::pvc(qdb)).within(&ns))
-        .and_then(|p| p.spec.as_ref()?.volume_name.clone());
-    let Some(pv) = pv else { return Ok(false) };
-    let api: Api<VolumeAttachment> = Api::all(ctx.client.clone());
-    let list = api
-        .list(&ListParams::default())
-        .await
-        .map_err(Error::Kube)?;
-    Ok(list.items.iter().any(|va| {
-        va.spec.node_name == node
-            && va.spec.source.persistent_volume_name.as_deref() == Some(pv.as_str())
-    }))
 }
 
 /// `node.kubernetes.io/out-of-service=nodeshutdown:NoExecute`, keeping the node's other taints.

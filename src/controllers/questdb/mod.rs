@@ -4,6 +4,10 @@
 pub mod cloud;
 pub mod failover;
 mod ilp;
+mod node_marks;
+pub mod outcome;
+mod placement;
+mod record;
 pub mod status;
 #[cfg(test)]
 mod status_tests;

@@ -8,7 +8,7 @@ use crate::api::{conditions, Phase, QuestDB, QuestDBStatus};
 use crate::controllers::conditions::reasons;
 use crate::controllers::conditions::{merge, Verdict};
 use crate::controllers::node::node_is_ready;
-use crate::controllers::questdb::cloud::CloudOutcome;
+use crate::controllers::questdb::outcome::CloudOutcome;
 use crate::desired;
 
 /// What the reconcile saw and did, the input of [`compute`].

@@ -335,7 +335,7 @@ fn recomputing_a_converged_status_is_identical() {
 
 #[test]
 fn cloud_conditions_follow_the_cloud_part_and_vanish_with_their_spec_field() {
-    use crate::controllers::questdb::cloud::CloudOutcome;
+    use crate::controllers::questdb::outcome::CloudOutcome;
     let mut q = crate::desired::testing::questdb("db1", "ns");
     q.spec.node = Some(crate::api::NodeSpec {
         image: "ami-1".into(),

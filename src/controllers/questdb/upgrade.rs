@@ -15,14 +15,18 @@ use serde_json::json;
 use tokio::time::Instant;
 use tracing::{info, warn};
 
-use super::cloud::{dedicate, launch_request, persist, CloudOutcome};
-use super::failover::{dns_follows, now, since, volume_attached_to};
+use super::node_marks::dedicate;
+use super::outcome::CloudOutcome;
+use super::placement::{dns_follows, volume_attached_to};
+use super::record::persist;
 use super::status::pod_ready;
 use crate::api::{conditions, QuestDB, QuestDBStatus, UpgradeStatus};
 use crate::cloud::Instance;
+use crate::controllers::clock::{now, since};
 use crate::controllers::cloud_runtime::CloudRuntime;
 use crate::controllers::conditions::Verdict;
 use crate::controllers::context::Context;
+use crate::controllers::node::launch_request;
 use crate::controllers::node::{is_dedicated, node_for, node_is_ready};
 use crate::controllers::upgrade::{self, phase, Start, StartView, Step, StepView};
 use crate::controllers::{failover, Error};
@@ -219,7 +223,10 @@ fn wake_queued(qdb: &QuestDB, ctx: &Context) {
                 .is_some_and(|(spec, status)| {
                     upgrade::differs(spec, status) && !upgrade::active(status)
                 });
-        if let Some(r) = queued.then(|| crate::manager::questdb_ref(q)).flatten() {
+        if let Some(r) = queued
+            .then(|| crate::controllers::context::questdb_ref(q))
+            .flatten()
+        {
             let _ = wake.unbounded_send(r);
         }
     }

@@ -6,21 +6,13 @@
 //! the same reason.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::Duration;
 
-use crate::controllers::Next;
-use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
-use kube::runtime::reflector::ObjectRef;
 use tokio::time::Instant;
 
-use crate::controllers::context::{Context, GuardedQuestDB};
 use crate::desired::PIN_LABEL_KEY;
-
-use crate::controllers::failover::breaker_open;
-use crate::controllers::node::node_is_ready;
-use crate::controllers::Error;
 
 /// The namespace of the kubelets' Leases.
 pub const NODE_LEASE_NAMESPACE: &str = "kube-node-lease";
@@ -132,130 +124,6 @@ pub fn pinned_instance(node: &Node) -> Option<&str> {
         .as_ref()?
         .get(PIN_LABEL_KEY)
         .map(String::as_str)
-}
-
-/// Name of the node-health controller in metrics and logs.
-pub const CONTROLLER_NAME: &str = "node-health";
-
-/// How often a node that looks unhealthy is looked at again: no event arrives from a silent
-/// kubelet, so the clock, not the watch, decides when its threshold is crossed.
-const SUSPECT_POLL: Duration = Duration::from_secs(1);
-
-/// The dedicated nodes and the databases on them, as the caches say now.
-struct Survey {
-    managed: usize,
-    unhealthy: usize,
-    suspects: usize,
-    /// For the reconciled node: its QuestDB and threshold, if a database runs on it.
-    owner: Option<(ObjectRef<GuardedQuestDB>, Duration)>,
-}
-
-fn survey(ctx: &Context, health: &NodeHealth, node: &str, now: Instant) -> Survey {
-    let questdbs = ctx.caches.questdbs.state();
-    let owners: HashMap<&str, (&crate::api::QuestDB, Duration)> = questdbs
-        .iter()
-        .filter_map(|q| q.0.as_ref().ok())
-        .filter_map(|q| {
-            let id = q.status.as_ref()?.instance_id.as_deref()?;
-            let t = Duration::from_secs(q.spec.failover.unhealthy_after_seconds.max(0) as u64);
-            Some((id, (q, t.max(MIN_UNHEALTHY))))
-        })
-        .collect();
-    let nodes = ctx.caches.nodes.state();
-    let mut out = Survey {
-        managed: 0,
-        unhealthy: 0,
-        suspects: 0,
-        owner: None,
-    };
-    let mut dedicated = std::collections::HashSet::new();
-    for n in &nodes {
-        let (Some(name), Some(instance)) = (n.metadata.name.as_deref(), pinned_instance(n)) else {
-            continue;
-        };
-        dedicated.insert(name);
-        // A node no QuestDB runs on any more (fenced, being replaced, upgraded away) is not a
-        // database at risk: it neither counts toward the breaker nor triggers.
-        let Some((qdb, threshold)) = owners.get(instance) else {
-            continue;
-        };
-        out.managed += 1;
-        if name == node {
-            out.owner = crate::manager::questdb_ref(qdb).map(|r| (r, *threshold));
-        }
-        let Some(silent) = health.unhealthy_for(name, now) else {
-            continue;
-        };
-        if silent >= MIN_UNHEALTHY {
-            out.unhealthy += 1;
-        }
-        // For the breaker, a node counts from half its threshold on: nodes that die together
-        // are all well past that when the first reaches its threshold, whatever the kubelets'
-        // renewal phase (10 s apart at most on a real cluster).
-        if silent >= *threshold / 2 {
-            out.suspects += 1;
-        }
-    }
-    health.retain(|n| dedicated.contains(n));
-    out
-}
-
-/// One reconcile of the node-health controller for one Node: records what its Lease and Ready
-/// condition say on the operator's clock, recomputes the breaker over every dedicated node, and
-/// asks for a reconcile of the node's QuestDB once it is unhealthy past that database's
-/// threshold (the QuestDB reconcile confirms with live reads and decides). In memory only: no
-/// API or AWS call, so a reconcile costs microseconds and never fails.
-pub async fn reconcile(node: Arc<Node>, ctx: Arc<Context>) -> Result<Next, Error> {
-    let Some(cloud) = ctx.cloud.as_ref() else {
-        return Ok(Next::AwaitChange);
-    };
-    let Some(name) = node.metadata.name.as_deref() else {
-        return Ok(Next::AwaitChange);
-    };
-    let now = Instant::now();
-    if pinned_instance(&node).is_some() {
-        let lease = ctx
-            .caches
-            .leases
-            .get(&ObjectRef::<Lease>::new(name).within(NODE_LEASE_NAMESPACE));
-        let renew = lease
-            .as_ref()
-            .and_then(|l| l.spec.as_ref()?.renew_time.as_ref())
-            .map(|t| t.0.to_string());
-        cloud
-            .health
-            .observe(name, renew.as_deref(), node_is_ready(&node), now);
-    }
-    let survey = survey(&ctx, &cloud.health, name, now);
-    cloud
-        .health
-        .set_breaker(breaker_open(survey.suspects, survey.managed));
-    ctx.metrics.set_unhealthy_dedicated_nodes(survey.unhealthy);
-    let Some((questdb, threshold)) = survey.owner else {
-        return Ok(Next::AwaitChange);
-    };
-    let silent = cloud.health.unhealthy_for(name, now);
-    if silent.is_some_and(|s| s >= threshold) {
-        // After the breaker is set: the reconcile reads it.
-        if let Some(wake) = ctx.wake.as_ref() {
-            let _ = wake.unbounded_send(questdb);
-        }
-    }
-    // The next look without an event: soon while the node looks unhealthy, else when it could
-    // first count for the breaker if no renewal arrives before.
-    let next = match silent {
-        Some(_) => SUSPECT_POLL,
-        None => (threshold / 2).saturating_sub(cloud.health.silent_for(name, now)),
-    };
-    Ok(Next::RequeueAfter(next.max(SUSPECT_POLL)))
-}
-
-/// The Node a kubelet Lease belongs to (same name, in `kube-node-lease`).
-pub fn node_of_lease(lease: &Lease) -> Option<ObjectRef<Node>> {
-    if lease.metadata.namespace.as_deref() != Some(NODE_LEASE_NAMESPACE) {
-        return None;
-    }
-    lease.metadata.name.as_deref().map(ObjectRef::new)
 }
 
 #[cfg(test)]

@@ -1,0 +1,16 @@
+//! Timestamps the failover and move records keep in status: RFC 3339 from the wall clock, so
+//! they survive a restart (durations within one process use the monotonic clock instead).
+
+use std::time::Duration;
+
+use k8s_openapi::jiff::Timestamp;
+
+pub fn now() -> String {
+    Timestamp::now().to_string()
+}
+
+pub fn since(ts: Option<&str>) -> Option<Duration> {
+    let t: Timestamp = ts?.parse().ok()?;
+    let d = Timestamp::now().duration_since(t);
+    Duration::try_from(d).ok()
+}

@@ -1,0 +1,62 @@
+//! Where a database is while it moves: whether its DNS record names a node, whether its
+//! volume is still attached to one (read live: VolumeAttachments are not cached).
+
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::storage::v1::VolumeAttachment;
+use kube::api::{Api, ListParams};
+use kube::runtime::reflector::ObjectRef;
+use kube::ResourceExt;
+
+use crate::api::{QuestDB, QuestDBStatus};
+use crate::controllers::cloud_runtime::CloudRuntime;
+use crate::controllers::context::Context;
+use crate::controllers::Error;
+use crate::desired::names;
+
+/// `spec.dns` is unset (or cannot be served), or the record names `node`'s address.
+pub fn dns_follows(
+    qdb: &QuestDB,
+    cloud: &CloudRuntime,
+    status: &QuestDBStatus,
+    node: Option<&Node>,
+) -> bool {
+    match (&qdb.spec.dns, cloud.dns.as_ref(), node) {
+        (Some(dns), Some(_), Some(n)) => {
+            let kind = if dns.public {
+                "ExternalIP"
+            } else {
+                "InternalIP"
+            };
+            let want = n
+                .status
+                .as_ref()
+                .and_then(|s| s.addresses.as_ref())
+                .and_then(|a| a.iter().find(|a| a.type_ == kind))
+                .map(|a| a.address.clone());
+            want.is_some() && status.dns_ip == want
+        }
+        (Some(_), Some(_), None) => false,
+        _ => true,
+    }
+}
+
+/// Whether the QuestDB's volume still has a VolumeAttachment on `node`. Matched by the PV
+/// name in `spec.source` (the object's name is a CSI implementation detail).
+pub async fn volume_attached_to(qdb: &QuestDB, ctx: &Context, node: &str) -> Result<bool, Error> {
+    let ns = qdb.namespace().unwrap_or_default();
+    let pv = ctx
+        .caches
+        .pvcs
+        .get(&ObjectRef::new(&names::pvc(qdb)).within(&ns))
+        .and_then(|p| p.spec.as_ref()?.volume_name.clone());
+    let Some(pv) = pv else { return Ok(false) };
+    let api: Api<VolumeAttachment> = Api::all(ctx.client.clone());
+    let list = api
+        .list(&ListParams::default())
+        .await
+        .map_err(Error::Kube)?;
+    Ok(list.items.iter().any(|va| {
+        va.spec.node_name == node
+            && va.spec.source.persistent_volume_name.as_deref() == Some(pv.as_str())
+    }))
+}
