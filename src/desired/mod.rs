@@ -4,6 +4,7 @@
 //! value-to-value mapping that unit tests pin down. The controller decides *whether* to write;
 //! [`diff`] tells it when an existing object already matches what these builders produce.
 
+pub mod children;
 pub mod config;
 pub mod diff;
 pub mod endpoints;
@@ -19,6 +20,7 @@ pub mod statefulset;
 pub mod testing;
 pub mod validate;
 
+pub use children::{children, Children};
 pub use config::{config_hash, config_map, ilp_auth_config_map, log_conf, server_conf};
 pub use diff::{json_subset, needs_update, OwnedChild};
 pub use endpoints::{endpoints, version_of};

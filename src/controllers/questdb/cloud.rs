@@ -121,7 +121,9 @@ pub async fn reconcile(
 
     if !release {
         if let Some(fast) = steady_state(qdb, ctx, &dedicated) {
-            if let Some(done) = dns_step(qdb, ctx, cloud, &fast.ips, true, &mut out).await? {
+            if let DnsDecision::Decided(done) =
+                dns_step(qdb, ctx, cloud, &fast.ips, true, &mut out).await?
+            {
                 out.node_condition = Some(ready_condition(&fast.name, true));
                 out.node = Some(fast.node);
                 out.dns_condition = done;
@@ -158,9 +160,10 @@ pub async fn reconcile(
             public: i.public_ip,
         })
         .unwrap_or_default();
-    out.dns_condition = dns_step(qdb, ctx, cloud, &ips, false, &mut out)
-        .await?
-        .flatten();
+    out.dns_condition = match dns_step(qdb, ctx, cloud, &ips, false, &mut out).await? {
+        DnsDecision::Decided(c) => c,
+        DnsDecision::Undecided => None,
+    };
     let dns_left = qdb.status.as_ref().is_some_and(|s| s.dns_name.is_some());
     out.released = out.released && !dns_left;
     // Read again: the node steps may have recorded (or forgotten) the instance the pod pins.
@@ -264,22 +267,28 @@ async fn node_steps(
         .get_within(cloud.nodes.as_ref(), max_age)
         .await
         .map_err(cloud_error)?;
-    // What this reconcile learnt beyond the shared snapshot (its own launch, a lookup).
-    let mut learnt: Vec<Instance> = Vec::new();
-
+    let mut run = NodeRun {
+        qdb,
+        ctx,
+        cloud,
+        dedicated,
+        uid,
+        out,
+        learnt: Vec::new(),
+    };
     for _ in 0..MAX_STEPS {
-        let mut instances: Vec<Instance> = cached
-            .iter()
-            .filter(|i| !learnt.iter().any(|l| l.id == i.id))
-            .cloned()
-            .collect();
-        instances.extend(learnt.iter().cloned());
-        let status = qdb.status.clone().unwrap_or_default();
-        let failure = recent_failure(cloud, &uid, qdb.metadata.generation, status.node_generation);
+        let instances = run.instances(&cached);
+        let status = run.qdb.status.clone().unwrap_or_default();
+        let failure = recent_failure(
+            cloud,
+            &run.uid,
+            run.qdb.metadata.generation,
+            status.node_generation,
+        );
         let nodes = ctx.caches.nodes.state();
         let step = node::plan(&NodeView {
-            uid: &uid,
-            spec: qdb.spec.node.as_ref(),
+            uid: &run.uid,
+            spec: run.qdb.spec.node.as_ref(),
             release,
             status: &status,
             instances: &instances,
@@ -292,217 +301,302 @@ async fn node_steps(
             .as_ref()
             .and_then(|id| instances.iter().find(|i| &i.id == id))
             .cloned();
-        match step {
+        let flow = match step {
             NodeStep::Nothing => {
-                out.released = true;
-                return Ok(None);
+                run.out.released = true;
+                Flow::Stop
             }
             NodeStep::PersistGeneration(g) => {
-                persist(qdb, ctx, |s| s.node_generation = Some(g)).await?;
+                persist(run.qdb, ctx, |s| s.node_generation = Some(g)).await?;
+                Flow::Next
             }
-            NodeStep::Launch(g) => {
-                let Some(req) = launch_request(qdb, &uid, g, dedicated) else {
-                    return Ok(None);
-                };
-                match cloud.nodes.launch(&req).await {
-                    Ok(instance) => {
-                        cloud.instances.invalidate();
-                        forget_failure(cloud, &uid);
-                        learnt.push(instance);
-                    }
-                    Err(e) if e.is_permanent() => {
-                        let message = e.to_string();
-                        warn!(questdb = %qdb.name_any(), error = %message, "launch failed permanently");
-                        ctx.event(
-                            qdb,
-                            EventType::Warning,
-                            "LaunchFailed",
-                            "LaunchNode",
-                            message.clone(),
-                        )
-                        .await;
-                        remember_failure(cloud, &uid, qdb.metadata.generation, g, message.clone());
-                        out.node_condition = Some(Verdict::new(
-                            conditions::NODE_READY,
-                            false,
-                            "LaunchFailed",
-                            message,
-                        ));
-                        out.requeue_within(PERMANENT_FAILURE_RETRY);
-                        return Ok(None);
-                    }
-                    Err(e) => return Err(cloud_error(e)),
-                }
-            }
-            NodeStep::RecordInstance(instance) => {
-                info!(questdb = %qdb.name_any(), instance = %instance.id, "recording dedicated instance");
-                let (id, image, kind) = (
-                    instance.id.clone(),
-                    instance.image.clone(),
-                    instance.instance_type.clone(),
-                );
-                persist(qdb, ctx, |s| {
-                    s.instance_id = Some(id.clone());
-                    s.node_image = Some(image.clone());
-                    s.node_instance_type = Some(kind.clone());
-                })
-                .await?;
-                if !learnt.iter().any(|l| l.id == instance.id) {
-                    learnt.push(instance);
-                }
-            }
-            NodeStep::LookUp(id) => {
-                let found = cloud
-                    .nodes
-                    .describe(std::slice::from_ref(&id))
-                    .await
-                    .map_err(cloud_error)?;
-                match found.into_iter().find(|i| i.id == id) {
-                    Some(i) => learnt.push(i),
-                    // EC2 forgets terminated instances after a while: gone for good.
-                    None => learnt.push(forgotten(qdb, &uid, &id, status.node_generation)),
-                }
-            }
+            NodeStep::Launch(g) => run.launch(g).await?,
+            NodeStep::RecordInstance(instance) => run.record_instance(instance).await?,
+            NodeStep::LookUp(id) => run.look_up(id, status.node_generation).await?,
             NodeStep::Replace {
                 next_generation,
                 gone,
                 reason,
             } => {
-                let why = reason.as_deref().unwrap_or("no reason given by EC2");
-                let uid = qdb.uid().unwrap_or_default();
-                let now = tokio::time::Instant::now();
-                let hold = {
-                    let mut all = cloud.relaunches.lock().unwrap_or_else(|p| p.into_inner());
-                    let history = all.entry(uid).or_default();
-                    let verdict = node::relaunch(history, now);
-                    if verdict == node::Relaunch::Now {
-                        history.push(now);
-                    }
-                    verdict
-                };
-                let wait = match hold {
-                    node::Relaunch::Now => None,
-                    node::Relaunch::Backoff(d) => Some(("RelaunchBackoff", d)),
-                    node::Relaunch::Capped(d) => Some(("RelaunchCapped", d)),
-                };
-                if let Some((reason, d)) = wait {
-                    let c = Verdict::new(
-                        conditions::NODE_READY,
-                        false,
-                        reason,
-                        format!(
-                            "instance {gone} went away ({why}); the next launch waits (at most {} per hour)",
-                            node::MAX_RELAUNCHES_PER_HOUR
-                        ),
-                    );
-                    if !already_reported(&status, &c) {
-                        ctx.event(
-                            qdb,
-                            EventType::Warning,
-                            reason,
-                            "ReplaceNode",
-                            c.message.clone(),
-                        )
-                        .await;
-                    }
-                    out.node_condition = Some(c);
-                    out.requeue_within(d.max(Duration::from_secs(1)));
-                    return Ok(None);
-                }
-                let note = format!(
-                    "instance {gone} is gone ({why}); launching node generation {next_generation}"
-                );
-                ctx.event(qdb, EventType::Warning, "NodeGone", "ReplaceNode", note)
-                    .await;
-                persist(qdb, ctx, |s| {
-                    s.node_generation = Some(next_generation);
-                    s.instance_id = None;
-                    s.node_image = None;
-                    s.node_instance_type = None;
-                })
-                .await?;
+                run.replace(&status, next_generation, &gone, reason.as_deref())
+                    .await?
             }
             NodeStep::Wait(condition) => {
-                out.node_condition = Some(condition);
-                out.requeue_within(WAITING_SYNC);
-                return Ok(current);
+                run.out.node_condition = Some(condition);
+                run.out.requeue_within(WAITING_SYNC);
+                Flow::StopAt
             }
             NodeStep::Dedicate { node, instance } => {
                 dedicate(ctx, &node, dedicated, &instance).await?;
-                out.node_condition = Some(Verdict::new(
+                run.out.node_condition = Some(Verdict::new(
                     conditions::NODE_READY,
                     false,
                     reasons::WAITING_FOR_NODE,
                     format!("labelled and tainted node {node} for this database"),
                 ));
-                out.requeue_within(Duration::from_secs(1));
-                return Ok(current);
+                run.out.requeue_within(Duration::from_secs(1));
+                Flow::StopAt
             }
             NodeStep::Ready { node, ready } => {
-                out.node_condition = Some(ready_condition(&node, ready));
-                out.node = nodes
+                run.out.node_condition = Some(ready_condition(&node, ready));
+                run.out.node = nodes
                     .iter()
                     .find(|n| n.metadata.name.as_deref() == Some(node.as_str()))
                     .cloned();
                 if !ready {
-                    out.requeue_within(WAITING_SYNC);
+                    run.out.requeue_within(WAITING_SYNC);
                 }
-                return Ok(current);
+                Flow::StopAt
             }
-            NodeStep::Terminate(ids) => {
-                for id in &ids {
-                    info!(questdb = %qdb.name_any(), instance = %id, "terminating dedicated instance");
-                    cloud.nodes.terminate(id).await.map_err(cloud_error)?;
-                }
-                cloud.instances.invalidate();
-                ctx.event(
-                    qdb,
-                    EventType::Normal,
-                    "ReleasingNode",
-                    "TerminateNode",
-                    format!("terminating instance(s) {}", ids.join(", ")),
-                )
-                .await;
-                out.node_condition = Some(Verdict::new(
-                    conditions::NODE_READY,
-                    false,
-                    "Releasing",
-                    format!("terminating instance(s) {}", ids.join(", ")),
-                ));
-                out.requeue_within(WAITING_SYNC);
-                return Ok(None);
-            }
-            NodeStep::Released { next_generation } => {
-                persist(qdb, ctx, |s| {
-                    s.instance_id = None;
-                    s.node_image = None;
-                    s.node_instance_type = None;
-                    s.node_generation = next_generation;
-                })
-                .await?;
-                out.node_condition = qdb.spec.node.as_ref().map(|_| {
-                    Verdict::new(
-                        conditions::NODE_READY,
-                        false,
-                        "Released",
-                        "the dedicated node was released; the volume is kept",
-                    )
-                });
-                out.released = true;
-                return Ok(None);
-            }
+            NodeStep::Terminate(ids) => run.terminate(&ids).await?,
+            NodeStep::Released { next_generation } => run.released(next_generation).await?,
             NodeStep::Failed(condition) => {
-                out.node_condition = Some(condition);
+                run.out.node_condition = Some(condition);
                 let left = failure.map_or(PERMANENT_FAILURE_RETRY, |f| {
                     PERMANENT_FAILURE_RETRY.saturating_sub(f.at.elapsed())
                 });
-                out.requeue_within(left.max(Duration::from_secs(1)));
-                return Ok(None);
+                run.out.requeue_within(left.max(Duration::from_secs(1)));
+                Flow::Stop
             }
+        };
+        match flow {
+            Flow::Next => {}
+            Flow::Stop => return Ok(None),
+            Flow::StopAt => return Ok(current),
         }
     }
-    out.requeue_within(Duration::from_secs(1));
+    run.out.requeue_within(Duration::from_secs(1));
     Ok(None)
+}
+
+/// What a node step leaves the loop to do.
+enum Flow {
+    /// Plan again: the step changed something the planner reads.
+    Next,
+    /// Wait; no instance to publish in DNS.
+    Stop,
+    /// Wait; DNS may name the recorded instance.
+    StopAt,
+}
+
+/// One run of node steps for one QuestDB.
+struct NodeRun<'a> {
+    qdb: &'a mut QuestDB,
+    ctx: &'a Context,
+    cloud: &'a CloudRuntime,
+    dedicated: &'a DedicatedNode,
+    uid: String,
+    out: &'a mut CloudOutcome,
+    /// What this run learnt beyond the shared snapshot (its own launch, a lookup).
+    learnt: Vec<Instance>,
+}
+
+impl NodeRun<'_> {
+    fn instances(&self, cached: &[Instance]) -> Vec<Instance> {
+        cached
+            .iter()
+            .filter(|i| !self.learnt.iter().any(|l| l.id == i.id))
+            .chain(self.learnt.iter())
+            .cloned()
+            .collect()
+    }
+
+    async fn launch(&mut self, generation: i64) -> Result<Flow, Error> {
+        let Some(req) = launch_request(self.qdb, &self.uid, generation, self.dedicated) else {
+            return Ok(Flow::Stop);
+        };
+        match self.cloud.nodes.launch(&req).await {
+            Ok(instance) => {
+                self.cloud.instances.invalidate();
+                forget_failure(self.cloud, &self.uid);
+                self.learnt.push(instance);
+                Ok(Flow::Next)
+            }
+            Err(e) if e.is_permanent() => {
+                let message = e.to_string();
+                warn!(questdb = %self.qdb.name_any(), error = %message, "launch failed permanently");
+                self.ctx
+                    .event(
+                        self.qdb,
+                        EventType::Warning,
+                        "LaunchFailed",
+                        "LaunchNode",
+                        message.clone(),
+                    )
+                    .await;
+                remember_failure(
+                    self.cloud,
+                    &self.uid,
+                    self.qdb.metadata.generation,
+                    generation,
+                    message.clone(),
+                );
+                self.out.node_condition = Some(Verdict::new(
+                    conditions::NODE_READY,
+                    false,
+                    "LaunchFailed",
+                    message,
+                ));
+                self.out.requeue_within(PERMANENT_FAILURE_RETRY);
+                Ok(Flow::Stop)
+            }
+            Err(e) => Err(cloud_error(e)),
+        }
+    }
+
+    async fn record_instance(&mut self, instance: Instance) -> Result<Flow, Error> {
+        info!(questdb = %self.qdb.name_any(), instance = %instance.id, "recording dedicated instance");
+        let (id, image, kind) = (
+            instance.id.clone(),
+            instance.image.clone(),
+            instance.instance_type.clone(),
+        );
+        persist(self.qdb, self.ctx, |s| {
+            s.instance_id = Some(id.clone());
+            s.node_image = Some(image.clone());
+            s.node_instance_type = Some(kind.clone());
+        })
+        .await?;
+        if !self.learnt.iter().any(|l| l.id == instance.id) {
+            self.learnt.push(instance);
+        }
+        Ok(Flow::Next)
+    }
+
+    async fn look_up(&mut self, id: String, generation: Option<i64>) -> Result<Flow, Error> {
+        let found = self
+            .cloud
+            .nodes
+            .describe(std::slice::from_ref(&id))
+            .await
+            .map_err(cloud_error)?;
+        let instance = match found.into_iter().find(|i| i.id == id) {
+            Some(i) => i,
+            // EC2 forgets terminated instances after a while: gone for good.
+            None => forgotten(self.qdb, &self.uid, &id, generation),
+        };
+        self.learnt.push(instance);
+        Ok(Flow::Next)
+    }
+
+    async fn replace(
+        &mut self,
+        status: &QuestDBStatus,
+        next_generation: i64,
+        gone: &str,
+        reason: Option<&str>,
+    ) -> Result<Flow, Error> {
+        let why = reason.unwrap_or("no reason given by EC2");
+        let now = tokio::time::Instant::now();
+        let hold = {
+            let mut all = self
+                .cloud
+                .relaunches
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            let history = all.entry(self.uid.clone()).or_default();
+            let verdict = node::relaunch(history, now);
+            if verdict == node::Relaunch::Now {
+                history.push(now);
+            }
+            verdict
+        };
+        let wait = match hold {
+            node::Relaunch::Now => None,
+            node::Relaunch::Backoff(d) => Some(("RelaunchBackoff", d)),
+            node::Relaunch::Capped(d) => Some(("RelaunchCapped", d)),
+        };
+        if let Some((reason, d)) = wait {
+            let c = Verdict::new(
+                conditions::NODE_READY,
+                false,
+                reason,
+                format!(
+                    "instance {gone} went away ({why}); the next launch waits (at most {} per hour)",
+                    node::MAX_RELAUNCHES_PER_HOUR
+                ),
+            );
+            if !already_reported(status, &c) {
+                self.ctx
+                    .event(
+                        self.qdb,
+                        EventType::Warning,
+                        reason,
+                        "ReplaceNode",
+                        c.message.clone(),
+                    )
+                    .await;
+            }
+            self.out.node_condition = Some(c);
+            self.out.requeue_within(d.max(Duration::from_secs(1)));
+            return Ok(Flow::Stop);
+        }
+        let note =
+            format!("instance {gone} is gone ({why}); launching node generation {next_generation}");
+        self.ctx
+            .event(
+                self.qdb,
+                EventType::Warning,
+                "NodeGone",
+                "ReplaceNode",
+                note,
+            )
+            .await;
+        persist(self.qdb, self.ctx, |s| {
+            s.node_generation = Some(next_generation);
+            s.instance_id = None;
+            s.node_image = None;
+            s.node_instance_type = None;
+        })
+        .await?;
+        Ok(Flow::Next)
+    }
+
+    async fn terminate(&mut self, ids: &[String]) -> Result<Flow, Error> {
+        for id in ids {
+            info!(questdb = %self.qdb.name_any(), instance = %id, "terminating dedicated instance");
+            self.cloud.nodes.terminate(id).await.map_err(cloud_error)?;
+        }
+        self.cloud.instances.invalidate();
+        let note = format!("terminating instance(s) {}", ids.join(", "));
+        self.ctx
+            .event(
+                self.qdb,
+                EventType::Normal,
+                "ReleasingNode",
+                "TerminateNode",
+                note.clone(),
+            )
+            .await;
+        self.out.node_condition = Some(Verdict::new(
+            conditions::NODE_READY,
+            false,
+            "Releasing",
+            note,
+        ));
+        self.out.requeue_within(WAITING_SYNC);
+        Ok(Flow::Stop)
+    }
+
+    async fn released(&mut self, next_generation: Option<i64>) -> Result<Flow, Error> {
+        persist(self.qdb, self.ctx, |s| {
+            s.instance_id = None;
+            s.node_image = None;
+            s.node_instance_type = None;
+            s.node_generation = next_generation;
+        })
+        .await?;
+        self.out.node_condition = self.qdb.spec.node.as_ref().map(|_| {
+            Verdict::new(
+                conditions::NODE_READY,
+                false,
+                "Released",
+                "the dedicated node was released; the volume is kept",
+            )
+        });
+        self.out.released = true;
+        Ok(Flow::Stop)
+    }
 }
 
 /// An instance EC2 no longer knows, as a terminated record the planner understands.
@@ -598,8 +692,15 @@ fn dns_refusal(e: &CloudError) -> Option<&'static str> {
     }
 }
 
-/// Performs the DNS step. Returns `Ok(None)` when the fast path (`from_node`: addresses read
-/// from the Node only) cannot decide, `Ok(Some(condition))` otherwise.
+/// What the DNS step concluded.
+enum DnsDecision {
+    /// The fast path (`from_node`: addresses read from the Node only) cannot decide.
+    Undecided,
+    /// `DnsReady`, if `spec.dns` asks for a record.
+    Decided(Option<Verdict>),
+}
+
+/// Performs the DNS step.
 async fn dns_step(
     qdb: &mut QuestDB,
     ctx: &Context,
@@ -607,7 +708,7 @@ async fn dns_step(
     ips: &Ips,
     from_node: bool,
     out: &mut CloudOutcome,
-) -> Result<Option<Option<Verdict>>, Error> {
+) -> Result<DnsDecision, Error> {
     let status = qdb.status.clone().unwrap_or_default();
     let release = qdb.spec.paused || qdb.metadata.deletion_timestamp.is_some();
     let step = dns::plan(&DnsView {
@@ -619,19 +720,19 @@ async fn dns_step(
         provider_configured: cloud.dns.is_some(),
     });
     let Some(provider) = cloud.dns.as_ref() else {
-        return Ok(Some(match step {
+        return Ok(DnsDecision::Decided(match step {
             DnsStep::Blocked(c) => Some(c),
             _ => None,
         }));
     };
     match step {
-        DnsStep::Nothing => Ok(Some(None)),
-        DnsStep::InSync(c) => Ok(Some(Some(c))),
+        DnsStep::Nothing => Ok(DnsDecision::Decided(None)),
+        DnsStep::InSync(c) => Ok(DnsDecision::Decided(Some(c))),
         DnsStep::Blocked(c) if c.reason == reasons::WAITING_FOR_NODE && from_node => {
             // The fast path read the Node only; let the instance data decide.
-            Ok(None)
+            Ok(DnsDecision::Undecided)
         }
-        DnsStep::Blocked(c) => Ok(Some(Some(c))),
+        DnsStep::Blocked(c) => Ok(DnsDecision::Decided(Some(c))),
         DnsStep::Upsert { name, ip, ttl } => {
             let owner = dns_owner(qdb, &status, &name);
             if let Err(e) = provider.upsert_a(&name, &ip, ttl, &owner).await {
@@ -649,7 +750,7 @@ async fn dns_step(
                             )
                             .await;
                         }
-                        Ok(Some(Some(c)))
+                        Ok(DnsDecision::Decided(Some(c)))
                     }
                     None => Err(cloud_error(e)),
                 };
@@ -669,7 +770,7 @@ async fn dns_step(
                 format!("{name} -> {ip}"),
             )
             .await;
-            Ok(Some(Some(dns::published(&name, &ip))))
+            Ok(DnsDecision::Decided(Some(dns::published(&name, &ip))))
         }
         DnsStep::Delete { name } => {
             let owner = dns_owner(qdb, &status, &name);
@@ -685,14 +786,16 @@ async fn dns_step(
             .await?;
             // The new record (if any) is written by the next pass.
             out.requeue_within(Duration::from_secs(1));
-            Ok(Some(qdb.spec.dns.as_ref().filter(|_| release).map(|_| {
-                Verdict::new(
-                    conditions::DNS_READY,
-                    false,
-                    "Removed",
-                    format!("record {name} removed while compute is released"),
-                )
-            })))
+            Ok(DnsDecision::Decided(
+                qdb.spec.dns.as_ref().filter(|_| release).map(|_| {
+                    Verdict::new(
+                        conditions::DNS_READY,
+                        false,
+                        "Removed",
+                        format!("record {name} removed while compute is released"),
+                    )
+                }),
+            ))
         }
     }
 }

@@ -11,18 +11,17 @@ use crate::controllers::node::node_is_ready;
 use crate::controllers::questdb::outcome::CloudOutcome;
 use crate::desired;
 
-/// What the reconcile saw and did, the input of [`compute`].
+use super::apply::Report;
+
+/// What status is computed from ([`compute`]): what the reconcile saw in the caches and the
+/// cloud, and what its applier did.
 #[derive(Default)]
-pub struct Observed<'a> {
+pub struct StatusInputs<'a> {
     pub statefulset: Option<&'a StatefulSet>,
     pub pod: Option<&'a Pod>,
     pub node: Option<&'a Node>,
-    /// Children that exist but are controlled by another object.
-    pub blocked: Vec<String>,
-    /// Children created or changed by this reconcile (not yet visible as converged).
-    pub changed: Vec<String>,
-    /// What this reconcile wrote, by event reason ("Created", "Adopted", "Updated").
-    pub applied: Vec<(&'static str, String)>,
+    /// Children applied, changed or blocked by this reconcile.
+    pub children: Report,
     /// Spec problems found by validation; non-empty means nothing was built.
     pub invalid: Vec<String>,
     /// The ILP auth condition, decided by the auth module.
@@ -65,7 +64,7 @@ fn rolled_out(sts: &StatefulSet) -> bool {
 
 /// Computes the full status. Conditions keep their `lastTransitionTime` unless they flip, so the
 /// result equals the existing status when nothing changed — the caller then skips the write.
-pub fn compute(qdb: &QuestDB, obs: &Observed, now: Timestamp) -> QuestDBStatus {
+pub fn compute(qdb: &QuestDB, obs: &StatusInputs, now: Timestamp) -> QuestDBStatus {
     let existing = qdb.status.clone().unwrap_or_default();
     let generation = qdb.metadata.generation;
     if !obs.invalid.is_empty() && built_before(&existing) {
@@ -83,7 +82,7 @@ pub fn compute(qdb: &QuestDB, obs: &Observed, now: Timestamp) -> QuestDBStatus {
                 obs.invalid.join("; "),
             ),
         )
-    } else if !obs.blocked.is_empty() {
+    } else if !obs.children.blocked.is_empty() {
         (
             Phase::Failed,
             Verdict::new(
@@ -92,7 +91,7 @@ pub fn compute(qdb: &QuestDB, obs: &Observed, now: Timestamp) -> QuestDBStatus {
                 reasons::CHILD_CONFLICT,
                 format!(
                     "objects that are not this QuestDB's block it (never adopted, never mounted): {}",
-                    obs.blocked.join(", ")
+                    obs.children.blocked.join(", ")
                 ),
             ),
         )
@@ -117,11 +116,11 @@ pub fn compute(qdb: &QuestDB, obs: &Observed, now: Timestamp) -> QuestDBStatus {
                     "creating the StatefulSet",
                 ),
             ),
-            Some(sts) if !obs.changed.is_empty() || !rolled_out(sts) => {
-                let what = if obs.changed.is_empty() {
+            Some(sts) if !obs.children.changed.is_empty() || !rolled_out(sts) => {
+                let what = if obs.children.changed.is_empty() {
                     "waiting for the database pod to become ready".to_string()
                 } else {
-                    format!("applied {}", obs.changed.join(", "))
+                    format!("applied {}", obs.children.changed.join(", "))
                 };
                 (
                     if existing.phase == Some(Phase::Running) {
@@ -252,7 +251,7 @@ pub fn compute(qdb: &QuestDB, obs: &Observed, now: Timestamp) -> QuestDBStatus {
     }
 }
 
-fn spec_valid(obs: &Observed) -> Verdict {
+fn spec_valid(obs: &StatusInputs) -> Verdict {
     if obs.invalid.is_empty() {
         Verdict::new(conditions::SPEC_VALID, true, "Valid", "the spec is valid")
     } else {
@@ -280,7 +279,7 @@ fn built_before(existing: &QuestDBStatus) -> bool {
 /// there.
 fn on_last_good_spec(
     existing: QuestDBStatus,
-    obs: &Observed,
+    obs: &StatusInputs,
     generation: Option<i64>,
     now: Timestamp,
 ) -> QuestDBStatus {

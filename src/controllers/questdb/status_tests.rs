@@ -8,7 +8,8 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
 
-use super::status::{compute, Observed};
+use super::apply::Report;
+use super::status::{compute, StatusInputs};
 use crate::api::{Phase, QuestDB};
 use crate::controllers::conditions::Verdict;
 use crate::desired::testing;
@@ -75,7 +76,7 @@ fn node(ready: &str, ip: &str) -> Node {
     }
 }
 
-fn ready_condition(qdb: &QuestDB, obs: &Observed) -> (String, String, Option<Phase>) {
+fn ready_condition(qdb: &QuestDB, obs: &StatusInputs) -> (String, String, Option<Phase>) {
     let st = compute(qdb, obs, now());
     let c = st.conditions.iter().find(|c| c.type_ == "Ready").unwrap();
     (c.status.clone(), c.reason.clone(), st.phase)
@@ -84,7 +85,7 @@ fn ready_condition(qdb: &QuestDB, obs: &Observed) -> (String, String, Option<Pha
 #[test]
 fn fresh_questdb_is_pending_while_creating() {
     let q = testing::questdb("db", "ns");
-    let obs = Observed::default();
+    let obs = StatusInputs::default();
     assert_eq!(
         ready_condition(&q, &obs),
         ("False".into(), "Creating".into(), Some(Phase::Pending))
@@ -95,7 +96,7 @@ fn fresh_questdb_is_pending_while_creating() {
 fn running_when_rolled_out_and_pod_ready() {
     let q = testing::questdb("db", "ns");
     let (s, p, n) = (sts(1, true), pod(true, "node-a"), node("True", "10.0.0.7"));
-    let obs = Observed {
+    let obs = StatusInputs {
         statefulset: Some(&s),
         pod: Some(&p),
         node: Some(&n),
@@ -122,7 +123,7 @@ fn without_a_node_read_the_node_ip_column_comes_from_the_pod() {
     let q = testing::questdb("db", "ns");
     let (s, mut p) = (sts(1, true), pod(true, "node-a"));
     p.status.as_mut().unwrap().host_ip = Some("10.0.0.9".into());
-    let obs = Observed {
+    let obs = StatusInputs {
         statefulset: Some(&s),
         pod: Some(&p),
         ..Default::default()
@@ -138,7 +139,7 @@ fn without_a_node_read_the_node_ip_column_comes_from_the_pod() {
 fn rolling_out_while_template_not_yet_applied() {
     let q = testing::questdb("db", "ns");
     let (s, p) = (sts(1, false), pod(true, "node-a"));
-    let obs = Observed {
+    let obs = StatusInputs {
         statefulset: Some(&s),
         pod: Some(&p),
         ..Default::default()
@@ -151,10 +152,13 @@ fn rolling_out_while_template_not_yet_applied() {
 fn a_change_made_by_this_reconcile_is_not_ready_yet() {
     let q = testing::questdb("db", "ns");
     let (s, p) = (sts(1, true), pod(true, "node-a"));
-    let obs = Observed {
+    let obs = StatusInputs {
         statefulset: Some(&s),
         pod: Some(&p),
-        changed: vec!["ConfigMap db-config".into()],
+        children: Report {
+            changed: vec!["ConfigMap db-config".into()],
+            ..Report::default()
+        },
         ..Default::default()
     };
     let (status, reason, _) = ready_condition(&q, &obs);
@@ -169,7 +173,7 @@ fn running_database_keeps_running_phase_during_a_config_roll() {
         ..Default::default()
     });
     let s = sts(0, false);
-    let obs = Observed {
+    let obs = StatusInputs {
         statefulset: Some(&s),
         ..Default::default()
     };
@@ -180,7 +184,7 @@ fn running_database_keeps_running_phase_during_a_config_roll() {
 fn pod_not_ready_is_reported() {
     let q = testing::questdb("db", "ns");
     let (s, p) = (sts(1, true), pod(false, "node-a"));
-    let obs = Observed {
+    let obs = StatusInputs {
         statefulset: Some(&s),
         pod: Some(&p),
         ..Default::default()
@@ -192,7 +196,7 @@ fn pod_not_ready_is_reported() {
 fn invalid_spec_wins_over_everything() {
     let q = testing::questdb("db", "ns");
     let s = sts(1, true);
-    let obs = Observed {
+    let obs = StatusInputs {
         statefulset: Some(&s),
         invalid: vec!["image \"Bad Image\" is not a valid image reference".into()],
         ..Default::default()
@@ -208,7 +212,7 @@ fn invalid_spec_wins_over_everything() {
 fn an_invalid_edit_of_a_running_database_keeps_its_columns_and_ready() {
     let mut q = testing::questdb("db", "ns");
     let (s, p) = (sts(1, true), pod(true, "node-a"));
-    let running = Observed {
+    let running = StatusInputs {
         statefulset: Some(&s),
         pod: Some(&p),
         ..Default::default()
@@ -219,7 +223,7 @@ fn an_invalid_edit_of_a_running_database_keeps_its_columns_and_ready() {
 
     q.spec.image = "questdb/QuestDB:::9".into();
     q.metadata.generation = Some(2);
-    let invalid = Observed {
+    let invalid = StatusInputs {
         invalid: vec!["image \"questdb/QuestDB:::9\" is not a valid image reference".into()],
         ..Default::default()
     };
@@ -258,8 +262,11 @@ fn an_invalid_edit_of_a_running_database_keeps_its_columns_and_ready() {
 #[test]
 fn foreign_children_are_named_in_the_condition() {
     let q = testing::questdb("db", "ns");
-    let obs = Observed {
-        blocked: vec!["Service db".into()],
+    let obs = StatusInputs {
+        children: Report {
+            blocked: vec!["Service db".into()],
+            ..Report::default()
+        },
         ..Default::default()
     };
     let st = compute(&q, &obs, now());
@@ -273,7 +280,7 @@ fn paused_reports_paused_and_no_node() {
     let mut q = testing::questdb("db", "ns");
     q.spec.paused = true;
     let (s, p, n) = (sts(0, true), pod(true, "node-a"), node("True", "10.0.0.7"));
-    let obs = Observed {
+    let obs = StatusInputs {
         statefulset: Some(&s),
         pod: Some(&p),
         node: Some(&n),
@@ -293,7 +300,7 @@ fn unknown_node_is_not_ready() {
         pod(true, "node-a"),
         node("Unknown", "10.0.0.7"),
     );
-    let obs = Observed {
+    let obs = StatusInputs {
         statefulset: Some(&s),
         pod: Some(&p),
         node: Some(&n),
@@ -305,7 +312,7 @@ fn unknown_node_is_not_ready() {
 #[test]
 fn ilp_condition_is_included() {
     let q = testing::questdb("db", "ns");
-    let obs = Observed {
+    let obs = StatusInputs {
         ilp_auth: Some(Verdict::new("IlpAuthReady", false, "NoKeys", "no keys")),
         ..Default::default()
     };
@@ -321,7 +328,7 @@ fn recomputing_a_converged_status_is_identical() {
     // The reconcile writes status only when it differs: a second pass must produce the same value.
     let mut q = testing::questdb("db", "ns");
     let (s, p, n) = (sts(1, true), pod(true, "node-a"), node("True", "10.0.0.7"));
-    let obs = Observed {
+    let obs = StatusInputs {
         statefulset: Some(&s),
         pod: Some(&p),
         node: Some(&n),
@@ -347,9 +354,9 @@ fn cloud_conditions_follow_the_cloud_part_and_vanish_with_their_spec_field() {
         node_condition: Some(Verdict::new("NodeReady", false, "Launching", "starting")),
         ..CloudOutcome::default()
     };
-    let obs = Observed {
+    let obs = StatusInputs {
         cloud: Some(&waiting),
-        ..Observed::default()
+        ..StatusInputs::default()
     };
     let st = compute(&q, &obs, Timestamp::now());
     assert_eq!(st.phase, Some(crate::api::Phase::Provisioning));
@@ -362,9 +369,9 @@ fn cloud_conditions_follow_the_cloud_part_and_vanish_with_their_spec_field() {
     q.status = Some(st);
     q.spec.node = None;
     let released = CloudOutcome::default();
-    let obs = Observed {
+    let obs = StatusInputs {
         cloud: Some(&released),
-        ..Observed::default()
+        ..StatusInputs::default()
     };
     let st = compute(&q, &obs, Timestamp::now());
     assert!(
@@ -387,7 +394,7 @@ fn a_pod_on_a_dead_node_is_reported_as_such_not_as_a_rollout() {
     s.status.as_mut().unwrap().ready_replicas = Some(0);
     let (p, mut n) = (pod(false, "node-a"), node("Unknown", "10.0.0.7"));
     n.metadata.name = Some("node-a".into());
-    let obs = Observed {
+    let obs = StatusInputs {
         statefulset: Some(&s),
         pod: Some(&p),
         node: Some(&n),

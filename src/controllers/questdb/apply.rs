@@ -1,0 +1,241 @@
+//! Applies desired children one at a time, each read from its own cache, and reports what it
+//! did: created, adopted, updated, or blocked by another owner. Only a child that differs is
+//! written; one event per kind of change goes out at the end of the reconcile.
+
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Service};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use kube::api::Api;
+use kube::runtime::events::EventType;
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::{Resource, ResourceExt};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use tracing::{debug, info};
+
+use crate::api::QuestDB;
+use crate::controllers::children::{self, Applied, ChildAction};
+use crate::controllers::conditions::reasons;
+use crate::controllers::context::{Caches, Context};
+use crate::controllers::Error;
+use crate::desired;
+
+/// A kind of child the operator applies, and the cache it is read from.
+pub trait Child:
+    desired::OwnedChild
+    + Resource<DynamicType = (), Scope = kube::core::NamespaceResourceScope>
+    + Serialize
+    + DeserializeOwned
+    + Clone
+    + std::fmt::Debug
+    + Send
+    + Sync
+    + 'static
+{
+    fn cache(caches: &Caches) -> &Store<Self>;
+}
+
+impl Child for ConfigMap {
+    fn cache(caches: &Caches) -> &Store<Self> {
+        &caches.configmaps
+    }
+}
+
+impl Child for Service {
+    fn cache(caches: &Caches) -> &Store<Self> {
+        &caches.services
+    }
+}
+
+impl Child for StatefulSet {
+    fn cache(caches: &Caches) -> &Store<Self> {
+        &caches.statefulsets
+    }
+}
+
+impl Child for PersistentVolumeClaim {
+    fn cache(caches: &Caches) -> &Store<Self> {
+        &caches.pvcs
+    }
+}
+
+impl Child for NetworkPolicy {
+    fn cache(caches: &Caches) -> &Store<Self> {
+        &caches.network_policies
+    }
+}
+
+/// What the applier did in one reconcile.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Report {
+    /// Children that exist but are controlled by another object ("Kind name").
+    pub blocked: Vec<String>,
+    /// Children created, adopted, updated or deleted (not yet visible as converged).
+    pub changed: Vec<String>,
+    /// What was written, by event reason ("Created", "Adopted", "Updated").
+    pub applied: Vec<(&'static str, String)>,
+}
+
+/// Applies the children of one QuestDB.
+pub struct Applier<'a> {
+    ctx: &'a Context,
+    qdb: &'a QuestDB,
+    uid: String,
+    ns: String,
+    pub report: Report,
+}
+
+impl<'a> Applier<'a> {
+    /// Goes on from `report` (what earlier steps of the same reconcile applied).
+    pub fn new(ctx: &'a Context, qdb: &'a QuestDB, report: Report) -> Result<Self, Error> {
+        Ok(Self {
+            ctx,
+            qdb,
+            uid: qdb.uid().ok_or(Error::MissingUid)?,
+            ns: qdb.namespace().ok_or(Error::MissingNamespace)?,
+            report,
+        })
+    }
+
+    pub fn context(&self) -> &'a Context {
+        self.ctx
+    }
+
+    /// The existing child of this name, from its cache.
+    pub fn cached<K: Child>(&self, name: &str) -> Option<std::sync::Arc<K>> {
+        K::cache(&self.ctx.caches).get(&ObjectRef::new(name).within(&self.ns))
+    }
+
+    /// Brings one child in line with `desired`.
+    pub async fn apply<K: Child>(&mut self, mut desired: K) -> Result<(), Error> {
+        let name = desired.name_any();
+        let what = format!("{} {name}", K::kind(&()));
+        if K::SERVER_SIDE_APPLY {
+            children::stamp_applied_hash(&mut desired);
+        }
+        let existing = self.cached::<K>(&name);
+        let action = children::decide(&desired, existing.as_deref(), &self.uid);
+        let api: Api<K> = Api::namespaced(self.ctx.client.clone(), &self.ns);
+        let mut applied = children::apply(&api, &desired, existing.as_deref(), &action).await;
+        if matches!(applied, Ok(Applied::Stale)) && action == ChildAction::Create {
+            // The object exists but is not in our cache: created a moment ago, or stripped of the
+            // operator's labels (the caches only see labelled children). Decide on the live one.
+            let live = api.get_opt(&name).await.map_err(Error::Kube)?;
+            let action = children::decide(&desired, live.as_ref(), &self.uid);
+            applied = children::apply(&api, &desired, live.as_ref(), &action).await;
+        }
+        match applied {
+            Ok(Applied::Unchanged) => Ok(()),
+            Ok(Applied::Blocked(by)) => {
+                self.blocked(what, by).await;
+                Ok(())
+            }
+            Ok(Applied::Stale) => {
+                debug!(child = %what, "cache behind the apiserver; will retry");
+                Err(Error::StaleCache(what))
+            }
+            Ok(done) => {
+                let (reason, verb) = match done {
+                    Applied::Created => ("Created", "created"),
+                    Applied::Adopted => ("Adopted", "adopted"),
+                    _ => ("Updated", "updated"),
+                };
+                info!(questdb = %self.qdb.name_any(), child = %what, "{verb}");
+                self.report.applied.push((reason, what.clone()));
+                self.report.changed.push(what);
+                Ok(())
+            }
+            Err(e) => {
+                let note = format!(
+                    "could not apply {what}: {}",
+                    crate::controllers::short_error(&e)
+                );
+                self.ctx
+                    .event(
+                        self.qdb,
+                        EventType::Warning,
+                        "ApplyFailed",
+                        "Reconcile",
+                        note,
+                    )
+                    .await;
+                Err(Error::Kube(e))
+            }
+        }
+    }
+
+    /// Deletes the child `name` when this QuestDB controls it (never one it does not), `why`
+    /// for the log.
+    pub async fn remove<K: Child>(&mut self, name: &str, why: &str) -> Result<(), Error> {
+        let Some(existing) = self
+            .cached::<K>(name)
+            .filter(|o| children::controlled_by(o.as_ref(), &self.uid))
+        else {
+            return Ok(());
+        };
+        let api: Api<K> = Api::namespaced(self.ctx.client.clone(), &self.ns);
+        children::delete_owned(&api, &existing)
+            .await
+            .map_err(Error::Kube)?;
+        let what = format!("{} {name}", K::kind(&()));
+        info!(questdb = %self.qdb.name_any(), child = %what, "deleted ({why})");
+        self.report.changed.push(what);
+        Ok(())
+    }
+
+    /// One Warning per distinct conflict: the status already names reported ones.
+    async fn blocked(&mut self, what: String, by: String) {
+        let reported = self.qdb.status.as_ref().is_some_and(|s| {
+            s.conditions.iter().any(|c| {
+                c.reason == reasons::CHILD_CONFLICT
+                    && c.message.split(", ").any(|m| m.ends_with(&what))
+            })
+        });
+        if !reported {
+            let note = format!("{what} is controlled by {by}; leaving it alone");
+            self.ctx
+                .event(
+                    self.qdb,
+                    EventType::Warning,
+                    reasons::CHILD_CONFLICT,
+                    "Reconcile",
+                    note,
+                )
+                .await;
+        }
+        self.report.blocked.push(what);
+    }
+}
+
+impl Report {
+    /// One event per reason ("created ConfigMap a, Service b, ..."), not one per child: fewer
+    /// writes, and every child named. kube's recorder folds events with the same key into one
+    /// series that keeps its first note, so the action carries a digest of the note: a repeat
+    /// of the same change is counted in its series, a different change is a new event.
+    pub async fn publish(&self, qdb: &QuestDB, ctx: &Context) {
+        for reason in ["Created", "Adopted", "Updated"] {
+            let what: Vec<&str> = self
+                .applied
+                .iter()
+                .filter(|(r, _)| *r == reason)
+                .map(|(_, w)| w.as_str())
+                .collect();
+            if what.is_empty() {
+                continue;
+            }
+            let note = format!("{} {}", reason.to_lowercase(), what.join(", "));
+            let digest = {
+                use sha2::Digest;
+                hex::encode(&sha2::Sha256::digest(note.as_bytes())[..4])
+            };
+            ctx.event(
+                qdb,
+                EventType::Normal,
+                reason,
+                &format!("Reconcile-{digest}"),
+                note,
+            )
+            .await;
+        }
+    }
+}

@@ -1,0 +1,87 @@
+//! Every child a QuestDB's database runs on, built in one call: what the reconcile applies, in
+//! the order it applies them (the StatefulSet last, so it mounts files that already exist).
+
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{ConfigMap, Service};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+
+use crate::api::QuestDB;
+
+use super::{
+    client_service, config_hash, config_map, headless_service, ilp_auth_config_map, network_policy,
+    statefulset, DedicatedNode,
+};
+
+/// The desired children of one QuestDB (the PVC apart: it is applied first, before the node).
+#[derive(Clone, Debug)]
+pub struct Children {
+    pub config: ConfigMap,
+    /// `None`: ILP auth is off, and an auth file made earlier goes.
+    pub ilp_auth: Option<ConfigMap>,
+    /// `None`: switched off, and a policy made earlier goes.
+    pub network_policy: Option<NetworkPolicy>,
+    pub headless_service: Service,
+    pub client_service: Service,
+    /// Its pod template carries the hash of every mounted ConfigMap above.
+    pub statefulset: StatefulSet,
+}
+
+/// `ilp_auth_file`: the rendered auth file, when ILP auth is on and has keys.
+/// `node`: the dedicated node the pod is pinned to, if any.
+pub fn children(
+    qdb: &QuestDB,
+    ilp_auth_file: Option<&str>,
+    node: Option<&DedicatedNode>,
+) -> Children {
+    let ilp_enabled = qdb.spec.ilp_auth.enabled;
+    let config = config_map(qdb, ilp_enabled);
+    let ilp_auth = ilp_auth_file.map(|txt| ilp_auth_config_map(qdb, txt));
+    let mounted: Vec<&ConfigMap> = std::iter::once(&config).chain(ilp_auth.as_ref()).collect();
+    let hash = config_hash(&mounted);
+    Children {
+        statefulset: statefulset(qdb, &hash, ilp_enabled, node),
+        network_policy: network_policy(qdb),
+        headless_service: headless_service(qdb),
+        client_service: client_service(qdb),
+        config,
+        ilp_auth,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::desired::{testing, CONFIG_HASH_ANNOTATION};
+
+    fn template_hash(c: &Children) -> String {
+        c.statefulset
+            .spec
+            .as_ref()
+            .and_then(|s| s.template.metadata.as_ref())
+            .and_then(|m| m.annotations.as_ref())
+            .and_then(|a| a.get(CONFIG_HASH_ANNOTATION).cloned())
+            .expect("the pod template carries the config hash")
+    }
+
+    #[test]
+    fn a_changed_auth_file_restarts_the_pod_through_the_template_hash() {
+        let mut qdb = testing::questdb("db", "ns");
+        qdb.spec.ilp_auth.enabled = true;
+        let one = children(&qdb, Some("a ec-p-256-sha256 x y\n"), None);
+        let two = children(&qdb, Some("b ec-p-256-sha256 x y\n"), None);
+        assert!(one.ilp_auth.is_some());
+        assert_ne!(template_hash(&one), template_hash(&two));
+        assert_eq!(
+            template_hash(&one),
+            template_hash(&children(&qdb, Some("a ec-p-256-sha256 x y\n"), None))
+        );
+    }
+
+    #[test]
+    fn no_auth_file_means_no_auth_config_map_to_keep() {
+        let qdb = testing::questdb("db", "ns");
+        let c = children(&qdb, None, None);
+        assert!(c.ilp_auth.is_none());
+        assert_eq!(c.statefulset.metadata.name.as_deref(), Some("db"));
+    }
+}
