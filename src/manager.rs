@@ -789,7 +789,7 @@ async fn run_questdb_controller(
                 }
                 Err(e) => {
                     ctx.metrics
-                        .reconcile_error(questdb::CONTROLLER_NAME, e.reason());
+                        .reconcile_error(questdb::CONTROLLER_NAME, e.reason().as_str());
                     // One Warning event per failing streak (the backoff retries are counted,
                     // not announced); the cause chain carries no Secret data.
                     let first = !ctx

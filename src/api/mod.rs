@@ -1,8 +1,10 @@
 //! Types of the `crd.questdb.io` API and the names the operator stamps on what it owns.
 
 mod questdb;
+mod reason;
 
 pub use questdb::*;
+pub use reason::Reason;
 
 /// API group of the operator's resources.
 pub const GROUP: &str = "crd.questdb.io";

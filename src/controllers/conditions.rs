@@ -3,16 +3,7 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 
-/// Condition and event reasons the code also acts on (one spelling, never a literal compared
-/// in two places).
-pub mod reasons {
-    /// `Ready=False`: the spec fails validation; nothing is applied.
-    pub const INVALID_SPEC: &str = "InvalidSpec";
-    /// `Ready=False`: a child the operator would create exists and is not ours.
-    pub const CHILD_CONFLICT: &str = "ChildConflict";
-    /// `NodeReady`/`DnsReady=False`: the dedicated node has not joined (or has no address) yet.
-    pub const WAITING_FOR_NODE: &str = "WaitingForNode";
-}
+pub use crate::api::Reason;
 
 /// A controller's verdict on one condition type (status, reason, message), before the
 /// timestamps of a Kubernetes `Condition` are attached.
@@ -20,7 +11,7 @@ pub mod reasons {
 pub struct Verdict {
     pub type_: &'static str,
     pub status: bool,
-    pub reason: String,
+    pub reason: Reason,
     pub message: String,
 }
 
@@ -28,13 +19,13 @@ impl Verdict {
     pub fn new(
         type_: &'static str,
         status: bool,
-        reason: &str,
+        reason: Reason,
         message: impl Into<String>,
     ) -> Self {
         Self {
             type_,
             status,
-            reason: reason.to_string(),
+            reason,
             message: message.into(),
         }
     }
@@ -68,7 +59,7 @@ pub fn merge(
             Condition {
                 type_: d.type_.to_string(),
                 status,
-                reason: d.reason.clone(),
+                reason: d.reason.as_str().to_string(),
                 message: d.message.clone(),
                 observed_generation: generation,
                 last_transition_time,
@@ -109,13 +100,13 @@ mod tests {
     fn unchanged_status_keeps_transition_time() {
         let first = merge(
             &[],
-            &[Verdict::new("Ready", false, "Creating", "x")],
+            &[Verdict::new("Ready", false, Reason::Creating, "x")],
             Some(1),
             t(100),
         );
         let second = merge(
             &first,
-            &[Verdict::new("Ready", false, "Creating", "x")],
+            &[Verdict::new("Ready", false, Reason::Creating, "x")],
             Some(1),
             t(200),
         );
@@ -127,13 +118,13 @@ mod tests {
     fn flipped_status_moves_transition_time() {
         let first = merge(
             &[],
-            &[Verdict::new("Ready", false, "Creating", "x")],
+            &[Verdict::new("Ready", false, Reason::Creating, "x")],
             Some(1),
             t(100),
         );
         let second = merge(
             &first,
-            &[Verdict::new("Ready", true, "Running", "ok")],
+            &[Verdict::new("Ready", true, Reason::Running, "ok")],
             Some(1),
             t(200),
         );
@@ -146,13 +137,13 @@ mod tests {
     fn reason_change_without_flip_keeps_time_but_counts_as_transition() {
         let first = merge(
             &[],
-            &[Verdict::new("Ready", false, "Creating", "x")],
+            &[Verdict::new("Ready", false, Reason::Creating, "x")],
             Some(1),
             t(100),
         );
         let second = merge(
             &first,
-            &[Verdict::new("Ready", false, "PodNotReady", "y")],
+            &[Verdict::new("Ready", false, Reason::PodNotReady, "y")],
             Some(2),
             t(200),
         );
@@ -165,13 +156,13 @@ mod tests {
     fn foreign_conditions_are_kept_and_sorted() {
         let existing = merge(
             &[],
-            &[Verdict::new("Upgrading", true, "Provisioning", "")],
+            &[Verdict::new("Upgrading", true, Reason::Provisioning, "")],
             None,
             t(1),
         );
         let out = merge(
             &existing,
-            &[Verdict::new("Ready", true, "Running", "")],
+            &[Verdict::new("Ready", true, Reason::Running, "")],
             None,
             t(2),
         );

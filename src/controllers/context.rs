@@ -15,7 +15,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, Resource};
 use tracing::warn;
 
-use crate::api::QuestDB;
+use crate::api::{QuestDB, Reason};
 
 /// A QuestDB as the watch delivers it: parsed, or the metadata and the parse error.
 pub type GuardedQuestDB = kube::core::DeserializeGuard<QuestDB>;
@@ -74,7 +74,7 @@ impl Context {
         &self,
         qdb: &QuestDB,
         type_: EventType,
-        reason: &str,
+        reason: Reason,
         action: &str,
         note: String,
     ) {
@@ -88,19 +88,19 @@ impl Context {
         &self,
         reference: &ObjectReference,
         type_: EventType,
-        reason: &str,
+        reason: Reason,
         action: &str,
         note: String,
     ) {
         let ev = Event {
             type_,
-            reason: reason.into(),
+            reason: reason.as_str().into(),
             note: Some(truncate(note, 1024)),
             action: action.into(),
             secondary: None,
         };
         if let Err(e) = self.recorder.publish(&ev, reference).await {
-            warn!(error = %e, reason, "could not record event");
+            warn!(error = %e, %reason, "could not record event");
         }
     }
 

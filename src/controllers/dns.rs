@@ -4,9 +4,9 @@
 //! QuestDB costs no Route53 call at all: the provider is asked only when they differ from what
 //! is wanted.
 
+use crate::api::Reason;
 use crate::api::{conditions, DnsSpec, QuestDBStatus};
 use crate::cloud::display_name;
-use crate::controllers::conditions::reasons;
 use crate::controllers::conditions::Verdict;
 
 #[derive(Clone, Debug, PartialEq)]
@@ -64,7 +64,7 @@ pub fn plan(v: &DnsView) -> DnsStep {
         return DnsStep::Blocked(Verdict::new(
             conditions::DNS_READY,
             false,
-            reasons::WAITING_FOR_NODE,
+            Reason::WaitingForNode,
             format!("waiting for the dedicated node's {which} IP"),
         ));
     };
@@ -83,7 +83,7 @@ pub fn published(name: &str, ip: &str) -> Verdict {
     Verdict::new(
         conditions::DNS_READY,
         true,
-        "Published",
+        Reason::Published,
         format!("{name} points at {ip}"),
     )
 }
@@ -92,7 +92,7 @@ fn not_configured() -> Verdict {
     Verdict::new(
         conditions::DNS_READY,
         false,
-        "NotConfigured",
+        Reason::NotConfigured,
         "the operator has no Route53 hosted zone configured (--route53-hosted-zone-id)",
     )
 }
@@ -186,10 +186,10 @@ mod tests {
         let s = status(None, None);
         let mut v = view(Some(&d), &s);
         v.private_ip = None;
-        assert!(matches!(plan(&v), DnsStep::Blocked(c) if c.reason == reasons::WAITING_FOR_NODE));
+        assert!(matches!(plan(&v), DnsStep::Blocked(c) if c.reason == Reason::WaitingForNode));
         let mut v = view(Some(&d), &s);
         v.provider_configured = false;
-        assert!(matches!(plan(&v), DnsStep::Blocked(c) if c.reason == "NotConfigured"));
+        assert!(matches!(plan(&v), DnsStep::Blocked(c) if c.reason == Reason::NotConfigured));
     }
 
     #[test]

@@ -18,6 +18,7 @@
 
 use std::time::Duration;
 
+use crate::api::Reason;
 use crate::api::{conditions, FailoverSpec, FailoverStatus, QuestDBStatus};
 use crate::cloud::InstanceState;
 use crate::controllers::conditions::Verdict;
@@ -30,6 +31,17 @@ pub mod phase {
     pub const RECOVERING: &str = "Recovering";
     /// Done: the record of the last failover.
     pub const HEALTHY: &str = "Healthy";
+}
+
+/// The event reason of entering `phase`.
+pub fn step_reason(phase: &str) -> Reason {
+    match phase {
+        phase::FENCING => Reason::FailoverFencing,
+        phase::RELEASING => Reason::FailoverReleasing,
+        phase::REATTACHING => Reason::FailoverReattaching,
+        phase::RECOVERING => Reason::FailoverRecovering,
+        _ => Reason::FailoverHealthy,
+    }
 }
 
 /// `metadata.annotations` key that turns failover off for one QuestDB (maintenance).
@@ -83,10 +95,7 @@ pub enum Start {
     /// Nothing wrong (or not long enough).
     No,
     /// The node is unhealthy past the threshold, but a safety rule holds the failover back.
-    Suppressed {
-        reason: &'static str,
-        message: String,
-    },
+    Suppressed { reason: Reason, message: String },
     /// Fence the instance in status and replace it.
     Go,
 }
@@ -103,7 +112,7 @@ pub fn should_start(v: &StartView) -> Start {
     let suppressed = |reason, message: String| Start::Suppressed { reason, message };
     if !v.spec.enabled {
         return suppressed(
-            "Disabled",
+            Reason::Disabled,
             format!(
                 "{node} has been unhealthy for {}s; spec.failover.enabled is false",
                 unhealthy.as_secs()
@@ -112,7 +121,7 @@ pub fn should_start(v: &StartView) -> Start {
     }
     if v.skip_annotation {
         return suppressed(
-            "SkipAnnotation",
+            Reason::SkipAnnotation,
             format!(
                 "{node} has been unhealthy for {}s; {SKIP_ANNOTATION} is set",
                 unhealthy.as_secs()
@@ -121,13 +130,13 @@ pub fn should_start(v: &StartView) -> Start {
     }
     if v.breaker_open {
         return suppressed(
-            "TooManyUnhealthyNodes",
+            Reason::TooManyUnhealthyNodes,
             format!("{node} has been unhealthy for {}s, but so are too many other dedicated nodes: that looks like a partition or an outage, not a dead node", unhealthy.as_secs()),
         );
     }
     if v.since_last_start.is_some_and(|d| d < MIN_INTERVAL) {
         return suppressed(
-            "RecentFailover",
+            Reason::RecentFailover,
             format!("{node} has been unhealthy for {}s; the last failover started less than {} minutes ago", unhealthy.as_secs(), MIN_INTERVAL.as_secs() / 60),
         );
     }
@@ -230,7 +239,7 @@ pub fn stuck(failover: &FailoverStatus, in_step_for: Duration) -> Option<Verdict
         Verdict::new(
             conditions::FAILOVER,
             false,
-            "FailoverStuck",
+            Reason::FailoverStuck,
             format!(
                 "step {} has not finished after {} minutes: {}",
                 failover.phase,

@@ -1,4 +1,5 @@
 use super::*;
+use crate::api::Reason;
 
 fn spec() -> FailoverSpec {
     FailoverSpec {
@@ -54,7 +55,7 @@ fn many_silent_nodes_at_once_are_a_partition_not_a_dead_node() {
     assert!(matches!(
         start(&spec(), &running_status(), Some(60), true),
         Start::Suppressed {
-            reason: "TooManyUnhealthyNodes",
+            reason: Reason::TooManyUnhealthyNodes,
             ..
         }
     ));
@@ -74,7 +75,7 @@ fn disabled_skipped_or_recently_failed_over_databases_are_held_back_with_a_reaso
     assert!(matches!(
         start(&off, &running_status(), Some(60), false),
         Start::Suppressed {
-            reason: "Disabled",
+            reason: Reason::Disabled,
             ..
         }
     ));
@@ -90,7 +91,7 @@ fn disabled_skipped_or_recently_failed_over_databases_are_held_back_with_a_reaso
     assert!(matches!(
         skip,
         Start::Suppressed {
-            reason: "SkipAnnotation",
+            reason: Reason::SkipAnnotation,
             ..
         }
     ));
@@ -105,7 +106,7 @@ fn disabled_skipped_or_recently_failed_over_databases_are_held_back_with_a_reaso
     assert!(matches!(
         recent,
         Start::Suppressed {
-            reason: "RecentFailover",
+            reason: Reason::RecentFailover,
             ..
         }
     ));
@@ -245,6 +246,6 @@ fn a_step_past_its_timeout_is_reported_stuck() {
     let f = failover(phase::RELEASING);
     assert_eq!(stuck(&f, Duration::from_secs(60)), None);
     let c = stuck(&f, Duration::from_secs(601)).expect("stuck");
-    assert_eq!(c.reason, "FailoverStuck");
+    assert_eq!(c.reason, Reason::FailoverStuck);
     assert!(!c.status);
 }

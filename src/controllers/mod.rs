@@ -18,6 +18,8 @@ pub mod upgrade;
 
 use std::time::Duration;
 
+use crate::api::Reason;
+
 use kube::runtime::controller::Action;
 
 use crate::metrics::ReconcileOutcome;
@@ -77,15 +79,15 @@ impl Error {
         matches!(self, Error::StaleCache(_) | Error::Conflict)
     }
 
-    pub fn reason(&self) -> &'static str {
+    pub fn reason(&self) -> Reason {
         match self {
-            Error::MissingNamespace => "MissingNamespace",
-            Error::MissingUid => "MissingUid",
-            Error::StaleCache(_) => "StaleCache",
-            Error::Conflict => "Conflict",
-            Error::Serialize(_) => "SerializeFailed",
-            Error::Kube(_) => "KubernetesApiError",
-            Error::Cloud(_) => "CloudApiError",
+            Error::MissingNamespace => Reason::MissingNamespace,
+            Error::MissingUid => Reason::MissingUid,
+            Error::StaleCache(_) => Reason::StaleCache,
+            Error::Conflict => Reason::Conflict,
+            Error::Serialize(_) => Reason::SerializeFailed,
+            Error::Kube(_) => Reason::KubernetesApiError,
+            Error::Cloud(_) => Reason::CloudApiError,
         }
     }
 

@@ -11,11 +11,11 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
 
+use crate::api::Reason;
 use crate::api::{conditions, NodeSpec, QuestDB, QuestDBStatus};
 use crate::cloud::{
     parse_provider_id, Instance, InstanceState, LaunchRequest, Taint, TAG_NODE_GENERATION, TAG_UID,
 };
-use crate::controllers::conditions::reasons;
 use crate::controllers::conditions::Verdict;
 use crate::desired::{
     DedicatedNode, DEDICATED_LABEL_KEY, DEDICATED_TAINT_EFFECT, DEDICATED_TAINT_KEY, PIN_LABEL_KEY,
@@ -127,7 +127,7 @@ pub fn node_is_ready(node: &Node) -> bool {
         .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
-fn waiting(reason: &str, message: impl Into<String>) -> NodeStep {
+fn waiting(reason: Reason, message: impl Into<String>) -> NodeStep {
     NodeStep::Wait(Verdict::new(conditions::NODE_READY, false, reason, message))
 }
 
@@ -146,7 +146,7 @@ pub fn plan(v: &NodeView) -> NodeStep {
         // Only "terminated" is final: a shutting-down instance may still hold the volume.
         if let Some(i) = mine.iter().find(|i| i.state == InstanceState::ShuttingDown) {
             return waiting(
-                "Releasing",
+                Reason::Releasing,
                 format!("waiting for instance {} to terminate", i.id),
             );
         }
@@ -195,7 +195,7 @@ pub fn plan(v: &NodeView) -> NodeStep {
                     Some(message) => NodeStep::Failed(Verdict::new(
                         conditions::NODE_READY,
                         false,
-                        "LaunchFailed",
+                        Reason::LaunchFailed,
                         message,
                     )),
                     None => NodeStep::Launch(generation),
@@ -210,11 +210,12 @@ pub fn plan(v: &NodeView) -> NodeStep {
             gone: instance.id.clone(),
             reason: instance.state_reason.clone(),
         },
-        InstanceState::Pending => {
-            waiting("Launching", format!("instance {} is starting", instance.id))
-        }
+        InstanceState::Pending => waiting(
+            Reason::Launching,
+            format!("instance {} is starting", instance.id),
+        ),
         InstanceState::Stopping | InstanceState::Stopped => waiting(
-            "InstanceStopped",
+            Reason::InstanceStopped,
             format!(
                 "instance {} is {}; start it again or delete it to get a new node",
                 instance.id,
@@ -223,7 +224,7 @@ pub fn plan(v: &NodeView) -> NodeStep {
         ),
         InstanceState::Running => match node_for(v.nodes, &instance.id) {
             None => waiting(
-                reasons::WAITING_FOR_NODE,
+                Reason::WaitingForNode,
                 format!(
                     "instance {} is running; waiting for its Node to register",
                     instance.id

@@ -5,8 +5,8 @@ use k8s_openapi::api::core::v1::{Node, NodeCondition, NodeSpec as K8sNodeSpec, N
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::*;
+use crate::api::Reason;
 use crate::cloud::{desired_instance_tags, provider_id};
-use crate::controllers::conditions::reasons;
 
 const UID: &str = "uid-1";
 
@@ -126,10 +126,10 @@ impl Case {
     }
 }
 
-fn reason(step: &NodeStep) -> &str {
+fn reason(step: &NodeStep) -> Option<Reason> {
     match step {
-        NodeStep::Wait(d) | NodeStep::Failed(d) => &d.reason,
-        _ => "",
+        NodeStep::Wait(d) | NodeStep::Failed(d) => Some(d.reason),
+        _ => None,
     }
 }
 
@@ -234,7 +234,7 @@ fn a_recent_permanent_failure_is_shown_instead_of_launching_again() {
     let mut c = Case::new(status(Some(1), None));
     c.failure = Some("The image id '[ami-1]' does not exist");
     let step = c.plan();
-    assert_eq!(reason(&step), "LaunchFailed");
+    assert_eq!(reason(&step), Some(Reason::LaunchFailed));
     assert!(matches!(&step, NodeStep::Failed(d) if d.message.contains("ami-1")));
 }
 
@@ -248,14 +248,14 @@ fn an_instance_missing_from_the_cache_is_looked_up_by_id() {
 fn a_pending_instance_waits_as_launching() {
     let mut c = Case::new(status(Some(1), Some("i-1")));
     c.instances = vec![instance("i-1", 1, InstanceState::Pending)];
-    assert_eq!(reason(&c.plan()), "Launching");
+    assert_eq!(reason(&c.plan()), Some(Reason::Launching));
 }
 
 #[test]
 fn a_stopped_instance_is_reported_not_replaced() {
     let mut c = Case::new(status(Some(1), Some("i-1")));
     c.instances = vec![instance("i-1", 1, InstanceState::Stopped)];
-    assert_eq!(reason(&c.plan()), "InstanceStopped");
+    assert_eq!(reason(&c.plan()), Some(Reason::InstanceStopped));
 }
 
 #[test]
@@ -263,7 +263,7 @@ fn a_running_instance_waits_for_its_node() {
     let mut c = Case::new(status(Some(1), Some("i-1")));
     c.instances = vec![instance("i-1", 1, InstanceState::Running)];
     c.nodes = vec![node("i-2", true, true)];
-    assert_eq!(reason(&c.plan()), reasons::WAITING_FOR_NODE);
+    assert_eq!(reason(&c.plan()), Some(Reason::WaitingForNode));
 }
 
 #[test]
@@ -390,5 +390,5 @@ fn release_waits_until_ec2_says_terminated() {
     let mut c = Case::new(status(Some(1), Some("i-1")));
     c.release = true;
     c.instances = vec![instance("i-1", 1, InstanceState::ShuttingDown)];
-    assert_eq!(reason(&c.plan()), "Releasing");
+    assert_eq!(reason(&c.plan()), Some(Reason::Releasing));
 }

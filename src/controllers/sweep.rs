@@ -16,6 +16,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use crate::api::Reason;
 use crate::cloud::{Instance, TAG_NAME, TAG_NAMESPACE, TAG_UID};
 use crate::controllers::context::Context;
 use crate::controllers::node::node_for;
@@ -146,7 +147,7 @@ async fn hold_back(ctx: &Context, instance: &Instance, orphans: usize, managed: 
     };
     let ev = Event {
         type_: EventType::Warning,
-        reason: "OrphanSweepHeldBack".into(),
+        reason: Reason::OrphanSweepHeldBack.as_str().into(),
         note: Some(format!(
             "instance {} looks orphaned, but so do {orphans} of {managed} managed instances: more than one sweep may terminate, so none is; check the operator's QuestDB cache and --namespace",
             instance.id
@@ -190,7 +191,7 @@ async fn terminate_orphan(
     if let Some(node) = node {
         let ev = Event {
             type_: EventType::Warning,
-            reason: "OrphanTerminated".into(),
+            reason: Reason::OrphanTerminated.as_str().into(),
             note: Some(note),
             action: "TerminateOrphan".into(),
             secondary: None,

@@ -17,6 +17,7 @@ use std::time::Duration;
 use k8s_openapi::jiff::Timestamp;
 
 use super::maintenance::{self, WindowState};
+use crate::api::Reason;
 use crate::api::{NodeSpec, QuestDBStatus, UpgradeStatus};
 use crate::cloud::{Instance, NodeFacts};
 
@@ -39,8 +40,21 @@ pub mod phase {
     pub const ROLLED_BACK: &str = "RolledBack";
 }
 
-/// The abort reason of a move a failover pre-empted.
-pub const PREEMPTED: &str = "Preempted";
+/// The event reason of entering `phase`.
+pub fn step_reason(phase: &str) -> Reason {
+    match phase {
+        phase::VALIDATING => Reason::UpgradeValidating,
+        phase::PROVISIONING => Reason::UpgradeProvisioning,
+        phase::NODE_READY => Reason::UpgradeNodeReady,
+        phase::STOPPING => Reason::UpgradeStopping,
+        phase::MOVING => Reason::UpgradeMoving,
+        phase::VERIFYING => Reason::UpgradeVerifying,
+        phase::RETAINING => Reason::UpgradeRetaining,
+        phase::COMPLETED => Reason::UpgradeCompleted,
+        phase::ABORTED => Reason::UpgradeAborted,
+        _ => Reason::UpgradeRolledBack,
+    }
+}
 
 /// The default `spec.node.rollbackWindow`.
 pub const DEFAULT_ROLLBACK_WINDOW: Duration = Duration::from_secs(30 * 60);
@@ -150,7 +164,7 @@ pub fn should_start(v: &StartView) -> Start {
     let failed_same = v.status.upgrade.as_ref().is_some_and(|u| {
         (u.phase == phase::ABORTED || u.phase == phase::ROLLED_BACK)
             && targets(u, v.spec)
-            && u.reason.as_deref() != Some(PREEMPTED)
+            && u.reason.as_deref() != Some(Reason::Preempted.as_str())
     });
     if failed_same {
         return Start::No;
@@ -284,13 +298,13 @@ pub enum Step {
     Wait(String),
     /// Terminate the new instance (if any); the database stays where it is.
     Abort {
-        reason: &'static str,
+        reason: Reason,
         message: String,
     },
     /// The database stopped but does not answer on the new node (or the field was set
     /// back): record the old instance as the database's again.
     RollBack {
-        reason: &'static str,
+        reason: Reason,
         message: String,
     },
     /// The database answers on the new node: cordon the old one and keep it.
@@ -307,7 +321,7 @@ pub fn next_step(v: &StepView) -> Step {
     let u = v.upgrade;
     if before_stopping(&u.phase) && !targets(u, v.spec) {
         return Step::Abort {
-            reason: "Superseded",
+            reason: Reason::Superseded,
             message: format!(
                 "spec.node changed to {} ({}) while moving to {} ({}); the database stays on its node",
                 v.spec.image,
@@ -324,7 +338,7 @@ pub fn next_step(v: &StepView) -> Step {
     );
     if after_stop && !u.rolling_back && reverts(u, v.spec) {
         return Step::RollBack {
-            reason: "Reverted",
+            reason: Reason::Reverted,
             message: format!(
                 "spec.node set back to {} ({}); the database returns to instance {}",
                 v.spec.image,
@@ -346,7 +360,7 @@ pub fn next_step(v: &StepView) -> Step {
             )));
         }
         Some(Step::RollBack {
-            reason: "MoveFailed",
+            reason: Reason::MoveFailed,
             message: format!(
                 "{what} within {}s; the database returns to instance {}",
                 v.move_timeout.as_secs(),
@@ -357,12 +371,12 @@ pub fn next_step(v: &StepView) -> Step {
     match u.phase.as_str() {
         phase::VALIDATING => match &v.validation {
             Some(Ok(())) => Step::Advance(phase::PROVISIONING),
-            Some(Err(e)) => abort("InvalidNode", e.clone()),
+            Some(Err(e)) => abort(Reason::InvalidNode, e.clone()),
             None => Step::Wait("checking the image and instance type".into()),
         },
         phase::PROVISIONING => {
             if let Some(e) = v.launch_error {
-                return abort("LaunchFailed", e.to_string());
+                return abort(Reason::LaunchFailed, e.to_string());
             }
             let Some(i) = v.new_instance else {
                 return Step::Launch;
@@ -372,7 +386,7 @@ pub fn next_step(v: &StepView) -> Step {
             }
             if i.state.is_gone() {
                 return abort(
-                    "InstanceGone",
+                    Reason::InstanceGone,
                     format!(
                         "new instance {} ended before it joined ({})",
                         i.id,
@@ -389,7 +403,7 @@ pub fn next_step(v: &StepView) -> Step {
                 },
                 (Some(_), true) => Step::Advance(phase::NODE_READY),
                 (None, _) if v.in_phase_for > v.node_timeout => abort(
-                    "NodeNeverJoined",
+                    Reason::NodeNeverJoined,
                     format!(
                         "instance {} did not join the cluster within {}s",
                         i.id,
@@ -403,7 +417,7 @@ pub fn next_step(v: &StepView) -> Step {
             Some(node) if v.new_node_cordoned => Step::Uncordon { node: node.clone() },
             Some(_) if v.new_node_ready => Step::Switch,
             _ if v.in_phase_for > v.node_timeout => abort(
-                "NodeNeverReady",
+                Reason::NodeNeverReady,
                 format!(
                     "node {} did not become Ready within {}s",
                     v.new_node.clone().unwrap_or_default(),

@@ -1,4 +1,5 @@
 use super::*;
+use crate::api::Reason;
 use crate::cloud::InstanceState;
 
 fn spec(image: &str) -> NodeSpec {
@@ -83,7 +84,7 @@ fn an_aborted_target_is_not_retried_in_a_loop_but_a_new_edit_is() {
     assert_eq!(start(&spec("ami-bad"), &status, true), Start::No);
     assert_eq!(start(&spec("ami-2"), &status, true), Start::Go);
     // A failover pre-empted it: the target did not fail, the move starts again.
-    status.upgrade.as_mut().unwrap().reason = Some(PREEMPTED.into());
+    status.upgrade.as_mut().unwrap().reason = Some(Reason::Preempted.into());
     assert_eq!(start(&spec("ami-bad"), &status, true), Start::Go);
 }
 
@@ -132,7 +133,7 @@ fn failures_before_the_database_stops_abort_without_touching_it() {
     assert!(matches!(
         next_step(&bad),
         Step::Abort {
-            reason: "LaunchFailed",
+            reason: Reason::LaunchFailed,
             ..
         }
     ));
@@ -144,7 +145,7 @@ fn failures_before_the_database_stops_abort_without_touching_it() {
     assert!(matches!(
         next_step(&late),
         Step::Abort {
-            reason: "NodeNeverJoined",
+            reason: Reason::NodeNeverJoined,
             ..
         }
     ));
@@ -153,7 +154,7 @@ fn failures_before_the_database_stops_abort_without_touching_it() {
     assert!(matches!(
         next_step(&view(&u, &s, Some(&dead))),
         Step::Abort {
-            reason: "InstanceGone",
+            reason: Reason::InstanceGone,
             ..
         }
     ));
@@ -166,7 +167,7 @@ fn failures_before_the_database_stops_abort_without_touching_it() {
     assert!(matches!(
         next_step(&not_ready),
         Step::Abort {
-            reason: "NodeNeverReady",
+            reason: Reason::NodeNeverReady,
             ..
         }
     ));
@@ -180,7 +181,7 @@ fn setting_the_field_back_before_the_database_stops_aborts_the_move() {
         assert!(matches!(
             next_step(&view(&u, &back, None)),
             Step::Abort {
-                reason: "Superseded",
+                reason: Reason::Superseded,
                 ..
             }
         ));
@@ -192,7 +193,7 @@ fn setting_the_field_back_before_the_database_stops_aborts_the_move() {
     assert!(matches!(
         next_step(&view(&u, &back, None)),
         Step::RollBack {
-            reason: "Reverted",
+            reason: Reason::Reverted,
             ..
         }
     ));
@@ -389,7 +390,7 @@ fn validation_decides_between_provisioning_and_abort() {
     assert!(matches!(
         next_step(&bad),
         Step::Abort {
-            reason: "InvalidNode",
+            reason: Reason::InvalidNode,
             ..
         }
     ));
@@ -410,7 +411,7 @@ fn a_failure_after_the_stop_moves_the_database_back_once() {
             matches!(
                 next_step(&late),
                 Step::RollBack {
-                    reason: "MoveFailed",
+                    reason: Reason::MoveFailed,
                     ..
                 }
             ),

@@ -11,6 +11,7 @@ use super::labels::child_meta;
 use super::names;
 use super::quantity::parse_quantity;
 use crate::api::QuestDB;
+use crate::api::Reason;
 
 /// Whether the PVC carries the QuestDB's controller reference.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -84,7 +85,7 @@ pub struct SizePlan {
     pub request: String,
     /// `VolumeSizeReady`.
     pub ready: bool,
-    pub reason: &'static str,
+    pub reason: Reason,
     pub message: String,
 }
 
@@ -104,7 +105,7 @@ pub fn size_plan(want: &str, have: &str, expandable: Option<bool>, class: &str) 
     match (w, h) {
         _ if grows(want, have) && expandable == Some(false) => keep(
             false,
-            "NotExpandable",
+            Reason::NotExpandable,
             format!(
                 "spec.volume.size asks for {want} but StorageClass {class} does not allow volume expansion; the volume stays at {have}"
             ),
@@ -112,15 +113,15 @@ pub fn size_plan(want: &str, have: &str, expandable: Option<bool>, class: &str) 
         _ if grows(want, have) => SizePlan {
             request: want.to_string(),
             ready: true,
-            reason: "Expanding",
+            reason: Reason::Expanding,
             message: format!("the volume is being expanded from {have} to {want}"),
         },
         (Some(w), Some(h)) if w < h => keep(
             true,
-            "Larger",
+            Reason::Larger,
             format!("the volume requests {have}, more than spec.volume.size {want}; volumes never shrink"),
         ),
-        _ => keep(true, "AsRequested", format!("the volume requests {have}")),
+        _ => keep(true, Reason::AsRequested, format!("the volume requests {have}")),
     }
 }
 
@@ -163,7 +164,7 @@ mod tests {
         let fixed = size_plan("200Gi", "100Gi", Some(false), "gp3-fixed");
         assert_eq!(fixed.request, "100Gi");
         assert!(!fixed.ready);
-        assert_eq!(fixed.reason, "NotExpandable");
+        assert_eq!(fixed.reason, Reason::NotExpandable);
         assert!(fixed.message.contains("gp3-fixed"), "{}", fixed.message);
         let grows = size_plan("200Gi", "100Gi", Some(true), "gp3");
         assert_eq!(grows.request, "200Gi");
@@ -171,7 +172,7 @@ mod tests {
         assert_eq!(unknown.request, "200Gi", "the apiserver decides");
         let same = size_plan("100Gi", "102400Mi", Some(false), "gp3-fixed");
         assert_eq!(same.request, "102400Mi");
-        assert_eq!(same.reason, "AsRequested");
+        assert_eq!(same.reason, Reason::AsRequested);
     }
 
     #[test]

@@ -43,6 +43,5 @@ pub use auth_file::{render_auth_file, AUTH_DB_PATH, AUTH_DB_PATH_KEY, KEY_TYPE};
 pub use key::{parse_secret, Coordinate, KeyError, PublicKey, MAX_KID_LEN};
 pub use mapping::{is_valid_questdb_name, questdb_for_secret};
 pub use policy::{
-    collect, collect_parsed, decide, reasons, AuthDecision, AuthOutcome, FileChoice, SecretProblem,
-    MAX_KEYS,
+    collect, collect_parsed, decide, AuthDecision, AuthOutcome, FileChoice, SecretProblem, MAX_KEYS,
 };

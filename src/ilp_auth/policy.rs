@@ -5,19 +5,9 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Secret;
 
-use super::{parse_secret, render_auth_file, KeyError, PublicKey};
+use crate::api::Reason;
 
-/// `IlpAuthReady` condition reasons.
-pub mod reasons {
-    /// Every key Secret is valid and at least one key is deployed.
-    pub const KEYS_LOADED: &str = "KeysLoaded";
-    /// No key Secret: ILP auth is on and refuses every client.
-    pub const NO_KEYS: &str = "NoKeys";
-    /// At least one Secret could not be read as a P-256 JWK.
-    pub const INVALID_SECRET: &str = "InvalidSecret";
-    /// Secrets are valid one by one but share a kid.
-    pub const DUPLICATE_KID: &str = "DuplicateKid";
-}
+use super::{parse_secret, render_auth_file, KeyError, PublicKey};
 
 /// Keys one QuestDB's auth file holds at most: with kids of at most
 /// [`super::MAX_KID_LEN`] bytes a line is under 400 bytes, so the file stays far below the 1 MiB
@@ -139,8 +129,8 @@ pub struct AuthDecision {
     pub file_choice: FileChoice,
     /// Status of the `IlpAuthReady` condition.
     pub ready: bool,
-    /// Reason of the `IlpAuthReady` condition, one of [`reasons`].
-    pub reason: &'static str,
+    /// Reason of the `IlpAuthReady` condition.
+    pub reason: Reason,
     /// Message of the condition (also fit for a Warning event when not ready). Names Secrets,
     /// kids and problems, never a key value.
     pub message: String,
@@ -172,7 +162,7 @@ pub fn decide(outcome: &AuthOutcome) -> AuthDecision {
             auth_file,
             file_choice: FileChoice::Complete,
             ready: false,
-            reason: reasons::NO_KEYS,
+            reason: Reason::NoKeys,
             message: "No Secret annotated crd.questdb.io/name holds an ILP key for this QuestDB: \
                       ILP authentication stays on and every ILP client is refused until a key \
                       Secret is annotated or spec.ilpAuth.enabled is set to false"
@@ -184,7 +174,7 @@ pub fn decide(outcome: &AuthOutcome) -> AuthDecision {
         auth_file,
         file_choice: FileChoice::Complete,
         ready: true,
-        reason: reasons::KEYS_LOADED,
+        reason: Reason::KeysLoaded,
         message: format!(
             "{} loaded: {}",
             plural(kids.len(), "ILP key", "ILP keys"),
@@ -199,9 +189,9 @@ fn decide_with_problems(outcome: &AuthOutcome) -> AuthDecision {
         .iter()
         .all(|p| matches!(p.error, KeyError::DuplicateKid { .. }));
     let reason = if only_duplicates {
-        reasons::DUPLICATE_KID
+        Reason::DuplicateKid
     } else {
-        reasons::INVALID_SECRET
+        Reason::InvalidSecret
     };
     let problems: Vec<String> = outcome
         .problems

@@ -14,8 +14,8 @@ use serde::Serialize;
 use tracing::{debug, info};
 
 use crate::api::QuestDB;
+use crate::api::Reason;
 use crate::controllers::children::{self, Applied, ChildAction};
-use crate::controllers::conditions::reasons;
 use crate::controllers::context::{Caches, Context};
 use crate::controllers::Error;
 use crate::desired;
@@ -73,7 +73,7 @@ pub struct Report {
     /// Children created, adopted, updated or deleted (not yet visible as converged).
     pub changed: Vec<String>,
     /// What was written, by event reason ("Created", "Adopted", "Updated").
-    pub applied: Vec<(&'static str, String)>,
+    pub applied: Vec<(Reason, String)>,
 }
 
 /// Applies the children of one QuestDB.
@@ -136,9 +136,9 @@ impl<'a> Applier<'a> {
             }
             Ok(done) => {
                 let (reason, verb) = match done {
-                    Applied::Created => ("Created", "created"),
-                    Applied::Adopted => ("Adopted", "adopted"),
-                    _ => ("Updated", "updated"),
+                    Applied::Created => (Reason::Created, "created"),
+                    Applied::Adopted => (Reason::Adopted, "adopted"),
+                    _ => (Reason::Updated, "updated"),
                 };
                 info!(questdb = %self.qdb.name_any(), child = %what, "{verb}");
                 self.report.applied.push((reason, what.clone()));
@@ -154,7 +154,7 @@ impl<'a> Applier<'a> {
                     .event(
                         self.qdb,
                         EventType::Warning,
-                        "ApplyFailed",
+                        Reason::ApplyFailed,
                         "Reconcile",
                         note,
                     )
@@ -187,7 +187,7 @@ impl<'a> Applier<'a> {
     async fn blocked(&mut self, what: String, by: String) {
         let reported = self.qdb.status.as_ref().is_some_and(|s| {
             s.conditions.iter().any(|c| {
-                c.reason == reasons::CHILD_CONFLICT
+                c.reason == Reason::ChildConflict
                     && c.message.split(", ").any(|m| m.ends_with(&what))
             })
         });
@@ -197,7 +197,7 @@ impl<'a> Applier<'a> {
                 .event(
                     self.qdb,
                     EventType::Warning,
-                    reasons::CHILD_CONFLICT,
+                    Reason::ChildConflict,
                     "Reconcile",
                     note,
                 )
@@ -213,7 +213,7 @@ impl Report {
     /// series that keeps its first note, so the action carries a digest of the note: a repeat
     /// of the same change is counted in its series, a different change is a new event.
     pub async fn publish(&self, qdb: &QuestDB, ctx: &Context) {
-        for reason in ["Created", "Adopted", "Updated"] {
+        for reason in [Reason::Created, Reason::Adopted, Reason::Updated] {
             let what: Vec<&str> = self
                 .applied
                 .iter()
@@ -223,7 +223,7 @@ impl Report {
             if what.is_empty() {
                 continue;
             }
-            let note = format!("{} {}", reason.to_lowercase(), what.join(", "));
+            let note = format!("{} {}", reason.as_str().to_lowercase(), what.join(", "));
             let digest = {
                 use sha2::Digest;
                 hex::encode(&sha2::Sha256::digest(note.as_bytes())[..4])

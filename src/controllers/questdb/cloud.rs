@@ -22,6 +22,7 @@ use tracing::{info, warn};
 use super::node_marks::dedicate;
 pub use super::outcome::CloudOutcome;
 use super::record::{already_reported, persist};
+use crate::api::Reason;
 use crate::api::{conditions, QuestDB, QuestDBStatus, FINALIZER, MANAGER};
 use crate::cloud::{
     desired_instance_tags, display_name, CloudError, DnsOwner, Instance, InstanceState,
@@ -29,7 +30,6 @@ use crate::cloud::{
 };
 use crate::controllers::cloud_runtime::CloudRuntime;
 use crate::controllers::cloud_runtime::LaunchFailure;
-use crate::controllers::conditions::reasons;
 use crate::controllers::conditions::Verdict;
 use crate::controllers::context::Context;
 use crate::controllers::dns::{self, DnsStep, DnsView};
@@ -84,7 +84,7 @@ fn not_configured(type_: &'static str) -> Verdict {
     Verdict::new(
         type_,
         false,
-        "NotConfigured",
+        Reason::NotConfigured,
         "the operator runs without a cloud provider (--cloud-provider)",
     )
 }
@@ -140,7 +140,7 @@ pub async fn reconcile(
         out.node_condition = Some(Verdict::new(
             conditions::NODE_READY,
             false,
-            "MovingOff",
+            Reason::MovingOff,
             format!(
                 "spec.node was removed; instance {} is released once the database pod has left it",
                 status.instance_id.as_deref().unwrap_or("-")
@@ -224,14 +224,14 @@ fn ready_condition(node: &str, ready: bool) -> Verdict {
         Verdict::new(
             conditions::NODE_READY,
             true,
-            "Ready",
+            Reason::Ready,
             format!("dedicated node {node} is ready"),
         )
     } else {
         Verdict::new(
             conditions::NODE_READY,
             false,
-            "NodeNotReady",
+            Reason::NodeNotReady,
             format!("dedicated node {node} is not ready"),
         )
     }
@@ -331,7 +331,7 @@ async fn node_steps(
                 run.out.node_condition = Some(Verdict::new(
                     conditions::NODE_READY,
                     false,
-                    reasons::WAITING_FOR_NODE,
+                    Reason::WaitingForNode,
                     format!("labelled and tainted node {node} for this database"),
                 ));
                 run.out.requeue_within(Duration::from_secs(1));
@@ -419,7 +419,7 @@ impl NodeRun<'_> {
                     .event(
                         self.qdb,
                         EventType::Warning,
-                        "LaunchFailed",
+                        Reason::LaunchFailed,
                         "LaunchNode",
                         message.clone(),
                     )
@@ -434,7 +434,7 @@ impl NodeRun<'_> {
                 self.out.node_condition = Some(Verdict::new(
                     conditions::NODE_READY,
                     false,
-                    "LaunchFailed",
+                    Reason::LaunchFailed,
                     message,
                 ));
                 self.out.requeue_within(PERMANENT_FAILURE_RETRY);
@@ -503,8 +503,8 @@ impl NodeRun<'_> {
         };
         let wait = match hold {
             node::Relaunch::Now => None,
-            node::Relaunch::Backoff(d) => Some(("RelaunchBackoff", d)),
-            node::Relaunch::Capped(d) => Some(("RelaunchCapped", d)),
+            node::Relaunch::Backoff(d) => Some((Reason::RelaunchBackoff, d)),
+            node::Relaunch::Capped(d) => Some((Reason::RelaunchCapped, d)),
         };
         if let Some((reason, d)) = wait {
             let c = Verdict::new(
@@ -537,7 +537,7 @@ impl NodeRun<'_> {
             .event(
                 self.qdb,
                 EventType::Warning,
-                "NodeGone",
+                Reason::NodeGone,
                 "ReplaceNode",
                 note,
             )
@@ -563,7 +563,7 @@ impl NodeRun<'_> {
             .event(
                 self.qdb,
                 EventType::Normal,
-                "ReleasingNode",
+                Reason::ReleasingNode,
                 "TerminateNode",
                 note.clone(),
             )
@@ -571,7 +571,7 @@ impl NodeRun<'_> {
         self.out.node_condition = Some(Verdict::new(
             conditions::NODE_READY,
             false,
-            "Releasing",
+            Reason::Releasing,
             note,
         ));
         self.out.requeue_within(WAITING_SYNC);
@@ -590,7 +590,7 @@ impl NodeRun<'_> {
             Verdict::new(
                 conditions::NODE_READY,
                 false,
-                "Released",
+                Reason::Released,
                 "the dedicated node was released; the volume is kept",
             )
         });
@@ -682,12 +682,12 @@ fn dns_owner(qdb: &QuestDB, status: &QuestDBStatus, name: &str) -> DnsOwner {
 
 /// A DNS error that needs a person (a name owned by someone else, a record Route53 refuses, no
 /// hosted zone): a condition and one event, not a failed reconcile retried forever.
-fn dns_refusal(e: &CloudError) -> Option<&'static str> {
+fn dns_refusal(e: &CloudError) -> Option<Reason> {
     match e {
         CloudError::Permanent { code, .. } if code == OWNED_ELSEWHERE => {
-            Some("RecordOwnedElsewhere")
+            Some(Reason::RecordOwnedElsewhere)
         }
-        CloudError::Permanent { .. } | CloudError::Config(_) => Some("DnsRejected"),
+        CloudError::Permanent { .. } | CloudError::Config(_) => Some(Reason::DnsRejected),
         _ => None,
     }
 }
@@ -728,7 +728,7 @@ async fn dns_step(
     match step {
         DnsStep::Nothing => Ok(DnsDecision::Decided(None)),
         DnsStep::InSync(c) => Ok(DnsDecision::Decided(Some(c))),
-        DnsStep::Blocked(c) if c.reason == reasons::WAITING_FOR_NODE && from_node => {
+        DnsStep::Blocked(c) if c.reason == Reason::WaitingForNode && from_node => {
             // The fast path read the Node only; let the instance data decide.
             Ok(DnsDecision::Undecided)
         }
@@ -765,7 +765,7 @@ async fn dns_step(
             ctx.event(
                 qdb,
                 EventType::Normal,
-                "DnsPublished",
+                Reason::DnsPublished,
                 "UpsertRecord",
                 format!("{name} -> {ip}"),
             )
@@ -791,7 +791,7 @@ async fn dns_step(
                     Verdict::new(
                         conditions::DNS_READY,
                         false,
-                        "Removed",
+                        Reason::Removed,
                         format!("record {name} removed while compute is released"),
                     )
                 }),

@@ -18,6 +18,7 @@ use super::outcome::CloudOutcome;
 use super::placement::{dns_follows, volume_attached_to};
 use super::record::{already_reported, persist};
 use super::status::pod_ready;
+use crate::api::Reason;
 use crate::api::{conditions, FailoverStatus, QuestDB, QuestDBStatus};
 use crate::cloud::{CloudError, InstanceState};
 use crate::controllers::clock::{now, since};
@@ -38,7 +39,7 @@ use crate::metrics::FailoverResult;
 /// VolumeAttachment) looks again.
 const STEP_POLL: Duration = Duration::from_secs(2);
 
-fn condition(status: bool, reason: &str, message: String) -> Verdict {
+fn condition(status: bool, reason: Reason, message: String) -> Verdict {
     Verdict::new(conditions::FAILOVER, status, reason, message)
 }
 
@@ -86,14 +87,18 @@ pub async fn reconcile(
     match decision {
         Start::No => Ok(Some(armed())),
         Start::Suppressed { reason, message } => {
-            let c = condition(false, "FailoverSuppressed", format!("{reason}: {message}"));
+            let c = condition(
+                false,
+                Reason::FailoverSuppressed,
+                format!("{reason}: {message}"),
+            );
             if !already_reported(&status, &c) {
-                warn!(questdb = %qdb.name_any(), %node, reason, "failover suppressed: {message}");
-                ctx.metrics.failover_suppressed(reason);
+                warn!(questdb = %qdb.name_any(), %node, %reason, "failover suppressed: {message}");
+                ctx.metrics.failover_suppressed(reason.as_str());
                 ctx.event(
                     qdb,
                     EventType::Warning,
-                    "FailoverSuppressed",
+                    Reason::FailoverSuppressed,
                     "Failover",
                     c.message.clone(),
                 )
@@ -133,8 +138,14 @@ pub async fn reconcile(
                 unhealthy_for.unwrap_or_default().as_secs()
             );
             warn!(questdb = %qdb.name_any(), "{note}");
-            ctx.event(qdb, EventType::Warning, "FailoverStarted", "Failover", note)
-                .await;
+            ctx.event(
+                qdb,
+                EventType::Warning,
+                Reason::FailoverStarted,
+                "Failover",
+                note,
+            )
+            .await;
             steps(qdb, ctx, cloud, out).await.map(Some)
         }
     }
@@ -143,7 +154,7 @@ pub async fn reconcile(
 fn armed() -> Verdict {
     condition(
         true,
-        "Armed",
+        Reason::Armed,
         "the dedicated node is replaced automatically if it stops answering".into(),
     )
 }
@@ -156,7 +167,7 @@ async fn confirm(
     cloud: &CloudRuntime,
     node: &str,
     instance: &str,
-) -> Result<Option<&'static str>, Error> {
+) -> Result<Option<Reason>, Error> {
     let leases: Api<Lease> = Api::namespaced(ctx.client.clone(), NODE_LEASE_NAMESPACE);
     let live_renew = leases
         .get_opt(node)
@@ -184,9 +195,9 @@ async fn confirm(
         .map(|i| i.state);
     Ok(Some(match state {
         Some(InstanceState::Stopped | InstanceState::Terminated | InstanceState::ShuttingDown)
-        | None => "InstanceDown",
-        _ if ready => "NodeLeaseExpired",
-        _ => "NodeNotReady",
+        | None => Reason::InstanceDown,
+        _ if ready => Reason::NodeLeaseExpired,
+        _ => Reason::NodeNotReady,
     }))
 }
 
@@ -231,7 +242,7 @@ async fn steps(
                 ctx.event(
                     qdb,
                     EventType::Normal,
-                    &format!("Failover{next}"),
+                    failover::step_reason(next),
                     "Failover",
                     format!(
                         "failover of {}: {next}",
@@ -264,7 +275,7 @@ async fn steps(
                             ctx.event(
                                 qdb,
                                 EventType::Warning,
-                                "FailoverStuck",
+                                Reason::FailoverStuck,
                                 "Failover",
                                 c.message.clone(),
                             )
@@ -307,14 +318,14 @@ async fn steps(
                 ctx.event(
                     qdb,
                     EventType::Normal,
-                    "FailoverSucceeded",
+                    Reason::FailoverSucceeded,
                     "Failover",
                     note,
                 )
                 .await;
                 return Ok(condition(
                     true,
-                    "Recovered",
+                    Reason::Recovered,
                     "the last failover succeeded".into(),
                 ));
             }
@@ -327,7 +338,7 @@ async fn steps(
 fn in_progress(f: &FailoverStatus) -> Verdict {
     condition(
         true,
-        "InProgress",
+        Reason::InProgress,
         format!("{}: {}", f.phase, f.message.clone().unwrap_or_default()),
     )
 }

@@ -11,11 +11,12 @@ use kube::runtime::reflector::ObjectRef;
 use kube::ResourceExt;
 use tracing::warn;
 
+use crate::api::Reason;
 use crate::api::{conditions, QuestDB};
 use crate::controllers::conditions::Verdict;
 use crate::controllers::context::Context;
 use crate::controllers::Error;
-use crate::ilp_auth::{self, reasons};
+use crate::ilp_auth;
 
 /// The auth file to mount (None: ILP auth disabled) and the condition to report.
 pub struct Resolution {
@@ -31,7 +32,7 @@ pub async fn resolve(qdb: &QuestDB, ctx: &Context) -> Result<Resolution, Error> 
             condition: Some(Verdict::new(
                 conditions::ILP_AUTH_READY,
                 true,
-                "Disabled",
+                Reason::Disabled,
                 "ILP authentication is off (spec.ilpAuth.enabled: false): any client can write over ILP",
             )),
         });
@@ -98,8 +99,8 @@ pub async fn resolve(qdb: &QuestDB, ctx: &Context) -> Result<Resolution, Error> 
         })
     });
     if !decision.ready && !unchanged {
-        warn!(questdb = %name, reason = decision.reason, message = %decision.message, "ILP auth not ready");
-        let type_ = if decision.reason == reasons::NO_KEYS {
+        warn!(questdb = %name, reason = %decision.reason, message = %decision.message, "ILP auth not ready");
+        let type_ = if decision.reason == Reason::NoKeys {
             EventType::Normal
         } else {
             EventType::Warning

@@ -18,7 +18,7 @@ mod volume;
 
 use std::sync::Arc;
 
-use crate::controllers::conditions::reasons;
+use crate::api::Reason;
 use crate::controllers::Next;
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
@@ -121,7 +121,7 @@ async fn invalid_spec(
         ctx.event(
             qdb,
             EventType::Warning,
-            reasons::INVALID_SPEC,
+            Reason::InvalidSpec,
             "Validate",
             note,
         )
@@ -237,7 +237,7 @@ async fn release_and_unblock(qdb: Arc<QuestDB>, ctx: &Context) -> Result<Next, E
             ctx.event(
                 &current,
                 EventType::Warning,
-                "CleanupBlocked",
+                Reason::CleanupBlocked,
                 "Finalize",
                 note,
             )
@@ -258,7 +258,7 @@ fn already_reported_invalid(qdb: &QuestDB, note: &str) -> bool {
         s.observed_generation == qdb.metadata.generation
             && s.conditions.iter().any(|c| {
                 c.type_ == crate::api::conditions::SPEC_VALID
-                    && c.reason == reasons::INVALID_SPEC
+                    && c.reason == Reason::InvalidSpec
                     && c.message == note
             })
     })
@@ -319,7 +319,7 @@ pub async fn report_unreadable(
     ctx.event_for(
         &reference,
         EventType::Warning,
-        "Unreadable",
+        Reason::Unreadable,
         "Reconcile",
         format!("the operator cannot read this QuestDB: {}", invalid.error),
     )

@@ -4,8 +4,8 @@ use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::jiff::Timestamp;
 
+use crate::api::Reason;
 use crate::api::{conditions, Phase, QuestDB, QuestDBStatus};
-use crate::controllers::conditions::reasons;
 use crate::controllers::conditions::{merge, Verdict};
 use crate::controllers::node::node_is_ready;
 use crate::controllers::questdb::outcome::CloudOutcome;
@@ -78,7 +78,7 @@ pub fn compute(qdb: &QuestDB, obs: &StatusInputs, now: Timestamp) -> QuestDBStat
             Verdict::new(
                 conditions::READY,
                 false,
-                reasons::INVALID_SPEC,
+                Reason::InvalidSpec,
                 obs.invalid.join("; "),
             ),
         )
@@ -88,7 +88,7 @@ pub fn compute(qdb: &QuestDB, obs: &StatusInputs, now: Timestamp) -> QuestDBStat
             Verdict::new(
                 conditions::READY,
                 false,
-                reasons::CHILD_CONFLICT,
+                Reason::ChildConflict,
                 format!(
                     "objects that are not this QuestDB's block it (never adopted, never mounted): {}",
                     obs.children.blocked.join(", ")
@@ -101,7 +101,7 @@ pub fn compute(qdb: &QuestDB, obs: &StatusInputs, now: Timestamp) -> QuestDBStat
             Verdict::new(
                 conditions::READY,
                 false,
-                "Paused",
+                Reason::Paused,
                 "compute released, data kept",
             ),
         )
@@ -112,7 +112,7 @@ pub fn compute(qdb: &QuestDB, obs: &StatusInputs, now: Timestamp) -> QuestDBStat
                 Verdict::new(
                     conditions::READY,
                     false,
-                    "Creating",
+                    Reason::Creating,
                     "creating the StatefulSet",
                 ),
             ),
@@ -128,7 +128,7 @@ pub fn compute(qdb: &QuestDB, obs: &StatusInputs, now: Timestamp) -> QuestDBStat
                     } else {
                         Phase::Pending
                     },
-                    Verdict::new(conditions::READY, false, "RollingOut", what),
+                    Verdict::new(conditions::READY, false, Reason::RollingOut, what),
                 )
             }
             Some(_) if obs.pod.is_some_and(pod_ready) => (
@@ -136,7 +136,7 @@ pub fn compute(qdb: &QuestDB, obs: &StatusInputs, now: Timestamp) -> QuestDBStat
                 Verdict::new(
                     conditions::READY,
                     true,
-                    "Running",
+                    Reason::Running,
                     "the database pod is ready",
                 ),
             ),
@@ -151,7 +151,7 @@ pub fn compute(qdb: &QuestDB, obs: &StatusInputs, now: Timestamp) -> QuestDBStat
                     Some(n) => Verdict::new(
                         conditions::READY,
                         false,
-                        "NodeNotReady",
+                        Reason::NodeNotReady,
                         format!(
                             "the database pod's node {} is not ready: the database does not answer",
                             n.metadata.name.clone().unwrap_or_default()
@@ -160,7 +160,7 @@ pub fn compute(qdb: &QuestDB, obs: &StatusInputs, now: Timestamp) -> QuestDBStat
                     None => Verdict::new(
                         conditions::READY,
                         false,
-                        "PodNotReady",
+                        Reason::PodNotReady,
                         "waiting for the database pod to become ready",
                     ),
                 };
@@ -253,12 +253,17 @@ pub fn compute(qdb: &QuestDB, obs: &StatusInputs, now: Timestamp) -> QuestDBStat
 
 fn spec_valid(obs: &StatusInputs) -> Verdict {
     if obs.invalid.is_empty() {
-        Verdict::new(conditions::SPEC_VALID, true, "Valid", "the spec is valid")
+        Verdict::new(
+            conditions::SPEC_VALID,
+            true,
+            Reason::Valid,
+            "the spec is valid",
+        )
     } else {
         Verdict::new(
             conditions::SPEC_VALID,
             false,
-            reasons::INVALID_SPEC,
+            Reason::InvalidSpec,
             obs.invalid.join("; "),
         )
     }
@@ -270,7 +275,7 @@ fn built_before(existing: &QuestDBStatus) -> bool {
         && !existing
             .conditions
             .iter()
-            .any(|c| c.type_ == conditions::READY && c.reason == reasons::INVALID_SPEC)
+            .any(|c| c.type_ == conditions::READY && c.reason == Reason::InvalidSpec)
 }
 
 /// An invalid edit of a database built before: it keeps running on its last good spec, so

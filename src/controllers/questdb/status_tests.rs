@@ -1,6 +1,6 @@
 //! What `kubectl get qdb` and the conditions say in every situation the reconcile can observe.
 
-use crate::controllers::conditions::reasons;
+use crate::api::Reason;
 use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetSpec, StatefulSetStatus};
 use k8s_openapi::api::core::v1::{
     Node, NodeAddress, NodeCondition, NodeStatus, Pod, PodCondition, PodSpec, PodStatus,
@@ -203,7 +203,7 @@ fn invalid_spec_wins_over_everything() {
     };
     let st = compute(&q, &obs, now());
     let ready = st.conditions.iter().find(|c| c.type_ == "Ready").unwrap();
-    assert_eq!(ready.reason, reasons::INVALID_SPEC);
+    assert_eq!(ready.reason, Reason::InvalidSpec);
     assert!(ready.message.contains("Bad Image"));
     assert_eq!(st.phase, Some(Phase::Failed));
 }
@@ -243,7 +243,7 @@ fn an_invalid_edit_of_a_running_database_keeps_its_columns_and_ready() {
         .unwrap();
     assert_eq!(
         (valid.status.as_str(), valid.reason.as_str()),
-        ("False", reasons::INVALID_SPEC)
+        ("False", Reason::InvalidSpec.as_str())
     );
     assert!(valid.message.contains("QuestDB:::9"));
 
@@ -271,7 +271,7 @@ fn foreign_children_are_named_in_the_condition() {
     };
     let st = compute(&q, &obs, now());
     let ready = st.conditions.iter().find(|c| c.type_ == "Ready").unwrap();
-    assert_eq!(ready.reason, reasons::CHILD_CONFLICT);
+    assert_eq!(ready.reason, Reason::ChildConflict);
     assert!(ready.message.contains("Service db"));
 }
 
@@ -313,7 +313,12 @@ fn unknown_node_is_not_ready() {
 fn ilp_condition_is_included() {
     let q = testing::questdb("db", "ns");
     let obs = StatusInputs {
-        ilp_auth: Some(Verdict::new("IlpAuthReady", false, "NoKeys", "no keys")),
+        ilp_auth: Some(Verdict::new(
+            "IlpAuthReady",
+            false,
+            Reason::NoKeys,
+            "no keys",
+        )),
         ..Default::default()
     };
     let st = compute(&q, &obs, now());
@@ -351,7 +356,12 @@ fn cloud_conditions_follow_the_cloud_part_and_vanish_with_their_spec_field() {
         ..Default::default()
     });
     let waiting = CloudOutcome {
-        node_condition: Some(Verdict::new("NodeReady", false, "Launching", "starting")),
+        node_condition: Some(Verdict::new(
+            "NodeReady",
+            false,
+            Reason::Launching,
+            "starting",
+        )),
         ..CloudOutcome::default()
     };
     let obs = StatusInputs {

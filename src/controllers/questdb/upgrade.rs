@@ -20,6 +20,7 @@ use super::outcome::CloudOutcome;
 use super::placement::{dns_follows, volume_attached_to};
 use super::record::persist;
 use super::status::pod_ready;
+use crate::api::Reason;
 use crate::api::{conditions, QuestDB, QuestDBStatus, UpgradeStatus};
 use crate::cloud::Instance;
 use crate::controllers::clock::{now, since};
@@ -35,14 +36,14 @@ use crate::metrics::UpgradeResult;
 
 const STEP_POLL: Duration = Duration::from_secs(2);
 
-fn condition(status: bool, reason: &str, message: String) -> Verdict {
+fn condition(status: bool, reason: Reason, message: String) -> Verdict {
     Verdict::new(conditions::NODE_UPGRADE, status, reason, message)
 }
 
 fn up_to_date() -> Verdict {
     condition(
         true,
-        "UpToDate",
+        Reason::UpToDate,
         "the node runs the image and instance type of the spec".into(),
     )
 }
@@ -76,7 +77,7 @@ pub async fn reconcile(
                 ctx,
                 cloud,
                 &u,
-                upgrade::PREEMPTED,
+                Reason::Preempted,
                 "a failover of the database started; the move starts again after it".into(),
             )
             .await?;
@@ -107,7 +108,10 @@ pub async fn reconcile(
                 {
                     condition(
                         false,
-                        u.reason.as_deref().unwrap_or("Aborted"),
+                        u.reason
+                            .as_deref()
+                            .and_then(Reason::parse)
+                            .unwrap_or(Reason::Aborted),
                         u.message.clone().unwrap_or_default(),
                     )
                 }
@@ -116,7 +120,7 @@ pub async fn reconcile(
         }
         Start::Waiting { why, retry } => {
             out.requeue_within(retry);
-            return Ok(Some(condition(false, "Waiting", why)));
+            return Ok(Some(condition(false, Reason::Waiting, why)));
         }
         Start::Go => {
             let next_generation = status.node_generation.unwrap_or(1) + 1;
@@ -142,8 +146,14 @@ pub async fn reconcile(
                 spec.image, spec.instance_type
             );
             info!(questdb = %qdb.name_any(), "{note}");
-            ctx.event(qdb, EventType::Normal, "UpgradeStarted", "Upgrade", note)
-                .await;
+            ctx.event(
+                qdb,
+                EventType::Normal,
+                Reason::UpgradeStarted,
+                "Upgrade",
+                note,
+            )
+            .await;
         }
     }
     steps(qdb, ctx, cloud, out).await.map(Some)
@@ -429,7 +439,7 @@ async fn steps(
                 ctx.event(
                     qdb,
                     EventType::Normal,
-                    "UpgradeStopping",
+                    Reason::UpgradeStopping,
                     "Upgrade",
                     format!(
                         "the new node is Ready; stopping the database to move it to instance {id}"
@@ -502,15 +512,15 @@ async fn steps(
                 ctx.event(
                     qdb,
                     EventType::Warning,
-                    "UpgradeRolledBack",
+                    Reason::UpgradeRolledBack,
                     "Upgrade",
                     note,
                 )
                 .await;
-                let reason = u.reason.clone().unwrap_or_else(|| "RolledBack".into());
+                let reason = u.reason.as_deref().and_then(Reason::parse);
                 return Ok(condition(
                     false,
-                    &reason,
+                    reason.unwrap_or(Reason::RolledBack),
                     u.message.clone().unwrap_or_default(),
                 ));
             }
@@ -532,8 +542,14 @@ async fn steps(
                     u.old_instance_id.clone().unwrap_or_default()
                 );
                 info!(questdb = %qdb.name_any(), "{note}");
-                ctx.event(qdb, EventType::Normal, "UpgradeCompleted", "Upgrade", note)
-                    .await;
+                ctx.event(
+                    qdb,
+                    EventType::Normal,
+                    Reason::UpgradeCompleted,
+                    "Upgrade",
+                    note,
+                )
+                .await;
                 return Ok(up_to_date());
             }
             Step::Revert => {
@@ -546,13 +562,23 @@ async fn steps(
                 );
                 persist(qdb, ctx, |s| s.upgrade = Some(record.clone())).await?;
                 info!(questdb = %qdb.name_any(), "{note}");
-                ctx.event(qdb, EventType::Normal, "UpgradeStarted", "Upgrade", note)
-                    .await;
+                ctx.event(
+                    qdb,
+                    EventType::Normal,
+                    Reason::UpgradeStarted,
+                    "Upgrade",
+                    note,
+                )
+                .await;
             }
         }
     }
     out.requeue_within(STEP_POLL);
-    Ok(condition(true, "Moving", "node move in progress".into()))
+    Ok(condition(
+        true,
+        Reason::Moving,
+        "node move in progress".into(),
+    ))
 }
 
 /// Records the next phase (the step that ended goes to the log and the step histogram).
@@ -574,7 +600,7 @@ async fn advance(
     ctx.event(
         qdb,
         EventType::Normal,
-        &format!("Upgrade{next}"),
+        upgrade::step_reason(next),
         "Upgrade",
         format!("node move: {next}"),
     )
@@ -596,7 +622,7 @@ async fn roll_back(
     qdb: &mut QuestDB,
     ctx: &Context,
     u: &UpgradeStatus,
-    reason: &'static str,
+    reason: Reason,
     message: String,
 ) -> Result<(), Error> {
     let old = u.old_instance_id.clone();
@@ -616,11 +642,11 @@ async fn roll_back(
         }
     })
     .await?;
-    warn!(questdb = %qdb.name_any(), reason, "node move rolling back: {message}");
+    warn!(questdb = %qdb.name_any(), %reason, "node move rolling back: {message}");
     ctx.event(
         qdb,
         EventType::Warning,
-        "UpgradeRollingBack",
+        Reason::UpgradeRollingBack,
         "Upgrade",
         format!("{reason}: {message}"),
     )
@@ -671,8 +697,14 @@ async fn retain(
         u.old_instance_id.clone().unwrap_or_default()
     );
     info!(questdb = %qdb.name_any(), "{note}");
-    ctx.event(qdb, EventType::Normal, "UpgradeRetaining", "Upgrade", note)
-        .await;
+    ctx.event(
+        qdb,
+        EventType::Normal,
+        Reason::UpgradeRetaining,
+        "Upgrade",
+        note,
+    )
+    .await;
     Ok(())
 }
 
@@ -699,13 +731,17 @@ fn is_cordoned(node: &Node) -> bool {
 }
 
 fn retaining(u: &UpgradeStatus) -> Verdict {
-    condition(true, "Retaining", u.message.clone().unwrap_or_default())
+    condition(
+        true,
+        Reason::Retaining,
+        u.message.clone().unwrap_or_default(),
+    )
 }
 
 fn moving(u: &UpgradeStatus) -> Verdict {
     condition(
         true,
-        "Moving",
+        Reason::Moving,
         format!("{}: {}", u.phase, u.message.clone().unwrap_or_default()),
     )
 }
@@ -736,7 +772,7 @@ async fn abort(
     ctx: &Context,
     cloud: &CloudRuntime,
     u: &UpgradeStatus,
-    reason: &'static str,
+    reason: Reason,
     message: String,
 ) -> Result<(), Error> {
     if let Some(id) = u.new_instance_id.as_deref() {
@@ -752,13 +788,13 @@ async fn abort(
         }
     })
     .await?;
-    warn!(questdb = %qdb.name_any(), reason, "node move aborted; the database stays on its node: {message}");
+    warn!(questdb = %qdb.name_any(), %reason, "node move aborted; the database stays on its node: {message}");
     ctx.metrics.upgrade_finished(UpgradeResult::Aborted, None);
     wake_queued(qdb, ctx);
     ctx.event(
         qdb,
         EventType::Warning,
-        "UpgradeAborted",
+        Reason::UpgradeAborted,
         "Upgrade",
         format!("{reason}: {message}"),
     )

@@ -1,0 +1,218 @@
+//! Every reason a QuestDB's conditions and events carry: one enum, one spelling each, so a
+//! reason the code acts on is a variant compared by the compiler, never a string compared by
+//! hand, and the list on-call engineers may see is in one place (`Reason::ALL`).
+//!
+//! A variant's name is the reason's text (`Reason::LaunchFailed` is `"LaunchFailed"`), which
+//! already satisfies the apiserver's pattern for `Condition.reason`.
+
+macro_rules! reasons {
+    ($( $(#[doc = $doc:literal])* $variant:ident ),* $(,)?) => {
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub enum Reason {
+            $( $(#[doc = $doc])* $variant ),*
+        }
+
+        impl Reason {
+            pub const ALL: &'static [Reason] = &[$(Reason::$variant),*];
+
+            pub const fn as_str(self) -> &'static str {
+                match self {
+                    $( Reason::$variant => stringify!($variant) ),*
+                }
+            }
+        }
+    };
+}
+
+reasons! {
+    // Ready, and the phase beside it.
+    /// The first reconcile: nothing applied yet.
+    Creating,
+    /// Waiting for the dedicated node.
+    Provisioning,
+    /// A child was just applied, or the StatefulSet has not rolled out.
+    RollingOut,
+    /// The database pod is not Ready.
+    PodNotReady,
+    /// The database pod is Ready.
+    Running,
+    /// `spec.paused`: the database is scaled to zero.
+    Paused,
+    /// The spec fails validation; nothing is applied.
+    InvalidSpec,
+    /// A child the operator would create exists and is not ours.
+    ChildConflict,
+    /// `SpecValid=True`.
+    Valid,
+
+    // Children (events).
+    Created,
+    Adopted,
+    Updated,
+    /// A child could not be written.
+    ApplyFailed,
+    /// The QuestDB does not parse (another schema version).
+    Unreadable,
+    /// Deletion waits for cloud resources that no provider can clean up.
+    CleanupBlocked,
+
+    // ILP auth.
+    KeysLoaded,
+    NoKeys,
+    InvalidSecret,
+    DuplicateKid,
+    /// A feature switched off (ILP auth, failover).
+    Disabled,
+
+    // Volume size.
+    AsRequested,
+    Expanding,
+    NotExpandable,
+    /// The volume requests more than the spec (volumes never shrink).
+    Larger,
+
+    // Dedicated node.
+    Ready,
+    Launching,
+    /// The dedicated node has not joined (or has no address) yet.
+    WaitingForNode,
+    NodeNotReady,
+    InstanceStopped,
+    LaunchFailed,
+    RelaunchBackoff,
+    RelaunchCapped,
+    NodeGone,
+    Releasing,
+    ReleasingNode,
+    Released,
+    /// `spec.node` was removed; the node goes once the pod has left it.
+    MovingOff,
+    /// The operator runs without the cloud provider this needs.
+    NotConfigured,
+
+    // DNS.
+    Published,
+    DnsPublished,
+    Removed,
+    RecordOwnedElsewhere,
+    DnsRejected,
+
+    // Failover.
+    Armed,
+    InProgress,
+    Recovered,
+    FailoverSuppressed,
+    FailoverStuck,
+    FailoverStarted,
+    FailoverSucceeded,
+    FailoverFencing,
+    FailoverReleasing,
+    FailoverReattaching,
+    FailoverRecovering,
+    FailoverHealthy,
+    InstanceDown,
+    NodeLeaseExpired,
+    SkipAnnotation,
+    RecentFailover,
+    TooManyUnhealthyNodes,
+
+    // Node moves.
+    UpToDate,
+    Moving,
+    Retaining,
+    Waiting,
+    Aborted,
+    RolledBack,
+    UpgradeStarted,
+    UpgradeValidating,
+    UpgradeProvisioning,
+    UpgradeNodeReady,
+    UpgradeStopping,
+    UpgradeMoving,
+    UpgradeVerifying,
+    UpgradeRetaining,
+    UpgradeCompleted,
+    UpgradeAborted,
+    UpgradeRolledBack,
+    UpgradeRollingBack,
+    InvalidNode,
+    InstanceGone,
+    NodeNeverJoined,
+    NodeNeverReady,
+    Superseded,
+    Preempted,
+    MoveFailed,
+    Reverted,
+
+    // Orphaned instances (events on the Node).
+    OrphanSweepHeldBack,
+    OrphanTerminated,
+
+    // Failed reconciles (`questdb_operator_reconcile_errors_total`, one Warning per streak).
+    MissingNamespace,
+    MissingUid,
+    StaleCache,
+    Conflict,
+    SerializeFailed,
+    KubernetesApiError,
+    CloudApiError,
+}
+
+impl Reason {
+    /// The reason a status record spelt out earlier (`status.upgrade.reason`, ...).
+    pub fn parse(s: &str) -> Option<Reason> {
+        Reason::ALL.iter().copied().find(|r| r.as_str() == s)
+    }
+}
+
+impl std::fmt::Display for Reason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl From<Reason> for String {
+    fn from(r: Reason) -> String {
+        r.as_str().to_string()
+    }
+}
+
+impl AsRef<str> for Reason {
+    fn as_ref(&self) -> &str {
+        self.as_str()
+    }
+}
+
+impl PartialEq<Reason> for String {
+    fn eq(&self, other: &Reason) -> bool {
+        self == other.as_str()
+    }
+}
+
+impl PartialEq<Reason> for str {
+    fn eq(&self, other: &Reason) -> bool {
+        self == other.as_str()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `metav1.Condition.reason` must match `^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$` and be
+    /// at most 1024 characters (apimachinery's ValidateConditions): an invalid one fails the
+    /// status write of every QuestDB that carries it.
+    #[test]
+    fn every_reason_is_one_the_apiserver_accepts_and_spelt_once() {
+        let mut seen = std::collections::BTreeSet::new();
+        for r in Reason::ALL {
+            let s = r.as_str();
+            assert!(seen.insert(s), "{s} twice");
+            assert!(s.len() <= 1024);
+            assert!(s.starts_with(|c: char| c.is_ascii_uppercase()), "{s}");
+            assert!(s.chars().all(|c| c.is_ascii_alphanumeric()), "{s}");
+            assert_eq!(Reason::parse(s), Some(*r));
+        }
+        assert_eq!(Reason::parse("NoSuchReason"), None);
+    }
+}
