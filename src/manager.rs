@@ -9,6 +9,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::controllers::events::Recorder;
 use anyhow::Context as _;
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::apps::v1::StatefulSet;
@@ -18,7 +19,7 @@ use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::Api;
 use kube::core::PartialObjectMeta;
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
-use kube::runtime::events::{EventType, Recorder, Reporter};
+use kube::runtime::events::EventType;
 use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Client, Resource};
@@ -31,6 +32,7 @@ pub use crate::controllers::cloud_runtime::{Cloud, CloudSettings};
 use crate::controllers::context::{Caches, Context, GuardedQuestDB};
 use crate::controllers::in_flight::InFlight;
 use crate::controllers::{node_health, questdb, retry_delay, sweep, Error, Next};
+use crate::desired::OwnedChild;
 use crate::http_server::{self, Readiness};
 use crate::ilp_auth;
 use crate::metrics::{ControllerMetrics, Metrics, ReconcileOutcome};
@@ -324,21 +326,24 @@ fn start_caches(
         api_for::<StatefulSet>(client, ns),
         managed_selector(),
         true,
-        |o: &StatefulSet| questdb_of(o.meta())
+        |o: &StatefulSet| questdb_of(o.meta()),
+        <StatefulSet as OwnedChild>::compact
     );
     let configmaps = cached!(
         ConfigMap,
         api_for::<ConfigMap>(client, ns),
         managed_selector(),
         true,
-        |o: &ConfigMap| questdb_of(o.meta())
+        |o: &ConfigMap| questdb_of(o.meta()),
+        <ConfigMap as OwnedChild>::compact
     );
     let services = cached!(
         Service,
         api_for::<Service>(client, ns),
         managed_selector(),
         true,
-        |o: &Service| questdb_of(o.meta())
+        |o: &Service| questdb_of(o.meta()),
+        <Service as OwnedChild>::compact
     );
     let pvcs = cached!(
         PersistentVolumeClaim,
@@ -361,7 +366,8 @@ fn start_caches(
         api_for::<NetworkPolicy>(client, ns),
         managed_selector(),
         true,
-        |o: &NetworkPolicy| questdb_of(o.meta())
+        |o: &NetworkPolicy| questdb_of(o.meta()),
+        <NetworkPolicy as OwnedChild>::compact
     );
 
     let (nodes, mut node_writer) = reflector::store::<Node>();
@@ -631,13 +637,7 @@ async fn run_controllers(shared: &Shared<'_>, subs: Subscriptions, token: Cancel
         in_flight,
         caches,
     } = *shared;
-    let recorder = Recorder::new(
-        client.clone(),
-        Reporter {
-            controller: MANAGER.into(),
-            instance: std::env::var("POD_NAME").ok(),
-        },
-    );
+    let recorder = Recorder::new(client.clone(), MANAGER, std::env::var("POD_NAME").ok());
     let ctrl_metrics =
         metrics.controller(questdb::CONTROLLER_NAME, opts.questdb_concurrency as usize);
     let ctx = Arc::new(Context {

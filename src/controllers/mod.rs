@@ -7,6 +7,7 @@ pub mod cloud_runtime;
 pub mod conditions;
 pub mod context;
 pub mod dns;
+pub mod events;
 pub mod failover;
 pub mod in_flight;
 pub mod maintenance;

@@ -26,8 +26,55 @@ pub trait OwnedChild: Resource<DynamicType = ()> {
     const SERVER_SIDE_APPLY: bool = true;
 
     /// Whether the spec/data of `existing` already holds everything the operator set in
-    /// `desired` (metadata is compared separately by [`needs_update`]).
+    /// `desired` (metadata is compared separately by [`needs_update`]). `existing` may be in
+    /// its cached, [`OwnedChild::compact`] form.
     fn spec_matches(desired: &Self, existing: &Self) -> bool;
+
+    /// Shrinks an existing child as the cache holds it: what [`OwnedChild::spec_matches`]
+    /// compares is kept as canonical JSON text (or a digest) in [`CACHED_FORM_ANNOTATION`],
+    /// a fraction of the typed tree's memory, and the typed fields nothing reads are dropped.
+    /// The comparison gives the same answer on either form. Default: kept whole.
+    fn compact(_existing: &mut Self) {}
+}
+
+/// Annotation that only *cached* children carry (the cache's transform adds it; no object is
+/// ever written from the cache): the compared part of the child in compact form.
+pub const CACHED_FORM_ANNOTATION: &str = "crd.questdb.io/cached-form";
+
+fn cached_form<K: Resource>(existing: &K) -> Option<&str> {
+    existing
+        .meta()
+        .annotations
+        .as_ref()?
+        .get(CACHED_FORM_ANNOTATION)
+        .map(String::as_str)
+}
+
+fn store_cached_form<K: Resource>(existing: &mut K, form: String) {
+    existing
+        .meta_mut()
+        .annotations
+        .get_or_insert_with(Default::default)
+        .insert(CACHED_FORM_ANNOTATION.to_string(), form);
+}
+
+/// The canonical JSON of an existing spec: from the cached form when there is one.
+fn existing_spec<K: Resource, T: Serialize>(existing: &K, spec: &T) -> Value {
+    match cached_form(existing) {
+        Some(text) => serde_json::from_str(text).unwrap_or(Value::Null),
+        None => canonical(spec),
+    }
+}
+
+fn canonical<T: Serialize>(spec: &T) -> Value {
+    let mut v = to_json(spec);
+    canonicalise_resources(&mut v);
+    v
+}
+
+fn digest(value: &impl Serialize) -> String {
+    use sha2::{Digest, Sha256};
+    hex::encode(Sha256::digest(to_json(value).to_string().as_bytes()))
 }
 
 /// Whether `existing` must be written to become `desired`: the operator's labels and
@@ -127,22 +174,38 @@ fn canonicalise_resources(value: &mut Value) {
     }
 }
 
-fn spec_subset<T: Serialize>(desired: &T, existing: &T) -> bool {
-    let (mut d, mut e) = (to_json(desired), to_json(existing));
-    canonicalise_resources(&mut d);
-    canonicalise_resources(&mut e);
-    json_subset(&d, &e)
+fn spec_subset<K: Resource, T: Serialize>(desired: &T, existing: &K, typed: &T) -> bool {
+    json_subset(&canonical(desired), &existing_spec(existing, typed))
 }
 
 impl OwnedChild for StatefulSet {
     fn spec_matches(desired: &Self, existing: &Self) -> bool {
-        spec_subset(&desired.spec, &existing.spec)
+        spec_subset(&desired.spec, existing, &existing.spec)
+    }
+
+    /// The pod template is most of a StatefulSet's memory (about 18 KB typed, a few KB as
+    /// JSON); `spec.replicas` stays typed (pausing and deletion read it), and status whole.
+    fn compact(existing: &mut Self) {
+        let Some(spec) = existing.spec.take() else {
+            return;
+        };
+        store_cached_form(existing, canonical(&spec).to_string());
+        existing.spec = Some(k8s_openapi::api::apps::v1::StatefulSetSpec {
+            replicas: spec.replicas,
+            ..Default::default()
+        });
     }
 }
 
 impl OwnedChild for NetworkPolicy {
     fn spec_matches(desired: &Self, existing: &Self) -> bool {
-        spec_subset(&desired.spec, &existing.spec)
+        spec_subset(&desired.spec, existing, &existing.spec)
+    }
+
+    fn compact(existing: &mut Self) {
+        if let Some(spec) = existing.spec.take() {
+            store_cached_form(existing, canonical(&spec).to_string());
+        }
     }
 }
 
@@ -150,7 +213,18 @@ impl OwnedChild for ConfigMap {
     /// The files must be exactly the built ones: a stray key would be mounted nowhere, but a
     /// changed one would be served to QuestDB.
     fn spec_matches(desired: &Self, existing: &Self) -> bool {
-        desired.data.clone().unwrap_or_default() == existing.data.clone().unwrap_or_default()
+        let data = |c: &ConfigMap| c.data.clone().unwrap_or_default();
+        match cached_form(existing) {
+            Some(d) => digest(&data(desired)) == d,
+            None => data(desired) == data(existing),
+        }
+    }
+
+    /// The files as a digest: equality is all the comparison needs.
+    fn compact(existing: &mut Self) {
+        if let Some(data) = existing.data.take() {
+            store_cached_form(existing, digest(&data));
+        }
     }
 }
 
@@ -158,9 +232,16 @@ impl OwnedChild for Service {
     /// Ports and type as a subset (the server fills in clusterIP, nodePorts, policies), but the
     /// selector exactly: an extra selector label would silently route to nothing.
     fn spec_matches(desired: &Self, existing: &Self) -> bool {
-        let selector = |s: &Service| s.spec.as_ref().and_then(|s| s.selector.clone());
-        spec_subset(&desired.spec, &existing.spec)
-            && selector(desired).unwrap_or_default() == selector(existing).unwrap_or_default()
+        let want = canonical(&desired.spec);
+        let have = existing_spec(existing, &existing.spec);
+        let selector = |v: &Value| v.get("selector").cloned().filter(|s| !is_empty(s));
+        json_subset(&want, &have) && selector(&want) == selector(&have)
+    }
+
+    fn compact(existing: &mut Self) {
+        if let Some(spec) = existing.spec.take() {
+            store_cached_form(existing, canonical(&spec).to_string());
+        }
     }
 }
 
@@ -205,6 +286,37 @@ mod tests {
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
     use serde::de::DeserializeOwned;
     use serde_json::json;
+
+    /// `needs_update` on `existing` as the apiserver returns it and as the cache holds it
+    /// ([`OwnedChild::compact`]): both must decide alike, or the cache would cause writes
+    /// (or miss them).
+    fn decides_alike<K: OwnedChild + Clone>(desired: &K, existing: &K) -> bool {
+        let whole = needs_update(desired, existing);
+        let mut cached = existing.clone();
+        K::compact(&mut cached);
+        assert_eq!(
+            whole,
+            needs_update(desired, &cached),
+            "the cached form decides otherwise"
+        );
+        whole
+    }
+
+    #[test]
+    fn the_cached_form_is_smaller_and_keeps_what_the_controllers_read() {
+        let mut qdb = questdb("db1", "tenant-a");
+        qdb.spec.paused = true;
+        let existing = defaulted_sts(&sts(&qdb));
+        let mut cached = existing.clone();
+        StatefulSet::compact(&mut cached);
+        assert_eq!(cached.spec.as_ref().and_then(|s| s.replicas), Some(0));
+        assert_eq!(cached.status, existing.status);
+        assert!(cached
+            .spec
+            .as_ref()
+            .is_some_and(|s| s.template.spec.is_none()));
+        assert!(!needs_update(&sts(&qdb), &cached));
+    }
 
     // ---- json_subset ----
 
@@ -332,7 +444,7 @@ mod tests {
     #[test]
     fn server_defaults_never_make_a_statefulset_differ() {
         let desired = sts(&questdb("db1", "tenant-a"));
-        assert!(!needs_update(&desired, &defaulted_sts(&desired)));
+        assert!(!decides_alike(&desired, &defaulted_sts(&desired)));
     }
 
     #[test]
@@ -353,7 +465,7 @@ mod tests {
                 "containers": [{"resources": {"requests": {"cpu": "1", "memory": "4Gi"}}}]
             }}}}),
         );
-        assert!(!needs_update(&desired, &existing));
+        assert!(!decides_alike(&desired, &existing));
 
         let bigger = stored(
             &existing,
@@ -361,7 +473,7 @@ mod tests {
                 "containers": [{"resources": {"requests": {"cpu": "2"}}}]
             }}}}),
         );
-        assert!(needs_update(&desired, &bigger));
+        assert!(decides_alike(&desired, &bigger));
     }
 
     #[test]
@@ -372,20 +484,20 @@ mod tests {
 
         let mut paused = qdb.clone();
         paused.spec.paused = true;
-        assert!(needs_update(&sts(&paused), &existing), "replicas");
+        assert!(decides_alike(&sts(&paused), &existing), "replicas");
 
         let mut upgraded = qdb.clone();
         upgraded.spec.image = "questdb/questdb:9.0.1".into();
-        assert!(needs_update(&sts(&upgraded), &existing), "image");
+        assert!(decides_alike(&sts(&upgraded), &existing), "image");
 
         let rehashed = statefulset(&qdb, "another-hash", true, None);
-        assert!(needs_update(&rehashed, &existing), "config hash");
+        assert!(decides_alike(&rehashed, &existing), "config hash");
 
         let hand_edited = stored(
             &existing,
             json!({"spec": {"template": {"spec": {"containers": [{"image": "evil/image:1"}]}}}}),
         );
-        assert!(needs_update(&desired, &hand_edited), "hand-edited image");
+        assert!(decides_alike(&desired, &hand_edited), "hand-edited image");
     }
 
     #[test]
@@ -394,14 +506,14 @@ mod tests {
         qdb.metadata.annotations = Some([("owner".to_string(), "alice".to_string())].into());
         let desired = config_map(&qdb, true);
         let mut existing = stored(&desired, server_metadata());
-        assert!(!needs_update(&desired, &existing));
+        assert!(!decides_alike(&desired, &existing));
 
         existing
             .metadata
             .labels
             .as_mut()
             .map(|l| l.remove("app.kubernetes.io/instance"));
-        assert!(needs_update(&desired, &existing));
+        assert!(decides_alike(&desired, &existing));
 
         let mut existing = stored(&desired, server_metadata());
         existing
@@ -409,7 +521,7 @@ mod tests {
             .annotations
             .as_mut()
             .map(|a| a.insert("owner".into(), "bob".into()));
-        assert!(needs_update(&desired, &existing));
+        assert!(decides_alike(&desired, &existing));
     }
 
     #[test]
@@ -417,7 +529,7 @@ mod tests {
         let desired = config_map(&questdb("db1", "tenant-a"), true);
         let mut orphan = stored(&desired, server_metadata());
         orphan.metadata.owner_references = None;
-        assert!(needs_update(&desired, &orphan));
+        assert!(decides_alike(&desired, &orphan));
     }
 
     #[test]
@@ -425,12 +537,12 @@ mod tests {
         let qdb = questdb("db1", "tenant-a");
         let desired = config_map(&qdb, true);
         let existing = stored(&desired, server_metadata());
-        assert!(!needs_update(&desired, &existing));
+        assert!(!decides_alike(&desired, &existing));
 
-        assert!(needs_update(&config_map(&qdb, false), &existing));
+        assert!(decides_alike(&config_map(&qdb, false), &existing));
 
         let extra = stored(&desired, json!({"data": {"stray.conf": "x"}}));
-        assert!(needs_update(&desired, &extra));
+        assert!(decides_alike(&desired, &extra));
     }
 
     #[test]
@@ -448,16 +560,16 @@ mod tests {
                 "internalTrafficPolicy": "Cluster"
             }}),
         );
-        assert!(!needs_update(&desired, &existing));
+        assert!(!decides_alike(&desired, &existing));
 
         let widened = stored(&existing, json!({"spec": {"selector": {"extra": "x"}}}));
-        assert!(needs_update(&desired, &widened));
+        assert!(decides_alike(&desired, &widened));
 
         let renumbered = stored(&existing, json!({"spec": {"ports": [{"port": 19000}]}}));
-        assert!(needs_update(&desired, &renumbered));
+        assert!(decides_alike(&desired, &renumbered));
 
         let headless = headless_service(&qdb);
-        assert!(!needs_update(
+        assert!(!decides_alike(
             &headless,
             &stored(&headless, server_metadata())
         ));
@@ -472,22 +584,22 @@ mod tests {
             json!({"spec": {"volumeName": "pvc-0a1b", "volumeMode": "Filesystem"},
                    "status": {"phase": "Bound", "capacity": {"storage": "50Gi"}}}),
         );
-        assert!(!needs_update(&desired, &existing));
+        assert!(!decides_alike(&desired, &existing));
 
         qdb.spec.volume.size = "100Gi".into();
-        assert!(needs_update(
+        assert!(decides_alike(
             &pvc_with_ownership(&qdb, PvcOwnership::Owned),
             &existing
         ));
 
         qdb.spec.volume.size = "20Gi".into();
-        assert!(!needs_update(
+        assert!(!decides_alike(
             &pvc_with_ownership(&qdb, PvcOwnership::Owned),
             &existing
         ));
 
         qdb.spec.volume.size = "51200Mi".into();
-        assert!(!needs_update(
+        assert!(!decides_alike(
             &pvc_with_ownership(&qdb, PvcOwnership::Owned),
             &existing
         ));
@@ -501,8 +613,8 @@ mod tests {
             server_metadata(),
         );
         let detached = pvc_with_ownership(&qdb, PvcOwnership::Detached);
-        assert!(needs_update(&detached, &owned));
-        assert!(!needs_update(
+        assert!(decides_alike(&detached, &owned));
+        assert!(!decides_alike(
             &detached,
             &stored(&detached, server_metadata())
         ));
@@ -520,6 +632,6 @@ mod tests {
         {
             r.uid = "someone-else".into();
         }
-        assert!(needs_update(&desired, &foreign));
+        assert!(decides_alike(&desired, &foreign));
     }
 }

@@ -209,7 +209,7 @@ impl<'a> Applier<'a> {
 
 impl Report {
     /// One event per reason ("created ConfigMap a, Service b, ..."), not one per child: fewer
-    /// writes, and every child named. kube's recorder folds events with the same key into one
+    /// writes, and every child named. The recorder folds events with the same key into one
     /// series that keeps its first note, so the action carries a digest of the note: a repeat
     /// of the same change is counted in its series, a different change is a new event.
     pub async fn publish(&self, qdb: &QuestDB, ctx: &Context) {

@@ -16,7 +16,7 @@ use tracing::{info, warn};
 use super::node_marks::patch_node;
 use super::outcome::CloudOutcome;
 use super::placement::{dns_follows, volume_attached_to};
-use super::record::{already_reported, persist};
+use super::record::{advance, already_reported, persist};
 use super::status::pod_ready;
 use crate::api::Reason;
 use crate::api::{conditions, FailoverStatus, QuestDB, QuestDBStatus};
@@ -227,30 +227,7 @@ async fn steps(
                 out.requeue_within(STEP_POLL);
                 return Ok(in_progress(&f));
             }
-            Step::Advance(next) => {
-                if let Some(took) = since(f.phase_started_at.as_deref()) {
-                    ctx.metrics.failover_step(&f.phase, took);
-                }
-                persist(qdb, ctx, |s| {
-                    if let Some(f) = s.failover.as_mut() {
-                        f.phase = next.into();
-                        f.phase_started_at = Some(now());
-                        f.message = None;
-                    }
-                })
-                .await?;
-                ctx.event(
-                    qdb,
-                    EventType::Normal,
-                    failover::step_reason(next),
-                    "Failover",
-                    format!(
-                        "failover of {}: {next}",
-                        f.old_node.clone().unwrap_or_default()
-                    ),
-                )
-                .await;
-            }
+            Step::Advance(next) => advance(qdb, ctx, &f, next).await?,
             Step::TaintOutOfService(node) => {
                 taint_out_of_service(ctx, &node).await?;
                 info!(questdb = %qdb.name_any(), %node, "fenced node tainted out-of-service");

@@ -141,8 +141,8 @@ fn prune_key_cache(ctx: &Context) {
 mod tests {
     use std::collections::BTreeMap;
 
+    use crate::controllers::events::Recorder;
     use kube::core::PartialObjectMeta;
-    use kube::runtime::events::{Recorder, Reporter};
     use kube::runtime::reflector::{self, store::Writer};
     use kube::runtime::watcher;
 
@@ -182,7 +182,7 @@ mod tests {
             secrets,
         };
         let ctx = Context {
-            recorder: Recorder::new(client.clone(), Reporter::from("test")),
+            recorder: Recorder::new(client.clone(), "test", None),
             client,
             caches,
             metrics: Metrics::new(),

@@ -2,12 +2,14 @@
 //! before the side effect it announces, and an event goes out only when a condition is news.
 
 use kube::api::{Api, PostParams};
+use kube::runtime::events::EventType;
 use kube::ResourceExt;
+use tracing::info;
 
-use crate::api::{QuestDB, QuestDBStatus, MANAGER};
+use crate::api::{FailoverStatus, QuestDB, QuestDBStatus, Reason, UpgradeStatus, MANAGER};
 use crate::controllers::conditions::Verdict;
 use crate::controllers::context::Context;
-use crate::controllers::Error;
+use crate::controllers::{clock, failover, upgrade, Error};
 
 /// Writes `edit` of the status (with the object's resourceVersion, so a stale view of the
 /// status yields a conflict instead of being acted on) and continues with the stored object.
@@ -52,4 +54,115 @@ pub fn already_reported(status: &QuestDBStatus, c: &Verdict) -> bool {
         .conditions
         .iter()
         .any(|k| k.type_ == c.type_ && k.reason == c.reason && k.message == c.message)
+}
+
+/// A multi-step operation recorded in status (`status.failover`, `status.upgrade`): each step
+/// is entered by one status write (phase, start time, message cleared), then an event, and the
+/// step it leaves is timed into its duration histogram.
+pub trait StepRecord: Clone {
+    /// The event action ("Failover", "Upgrade").
+    const ACTION: &'static str;
+    fn of(status: &mut QuestDBStatus) -> Option<&mut Self>;
+    fn phase(&self) -> &str;
+    fn phase_started_at(&self) -> Option<&str>;
+    fn set_phase(&mut self, phase: &str, started_at: String);
+    fn set_message(&mut self, message: Option<String>);
+    /// The event reason of entering `phase`.
+    fn step_reason(phase: &str) -> Reason;
+    /// The event note of entering `phase`.
+    fn step_note(&self, phase: &str) -> String;
+    fn time_step(ctx: &Context, phase: &str, took: std::time::Duration);
+}
+
+/// Leaves the record's current step for `next`: times the step left, records `next` (before
+/// anything `next` does), then says so in an event.
+pub async fn advance<R: StepRecord>(
+    qdb: &mut QuestDB,
+    ctx: &Context,
+    record: &R,
+    next: &'static str,
+) -> Result<(), Error> {
+    if let Some(took) = clock::since(record.phase_started_at()) {
+        info!(questdb = %qdb.name_any(), step = %record.phase(), seconds = took.as_secs_f64(), "{} step done", R::ACTION);
+        R::time_step(ctx, record.phase(), took);
+    }
+    persist(qdb, ctx, |s| {
+        if let Some(r) = R::of(s) {
+            r.set_phase(next, clock::now());
+            r.set_message(None);
+        }
+    })
+    .await?;
+    ctx.event(
+        qdb,
+        EventType::Normal,
+        R::step_reason(next),
+        R::ACTION,
+        record.step_note(next),
+    )
+    .await;
+    Ok(())
+}
+
+impl StepRecord for FailoverStatus {
+    const ACTION: &'static str = "Failover";
+
+    fn of(status: &mut QuestDBStatus) -> Option<&mut Self> {
+        status.failover.as_mut()
+    }
+    fn phase(&self) -> &str {
+        &self.phase
+    }
+    fn phase_started_at(&self) -> Option<&str> {
+        self.phase_started_at.as_deref()
+    }
+    fn set_phase(&mut self, phase: &str, started_at: String) {
+        self.phase = phase.to_string();
+        self.phase_started_at = Some(started_at);
+    }
+    fn set_message(&mut self, message: Option<String>) {
+        self.message = message;
+    }
+    fn step_reason(phase: &str) -> Reason {
+        failover::step_reason(phase)
+    }
+    fn step_note(&self, phase: &str) -> String {
+        format!(
+            "failover of {}: {phase}",
+            self.old_node.as_deref().unwrap_or_default()
+        )
+    }
+    fn time_step(ctx: &Context, phase: &str, took: std::time::Duration) {
+        ctx.metrics.failover_step(phase, took);
+    }
+}
+
+impl StepRecord for UpgradeStatus {
+    const ACTION: &'static str = "Upgrade";
+
+    fn of(status: &mut QuestDBStatus) -> Option<&mut Self> {
+        status.upgrade.as_mut()
+    }
+    fn phase(&self) -> &str {
+        &self.phase
+    }
+    fn phase_started_at(&self) -> Option<&str> {
+        self.phase_started_at.as_deref()
+    }
+    fn set_phase(&mut self, phase: &str, started_at: String) {
+        self.phase = phase.to_string();
+        self.phase_started_at = Some(started_at);
+    }
+    fn set_message(&mut self, message: Option<String>) {
+        self.message = message;
+    }
+    fn step_reason(phase: &str) -> Reason {
+        upgrade::step_reason(phase)
+    }
+    fn step_note(&self, phase: &str) -> String {
+        format!("node move: {phase}")
+    }
+    fn time_step(ctx: &Context, phase: &str, took: std::time::Duration) {
+        ctx.metrics.upgrade_step(phase, took);
+    }
 }

@@ -18,7 +18,7 @@ use tracing::{info, warn};
 use super::node_marks::dedicate;
 use super::outcome::CloudOutcome;
 use super::placement::{dns_follows, volume_attached_to};
-use super::record::persist;
+use super::record::{advance, persist};
 use super::status::pod_ready;
 use crate::api::Reason;
 use crate::api::{conditions, QuestDB, QuestDBStatus, UpgradeStatus};
@@ -579,33 +579,6 @@ async fn steps(
         Reason::Moving,
         "node move in progress".into(),
     ))
-}
-
-/// Records the next phase (the step that ended goes to the log and the step histogram).
-async fn advance(
-    qdb: &mut QuestDB,
-    ctx: &Context,
-    u: &UpgradeStatus,
-    next: &'static str,
-) -> Result<(), Error> {
-    step_done(qdb, ctx, u);
-    persist(qdb, ctx, |s| {
-        if let Some(u) = s.upgrade.as_mut() {
-            u.phase = next.into();
-            u.phase_started_at = Some(now());
-            u.message = None;
-        }
-    })
-    .await?;
-    ctx.event(
-        qdb,
-        EventType::Normal,
-        upgrade::step_reason(next),
-        "Upgrade",
-        format!("node move: {next}"),
-    )
-    .await;
-    Ok(())
 }
 
 fn step_done(qdb: &QuestDB, ctx: &Context, u: &UpgradeStatus) {
