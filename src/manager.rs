@@ -263,12 +263,19 @@ where
 }
 
 fn managed_selector() -> watcher::Config {
-    watcher::Config::default().labels(&format!(
-        "{}={}",
-        labels::MANAGED_BY,
-        labels::MANAGED_BY_VALUE
-    ))
+    watcher::Config::default()
+        .labels(&format!(
+            "{}={}",
+            labels::MANAGED_BY,
+            labels::MANAGED_BY_VALUE
+        ))
+        .page_size(LIST_PAGE_SIZE)
 }
+
+/// Objects per page of a cache's initial list. Each page is deserialized whole before the
+/// cache compacts its objects, so the page bounds the transient heap of a (re)start; at 1,000
+/// QuestDBs kube's default of 500 left the heap fragmented about 20 MiB above its live size.
+const LIST_PAGE_SIZE: u32 = 100;
 
 /// Starts every reflector. Children are watched by the operator's managed-by label so the
 /// caches hold only what the operator manages; Secrets are watched metadata-only so no Secret
