@@ -425,7 +425,7 @@ fn print_table(runs: &[Figures]) {
     println!(
         "writes/qdb: provisioning writes per QuestDB without events (minimum in brackets: \
          children + 1 status write); resync: writes/GETs when a restarted operator reconciles \
-         all N (target 0/0); RSS in MiB (target <= 64); latency from the operator's histogram"
+         all N (target 0/0); RSS in MiB (target <= 48); latency from the operator's histogram"
     );
 }
 

@@ -104,65 +104,59 @@ pub async fn advance<R: StepRecord>(
     Ok(())
 }
 
-impl StepRecord for FailoverStatus {
-    const ACTION: &'static str = "Failover";
+/// The two records share their field names; only the action, the step reasons, the note and
+/// the histogram differ.
+macro_rules! step_record {
+    ($record:ty, $action:literal, $field:ident, $reasons:path, $metric:ident, |$r:ident, $phase:ident| $note:expr) => {
+        impl StepRecord for $record {
+            const ACTION: &'static str = $action;
 
-    fn of(status: &mut QuestDBStatus) -> Option<&mut Self> {
-        status.failover.as_mut()
-    }
-    fn phase(&self) -> &str {
-        &self.phase
-    }
-    fn phase_started_at(&self) -> Option<&str> {
-        self.phase_started_at.as_deref()
-    }
-    fn set_phase(&mut self, phase: &str, started_at: String) {
-        self.phase = phase.to_string();
-        self.phase_started_at = Some(started_at);
-    }
-    fn set_message(&mut self, message: Option<String>) {
-        self.message = message;
-    }
-    fn step_reason(phase: &str) -> Reason {
-        failover::step_reason(phase)
-    }
-    fn step_note(&self, phase: &str) -> String {
-        format!(
-            "failover of {}: {phase}",
-            self.old_node.as_deref().unwrap_or_default()
-        )
-    }
-    fn time_step(ctx: &Context, phase: &str, took: std::time::Duration) {
-        ctx.metrics.failover_step(phase, took);
-    }
+            fn of(status: &mut QuestDBStatus) -> Option<&mut Self> {
+                status.$field.as_mut()
+            }
+            fn phase(&self) -> &str {
+                &self.phase
+            }
+            fn phase_started_at(&self) -> Option<&str> {
+                self.phase_started_at.as_deref()
+            }
+            fn set_phase(&mut self, phase: &str, started_at: String) {
+                self.phase = phase.to_string();
+                self.phase_started_at = Some(started_at);
+            }
+            fn set_message(&mut self, message: Option<String>) {
+                self.message = message;
+            }
+            fn step_reason(phase: &str) -> Reason {
+                $reasons(phase)
+            }
+            fn step_note(&self, $phase: &str) -> String {
+                let $r = self;
+                $note
+            }
+            fn time_step(ctx: &Context, phase: &str, took: std::time::Duration) {
+                ctx.metrics.$metric(phase, took);
+            }
+        }
+    };
 }
 
-impl StepRecord for UpgradeStatus {
-    const ACTION: &'static str = "Upgrade";
-
-    fn of(status: &mut QuestDBStatus) -> Option<&mut Self> {
-        status.upgrade.as_mut()
-    }
-    fn phase(&self) -> &str {
-        &self.phase
-    }
-    fn phase_started_at(&self) -> Option<&str> {
-        self.phase_started_at.as_deref()
-    }
-    fn set_phase(&mut self, phase: &str, started_at: String) {
-        self.phase = phase.to_string();
-        self.phase_started_at = Some(started_at);
-    }
-    fn set_message(&mut self, message: Option<String>) {
-        self.message = message;
-    }
-    fn step_reason(phase: &str) -> Reason {
-        upgrade::step_reason(phase)
-    }
-    fn step_note(&self, phase: &str) -> String {
-        format!("node move: {phase}")
-    }
-    fn time_step(ctx: &Context, phase: &str, took: std::time::Duration) {
-        ctx.metrics.upgrade_step(phase, took);
-    }
-}
+step_record!(
+    FailoverStatus,
+    "Failover",
+    failover,
+    failover::step_reason,
+    failover_step,
+    |r, phase| format!(
+        "failover of {}: {phase}",
+        r.old_node.as_deref().unwrap_or_default()
+    )
+);
+step_record!(
+    UpgradeStatus,
+    "Upgrade",
+    upgrade,
+    upgrade::step_reason,
+    upgrade_step,
+    |_r, phase| format!("node move: {phase}")
+);

@@ -145,15 +145,7 @@ pub async fn reconcile(
                 "moving to a node of {} ({}); the database keeps running until the new node is Ready",
                 spec.image, spec.instance_type
             );
-            info!(questdb = %qdb.name_any(), "{note}");
-            ctx.event(
-                qdb,
-                EventType::Normal,
-                Reason::UpgradeStarted,
-                "Upgrade",
-                note,
-            )
-            .await;
+            started(qdb, ctx, note).await;
         }
     }
     steps(qdb, ctx, cloud, out).await.map(Some)
@@ -561,15 +553,7 @@ async fn steps(
                     u.old_instance_id.clone().unwrap_or_default()
                 );
                 persist(qdb, ctx, |s| s.upgrade = Some(record.clone())).await?;
-                info!(questdb = %qdb.name_any(), "{note}");
-                ctx.event(
-                    qdb,
-                    EventType::Normal,
-                    Reason::UpgradeStarted,
-                    "Upgrade",
-                    note,
-                )
-                .await;
+                started(qdb, ctx, note).await;
             }
         }
     }
@@ -586,6 +570,19 @@ fn step_done(qdb: &QuestDB, ctx: &Context, u: &UpgradeStatus) {
         info!(questdb = %qdb.name_any(), step = %u.phase, seconds = took.as_secs_f64(), "node move step done");
         ctx.metrics.upgrade_step(&u.phase, took);
     }
+}
+
+/// A move (or a move back without a launch) has begun.
+async fn started(qdb: &QuestDB, ctx: &Context, note: String) {
+    info!(questdb = %qdb.name_any(), "{note}");
+    ctx.event(
+        qdb,
+        EventType::Normal,
+        Reason::UpgradeStarted,
+        "Upgrade",
+        note,
+    )
+    .await;
 }
 
 /// The database stopped but does not answer on the new node (or the spec was set back): the
