@@ -801,8 +801,15 @@ async fn plain_client_baseline(kind: Kind, questdbs: usize) -> anyhow::Result<f6
                 let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), NS);
                 pvcs.create(&pp, &desired::pvc(&created)).await?;
                 let sts: Api<StatefulSet> = Api::namespaced(client.clone(), NS);
-                sts.create(&pp, &desired::statefulset(&created, &hash, false, None))
-                    .await?;
+                let secrets: Api<k8s_openapi::api::core::v1::Secret> =
+                    Api::namespaced(client.clone(), NS);
+                let creds = desired::credentials::generated_secret(&created, &mut rand::rng());
+                secrets.create(&pp, &creds).await?;
+                sts.create(
+                    &pp,
+                    &desired::statefulset(&created, &hash, None, false, None),
+                )
+                .await?;
                 created.status = Some(Default::default());
                 qdbs.replace_status(&name, &pp, &created).await?;
                 anyhow::Ok(())

@@ -218,6 +218,31 @@ fn forward<K>(
     }
 }
 
+/// The QuestDBs whose credentials a Secret holds: `<name>-credentials` (generated), and any
+/// that names it in `spec.credentials.secretName`. Its change restarts their databases.
+fn credentials_users(
+    event: &Result<watcher::Event<PartialObjectMeta<Secret>>, watcher::Error>,
+    questdbs: &kube::runtime::reflector::Store<GuardedQuestDB>,
+) -> Vec<ObjectRef<GuardedQuestDB>> {
+    // Not the initial list: every QuestDB is reconciled at start anyway.
+    let s = match event {
+        Ok(watcher::Event::Apply(o) | watcher::Event::Delete(o)) => o,
+        _ => return vec![],
+    };
+    let (Some(name), Some(ns)) = (s.metadata.name.as_deref(), s.metadata.namespace.as_deref())
+    else {
+        return vec![];
+    };
+    questdbs
+        .state()
+        .iter()
+        .filter_map(|g| g.0.as_ref().ok())
+        .filter(|q| q.metadata.namespace.as_deref() == Some(ns))
+        .filter(|q| crate::desired::credentials::uses_secret(q, name))
+        .filter_map(crate::controllers::context::questdb_ref)
+        .collect()
+}
+
 /// The QuestDB a child belongs to, by the operator's instance label (pods are owned by the
 /// StatefulSet and retained PVCs by nobody, but every child carries the label).
 fn questdb_of(
@@ -448,14 +473,23 @@ fn start_caches(
         s.metadata.managed_fields = None;
         s.metadata.labels = None;
         if let Some(a) = s.metadata.annotations.as_mut() {
-            a.retain(|k, _| k == crate::api::SECRET_QUESTDB_ANNOTATION);
+            a.retain(|k, _| {
+                k == crate::api::SECRET_QUESTDB_ANNOTATION
+                    || k == crate::desired::credentials::GENERATED_FOR_ANNOTATION
+            });
         }
     })
     .reflect(secret_writer)
-    .inspect(move |ev| {
-        forward(ev, &tx, true, |s: &PartialObjectMeta<Secret>| {
-            ilp_auth::questdb_for_secret(&s.metadata).map(guarded)
-        })
+    .inspect({
+        let questdbs = questdbs.clone();
+        move |ev| {
+            forward(ev, &tx, true, |s: &PartialObjectMeta<Secret>| {
+                ilp_auth::questdb_for_secret(&s.metadata).map(guarded)
+            });
+            for r in credentials_users(ev, &questdbs) {
+                let _ = tx.unbounded_send(r);
+            }
+        }
     });
     tasks.push(spawn_drain(secret_stream, token.clone(), "Secret"));
 
@@ -653,6 +687,7 @@ async fn run_controllers(shared: &Shared<'_>, subs: Subscriptions, token: Cancel
         caches: caches.clone(),
         metrics: metrics.clone(),
         keys: Default::default(),
+        credentials: Default::default(),
         failures: Default::default(),
         // Built per leadership term: a new leader starts from a fresh view of EC2.
         cloud: opts.cloud.clone().map(|c| Arc::new(CloudRuntime::new(c))),

@@ -88,6 +88,31 @@ pub struct QuestDBSpec {
     /// Who may reach the database ports (a NetworkPolicy per QuestDB, on by default).
     #[serde(default)]
     pub network_policy: NetworkPolicySpec,
+
+    /// The database's own credentials (pgwire, read-only pgwire, HTTP basic auth).
+    #[serde(default, skip_serializing_if = "CredentialsSpec::is_default")]
+    pub credentials: CredentialsSpec,
+}
+
+/// Where the database's credentials come from. By default the operator generates a Secret
+/// `<name>-credentials` once, with random passwords, and never overwrites it; `secretName`
+/// names a Secret the user keeps instead. Either holds QuestDB's own variable names as keys:
+/// `QDB_PG_USER`, `QDB_PG_PASSWORD`, `QDB_PG_READONLY_USER`, `QDB_PG_READONLY_PASSWORD`,
+/// `QDB_HTTP_USER`, `QDB_HTTP_PASSWORD`. QuestDB's default `admin`/`quest` is never accepted.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct CredentialsSpec {
+    /// A Secret of this namespace that holds the credentials (the user's, never written by the
+    /// operator). Unset: `<name>-credentials`, generated.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self.size() > 0 && self.size() <= 253").message("credentials.secretName must be a Secret name"))]
+    pub secret_name: Option<String>,
+}
+
+impl CredentialsSpec {
+    fn is_default(&self) -> bool {
+        self == &Self::default()
+    }
 }
 
 /// The NetworkPolicy that guards the database ports (HTTP, pgwire, ILP): QuestDB ships with
@@ -272,6 +297,16 @@ pub const RESERVED_SERVER_KEYS: &[&str] = &[
     "line.tcp.net.bind.to",
     "line.tcp.auth.db.path",
     "cairo.root",
+    // Credentials come from the credentials Secret, as env: never from server.conf.
+    "pg.user",
+    "pg.password",
+    "pg.readonly.user.enabled",
+    "pg.readonly.user",
+    "pg.readonly.password",
+    "http.user",
+    "http.password",
+    // Probes must reach /status without the HTTP password.
+    "http.health.check.authentication.required",
 ];
 
 /// The environment variables QuestDB maps onto [`RESERVED_SERVER_KEYS`].
@@ -394,6 +429,9 @@ pub struct QuestDBStatus {
     pub dns_ip: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub endpoints: Option<Endpoints>,
+    /// The Secret that holds the database's credentials (keys as in `spec.credentials`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credentials_secret: Option<String>,
     /// Kubernetes-style conditions: `Ready`, `IlpAuthReady`, `NodeReady`, ...
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,

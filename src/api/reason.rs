@@ -64,6 +64,26 @@ reasons! {
     /// A feature switched off (ILP auth, failover).
     Disabled,
 
+    // Credentials (`CredentialsReady`).
+    /// The credentials Secret holds every key.
+    CredentialsFound,
+    /// The operator generated `<name>-credentials` (event).
+    CredentialsGenerated,
+    /// The Secret `spec.credentials.secretName` names does not exist.
+    SecretNotFound,
+    /// The credentials Secret lacks keys (named, never their values).
+    MissingKeys,
+    /// The credentials Secret holds QuestDB's default password.
+    DefaultPassword,
+
+    // The database container (Ready=False while it cannot run).
+    /// QuestDB exits at start and is restarted with back-off.
+    CrashLoop,
+    /// The image (the QuestDB version) cannot be pulled.
+    ImagePullFailed,
+    /// The kubelet cannot build the container (a missing Secret or key in its env).
+    ContainerConfigError,
+
     // Volume size.
     AsRequested,
     Expanding,

@@ -51,6 +51,11 @@ pub struct Caches {
 /// only the public half (`kid`, `x`, `y`) or the problem found.
 pub type KeyCache = Mutex<HashMap<ObjectRef<Secret>, (String, Result<PublicKey, KeyError>)>>;
 
+/// What each credentials Secret's data said, by Secret and resourceVersion: the check and
+/// digest only, never a value.
+pub type CredentialsCache =
+    Mutex<HashMap<ObjectRef<Secret>, (String, crate::desired::credentials::Check)>>;
+
 pub struct Context {
     pub client: Client,
     /// One recorder for the whole manager so its event series cache is shared.
@@ -58,6 +63,7 @@ pub struct Context {
     pub caches: Caches,
     pub metrics: Arc<Metrics>,
     pub keys: KeyCache,
+    pub credentials: CredentialsCache,
     /// Consecutive failures per object, for backoff and the retries metric.
     pub failures: Mutex<HashMap<ObjectRef<GuardedQuestDB>, u32>>,
     /// Node and DNS providers; `None` runs without dedicated nodes.

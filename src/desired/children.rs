@@ -27,10 +27,12 @@ pub struct Children {
 }
 
 /// `ilp_auth_file`: the rendered auth file, when ILP auth is on and has keys.
+/// `credentials_digest`: of the credentials Secret, once it is read.
 /// `node`: the dedicated node the pod is pinned to, if any.
 pub fn children(
     qdb: &QuestDB,
     ilp_auth_file: Option<&str>,
+    credentials_digest: Option<&str>,
     node: Option<&DedicatedNode>,
 ) -> Children {
     let ilp_enabled = qdb.spec.ilp_auth.enabled;
@@ -39,7 +41,7 @@ pub fn children(
     let mounted: Vec<&ConfigMap> = std::iter::once(&config).chain(ilp_auth.as_ref()).collect();
     let hash = config_hash(&mounted);
     Children {
-        statefulset: statefulset(qdb, &hash, ilp_enabled, node),
+        statefulset: statefulset(qdb, &hash, credentials_digest, ilp_enabled, node),
         network_policy: network_policy(qdb),
         headless_service: headless_service(qdb),
         client_service: client_service(qdb),
@@ -51,7 +53,7 @@ pub fn children(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::desired::{testing, CONFIG_HASH_ANNOTATION};
+    use crate::desired::{credentials, testing, CONFIG_HASH_ANNOTATION};
 
     fn template_hash(c: &Children) -> String {
         c.statefulset
@@ -67,20 +69,44 @@ mod tests {
     fn a_changed_auth_file_restarts_the_pod_through_the_template_hash() {
         let mut qdb = testing::questdb("db", "ns");
         qdb.spec.ilp_auth.enabled = true;
-        let one = children(&qdb, Some("a ec-p-256-sha256 x y\n"), None);
-        let two = children(&qdb, Some("b ec-p-256-sha256 x y\n"), None);
+        let one = children(&qdb, Some("a ec-p-256-sha256 x y\n"), None, None);
+        let two = children(&qdb, Some("b ec-p-256-sha256 x y\n"), None, None);
         assert!(one.ilp_auth.is_some());
         assert_ne!(template_hash(&one), template_hash(&two));
         assert_eq!(
             template_hash(&one),
-            template_hash(&children(&qdb, Some("a ec-p-256-sha256 x y\n"), None))
+            template_hash(&children(&qdb, Some("a ec-p-256-sha256 x y\n"), None, None))
+        );
+    }
+
+    #[test]
+    fn a_changed_password_restarts_the_pod_and_an_unread_secret_does_not() {
+        let qdb = testing::questdb("db", "ns");
+        let digest = |c: &Children| {
+            c.statefulset
+                .spec
+                .as_ref()
+                .and_then(|s| s.template.metadata.as_ref())
+                .and_then(|m| m.annotations.as_ref())
+                .and_then(|a| a.get(credentials::CREDENTIALS_HASH_ANNOTATION).cloned())
+        };
+        let one = children(&qdb, None, Some("d1"), None);
+        assert_eq!(digest(&one).as_deref(), Some("d1"));
+        assert_eq!(
+            digest(&children(&qdb, None, Some("d2"), None)).as_deref(),
+            Some("d2")
+        );
+        assert_eq!(digest(&children(&qdb, None, None, None)), None);
+        assert_eq!(
+            template_hash(&one),
+            template_hash(&children(&qdb, None, Some("d2"), None))
         );
     }
 
     #[test]
     fn no_auth_file_means_no_auth_config_map_to_keep() {
         let qdb = testing::questdb("db", "ns");
-        let c = children(&qdb, None, None);
+        let c = children(&qdb, None, None, None);
         assert!(c.ilp_auth.is_none());
         assert_eq!(c.statefulset.metadata.name.as_deref(), Some("db"));
     }

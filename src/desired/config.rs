@@ -24,13 +24,21 @@ w.stdout.level=INFO,ERROR,CRITICAL,ADVISORY
 ";
 
 /// The properties the operator owns: every listener on all interfaces at the ports the
-/// Services and probes expect, the health server on, and the ILP auth file iff auth is on.
+/// Services and probes expect, the health server on and open to probes, the read-only pgwire
+/// user on (its name and password, like every credential, come as env from the credentials
+/// Secret), and the ILP auth file iff auth is on.
 pub fn reserved_server_properties(ilp_auth_enabled: bool) -> BTreeMap<&'static str, String> {
     let mut props = BTreeMap::from([
         ("http.net.bind.to", format!("0.0.0.0:{HTTP_PORT}")),
         ("http.min.net.bind.to", format!("0.0.0.0:{HEALTH_PORT}")),
         ("http.min.enabled", "true".to_string()),
+        // With http.user set, QuestDB would answer the probes' /status with 401.
+        (
+            "http.health.check.authentication.required",
+            "false".to_string(),
+        ),
         ("pg.net.bind.to", format!("0.0.0.0:{PGWIRE_PORT}")),
+        ("pg.readonly.user.enabled", "true".to_string()),
         ("line.tcp.net.bind.to", format!("0.0.0.0:{ILP_PORT}")),
     ]);
     if ilp_auth_enabled {
@@ -39,7 +47,12 @@ pub fn reserved_server_properties(ilp_auth_enabled: bool) -> BTreeMap<&'static s
     props
 }
 
-/// `server.conf`: the operator's reserved properties, then the user's `spec.config.server`,
+/// Properties the operator sets unless `spec.config.server` says otherwise: QuestDB's own
+/// metrics on the health port, where a PodMonitor scrapes them.
+pub const DEFAULT_SERVER_PROPERTIES: &[(&str, &str)] = &[("metrics.enabled", "true")];
+
+/// `server.conf`: the operator's reserved properties, its defaults the user did not set, then
+/// the user's `spec.config.server`,
 /// each block sorted by key, so the same spec always renders byte-for-byte the same file (and
 /// the same [`config_hash`]). A user key that collides with a reserved one is dropped here as
 /// defence in depth; the schema and [`super::validate`] reject it first.
@@ -50,6 +63,11 @@ pub fn server_conf(qdb: &QuestDB, ilp_auth_enabled: bool) -> String {
     out.push_str("\n# Managed by the operator\n");
     for (key, value) in &reserved {
         push_property(&mut out, key, value);
+    }
+    for (key, value) in DEFAULT_SERVER_PROPERTIES {
+        if !qdb.spec.config.server.contains_key(*key) {
+            push_property(&mut out, key, value);
+        }
     }
     let user: Vec<_> = qdb
         .spec
@@ -191,11 +209,14 @@ mod tests {
         assert_eq!(
             properties(&conf),
             vec![
+                "http.health.check.authentication.required=false",
                 "http.min.enabled=true",
                 "http.min.net.bind.to=0.0.0.0:9003",
                 "http.net.bind.to=0.0.0.0:9000",
                 "line.tcp.net.bind.to=0.0.0.0:9009",
                 "pg.net.bind.to=0.0.0.0:8812",
+                "pg.readonly.user.enabled=true",
+                "metrics.enabled=true",
             ]
         );
     }
@@ -217,9 +238,42 @@ mod tests {
             &props[user_start..],
             &["cairo.commit.lag=1000", "shared.worker.count=4"]
         );
-        assert!(props[..user_start]
-            .iter()
-            .all(|p| p.starts_with("http.") || p.starts_with("pg.") || p.starts_with("line.")));
+        assert!(props[..user_start].iter().all(|p| p.starts_with("http.")
+            || p.starts_with("pg.")
+            || p.starts_with("line.")
+            || p.starts_with("metrics.")));
+    }
+
+    #[test]
+    fn a_user_can_switch_questdb_metrics_off_but_not_the_probes_auth_exemption() {
+        let conf = server_conf(&with_server(&[("metrics.enabled", "false")]), false);
+        assert_eq!(
+            properties(&conf)
+                .iter()
+                .filter(|p| p.starts_with("metrics.enabled"))
+                .count(),
+            1
+        );
+        assert!(conf.contains("\nmetrics.enabled=false\n"));
+        let conf = server_conf(
+            &with_server(&[("http.health.check.authentication.required", "true")]),
+            false,
+        );
+        assert!(conf.contains("\nhttp.health.check.authentication.required=false\n"));
+        assert!(!conf.contains("required=true"));
+    }
+
+    #[test]
+    fn no_credential_is_ever_written_to_server_conf() {
+        let qdb = with_server(&[
+            ("pg.password", "quest"),
+            ("http.password", "x"),
+            ("pg.user", "a"),
+        ]);
+        let conf = server_conf(&qdb, true);
+        for key in ["pg.password", "http.password", "pg.user", "http.user"] {
+            assert!(!conf.contains(&format!("\n{key}=")), "{key} in {conf}");
+        }
     }
 
     #[test]

@@ -412,7 +412,7 @@ mod tests {
 
     fn sts(qdb: &QuestDB) -> StatefulSet {
         let cm = config_map(qdb, true);
-        statefulset(qdb, &config_hash(&[&cm]), true, None)
+        statefulset(qdb, &config_hash(&[&cm]), None, true, None)
     }
 
     fn defaulted_sts(desired: &StatefulSet) -> StatefulSet {
@@ -430,7 +430,6 @@ mod tests {
                         "schedulerName": "default-scheduler",
                         "containers": [{
                             "terminationMessagePath": "/dev/termination-log",
-                            "terminationMessagePolicy": "File",
                             "readinessProbe": {"successThreshold": 1, "httpGet": {"scheme": "HTTP"}}
                         }],
                         "volumes": [{}, {"configMap": {"defaultMode": 420}}, {"configMap": {"defaultMode": 420}}]
@@ -490,7 +489,7 @@ mod tests {
         upgraded.spec.image = "questdb/questdb:9.0.1".into();
         assert!(decides_alike(&sts(&upgraded), &existing), "image");
 
-        let rehashed = statefulset(&qdb, "another-hash", true, None);
+        let rehashed = statefulset(&qdb, "another-hash", None, true, None);
         assert!(decides_alike(&rehashed, &existing), "config hash");
 
         let hand_edited = stored(

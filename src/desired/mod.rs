@@ -6,6 +6,7 @@
 
 pub mod children;
 pub mod config;
+pub mod credentials;
 pub mod diff;
 pub mod endpoints;
 pub mod image_ref;

@@ -37,6 +37,11 @@ pub fn ilp_auth_config_map(qdb: &QuestDB) -> String {
     format!("{}-ilp-auth", qdb.name_any())
 }
 
+/// The Secret with the database's generated credentials (pgwire and HTTP users).
+pub fn credentials_secret(qdb: &QuestDB) -> String {
+    format!("{}-credentials", qdb.name_any())
+}
+
 /// The PVC with the whole QuestDB root directory. The operator creates it itself (no
 /// volumeClaimTemplate) so it alone decides whether the data outlives the QuestDB.
 pub fn pvc(qdb: &QuestDB) -> String {
@@ -62,6 +67,7 @@ mod tests {
         assert_eq!(config_map(&qdb), "db1-config");
         assert_eq!(ilp_auth_config_map(&qdb), "db1-ilp-auth");
         assert_eq!(pvc(&qdb), "db1-data");
+        assert_eq!(credentials_secret(&qdb), "db1-credentials");
         assert_eq!(pod(&qdb), "db1-0");
     }
 

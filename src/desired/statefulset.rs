@@ -13,6 +13,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::ResourceExt;
 use sha2::{Digest, Sha256};
 
+use super::credentials;
 use super::labels::{child_annotations, child_labels, child_meta, non_empty_vec, selector_labels};
 use super::{
     names, port_names, CONFIG_HASH_ANNOTATION, CONTAINER_NAME, HEALTH_PORT, HTTP_PORT,
@@ -98,14 +99,23 @@ pub fn dedicated_label_value_for(namespace: &str, name: &str) -> String {
 /// directory on the `<name>-data` PVC and its configuration files mounted from ConfigMaps.
 /// `config_hash` (see [`super::config_hash`]) goes into the pod template, so a config change is a
 /// template change and restarts the pod. `dedicated` pins the pod to its own node.
+/// `credentials_digest` (see [`super::credentials::check`]) does the same for the credentials
+/// Secret, read by QuestDB at start only; `None` while the Secret is not readable yet.
 pub fn statefulset(
     qdb: &QuestDB,
     config_hash: &str,
+    credentials_digest: Option<&str>,
     ilp_auth_enabled: bool,
     dedicated: Option<&DedicatedNode>,
 ) -> StatefulSet {
     let mut template_annotations = child_annotations(qdb);
     template_annotations.insert(CONFIG_HASH_ANNOTATION.to_string(), config_hash.to_string());
+    if let Some(digest) = credentials_digest {
+        template_annotations.insert(
+            credentials::CREDENTIALS_HASH_ANNOTATION.to_string(),
+            digest.to_string(),
+        );
+    }
 
     StatefulSet {
         metadata: child_meta(qdb, names::statefulset(qdb)),
@@ -238,7 +248,18 @@ fn questdb_container(qdb: &QuestDB, ilp_auth_enabled: bool, on_dedicated_node: b
             container_port(port_names::ILP, ILP_PORT, on_dedicated_node),
             container_port(port_names::HEALTH, HEALTH_PORT, false),
         ]),
-        env: non_empty_vec(qdb.spec.env.clone()),
+        // The credentials first: the schema refuses a user env var of the same name, and
+        // Kubernetes lets a later duplicate win.
+        env: non_empty_vec(
+            credentials::env(qdb)
+                .into_iter()
+                .chain(qdb.spec.env.iter().cloned())
+                .collect(),
+        ),
+        // A database that exits at start (a bad config value, a malformed auth line: exit
+        // code 55) leaves its last log lines in lastState.terminated.message, where status
+        // and `kubectl describe` show them.
+        termination_message_policy: Some("FallbackToLogsOnError".to_string()),
         resources: qdb.spec.resources.clone(),
         volume_mounts: Some(mounts),
         // Startup may replay a large WAL: allow up to 30 minutes before liveness takes over.
@@ -369,7 +390,7 @@ mod tests {
     #[test]
     fn database_pods_carry_no_service_account_token() {
         let qdb = questdb("db1", "ns");
-        let sts = statefulset(&qdb, HASH, true, None);
+        let sts = statefulset(&qdb, HASH, None, true, None);
         let pod = sts.spec.unwrap().template.spec.unwrap();
         assert_eq!(pod.automount_service_account_token, Some(false));
     }
@@ -377,7 +398,7 @@ mod tests {
     #[test]
     fn runs_one_replica_behind_the_headless_service() {
         let qdb = questdb("db1", "tenant-a");
-        let sts = statefulset(&qdb, HASH, true, None);
+        let sts = statefulset(&qdb, HASH, None, true, None);
         assert_eq!(sts.metadata.name.as_deref(), Some("db1"));
         assert_eq!(sts.metadata.namespace.as_deref(), Some("tenant-a"));
         assert_eq!(sts.metadata.owner_references, Some(owner_references(&qdb)));
@@ -396,7 +417,10 @@ mod tests {
     fn paused_database_scales_to_zero() {
         let mut qdb = questdb("db1", "tenant-a");
         qdb.spec.paused = true;
-        assert_eq!(spec(&statefulset(&qdb, HASH, true, None)).replicas, Some(0));
+        assert_eq!(
+            spec(&statefulset(&qdb, HASH, None, true, None)).replicas,
+            Some(0)
+        );
     }
 
     #[test]
@@ -404,7 +428,7 @@ mod tests {
         let mut qdb = questdb("db1", "tenant-a");
         qdb.metadata.labels = Some([("team".to_string(), "payments".to_string())].into());
         qdb.metadata.annotations = Some([("owner".to_string(), "alice".to_string())].into());
-        let sts = statefulset(&qdb, HASH, true, None);
+        let sts = statefulset(&qdb, HASH, None, true, None);
         let spec = spec(&sts);
         assert_eq!(spec.selector.match_labels, Some(selector_labels(&qdb)));
         let meta = spec.template.metadata.unwrap_or_default();
@@ -422,8 +446,8 @@ mod tests {
     #[test]
     fn a_different_config_hash_changes_the_pod_template() {
         let qdb = questdb("db1", "tenant-a");
-        let a = spec(&statefulset(&qdb, "aaaa", true, None)).template;
-        let b = spec(&statefulset(&qdb, "bbbb", true, None)).template;
+        let a = spec(&statefulset(&qdb, "aaaa", None, true, None)).template;
+        let b = spec(&statefulset(&qdb, "bbbb", None, true, None)).template;
         assert_ne!(a, b);
     }
 
@@ -441,11 +465,21 @@ mod tests {
             ..ResourceRequirements::default()
         };
         qdb.spec.resources = Some(resources.clone());
-        let c = container(&statefulset(&qdb, HASH, true, None));
+        let c = container(&statefulset(&qdb, HASH, None, true, None));
         assert_eq!(c.image.as_deref(), Some("questdb/questdb:9.0.0"));
         assert_eq!(c.image_pull_policy.as_deref(), Some("IfNotPresent"));
         assert_eq!(c.resources, Some(resources));
-        assert_eq!(c.env, Some(qdb.spec.env.clone()));
+        let env = c.env.clone().unwrap_or_default();
+        assert_eq!(env[..6], credentials::env(&qdb)[..]);
+        assert_eq!(
+            env[6..],
+            qdb.spec.env[..],
+            "the user's env follows the credentials"
+        );
+        assert_eq!(
+            c.termination_message_policy.as_deref(),
+            Some("FallbackToLogsOnError")
+        );
         let ports: Vec<_> = c
             .ports
             .unwrap_or_default()
@@ -466,7 +500,7 @@ mod tests {
     #[test]
     fn whole_root_dir_is_on_the_volume_and_config_files_are_mounted_into_conf() {
         let qdb = questdb("db1", "tenant-a");
-        let sts = statefulset(&qdb, HASH, true, None);
+        let sts = statefulset(&qdb, HASH, None, true, None);
         let c = container(&sts);
         assert_eq!(
             mounts(&c),
@@ -504,7 +538,7 @@ mod tests {
 
     #[test]
     fn without_ilp_auth_no_auth_file_is_mounted() {
-        let sts = statefulset(&questdb("db1", "tenant-a"), HASH, false, None);
+        let sts = statefulset(&questdb("db1", "tenant-a"), HASH, None, false, None);
         assert!(mounts(&container(&sts))
             .iter()
             .all(|(name, path, _)| name != "ilp-auth" && !path.ends_with("auth.txt")));
@@ -517,7 +551,7 @@ mod tests {
 
     #[test]
     fn init_container_prepares_conf_as_the_questdb_user() {
-        let sts = statefulset(&questdb("db1", "tenant-a"), HASH, true, None);
+        let sts = statefulset(&questdb("db1", "tenant-a"), HASH, None, true, None);
         let init = pod(&sts).init_containers.unwrap_or_default();
         assert_eq!(init.len(), 1);
         assert_eq!(
@@ -537,7 +571,13 @@ mod tests {
 
     #[test]
     fn probes_hit_status_on_the_health_port() {
-        let c = container(&statefulset(&questdb("db1", "tenant-a"), HASH, true, None));
+        let c = container(&statefulset(
+            &questdb("db1", "tenant-a"),
+            HASH,
+            None,
+            true,
+            None,
+        ));
         let readiness = c.readiness_probe.unwrap_or_default();
         let liveness = c.liveness_probe.unwrap_or_default();
         let startup = c.startup_probe.unwrap_or_default();
@@ -557,7 +597,7 @@ mod tests {
 
     #[test]
     fn pod_and_container_are_locked_down() {
-        let sts = statefulset(&questdb("db1", "tenant-a"), HASH, true, None);
+        let sts = statefulset(&questdb("db1", "tenant-a"), HASH, None, true, None);
         let pod = pod(&sts);
         let psc = pod.security_context.clone().unwrap_or_default();
         assert_eq!(psc.fs_group, Some(10001));
@@ -590,7 +630,13 @@ mod tests {
 
     #[test]
     fn shared_nodes_get_no_selector_and_no_toleration() {
-        let pod = pod(&statefulset(&questdb("db1", "tenant-a"), HASH, true, None));
+        let pod = pod(&statefulset(
+            &questdb("db1", "tenant-a"),
+            HASH,
+            None,
+            true,
+            None,
+        ));
         assert_eq!(pod.node_selector, None);
         assert_eq!(pod.tolerations, None);
     }
@@ -603,7 +649,7 @@ mod tests {
             ..Default::default()
         });
         let node = DedicatedNode::for_questdb(&qdb);
-        let pod = pod(&statefulset(&qdb, HASH, true, Some(&node)));
+        let pod = pod(&statefulset(&qdb, HASH, None, true, Some(&node)));
         assert_eq!(
             pod.node_selector,
             Some(BTreeMap::from([
@@ -643,7 +689,7 @@ mod tests {
     fn on_a_dedicated_node_the_database_ports_answer_at_the_node_address() {
         let qdb = questdb("db1", "tenant-a");
         let node = DedicatedNode::for_questdb(&qdb);
-        let pod = pod(&statefulset(&qdb, HASH, true, Some(&node)));
+        let pod = pod(&statefulset(&qdb, HASH, None, true, Some(&node)));
         assert_eq!(
             host_ports(&pod),
             vec![
@@ -658,14 +704,14 @@ mod tests {
     }
 
     fn pod_of_shared(qdb: &QuestDB) -> PodSpec {
-        pod(&statefulset(qdb, HASH, true, None))
+        pod(&statefulset(qdb, HASH, None, true, None))
     }
 
     #[test]
     fn without_a_recorded_instance_the_pod_matches_no_node_not_a_predecessor() {
         let qdb = questdb("db1", "tenant-a");
         let node = DedicatedNode::for_questdb(&qdb);
-        let pod = pod(&statefulset(&qdb, HASH, true, Some(&node)));
+        let pod = pod(&statefulset(&qdb, HASH, None, true, Some(&node)));
         let selector = pod.node_selector.unwrap_or_default();
         assert_eq!(
             selector

@@ -46,6 +46,7 @@ pub fn spec() -> QuestDBSpec {
         ilp_auth: IlpAuthSpec::default(),
         paused: false,
         network_policy: NetworkPolicySpec::default(),
+        credentials: Default::default(),
     }
 }
 

@@ -187,6 +187,7 @@ mod tests {
             caches,
             metrics: Metrics::new(),
             keys: Default::default(),
+            credentials: Default::default(),
             failures: Default::default(),
             cloud: None,
             wake: None,

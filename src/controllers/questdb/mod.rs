@@ -3,6 +3,8 @@
 
 mod apply;
 pub mod cloud;
+mod container_state;
+mod credentials;
 pub mod failover;
 mod ilp;
 mod node_marks;
@@ -65,7 +67,13 @@ pub async fn reconcile(qdb: Arc<QuestDB>, ctx: Arc<Context>) -> Result<Next, Err
     let qdb = current;
 
     let auth = ilp::resolve(&qdb, &ctx).await?;
-    let wanted = desired::children(&qdb, auth.file.as_deref(), cloud_out.dedicated.as_ref());
+    let creds = credentials::resolve(&qdb, &ctx).await?;
+    let wanted = desired::children(
+        &qdb,
+        auth.file.as_deref(),
+        creds.digest.as_deref(),
+        cloud_out.dedicated.as_ref(),
+    );
     let mut applier = Applier::new(&ctx, &qdb, report)?;
     children_step(&mut applier, &qdb, wanted).await?;
     let report = applier.report;
@@ -90,6 +98,8 @@ pub async fn reconcile(qdb: Arc<QuestDB>, ctx: Arc<Context>) -> Result<Next, Err
         node: node.as_deref(),
         children: report,
         ilp_auth: auth.condition,
+        credentials: Some(creds.condition),
+        credentials_secret: Some(creds.secret),
         volume_size,
         cloud: Some(&cloud_out),
         ..Default::default()
@@ -291,7 +301,44 @@ async fn write_status(
     // Counted once it is written: a conflict retry would otherwise count the same transition
     // twice.
     ctx.metrics_conditions(&old.conditions, &new.conditions);
+    report_container_trouble(qdb, ctx, &old, &new).await;
     Ok(())
+}
+
+/// One Warning event (and log line) per distinct cause of a database that cannot run: the
+/// same exit code over and over is one event, a new cause another.
+async fn report_container_trouble(
+    qdb: &QuestDB,
+    ctx: &Context,
+    old: &crate::api::QuestDBStatus,
+    new: &crate::api::QuestDBStatus,
+) {
+    let ready = |s: &crate::api::QuestDBStatus| {
+        s.conditions
+            .iter()
+            .find(|c| c.type_ == crate::api::conditions::READY)
+            .map(|c| (c.reason.clone(), c.message.clone()))
+    };
+    let Some((reason, message)) = ready(new) else {
+        return;
+    };
+    let Some(reason) = Reason::parse(&reason).filter(|r| {
+        matches!(
+            r,
+            Reason::CrashLoop | Reason::ImagePullFailed | Reason::ContainerConfigError
+        )
+    }) else {
+        return;
+    };
+    let cause = container_state::Trouble::cause(&message);
+    let seen = ready(old)
+        .is_some_and(|(r, m)| r == reason && container_state::Trouble::cause(&m) == cause);
+    if seen {
+        return;
+    }
+    warn!(questdb = %qdb.name_any(), %reason, cause, "the database cannot run");
+    ctx.event(qdb, EventType::Warning, reason, "Run", message)
+        .await;
 }
 
 /// A QuestDB the operator cannot parse (e.g. written against another schema version): it is

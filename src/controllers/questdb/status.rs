@@ -12,6 +12,7 @@ use crate::controllers::questdb::outcome::CloudOutcome;
 use crate::desired;
 
 use super::apply::Report;
+use super::container_state;
 
 /// What status is computed from ([`compute`]): what the reconcile saw in the caches and the
 /// cloud, and what its applier did.
@@ -26,6 +27,10 @@ pub struct StatusInputs<'a> {
     pub invalid: Vec<String>,
     /// The ILP auth condition, decided by the auth module.
     pub ilp_auth: Option<Verdict>,
+    /// `CredentialsReady`, decided by the credentials step.
+    pub credentials: Option<Verdict>,
+    /// The Secret the credentials come from.
+    pub credentials_secret: Option<String>,
     /// `VolumeSizeReady`, once the claim exists.
     pub volume_size: Option<Verdict>,
     /// The dedicated node and DNS record, when the cloud part ran.
@@ -106,7 +111,16 @@ pub fn compute(qdb: &QuestDB, obs: &StatusInputs, now: Timestamp) -> QuestDBStat
             ),
         )
     } else {
+        let trouble = obs.pod.and_then(container_state::trouble);
         match obs.statefulset {
+            // Before the rollout check: a pod that never becomes ready never completes one.
+            Some(_) if trouble.is_some() => {
+                let t = trouble.expect("checked by the guard");
+                (
+                    Phase::Failed,
+                    Verdict::new(conditions::READY, false, t.reason, t.message),
+                )
+            }
             None => (
                 Phase::Pending,
                 Verdict::new(
@@ -172,6 +186,9 @@ pub fn compute(qdb: &QuestDB, obs: &StatusInputs, now: Timestamp) -> QuestDBStat
     let mut desired = vec![ready, spec_valid(obs)];
     if let Some(a) = &obs.ilp_auth {
         desired.push(a.clone());
+    }
+    if let Some(c) = &obs.credentials {
+        desired.push(c.clone());
     }
     if let Some(v) = &obs.volume_size {
         desired.push(v.clone());
@@ -241,6 +258,10 @@ pub fn compute(qdb: &QuestDB, obs: &StatusInputs, now: Timestamp) -> QuestDBStat
         dns_name: existing.dns_name.clone(),
         dns_ip: existing.dns_ip.clone(),
         endpoints: Some(desired::endpoints(qdb)),
+        credentials_secret: obs
+            .credentials_secret
+            .clone()
+            .or(existing.credentials_secret.clone()),
         conditions: without_stale_cloud_conditions(
             merge(&existing.conditions, &desired, generation, now),
             qdb,

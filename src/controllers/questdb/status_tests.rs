@@ -418,3 +418,53 @@ fn a_pod_on_a_dead_node_is_reported_as_such_not_as_a_rollout() {
     );
     assert!(ready.message.contains("node-a"), "{}", ready.message);
 }
+
+/// A database that exits at start during a rollout (a bad value in the new config): on-call
+/// reads the exit code in Ready and the phase, not "rolling out" forever.
+#[test]
+fn a_crash_looping_database_is_failed_with_its_exit_code_even_mid_rollout() {
+    let qdb = testing::questdb("db1", "ns");
+    let mut p = pod(false, "worker-a1");
+    p.status.as_mut().unwrap().container_statuses = Some(vec![serde_json::from_value(
+        serde_json::json!({"name": "questdb", "image": "questdb/questdb:9.2.0", "imageID": "",
+            "ready": false, "restartCount": 2,
+            "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+            "lastState": {"terminated": {"exitCode": 55, "message": "invalid configuration value"}}}),
+    )
+    .unwrap()]);
+    for rolled in [true, false] {
+        let s = sts(0, rolled);
+        let obs = StatusInputs {
+            statefulset: Some(&s),
+            pod: Some(&p),
+            ..Default::default()
+        };
+        let (status, reason, phase) = ready_condition(&qdb, &obs);
+        assert_eq!((status.as_str(), reason.as_str()), ("False", "CrashLoop"));
+        assert_eq!(phase, Some(Phase::Failed));
+        let st = compute(&qdb, &obs, now());
+        let ready = st.conditions.iter().find(|c| c.type_ == "Ready").unwrap();
+        assert!(ready.message.contains("code 55"), "{}", ready.message);
+        assert!(ready.message.contains("invalid configuration value"));
+    }
+}
+
+#[test]
+fn status_names_the_credentials_secret_and_its_condition() {
+    let qdb = testing::questdb("db1", "ns");
+    let obs = StatusInputs {
+        credentials: Some(Verdict::new(
+            crate::api::conditions::CREDENTIALS_READY,
+            false,
+            Reason::MissingKeys,
+            "Secret db1-credentials lacks QDB_PG_PASSWORD",
+        )),
+        credentials_secret: Some("db1-credentials".into()),
+        ..Default::default()
+    };
+    let st = compute(&qdb, &obs, now());
+    assert_eq!(st.credentials_secret.as_deref(), Some("db1-credentials"));
+    assert!(st.conditions.iter().any(|c| c.type_ == "CredentialsReady"
+        && c.status == "False"
+        && c.reason == "MissingKeys"));
+}

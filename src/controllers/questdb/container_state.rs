@@ -1,0 +1,223 @@
+//! Why the database container is not running, as the kubelet reports it: a QuestDB that exits
+//! at start (a value it cannot parse, a malformed auth line: exit code 55), an image that
+//! cannot be pulled (a version that does not exist), or env the kubelet cannot build (a
+//! missing credentials Secret or key). The on-call engineer reads the cause in `Ready`'s
+//! message instead of the pod's events.
+
+use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
+
+use crate::api::Reason;
+use crate::desired::CONTAINER_NAME;
+
+/// Most of a log tail kept in a condition message (the kubelet's own termination message is
+/// at most 4 KiB; status is read on a terminal).
+const LOG_TAIL_MAX: usize = 1500;
+
+/// Why the database container cannot run: the reason and a message whose first line is the
+/// cause (what one Warning event is sent for) and whose rest is the last log lines.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Trouble {
+    pub reason: Reason,
+    pub message: String,
+}
+
+impl Trouble {
+    /// The first line: the same cause gives the same line, however often it repeats.
+    pub fn cause(message: &str) -> &str {
+        message.lines().next().unwrap_or_default()
+    }
+}
+
+/// The trouble of the database container (or of the init container before it), if any.
+pub fn trouble(pod: &Pod) -> Option<Trouble> {
+    let status = pod.status.as_ref()?;
+    let init = status.init_container_statuses.iter().flatten();
+    let main = status
+        .container_statuses
+        .iter()
+        .flatten()
+        .filter(|c| c.name == CONTAINER_NAME);
+    init.chain(main).find_map(of_container)
+}
+
+fn of_container(c: &ContainerStatus) -> Option<Trouble> {
+    let state = c.state.as_ref()?;
+    if let Some(w) = &state.waiting {
+        let reason = w.reason.as_deref().unwrap_or_default();
+        let detail = w.message.clone().unwrap_or_default();
+        return match reason {
+            "CrashLoopBackOff" => Some(exited(c)),
+            "ErrImagePull" | "ImagePullBackOff" | "InvalidImageName" | "ErrImageNeverPull" => {
+                Some(Trouble {
+                    reason: Reason::ImagePullFailed,
+                    // The kubelet alternates ErrImagePull and ImagePullBackOff: the cause
+                    // line leaves both out, so it is one cause.
+                    message: format!(
+                        "image {} of container {} cannot be pulled\n{reason}: {detail}",
+                        c.image, c.name
+                    ),
+                })
+            }
+            "CreateContainerConfigError" | "CreateContainerError" => Some(Trouble {
+                reason: Reason::ContainerConfigError,
+                message: format!("container {} cannot be created: {detail}", c.name),
+            }),
+            _ => None,
+        };
+    }
+    // Between an exit and the next back-off the container is terminated, not yet waiting.
+    match &state.terminated {
+        Some(t) if t.exit_code != 0 => Some(exited(c)),
+        _ => None,
+    }
+}
+
+fn exited(c: &ContainerStatus) -> Trouble {
+    let last = c
+        .state
+        .as_ref()
+        .and_then(|s| s.terminated.as_ref())
+        .or_else(|| c.last_state.as_ref().and_then(|s| s.terminated.as_ref()));
+    let (code, log) = match last {
+        Some(t) => (
+            t.exit_code.to_string(),
+            t.message.clone().unwrap_or_default(),
+        ),
+        None => ("unknown".to_string(), String::new()),
+    };
+    let mut message = format!(
+        "container {} exits at start with code {code} and is restarted with back-off",
+        c.name
+    );
+    let tail = log_tail(&log);
+    if !tail.is_empty() {
+        message.push_str("; last log lines:\n");
+        message.push_str(&tail);
+    }
+    Trouble {
+        reason: Reason::CrashLoop,
+        message,
+    }
+}
+
+/// The end of the log, at most [`LOG_TAIL_MAX`] bytes on line boundaries. A line that mentions
+/// a password is withheld: status is readable by everyone who may read the QuestDB.
+fn log_tail(log: &str) -> String {
+    let mut kept: Vec<&str> = vec![];
+    let mut size = 0;
+    for line in log.trim_end().lines().rev() {
+        let line = if line.to_ascii_lowercase().contains("password") {
+            "[a line mentioning a password, withheld]"
+        } else {
+            line
+        };
+        if size + line.len() + 1 > LOG_TAIL_MAX {
+            break;
+        }
+        size += line.len() + 1;
+        kept.push(line);
+    }
+    kept.reverse();
+    kept.join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn pod(statuses: serde_json::Value) -> Pod {
+        serde_json::from_value(json!({"metadata": {"name": "db-0"}, "status": statuses})).unwrap()
+    }
+
+    fn questdb(state: serde_json::Value, last: serde_json::Value) -> serde_json::Value {
+        json!({"containerStatuses": [{"name": "questdb", "image": "questdb/questdb:9.2.0",
+            "imageID": "", "ready": false, "restartCount": 3, "state": state, "lastState": last}]})
+    }
+
+    #[test]
+    fn a_database_that_exits_at_start_says_its_exit_code_and_last_log_lines() {
+        let p = pod(questdb(
+            json!({"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 40s"}}),
+            json!({"terminated": {"exitCode": 55, "reason": "Error",
+                "message": "2026-11-23T01:00:00Z E server-main invalid configuration value [key=cairo.commit.lag, value=abc]\n"}}),
+        ));
+        let t = trouble(&p).expect("a crash loop is trouble");
+        assert_eq!(t.reason, Reason::CrashLoop);
+        assert!(t.message.contains("code 55"), "{}", t.message);
+        assert!(t.message.contains("key=cairo.commit.lag"), "{}", t.message);
+        assert_eq!(
+            Trouble::cause(&t.message),
+            "container questdb exits at start with code 55 and is restarted with back-off; last log lines:"
+        );
+    }
+
+    #[test]
+    fn a_version_that_does_not_exist_is_an_image_pull_failure() {
+        let p = pod(questdb(
+            json!({"waiting": {"reason": "ImagePullBackOff", "message": "Back-off pulling image \"questdb/questdb:9.9.9\""}}),
+            json!({}),
+        ));
+        let t = trouble(&p).unwrap();
+        assert_eq!(t.reason, Reason::ImagePullFailed);
+        assert!(t.message.contains("questdb/questdb:9.2.0"));
+        let p2 = pod(questdb(
+            json!({"waiting": {"reason": "ErrImagePull", "message": "not found"}}),
+            json!({}),
+        ));
+        let t2 = trouble(&p2).unwrap();
+        assert_eq!(Trouble::cause(&t.message), Trouble::cause(&t2.message));
+    }
+
+    #[test]
+    fn a_missing_credentials_key_is_a_container_config_error() {
+        let p = pod(questdb(
+            json!({"waiting": {"reason": "CreateContainerConfigError", "message": "secret \"db-credentials\" not found"}}),
+            json!({}),
+        ));
+        let t = trouble(&p).unwrap();
+        assert_eq!(t.reason, Reason::ContainerConfigError);
+        assert!(t.message.contains("db-credentials"));
+    }
+
+    #[test]
+    fn a_starting_or_running_database_is_no_trouble() {
+        for state in [
+            json!({"waiting": {"reason": "ContainerCreating"}}),
+            json!({"running": {"startedAt": "2026-11-23T01:00:00Z"}}),
+            json!({"terminated": {"exitCode": 0}}),
+        ] {
+            assert_eq!(trouble(&pod(questdb(state, json!({})))), None);
+        }
+        assert_eq!(trouble(&pod(json!({}))), None);
+    }
+
+    #[test]
+    fn a_failing_init_container_is_reported_too() {
+        let p = pod(
+            json!({"initContainerStatuses": [{"name": "init-conf", "image": "questdb/questdb:9.2.0",
+            "imageID": "", "ready": false, "restartCount": 1,
+            "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+            "lastState": {"terminated": {"exitCode": 1, "message": "mkdir: permission denied"}}}]}),
+        );
+        let t = trouble(&p).unwrap();
+        assert!(t.message.contains("init-conf") && t.message.contains("permission denied"));
+    }
+
+    #[test]
+    fn log_lines_that_mention_a_password_never_reach_status() {
+        let log = "a\nusing pg.password=hunter2\nb\n";
+        let tail = log_tail(log);
+        assert!(!tail.contains("hunter2"));
+        assert!(tail.starts_with("a\n") && tail.ends_with("\nb"));
+    }
+
+    #[test]
+    fn the_log_tail_keeps_the_last_lines_within_its_bound() {
+        let log: String = (0..1000).map(|i| format!("line {i}\n")).collect();
+        let tail = log_tail(&log);
+        assert!(tail.len() <= LOG_TAIL_MAX);
+        assert!(tail.ends_with("line 999"));
+        assert!(tail.lines().all(|l| l.starts_with("line ")));
+    }
+}
