@@ -10,7 +10,7 @@ for obj in statefulset/e2e-db service/e2e-db service/e2e-db-headless configmap/e
     k get "$obj" >/dev/null || fail "$obj missing"
 done
 [ "$(k get qdb e2e-db -o jsonpath='{.status.phase}')" = Running ] || fail "phase is not Running"
-[ "$(k get qdb e2e-db -o jsonpath='{.status.version}')" = 9.0.0 ] || fail "version is not 9.0.0"
+[ "$(k get qdb e2e-db -o jsonpath='{.status.version}')" = 9.2.0 ] || fail "version is not 9.2.0"
 k get qdb e2e-db
 
 say "a hand-scaled StatefulSet is put back"

@@ -58,7 +58,7 @@ metadata:
   name: $1
   namespace: $NS
 spec:
-  image: questdb/questdb:9.0.0
+  image: questdb/questdb:9.2.0
   volume: {size: 10Gi, retainOnDelete: true}
   config:
     server:
