@@ -219,6 +219,24 @@ pub async fn build_cloud(
     default: CloudProvider,
     observer: SharedObserver,
 ) -> anyhow::Result<Option<BuiltCloud>> {
+    build_cloud_with(
+        args,
+        default,
+        observer,
+        #[cfg(feature = "memory-cloud")]
+        MemoryEc2Options::default(),
+    )
+    .await
+}
+
+/// [`build_cloud`], with the memory cloud's options (the sandbox gives its instances loopback
+/// addresses when real databases listen on them).
+pub async fn build_cloud_with(
+    args: &CloudArgs,
+    default: CloudProvider,
+    observer: SharedObserver,
+    #[cfg(feature = "memory-cloud")] memory: MemoryEc2Options,
+) -> anyhow::Result<Option<BuiltCloud>> {
     let provider = args.cloud_provider.unwrap_or(default);
     if provider == CloudProvider::None {
         return Ok(None);
@@ -229,8 +247,8 @@ pub async fn build_cloud(
         CloudProvider::None => return Ok(None),
         #[cfg(feature = "memory-cloud")]
         CloudProvider::Memory => {
-            let m = MemoryCloud::new(config, MemoryEc2Options::default(), observer)
-                .context("building the memory cloud")?;
+            let m =
+                MemoryCloud::new(config, memory, observer).context("building the memory cloud")?;
             BuiltCloud {
                 cloud: Cloud {
                     nodes: m.nodes.clone(),

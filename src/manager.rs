@@ -516,8 +516,9 @@ fn start_caches(
     )
 }
 
-/// The controller reads a pod's node and Ready condition only; the rest (the whole container
-/// spec, statuses) is most of a pod's size, dropped before it reaches the cache.
+/// The controller reads a pod's node, Ready condition and the state of a container that
+/// cannot run; the rest (the whole container spec, healthy containers' statuses) is most of a
+/// pod's size, dropped before it reaches the cache.
 fn trim_pod(pod: &mut Pod) {
     if let Some(spec) = pod.spec.as_mut() {
         *spec = k8s_openapi::api::core::v1::PodSpec {
@@ -530,6 +531,12 @@ fn trim_pod(pod: &mut Pod) {
             phase: status.phase.take(),
             conditions: status.conditions.take(),
             host_ip: status.host_ip.take(),
+            container_statuses: crate::controllers::questdb::container_state::for_cache(
+                status.container_statuses.take(),
+            ),
+            init_container_statuses: crate::controllers::questdb::container_state::for_cache(
+                status.init_container_statuses.take(),
+            ),
             ..Default::default()
         };
     }

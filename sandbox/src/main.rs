@@ -58,6 +58,11 @@ pub struct SandboxArgs {
     )]
     pub health_probe_bind_address: String,
 
+    /// Database pods: `auto` (a real QuestDB when Java is installed), `real` (the Maven jar of
+    /// the image's version, fetched once) or `fake` (pods reported Ready, nothing runs).
+    #[arg(long, env = "SANDBOX_DATABASES", default_value = "auto")]
+    pub databases: String,
+
     /// Concurrent reconciles of the QuestDB controller.
     #[arg(long, env = "QUESTDB_CONCURRENCY", default_value_t = 4)]
     pub questdb_concurrency: u16,

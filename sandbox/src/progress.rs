@@ -120,14 +120,29 @@ async fn report_progress(
             last = line;
         }
         if ready.is_some_and(|c| c.status == "True") {
+            let ip = status.node_ip.clone().unwrap_or_default();
             println!(
-                "{ns}/{name} is Ready: node {} ({}), instance {}, DNS {}, version {}",
+                "{ns}/{name} is Ready: node {} ({ip}), instance {}, DNS {}, version {}",
                 status.node_name.unwrap_or_default(),
-                status.node_ip.unwrap_or_default(),
                 status.instance_id.as_deref().unwrap_or("-"),
                 status.dns_name.as_deref().unwrap_or("-"),
                 status.version.unwrap_or_default()
             );
+            if let Some(secret) = status.credentials_secret {
+                let field = |key: &str| {
+                    format!("$(kubectl --kubeconfig sandbox.kubeconfig -n {ns} get secret {secret} -o jsonpath='{{.data.{key}}}' | base64 -d)")
+                };
+                println!(
+                    "  curl -u \"{}:{}\" 'http://{ip}:9000/exec?query=select%201'",
+                    field("QDB_HTTP_USER"),
+                    field("QDB_HTTP_PASSWORD")
+                );
+                println!(
+                    "  PGPASSWORD=\"{}\" psql -h {ip} -p 8812 -U admin -d qdb",
+                    field("QDB_PG_PASSWORD")
+                );
+                println!("  web console: http://{ip}:9000 (user and password: QDB_HTTP_USER / QDB_HTTP_PASSWORD of Secret {secret})");
+            }
             return Ok(());
         }
     }

@@ -7,10 +7,12 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context as _};
 use questdb_operator::cli::CloudProvider;
-use questdb_operator::cloud::memory::{InstanceEvent, MemoryEc2};
+use questdb_operator::cloud::memory::{InstanceEvent, MemoryEc2, MemoryEc2Options};
 use questdb_operator::http_server::parse_bind_address;
 use questdb_operator::manager::{self, ManagerHandle, ManagerOptions};
-use questdb_testenv::{spawn_instance_join, ControlPlane, ControlPlaneOptions, InstanceChange};
+use questdb_testenv::{
+    spawn_instance_join, ControlPlane, ControlPlaneOptions, Databases, InstanceChange,
+};
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
@@ -20,8 +22,13 @@ pub async fn run(args: SandboxArgs, shutdown: CancellationToken) -> anyhow::Resu
     if args.cloud.cloud_provider == Some(CloudProvider::Aws) {
         bail!("--cloud-provider aws runs on the simulated control plane only (add --control-plane simulated): instances an AWS endpoint reports cannot boot here");
     }
+    let databases = databases(&args.databases)?;
     eprintln!("sandbox: starting a real control plane (kube-apiserver, kube-controller-manager, kube-scheduler, etcd)");
-    let cp = ControlPlane::start(ControlPlaneOptions::sandbox())
+    let options = ControlPlaneOptions {
+        databases,
+        ..ControlPlaneOptions::sandbox()
+    };
+    let cp = ControlPlane::start(options)
         .await
         .context("starting the control plane")?;
     std::fs::write(&args.kubeconfig, cp.kubeconfig_yaml())
@@ -32,10 +39,20 @@ pub async fn run(args: SandboxArgs, shutdown: CancellationToken) -> anyhow::Resu
     crate::progress::install_crd(&client).await?;
 
     let handle = ManagerHandle::default();
-    let built = questdb_operator::app::build_cloud(
+    // Real databases listen on loopback addresses: so do the instances' nodes, whose host ports
+    // forward to them, so `status.nodeIP` (the DNS target) answers from this machine.
+    let memory = MemoryEc2Options {
+        private_ip_prefix: match databases {
+            Databases::Real => format!("127.{}", questdb_testenv::database::CLOUD_LOOPBACK_FIRST),
+            Databases::Fake => MemoryEc2Options::default().private_ip_prefix,
+        },
+        ..MemoryEc2Options::default()
+    };
+    let built = questdb_operator::app::build_cloud_with(
         &args.cloud,
         CloudProvider::Memory,
         handle.metrics.aws_observer(),
+        memory,
     )
     .await?;
     let join_token = shutdown.child_token();
@@ -79,6 +96,27 @@ pub async fn run(args: SandboxArgs, shutdown: CancellationToken) -> anyhow::Resu
     drop(cp);
     info!("sandbox stopped");
     Ok(())
+}
+
+/// What runs in database pods, said in one line either way.
+fn databases(flag: &str) -> anyhow::Result<Databases> {
+    let chosen = match flag {
+        "real" => Databases::Real,
+        "fake" => Databases::Fake,
+        "auto" => Databases::real_if_java(),
+        other => bail!("--databases must be auto, real or fake, not {other:?}"),
+    };
+    match (flag, chosen) {
+        (_, Databases::Real) => eprintln!(
+            "sandbox: database pods run a real QuestDB (the Maven jar of the image's version, fetched once into ~/.m2)"
+        ),
+        ("auto", Databases::Fake) => eprintln!(
+            "sandbox: Java is not installed, so database pods are FAKE (reported Ready, no QuestDB runs): {}",
+            questdb_testenv::database::NEEDS_JAVA
+        ),
+        _ => eprintln!("sandbox: database pods are FAKE (--databases fake): no QuestDB runs"),
+    }
+    Ok(chosen)
 }
 
 /// The memory cloud's instance events as a cloud reports them.

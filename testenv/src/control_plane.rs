@@ -14,6 +14,7 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
 use tokio_util::sync::CancellationToken;
 
+use crate::database::{self, DatabaseExit, DatabaseProcess, Databases};
 use crate::kubelet::{Kubelets, NodeHandle, NodeRegistration};
 use crate::process::{free_port, tail, Component};
 use crate::proxy::{ApiProxy, Fault, FaultId, RequestCounts};
@@ -46,6 +47,9 @@ pub struct ControlPlaneOptions {
     pub nodes: Vec<NodeRegistration>,
     /// The RBAC the operator's token is bound by.
     pub rbac: rbac::Install,
+    /// Whether database pods run a real QuestDB ([`Databases::Real`], needs Java) or are only
+    /// reported running ([`Databases::Fake`], the default).
+    pub databases: Databases,
 }
 
 impl ControlPlaneOptions {
@@ -58,6 +62,7 @@ impl ControlPlaneOptions {
                 NodeRegistration::worker("worker-b1", "sim-zone-b"),
             ],
             rbac: rbac::Install::ClusterWide,
+            databases: Databases::Fake,
         }
     }
 
@@ -66,6 +71,15 @@ impl ControlPlaneOptions {
         Self {
             nodes: vec![],
             rbac: rbac::Install::ClusterWide,
+            databases: Databases::Fake,
+        }
+    }
+
+    /// The same, with database pods running a real QuestDB.
+    pub fn with_real_databases(self) -> Self {
+        Self {
+            databases: Databases::Real,
+            ..self
         }
     }
 }
@@ -81,6 +95,7 @@ pub struct ControlPlane {
     // etcd last), then the directory.
     stop: CancellationToken,
     kubelets: Kubelets,
+    databases: Option<Arc<database::Runtime>>,
     proxy: ApiProxy,
     scheduler: Component,
     controller_manager: Component,
@@ -172,6 +187,9 @@ impl ControlPlane {
         // cannot pick one by itself. Whoever installed one first wins.
         let _ = rustls::crypto::ring::default_provider().install_default();
         let started = Instant::now();
+        if opts.databases == Databases::Real && !database::java_available() {
+            bail!("{}", database::NEEDS_JAVA);
+        }
         let bin = binaries::dir()?;
         let dir = tempfile::Builder::new()
             .prefix("qdb-control-plane-")
@@ -317,12 +335,24 @@ impl ControlPlane {
             .await
             .context("installing deploy/'s RBAC")?;
         let stop = CancellationToken::new();
+        let databases = match opts.databases {
+            Databases::Real => Some(
+                database::Runtime::new(d, admin.clone(), stop.clone())
+                    .context("creating the databases' directories")?,
+            ),
+            Databases::Fake => None,
+        };
         let switches = Arc::new(csi::Switches::default());
         csi::install(&admin)
             .await
             .context("installing the CSI driver objects")?;
-        csi::spawn(admin.clone(), switches.clone(), stop.clone());
-        let kubelets = Kubelets::start(admin.clone(), stop.clone());
+        csi::spawn(
+            admin.clone(),
+            switches.clone(),
+            stop.clone(),
+            databases.clone(),
+        );
+        let kubelets = Kubelets::start(admin.clone(), stop.clone(), databases.clone());
         for node in opts.nodes {
             kubelets.join(node).await?;
         }
@@ -342,6 +372,7 @@ impl ControlPlane {
         Ok(ControlPlane {
             stop,
             kubelets,
+            databases,
             proxy,
             scheduler,
             controller_manager,
@@ -439,6 +470,64 @@ impl ControlPlane {
         &self.kubelets
     }
 
+    /// Whether database pods run a real QuestDB.
+    pub fn databases(&self) -> Databases {
+        if self.databases.is_some() {
+            Databases::Real
+        } else {
+            Databases::Fake
+        }
+    }
+
+    /// The end of the QuestDB log of pod `namespace/name` (its current and previous
+    /// container), for test failure messages; a line saying so when databases are fake.
+    pub fn database_log(&self, namespace: &str, name: &str) -> String {
+        match &self.databases {
+            Some(db) => db.log_tail(namespace, name, 40),
+            None => format!("(pod {namespace}/{name}: databases are fake, no log)"),
+        }
+    }
+
+    /// Every start of a QuestDB on a directory another live QuestDB held (pods, nodes,
+    /// directory, time). Empty when databases are fake.
+    pub fn two_writer_violations(&self) -> Vec<String> {
+        self.databases
+            .as_ref()
+            .map(|db| db.two_writer_violations())
+            .unwrap_or_default()
+    }
+
+    /// Panics, listing them, if two QuestDBs ever ran on one volume.
+    pub fn assert_no_two_writers(&self) {
+        let v = self.two_writer_violations();
+        assert!(
+            v.is_empty(),
+            "two QuestDB processes ran on one volume:\n{}",
+            v.join("\n")
+        );
+    }
+
+    /// The QuestDB processes running now.
+    pub fn database_processes(&self) -> Vec<DatabaseProcess> {
+        self.databases
+            .as_ref()
+            .map(|db| db.processes())
+            .unwrap_or_default()
+    }
+
+    /// The QuestDB processes that ended, in order, with how they ended.
+    pub fn database_exits(&self) -> Vec<DatabaseExit> {
+        self.databases
+            .as_ref()
+            .map(|db| db.exits())
+            .unwrap_or_default()
+    }
+
+    /// The directory that holds the data of the volume with CSI handle `handle`.
+    pub fn volume_dir(&self, handle: &str) -> Option<PathBuf> {
+        self.databases.as_ref().map(|db| db.volume_dir(handle))
+    }
+
     /// Process ids, for the benchmarks' memory figures.
     pub fn pids(&self) -> Vec<(&'static str, u32)> {
         [
@@ -488,6 +577,27 @@ impl ControlPlane {
 impl Drop for ControlPlane {
     fn drop(&mut self) {
         self.stop.cancel();
+        if let Some(db) = &self.databases {
+            // Before the directory goes: nothing may write into it, and nothing may outlive
+            // the test.
+            if std::thread::panicking() {
+                let mut pods: Vec<(String, String)> = db
+                    .processes()
+                    .into_iter()
+                    .map(|p| (p.namespace, p.pod))
+                    .chain(db.exits().into_iter().map(|e| (e.namespace, e.pod)))
+                    .collect();
+                pods.sort();
+                pods.dedup();
+                for (ns, pod) in pods {
+                    eprintln!(
+                        "---- QuestDB of pod {ns}/{pod} ----\n{}",
+                        db.log_tail(&ns, &pod, 12)
+                    );
+                }
+            }
+            db.kill_all();
+        }
         if std::thread::panicking() {
             for (name, log) in self.logs() {
                 eprintln!(

@@ -3,6 +3,8 @@
 //! scheduler picked a node for; deleting Released volumes) and the external-attacher (owns the
 //! VolumeAttachment finalizer, sets `status.attached` after a delay, detaches on deletion).
 //! Like EBS, a volume never attaches to a second instance while it is attached to one.
+//! With real databases each volume is a directory (`database::Runtime::volume_dir`), made
+//! when the volume is provisioned and removed when its PV is deleted (once no process holds it).
 //! Sources: kubernetes-csi/external-provisioner (controller.go: selected-node, topology),
 //! kubernetes-csi/external-attacher (csi_handler.go: finalizer `external-attacher/<driver>`).
 
@@ -20,6 +22,7 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
+use crate::database::Runtime;
 use crate::timings;
 
 pub const DRIVER: &str = "ebs.csi.aws.com";
@@ -96,13 +99,19 @@ where
     (crate::cache::store(client, stop, tx), rx)
 }
 
-/// Starts the provisioner and the attacher.
-pub fn spawn(client: Client, switches: Arc<Switches>, stop: CancellationToken) {
-    tokio::spawn(provisioner(client.clone(), stop.clone()));
+/// Starts the provisioner and the attacher; `volumes` holds the volumes' directories when
+/// databases are real.
+pub fn spawn(
+    client: Client,
+    switches: Arc<Switches>,
+    stop: CancellationToken,
+    volumes: Option<Arc<Runtime>>,
+) {
+    tokio::spawn(provisioner(client.clone(), stop.clone(), volumes));
     tokio::spawn(attacher(client, switches, stop));
 }
 
-async fn provisioner(client: Client, stop: CancellationToken) {
+async fn provisioner(client: Client, stop: CancellationToken, volumes: Option<Arc<Runtime>>) {
     let (pvcs, mut pvc_events) = store::<PersistentVolumeClaim>(&client, &stop);
     let (pvs, mut pv_events) = store::<PersistentVolume>(&client, &stop);
     let (nodes, mut node_events) = store::<Node>(&client, &stop);
@@ -148,9 +157,10 @@ async fn provisioner(client: Client, stop: CancellationToken) {
             {
                 continue;
             }
-            let (client, busy) = (client.clone(), busy.clone());
+            let (client, busy, volumes) = (client.clone(), busy.clone(), volumes.clone());
             tokio::spawn(async move {
-                if let Err(e) = create_pv(&client, &pvc, &pv_name, &zone).await {
+                if let Err(e) = create_pv(&client, &pvc, &pv_name, &zone, volumes.as_deref()).await
+                {
                     warn!(pv = %pv_name, error = %e, "fake CSI: provisioning failed");
                 }
                 busy.lock().unwrap().remove(&pv_name);
@@ -170,12 +180,24 @@ async fn provisioner(client: Client, stop: CancellationToken) {
                 let name = pv.name_any();
                 if busy.lock().unwrap().insert(name.clone()) {
                     let busy = busy.clone();
+                    let handle = pv
+                        .spec
+                        .as_ref()
+                        .and_then(|s| s.csi.as_ref())
+                        .map(|c| c.volume_handle.clone());
+                    let volumes = volumes.clone();
                     tokio::spawn(async move {
-                        let _ = api.delete(&name, &Default::default()).await;
+                        let deleted = api.delete(&name, &Default::default()).await;
+                        if let (Ok(_), Some(rt), Some(handle)) = (deleted, volumes, handle) {
+                            rt.release(&handle);
+                        }
                         busy.lock().unwrap().remove(&name);
                     });
                 }
             }
+        }
+        if let Some(rt) = &volumes {
+            rt.sweep();
         }
     }
 }
@@ -185,6 +207,7 @@ async fn create_pv(
     pvc: &PersistentVolumeClaim,
     pv_name: &str,
     zone: &str,
+    volumes: Option<&Runtime>,
 ) -> anyhow::Result<()> {
     let spec = pvc.spec.clone().unwrap_or_default();
     let size = spec
@@ -198,6 +221,9 @@ async fn create_pv(
         "vol-{}",
         &pvc.uid().unwrap_or_default().replace('-', "")[..17]
     );
+    if let Some(rt) = volumes {
+        rt.provision(&handle)?;
+    }
     let pv: PersistentVolume = serde_json::from_value(json!({
         "metadata": {
             "name": pv_name,

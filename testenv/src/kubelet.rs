@@ -4,6 +4,10 @@
 //! and Ready, and on deletion stop them, unmount, and delete the pod object. A node can be
 //! powered off (heartbeats and pods stop) or partitioned (the same, seen from the cluster;
 //! the instance keeps its volume) and healed.
+//! With [`Databases::Real`](crate::database::Databases) a database pod runs a real QuestDB
+//! (`crate::database`): it is Running once the process starts, Ready when its readiness probe
+//! answers, and its volumes are unmounted only after the process has exited. A power-off or a
+//! stopped instance SIGKILLs the node's databases; a partition leaves them running.
 //! Sources: pkg/kubelet/nodelease, kubelet_node_status.go, volumemanager (volumesInUse is
 //! reported before mount and dropped after unmount), status_manager.go (the kubelet deletes a
 //! terminated pod with grace 0 once its volumes are unmounted).
@@ -22,11 +26,12 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, ResourceExt};
 use serde_json::json;
-use tokio::sync::Notify;
+use tokio::sync::{watch, Notify};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::csi::{DRIVER, ZONE_LABEL};
+use crate::database::{self, Runtime};
 use crate::timings;
 
 pub const KUBELET_VERSION: &str = "v1.37.2";
@@ -278,6 +283,14 @@ pub enum Fault {
 
 struct NodeState {
     fault: Mutex<Fault>,
+    /// The same fault, for the databases that act on it at once.
+    faults: watch::Sender<Fault>,
+    /// Real databases: pods started on the node (their addresses).
+    pods_started: AtomicU32,
+    databases: Option<Arc<Runtime>>,
+    /// Real databases: the node's loopback network `127.a.b.0/24` (its address is `.1`, its
+    /// pods' are the others).
+    loopback: (u8, u8),
     volumes_in_use: Mutex<BTreeSet<String>>,
     changed: Notify,
     stop: CancellationToken,
@@ -299,6 +312,10 @@ impl NodeHandle {
 
     pub fn set_fault(&self, fault: Fault) {
         *self.state.fault.lock().unwrap() = fault;
+        self.state.faults.send_replace(fault);
+        if fault == Fault::PowerOff {
+            self.kill_databases();
+        }
         self.state.changed.notify_one();
     }
 
@@ -318,14 +335,43 @@ impl NodeHandle {
     /// until something deletes it.
     pub fn stop(&self) {
         self.state.stop.cancel();
+        self.kill_databases();
     }
 
     pub fn internal_ip(&self) -> String {
         node_ip(&self.state)
     }
 
-    fn healthy(&self) -> bool {
+    pub(crate) fn healthy(&self) -> bool {
         self.fault() == Fault::None && !self.state.stop.is_cancelled()
+    }
+
+    /// The instance is gone or off: every QuestDB on it dies at once, before anything else
+    /// can happen in the cluster.
+    fn kill_databases(&self) {
+        if let Some(db) = &self.state.databases {
+            db.kill_node(self.state.index);
+        }
+    }
+
+    pub(crate) fn faults(&self) -> watch::Receiver<Fault> {
+        self.state.faults.subscribe()
+    }
+
+    /// Cancelled when the kubelet stops for good.
+    pub(crate) fn stopped(&self) -> CancellationToken {
+        self.state.stop.clone()
+    }
+
+    pub(crate) fn index(&self) -> u32 {
+        self.state.index
+    }
+
+    /// A loopback address of its own for a real database pod, in the node's network.
+    pub(crate) fn next_pod_ip(&self) -> String {
+        let n = self.state.pods_started.fetch_add(1, Ordering::Relaxed);
+        let (a, b) = self.state.loopback;
+        format!("127.{a}.{b}.{}", 2 + n % 253)
     }
 }
 
@@ -344,15 +390,22 @@ pub struct Kubelets {
     nodes: Arc<Mutex<BTreeMap<String, NodeHandle>>>,
     next_index: Arc<AtomicU32>,
     stop: CancellationToken,
+    databases: Option<Arc<Runtime>>,
 }
 
 impl Kubelets {
-    pub fn start(client: Client, stop: CancellationToken) -> Kubelets {
+    /// `databases`: run real QuestDB for database pods (else they are only reported running).
+    pub fn start(
+        client: Client,
+        stop: CancellationToken,
+        databases: Option<Arc<Runtime>>,
+    ) -> Kubelets {
         let k = Kubelets {
             client,
             nodes: Arc::default(),
             next_index: Arc::default(),
             stop,
+            databases,
         };
         tokio::spawn(run_pods(k.clone()));
         k
@@ -367,10 +420,20 @@ impl Kubelets {
     }
 
     /// Registers the Node (and its Lease and CSINode) and starts its heartbeat.
-    pub async fn join(&self, reg: NodeRegistration) -> anyhow::Result<NodeHandle> {
+    pub async fn join(&self, mut reg: NodeRegistration) -> anyhow::Result<NodeHandle> {
         let index = self.next_index.fetch_add(1, Ordering::Relaxed);
+        let loopback = database::node_network();
+        if self.databases.is_some() && reg.internal_ip.is_none() {
+            // Host ports of real databases are forwarded from the node's address, which must
+            // be one this machine answers on.
+            reg.internal_ip = Some(format!("127.{}.{}.1", loopback.0, loopback.1));
+        }
         let state = Arc::new(NodeState {
             fault: Mutex::new(Fault::None),
+            faults: watch::channel(Fault::None).0,
+            pods_started: AtomicU32::new(0),
+            databases: self.databases.clone(),
+            loopback,
             volumes_in_use: Mutex::default(),
             changed: Notify::new(),
             stop: self.stop.child_token(),
@@ -710,6 +773,15 @@ struct PodRun {
     volumes: Vec<String>,
     phase: PodPhase,
     busy: bool,
+    /// A real database runs the pod's containers.
+    db: Option<database::PodHandle>,
+}
+
+impl PodRun {
+    /// A real database still runs on the pod's volumes.
+    fn processes_live(&self) -> bool {
+        self.db.as_ref().is_some_and(|d| !d.finished())
+    }
 }
 
 /// The pod side of every kubelet: one loop over the shared caches.
@@ -735,11 +807,22 @@ async fn run_pods(k: Kubelets) {
             let mut r = runs.lock().unwrap();
             // A kubelet cut off from the cluster unmounts only once it is back.
             let ids: Vec<String> = r
-                .iter()
+                .iter_mut()
                 .filter(|(u, run)| {
                     !live.contains(*u) && k.get(&run.node).is_none_or(|h| h.healthy())
                 })
-                .map(|(u, _)| u.clone())
+                .filter_map(|(u, run)| {
+                    // A real database stops first (the kubelet kills the containers of a pod
+                    // the API no longer has: pod_workers.go); its volumes go after it exited.
+                    if let Some(db) = &run.db {
+                        db.stop_with_spec_grace();
+                        if !db.finished() {
+                            run.phase = PodPhase::Stopping(Instant::now());
+                            return None;
+                        }
+                    }
+                    Some(u.clone())
+                })
                 .collect();
             ids.into_iter()
                 .filter_map(|u| r.remove(&u).map(|run| (u, run)))
@@ -769,6 +852,7 @@ async fn run_pods(k: Kubelets) {
                 volumes: vec![],
                 phase: PodPhase::Starting,
                 busy: false,
+                db: None,
             });
             if run.busy {
                 continue;
@@ -780,8 +864,15 @@ async fn run_pods(k: Kubelets) {
                     .unwrap_or(30)
                     .max(0) as u64;
                 let stop_after = timings::CONTAINER_STOP.min(Duration::from_secs(grace));
+                if let Some(db) = &run.db {
+                    db.stop(Duration::from_secs(grace));
+                }
+                let stopped = |since: Instant| match &run.db {
+                    Some(db) => db.finished(),
+                    None => since.elapsed() >= stop_after,
+                };
                 match run.phase {
-                    PodPhase::Stopping(since) if since.elapsed() >= stop_after => {
+                    PodPhase::Stopping(since) if stopped(since) => {
                         run.busy = true;
                         let volumes = run.volumes.clone();
                         drop(r);
@@ -828,6 +919,20 @@ async fn run_pods(k: Kubelets) {
                     }
                 }
                 PodPhase::Attached(since) if since.elapsed() >= timings::CONTAINER_START => {
+                    if let (Some(rt), Some(_)) = (&k.databases, database::database_container(pod)) {
+                        let Some(claims) = pod_claim_handles(pod, &pvcs, &pvs) else {
+                            continue;
+                        };
+                        run.db = Some(database::start(
+                            rt.clone(),
+                            Pod::clone(pod),
+                            handle.clone(),
+                            claims,
+                            done_tx.clone(),
+                        ));
+                        run.phase = PodPhase::Running;
+                        continue;
+                    }
                     run.busy = true;
                     drop(r);
                     let ip = pod_ip(&handle, pod);
@@ -880,13 +985,43 @@ fn pod_volumes(
     Some(out)
 }
 
+/// The volume handle of each PersistentVolumeClaim volume of the pod, by volume name; `None`
+/// while a claim is unbound.
+fn pod_claim_handles(
+    pod: &Pod,
+    pvcs: &Store<PersistentVolumeClaim>,
+    pvs: &Store<PersistentVolume>,
+) -> Option<BTreeMap<String, String>> {
+    let ns = pod.namespace().unwrap_or_default();
+    let mut out = BTreeMap::new();
+    for v in pod.spec.as_ref()?.volumes.iter().flatten() {
+        let Some(claim) = &v.persistent_volume_claim else {
+            continue;
+        };
+        let pvc = pvcs.get(&ObjectRef::new(&claim.claim_name).within(&ns))?;
+        let pv_name = pvc
+            .spec
+            .as_ref()?
+            .volume_name
+            .clone()
+            .filter(|n| !n.is_empty())?;
+        let pv = pvs.get(&ObjectRef::new(&pv_name))?;
+        let csi = pv.spec.as_ref()?.csi.as_ref()?;
+        out.insert(v.name.clone(), csi.volume_handle.clone());
+    }
+    Some(out)
+}
+
 fn unmount(handle: &NodeHandle, volumes: &[String], runs: &Arc<Mutex<BTreeMap<String, PodRun>>>) {
-    // A volume another pod on the node still mounts stays in use.
+    // A volume another pod on the node still mounts (or a database still runs on) stays in use.
     let still: BTreeSet<String> = runs
         .lock()
         .unwrap()
         .values()
-        .filter(|r| r.node == handle.name && !matches!(r.phase, PodPhase::Stopping(_)))
+        .filter(|r| {
+            r.node == handle.name
+                && (!matches!(r.phase, PodPhase::Stopping(_)) || r.processes_live())
+        })
         .flat_map(|r| r.volumes.iter().cloned())
         .collect();
     let mut in_use = handle.state.volumes_in_use.lock().unwrap();

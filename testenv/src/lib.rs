@@ -1,7 +1,8 @@
 //! A real Kubernetes control plane for tests, benches and the sandbox: etcd, kube-apiserver,
 //! kube-controller-manager and kube-scheduler built from their Go modules
 //! (`hack/control-plane/`), started as plain processes on loopback, plus what kubelets and the
-//! EBS CSI driver would do (`kubelet`, `csi`), and a proxy in front of the apiserver that counts
+//! EBS CSI driver would do (`kubelet`, `csi`), optionally with a real QuestDB per database pod
+//! (`database`), and a proxy in front of the apiserver that counts
 //! requests and injects faults (`proxy`). Never a dependency of the operator binary.
 //!
 //! Shortened timings (so tests take seconds, not minutes) are all in [`timings`].
@@ -10,6 +11,7 @@ pub mod binaries;
 mod cache;
 pub mod control_plane;
 pub mod csi;
+pub mod database;
 pub mod instances;
 pub mod kubelet;
 pub mod process;
@@ -18,6 +20,7 @@ pub mod rbac;
 pub mod timings;
 
 pub use control_plane::{ControlPlane, ControlPlaneOptions};
+pub use database::{DatabaseExit, DatabaseProcess, Databases};
 pub use instances::{node_name_for_instance, spawn_instance_join, InstanceChange};
 pub use kubelet::{Fault as NodeFault, NodeHandle, NodeRegistration};
 pub use proxy::{Fault, FaultId, RequestCounts, Verb};

@@ -26,6 +26,29 @@ pub const CONTAINER_STOP: Duration = Duration::from_millis(500);
 pub const VOLUME_ATTACH: Duration = Duration::from_millis(500);
 pub const VOLUME_DETACH: Duration = Duration::from_millis(500);
 
+/// Real databases (`Databases::Real`): the first wait before restarting a container that
+/// exited, doubled after each further exit (kubelet: 10 s, pkg/kubelet/kubelet.go
+/// `backOffPeriod`).
+pub const RESTART_BACKOFF_INITIAL: Duration = Duration::from_secs(1);
+/// The longest restart back-off (kubelet: 300 s, `MaxContainerBackOff`).
+pub const RESTART_BACKOFF_MAX: Duration = Duration::from_secs(10);
+/// A container that ran this long without exiting restarts its back-off from the start
+/// (kubelet: 2 x the maximum, i.e. 10 min; client-go flowcontrol `Backoff`).
+pub const RESTART_BACKOFF_RESET: Duration = Duration::from_secs(20);
+/// Real databases: SIGTERM, then SIGKILL after the pod's grace period but at most this long
+/// (real: the grace period alone, 60 s for the operator's pods). QuestDB closes its tables
+/// in about 1.5 s.
+pub const DATABASE_STOP_MAX: Duration = Duration::from_secs(10);
+/// Real databases: probes run at the pod's `periodSeconds` but at least this often
+/// (the operator's readiness probe: every 5 s).
+pub const PROBE_PERIOD_MAX: Duration = Duration::from_secs(1);
+/// Real databases: an unpullable image shows `ErrImagePull` this long before
+/// `ImagePullBackOff` (kubelet: the image back-off, 10 s at first).
+pub const IMAGE_PULL_BACKOFF: Duration = Duration::from_secs(1);
+/// Real databases: a container whose configuration cannot be resolved (a missing Secret or
+/// ConfigMap) is tried again after this long (kubelet: the pod worker's resync, 10 s + jitter).
+pub const CONTAINER_CONFIG_RETRY: Duration = Duration::from_secs(1);
+
 /// The kube-controller-manager flags derived from the above.
 pub fn controller_manager_flags() -> Vec<String> {
     vec![

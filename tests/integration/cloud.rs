@@ -24,7 +24,7 @@ use serde_json::json;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::harness::{control_plane, has_condition, is_ready, is_running, wait_for, wait_until};
+use crate::harness::{has_condition, is_ready, is_running, wait_for, wait_until};
 
 const NS: &str = "cloud";
 const AMI: &str = "ami-0123456789abcdef0";
@@ -69,8 +69,45 @@ fn cloud_config() -> CloudConfig {
     config
 }
 
+/// A loopback /16 per real-database cloud of this test process, so instances of tests that
+/// run side by side never share an address (their host ports are bound on it).
+fn loopback_prefix() -> String {
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let first = questdb_testenv::database::CLOUD_LOOPBACK_FIRST;
+    format!("127.{}", first + (std::process::id() + n) % (255 - first))
+}
+
 impl CloudEnv {
     async fn start(settings: CloudSettings) -> CloudEnv {
+        Self::start_on(
+            settings,
+            crate::harness::cluster(),
+            MemoryEc2Options::default(),
+        )
+        .await
+    }
+
+    /// With a real QuestDB behind the database pod: instances get loopback addresses, so the
+    /// node address (the DNS target) answers on the database ports as a node's does on EKS.
+    async fn start_with_real_databases(settings: CloudSettings) -> CloudEnv {
+        let ec2 = MemoryEc2Options {
+            private_ip_prefix: loopback_prefix(),
+            ..MemoryEc2Options::default()
+        };
+        Self::start_on(
+            settings,
+            crate::harness::cluster().with_real_databases(),
+            ec2,
+        )
+        .await
+    }
+
+    async fn start_on(
+        settings: CloudSettings,
+        cluster: questdb_testenv::ControlPlaneOptions,
+        ec2: MemoryEc2Options,
+    ) -> CloudEnv {
         questdb_operator::metrics::install_crypto_provider();
         let _ = tracing_subscriber::fmt()
             .with_env_filter(
@@ -79,14 +116,10 @@ impl CloudEnv {
             )
             .with_test_writer()
             .try_init();
-        let (cp, client) = control_plane().await;
+        let (cp, client) = crate::harness::control_plane_with(cluster).await;
         let handle = ManagerHandle::default();
-        let cloud = MemoryCloud::new(
-            cloud_config(),
-            MemoryEc2Options::default(),
-            handle.metrics.aws_observer(),
-        )
-        .expect("memory cloud");
+        let cloud = MemoryCloud::new(cloud_config(), ec2, handle.metrics.aws_observer())
+            .expect("memory cloud");
         let stop = CancellationToken::new();
         let bridge = spawn_node_join(&cp, cloud.ec2.clone(), stop.clone());
         let mut env = CloudEnv {
@@ -998,3 +1031,6 @@ mod failover;
 
 #[path = "upgrade.rs"]
 mod upgrade;
+
+#[path = "data_safety.rs"]
+mod data_safety;

@@ -36,8 +36,13 @@ pub fn cluster() -> ControlPlaneOptions {
 
 /// A started control plane with the QuestDB CRD installed.
 pub async fn control_plane() -> (ControlPlane, Client) {
+    control_plane_with(cluster()).await
+}
+
+/// [`control_plane`] with options of the test's choosing (real databases, say).
+pub async fn control_plane_with(options: ControlPlaneOptions) -> (ControlPlane, Client) {
     init_tracing();
-    let cp = ControlPlane::start(cluster())
+    let cp = ControlPlane::start(options)
         .await
         .expect("control plane starts");
     let client = cp.client().await;

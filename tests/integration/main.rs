@@ -2,6 +2,8 @@
 //! (one link) for the whole suite; each test starts its own simulator on an ephemeral port.
 
 mod cloud;
+mod database;
+mod db_client;
 mod harness;
 mod ilp_auth;
 mod leader;

@@ -40,6 +40,30 @@ pub fn trouble(pod: &Pod) -> Option<Trouble> {
     init.chain(main).find_map(of_container)
 }
 
+/// What the pod cache keeps of container statuses: only those [`trouble`] may read (a
+/// container waiting or ended with an error), each without what it never reads. A healthy pod
+/// keeps none, so the cache stays as small as before.
+pub fn for_cache(statuses: Option<Vec<ContainerStatus>>) -> Option<Vec<ContainerStatus>> {
+    let kept: Vec<ContainerStatus> = statuses
+        .into_iter()
+        .flatten()
+        .filter(|c| {
+            c.state.as_ref().is_some_and(|s| {
+                s.waiting.is_some() || s.terminated.as_ref().is_some_and(|t| t.exit_code != 0)
+            })
+        })
+        .map(|c| ContainerStatus {
+            name: c.name,
+            image: c.image,
+            state: c.state,
+            last_state: c.last_state,
+            restart_count: c.restart_count,
+            ..ContainerStatus::default()
+        })
+        .collect();
+    (!kept.is_empty()).then_some(kept)
+}
+
 fn of_container(c: &ContainerStatus) -> Option<Trouble> {
     let state = c.state.as_ref()?;
     if let Some(w) = &state.waiting {
@@ -202,6 +226,33 @@ mod tests {
         );
         let t = trouble(&p).unwrap();
         assert!(t.message.contains("init-conf") && t.message.contains("permission denied"));
+    }
+
+    /// The controller reads pods from a trimmed cache: what it decides there must be what it
+    /// would decide on the whole pod.
+    #[test]
+    fn the_cached_pod_says_the_same_trouble_and_a_healthy_one_keeps_no_status() {
+        let pods = [
+            pod(questdb(
+                json!({"waiting": {"reason": "CrashLoopBackOff"}}),
+                json!({"terminated": {"exitCode": 55, "message": "bad value"}}),
+            )),
+            pod(questdb(
+                json!({"waiting": {"reason": "ImagePullBackOff", "message": "nope"}}),
+                json!({}),
+            )),
+            pod(questdb(json!({"terminated": {"exitCode": 1}}), json!({}))),
+            pod(questdb(json!({"running": {}}), json!({}))),
+        ];
+        for p in pods {
+            let mut cached = p.clone();
+            let status = cached.status.as_mut().unwrap();
+            status.container_statuses = for_cache(status.container_statuses.take());
+            status.init_container_statuses = for_cache(status.init_container_statuses.take());
+            assert_eq!(trouble(&cached), trouble(&p));
+        }
+        let healthy = pod(questdb(json!({"running": {}}), json!({})));
+        assert_eq!(for_cache(healthy.status.unwrap().container_statuses), None);
     }
 
     #[test]

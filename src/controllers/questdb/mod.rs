@@ -3,7 +3,7 @@
 
 mod apply;
 pub mod cloud;
-mod container_state;
+pub mod container_state;
 mod credentials;
 pub mod failover;
 mod ilp;

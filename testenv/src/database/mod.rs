@@ -1,0 +1,307 @@
+//! Real QuestDB for database pods, chosen per control plane with [`Databases::Real`]: the
+//! kubelet stand-in runs `java` with the Maven jar of the image's version on the pod's
+//! PersistentVolume directory, on a loopback address of its own, probes it for real and
+//! reports exits, restarts and back-offs as a kubelet does. Everything a test or the operator
+//! would see from a container runtime is emulated on the host: files instead of mounts,
+//! loopback addresses instead of a pod network, a TCP proxy instead of host-port iptables.
+//!
+//! Deviations a test must not rely on: no cgroups (resources are not enforced), no user
+//! namespaces (the process runs as the test's user), mounts are copies (a ConfigMap mounted
+//! without `subPath` is written next to what the directory holds instead of hiding it),
+//! `$(VAR)` references in env values are not expanded, exec probes always succeed.
+
+mod env;
+mod forward;
+mod jar;
+mod mounts;
+mod probe;
+mod process;
+mod runner;
+mod status;
+mod watcher;
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use k8s_openapi::api::core::v1::{Container, Pod};
+use kube::Client;
+use tokio_util::sync::CancellationToken;
+
+pub use probe::http_get;
+pub use watcher::{DatabaseExit, DatabaseProcess};
+
+pub(crate) use runner::{start, PodHandle};
+
+/// What runs in a database pod (a container whose image is `questdb/questdb:<version>`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Databases {
+    /// Nothing runs: the kubelet reports the pod Running and Ready once its volumes attach.
+    #[default]
+    Fake,
+    /// A real QuestDB process per pod (needs Java 17; jars come from Maven).
+    Real,
+}
+
+impl Databases {
+    /// [`Databases::Real`] when `java -version` works, else [`Databases::Fake`]: for tests that
+    /// are meaningful either way. Tests that need a database say `Databases::Real` and fail
+    /// without Java.
+    pub fn real_if_java() -> Self {
+        if java_available() {
+            Databases::Real
+        } else {
+            Databases::Fake
+        }
+    }
+}
+
+/// The error of a control plane asked for real databases on a machine without Java.
+pub const NEEDS_JAVA: &str =
+    "real QuestDB needs Java 17: install a JRE (Debian: openjdk-17-jre-headless)";
+
+/// Whether `java -version` runs (checked once per process).
+pub fn java_available() -> bool {
+    static JAVA: OnceLock<bool> = OnceLock::new();
+    *JAVA.get_or_init(|| {
+        std::process::Command::new(process::java())
+            .arg("-version")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    })
+}
+
+/// A loopback network `127.a.b.0/24` for a node's real databases, unique in this process
+/// (several control planes run in one test binary) and, by `a`, likely distinct from other
+/// processes' (a sandbox beside a test run): QuestDB binds its ports on its pod's address.
+/// `a` stays below [`CLOUD_LOOPBACK_FIRST`]: the cloud's instances take addresses above it.
+pub(crate) fn node_network() -> (u8, u8) {
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let a = 10 + (std::process::id() + n / 256) % (CLOUD_LOOPBACK_FIRST - 10);
+    (a as u8, (n % 256) as u8)
+}
+
+/// First second octet of the loopback range left to a cloud's instance addresses
+/// (`127.200.0.0` to `127.254.255.255`): instance nodes keep the address their cloud gave, and
+/// it must never be a pod's or a worker's.
+pub const CLOUD_LOOPBACK_FIRST: u32 = 200;
+
+/// The image every database pod runs, as the operator renders it.
+const IMAGE_REPOSITORY: &str = "questdb/questdb";
+
+/// `Some(version)` for a QuestDB image (any registry prefix; the tag is the version),
+/// `Some(Err)` for a QuestDB image whose version cannot be known (a digest, no tag), `None`
+/// for any other image.
+pub(crate) fn questdb_version(image: &str) -> Option<Result<String, String>> {
+    let (name, digest) = match image.split_once('@') {
+        Some((n, d)) => (n, Some(d)),
+        None => (image, None),
+    };
+    let (repo, tag) = match name.rsplit_once(':') {
+        Some((r, t)) if !t.contains('/') => (r, Some(t)),
+        _ => (name, None),
+    };
+    let ours = repo == IMAGE_REPOSITORY || repo.ends_with(&format!("/{IMAGE_REPOSITORY}"));
+    if !ours {
+        return None;
+    }
+    Some(match (tag, digest) {
+        (Some(t), _) if t != "latest" => Ok(t.to_string()),
+        (_, Some(d)) => Err(format!(
+            "a digest ({d}) names no QuestDB version; use a version tag"
+        )),
+        _ => Err("the tag `latest` names no QuestDB version; use a version tag".into()),
+    })
+}
+
+/// The container of `pod` that runs QuestDB, if any.
+pub(crate) fn database_container(pod: &Pod) -> Option<&Container> {
+    pod.spec
+        .as_ref()?
+        .containers
+        .iter()
+        .find(|c| c.image.as_deref().and_then(questdb_version).is_some())
+}
+
+/// What the kubelets, the CSI driver and the control plane share in Real mode: the
+/// directories (volumes, logs, container file systems) under the control plane's temporary
+/// directory, and the registry of live processes.
+pub struct Runtime {
+    client: Client,
+    volumes: PathBuf,
+    logs: PathBuf,
+    rootfs: PathBuf,
+    registry: watcher::Registry,
+    stop: CancellationToken,
+    /// Volumes whose PV is deleted; their directories go once no process holds them.
+    released: Mutex<BTreeSet<String>>,
+}
+
+impl Runtime {
+    pub(crate) fn new(
+        dir: &Path,
+        client: Client,
+        stop: CancellationToken,
+    ) -> anyhow::Result<Arc<Runtime>> {
+        let rt = Runtime {
+            client,
+            volumes: dir.join("volumes"),
+            logs: dir.join("pod-logs"),
+            rootfs: dir.join("rootfs"),
+            registry: watcher::Registry::default(),
+            stop,
+            released: Mutex::default(),
+        };
+        for d in [&rt.volumes, &rt.logs, &rt.rootfs] {
+            std::fs::create_dir_all(d)?;
+        }
+        Ok(Arc::new(rt))
+    }
+
+    /// The directory that holds the data of the volume with this CSI handle.
+    pub fn volume_dir(&self, handle: &str) -> PathBuf {
+        self.volumes.join(handle.replace(['/', '\\'], "_"))
+    }
+
+    /// CreateVolume: the volume's directory exists from now on.
+    pub(crate) fn provision(&self, handle: &str) -> std::io::Result<()> {
+        self.released.lock().unwrap().remove(handle);
+        std::fs::create_dir_all(self.volume_dir(handle))
+    }
+
+    /// DeleteVolume: the directory goes once no process runs on it (a partitioned node's
+    /// QuestDB may still hold it, as an EBS volume stays while attached).
+    pub(crate) fn release(&self, handle: &str) {
+        self.released.lock().unwrap().insert(handle.to_string());
+        self.sweep();
+    }
+
+    pub(crate) fn sweep(&self) {
+        let mut released = self.released.lock().unwrap();
+        released.retain(|handle| {
+            let dir = self.volume_dir(handle);
+            if self.registry.holds(&dir) {
+                return true;
+            }
+            if let Err(e) = std::fs::remove_dir_all(&dir) {
+                if e.kind() != std::io::ErrorKind::NotFound {
+                    tracing::warn!(dir = %dir.display(), error = %e, "deleting a volume's directory");
+                }
+            }
+            false
+        });
+    }
+
+    /// SIGKILL every QuestDB of one node (its power went, its instance stopped).
+    pub(crate) fn kill_node(&self, node_index: u32) {
+        self.registry.kill(|p| p.node_index == node_index);
+    }
+
+    /// SIGKILL every QuestDB (the control plane stops).
+    pub(crate) fn kill_all(&self) {
+        self.registry.kill(|_| true);
+        self.registry.reap_killed();
+    }
+
+    /// Each time a second live QuestDB was started on a directory that already had one.
+    pub fn two_writer_violations(&self) -> Vec<String> {
+        self.registry.violations()
+    }
+
+    pub fn processes(&self) -> Vec<DatabaseProcess> {
+        self.registry.live()
+    }
+
+    pub fn exits(&self) -> Vec<DatabaseExit> {
+        self.registry.exits()
+    }
+
+    /// The last `lines` lines of the newest logs of the pod `namespace/name` (its current and
+    /// previous container), or a line saying there is none.
+    pub fn log_tail(&self, namespace: &str, name: &str, lines: usize) -> String {
+        let prefix = format!("{namespace}_{name}_");
+        let mut logs: Vec<(std::time::SystemTime, PathBuf)> = vec![];
+        for pod_dir in std::fs::read_dir(&self.logs)
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            if !pod_dir.file_name().to_string_lossy().starts_with(&prefix) {
+                continue;
+            }
+            for c in std::fs::read_dir(pod_dir.path())
+                .into_iter()
+                .flatten()
+                .flatten()
+            {
+                for f in std::fs::read_dir(c.path()).into_iter().flatten().flatten() {
+                    let modified = f
+                        .metadata()
+                        .and_then(|m| m.modified())
+                        .unwrap_or(std::time::UNIX_EPOCH);
+                    logs.push((modified, f.path()));
+                }
+            }
+        }
+        if logs.is_empty() {
+            return format!("(no QuestDB log for pod {namespace}/{name})");
+        }
+        logs.sort();
+        logs.iter()
+            .rev()
+            .take(2)
+            .rev()
+            .map(|(_, p)| {
+                format!(
+                    "---- {} ----\n{}",
+                    p.display(),
+                    crate::process::tail(p, lines)
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    fn pod_log(
+        &self,
+        namespace: &str,
+        name: &str,
+        uid: &str,
+        container: &str,
+        restart: i32,
+    ) -> PathBuf {
+        // The kubelet's layout: /var/log/pods/<namespace>_<name>_<uid>/<container>/<restart>.log
+        // (pkg/kubelet/kuberuntime/helpers.go `BuildContainerLogsDirectory`).
+        self.logs
+            .join(format!("{namespace}_{name}_{uid}"))
+            .join(container)
+            .join(format!("{restart}.log"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::questdb_version;
+
+    #[test]
+    fn the_tag_of_a_questdb_image_is_its_version_wherever_it_is_pulled_from() {
+        for image in [
+            "questdb/questdb:9.2.0",
+            "docker.io/questdb/questdb:9.2.0",
+            "registry.example.com:5000/mirror/questdb/questdb:9.2.0",
+        ] {
+            assert_eq!(questdb_version(image), Some(Ok("9.2.0".into())), "{image}");
+        }
+        assert!(questdb_version("questdb/questdb").unwrap().is_err());
+        assert!(questdb_version("questdb/questdb:latest").unwrap().is_err());
+        assert!(questdb_version("questdb/questdb@sha256:abc")
+            .unwrap()
+            .is_err());
+        assert_eq!(questdb_version("busybox:1.36"), None);
+        assert_eq!(questdb_version("notquestdb/questdb:9.2.0"), None);
+        assert_eq!(questdb_version("localhost:5000/questdb"), None);
+    }
+}

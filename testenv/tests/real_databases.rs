@@ -1,0 +1,719 @@
+//! With `Databases::Real` the kubelet stand-in runs a real QuestDB for a database pod: data
+//! written through it survives the pod moving to another node, a config QuestDB rejects shows
+//! as a kubelet shows a crashing container, and node faults act on the process as they would
+//! on a machine. Needs Java 17 (the QuestDB jars come from the local Maven repository).
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, PersistentVolumeClaim, Pod, Secret};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::Client;
+use questdb_testenv::database::http_get;
+use questdb_testenv::{ControlPlane, ControlPlaneOptions, Databases, NodeRegistration};
+use serde_json::{json, Value};
+
+const IMAGE: &str = "questdb/questdb:9.2.0";
+/// A first start on an empty root takes 8-9 s alone; two cores shared with builds, more.
+const START_TIMEOUT: Duration = Duration::from_secs(180);
+const TIMEOUT: Duration = Duration::from_secs(90);
+const SERVER_CONF: &str = "http.net.bind.to=0.0.0.0:9000\nhttp.min.enabled=true\nhttp.min.net.bind.to=0.0.0.0:9003\npg.net.bind.to=0.0.0.0:8812\nline.tcp.net.bind.to=0.0.0.0:9009\n";
+
+async fn start() -> ControlPlane {
+    ControlPlane::start(ControlPlaneOptions {
+        nodes: vec![
+            NodeRegistration::worker("worker-a1", "sim-zone-a"),
+            NodeRegistration::worker("worker-a2", "sim-zone-a"),
+        ],
+        databases: Databases::Real,
+        ..ControlPlaneOptions::empty()
+    })
+    .await
+    .unwrap()
+}
+
+/// Polls `probe` until it returns `Some`, failing with `what` and the pod's QuestDB log.
+async fn wait_for<T, F, Fut>(
+    cp: &ControlPlane,
+    (ns, pod): (&str, &str),
+    what: &str,
+    timeout: Duration,
+    mut probe: F,
+) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if let Some(v) = probe().await {
+            return v;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for: {what}\n{}",
+            cp.database_log(ns, pod)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+async fn create<K>(client: &Client, ns: &str, object: Value)
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + serde::Serialize
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    let object: K = serde_json::from_value(object).unwrap();
+    Api::<K>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &object)
+        .await
+        .unwrap();
+}
+
+async fn namespace(client: &Client, name: &str) {
+    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
+    Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &ns)
+        .await
+        .unwrap();
+}
+
+async fn config(client: &Client, ns: &str, server_conf: &str) {
+    create::<ConfigMap>(
+        client,
+        ns,
+        json!({"metadata": {"name": "db"}, "data": {"server.conf": server_conf}}),
+    )
+    .await;
+}
+
+async fn claim(client: &Client, ns: &str) {
+    create::<PersistentVolumeClaim>(
+        client,
+        ns,
+        json!({"metadata": {"name": "db-data"}, "spec": {"accessModes": ["ReadWriteOnce"],
+            "storageClassName": "gp3", "resources": {"requests": {"storage": "1Gi"}}}}),
+    )
+    .await;
+}
+
+fn status_probe(period: i32, timeout: i32, failures: i32) -> Value {
+    json!({"httpGet": {"path": "/status", "port": "health"}, "periodSeconds": period,
+           "timeoutSeconds": timeout, "failureThreshold": failures})
+}
+
+/// The pod the operator's StatefulSet renders (src/desired/statefulset.rs), pinned to `node`;
+/// the HTTP port is also a host port, as on a dedicated node.
+fn database_pod(node: &str, image: &str) -> Value {
+    json!({
+        "metadata": {"name": "db-0", "labels": {"app": "db"}},
+        "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": node},
+            "automountServiceAccountToken": false,
+            "enableServiceLinks": false,
+            "terminationGracePeriodSeconds": 60,
+            "initContainers": [{"name": "init-conf", "image": image,
+                "command": ["mkdir", "-p", "/var/lib/questdb/conf"],
+                "volumeMounts": [{"name": "data", "mountPath": "/var/lib/questdb"}]}],
+            "containers": [{
+                "name": "questdb", "image": image,
+                "ports": [
+                    {"name": "http", "containerPort": 9000, "hostPort": 9000, "protocol": "TCP"},
+                    {"name": "pgwire", "containerPort": 8812, "protocol": "TCP"},
+                    {"name": "ilp", "containerPort": 9009, "protocol": "TCP"},
+                    {"name": "health", "containerPort": 9003, "protocol": "TCP"},
+                ],
+                "volumeMounts": [
+                    {"name": "data", "mountPath": "/var/lib/questdb"},
+                    {"name": "config", "mountPath": "/var/lib/questdb/conf/server.conf",
+                     "subPath": "server.conf", "readOnly": true},
+                ],
+                "startupProbe": status_probe(10, 5, 180),
+                "readinessProbe": status_probe(5, 3, 3),
+                "livenessProbe": status_probe(10, 5, 6),
+                "terminationMessagePolicy": "FallbackToLogsOnError",
+            }],
+            "volumes": [
+                {"name": "data", "persistentVolumeClaim": {"claimName": "db-data"}},
+                {"name": "config", "configMap": {"name": "db"}},
+            ],
+        },
+    })
+}
+
+fn ready(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+/// The pod `db-0` once it is Ready (and the pod's uid differs from `not_uid`).
+async fn ready_pod(cp: &ControlPlane, pods: &Api<Pod>, ns: &str, not_uid: Option<&str>) -> Pod {
+    wait_for(cp, (ns, "db-0"), "db-0 Ready", START_TIMEOUT, || async {
+        let p = pods.get_opt("db-0").await.ok().flatten()?;
+        (ready(&p) && p.metadata.uid.as_deref() != not_uid).then_some(p)
+    })
+    .await
+}
+
+fn pod_ip(pod: &Pod) -> String {
+    pod.status.as_ref().unwrap().pod_ip.clone().unwrap()
+}
+
+/// A query through `/exec` on `addr` (`host:port`): the JSON answer.
+async fn exec(addr: &str, query: &str) -> anyhow::Result<Value> {
+    let encoded: String = query
+        .bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect();
+    let (code, body) = http_get(
+        addr,
+        &format!("/exec?query={encoded}"),
+        Duration::from_secs(20),
+    )
+    .await?;
+    anyhow::ensure!(code == 200, "{query}: HTTP {code}: {body}");
+    Ok(serde_json::from_str(&body)?)
+}
+
+async fn count(addr: &str) -> Option<i64> {
+    exec(addr, "select count() from t").await.ok()?["dataset"][0][0].as_i64()
+}
+
+async fn gone(pods: &Api<Pod>) -> bool {
+    pods.get_opt("db-0").await.ok().flatten().is_none()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_written_before_a_pod_moves_to_another_node_are_all_there_after_the_move() {
+    let cp = start().await;
+    let client = cp.client().await;
+    let ns = "move";
+    namespace(&client, ns).await;
+    config(&client, ns, SERVER_CONF).await;
+    claim(&client, ns).await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let started = std::time::Instant::now();
+    create::<Pod>(&client, ns, database_pod("worker-a1", IMAGE)).await;
+    let first = ready_pod(&cp, &pods, ns, None).await;
+    eprintln!(
+        "first start Ready after {:.1}s",
+        started.elapsed().as_secs_f64()
+    );
+    let ip = pod_ip(&first);
+    let http = format!("{ip}:9000");
+    exec(
+        &http,
+        "create table t (x long, ts timestamp) timestamp(ts) partition by day wal",
+    )
+    .await
+    .unwrap();
+    for batch in 0..5 {
+        exec(
+            &http,
+            &format!("insert into t select x + {}, timestamp_sequence(0, 1000000) from long_sequence(200)", batch * 200),
+        )
+        .await
+        .unwrap();
+    }
+    wait_for(&cp, (ns, "db-0"), "1000 rows visible", TIMEOUT, || async {
+        (count(&http).await == Some(1000)).then_some(())
+    })
+    .await;
+    let running = cp.database_processes();
+    assert_eq!(running.len(), 1, "{running:?}");
+    let rss = std::fs::read_to_string(format!("/proc/{}/status", running[0].pid))
+        .unwrap_or_default()
+        .lines()
+        .find(|l| l.starts_with("VmRSS"))
+        .unwrap_or_default()
+        .to_string();
+    eprintln!("QuestDB with 1000 rows: {rss}");
+
+    // The node's address answers on the host port, for as long as the pod runs there.
+    let node_ip = cp.node("worker-a1").unwrap().internal_ip();
+    let via_host = exec(&format!("{node_ip}:9000"), "select count() from t")
+        .await
+        .unwrap();
+    assert_eq!(via_host["dataset"][0][0], 1000, "{via_host}");
+
+    let stopping = std::time::Instant::now();
+    pods.delete("db-0", &DeleteParams::default()).await.unwrap();
+    wait_for(&cp, (ns, "db-0"), "db-0 deleted", TIMEOUT, || async {
+        gone(&pods).await.then_some(())
+    })
+    .await;
+    eprintln!(
+        "graceful stop and pod deletion took {:.1}s",
+        stopping.elapsed().as_secs_f64()
+    );
+    let exits = cp.database_exits();
+    assert_eq!(exits.len(), 1, "{exits:?}");
+    assert_eq!(
+        exits[0].signal, None,
+        "QuestDB got the time to shut down cleanly (SIGTERM, not SIGKILL): {exits:?}"
+    );
+    assert!(cp.database_processes().is_empty());
+    assert!(
+        tokio::net::TcpStream::connect(format!("{node_ip}:9000"))
+            .await
+            .is_err(),
+        "the host port is closed once the pod is gone"
+    );
+
+    create::<Pod>(&client, ns, database_pod("worker-a2", IMAGE)).await;
+    let second = ready_pod(&cp, &pods, ns, first.metadata.uid.as_deref()).await;
+    assert_eq!(
+        second.spec.as_ref().unwrap().node_name.as_deref(),
+        Some("worker-a2")
+    );
+    let moved = cp.database_processes();
+    assert_eq!(moved.len(), 1);
+    assert_eq!(
+        moved[0].dir, running[0].dir,
+        "the same volume, on another node"
+    );
+    let http = format!("{}:9000", pod_ip(&second));
+    wait_for(
+        &cp,
+        (ns, "db-0"),
+        "all 1000 rows after the move",
+        TIMEOUT,
+        || async { (count(&http).await == Some(1000)).then_some(()) },
+    )
+    .await;
+    cp.assert_no_two_writers();
+
+    // The claim goes, the volume (reclaim policy Delete) and its directory with it.
+    pods.delete("db-0", &DeleteParams::default()).await.unwrap();
+    Api::<PersistentVolumeClaim>::namespaced(client.clone(), ns)
+        .delete("db-data", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_for(
+        &cp,
+        (ns, "db-0"),
+        "the volume's directory deleted",
+        TIMEOUT,
+        || async { (!moved[0].dir.exists()).then_some(()) },
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_config_value_questdb_rejects_shows_exit_55_and_crash_loop_with_the_log_tail() {
+    let cp = start().await;
+    let client = cp.client().await;
+    let ns = "badconf";
+    namespace(&client, ns).await;
+    config(&client, ns, &format!("{SERVER_CONF}cairo.commit.lag=abc\n")).await;
+    claim(&client, ns).await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    create::<Pod>(&client, ns, database_pod("worker-a1", IMAGE)).await;
+    let status = wait_for(
+        &cp,
+        (ns, "db-0"),
+        "db-0 in CrashLoopBackOff after its second exit",
+        START_TIMEOUT,
+        || async {
+            let p = pods.get_opt("db-0").await.ok().flatten()?;
+            let s = p.status.clone()?;
+            let c = s.container_statuses.clone()?.into_iter().next()?;
+            let waiting = c.state.as_ref()?.waiting.as_ref()?.reason.clone()?;
+            (waiting == "CrashLoopBackOff" && c.restart_count >= 2).then_some((s, c))
+        },
+    )
+    .await;
+    let (pod_status, container) = status;
+    let last = container.last_state.unwrap().terminated.unwrap();
+    assert_eq!(last.exit_code, 55, "{last:?}");
+    assert_eq!(last.reason.as_deref(), Some("Error"));
+    let message = last.message.unwrap_or_default();
+    assert!(
+        message.contains("invalid configuration value [key=cairo.commit.lag, value=abc]"),
+        "the log tail says why: {message}"
+    );
+    assert!(message.len() <= 2048);
+    let waiting = container.state.unwrap().waiting.unwrap();
+    assert!(
+        waiting.message.as_deref().is_some_and(
+            |m| m.starts_with("back-off ") && m.contains("container=questdb pod=db-0_badconf(")
+        ),
+        "{waiting:?}"
+    );
+    assert_eq!(pod_status.phase.as_deref(), Some("Running"));
+    assert!(!container.ready);
+    assert!(cp.database_exits().iter().all(|e| e.code == Some(55)));
+    cp.assert_no_two_writers();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_power_off_kills_questdb_at_once_while_a_partition_leaves_it_running_and_writing() {
+    let cp = start().await;
+    let client = cp.client().await;
+    let ns = "faults";
+    namespace(&client, ns).await;
+    config(&client, ns, SERVER_CONF).await;
+    claim(&client, ns).await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    create::<Pod>(&client, ns, database_pod("worker-a1", IMAGE)).await;
+    let pod = ready_pod(&cp, &pods, ns, None).await;
+    let http = format!("{}:9000", pod_ip(&pod));
+    exec(
+        &http,
+        "create table t (x long, ts timestamp) timestamp(ts) partition by day wal",
+    )
+    .await
+    .unwrap();
+    let node = cp.node("worker-a1").unwrap();
+    let pid = cp.database_processes()[0].pid;
+
+    // Partitioned: the kubelet is silent, but the database goes on serving and writing.
+    node.partition();
+    exec(
+        &http,
+        "insert into t select x, timestamp_sequence(0, 1000) from long_sequence(500)",
+    )
+    .await
+    .unwrap();
+    wait_for(
+        &cp,
+        (ns, "db-0"),
+        "rows written during the partition",
+        TIMEOUT,
+        || async { (count(&http).await == Some(500)).then_some(()) },
+    )
+    .await;
+    let live = cp.database_processes();
+    assert_eq!(live.len(), 1);
+    assert_eq!(live[0].pid, pid, "the same process, never restarted");
+    node.heal();
+
+    // Powered off: the process dies at once, without a chance to shut down.
+    node.power_off();
+    wait_for(
+        &cp,
+        (ns, "db-0"),
+        "QuestDB killed by the power-off",
+        TIMEOUT,
+        || async { cp.database_processes().is_empty().then_some(()) },
+    )
+    .await;
+    let exits = cp.database_exits();
+    assert_eq!(exits.len(), 1, "{exits:?}");
+    assert_eq!((exits[0].pid, exits[0].signal), (pid, Some(9)), "{exits:?}");
+    assert!(
+        !cp.database_log(ns, "db-0").contains("QuestDB is shutdown"),
+        "no clean shutdown"
+    );
+
+    // Power back: the kubelet starts the pod again; the acknowledged rows are there.
+    node.heal();
+    let back = wait_for(
+        &cp,
+        (ns, "db-0"),
+        "db-0 Ready again",
+        START_TIMEOUT,
+        || async {
+            let p = pods.get_opt("db-0").await.ok().flatten()?;
+            let restarts = p.status.as_ref()?.container_statuses.as_ref()?[0].restart_count;
+            (ready(&p) && restarts == 1).then_some(p)
+        },
+    )
+    .await;
+    assert_eq!(
+        back.metadata.uid, pod.metadata.uid,
+        "the same pod, started again"
+    );
+    assert_eq!(cp.database_processes().len(), 1);
+    wait_for(
+        &cp,
+        (ns, "db-0"),
+        "the 500 rows after the power cut",
+        TIMEOUT,
+        || async { (count(&http).await == Some(500)).then_some(()) },
+    )
+    .await;
+
+    // The instance stops (EC2): its processes die with it.
+    let pid = cp.database_processes()[0].pid;
+    cp.kubelets().instance_stopped("worker-a1");
+    wait_for(
+        &cp,
+        (ns, "db-0"),
+        "QuestDB killed with its instance",
+        TIMEOUT,
+        || async { cp.database_exits().into_iter().find(|e| e.pid == pid) },
+    )
+    .await;
+    assert!(cp.database_processes().is_empty());
+    let last = cp.database_exits().pop().unwrap();
+    assert_eq!(last.signal, Some(9), "{last:?}");
+    cp.assert_no_two_writers();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_that_fails_its_liveness_probe_is_restarted() {
+    let cp = start().await;
+    let client = cp.client().await;
+    let ns = "liveness";
+    namespace(&client, ns).await;
+    config(&client, ns, SERVER_CONF).await;
+    claim(&client, ns).await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let mut pod = database_pod("worker-a1", IMAGE);
+    // Nothing answers there: once started, the probe fails twice and the kubelet restarts it.
+    pod["spec"]["containers"][0]["livenessProbe"] = json!({"httpGet": {"path": "/status",
+        "port": 9999}, "periodSeconds": 1, "failureThreshold": 2});
+    create::<Pod>(&client, ns, pod).await;
+    let container = wait_for(
+        &cp,
+        (ns, "db-0"),
+        "a restart after failed liveness probes",
+        START_TIMEOUT,
+        || async {
+            let p = pods.get_opt("db-0").await.ok().flatten()?;
+            let c = p.status?.container_statuses?.into_iter().next()?;
+            (c.restart_count >= 1).then_some(c)
+        },
+    )
+    .await;
+    let last = container.last_state.unwrap().terminated.unwrap();
+    assert_eq!(last.reason.as_deref(), Some("Error"), "{last:?}");
+    let first = &cp.database_exits()[0];
+    assert_eq!(
+        first.signal, None,
+        "stopped with SIGTERM and a clean shutdown: {first:?}"
+    );
+    assert_eq!(last.exit_code, first.code.unwrap());
+    assert!(cp.database_log(ns, "db-0").contains("QuestDB is shutdown"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_pod_that_cannot_start_says_why_as_a_kubelet_does() {
+    let cp = start().await;
+    let client = cp.client().await;
+    let ns = "nostart";
+    namespace(&client, ns).await;
+    config(&client, ns, SERVER_CONF).await;
+    claim(&client, ns).await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let waiting = |pods: Api<Pod>| async move {
+        let p = pods.get_opt("db-0").await.ok().flatten()?;
+        let c = p.status?.container_statuses?.into_iter().next()?;
+        let w = c.state?.waiting?;
+        Some((w.reason.unwrap_or_default(), w.message.unwrap_or_default()))
+    };
+
+    // A version Maven does not serve is an image that cannot be pulled.
+    create::<Pod>(
+        &client,
+        ns,
+        database_pod("worker-a1", "questdb/questdb:9.0.0"),
+    )
+    .await;
+    let (reason, message) = wait_for(&cp, (ns, "db-0"), "ImagePullBackOff", TIMEOUT, || async {
+        waiting(pods.clone())
+            .await
+            .filter(|(r, _)| r == "ImagePullBackOff")
+    })
+    .await;
+    assert!(message.contains("9.0.0"), "{reason}: {message}");
+    assert!(cp.database_processes().is_empty());
+    pods.delete("db-0", &DeleteParams::default()).await.unwrap();
+    wait_for(&cp, (ns, "db-0"), "db-0 deleted", TIMEOUT, || async {
+        gone(&pods).await.then_some(())
+    })
+    .await;
+
+    // A Secret the environment names, missing, then without the key.
+    let mut pod = database_pod("worker-a1", IMAGE);
+    pod["spec"]["containers"][0]["env"] = json!([{"name": "QDB_PG_PASSWORD",
+        "valueFrom": {"secretKeyRef": {"name": "db-pg", "key": "password"}}}]);
+    create::<Pod>(&client, ns, pod).await;
+    let (_, message) = wait_for(
+        &cp,
+        (ns, "db-0"),
+        "CreateContainerConfigError",
+        TIMEOUT,
+        || async {
+            waiting(pods.clone())
+                .await
+                .filter(|(r, _)| r == "CreateContainerConfigError")
+        },
+    )
+    .await;
+    assert_eq!(message, "secret \"db-pg\" not found");
+    create::<Secret>(
+        &client,
+        ns,
+        json!({"metadata": {"name": "db-pg"}, "stringData": {"user": "admin"}}),
+    )
+    .await;
+    wait_for(
+        &cp,
+        (ns, "db-0"),
+        "the missing key reported",
+        TIMEOUT,
+        || async {
+            waiting(pods.clone())
+                .await
+                .filter(|(_, m)| m == "couldn't find key password in Secret nostart/db-pg")
+        },
+    )
+    .await;
+    assert!(cp.database_processes().is_empty());
+
+    // With the key, it starts and uses it.
+    Api::<Secret>::namespaced(client.clone(), ns)
+        .patch(
+            "db-pg",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"stringData": {"password": "s3cret"}})),
+        )
+        .await
+        .unwrap();
+    let pod = ready_pod(&cp, &pods, ns, None).await;
+    let params = exec(&format!("{}:9000", pod_ip(&pod)), "show parameters")
+        .await
+        .unwrap();
+    let column = |name: &str| {
+        params["columns"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .position(|c| c["name"] == name)
+            .unwrap()
+    };
+    let (key, source) = (column("property_path"), column("value_source"));
+    let row = params["dataset"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r[key] == "pg.password")
+        .unwrap();
+    assert_eq!(
+        row[source], "env",
+        "the password came from the Secret: {row}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_out_of_service_taint_on_a_partitioned_node_that_still_runs_questdb_is_caught_as_two_writers(
+) {
+    let cp = start().await;
+    let client = cp.client().await;
+    let ns = "fence";
+    namespace(&client, ns).await;
+    config(&client, ns, SERVER_CONF).await;
+    claim(&client, ns).await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    create::<Pod>(&client, ns, database_pod("worker-a1", IMAGE)).await;
+    let first = ready_pod(&cp, &pods, ns, None).await;
+    let old = cp.database_processes()[0].clone();
+
+    // Cut off, force-deleted: the API forgets the pod, the node does not.
+    let a1 = cp.node("worker-a1").unwrap();
+    a1.partition();
+    pods.delete(
+        "db-0",
+        &DeleteParams {
+            grace_period_seconds: Some(0),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(cp.database_processes()[0].pid, old.pid, "still running");
+
+    // Declaring the node shut down while it is not: the volume is detached from under it.
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
+    wait_for(&cp, (ns, "db-0"), "worker-a1 NotReady", TIMEOUT, || async {
+        let n = nodes.get("worker-a1").await.ok()?;
+        let ready = n
+            .status?
+            .conditions?
+            .into_iter()
+            .find(|c| c.type_ == "Ready")?;
+        (ready.status != "True").then_some(())
+    })
+    .await;
+    wait_for(
+        &cp,
+        (ns, "db-0"),
+        "worker-a1 tainted out-of-service",
+        TIMEOUT,
+        || async {
+            // The node-lifecycle controller edits the taints too: retried on conflict.
+            let mut node = nodes.get("worker-a1").await.ok()?;
+            let spec = node.spec.get_or_insert_with(Default::default);
+            spec.taints.get_or_insert_with(Vec::new).push(
+                serde_json::from_value(json!({"key": "node.kubernetes.io/out-of-service",
+                "value": "nodeshutdown", "effect": "NoExecute"}))
+                .unwrap(),
+            );
+            nodes
+                .replace("worker-a1", &PostParams::default(), &node)
+                .await
+                .ok()
+                .map(|_| ())
+        },
+    )
+    .await;
+    create::<Pod>(&client, ns, database_pod("worker-a2", IMAGE)).await;
+    let violations = wait_for(
+        &cp,
+        (ns, "db-0"),
+        "the second writer recorded",
+        TIMEOUT,
+        || async {
+            let v = cp.two_writer_violations();
+            (!v.is_empty()).then_some(v)
+        },
+    )
+    .await;
+    assert!(
+        violations[0].contains("worker-a1")
+            && violations[0].contains("worker-a2")
+            && violations[0].contains(&old.dir.display().to_string()),
+        "{violations:?}"
+    );
+    // QuestDB itself refuses the second start on a locked root.
+    wait_for(
+        &cp,
+        (ns, "db-0"),
+        "the second QuestDB refused",
+        TIMEOUT,
+        || async {
+            cp.database_log(ns, "db-0")
+                .contains("cannot lock table name registry file")
+                .then_some(())
+        },
+    )
+    .await;
+
+    // Back on the network, the old kubelet stops what the API no longer has.
+    a1.heal();
+    wait_for(
+        &cp,
+        (ns, "db-0"),
+        "the old QuestDB stopped",
+        TIMEOUT,
+        || async {
+            cp.database_exits()
+                .iter()
+                .any(|e| e.pid == old.pid)
+                .then_some(())
+        },
+    )
+    .await;
+    assert_ne!(first.metadata.uid, None);
+}

@@ -1,0 +1,306 @@
+//! Data safety counted in rows, on a real QuestDB: a client writes through the database's node
+//! address (`status.nodeIP`, the DNS target) with ILP over HTTP the whole time, counting the rows
+//! QuestDB acknowledged (204), while the node loses power, is cut off, or the database moves to
+//! a node of another image. Every acknowledged row must be there afterwards, and no two QuestDB
+//! processes may ever hold the volume's directory at once. The gap the client saw is printed.
+
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, Patch, PatchParams};
+use questdb_operator::api::QuestDB;
+use questdb_operator::desired::credentials;
+
+use super::{node_name_for, settings, CloudEnv, NS};
+use crate::db_client::{count, exec, ilp_http};
+use crate::harness::{is_running, wait_for_within, wait_until};
+use kube::runtime::wait::Condition;
+
+const TIMEOUT: Duration = Duration::from_secs(300);
+const TABLE: &str = "ticks";
+const BATCH: i64 = 50;
+
+/// The node address status names now.
+async fn node_ip(qdbs: &Api<QuestDB>) -> Option<String> {
+    qdbs.get_opt("db1").await.ok().flatten()?.status?.node_ip
+}
+
+async fn http_login(env: &CloudEnv) -> (String, String) {
+    let s: Secret = Api::namespaced(env.client.clone(), NS)
+        .get("db1-credentials")
+        .await
+        .expect("credentials Secret");
+    let data = s.data.unwrap_or_default();
+    let text = |k: &str| String::from_utf8(data[k].0.clone()).expect("utf-8");
+    (
+        text(credentials::HTTP_USER),
+        text(credentials::HTTP_PASSWORD),
+    )
+}
+
+/// A client that writes a batch every ~100 ms to whatever address status names, and measures
+/// the longest time between two acknowledged batches.
+struct Writer {
+    stop: Arc<AtomicBool>,
+    acked: Arc<AtomicI64>,
+    sent: Arc<AtomicI64>,
+    longest_gap: Arc<Mutex<Duration>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Writer {
+    fn start(qdbs: Api<QuestDB>, login: (String, String)) -> Writer {
+        let stop = Arc::new(AtomicBool::new(false));
+        let acked = Arc::new(AtomicI64::new(0));
+        let sent = Arc::new(AtomicI64::new(0));
+        let longest_gap = Arc::new(Mutex::new(Duration::ZERO));
+        let (s, a, n, g) = (
+            stop.clone(),
+            acked.clone(),
+            sent.clone(),
+            longest_gap.clone(),
+        );
+        let task = tokio::spawn(async move {
+            let mut last_ack = Instant::now();
+            let mut ip = None;
+            while !s.load(Ordering::Relaxed) {
+                if ip.is_none() {
+                    ip = node_ip(&qdbs).await;
+                }
+                if let Some(addr) = ip.as_ref().map(|ip| format!("{ip}:9000")) {
+                    let first = n.fetch_add(BATCH, Ordering::Relaxed);
+                    let lines: String = (first..first + BATCH)
+                        .map(|i| format!("{TABLE},src=w v={i}i\n"))
+                        .collect();
+                    let login = Some((login.0.as_str(), login.1.as_str()));
+                    let answered = tokio::time::timeout(
+                        Duration::from_secs(2),
+                        ilp_http(&addr, &lines, login),
+                    )
+                    .await;
+                    match answered {
+                        Ok(Ok(204)) => {
+                            a.fetch_add(BATCH, Ordering::Relaxed);
+                            let gap = last_ack.elapsed();
+                            let mut longest = g.lock().unwrap();
+                            *longest = (*longest).max(gap);
+                            last_ack = Instant::now();
+                        }
+                        // Refused or unanswered: look the address up again.
+                        _ => ip = None,
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        });
+        Writer {
+            stop,
+            acked,
+            sent,
+            longest_gap,
+            task,
+        }
+    }
+
+    fn acked(&self) -> i64 {
+        self.acked.load(Ordering::Relaxed)
+    }
+
+    /// Stops writing; (acknowledged rows, rows sent, the longest gap between acknowledgements).
+    async fn finish(self) -> (i64, i64, Duration) {
+        self.stop.store(true, Ordering::Relaxed);
+        let _ = self.task.await;
+        let gap = *self.longest_gap.lock().unwrap();
+        (
+            self.acked.load(Ordering::Relaxed),
+            self.sent.load(Ordering::Relaxed),
+            gap,
+        )
+    }
+}
+
+/// `db1` with a 10 s failover threshold, Running on a real QuestDB, a writer going, and some
+/// rows already acknowledged.
+async fn writing(env: &CloudEnv) -> (Writer, String, (String, String)) {
+    env.create("db1", |q| {
+        crate::database::real(q);
+        q.spec.failover.unhealthy_after_seconds = 10;
+    })
+    .await;
+    let q = wait_for_within(&env.qdbs(), "db1", "Running", TIMEOUT, is_running()).await;
+    let instance = q
+        .status
+        .and_then(|s| s.instance_id)
+        .expect("instance recorded");
+    let login = http_login(env).await;
+    let writer = Writer::start(env.qdbs(), login.clone());
+    wait_until("the first rows acknowledged", || {
+        let acked = writer.acked();
+        async move { acked >= 5 * BATCH }
+    })
+    .await;
+    (writer, instance, login)
+}
+
+/// After the event: writing resumes on the new node, then every acknowledged row is counted
+/// there, and no two QuestDB processes ever held the volume.
+async fn assert_no_acknowledged_row_lost(
+    env: &CloudEnv,
+    writer: Writer,
+    login: &(String, String),
+    what: &str,
+) {
+    let resumed_from = writer.acked();
+    wait_until(&format!("{what}: writes acknowledged again"), || {
+        let acked = writer.acked();
+        async move { acked >= resumed_from + 5 * BATCH }
+    })
+    .await;
+    let (acked, sent, gap) = writer.finish().await;
+    let ip = node_ip(&env.qdbs()).await.expect("node address");
+    let addr = format!("{ip}:9000");
+    let l = Some((login.0.as_str(), login.1.as_str()));
+    // Rows sent but unanswered may or may not be there; acknowledged ones must be.
+    wait_until(&format!("{what}: WAL applied"), || {
+        let addr = addr.clone();
+        async move {
+            exec(
+                &addr,
+                "select * from wal_tables() where writerTxn = sequencerTxn and not suspended",
+                l,
+            )
+            .await
+            .is_ok_and(|(code, body)| code == 200 && body.contains(TABLE))
+        }
+    })
+    .await;
+    let rows = count(&addr, TABLE, l).await.expect("count");
+    eprintln!(
+        "data-safety figure ({what}): {acked} rows acknowledged, {sent} sent, {rows} counted; longest gap between acknowledged writes {:.1} s",
+        gap.as_secs_f64()
+    );
+    assert!(
+        rows >= acked,
+        "{what}: {acked} acknowledged, {rows} counted"
+    );
+    assert!(rows <= sent, "{what}: more rows than were sent");
+    let violations = env.cp.two_writer_violations();
+    assert!(violations.is_empty(), "{what}: two writers: {violations:?}");
+}
+
+fn downtime(q: &QuestDB) -> Option<i64> {
+    let s = q.status.as_ref()?;
+    s.failover
+        .as_ref()
+        .and_then(|f| f.downtime_seconds)
+        .or(s.upgrade.as_ref().and_then(|u| u.downtime_seconds))
+}
+
+/// How the dedicated node fails.
+enum NodeFailure {
+    PowerLoss,
+    Partition,
+}
+
+/// The node of `db1` fails while a client writes; failover runs to the end; every acknowledged
+/// row is there.
+async fn failover_keeps_every_acknowledged_row(failure: NodeFailure, what: &str) {
+    let env = CloudEnv::start_with_real_databases(settings()).await;
+    let (writer, old, login) = writing(&env).await;
+    let kubelet = env.cp.node(&node_name_for(&old)).expect("kubelet");
+    match failure {
+        NodeFailure::PowerLoss => {
+            kubelet.power_off();
+            assert!(env.cloud.ec2.power_off(&old));
+        }
+        NodeFailure::Partition => kubelet.partition(),
+    }
+    let q = wait_for_within(
+        &env.qdbs(),
+        "db1",
+        "failover done",
+        TIMEOUT,
+        |q: Option<&QuestDB>| {
+            q.and_then(|q| {
+                q.status
+                    .as_ref()?
+                    .failover
+                    .as_ref()
+                    .map(|f| f.phase == "Healthy")
+            })
+            .unwrap_or(false)
+        },
+    )
+    .await;
+    eprintln!(
+        "data-safety figure ({what}): status downtimeSeconds {:?}",
+        downtime(&q)
+    );
+    assert_no_acknowledged_row_lost(&env, writer, &login, what).await;
+    env.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_acknowledged_row_survives_a_failover_after_power_loss() {
+    failover_keeps_every_acknowledged_row(NodeFailure::PowerLoss, "power loss").await;
+}
+
+/// The dangerous case: the old QuestDB keeps running and writing while its kubelet is cut
+/// off. Its volume must not reach the replacement while it can still write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_acknowledged_row_survives_a_failover_of_a_partitioned_node_and_never_two_writers() {
+    failover_keeps_every_acknowledged_row(NodeFailure::Partition, "partition").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_acknowledged_row_survives_a_move_to_a_new_node_image() {
+    let env = CloudEnv::start_with_real_databases(settings()).await;
+    let (writer, old, login) = writing(&env).await;
+    env.qdbs()
+        .patch(
+            "db1",
+            &PatchParams::default(),
+            &Patch::Merge(
+                serde_json::json!({"spec": {"node": {"image": "ami-0fedcba9876543210"}}}),
+            ),
+        )
+        .await
+        .expect("image changed");
+    let q = wait_for_within(
+        &env.qdbs(),
+        "db1",
+        "moved",
+        TIMEOUT,
+        |q: Option<&QuestDB>| {
+            q.and_then(|q| {
+                let s = q.status.as_ref()?;
+                Some(
+                    s.instance_id.as_deref() != Some(old.as_str())
+                        && s.node_image.as_deref() == Some("ami-0fedcba9876543210"),
+                )
+            })
+            .unwrap_or(false)
+        },
+    )
+    .await;
+    assert_ne!(
+        q.status.as_ref().and_then(|s| s.instance_id.clone()),
+        Some(old)
+    );
+    let q = wait_for_within(
+        &env.qdbs(),
+        "db1",
+        "move recorded done",
+        TIMEOUT,
+        |q: Option<&QuestDB>| is_running().matches_object(q) && q.and_then(downtime).is_some(),
+    )
+    .await;
+    eprintln!(
+        "data-safety figure (node move): status downtimeSeconds {:?}",
+        downtime(&q)
+    );
+    assert_no_acknowledged_row_lost(&env, writer, &login, "node move").await;
+    env.stop().await;
+}

@@ -1,0 +1,556 @@
+//! A real QuestDB behind the database pod (the test environment's kubelet runs the Maven jar
+//! of the image's version): what the operator renders is what QuestDB reads, and data is
+//! counted in rows.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::{CustomResourceExt, ResourceExt};
+use questdb_operator::api::QuestDB;
+use questdb_operator::desired::credentials;
+use questdb_operator::ilp_auth::testing::TestKey;
+use questdb_testenv::{ControlPlaneOptions, Databases};
+
+use crate::db_client::{self, count, exec, ilp_http, ilp_tcp, parameter, psql, Login};
+use crate::harness::{cluster, has_condition, is_ready, wait_for, wait_for_event, wait_until, Env};
+
+const NS: &str = "db";
+
+/// The control plane with real QuestDB processes for database pods.
+async fn env() -> Env {
+    let options = ControlPlaneOptions {
+        databases: Databases::Real,
+        ..cluster()
+    };
+    let env = Env::start_on(options, Default::default(), QuestDB::crd()).await;
+    env.namespace(NS).await;
+    env
+}
+
+/// A version Maven Central serves (the test environment runs its jar).
+pub const VERSION: &str = "9.2.0";
+
+pub fn real(q: &mut QuestDB) {
+    q.spec.image = format!("questdb/questdb:{VERSION}");
+}
+
+/// The generated (or named) credentials, as a client would read them from the Secret.
+struct Credentials(BTreeMap<String, String>);
+
+impl Credentials {
+    async fn of(env: &Env, secret: &str) -> Credentials {
+        let s: Secret = env.api(NS).get(secret).await.expect("credentials Secret");
+        Credentials(
+            s.data
+                .unwrap_or_default()
+                .into_iter()
+                .map(|(k, v)| (k, String::from_utf8(v.0).expect("utf-8")))
+                .collect(),
+        )
+    }
+
+    fn http(&self) -> Login<'_> {
+        Some((
+            &self.0[credentials::HTTP_USER],
+            &self.0[credentials::HTTP_PASSWORD],
+        ))
+    }
+
+    fn pg(&self) -> (&str, &str) {
+        (
+            &self.0[credentials::PG_USER],
+            &self.0[credentials::PG_PASSWORD],
+        )
+    }
+
+    fn readonly(&self) -> (&str, &str) {
+        (
+            &self.0[credentials::PG_READONLY_USER],
+            &self.0[credentials::PG_READONLY_PASSWORD],
+        )
+    }
+}
+
+/// The database pod's address (its own loopback address in the test environment).
+async fn pod_ip(env: &Env, name: &str) -> String {
+    let pod: Pod = env.api(NS).get(&format!("{name}-0")).await.expect("pod");
+    pod.status
+        .and_then(|s| s.pod_ip)
+        .expect("a running pod has an IP")
+}
+
+async fn ready(env: &Env, name: &str) -> QuestDB {
+    wait_for(
+        &env.api(NS),
+        name,
+        "QuestDB Ready on a real QuestDB",
+        is_ready(),
+    )
+    .await
+}
+
+fn line(table: &str, i: usize) -> String {
+    format!("{table},src=test v={i}i\n")
+}
+
+fn lines(table: &str, n: usize) -> String {
+    (0..n).map(|i| line(table, i)).collect()
+}
+
+/// Waits until `table` holds exactly `want` rows (ILP commits on its own schedule).
+/// On timeout the failure shows the count QuestDB gave and its log tail.
+async fn rows_become(env: &Env, addr: &str, table: &str, want: i64, login: Login<'_>) {
+    let deadline = tokio::time::Instant::now() + crate::harness::TIMEOUT;
+    loop {
+        let now = count(addr, table, login).await;
+        if now == Some(want) {
+            return;
+        }
+        if tokio::time::Instant::now() > deadline {
+            panic!(
+                "{table} holds {now:?} rows, not {want}; QuestDB's log:\n{}",
+                env.cp.database_log(NS, "db1-0")
+            );
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_database_never_accepts_anonymous_queries_writes_or_the_default_password() {
+    let env = env().await;
+    env.create_questdb(NS, "db1", real).await;
+    let q = ready(&env, "db1").await;
+    let status = q.status.clone().unwrap_or_default();
+    assert_eq!(
+        status.credentials_secret.as_deref(),
+        Some("db1-credentials")
+    );
+    let creds = Credentials::of(&env, "db1-credentials").await;
+    let ip = pod_ip(&env, "db1").await;
+    let http = format!("{ip}:9000");
+
+    // Anonymous and wrong-password HTTP: refused, and nothing is written.
+    assert_eq!(exec(&http, "select 1", None).await.unwrap().0, 401);
+    let wrong = Some((creds.http().unwrap().0, "quest"));
+    assert_eq!(exec(&http, "select 1", wrong).await.unwrap().0, 401);
+    assert_eq!(
+        ilp_http(&http, &lines("anon", 10), None).await.unwrap(),
+        401
+    );
+    // With the generated login: acknowledged writes are there, row for row.
+    assert_eq!(
+        ilp_http(&http, &lines("acked", 100), creds.http())
+            .await
+            .unwrap(),
+        204
+    );
+    rows_become(&env, &http, "acked", 100, creds.http()).await;
+    assert_eq!(
+        count(&http, "anon", creds.http()).await,
+        None,
+        "no anonymous table"
+    );
+
+    // pgwire: QuestDB's default admin/quest is refused; the generated users work, and the
+    // read-only one cannot write.
+    assert!(psql(&ip, 8812, "admin", "quest", "select 1").await.is_err());
+    let (user, password) = creds.pg();
+    assert_eq!(
+        psql(&ip, 8812, user, password, "select count() from acked").await,
+        Ok("100".into())
+    );
+    psql(
+        &ip,
+        8812,
+        user,
+        password,
+        "insert into acked(src, v, timestamp) values('pg', 1, now())",
+    )
+    .await
+    .expect("the pgwire user writes");
+    rows_become(&env, &http, "acked", 101, creds.http()).await;
+    let (reader, reader_password) = creds.readonly();
+    assert_eq!(
+        psql(
+            &ip,
+            8812,
+            reader,
+            reader_password,
+            "select count() from acked"
+        )
+        .await,
+        Ok("101".into())
+    );
+    assert!(psql(
+        &ip,
+        8812,
+        reader,
+        reader_password,
+        "insert into acked(src, v, timestamp) values('ro', 1, now())"
+    )
+    .await
+    .is_err());
+
+    // The probes' health port stays open; QuestDB's own metrics are on it.
+    let health = format!("{ip}:9003");
+    assert_eq!(
+        db_client::http(&health, "GET", "/status", None, "")
+            .await
+            .unwrap()
+            .0,
+        200
+    );
+    let (code, metrics) = db_client::http(&health, "GET", "/metrics", None, "")
+        .await
+        .unwrap();
+    assert_eq!(code, 200);
+    assert!(metrics.contains("questdb_"), "QuestDB metrics are on");
+    env.stop().await;
+}
+
+#[tokio::test]
+async fn ilp_over_tcp_writes_only_with_a_key_the_questdb_was_given() {
+    let env = env().await;
+    let known = TestKey::derived("ingest", 3);
+    let revoked = TestKey::derived("revoked", 4);
+    let stranger = TestKey::derived("stranger", 5);
+    for (name, key) in [("key-ingest", &known), ("key-revoked", &revoked)] {
+        let s = key.json_secret_for(NS, name, "db1");
+        env.api::<Secret>(NS)
+            .create(&PostParams::default(), &s)
+            .await
+            .expect("key Secret");
+    }
+    env.create_questdb(NS, "db1", real).await;
+    wait_for(
+        &env.api(NS),
+        "db1",
+        "both keys loaded",
+        has_condition("IlpAuthReady", "KeysLoaded"),
+    )
+    .await;
+    ready(&env, "db1").await;
+    let creds = Credentials::of(&env, "db1-credentials").await;
+    let ip = pod_ip(&env, "db1").await;
+    let (http, ilp) = (format!("{ip}:9000"), format!("{ip}:9009"));
+
+    // Refused first, then a known key as the sentinel: once its rows are counted, the
+    // connections before it were handled (and wrote nothing).
+    ilp_tcp(&ilp, None, &lines("anon", 10)).await.unwrap();
+    ilp_tcp(&ilp, Some(&stranger), &lines("stranger", 10))
+        .await
+        .unwrap();
+    ilp_tcp(&ilp, Some(&revoked), &lines("before_revoke", 10))
+        .await
+        .unwrap();
+    ilp_tcp(&ilp, Some(&known), &lines("signed", 50))
+        .await
+        .unwrap();
+    rows_become(&env, &http, "signed", 50, creds.http()).await;
+    rows_become(&env, &http, "before_revoke", 10, creds.http()).await;
+    for table in ["anon", "stranger"] {
+        assert_eq!(
+            count(&http, table, creds.http()).await,
+            None,
+            "{table} wrote rows"
+        );
+    }
+
+    // Revocation: deleting the key's Secret restarts the database without that key.
+    let old_pod = env.api::<Pod>(NS).get("db1-0").await.unwrap().uid();
+    env.api::<Secret>(NS)
+        .delete("key-revoked", &Default::default())
+        .await
+        .unwrap();
+    wait_until("the database restarted without the revoked key", || {
+        let pods: Api<Pod> = env.api(NS);
+        let old_pod = old_pod.clone();
+        let creds = &creds;
+        async move {
+            let Some(pod) = pods.get_opt("db1-0").await.ok().flatten() else {
+                return false;
+            };
+            let Some(ip) = pod.status.clone().and_then(|s| s.pod_ip) else {
+                return false;
+            };
+            pod.uid() != old_pod
+                && count(&format!("{ip}:9000"), "signed", creds.http()).await == Some(50)
+        }
+    })
+    .await;
+    let ip = pod_ip(&env, "db1").await;
+    let (http, ilp) = (format!("{ip}:9000"), format!("{ip}:9009"));
+    ilp_tcp(&ilp, Some(&revoked), &lines("after_revoke", 10))
+        .await
+        .unwrap();
+    ilp_tcp(&ilp, Some(&known), &lines("signed_again", 5))
+        .await
+        .unwrap();
+    rows_become(&env, &http, "signed_again", 5, creds.http()).await;
+    assert_eq!(count(&http, "after_revoke", creds.http()).await, None);
+    rows_become(&env, &http, "before_revoke", 10, creds.http()).await;
+    env.stop().await;
+}
+
+#[tokio::test]
+async fn the_configuration_in_the_spec_is_the_one_questdb_runs_with() {
+    let env = env().await;
+    env.create_questdb(NS, "db1", |q| {
+        real(q);
+        q.spec
+            .config
+            .server
+            .insert("cairo.max.uncommitted.rows".into(), "12345".into());
+    })
+    .await;
+    ready(&env, "db1").await;
+    let creds = Credentials::of(&env, "db1-credentials").await;
+    let http = format!("{}:9000", pod_ip(&env, "db1").await);
+    let p = |key: &'static str| {
+        let http = http.clone();
+        let creds = &creds;
+        async move { parameter(&http, key, creds.http()).await }
+    };
+    assert_eq!(
+        p("cairo.max.uncommitted.rows").await,
+        Some(("12345".into(), "conf".into()))
+    );
+    assert_eq!(
+        p("metrics.enabled").await,
+        Some(("true".into(), "conf".into()))
+    );
+    assert_eq!(
+        p("http.health.check.authentication.required").await,
+        Some(("false".into(), "conf".into()))
+    );
+    assert_eq!(
+        p("pg.readonly.user.enabled").await,
+        Some(("true".into(), "conf".into()))
+    );
+    let (user, source) = p("pg.user").await.expect("pg.user listed");
+    assert_eq!((user.as_str(), source.as_str()), ("admin", "env"));
+    env.stop().await;
+}
+
+#[tokio::test]
+async fn a_database_that_cannot_start_says_why_in_status_and_one_event() {
+    let env = env().await;
+    env.create_questdb(NS, "db1", |q| {
+        real(q);
+        q.spec
+            .config
+            .server
+            .insert("cairo.commit.lag".into(), "abc".into());
+    })
+    .await;
+    let q = wait_for(
+        &env.api(NS),
+        "db1",
+        "Ready=False CrashLoop",
+        has_condition("Ready", "CrashLoop"),
+    )
+    .await;
+    let status = q.status.unwrap_or_default();
+    let cond = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Ready")
+        .expect("Ready");
+    assert!(cond.message.contains("code 55"), "{}", cond.message);
+    assert_eq!(status.phase.map(|p| p.as_str()), Some("Failed"));
+    wait_for_event(&env, NS, "a CrashLoop Warning", |e| {
+        e.reason.as_deref() == Some("CrashLoop") && e.type_.as_deref() == Some("Warning")
+    })
+    .await;
+    // It keeps crashing with the same cause: still one event (a series, not a new one).
+    let restarts = |n: i32| {
+        let pods: Api<Pod> = env.api(NS);
+        async move {
+            pods.get_opt("db1-0")
+                .await
+                .ok()
+                .flatten()
+                .and_then(|p| {
+                    p.status?
+                        .container_statuses?
+                        .first()
+                        .map(|c| c.restart_count)
+                })
+                .is_some_and(|r| r >= n)
+        }
+    };
+    wait_until("two more restarts", || restarts(3)).await;
+    let events: Vec<_> = env
+        .api::<k8s_openapi::api::events::v1::Event>(NS)
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("CrashLoop"))
+        .collect();
+    assert_eq!(events.len(), 1, "one event per cause: {events:#?}");
+
+    // Fixed: it runs.
+    env.api::<QuestDB>(NS)
+        .patch(
+            "db1",
+            &PatchParams::default(),
+            &Patch::Merge(
+                serde_json::json!({"spec": {"config": {"server": {"cairo.commit.lag": null}}}}),
+            ),
+        )
+        .await
+        .unwrap();
+    ready(&env, "db1").await;
+    env.stop().await;
+}
+
+#[tokio::test]
+async fn a_changed_password_restarts_the_database_and_the_old_one_stops_working() {
+    let env = env().await;
+    env.create_questdb(NS, "db1", real).await;
+    ready(&env, "db1").await;
+    let creds = Credentials::of(&env, "db1-credentials").await;
+    let ip = pod_ip(&env, "db1").await;
+    let (user, old) = creds.pg();
+    psql(&ip, 8812, user, old, "select 1")
+        .await
+        .expect("old password works");
+    let secrets: Api<Secret> = env.api(NS);
+    secrets
+        .patch(
+            "db1-credentials",
+            &PatchParams::default(),
+            &Patch::Merge(
+                serde_json::json!({"stringData": {credentials::PG_PASSWORD: "a-new-password-1"}}),
+            ),
+        )
+        .await
+        .unwrap();
+    wait_until("the new password works", || {
+        let pods: Api<Pod> = env.api(NS);
+        async move {
+            let Some(ip) = pods
+                .get_opt("db1-0")
+                .await
+                .ok()
+                .flatten()
+                .and_then(|p| p.status?.pod_ip)
+            else {
+                return false;
+            };
+            psql(&ip, 8812, "admin", "a-new-password-1", "select 1")
+                .await
+                .is_ok()
+        }
+    })
+    .await;
+    let ip = pod_ip(&env, "db1").await;
+    assert!(psql(&ip, 8812, user, old, "select 1").await.is_err());
+    // Never rewritten by the operator: the user's password stays.
+    let after = Credentials::of(&env, "db1-credentials").await;
+    assert_eq!(after.0[credentials::PG_PASSWORD], "a-new-password-1");
+    env.stop().await;
+}
+
+#[tokio::test]
+async fn a_questdb_version_that_does_not_exist_says_so_instead_of_waiting_forever() {
+    let env = env().await;
+    env.create_questdb(NS, "db1", |q| q.spec.image = "questdb/questdb:9.9.9".into())
+        .await;
+    let q = wait_for(
+        &env.api(NS),
+        "db1",
+        "Ready=False ImagePullFailed",
+        has_condition("Ready", "ImagePullFailed"),
+    )
+    .await;
+    let status = q.status.unwrap_or_default();
+    let cond = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Ready")
+        .unwrap();
+    assert!(
+        cond.message.contains("questdb/questdb:9.9.9"),
+        "{}",
+        cond.message
+    );
+    wait_for_event(&env, NS, "an ImagePullFailed Warning", |e| {
+        e.reason.as_deref() == Some("ImagePullFailed")
+    })
+    .await;
+    env.stop().await;
+}
+
+#[tokio::test]
+async fn every_acknowledged_row_survives_a_questdb_version_upgrade() {
+    let env = env().await;
+    env.create_questdb(NS, "db1", |q| q.spec.image = "questdb/questdb:9.1.0".into())
+        .await;
+    ready(&env, "db1").await;
+    let creds = Credentials::of(&env, "db1-credentials").await;
+    let http = format!("{}:9000", pod_ip(&env, "db1").await);
+    for batch in 0..5 {
+        let code = ilp_http(&http, &lines(&format!("t{batch}"), 100), creds.http())
+            .await
+            .unwrap();
+        assert_eq!(code, 204);
+    }
+    env.api::<QuestDB>(NS)
+        .patch(
+            "db1",
+            &PatchParams::default(),
+            &Patch::Merge(
+                serde_json::json!({"spec": {"image": format!("questdb/questdb:{VERSION}")}}),
+            ),
+        )
+        .await
+        .unwrap();
+    wait_until("the database runs 9.2.0 with every row", || {
+        let pods: Api<Pod> = env.api(NS);
+        let creds = &creds;
+        async move {
+            let Some(pod) = pods.get_opt("db1-0").await.ok().flatten() else {
+                return false;
+            };
+            let image = pod.spec.as_ref().map(|s| s.containers[0].image.clone());
+            let Some(ip) = pod.status.and_then(|s| s.pod_ip) else {
+                return false;
+            };
+            if image != Some(Some(format!("questdb/questdb:{VERSION}"))) {
+                return false;
+            }
+            let http = format!("{ip}:9000");
+            let mut all = true;
+            for batch in 0..5 {
+                all &= count(&http, &format!("t{batch}"), creds.http()).await == Some(100);
+            }
+            all
+        }
+    })
+    .await;
+    let q = ready(&env, "db1").await;
+    assert_eq!(
+        q.status.unwrap_or_default().version.as_deref(),
+        Some(VERSION)
+    );
+    let http = format!("{}:9000", pod_ip(&env, "db1").await);
+    let (code, body) = exec(
+        &http,
+        "select name from wal_tables() where suspended",
+        creds.http(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(code, 200);
+    let suspended: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        suspended["count"], 0,
+        "no table suspended after the upgrade: {body}"
+    );
+    env.stop().await;
+}
