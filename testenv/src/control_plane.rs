@@ -111,9 +111,21 @@ pub struct ControlPlane {
     pub started_in: Duration,
 }
 
-fn kubeconfig_yaml(server: &str, token: &str) -> String {
+/// A kubeconfig for `server`. An `https` server (a component's own port) is trusted through
+/// the certificate file it generated, `ca_pem` (its self-signed CA is in it), never by skipping
+/// verification; the proxy every client uses speaks plain HTTP on loopback.
+fn kubeconfig_yaml(server: &str, token: &str, ca_pem: Option<&[u8]>) -> String {
+    use base64::Engine as _;
+    let trust = ca_pem
+        .map(|pem| {
+            format!(
+                "    certificate-authority-data: {}\n",
+                base64::engine::general_purpose::STANDARD.encode(pem)
+            )
+        })
+        .unwrap_or_default();
     format!(
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: questdb-testenv\n  cluster:\n    server: {server}\n    insecure-skip-tls-verify: true\nusers:\n- name: user\n  user:\n    token: {token}\ncontexts:\n- name: questdb-testenv\n  context: {{cluster: questdb-testenv, user: user, namespace: default}}\ncurrent-context: questdb-testenv\n"
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: questdb-testenv\n  cluster:\n    server: {server}\n{trust}users:\n- name: user\n  user:\n    token: {token}\ncontexts:\n- name: questdb-testenv\n  context: {{cluster: questdb-testenv, user: user, namespace: default}}\ncurrent-context: questdb-testenv\n"
     )
 }
 
@@ -135,21 +147,24 @@ fn random_token() -> String {
     out
 }
 
-/// GET `path` from a loopback HTTPS endpoint (self-signed) and report a 200.
-async fn https_ok(url: &str, token: Option<&str>, path: &str) -> bool {
+/// GET `path` from a loopback HTTPS endpoint whose self-signed certificate (and its CA) the
+/// component wrote to `cert`, and report a 200.
+async fn https_ok(url: &str, token: Option<&str>, path: &str, cert: &std::path::Path) -> bool {
     // Only ask once the port listens: kube's client logs every refused connection as an ERROR,
     // which would fill a sandbox user's terminal while the components start.
     let addr = url.trim_start_matches("https://");
     if tokio::net::TcpStream::connect(addr).await.is_err() {
         return false;
     }
-    let mut config = Config::new(url.parse().expect("url"));
-    config.accept_invalid_certs = true;
-    if let Some(t) = token {
-        config.headers.push((
-            http::header::AUTHORIZATION,
-            format!("Bearer {t}").parse().expect("header"),
-        ));
+    let Ok(pem) = std::fs::read(cert) else {
+        return false;
+    };
+    let yaml = kubeconfig_yaml(url, token.unwrap_or("none"), Some(&pem));
+    let Ok(mut config) = config_from(&yaml).await else {
+        return false;
+    };
+    if token.is_none() {
+        config.auth_info = Default::default();
     }
     let Ok(client) = Client::try_from(config) else {
         return false;
@@ -266,13 +281,16 @@ impl ControlPlane {
             Component::spawn("kube-apiserver", &bin.join("kube-apiserver"), &api_args, d)?;
         let tok = admin_token.clone();
         let url = apiserver_url.clone();
+        let api_cert = d.join("certs").join("apiserver.crt");
         apiserver
             .wait_ready(Duration::from_secs(90), || {
                 let (url, tok) = (url.clone(), tok.clone());
-                async move { https_ok(&url, Some(&tok), "/readyz").await }
+                let cert = api_cert.clone();
+                async move { https_ok(&url, Some(&tok), "/readyz", &cert).await }
             })
             .await?;
-        let admin_yaml = kubeconfig_yaml(&apiserver_url, &admin_token);
+        let api_ca = std::fs::read(&api_cert).context("reading the apiserver's certificate")?;
+        let admin_yaml = kubeconfig_yaml(&apiserver_url, &admin_token, Some(&api_ca));
         let admin_kubeconfig = d.join("admin.kubeconfig");
         std::fs::write(&admin_kubeconfig, &admin_yaml)?;
         let admin = Client::try_from(config_from(&admin_yaml).await?)?;
@@ -312,13 +330,15 @@ impl ControlPlane {
         controller_manager
             .wait_ready(Duration::from_secs(60), || {
                 let url = format!("https://127.0.0.1:{kcm_port}");
-                async move { https_ok(&url, None, "/healthz").await }
+                let cert = d.join("kcm-certs").join("kube-controller-manager.crt");
+                async move { https_ok(&url, None, "/healthz", &cert).await }
             })
             .await?;
         scheduler
             .wait_ready(Duration::from_secs(60), || {
                 let url = format!("https://127.0.0.1:{sched_port}");
-                async move { https_ok(&url, None, "/healthz").await }
+                let cert = d.join("scheduler-certs").join("kube-scheduler.crt");
+                async move { https_ok(&url, None, "/healthz", &cert).await }
             })
             .await?;
         // The serviceaccount controller is running once `default` has its ServiceAccount;
@@ -357,7 +377,8 @@ impl ControlPlane {
             kubelets.join(node).await?;
         }
 
-        let mut upstream = config_from(&kubeconfig_yaml(&apiserver_url, "unused")).await?;
+        let mut upstream =
+            config_from(&kubeconfig_yaml(&apiserver_url, "unused", Some(&api_ca))).await?;
         upstream.auth_info = Default::default();
         upstream.default_retry = false;
         let proxy = ApiProxy::start(Client::try_from(upstream)?, &admin_token).await?;
@@ -399,12 +420,12 @@ impl ControlPlane {
 
     /// A kubeconfig with cluster-admin rights through the proxy (for kubectl and tests).
     pub fn kubeconfig_yaml(&self) -> String {
-        kubeconfig_yaml(&self.proxy.url(), &self.admin_token)
+        kubeconfig_yaml(&self.proxy.url(), &self.admin_token, None)
     }
 
     /// A kubeconfig for the operator: through the proxy, under `deploy/`'s RBAC.
     pub fn operator_kubeconfig_yaml(&self) -> String {
-        kubeconfig_yaml(&self.proxy.url(), &self.operator_token)
+        kubeconfig_yaml(&self.proxy.url(), &self.operator_token, None)
     }
 
     pub async fn client_config(&self) -> Config {

@@ -174,12 +174,18 @@ async fn exec(addr: &str, query: &str) -> anyhow::Result<Value> {
             _ => format!("%{b:02X}"),
         })
         .collect();
-    let (code, body) = http_get(
-        addr,
-        &format!("/exec?query={encoded}"),
-        Duration::from_secs(20),
-    )
-    .await?;
+    // A QuestDB that has just started on a loaded 2-core machine may take a while to answer
+    // its first query: unanswered attempts are retried (three in all), an answer never is.
+    let path = format!("/exec?query={encoded}");
+    let mut attempt = 0;
+    let (code, body) = loop {
+        attempt += 1;
+        match http_get(addr, &path, Duration::from_secs(20)).await {
+            Ok(answer) => break answer,
+            Err(e) if attempt >= 3 => return Err(e),
+            Err(_) => continue,
+        }
+    };
     anyhow::ensure!(code == 200, "{query}: HTTP {code}: {body}");
     Ok(serde_json::from_str(&body)?)
 }

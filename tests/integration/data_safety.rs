@@ -254,53 +254,95 @@ async fn every_acknowledged_row_survives_a_failover_of_a_partitioned_node_and_ne
     failover_keeps_every_acknowledged_row(NodeFailure::Partition, "partition").await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_acknowledged_row_survives_a_move_to_a_new_node_image() {
-    let env = CloudEnv::start_with_real_databases(settings()).await;
-    let (writer, old, login) = writing(&env).await;
+/// Patches `spec.node` of `db1` and waits until the move's record says `phase` for a node as
+/// `arrived` wants it, the database Running there; prints the downtime status records.
+async fn move_node(
+    env: &CloudEnv,
+    node: serde_json::Value,
+    phase: &'static str,
+    arrived: impl Fn(&questdb_operator::api::QuestDBStatus) -> bool + Send + 'static,
+    what: &str,
+) {
     env.qdbs()
         .patch(
             "db1",
             &PatchParams::default(),
-            &Patch::Merge(
-                serde_json::json!({"spec": {"node": {"image": "ami-0fedcba9876543210"}}}),
-            ),
+            &Patch::Merge(serde_json::json!({"spec": {"node": node}})),
         )
         .await
-        .expect("image changed");
+        .expect("spec.node changed");
     let q = wait_for_within(
         &env.qdbs(),
         "db1",
-        "moved",
+        what,
         TIMEOUT,
-        |q: Option<&QuestDB>| {
-            q.and_then(|q| {
-                let s = q.status.as_ref()?;
-                Some(
-                    s.instance_id.as_deref() != Some(old.as_str())
-                        && s.node_image.as_deref() == Some("ami-0fedcba9876543210"),
-                )
-            })
-            .unwrap_or(false)
+        move |q: Option<&QuestDB>| {
+            is_running().matches_object(q)
+                && q.and_then(|q| q.status.as_ref()).is_some_and(|s| {
+                    arrived(s) && s.upgrade.as_ref().is_some_and(|u| u.phase == phase)
+                })
         },
     )
     .await;
-    assert_ne!(
-        q.status.as_ref().and_then(|s| s.instance_id.clone()),
-        Some(old)
-    );
-    let q = wait_for_within(
-        &env.qdbs(),
-        "db1",
-        "move recorded done",
-        TIMEOUT,
-        |q: Option<&QuestDB>| is_running().matches_object(q) && q.and_then(downtime).is_some(),
-    )
-    .await;
     eprintln!(
-        "data-safety figure (node move): status downtimeSeconds {:?}",
+        "data-safety figure ({what}): status downtimeSeconds {:?}",
         downtime(&q)
     );
-    assert_no_acknowledged_row_lost(&env, writer, &login, "node move").await;
+}
+
+const NEW_AMI: &str = "ami-0fedcba9876543210";
+
+/// A move to a node of a new image, then back (the image set back within the rollback window
+/// returns to the retained node): every row acknowledged on either node is there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_acknowledged_row_survives_a_node_image_move_and_the_move_back() {
+    let env = CloudEnv::start_with_real_databases(settings()).await;
+    let (writer, old, login) = writing(&env).await;
+    let moved_from = old.clone();
+    move_node(
+        &env,
+        serde_json::json!({"image": NEW_AMI}),
+        "Retaining",
+        move |s| {
+            s.instance_id.as_deref() != Some(moved_from.as_str())
+                && s.node_image.as_deref() == Some(NEW_AMI)
+        },
+        "node image move",
+    )
+    .await;
+    let before = writer.acked();
+    wait_until("writes acknowledged on the new node", || {
+        let acked = writer.acked();
+        async move { acked >= before + 3 * BATCH }
+    })
+    .await;
+    move_node(
+        &env,
+        serde_json::json!({"image": super::AMI}),
+        "Retaining",
+        move |s| s.instance_id.as_deref() == Some(old.as_str()),
+        "move back to the retained node",
+    )
+    .await;
+    assert_no_acknowledged_row_lost(&env, writer, &login, "node image move and back").await;
+    env.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_acknowledged_row_survives_an_instance_type_move() {
+    let env = CloudEnv::start_with_real_databases(settings()).await;
+    let (writer, old, login) = writing(&env).await;
+    move_node(
+        &env,
+        serde_json::json!({"instanceType": "m6i.xlarge", "rollbackWindow": "0s"}),
+        "Completed",
+        move |s| {
+            s.instance_id.as_deref() != Some(old.as_str())
+                && s.node_instance_type.as_deref() == Some("m6i.xlarge")
+        },
+        "instance type move",
+    )
+    .await;
+    assert_no_acknowledged_row_lost(&env, writer, &login, "instance type move").await;
     env.stop().await;
 }

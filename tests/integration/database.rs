@@ -80,14 +80,23 @@ async fn pod_ip(env: &Env, name: &str) -> String {
         .expect("a running pod has an IP")
 }
 
+/// Ready, and its HTTP port answering (anything, 401 included): the probes watch the health
+/// port, and a QuestDB just started on a loaded machine may answer its first query later.
 async fn ready(env: &Env, name: &str) -> QuestDB {
-    wait_for(
+    let q = wait_for(
         &env.api(NS),
         name,
         "QuestDB Ready on a real QuestDB",
         is_ready(),
     )
-    .await
+    .await;
+    let http = format!("{}:9000", pod_ip(env, name).await);
+    wait_until("the database's HTTP port answers", || {
+        let http = http.clone();
+        async move { exec(&http, "select 1", None).await.is_ok() }
+    })
+    .await;
+    q
 }
 
 fn line(table: &str, i: usize) -> String {
@@ -552,5 +561,81 @@ async fn every_acknowledged_row_survives_a_questdb_version_upgrade() {
         suspended["count"], 0,
         "no table suspended after the upgrade: {body}"
     );
+    env.stop().await;
+}
+
+/// The address of the running database, once its pod is Ready again.
+async fn http_when_ready(env: &Env) -> String {
+    ready(env, "db1").await;
+    format!("{}:9000", pod_ip(env, "db1").await)
+}
+
+async fn write_acked(http: &str, table: &str, n: usize, creds: &Credentials) {
+    let code = ilp_http(http, &lines(table, n), creds.http())
+        .await
+        .unwrap();
+    assert_eq!(code, 204, "rows acknowledged");
+}
+
+/// Waits until no QuestDB process runs for `db1` (stopped, not merely unready).
+async fn no_database_process(env: &Env) {
+    wait_until("no QuestDB process runs", || {
+        let running = env
+            .cp
+            .database_processes()
+            .iter()
+            .any(|p| p.namespace == NS);
+        async move { !running }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn every_acknowledged_row_survives_pause_unpause_and_delete_with_retained_data() {
+    let env = env().await;
+    env.create_questdb(NS, "db1", real).await;
+    let http = http_when_ready(&env).await;
+    let creds = Credentials::of(&env, "db1-credentials").await;
+    write_acked(&http, "kept", 300, &creds).await;
+
+    let qdbs: Api<QuestDB> = env.api(NS);
+    let pause = |paused: bool| {
+        let qdbs = qdbs.clone();
+        async move {
+            qdbs.patch(
+                "db1",
+                &PatchParams::default(),
+                &Patch::Merge(serde_json::json!({"spec": {"paused": paused}})),
+            )
+            .await
+            .expect("paused changed");
+        }
+    };
+    pause(true).await;
+    wait_for(&qdbs, "db1", "Paused", has_condition("Ready", "Paused")).await;
+    no_database_process(&env).await;
+    pause(false).await;
+    let http = http_when_ready(&env).await;
+    rows_become(&env, &http, "kept", 300, creds.http()).await;
+    write_acked(&http, "kept", 100, &creds).await;
+    rows_become(&env, &http, "kept", 400, creds.http()).await;
+
+    qdbs.delete("db1", &Default::default())
+        .await
+        .expect("deleted");
+    wait_until("the QuestDB is gone", || {
+        let qdbs = qdbs.clone();
+        async move { qdbs.get_opt("db1").await.is_ok_and(|q| q.is_none()) }
+    })
+    .await;
+    no_database_process(&env).await;
+    env.create_questdb(NS, "db1", real).await;
+    let http = http_when_ready(&env).await;
+    let again = Credentials::of(&env, "db1-credentials").await;
+    assert_eq!(
+        again.0, creds.0,
+        "the kept Secret: clients' passwords still work"
+    );
+    rows_become(&env, &http, "kept", 400, creds.http()).await;
     env.stop().await;
 }

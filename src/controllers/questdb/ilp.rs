@@ -9,7 +9,7 @@ use kube::api::Api;
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
 use kube::ResourceExt;
-use tracing::warn;
+use tracing::{info, warn};
 
 use crate::api::Reason;
 use crate::api::{conditions, QuestDB};
@@ -99,10 +99,13 @@ pub async fn resolve(qdb: &QuestDB, ctx: &Context) -> Result<Resolution, Error> 
         })
     });
     if !decision.ready && !unchanged {
-        warn!(questdb = %name, reason = %decision.reason, message = %decision.message, "ILP auth not ready");
+        // No key yet is a state the user chose (auth on, keys to come): said once, at info. A
+        // broken Secret is someone's to fix: a warning.
         let type_ = if decision.reason == Reason::NoKeys {
+            info!(questdb = %name, reason = %decision.reason, message = %decision.message, "ILP auth has no key yet");
             EventType::Normal
         } else {
+            warn!(questdb = %name, reason = %decision.reason, message = %decision.message, "ILP auth not ready");
             EventType::Warning
         };
         ctx.event(
