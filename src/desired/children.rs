@@ -27,12 +27,12 @@ pub struct Children {
 }
 
 /// `ilp_auth_file`: the rendered auth file, when ILP auth is on and has keys.
-/// `credentials_digest`: of the credentials Secret, once it is read.
+/// `credentials`: the credentials Secret as last read, once it is.
 /// `node`: the dedicated node the pod is pinned to, if any.
 pub fn children(
     qdb: &QuestDB,
     ilp_auth_file: Option<&str>,
-    credentials_digest: Option<&str>,
+    credentials: Option<super::credentials::Seen>,
     node: Option<&DedicatedNode>,
 ) -> Children {
     let ilp_enabled = qdb.spec.ilp_auth.enabled;
@@ -41,7 +41,7 @@ pub fn children(
     let mounted: Vec<&ConfigMap> = std::iter::once(&config).chain(ilp_auth.as_ref()).collect();
     let hash = config_hash(&mounted);
     Children {
-        statefulset: statefulset(qdb, &hash, credentials_digest, ilp_enabled, node),
+        statefulset: statefulset(qdb, &hash, credentials, ilp_enabled, node),
         network_policy: network_policy(qdb),
         headless_service: headless_service(qdb),
         client_service: client_service(qdb),
@@ -90,16 +90,30 @@ mod tests {
                 .and_then(|m| m.annotations.as_ref())
                 .and_then(|a| a.get(credentials::CREDENTIALS_HASH_ANNOTATION).cloned())
         };
-        let one = children(&qdb, None, Some("d1"), None);
+        let seen = |version, digest| Some(credentials::Seen { version, digest });
+        let one = children(&qdb, None, seen("1", "d1"), None);
         assert_eq!(digest(&one).as_deref(), Some("d1"));
-        assert_eq!(
-            digest(&children(&qdb, None, Some("d2"), None)).as_deref(),
-            Some("d2")
-        );
+        let two = children(&qdb, None, seen("2", "d2"), None);
+        assert_eq!(digest(&two).as_deref(), Some("d2"));
         assert_eq!(digest(&children(&qdb, None, None, None)), None);
+        assert_eq!(template_hash(&one), template_hash(&two));
+        // A new resourceVersion with the same credentials (a label edit, an owner reference)
+        // leaves the pod template alone: no restart.
+        let relabelled = children(&qdb, None, seen("3", "d1"), None);
         assert_eq!(
-            template_hash(&one),
-            template_hash(&children(&qdb, None, Some("d2"), None))
+            relabelled.statefulset.spec.as_ref().map(|s| &s.template),
+            one.statefulset.spec.as_ref().map(|s| &s.template)
+        );
+        let annotations = relabelled
+            .statefulset
+            .metadata
+            .annotations
+            .unwrap_or_default();
+        assert_eq!(
+            annotations
+                .get(credentials::CREDENTIALS_SEEN_ANNOTATION)
+                .map(String::as_str),
+            Some("3:d1")
         );
     }
 

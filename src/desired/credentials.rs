@@ -55,6 +55,32 @@ pub const GENERATED_FOR_ANNOTATION: &str = "crd.questdb.io/generated-for";
 /// password restarts the database (QuestDB reads its env at start only).
 pub const CREDENTIALS_HASH_ANNOTATION: &str = "crd.questdb.io/credentials-hash";
 
+/// StatefulSet annotation (on the object, not the pod template: it restarts nothing) with the
+/// resourceVersion of the credentials Secret the template's digest was computed from,
+/// `<resourceVersion>:<digest>`: a restarted operator whose Secret is unchanged takes the
+/// digest from here instead of reading every database's Secret again.
+pub const CREDENTIALS_SEEN_ANNOTATION: &str = "crd.questdb.io/credentials-seen";
+
+/// The credentials Secret as last read: its resourceVersion and the digest of its credentials.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Seen<'a> {
+    pub version: &'a str,
+    pub digest: &'a str,
+}
+
+impl<'a> Seen<'a> {
+    /// The annotation's value.
+    pub fn annotation(&self) -> String {
+        format!("{}:{}", self.version, self.digest)
+    }
+
+    /// Reads the annotation's value back.
+    pub fn parse(value: &'a str) -> Option<Seen<'a>> {
+        let (version, digest) = value.split_once(':')?;
+        (!version.is_empty() && !digest.is_empty()).then_some(Seen { version, digest })
+    }
+}
+
 /// The Secret the database's credentials come from.
 pub fn secret_name(qdb: &QuestDB) -> String {
     qdb.spec
@@ -285,6 +311,17 @@ mod tests {
         KEYS.iter()
             .map(|k| (*k, format!("{k}-{password}")))
             .collect()
+    }
+
+    #[test]
+    fn the_seen_annotation_reads_back_what_it_wrote() {
+        let seen = Seen {
+            version: "4711",
+            digest: "ab12",
+        };
+        assert_eq!(Seen::parse(&seen.annotation()), Some(seen));
+        assert_eq!(Seen::parse("4711"), None);
+        assert_eq!(Seen::parse(":ab"), None);
     }
 
     #[test]

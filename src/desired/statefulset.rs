@@ -99,26 +99,35 @@ pub fn dedicated_label_value_for(namespace: &str, name: &str) -> String {
 /// directory on the `<name>-data` PVC and its configuration files mounted from ConfigMaps.
 /// `config_hash` (see [`super::config_hash`]) goes into the pod template, so a config change is a
 /// template change and restarts the pod. `dedicated` pins the pod to its own node.
-/// `credentials_digest` (see [`super::credentials::check`]) does the same for the credentials
-/// Secret, read by QuestDB at start only; `None` while the Secret is not readable yet.
+/// `credentials` (the digest of [`super::credentials::check`]) does the same for the
+/// credentials Secret, read by QuestDB at start only; `None` while the Secret is not readable
+/// yet.
 pub fn statefulset(
     qdb: &QuestDB,
     config_hash: &str,
-    credentials_digest: Option<&str>,
+    credentials: Option<credentials::Seen>,
     ilp_auth_enabled: bool,
     dedicated: Option<&DedicatedNode>,
 ) -> StatefulSet {
     let mut template_annotations = child_annotations(qdb);
     template_annotations.insert(CONFIG_HASH_ANNOTATION.to_string(), config_hash.to_string());
-    if let Some(digest) = credentials_digest {
+    let mut metadata = child_meta(qdb, names::statefulset(qdb));
+    if let Some(seen) = credentials {
         template_annotations.insert(
             credentials::CREDENTIALS_HASH_ANNOTATION.to_string(),
-            digest.to_string(),
+            seen.digest.to_string(),
         );
+        metadata
+            .annotations
+            .get_or_insert_with(BTreeMap::new)
+            .insert(
+                credentials::CREDENTIALS_SEEN_ANNOTATION.to_string(),
+                seen.annotation(),
+            );
     }
 
     StatefulSet {
-        metadata: child_meta(qdb, names::statefulset(qdb)),
+        metadata,
         spec: Some(StatefulSetSpec {
             replicas: Some(if qdb.spec.paused { 0 } else { 1 }),
             service_name: Some(names::headless_service(qdb)),

@@ -26,8 +26,17 @@ use crate::desired::owner_references;
 /// the condition.
 pub struct Resolution {
     pub secret: String,
-    pub digest: Option<String>,
+    /// The Secret's resourceVersion and digest, when it is usable.
+    pub usable: Option<(String, String)>,
     pub condition: Verdict,
+}
+
+impl Resolution {
+    pub fn seen(&self) -> Option<credentials::Seen<'_>> {
+        self.usable
+            .as_ref()
+            .map(|(version, digest)| credentials::Seen { version, digest })
+    }
 }
 
 pub async fn resolve(qdb: &QuestDB, ctx: &Context) -> Result<Resolution, Error> {
@@ -37,27 +46,43 @@ pub async fn resolve(qdb: &QuestDB, ctx: &Context) -> Result<Resolution, Error> 
     let key = ObjectRef::<Secret>::new(&name).within(&ns);
     let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
     let meta = ctx.caches.secrets.get(&ObjectRef::new(&name).within(&ns));
-    let check = match meta.as_deref() {
+    let read = match meta.as_deref() {
         None if credentials::generated(qdb) => Some(generate(qdb, ctx, &api, &key).await?),
         None => None,
         Some(meta) => {
             if credentials::generated(qdb) {
                 follow_retention(qdb, &api, meta).await?;
             }
-            read(ctx, &api, &key, meta).await?
+            read(qdb, ctx, &api, &key, meta).await?
         }
     };
-    let condition = verdict(qdb, &name, check.as_ref());
+    let condition = verdict(qdb, &name, read.as_ref().map(|(_, c)| c));
     report(qdb, ctx, &condition).await;
-    let digest = match check {
-        Some(Check::Usable { digest }) => Some(digest),
+    let usable = match read {
+        Some((version, Check::Usable { digest })) => Some((version, digest)),
         _ => None,
     };
     Ok(Resolution {
         secret: name,
-        digest,
+        usable,
         condition,
     })
+}
+
+/// What the StatefulSet says it was built from (`<resourceVersion>:<digest>`), if anything.
+fn seen_by_statefulset(qdb: &QuestDB, ctx: &Context) -> Option<(String, String)> {
+    let ns = qdb.namespace()?;
+    let sts = ctx
+        .caches
+        .statefulsets
+        .get(&ObjectRef::new(&crate::desired::names::statefulset(qdb)).within(&ns))?;
+    let value = sts
+        .metadata
+        .annotations
+        .as_ref()?
+        .get(credentials::CREDENTIALS_SEEN_ANNOTATION)?;
+    let seen = credentials::Seen::parse(value)?;
+    Some((seen.version.to_string(), seen.digest.to_string()))
 }
 
 /// The condition for what was found; messages name the Secret and keys, never a value.
@@ -134,7 +159,7 @@ async fn generate(
     ctx: &Context,
     api: &Api<Secret>,
     key: &ObjectRef<Secret>,
-) -> Result<Check, Error> {
+) -> Result<(String, Check), Error> {
     let secret = credentials::generated_secret(qdb, &mut rand::rng());
     let pp = PostParams {
         field_manager: Some(MANAGER.into()),
@@ -164,12 +189,15 @@ async fn generate(
     Ok(remember(ctx, key, &created))
 }
 
+/// The Secret's resourceVersion and check: from memory, from the StatefulSet built from the
+/// same resourceVersion (a restarted operator), or read.
 async fn read(
+    qdb: &QuestDB,
     ctx: &Context,
     api: &Api<Secret>,
     key: &ObjectRef<Secret>,
     meta: &PartialObjectMeta<Secret>,
-) -> Result<Option<Check>, Error> {
+) -> Result<Option<(String, Check)>, Error> {
     let rv = meta.resource_version().unwrap_or_default();
     let cached = ctx
         .credentials
@@ -178,8 +206,16 @@ async fn read(
         .get(key)
         .filter(|(seen, _)| *seen == rv)
         .map(|(_, c)| c.clone());
-    if cached.is_some() {
-        return Ok(cached);
+    if let Some(check) = cached {
+        return Ok(Some((rv, check)));
+    }
+    if let Some((version, digest)) = seen_by_statefulset(qdb, ctx).filter(|(v, _)| *v == rv) {
+        let check = Check::Usable { digest };
+        ctx.credentials
+            .lock()
+            .expect("credentials cache lock")
+            .insert(key.clone(), (version.clone(), check.clone()));
+        return Ok(Some((version, check)));
     }
     // Deleted since the cache saw it: its watch event follows.
     let Some(secret) = api.get_opt(&key.name).await.map_err(Error::Kube)? else {
@@ -188,16 +224,14 @@ async fn read(
     Ok(Some(remember(ctx, key, &secret)))
 }
 
-fn remember(ctx: &Context, key: &ObjectRef<Secret>, secret: &Secret) -> Check {
+fn remember(ctx: &Context, key: &ObjectRef<Secret>, secret: &Secret) -> (String, Check) {
     let check = credentials::check(&secret.data.clone().unwrap_or_default());
+    let version = secret.resource_version().unwrap_or_default();
     ctx.credentials
         .lock()
         .expect("credentials cache lock")
-        .insert(
-            key.clone(),
-            (secret.resource_version().unwrap_or_default(), check.clone()),
-        );
-    check
+        .insert(key.clone(), (version.clone(), check.clone()));
+    (version, check)
 }
 
 /// A Secret this operator generated for this QuestDB (its annotation names the QuestDB's uid,

@@ -71,7 +71,7 @@ pub async fn reconcile(qdb: Arc<QuestDB>, ctx: Arc<Context>) -> Result<Next, Err
     let wanted = desired::children(
         &qdb,
         auth.file.as_deref(),
-        creds.digest.as_deref(),
+        creds.seen(),
         cloud_out.dedicated.as_ref(),
     );
     let mut applier = Applier::new(&ctx, &qdb, report)?;
@@ -99,7 +99,7 @@ pub async fn reconcile(qdb: Arc<QuestDB>, ctx: Arc<Context>) -> Result<Next, Err
         children: report,
         ilp_auth: auth.condition,
         credentials: Some(creds.condition),
-        credentials_secret: Some(creds.secret),
+        credentials_secret: Some(creds.secret.clone()),
         volume_size,
         cloud: Some(&cloud_out),
         ..Default::default()
