@@ -50,15 +50,28 @@ trap 'rm -rf "$tmp"' EXIT
 log="$root/build-$key.log"
 echo "control plane: building etcd ${etcd_version} and Kubernetes ${k8s_version} into $out (first time only; about 10-25 min on 2 cores; log: $log)" >&2
 started=$(date +%s)
+cmds=(k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kube-scheduler)
 (
   cd "$here"
   export CGO_ENABLED=0 GOFLAGS="-buildvcs=false -mod=mod"
-  go build -trimpath -ldflags "$ldflags" -o "$tmp/" \
-    k8s.io/kubernetes/cmd/kube-apiserver \
-    k8s.io/kubernetes/cmd/kube-controller-manager \
-    k8s.io/kubernetes/cmd/kube-scheduler
-  go build -trimpath -ldflags "-s -w" -o "$tmp/etcd" go.etcd.io/etcd/server/v3
-) >"$log" 2>&1 || { echo "control plane: go build failed; see $log" >&2; tail -20 "$log" >&2; exit 1; }
+  # How many packages there are to compile, for the progress lines (-v prints each one built).
+  { go list -deps "${cmds[@]}" go.etcd.io/etcd/server/v3 | wc -l; } >"$tmp/.packages" 2>/dev/null || true
+  go build -v -trimpath -ldflags "$ldflags" -o "$tmp/" "${cmds[@]}"
+  go build -v -trimpath -ldflags "-s -w" -o "$tmp/etcd" go.etcd.io/etcd/server/v3
+) >"$log" 2>&1 &
+build=$!
+# A line at least every 30 s: a cold build is silent for many minutes otherwise.
+while kill -0 "$build" 2>/dev/null; do
+  for _ in $(seq 30); do
+    kill -0 "$build" 2>/dev/null || break
+    sleep 1
+  done
+  kill -0 "$build" 2>/dev/null || break
+  total=$(cat "$tmp/.packages" 2>/dev/null || true)
+  done_count=$(grep -c -v -e '^go: ' -e '^#' "$log" 2>/dev/null || true)
+  echo "control plane: building, ${done_count:-0} of ${total:-?} packages compiled, $(( $(date +%s) - started ))s elapsed" >&2
+done
+wait "$build" || { echo "control plane: go build failed; see $log" >&2; tail -20 "$log" >&2; exit 1; }
 mkdir -p "$out"
 for b in "${bins[@]}"; do mv "$tmp/$b" "$out/$b"; done
 echo "control plane: built in $(( $(date +%s) - started ))s: $(cd "$out" && du -sh "${bins[@]}" | tr '\n\t' '  ')" >&2
