@@ -46,7 +46,12 @@ pub async fn run_until_stopped(
         "sandbox: kubectl --kubeconfig {} get qdb   (Ctrl-C to stop)",
         args.kubeconfig.display()
     );
-    let progress = report_progress(client.clone(), example, args.exit_when_ready);
+    let progress = report_progress(
+        client.clone(),
+        example,
+        args.exit_when_ready,
+        args.kubeconfig.display().to_string(),
+    );
     tokio::select! {
         ready = progress => {
             if args.exit_when_ready {
@@ -93,6 +98,7 @@ async fn report_progress(
     client: kube::Client,
     example: Option<(String, String)>,
     stop_when_ready: bool,
+    kubeconfig: String,
 ) -> anyhow::Result<()> {
     let Some((ns, name)) = example else {
         if stop_when_ready {
@@ -130,7 +136,7 @@ async fn report_progress(
             );
             if let Some(secret) = status.credentials_secret {
                 let field = |key: &str| {
-                    format!("$(kubectl --kubeconfig sandbox.kubeconfig -n {ns} get secret {secret} -o jsonpath='{{.data.{key}}}' | base64 -d)")
+                    format!("$(kubectl --kubeconfig {kubeconfig} -n {ns} get secret {secret} -o jsonpath='{{.data.{key}}}' | base64 -d)")
                 };
                 println!(
                     "  curl -u \"{}:{}\" 'http://{ip}:9000/exec?query=select%201'",

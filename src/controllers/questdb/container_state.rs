@@ -48,9 +48,7 @@ pub fn for_cache(statuses: Option<Vec<ContainerStatus>>) -> Option<Vec<Container
         .into_iter()
         .flatten()
         .filter(|c| {
-            c.state.as_ref().is_some_and(|s| {
-                s.waiting.is_some() || s.terminated.as_ref().is_some_and(|t| t.exit_code != 0)
-            })
+            c.state.as_ref().is_some_and(|s| s.waiting.is_some()) || of_container(c).is_some()
         })
         .map(|c| ContainerStatus {
             name: c.name,
@@ -58,6 +56,7 @@ pub fn for_cache(statuses: Option<Vec<ContainerStatus>>) -> Option<Vec<Container
             state: c.state,
             last_state: c.last_state,
             restart_count: c.restart_count,
+            ready: c.ready,
             ..ContainerStatus::default()
         })
         .collect();
@@ -90,10 +89,26 @@ fn of_container(c: &ContainerStatus) -> Option<Trouble> {
         };
     }
     // Between an exit and the next back-off the container is terminated, not yet waiting.
-    match &state.terminated {
-        Some(t) if t.exit_code != 0 => Some(exited(c)),
-        _ => None,
+    if state.terminated.as_ref().is_some_and(|t| t.exit_code != 0) {
+        return Some(exited(c));
     }
+    // Restarted after a crash and not ready yet: still the same crash loop (otherwise Ready
+    // would flip to "not ready" and back at every restart, each flip a new event). A node that
+    // rebooted reports its last exit as `Unknown`: that is no crash of the database.
+    let crashed = c
+        .last_state
+        .as_ref()
+        .and_then(|s| s.terminated.as_ref())
+        .is_some_and(|t| t.exit_code != 0 && t.reason.as_deref() != Some("Unknown"));
+    (state.running.is_some() && !c.ready && crashed).then(|| exited_before(c))
+}
+
+/// [`exited`] for a container running again after the exit `lastState` records.
+fn exited_before(c: &ContainerStatus) -> Trouble {
+    exited(&ContainerStatus {
+        state: None,
+        ..c.clone()
+    })
 }
 
 fn exited(c: &ContainerStatus) -> Trouble {
@@ -214,6 +229,32 @@ mod tests {
             assert_eq!(trouble(&pod(questdb(state, json!({})))), None);
         }
         assert_eq!(trouble(&pod(json!({}))), None);
+    }
+
+    /// Between two crashes the container runs for a moment: still the same crash loop, so
+    /// status does not flip and no second event goes out for the same cause.
+    #[test]
+    fn a_database_restarted_after_a_crash_is_still_crash_looping_until_ready() {
+        let crashed =
+            json!({"terminated": {"exitCode": 55, "reason": "Error", "message": "bad value"}});
+        let between = pod(questdb(json!({"running": {}}), crashed.clone()));
+        let looping = pod(questdb(
+            json!({"waiting": {"reason": "CrashLoopBackOff"}}),
+            crashed,
+        ));
+        let (a, b) = (trouble(&between).unwrap(), trouble(&looping).unwrap());
+        assert_eq!(a.reason, Reason::CrashLoop);
+        assert_eq!(Trouble::cause(&a.message), Trouble::cause(&b.message));
+        let mut cached = between.clone();
+        let st = cached.status.as_mut().unwrap();
+        st.container_statuses = for_cache(st.container_statuses.take());
+        assert_eq!(trouble(&cached), Some(a));
+        // A node that rebooted: the last exit is Unknown, and that is no crash loop.
+        let rebooted = pod(questdb(
+            json!({"running": {}}),
+            json!({"terminated": {"exitCode": 255, "reason": "Unknown"}}),
+        ));
+        assert_eq!(trouble(&rebooted), None);
     }
 
     #[test]
