@@ -14,10 +14,14 @@ const JVM_FLAGS: &[&str] = &[
     "-XX:+UseSerialGC",
 ];
 
-/// Environment defaults of a test-sized QuestDB, unless the pod sets them.
+/// Environment defaults of a test-sized QuestDB, unless the pod sets them. The native memory
+/// limit is 512 MiB, not 256: twice in CI runs the shared network worker died right after
+/// start while filling its pgwire context pool (native allocations, which this limit caps),
+/// leaving the health port Ready and ports 9000/8812 silent. A cap, not a reservation: a
+/// test instance uses ~255 MB either way.
 pub(crate) const SMALL_DEFAULTS: &[(&str, &str)] = &[
     ("QDB_SHARED_WORKER_COUNT", "1"),
-    ("QDB_RAM_USAGE_LIMIT_BYTES", "268435456"),
+    ("QDB_RAM_USAGE_LIMIT_BYTES", "536870912"),
 ];
 
 /// `$JAVA_HOME/bin/java` when JAVA_HOME is set, else `java` from the PATH.
