@@ -303,17 +303,19 @@ async fn ilp_over_tcp_writes_only_with_a_key_the_questdb_was_given() {
     env.stop().await;
 }
 
+/// `db1` on a real QuestDB with one `spec.config.server` property.
+async fn create_with_server_property(env: &Env, key: &str, value: &str) {
+    env.create_questdb(NS, "db1", |q| {
+        real(q);
+        q.spec.config.server.insert(key.into(), value.into());
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn the_configuration_in_the_spec_is_the_one_questdb_runs_with() {
     let env = env().await;
-    env.create_questdb(NS, "db1", |q| {
-        real(q);
-        q.spec
-            .config
-            .server
-            .insert("cairo.max.uncommitted.rows".into(), "12345".into());
-    })
-    .await;
+    create_with_server_property(&env, "cairo.max.uncommitted.rows", "12345").await;
     ready(&env, "db1").await;
     let creds = Credentials::of(&env, "db1-credentials").await;
     let http = format!("{}:9000", pod_ip(&env, "db1").await);
@@ -346,14 +348,7 @@ async fn the_configuration_in_the_spec_is_the_one_questdb_runs_with() {
 #[tokio::test]
 async fn a_database_that_cannot_start_says_why_in_status_and_one_event() {
     let env = env().await;
-    env.create_questdb(NS, "db1", |q| {
-        real(q);
-        q.spec
-            .config
-            .server
-            .insert("cairo.commit.lag".into(), "abc".into());
-    })
-    .await;
+    create_with_server_property(&env, "cairo.commit.lag", "abc").await;
     let q = wait_for(
         &env.api(NS),
         "db1",
