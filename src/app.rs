@@ -209,6 +209,9 @@ pub fn cloud_settings(args: &CloudArgs) -> CloudSettings {
         upgrade_node_timeout: args.upgrade_node_timeout,
         upgrade_step_timeout: args.upgrade_step_timeout,
         upgrade_concurrency: usize::from(args.upgrade_concurrency),
+        node_lease_duration: args
+            .node_lease_duration
+            .unwrap_or(crate::controllers::node_health::tracker::DEFAULT_NODE_LEASE_DURATION),
     }
 }
 

@@ -188,6 +188,12 @@ pub struct CloudArgs {
     #[arg(long, env = "ORPHAN_GRACE_PERIOD", default_value = "10m", value_parser = parse_duration)]
     pub orphan_grace_period: Duration,
 
+    /// The kubelets' Lease duration (their `nodeLeaseDurationSeconds`, 40s unless changed;
+    /// they renew every quarter of it). No dedicated node is failed over before its Lease has
+    /// been silent this long, whatever `spec.failover.unhealthyAfterSeconds` asks.
+    #[arg(long, env = "NODE_LEASE_DURATION", value_parser = parse_duration)]
+    pub node_lease_duration: Option<Duration>,
+
     /// How long a node-image move waits for the new node to join and be Ready before aborting.
     #[arg(long, env = "UPGRADE_NODE_TIMEOUT", default_value = "10m", value_parser = parse_duration)]
     pub upgrade_node_timeout: Duration,

@@ -410,14 +410,32 @@ fn start_caches(
             .reflect(node_writer)
             .inspect({
                 let node_tx = node_tx.clone();
-                move |ev| {
-                    // Only dedicated nodes have a health to judge; a deleted one is forgotten
-                    // by the next survey.
-                    if let Ok(watcher::Event::Apply(n) | watcher::Event::InitApply(n)) = ev {
-                        if node_health::pinned_instance(n).is_some() {
-                            let _ = node_tx.unbounded_send(ObjectRef::from_obj(n));
+                let questdbs = questdbs.clone();
+                let tx = tx.clone();
+                move |ev| match ev {
+                    // Only dedicated nodes have a health to judge; every node's Lease counts
+                    // for the breaker, and its events reach the controller anyway.
+                    Ok(watcher::Event::Apply(n) | watcher::Event::InitApply(n))
+                        if node_health::pinned_instance(n).is_some() =>
+                    {
+                        let _ = node_tx.unbounded_send(ObjectRef::from_obj(n));
+                    }
+                    // A deleted dedicated Node is forgotten by the next survey, but its
+                    // database must hear of it: its instance may still run (failover).
+                    Ok(watcher::Event::Delete(n)) => {
+                        if let Some(instance) = node_health::pinned_instance(n) {
+                            for q in questdbs.state() {
+                                let runs_there = q.0.as_ref().ok().is_some_and(|q| {
+                                    q.status.as_ref().and_then(|s| s.instance_id.as_deref())
+                                        == Some(instance)
+                                });
+                                if runs_there {
+                                    let _ = tx.unbounded_send(ObjectRef::from_obj(q.as_ref()));
+                                }
+                            }
                         }
                     }
+                    _ => {}
                 }
             });
         tasks.push(spawn_drain(node_stream, token.clone(), "Node"));

@@ -18,7 +18,7 @@ use tracing::info;
 
 use crate::SandboxArgs;
 
-pub async fn run(args: SandboxArgs, shutdown: CancellationToken) -> anyhow::Result<()> {
+pub async fn run(mut args: SandboxArgs, shutdown: CancellationToken) -> anyhow::Result<()> {
     if args.cloud.cloud_provider == Some(CloudProvider::Aws) {
         bail!("--cloud-provider aws runs on the simulated control plane only (add --control-plane simulated): instances an AWS endpoint reports cannot boot here");
     }
@@ -48,6 +48,11 @@ pub async fn run(args: SandboxArgs, shutdown: CancellationToken) -> anyhow::Resu
         },
         ..MemoryEc2Options::default()
     };
+    // The sandbox's kubelets hold shorter Leases than real ones (renewed every quarter, as a
+    // real kubelet does): the operator is told so, as a cluster's admin would tell it.
+    args.cloud
+        .node_lease_duration
+        .get_or_insert(questdb_testenv::timings::NODE_LEASE_DURATION);
     let built = questdb_operator::app::build_cloud_with(
         &args.cloud,
         CloudProvider::Memory,
@@ -56,7 +61,6 @@ pub async fn run(args: SandboxArgs, shutdown: CancellationToken) -> anyhow::Resu
     )
     .await?;
     let join_token = shutdown.child_token();
-    let mut ec2_for_faults = None;
     let join = built
         .as_ref()
         .and_then(|b| b.memory.as_ref())
@@ -64,14 +68,13 @@ pub async fn run(args: SandboxArgs, shutdown: CancellationToken) -> anyhow::Resu
             info!(
                 "memory cloud: each running instance boots from its user data and joins as a Node"
             );
-            ec2_for_faults = Some(ec2.clone());
             spawn_instance_join(
                 cp.kubelets().clone(),
                 instance_changes(ec2.clone()),
                 join_token.clone(),
             )
         });
-    let faults = crate::faults::spawn(&cp, client.clone(), ec2_for_faults, join_token.clone());
+    let faults = crate::faults::spawn(&cp, client.clone(), join_token.clone());
     let opts = ManagerOptions {
         questdb_concurrency: args.questdb_concurrency,
         metrics_addr: parse_bind_address(&args.metrics_bind_address)?,

@@ -492,7 +492,7 @@ pub struct Endpoints {
 pub struct FailoverStatus {
     /// `Fencing`, `Releasing`, `Reattaching`, `Recovering`, then `Healthy` (done).
     pub phase: String,
-    /// Why it started (e.g. `NodeLeaseExpired`, `NodeNotReady`).
+    /// Why it started (`NodeLeaseExpired`, `NodeDeleted`, `InstanceDown`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -132,6 +132,9 @@ reasons! {
     FailoverHealthy,
     InstanceDown,
     NodeLeaseExpired,
+    /// The Node object of a running instance is gone (`kubectl delete node`, or a kubelet that
+    /// never re-registered).
+    NodeDeleted,
     SkipAnnotation,
     RecentFailover,
     TooManyUnhealthyNodes,

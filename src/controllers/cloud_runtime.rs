@@ -45,6 +45,9 @@ pub struct CloudSettings {
     pub upgrade_step_timeout: Duration,
     /// Node moves under way at once, across all QuestDBs (`--upgrade-concurrency`).
     pub upgrade_concurrency: usize,
+    /// The kubelets' `nodeLeaseDurationSeconds` (`--node-lease-duration`): no node counts as
+    /// unhealthy before its Lease has been silent this long, whatever a QuestDB asks.
+    pub node_lease_duration: Duration,
 }
 
 impl Default for CloudSettings {
@@ -56,6 +59,8 @@ impl Default for CloudSettings {
             upgrade_node_timeout: Duration::from_secs(600),
             upgrade_step_timeout: Duration::from_secs(600),
             upgrade_concurrency: 2,
+            node_lease_duration:
+                crate::controllers::node_health::tracker::DEFAULT_NODE_LEASE_DURATION,
         }
     }
 }
@@ -83,13 +88,14 @@ pub struct CloudRuntime {
 
 impl CloudRuntime {
     pub fn new(cloud: Cloud) -> Self {
+        let lease_duration = cloud.settings.node_lease_duration;
         Self {
             instances: InstanceCache::new(cloud.settings.instance_sync_interval),
             nodes: cloud.nodes,
             dns: cloud.dns,
             settings: cloud.settings,
             launch_failures: LaunchFailures::default(),
-            health: Default::default(),
+            health: crate::controllers::node_health::NodeHealth::new(lease_duration),
             relaunches: Default::default(),
             upgrade_claims: Default::default(),
             upgrade_ends: Default::default(),

@@ -22,6 +22,7 @@ use crate::api::Reason;
 use crate::api::{conditions, FailoverSpec, FailoverStatus, QuestDBStatus};
 use crate::cloud::InstanceState;
 use crate::controllers::conditions::Verdict;
+pub use crate::controllers::node_health::tracker::effective_threshold;
 
 /// The steps, as `status.failover.phase` spells them.
 pub mod phase {
@@ -80,9 +81,12 @@ pub struct StartView<'a> {
     pub spec: &'a FailoverSpec,
     pub skip_annotation: bool,
     pub status: &'a QuestDBStatus,
-    /// How long the node of `status.instanceId` has been silent or not Ready, on the operator's
-    /// own clock; `None` when it is healthy (or unknown to the tracker).
+    /// How long the node of `status.instanceId` has had a silent Lease (or has been missing
+    /// while its instance runs), on the operator's own clock; `None` when it is healthy (or
+    /// unknown to the tracker).
     pub unhealthy_for: Option<Duration>,
+    /// The kubelets' Lease duration: no threshold is shorter (`--node-lease-duration`).
+    pub lease_duration: Duration,
     /// Too many dedicated nodes are unhealthy at once: a partition or an outage, not a node.
     pub breaker_open: bool,
     /// Seconds since the last failover started (from `status.failover.startedAt`).
@@ -104,7 +108,7 @@ pub fn should_start(v: &StartView) -> Start {
     let Some(unhealthy) = v.unhealthy_for else {
         return Start::No;
     };
-    let threshold = Duration::from_secs(v.spec.unhealthy_after_seconds.max(0) as u64);
+    let threshold = effective_threshold(v.spec.unhealthy_after_seconds, v.lease_duration);
     if unhealthy < threshold || v.status.instance_id.is_none() || in_progress(v.status) {
         return Start::No;
     }
@@ -141,6 +145,24 @@ pub fn should_start(v: &StartView) -> Start {
         );
     }
     Start::Go
+}
+
+/// The `Failover=True Armed` message: what silence fails the node over, and why it is longer
+/// than asked when the spec asks for less than the kubelets' Lease duration.
+pub fn armed_message(unhealthy_after_seconds: i64, lease_duration: Duration) -> String {
+    let threshold = effective_threshold(unhealthy_after_seconds, lease_duration);
+    let mut message = format!(
+        "the dedicated node is replaced automatically once its kubelet Lease has been silent for {}s",
+        threshold.as_secs()
+    );
+    if threshold.as_secs() as i64 != unhealthy_after_seconds {
+        message.push_str(&format!(
+            " (spec.failover.unhealthyAfterSeconds is {unhealthy_after_seconds}; no threshold is shorter than the kubelets' {}s Lease, which a live kubelet renews every {}s)",
+            lease_duration.as_secs(),
+            lease_duration.as_secs() / 4
+        ));
+    }
+    message
 }
 
 /// The circuit breaker: more than max(1, 20%) of the managed dedicated nodes unhealthy at once.
@@ -204,6 +226,11 @@ pub fn next_step(v: &StepView) -> Step {
                 && (v.old_node_holds_pod || v.old_node_holds_volume)
             {
                 Step::TaintOutOfService(node)
+            } else if !v.old_node_exists && (v.old_node_holds_pod || v.old_node_holds_volume) {
+                // No Node to taint: Kubernetes' own timers release what it held.
+                Step::Wait(format!(
+                    "the Node {node} is deleted: waiting for Kubernetes to remove its pod (pod garbage collection, 40 s) and detach its volume (attach-detach controller, up to 6 min after the pod is gone)"
+                ))
             } else if v.old_node_holds_pod || v.old_node_holds_volume {
                 Step::Wait(format!(
                     "waiting for the database pod and its volume to leave {node}"

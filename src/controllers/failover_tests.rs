@@ -28,6 +28,7 @@ fn start(
         skip_annotation: false,
         status,
         unhealthy_for: unhealthy.map(Duration::from_secs),
+        lease_duration: Duration::from_secs(10),
         breaker_open: breaker,
         since_last_start: None,
     })
@@ -39,6 +40,26 @@ fn a_node_silent_past_the_threshold_is_failed_over() {
         start(&spec(), &running_status(), Some(31), false),
         Start::Go
     );
+}
+
+#[test]
+fn a_threshold_under_the_kubelets_lease_waits_out_the_lease() {
+    let status = running_status();
+    let mut short = spec();
+    short.unhealthy_after_seconds = 10;
+    let view = |silent: u64| StartView {
+        spec: &short,
+        skip_annotation: false,
+        status: &status,
+        unhealthy_for: Some(Duration::from_secs(silent)),
+        lease_duration: Duration::from_secs(40),
+        breaker_open: false,
+        since_last_start: None,
+    };
+    // A real kubelet renews every 10 s: 10-39 s of silence is a late renewal, not a dead node.
+    assert_eq!(should_start(&view(25)), Start::No);
+    assert_eq!(should_start(&view(39)), Start::No);
+    assert_eq!(should_start(&view(40)), Start::Go);
 }
 
 #[test]
@@ -85,6 +106,7 @@ fn disabled_skipped_or_recently_failed_over_databases_are_held_back_with_a_reaso
         skip_annotation: true,
         status: &status,
         unhealthy_for: Some(Duration::from_secs(60)),
+        lease_duration: Duration::from_secs(10),
         breaker_open: false,
         since_last_start: None,
     });
@@ -100,6 +122,7 @@ fn disabled_skipped_or_recently_failed_over_databases_are_held_back_with_a_reaso
         skip_annotation: false,
         status: &status,
         unhealthy_for: Some(Duration::from_secs(60)),
+        lease_duration: Duration::from_secs(10),
         breaker_open: false,
         since_last_start: Some(Duration::from_secs(60)),
     });
@@ -248,4 +271,19 @@ fn a_step_past_its_timeout_is_reported_stuck() {
     let c = stuck(&f, Duration::from_secs(601)).expect("stuck");
     assert_eq!(c.reason, Reason::FailoverStuck);
     assert!(!c.status);
+}
+
+#[test]
+fn the_armed_condition_says_when_the_spec_asks_for_less_than_the_lease() {
+    let lease = Duration::from_secs(40);
+    assert_eq!(
+        armed_message(90, lease),
+        "the dedicated node is replaced automatically once its kubelet Lease has been silent for 90s"
+    );
+    let short = armed_message(10, lease);
+    assert!(short.contains("silent for 40s"), "{short}");
+    assert!(
+        short.contains("unhealthyAfterSeconds is 10") && short.contains("every 10s"),
+        "{short}"
+    );
 }

@@ -208,20 +208,37 @@ fn pod_spec(qdb: &QuestDB, ilp_auth_enabled: bool, dedicated: Option<&DedicatedN
                 (PIN_LABEL_KEY.to_string(), d.pin_value().to_string()),
             ])
         }),
-        // Exactly the dedicated taint, never a wildcard: the pod must not land on (or stay on)
-        // nodes that are tainted for any other reason, such as an out-of-service node.
+        // The dedicated taint, never a wildcard: the pod must not land on (or stay on) nodes
+        // that are tainted for any other reason, such as an out-of-service node. And, as the
+        // DaemonSet controller gives its pods, not-ready and unreachable for good: a pod pinned
+        // to its node has nowhere else to go, so evicting it after the default 300 s only
+        // stops a database whose kubelet is NotReady but alive (PLEG, a CNI restart). A dead
+        // node is the failover's to fence; its out-of-service taint still evicts the pod.
         tolerations: dedicated.map(|d| {
-            vec![Toleration {
+            let mut tolerations = vec![Toleration {
                 key: Some(DEDICATED_TAINT_KEY.to_string()),
                 operator: Some("Equal".to_string()),
                 value: Some(d.label_value.clone()),
                 effect: Some(DEDICATED_TAINT_EFFECT.to_string()),
                 ..Toleration::default()
-            }]
+            }];
+            for key in [NOT_READY_TAINT, UNREACHABLE_TAINT] {
+                tolerations.push(Toleration {
+                    key: Some(key.to_string()),
+                    operator: Some("Exists".to_string()),
+                    effect: Some("NoExecute".to_string()),
+                    ..Toleration::default()
+                });
+            }
+            tolerations
         }),
         ..PodSpec::default()
     }
 }
+
+/// The node-lifecycle controller's taints (`v1.TaintNodeNotReady`, `v1.TaintNodeUnreachable`).
+const NOT_READY_TAINT: &str = "node.kubernetes.io/not-ready";
+const UNREACHABLE_TAINT: &str = "node.kubernetes.io/unreachable";
 
 fn config_map_volume(name: &str, config_map: String) -> Volume {
     Volume {
@@ -674,14 +691,34 @@ mod tests {
         );
         assert_eq!(
             pod.tolerations,
-            Some(vec![Toleration {
-                key: Some("crd.questdb.io/dedicated".to_string()),
-                operator: Some("Equal".to_string()),
-                value: Some("tenant-a.db1".to_string()),
-                effect: Some("NoSchedule".to_string()),
-                toleration_seconds: None,
-            }])
+            Some(vec![
+                Toleration {
+                    key: Some("crd.questdb.io/dedicated".to_string()),
+                    operator: Some("Equal".to_string()),
+                    value: Some("tenant-a.db1".to_string()),
+                    effect: Some("NoSchedule".to_string()),
+                    toleration_seconds: None,
+                },
+                Toleration {
+                    key: Some("node.kubernetes.io/not-ready".to_string()),
+                    operator: Some("Exists".to_string()),
+                    value: None,
+                    effect: Some("NoExecute".to_string()),
+                    toleration_seconds: None,
+                },
+                Toleration {
+                    key: Some("node.kubernetes.io/unreachable".to_string()),
+                    operator: Some("Exists".to_string()),
+                    value: None,
+                    effect: Some("NoExecute".to_string()),
+                    toleration_seconds: None,
+                },
+            ])
         );
+        let out_of_service = pod.tolerations.iter().flatten().any(|t| {
+            t.key.is_none() || t.key.as_deref() == Some("node.kubernetes.io/out-of-service")
+        });
+        assert!(!out_of_service, "a fenced node must still evict the pod");
     }
 
     fn host_ports(pod: &PodSpec) -> Vec<(String, Option<i32>)> {

@@ -279,6 +279,11 @@ pub enum Fault {
     /// Cut off from the apiserver: no heartbeat, no pod changes; the instance (and whatever it
     /// mounted) keeps running.
     Partition,
+    /// Alive but NotReady, as a kubelet whose container runtime or CNI restarts is: it renews
+    /// its Lease and reports `Ready=False` (`PLEG is not healthy`) on every status post, skips
+    /// pod syncs (kubelet.go `syncLoop`: "skipping pod synchronization"), and its containers
+    /// keep running.
+    NotReady,
 }
 
 struct NodeState {
@@ -570,7 +575,13 @@ impl Kubelets {
 /// The cloud controller's taint on the Node of a shut-down instance.
 pub const SHUTDOWN_TAINT: &str = "node.cloudprovider.kubernetes.io/shutdown";
 
-fn conditions(ready: bool) -> serde_json::Value {
+/// A joining node's Ready message.
+const JOINING: &str = "container runtime network not ready: NetworkReady=false (CNI not initialized); CSI driver not registered";
+/// What a kubelet whose runtime stopped answering reports (pkg/kubelet/pleg/generic.go).
+const PLEG_NOT_HEALTHY: &str =
+    "PLEG is not healthy: pleg was last seen active 3m5.1s ago; threshold is 3m0s";
+
+fn conditions(ready: bool, not_ready: &str) -> serde_json::Value {
     let now = Time(k8s_openapi::jiff::Timestamp::now());
     let cond = |t: &str, status: &str, reason: &str, message: &str| {
         json!({"type": t, "status": status, "reason": reason, "message": message,
@@ -603,7 +614,7 @@ fn conditions(ready: bool) -> serde_json::Value {
                 "kubelet is posting ready status",
             )
         } else {
-            cond("Ready", "False", "KubeletNotReady", "container runtime network not ready: NetworkReady=false (CNI not initialized); CSI driver not registered")
+            cond("Ready", "False", "KubeletNotReady", not_ready)
         },
     ])
 }
@@ -638,7 +649,7 @@ async fn register(client: &Client, state: &NodeState) -> anyhow::Result<()> {
         "spec": {"providerID": reg.provider_id, "taints": reg.taints},
         "status": {
             "capacity": resources, "allocatable": resources,
-            "conditions": conditions(false),
+            "conditions": conditions(false, JOINING),
             "addresses": addresses,
             "nodeInfo": {"kubeletVersion": KUBELET_VERSION, "kubeProxyVersion": "", "osImage": "Amazon Linux 2023",
                 "kernelVersion": "6.1", "containerRuntimeVersion": "containerd://2.1.0", "operatingSystem": "linux",
@@ -700,7 +711,8 @@ async fn heartbeat(client: Client, state: Arc<NodeState>) {
             _ = tokio::time::sleep(timings::NODE_LEASE_RENEW) => {}
             _ = state.changed.notified() => {}
         }
-        if *state.fault.lock().unwrap() != Fault::None {
+        let fault = *state.fault.lock().unwrap();
+        if matches!(fault, Fault::PowerOff | Fault::Partition) {
             was_faulted = true;
             continue;
         }
@@ -714,7 +726,7 @@ async fn heartbeat(client: Client, state: Arc<NodeState>) {
             }
             Err(e) => debug!(node = %name, error = %e, "lease renew failed"),
         }
-        let ready = joined.elapsed() >= state.registration.ready_after;
+        let ready = joined.elapsed() >= state.registration.ready_after && fault != Fault::NotReady;
         let volumes = state.volumes_in_use.lock().unwrap().clone();
         let due = ready != posted_ready
             || posted_volumes.as_ref() != Some(&volumes)
@@ -724,7 +736,13 @@ async fn heartbeat(client: Client, state: Arc<NodeState>) {
             continue;
         }
         let in_use: Vec<String> = volumes.iter().cloned().collect();
-        let patch = json!({"status": {"conditions": conditions(ready), "volumesInUse": in_use}});
+        let not_ready = if fault == Fault::NotReady {
+            PLEG_NOT_HEALTHY
+        } else {
+            JOINING
+        };
+        let patch =
+            json!({"status": {"conditions": conditions(ready, not_ready), "volumesInUse": in_use}});
         match nodes
             .patch_status(&name, &pp, &Patch::Strategic(&patch))
             .await

@@ -3,7 +3,9 @@
 
 use std::time::Duration;
 
-/// kubelet: Lease `spec.leaseDurationSeconds` (real: 40 s).
+/// kubelet: Lease `spec.leaseDurationSeconds` (real: 40 s). The operator is told the same
+/// (`--node-lease-duration`), as an admin of a cluster with such kubelets would: both sides
+/// run on one set of timings, and no failover threshold is shorter than this.
 pub const NODE_LEASE_DURATION: Duration = Duration::from_secs(10);
 /// kubelet: Lease renew interval, 0.25 x the duration as the kubelet does (real: 10 s).
 pub const NODE_LEASE_RENEW: Duration = Duration::from_millis(2500);

@@ -365,6 +365,8 @@ fn settings() -> CloudSettings {
         upgrade_node_timeout: Duration::from_secs(20),
         upgrade_step_timeout: Duration::from_secs(30),
         upgrade_concurrency: 2,
+        // The test kubelets' Lease: renewed every quarter of it, as a real kubelet does.
+        node_lease_duration: questdb_testenv::timings::NODE_LEASE_DURATION,
     }
 }
 

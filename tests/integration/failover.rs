@@ -112,11 +112,15 @@ fn two_writer_watch(
 /// After a failover: the database answers on a new instance with the same volume, DNS names
 /// the new node, the fenced instance is terminated.
 async fn assert_moved(env: &CloudEnv, old_id: &str, pvc_uid: &str) {
+    assert_moved_within(env, old_id, pvc_uid, FAILOVER_TIMEOUT).await
+}
+
+async fn assert_moved_within(env: &CloudEnv, old_id: &str, pvc_uid: &str, timeout: Duration) {
     let q = wait_for_within(
         &env.qdbs(),
         "db1",
         "failover finished",
-        FAILOVER_TIMEOUT,
+        timeout,
         |q: Option<&QuestDB>| q.and_then(failover_phase).as_deref() == Some("Healthy"),
     )
     .await;
@@ -175,9 +179,29 @@ async fn a_partitioned_node_is_fenced_before_its_volume_moves() {
     env.stop().await;
 }
 
-/// The power-off case: EC2 already reports the instance stopped and the kubelet is silent.
+/// The power-off case, as EC2 shows a hardware failure: the kubelet and the database are dead
+/// but the instance is still `running` (failed status checks, not a stopped state), so it is
+/// fenced like a partitioned one before its volume moves.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dedicated_node_that_loses_power_is_replaced_on_the_same_volume() {
+    let env = lose_power(false).await;
+    assert!(
+        env.cloud.ec2.call_count("StopInstances") >= 1,
+        "a running instance is fenced by a stop"
+    );
+    env.stop().await;
+}
+
+/// An instance stopped outside the operator (a user, a scheduled EC2 event): EC2 already
+/// reports it stopped, and the database comes back elsewhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dedicated_instance_stopped_by_someone_else_is_replaced_on_the_same_volume() {
+    lose_power(true).await.stop().await;
+}
+
+/// `db1`'s node loses power (and its instance is stopped for EC2 too when `stopped`); returns
+/// once the database was moved.
+async fn lose_power(stopped: bool) -> CloudEnv {
     let env = CloudEnv::start(settings()).await;
     let Running {
         instance: old_id,
@@ -189,9 +213,11 @@ async fn a_dedicated_node_that_loses_power_is_replaced_on_the_same_volume() {
         .node(&old_node)
         .expect("kubelet of the dedicated node")
         .power_off();
-    assert!(env.cloud.ec2.power_off(&old_id));
+    if stopped {
+        assert!(env.cloud.ec2.power_off(&old_id));
+    }
     assert_moved(&env, &old_id, &pvc_uid).await;
-    env.stop().await;
+    env
 }
 
 /// A node that misses a few heartbeats and comes back before the threshold keeps its database.
@@ -236,6 +262,155 @@ async fn a_heartbeat_that_returns_before_the_threshold_causes_no_failover() {
     env.stop().await;
 }
 
+/// A kubelet that reports NotReady while it renews its Lease (a container runtime or CNI
+/// restart, PLEG) is alive, and so is its database: nothing is fenced, the pod is not evicted
+/// (the not-ready taint's default 15 s toleration here, 300 s on a real cluster, would), and
+/// the same pod serves on once the node is Ready again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_not_ready_while_its_lease_renews_is_never_fenced_and_its_database_is_not_evicted() {
+    let env = CloudEnv::start(settings()).await;
+    let Running { instance, node, .. } = running_database(&env).await;
+    let pods = Api::<Pod>::namespaced(env.client.clone(), NS);
+    let pod_uid = pods.get("db1-0").await.expect("pod").uid();
+    let kubelet = env.cp.node(&node).expect("kubelet");
+    kubelet.set_fault(questdb_testenv::NodeFault::NotReady);
+    let nodes = Api::<k8s_openapi::api::core::v1::Node>::all(env.client.clone());
+    let not_ready = wait_for(
+        &nodes,
+        &node,
+        "node NotReady",
+        |n: Option<&k8s_openapi::api::core::v1::Node>| {
+            n.and_then(|n| {
+                n.status
+                    .as_ref()?
+                    .conditions
+                    .as_ref()?
+                    .iter()
+                    .find(|c| c.type_ == "Ready")
+                    .cloned()
+            })
+            .is_some_and(|c| {
+                c.status == "False" && c.message.as_deref().is_some_and(|m| m.contains("PLEG"))
+            })
+        },
+    )
+    .await;
+    assert!(not_ready.metadata.name.is_some());
+    // The node-lifecycle controller taints it not-ready:NoExecute; pods that do not tolerate
+    // that are evicted 15 s later here. Watch three thresholds and the toleration go by.
+    let window = Duration::from_secs(10 * 3) + Duration::from_secs(15);
+    let deadline = tokio::time::Instant::now() + window;
+    let mut saw_taint = false;
+    while tokio::time::Instant::now() < deadline {
+        let q = env.qdbs().get("db1").await.expect("db1");
+        let status = q.status.clone().expect("status");
+        assert_eq!(status.failover, None, "no failover of a live node");
+        assert_eq!(status.instance_id.as_deref(), Some(instance.as_str()));
+        assert_eq!(
+            env.cloud.ec2.call_count("StopInstances"),
+            0,
+            "nothing fenced"
+        );
+        let pod = pods.get("db1-0").await.expect("pod stays");
+        assert_eq!(pod.uid(), pod_uid);
+        assert!(pod.metadata.deletion_timestamp.is_none(), "pod not evicted");
+        saw_taint |= nodes
+            .get(&node)
+            .await
+            .expect("node")
+            .spec
+            .and_then(|s| s.taints)
+            .is_some_and(|ts| {
+                ts.iter()
+                    .any(|t| t.key == "node.kubernetes.io/not-ready" && t.effect == "NoExecute")
+            });
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert!(
+        saw_taint,
+        "the control plane tainted the node not-ready:NoExecute"
+    );
+    kubelet.heal();
+    let q = wait_for(&env.qdbs(), "db1", "QuestDB Ready", is_ready()).await;
+    assert_eq!(
+        q.status.and_then(|s| s.instance_id).as_deref(),
+        Some(instance.as_str())
+    );
+    let pod = pods.get("db1-0").await.expect("pod");
+    assert_eq!(pod.uid(), pod_uid, "the same pod, never restarted");
+    env.stop().await;
+}
+
+/// `kubectl delete node` of a dedicated node whose instance still runs (or a kubelet that never
+/// re-registers): no Lease renews, no Node says anything, and without this the database waits
+/// for a Node forever. It is fenced and replaced; its volume is released by Kubernetes' own
+/// timers (pod GC, then the attach-detach controller's 6-minute force detach: there is no Node
+/// to take the out-of-service taint), never before the old instance is stopped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_node_whose_instance_still_runs_is_fenced_and_replaced() {
+    let env = CloudEnv::start(settings()).await;
+    let Running {
+        instance: old_id,
+        node: old_node,
+        pvc_uid,
+        ..
+    } = running_database(&env).await;
+    let stop = CancellationToken::new();
+    let violations = two_writer_watch(&env, old_node.clone(), old_id.clone(), stop.clone());
+    Api::<k8s_openapi::api::core::v1::Node>::all(env.client.clone())
+        .delete(&old_node, &Default::default())
+        .await
+        .expect("kubectl delete node");
+    let q = wait_for_within(
+        &env.qdbs(),
+        "db1",
+        "failover started",
+        FAILOVER_TIMEOUT,
+        |q: Option<&QuestDB>| q.and_then(failover_phase).is_some(),
+    )
+    .await;
+    let record = q.status.and_then(|s| s.failover).expect("record");
+    assert_eq!(record.reason.as_deref(), Some("NodeDeleted"), "{record:?}");
+    assert_eq!(record.old_node.as_deref(), Some(old_node.as_str()));
+    // Pod GC (40 s) and the attach-detach controller's force detach (6 min) come first.
+    assert_moved_within(&env, &old_id, &pvc_uid, Duration::from_secs(720)).await;
+    stop.cancel();
+    let v = violations.lock().unwrap().clone();
+    assert!(v.is_empty(), "two writers possible: {v:?}");
+    env.stop().await;
+}
+
+/// An outage between every kubelet and the apiserver (a control-plane network fault) silences
+/// every Lease at once. With one database its node is the only dedicated one, so counting
+/// dedicated nodes alone would fence it: the breaker also counts every node's Lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outage_that_silences_every_kubelet_fences_no_lone_database() {
+    let env = CloudEnv::start(settings()).await;
+    let Running { instance, .. } = running_database(&env).await;
+    let kubelets = env.cp.kubelets().clone();
+    let names = kubelets.names();
+    assert!(
+        names.len() >= 4,
+        "workers and the dedicated node: {names:?}"
+    );
+    for name in &names {
+        kubelets.get(name).expect("kubelet").partition();
+    }
+    let status = held_back_by_the_breaker(&env).await;
+    assert_eq!(status.failover, None, "no failover started");
+    assert_eq!(status.instance_id.as_deref(), Some(instance.as_str()));
+    assert_eq!(env.cloud.ec2.call_count("StopInstances"), 0);
+    for name in &names {
+        kubelets.get(name).expect("kubelet").heal();
+    }
+    let q = wait_for(&env.qdbs(), "db1", "QuestDB Ready", is_ready()).await;
+    assert_eq!(
+        q.status.and_then(|s| s.instance_id).as_deref(),
+        Some(instance.as_str())
+    );
+    env.stop().await;
+}
+
 /// Three of five dedicated nodes silent at once is a partition or an outage, not three dead
 /// nodes: fencing them would turn a network blip into three outages. Nothing is stopped.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -255,21 +430,7 @@ async fn three_of_five_silent_nodes_trip_the_breaker_and_nothing_is_fenced() {
     for node in &nodes[..3] {
         env.cp.node(node).expect("kubelet").partition();
     }
-    let q = wait_for_within(
-        &env.qdbs(),
-        "db1",
-        "failover held back",
-        FAILOVER_TIMEOUT,
-        crate::harness::has_condition("Failover", "FailoverSuppressed"),
-    )
-    .await;
-    let message = q
-        .status
-        .as_ref()
-        .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Failover"))
-        .map(|c| c.message.clone())
-        .unwrap_or_default();
-    assert!(message.contains("TooManyUnhealthyNodes"), "{message}");
+    held_back_by_the_breaker(&env).await;
     assert_eq!(env.cloud.ec2.call_count("StopInstances"), 0);
     assert_eq!(env.cloud.ec2.call_count("TerminateInstances"), 0);
     for name in names {
@@ -281,6 +442,27 @@ async fn three_of_five_silent_nodes_trip_the_breaker_and_nothing_is_fenced() {
         );
     }
     env.stop().await;
+}
+
+/// Waits until `db1`'s failover is held back by the breaker; its status then.
+async fn held_back_by_the_breaker(env: &CloudEnv) -> questdb_operator::api::QuestDBStatus {
+    let q = wait_for_within(
+        &env.qdbs(),
+        "db1",
+        "failover held back",
+        FAILOVER_TIMEOUT,
+        crate::harness::has_condition("Failover", "FailoverSuppressed"),
+    )
+    .await;
+    let status = q.status.expect("status");
+    let message = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Failover")
+        .map(|c| c.message.clone())
+        .unwrap_or_default();
+    assert!(message.contains("TooManyUnhealthyNodes"), "{message}");
+    status
 }
 
 /// A crash at any step resumes where it was: the manager is killed (its future dropped

@@ -15,9 +15,8 @@ use tokio::time::Instant;
 
 use crate::controllers::context::{Context, GuardedQuestDB};
 use crate::controllers::failover::breaker_open;
-use crate::controllers::node::node_is_ready;
 use crate::controllers::{Error, Next};
-pub use tracker::{pinned_instance, NodeHealth, MIN_UNHEALTHY, NODE_LEASE_NAMESPACE};
+pub use tracker::{pinned_instance, NodeHealth, NODE_LEASE_NAMESPACE};
 
 /// Name of the node-health controller in metrics and logs.
 pub const CONTROLLER_NAME: &str = "node-health";
@@ -31,6 +30,11 @@ struct Survey {
     managed: usize,
     unhealthy: usize,
     suspects: usize,
+    /// Every node with a Lease the operator has seen, dedicated or not, and how many of them
+    /// are silent past half the Lease duration: an outage between the kubelets and the
+    /// apiserver silences them all, which a lone dedicated node cannot tell from its own death.
+    cluster: usize,
+    cluster_silent: usize,
     /// For the reconciled node: its QuestDB and threshold, if a database runs on it.
     owner: Option<(ObjectRef<GuardedQuestDB>, Duration)>,
 }
@@ -42,8 +46,10 @@ fn survey(ctx: &Context, health: &NodeHealth, node: &str, now: Instant) -> Surve
         .filter_map(|q| q.0.as_ref().ok())
         .filter_map(|q| {
             let id = q.status.as_ref()?.instance_id.as_deref()?;
-            let t = Duration::from_secs(q.spec.failover.unhealthy_after_seconds.max(0) as u64);
-            Some((id, (q, t.max(MIN_UNHEALTHY))))
+            Some((
+                id,
+                (q, health.threshold(q.spec.failover.unhealthy_after_seconds)),
+            ))
         })
         .collect();
     let nodes = ctx.caches.nodes.state();
@@ -51,14 +57,25 @@ fn survey(ctx: &Context, health: &NodeHealth, node: &str, now: Instant) -> Surve
         managed: 0,
         unhealthy: 0,
         suspects: 0,
+        cluster: 0,
+        cluster_silent: 0,
         owner: None,
     };
-    let mut dedicated = std::collections::HashSet::new();
+    let mut present = std::collections::HashSet::new();
     for n in &nodes {
-        let (Some(name), Some(instance)) = (n.metadata.name.as_deref(), pinned_instance(n)) else {
+        let Some(name) = n.metadata.name.as_deref() else {
             continue;
         };
-        dedicated.insert(name);
+        present.insert(name);
+        if health.last_renew(name).is_some() {
+            out.cluster += 1;
+            if health.unhealthy_for(name, now).is_some() {
+                out.cluster_silent += 1;
+            }
+        }
+        let Some(instance) = pinned_instance(n) else {
+            continue;
+        };
         // A node no QuestDB runs on any more (fenced, being replaced, upgraded away) is not a
         // database at risk: it neither counts toward the breaker nor triggers.
         let Some((qdb, threshold)) = owners.get(instance) else {
@@ -71,7 +88,7 @@ fn survey(ctx: &Context, health: &NodeHealth, node: &str, now: Instant) -> Surve
         let Some(silent) = health.unhealthy_for(name, now) else {
             continue;
         };
-        if silent >= MIN_UNHEALTHY {
+        if silent >= health.min_unhealthy() {
             out.unhealthy += 1;
         }
         // For the breaker, a node counts from half its threshold on: nodes that die together
@@ -81,12 +98,13 @@ fn survey(ctx: &Context, health: &NodeHealth, node: &str, now: Instant) -> Surve
             out.suspects += 1;
         }
     }
-    health.retain(|n| dedicated.contains(n));
+    health.retain(|n| present.contains(n));
+    health.retain_instances(|i| owners.contains_key(i));
     out
 }
 
-/// One reconcile of the node-health controller for one Node: records what its Lease and Ready
-/// condition say on the operator's clock, recomputes the breaker over every dedicated node, and
+/// One reconcile of the node-health controller for one Node: records when its Lease renewed
+/// on the operator's clock (its Ready condition is not evidence: see [`tracker`]), recomputes the breaker over every dedicated node, and
 /// asks for a reconcile of the node's QuestDB once it is unhealthy past that database's
 /// threshold (the QuestDB reconcile confirms with live reads and decides). In memory only: no
 /// API or AWS call, so a reconcile costs microseconds and never fails.
@@ -98,7 +116,7 @@ pub async fn reconcile(node: Arc<Node>, ctx: Arc<Context>) -> Result<Next, Error
         return Ok(Next::AwaitChange);
     };
     let now = Instant::now();
-    if pinned_instance(&node).is_some() {
+    {
         let lease = ctx
             .caches
             .leases
@@ -107,14 +125,13 @@ pub async fn reconcile(node: Arc<Node>, ctx: Arc<Context>) -> Result<Next, Error
             .as_ref()
             .and_then(|l| l.spec.as_ref()?.renew_time.as_ref())
             .map(|t| t.0.to_string());
-        cloud
-            .health
-            .observe(name, renew.as_deref(), node_is_ready(&node), now);
+        cloud.health.observe(name, renew.as_deref(), now);
     }
     let survey = survey(&ctx, &cloud.health, name, now);
-    cloud
-        .health
-        .set_breaker(breaker_open(survey.suspects, survey.managed));
+    cloud.health.set_breaker(
+        breaker_open(survey.suspects, survey.managed)
+            || breaker_open(survey.cluster_silent, survey.cluster),
+    );
     ctx.metrics.set_unhealthy_dedicated_nodes(survey.unhealthy);
     let Some((questdb, threshold)) = survey.owner else {
         return Ok(Next::AwaitChange);

@@ -1,9 +1,15 @@
 //! Whether each dedicated node still answers, judged the way kube-controller-manager's
 //! node-lifecycle controller does: by when **the operator** last saw the node's Lease
-//! `renewTime` change (or its Ready condition go bad), on its own monotonic clock, never by
-//! comparing `renewTime` with the local clock (clock skew would fail over healthy nodes).
-//! `tryUpdateNodeHealth` in pkg/controller/nodelifecycle keeps `probeTimestamp = nc.now()` for
-//! the same reason.
+//! `renewTime` change, on its own monotonic clock, never by comparing `renewTime` with the
+//! local clock (clock skew would fail over healthy nodes). `tryUpdateNodeHealth` in
+//! pkg/controller/nodelifecycle keeps `probeTimestamp = nc.now()` for the same reason.
+//!
+//! Only Lease silence counts. A kubelet that renews its Lease while it reports NotReady
+//! (a container runtime or CNI restart, PLEG) is alive and its containers may be writing:
+//! fencing it would stop a database that is serving. Nothing here counts a node unhealthy
+//! before its Lease has been silent for the kubelets' Lease duration (40 s on a real
+//! kubelet, which renews every quarter of it): a shorter threshold trips on healthy nodes
+//! between two renewals plus jitter and watch lag.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -17,63 +23,92 @@ use crate::desired::PIN_LABEL_KEY;
 /// The namespace of the kubelets' Leases.
 pub const NODE_LEASE_NAMESPACE: &str = "kube-node-lease";
 
-/// No database asks for less (the CRD's minimum of `failover.unhealthyAfterSeconds`); nodes
-/// silent for shorter are not counted as unhealthy anywhere.
-pub const MIN_UNHEALTHY: Duration = Duration::from_secs(10);
+/// The kubelet's default `nodeLeaseDurationSeconds`; it renews every quarter of it (10 s).
+pub const DEFAULT_NODE_LEASE_DURATION: Duration = Duration::from_secs(40);
 
 #[derive(Clone, Debug)]
 struct Seen {
     renew: Option<String>,
     renewed_at: Instant,
-    /// Ready was True at least once since the operator started watching: a node that is still
-    /// joining is not a dead one.
-    was_ready: bool,
-    not_ready_since: Option<Instant>,
-    /// Times the node came back after having been unhealthy past [`MIN_UNHEALTHY`].
+    /// Times the node came back after having been silent past the Lease duration.
     flaps: u32,
 }
 
+#[derive(Clone, Debug, Default)]
+struct NodeOf {
+    node: Option<String>,
+    since: Option<Instant>,
+}
+
 /// The tracker, shared by the health loop and the reconciles (one per leadership term).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct NodeHealth {
     seen: Mutex<HashMap<String, Seen>>,
+    /// The Node of each database's instance as last seen, and since when it is missing (the
+    /// operator's clock), by instance id.
+    missing: Mutex<HashMap<String, NodeOf>>,
     breaker: Mutex<bool>,
+    lease_duration: Duration,
+}
+
+impl Default for NodeHealth {
+    fn default() -> Self {
+        Self::new(DEFAULT_NODE_LEASE_DURATION)
+    }
 }
 
 impl NodeHealth {
+    /// `lease_duration`: the kubelets' `nodeLeaseDurationSeconds`, the shortest silence that
+    /// counts as unhealthy (`--node-lease-duration`).
+    pub fn new(lease_duration: Duration) -> Self {
+        Self {
+            seen: Mutex::default(),
+            missing: Mutex::default(),
+            breaker: Mutex::default(),
+            lease_duration,
+        }
+    }
+
+    /// The shortest silence that makes a node unhealthy, whatever a QuestDB asks.
+    pub fn min_unhealthy(&self) -> Duration {
+        self.lease_duration
+    }
+
+    /// The threshold a database really gets: its own, but never under the Lease duration.
+    pub fn threshold(&self, unhealthy_after_seconds: i64) -> Duration {
+        effective_threshold(unhealthy_after_seconds, self.lease_duration)
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Seen>> {
         self.seen.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Records what the caches say about `node` at `now`.
-    pub fn observe(&self, node: &str, renew: Option<&str>, ready: bool, now: Instant) {
+    /// Records what the caches say about `node`'s Lease at `now`.
+    pub fn observe(&self, node: &str, renew: Option<&str>, now: Instant) {
+        let min = self.lease_duration;
         let mut seen = self.lock();
         let entry = seen.entry(node.to_string()).or_insert_with(|| Seen {
             renew: renew.map(str::to_string),
             renewed_at: now,
-            was_ready: ready,
-            not_ready_since: None,
             flaps: 0,
         });
-        let was_unhealthy = unhealthy(entry, now).is_some_and(|d| d >= MIN_UNHEALTHY);
         if entry.renew.as_deref() != renew {
+            if now.saturating_duration_since(entry.renewed_at) >= min {
+                entry.flaps += 1;
+            }
             entry.renew = renew.map(str::to_string);
             entry.renewed_at = now;
         }
-        if ready {
-            entry.was_ready = true;
-            entry.not_ready_since = None;
-        } else if entry.was_ready {
-            entry.not_ready_since.get_or_insert(now);
-        }
-        if was_unhealthy && unhealthy(entry, now).is_none_or(|d| d < MIN_UNHEALTHY) {
-            entry.flaps += 1;
-        }
     }
 
-    /// How long `node` has been silent or not Ready; `None` when it is fine or unknown.
+    /// How long `node`'s Lease has been silent once that is news (half the Lease duration:
+    /// twice the renew interval); `None` when it renews or is unknown.
     pub fn unhealthy_for(&self, node: &str, now: Instant) -> Option<Duration> {
-        self.lock().get(node).and_then(|s| unhealthy(s, now))
+        let half = self.lease_duration / 2;
+        self.lock().get(node).and_then(|s| {
+            let silent = now.saturating_duration_since(s.renewed_at);
+            (silent >= half).then_some(silent)
+        })
     }
 
     /// The renewTime last seen for `node` (a live read that disagrees means the watch lags).
@@ -97,6 +132,42 @@ impl NodeHealth {
         self.lock().retain(|k, _| keep(k));
     }
 
+    /// Records that the Node of `instance` is `node`, there now.
+    pub fn node_present(&self, instance: &str, node: &str) {
+        let mut missing = self.missing.lock().unwrap_or_else(|p| p.into_inner());
+        let entry = missing.entry(instance.to_string()).or_default();
+        entry.since = None;
+        if entry.node.as_deref() != Some(node) {
+            entry.node = Some(node.to_string());
+        }
+    }
+
+    /// How long the Node of `instance` has been missing as of `now`, timed from the first call
+    /// since it was last present, and its name when it was seen. `None` when the operator never
+    /// saw that Node and `joined_long_ago` is false (a node still joining is not missing).
+    pub fn node_missing(
+        &self,
+        instance: &str,
+        joined_long_ago: bool,
+        now: Instant,
+    ) -> Option<(Option<String>, Duration)> {
+        let mut missing = self.missing.lock().unwrap_or_else(|p| p.into_inner());
+        let entry = missing.entry(instance.to_string()).or_default();
+        if entry.node.is_none() && !joined_long_ago {
+            return None;
+        }
+        let since = *entry.since.get_or_insert(now);
+        Some((entry.node.clone(), now.saturating_duration_since(since)))
+    }
+
+    /// Forgets the Nodes of instances no database runs on any more.
+    pub fn retain_instances(&self, keep: impl Fn(&str) -> bool) {
+        self.missing
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|k, _| keep(k));
+    }
+
     pub fn set_breaker(&self, open: bool) {
         *self.breaker.lock().unwrap_or_else(|p| p.into_inner()) = open;
     }
@@ -106,15 +177,9 @@ impl NodeHealth {
     }
 }
 
-fn unhealthy(s: &Seen, now: Instant) -> Option<Duration> {
-    let silent = now.saturating_duration_since(s.renewed_at);
-    let not_ready = s
-        .not_ready_since
-        .map(|t| now.saturating_duration_since(t))
-        .unwrap_or_default();
-    let worst = silent.max(not_ready);
-    // Under half the smallest threshold is a kubelet between two renewals, not news.
-    (worst >= MIN_UNHEALTHY / 2 || s.not_ready_since.is_some()).then_some(worst)
+/// `spec.failover.unhealthyAfterSeconds`, but never under the kubelets' Lease duration.
+pub fn effective_threshold(unhealthy_after_seconds: i64, lease_duration: Duration) -> Duration {
+    Duration::from_secs(unhealthy_after_seconds.max(0) as u64).max(lease_duration)
 }
 
 /// The instance a dedicated node is pinned to (the operator's pin label), if it is one.
@@ -130,47 +195,91 @@ pub fn pinned_instance(node: &Node) -> Option<&str> {
 mod tests {
     use super::*;
 
+    fn secs(s: u64) -> Duration {
+        Duration::from_secs(s)
+    }
+
     #[test]
     fn silence_is_measured_from_when_the_operator_saw_the_last_renewal() {
         let h = NodeHealth::default();
         let t0 = Instant::now();
-        h.observe("n", Some("10:00:00"), true, t0);
-        assert_eq!(h.unhealthy_for("n", t0 + Duration::from_secs(4)), None);
+        h.observe("n", Some("10:00:00"), t0);
+        assert_eq!(h.unhealthy_for("n", t0 + secs(4)), None);
         // A renewTime far in the past (a skewed node clock) changes nothing: only change counts.
-        h.observe("n", Some("09:00:00"), true, t0 + Duration::from_secs(5));
-        assert_eq!(h.unhealthy_for("n", t0 + Duration::from_secs(9)), None);
-        let later = t0 + Duration::from_secs(5 + 30);
-        assert_eq!(h.unhealthy_for("n", later), Some(Duration::from_secs(30)));
+        h.observe("n", Some("09:00:00"), t0 + secs(5));
+        assert_eq!(h.unhealthy_for("n", t0 + secs(9)), None);
+        let later = t0 + secs(5 + 30);
+        assert_eq!(h.unhealthy_for("n", later), Some(secs(30)));
     }
 
     #[test]
-    fn a_heartbeat_that_returns_resets_the_clock_and_counts_a_flap() {
+    fn a_real_kubelet_renewing_every_10s_with_jitter_and_lag_is_never_unhealthy() {
         let h = NodeHealth::default();
         let t0 = Instant::now();
-        h.observe("n", Some("a"), true, t0);
-        h.observe("n", Some("a"), true, t0 + Duration::from_secs(12));
+        // 10 s renewals, each up to 4 s late (jitter plus a lagging watch).
+        let mut t = t0;
+        for i in 0..30u64 {
+            h.observe("n", Some(&i.to_string()), t);
+            let next = t + secs(10 + i % 5);
+            for probe in [t + secs(1), next - secs(1)] {
+                assert_eq!(h.unhealthy_for("n", probe), None, "renewal {i}");
+            }
+            t = next;
+        }
+        assert_eq!(h.flaps("n"), 0);
+    }
+
+    #[test]
+    fn a_heartbeat_that_returns_after_the_lease_expired_resets_the_clock_and_counts_a_flap() {
+        let h = NodeHealth::default();
+        let t0 = Instant::now();
+        h.observe("n", Some("a"), t0);
+        h.observe("n", Some("a"), t0 + secs(45));
         assert!(h
-            .unhealthy_for("n", t0 + Duration::from_secs(12))
-            .is_some_and(|d| d >= MIN_UNHEALTHY));
-        h.observe("n", Some("b"), true, t0 + Duration::from_secs(13));
-        assert_eq!(h.unhealthy_for("n", t0 + Duration::from_secs(14)), None);
+            .unhealthy_for("n", t0 + secs(45))
+            .is_some_and(|d| d >= h.min_unhealthy()));
+        h.observe("n", Some("b"), t0 + secs(46));
+        assert_eq!(h.unhealthy_for("n", t0 + secs(47)), None);
         assert_eq!(h.flaps("n"), 1);
     }
 
     #[test]
-    fn a_node_still_joining_is_not_unhealthy_but_one_that_was_ready_is() {
+    fn no_threshold_is_shorter_than_the_kubelets_lease() {
+        let h = NodeHealth::default();
+        assert_eq!(h.threshold(10), secs(40));
+        assert_eq!(h.threshold(90), secs(90));
+        assert_eq!(h.threshold(-5), secs(40));
+        // A cluster whose kubelets hold shorter Leases, configured so, gets shorter minimums.
+        assert_eq!(NodeHealth::new(secs(10)).threshold(10), secs(10));
+    }
+
+    #[test]
+    fn a_node_that_went_missing_is_timed_from_when_it_was_first_seen_missing() {
         let h = NodeHealth::default();
         let t0 = Instant::now();
-        h.observe("new", Some("a"), false, t0);
-        h.observe("new", Some("b"), false, t0 + Duration::from_secs(30));
-        assert_eq!(h.unhealthy_for("new", t0 + Duration::from_secs(30)), None);
-
-        h.observe("old", Some("a"), true, t0);
-        h.observe("old", Some("b"), false, t0 + Duration::from_secs(1));
-        h.observe("old", Some("c"), false, t0 + Duration::from_secs(20));
+        let n = || Some("n1".to_string());
+        // Never seen, instance young: still joining.
+        assert_eq!(h.node_missing("i-1", false, t0), None);
+        h.node_present("i-1", "n1");
         assert_eq!(
-            h.unhealthy_for("old", t0 + Duration::from_secs(21)),
-            Some(Duration::from_secs(20))
+            h.node_missing("i-1", false, t0),
+            Some((n(), Duration::ZERO))
         );
+        assert_eq!(
+            h.node_missing("i-1", false, t0 + secs(30)),
+            Some((n(), secs(30)))
+        );
+        h.node_present("i-1", "n1");
+        assert_eq!(
+            h.node_missing("i-1", false, t0 + secs(40)),
+            Some((n(), Duration::ZERO))
+        );
+        // A restarted operator that never saw the Node: only an instance past its join time.
+        assert_eq!(
+            h.node_missing("i-2", true, t0),
+            Some((None, Duration::ZERO))
+        );
+        h.retain_instances(|i| i != "i-1");
+        assert_eq!(h.node_missing("i-1", false, t0), None);
     }
 }

@@ -29,7 +29,7 @@ use crate::controllers::failover::{
     self, phase, Start, StartView, Step, StepView, OUT_OF_SERVICE_EFFECT, OUT_OF_SERVICE_TAINT,
     OUT_OF_SERVICE_VALUE, SKIP_ANNOTATION,
 };
-use crate::controllers::node::{node_for, node_is_ready};
+use crate::controllers::node::node_for;
 use crate::controllers::node_health::tracker::NODE_LEASE_NAMESPACE;
 use crate::controllers::Error;
 use crate::desired::names;
@@ -60,15 +60,18 @@ pub async fn reconcile(
         return steps(qdb, ctx, cloud, out).await.map(Some);
     }
     let Some(id) = status.instance_id.clone() else {
-        return Ok(Some(armed()));
+        return Ok(Some(armed(qdb, cloud)));
     };
-    let nodes = ctx.caches.nodes.state();
-    let Some(node) = node_for(&nodes, &id).and_then(|n| n.metadata.name.clone()) else {
-        return Ok(Some(armed()));
+    let Some(symptom) = symptom(qdb, ctx, cloud, &id, tokio::time::Instant::now()).await? else {
+        return Ok(Some(armed(qdb, cloud)));
     };
-    let unhealthy_for = cloud
-        .health
-        .unhealthy_for(&node, tokio::time::Instant::now());
+    let (node, unhealthy_for) = (symptom.node.clone(), Some(symptom.for_));
+    if symptom.missing {
+        let threshold = cloud
+            .health
+            .threshold(qdb.spec.failover.unhealthy_after_seconds);
+        out.requeue_within(threshold.saturating_sub(symptom.for_));
+    }
     let since_last_start = status
         .failover
         .as_ref()
@@ -81,11 +84,12 @@ pub async fn reconcile(
             .is_some_and(|v| v == "true"),
         status: &status,
         unhealthy_for,
+        lease_duration: cloud.health.min_unhealthy(),
         breaker_open: cloud.health.breaker_open(),
         since_last_start,
     });
     match decision {
-        Start::No => Ok(Some(armed())),
+        Start::No => Ok(Some(armed(qdb, cloud))),
         Start::Suppressed { reason, message } => {
             let c = condition(
                 false,
@@ -108,9 +112,11 @@ pub async fn reconcile(
             Ok(Some(c))
         }
         Start::Go => {
-            let threshold = Duration::from_secs(qdb.spec.failover.unhealthy_after_seconds as u64);
-            let Some(reason) = confirm(ctx, cloud, &node, &id).await? else {
-                return Ok(Some(armed()));
+            let threshold = cloud
+                .health
+                .threshold(qdb.spec.failover.unhealthy_after_seconds);
+            let Some(reason) = confirm(ctx, cloud, &symptom, &id).await? else {
+                return Ok(Some(armed(qdb, cloud)));
             };
             let next_generation = status.node_generation.unwrap_or(1) + 1;
             let record = FailoverStatus {
@@ -118,7 +124,7 @@ pub async fn reconcile(
                 reason: Some(reason.into()),
                 started_at: Some(now()),
                 phase_started_at: Some(now()),
-                old_node: Some(node.clone()),
+                old_node: Some(node.clone()).filter(|n| !n.is_empty()),
                 old_instance_id: Some(id.clone()),
                 message: Some(format!("fencing instance {id}")),
                 ..Default::default()
@@ -133,10 +139,17 @@ pub async fn reconcile(
             if let Some(u) = unhealthy_for {
                 ctx.metrics.failover_detected(u.saturating_sub(threshold));
             }
-            let note = format!(
-                "node {node} has not answered for {}s ({reason}): fencing instance {id}, launching a replacement",
-                unhealthy_for.unwrap_or_default().as_secs()
-            );
+            let note = if symptom.missing {
+                format!(
+                    "the Node object of instance {id} ({node}) has been gone for {}s while the instance runs ({reason}): fencing instance {id}, launching a replacement",
+                    symptom.for_.as_secs()
+                )
+            } else {
+                format!(
+                    "node {node} has not renewed its Lease for {}s ({reason}): fencing instance {id}, launching a replacement",
+                    symptom.for_.as_secs()
+                )
+            };
             warn!(questdb = %qdb.name_any(), "{note}");
             ctx.event(
                 qdb,
@@ -151,40 +164,117 @@ pub async fn reconcile(
     }
 }
 
-fn armed() -> Verdict {
+fn armed(qdb: &QuestDB, cloud: &CloudRuntime) -> Verdict {
     condition(
         true,
         Reason::Armed,
-        "the dedicated node is replaced automatically if it stops answering".into(),
+        failover::armed_message(
+            qdb.spec.failover.unhealthy_after_seconds,
+            cloud.health.min_unhealthy(),
+        ),
     )
 }
 
+/// What looks wrong with the node of a database's instance.
+struct Symptom {
+    /// The Node's name (empty when a restarted operator never saw the Node of an instance
+    /// whose pod is gone too).
+    node: String,
+    /// How long, on the operator's clock.
+    for_: Duration,
+    /// The Node object is gone while the instance is there; otherwise its Lease is silent.
+    missing: bool,
+}
+
+/// The node of `instance` as the caches and the tracker see it: `None` while it renews its
+/// Lease. A Node object that disappeared counts from when the operator first missed it, if
+/// the operator saw it before or the instance was launched longer ago than a node takes to
+/// join (`--upgrade-node-timeout`): a node still joining is not a missing one.
+async fn symptom(
+    qdb: &QuestDB,
+    ctx: &Context,
+    cloud: &CloudRuntime,
+    instance: &str,
+    now: tokio::time::Instant,
+) -> Result<Option<Symptom>, Error> {
+    let nodes = ctx.caches.nodes.state();
+    if let Some(node) = node_for(&nodes, instance).and_then(|n| n.metadata.name.clone()) {
+        cloud.health.node_present(instance, &node);
+        return Ok(cloud.health.unhealthy_for(&node, now).map(|for_| Symptom {
+            node,
+            for_,
+            missing: false,
+        }));
+    }
+    let launched_long_ago = cloud
+        .instances
+        .get(cloud.nodes.as_ref())
+        .await
+        .map_err(Error::Cloud)?
+        .iter()
+        .find(|i| i.id == instance)
+        .and_then(|i| i.launched_at)
+        .and_then(|t| t.elapsed().ok())
+        .is_some_and(|age| age > cloud.settings.upgrade_node_timeout);
+    let Some((known, for_)) = cloud.health.node_missing(instance, launched_long_ago, now) else {
+        return Ok(None);
+    };
+    // The pod may still be bound to the deleted Node (pod GC takes 40 s): its name then.
+    let node = known.or_else(|| {
+        let ns = qdb.namespace()?;
+        let pod = ctx
+            .caches
+            .pods
+            .get(&ObjectRef::new(&names::pod(qdb)).within(&ns))?;
+        let bound = pod.spec.as_ref()?.node_name.clone()?;
+        let gone = !nodes
+            .iter()
+            .any(|n| n.metadata.name.as_deref() == Some(bound.as_str()));
+        gone.then_some(bound)
+    });
+    Ok(Some(Symptom {
+        node: node.unwrap_or_default(),
+        for_,
+        missing: true,
+    }))
+}
+
 /// Live reads before acting: the cache may lag. The Lease must still carry the renewTime the
-/// tracker saw (a newer one means the node is alive and the watch is behind), and EC2's view
-/// of the instance names the reason. `None`: not confirmed, do nothing.
+/// tracker saw (a newer one means the node is alive and the watch is behind); a missing Node
+/// must be missing for the apiserver too; EC2's view of the instance names the reason.
+/// `None`: not confirmed, do nothing.
 async fn confirm(
     ctx: &Context,
     cloud: &CloudRuntime,
-    node: &str,
+    symptom: &Symptom,
     instance: &str,
 ) -> Result<Option<Reason>, Error> {
-    let leases: Api<Lease> = Api::namespaced(ctx.client.clone(), NODE_LEASE_NAMESPACE);
-    let live_renew = leases
-        .get_opt(node)
-        .await
-        .map_err(Error::Kube)?
-        .and_then(|l| l.spec?.renew_time)
-        .map(|t| t.0.to_string());
-    let live_node = Api::<Node>::all(ctx.client.clone())
-        .get_opt(node)
-        .await
-        .map_err(Error::Kube)?;
-    let seen = cloud.health.last_renew(node);
-    if live_renew.is_some() && live_renew != seen {
-        info!(%node, "node Lease renewed after all; no failover");
-        return Ok(None);
+    let node = symptom.node.as_str();
+    if symptom.missing {
+        if !node.is_empty()
+            && Api::<Node>::all(ctx.client.clone())
+                .get_opt(node)
+                .await
+                .map_err(Error::Kube)?
+                .is_some()
+        {
+            info!(%node, "the Node is back after all; no failover");
+            return Ok(None);
+        }
+    } else {
+        let leases: Api<Lease> = Api::namespaced(ctx.client.clone(), NODE_LEASE_NAMESPACE);
+        let live_renew = leases
+            .get_opt(node)
+            .await
+            .map_err(Error::Kube)?
+            .and_then(|l| l.spec?.renew_time)
+            .map(|t| t.0.to_string());
+        let seen = cloud.health.last_renew(node);
+        if live_renew.is_some() && live_renew != seen {
+            info!(%node, "node Lease renewed after all; no failover");
+            return Ok(None);
+        }
     }
-    let ready = live_node.as_ref().is_some_and(node_is_ready);
     let state = cloud
         .nodes
         .describe(&[instance.to_string()])
@@ -196,8 +286,8 @@ async fn confirm(
     Ok(Some(match state {
         Some(InstanceState::Stopped | InstanceState::Terminated | InstanceState::ShuttingDown)
         | None => Reason::InstanceDown,
-        _ if ready => Reason::NodeLeaseExpired,
-        _ => Reason::NodeNotReady,
+        _ if symptom.missing => Reason::NodeDeleted,
+        _ => Reason::NodeLeaseExpired,
     }))
 }
 
@@ -211,7 +301,7 @@ async fn steps(
     for _ in 0..6 {
         let status = qdb.status.clone().unwrap_or_default();
         let Some(f) = status.failover.clone() else {
-            return Ok(armed());
+            return Ok(armed(qdb, cloud));
         };
         let facts = observe(qdb, ctx, cloud, &status, &f).await?;
         let step = failover::next_step(&facts.view(&f));
@@ -309,7 +399,7 @@ async fn steps(
         }
     }
     out.requeue_within(STEP_POLL);
-    Ok(armed())
+    Ok(armed(qdb, cloud))
 }
 
 fn in_progress(f: &FailoverStatus) -> Verdict {

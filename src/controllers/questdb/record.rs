@@ -24,10 +24,13 @@ pub async fn persist(
         field_manager: Some(MANAGER.into()),
         ..PostParams::default()
     };
-    // A user's edit of the spec between two writes of one reconcile bumps resourceVersion: the
-    // record of a side effect already done (a DNS record written, an instance switched) must
-    // not be lost to that conflict, so the edit is applied again to the object as it is now.
-    // The operator is the only writer of status, so re-applying it is the same record.
+    // A user's edit of the spec or metadata between two writes of one reconcile bumps
+    // resourceVersion: the record of a side effect already done (a DNS record written, an
+    // instance switched) must not be lost to that conflict, so the edit is applied again to
+    // the object as it is now. But only while its status is the one the edit was decided on:
+    // a status written meanwhile (a previous leader finishing a write, a step recorded by
+    // another term) makes the decision stale, and the reconcile decides again from the fresh
+    // object instead of overwriting it.
     for attempt in 0.. {
         let mut obj = qdb.clone();
         let mut status = obj.status.take().unwrap_or_default();
@@ -40,12 +43,30 @@ pub async fn persist(
                 return Ok(());
             }
             Err(kube::Error::Api(e)) if e.code == 409 && attempt < 3 => {
-                *qdb = api.get(&qdb.name_any()).await.map_err(Error::Kube)?;
+                let fresh = api.get(&qdb.name_any()).await.map_err(Error::Kube)?;
+                let decided_on = qdb.status.clone();
+                *qdb = fresh;
+                if !same_status(qdb.status.as_ref(), decided_on.as_ref()) {
+                    info!(questdb = %qdb.name_any(), "status changed under a decision; deciding again");
+                    return Err(Error::Conflict);
+                }
             }
             Err(e) => return Err(Error::from_status_write(e)),
         }
     }
     unreachable!("the loop returns")
+}
+
+/// Whether two statuses record the same thing, ignoring `observedGeneration` (a spec edit
+/// moves it without changing what the operator recorded).
+fn same_status(a: Option<&QuestDBStatus>, b: Option<&QuestDBStatus>) -> bool {
+    let strip = |s: Option<&QuestDBStatus>| {
+        s.cloned().map(|mut s| {
+            s.observed_generation = None;
+            s
+        })
+    };
+    strip(a) == strip(b)
 }
 
 /// The condition already says this: its event was sent when it first did.
