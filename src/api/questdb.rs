@@ -490,7 +490,7 @@ pub struct Endpoints {
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 #[serde(rename_all = "camelCase")]
 pub struct FailoverStatus {
-    /// `Fencing`, `Releasing`, `Reattaching`, `Recovering`, then `Healthy` (done).
+    /// `Fencing`, `Releasing`, `Reattaching`, `Recovering`, `Draining`, then `Healthy` (done).
     pub phase: String,
     /// Why it started (`NodeLeaseExpired`, `NodeDeleted`, `InstanceDown`).
     #[serde(default, skip_serializing_if = "Option::is_none")]

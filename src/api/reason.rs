@@ -129,6 +129,7 @@ reasons! {
     FailoverReleasing,
     FailoverReattaching,
     FailoverRecovering,
+    FailoverDraining,
     FailoverHealthy,
     InstanceDown,
     NodeLeaseExpired,

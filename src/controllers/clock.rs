@@ -14,3 +14,10 @@ pub fn since(ts: Option<&str>) -> Option<Duration> {
     let d = Timestamp::now().duration_since(t);
     Duration::try_from(d).ok()
 }
+
+/// From `from` to `to`, both timestamps of a record; `None` when either is missing or unparsable.
+pub fn between(from: Option<&str>, to: Option<&str>) -> Option<Duration> {
+    let from: Timestamp = from?.parse().ok()?;
+    let to: Timestamp = to?.parse().ok()?;
+    Duration::try_from(to.duration_since(from)).ok()
+}

@@ -95,7 +95,7 @@ impl CloudRuntime {
             dns: cloud.dns,
             settings: cloud.settings,
             launch_failures: LaunchFailures::default(),
-            health: crate::controllers::node_health::NodeHealth::new(lease_duration),
+            health: crate::controllers::node_health::tracker::NodeHealth::new(lease_duration),
             relaunches: Default::default(),
             upgrade_claims: Default::default(),
             upgrade_ends: Default::default(),

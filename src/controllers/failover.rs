@@ -30,6 +30,9 @@ pub mod phase {
     pub const RELEASING: &str = "Releasing";
     pub const REATTACHING: &str = "Reattaching";
     pub const RECOVERING: &str = "Recovering";
+    /// The database answers on the new node; the fenced instance stays (stopped, holding its
+    /// private address) for the DNS record's TTL.
+    pub const DRAINING: &str = "Draining";
     /// Done: the record of the last failover.
     pub const HEALTHY: &str = "Healthy";
 }
@@ -41,6 +44,7 @@ pub fn step_reason(phase: &str) -> Reason {
         phase::RELEASING => Reason::FailoverReleasing,
         phase::REATTACHING => Reason::FailoverReattaching,
         phase::RECOVERING => Reason::FailoverRecovering,
+        phase::DRAINING => Reason::FailoverDraining,
         _ => Reason::FailoverHealthy,
     }
 }
@@ -56,6 +60,9 @@ pub const OUT_OF_SERVICE_EFFECT: &str = "NoExecute";
 /// A failover does not start again within this long of the last one's start: a replacement
 /// that dies at once is a pattern for a person, not a loop.
 pub const MIN_INTERVAL: Duration = Duration::from_secs(600);
+
+/// A stop still under way after this long is forced again.
+pub const STOP_ESCALATION: Duration = Duration::from_secs(60);
 
 /// How long each step may take before the QuestDB reports `FailoverStuck` (it keeps waiting;
 /// every step's wait is a watch event or a slow requeue, never a busy loop).
@@ -187,6 +194,12 @@ pub struct StepView<'a> {
     pub pod_ready: bool,
     /// `spec.dns` is unset, or the record points at the new node.
     pub dns_follows: bool,
+    /// The DNS record's TTL (zero without `spec.dns`): resolvers may send clients to the old
+    /// address that long after the switch, so the fenced instance keeps it (a terminated
+    /// instance's private address can go to another instance at once).
+    pub dns_ttl: Duration,
+    /// Time in the current step.
+    pub in_step_for: Duration,
 }
 
 /// The next step of a failover under way.
@@ -212,8 +225,15 @@ pub fn next_step(v: &StepView) -> Step {
             Some(InstanceState::Stopped | InstanceState::Terminated) | None => {
                 Step::Advance(phase::RELEASING)
             }
-            // Stopping or shutting down: EC2 has the request; repeating it is harmless and
-            // cheap, but waiting is enough.
+            // A stop under way can hang for minutes (a stuck EBS detach, a host problem): a
+            // forced stop again is AWS's remedy and idempotent. Once a minute, not every poll.
+            Some(InstanceState::Stopping)
+                if v.in_step_for >= STOP_ESCALATION
+                    && v.in_step_for.as_secs() % STOP_ESCALATION.as_secs() < 5 =>
+            {
+                Step::Fence(old)
+            }
+            // Stopping or shutting down: EC2 has the request; waiting is enough at first.
             Some(InstanceState::Stopping | InstanceState::ShuttingDown) => {
                 Step::Wait(format!("instance {old} is being stopped"))
             }
@@ -248,11 +268,21 @@ pub fn next_step(v: &StepView) -> Step {
         }
         phase::RECOVERING => {
             if v.pod_ready && v.dns_follows {
-                Step::Finish(old)
+                Step::Advance(phase::DRAINING)
             } else if !v.pod_ready {
                 Step::Wait("waiting for the database to answer its health check".into())
             } else {
                 Step::Wait("waiting for the DNS record to follow the database".into())
+            }
+        }
+        phase::DRAINING => {
+            if v.in_step_for >= v.dns_ttl {
+                Step::Finish(old)
+            } else {
+                Step::Wait(format!(
+                    "the database answers on the new node; instance {old} stays stopped, holding its address, until resolvers drop the old record ({}s TTL)",
+                    v.dns_ttl.as_secs()
+                ))
             }
         }
         _ => Step::Wait(String::new()),

@@ -171,6 +171,8 @@ fn view(f: &FailoverStatus) -> StepView<'_> {
         pod_running_on_new_node: false,
         pod_ready: false,
         dns_follows: false,
+        dns_ttl: Duration::from_secs(60),
+        in_step_for: Duration::ZERO,
     }
 }
 
@@ -193,6 +195,16 @@ fn nothing_releases_the_volume_before_the_old_instance_is_fenced() {
         };
         assert!(matches!(next_step(&v), Step::Wait(_)));
     }
+    // A stop that hangs is forced again, about once a minute.
+    let hung = |secs: u64| StepView {
+        old_instance: Some(InstanceState::Stopping),
+        in_step_for: Duration::from_secs(secs),
+        ..view(&f)
+    };
+    assert!(matches!(next_step(&hung(59)), Step::Wait(_)));
+    assert_eq!(next_step(&hung(61)), Step::Fence("i-old".into()));
+    assert!(matches!(next_step(&hung(90)), Step::Wait(_)));
+    assert_eq!(next_step(&hung(122)), Step::Fence("i-old".into()));
     for state in [
         Some(InstanceState::Stopped),
         Some(InstanceState::Terminated),
@@ -261,7 +273,26 @@ fn recovery_ends_when_the_database_answers_and_dns_follows() {
         dns_follows: true,
         ..ready
     };
-    assert_eq!(next_step(&done), Step::Finish("i-old".into()));
+    assert_eq!(next_step(&done), Step::Advance(phase::DRAINING));
+}
+
+/// A terminated instance's private address can go to another instance at once, while
+/// resolvers still send clients there for the record's TTL: the fenced instance keeps it.
+#[test]
+fn the_fenced_instance_keeps_its_address_until_the_old_dns_record_expired() {
+    let f = failover(phase::DRAINING);
+    let draining = |secs: u64, ttl: u64| StepView {
+        pod_running_on_new_node: true,
+        pod_ready: true,
+        dns_follows: true,
+        dns_ttl: Duration::from_secs(ttl),
+        in_step_for: Duration::from_secs(secs),
+        ..view(&f)
+    };
+    assert!(matches!(next_step(&draining(59, 60)), Step::Wait(m) if m.contains("60s TTL")));
+    assert_eq!(next_step(&draining(60, 60)), Step::Finish("i-old".into()));
+    // Without spec.dns no resolver holds the address.
+    assert_eq!(next_step(&draining(0, 0)), Step::Finish("i-old".into()));
 }
 
 #[test]

@@ -1,9 +1,14 @@
-//! The orphan sweep: instances tagged for this cluster whose QuestDB no longer exists are
-//! terminated after a grace period. Runs on the leader only, next to the controllers.
+//! The orphan sweep: instances tagged for this cluster whose QuestDB no longer exists, and
+//! leaked instances of a live QuestDB, are terminated after a grace period. Runs on the
+//! leader only, next to the controllers.
 //!
 //! An orphan appears when a QuestDB is deleted while its finalizer is removed by hand, or when
 //! the operator crashed between a launch and recording it and the QuestDB was deleted before
-//! it came back.
+//! it came back. A leak is an instance of an older node generation than the QuestDB's current
+//! one that none of its records names (the instance, a failover's old and new, a node move's
+//! old, new or retained): a step that lost track of it, a crash between two records. An
+//! instance of the current generation that no record names yet is left alone: a launch whose
+//! record is still to come is adopted by its tags.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
@@ -17,23 +22,77 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::api::Reason;
-use crate::cloud::{Instance, TAG_NAME, TAG_NAMESPACE, TAG_UID};
+use crate::api::{QuestDB, QuestDBStatus};
+use crate::cloud::{Instance, TAG_NAME, TAG_NAMESPACE, TAG_NODE_GENERATION, TAG_UID};
 use crate::controllers::context::Context;
 use crate::controllers::node::node_for;
 
-/// When each orphan was first seen; the grace period counts from there.
+/// What a live QuestDB claims: its node generation and the instances its records name.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Claim {
+    pub generation: Option<i64>,
+    pub named: BTreeSet<String>,
+}
+
+impl Claim {
+    pub fn of(status: Option<&QuestDBStatus>) -> Self {
+        let Some(s) = status else {
+            return Self::default();
+        };
+        let f = s.failover.as_ref();
+        let u = s.upgrade.as_ref();
+        let named = [
+            s.instance_id.as_ref(),
+            f.and_then(|f| f.old_instance_id.as_ref()),
+            f.and_then(|f| f.new_instance_id.as_ref()),
+            u.and_then(|u| u.old_instance_id.as_ref()),
+            u.and_then(|u| u.new_instance_id.as_ref()),
+        ]
+        .into_iter()
+        .flatten()
+        .cloned()
+        .collect();
+        Self {
+            // A status without a generation is on its first (generation 1), as the steps
+            // that launch the next one read it.
+            generation: s.node_generation.or(s.instance_id.as_ref().map(|_| 1)),
+            named,
+        }
+    }
+
+    /// An instance of an older generation that no record names.
+    fn leaked(&self, instance: &Instance) -> bool {
+        let generation = instance
+            .tags
+            .get(TAG_NODE_GENERATION)
+            .and_then(|g| g.parse::<i64>().ok());
+        !self.named.contains(&instance.id)
+            && matches!((generation, self.generation), (Some(g), Some(current)) if g < current)
+    }
+}
+
+/// The claims of every QuestDB in the cache, by uid.
+pub fn claims<'a>(questdbs: impl IntoIterator<Item = &'a QuestDB>) -> HashMap<String, Claim> {
+    questdbs
+        .into_iter()
+        .filter_map(|q| Some((q.uid()?, Claim::of(q.status.as_ref()))))
+        .collect()
+}
+
+/// When each orphan or leak was first seen; the grace period counts from there.
 #[derive(Default)]
 pub struct OrphanClock {
     first_seen: HashMap<String, Instant>,
 }
 
 impl OrphanClock {
-    /// The live instances carrying a QuestDB uid that is not in `uids`, orphans
-    /// for at least `grace`. Instances that stopped being orphans are forgotten.
+    /// The live instances carrying a QuestDB uid that no live QuestDB has (orphans), or whose
+    /// QuestDB's records no longer name them (leaks), for at least `grace`. Instances that
+    /// stopped being either are forgotten.
     pub fn due<'a>(
         &mut self,
         instances: &'a [Instance],
-        uids: &BTreeSet<String>,
+        claims: &HashMap<String, Claim>,
         grace: Duration,
         now: Instant,
     ) -> Vec<&'a Instance> {
@@ -42,7 +101,11 @@ impl OrphanClock {
             .filter(|i| !i.state.is_gone())
             // No uid tag: not launched by this operator (tagged by hand, or by another tool
             // that copies our cluster tag), so never ours to terminate.
-            .filter(|i| i.tags.get(TAG_UID).is_some_and(|u| !uids.contains(u)))
+            .filter(|i| {
+                i.tags
+                    .get(TAG_UID)
+                    .is_some_and(|u| claims.get(u).is_none_or(|c| c.leaked(i)))
+            })
             .collect();
         self.first_seen
             .retain(|id, _| orphans.iter().any(|i| &i.id == id));
@@ -92,17 +155,12 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<String>, token: Cancellati
             })
             .cloned()
             .collect();
-        let uids: BTreeSet<String> = ctx
-            .caches
-            .questdbs
-            .state()
-            .iter()
-            .filter_map(|q| q.uid())
-            .collect();
+        let questdbs = ctx.caches.questdbs.state();
+        let claims = claims(questdbs.iter().filter_map(|q| q.0.as_ref().ok()));
         let due: Vec<Instance> = clock
             .due(
                 &instances,
-                &uids,
+                &claims,
                 cloud.settings.orphan_grace_period,
                 Instant::now(),
             )
@@ -130,7 +188,11 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<String>, token: Cancellati
             if token.is_cancelled() {
                 return;
             }
-            terminate_orphan(&ctx, &cloud.nodes, &instance).await;
+            let leaked = instance
+                .tags
+                .get(TAG_UID)
+                .is_some_and(|u| claims.contains_key(u));
+            terminate_orphan(&ctx, &cloud.nodes, &instance, leaked).await;
         }
     }
 }
@@ -164,6 +226,7 @@ async fn terminate_orphan(
     ctx: &Context,
     nodes: &Arc<dyn crate::cloud::NodeProvider>,
     instance: &Instance,
+    leaked: bool,
 ) {
     let tag = |k: &str| instance.tags.get(k).map(String::as_str).unwrap_or("-");
     let (ns, name) = (tag(TAG_NAMESPACE), tag(TAG_NAME));
@@ -171,14 +234,26 @@ async fn terminate_orphan(
         warn!(instance = %instance.id, error = %e, "orphan sweep: terminate failed");
         return;
     }
-    ctx.metrics.orphaned_instance_terminated();
+    if leaked {
+        ctx.metrics.leaked_instance_terminated();
+    } else {
+        ctx.metrics.orphaned_instance_terminated();
+    }
     if let Some(c) = ctx.cloud.as_ref() {
         c.instances.invalidate();
     }
-    let note = format!(
-        "terminated instance {} of QuestDB {ns}/{name}, which no longer exists",
-        instance.id
-    );
+    let note = if leaked {
+        format!(
+            "terminated instance {} of QuestDB {ns}/{name}: an older node generation ({}) that none of its records names any more (leaked)",
+            instance.id,
+            tag(TAG_NODE_GENERATION)
+        )
+    } else {
+        format!(
+            "terminated instance {} of QuestDB {ns}/{name}, which no longer exists",
+            instance.id
+        )
+    };
     info!(instance = %instance.id, questdb_namespace = ns, questdb = name, "orphan sweep: {note}");
     let node: Option<Arc<Node>> = {
         let all = ctx.caches.nodes.state();
@@ -222,6 +297,70 @@ mod tests {
         }
     }
 
+    /// Live QuestDBs that name no instance and have no generation yet.
+    fn live(uids: &[&str]) -> HashMap<String, Claim> {
+        uids.iter()
+            .map(|u| (u.to_string(), Claim::default()))
+            .collect()
+    }
+
+    fn generation(mut i: Instance, g: i64) -> Instance {
+        i.tags.insert(TAG_NODE_GENERATION.into(), g.to_string());
+        i
+    }
+
+    #[test]
+    fn an_older_generation_no_record_names_is_a_leak_but_a_newer_unnamed_one_is_a_launch() {
+        let grace = Duration::from_secs(60);
+        let status = QuestDBStatus {
+            instance_id: Some("i-current".into()),
+            node_generation: Some(3),
+            failover: Some(crate::api::FailoverStatus {
+                old_instance_id: Some("i-fenced".into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let claims = HashMap::from([("db".to_string(), Claim::of(Some(&status)))]);
+        let instances = vec![
+            generation(instance("i-current", "db", InstanceState::Running), 3),
+            generation(instance("i-fenced", "db", InstanceState::Stopped), 2),
+            generation(instance("i-leaked", "db", InstanceState::Running), 2),
+            generation(instance("i-launching", "db", InstanceState::Pending), 4),
+            {
+                let mut i = instance("i-untagged-generation", "db", InstanceState::Running);
+                i.tags.remove(TAG_NODE_GENERATION);
+                i
+            },
+        ];
+        let mut clock = OrphanClock::default();
+        let t0 = Instant::now();
+        assert!(clock.due(&instances, &claims, grace, t0).is_empty());
+        let due = clock.due(&instances, &claims, grace, t0 + grace);
+        assert_eq!(
+            due.iter().map(|i| i.id.as_str()).collect::<Vec<_>>(),
+            ["i-leaked"]
+        );
+        // A first generation reads as 1 without a recorded generation.
+        let first = QuestDBStatus {
+            instance_id: Some("i-current".into()),
+            ..Default::default()
+        };
+        let claims = HashMap::from([("db".to_string(), Claim::of(Some(&first)))]);
+        let zero = vec![generation(
+            instance("i-zero", "db", InstanceState::Running),
+            0,
+        )];
+        let mut clock = OrphanClock::default();
+        assert!(clock.due(&zero, &claims, grace, t0).is_empty());
+        assert_eq!(clock.due(&zero, &claims, grace, t0 + grace).len(), 1);
+        // A QuestDB whose status names nothing (lost, or not written yet) leaks nothing.
+        let blank = HashMap::from([("db".to_string(), Claim::of(None))]);
+        assert!(clock
+            .due(&instances, &blank, grace, t0 + grace * 3)
+            .is_empty());
+    }
+
     #[test]
     fn a_sweep_that_would_terminate_many_instances_terminates_none() {
         assert!(within_bound(1, 1));
@@ -239,11 +378,9 @@ mod tests {
         stranger.tags.remove(TAG_UID);
         let instances = vec![stranger];
         let (t0, grace) = (Instant::now(), Duration::from_secs(60));
+        assert!(clock.due(&instances, &HashMap::new(), grace, t0).is_empty());
         assert!(clock
-            .due(&instances, &BTreeSet::new(), grace, t0)
-            .is_empty());
-        assert!(clock
-            .due(&instances, &BTreeSet::new(), grace, t0 + grace * 10)
+            .due(&instances, &HashMap::new(), grace, t0 + grace * 10)
             .is_empty());
     }
 
@@ -255,7 +392,7 @@ mod tests {
             instance("i-2", "deleted", InstanceState::Running),
             instance("i-3", "deleted", InstanceState::Terminated),
         ];
-        let uids: BTreeSet<String> = ["alive".to_string()].into();
+        let uids = live(&["alive"]);
         let mut clock = OrphanClock::default();
         let t0 = Instant::now();
         assert!(clock.due(&instances, &uids, grace, t0).is_empty());
@@ -272,9 +409,9 @@ mod tests {
         let instances = vec![instance("i-2", "late", InstanceState::Pending)];
         let mut clock = OrphanClock::default();
         let t0 = Instant::now();
-        let none = BTreeSet::new();
+        let none = HashMap::new();
         assert!(clock.due(&instances, &none, grace, t0).is_empty());
-        let with_qdb: BTreeSet<String> = ["late".to_string()].into();
+        let with_qdb = live(&["late"]);
         assert!(clock
             .due(&instances, &with_qdb, grace, t0 + grace)
             .is_empty());

@@ -63,6 +63,7 @@ pub(super) struct Families {
     pub reconcile_api_calls: HistogramVec,
     pub reconcile_aws_calls: HistogramVec,
     pub orphaned_instances_terminated: IntCounter,
+    pub leaked_instances_terminated: IntCounter,
     pub failovers_suppressed: IntCounterVec,
     pub unhealthy_dedicated_nodes: IntGauge,
     pub failover_steps: HistogramVec,
@@ -210,6 +211,10 @@ impl Families {
             orphaned_instances_terminated: r.counter(
                 "questdb_operator_orphaned_instances_terminated_total",
                 "Cloud instances terminated because no QuestDB claims them",
+            ),
+            leaked_instances_terminated: r.counter(
+                "questdb_operator_leaked_instances_terminated_total",
+                "Cloud instances of an older node generation of a live QuestDB, named by none of its records, terminated",
             ),
             failovers_suppressed: r.counter_vec(
                 "questdb_operator_failovers_suppressed_total",

@@ -308,6 +308,11 @@ impl Metrics {
         self.families.orphaned_instances_terminated.inc();
     }
 
+    /// The sweep terminated an instance its live QuestDB no longer names (leaked).
+    pub fn leaked_instance_terminated(&self) {
+        self.families.leaked_instances_terminated.inc();
+    }
+
     /// Sets `questdb_operator_questdbs{phase}` from one entry per QuestDB (`None` = no phase yet).
     pub fn set_questdb_phases(&self, phases: impl IntoIterator<Item = Option<Phase>>) {
         let mut counts: BTreeMap<&'static str, i64> = ALL_PHASES

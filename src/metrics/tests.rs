@@ -372,6 +372,7 @@ fn failovers_upgrades_and_leadership_are_exposed() {
     metrics.upgrade_finished(UpgradeResult::RolledBack, Some(Duration::from_secs(12)));
     metrics.condition_transition("Ready", "False", "NodeNotReady");
     metrics.orphaned_instance_terminated();
+    metrics.leaked_instance_terminated();
     metrics.set_leader("questdb-operator", true);
     metrics.set_leader("questdb-operator", false);
 
@@ -412,6 +413,14 @@ fn failovers_upgrades_and_leadership_are_exposed() {
         value(
             &s,
             "questdb_operator_orphaned_instances_terminated_total",
+            &[]
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        value(
+            &s,
+            "questdb_operator_leaked_instances_terminated_total",
             &[]
         ),
         Some(1.0)

@@ -209,9 +209,10 @@ impl CloudEnv {
             zone: "sim-zone-a".into(),
             ..Default::default()
         });
+        // A short TTL: a failover keeps the fenced instance that long after DNS follows.
         q.spec.dns = Some(DnsSpec {
             name: format!("{name}.db.example.com"),
-            ttl: 60,
+            ttl: 5,
             public: false,
         });
         edit(&mut q);
@@ -472,7 +473,7 @@ async fn a_questdb_with_a_node_gets_its_own_instance_node_and_dns_and_releases_t
         vec![9000, 8812, 9009],
         "HTTP, pgwire, ILP on the node address"
     );
-    assert_eq!(records[0].ttl, 60);
+    assert_eq!(records[0].ttl, 5);
     let provisioning = env.aws_calls();
     eprintln!(
         "AWS calls to provision one QuestDB: {provisioning} (DescribeInstances {}, RunInstances {}, ListResourceRecordSets {}, ChangeResourceRecordSets {})",
@@ -785,8 +786,25 @@ fn is_ready_now(q: Option<&QuestDB>) -> bool {
     })
 }
 
+/// An instance launched behind the operator's back, tagged as one of QuestDB `name`'s.
+fn launch_request(name: &str, uid: &str, node_generation: i64) -> LaunchRequest {
+    LaunchRequest {
+        namespace: NS.into(),
+        name: name.into(),
+        uid: uid.into(),
+        node_generation,
+        image: AMI.into(),
+        instance_type: "t3.micro".into(),
+        zone: "sim-zone-b".into(),
+        labels: Default::default(),
+        taints: vec![],
+        public_ip: false,
+        fallback_instance_types: Vec::new(),
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_orphan_sweep_terminates_instances_whose_questdb_is_gone() {
+async fn the_sweep_terminates_instances_whose_questdb_is_gone_and_leaked_older_generations() {
     let env = CloudEnv::start(CloudSettings {
         orphan_sweep_interval: Duration::from_millis(200),
         orphan_grace_period: Duration::from_millis(500),
@@ -799,37 +817,51 @@ async fn the_orphan_sweep_terminates_instances_whose_questdb_is_gone() {
     let orphan = env
         .cloud
         .nodes
-        .launch(&LaunchRequest {
-            namespace: NS.into(),
-            name: "deleted-long-ago".into(),
-            uid: "00000000-0000-0000-0000-00000000dead".into(),
-            node_generation: 1,
-            image: AMI.into(),
-            instance_type: "t3.micro".into(),
-            zone: "sim-zone-b".into(),
-            labels: Default::default(),
-            taints: vec![],
-            public_ip: false,
-            fallback_instance_types: Vec::new(),
-        })
+        .launch(&launch_request(
+            "deleted-long-ago",
+            "00000000-0000-0000-0000-00000000dead",
+            1,
+        ))
         .await
         .expect("launch");
     let ec2 = env.cloud.ec2.clone();
-    let id = orphan.id.clone();
-    wait_until("orphan terminated", || {
+    let terminated = |id: String| {
         let ec2 = ec2.clone();
-        let id = id.clone();
         async move {
             ec2.instances()
                 .iter()
                 .any(|i| i.id == id && i.state == InstanceState::Terminated)
         }
-    })
-    .await;
-    assert!(env.handle.metrics.render().lines().any(|l| l
-        .starts_with("questdb_operator_orphaned_instances_terminated_total")
-        && l.ends_with(" 1")));
+    };
+    wait_until("orphan terminated", || terminated(orphan.id.clone())).await;
+    // An instance of the live QuestDB's older node generation that none of its records names:
+    // what a lost step leaves behind. (After the orphan: one pass terminates at most
+    // max(1, 10%) of the managed instances.)
     let kept_uid = kept.uid().expect("uid");
+    let current = kept
+        .status
+        .as_ref()
+        .and_then(|s| s.node_generation)
+        .unwrap_or(1);
+    let leaked = env
+        .cloud
+        .nodes
+        .launch(&launch_request("kept", &kept_uid, current - 1))
+        .await
+        .expect("launch");
+    wait_until("leak terminated", || terminated(leaked.id.clone())).await;
+    let metrics = env.handle.metrics.render();
+    for counter in [
+        "questdb_operator_orphaned_instances_terminated_total",
+        "questdb_operator_leaked_instances_terminated_total",
+    ] {
+        assert!(
+            metrics
+                .lines()
+                .any(|l| l.starts_with(counter) && l.ends_with(" 1")),
+            "{counter}"
+        );
+    }
     assert_eq!(
         env.live_instances_of(&kept_uid).len(),
         1,

@@ -48,6 +48,9 @@ pub struct MemoryEc2Options {
     /// Images whose instances run but never join the cluster (their bootstrap fails): no
     /// `Running` event reaches whoever joins Nodes.
     pub never_join_images: BTreeSet<String>,
+    /// A stop hangs in `stopping` (a stuck EBS detach, a host problem) until StopInstances is
+    /// sent again while it is `stopping`, as AWS advises for an instance stuck stopping.
+    pub hang_stops: bool,
 }
 
 impl Default for MemoryEc2Options {
@@ -82,6 +85,7 @@ impl Default for MemoryEc2Options {
             pending_to_running: Duration::from_millis(100),
             shutting_down_to_terminated: Duration::from_millis(100),
             never_join_images: ["ami-0000000000000dead".to_string()].into(),
+            hang_stops: false,
         }
     }
 }
@@ -95,6 +99,8 @@ struct Record {
     user_data_base64: String,
     /// Remaining describes that do not see this instance yet (eventual consistency).
     hidden_for: u32,
+    /// Its stop hangs in `stopping` until StopInstances is sent again.
+    stop_hung: bool,
 }
 
 #[derive(Debug, Default)]
@@ -209,6 +215,11 @@ impl MemoryEc2 {
     /// reports it `stopped`. A hardware failure is not this: EC2 keeps such an instance
     /// `running` (failed status checks), which is a kubelet fault with no EC2 change. Returns
     /// whether it was running.
+    /// From now on, stops hang until they are repeated (see [`MemoryEc2Options::hang_stops`]).
+    pub fn set_hang_stops(&self, hang: bool) {
+        self.lock().options.hang_stops = hang;
+    }
+
     pub fn power_off(&self, id: &str) -> bool {
         let stopped = {
             let mut state = self.lock();
@@ -332,6 +343,7 @@ impl MemoryEc2 {
                 subnet_id: spec.subnet_id.clone(),
                 user_data_base64: spec.user_data_base64.clone(),
                 hidden_for: state.faults.hide_new_instances_for,
+                stop_hung: false,
             },
         );
         instance
@@ -539,15 +551,25 @@ impl Ec2Api for MemoryEc2 {
                     format!("The instance ID '{id}' does not exist"),
                 ));
             }
+            let hang = state.options.hang_stops;
             let mut to_schedule = Vec::new();
             for id in ids {
                 if let Some(record) = state.records.get_mut(id) {
-                    if matches!(
-                        record.instance.state,
-                        InstanceState::Running | InstanceState::Pending
-                    ) {
-                        record.instance.state = InstanceState::Stopping;
-                        to_schedule.push(id.clone());
+                    match record.instance.state {
+                        InstanceState::Running | InstanceState::Pending => {
+                            record.instance.state = InstanceState::Stopping;
+                            if hang {
+                                record.stop_hung = true;
+                            } else {
+                                to_schedule.push(id.clone());
+                            }
+                        }
+                        // A forced stop again gets a hung stop going.
+                        InstanceState::Stopping if record.stop_hung => {
+                            record.stop_hung = false;
+                            to_schedule.push(id.clone());
+                        }
+                        _ => {}
                     }
                 }
             }

@@ -21,7 +21,7 @@ use super::status::pod_ready;
 use crate::api::Reason;
 use crate::api::{conditions, FailoverStatus, QuestDB, QuestDBStatus};
 use crate::cloud::{CloudError, InstanceState};
-use crate::controllers::clock::{now, since};
+use crate::controllers::clock::{between, now, since};
 use crate::controllers::cloud_runtime::CloudRuntime;
 use crate::controllers::conditions::Verdict;
 use crate::controllers::context::Context;
@@ -356,7 +356,9 @@ async fn steps(
             }
             Step::Finish(old) => {
                 cloud.nodes.terminate(&old).await.map_err(Error::Cloud)?;
-                let downtime = since(f.started_at.as_deref());
+                // Downtime ends when the database answered again (Draining began), not when
+                // the fenced instance is let go.
+                let downtime = between(f.started_at.as_deref(), f.phase_started_at.as_deref());
                 if let Some(took) = since(f.phase_started_at.as_deref()) {
                     ctx.metrics.failover_step(&f.phase, took);
                 }
@@ -420,6 +422,7 @@ struct Facts {
     pod_running_on_new_node: bool,
     pod_ready: bool,
     dns_follows: bool,
+    dns_ttl: Duration,
 }
 
 impl Facts {
@@ -434,6 +437,8 @@ impl Facts {
             pod_running_on_new_node: self.pod_running_on_new_node,
             pod_ready: self.pod_ready,
             dns_follows: self.dns_follows,
+            dns_ttl: self.dns_ttl,
+            in_step_for: since(failover.phase_started_at.as_deref()).unwrap_or_default(),
         }
     }
 }
@@ -498,6 +503,7 @@ async fn observe(
         pod_running_on_new_node: on_new && running,
         pod_ready: on_new && ready,
         dns_follows,
+        dns_ttl: Duration::from_secs(qdb.spec.dns.as_ref().map_or(0, |d| d.ttl.max(0) as u64)),
     })
 }
 
