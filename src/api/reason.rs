@@ -136,6 +136,8 @@ reasons! {
     /// The Node object of a running instance is gone (`kubectl delete node`, or a kubelet that
     /// never re-registered).
     NodeDeleted,
+    /// A release waited on a pod stuck on a dead node: the node was fenced instead.
+    ReleaseFenced,
     SkipAnnotation,
     RecentFailover,
     TooManyUnhealthyNodes,

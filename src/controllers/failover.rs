@@ -289,6 +289,63 @@ pub fn next_step(v: &StepView) -> Step {
     }
 }
 
+/// What a release (pause, deletion, `spec.node` removed) looks at when the database pod has
+/// not left the dedicated node.
+pub struct ReleaseView<'a> {
+    pub node: &'a str,
+    pub instance: &'a str,
+    /// A pod of the database is still bound to the node.
+    pub pod_on_node: bool,
+    /// How long the node's Lease has been silent (tracker), `None` while it renews.
+    pub silent_for: Option<Duration>,
+    pub threshold: Duration,
+    pub breaker_open: bool,
+    /// EC2's state of the instance (`None`: long gone).
+    pub instance_state: Option<InstanceState>,
+    pub node_tainted: bool,
+}
+
+/// The next step of a release whose pod sits on a dead node.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ReleaseFence {
+    /// Nothing to do: the pod stops by itself (a live kubelet stops it gracefully).
+    None,
+    /// Stop (force) the instance: a silent kubelet never confirms the pod's end.
+    Stop(String),
+    /// The instance is down: the out-of-service taint lets the pod and volume go.
+    Taint(String),
+    Wait(String),
+}
+
+/// A silent kubelet never stops the pod a release is waiting for, so the release would wait
+/// forever (and a deletion's finalizer with it): past the failover threshold, the node is
+/// fenced and tainted as a failover does. Nothing new is recorded: the release is the intent
+/// (in the spec), and every step is idempotent.
+pub fn release_fence(v: &ReleaseView) -> ReleaseFence {
+    if !v.pod_on_node || v.silent_for.is_none_or(|s| s < v.threshold) {
+        return ReleaseFence::None;
+    }
+    if v.breaker_open {
+        return ReleaseFence::Wait(format!(
+            "node {} is silent, but so are too many others (a partition or an outage): the release waits for the pod instead of fencing",
+            v.node
+        ));
+    }
+    match v.instance_state {
+        Some(InstanceState::Running | InstanceState::Pending) => {
+            ReleaseFence::Stop(v.instance.to_string())
+        }
+        Some(InstanceState::Stopping | InstanceState::ShuttingDown) => ReleaseFence::Wait(
+            format!("instance {} is being stopped", v.instance),
+        ),
+        _ if !v.node_tainted => ReleaseFence::Taint(v.node.to_string()),
+        _ => ReleaseFence::Wait(format!(
+            "node {} is fenced and tainted out-of-service: waiting for Kubernetes to remove the pod",
+            v.node
+        )),
+    }
+}
+
 /// `FailoverStuck` once a step has run past its timeout.
 pub fn stuck(failover: &FailoverStatus, in_step_for: Duration) -> Option<Verdict> {
     let limit = step_timeout(&failover.phase);

@@ -318,3 +318,60 @@ fn the_armed_condition_says_when_the_spec_asks_for_less_than_the_lease() {
         "{short}"
     );
 }
+
+#[test]
+fn a_release_waiting_on_a_dead_node_fences_and_taints_it_but_never_a_live_one() {
+    let view = |silent: Option<u64>, state: Option<InstanceState>, tainted: bool| ReleaseView {
+        node: "node-old",
+        instance: "i-old",
+        pod_on_node: true,
+        silent_for: silent.map(Duration::from_secs),
+        threshold: Duration::from_secs(30),
+        breaker_open: false,
+        instance_state: state,
+        node_tainted: tainted,
+    };
+    let running = Some(InstanceState::Running);
+    // A live kubelet stops the pod gracefully; a short silence is not death.
+    assert_eq!(
+        release_fence(&view(None, running, false)),
+        ReleaseFence::None
+    );
+    assert_eq!(
+        release_fence(&view(Some(29), running, false)),
+        ReleaseFence::None
+    );
+    assert_eq!(
+        release_fence(&view(Some(30), running, false)),
+        ReleaseFence::Stop("i-old".into())
+    );
+    assert!(matches!(
+        release_fence(&view(Some(40), Some(InstanceState::Stopping), false)),
+        ReleaseFence::Wait(_)
+    ));
+    // Only once EC2 says the instance is down does anything let the pod go.
+    for down in [
+        Some(InstanceState::Stopped),
+        Some(InstanceState::Terminated),
+        None,
+    ] {
+        assert_eq!(
+            release_fence(&view(Some(40), down, false)),
+            ReleaseFence::Taint("node-old".into())
+        );
+        assert!(matches!(
+            release_fence(&view(Some(40), down, true)),
+            ReleaseFence::Wait(_)
+        ));
+    }
+    let outage = ReleaseView {
+        breaker_open: true,
+        ..view(Some(40), running, false)
+    };
+    assert!(matches!(release_fence(&outage), ReleaseFence::Wait(_)));
+    let gone = ReleaseView {
+        pod_on_node: false,
+        ..view(Some(40), running, false)
+    };
+    assert_eq!(release_fence(&gone), ReleaseFence::None);
+}

@@ -432,6 +432,70 @@ async fn an_outage_that_silences_every_kubelet_fences_no_lone_database() {
     env.stop().await;
 }
 
+/// Pausing waits for the database pod to stop before the node goes; a silent kubelet never
+/// stops it, so without a fence the pause would wait forever with the instance running. Past
+/// the failover threshold the node is fenced (stopped, then tainted out-of-service) and the
+/// release completes; the instance is terminated only after it was stopped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pausing_a_database_whose_node_died_fences_the_node_instead_of_waiting_forever() {
+    let (env, uid) = database_on_a_dead_node().await;
+    env.qdbs()
+        .patch(
+            "db1",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!({"spec": {"paused": true}})),
+        )
+        .await
+        .expect("pause");
+    wait_for_within(
+        &env.qdbs(),
+        "db1",
+        "node released",
+        FAILOVER_TIMEOUT,
+        |q: Option<&QuestDB>| {
+            q.and_then(|q| q.status.as_ref())
+                .is_some_and(|s| s.instance_id.is_none())
+        },
+    )
+    .await;
+    assert_fenced_and_released(env, &uid).await;
+}
+
+/// The same for a deletion: its finalizer waits for the node's release, which waits for the
+/// pod; with the node fenced the QuestDB goes, and so does its instance.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_a_database_whose_node_died_fences_the_node_and_the_finalizer_goes() {
+    let (env, uid) = database_on_a_dead_node().await;
+    env.qdbs()
+        .delete("db1", &Default::default())
+        .await
+        .expect("delete");
+    let qdbs = env.qdbs();
+    wait_until("QuestDB gone", || {
+        let qdbs = qdbs.clone();
+        async move { qdbs.get_opt("db1").await.is_ok_and(|q| q.is_none()) }
+    })
+    .await;
+    assert_fenced_and_released(env, &uid).await;
+}
+
+/// `db1` running, then its node partitioned (silent kubelet, instance running); with its uid.
+async fn database_on_a_dead_node() -> (CloudEnv, String) {
+    let env = CloudEnv::start(settings()).await;
+    let Running { uid, node, .. } = running_database(&env).await;
+    env.cp.node(&node).expect("kubelet").partition();
+    (env, uid)
+}
+
+async fn assert_fenced_and_released(env: CloudEnv, uid: &str) {
+    assert!(env.live_instances_of(uid).is_empty());
+    assert!(
+        env.cloud.ec2.call_count("StopInstances") >= 1,
+        "fenced first"
+    );
+    env.stop().await;
+}
+
 /// Three of five dedicated nodes silent at once is a partition or an outage, not three dead
 /// nodes: fencing them would turn a network blip into three outages. Nothing is stopped.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

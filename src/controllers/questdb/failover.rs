@@ -26,8 +26,8 @@ use crate::controllers::cloud_runtime::CloudRuntime;
 use crate::controllers::conditions::Verdict;
 use crate::controllers::context::Context;
 use crate::controllers::failover::{
-    self, phase, Start, StartView, Step, StepView, OUT_OF_SERVICE_EFFECT, OUT_OF_SERVICE_TAINT,
-    OUT_OF_SERVICE_VALUE, SKIP_ANNOTATION,
+    self, phase, ReleaseFence, ReleaseView, Start, StartView, Step, StepView,
+    OUT_OF_SERVICE_EFFECT, OUT_OF_SERVICE_TAINT, OUT_OF_SERVICE_VALUE, SKIP_ANNOTATION,
 };
 use crate::controllers::node::node_for;
 use crate::controllers::node_health::tracker::NODE_LEASE_NAMESPACE;
@@ -173,6 +173,91 @@ fn armed(qdb: &QuestDB, cloud: &CloudRuntime) -> Verdict {
             cloud.health.min_unhealthy(),
         ),
     )
+}
+
+/// A release (pause, deletion, `spec.node` removed) whose database pod sits on a node that
+/// stopped renewing its Lease past the failover threshold: the pod would never go, so the node
+/// is fenced and tainted out-of-service as a failover does (see
+/// [`failover::release_fence`]). `Some(what it waits for)` while that is under way.
+pub async fn fence_for_release(qdb: &QuestDB, ctx: &Context) -> Result<Option<String>, Error> {
+    let Some(cloud) = ctx.cloud.as_ref() else {
+        return Ok(None);
+    };
+    let Some(id) = qdb.status.as_ref().and_then(|s| s.instance_id.clone()) else {
+        return Ok(None);
+    };
+    let nodes = ctx.caches.nodes.state();
+    let Some(node) = node_for(&nodes, &id) else {
+        return Ok(None);
+    };
+    let name = node.metadata.name.clone().unwrap_or_default();
+    let ns = qdb.namespace().unwrap_or_default();
+    let pod_on_node = ctx
+        .caches
+        .pods
+        .get(&ObjectRef::new(&names::pod(qdb)).within(&ns))
+        .is_some_and(|p| {
+            p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(name.as_str())
+        });
+    let silent_for = cloud
+        .health
+        .unhealthy_for(&name, tokio::time::Instant::now());
+    let threshold = cloud
+        .health
+        .threshold(qdb.spec.failover.unhealthy_after_seconds);
+    let mut view = ReleaseView {
+        node: &name,
+        instance: &id,
+        pod_on_node,
+        silent_for,
+        threshold,
+        breaker_open: cloud.health.breaker_open(),
+        instance_state: Some(InstanceState::Running),
+        node_tainted: has_out_of_service(node),
+    };
+    // EC2 is asked only once the caches say the release is stuck on a dead node.
+    if failover::release_fence(&view) == ReleaseFence::None {
+        return Ok(None);
+    }
+    view.instance_state = cloud
+        .nodes
+        .describe(std::slice::from_ref(&id))
+        .await
+        .map_err(Error::Cloud)?
+        .into_iter()
+        .find(|i| i.id == id)
+        .map(|i| i.state);
+    match failover::release_fence(&view) {
+        ReleaseFence::None => Ok(None),
+        ReleaseFence::Stop(instance) => {
+            match cloud.nodes.stop(&instance).await {
+                Ok(()) | Err(CloudError::Throttled { .. } | CloudError::Transient { .. }) => {}
+                Err(e) => return Err(Error::Cloud(e)),
+            }
+            let note = format!(
+                "node {name} has not renewed its Lease for {}s while the database is being released: stopping instance {instance} so its pod can go",
+                silent_for.unwrap_or_default().as_secs()
+            );
+            warn!(questdb = %qdb.name_any(), "{note}");
+            ctx.event(
+                qdb,
+                EventType::Warning,
+                Reason::ReleaseFenced,
+                "Release",
+                note.clone(),
+            )
+            .await;
+            Ok(Some(note))
+        }
+        ReleaseFence::Taint(node) => {
+            taint_out_of_service(ctx, &node).await?;
+            info!(questdb = %qdb.name_any(), %node, "fenced node tainted out-of-service for a release");
+            Ok(Some(format!(
+                "node {node} fenced and tainted out-of-service"
+            )))
+        }
+        ReleaseFence::Wait(message) => Ok(Some(message)),
+    }
 }
 
 /// What looks wrong with the node of a database's instance.

@@ -160,12 +160,23 @@ async fn finalizer_step(qdb: &mut QuestDB, ctx: &Context) -> Result<(), Error> {
 async fn cloud_step(qdb: &mut QuestDB, ctx: &Context) -> Result<cloud::CloudOutcome, Error> {
     // A paused database keeps its node until its pod has stopped (the StatefulSet is scaled to
     // zero first, by the children step).
-    let release = qdb.spec.paused && stop_first::database_stopped(qdb, &ctx.caches);
+    let stopped = stop_first::database_stopped(qdb, &ctx.caches);
+    let release = qdb.spec.paused && stopped;
     // spec.node removed: the unpinned pod moves to a shared node first, then the node goes.
     let hold = qdb.spec.node.is_none()
         && !qdb.spec.paused
         && stop_first::pod_on_recorded_node(qdb, &ctx.caches);
-    cloud::reconcile(qdb, ctx, release, hold).await
+    // Either waits for the pod to leave the node: a dead node never lets it.
+    let fencing = if (qdb.spec.paused && !stopped) || hold {
+        failover::fence_for_release(qdb, ctx).await?
+    } else {
+        None
+    };
+    let mut out = cloud::reconcile(qdb, ctx, release, hold).await?;
+    if fencing.is_some() {
+        out.requeue_within(std::time::Duration::from_secs(2));
+    }
+    Ok(out)
 }
 
 /// Every child but the PVC, in order; what is switched off goes (only if it is ours).
@@ -236,6 +247,10 @@ async fn release_and_unblock(qdb: Arc<QuestDB>, ctx: &Context) -> Result<Next, E
     }
     if !stop_first::database_stopped(&current, &ctx.caches) {
         stop_first::scale_to_zero(&current, &ctx.caches, &ctx.client).await?;
+        if let Some(fencing) = failover::fence_for_release(&current, ctx).await? {
+            debug!(questdb = %current.name_any(), "deletion waits on a dead node: {fencing}");
+            return Ok(Next::RequeueAfter(std::time::Duration::from_secs(2)));
+        }
         debug!(questdb = %current.name_any(), "waiting for the database pod to stop before releasing its node");
         // The pod's deletion is a watch event; this is a backstop.
         return Ok(Next::RequeueAfter(cloud::WAITING_SYNC));
