@@ -83,6 +83,16 @@ pub fn in_progress(status: &QuestDBStatus) -> bool {
         .is_some_and(|f| f.phase != phase::HEALTHY)
 }
 
+/// A failover under way that has not brought the database back yet (not `Draining`): what
+/// the phase column shows as `FailingOver`.
+pub fn database_down(status: &QuestDBStatus) -> bool {
+    in_progress(status)
+        && status
+            .failover
+            .as_ref()
+            .is_some_and(|f| f.phase != phase::DRAINING)
+}
+
 /// What decides whether to start.
 pub struct StartView<'a> {
     pub spec: &'a FailoverSpec,

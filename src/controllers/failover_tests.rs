@@ -291,6 +291,14 @@ fn the_fenced_instance_keeps_its_address_until_the_old_dns_record_expired() {
     };
     assert!(matches!(next_step(&draining(59, 60)), Step::Wait(m) if m.contains("60s TTL")));
     assert_eq!(next_step(&draining(60, 60)), Step::Finish("i-old".into()));
+    // The database is back: the phase column no longer says FailingOver.
+    let status = |phase: &str| QuestDBStatus {
+        failover: Some(failover(phase)),
+        ..Default::default()
+    };
+    assert!(database_down(&status(phase::RECOVERING)));
+    assert!(!database_down(&status(phase::DRAINING)));
+    assert!(in_progress(&status(phase::DRAINING)));
     // Without spec.dns no resolver holds the address.
     assert_eq!(next_step(&draining(0, 0)), Step::Finish("i-old".into()));
 }

@@ -200,8 +200,9 @@ pub fn compute(qdb: &QuestDB, obs: &StatusInputs, now: Timestamp) -> QuestDBStat
         desired.extend(c.failover_condition.iter().cloned());
         desired.extend(c.upgrade_condition.iter().cloned());
     }
-    // A failover under way says so, whatever the pod looks like meanwhile.
-    let failing_over = crate::controllers::failover::in_progress(&existing) && !spec.paused;
+    // A failover under way says so, whatever the pod looks like meanwhile (until the database
+    // answers again: draining the old address is no outage).
+    let failing_over = crate::controllers::failover::database_down(&existing) && !spec.paused;
     let upgrading = crate::controllers::upgrade::in_progress(&existing) && !spec.paused;
     let phase = if failing_over {
         Phase::FailingOver
