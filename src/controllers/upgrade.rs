@@ -109,10 +109,13 @@ pub fn rollback_window(spec: &NodeSpec) -> Duration {
 }
 
 /// When a retained old node goes: the window of the spec as it is now (a user may shorten it
-/// to release the node early) from the start of `Retaining`.
-pub fn retention_end(u: &UpgradeStatus, spec: &NodeSpec) -> Option<Timestamp> {
+/// to release the node early) from the start of `Retaining`, but never before the DNS record's
+/// TTL has passed (resolvers may still send clients to the old address, and a terminated
+/// instance's address can go to another instance at once).
+pub fn retention_end(u: &UpgradeStatus, spec: &NodeSpec, dns_ttl: Duration) -> Option<Timestamp> {
     let since: Timestamp = u.phase_started_at.as_deref()?.parse().ok()?;
-    let window = k8s_openapi::jiff::SignedDuration::try_from(rollback_window(spec)).ok()?;
+    let window =
+        k8s_openapi::jiff::SignedDuration::try_from(rollback_window(spec).max(dns_ttl)).ok()?;
     since.checked_add(window).ok()
 }
 
@@ -276,8 +279,10 @@ pub struct StepView<'a> {
     pub pod_running_on_new_node: bool,
     pub pod_ready: bool,
     pub dns_follows: bool,
-    /// `Retaining`: the rollback window has passed.
+    /// `Retaining`: the rollback window (and the DNS TTL) has passed.
     pub retention_over: bool,
+    /// `Retaining`: the DNS record's TTL has passed since the switch.
+    pub dns_ttl_over: bool,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -459,7 +464,7 @@ pub fn next_step(v: &StepView) -> Step {
         phase::RETAINING => {
             if reverts(u, v.spec) {
                 Step::Revert
-            } else if v.retention_over || !targets(u, v.spec) {
+            } else if v.retention_over || (!targets(u, v.spec) && v.dns_ttl_over) {
                 Step::Release
             } else {
                 Step::Wait(format!(

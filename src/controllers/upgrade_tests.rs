@@ -113,6 +113,7 @@ fn view<'a>(u: &'a UpgradeStatus, spec: &'a NodeSpec, new: Option<&'a Instance>)
         node_timeout: Duration::from_secs(600),
         move_timeout: Duration::from_secs(300),
         retention_over: false,
+        dns_ttl_over: true,
         pod_on_old_node: true,
         volume_on_old_node: true,
         pod_running_on_new_node: false,
@@ -455,6 +456,13 @@ fn a_retained_node_is_released_after_its_window_or_used_for_a_revert() {
     };
     assert_eq!(next_step(&over), Step::Release);
     assert_eq!(next_step(&view(&u, &spec("ami-3"), None)), Step::Release);
+    // A third target releases the old node early, but not before its DNS TTL passed.
+    let three = spec("ami-3");
+    let early = StepView {
+        dns_ttl_over: false,
+        ..view(&u, &three, None)
+    };
+    assert!(matches!(next_step(&early), Step::Wait(_)));
     assert_eq!(next_step(&view(&u, &spec("ami-1"), None)), Step::Revert);
     // Even past the window, as long as the node is still there.
     let over = StepView {
@@ -487,4 +495,22 @@ fn a_retained_node_is_released_after_its_window_or_used_for_a_revert() {
         ..cordoned
     };
     assert_eq!(next_step(&open), Step::Switch);
+}
+
+#[test]
+fn a_retained_old_node_is_kept_at_least_for_the_dns_ttl() {
+    let u = UpgradeStatus {
+        phase: phase::RETAINING.into(),
+        phase_started_at: Some("2026-01-01T00:00:00Z".into()),
+        ..Default::default()
+    };
+    let mut no_window = spec("ami-2");
+    no_window.rollback_window = Some("0s".into());
+    let end = |ttl: u64| {
+        retention_end(&u, &no_window, Duration::from_secs(ttl))
+            .map(|t| t.to_string())
+            .unwrap_or_default()
+    };
+    assert_eq!(end(0), "2026-01-01T00:00:00Z");
+    assert_eq!(end(60), "2026-01-01T00:01:00Z");
 }

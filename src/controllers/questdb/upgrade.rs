@@ -342,8 +342,9 @@ async fn steps(
             (phase::STOPPING, Some(node)) => volume_attached_to(qdb, ctx, node).await?,
             _ => false,
         };
+        let dns_ttl = dns_ttl(qdb);
         let retain_until = (u.phase == phase::RETAINING)
-            .then(|| upgrade::retention_end(&u, &spec))
+            .then(|| upgrade::retention_end(&u, &spec, dns_ttl))
             .flatten();
         let view = StepView {
             upgrade: &u,
@@ -367,6 +368,7 @@ async fn steps(
             pod_ready: on_new && pod_ready_on(qdb, ctx, new_id.as_deref()),
             dns_follows: dns_follows(qdb, cloud, &status, new_node),
             retention_over: retain_until.is_none_or(|t| t <= Timestamp::now()),
+            dns_ttl_over: since(u.phase_started_at.as_deref()).is_none_or(|d| d >= dns_ttl),
         };
         let step = upgrade::next_step(&view);
         match step {
@@ -639,6 +641,7 @@ async fn retain(
             set_unschedulable(ctx, node, true).await?;
         }
     }
+    let window = window.max(dns_ttl(qdb));
     step_done(qdb, ctx, u);
     let downtime = since(u.stopped_at.as_deref());
     let retain_until = Timestamp::now()
@@ -770,4 +773,9 @@ async fn abort(
     )
     .await;
     Ok(())
+}
+
+/// The DNS record's TTL (zero without `spec.dns`).
+fn dns_ttl(qdb: &QuestDB) -> Duration {
+    Duration::from_secs(qdb.spec.dns.as_ref().map_or(0, |d| d.ttl.max(0) as u64))
 }
