@@ -294,6 +294,8 @@ async fn a_node_not_ready_while_its_lease_renews_is_never_fenced_and_its_databas
     let pods = Api::<Pod>::namespaced(env.client.clone(), NS);
     let pod_uid = pods.get("db1-0").await.expect("pod").uid();
     let kubelet = env.cp.node(&node).expect("kubelet");
+    // Converged: nothing but the transition itself can wake the database now.
+    super::writes_settle(&env.cp).await;
     kubelet.set_fault(questdb_testenv::NodeFault::NotReady);
     let nodes = Api::<k8s_openapi::api::core::v1::Node>::all(env.client.clone());
     let not_ready = wait_for(
@@ -317,6 +319,16 @@ async fn a_node_not_ready_while_its_lease_renews_is_never_fenced_and_its_databas
     )
     .await;
     assert!(not_ready.metadata.name.is_some());
+    // Not a reason to fail over, but what `kubectl get qdb` shows an on-call engineer.
+    // The transition itself wakes the database, not a resync minutes later.
+    wait_for_within(
+        &env.qdbs(),
+        "db1",
+        "NODEREADY false soon after the node",
+        Duration::from_secs(10),
+        |q: Option<&QuestDB>| q.and_then(|q| q.status.as_ref()?.node_ready) == Some(false),
+    )
+    .await;
     // The node-lifecycle controller taints it not-ready:NoExecute; pods that do not tolerate
     // that are evicted 15 s later here. Watch three thresholds and the toleration go by.
     let window = Duration::from_secs(10 * 3) + Duration::from_secs(15);

@@ -15,6 +15,7 @@ use tokio::time::Instant;
 
 use crate::controllers::context::{Context, GuardedQuestDB};
 use crate::controllers::failover::breaker_open;
+use crate::controllers::node::node_is_ready;
 use crate::controllers::{Error, Next};
 pub use tracker::{pinned_instance, NodeHealth, NODE_LEASE_NAMESPACE};
 
@@ -35,8 +36,9 @@ struct Survey {
     /// apiserver silences them all, which a lone dedicated node cannot tell from its own death.
     cluster: usize,
     cluster_silent: usize,
-    /// For the reconciled node: its QuestDB and threshold, if a database runs on it.
-    owner: Option<(ObjectRef<GuardedQuestDB>, Duration)>,
+    /// For the reconciled node: its QuestDB and threshold, if a database runs on it, and the
+    /// node readiness its status last recorded.
+    owner: Option<(ObjectRef<GuardedQuestDB>, Duration, Option<bool>)>,
 }
 
 fn survey(ctx: &Context, health: &NodeHealth, node: &str, now: Instant) -> Survey {
@@ -83,7 +85,9 @@ fn survey(ctx: &Context, health: &NodeHealth, node: &str, now: Instant) -> Surve
         };
         out.managed += 1;
         if name == node {
-            out.owner = crate::controllers::context::questdb_ref(qdb).map(|r| (r, *threshold));
+            let recorded = qdb.status.as_ref().and_then(|s| s.node_ready);
+            out.owner =
+                crate::controllers::context::questdb_ref(qdb).map(|r| (r, *threshold, recorded));
         }
         let Some(silent) = health.unhealthy_for(name, now) else {
             continue;
@@ -133,11 +137,14 @@ pub async fn reconcile(node: Arc<Node>, ctx: Arc<Context>) -> Result<Next, Error
             || breaker_open(survey.cluster_silent, survey.cluster),
     );
     ctx.metrics.set_unhealthy_dedicated_nodes(survey.unhealthy);
-    let Some((questdb, threshold)) = survey.owner else {
+    let Some((questdb, threshold, recorded_ready)) = survey.owner else {
         return Ok(Next::AwaitChange);
     };
     let silent = cloud.health.unhealthy_for(name, now);
-    if silent.is_some_and(|s| s >= threshold) {
+    // Not a reason to fail over, but what `kubectl get qdb` shows: a Ready transition of the
+    // node reaches the database's status (one reconcile per transition).
+    let ready_changed = recorded_ready.is_some_and(|r| r != node_is_ready(&node));
+    if silent.is_some_and(|s| s >= threshold) || ready_changed {
         // After the breaker is set: the reconcile reads it.
         if let Some(wake) = ctx.wake.as_ref() {
             let _ = wake.unbounded_send(questdb);
