@@ -15,7 +15,7 @@ use tracing::{info, warn};
 
 use super::node_marks::patch_node;
 use super::outcome::CloudOutcome;
-use super::placement::{dns_follows, volume_attached_to};
+use super::placement::{dns_follows, dns_ttl, volume_attached_to};
 use super::record::{advance, already_reported, persist};
 use super::status::pod_ready;
 use crate::api::Reason;
@@ -191,14 +191,7 @@ pub async fn fence_for_release(qdb: &QuestDB, ctx: &Context) -> Result<Option<St
         return Ok(None);
     };
     let name = node.metadata.name.clone().unwrap_or_default();
-    let ns = qdb.namespace().unwrap_or_default();
-    let pod_on_node = ctx
-        .caches
-        .pods
-        .get(&ObjectRef::new(&names::pod(qdb)).within(&ns))
-        .is_some_and(|p| {
-            p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(name.as_str())
-        });
+    let pod_on_node = super::stop_first::pod_on_recorded_node(qdb, &ctx.caches);
     let silent_for = cloud
         .health
         .unhealthy_for(&name, tokio::time::Instant::now());
@@ -588,7 +581,7 @@ async fn observe(
         pod_running_on_new_node: on_new && running,
         pod_ready: on_new && ready,
         dns_follows,
-        dns_ttl: Duration::from_secs(qdb.spec.dns.as_ref().map_or(0, |d| d.ttl.max(0) as u64)),
+        dns_ttl: dns_ttl(qdb),
     })
 }
 

@@ -13,6 +13,12 @@ use crate::controllers::context::Context;
 use crate::controllers::Error;
 use crate::desired::names;
 
+/// The DNS record's TTL (zero without `spec.dns`): how long resolvers may still send clients
+/// to an address the record no longer names.
+pub fn dns_ttl(qdb: &QuestDB) -> std::time::Duration {
+    std::time::Duration::from_secs(qdb.spec.dns.as_ref().map_or(0, |d| d.ttl.max(0) as u64))
+}
+
 /// `spec.dns` is unset (or cannot be served), or the record names `node`'s address.
 pub fn dns_follows(
     qdb: &QuestDB,

@@ -17,7 +17,7 @@ use tracing::{info, warn};
 
 use super::node_marks::dedicate;
 use super::outcome::CloudOutcome;
-use super::placement::{dns_follows, volume_attached_to};
+use super::placement::{dns_follows, dns_ttl, volume_attached_to};
 use super::record::{advance, persist};
 use super::status::pod_ready;
 use crate::api::Reason;
@@ -773,9 +773,4 @@ async fn abort(
     )
     .await;
     Ok(())
-}
-
-/// The DNS record's TTL (zero without `spec.dns`).
-fn dns_ttl(qdb: &QuestDB) -> Duration {
-    Duration::from_secs(qdb.spec.dns.as_ref().map_or(0, |d| d.ttl.max(0) as u64))
 }
