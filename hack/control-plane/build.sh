@@ -20,10 +20,27 @@ if [[ $complete == 1 ]]; then
   exit 0
 fi
 
+# --background: started by the sandbox's cargo build script while Rust compiles; nothing to
+# print to (its output goes nowhere), and if another build holds the lock there is nothing to do.
+background=0
+[[ "${1:-}" == "--background" ]] && background=1
+
 # One build at a time (two test binaries, or CI and a sandbox, may start together).
 mkdir -p "$root"
 exec 9>"$root/.lock-$key"
-flock 9
+log="$root/build-$key.log"
+if ! flock -n 9; then
+  [[ $background == 1 ]] && exit 0
+  # Another build is under way (the one cargo started while compiling the sandbox, say): wait
+  # for it, with the same progress lines it would print.
+  echo "control plane: a build is already under way (log: $log); waiting for it" >&2
+  waited=$(date +%s)
+  until flock -w 30 9; do
+    total=$(cat "$out".tmp.*/.packages 2>/dev/null | head -1 || true)
+    done_count=$(grep -c -v -e '^go: ' -e '^#' "$log" 2>/dev/null || true)
+    echo "control plane: building, ${done_count:-0} of ${total:-?} packages compiled, waited $(( $(date +%s) - waited ))s" >&2
+  done
+fi
 complete=1
 for b in "${bins[@]}"; do [[ -x "$out/$b" ]] || complete=0; done
 if [[ $complete == 1 ]]; then
@@ -47,7 +64,6 @@ ldflags+=" -X k8s.io/client-go/pkg/version.gitVersion=$k8s_version"
 tmp="$out.tmp.$$"
 mkdir -p "$tmp"
 trap 'rm -rf "$tmp"' EXIT
-log="$root/build-$key.log"
 echo "control plane: building etcd ${etcd_version} and Kubernetes ${k8s_version} into $out (first time only; about 10-25 min on 2 cores; log: $log)" >&2
 started=$(date +%s)
 cmds=(k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kube-scheduler)

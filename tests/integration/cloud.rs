@@ -108,14 +108,7 @@ impl CloudEnv {
         cluster: questdb_testenv::ControlPlaneOptions,
         ec2: MemoryEc2Options,
     ) -> CloudEnv {
-        questdb_operator::metrics::install_crypto_provider();
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(
-                tracing_subscriber::EnvFilter::try_from_default_env()
-                    .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-            )
-            .with_test_writer()
-            .try_init();
+        crate::log_capture::init();
         let (cp, client) = crate::harness::control_plane_with(cluster).await;
         let handle = ManagerHandle::default();
         let cloud = MemoryCloud::new(cloud_config(), ec2, handle.metrics.aws_observer())

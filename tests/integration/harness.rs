@@ -295,12 +295,5 @@ pub fn has_condition(type_: &'static str, reason: &'static str) -> impl Conditio
 }
 
 fn init_tracing() {
-    questdb_operator::metrics::install_crypto_provider();
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_test_writer()
-        .try_init();
+    crate::log_capture::init();
 }

@@ -1,5 +1,6 @@
-//! Integration tests: the real manager against the simulated control plane. One test binary
-//! (one link) for the whole suite; each test starts its own simulator on an ephemeral port.
+//! Integration tests: the real manager against a real control plane (kube-apiserver, etcd,
+//! kube-controller-manager, kube-scheduler from questdb-testenv). One test binary (one link)
+//! for the whole suite; each test starts its own control plane on ephemeral loopback ports.
 
 mod cloud;
 mod database;
@@ -7,6 +8,7 @@ mod db_client;
 mod harness;
 mod ilp_auth;
 mod leader;
+mod log_capture;
 mod metrics;
 mod namespaced;
 mod questdb;
