@@ -1,8 +1,10 @@
 //! Types of the `crd.questdb.io` API and the names the operator stamps on what it owns.
 
+mod pod;
 mod questdb;
 mod reason;
 
+pub use pod::{PodOptions, RESERVED_VOLUMES};
 pub use questdb::*;
 pub use reason::Reason;
 

@@ -6,6 +6,7 @@
 
 use std::collections::BTreeMap;
 
+use super::pod::PodOptions;
 use k8s_openapi::api::core::v1::{EnvVar, ResourceRequirements};
 use k8s_openapi::api::networking::v1::NetworkPolicyPeer;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
@@ -37,6 +38,13 @@ use serde::{Deserialize, Serialize};
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
+// A dedicated database's pod is pinned to its instance: nothing may widen or move its
+// placement, and a toleration could keep it on a node fenced for failover.
+#[x_kube(
+    validation = Rule::new("!has(self.node) || !has(self.pod) || !has(self.pod.tolerations)").message("pod.tolerations cannot be set on a database with a dedicated node (spec.node): the node is its own"),
+    validation = Rule::new("!has(self.node) || !has(self.pod) || !has(self.pod.nodeSelector)").message("pod.nodeSelector cannot be set on a database with a dedicated node (spec.node): the pod is pinned to its instance"),
+    validation = Rule::new("!has(self.node) || !has(self.pod) || !has(self.pod.affinity) || !has(self.pod.affinity.nodeAffinity)").message("pod.affinity.nodeAffinity cannot be set on a database with a dedicated node (spec.node): the pod is pinned to its instance")
+)]
 pub struct QuestDBSpec {
     /// Container image of the database, e.g. `questdb/questdb:9.0.0`. Its tag is the version.
     #[x_kube(validation = Rule::new("self.size() > 0").message("image must not be empty"))]
@@ -92,6 +100,11 @@ pub struct QuestDBSpec {
     /// The database's own credentials (pgwire, read-only pgwire, HTTP basic auth).
     #[serde(default, skip_serializing_if = "CredentialsSpec::is_default")]
     pub credentials: CredentialsSpec,
+
+    /// Fields of the database pod: placement, private registries, annotations, security
+    /// context, extra volumes.
+    #[serde(default, skip_serializing_if = "PodOptions::is_default")]
+    pub pod: PodOptions,
 }
 
 /// Where the database's credentials come from. By default the operator generates a Secret

@@ -83,6 +83,8 @@ reasons! {
     ImagePullFailed,
     /// The kubelet cannot build the container (a missing Secret or key in its env).
     ContainerConfigError,
+    /// The scheduler finds no node for the database pod (its placement fields, resources).
+    Unschedulable,
 
     // Volume size.
     AsRequested,

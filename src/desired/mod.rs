@@ -13,6 +13,7 @@ pub mod image_ref;
 pub mod labels;
 pub mod names;
 pub mod network_policy;
+pub mod pod_options;
 pub mod pvc;
 pub mod quantity;
 pub mod service;

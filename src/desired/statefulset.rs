@@ -14,7 +14,10 @@ use kube::ResourceExt;
 use sha2::{Digest, Sha256};
 
 use super::credentials;
-use super::labels::{child_annotations, child_labels, child_meta, non_empty_vec, selector_labels};
+use super::labels::{
+    child_annotations, child_labels, child_meta, non_empty, non_empty_vec, selector_labels,
+};
+use super::pod_options::overlay;
 use super::{
     names, port_names, CONFIG_HASH_ANNOTATION, CONTAINER_NAME, HEALTH_PORT, HTTP_PORT,
     ILP_AUTH_KEY, ILP_PORT, LOG_CONF_KEY, PGWIRE_PORT, QUESTDB_UID, ROOT_DIR, SERVER_CONF_KEY,
@@ -109,9 +112,20 @@ pub fn statefulset(
     ilp_auth_enabled: bool,
     dedicated: Option<&DedicatedNode>,
 ) -> StatefulSet {
+    let options = &qdb.spec.pod;
     let mut template_annotations = child_annotations(qdb);
+    template_annotations.extend(options.annotations.clone());
     template_annotations.insert(CONFIG_HASH_ANNOTATION.to_string(), config_hash.to_string());
+    // The user's pod labels first: the operator's (the selector's) win.
+    let mut template_labels = options.labels.clone();
+    template_labels.extend(child_labels(qdb));
     let mut metadata = child_meta(qdb, names::statefulset(qdb));
+    if !options.stateful_set_annotations.is_empty() {
+        metadata
+            .annotations
+            .get_or_insert_with(BTreeMap::new)
+            .extend(options.stateful_set_annotations.clone());
+    }
     if let Some(seen) = credentials {
         template_annotations.insert(
             credentials::CREDENTIALS_HASH_ANNOTATION.to_string(),
@@ -144,7 +158,7 @@ pub fn statefulset(
             }),
             template: PodTemplateSpec {
                 metadata: Some(ObjectMeta {
-                    labels: Some(child_labels(qdb)),
+                    labels: Some(template_labels),
                     annotations: Some(template_annotations),
                     ..ObjectMeta::default()
                 }),
@@ -174,6 +188,8 @@ fn pod_spec(qdb: &QuestDB, ilp_auth_enabled: bool, dedicated: Option<&DedicatedN
             names::ilp_auth_config_map(qdb),
         ));
     }
+    let options = &qdb.spec.pod;
+    volumes.extend(options.extra_volumes.iter().cloned());
     PodSpec {
         // QuestDB never calls the Kubernetes API: a mounted token would only be something to
         // steal from a compromised database.
@@ -185,53 +201,69 @@ fn pod_spec(qdb: &QuestDB, ilp_auth_enabled: bool, dedicated: Option<&DedicatedN
             dedicated.is_some(),
         )],
         volumes: Some(volumes),
-        security_context: Some(PodSecurityContext {
-            run_as_user: Some(QUESTDB_UID),
-            run_as_group: Some(QUESTDB_UID),
-            run_as_non_root: Some(true),
-            fs_group: Some(QUESTDB_UID),
-            // A large volume would otherwise be chown'ed file by file at every pod start.
-            fs_group_change_policy: Some("OnRootMismatch".to_string()),
-            seccomp_profile: Some(SeccompProfile {
-                type_: "RuntimeDefault".to_string(),
-                ..SeccompProfile::default()
-            }),
-            ..PodSecurityContext::default()
-        }),
-        termination_grace_period_seconds: Some(TERMINATION_GRACE_SECONDS),
+        security_context: Some(overlay(
+            PodSecurityContext {
+                run_as_user: Some(QUESTDB_UID),
+                run_as_group: Some(QUESTDB_UID),
+                run_as_non_root: Some(true),
+                fs_group: Some(QUESTDB_UID),
+                // A large volume would otherwise be chown'ed file by file at every pod start.
+                fs_group_change_policy: Some("OnRootMismatch".to_string()),
+                seccomp_profile: Some(SeccompProfile {
+                    type_: "RuntimeDefault".to_string(),
+                    ..SeccompProfile::default()
+                }),
+                ..PodSecurityContext::default()
+            },
+            options.security_context.as_ref(),
+        )),
+        termination_grace_period_seconds: Some(
+            options
+                .termination_grace_period_seconds
+                .unwrap_or(TERMINATION_GRACE_SECONDS),
+        ),
+        image_pull_secrets: non_empty_vec(options.image_pull_secrets.clone()),
+        priority_class_name: options.priority_class_name.clone(),
+        topology_spread_constraints: non_empty_vec(options.topology_spread_constraints.clone()),
+        affinity: options.affinity.clone(),
         // QuestDB reads every QDB_* variable as a config override, and service links would
         // inject QDB_SERVICE_HOST and friends for any Service named `qdb` in the namespace.
         enable_service_links: Some(false),
-        node_selector: dedicated.map(|d| {
-            BTreeMap::from([
+        // On a dedicated node the pin alone (the schema refuses the user's selector and
+        // tolerations there; dropping them here keeps the pin whatever an older schema let in).
+        node_selector: match dedicated {
+            Some(d) => Some(BTreeMap::from([
                 (DEDICATED_LABEL_KEY.to_string(), d.label_value.clone()),
                 (PIN_LABEL_KEY.to_string(), d.pin_value().to_string()),
-            ])
-        }),
+            ])),
+            None => non_empty(options.node_selector.clone()),
+        },
         // The dedicated taint, never a wildcard: the pod must not land on (or stay on) nodes
         // that are tainted for any other reason, such as an out-of-service node. And, as the
         // DaemonSet controller gives its pods, not-ready and unreachable for good: a pod pinned
         // to its node has nowhere else to go, so evicting it after the default 300 s only
         // stops a database whose kubelet is NotReady but alive (PLEG, a CNI restart). A dead
         // node is the failover's to fence; its out-of-service taint still evicts the pod.
-        tolerations: dedicated.map(|d| {
-            let mut tolerations = vec![Toleration {
-                key: Some(DEDICATED_TAINT_KEY.to_string()),
-                operator: Some("Equal".to_string()),
-                value: Some(d.label_value.clone()),
-                effect: Some(DEDICATED_TAINT_EFFECT.to_string()),
-                ..Toleration::default()
-            }];
-            for key in [NOT_READY_TAINT, UNREACHABLE_TAINT] {
-                tolerations.push(Toleration {
-                    key: Some(key.to_string()),
-                    operator: Some("Exists".to_string()),
-                    effect: Some("NoExecute".to_string()),
+        tolerations: dedicated
+            .map(|d| {
+                let mut tolerations = vec![Toleration {
+                    key: Some(DEDICATED_TAINT_KEY.to_string()),
+                    operator: Some("Equal".to_string()),
+                    value: Some(d.label_value.clone()),
+                    effect: Some(DEDICATED_TAINT_EFFECT.to_string()),
                     ..Toleration::default()
-                });
-            }
-            tolerations
-        }),
+                }];
+                for key in [NOT_READY_TAINT, UNREACHABLE_TAINT] {
+                    tolerations.push(Toleration {
+                        key: Some(key.to_string()),
+                        operator: Some("Exists".to_string()),
+                        effect: Some("NoExecute".to_string()),
+                        ..Toleration::default()
+                    });
+                }
+                tolerations
+            })
+            .or_else(|| non_empty_vec(options.tolerations.clone())),
         ..PodSpec::default()
     }
 }
@@ -264,6 +296,7 @@ fn questdb_container(qdb: &QuestDB, ilp_auth_enabled: bool, on_dedicated_node: b
     if ilp_auth_enabled {
         mounts.push(file_mount(ILP_AUTH_VOLUME, ILP_AUTH_KEY));
     }
+    mounts.extend(qdb.spec.pod.extra_volume_mounts.iter().cloned());
     Container {
         name: CONTAINER_NAME.to_string(),
         image: Some(qdb.spec.image.clone()),
@@ -294,7 +327,7 @@ fn questdb_container(qdb: &QuestDB, ilp_auth_enabled: bool, on_dedicated_node: b
         // Restart only after a minute of silence: /status answers even under heavy load, so a
         // longer silence means the JVM is wedged.
         liveness_probe: Some(status_probe(10, 5, 6)),
-        security_context: Some(restricted_container()),
+        security_context: Some(container_security(qdb)),
         ..Container::default()
     }
 }
@@ -316,7 +349,7 @@ fn init_conf_container(qdb: &QuestDB) -> Container {
         // container's resources costs nothing and satisfies quotas that demand limits.
         resources: qdb.spec.resources.clone(),
         volume_mounts: Some(vec![data_mount()]),
-        security_context: Some(restricted_container()),
+        security_context: Some(container_security(qdb)),
         ..Container::default()
     }
 }
@@ -367,15 +400,21 @@ fn status_probe(period_seconds: i32, timeout_seconds: i32, failure_threshold: i3
     }
 }
 
-fn restricted_container() -> SecurityContext {
-    SecurityContext {
-        allow_privilege_escalation: Some(false),
-        capabilities: Some(Capabilities {
-            drop: Some(vec!["ALL".to_string()]),
-            ..Capabilities::default()
-        }),
-        ..SecurityContext::default()
-    }
+/// The `restricted` Pod Security level's container fields, under the user's
+/// `containerSecurityContext` (the init container runs as the database does, so the directory
+/// it makes is the database's).
+fn container_security(qdb: &QuestDB) -> SecurityContext {
+    overlay(
+        SecurityContext {
+            allow_privilege_escalation: Some(false),
+            capabilities: Some(Capabilities {
+                drop: Some(vec!["ALL".to_string()]),
+                ..Capabilities::default()
+            }),
+            ..SecurityContext::default()
+        },
+        qdb.spec.pod.container_security_context.as_ref(),
+    )
 }
 
 #[cfg(test)]

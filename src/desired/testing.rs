@@ -47,6 +47,7 @@ pub fn spec() -> QuestDBSpec {
         paused: false,
         network_policy: NetworkPolicySpec::default(),
         credentials: Default::default(),
+        pod: Default::default(),
     }
 }
 

@@ -11,4 +11,5 @@ mod leader;
 mod log_capture;
 mod metrics;
 mod namespaced;
+mod pod_fields;
 mod questdb;

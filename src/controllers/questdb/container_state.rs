@@ -28,6 +28,25 @@ impl Trouble {
     }
 }
 
+/// The scheduler's word on a pod it cannot place (`PodScheduled=False`, `Unschedulable`):
+/// "0/3 nodes are available: ...".
+pub fn unschedulable(pod: &Pod) -> Option<Trouble> {
+    let condition = pod
+        .status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == "PodScheduled" && c.status == "False")?;
+    (condition.reason.as_deref() == Some("Unschedulable")).then(|| Trouble {
+        reason: Reason::Unschedulable,
+        message: format!(
+            "the database pod cannot be scheduled: {}",
+            condition.message.as_deref().unwrap_or("no reason given")
+        ),
+    })
+}
+
 /// The trouble of the database container (or of the init container before it), if any.
 pub fn trouble(pod: &Pod) -> Option<Trouble> {
     let status = pod.status.as_ref()?;
@@ -172,6 +191,27 @@ mod tests {
     fn questdb(state: serde_json::Value, last: serde_json::Value) -> serde_json::Value {
         json!({"containerStatuses": [{"name": "questdb", "image": "questdb/questdb:9.2.0",
             "imageID": "", "ready": false, "restartCount": 3, "state": state, "lastState": last}]})
+    }
+
+    #[test]
+    fn a_pod_the_scheduler_cannot_place_gives_its_words_and_a_scheduled_one_nothing() {
+        let waiting = pod(json!({"phase": "Pending", "conditions": [{
+            "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+            "message": "0/3 nodes are available: 3 node(s) didn't match Pod's node affinity/selector."
+        }]}));
+        let t = unschedulable(&waiting).expect("unschedulable");
+        assert_eq!(t.reason, Reason::Unschedulable);
+        assert_eq!(
+            t.message,
+            "the database pod cannot be scheduled: 0/3 nodes are available: 3 node(s) didn't match Pod's node affinity/selector."
+        );
+        // Gated by a scheduling gate, or placed: not the scheduler's refusal.
+        let gated = pod(json!({"conditions": [{
+            "type": "PodScheduled", "status": "False", "reason": "SchedulingGated"
+        }]}));
+        assert_eq!(unschedulable(&gated), None);
+        let placed = pod(json!({"conditions": [{"type": "PodScheduled", "status": "True"}]}));
+        assert_eq!(unschedulable(&placed), None);
     }
 
     #[test]

@@ -340,7 +340,10 @@ async fn report_container_trouble(
     let Some(reason) = Reason::parse(&reason).filter(|r| {
         matches!(
             r,
-            Reason::CrashLoop | Reason::ImagePullFailed | Reason::ContainerConfigError
+            Reason::CrashLoop
+                | Reason::ImagePullFailed
+                | Reason::ContainerConfigError
+                | Reason::Unschedulable
         )
     }) else {
         return;

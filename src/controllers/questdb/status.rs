@@ -111,13 +111,23 @@ pub fn compute(qdb: &QuestDB, obs: &StatusInputs, now: Timestamp) -> QuestDBStat
             ),
         )
     } else {
-        let trouble = obs.pod.and_then(container_state::trouble);
+        // A dedicated database's pod waits for its node to join, which the node condition
+        // tells; elsewhere a pod the scheduler cannot place is the user's placement to fix.
+        let trouble = obs.pod.and_then(container_state::trouble).or_else(|| {
+            obs.pod
+                .filter(|_| spec.node.is_none())
+                .and_then(container_state::unschedulable)
+        });
         match obs.statefulset {
             // Before the rollout check: a pod that never becomes ready never completes one.
             Some(_) if trouble.is_some() => {
                 let t = trouble.expect("checked by the guard");
                 (
-                    Phase::Failed,
+                    if t.reason == Reason::Unschedulable {
+                        Phase::Pending
+                    } else {
+                        Phase::Failed
+                    },
                     Verdict::new(conditions::READY, false, t.reason, t.message),
                 )
             }

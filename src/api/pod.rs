@@ -1,0 +1,414 @@
+//! `spec.pod`: the fields of the database pod a platform team sets (placement, private
+//! registries, annotations for injectors and cost tools, security context, extra volumes),
+//! typed from k8s-openapi. What the operator owns (its labels and annotation keys, the data,
+//! config and auth volumes and their paths, a dedicated node's pin and taint) cannot be
+//! overridden: the schema refuses it, naming the field, before the operator sees the object.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{
+    Affinity, LocalObjectReference, PodSecurityContext, SecurityContext, Toleration,
+    TopologySpreadConstraint, Volume, VolumeMount,
+};
+use kube::KubeSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+/// Volume names the operator's own volumes take in the pod.
+pub const RESERVED_VOLUMES: [&str; 3] = ["data", "config", "ilp-auth"];
+/// The database's root directory (the data volume), whose `conf/` holds the operator's files.
+const ROOT_DIR: &str = "/var/lib/questdb";
+/// Prefix of the operator's own label and annotation keys.
+const OPERATOR_PREFIX: &str = "crd.questdb.io/";
+const MAX_MAP_ENTRIES: i64 = 64;
+const MAX_LIST_ITEMS: i64 = 16;
+
+/// The database pod's own fields. Labels and annotations are merged with the operator's (whose
+/// keys win and cannot be set here); the security contexts fill in the fields they leave unset
+/// from the operator's restricted defaults.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+// A mount of a volume the pod does not have would be refused only when the StatefulSet is
+// written, far from the user's edit.
+#[x_kube(
+    validation = Rule::new("!has(self.extraVolumeMounts) || self.extraVolumeMounts.all(m, has(self.extraVolumes) && self.extraVolumes.exists(v, v.name == m.name))").message("pod.extraVolumeMounts: every mount names one of pod.extraVolumes")
+)]
+pub struct PodOptions {
+    /// Labels of the pod (not of the StatefulSet's selector).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(transform = operator_keys_refused("pod.labels", &["app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/managed-by"]))]
+    pub labels: BTreeMap<String, String>,
+    /// Annotations of the pod (sidecar injectors, backup and cost tools read these).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(transform = operator_keys_refused("pod.annotations", &[]))]
+    pub annotations: BTreeMap<String, String>,
+    /// Annotations of the StatefulSet.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(transform = operator_keys_refused("pod.statefulSetAnnotations", &[]))]
+    pub stateful_set_annotations: BTreeMap<String, String>,
+    /// Scheduling constraints. With a dedicated node (`spec.node`) only pod (anti-)affinity may
+    /// be set: the pod is pinned to its instance.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub affinity: Option<Affinity>,
+    /// Tolerations. Not with a dedicated node, and never one that tolerates the dedicated
+    /// nodes' taint (`crd.questdb.io/dedicated`, or a wildcard): those nodes belong to one
+    /// database each.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(transform = tolerations_schema)]
+    pub tolerations: Vec<Toleration>,
+    /// Node labels the pod requires. Not with a dedicated node.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(transform = operator_keys_refused("pod.nodeSelector", &["node-restriction.kubernetes.io/questdb-instance"]))]
+    pub node_selector: BTreeMap<String, String>,
+    /// How the pod spreads across zones or nodes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(transform = max_items)]
+    pub topology_spread_constraints: Vec<TopologySpreadConstraint>,
+    /// The pod's security context. Fields left unset keep the operator's defaults (non-root
+    /// user 10001, `fsGroup` 10001, seccomp `RuntimeDefault`), which meet the `restricted` Pod
+    /// Security level.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub security_context: Option<PodSecurityContext>,
+    /// The database container's security context. Fields left unset keep the operator's
+    /// defaults (no privilege escalation, every capability dropped).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container_security_context: Option<SecurityContext>,
+    /// Secrets of this namespace that hold credentials for a private registry.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(transform = max_items)]
+    pub image_pull_secrets: Vec<LocalObjectReference>,
+    /// The pod's PriorityClass.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
+    pub priority_class_name: Option<String>,
+    /// Seconds the database gets to flush and close its tables when stopped (default 60).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self >= 0 && self <= 3600").message("pod.terminationGracePeriodSeconds must be between 0 and 3600"))]
+    pub termination_grace_period_seconds: Option<i64>,
+    /// More volumes for the pod (a sidecar's, a CSV import directory). The names `data`,
+    /// `config` and `ilp-auth` are the operator's.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(transform = extra_volumes_schema)]
+    pub extra_volumes: Vec<Volume>,
+    /// Mounts of `extraVolumes` in the database container. The root directory
+    /// (`/var/lib/questdb`) and its `conf/` are the operator's.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(transform = extra_volume_mounts_schema)]
+    pub extra_volume_mounts: Vec<VolumeMount>,
+}
+
+impl PodOptions {
+    pub fn is_default(&self) -> bool {
+        self == &Self::default()
+    }
+}
+
+fn insert_rules(schema: &mut schemars::Schema, rules: serde_json::Value) {
+    let mut all = schema
+        .get("x-kubernetes-validations")
+        .and_then(|v| v.as_array().cloned())
+        .unwrap_or_default();
+    all.extend(rules.as_array().cloned().unwrap_or_default());
+    schema.insert("x-kubernetes-validations".into(), all.into());
+}
+
+fn operator_keys_refused(
+    field: &'static str,
+    reserved: &'static [&'static str],
+) -> impl Fn(&mut schemars::Schema) {
+    move |schema| {
+        schema.insert("maxProperties".into(), MAX_MAP_ENTRIES.into());
+        let mut rules = vec![json!({
+            "rule": format!("self.all(k, !k.startsWith('{OPERATOR_PREFIX}'))"),
+            "message": format!("{field}: keys under {OPERATOR_PREFIX} are the operator's"),
+        })];
+        for key in reserved {
+            rules.push(json!({
+                "rule": format!("!('{key}' in self)"),
+                "message": format!("{field}: {key} is the operator's"),
+            }));
+        }
+        insert_rules(schema, rules.into());
+    }
+}
+
+fn max_items(schema: &mut schemars::Schema) {
+    schema.insert("maxItems".into(), MAX_LIST_ITEMS.into());
+}
+
+/// Bounds a string field of the list's items: the apiserver refuses a CRD whose rules it
+/// cannot prove cheap, and an unbounded string makes every comparison of it unbounded.
+fn bound_item_string(schema: &mut schemars::Schema, field: &str, max: i64) {
+    if let Some(f) = schema
+        .get_mut("items")
+        .and_then(|i| i.get_mut("properties"))
+        .and_then(|p| p.get_mut(field))
+        .and_then(|f| f.as_object_mut())
+    {
+        f.insert("maxLength".into(), max.into());
+    }
+}
+
+fn tolerations_schema(schema: &mut schemars::Schema) {
+    max_items(schema);
+    bound_item_string(schema, "key", 317);
+    insert_rules(
+        schema,
+        json!([{
+            "rule": "self.all(t, has(t.key) && t.key != '' && t.key != 'crd.questdb.io/dedicated')",
+            "message": "pod.tolerations: a toleration needs a key, and crd.questdb.io/dedicated is the operator's (a dedicated node belongs to one database)",
+        }]),
+    );
+}
+
+fn extra_volumes_schema(schema: &mut schemars::Schema) {
+    max_items(schema);
+    bound_item_string(schema, "name", 63);
+    let names: Vec<String> = RESERVED_VOLUMES.iter().map(|n| format!("'{n}'")).collect();
+    insert_rules(
+        schema,
+        json!([{
+            "rule": format!("self.all(v, !(v.name in [{}]))", names.join(", ")),
+            "message": format!("pod.extraVolumes: the volume names {} are the operator's", RESERVED_VOLUMES.join(", ")),
+        }]),
+    );
+}
+
+fn extra_volume_mounts_schema(schema: &mut schemars::Schema) {
+    max_items(schema);
+    bound_item_string(schema, "name", 63);
+    bound_item_string(schema, "mountPath", 1024);
+    insert_rules(
+        schema,
+        json!([{
+            "rule": format!("self.all(m, m.mountPath != '{ROOT_DIR}' && m.mountPath != '{ROOT_DIR}/' && !m.mountPath.startsWith('{ROOT_DIR}/conf'))"),
+            "message": format!("pod.extraVolumeMounts: {ROOT_DIR} and {ROOT_DIR}/conf are the operator's"),
+        }]),
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    //! `spec.pod`'s CEL rules, evaluated client-side by kube's `cel` feature exactly as the
+    //! generated CRD carries them (the real apiserver's verdicts are in the integration tests).
+
+    use super::*;
+    use crate::api::{NodeSpec, QuestDB};
+    use crate::desired::testing::questdb;
+    use k8s_openapi::api::core::v1::{EmptyDirVolumeSource, NodeAffinity, PodAffinity};
+
+    fn errors(qdb: &QuestDB) -> Vec<String> {
+        match qdb.validate_cel() {
+            Ok(()) => Vec::new(),
+            Err(errors) => errors.iter().map(|e| e.message.clone()).collect(),
+        }
+    }
+
+    fn with_pod(pod: PodOptions) -> QuestDB {
+        let mut qdb = questdb("db1", "tenant-a");
+        qdb.spec.pod = pod;
+        qdb
+    }
+
+    fn dedicated(pod: PodOptions) -> QuestDB {
+        let mut qdb = with_pod(pod);
+        qdb.spec.node = Some(NodeSpec {
+            image: "ami-0abcdef1234567890".into(),
+            instance_type: "m6i.large".into(),
+            zone: "us-east-1a".into(),
+            ..Default::default()
+        });
+        qdb
+    }
+
+    fn toleration(key: Option<&str>) -> Toleration {
+        Toleration {
+            key: key.map(str::to_string),
+            operator: Some("Exists".into()),
+            ..Default::default()
+        }
+    }
+
+    fn scratch(name: &str) -> Volume {
+        Volume {
+            name: name.into(),
+            empty_dir: Some(EmptyDirVolumeSource::default()),
+            ..Default::default()
+        }
+    }
+
+    fn mount(name: &str, path: &str) -> VolumeMount {
+        VolumeMount {
+            name: name.into(),
+            mount_path: path.into(),
+            ..Default::default()
+        }
+    }
+
+    fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn the_fields_a_platform_team_sets_are_accepted() {
+        let qdb = with_pod(PodOptions {
+            labels: map(&[("team", "payments")]),
+            annotations: map(&[("sidecar.istio.io/inject", "false")]),
+            stateful_set_annotations: map(&[("backup.velero.io/backup-volumes", "data")]),
+            tolerations: vec![toleration(Some("spot"))],
+            node_selector: map(&[("topology.kubernetes.io/zone", "us-east-1a")]),
+            image_pull_secrets: vec![LocalObjectReference {
+                name: "registry".into(),
+            }],
+            priority_class_name: Some("databases".into()),
+            termination_grace_period_seconds: Some(120),
+            extra_volumes: vec![scratch("import")],
+            extra_volume_mounts: vec![mount("import", "/var/lib/questdb/import")],
+            ..Default::default()
+        });
+        assert_eq!(errors(&qdb), Vec::<String>::new());
+    }
+
+    #[test]
+    fn a_dedicated_database_takes_no_placement_that_could_move_it_off_its_instance() {
+        let cases = [
+            (
+                PodOptions {
+                    tolerations: vec![toleration(Some("spot"))],
+                    ..Default::default()
+                },
+                "pod.tolerations cannot be set on a database with a dedicated node",
+            ),
+            (
+                PodOptions {
+                    node_selector: map(&[("disk", "nvme")]),
+                    ..Default::default()
+                },
+                "pod.nodeSelector cannot be set on a database with a dedicated node",
+            ),
+            (
+                PodOptions {
+                    affinity: Some(Affinity {
+                        node_affinity: Some(NodeAffinity::default()),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                },
+                "pod.affinity.nodeAffinity cannot be set on a database with a dedicated node",
+            ),
+        ];
+        for (pod, message) in cases {
+            let errors = errors(&dedicated(pod.clone()));
+            assert!(
+                errors.len() == 1 && errors[0].starts_with(message),
+                "{pod:?}: {errors:?}"
+            );
+            assert_eq!(self::errors(&with_pod(pod)), Vec::<String>::new());
+        }
+        // Pod (anti-)affinity cannot move the pod: accepted.
+        let anti = dedicated(PodOptions {
+            affinity: Some(Affinity {
+                pod_affinity: Some(PodAffinity::default()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        assert_eq!(errors(&anti), Vec::<String>::new());
+    }
+
+    #[test]
+    fn no_toleration_reaches_another_databases_dedicated_node() {
+        for t in [
+            toleration(None),
+            toleration(Some("")),
+            toleration(Some("crd.questdb.io/dedicated")),
+        ] {
+            let qdb = with_pod(PodOptions {
+                tolerations: vec![t.clone()],
+                ..Default::default()
+            });
+            assert_eq!(
+                errors(&qdb),
+                vec!["pod.tolerations: a toleration needs a key, and crd.questdb.io/dedicated is the operator's (a dedicated node belongs to one database)"],
+                "{t:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_operators_keys_volumes_and_paths_cannot_be_overridden() {
+        let refused = [
+            (
+                PodOptions {
+                    labels: map(&[("app.kubernetes.io/instance", "other")]),
+                    ..Default::default()
+                },
+                "pod.labels: app.kubernetes.io/instance is the operator's",
+            ),
+            (
+                PodOptions {
+                    annotations: map(&[("crd.questdb.io/config-hash", "0")]),
+                    ..Default::default()
+                },
+                "pod.annotations: keys under crd.questdb.io/ are the operator's",
+            ),
+            (
+                PodOptions {
+                    stateful_set_annotations: map(&[("crd.questdb.io/credentials-seen", "x")]),
+                    ..Default::default()
+                },
+                "pod.statefulSetAnnotations: keys under crd.questdb.io/ are the operator's",
+            ),
+            (
+                PodOptions {
+                    node_selector: map(&[("node-restriction.kubernetes.io/questdb-instance", "i-1")]),
+                    ..Default::default()
+                },
+                "pod.nodeSelector: node-restriction.kubernetes.io/questdb-instance is the operator's",
+            ),
+            (
+                PodOptions {
+                    extra_volumes: vec![scratch("data")],
+                    ..Default::default()
+                },
+                "pod.extraVolumes: the volume names data, config, ilp-auth are the operator's",
+            ),
+            (
+                PodOptions {
+                    extra_volumes: vec![scratch("x")],
+                    extra_volume_mounts: vec![mount("x", "/var/lib/questdb")],
+                    ..Default::default()
+                },
+                "pod.extraVolumeMounts: /var/lib/questdb and /var/lib/questdb/conf are the operator's",
+            ),
+            (
+                PodOptions {
+                    extra_volumes: vec![scratch("x")],
+                    extra_volume_mounts: vec![mount("x", "/var/lib/questdb/conf/server.conf")],
+                    ..Default::default()
+                },
+                "pod.extraVolumeMounts: /var/lib/questdb and /var/lib/questdb/conf are the operator's",
+            ),
+            (
+                PodOptions {
+                    extra_volume_mounts: vec![mount("missing", "/mnt/x")],
+                    ..Default::default()
+                },
+                "pod.extraVolumeMounts: every mount names one of pod.extraVolumes",
+            ),
+            (
+                PodOptions {
+                    termination_grace_period_seconds: Some(-1),
+                    ..Default::default()
+                },
+                "pod.terminationGracePeriodSeconds must be between 0 and 3600",
+            ),
+        ];
+        for (pod, message) in refused {
+            assert_eq!(errors(&with_pod(pod.clone())), vec![message], "{pod:?}");
+        }
+    }
+}

@@ -1,0 +1,381 @@
+//! `spec.pod` on the real control plane: each field reaches the database pod, taking it out
+//! takes it off the pod, the apiserver refuses what would override the operator, a pod the
+//! scheduler cannot place says so in `Ready`, and a database runs where `restricted` Pod
+//! Security is enforced.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::scheduling::v1::PriorityClass;
+use kube::api::{Api, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::ResourceExt;
+use questdb_operator::api::QuestDB;
+use serde_json::json;
+
+use crate::harness::{has_condition, is_ready, wait_for, wait_for_event, wait_until, Env};
+
+const NS: &str = "platform";
+
+/// The database pod of `name`, once it exists.
+async fn database_pod(env: &Env, ns: &str, name: &str) -> Pod {
+    let pods: Api<Pod> = env.api(ns);
+    let selector = format!("app.kubernetes.io/instance={name}");
+    let list = ListParams::default().labels(&selector);
+    wait_until("the database pod exists", || {
+        let pods = pods.clone();
+        let list = list.clone();
+        async move { !pods.list(&list).await.unwrap().items.is_empty() }
+    })
+    .await;
+    pods.list(&list).await.unwrap().items.remove(0)
+}
+
+/// The QuestDB `spec` JSON with `pod` set, through the apiserver's own validation.
+async fn create(env: &Env, ns: &str, name: &str, pod: serde_json::Value) -> kube::Result<QuestDB> {
+    let mut q = questdb_operator::desired::testing::questdb(name, ns);
+    q.metadata = ObjectMeta {
+        name: Some(name.into()),
+        ..Default::default()
+    };
+    let mut value = serde_json::to_value(&q).unwrap();
+    value["spec"]["pod"] = pod;
+    let q: QuestDB = serde_json::from_value(value).unwrap();
+    env.api::<QuestDB>(ns)
+        .create(&PostParams::default(), &q)
+        .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_pod_field_reaches_the_database_pod_and_taking_it_out_takes_it_off() {
+    let env = Env::start().await;
+    env.namespace(NS).await;
+    Api::<PriorityClass>::all(env.client.clone())
+        .create(
+            &PostParams::default(),
+            &PriorityClass {
+                metadata: ObjectMeta {
+                    name: Some("databases".into()),
+                    ..Default::default()
+                },
+                value: 1000,
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    let pod = json!({
+        "labels": {"team": "payments"},
+        "annotations": {"sidecar.istio.io/inject": "false"},
+        "statefulSetAnnotations": {"backup.velero.io/backup-volumes": "data"},
+        "nodeSelector": {"topology.kubernetes.io/zone": "sim-zone-b"},
+        "tolerations": [{"key": "spot", "operator": "Exists", "effect": "NoSchedule"}],
+        "topologySpreadConstraints": [{
+            "maxSkew": 1, "topologyKey": "kubernetes.io/hostname",
+            "whenUnsatisfiable": "ScheduleAnyway",
+            "labelSelector": {"matchLabels": {"app.kubernetes.io/instance": "db1"}}
+        }],
+        "securityContext": {"supplementalGroups": [2000]},
+        "containerSecurityContext": {"readOnlyRootFilesystem": false},
+        "imagePullSecrets": [{"name": "registry"}],
+        "priorityClassName": "databases",
+        "terminationGracePeriodSeconds": 120,
+        "extraVolumes": [{"name": "import", "emptyDir": {}}],
+        "extraVolumeMounts": [{"name": "import", "mountPath": "/var/lib/questdb/import"}],
+    });
+    create(&env, NS, "db1", pod).await.expect("accepted");
+    let qdbs = env.api::<QuestDB>(NS);
+    wait_for(&qdbs, "db1", "QuestDB Ready", is_ready()).await;
+
+    let p = database_pod(&env, NS, "db1").await;
+    let spec = p.spec.clone().unwrap();
+    assert_eq!(p.labels().get("team").map(String::as_str), Some("payments"));
+    assert_eq!(
+        p.annotations()
+            .get("sidecar.istio.io/inject")
+            .map(String::as_str),
+        Some("false")
+    );
+    assert_eq!(
+        spec.node_name.as_deref(),
+        Some("worker-b1"),
+        "the node selector placed it in zone b"
+    );
+    assert!(spec
+        .tolerations
+        .iter()
+        .flatten()
+        .any(|t| t.key.as_deref() == Some("spot")));
+    assert_eq!(spec.topology_spread_constraints.iter().flatten().count(), 1);
+    assert_eq!(
+        spec.security_context.clone().unwrap().supplemental_groups,
+        Some(vec![2000])
+    );
+    assert_eq!(spec.image_pull_secrets.clone().unwrap()[0].name, "registry");
+    assert_eq!(spec.priority_class_name.as_deref(), Some("databases"));
+    assert_eq!(spec.priority, Some(1000), "the PriorityClass was resolved");
+    assert_eq!(spec.termination_grace_period_seconds, Some(120));
+    assert!(spec.volumes.iter().flatten().any(|v| v.name == "import"));
+    assert!(spec.containers[0]
+        .volume_mounts
+        .iter()
+        .flatten()
+        .any(|m| m.mount_path == "/var/lib/questdb/import"));
+    let sts: Api<StatefulSet> = env.api(NS);
+    let s = sts.get("db1").await.unwrap();
+    assert_eq!(
+        s.annotations()
+            .get("backup.velero.io/backup-volumes")
+            .map(String::as_str),
+        Some("data")
+    );
+
+    // The user takes the fields out, first those whose absence a "desired is a subset of
+    // stored" check cannot see (the stored object keeps a superset), then the rest:
+    // server-side apply takes them off the StatefulSet, and the pod that replaces the old one
+    // has none of them.
+    let old_uid = p.uid();
+    qdbs.patch(
+        "db1",
+        &PatchParams::default(),
+        &Patch::Merge(&json!({"spec": {"pod": {
+            "labels": null, "annotations": null, "statefulSetAnnotations": null,
+            "nodeSelector": null, "tolerations": null, "topologySpreadConstraints": null,
+            "securityContext": null, "imagePullSecrets": null, "priorityClassName": null,
+        }}})),
+    )
+    .await
+    .unwrap();
+    wait_until("the StatefulSet loses the fields taken out", || {
+        let sts = sts.clone();
+        async move {
+            let s = sts.get("db1").await.unwrap();
+            let t = s.spec.unwrap().template;
+            let spec = t.spec.unwrap();
+            !s.metadata
+                .annotations
+                .unwrap_or_default()
+                .contains_key("backup.velero.io/backup-volumes")
+                && !t
+                    .metadata
+                    .unwrap()
+                    .labels
+                    .unwrap_or_default()
+                    .contains_key("team")
+                && spec.node_selector.is_none()
+                && spec.tolerations.is_none()
+                && spec.topology_spread_constraints.is_none()
+                && spec.image_pull_secrets.is_none()
+                && spec.priority_class_name.is_none()
+                && spec
+                    .security_context
+                    .is_some_and(|c| c.supplemental_groups.is_none())
+        }
+    })
+    .await;
+    qdbs.patch(
+        "db1",
+        &PatchParams::default(),
+        &Patch::Merge(&json!({"spec": {"pod": null}})),
+    )
+    .await
+    .unwrap();
+    wait_until("the StatefulSet loses the rest", || {
+        let sts = sts.clone();
+        async move {
+            let spec = sts
+                .get("db1")
+                .await
+                .unwrap()
+                .spec
+                .unwrap()
+                .template
+                .spec
+                .unwrap();
+            spec.termination_grace_period_seconds == Some(60)
+                && spec.volumes.iter().flatten().all(|v| v.name != "import")
+        }
+    })
+    .await;
+    wait_until("a new database pod without the fields", || {
+        let pods: Api<Pod> = env.api(NS);
+        let old_uid = old_uid.clone();
+        async move {
+            pods.list(&ListParams::default().labels("app.kubernetes.io/instance=db1"))
+                .await
+                .unwrap()
+                .items
+                .iter()
+                .any(|p| {
+                    p.uid() != old_uid
+                        && !p.labels().contains_key("team")
+                        && p.spec.as_ref().unwrap().priority_class_name.is_none()
+                })
+        }
+    })
+    .await;
+    wait_for(&qdbs, "db1", "QuestDB Ready again", is_ready()).await;
+    env.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_apiserver_refuses_pod_fields_that_would_override_the_operator() {
+    let env = Env::start().await;
+    env.namespace(NS).await;
+    let refused = [
+        (
+            json!({"tolerations": [{"operator": "Exists"}]}),
+            "a toleration needs a key",
+        ),
+        (
+            json!({"tolerations": [{"key": "crd.questdb.io/dedicated", "operator": "Exists"}]}),
+            "crd.questdb.io/dedicated is the operator's",
+        ),
+        (
+            json!({"labels": {"app.kubernetes.io/instance": "other"}}),
+            "pod.labels: app.kubernetes.io/instance is the operator's",
+        ),
+        (
+            json!({"annotations": {"crd.questdb.io/config-hash": "x"}}),
+            "keys under crd.questdb.io/ are the operator's",
+        ),
+        (
+            json!({"extraVolumes": [{"name": "data", "emptyDir": {}}]}),
+            "the volume names data, config, ilp-auth are the operator's",
+        ),
+        (
+            json!({"extraVolumes": [{"name": "x", "emptyDir": {}}],
+                   "extraVolumeMounts": [{"name": "x", "mountPath": "/var/lib/questdb/conf"}]}),
+            "/var/lib/questdb and /var/lib/questdb/conf are the operator's",
+        ),
+        (
+            json!({"extraVolumeMounts": [{"name": "nowhere", "mountPath": "/mnt"}]}),
+            "every mount names one of pod.extraVolumes",
+        ),
+    ];
+    for (i, (pod, message)) in refused.into_iter().enumerate() {
+        let err = create(&env, NS, &format!("bad{i}"), pod.clone())
+            .await
+            .expect_err("refused");
+        assert!(err.to_string().contains(message), "{pod}: {err}");
+    }
+
+    // A dedicated database: its placement is the operator's.
+    let mut q = questdb_operator::desired::testing::questdb("dedicated", NS);
+    q.metadata = ObjectMeta {
+        name: Some("dedicated".into()),
+        ..Default::default()
+    };
+    q.spec.node = Some(questdb_operator::api::NodeSpec {
+        image: "ami-0abcdef1234567890".into(),
+        instance_type: "m6i.large".into(),
+        zone: "sim-zone-a".into(),
+        ..Default::default()
+    });
+    let mut value = serde_json::to_value(&q).unwrap();
+    value["spec"]["pod"] =
+        json!({"tolerations": [{"key": "spot", "operator": "Exists"}], "nodeSelector": {"a": "b"}});
+    let q: QuestDB = serde_json::from_value(value).unwrap();
+    let err = env
+        .api::<QuestDB>(NS)
+        .create(&PostParams::default(), &q)
+        .await
+        .expect_err("refused");
+    let text = err.to_string();
+    assert!(
+        text.contains("pod.tolerations cannot be set on a database with a dedicated node")
+            && text.contains("pod.nodeSelector cannot be set on a database with a dedicated node"),
+        "{text}"
+    );
+    env.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_pod_no_node_can_take_says_why_instead_of_pending_silently() {
+    let env = Env::start().await;
+    env.namespace(NS).await;
+    create(
+        &env,
+        NS,
+        "nowhere",
+        json!({"nodeSelector": {"topology.kubernetes.io/zone": "no-such-zone"}}),
+    )
+    .await
+    .expect("accepted: the apiserver cannot know the cluster's zones");
+    let qdbs = env.api::<QuestDB>(NS);
+    let q = wait_for(
+        &qdbs,
+        "nowhere",
+        "Ready=False Unschedulable",
+        has_condition("Ready", "Unschedulable"),
+    )
+    .await;
+    let status = q.status.unwrap();
+    let ready = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Ready")
+        .unwrap();
+    assert!(
+        ready.message.contains("cannot be scheduled")
+            && ready.message.contains("node affinity/selector"),
+        "the scheduler's words reach the QuestDB: {}",
+        ready.message
+    );
+    assert_eq!(status.phase.map(|p| p.as_str()), Some("Pending"));
+    wait_for_event(&env, NS, "an Unschedulable warning", |e| {
+        e.reason.as_deref() == Some("Unschedulable")
+            && e.regarding.as_ref().and_then(|r| r.kind.as_deref()) == Some("QuestDB")
+    })
+    .await;
+
+    // Fixing the selector schedules it.
+    qdbs.patch(
+        "nowhere",
+        &PatchParams::default(),
+        &Patch::Merge(&json!({"spec": {"pod": {"nodeSelector": null}}})),
+    )
+    .await
+    .unwrap();
+    wait_for(&qdbs, "nowhere", "QuestDB Ready", is_ready()).await;
+    env.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_runs_where_restricted_pod_security_is_enforced() {
+    let env = Env::start().await;
+    let ns = "restricted";
+    Api::<Namespace>::all(env.client.clone())
+        .create(
+            &PostParams::default(),
+            &Namespace {
+                metadata: ObjectMeta {
+                    name: Some(ns.into()),
+                    labels: Some(BTreeMap::from([(
+                        "pod-security.kubernetes.io/enforce".to_string(),
+                        "restricted".to_string(),
+                    )])),
+                    ..Default::default()
+                },
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    // The apiserver does enforce it here: a pod that asks for root is refused.
+    let pods: Api<Pod> = env.api(ns);
+    let root: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "root"},
+        "spec": {"containers": [{"name": "c", "image": "busybox", "securityContext": {"runAsUser": 0}}]}
+    }))
+    .unwrap();
+    let err = pods
+        .create(&PostParams::default(), &root)
+        .await
+        .expect_err("restricted refuses a root pod");
+    assert!(err.to_string().contains("restricted"), "{err}");
+
+    env.create_questdb(ns, "db1", |_| {}).await;
+    wait_for(&env.api::<QuestDB>(ns), "db1", "QuestDB Ready", is_ready()).await;
+    env.stop().await;
+}
