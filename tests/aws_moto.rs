@@ -278,9 +278,14 @@ async fn launch_describe_by_tags_and_terminate() {
         described[0].state
     );
 
-    nodes.terminate(&launched.id).await.unwrap();
-    nodes.terminate(&launched.id).await.unwrap();
-    nodes.terminate("i-0123456789abcdef0").await.unwrap();
+    // Not uid-2's: refused, and the instance runs on.
+    assert!(nodes.terminate(&launched.id, "uid-2").await.is_err());
+    nodes.terminate(&launched.id, "uid-1").await.unwrap();
+    nodes.terminate(&launched.id, "uid-1").await.unwrap();
+    nodes
+        .terminate("i-0123456789abcdef0", "uid-1")
+        .await
+        .unwrap();
     let after = nodes
         .describe(std::slice::from_ref(&launched.id))
         .await

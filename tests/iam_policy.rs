@@ -75,7 +75,7 @@ fn the_shipped_iam_policy_grants_exactly_the_calls_the_operator_makes() {
 }
 
 #[test]
-fn stop_and_terminate_are_confined_to_this_clusters_tagged_instances() {
+fn stop_and_terminate_are_confined_to_this_clusters_database_instances() {
     let text = std::fs::read_to_string(
         Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/aws/iam-policy.json"),
     )
@@ -94,5 +94,16 @@ fn stop_and_terminate_are_confined_to_this_clusters_tagged_instances() {
     assert_eq!(
         terminate["Condition"]["StringEquals"]["aws:ResourceTag/questdb.io/cluster"],
         "REPLACE_CLUSTER_NAME"
+    );
+    // Only instances that carry a QuestDB's uid: the operator's own check then compares it
+    // with the QuestDB whose record names the instance (IAM cannot).
+    assert_eq!(
+        terminate["Condition"]["Null"]["aws:ResourceTag/questdb.io/uid"],
+        "false"
+    );
+    let actions = terminate["Action"].as_array().unwrap();
+    assert!(
+        actions.iter().any(|a| a == "ec2:StopInstances"),
+        "{actions:?}"
     );
 }

@@ -189,6 +189,22 @@ impl<A: Route53Api + 'static> DnsProvider for Route53DnsProvider<A> {
     }
 
     async fn delete_a(&self, name: &str, owner: &DnsOwner) -> Result<(), CloudError> {
+        self.remove(name, owner, false).await
+    }
+
+    async fn withdraw_a(&self, name: &str, owner: &DnsOwner) -> Result<(), CloudError> {
+        self.remove(name, owner, true).await
+    }
+}
+
+impl<A: Route53Api> Route53DnsProvider<A> {
+    /// Deletes the A record of `name` and, unless `keep_reservation`, its ownership TXT.
+    async fn remove(
+        &self,
+        name: &str,
+        owner: &DnsOwner,
+        keep_reservation: bool,
+    ) -> Result<(), CloudError> {
         let name = fqdn(name);
         // Twice at most: a DELETE carries the exact current values, so a record changed
         // between our read and our DELETE is read once more.
@@ -204,7 +220,7 @@ impl<A: Route53Api + 'static> DnsProvider for Route53DnsProvider<A> {
                 Ownership::Ours | Ownership::OursUnmarked => [of("A"), of("TXT")]
                     .into_iter()
                     .flatten()
-                    .filter(|s| s.kind == "A" || s.values.contains(&ours))
+                    .filter(|s| s.kind == "A" || (!keep_reservation && s.values.contains(&ours)))
                     .map(|s| (ChangeAction::Delete, s))
                     .collect(),
                 Ownership::Free => return Ok(()),

@@ -35,7 +35,7 @@ pub use model::{
     display_name, fqdn, ARecord, ImageFacts, Instance, InstanceState, InstanceTypeFacts,
     LaunchRequest, NodeFacts, Taint,
 };
-pub use nodes::Ec2NodeProvider;
+pub use nodes::{Ec2NodeProvider, INSTANCE_NOT_OWNED};
 pub use observer::{
     noop_observer, AwsCallObserver, CallCounter, CallKey, NoopObserver, SharedObserver,
 };
@@ -65,13 +65,18 @@ pub trait NodeProvider: Send + Sync {
     /// EC2's reads lag its launches.
     async fn describe(&self, ids: &[String]) -> Result<Vec<Instance>, CloudError>;
 
-    /// Terminate; an instance that is already terminated or unknown is `Ok` (except one this
-    /// provider launched moments ago, which is waited for, so it cannot leak).
-    async fn terminate(&self, id: &str) -> Result<(), CloudError>;
+    /// Terminate the instance of the QuestDB whose uid is `owner`; an instance that is already
+    /// terminated or unknown is `Ok` (except one this provider launched moments ago, which is
+    /// waited for, so it cannot leak). The instance is read first: one that does not carry
+    /// this cluster's tag and `owner` as its uid tag is refused
+    /// (`Permanent { code: InstanceNotOwned }`), so an id from a forged status record never
+    /// reaches another team's instance.
+    async fn terminate(&self, id: &str, owner: &str) -> Result<(), CloudError>;
 
     /// Stop with force: the fence of a failover (an instance that may still write must be
-    /// down before its volume moves). A stopped, terminating or unknown instance is `Ok`.
-    async fn stop(&self, id: &str) -> Result<(), CloudError>;
+    /// down before its volume moves). A stopped, terminating or unknown instance is `Ok`; one
+    /// that is not `owner`'s is refused, as for [`NodeProvider::terminate`].
+    async fn stop(&self, id: &str, owner: &str) -> Result<(), CloudError>;
 
     /// Start-up check of `--aws-subnets`: every subnet exists and lies in the zone it is
     /// mapped to (a node launched with `Placement` in one zone and a subnet of another fails).
@@ -106,6 +111,10 @@ pub trait DnsProvider: Send + Sync {
     /// Delete the record and its ownership TXT; an absent record is `Ok`, and so is one that
     /// is not ours (left alone: it is someone else's now).
     async fn delete_a(&self, name: &str, owner: &DnsOwner) -> Result<(), CloudError>;
+    /// Delete the A record and keep the ownership TXT: while its QuestDB is paused the name
+    /// points nowhere but stays reserved, so no other QuestDB (another namespace's, say) can
+    /// claim it and receive the clients, and their credentials, meant for this one.
+    async fn withdraw_a(&self, name: &str, owner: &DnsOwner) -> Result<(), CloudError>;
 }
 
 /// Who may write a DNS name: one QuestDB (of the provider's cluster).

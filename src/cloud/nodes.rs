@@ -14,8 +14,12 @@ use super::retry::{CallRunner, NotFound};
 use super::{
     client_token, desired_instance_tags, fallback_client_token, identity_tags, pick_subnet,
     user_data, ApiError, CloudConfig, CloudError, Instance, LaunchRequest, NodeFacts, NodeProvider,
-    SharedObserver, TAG_CLUSTER,
+    SharedObserver, TAG_CLUSTER, TAG_UID,
 };
+
+/// The code of the refusal to stop or terminate an instance that is not provably the
+/// caller's ([`Ec2NodeProvider::check_owner`]).
+pub const INSTANCE_NOT_OWNED: &str = "InstanceNotOwned";
 
 /// RunInstances' answer when the zone has no capacity for the type (EC2 API reference, error
 /// codes): the one error a fallback instance type can help with.
@@ -126,6 +130,35 @@ fn pick_existing(mut found: Vec<Instance>) -> Option<Instance> {
     match live {
         Some(idx) => Some(found.swap_remove(idx)),
         None => found.pop(),
+    }
+}
+
+impl<A: Ec2Api + 'static> Ec2NodeProvider<A> {
+    /// Proof, read live from EC2, that instance `id` is the one of the QuestDB `owner` in this
+    /// cluster before it is stopped or terminated. The ids come from status records, which
+    /// anyone allowed to write `questdbs/status` can forge, and the IAM policy can only require
+    /// that a uid tag exists, not whose it is. An instance EC2 does not know passes: the call
+    /// that follows treats it as gone (or waits for one launched moments ago).
+    async fn check_owner(&self, action: &str, id: &str, owner: &str) -> Result<(), CloudError> {
+        let found = self.describe(&[id.to_string()]).await?;
+        let Some(instance) = found.iter().find(|i| i.id == id) else {
+            return Ok(());
+        };
+        let tag = |k: &str| instance.tags.get(k).map(String::as_str);
+        if tag(TAG_CLUSTER) == Some(self.config.cluster_name.as_str())
+            && tag(TAG_UID) == Some(owner)
+        {
+            return Ok(());
+        }
+        Err(CloudError::Permanent {
+            operation: action.to_string(),
+            code: INSTANCE_NOT_OWNED.to_string(),
+            message: format!(
+                "instance {id} is not this QuestDB's (its tags say cluster {}, uid {}; this QuestDB is {owner}): nothing done to it",
+                tag(TAG_CLUSTER).unwrap_or("none"),
+                tag(TAG_UID).unwrap_or("none"),
+            ),
+        })
     }
 }
 
@@ -249,7 +282,8 @@ impl<A: Ec2Api + 'static> NodeProvider for Ec2NodeProvider<A> {
         Ok(out)
     }
 
-    async fn terminate(&self, id: &str) -> Result<(), CloudError> {
+    async fn terminate(&self, id: &str, owner: &str) -> Result<(), CloudError> {
+        self.check_owner("TerminateInstances", id, owner).await?;
         let ids = [id.to_string()];
         // "Not found" right after our own launch means "not visible yet", not "gone": keep
         // asking, or the instance would be leaked while we report success.
@@ -335,7 +369,8 @@ impl<A: Ec2Api + 'static> NodeProvider for Ec2NodeProvider<A> {
         })
     }
 
-    async fn stop(&self, id: &str) -> Result<(), CloudError> {
+    async fn stop(&self, id: &str, owner: &str) -> Result<(), CloudError> {
+        self.check_owner("StopInstances", id, owner).await?;
         let ids = [id.to_string()];
         match self
             .calls

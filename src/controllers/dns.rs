@@ -17,8 +17,12 @@ pub enum DnsStep {
     InSync(Verdict),
     /// Point `name` at `ip`.
     Upsert { name: String, ip: String, ttl: i64 },
-    /// Remove the record status names (paused, deleted, renamed, or `spec.dns` removed).
+    /// Remove the record status names and its ownership (deleted, renamed, or `spec.dns`
+    /// removed): the name is free again.
     Delete { name: String },
+    /// Remove the A record and keep the ownership (paused): the name points nowhere and stays
+    /// this QuestDB's until it is deleted.
+    Withdraw { name: String },
     /// A record is wanted but cannot be written yet (no node address, no hosted zone).
     Blocked(Verdict),
 }
@@ -27,6 +31,8 @@ pub struct DnsView<'a> {
     pub spec: Option<&'a DnsSpec>,
     /// Paused or being deleted.
     pub release: bool,
+    /// Being deleted (a pause keeps the name reserved; only deletion frees it).
+    pub deleting: bool,
     pub status: &'a QuestDBStatus,
     /// The dedicated instance's private and public IPs, once known.
     pub private_ip: Option<&'a str>,
@@ -37,6 +43,21 @@ pub struct DnsView<'a> {
 pub fn plan(v: &DnsView) -> DnsStep {
     let wanted = v.spec.filter(|_| !v.release);
     let recorded = v.status.dns_name.as_deref();
+    let reserved = v
+        .spec
+        .filter(|_| v.release && !v.deleting)
+        .map(|d| display_name(&d.name))
+        .filter(|name| recorded == Some(name.as_str()));
+    if let Some(name) = reserved {
+        if !v.provider_configured {
+            return DnsStep::Blocked(not_configured());
+        }
+        return if v.status.dns_ip.is_some() {
+            DnsStep::Withdraw { name }
+        } else {
+            DnsStep::InSync(reserved_while_paused(&name))
+        };
+    }
     if let Some(old) = recorded {
         let renamed = wanted.is_none_or(|d| display_name(&d.name) != old);
         if renamed {
@@ -77,6 +98,16 @@ pub fn plan(v: &DnsView) -> DnsStep {
         ip: ip.to_string(),
         ttl: dns.ttl,
     }
+}
+
+/// `DnsReady` of a paused QuestDB whose name stays its own.
+pub fn reserved_while_paused(name: &str) -> Verdict {
+    Verdict::new(
+        conditions::DNS_READY,
+        false,
+        Reason::Removed,
+        format!("record {name} removed while compute is released; the name stays reserved for this QuestDB until it is deleted"),
+    )
 }
 
 pub fn published(name: &str, ip: &str) -> Verdict {
@@ -121,6 +152,7 @@ mod tests {
         DnsView {
             spec,
             release: false,
+            deleting: false,
             status,
             private_ip: Some("10.0.0.4"),
             public_ip: Some("203.0.113.9"),
@@ -166,7 +198,7 @@ mod tests {
     }
 
     #[test]
-    fn a_renamed_or_removed_or_paused_record_is_deleted_first() {
+    fn a_renamed_removed_or_deleted_record_is_deleted_first_and_its_name_freed() {
         let s = status(Some("old.example.com"), Some("10.0.0.4"));
         let renamed = dns("new.example.com", false);
         let delete = DnsStep::Delete {
@@ -175,9 +207,46 @@ mod tests {
         assert_eq!(plan(&view(Some(&renamed), &s)), delete);
         assert_eq!(plan(&view(None, &s)), delete);
         let same = dns("old.example.com", false);
-        let mut paused = view(Some(&same), &s);
+        let mut deleting = view(Some(&same), &s);
+        deleting.release = true;
+        deleting.deleting = true;
+        assert_eq!(plan(&deleting), delete);
+        // Deleted while paused (the A record already withdrawn): the reservation goes too.
+        let withdrawn = status(Some("old.example.com"), None);
+        let mut deleting = view(Some(&same), &withdrawn);
+        deleting.release = true;
+        deleting.deleting = true;
+        assert_eq!(plan(&deleting), delete);
+    }
+
+    #[test]
+    fn a_paused_questdb_withdraws_its_record_and_keeps_its_name() {
+        let d = dns("db1.example.com", false);
+        let s = status(Some("db1.example.com"), Some("10.0.0.4"));
+        let mut paused = view(Some(&d), &s);
         paused.release = true;
-        assert_eq!(plan(&paused), delete);
+        assert_eq!(
+            plan(&paused),
+            DnsStep::Withdraw {
+                name: "db1.example.com".into()
+            }
+        );
+        // Withdrawn: nothing more to do while paused, the name still reserved.
+        let withdrawn = status(Some("db1.example.com"), None);
+        let mut paused = view(Some(&d), &withdrawn);
+        paused.release = true;
+        assert!(
+            matches!(plan(&paused), DnsStep::InSync(c) if !c.status && c.message.contains("reserved"))
+        );
+        // Unpaused: the record comes back under the name it kept.
+        assert_eq!(
+            plan(&view(Some(&d), &withdrawn)),
+            DnsStep::Upsert {
+                name: "db1.example.com".into(),
+                ip: "10.0.0.4".into(),
+                ttl: 60
+            }
+        );
     }
 
     #[test]

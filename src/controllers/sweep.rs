@@ -230,7 +230,7 @@ async fn terminate_orphan(
 ) {
     let tag = |k: &str| instance.tags.get(k).map(String::as_str).unwrap_or("-");
     let (ns, name) = (tag(TAG_NAMESPACE), tag(TAG_NAME));
-    if let Err(e) = nodes.terminate(&instance.id).await {
+    if let Err(e) = nodes.terminate(&instance.id, tag(TAG_UID)).await {
         warn!(instance = %instance.id, error = %e, "orphan sweep: terminate failed");
         return;
     }

@@ -24,19 +24,34 @@ pub fn selector_labels(qdb: &QuestDB) -> BTreeMap<String, String> {
     ])
 }
 
+/// Prefix of the operator's own keys. On a QuestDB they speak to the operator
+/// (`crd.questdb.io/skip-failover`); on a child they are the operator's bookkeeping (hashes,
+/// the cached form): copied from the QuestDB they would overwrite it, or fight it for ever.
+const OPERATOR_PREFIX: &str = "crd.questdb.io/";
+
+fn users(key: &str) -> bool {
+    !key.starts_with(OPERATOR_PREFIX)
+}
+
 /// The user's labels plus the selector labels; the selector labels win so a user label can never
 /// take a child out of its own selector.
 pub fn child_labels(qdb: &QuestDB) -> BTreeMap<String, String> {
-    let mut out = qdb.labels().clone();
+    let mut out: BTreeMap<String, String> = qdb
+        .labels()
+        .iter()
+        .filter(|(k, _)| users(k))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
     out.extend(selector_labels(qdb));
     out
 }
 
-/// The user's annotations, minus kubectl's last-applied copy of the QuestDB.
+/// The user's annotations, minus kubectl's last-applied copy of the QuestDB and the operator's
+/// own keys.
 pub fn child_annotations(qdb: &QuestDB) -> BTreeMap<String, String> {
     qdb.annotations()
         .iter()
-        .filter(|(k, _)| k.as_str() != LAST_APPLIED)
+        .filter(|(k, _)| k.as_str() != LAST_APPLIED && users(k))
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect()
 }
@@ -93,6 +108,45 @@ mod tests {
             (LAST_APPLIED.to_string(), "{\"huge\":true}".to_string()),
         ]));
         qdb
+    }
+
+    #[test]
+    fn the_operators_own_keys_on_a_questdb_never_reach_its_children() {
+        let mut qdb = labelled();
+        qdb.metadata
+            .annotations
+            .get_or_insert_with(BTreeMap::new)
+            .extend([
+                (
+                    "crd.questdb.io/skip-failover".to_string(),
+                    "true".to_string(),
+                ),
+                (
+                    "crd.questdb.io/applied-hash".to_string(),
+                    "forged".to_string(),
+                ),
+            ]);
+        qdb.metadata
+            .labels
+            .get_or_insert_with(BTreeMap::new)
+            .insert(
+                "crd.questdb.io/dedicated".to_string(),
+                "other.db".to_string(),
+            );
+        let annotations = child_annotations(&qdb);
+        assert!(
+            annotations
+                .keys()
+                .all(|k| !k.starts_with("crd.questdb.io/")),
+            "{annotations:?}"
+        );
+        assert_eq!(annotations["owner"], "alice@example.com");
+        let labels = child_labels(&qdb);
+        assert!(
+            !labels.contains_key("crd.questdb.io/dedicated"),
+            "{labels:?}"
+        );
+        assert_eq!(labels["team"], "payments");
     }
 
     #[test]

@@ -686,7 +686,8 @@ async fn throttling_is_backed_off_and_ends_ready() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn pause_releases_the_node_and_unpause_brings_a_new_one_on_the_same_volume() {
+async fn pause_releases_the_node_keeps_the_dns_name_reserved_and_unpause_brings_a_new_node_on_the_same_volume(
+) {
     let env = CloudEnv::start(settings()).await;
     let created = env.create("p1", |_| {}).await;
     let uid = created.uid().expect("uid");
@@ -707,9 +708,11 @@ async fn pause_releases_the_node_and_unpause_brings_a_new_one_on_the_same_volume
         .patch("p1", &PatchParams::default(), &paused(true))
         .await
         .expect("pause");
+    let name = q.spec.dns.clone().expect("dns").name;
     wait_for(&env.qdbs(), "p1", "node released", |q: Option<&QuestDB>| {
-        q.and_then(|q| q.status.as_ref())
-            .is_some_and(|s| s.instance_id.is_none() && s.dns_name.is_none())
+        q.and_then(|q| q.status.as_ref()).is_some_and(|s| {
+            s.instance_id.is_none() && s.dns_ip.is_none() && s.dns_name.as_ref() == Some(&name)
+        })
     })
     .await;
     assert!(
@@ -718,6 +721,30 @@ async fn pause_releases_the_node_and_unpause_brings_a_new_one_on_the_same_volume
     );
     assert!(env.live_instances_of(&uid).is_empty());
     assert!(env.cloud.route53.records().is_empty());
+    // The name stays p1's while it is paused: another QuestDB cannot take it and receive the
+    // clients (and credentials) meant for p1.
+    assert_eq!(
+        env.cloud.route53.txt(&name).len(),
+        1,
+        "the ownership record stays"
+    );
+    let claimed = name.clone();
+    env.create("claimer", move |q| {
+        q.spec.dns.as_mut().expect("dns").name = claimed;
+    })
+    .await;
+    wait_for(
+        &env.qdbs(),
+        "claimer",
+        "the claim refused",
+        has_condition("DnsReady", "RecordOwnedElsewhere"),
+    )
+    .await;
+    assert!(env.cloud.route53.records().is_empty());
+    env.qdbs()
+        .delete("claimer", &DeleteParams::default())
+        .await
+        .expect("delete claimer");
 
     env.qdbs()
         .patch("p1", &PatchParams::default(), &paused(false))
@@ -1050,6 +1077,73 @@ async fn a_second_questdb_cannot_take_or_delete_another_ones_dns_record() {
     let records = env.cloud.route53.records();
     assert_eq!(records.len(), 1, "{records:?}");
     assert_eq!(records[0].ips, vec![first_ip]);
+    env.stop().await;
+}
+
+/// A tenant allowed to write `questdbs/status` forges a failover record on their own QuestDB
+/// that names another team's instance as the one to fence: the operator reads the instance
+/// first, finds another QuestDB's uid on it, and neither stops nor terminates it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forged_status_record_never_stops_another_questdbs_instance() {
+    let env = CloudEnv::start(settings()).await;
+    env.create("victim", |q| {
+        q.spec.dns.as_mut().expect("dns").name = "victim.db.example.com".into();
+    })
+    .await;
+    env.create("attacker", |q| {
+        q.spec.dns.as_mut().expect("dns").name = "attacker.db.example.com".into();
+    })
+    .await;
+    let victim = wait_for(&env.qdbs(), "victim", "victim Ready", is_ready()).await;
+    let mut attacker = wait_for(&env.qdbs(), "attacker", "attacker Ready", is_ready()).await;
+    let victim_instance = victim
+        .status
+        .as_ref()
+        .and_then(|s| s.instance_id.clone())
+        .expect("victim's instance");
+
+    let status = attacker.status.as_mut().expect("status");
+    status.failover = Some(questdb_operator::api::FailoverStatus {
+        phase: "Fencing".into(),
+        reason: Some("NodeLeaseExpired".into()),
+        started_at: Some(k8s_openapi::jiff::Timestamp::now().to_string()),
+        phase_started_at: Some(k8s_openapi::jiff::Timestamp::now().to_string()),
+        old_instance_id: Some(victim_instance.clone()),
+        message: Some("forged".into()),
+        ..Default::default()
+    });
+    env.qdbs()
+        .replace_status("attacker", &PostParams::default(), &attacker)
+        .await
+        .expect("the tenant's status write");
+
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(env.client.clone(), NS);
+    wait_until(
+        "a Warning event says the instance is not the attacker's",
+        || {
+            let events = events.clone();
+            let victim_instance = victim_instance.clone();
+            async move {
+                events.list(&Default::default()).await.is_ok_and(|l| {
+                    l.items.iter().any(|e| {
+                        e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("attacker")
+                            && e.note.as_deref().is_some_and(|n| {
+                                n.contains(&victim_instance) && n.contains("is not this QuestDB's")
+                            })
+                    })
+                })
+            }
+        },
+    )
+    .await;
+    assert_eq!(env.cloud.ec2.call_count("StopInstances"), 0);
+    assert_eq!(env.cloud.ec2.call_count("TerminateInstances"), 0);
+    assert_eq!(
+        env.live_instances_of(&victim.uid().expect("uid")),
+        vec![victim_instance]
+    );
+    let victim = env.qdbs().get("victim").await.expect("victim");
+    assert!(is_ready_now(Some(&victim)), "{:?}", victim.status);
     env.stop().await;
 }
 

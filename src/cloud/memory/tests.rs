@@ -135,7 +135,7 @@ async fn relaunch_of_the_same_generation_returns_the_same_instance() {
 async fn terminated_generation_is_reported_not_replaced() {
     let (cloud, _) = cloud();
     let first = cloud.nodes.launch(&request("uid-1", 1)).await.unwrap();
-    cloud.nodes.terminate(&first.id).await.unwrap();
+    cloud.nodes.terminate(&first.id, "uid-1").await.unwrap();
     let again = cloud.nodes.launch(&request("uid-1", 1)).await.unwrap();
     assert_eq!(again.id, first.id);
     assert!(again.state.is_gone());
@@ -222,7 +222,10 @@ async fn all_calls_of_a_provider_share_one_rate_limit() {
                 if i % 2 == 0 {
                     nodes.describe_cluster().await.map(|_| ())
                 } else {
-                    nodes.terminate("i-00000000000000abc").await
+                    nodes
+                        .describe(&["i-00000000000000abc".to_string()])
+                        .await
+                        .map(|_| ())
                 }
             })
         })
@@ -380,8 +383,44 @@ async fn terminate_right_after_launch_does_not_leak_an_invisible_instance() {
     let (cloud, _) = cloud();
     cloud.ec2.hide_new_instances_for(3);
     let launched = cloud.nodes.launch(&request("uid-1", 1)).await.unwrap();
-    cloud.nodes.terminate(&launched.id).await.unwrap();
+    cloud.nodes.terminate(&launched.id, "uid-1").await.unwrap();
     assert!(live_instances_of(&cloud.ec2, "uid-1", 1).is_empty());
+}
+
+/// Instance ids come from status records, which a tenant with `questdbs/status` can forge:
+/// another QuestDB's instance, or another cluster's, is read first and left alone.
+#[tokio::test(start_paused = true)]
+async fn an_instance_that_is_not_the_callers_is_never_stopped_or_terminated() {
+    let (cloud, _) = cloud();
+    let victim = cloud.nodes.launch(&request("uid-victim", 1)).await.unwrap();
+    for refused in [
+        cloud.nodes.stop(&victim.id, "uid-attacker").await,
+        cloud.nodes.terminate(&victim.id, "uid-attacker").await,
+    ] {
+        match refused {
+            Err(CloudError::Permanent { code, message, .. }) => {
+                assert_eq!(code, crate::cloud::INSTANCE_NOT_OWNED);
+                assert!(message.contains("uid uid-victim"), "{message}");
+            }
+            other => panic!("refused, not {other:?}"),
+        }
+    }
+    assert_eq!(cloud.ec2.call_count("StopInstances"), 0);
+    assert_eq!(cloud.ec2.call_count("TerminateInstances"), 0);
+    assert_eq!(live_instances_of(&cloud.ec2, "uid-victim", 1).len(), 1);
+
+    // The same uid in another cluster's operator is not the owner either.
+    let staging = crate::cloud::Ec2NodeProvider::new(
+        cloud.ec2.clone(),
+        config("staging"),
+        crate::cloud::noop_observer(),
+    );
+    assert!(staging.terminate(&victim.id, "uid-victim").await.is_err());
+    assert_eq!(live_instances_of(&cloud.ec2, "uid-victim", 1).len(), 1);
+
+    // Its owner stops it.
+    cloud.nodes.stop(&victim.id, "uid-victim").await.unwrap();
+    assert_eq!(cloud.ec2.call_count("StopInstances"), 1);
 }
 
 #[tokio::test(start_paused = true)]
@@ -389,9 +428,13 @@ async fn terminate_is_idempotent_and_announced() {
     let (cloud, _) = cloud();
     let launched = cloud.nodes.launch(&request("uid-1", 1)).await.unwrap();
     let mut events = cloud.ec2.subscribe();
-    cloud.nodes.terminate(&launched.id).await.unwrap();
-    cloud.nodes.terminate(&launched.id).await.unwrap();
-    cloud.nodes.terminate("i-00000000000000abc").await.unwrap();
+    cloud.nodes.terminate(&launched.id, "uid-1").await.unwrap();
+    cloud.nodes.terminate(&launched.id, "uid-1").await.unwrap();
+    cloud
+        .nodes
+        .terminate("i-00000000000000abc", "uid-1")
+        .await
+        .unwrap();
 
     let terminated = timeout(Duration::from_secs(5), async {
         loop {

@@ -9,6 +9,7 @@
 //!
 //! [`InstanceCache`]: crate::controllers::cloud_runtime::InstanceCache
 
+use super::owner_uid;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -555,7 +556,11 @@ impl NodeRun<'_> {
     async fn terminate(&mut self, ids: &[String]) -> Result<Flow, Error> {
         for id in ids {
             info!(questdb = %self.qdb.name_any(), instance = %id, "terminating dedicated instance");
-            self.cloud.nodes.terminate(id).await.map_err(cloud_error)?;
+            self.cloud
+                .nodes
+                .terminate(id, &owner_uid(self.qdb))
+                .await
+                .map_err(cloud_error)?;
         }
         self.cloud.instances.invalidate();
         let note = format!("terminating instance(s) {}", ids.join(", "));
@@ -710,10 +715,12 @@ async fn dns_step(
     out: &mut CloudOutcome,
 ) -> Result<DnsDecision, Error> {
     let status = qdb.status.clone().unwrap_or_default();
-    let release = qdb.spec.paused || qdb.metadata.deletion_timestamp.is_some();
+    let deleting = qdb.metadata.deletion_timestamp.is_some();
+    let release = qdb.spec.paused || deleting;
     let step = dns::plan(&DnsView {
         spec: qdb.spec.dns.as_ref(),
         release,
+        deleting,
         status: &status,
         private_ip: ips.private.as_deref(),
         public_ip: ips.public.as_deref(),
@@ -771,6 +778,18 @@ async fn dns_step(
             )
             .await;
             Ok(DnsDecision::Decided(Some(dns::published(&name, &ip))))
+        }
+        DnsStep::Withdraw { name } => {
+            let owner = dns_owner(qdb, &status, &name);
+            provider
+                .withdraw_a(&name, &owner)
+                .await
+                .map_err(cloud_error)?;
+            info!(questdb = %qdb.name_any(), record = %name, "DNS record withdrawn; the name stays reserved");
+            persist(qdb, ctx, |s| s.dns_ip = None).await?;
+            Ok(DnsDecision::Decided(Some(dns::reserved_while_paused(
+                &name,
+            ))))
         }
         DnsStep::Delete { name } => {
             let owner = dns_owner(qdb, &status, &name);

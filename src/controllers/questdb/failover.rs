@@ -2,6 +2,7 @@
 //! part of a QuestDB's reconcile, so a failover is never two reconciles of one object at once;
 //! every step is persisted in `status.failover` before its side effect.
 
+use super::owner_uid;
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
@@ -223,7 +224,7 @@ pub async fn fence_for_release(qdb: &QuestDB, ctx: &Context) -> Result<Option<St
     match failover::release_fence(&view) {
         ReleaseFence::None => Ok(None),
         ReleaseFence::Stop(instance) => {
-            match cloud.nodes.stop(&instance).await {
+            match cloud.nodes.stop(&instance, &owner_uid(qdb)).await {
                 Ok(()) | Err(CloudError::Throttled { .. } | CloudError::Transient { .. }) => {}
                 Err(e) => return Err(Error::Cloud(e)),
             }
@@ -385,7 +386,7 @@ async fn steps(
         let step = failover::next_step(&facts.view(&f));
         match step {
             Step::Fence(id) => {
-                match cloud.nodes.stop(&id).await {
+                match cloud.nodes.stop(&id, &owner_uid(qdb)).await {
                     Ok(()) => {
                         info!(questdb = %qdb.name_any(), instance = %id, "fencing: stop requested")
                     }
@@ -433,7 +434,11 @@ async fn steps(
                 });
             }
             Step::Finish(old) => {
-                cloud.nodes.terminate(&old).await.map_err(Error::Cloud)?;
+                cloud
+                    .nodes
+                    .terminate(&old, &owner_uid(qdb))
+                    .await
+                    .map_err(Error::Cloud)?;
                 // Downtime ends when the database answered again (Draining began), not when
                 // the fenced instance is let go.
                 let downtime = between(f.started_at.as_deref(), f.phase_started_at.as_deref());

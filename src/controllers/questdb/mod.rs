@@ -278,6 +278,11 @@ async fn release_and_unblock(qdb: Arc<QuestDB>, ctx: &Context) -> Result<Next, E
     Ok(Next::AwaitChange)
 }
 
+/// The uid an instance's tags must carry for this QuestDB to stop or terminate it.
+pub(super) fn owner_uid(qdb: &QuestDB) -> String {
+    qdb.uid().unwrap_or_default()
+}
+
 fn already_reported_invalid(qdb: &QuestDB, note: &str) -> bool {
     qdb.status.as_ref().is_some_and(|s| {
         s.observed_generation == qdb.metadata.generation

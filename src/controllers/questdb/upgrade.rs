@@ -2,6 +2,7 @@
 //! part of a QuestDB's reconcile: never two reconciles of one object at once, every step
 //! persisted in `status.upgrade` before its side effect, a failover always first.
 
+use super::owner_uid;
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
@@ -480,7 +481,11 @@ async fn steps(
             }
             Step::FinishRollback => {
                 if let Some(failed) = u.old_instance_id.as_deref() {
-                    cloud.nodes.terminate(failed).await.map_err(Error::Cloud)?;
+                    cloud
+                        .nodes
+                        .terminate(failed, &owner_uid(qdb))
+                        .await
+                        .map_err(Error::Cloud)?;
                 }
                 step_done(qdb, ctx, &u);
                 let downtime = since(u.stopped_at.as_deref());
@@ -520,7 +525,11 @@ async fn steps(
             }
             Step::Release => {
                 if let Some(old) = u.old_instance_id.as_deref() {
-                    cloud.nodes.terminate(old).await.map_err(Error::Cloud)?;
+                    cloud
+                        .nodes
+                        .terminate(old, &owner_uid(qdb))
+                        .await
+                        .map_err(Error::Cloud)?;
                 }
                 cloud.instances.invalidate();
                 persist(qdb, ctx, |s| {
@@ -749,7 +758,11 @@ async fn abort(
     message: String,
 ) -> Result<(), Error> {
     if let Some(id) = u.new_instance_id.as_deref() {
-        cloud.nodes.terminate(id).await.map_err(Error::Cloud)?;
+        cloud
+            .nodes
+            .terminate(id, &owner_uid(qdb))
+            .await
+            .map_err(Error::Cloud)?;
     }
     persist(qdb, ctx, |s| {
         if let Some(u) = s.upgrade.as_mut() {
