@@ -170,6 +170,20 @@ pub fn cloud_config(args: &CloudArgs, provider: CloudProvider) -> anyhow::Result
         kms_key_id: args.node_root_volume_kms_key_id.clone(),
     };
     config.instance_profile = args.aws_instance_profile.clone();
+    let listed = |v: &[String]| -> Vec<String> {
+        v.iter()
+            .map(|s| s.trim().to_string())
+            .filter(|s| !s.is_empty())
+            .collect()
+    };
+    config.allow_list = crate::cloud::LaunchAllowList {
+        images: listed(&args.allowed_node_images),
+        image_owners: listed(&args.allowed_node_image_owners),
+        instance_types: listed(&args.allowed_node_instance_types),
+    };
+    if config.allow_list.is_empty() {
+        tracing::info!("no launch allow-list: any image and instance type a QuestDB names may be launched (--allowed-node-images, --allowed-node-image-owners, --allowed-node-instance-types)");
+    }
     config.hosted_zone_id = args.route53_hosted_zone_id.clone();
     config.endpoint_url = args.aws_endpoint_url.clone();
     config.user_data_template = match &args.node_user_data_template {

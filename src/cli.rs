@@ -146,6 +146,22 @@ pub struct CloudArgs {
     #[arg(long, env = "AWS_INSTANCE_PROFILE")]
     pub aws_instance_profile: Option<String>,
 
+    /// AMI ids a QuestDB's `spec.node.image` may name (comma separated). With
+    /// `--allowed-node-image-owners` too, an image passes if either allows it. Unset with no
+    /// owners: any image.
+    #[arg(long, env = "ALLOWED_NODE_IMAGES", value_delimiter = ',')]
+    pub allowed_node_images: Vec<String>,
+
+    /// AWS account ids whose images may be launched (checked with DescribeImages), e.g. the
+    /// account that publishes the EKS-optimised AMIs.
+    #[arg(long, env = "ALLOWED_NODE_IMAGE_OWNERS", value_delimiter = ',')]
+    pub allowed_node_image_owners: Vec<String>,
+
+    /// Instance types a QuestDB may ask for (comma separated; `m6i.*` for a family). Unset:
+    /// any type.
+    #[arg(long, env = "ALLOWED_NODE_INSTANCE_TYPES", value_delimiter = ',')]
+    pub allowed_node_instance_types: Vec<String>,
+
     /// User-data template that joins a node to the cluster; `{{node_labels}}` and
     /// `{{node_taints}}` must reach the kubelet. Unset: the built-in Amazon Linux 2023 `nodeadm`
     /// NodeConfig, which needs the three `--eks-*` flags.

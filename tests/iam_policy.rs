@@ -107,3 +107,61 @@ fn stop_and_terminate_are_confined_to_this_clusters_database_instances() {
         "{actions:?}"
     );
 }
+
+/// The allow-list is enforced twice: by the operator before every launch, and by IAM, so a
+/// bug in the first (or a stolen operator token) still launches only allowed images and types.
+#[test]
+fn launches_are_confined_to_allowed_images_and_instance_types() {
+    let text = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/aws/iam-policy.json"),
+    )
+    .unwrap();
+    let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let statements = doc["Statement"].as_array().unwrap();
+    let launching = |resource: &str| {
+        statements
+            .iter()
+            .filter(|s| s["Action"] == "ec2:RunInstances")
+            .find(|s| {
+                let r = &s["Resource"];
+                r.as_str().is_some_and(|r| r.contains(resource))
+                    || r.as_array()
+                        .is_some_and(|a| a.iter().any(|v| v.as_str().unwrap().contains(resource)))
+            })
+            .unwrap_or_else(|| panic!("a RunInstances statement for {resource}"))
+            .clone()
+    };
+    let image = launching(":image/");
+    assert_eq!(
+        image["Condition"]["StringEquals"]["ec2:Owner"][0],
+        "REPLACE_ALLOWED_IMAGE_OWNER"
+    );
+    let instance = launching(":instance/");
+    assert_eq!(
+        instance["Condition"]["StringLike"]["ec2:InstanceType"][0],
+        "REPLACE_ALLOWED_INSTANCE_TYPES"
+    );
+    assert_eq!(
+        instance["Condition"]["StringEquals"]["aws:RequestTag/questdb.io/cluster"],
+        "REPLACE_CLUSTER_NAME"
+    );
+    // No statement grants RunInstances on images or instances without those conditions.
+    for s in statements
+        .iter()
+        .filter(|s| s["Action"] == "ec2:RunInstances")
+    {
+        let r = s["Resource"].to_string();
+        if r.contains(":image/") {
+            assert!(
+                s["Condition"]["StringEquals"]["ec2:Owner"].is_array(),
+                "{s}"
+            );
+        }
+        if r.contains(":instance/") {
+            assert!(
+                s["Condition"]["StringLike"]["ec2:InstanceType"].is_array(),
+                "{s}"
+            );
+        }
+    }
+}

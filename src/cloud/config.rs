@@ -23,6 +23,8 @@ pub struct CloudConfig {
     pub eks: EksCluster,
     /// The root volume of every dedicated node.
     pub root_volume: RootVolume,
+    /// The images and instance types a QuestDB may ask for; checked before every launch.
+    pub allow_list: super::LaunchAllowList,
     pub hosted_zone_id: Option<String>,
     /// Talk to this endpoint instead of AWS (moto in tests, the sandbox).
     pub endpoint_url: Option<String>,
@@ -46,6 +48,7 @@ impl CloudConfig {
             user_data_template: String::new(),
             eks: EksCluster::default(),
             root_volume: RootVolume::default(),
+            allow_list: super::LaunchAllowList::default(),
             hosted_zone_id: None,
             endpoint_url: None,
             retry: RetryPolicy::default(),

@@ -9,6 +9,7 @@
 //! idempotent launch, retries with jittered backoff, a shared rate limit, and a report of every
 //! API attempt to an [`AwsCallObserver`].
 
+mod allow_list;
 mod backend;
 mod config;
 mod dns;
@@ -27,6 +28,7 @@ pub mod memory;
 
 use async_trait::async_trait;
 
+pub use allow_list::{ImageVerdict, LaunchAllowList};
 pub use backend::{ChangeAction, Ec2Api, InstanceQuery, Page, RecordSet, Route53Api, RunSpec};
 pub use config::{pick_subnet, CloudConfig, EksCluster, RateLimit, RetryPolicy, RootVolume};
 pub use dns::{Route53DnsProvider, OWNED_ELSEWHERE};
@@ -35,7 +37,7 @@ pub use model::{
     display_name, fqdn, ARecord, ImageFacts, Instance, InstanceState, InstanceTypeFacts,
     LaunchRequest, NodeFacts, Taint,
 };
-pub use nodes::{Ec2NodeProvider, INSTANCE_NOT_OWNED};
+pub use nodes::{Ec2NodeProvider, INSTANCE_NOT_OWNED, LAUNCH_NOT_ALLOWED};
 pub use observer::{
     noop_observer, AwsCallObserver, CallCounter, CallKey, NoopObserver, SharedObserver,
 };

@@ -38,6 +38,8 @@ pub struct ImageFacts {
     pub architecture: String,
     /// `ebs` or `instance-store`.
     pub root_device_type: String,
+    /// The AWS account that owns the image (`OwnerId`).
+    pub owner: String,
 }
 
 /// What EC2 says about an instance type in one zone (`DescribeInstanceTypes`,

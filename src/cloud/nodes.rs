@@ -13,13 +13,16 @@ use super::rate_limit::TokenBucket;
 use super::retry::{CallRunner, NotFound};
 use super::{
     client_token, desired_instance_tags, fallback_client_token, identity_tags, pick_subnet,
-    user_data, ApiError, CloudConfig, CloudError, Instance, LaunchRequest, NodeFacts, NodeProvider,
-    SharedObserver, TAG_CLUSTER, TAG_UID,
+    user_data, ApiError, CloudConfig, CloudError, ImageVerdict, Instance, LaunchRequest, NodeFacts,
+    NodeProvider, SharedObserver, TAG_CLUSTER, TAG_UID,
 };
 
 /// The code of the refusal to stop or terminate an instance that is not provably the
 /// caller's ([`Ec2NodeProvider::check_owner`]).
 pub const INSTANCE_NOT_OWNED: &str = "InstanceNotOwned";
+
+/// The code of a launch the allow-list refuses ([`super::LaunchAllowList`]).
+pub const LAUNCH_NOT_ALLOWED: &str = "LaunchNotAllowed";
 
 /// RunInstances' answer when the zone has no capacity for the type (EC2 API reference, error
 /// codes): the one error a fallback instance type can help with.
@@ -134,6 +137,38 @@ fn pick_existing(mut found: Vec<Instance>) -> Option<Instance> {
 }
 
 impl<A: Ec2Api + 'static> Ec2NodeProvider<A> {
+    /// The launch allow-list, before any RunInstances of `req` (its fallback types included):
+    /// a refusal names the rule and launches nothing.
+    async fn check_allowed(&self, req: &LaunchRequest) -> Result<(), CloudError> {
+        let list = &self.config.allow_list;
+        let refused = |message: String| CloudError::Permanent {
+            operation: "RunInstances".to_string(),
+            code: LAUNCH_NOT_ALLOWED.to_string(),
+            message,
+        };
+        let types = std::iter::once(&req.instance_type).chain(&req.fallback_instance_types);
+        if let Some(why) = types.filter_map(|t| list.refuse_instance_type(t)).next() {
+            return Err(refused(why));
+        }
+        match list.image(&req.image) {
+            ImageVerdict::Allowed => Ok(()),
+            ImageVerdict::Refused(why) => Err(refused(why)),
+            ImageVerdict::AskOwner => {
+                let facts = self
+                    .calls
+                    .call("DescribeImages", NotFound::Return, || {
+                        self.api.describe_image(&req.image)
+                    })
+                    .await
+                    .map_err(|e| CloudError::from_api("DescribeImages", e))?;
+                match list.image_owned(&req.image, facts.as_ref()) {
+                    None => Ok(()),
+                    Some(why) => Err(refused(why)),
+                }
+            }
+        }
+    }
+
     /// Proof, read live from EC2, that instance `id` is the one of the QuestDB `owner` in this
     /// cluster before it is stopped or terminated. The ids come from status records, which
     /// anyone allowed to write `questdbs/status` can forge, and the IAM policy can only require
@@ -184,6 +219,7 @@ impl<A: Ec2Api + 'static> NodeProvider for Ec2NodeProvider<A> {
         if let Some(instance) = pick_existing(existing) {
             return Ok(instance);
         }
+        self.check_allowed(req).await?;
         tracing::info!(
             namespace = %req.namespace,
             name = %req.name,

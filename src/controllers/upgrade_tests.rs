@@ -339,6 +339,7 @@ fn facts(arch: &str, kind_arch: &str) -> NodeFacts {
             state: "available".into(),
             architecture: arch.into(),
             root_device_type: "ebs".into(),
+            owner: "602401143452".into(),
         }),
         instance_type: Some(crate::cloud::InstanceTypeFacts {
             name: "m6i.large".into(),

@@ -108,11 +108,20 @@ impl CloudEnv {
         cluster: questdb_testenv::ControlPlaneOptions,
         ec2: MemoryEc2Options,
     ) -> CloudEnv {
+        Self::start_with_config(settings, cluster, ec2, cloud_config()).await
+    }
+
+    async fn start_with_config(
+        settings: CloudSettings,
+        cluster: questdb_testenv::ControlPlaneOptions,
+        ec2: MemoryEc2Options,
+        config: CloudConfig,
+    ) -> CloudEnv {
         crate::log_capture::init();
         let (cp, client) = crate::harness::control_plane_with(cluster).await;
         let handle = ManagerHandle::default();
-        let cloud = MemoryCloud::new(cloud_config(), ec2, handle.metrics.aws_observer())
-            .expect("memory cloud");
+        let cloud =
+            MemoryCloud::new(config, ec2, handle.metrics.aws_observer()).expect("memory cloud");
         let stop = CancellationToken::new();
         let bridge = spawn_node_join(&cp, cloud.ec2.clone(), stop.clone());
         let mut env = CloudEnv {
@@ -586,6 +595,65 @@ async fn an_unknown_ami_is_reported_with_the_aws_message_without_a_retry_storm()
     .await;
     assert_eq!(env.cloud.ec2.call_count("RunInstances"), 1);
     assert!(env.cloud.ec2.instances().is_empty());
+    env.stop().await;
+}
+
+/// A tenant asks for an image the operator does not allow (one they built, say) and for an
+/// instance type outside the list: refused before any launch, with `NodeReady=False` naming
+/// the rule; the allowed one next to it runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_image_or_type_outside_the_allow_list_is_never_launched() {
+    let mut config = cloud_config();
+    config.allow_list = questdb_operator::cloud::LaunchAllowList {
+        images: vec![AMI.into()],
+        image_owners: Vec::new(),
+        instance_types: vec!["m6i.*".into()],
+    };
+    let tenant_build = "ami-0ten4n7b01d000000";
+    let ec2 = MemoryEc2Options::default();
+    let env = CloudEnv::start_with_config(settings(), crate::harness::cluster(), ec2, config).await;
+    env.cloud.ec2.add_image(tenant_build);
+    env.create("built", |q| {
+        q.spec.node.as_mut().expect("node").image = tenant_build.into();
+    })
+    .await;
+    env.create("huge", |q| {
+        q.spec.node.as_mut().expect("node").instance_type = "u-24tb1.metal".into();
+    })
+    .await;
+    env.create("allowed", |_| {}).await;
+    for (name, what) in [("built", tenant_build), ("huge", "u-24tb1.metal")] {
+        let q = wait_for(
+            &env.qdbs(),
+            name,
+            "NodeReady=False, the launch refused",
+            |q: Option<&QuestDB>| {
+                q.and_then(|q| q.status.as_ref()).is_some_and(|s| {
+                    s.conditions.iter().any(|c| {
+                        c.type_ == "NodeReady"
+                            && c.status == "False"
+                            && c.message.contains("--allowed-node-")
+                    })
+                })
+            },
+        )
+        .await;
+        let message = q
+            .status
+            .expect("status")
+            .conditions
+            .into_iter()
+            .find(|c| c.type_ == "NodeReady")
+            .expect("NodeReady")
+            .message;
+        assert!(message.contains(what), "{message}");
+    }
+    wait_for(&env.qdbs(), "allowed", "the allowed one Ready", is_ready()).await;
+    assert_eq!(
+        env.cloud.ec2.call_count("RunInstances"),
+        1,
+        "only the allowed launch"
+    );
     env.stop().await;
 }
 

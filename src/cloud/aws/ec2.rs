@@ -230,6 +230,7 @@ impl Ec2Api for AwsEc2 {
                 state: i.state()?.as_str().to_string(),
                 architecture: i.architecture()?.as_str().to_string(),
                 root_device_type: i.root_device_type()?.as_str().to_string(),
+                owner: i.owner_id().unwrap_or_default().to_string(),
             })
         }))
     }

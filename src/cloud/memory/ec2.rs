@@ -23,6 +23,10 @@ pub enum InstanceEvent {
     Terminated(String),
 }
 
+/// The account that owns every known image unless `image_owners` says otherwise (the
+/// account of the EKS-optimised AMIs in us-east-1 and most regions).
+pub const IMAGE_OWNER: &str = "602401143452";
+
 /// Static behaviour of the fake.
 #[derive(Clone, Debug)]
 pub struct MemoryEc2Options {
@@ -43,6 +47,8 @@ pub struct MemoryEc2Options {
     pub shutting_down_to_terminated: Duration,
     /// Images built for arm64 (all others are x86_64).
     pub arm64_images: BTreeSet<String>,
+    /// Owners (`OwnerId`) of images other than [`IMAGE_OWNER`]: a tenant's own build, say.
+    pub image_owners: BTreeMap<String, String>,
     /// Instance types with Graviton (arm64) processors (all others are x86_64).
     pub arm64_instance_types: BTreeSet<String>,
     /// Images whose instances run but never join the cluster (their bootstrap fails): no
@@ -66,6 +72,7 @@ impl Default for MemoryEc2Options {
             ]
             .into(),
             arm64_images: ["ami-0a64a64a64a64a64a".to_string()].into(),
+            image_owners: BTreeMap::new(),
             arm64_instance_types: ["m7g.large".to_string()].into(),
             instance_types: [
                 "t3.micro",
@@ -513,6 +520,12 @@ impl Ec2Api for MemoryEc2 {
                 state: "available".into(),
                 architecture: arch.into(),
                 root_device_type: "ebs".into(),
+                owner: state
+                    .options
+                    .image_owners
+                    .get(id)
+                    .cloned()
+                    .unwrap_or_else(|| IMAGE_OWNER.to_string()),
             }))
     }
 

@@ -25,7 +25,7 @@ mod tests;
 
 use std::sync::Arc;
 
-pub use ec2::{InstanceEvent, MemoryEc2, MemoryEc2Options};
+pub use ec2::{InstanceEvent, MemoryEc2, MemoryEc2Options, IMAGE_OWNER};
 pub use route53::MemoryRoute53;
 
 use super::{CloudConfig, CloudError, Ec2NodeProvider, Route53DnsProvider, SharedObserver};

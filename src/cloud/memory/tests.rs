@@ -639,3 +639,74 @@ async fn calls_per_provisioned_questdb_and_per_steady_state_sync() {
     assert_eq!(counter.total() - before, 2);
     assert_eq!(counter.attempts("ChangeResourceRecordSets"), 1);
 }
+
+fn refusal(result: Result<crate::cloud::Instance, CloudError>) -> String {
+    match result {
+        Err(CloudError::Permanent { code, message, .. }) => {
+            assert_eq!(code, crate::cloud::LAUNCH_NOT_ALLOWED, "{message}");
+            message
+        }
+        other => panic!("refused, not {other:?}"),
+    }
+}
+
+/// A tenant names the image and the instance type; the operator's allow-list decides what is
+/// launched, before any RunInstances: the first launch, a replacement, a fallback type.
+#[tokio::test(start_paused = true)]
+async fn the_allow_list_refuses_an_image_or_instance_type_before_any_launch() {
+    let mut c = config("prod");
+    c.allow_list = crate::cloud::LaunchAllowList {
+        images: vec![AMI.into()],
+        image_owners: Vec::new(),
+        instance_types: vec!["m6i.*".into()],
+    };
+    let options = MemoryEc2Options {
+        known_images: [AMI.to_string(), "ami-0badbadbadbadbad0".to_string()].into(),
+        ..Default::default()
+    };
+    let (cloud, _) = cloud_with(c, options);
+
+    let mut foreign_image = request("uid-1", 1);
+    foreign_image.image = "ami-0badbadbadbadbad0".into();
+    let why = refusal(cloud.nodes.launch(&foreign_image).await);
+    assert!(
+        why.contains("ami-0badbadbadbadbad0") && why.contains("--allowed-node-images"),
+        "{why}"
+    );
+
+    let mut big = request("uid-2", 1);
+    big.instance_type = "u-24tb1.metal".into();
+    let why = refusal(cloud.nodes.launch(&big).await);
+    assert!(why.contains("u-24tb1.metal"), "{why}");
+
+    // A fallback type outside the list is refused up front, not tried when capacity runs out.
+    let mut fallback = request("uid-3", 1);
+    fallback.fallback_instance_types = vec!["x2iedn.32xlarge".into()];
+    let why = refusal(cloud.nodes.launch(&fallback).await);
+    assert!(why.contains("x2iedn.32xlarge"), "{why}");
+
+    assert_eq!(cloud.ec2.call_count("RunInstances"), 0);
+    assert!(cloud.nodes.launch(&request("uid-4", 1)).await.is_ok());
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_image_of_an_allowed_owner_passes_and_a_tenants_own_build_does_not() {
+    let mut c = config("prod");
+    c.allow_list.image_owners = vec![IMAGE_OWNER.into()];
+    let tenant_build = "ami-0ten4n7b01d000000";
+    let options = MemoryEc2Options {
+        known_images: [AMI.to_string(), tenant_build.to_string()].into(),
+        image_owners: [(tenant_build.to_string(), "111122223333".to_string())].into(),
+        ..Default::default()
+    };
+    let (cloud, _) = cloud_with(c, options);
+    let mut built = request("uid-1", 1);
+    built.image = tenant_build.into();
+    let why = refusal(cloud.nodes.launch(&built).await);
+    assert!(why.contains("111122223333"), "{why}");
+    let mut unknown = request("uid-2", 1);
+    unknown.image = "ami-0000000000000dead".into();
+    refusal(cloud.nodes.launch(&unknown).await);
+    assert_eq!(cloud.ec2.call_count("RunInstances"), 0);
+    assert!(cloud.nodes.launch(&request("uid-3", 1)).await.is_ok());
+}
