@@ -94,6 +94,8 @@ reasons! {
     Larger,
 
     // Dedicated node.
+    /// A dedicated Node reports an address its EC2 instance does not have (event).
+    NodeAddressUntrusted,
     Ready,
     Launching,
     /// The dedicated node has not joined (or has no address) yet.

@@ -1215,6 +1215,54 @@ async fn a_forged_status_record_never_stops_another_questdbs_instance() {
     env.stop().await;
 }
 
+/// A compromised dedicated node rewrites the addresses in its own Node status (its kubelet may:
+/// NodeRestriction lets a node write its own status). The DNS record keeps EC2's address for
+/// the instance, and a Warning says the node's report is not trusted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nodes_forged_address_never_reaches_route53() {
+    let env = CloudEnv::start(settings()).await;
+    env.create("db1", |_| {}).await;
+    let q = wait_for(&env.qdbs(), "db1", "Ready", is_ready()).await;
+    let status = q.status.clone().expect("status");
+    let published = status.dns_ip.clone().expect("published");
+    let node = status.node_name.clone().expect("node");
+    let nodes: Api<Node> = Api::all(env.client.clone());
+    let forged = json!({"status": {"addresses": [
+        {"type": "InternalIP", "address": "10.66.66.66"},
+        {"type": "Hostname", "address": node},
+    ]}});
+    nodes
+        .patch_status(&node, &PatchParams::default(), &Patch::Merge(&forged))
+        .await
+        .expect("the node rewrites its own addresses");
+    env.qdbs()
+        .patch(
+            "db1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"poke": "1"}}})),
+        )
+        .await
+        .expect("poke");
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(env.client.clone(), NS);
+    wait_until("a Warning that the node's address is not trusted", || {
+        let events = events.clone();
+        async move {
+            events.list(&Default::default()).await.is_ok_and(|l| {
+                l.items
+                    .iter()
+                    .any(|e| e.reason.as_deref() == Some("NodeAddressUntrusted"))
+            })
+        }
+    })
+    .await;
+    let records = env.cloud.route53.records();
+    assert_eq!(records.len(), 1, "{records:?}");
+    assert_eq!(records[0].ips, vec![published.clone()]);
+    let q = env.qdbs().get("db1").await.expect("db1");
+    assert_eq!(q.status.and_then(|s| s.dns_ip), Some(published));
+    env.stop().await;
+}
+
 #[path = "failover.rs"]
 mod failover;
 

@@ -161,6 +161,7 @@ pub async fn reconcile(
             public: i.public_ip,
         })
         .unwrap_or_default();
+    report_untrusted_address(qdb, ctx, out.node.as_deref(), &ips).await;
     out.dns_condition = match dns_step(qdb, ctx, cloud, &ips, false, &mut out).await? {
         DnsDecision::Decided(c) => c,
         DnsDecision::Undecided => None,
@@ -195,6 +196,30 @@ fn node_address(node: &Node, kind: &str) -> Option<String> {
         .iter()
         .find(|a| a.type_ == kind)
         .map(|a| a.address.clone())
+}
+
+/// A dedicated Node that reports a private address EC2 does not give its instance: DNS keeps
+/// EC2's, and on-call hears of it (a misconfigured or compromised node).
+async fn report_untrusted_address(qdb: &QuestDB, ctx: &Context, node: Option<&Node>, ips: &Ips) {
+    let (Some(node), Some(ec2)) = (node, ips.private.as_deref()) else {
+        return;
+    };
+    let Some(reported) = node_address(node, "InternalIP").filter(|r| r != ec2) else {
+        return;
+    };
+    let note = format!(
+        "node {} reports address {reported}, but EC2 gives its instance {ec2}: DNS follows EC2, never the node's report",
+        node.name_any()
+    );
+    warn!(questdb = %qdb.name_any(), "{note}");
+    ctx.event(
+        qdb,
+        EventType::Warning,
+        Reason::NodeAddressUntrusted,
+        "DnsRecord",
+        note,
+    )
+    .await;
 }
 
 /// A converged QuestDB: instance recorded, its Node registered, dedicated and Ready.
@@ -739,6 +764,9 @@ async fn dns_step(
             // The fast path read the Node only; let the instance data decide.
             Ok(DnsDecision::Undecided)
         }
+        // A Node's addresses are what its kubelet reports, and a compromised node can report
+        // any: they may confirm the record, never move it. EC2's word decides a write.
+        DnsStep::Upsert { .. } if from_node => Ok(DnsDecision::Undecided),
         DnsStep::Blocked(c) => Ok(DnsDecision::Decided(Some(c))),
         DnsStep::Upsert { name, ip, ttl } => {
             let owner = dns_owner(qdb, &status, &name);
