@@ -96,6 +96,9 @@ reasons! {
     // Dedicated node.
     /// A dedicated Node reports an address its EC2 instance does not have (event).
     NodeAddressUntrusted,
+    /// Two Nodes claim the instance, or its Node's name is not the instance's: none is
+    /// dedicated or pinned.
+    NodeIdentityConflict,
     Ready,
     Launching,
     /// The dedicated node has not joined (or has no address) yet.

@@ -138,6 +138,9 @@ pub struct Instance {
     /// EC2's `StateReason` message once the instance stopped or ended (e.g.
     /// `Client.VolumeLimitExceeded: Volume limit exceeded`): why it went away.
     pub state_reason: Option<String>,
+    /// EC2's private DNS name (`PrivateDnsName`): the name the node's kubelet registers under
+    /// on EKS, so a Node that claims this instance by providerID must also bear it.
+    pub private_dns_name: Option<String>,
 }
 
 impl Instance {

@@ -443,6 +443,7 @@ mod tests {
             tags: Default::default(),
             launched_at: Some(SystemTime::UNIX_EPOCH + Duration::from_secs(launched_secs)),
             state_reason: None,
+            private_dns_name: None,
         }
     }
 

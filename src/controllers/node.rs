@@ -91,13 +91,70 @@ pub fn owned_by<'a>(instances: &'a [Instance], uid: &str) -> Vec<&'a Instance> {
 
 /// The Node that registered for `instance_id` (by `spec.providerID`).
 pub fn node_for<'a>(nodes: &'a [std::sync::Arc<Node>], instance_id: &str) -> Option<&'a Node> {
-    nodes.iter().map(AsRef::as_ref).find(|n| {
-        n.spec
-            .as_ref()
-            .and_then(|s| s.provider_id.as_deref())
-            .and_then(parse_provider_id)
-            .is_some_and(|p| p.instance_id == instance_id)
-    })
+    let claimants = claimants(nodes, instance_id);
+    let pinned: Vec<&Node> = claimants
+        .iter()
+        .copied()
+        .filter(|n| pin_of(n) == Some(instance_id))
+        .collect();
+    // The pin is set by the operator alone (NodeRestriction forbids a kubelet to set it), so
+    // a pinned Node is the one the operator trusted; a second Node that registers with the
+    // same providerID later is never mistaken for it. With no pin, one claimant or none.
+    match (pinned.as_slice(), claimants.as_slice()) {
+        ([node], _) => Some(node),
+        ([], [node]) => Some(node),
+        _ => None,
+    }
+}
+
+/// Every Node whose providerID names `instance_id`: more than one means some Node lies
+/// about its identity (a kubelet sets its own providerID).
+pub fn claimants<'a>(nodes: &'a [std::sync::Arc<Node>], instance_id: &str) -> Vec<&'a Node> {
+    nodes
+        .iter()
+        .map(AsRef::as_ref)
+        .filter(|n| {
+            n.spec
+                .as_ref()
+                .and_then(|s| s.provider_id.as_deref())
+                .and_then(parse_provider_id)
+                .is_some_and(|p| p.instance_id == instance_id)
+        })
+        .collect()
+}
+
+fn pin_of(node: &Node) -> Option<&str> {
+    node.metadata
+        .labels
+        .as_ref()?
+        .get(PIN_LABEL_KEY)
+        .map(String::as_str)
+}
+
+/// Why a Node that claims `instance` is not trusted with a database, if it is not: another
+/// Node claims the same instance, or its name is not the instance's private DNS name (the name
+/// a kubelet on that instance registers under).
+fn untrusted(claimants: &[&Node], node: &Node, instance: &Instance) -> Option<String> {
+    let name = node.metadata.name.clone().unwrap_or_default();
+    if claimants.len() > 1 {
+        let names: Vec<String> = claimants
+            .iter()
+            .map(|n| n.metadata.name.clone().unwrap_or_default())
+            .collect();
+        return Some(format!(
+            "{} Nodes claim instance {} ({}): none is trusted with the database",
+            claimants.len(),
+            instance.id,
+            names.join(", ")
+        ));
+    }
+    match instance.private_dns_name.as_deref() {
+        Some(dns) if dns != name => Some(format!(
+            "Node {name} claims instance {} whose private DNS name is {dns}: not trusted with the database",
+            instance.id
+        )),
+        _ => None,
+    }
 }
 
 /// True when the Node carries the dedicated label and taint of this QuestDB, and the pin label
@@ -223,17 +280,31 @@ pub fn plan(v: &NodeView) -> NodeStep {
             ),
         ),
         InstanceState::Running => match node_for(v.nodes, &instance.id) {
-            None => waiting(
-                Reason::WaitingForNode,
-                format!(
-                    "instance {} is running; waiting for its Node to register",
-                    instance.id
-                ),
-            ),
-            Some(node) if !is_dedicated(node, v.dedicated, &instance.id) => NodeStep::Dedicate {
-                node: node.metadata.name.clone().unwrap_or_default(),
-                instance: instance.id.clone(),
-            },
+            None => {
+                let claimants = claimants(v.nodes, &instance.id);
+                match claimants
+                    .first()
+                    .and_then(|n| untrusted(&claimants, n, instance))
+                {
+                    Some(why) => waiting(Reason::NodeIdentityConflict, why),
+                    None => waiting(
+                        Reason::WaitingForNode,
+                        format!(
+                            "instance {} is running; waiting for its Node to register",
+                            instance.id
+                        ),
+                    ),
+                }
+            }
+            Some(node) if !is_dedicated(node, v.dedicated, &instance.id) => {
+                match untrusted(&claimants(v.nodes, &instance.id), node, instance) {
+                    Some(why) => waiting(Reason::NodeIdentityConflict, why),
+                    None => NodeStep::Dedicate {
+                        node: node.metadata.name.clone().unwrap_or_default(),
+                        instance: instance.id.clone(),
+                    },
+                }
+            }
             Some(node) => NodeStep::Ready {
                 node: node.metadata.name.clone().unwrap_or_default(),
                 ready: node_is_ready(node),

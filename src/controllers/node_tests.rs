@@ -38,6 +38,7 @@ fn instance(id: &str, generation: i64, state: InstanceState) -> Instance {
         tags: desired_instance_tags("c", "ns", "db", UID, generation),
         launched_at: None,
         state_reason: None,
+        private_dns_name: None,
     }
 }
 
@@ -391,4 +392,63 @@ fn release_waits_until_ec2_says_terminated() {
     c.release = true;
     c.instances = vec![instance("i-1", 1, InstanceState::ShuttingDown)];
     assert_eq!(reason(&c.plan()), Some(Reason::Releasing));
+}
+
+fn impostor(claimed_instance: &str, name: &str) -> Arc<Node> {
+    let mut n = (*node(claimed_instance, false, true)).clone();
+    n.metadata.name = Some(name.into());
+    Arc::new(n)
+}
+
+/// A compromised node registers claiming another instance's providerID (a kubelet sets its
+/// own): with two claimants neither gets the database's label and pin, and the conflict says so.
+#[test]
+fn two_nodes_claiming_one_instance_are_neither_dedicated() {
+    let mut c = Case::new(status(Some(1), Some("i-1")));
+    c.instances = vec![instance("i-1", 1, InstanceState::Running)];
+    c.nodes = vec![node("i-1", false, true), impostor("i-1", "evil")];
+    let step = c.plan();
+    assert_eq!(
+        reason(&step),
+        Some(Reason::NodeIdentityConflict),
+        "{step:?}"
+    );
+    assert!(
+        matches!(&step, NodeStep::Wait(v) if v.message.contains("evil") && v.message.contains("node-i-1")),
+        "{step:?}"
+    );
+}
+
+/// The Node of an instance bears the instance's private DNS name (the name its kubelet
+/// registers under on EKS); a Node of another name that claims it is not trusted.
+#[test]
+fn a_node_whose_name_is_not_the_instances_is_not_dedicated() {
+    let mut c = Case::new(status(Some(1), Some("i-1")));
+    let mut i = instance("i-1", 1, InstanceState::Running);
+    i.private_dns_name = Some("node-i-1".into());
+    c.instances = vec![i.clone()];
+    c.nodes = vec![impostor("i-1", "evil")];
+    assert_eq!(reason(&c.plan()), Some(Reason::NodeIdentityConflict));
+    c.nodes = vec![node("i-1", false, true)];
+    assert!(matches!(c.plan(), NodeStep::Dedicate { node, .. } if node == "node-i-1"));
+}
+
+/// Once the operator pinned the right Node, an impostor registering later changes nothing:
+/// the pinned Node stays the database's (and its silence, not the impostor's, would count).
+#[test]
+fn a_late_impostor_never_displaces_the_pinned_node() {
+    let mut c = Case::new(status(Some(1), Some("i-1")));
+    c.instances = vec![instance("i-1", 1, InstanceState::Running)];
+    c.nodes = vec![impostor("i-1", "evil"), node("i-1", true, true)];
+    assert_eq!(
+        c.plan(),
+        NodeStep::Ready {
+            node: "node-i-1".into(),
+            ready: true
+        }
+    );
+    assert_eq!(
+        node_for(&c.nodes, "i-1").and_then(|n| n.metadata.name.as_deref()),
+        Some("node-i-1")
+    );
 }

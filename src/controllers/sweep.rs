@@ -294,6 +294,7 @@ mod tests {
             tags: desired_instance_tags("c", "ns", "db", uid, 1),
             launched_at: None,
             state_reason: None,
+            private_dns_name: None,
         }
     }
 

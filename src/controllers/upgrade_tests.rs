@@ -23,6 +23,7 @@ fn instance(id: &str, image: &str, state: InstanceState) -> Instance {
         tags: Default::default(),
         launched_at: None,
         state_reason: None,
+        private_dns_name: None,
     }
 }
 

@@ -1263,6 +1263,75 @@ async fn a_nodes_forged_address_never_reaches_route53() {
     env.stop().await;
 }
 
+/// A compromised machine joins as a node (its own identity, `system:node:evil`, under
+/// NodeRestriction) claiming the providerID of a running database's instance. It gets neither
+/// the database's pin, and the database stays on its own node. (Before the operator pinned
+/// the real node, two claimants leave both unpinned: the unit tests of the node planner.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_claiming_another_instance_never_gets_its_database() {
+    let env = CloudEnv::start(settings()).await;
+    env.create("db1", |_| {}).await;
+    let q = wait_for(&env.qdbs(), "db1", "Ready", is_ready()).await;
+    let status = q.status.clone().expect("status");
+    let instance = status.instance_id.clone().expect("instance");
+    let real = status.node_name.clone().expect("node");
+    let nodes: Api<Node> = Api::all(env.client.clone());
+    let provider = nodes
+        .get(&real)
+        .await
+        .expect("the real node")
+        .spec
+        .and_then(|s| s.provider_id)
+        .expect("providerID");
+
+    let mut config = env.cp.client_config().await;
+    config.auth_info.impersonate = Some("system:node:evil".into());
+    config.auth_info.impersonate_groups =
+        Some(vec!["system:nodes".into(), "system:authenticated".into()]);
+    let as_node: Api<Node> = Api::all(Client::try_from(config).expect("node client"));
+    let evil: Node = serde_json::from_value(json!({
+        "metadata": {"name": "evil", "labels": {DEDICATED_LABEL_KEY: "tenant-a.db1"}},
+        "spec": {"providerID": provider},
+    }))
+    .expect("node");
+    as_node
+        .create(&PostParams::default(), &evil)
+        .await
+        .expect("NodeRestriction lets a node register itself with any providerID");
+
+    env.qdbs()
+        .patch(
+            "db1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"poke": "1"}}})),
+        )
+        .await
+        .expect("poke");
+    let metrics = env.handle.metrics.clone();
+    let before = reconciles(&metrics.render());
+    wait_until("another reconcile", || {
+        let m = metrics.clone();
+        async move { reconciles(&m.render()) > before }
+    })
+    .await;
+    let evil = nodes.get("evil").await.expect("evil");
+    let labels = evil.metadata.labels.unwrap_or_default();
+    assert!(
+        !labels.contains_key(questdb_operator::desired::PIN_LABEL_KEY),
+        "{labels:?}"
+    );
+    let q = wait_for(&env.qdbs(), "db1", "still Ready", is_ready()).await;
+    let status = q.status.clone().expect("status");
+    assert_eq!(status.node_name.as_deref(), Some(real.as_str()));
+    assert_eq!(status.instance_id.as_deref(), Some(instance.as_str()));
+    let pod = Api::<Pod>::namespaced(env.client.clone(), NS)
+        .get(&names::pod(&q))
+        .await
+        .expect("pod");
+    assert_eq!(pod.spec.and_then(|s| s.node_name), Some(real));
+    env.stop().await;
+}
+
 #[path = "failover.rs"]
 mod failover;
 

@@ -86,6 +86,10 @@ fn convert(i: &aws_sdk_ec2::types::Instance) -> Option<Instance> {
             .map(|t| t.as_str().to_string())
             .unwrap_or_default(),
         private_ip: i.private_ip_address().map(str::to_string),
+        private_dns_name: i
+            .private_dns_name()
+            .filter(|n| !n.is_empty())
+            .map(str::to_string),
         public_ip: i.public_ip_address().map(str::to_string),
         tags: i
             .tags()

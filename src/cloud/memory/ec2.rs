@@ -17,7 +17,7 @@ use crate::cloud::{ApiError, Instance, InstanceState};
 /// instance and removes it on termination).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum InstanceEvent {
-    Running(Instance),
+    Running(Box<Instance>),
     /// Stopped (by StopInstances or a power loss): the kubelet is gone, the Node stays.
     Stopped(String),
     Terminated(String),
@@ -47,6 +47,8 @@ pub struct MemoryEc2Options {
     pub shutting_down_to_terminated: Duration,
     /// Images built for arm64 (all others are x86_64).
     pub arm64_images: BTreeSet<String>,
+    /// The region in instances' private DNS names.
+    pub region: String,
     /// Owners (`OwnerId`) of images other than [`IMAGE_OWNER`]: a tenant's own build, say.
     pub image_owners: BTreeMap<String, String>,
     /// Instance types with Graviton (arm64) processors (all others are x86_64).
@@ -73,6 +75,7 @@ impl Default for MemoryEc2Options {
             .into(),
             arm64_images: ["ami-0a64a64a64a64a64a".to_string()].into(),
             image_owners: BTreeMap::new(),
+            region: "sim-region-1".into(),
             arm64_instance_types: ["m7g.large".to_string()].into(),
             instance_types: [
                 "t3.micro",
@@ -338,6 +341,12 @@ impl MemoryEc2 {
             tags: spec.tags.clone(),
             launched_at: Some(SystemTime::now()),
             state_reason: None,
+            // EC2's resource-name hostnames (`i-....<region>.compute.internal`), the name the
+            // test environment's kubelets register under.
+            private_dns_name: Some(format!(
+                "i-{serial:017x}.{}.compute.internal",
+                state.options.region
+            )),
         };
         state
             .by_token
@@ -380,7 +389,9 @@ impl MemoryEc2 {
                 record.instance.state = to;
                 match to {
                     InstanceState::Running if never_join.contains(&record.instance.image) => return,
-                    InstanceState::Running => InstanceEvent::Running(record.instance.clone()),
+                    InstanceState::Running => {
+                        InstanceEvent::Running(Box::new(record.instance.clone()))
+                    }
                     InstanceState::Stopped => InstanceEvent::Stopped(id.clone()),
                     _ => InstanceEvent::Terminated(id.clone()),
                 }

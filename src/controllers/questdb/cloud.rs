@@ -348,6 +348,19 @@ async fn node_steps(
                     .await?
             }
             NodeStep::Wait(condition) => {
+                if condition.reason == Reason::NodeIdentityConflict
+                    && !already_reported(&run.qdb.status.clone().unwrap_or_default(), &condition)
+                {
+                    warn!(questdb = %run.qdb.name_any(), "{}", condition.message);
+                    ctx.event(
+                        run.qdb,
+                        EventType::Warning,
+                        Reason::NodeIdentityConflict,
+                        "DedicateNode",
+                        condition.message.clone(),
+                    )
+                    .await;
+                }
                 run.out.node_condition = Some(condition);
                 run.out.requeue_within(WAITING_SYNC);
                 Flow::StopAt
@@ -648,6 +661,7 @@ fn forgotten(qdb: &QuestDB, uid: &str, id: &str, generation: Option<i64>) -> Ins
         ),
         launched_at: None,
         state_reason: None,
+        private_dns_name: None,
     }
 }
 
