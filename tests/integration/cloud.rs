@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use questdb_operator::api::{DnsSpec, NodeSpec, QuestDB};
@@ -1148,7 +1149,8 @@ async fn a_second_questdb_cannot_take_or_delete_another_ones_dns_record() {
     env.stop().await;
 }
 
-/// A tenant allowed to write `questdbs/status` forges a failover record on their own QuestDB
+/// A tenant allowed to write `questdbs/status` (a user bound to a Role that grants it, through
+/// the apiserver's own authorization) forges a failover record on their own QuestDB
 /// that names another team's instance as the one to fence: the operator reads the instance
 /// first, finds another QuestDB's uid on it, and neither stops nor terminates it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1180,7 +1182,34 @@ async fn a_forged_status_record_never_stops_another_questdbs_instance() {
         message: Some("forged".into()),
         ..Default::default()
     });
-    env.qdbs()
+    // The tenant: a user bound to a Role that (wrongly) includes questdbs/status.
+    let roles: Api<Role> = Api::namespaced(env.client.clone(), NS);
+    let role: Role = serde_json::from_value(json!({
+        "metadata": {"name": "questdb-editor"},
+        "rules": [{"apiGroups": ["crd.questdb.io"], "resources": ["questdbs", "questdbs/status"],
+                   "verbs": ["get", "list", "watch", "update", "patch"]}]
+    }))
+    .expect("role");
+    roles
+        .create(&PostParams::default(), &role)
+        .await
+        .expect("role");
+    let binding: RoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": "tenant-edits-questdbs"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "questdb-editor"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "tenant"}]
+    }))
+    .expect("binding");
+    Api::<RoleBinding>::namespaced(env.client.clone(), NS)
+        .create(&PostParams::default(), &binding)
+        .await
+        .expect("binding");
+    let mut config = env.cp.client_config().await;
+    config.auth_info.impersonate = Some("tenant".into());
+    config.auth_info.impersonate_groups = Some(vec!["system:authenticated".into()]);
+    let as_tenant: Api<QuestDB> =
+        Api::namespaced(Client::try_from(config).expect("tenant client"), NS);
+    as_tenant
         .replace_status("attacker", &PostParams::default(), &attacker)
         .await
         .expect("the tenant's status write");
