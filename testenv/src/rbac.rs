@@ -1,9 +1,13 @@
 //! The operator runs in tests under a token bound to `deploy/`'s ClusterRole and Role, so a
-//! verb the manifests do not grant fails a test as it would fail in a cluster.
+//! verb the manifests do not grant fails a test as it would fail in a cluster; the
+//! cluster-wide install's admission policy (`deploy/admission/`) confines its writes too.
 
 use std::path::Path;
 
 use anyhow::Context;
+use k8s_openapi::api::admissionregistration::v1::{
+    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+};
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use kube::api::{Api, PostParams};
@@ -71,6 +75,15 @@ pub async fn install(admin: &Client, install: Install) -> anyhow::Result<()> {
             let crb: ClusterRoleBinding = load(&deploy, "clusterrolebinding.yaml")?;
             Api::<ClusterRoleBinding>::all(admin.clone())
                 .create(&pp, &crb)
+                .await?;
+            let policy: ValidatingAdmissionPolicy = load(&deploy, "admission/policy.yaml")?;
+            Api::<ValidatingAdmissionPolicy>::all(admin.clone())
+                .create(&pp, &policy)
+                .await?;
+            let binding: ValidatingAdmissionPolicyBinding =
+                load(&deploy, "admission/binding.yaml")?;
+            Api::<ValidatingAdmissionPolicyBinding>::all(admin.clone())
+                .create(&pp, &binding)
                 .await?;
         }
         Install::Namespaced => {

@@ -2,6 +2,7 @@
 //! kube-controller-manager, kube-scheduler from questdb-testenv). One test binary (one link)
 //! for the whole suite; each test starts its own control plane on ephemeral loopback ports.
 
+mod admission;
 mod cloud;
 mod database;
 mod db_client;
