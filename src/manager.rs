@@ -715,7 +715,13 @@ async fn run_controllers(shared: &Shared<'_>, subs: Subscriptions, token: Cancel
         credentials: Default::default(),
         failures: Default::default(),
         // Built per leadership term: a new leader starts from a fresh view of EC2.
-        cloud: opts.cloud.clone().map(|c| Arc::new(CloudRuntime::new(c))),
+        cloud: match opts.cloud.clone() {
+            Some(c) => Some(Arc::new(CloudRuntime::new(
+                c,
+                crate::controllers::cloud_runtime::cluster_id(client).await,
+            ))),
+            None => None,
+        },
         wake: Some(subs.sender.clone()),
     });
     let sweeper = sweep::run(ctx.clone(), opts.namespace.clone(), token.clone());

@@ -219,6 +219,7 @@ fn request(uid: &str, generation: i64, ami: &str) -> LaunchRequest {
         )],
         public_ip: false,
         fallback_instance_types: Vec::new(),
+        cluster_id: None,
     }
 }
 
@@ -359,6 +360,7 @@ async fn a_dedicated_node_is_launched_hardened_in_its_volumes_zone() {
         .launch(&LaunchRequest {
             public_ip: true,
             fallback_instance_types: Vec::new(),
+            cluster_id: None,
             ..request("uid-p", 1, &ami)
         })
         .await

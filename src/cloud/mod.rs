@@ -43,7 +43,7 @@ pub use observer::{
 };
 pub use tags::{
     client_token, desired_instance_tags, fallback_client_token, identity_tags, parse_provider_id,
-    provider_id, ProviderId, TAG_CLUSTER, TAG_NAME, TAG_NAMESPACE, TAG_NAME_AWS,
+    provider_id, ProviderId, TAG_CLUSTER, TAG_CLUSTER_ID, TAG_NAME, TAG_NAMESPACE, TAG_NAME_AWS,
     TAG_NODE_GENERATION, TAG_UID,
 };
 pub use user_data::render_user_data;

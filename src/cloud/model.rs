@@ -26,6 +26,8 @@ pub struct LaunchRequest {
     pub public_ip: bool,
     /// Tried in order when EC2 has no capacity for `instance_type` in the zone.
     pub fallback_instance_types: Vec<String>,
+    /// The cluster's identity (see [`super::TAG_CLUSTER_ID`]), when the operator knows it.
+    pub cluster_id: Option<String>,
 }
 
 /// What EC2 says about an AMI (`DescribeImages`).

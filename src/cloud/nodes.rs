@@ -103,6 +103,16 @@ impl<A: Ec2Api> Ec2NodeProvider<A> {
     fn run_spec(&self, req: &LaunchRequest) -> Result<RunSpec, CloudError> {
         let subnet_id = pick_subnet(&req.zone, &self.config)?.to_string();
         let user_data = user_data::user_data_for(req, &self.config)?;
+        let mut tags = desired_instance_tags(
+            &self.config.cluster_name,
+            &req.namespace,
+            &req.name,
+            &req.uid,
+            req.node_generation,
+        );
+        if let Some(id) = &req.cluster_id {
+            tags.insert(super::TAG_CLUSTER_ID.to_string(), id.clone());
+        }
         Ok(RunSpec {
             image: req.image.clone(),
             instance_type: req.instance_type.clone(),
@@ -111,13 +121,7 @@ impl<A: Ec2Api> Ec2NodeProvider<A> {
             security_group_ids: self.config.security_group_ids.clone(),
             instance_profile: self.config.instance_profile.clone(),
             user_data_base64: base64::engine::general_purpose::STANDARD.encode(user_data),
-            tags: desired_instance_tags(
-                &self.config.cluster_name,
-                &req.namespace,
-                &req.name,
-                &req.uid,
-                req.node_generation,
-            ),
+            tags,
             client_token: client_token(&req.uid, req.node_generation),
             root_volume: self.config.root_volume.clone(),
             public_ip: req.public_ip,

@@ -8,6 +8,9 @@ pub const TAG_CLUSTER: &str = "questdb.io/cluster";
 pub const TAG_NAMESPACE: &str = "questdb.io/namespace";
 pub const TAG_NAME: &str = "questdb.io/name";
 pub const TAG_UID: &str = "questdb.io/uid";
+/// The uid of the cluster's `kube-system` namespace: with [`TAG_CLUSTER`], what makes an
+/// instance this cluster's for the orphan sweep (a cluster name can be reused, this uid not).
+pub const TAG_CLUSTER_ID: &str = "questdb.io/cluster-id";
 pub const TAG_NODE_GENERATION: &str = "questdb.io/node-generation";
 pub const TAG_NAME_AWS: &str = "Name";
 

@@ -97,6 +97,7 @@ pub fn check_template(config: &CloudConfig) -> Result<(), CloudError> {
         taints: vec![Taint::new("dedicated", Some("ns.db"), "NoSchedule")],
         public_ip: false,
         fallback_instance_types: Vec::new(),
+        cluster_id: None,
     };
     let vars = bootstrap_vars(&sample, config);
     let missing: Vec<String> = used
@@ -251,6 +252,7 @@ mod tests {
             ],
             public_ip: false,
             fallback_instance_types: Vec::new(),
+            cluster_id: None,
         }
     }
 

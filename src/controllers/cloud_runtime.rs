@@ -67,6 +67,10 @@ impl Default for CloudSettings {
 
 /// What the controllers hold: the configuration plus the shared instance cache.
 pub struct CloudRuntime {
+    /// The uid of this cluster's `kube-system` namespace, tagged on every instance beside the
+    /// cluster name: two clusters can share a name (a small test cluster reusing a big one's),
+    /// never this uid. `None` when the operator may not read it: the sweep is then off.
+    pub cluster_id: Option<String>,
     pub nodes: Arc<dyn NodeProvider>,
     pub dns: Option<Arc<dyn DnsProvider>>,
     pub settings: CloudSettings,
@@ -86,10 +90,25 @@ pub struct CloudRuntime {
     pub upgrade_ends: Mutex<std::collections::HashMap<String, Instant>>,
 }
 
+/// The cluster's identity: the uid of `kube-system` (created with the cluster, never deleted).
+pub async fn cluster_id(client: &kube::Client) -> Option<String> {
+    let namespaces: kube::Api<k8s_openapi::api::core::v1::Namespace> =
+        kube::Api::all(client.clone());
+    match namespaces.get_opt("kube-system").await {
+        Ok(Some(ns)) => ns.metadata.uid,
+        Ok(None) => None,
+        Err(e) => {
+            tracing::info!(error = %e, "cannot read the kube-system namespace's uid: instances are tagged without a cluster id and the orphan sweep is off");
+            None
+        }
+    }
+}
+
 impl CloudRuntime {
-    pub fn new(cloud: Cloud) -> Self {
+    pub fn new(cloud: Cloud, cluster_id: Option<String>) -> Self {
         let lease_duration = cloud.settings.node_lease_duration;
         Self {
+            cluster_id,
             instances: InstanceCache::new(cloud.settings.instance_sync_interval),
             nodes: cloud.nodes,
             dns: cloud.dns,

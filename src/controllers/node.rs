@@ -386,5 +386,6 @@ pub(super) fn launch_request(
         )],
         public_ip: qdb.spec.dns.as_ref().is_some_and(|d| d.public),
         fallback_instance_types: spec.fallback_instance_types.clone(),
+        cluster_id: None,
     })
 }

@@ -23,7 +23,9 @@ use tracing::{info, warn};
 
 use crate::api::Reason;
 use crate::api::{QuestDB, QuestDBStatus};
-use crate::cloud::{Instance, TAG_NAME, TAG_NAMESPACE, TAG_NODE_GENERATION, TAG_UID};
+use crate::cloud::{
+    Instance, TAG_CLUSTER_ID, TAG_NAME, TAG_NAMESPACE, TAG_NODE_GENERATION, TAG_UID,
+};
 use crate::controllers::context::Context;
 use crate::controllers::node::node_for;
 
@@ -126,6 +128,12 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<String>, token: Cancellati
     let Some(cloud) = ctx.cloud.clone() else {
         return;
     };
+    // The cluster name alone is not proof: a small cluster reusing a big one's name would see
+    // every instance of the big one as an orphan. Without the cluster's own uid, no sweep.
+    let Some(cluster_id) = cloud.cluster_id.clone() else {
+        info!("orphan sweep off: the cluster id (the kube-system namespace's uid) is unknown");
+        return;
+    };
     let mut clock = OrphanClock::default();
     // The first sweep waits one interval: nothing could be due earlier anyway (the grace
     // period starts when an orphan is first seen), and a restart costs no extra AWS call.
@@ -148,6 +156,7 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<String>, token: Cancellati
         };
         let instances: Vec<Instance> = instances
             .iter()
+            .filter(|i| i.tags.get(TAG_CLUSTER_ID) == Some(&cluster_id))
             .filter(|i| {
                 namespace
                     .as_deref()

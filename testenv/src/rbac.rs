@@ -126,7 +126,13 @@ mod tests {
         let role: Role = load(&deploy, "namespaced/role.yaml").unwrap();
         // Cluster-scoped, or used only with a cloud provider (node health), which a
         // namespaced install does not run.
-        let cluster_scoped = ["nodes", "storageclasses", "volumeattachments", "leases"];
+        let cluster_scoped = [
+            "nodes",
+            "storageclasses",
+            "volumeattachments",
+            "leases",
+            "namespaces",
+        ];
         let want: std::collections::BTreeSet<_> = grants(&cluster.rules.unwrap_or_default())
             .into_iter()
             .filter(|(_, r, _)| !cluster_scoped.contains(&r.as_str()))

@@ -876,7 +876,12 @@ fn is_ready_now(q: Option<&QuestDB>) -> bool {
 }
 
 /// An instance launched behind the operator's back, tagged as one of QuestDB `name`'s.
-fn launch_request(name: &str, uid: &str, node_generation: i64) -> LaunchRequest {
+fn launch_request(
+    name: &str,
+    uid: &str,
+    node_generation: i64,
+    cluster_id: Option<String>,
+) -> LaunchRequest {
     LaunchRequest {
         namespace: NS.into(),
         name: name.into(),
@@ -889,9 +894,12 @@ fn launch_request(name: &str, uid: &str, node_generation: i64) -> LaunchRequest 
         taints: vec![],
         public_ip: false,
         fallback_instance_types: Vec::new(),
+        cluster_id,
     }
 }
 
+/// The sweep takes only this cluster's instances: a cluster name can be reused (a small test
+/// cluster named like the big one), the uid of the cluster's kube-system namespace cannot.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_sweep_terminates_instances_whose_questdb_is_gone_and_leaked_older_generations() {
     let env = CloudEnv::start(CloudSettings {
@@ -903,6 +911,23 @@ async fn the_sweep_terminates_instances_whose_questdb_is_gone_and_leaked_older_g
     // A QuestDB that stays, and an instance nobody claims.
     env.create("kept", |_| {}).await;
     let kept = wait_for(&env.qdbs(), "kept", "QuestDB Ready", is_ready()).await;
+    let cluster_id = Api::<k8s_openapi::api::core::v1::Namespace>::all(env.client.clone())
+        .get("kube-system")
+        .await
+        .expect("kube-system")
+        .uid();
+    // Another cluster of the same name, sharing the account: its instance is never ours.
+    let elsewhere = env
+        .cloud
+        .nodes
+        .launch(&launch_request(
+            "another-clusters",
+            "00000000-0000-0000-0000-0000000000e1",
+            1,
+            Some("00000000-0000-0000-0000-0000c1a57e42".into()),
+        ))
+        .await
+        .expect("launch");
     let orphan = env
         .cloud
         .nodes
@@ -910,6 +935,7 @@ async fn the_sweep_terminates_instances_whose_questdb_is_gone_and_leaked_older_g
             "deleted-long-ago",
             "00000000-0000-0000-0000-00000000dead",
             1,
+            cluster_id.clone(),
         ))
         .await
         .expect("launch");
@@ -935,7 +961,7 @@ async fn the_sweep_terminates_instances_whose_questdb_is_gone_and_leaked_older_g
     let leaked = env
         .cloud
         .nodes
-        .launch(&launch_request("kept", &kept_uid, current - 1))
+        .launch(&launch_request("kept", &kept_uid, current - 1, cluster_id))
         .await
         .expect("launch");
     wait_until("leak terminated", || terminated(leaked.id.clone())).await;
@@ -955,6 +981,11 @@ async fn the_sweep_terminates_instances_whose_questdb_is_gone_and_leaked_older_g
         env.live_instances_of(&kept_uid).len(),
         1,
         "the claimed one stays"
+    );
+    assert_eq!(
+        env.live_instances_of("00000000-0000-0000-0000-0000000000e1"),
+        vec![elsewhere.id],
+        "another cluster's instance of the same cluster name stays"
     );
     env.stop().await;
 }

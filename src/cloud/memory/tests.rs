@@ -64,6 +64,7 @@ fn request(uid: &str, generation: i64) -> LaunchRequest {
         taints: vec![Taint::new("questdb.io/dedicated", Some(uid), "NoSchedule")],
         public_ip: false,
         fallback_instance_types: Vec::new(),
+        cluster_id: None,
     }
 }
 

@@ -441,9 +441,10 @@ impl NodeRun<'_> {
     }
 
     async fn launch(&mut self, generation: i64) -> Result<Flow, Error> {
-        let Some(req) = launch_request(self.qdb, &self.uid, generation, self.dedicated) else {
+        let Some(mut req) = launch_request(self.qdb, &self.uid, generation, self.dedicated) else {
             return Ok(Flow::Stop);
         };
+        req.cluster_id = self.cloud.cluster_id.clone();
         match self.cloud.nodes.launch(&req).await {
             Ok(instance) => {
                 self.cloud.instances.invalidate();

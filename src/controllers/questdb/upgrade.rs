@@ -738,9 +738,10 @@ async fn launch(
     let uid = qdb.uid().unwrap_or_default();
     let generation = status.node_generation.unwrap_or(1);
     let dedicated = DedicatedNode::for_questdb(qdb);
-    let Some(req) = launch_request(qdb, &uid, generation, &dedicated) else {
+    let Some(mut req) = launch_request(qdb, &uid, generation, &dedicated) else {
         return Ok((None, None));
     };
+    req.cluster_id = cloud.cluster_id.clone();
     match cloud.nodes.launch(&req).await {
         Ok(i) => Ok((Some(i), None)),
         Err(e) if e.is_permanent() => Ok((None, Some(e.to_string()))),
