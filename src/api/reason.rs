@@ -94,6 +94,9 @@ reasons! {
     Larger,
 
     // Dedicated node.
+    /// A status record names an instance that is not this QuestDB's: nothing is done to it
+    /// (the reconcile error, and its Warning event).
+    InstanceNotOwned,
     /// A dedicated Node reports an address its EC2 instance does not have (event).
     NodeAddressUntrusted,
     /// Two Nodes claim the instance, or its Node's name is not the instance's: none is

@@ -88,6 +88,11 @@ impl Error {
             Error::Conflict => Reason::Conflict,
             Error::Serialize(_) => Reason::SerializeFailed,
             Error::Kube(_) => Reason::KubernetesApiError,
+            Error::Cloud(crate::cloud::CloudError::Permanent { code, .. })
+                if code == crate::cloud::INSTANCE_NOT_OWNED =>
+            {
+                Reason::InstanceNotOwned
+            }
             Error::Cloud(_) => Reason::CloudApiError,
         }
     }

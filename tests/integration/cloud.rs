@@ -1255,6 +1255,7 @@ async fn a_forged_status_record_never_stops_another_questdbs_instance() {
                 events.list(&Default::default()).await.is_ok_and(|l| {
                     l.items.iter().any(|e| {
                         e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("attacker")
+                            && e.reason.as_deref() == Some("InstanceNotOwned")
                             && e.note.as_deref().is_some_and(|n| {
                                 n.contains(&victim_instance) && n.contains("is not this QuestDB's")
                             })
@@ -1286,7 +1287,12 @@ async fn a_nodes_forged_address_never_reaches_route53() {
     let status = q.status.clone().expect("status");
     let published = status.dns_ip.clone().expect("published");
     let node = status.node_name.clone().expect("node");
-    let nodes: Api<Node> = Api::all(env.client.clone());
+    // The node's own identity, under NodeRestriction, as a compromised kubelet would write.
+    let mut config = env.cp.client_config().await;
+    config.auth_info.impersonate = Some(format!("system:node:{node}"));
+    config.auth_info.impersonate_groups =
+        Some(vec!["system:nodes".into(), "system:authenticated".into()]);
+    let nodes: Api<Node> = Api::all(Client::try_from(config).expect("node client"));
     let forged = json!({"status": {"addresses": [
         {"type": "InternalIP", "address": "10.66.66.66"},
         {"type": "Hostname", "address": node},
