@@ -1195,8 +1195,13 @@ async fn a_forged_status_record_never_stops_another_questdbs_instance() {
         q.spec.dns.as_mut().expect("dns").name = "attacker.db.example.com".into();
     })
     .await;
+    env.create("mover", |q| {
+        q.spec.dns.as_mut().expect("dns").name = "mover.db.example.com".into();
+    })
+    .await;
     let victim = wait_for(&env.qdbs(), "victim", "victim Ready", is_ready()).await;
     let mut attacker = wait_for(&env.qdbs(), "attacker", "attacker Ready", is_ready()).await;
+    let mut mover = wait_for(&env.qdbs(), "mover", "mover Ready", is_ready()).await;
     let victim_instance = victim
         .status
         .as_ref()
@@ -1244,6 +1249,30 @@ async fn a_forged_status_record_never_stops_another_questdbs_instance() {
         .replace_status("attacker", &PostParams::default(), &attacker)
         .await
         .expect("the tenant's status write");
+    // And a node move whose rollback window is over, whose "old" node is the victim's.
+    let status = mover.status.as_mut().expect("status");
+    let now = k8s_openapi::jiff::Timestamp::now().to_string();
+    status.upgrade = Some(questdb_operator::api::UpgradeStatus {
+        phase: "Retaining".into(),
+        from_image: Some("ami-00000000000000001".into()),
+        to_image: mover.spec.node.as_ref().map(|n| n.image.clone()),
+        started_at: Some(now.clone()),
+        phase_started_at: Some("2020-01-01T00:00:00Z".into()),
+        old_instance_id: Some(victim_instance.clone()),
+        new_instance_id: status.instance_id.clone(),
+        ..Default::default()
+    });
+    as_tenant
+        .replace_status("mover", &PostParams::default(), &mover)
+        .await
+        .expect("the tenant's status write");
+    wait_for(
+        &env.qdbs(),
+        "mover",
+        "NodeUpgrade=False InstanceNotOwned",
+        has_condition("NodeUpgrade", "InstanceNotOwned"),
+    )
+    .await;
 
     let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(env.client.clone(), NS);
     wait_until(
@@ -1263,6 +1292,13 @@ async fn a_forged_status_record_never_stops_another_questdbs_instance() {
                 })
             }
         },
+    )
+    .await;
+    wait_for(
+        &env.qdbs(),
+        "attacker",
+        "Failover=False InstanceNotOwned",
+        has_condition("Failover", "InstanceNotOwned"),
     )
     .await;
     assert_eq!(env.cloud.ec2.call_count("StopInstances"), 0);

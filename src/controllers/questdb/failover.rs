@@ -44,6 +44,13 @@ fn condition(status: bool, reason: Reason, message: String) -> Verdict {
     Verdict::new(conditions::FAILOVER, status, reason, message)
 }
 
+/// The record names an instance that is not this QuestDB's (a forged status): the failover
+/// stops at this step and touches nothing.
+async fn refused(qdb: &QuestDB, ctx: &Context, status: &QuestDBStatus, e: &CloudError) -> Verdict {
+    let c = condition(false, Reason::InstanceNotOwned, e.to_string());
+    super::report_not_owned(qdb, ctx, status, c, "Failover").await
+}
+
 /// Starts a failover when the node of the recorded instance is unhealthy past the threshold
 /// (and nothing holds it back), or advances the one under way. Returns the `Failover`
 /// condition; `None` for a QuestDB without a dedicated node.
@@ -390,6 +397,10 @@ async fn steps(
                     Ok(()) => {
                         info!(questdb = %qdb.name_any(), instance = %id, "fencing: stop requested")
                     }
+                    Err(e) if super::not_owned(&e) => {
+                        out.requeue_within(Duration::from_secs(60));
+                        return Ok(refused(qdb, ctx, &status, &e).await);
+                    }
                     Err(CloudError::Throttled { .. } | CloudError::Transient { .. }) => {}
                     Err(e) => return Err(Error::Cloud(e)),
                 }
@@ -434,11 +445,14 @@ async fn steps(
                 });
             }
             Step::Finish(old) => {
-                cloud
-                    .nodes
-                    .terminate(&old, &owner_uid(qdb))
-                    .await
-                    .map_err(Error::Cloud)?;
+                match cloud.nodes.terminate(&old, &owner_uid(qdb)).await {
+                    Ok(()) => {}
+                    Err(e) if super::not_owned(&e) => {
+                        out.requeue_within(Duration::from_secs(60));
+                        return Ok(refused(qdb, ctx, &status, &e).await);
+                    }
+                    Err(e) => return Err(Error::Cloud(e)),
+                }
                 // Downtime ends when the database answered again (Draining began), not when
                 // the fenced instance is let go.
                 let downtime = between(f.started_at.as_deref(), f.phase_started_at.as_deref());

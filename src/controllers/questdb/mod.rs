@@ -278,6 +278,34 @@ async fn release_and_unblock(qdb: Arc<QuestDB>, ctx: &Context) -> Result<Next, E
     Ok(Next::AwaitChange)
 }
 
+/// Whether a stop or terminate was refused because the instance is not this QuestDB's.
+pub(super) fn not_owned(e: &crate::cloud::CloudError) -> bool {
+    matches!(e, crate::cloud::CloudError::Permanent { code, .. } if code == crate::cloud::INSTANCE_NOT_OWNED)
+}
+
+/// A step record names an instance that is not this QuestDB's (a forged status): the step
+/// stops there, touches nothing, and says so in condition `c` and one Warning event.
+pub(super) async fn report_not_owned(
+    qdb: &QuestDB,
+    ctx: &Context,
+    status: &crate::api::QuestDBStatus,
+    c: crate::controllers::conditions::Verdict,
+    action: &str,
+) -> crate::controllers::conditions::Verdict {
+    if !record::already_reported(status, &c) {
+        warn!(questdb = %qdb.name_any(), "{}", c.message);
+        ctx.event(
+            qdb,
+            EventType::Warning,
+            Reason::InstanceNotOwned,
+            action,
+            c.message.clone(),
+        )
+        .await;
+    }
+    c
+}
+
 /// The uid an instance's tags must carry for this QuestDB to stop or terminate it.
 pub(super) fn owner_uid(qdb: &QuestDB) -> String {
     qdb.uid().unwrap_or_default()

@@ -37,6 +37,21 @@ use crate::metrics::UpgradeResult;
 
 const STEP_POLL: Duration = Duration::from_secs(2);
 
+/// A terminate that failed: refused as not this QuestDB's instance (a forged record), the
+/// move stops at this step with `NodeUpgrade` saying so; anything else is the reconcile's error.
+async fn not_owned_or(
+    qdb: &QuestDB,
+    ctx: &Context,
+    status: &QuestDBStatus,
+    e: crate::cloud::CloudError,
+) -> Result<Verdict, Error> {
+    if !super::not_owned(&e) {
+        return Err(Error::Cloud(e));
+    }
+    let c = condition(false, Reason::InstanceNotOwned, e.to_string());
+    Ok(super::report_not_owned(qdb, ctx, status, c, "Upgrade").await)
+}
+
 fn condition(status: bool, reason: Reason, message: String) -> Verdict {
     Verdict::new(conditions::NODE_UPGRADE, status, reason, message)
 }
@@ -481,11 +496,9 @@ async fn steps(
             }
             Step::FinishRollback => {
                 if let Some(failed) = u.old_instance_id.as_deref() {
-                    cloud
-                        .nodes
-                        .terminate(failed, &owner_uid(qdb))
-                        .await
-                        .map_err(Error::Cloud)?;
+                    if let Err(e) = cloud.nodes.terminate(failed, &owner_uid(qdb)).await {
+                        return not_owned_or(qdb, ctx, &status, e).await;
+                    }
                 }
                 step_done(qdb, ctx, &u);
                 let downtime = since(u.stopped_at.as_deref());
@@ -525,11 +538,9 @@ async fn steps(
             }
             Step::Release => {
                 if let Some(old) = u.old_instance_id.as_deref() {
-                    cloud
-                        .nodes
-                        .terminate(old, &owner_uid(qdb))
-                        .await
-                        .map_err(Error::Cloud)?;
+                    if let Err(e) = cloud.nodes.terminate(old, &owner_uid(qdb)).await {
+                        return not_owned_or(qdb, ctx, &status, e).await;
+                    }
                 }
                 cloud.instances.invalidate();
                 persist(qdb, ctx, |s| {
