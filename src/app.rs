@@ -226,6 +226,11 @@ pub fn cloud_settings(args: &CloudArgs) -> CloudSettings {
         node_lease_duration: args
             .node_lease_duration
             .unwrap_or(crate::controllers::node_health::tracker::DEFAULT_NODE_LEASE_DURATION),
+        dns_namespace_suffix: args
+            .dns_namespace_suffix
+            .as_deref()
+            .map(|s| s.trim_matches('.').to_ascii_lowercase())
+            .filter(|s| !s.is_empty()),
     }
 }
 

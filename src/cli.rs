@@ -146,6 +146,12 @@ pub struct CloudArgs {
     #[arg(long, env = "AWS_INSTANCE_PROFILE")]
     pub aws_instance_profile: Option<String>,
 
+    /// A QuestDB's `spec.dns.name` must lie under `<its namespace>.<this suffix>` (e.g.
+    /// `db.example.com`: team-a's databases are `*.team-a.db.example.com`). Unset: any name in
+    /// the hosted zone, first come first served.
+    #[arg(long, env = "DNS_NAMESPACE_SUFFIX")]
+    pub dns_namespace_suffix: Option<String>,
+
     /// AMI ids a QuestDB's `spec.node.image` may name (comma separated). With
     /// `--allowed-node-image-owners` too, an image passes if either allows it. Unset with no
     /// owners: any image.

@@ -48,6 +48,9 @@ pub struct CloudSettings {
     /// The kubelets' `nodeLeaseDurationSeconds` (`--node-lease-duration`): no node counts as
     /// unhealthy before its Lease has been silent this long, whatever a QuestDB asks.
     pub node_lease_duration: Duration,
+    /// `--dns-namespace-suffix`: a QuestDB's DNS name must lie under `<namespace>.<suffix>`,
+    /// so one namespace can never name (and take clients meant for) another's databases.
+    pub dns_namespace_suffix: Option<String>,
 }
 
 impl Default for CloudSettings {
@@ -59,6 +62,7 @@ impl Default for CloudSettings {
             upgrade_node_timeout: Duration::from_secs(600),
             upgrade_step_timeout: Duration::from_secs(600),
             upgrade_concurrency: 2,
+            dns_namespace_suffix: None,
             node_lease_duration:
                 crate::controllers::node_health::tracker::DEFAULT_NODE_LEASE_DURATION,
         }

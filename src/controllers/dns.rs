@@ -100,6 +100,22 @@ pub fn plan(v: &DnsView) -> DnsStep {
     }
 }
 
+/// The refusal of a DNS name outside `<namespace>.<suffix>` (`--dns-namespace-suffix`).
+pub fn outside_namespace(name: &str, namespace: &str, suffix: Option<&str>) -> Option<Verdict> {
+    let suffix = suffix?;
+    let zone = format!("{namespace}.{suffix}");
+    let name = display_name(name);
+    if name.ends_with(&format!(".{zone}")) {
+        return None;
+    }
+    Some(Verdict::new(
+        conditions::DNS_READY,
+        false,
+        Reason::DnsRejected,
+        format!("{name} is not under {zone}: this namespace's databases are named *.{zone} (--dns-namespace-suffix)"),
+    ))
+}
+
 /// `DnsReady` of a paused QuestDB whose name stays its own.
 pub fn reserved_while_paused(name: &str) -> Verdict {
     Verdict::new(
@@ -259,6 +275,31 @@ mod tests {
         let mut v = view(Some(&d), &s);
         v.provider_configured = false;
         assert!(matches!(plan(&v), DnsStep::Blocked(c) if c.reason == Reason::NotConfigured));
+    }
+
+    #[test]
+    fn a_name_outside_the_namespaces_suffix_is_refused() {
+        let suffix = Some("db.example.com");
+        assert_eq!(
+            outside_namespace("db1.team-a.db.example.com.", "team-a", suffix),
+            None
+        );
+        for name in [
+            "db1.team-b.db.example.com",
+            "team-a.db.example.com",
+            "db1.example.com",
+        ] {
+            let refused = outside_namespace(name, "team-a", suffix).expect(name);
+            assert!(
+                refused.message.contains("*.team-a.db.example.com"),
+                "{}",
+                refused.message
+            );
+        }
+        assert_eq!(
+            outside_namespace("anything.example.com", "team-a", None),
+            None
+        );
     }
 
     #[test]

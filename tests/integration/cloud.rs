@@ -371,6 +371,7 @@ fn settings() -> CloudSettings {
         upgrade_concurrency: 2,
         // The test kubelets' Lease: renewed every quarter of it, as a real kubelet does.
         node_lease_duration: questdb_testenv::timings::NODE_LEASE_DURATION,
+        dns_namespace_suffix: None,
     }
 }
 
@@ -1431,6 +1432,39 @@ async fn a_node_claiming_another_instance_never_gets_its_database() {
         .await
         .expect("pod");
     assert_eq!(pod.spec.and_then(|s| s.node_name), Some(real));
+    env.stop().await;
+}
+
+/// With `--dns-namespace-suffix`, a namespace names only its own databases: a name outside
+/// `<namespace>.<suffix>` is never written, one inside is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dns_name_outside_the_namespaces_zone_is_never_written() {
+    let env = CloudEnv::start(CloudSettings {
+        dns_namespace_suffix: Some("db.example.com".into()),
+        ..settings()
+    })
+    .await;
+    env.create("outside", |q| {
+        q.spec.dns.as_mut().expect("dns").name = "payments.db.example.com".into();
+    })
+    .await;
+    let inside = format!("inside.{NS}.db.example.com");
+    let name = inside.clone();
+    env.create("inside", move |q| {
+        q.spec.dns.as_mut().expect("dns").name = name;
+    })
+    .await;
+    wait_for(
+        &env.qdbs(),
+        "outside",
+        "DnsReady=False DnsRejected",
+        has_condition("DnsReady", "DnsRejected"),
+    )
+    .await;
+    wait_for(&env.qdbs(), "inside", "inside Ready", is_ready()).await;
+    let records = env.cloud.route53.records();
+    assert_eq!(records.len(), 1, "{records:?}");
+    assert_eq!(records[0].name, inside);
     env.stop().await;
 }
 

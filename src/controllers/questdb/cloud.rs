@@ -757,8 +757,30 @@ async fn dns_step(
     let status = qdb.status.clone().unwrap_or_default();
     let deleting = qdb.metadata.deletion_timestamp.is_some();
     let release = qdb.spec.paused || deleting;
+    // A name outside this namespace's zone is not wanted: never written (and a recorded one
+    // of an earlier spec is deleted as for any rename).
+    let refusal = qdb.spec.dns.as_ref().and_then(|d| {
+        dns::outside_namespace(
+            &d.name,
+            &qdb.namespace().unwrap_or_default(),
+            cloud.settings.dns_namespace_suffix.as_deref(),
+        )
+    });
+    if let Some(c) = &refusal {
+        if !already_reported(&status, c) {
+            warn!(questdb = %qdb.name_any(), "{}", c.message);
+            ctx.event(
+                qdb,
+                EventType::Warning,
+                Reason::DnsRejected,
+                "UpsertRecord",
+                c.message.clone(),
+            )
+            .await;
+        }
+    }
     let step = dns::plan(&DnsView {
-        spec: qdb.spec.dns.as_ref(),
+        spec: qdb.spec.dns.as_ref().filter(|_| refusal.is_none()),
         release,
         deleting,
         status: &status,
@@ -773,7 +795,7 @@ async fn dns_step(
         }));
     };
     match step {
-        DnsStep::Nothing => Ok(DnsDecision::Decided(None)),
+        DnsStep::Nothing => Ok(DnsDecision::Decided(refusal)),
         DnsStep::InSync(c) => Ok(DnsDecision::Decided(Some(c))),
         DnsStep::Blocked(c) if c.reason == Reason::WaitingForNode && from_node => {
             // The fast path read the Node only; let the instance data decide.
