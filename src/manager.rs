@@ -694,6 +694,21 @@ async fn run_as_leader(
     Ok(())
 }
 
+fn zero_known_labels(metrics: &crate::metrics::Metrics) {
+    let names = |reasons: &[crate::api::Reason]| -> Vec<&'static str> {
+        reasons.iter().map(|r| r.as_str()).collect()
+    };
+    let suppression = names(&crate::controllers::failover::SUPPRESSION_REASONS);
+    let errors = names(&crate::controllers::Error::REASONS);
+    metrics.zero_known_labels(&crate::metrics::KnownLabels {
+        suppression_reasons: &suppression,
+        failover_steps: &crate::controllers::failover::STEPS,
+        upgrade_steps: &crate::controllers::upgrade::STEPS,
+        controllers: &[questdb::CONTROLLER_NAME, node_health::CONTROLLER_NAME],
+        error_reasons: &errors,
+    });
+}
+
 /// Runs every controller until `token` is cancelled; returns once all of them stopped.
 async fn run_controllers(shared: &Shared<'_>, subs: Subscriptions, token: CancellationToken) {
     let Shared {
@@ -706,6 +721,7 @@ async fn run_controllers(shared: &Shared<'_>, subs: Subscriptions, token: Cancel
     let recorder = Recorder::new(client.clone(), MANAGER, std::env::var("POD_NAME").ok());
     let ctrl_metrics =
         metrics.controller(questdb::CONTROLLER_NAME, opts.questdb_concurrency as usize);
+    zero_known_labels(metrics);
     let ctx = Arc::new(Context {
         client: client.clone(),
         recorder,

@@ -50,6 +50,24 @@ pub fn step_reason(phase: &str) -> Reason {
 }
 
 /// `metadata.annotations` key that turns failover off for one QuestDB (maintenance).
+/// Every reason a due failover can be held back for (the label values of
+/// `questdb_operator_failovers_suppressed_total`).
+pub const SUPPRESSION_REASONS: [Reason; 4] = [
+    Reason::Disabled,
+    Reason::SkipAnnotation,
+    Reason::RecentFailover,
+    Reason::TooManyUnhealthyNodes,
+];
+
+/// The steps whose durations `questdb_operator_failover_step_duration_seconds` records.
+pub const STEPS: [&str; 5] = [
+    phase::FENCING,
+    phase::RELEASING,
+    phase::REATTACHING,
+    phase::RECOVERING,
+    phase::DRAINING,
+];
+
 pub const SKIP_ANNOTATION: &str = "crd.questdb.io/skip-failover";
 
 /// The taint that lets a fenced node's pods and volumes go (`v1.TaintNodeOutOfService`).

@@ -80,6 +80,18 @@ impl Error {
         matches!(self, Error::StaleCache(_) | Error::Conflict)
     }
 
+    /// Every value [`Error::reason`] can take.
+    pub const REASONS: [Reason; 8] = [
+        Reason::MissingNamespace,
+        Reason::MissingUid,
+        Reason::StaleCache,
+        Reason::Conflict,
+        Reason::SerializeFailed,
+        Reason::KubernetesApiError,
+        Reason::CloudApiError,
+        Reason::InstanceNotOwned,
+    ];
+
     pub fn reason(&self) -> Reason {
         match self {
             Error::MissingNamespace => Reason::MissingNamespace,

@@ -57,6 +57,17 @@ pub fn step_reason(phase: &str) -> Reason {
 }
 
 /// The default `spec.node.rollbackWindow`.
+/// The steps whose durations `questdb_operator_upgrade_step_duration_seconds` records.
+pub const STEPS: [&str; 7] = [
+    phase::VALIDATING,
+    phase::PROVISIONING,
+    phase::NODE_READY,
+    phase::STOPPING,
+    phase::MOVING,
+    phase::VERIFYING,
+    phase::RETAINING,
+];
+
 pub const DEFAULT_ROLLBACK_WINDOW: Duration = Duration::from_secs(30 * 60);
 
 fn ended(phase: &str) -> bool {

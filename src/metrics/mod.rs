@@ -128,6 +128,16 @@ impl UpgradeResult {
     }
 }
 
+/// The label values [`Metrics::zero_known_labels`] sets to zero: the controllers' own lists,
+/// so a new step or reason is initialised the day it is added.
+pub struct KnownLabels<'a> {
+    pub suppression_reasons: &'a [&'a str],
+    pub failover_steps: &'a [&'a str],
+    pub upgrade_steps: &'a [&'a str],
+    pub controllers: &'a [&'a str],
+    pub error_reasons: &'a [&'a str],
+}
+
 type PhaseSource = Box<dyn Fn() -> Vec<Option<Phase>> + Send + Sync>;
 
 /// The operator's metrics: one registry and every family in it.
@@ -266,6 +276,30 @@ impl Metrics {
             .reconcile_errors_by_reason
             .with_label_values(&[controller, reason])
             .inc();
+    }
+
+    /// Label values known in advance, set to zero at start (as controller-runtime does for its
+    /// reconcile results): `rate()` and alert rules see the series before the first event
+    /// instead of nothing at all.
+    pub fn zero_known_labels(&self, known: &KnownLabels) {
+        for reason in known.suppression_reasons {
+            self.families
+                .failovers_suppressed
+                .with_label_values(&[reason]);
+        }
+        for step in known.failover_steps {
+            self.families.failover_steps.with_label_values(&[step]);
+        }
+        for step in known.upgrade_steps {
+            self.families.upgrade_steps.with_label_values(&[step]);
+        }
+        for controller in known.controllers {
+            for reason in known.error_reasons {
+                self.families
+                    .reconcile_errors_by_reason
+                    .with_label_values(&[controller, reason]);
+            }
+        }
     }
 
     /// A failover was due but held back (`reason` as in the `Failover` condition).

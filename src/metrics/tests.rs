@@ -596,3 +596,28 @@ fn an_unrepresentable_requeue_delay_is_recorded_without_panicking() {
         Some(1.0)
     );
 }
+
+/// Four families the dashboards and alert rules query had no series until their first event,
+/// so `rate()` over them was empty rather than 0: the known label values start at zero.
+#[test]
+fn families_with_known_labels_have_series_before_the_first_event() {
+    let metrics = Metrics::new();
+    let before = metrics.render();
+    assert!(!before.contains("questdb_operator_failovers_suppressed_total{"));
+    metrics.zero_known_labels(&KnownLabels {
+        suppression_reasons: &["TooManyUnhealthyNodes"],
+        failover_steps: &["Fencing"],
+        upgrade_steps: &["Moving"],
+        controllers: &["questdb"],
+        error_reasons: &["CloudApiError"],
+    });
+    let text = metrics.render();
+    for line in [
+        "questdb_operator_failovers_suppressed_total{reason=\"TooManyUnhealthyNodes\"} 0",
+        "questdb_operator_failover_step_duration_seconds_count{step=\"Fencing\"} 0",
+        "questdb_operator_upgrade_step_duration_seconds_count{step=\"Moving\"} 0",
+        "questdb_operator_reconcile_errors_total{controller=\"questdb\",reason=\"CloudApiError\"} 0",
+    ] {
+        assert!(text.lines().any(|l| l == line), "{line} missing from:\n{text}");
+    }
+}
