@@ -42,6 +42,9 @@ struct CloudEnv {
     bridge: (CancellationToken, JoinHandle<()>),
 }
 
+/// The groups a kubelet's identity carries.
+const NODE_GROUPS: &[&str] = &["system:nodes", "system:authenticated"];
+
 fn cloud_config() -> CloudConfig {
     let mut config = CloudConfig::new("it", "sim-region-1");
     for zone in ["sim-zone-a", "sim-zone-b"] {
@@ -195,6 +198,15 @@ impl CloudEnv {
             .create(&PostParams::default(), &ns)
             .await
             .expect("namespace created");
+    }
+
+    /// A client that acts as `user` in `groups` through the apiserver's own impersonation: an
+    /// attacker's identity (a tenant, a node) under the real authorization and admission.
+    async fn client_as(&self, user: &str, groups: &[&str]) -> Client {
+        let mut config = self.cp.client_config().await;
+        config.auth_info.impersonate = Some(user.into());
+        config.auth_info.impersonate_groups = Some(groups.iter().map(|g| g.to_string()).collect());
+        Client::try_from(config).expect("impersonating client")
     }
 
     fn qdbs(&self) -> Api<QuestDB> {
@@ -1241,11 +1253,8 @@ async fn a_forged_status_record_never_stops_another_questdbs_instance() {
         .create(&PostParams::default(), &binding)
         .await
         .expect("binding");
-    let mut config = env.cp.client_config().await;
-    config.auth_info.impersonate = Some("tenant".into());
-    config.auth_info.impersonate_groups = Some(vec!["system:authenticated".into()]);
     let as_tenant: Api<QuestDB> =
-        Api::namespaced(Client::try_from(config).expect("tenant client"), NS);
+        Api::namespaced(env.client_as("tenant", &["system:authenticated"]).await, NS);
     as_tenant
         .replace_status("attacker", &PostParams::default(), &attacker)
         .await
@@ -1325,11 +1334,10 @@ async fn a_nodes_forged_address_never_reaches_route53() {
     let published = status.dns_ip.clone().expect("published");
     let node = status.node_name.clone().expect("node");
     // The node's own identity, under NodeRestriction, as a compromised kubelet would write.
-    let mut config = env.cp.client_config().await;
-    config.auth_info.impersonate = Some(format!("system:node:{node}"));
-    config.auth_info.impersonate_groups =
-        Some(vec!["system:nodes".into(), "system:authenticated".into()]);
-    let nodes: Api<Node> = Api::all(Client::try_from(config).expect("node client"));
+    let nodes: Api<Node> = Api::all(
+        env.client_as(&format!("system:node:{node}"), NODE_GROUPS)
+            .await,
+    );
     let forged = json!({"status": {"addresses": [
         {"type": "InternalIP", "address": "10.66.66.66"},
         {"type": "Hostname", "address": node},
@@ -1367,7 +1375,7 @@ async fn a_nodes_forged_address_never_reaches_route53() {
 }
 
 /// A compromised machine joins as a node (its own identity, `system:node:evil`, under
-/// NodeRestriction) claiming the providerID of a running database's instance. It gets neither
+/// NodeRestriction) claiming the providerID of a running database's instance. It does not get
 /// the database's pin, and the database stays on its own node. (Before the operator pinned
 /// the real node, two claimants leave both unpinned: the unit tests of the node planner.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1387,11 +1395,7 @@ async fn a_node_claiming_another_instance_never_gets_its_database() {
         .and_then(|s| s.provider_id)
         .expect("providerID");
 
-    let mut config = env.cp.client_config().await;
-    config.auth_info.impersonate = Some("system:node:evil".into());
-    config.auth_info.impersonate_groups =
-        Some(vec!["system:nodes".into(), "system:authenticated".into()]);
-    let as_node: Api<Node> = Api::all(Client::try_from(config).expect("node client"));
+    let as_node: Api<Node> = Api::all(env.client_as("system:node:evil", NODE_GROUPS).await);
     let evil: Node = serde_json::from_value(json!({
         "metadata": {"name": "evil", "labels": {DEDICATED_LABEL_KEY: "tenant-a.db1"}},
         "spec": {"providerID": provider},
