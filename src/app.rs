@@ -309,6 +309,11 @@ pub fn options_from(args: &RunArgs) -> anyhow::Result<ManagerOptions> {
         namespace: Some(args.namespace.clone()).filter(|n| !n.is_empty()),
         questdb_concurrency: args.questdb_concurrency,
         node_health_concurrency: args.node_health_concurrency,
+        backup_concurrency: args.backup_concurrency,
+        backup_timeouts: crate::controllers::backup::plan::Timeouts {
+            cut: std::time::Duration::from_secs(args.backup_checkpoint_timeout),
+            upload: std::time::Duration::from_secs(args.backup_upload_timeout),
+        },
         leader_election: args.leader_elect.then(|| LeaderElection {
             lease_name: args.leader_election_id.clone(),
             namespace: args.leader_election_namespace.clone(),

@@ -97,6 +97,20 @@ pub struct RunArgs {
     #[arg(long, env = "NODE_HEALTH_CONCURRENCY", default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..))]
     pub node_health_concurrency: u16,
 
+    /// Concurrent reconciles of the backup controller (never two of one QuestDBBackup).
+    #[arg(long, env = "BACKUP_CONCURRENCY", default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..))]
+    pub backup_concurrency: u16,
+
+    /// Seconds a backup may hold the database's checkpoint open before its snapshot is cut;
+    /// then it fails and releases the checkpoint.
+    #[arg(long, env = "BACKUP_CHECKPOINT_TIMEOUT", default_value_t = 600)]
+    pub backup_checkpoint_timeout: u64,
+
+    /// Seconds a cut snapshot may take to become ready to use (an EBS snapshot's upload)
+    /// before the backup fails.
+    #[arg(long, env = "BACKUP_UPLOAD_TIMEOUT", default_value_t = 21600)]
+    pub backup_upload_timeout: u64,
+
     #[command(flatten)]
     pub cloud: CloudArgs,
 }

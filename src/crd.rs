@@ -1,11 +1,22 @@
-//! The CRD as YAML: what `questdb-operator crd` prints and `crds/questdb.yaml` holds.
+//! The CRDs as YAML: what `questdb-operator crd` prints and `crds/questdb.yaml` holds.
 
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
 
-use crate::api::QuestDB;
+use crate::api::{QuestDB, QuestDBBackup};
 
+/// Every CRD the operator serves, `QuestDB` first.
+pub fn all() -> Vec<CustomResourceDefinition> {
+    vec![QuestDB::crd(), QuestDBBackup::crd()]
+}
+
+/// [`all`] as one multi-document YAML stream.
 pub fn yaml() -> anyhow::Result<String> {
-    Ok(serde_yaml_ng::to_string(&QuestDB::crd())?)
+    let docs = all()
+        .iter()
+        .map(serde_yaml_ng::to_string)
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(docs.join("---\n"))
 }
 
 #[cfg(test)]

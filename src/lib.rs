@@ -12,3 +12,4 @@ pub mod ilp_auth;
 pub mod leadership;
 pub mod manager;
 pub mod metrics;
+pub mod questdb_http;

@@ -16,7 +16,7 @@ use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Node, PersistentVolumeClaim, Pod, Secret, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
-use kube::api::Api;
+use kube::api::{Api, ListParams};
 use kube::core::PartialObjectMeta;
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
 use kube::runtime::events::EventType;
@@ -26,12 +26,12 @@ use kube::{Client, Resource};
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
-use crate::api::{labels, QuestDB, MANAGER};
+use crate::api::{labels, QuestDB, QuestDBBackup, MANAGER};
 use crate::controllers::cloud_runtime::CloudRuntime;
 pub use crate::controllers::cloud_runtime::{Cloud, CloudSettings};
 use crate::controllers::context::{Caches, Context, GuardedQuestDB};
 use crate::controllers::in_flight::InFlight;
-use crate::controllers::{node_health, questdb, retry_delay, sweep, Error, Next};
+use crate::controllers::{backup, node_health, questdb, retry_delay, sweep, Error, Next};
 use crate::desired::OwnedChild;
 use crate::http_server::{self, Readiness};
 use crate::ilp_auth;
@@ -45,6 +45,9 @@ pub struct ManagerOptions {
     pub questdb_concurrency: u16,
     /// Concurrent reconciles of the node-health controller (never two of one Node).
     pub node_health_concurrency: u16,
+    /// Concurrent reconciles of the backup controller (never two of one QuestDBBackup).
+    pub backup_concurrency: u16,
+    pub backup_timeouts: crate::controllers::backup::plan::Timeouts,
     pub leader_election: Option<LeaderElection>,
     pub metrics_addr: Option<SocketAddr>,
     pub health_addr: Option<SocketAddr>,
@@ -62,6 +65,8 @@ impl Default for ManagerOptions {
             namespace: None,
             questdb_concurrency: 4,
             node_health_concurrency: 2,
+            backup_concurrency: 2,
+            backup_timeouts: Default::default(),
             leader_election: None,
             metrics_addr: None,
             health_addr: None,
@@ -704,7 +709,11 @@ fn zero_known_labels(metrics: &crate::metrics::Metrics) {
         suppression_reasons: &suppression,
         failover_steps: &crate::controllers::failover::STEPS,
         upgrade_steps: &crate::controllers::upgrade::STEPS,
-        controllers: &[questdb::CONTROLLER_NAME, node_health::CONTROLLER_NAME],
+        controllers: &[
+            questdb::CONTROLLER_NAME,
+            node_health::CONTROLLER_NAME,
+            backup::CONTROLLER_NAME,
+        ],
         error_reasons: &errors,
     });
 }
@@ -739,6 +748,9 @@ async fn run_controllers(shared: &Shared<'_>, subs: Subscriptions, token: Cancel
             None => None,
         },
         wake: Some(subs.sender.clone()),
+        operator_namespace: std::env::var("POD_NAMESPACE")
+            .ok()
+            .filter(|n| !n.is_empty()),
     });
     let sweeper = sweep::run(ctx.clone(), opts.namespace.clone(), token.clone());
     let Subscriptions {
@@ -754,13 +766,73 @@ async fn run_controllers(shared: &Shared<'_>, subs: Subscriptions, token: Cancel
         ctx.clone(),
         token.clone(),
     );
+    let backups = run_backups(opts, metrics, ctx.clone(), token.clone());
     let controller = questdb_controller(triggers, caches, opts.questdb_concurrency, &ctrl_metrics)
         .graceful_shutdown_on(token.cancelled_owned());
     tokio::join!(
         run_questdb_controller(controller, ctx, ctrl_metrics, in_flight.clone()),
         sweeper,
-        health
+        health,
+        backups
     );
+}
+
+/// The backup controller: one reconcile per QuestDBBackup, on its own watch. Off (one error
+/// line, no retry storm) when the QuestDBBackup CRD is not installed.
+async fn run_backups(
+    opts: &ManagerOptions,
+    metrics: &Arc<Metrics>,
+    ctx: Arc<Context>,
+    token: CancellationToken,
+) {
+    let api: Api<QuestDBBackup> = api_for(&ctx.client, opts.namespace.as_deref());
+    match api.list_metadata(&ListParams::default().limit(1)).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.code == 404 => {
+            error!("the QuestDBBackup CRD is not installed: backups are off until it is (apply crds/) and the operator restarts");
+            return;
+        }
+        // Anything else (a blip): the controller's own watch retries with backoff.
+        Err(e) => {
+            warn!(error = %e, "listing QuestDBBackups failed; the backup controller starts anyway")
+        }
+    }
+    let concurrency = opts.backup_concurrency;
+    let m = metrics.controller(backup::CONTROLLER_NAME, concurrency as usize);
+    let controller = Controller::new(api, watcher::Config::default())
+        .with_config(ControllerConfig::default().concurrency(concurrency))
+        .graceful_shutdown_on(token.cancelled_owned());
+    let bctx = Arc::new(backup::BackupContext::new(
+        ctx,
+        controller.store(),
+        opts.backup_timeouts,
+    ));
+    let reconcile = move |b: Arc<QuestDBBackup>, bctx: Arc<backup::BackupContext>| {
+        let m = m.clone();
+        async move {
+            let guard = m.start(ObjectRef::from_obj(&*b));
+            let result = guard.scope(backup::reconcile(b, bctx.clone())).await;
+            match &result {
+                Ok(next) => guard.finish(next.outcome()),
+                Err(e) if e.is_transient_conflict() => guard.finish(ReconcileOutcome::Error),
+                Err(e) => {
+                    bctx.ctx
+                        .metrics
+                        .reconcile_error(backup::CONTROLLER_NAME, e.reason().as_str());
+                    guard.finish_with_error(e)
+                }
+            }
+            result.map(Next::action)
+        }
+    };
+    controller
+        .run(
+            reconcile,
+            |_, e: &Error, _| Action::requeue(retry_delay(2, e.is_transient_conflict())),
+            bctx,
+        )
+        .for_each(|_| async {})
+        .await;
 }
 
 /// The node-health controller: one reconcile per dedicated Node when it or its kubelet's

@@ -16,11 +16,17 @@ use crate::SandboxArgs;
 /// apiserver establishes a new CRD a moment after accepting it, and the example is applied next.
 pub async fn install_crd(client: &kube::Client) -> anyhow::Result<()> {
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-    use kube::CustomResourceExt;
-    Api::<CustomResourceDefinition>::all(client.clone())
-        .create(&PostParams::default(), &QuestDB::crd())
-        .await
-        .context("installing the QuestDB CRD")?;
+    for crd in questdb_operator::crd::all() {
+        Api::<CustomResourceDefinition>::all(client.clone())
+            .create(&PostParams::default(), &crd)
+            .await
+            .with_context(|| {
+                format!(
+                    "installing the CRD {}",
+                    crd.metadata.name.unwrap_or_default()
+                )
+            })?;
+    }
     let served: Api<QuestDB> = Api::all(client.clone());
     let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
     while served.list(&Default::default()).await.is_err() {

@@ -1,9 +1,11 @@
 //! Types of the `crd.questdb.io` API and the names the operator stamps on what it owns.
 
+mod backup;
 mod pod;
 mod questdb;
 mod reason;
 
+pub use backup::*;
 pub use pod::{PodOptions, RESERVED_VOLUMES};
 pub use questdb::*;
 pub use reason::Reason;
@@ -14,6 +16,11 @@ pub const GROUP: &str = "crd.questdb.io";
 pub const SECRET_QUESTDB_ANNOTATION: &str = "crd.questdb.io/name";
 /// Finalizer that guards cloud resources (instance, DNS record) and PVC retention.
 pub const FINALIZER: &str = "crd.questdb.io/finalizer";
+/// Finalizer on a `QuestDBBackup` while it may hold the database's checkpoint open: deleting
+/// the backup then releases the checkpoint first.
+pub const BACKUP_FINALIZER: &str = "crd.questdb.io/checkpoint";
+/// Label on the VolumeSnapshot of a backup: the backup's name.
+pub const BACKUP_LABEL: &str = "crd.questdb.io/backup";
 /// Annotation a user puts on an existing object (a PVC, ConfigMap or Service with a colliding
 /// name, e.g. from a migration) to hand it over to the QuestDB of that name. Without it, only
 /// objects carrying the operator's labels for that QuestDB are ever adopted.
@@ -52,4 +59,7 @@ pub mod conditions {
     /// runs, `UpToDate` when the node matches the spec, False with the reason it waits or was
     /// aborted.
     pub const NODE_UPGRADE: &str = "NodeUpgrade";
+    /// Only with `spec.volume.restoreFrom`: whether the volume was created from the backup
+    /// (False while the backup is not ready, or when an existing volume is in the way).
+    pub const VOLUME_RESTORED: &str = "VolumeRestored";
 }

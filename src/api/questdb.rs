@@ -160,7 +160,8 @@ impl Default for NetworkPolicySpec {
 // No "never shrink" rule: a size asked of a class that cannot expand must be revertible; the
 // operator never shrinks a claim and says so in `VolumeSizeReady`.
 #[x_kube(
-    validation = Rule::new("has(self.storageClassName) == has(oldSelf.storageClassName) && (!has(self.storageClassName) || self.storageClassName == oldSelf.storageClassName)").message("volume.storageClassName is immutable")
+    validation = Rule::new("has(self.storageClassName) == has(oldSelf.storageClassName) && (!has(self.storageClassName) || self.storageClassName == oldSelf.storageClassName)").message("volume.storageClassName is immutable"),
+    validation = Rule::new("has(self.restoreFrom) == has(oldSelf.restoreFrom) && (!has(self.restoreFrom) || self.restoreFrom == oldSelf.restoreFrom)").message("volume.restoreFrom is immutable: a volume is restored once, when it is created")
 )]
 pub struct VolumeSpec {
     /// Size of the volume, a Kubernetes quantity such as `50Gi`.
@@ -172,6 +173,28 @@ pub struct VolumeSpec {
     /// Keep the PersistentVolumeClaim (and its data) when the QuestDB is deleted.
     #[serde(default = "default_true")]
     pub retain_on_delete: bool,
+    /// Create the volume from a backup: the database starts with its data as it was at the
+    /// backup's checkpoint. Only a volume that does not exist yet is restored; an existing
+    /// one is never overwritten (condition `VolumeRestored=False`, reason `RestoreRefused`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restore_from: Option<RestoreSource>,
+}
+
+/// Where a restored volume's data comes from: a `QuestDBBackup` or a VolumeSnapshot, in the
+/// QuestDB's namespace.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("has(self.backup) != has(self.volumeSnapshot)").message("volume.restoreFrom names either a backup or a volumeSnapshot"))]
+pub struct RestoreSource {
+    /// A `QuestDBBackup` that `Succeeded`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self.size() > 0 && self.size() <= 253").message("volume.restoreFrom.backup must be a QuestDBBackup name"))]
+    pub backup: Option<String>,
+    /// A VolumeSnapshot of a QuestDB volume taken while a checkpoint was open (what a
+    /// backup holds); restored like a backup.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self.size() > 0 && self.size() <= 253").message("volume.restoreFrom.volumeSnapshot must be a VolumeSnapshot name"))]
+    pub volume_snapshot: Option<String>,
 }
 
 /// QuestDB configuration files.
@@ -320,6 +343,8 @@ pub const RESERVED_SERVER_KEYS: &[&str] = &[
     "http.password",
     // Probes must reach /status without the HTTP password.
     "http.health.check.authentication.required",
+    // The QuestDB's uid: a volume restored into another QuestDB recovers its checkpoint.
+    "cairo.snapshot.instance.id",
 ];
 
 /// The environment variables QuestDB maps onto [`RESERVED_SERVER_KEYS`].

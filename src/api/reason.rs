@@ -180,6 +180,46 @@ reasons! {
     MoveFailed,
     Reverted,
 
+    // Restore (`VolumeRestored`).
+    /// The volume was created from the backup's snapshot.
+    Restored,
+    /// The backup or VolumeSnapshot named in `volume.restoreFrom` does not exist.
+    RestoreSourceNotFound,
+    /// The backup has not succeeded (yet), or its snapshot is not ready to use.
+    RestoreSourceNotReady,
+    /// A volume of this name exists and was not restored from the source: it is never
+    /// overwritten.
+    RestoreRefused,
+
+    // Backups (a QuestDBBackup's `status.reason` and events).
+    /// Waiting: the QuestDB does not exist.
+    QuestDBNotFound,
+    /// Waiting: the database is not Running (or its pod not Ready).
+    DatabaseNotRunning,
+    /// Waiting: a failover or node move is under way.
+    DatabaseBusy,
+    /// Waiting: another backup of the same database holds its checkpoint.
+    AnotherBackupRunning,
+    /// The VolumeSnapshot API (the CSI snapshot CRDs) is not installed.
+    SnapshotApiMissing,
+    /// `CHECKPOINT CREATE` (or a query around it) failed.
+    CheckpointFailed,
+    /// The database's HTTP credentials could not be read.
+    CredentialsUnavailable,
+    /// The VolumeSnapshot reports an error.
+    SnapshotFailed,
+    /// The VolumeSnapshot did not become ready in time.
+    SnapshotTimeout,
+    /// The database restarted (or moved) while the checkpoint was open: the snapshot may
+    /// roll back to a stale checkpoint, so it is not a backup.
+    CheckpointLost,
+    /// The QuestDB was deleted during the backup.
+    QuestDBDeleted,
+    BackupStarted,
+    BackupCheckpointed,
+    BackupSucceeded,
+    BackupFailed,
+
     // Orphaned instances (events on the Node).
     OrphanSweepHeldBack,
     OrphanTerminated,

@@ -71,6 +71,9 @@ pub struct Context {
     /// Asks the controller to reconcile another QuestDB (a freed node-move slot wakes the
     /// moves queued behind it instead of leaving them to their next poll).
     pub wake: Option<Wake>,
+    /// The operator's own namespace (`POD_NAMESPACE`): its pods are admitted to each
+    /// database's HTTP port (backups). `None` outside a pod.
+    pub operator_namespace: Option<String>,
 }
 
 pub type Wake = futures::channel::mpsc::UnboundedSender<ObjectRef<GuardedQuestDB>>;

@@ -1,6 +1,7 @@
 //! Controllers hosted by the manager. Each reads like a pipeline:
 //! observe -> build -> apply -> update status.
 
+pub mod backup;
 pub mod children;
 pub mod clock;
 pub mod cloud_runtime;

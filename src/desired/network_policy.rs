@@ -49,6 +49,51 @@ pub fn network_policy(qdb: &QuestDB) -> Option<NetworkPolicy> {
     })
 }
 
+/// Label of the operator's own pods (deploy/operator).
+pub const OPERATOR_POD_LABEL: (&str, &str) = ("app.kubernetes.io/name", "questdb-operator");
+
+/// Adds a rule admitting the operator's pods in `operator_namespace` to the HTTP port only:
+/// backups talk to the database (`CHECKPOINT CREATE`/`RELEASE`), and nothing else of the
+/// operator's namespace gets in.
+pub fn admit_operator(mut np: NetworkPolicy, operator_namespace: &str) -> NetworkPolicy {
+    let peer = NetworkPolicyPeer {
+        namespace_selector: Some(LabelSelector {
+            match_labels: Some(
+                [(
+                    "kubernetes.io/metadata.name".to_string(),
+                    operator_namespace.to_string(),
+                )]
+                .into(),
+            ),
+            ..LabelSelector::default()
+        }),
+        pod_selector: Some(LabelSelector {
+            match_labels: Some(
+                [(
+                    OPERATOR_POD_LABEL.0.to_string(),
+                    OPERATOR_POD_LABEL.1.to_string(),
+                )]
+                .into(),
+            ),
+            ..LabelSelector::default()
+        }),
+        ..NetworkPolicyPeer::default()
+    };
+    if let Some(spec) = np.spec.as_mut() {
+        spec.ingress
+            .get_or_insert_with(Vec::new)
+            .push(NetworkPolicyIngressRule {
+                from: Some(vec![peer]),
+                ports: Some(vec![NetworkPolicyPort {
+                    port: Some(IntOrString::Int(HTTP_PORT)),
+                    protocol: Some("TCP".to_string()),
+                    ..NetworkPolicyPort::default()
+                }]),
+            });
+    }
+    np
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -109,5 +154,27 @@ mod tests {
         assert_eq!(rule(&np).from, Some(vec![peer]));
         qdb.spec.network_policy.enabled = false;
         assert_eq!(network_policy(&qdb), None);
+    }
+
+    #[test]
+    fn the_operator_reaches_only_the_http_port_and_only_from_its_own_pods() {
+        let qdb = questdb("db1", "tenant-a");
+        let np = admit_operator(network_policy(&qdb).expect("on"), "questdb-operator");
+        let rules = np.spec.unwrap().ingress.unwrap();
+        assert_eq!(rules.len(), 2);
+        let op = &rules[1];
+        let ports = op.ports.clone().unwrap();
+        assert_eq!(ports.len(), 1);
+        assert_eq!(ports[0].port, Some(IntOrString::Int(HTTP_PORT)));
+        let peer = &op.from.clone().unwrap()[0];
+        let ns = peer
+            .namespace_selector
+            .clone()
+            .unwrap()
+            .match_labels
+            .unwrap();
+        assert_eq!(ns["kubernetes.io/metadata.name"], "questdb-operator");
+        let pods = peer.pod_selector.clone().unwrap().match_labels.unwrap();
+        assert_eq!(pods["app.kubernetes.io/name"], "questdb-operator");
     }
 }

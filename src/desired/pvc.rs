@@ -63,6 +63,15 @@ pub fn pvc_with_ownership(qdb: &QuestDB, ownership: PvcOwnership) -> PersistentV
     }
 }
 
+/// A claim's `dataSource` for a restore from the VolumeSnapshot `name` (same namespace).
+pub fn snapshot_source(name: &str) -> k8s_openapi::api::core::v1::TypedLocalObjectReference {
+    k8s_openapi::api::core::v1::TypedLocalObjectReference {
+        api_group: Some("snapshot.storage.k8s.io".to_string()),
+        kind: "VolumeSnapshot".to_string(),
+        name: name.to_string(),
+    }
+}
+
 fn storage_request(size: &str) -> VolumeResourceRequirements {
     VolumeResourceRequirements {
         requests: Some(BTreeMap::from([(

@@ -170,6 +170,24 @@ pub fn statefulset(
     }
 }
 
+/// Every database runs under an instance id of its own, its QuestDB's uid. QuestDB recovers
+/// the checkpoint a volume holds only when it was taken under another, non-empty id: so a
+/// volume restored from a backup into a new QuestDB starts at the backup's checkpoint, while
+/// the database's own restarts never roll back to one. (Without ids on both sides QuestDB
+/// skips recovery and starts with everything the copy holds, writes after the checkpoint
+/// included, as checked on 9.2.0.)
+fn restore_env(qdb: &QuestDB) -> Option<k8s_openapi::api::core::v1::EnvVar> {
+    qdb.metadata.uid.as_ref()?;
+    Some(k8s_openapi::api::core::v1::EnvVar {
+        name: SNAPSHOT_INSTANCE_ID_ENV.to_string(),
+        value: qdb.metadata.uid.clone(),
+        ..Default::default()
+    })
+}
+
+/// QuestDB's `cairo.snapshot.instance.id`.
+pub const SNAPSHOT_INSTANCE_ID_ENV: &str = "QDB_CAIRO_SNAPSHOT_INSTANCE_ID";
+
 fn pod_spec(qdb: &QuestDB, ilp_auth_enabled: bool, dedicated: Option<&DedicatedNode>) -> PodSpec {
     let mut volumes = vec![
         Volume {
@@ -312,6 +330,7 @@ fn questdb_container(qdb: &QuestDB, ilp_auth_enabled: bool, on_dedicated_node: b
         env: non_empty_vec(
             credentials::env(qdb)
                 .into_iter()
+                .chain(restore_env(qdb))
                 .chain(qdb.spec.env.iter().cloned())
                 .collect(),
         ),
@@ -536,8 +555,13 @@ mod tests {
         assert_eq!(c.resources, Some(resources));
         let env = c.env.clone().unwrap_or_default();
         assert_eq!(env[..6], credentials::env(&qdb)[..]);
+        assert_eq!(env[6].name, SNAPSHOT_INSTANCE_ID_ENV);
         assert_eq!(
-            env[6..],
+            env[6].value, qdb.metadata.uid,
+            "restores key on the QuestDB's uid"
+        );
+        assert_eq!(
+            env[7..],
             qdb.spec.env[..],
             "the user's env follows the credentials"
         );

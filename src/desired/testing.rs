@@ -36,6 +36,7 @@ pub fn spec() -> QuestDBSpec {
             size: "50Gi".to_string(),
             storage_class_name: Some("gp3".to_string()),
             retain_on_delete: true,
+            restore_from: None,
         },
         resources: None,
         config: ConfigSpec::default(),

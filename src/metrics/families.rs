@@ -70,7 +70,15 @@ pub(super) struct Families {
     pub failover_detection: Histogram,
     pub upgrade_steps: HistogramVec,
     pub reconcile_errors_by_reason: IntCounterVec,
+    pub backups: IntCounterVec,
+    pub backup_duration: Histogram,
+    pub last_successful_backup: IntGaugeVec,
 }
+
+/// A backup takes seconds (a small volume) to hours (an EBS snapshot's first upload).
+const BACKUP_DURATION_BUCKETS: [f64; 10] = [
+    5.0, 15.0, 30.0, 60.0, 300.0, 900.0, 1800.0, 3600.0, 10800.0, 21600.0,
+];
 
 impl Families {
     /// Builds and registers every family. Names and help texts are constants, so a failure here
@@ -240,6 +248,21 @@ impl Families {
                 "questdb_operator_reconcile_errors_total",
                 "Reconciles that failed, by controller and reason (the error kind, also the Warning event's reason)",
                 &["controller", "reason"],
+            ),
+            backups: r.counter_vec(
+                "questdb_operator_backups_total",
+                "QuestDBBackups finished, by result (Succeeded, Failed)",
+                &["result"],
+            ),
+            backup_duration: r.histogram(
+                "questdb_operator_backup_duration_seconds",
+                "Seconds from a backup's start to its snapshot being ready to use",
+                BACKUP_DURATION_BUCKETS.to_vec(),
+            ),
+            last_successful_backup: r.gauge_vec(
+                "questdb_operator_last_successful_backup_timestamp_seconds",
+                "Unix time the newest successful backup of each QuestDB finished",
+                &["namespace", "questdb"],
             ),
             upgrade_steps: r.histogram_vec(
                 "questdb_operator_upgrade_step_duration_seconds",

@@ -270,6 +270,26 @@ impl Metrics {
         }
     }
 
+    /// A backup reached a final step; `took` from its start to the end.
+    pub fn backup_finished(&self, succeeded: bool, took: Option<Duration>) {
+        let result = if succeeded { "Succeeded" } else { "Failed" };
+        self.families.backups.with_label_values(&[result]).inc();
+        if let (true, Some(took)) = (succeeded, took) {
+            self.families.backup_duration.observe(took.as_secs_f64());
+        }
+    }
+
+    /// The newest successful backup of a QuestDB finished at `unix_seconds` (never moves back).
+    pub fn last_successful_backup(&self, namespace: &str, questdb: &str, unix_seconds: i64) {
+        let g = self
+            .families
+            .last_successful_backup
+            .with_label_values(&[namespace, questdb]);
+        if unix_seconds > g.get() {
+            g.set(unix_seconds);
+        }
+    }
+
     /// A reconcile failed with an error of kind `reason` (conflicts are retried, not counted).
     pub fn reconcile_error(&self, controller: &str, reason: &str) {
         self.families
@@ -289,6 +309,9 @@ impl Metrics {
         }
         for step in known.failover_steps {
             self.families.failover_steps.with_label_values(&[step]);
+        }
+        for result in ["Succeeded", "Failed"] {
+            self.families.backups.with_label_values(&[result]);
         }
         for step in known.upgrade_steps {
             self.families.upgrade_steps.with_label_values(&[step]);

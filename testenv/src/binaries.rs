@@ -1,5 +1,6 @@
-//! Where the control-plane binaries are: built once by `hack/control-plane/build.sh` into a
-//! cache keyed by the pinned versions, found again on every later run.
+//! Where the control-plane binaries are: built once by `hack/control-plane/build.sh` (and the
+//! CSI snapshot-controller by `hack/snapshot-controller/build.sh`) into a cache keyed by the
+//! pinned versions, found again on every later run.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -11,31 +12,55 @@ use anyhow::{bail, Context};
 /// `kube-scheduler` to use those instead of building.
 pub const BIN_DIR_ENV: &str = "QDB_CONTROL_PLANE_BIN";
 
+/// Set to a directory holding `snapshot-controller` and the three `snapshot.storage.k8s.io_*`
+/// CRD files to use those instead of building.
+pub const SNAPSHOT_DIR_ENV: &str = "QDB_SNAPSHOT_CONTROLLER_DIR";
+
 pub fn build_script() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../hack/control-plane/build.sh")
+}
+
+pub fn snapshot_build_script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../hack/snapshot-controller/build.sh")
 }
 
 /// The directory of the binaries, building them on first use (progress goes to stderr).
 pub fn dir() -> anyhow::Result<PathBuf> {
     static DIR: OnceLock<Result<PathBuf, String>> = OnceLock::new();
-    DIR.get_or_init(|| locate().map_err(|e| format!("{e:#}")))
-        .clone()
-        .map_err(anyhow::Error::msg)
+    DIR.get_or_init(|| {
+        locate(BIN_DIR_ENV, &build_script(), "control plane").map_err(|e| format!("{e:#}"))
+    })
+    .clone()
+    .map_err(anyhow::Error::msg)
 }
 
-fn locate() -> anyhow::Result<PathBuf> {
-    if let Some(dir) = std::env::var_os(BIN_DIR_ENV) {
+/// The directory of the CSI snapshot-controller and its CRDs, building them on first use.
+pub fn snapshot_dir() -> anyhow::Result<PathBuf> {
+    static DIR: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    DIR.get_or_init(|| {
+        locate(
+            SNAPSHOT_DIR_ENV,
+            &snapshot_build_script(),
+            "snapshot-controller",
+        )
+        .map_err(|e| format!("{e:#}"))
+    })
+    .clone()
+    .map_err(anyhow::Error::msg)
+}
+
+fn locate(env: &str, script: &Path, what: &str) -> anyhow::Result<PathBuf> {
+    if let Some(dir) = std::env::var_os(env) {
         return Ok(PathBuf::from(dir));
     }
-    let script = build_script();
     let out = Command::new("bash")
-        .arg(&script)
+        .arg(script)
         .stderr(std::process::Stdio::inherit())
         .output()
         .with_context(|| format!("running {}", script.display()))?;
     if !out.status.success() {
         bail!(
-            "control plane: {} failed ({}); the line above says why",
+            "{what}: {} failed ({}); the line above says why",
             script.display(),
             out.status
         );
@@ -46,13 +71,14 @@ fn locate() -> anyhow::Result<PathBuf> {
         .last()
         .map(str::trim)
         .filter(|l| !l.is_empty())
-        .context("control plane: build.sh printed no directory")?;
+        .with_context(|| format!("{what}: {} printed no directory", script.display()))?;
     Ok(PathBuf::from(dir))
 }
 
-/// Whether a Go toolchain is on the PATH (the sandbox falls back to the simulator without).
+/// Whether a Go toolchain is on the PATH, or both sets of binaries are given (the sandbox falls
+/// back to the simulator without).
 pub fn go_available() -> bool {
-    std::env::var_os(BIN_DIR_ENV).is_some()
+    (std::env::var_os(BIN_DIR_ENV).is_some() && std::env::var_os(SNAPSHOT_DIR_ENV).is_some())
         || Command::new("go")
             .arg("version")
             .output()

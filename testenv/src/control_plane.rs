@@ -1,5 +1,6 @@
 //! Starts etcd → kube-apiserver → kube-controller-manager → kube-scheduler on loopback in a
-//! temporary directory, then the fake CSI driver and kubelets, and a proxy for clients.
+//! temporary directory, the CSI snapshot-controller with its CRDs, then the fake CSI driver and
+//! kubelets, and a proxy for clients.
 //! Everything stops when the [`ControlPlane`] is dropped (also when a test panics, in which case
 //! the tail of every component's log is printed).
 
@@ -91,12 +92,13 @@ impl Default for ControlPlaneOptions {
 }
 
 pub struct ControlPlane {
-    // Field order is drop order: agents, then the proxy, then the processes (scheduler first,
-    // etcd last), then the directory.
+    // Field order is drop order: agents, then the proxy, then the processes (snapshot-controller
+    // first, etcd last), then the directory.
     stop: CancellationToken,
     kubelets: Kubelets,
     databases: Option<Arc<database::Runtime>>,
     proxy: ApiProxy,
+    snapshot_controller: Component,
     scheduler: Component,
     controller_manager: Component,
     apiserver: Component,
@@ -106,8 +108,9 @@ pub struct ControlPlane {
     apiserver_url: String,
     admin: Client,
     dir: tempfile::TempDir,
-    /// The CSI attacher's switches (fail or stall attachments).
+    /// The CSI attacher's and snapshotter's switches (fail or stall attachments, snapshots).
     pub csi: Arc<csi::Switches>,
+    snapshots: Arc<csi::Snapshots>,
     pub started_in: Duration,
 }
 
@@ -233,6 +236,7 @@ impl ControlPlane {
             bail!("{}", database::NEEDS_JAVA);
         }
         let bin = binaries::dir()?;
+        let snapshot_bin = binaries::snapshot_dir()?;
         let dir = tempfile::Builder::new()
             .prefix("qdb-control-plane-")
             .tempdir()
@@ -354,6 +358,10 @@ impl ControlPlane {
             ],
             d,
         )?;
+        // While the controllers start (Established by the time they are ready).
+        csi::apply_snapshot_crds(&admin, &snapshot_bin)
+            .await
+            .context("applying the VolumeSnapshot CRDs")?;
         controller_manager
             .wait_ready(Duration::from_secs(60), || {
                 let url = format!("https://127.0.0.1:{kcm_port}");
@@ -368,6 +376,24 @@ impl ControlPlane {
                 async move { https_ok(&url, None, "/healthz", &cert).await }
             })
             .await?;
+        csi::install_snapshot_class(&admin, Duration::from_secs(30))
+            .await
+            .context("installing the VolumeSnapshotClass")?;
+        // No readiness to wait for: it serves no port, and its informers catch up with
+        // whatever a test creates before they sync.
+        let snapshot_controller = Component::spawn(
+            "snapshot-controller",
+            &snapshot_bin.join("snapshot-controller"),
+            &[
+                format!("--kubeconfig={}", admin_kubeconfig.display()),
+                "--leader-election=false".into(),
+                // The group-snapshot CRDs are not installed: without this it waits for them
+                // for --retry-crd-interval-max (30 s) before starting.
+                "--feature-gates=CSIVolumeGroupSnapshot=false".into(),
+                "--v=2".into(),
+            ],
+            d,
+        )?;
         // The serviceaccount controller is running once `default` has its ServiceAccount;
         // pods cannot be admitted before.
         let sas: Api<ServiceAccount> = Api::namespaced(admin.clone(), "default");
@@ -390,6 +416,7 @@ impl ControlPlane {
             Databases::Fake => None,
         };
         let switches = Arc::new(csi::Switches::default());
+        let snapshots = csi::Snapshots::new(databases.as_ref().map(|_| d.join("snapshots")))?;
         csi::install(&admin)
             .await
             .context("installing the CSI driver objects")?;
@@ -398,6 +425,7 @@ impl ControlPlane {
             switches.clone(),
             stop.clone(),
             databases.clone(),
+            snapshots.clone(),
         );
         let kubelets = Kubelets::start(admin.clone(), stop.clone(), databases.clone());
         for node in opts.nodes {
@@ -422,6 +450,7 @@ impl ControlPlane {
             kubelets,
             databases,
             proxy,
+            snapshot_controller,
             scheduler,
             controller_manager,
             apiserver,
@@ -432,6 +461,7 @@ impl ControlPlane {
             admin,
             dir,
             csi: switches,
+            snapshots,
             started_in,
         })
     }
@@ -536,6 +566,19 @@ impl ControlPlane {
         }
     }
 
+    /// The lines of the database pod's whole log (every start) that contain `needle`.
+    pub fn database_log_lines(&self, namespace: &str, name: &str, needle: &str) -> Vec<String> {
+        match &self.databases {
+            Some(db) => db
+                .log_tail(namespace, name, usize::MAX)
+                .lines()
+                .filter(|l| l.contains(needle))
+                .map(str::to_string)
+                .collect(),
+            None => Vec::new(),
+        }
+    }
+
     /// Every start of a QuestDB on a directory another live QuestDB held (pods, nodes,
     /// directory, time). Empty when databases are fake.
     pub fn two_writer_violations(&self) -> Vec<String> {
@@ -576,6 +619,12 @@ impl ControlPlane {
         self.databases.as_ref().map(|db| db.volume_dir(handle))
     }
 
+    /// The snapshots the fake EBS holds now (made by CreateSnapshot, gone at DeleteSnapshot),
+    /// in handle order: one per VolumeSnapshot taken and not deleted.
+    pub fn ebs_snapshots(&self) -> Vec<csi::EbsSnapshot> {
+        self.snapshots.list()
+    }
+
     /// Process ids, for the benchmarks' memory figures.
     pub fn pids(&self) -> Vec<(&'static str, u32)> {
         [
@@ -583,6 +632,7 @@ impl ControlPlane {
             &self.apiserver,
             &self.controller_manager,
             &self.scheduler,
+            &self.snapshot_controller,
         ]
         .iter()
         .map(|c| (c.name, c.pid()))
@@ -596,6 +646,7 @@ impl ControlPlane {
             &mut self.apiserver,
             &mut self.controller_manager,
             &mut self.scheduler,
+            &mut self.snapshot_controller,
         ] {
             if !c.is_running() {
                 bail!(
@@ -615,6 +666,7 @@ impl ControlPlane {
             &self.apiserver,
             &self.controller_manager,
             &self.scheduler,
+            &self.snapshot_controller,
         ]
         .iter()
         .map(|c| (c.name, c.log.clone()))

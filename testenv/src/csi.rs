@@ -5,17 +5,44 @@
 //! Like EBS, a volume never attaches to a second instance while it is attached to one.
 //! With real databases each volume is a directory (`database::Runtime::volume_dir`), made
 //! when the volume is provisioned and removed when its PV is deleted (once no process holds it).
+//!
+//! Snapshots: the real snapshot-controller (hack/snapshot-controller) binds VolumeSnapshots to
+//! VolumeSnapshotContents; this module plays the csi-snapshotter sidecar and the driver behind
+//! it, as kubernetes-csi/external-snapshotter v8 pkg/sidecar-controller/snapshot_controller.go
+//! does: `syncContent` (a content of ours with `spec.source.volumeHandle` and no
+//! `status.snapshotHandle` is created), `createSnapshotWrapper` (annotation
+//! `volumesnapshot-being-created: yes` before CreateSnapshot, removed once it answers),
+//! `updateSnapshotContentStatus` (`snapshotHandle`, `creationTime` in ns, `readyToUse`,
+//! `restoreSize` in bytes), `updateContentErrorStatusWithEvent` (`status.error`,
+//! `readyToUse: false`; retried), `shouldDelete` (deletionTimestamp, not being created,
+//! `volumesnapshot-being-deleted` set by the snapshot-controller), DeleteSnapshot when the
+//! policy is Delete, then `removeContentFinalizer`; names from pkg/utils/util.go. Like EBS
+//! (and the EBS driver), CreateSnapshot answers at once with `readyToUse: false` (`pending`),
+//! and the snapshot becomes ready [`timings::SNAPSHOT_COMPLETE`] later (`completed`). With
+//! real databases a snapshot is a copy of the volume's directory taken at CreateSnapshot, and
+//! a claim restored from it (`dataSource` kind VolumeSnapshot) starts as a copy of that copy,
+//! after the checks external-provisioner makes (controller.go `getSnapshotSource`: the
+//! snapshot is `readyToUse`, its content is this driver's, the claim is not smaller than the
+//! `restoreSize`, the volume mode is the source's). Deviations: the copy is file by file, not
+//! one instant (EBS is crash-consistent at one instant; a QuestDB writing during the copy may
+//! leave files of different moments); no Events; pre-provisioned contents
+//! (`spec.source.snapshotHandle`) and group snapshots are not served; DeleteSnapshot does not
+//! clear the content's status before the finalizer goes.
+//!
 //! Sources: kubernetes-csi/external-provisioner (controller.go: selected-node, topology),
 //! kubernetes-csi/external-attacher (csi_handler.go: finalizer `external-attacher/<driver>`).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use anyhow::{bail, Context};
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::{CSIDriver, StorageClass, VolumeAttachment};
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams};
 use kube::runtime::reflector::{self, Store};
 use kube::{Client, ResourceExt};
 use serde_json::json;
@@ -47,6 +74,11 @@ pub struct Switches {
     pub stall_detach: AtomicBool,
     /// Attaches to every node but this one fail (a volume that only works where it is).
     pub attach_only_to: Mutex<Option<String>>,
+    /// Every CreateSnapshot fails: `status.error` on the VolumeSnapshotContent, `readyToUse`
+    /// false, retried until the switch is off again (as the sidecar retries).
+    pub fail_snapshot: AtomicBool,
+    /// Snapshots are created but stay `pending`: never `readyToUse`.
+    pub stall_snapshot: AtomicBool,
 }
 
 /// The CSIDriver (attach required) and the StorageClasses.
@@ -99,23 +131,36 @@ where
     (crate::cache::store(client, stop, tx), rx)
 }
 
-/// Starts the provisioner and the attacher; `volumes` holds the volumes' directories when
-/// databases are real.
+/// Starts the provisioner, the attacher and the snapshotter; `volumes` holds the volumes'
+/// directories when databases are real, `snapshots` what the fake EBS holds.
 pub fn spawn(
     client: Client,
     switches: Arc<Switches>,
     stop: CancellationToken,
     volumes: Option<Arc<Runtime>>,
+    snapshots: Arc<Snapshots>,
 ) {
-    tokio::spawn(provisioner(client.clone(), stop.clone(), volumes));
-    tokio::spawn(attacher(client, switches, stop));
+    tokio::spawn(provisioner(
+        client.clone(),
+        stop.clone(),
+        volumes.clone(),
+        snapshots.clone(),
+    ));
+    tokio::spawn(attacher(client.clone(), switches.clone(), stop.clone()));
+    tokio::spawn(snapshotter(client, switches, stop, volumes, snapshots));
 }
 
-async fn provisioner(client: Client, stop: CancellationToken, volumes: Option<Arc<Runtime>>) {
+async fn provisioner(
+    client: Client,
+    stop: CancellationToken,
+    volumes: Option<Arc<Runtime>>,
+    snapshots: Arc<Snapshots>,
+) {
     let (pvcs, mut pvc_events) = store::<PersistentVolumeClaim>(&client, &stop);
     let (pvs, mut pv_events) = store::<PersistentVolume>(&client, &stop);
     let (nodes, mut node_events) = store::<Node>(&client, &stop);
     let busy: Arc<Mutex<BTreeSet<String>>> = Arc::default();
+    let failed: Arc<Mutex<BTreeSet<String>>> = Arc::default();
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,
@@ -158,10 +203,21 @@ async fn provisioner(client: Client, stop: CancellationToken, volumes: Option<Ar
                 continue;
             }
             let (client, busy, volumes) = (client.clone(), busy.clone(), volumes.clone());
+            let (snapshots, failed) = (snapshots.clone(), failed.clone());
             tokio::spawn(async move {
-                if let Err(e) = create_pv(&client, &pvc, &pv_name, &zone, volumes.as_deref()).await
-                {
-                    warn!(pv = %pv_name, error = %e, "fake CSI: provisioning failed");
+                let made = create_pv(
+                    &client,
+                    &pvc,
+                    &pv_name,
+                    &zone,
+                    volumes.as_deref(),
+                    &snapshots,
+                );
+                if let Err(e) = made.await {
+                    // Retried every pass: said once per claim and error.
+                    if failed.lock().unwrap().insert(format!("{pv_name}: {e:#}")) {
+                        warn!(pv = %pv_name, error = %e, "fake CSI: provisioning failed");
+                    }
                 }
                 busy.lock().unwrap().remove(&pv_name);
             });
@@ -208,6 +264,7 @@ async fn create_pv(
     pv_name: &str,
     zone: &str,
     volumes: Option<&Runtime>,
+    snapshots: &Snapshots,
 ) -> anyhow::Result<()> {
     let spec = pvc.spec.clone().unwrap_or_default();
     let size = spec
@@ -217,12 +274,24 @@ async fn create_pv(
         .and_then(|r| r.get("storage"))
         .map(|q| q.0.clone())
         .unwrap_or_else(|| "1Gi".into());
-    let handle = format!(
-        "vol-{}",
-        &pvc.uid().unwrap_or_default().replace('-', "")[..17]
-    );
+    let handle = aws_id("vol", &pvc.uid().unwrap_or_default());
+    let source = match snapshot_source(client, pvc, bytes(&size)).await? {
+        Restore::None => None,
+        Restore::NotReady(why) => {
+            // external-provisioner fails the attempt and retries with back-off.
+            debug!(pv = %pv_name, "fake CSI: {why}; retrying");
+            return Ok(());
+        }
+        Restore::From(snapshot) if snapshots.get(&snapshot).is_none() => {
+            bail!("InvalidSnapshot.NotFound: the snapshot '{snapshot}' does not exist")
+        }
+        Restore::From(snapshot) => Some(snapshot),
+    };
     if let Some(rt) = volumes {
-        rt.provision(&handle)?;
+        match &source {
+            Some(snapshot) => snapshots.restore(snapshot, rt, &handle).await?,
+            None => rt.provision(&handle)?,
+        }
     }
     let pv: PersistentVolume = serde_json::from_value(json!({
         "metadata": {
@@ -250,7 +319,7 @@ async fn create_pv(
         .await
     {
         Ok(_) => {
-            debug!(pv = %pv_name, %zone, "fake CSI: provisioned");
+            debug!(pv = %pv_name, %zone, from = ?source, "fake CSI: provisioned");
             Ok(())
         }
         Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
@@ -447,24 +516,647 @@ async fn act(client: &Client, name: &str, work: Work) -> anyhow::Result<()> {
         }
         Work::Detach => {
             tokio::time::sleep(timings::VOLUME_DETACH).await;
-            let Some(va) = api.get_opt(name).await? else {
-                return Ok(());
-            };
-            let finalizers: Vec<String> = va
-                .finalizers()
-                .iter()
-                .filter(|f| *f != ATTACHER_FINALIZER)
-                .cloned()
-                .collect();
-            let patch = json!({"metadata": {"finalizers": finalizers, "resourceVersion": va.resource_version()}});
-            api.patch(name, &pp, &Patch::Merge(&patch)).await?;
+            remove_finalizer(&api, name, ATTACHER_FINALIZER).await?;
         }
     }
     Ok(())
 }
 
+/// The API group of VolumeSnapshots (CRDs from kubernetes-csi/external-snapshotter's client
+/// module, installed by the control plane with the real snapshot-controller).
+pub const SNAPSHOT_GROUP: &str = "snapshot.storage.k8s.io";
+/// The VolumeSnapshotClass of the test cluster (driver [`DRIVER`], `deletionPolicy: Delete`,
+/// the default class).
+pub const SNAPSHOT_CLASS: &str = "ebs-snapshots";
+/// The CRD files `hack/snapshot-controller/build.sh` puts beside the binary.
+pub const SNAPSHOT_CRD_FILES: &[&str] = &[
+    "snapshot.storage.k8s.io_volumesnapshotclasses.yaml",
+    "snapshot.storage.k8s.io_volumesnapshotcontents.yaml",
+    "snapshot.storage.k8s.io_volumesnapshots.yaml",
+];
+// pkg/utils/util.go of external-snapshotter.
+const BEING_CREATED: &str = "snapshot.storage.kubernetes.io/volumesnapshot-being-created";
+const BEING_DELETED: &str = "snapshot.storage.kubernetes.io/volumesnapshot-being-deleted";
+const CONTENT_FINALIZER: &str =
+    "snapshot.storage.kubernetes.io/volumesnapshotcontent-bound-protection";
+const IS_DEFAULT_CLASS: &str = "snapshot.storage.kubernetes.io/is-default-class";
+const ALLOW_VOLUME_MODE_CHANGE: &str = "snapshot.storage.kubernetes.io/allow-volume-mode-change";
+
+fn snapshot_resource(kind: &str, plural: &str) -> ApiResource {
+    ApiResource {
+        group: SNAPSHOT_GROUP.into(),
+        version: "v1".into(),
+        api_version: format!("{SNAPSHOT_GROUP}/v1"),
+        kind: kind.into(),
+        plural: plural.into(),
+    }
+}
+
+/// For `Api::<DynamicObject>::namespaced_with(client, ns, &volume_snapshot_resource())`.
+pub fn volume_snapshot_resource() -> ApiResource {
+    snapshot_resource("VolumeSnapshot", "volumesnapshots")
+}
+
+/// For `Api::<DynamicObject>::all_with(client, &volume_snapshot_content_resource())`.
+pub fn volume_snapshot_content_resource() -> ApiResource {
+    snapshot_resource("VolumeSnapshotContent", "volumesnapshotcontents")
+}
+
+pub fn volume_snapshot_class_resource() -> ApiResource {
+    snapshot_resource("VolumeSnapshotClass", "volumesnapshotclasses")
+}
+
+/// Applies the three VolumeSnapshot CRDs found in `dir` (server-side apply).
+pub async fn apply_snapshot_crds(admin: &Client, dir: &Path) -> anyhow::Result<()> {
+    let api: Api<CustomResourceDefinition> = Api::all(admin.clone());
+    let pp = PatchParams::apply("questdb-testenv").force();
+    let mut crds = vec![];
+    for file in SNAPSHOT_CRD_FILES {
+        let path = dir.join(file);
+        let text = std::fs::read_to_string(&path)
+            .with_context(|| format!("reading the CRD {}", path.display()))?;
+        let crd: serde_json::Value = serde_yaml_ng::from_str(&text)
+            .with_context(|| format!("parsing the CRD {}", path.display()))?;
+        let name = crd["metadata"]["name"]
+            .as_str()
+            .with_context(|| format!("{} names no CRD", path.display()))?
+            .to_string();
+        crds.push((name, crd));
+    }
+    let patches: Vec<(String, Patch<serde_json::Value>)> = crds
+        .into_iter()
+        .map(|(name, crd)| (name, Patch::Apply(crd)))
+        .collect();
+    futures::future::try_join_all(
+        patches
+            .iter()
+            .map(|(name, patch)| api.patch(name, &pp, patch)),
+    )
+    .await?;
+    Ok(())
+}
+
+/// Waits until the CRDs [`apply_snapshot_crds`] applied are Established (served), then applies
+/// the VolumeSnapshotClass [`SNAPSHOT_CLASS`].
+pub async fn install_snapshot_class(admin: &Client, timeout: Duration) -> anyhow::Result<()> {
+    let crds: Api<CustomResourceDefinition> = Api::all(admin.clone());
+    let names: Vec<String> = SNAPSHOT_CRD_FILES
+        .iter()
+        .map(|f| {
+            let plural = f.trim_end_matches(".yaml").rsplit('_').next().unwrap_or(f);
+            format!("{plural}.{SNAPSHOT_GROUP}")
+        })
+        .collect();
+    let deadline = Instant::now() + timeout;
+    for name in &names {
+        loop {
+            let established = crds.get_opt(name).await?.is_some_and(|crd| {
+                crd.status
+                    .and_then(|s| s.conditions)
+                    .unwrap_or_default()
+                    .iter()
+                    .any(|c| c.type_ == "Established" && c.status == "True")
+            });
+            if established {
+                break;
+            }
+            if Instant::now() > deadline {
+                bail!("the CRD {name} is not Established after {timeout:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    let class: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": format!("{SNAPSHOT_GROUP}/v1"),
+        "kind": "VolumeSnapshotClass",
+        "metadata": {"name": SNAPSHOT_CLASS, "annotations": {IS_DEFAULT_CLASS: "true"}},
+        "driver": DRIVER,
+        "deletionPolicy": "Delete",
+    }))?;
+    // Applied, not created: kube-apiserver holds every create of a custom resource for 2 s
+    // while its CRD is younger than that (apiextensions-apiserver customresource_handler.go,
+    // `justCreated`); a patch is not held.
+    Api::<DynamicObject>::all_with(admin.clone(), &volume_snapshot_class_resource())
+        .patch(
+            SNAPSHOT_CLASS,
+            &PatchParams::apply("questdb-testenv").force(),
+            &Patch::Apply(&class),
+        )
+        .await?;
+    Ok(())
+}
+
+/// One snapshot the fake EBS holds: made by CreateSnapshot, gone at DeleteSnapshot.
+#[derive(Clone, Debug)]
+pub struct EbsSnapshot {
+    /// Its id, the VolumeSnapshotContent's `status.snapshotHandle` (`snap-…`).
+    pub handle: String,
+    /// The CSI handle of the volume it was taken of (`vol-…`).
+    pub volume_handle: String,
+    /// The VolumeSnapshotContent that asked for it.
+    pub content: String,
+    /// The source volume's capacity (`status.restoreSize`); 0 when unknown.
+    pub size_bytes: u64,
+    /// `completed` (the content is, or is about to be, `readyToUse`) rather than `pending`.
+    pub ready: bool,
+    /// With real databases: the copy of the volume's directory taken at CreateSnapshot.
+    pub dir: Option<PathBuf>,
+    created: Instant,
+}
+
+/// What the fake EBS holds in snapshots; with real databases each is a directory under
+/// `<control plane dir>/snapshots`.
+pub struct Snapshots {
+    dir: Option<PathBuf>,
+    held: Mutex<BTreeMap<String, EbsSnapshot>>,
+}
+
+impl Snapshots {
+    /// `dir`: where snapshot copies go (real databases), `None` to keep none.
+    pub fn new(dir: Option<PathBuf>) -> anyhow::Result<Arc<Snapshots>> {
+        if let Some(d) = &dir {
+            std::fs::create_dir_all(d)
+                .with_context(|| format!("creating the snapshots' directory {}", d.display()))?;
+        }
+        Ok(Arc::new(Snapshots {
+            dir,
+            held: Mutex::default(),
+        }))
+    }
+
+    /// Every snapshot held now, by handle.
+    pub fn list(&self) -> Vec<EbsSnapshot> {
+        self.held.lock().unwrap().values().cloned().collect()
+    }
+
+    pub fn get(&self, handle: &str) -> Option<EbsSnapshot> {
+        self.held.lock().unwrap().get(handle).cloned()
+    }
+
+    /// CreateSnapshot: point in time now. Idempotent (the sidecar retries with one handle).
+    async fn create(
+        &self,
+        handle: &str,
+        volume_handle: &str,
+        content: &str,
+        size_bytes: u64,
+        volumes: Option<&Runtime>,
+    ) -> anyhow::Result<()> {
+        if self.get(handle).is_some() {
+            return Ok(());
+        }
+        let dir = match (volumes, &self.dir) {
+            (Some(rt), Some(root)) => {
+                let (from, to) = (rt.volume_dir(volume_handle), root.join(handle));
+                if !from.is_dir() {
+                    bail!("InvalidVolume.NotFound: the volume '{volume_handle}' does not exist");
+                }
+                let tmp = root.join(format!("{handle}.partial"));
+                let copied = tokio::task::spawn_blocking(move || {
+                    let _ = std::fs::remove_dir_all(&tmp);
+                    copy_tree(&from, &tmp)?;
+                    std::fs::rename(&tmp, &to)?;
+                    Ok::<_, std::io::Error>(to)
+                });
+                Some(copied.await??)
+            }
+            _ => None,
+        };
+        self.held.lock().unwrap().insert(
+            handle.to_string(),
+            EbsSnapshot {
+                handle: handle.to_string(),
+                volume_handle: volume_handle.to_string(),
+                content: content.to_string(),
+                size_bytes,
+                ready: false,
+                dir,
+                created: Instant::now(),
+            },
+        );
+        Ok(())
+    }
+
+    fn complete(&self, handle: &str) -> bool {
+        match self.held.lock().unwrap().get_mut(handle) {
+            Some(s) => {
+                s.ready = true;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// DeleteSnapshot: gone, with its directory. A snapshot not held is already deleted.
+    async fn delete(&self, handle: &str) -> anyhow::Result<()> {
+        let removed = self.held.lock().unwrap().remove(handle);
+        if let Some(dir) = removed.and_then(|s| s.dir) {
+            tokio::task::spawn_blocking(move || match std::fs::remove_dir_all(&dir) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+                _ => Ok(()),
+            })
+            .await??;
+        }
+        Ok(())
+    }
+
+    /// CreateVolume from a snapshot: the new volume's directory starts as the snapshot's copy.
+    async fn restore(&self, handle: &str, rt: &Runtime, volume_handle: &str) -> anyhow::Result<()> {
+        let Some(snapshot) = self.get(handle) else {
+            bail!("InvalidSnapshot.NotFound: the snapshot '{handle}' does not exist");
+        };
+        rt.provision(volume_handle)?;
+        if let Some(from) = snapshot.dir {
+            let to = rt.volume_dir(volume_handle);
+            tokio::task::spawn_blocking(move || copy_tree(&from, &to)).await??;
+        }
+        Ok(())
+    }
+}
+
+/// Copies the tree `from` into `to` (made if missing). Files a writer removes meanwhile are
+/// skipped, as they would be absent from a snapshot taken a moment later.
+fn copy_tree(from: &Path, to: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(to)?;
+    for entry in std::fs::read_dir(from)? {
+        let entry = entry?;
+        let (src, dst) = (entry.path(), to.join(entry.file_name()));
+        let kind = entry.file_type()?;
+        let copied = if kind.is_dir() {
+            copy_tree(&src, &dst)
+        } else if kind.is_symlink() {
+            std::fs::read_link(&src).and_then(|target| std::os::unix::fs::symlink(target, &dst))
+        } else {
+            std::fs::copy(&src, &dst).map(drop)
+        };
+        match copied {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// An AWS-style id (`vol-…`, `snap-…`: 17 hex digits) from a Kubernetes uid.
+fn aws_id(prefix: &str, uid: &str) -> String {
+    let hex = uid.replace('-', "");
+    format!("{prefix}-{}", hex.get(..17).unwrap_or(&hex))
+}
+
+/// What a claim is provisioned from.
+enum Restore {
+    /// Nothing: an empty volume.
+    None,
+    /// A VolumeSnapshot not ready yet (external-provisioner fails the attempt and retries).
+    NotReady(String),
+    /// The snapshot with this handle.
+    From(String),
+}
+
+/// external-provisioner `getSnapshotSource` for a claim whose `dataSourceRef` (or
+/// `dataSource`) is a VolumeSnapshot; `requested` is the claim's size in bytes.
+async fn snapshot_source(
+    client: &Client,
+    pvc: &PersistentVolumeClaim,
+    requested: u128,
+) -> anyhow::Result<Restore> {
+    let spec = pvc.spec.as_ref();
+    let source = spec
+        .and_then(|s| s.data_source_ref.as_ref())
+        .map(|r| (r.api_group.clone(), r.kind.clone(), r.name.clone()))
+        .or_else(|| {
+            spec.and_then(|s| s.data_source.as_ref())
+                .map(|r| (r.api_group.clone(), r.kind.clone(), r.name.clone()))
+        });
+    let Some((Some(group), kind, name)) = source else {
+        return Ok(Restore::None);
+    };
+    if group != SNAPSHOT_GROUP || kind != "VolumeSnapshot" {
+        return Ok(Restore::None);
+    }
+    let ns = pvc.namespace().unwrap_or_default();
+    let snapshots =
+        Api::<DynamicObject>::namespaced_with(client.clone(), &ns, &volume_snapshot_resource());
+    let Some(snapshot) = snapshots.get_opt(&name).await? else {
+        bail!("snapshot {ns}/{name} not found");
+    };
+    let status = &snapshot.data["status"];
+    if status["readyToUse"].as_bool() != Some(true) {
+        return Ok(Restore::NotReady(format!(
+            "snapshot {ns}/{name} is not Ready"
+        )));
+    }
+    let Some(content_name) = status["boundVolumeSnapshotContentName"].as_str() else {
+        bail!("snapshot {ns}/{name} is bound to no VolumeSnapshotContent");
+    };
+    let contents =
+        Api::<DynamicObject>::all_with(client.clone(), &volume_snapshot_content_resource());
+    let Some(content) = contents.get_opt(content_name).await? else {
+        bail!("VolumeSnapshotContent {content_name} of snapshot {ns}/{name} not found");
+    };
+    let driver = content.data["spec"]["driver"].as_str().unwrap_or_default();
+    if driver != DRIVER {
+        bail!("driver name {driver} defined in content {content_name} does not match driver name {DRIVER}");
+    }
+    let Some(handle) = content.data["status"]["snapshotHandle"].as_str() else {
+        bail!("VolumeSnapshotContent {content_name} has no snapshot handle");
+    };
+    let restore_size = content.data["status"]["restoreSize"].as_u64().unwrap_or(0);
+    if u128::from(restore_size) > requested {
+        bail!("requested volume size {requested} is less than the size {restore_size} for the source snapshot {name}");
+    }
+    let source_mode = content.data["spec"]["sourceVolumeMode"].as_str();
+    let mode = spec
+        .and_then(|s| s.volume_mode.as_deref())
+        .unwrap_or("Filesystem");
+    if source_mode.is_some_and(|m| m != mode)
+        && !content.annotations().contains_key(ALLOW_VOLUME_MODE_CHANGE)
+    {
+        bail!("requested volume {ns}/{} modifies the mode of the source volume but does not have permission to do so", pvc.name_any());
+    }
+    Ok(Restore::From(handle.to_string()))
+}
+
+/// A reflector over every object of a custom resource (`crate::cache::store` for kinds known
+/// at compile time only).
+fn dynamic_store(
+    client: &Client,
+    stop: &CancellationToken,
+    resource: &ApiResource,
+) -> (
+    Store<DynamicObject>,
+    tokio::sync::mpsc::UnboundedReceiver<()>,
+) {
+    use futures::StreamExt as _;
+    use kube::runtime::{watcher, WatchStreamExt as _};
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let writer = reflector::store::Writer::<DynamicObject>::new(resource.clone());
+    let reader = writer.as_reader();
+    let api = Api::<DynamicObject>::all_with(client.clone(), resource);
+    let stream = watcher(api, watcher::Config::default())
+        .default_backoff()
+        .reflect(writer)
+        .touched_objects();
+    let stop = stop.clone();
+    tokio::spawn(async move {
+        let mut stream = std::pin::pin!(stream);
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                item = stream.next() => match item {
+                    Some(_) => { let _ = tx.send(()); }
+                    None => return,
+                },
+            }
+        }
+    });
+    (reader, rx)
+}
+
+const INJECTED_SNAPSHOT_FAILURE: &str = "injected snapshot failure";
+
+/// What the sidecar does next for one VolumeSnapshotContent (`syncContent`).
+enum SnapWork {
+    /// CreateSnapshot of `volume`, whose PV says `size` bytes.
+    Create { volume: String, size: u64 },
+    /// CreateSnapshot answers with an error (the switch).
+    Fail,
+    /// The EBS snapshot went `completed`: `readyToUse`.
+    Complete(String),
+    /// Ready, but the being-created annotation is still there.
+    Unmark,
+    /// DeleteSnapshot (when the policy is Delete and a handle exists), then the finalizer.
+    Delete(Option<String>),
+}
+
+fn snapshot_work(
+    content: &DynamicObject,
+    switches: &Switches,
+    snapshots: &Snapshots,
+    pvs: &Store<PersistentVolume>,
+) -> Option<SnapWork> {
+    let spec = &content.data["spec"];
+    if spec["driver"].as_str() != Some(DRIVER) {
+        return None;
+    }
+    let annotations = content.annotations();
+    let status = &content.data["status"];
+    let handle = status["snapshotHandle"].as_str();
+    if content.metadata.deletion_timestamp.is_some() {
+        // shouldDelete
+        let delete = !annotations.contains_key(BEING_CREATED)
+            && annotations.contains_key(BEING_DELETED)
+            && content.finalizers().iter().any(|f| f == CONTENT_FINALIZER);
+        let policy_delete = spec["deletionPolicy"].as_str() == Some("Delete");
+        return delete
+            .then(|| SnapWork::Delete(handle.filter(|_| policy_delete).map(String::from)));
+    }
+    // Pre-provisioned contents (spec.source.snapshotHandle) are not served.
+    let volume = spec["source"]["volumeHandle"].as_str()?;
+    match handle {
+        None if switches.fail_snapshot.load(Ordering::Relaxed) => {
+            let failed = status["error"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains(INJECTED_SNAPSHOT_FAILURE));
+            (!failed).then_some(SnapWork::Fail)
+        }
+        None => {
+            let size = pvs
+                .state()
+                .iter()
+                .find_map(|pv| {
+                    let spec = pv.spec.as_ref()?;
+                    (spec.csi.as_ref()?.volume_handle == volume)
+                        .then(|| spec.capacity.as_ref()?.get("storage").map(|q| bytes(&q.0)))
+                        .flatten()
+                })
+                .unwrap_or(0);
+            Some(SnapWork::Create {
+                volume: volume.to_string(),
+                size: u64::try_from(size).unwrap_or(u64::MAX),
+            })
+        }
+        Some(_) if status["readyToUse"].as_bool() == Some(true) => annotations
+            .contains_key(BEING_CREATED)
+            .then_some(SnapWork::Unmark),
+        Some(h) => {
+            let held = snapshots.get(h).is_some();
+            (held && !switches.stall_snapshot.load(Ordering::Relaxed))
+                .then(|| SnapWork::Complete(h.to_string()))
+        }
+    }
+}
+
+async fn snapshotter(
+    client: Client,
+    switches: Arc<Switches>,
+    stop: CancellationToken,
+    volumes: Option<Arc<Runtime>>,
+    snapshots: Arc<Snapshots>,
+) {
+    let (contents, mut events) = dynamic_store(&client, &stop, &volume_snapshot_content_resource());
+    let (pvs, mut pv_events) = store::<PersistentVolume>(&client, &stop);
+    let busy: Arc<Mutex<BTreeSet<String>>> = Arc::default();
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = events.recv() => {}
+            _ = pv_events.recv() => {}
+            _ = tokio::time::sleep(Duration::from_millis(250)) => {}
+        }
+        for content in contents.state() {
+            let Some(work) = snapshot_work(&content, &switches, &snapshots, &pvs) else {
+                continue;
+            };
+            let name = content.name_any();
+            if !busy.lock().unwrap().insert(name.clone()) {
+                continue;
+            }
+            let uid = content.uid().unwrap_or_default();
+            let (client, busy, volumes) = (client.clone(), busy.clone(), volumes.clone());
+            let (switches, snapshots) = (switches.clone(), snapshots.clone());
+            tokio::spawn(async move {
+                let acted = act_snapshot(
+                    &client,
+                    &name,
+                    &uid,
+                    work,
+                    &switches,
+                    &snapshots,
+                    volumes.as_deref(),
+                );
+                if let Err(e) = acted.await {
+                    warn!(content = %name, error = %e, "fake CSI snapshotter: retrying");
+                }
+                busy.lock().unwrap().remove(&name);
+            });
+        }
+    }
+}
+
+async fn act_snapshot(
+    client: &Client,
+    name: &str,
+    uid: &str,
+    work: SnapWork,
+    switches: &Switches,
+    snapshots: &Snapshots,
+    volumes: Option<&Runtime>,
+) -> anyhow::Result<()> {
+    let api = Api::<DynamicObject>::all_with(client.clone(), &volume_snapshot_content_resource());
+    let pp = PatchParams::default();
+    let annotate =
+        |value: serde_json::Value| json!({"metadata": {"annotations": {BEING_CREATED: value}}});
+    match work {
+        SnapWork::Create { volume, size } => {
+            api.patch(name, &pp, &Patch::Merge(annotate("yes".into())))
+                .await?;
+            let handle = aws_id("snap", uid);
+            let created = if switches.fail_snapshot.load(Ordering::Relaxed) {
+                Err(anyhow::anyhow!(
+                    "rpc error: code = Internal desc = Could not create snapshot: {INJECTED_SNAPSHOT_FAILURE}"
+                ))
+            } else {
+                snapshots
+                    .create(&handle, &volume, name, size, volumes)
+                    .await
+            };
+            if let Err(e) = created {
+                // A final error: the annotation goes, the error shows, the sidecar retries.
+                let message = format!(
+                    "Failed to create snapshot: failed to take snapshot of the volume {volume}: \"{e}\""
+                );
+                api.patch_status(name, &pp, &Patch::Merge(snapshot_error(&message)))
+                    .await?;
+                api.patch(name, &pp, &Patch::Merge(annotate(serde_json::Value::Null)))
+                    .await?;
+                return Ok(());
+            }
+            let created_ns = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as i64);
+            let mut status = json!({"snapshotHandle": handle, "creationTime": created_ns,
+                "readyToUse": false});
+            if size > 0 {
+                status["restoreSize"] = size.into();
+            }
+            api.patch_status(name, &pp, &Patch::Merge(json!({ "status": status })))
+                .await?;
+            api.patch(name, &pp, &Patch::Merge(annotate(serde_json::Value::Null)))
+                .await?;
+            debug!(content = %name, %handle, %volume, "fake CSI: snapshot created");
+        }
+        SnapWork::Fail => {
+            api.patch(name, &pp, &Patch::Merge(annotate("yes".into())))
+                .await?;
+            let message = format!("Failed to create snapshot: rpc error: code = Internal desc = Could not create snapshot: {INJECTED_SNAPSHOT_FAILURE}");
+            api.patch_status(name, &pp, &Patch::Merge(snapshot_error(&message)))
+                .await?;
+            api.patch(name, &pp, &Patch::Merge(annotate(serde_json::Value::Null)))
+                .await?;
+        }
+        SnapWork::Complete(handle) => {
+            let Some(snapshot) = snapshots.get(&handle) else {
+                return Ok(());
+            };
+            let pending = timings::SNAPSHOT_COMPLETE.saturating_sub(snapshot.created.elapsed());
+            tokio::time::sleep(pending).await;
+            if switches.stall_snapshot.load(Ordering::Relaxed) || !snapshots.complete(&handle) {
+                return Ok(());
+            }
+            let patch = json!({"status": {"readyToUse": true, "error": null}});
+            api.patch_status(name, &pp, &Patch::Merge(patch)).await?;
+        }
+        SnapWork::Unmark => {
+            api.patch(name, &pp, &Patch::Merge(annotate(serde_json::Value::Null)))
+                .await?;
+        }
+        SnapWork::Delete(handle) => {
+            if let Some(handle) = handle {
+                snapshots.delete(&handle).await?;
+                debug!(content = %name, %handle, "fake CSI: snapshot deleted");
+            }
+            remove_finalizer(&api, name, CONTENT_FINALIZER).await?;
+        }
+    }
+    Ok(())
+}
+
+/// `status.error` as `updateContentErrorStatusWithEvent` writes it.
+fn snapshot_error(message: &str) -> serde_json::Value {
+    let now =
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now());
+    json!({"status": {"readyToUse": false, "error": {"message": message, "time": now}}})
+}
+
+/// Removes `finalizer` from the object `name`, guarded by its resourceVersion.
+async fn remove_finalizer<K>(api: &Api<K>, name: &str, finalizer: &str) -> anyhow::Result<()>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let Some(object) = api.get_opt(name).await? else {
+        return Ok(());
+    };
+    let finalizers: Vec<String> = object
+        .finalizers()
+        .iter()
+        .filter(|f| *f != finalizer)
+        .cloned()
+        .collect();
+    let patch = json!({"metadata": {"finalizers": finalizers, "resourceVersion": object.resource_version()}});
+    api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn aws_ids_are_17_hex_digits() {
+        let id = super::aws_id("snap", "0b8a4b6e-3f0c-4f61-9d1a-2c6f1d3e4a5b");
+        assert_eq!(id, "snap-0b8a4b6e3f0c4f619");
+    }
+
     #[test]
     fn sizes() {
         assert_eq!(super::bytes("1Gi"), 1 << 30);

@@ -27,6 +27,10 @@ pub const CONTAINER_STOP: Duration = Duration::from_millis(500);
 /// Fake EBS: attach and detach take this long (real EBS: seconds to tens of seconds).
 pub const VOLUME_ATTACH: Duration = Duration::from_millis(500);
 pub const VOLUME_DETACH: Duration = Duration::from_millis(500);
+/// Fake EBS: a snapshot is `pending` (VolumeSnapshotContent `readyToUse: false`) this long
+/// after CreateSnapshot before it is `completed` (real EBS: minutes, longer for a first full
+/// snapshot of a volume).
+pub const SNAPSHOT_COMPLETE: Duration = Duration::from_millis(1500);
 
 /// Real databases (`Databases::Real`): the first wait before restarting a container that
 /// exited, doubled after each further exit (kubelet: 10 s, pkg/kubelet/kubelet.go

@@ -15,10 +15,10 @@ use questdb_testenv::{ControlPlaneOptions, Databases};
 use crate::db_client::{self, count, exec, ilp_http, ilp_tcp, parameter, psql, Login};
 use crate::harness::{cluster, has_condition, is_ready, wait_for, wait_for_event, wait_until, Env};
 
-const NS: &str = "db";
+pub(crate) const NS: &str = "db";
 
 /// The control plane with real QuestDB processes for database pods.
-async fn env() -> Env {
+pub(crate) async fn env() -> Env {
     let options = ControlPlaneOptions {
         databases: Databases::Real,
         ..cluster()
@@ -36,10 +36,10 @@ pub fn real(q: &mut QuestDB) {
 }
 
 /// The generated (or named) credentials, as a client would read them from the Secret.
-struct Credentials(BTreeMap<String, String>);
+pub(crate) struct Credentials(BTreeMap<String, String>);
 
 impl Credentials {
-    async fn of(env: &Env, secret: &str) -> Credentials {
+    pub(crate) async fn of(env: &Env, secret: &str) -> Credentials {
         let s: Secret = env.api(NS).get(secret).await.expect("credentials Secret");
         Credentials(
             s.data
@@ -50,7 +50,7 @@ impl Credentials {
         )
     }
 
-    fn http(&self) -> Login<'_> {
+    pub(crate) fn http(&self) -> Login<'_> {
         Some((
             &self.0[credentials::HTTP_USER],
             &self.0[credentials::HTTP_PASSWORD],
@@ -73,7 +73,7 @@ impl Credentials {
 }
 
 /// The database pod's address (its own loopback address in the test environment).
-async fn pod_ip(env: &Env, name: &str) -> String {
+pub(crate) async fn pod_ip(env: &Env, name: &str) -> String {
     let pod: Pod = env.api(NS).get(&format!("{name}-0")).await.expect("pod");
     pod.status
         .and_then(|s| s.pod_ip)
@@ -82,7 +82,7 @@ async fn pod_ip(env: &Env, name: &str) -> String {
 
 /// Ready, and its HTTP port answering (anything, 401 included): the probes watch the health
 /// port, and a QuestDB just started on a loaded machine may answer its first query later.
-async fn ready(env: &Env, name: &str) -> QuestDB {
+pub(crate) async fn ready(env: &Env, name: &str) -> QuestDB {
     let q = wait_for(
         &env.api(NS),
         name,
@@ -103,13 +103,13 @@ fn line(table: &str, i: usize) -> String {
     format!("{table},src=test v={i}i\n")
 }
 
-fn lines(table: &str, n: usize) -> String {
+pub(crate) fn lines(table: &str, n: usize) -> String {
     (0..n).map(|i| line(table, i)).collect()
 }
 
 /// Waits until `table` holds exactly `want` rows (ILP commits on its own schedule).
 /// On timeout the failure shows the count QuestDB gave and its log tail.
-async fn rows_become(env: &Env, addr: &str, table: &str, want: i64, login: Login<'_>) {
+pub(crate) async fn rows_become(env: &Env, addr: &str, table: &str, want: i64, login: Login<'_>) {
     let deadline = tokio::time::Instant::now() + crate::harness::TIMEOUT;
     loop {
         let now = count(addr, table, login).await;

@@ -181,6 +181,12 @@ async fn install(client: &Client, crd: &CustomResourceDefinition) {
     crds.create(&PostParams::default(), crd)
         .await
         .expect("CRD installed");
+    crds.create(
+        &PostParams::default(),
+        &<questdb_operator::api::QuestDBBackup as kube::CustomResourceExt>::crd(),
+    )
+    .await
+    .expect("QuestDBBackup CRD installed");
     wait_until("QuestDB resource served", || {
         let api: Api<QuestDB> = Api::all(client.clone());
         async move { api.list(&Default::default()).await.is_ok() }

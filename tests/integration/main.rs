@@ -3,6 +3,7 @@
 //! for the whole suite; each test starts its own control plane on ephemeral loopback ports.
 
 mod admission;
+mod backup;
 mod cloud;
 mod database;
 mod db_client;

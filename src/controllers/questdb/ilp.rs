@@ -194,6 +194,7 @@ mod tests {
             failures: Default::default(),
             cloud: None,
             wake: None,
+            operator_namespace: None,
         };
         (ctx, writer)
     }

@@ -11,6 +11,7 @@ mod node_marks;
 pub mod outcome;
 mod placement;
 mod record;
+mod restore;
 pub mod status;
 #[cfg(test)]
 mod status_tests;
@@ -60,20 +61,38 @@ pub async fn reconcile(qdb: Arc<QuestDB>, ctx: Arc<Context>) -> Result<Next, Err
     // whose resourceVersion follows those writes; the final status write then builds on it.
     let mut current = (*qdb).clone();
     finalizer_step(&mut current, &ctx).await?;
+    let (restore_from, restored) = match restore::gate(&current, &ctx).await? {
+        restore::Gate::Open(verdict) => (None, verdict),
+        restore::Gate::Create { snapshot, verdict } => (Some(snapshot), Some(verdict)),
+        restore::Gate::Blocked(verdict, retry) => {
+            // Nothing is built (no volume, no node, no pod) until the source is there.
+            let inputs = status::StatusInputs {
+                restore: Some(verdict),
+                ..Default::default()
+            };
+            write_status(&current, &ctx, &inputs).await?;
+            return Ok(retry.map_or(Next::AwaitChange, Next::RequeueAfter));
+        }
+    };
     let mut volume = Applier::new(&ctx, &current, Report::default())?;
-    let volume_size = volume::step(&mut volume, &current).await?;
+    let volume_size = volume::step(&mut volume, &current, restore_from.as_deref()).await?;
     let report = volume.report;
     let cloud_out = cloud_step(&mut current, &ctx).await?;
     let qdb = current;
 
     let auth = ilp::resolve(&qdb, &ctx).await?;
     let creds = credentials::resolve(&qdb, &ctx).await?;
-    let wanted = desired::children(
+    let mut wanted = desired::children(
         &qdb,
         auth.file.as_deref(),
         creds.seen(),
         cloud_out.dedicated.as_ref(),
     );
+    if let Some(ns) = &ctx.operator_namespace {
+        wanted.network_policy = wanted
+            .network_policy
+            .map(|np| desired::network_policy::admit_operator(np, ns));
+    }
     let mut applier = Applier::new(&ctx, &qdb, report)?;
     children_step(&mut applier, &qdb, wanted).await?;
     let report = applier.report;
@@ -101,6 +120,7 @@ pub async fn reconcile(qdb: Arc<QuestDB>, ctx: Arc<Context>) -> Result<Next, Err
         credentials: Some(creds.condition),
         credentials_secret: Some(creds.secret.clone()),
         volume_size,
+        restore: restored,
         cloud: Some(&cloud_out),
         ..Default::default()
     };
@@ -242,7 +262,7 @@ async fn release_and_unblock(qdb: Arc<QuestDB>, ctx: &Context) -> Result<Next, E
             .is_some_and(|p| children::controlled_by(p.as_ref(), &uid));
         if ours {
             let mut applier = Applier::new(ctx, &current, Report::default())?;
-            volume::step(&mut applier, &current).await?;
+            volume::step(&mut applier, &current, None).await?;
         }
     }
     if !stop_first::database_stopped(&current, &ctx.caches) {

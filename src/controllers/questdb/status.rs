@@ -33,6 +33,8 @@ pub struct StatusInputs<'a> {
     pub credentials_secret: Option<String>,
     /// `VolumeSizeReady`, once the claim exists.
     pub volume_size: Option<Verdict>,
+    /// `VolumeRestored`, only with `spec.volume.restoreFrom`.
+    pub restore: Option<Verdict>,
     /// The dedicated node and DNS record, when the cloud part ran.
     pub cloud: Option<&'a CloudOutcome>,
 }
@@ -201,6 +203,9 @@ pub fn compute(qdb: &QuestDB, obs: &StatusInputs, now: Timestamp) -> QuestDBStat
         desired.push(c.clone());
     }
     if let Some(v) = &obs.volume_size {
+        desired.push(v.clone());
+    }
+    if let Some(v) = &obs.restore {
         desired.push(v.clone());
     }
     let cloud = obs.cloud.filter(|_| obs.invalid.is_empty());

@@ -19,7 +19,13 @@ use super::apply::Applier;
 ///
 /// A retained PVC never carries an owner reference, not even while the QuestDB lives: data must
 /// survive a deletion even when the operator is down or a finalizer is removed by hand.
-pub async fn step(applier: &mut Applier<'_>, qdb: &QuestDB) -> Result<Option<Verdict>, Error> {
+///
+/// `restore_from` names the VolumeSnapshot a claim that does not exist yet is created from.
+pub async fn step(
+    applier: &mut Applier<'_>,
+    qdb: &QuestDB,
+    restore_from: Option<&str>,
+) -> Result<Option<Verdict>, Error> {
     let mut pvc = desired::pvc(qdb);
     if pvc.metadata.owner_references.is_none() {
         // An explicit empty list makes the merge patch drop an owner reference left from
@@ -28,7 +34,11 @@ pub async fn step(applier: &mut Applier<'_>, qdb: &QuestDB) -> Result<Option<Ver
     }
     let existing = applier.cached::<PersistentVolumeClaim>(&pvc.name_any());
     let have = existing.as_deref().and_then(desired::requested_size);
+    let new_claim = existing.is_none();
     let (Some(existing), Some(have)) = (existing, have) else {
+        if let (true, Some(snapshot), Some(spec)) = (new_claim, restore_from, pvc.spec.as_mut()) {
+            spec.data_source = Some(desired::pvc::snapshot_source(snapshot));
+        }
         applier.apply(pvc).await?;
         return Ok(None);
     };

@@ -1,0 +1,171 @@
+//! The `QuestDBBackup` custom resource: one backup of one database, a QuestDB checkpoint
+//! held open while a CSI VolumeSnapshot of its volume is taken.
+//!
+//! Its steps are recorded in `status.step` before each side effect, like a failover's, so an
+//! operator restarted at any point finds the checkpoint it opened and the snapshot it asked for.
+
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// A backup of the QuestDB `questdbName` in the same namespace. Immutable once created.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "crd.questdb.io",
+    version = "v1beta1",
+    kind = "QuestDBBackup",
+    plural = "questdbbackups",
+    singular = "questdbbackup",
+    shortname = "qdbbackup",
+    namespaced,
+    status = "QuestDBBackupStatus",
+    printcolumn = r#"{"name":"Database","type":"string","jsonPath":".spec.questdbName"}"#,
+    printcolumn = r#"{"name":"Step","type":"string","jsonPath":".status.step"}"#,
+    printcolumn = r#"{"name":"Reason","type":"string","jsonPath":".status.reason"}"#,
+    printcolumn = r#"{"name":"Snapshot","type":"string","jsonPath":".status.snapshotName"}"#,
+    printcolumn = r#"{"name":"Size","type":"string","jsonPath":".status.restoreSize"}"#,
+    printcolumn = r#"{"name":"Duration","type":"integer","priority":1,"jsonPath":".status.durationSeconds"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("self == oldSelf").message("a backup's spec is immutable: create a new QuestDBBackup"))]
+pub struct QuestDBBackupSpec {
+    /// The QuestDB to back up, in the backup's namespace.
+    #[x_kube(validation = Rule::new("self.size() > 0 && self.size() <= 63").message("questdbName must be the name of a QuestDB"))]
+    pub questdb_name: String,
+    /// VolumeSnapshotClass of the snapshot; the cluster's default class when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self.size() > 0 && self.size() <= 253").message("volumeSnapshotClassName must be a VolumeSnapshotClass name"))]
+    pub volume_snapshot_class_name: Option<String>,
+    /// What happens to the VolumeSnapshot when this backup is deleted: `Delete` (the
+    /// default) deletes it with the backup; `Retain` keeps it.
+    #[serde(default)]
+    pub deletion_policy: BackupDeletionPolicy,
+}
+
+/// Whether a backup's VolumeSnapshot goes with it.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum BackupDeletionPolicy {
+    #[default]
+    Delete,
+    Retain,
+}
+
+/// The steps of a backup, in order. `Succeeded` and `Failed` are final.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BackupStep {
+    /// Waiting until the database is Running and nothing else (a failover, a node move,
+    /// another backup) holds it; `reason` says what it waits for.
+    Pending,
+    /// `CHECKPOINT CREATE` is being (or has been) sent to the database.
+    Checkpointing,
+    /// The VolumeSnapshot was asked for; waiting until it is ready to use.
+    Snapshotting,
+    /// The snapshot is cut (its point in time fixed): `CHECKPOINT RELEASE` is being sent;
+    /// `failed` says whether the backup failed on the way.
+    Releasing,
+    /// The checkpoint is released; the storage is still copying the snapshot (an EBS snapshot
+    /// is `pending` until `completed`), which may fail.
+    Uploading,
+    Succeeded,
+    Failed,
+}
+
+impl BackupStep {
+    pub const ALL: [BackupStep; 7] = [
+        BackupStep::Pending,
+        BackupStep::Checkpointing,
+        BackupStep::Snapshotting,
+        BackupStep::Releasing,
+        BackupStep::Uploading,
+        BackupStep::Succeeded,
+        BackupStep::Failed,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BackupStep::Pending => "Pending",
+            BackupStep::Checkpointing => "Checkpointing",
+            BackupStep::Snapshotting => "Snapshotting",
+            BackupStep::Releasing => "Releasing",
+            BackupStep::Uploading => "Uploading",
+            BackupStep::Succeeded => "Succeeded",
+            BackupStep::Failed => "Failed",
+        }
+    }
+
+    pub fn is_final(self) -> bool {
+        matches!(self, BackupStep::Succeeded | BackupStep::Failed)
+    }
+
+    /// Steps during which the database's checkpoint may be open.
+    pub fn holds_checkpoint(self) -> bool {
+        matches!(
+            self,
+            BackupStep::Checkpointing | BackupStep::Snapshotting | BackupStep::Releasing
+        )
+    }
+}
+
+/// Observed state, written only by the operator.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct QuestDBBackupStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step: Option<BackupStep>,
+    /// Why the backup waits (step `Pending`) or failed (step `Failed`, or `Releasing` on the
+    /// way there), as a CamelCase reason.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// Set when the backup failed after the checkpoint was opened: the checkpoint is released
+    /// first, then the step becomes `Failed`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub failed: bool,
+    /// The VolumeSnapshot holding the data (in the backup's namespace).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot_name: Option<String>,
+    /// The size a volume restored from the snapshot needs, from the snapshot's status.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restore_size: Option<String>,
+    /// The database pod the checkpoint was opened in: a different pod (or a restarted
+    /// container) when the snapshot is ready means the checkpoint was lost with it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint: Option<CheckpointHolder>,
+    /// The tables at checkpoint time: counted just before `CHECKPOINT CREATE`, so the backup
+    /// holds at least these rows (writes go on during a checkpoint).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tables: Vec<TableFacts>,
+    /// RFC 3339 times.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint_at: Option<String>,
+    /// When the checkpoint was released (the snapshot's upload runs on from there).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub released_at: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duration_seconds: Option<i64>,
+}
+
+/// Which process held the checkpoint.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct CheckpointHolder {
+    pub pod_uid: String,
+    pub restart_count: i32,
+}
+
+/// One table as the database reported it at checkpoint time.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct TableFacts {
+    pub name: String,
+    pub rows: i64,
+    /// The newest designated timestamp, when the table has one and rows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_timestamp: Option<String>,
+}

@@ -1,0 +1,654 @@
+//! The backup controller: one reconcile per `QuestDBBackup`, walking its steps (see
+//! [`plan`]). Each step is recorded in status before its side effect; every side effect is
+//! idempotent (a checkpoint found open is taken as ours, a snapshot is created under the
+//! backup's name once, a release without a checkpoint is accepted), so a manager killed at any
+//! line finds its way on. A finalizer holds the backup while its checkpoint may be open.
+
+pub mod plan;
+pub mod snapshot;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::runtime::events::EventType;
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::{Resource, ResourceExt};
+use serde_json::json;
+use tracing::{debug, info, warn};
+
+use crate::api::{
+    BackupDeletionPolicy, BackupStep, CheckpointHolder, Phase, QuestDB, QuestDBBackup,
+    QuestDBBackupStatus, Reason, BACKUP_FINALIZER,
+};
+use crate::controllers::clock;
+use crate::controllers::context::Context;
+use crate::controllers::{Error, Next};
+use crate::desired;
+use crate::questdb_http::{Database as Db, QueryError};
+
+use plan::{Database, Decision, Observed, Snapshot, Timeouts};
+
+pub const CONTROLLER_NAME: &str = "questdbbackup";
+
+/// What the backup reconciles share beyond the manager's context.
+pub struct BackupContext {
+    pub ctx: Arc<Context>,
+    /// The controller's own cache of backups (who holds which database's checkpoint).
+    pub backups: Store<QuestDBBackup>,
+    pub timeouts: Timeouts,
+    /// Database (namespace/name) -> the backup that claimed its checkpoint in this process: two
+    /// backups reconciled at once must not both see the database free.
+    claims: Mutex<HashMap<(String, String), String>>,
+}
+
+impl BackupContext {
+    pub fn new(ctx: Arc<Context>, backups: Store<QuestDBBackup>, timeouts: Timeouts) -> Self {
+        Self {
+            ctx,
+            backups,
+            timeouts,
+            claims: Mutex::default(),
+        }
+    }
+}
+
+pub async fn reconcile(
+    backup: Arc<QuestDBBackup>,
+    bctx: Arc<BackupContext>,
+) -> Result<Next, Error> {
+    let ns = backup.namespace().ok_or(Error::MissingNamespace)?;
+    let ctx = &bctx.ctx;
+    let api: Api<QuestDBBackup> = Api::namespaced(ctx.client.clone(), &ns);
+    let mut current = (*backup).clone();
+    let status = current.status.clone().unwrap_or_default();
+
+    if current.metadata.deletion_timestamp.is_some() {
+        return finalize(&mut current, &bctx).await;
+    }
+    let step = status.step;
+    if step.is_some_and(BackupStep::is_final) {
+        note_final(&current, ctx);
+        release_claim(&bctx, &current);
+        if has_finalizer(&current) {
+            set_finalizer(&api, &mut current, false).await?;
+        }
+        return Ok(Next::AwaitChange);
+    }
+    if !has_finalizer(&current) {
+        // Before anything could open a checkpoint: a deletion then always releases it.
+        set_finalizer(&api, &mut current, true).await?;
+    }
+    if step.is_none() {
+        let mut s = status.clone();
+        s.step = Some(BackupStep::Pending);
+        s.started_at = Some(clock::now());
+        write_status(&api, &mut current, s).await?;
+    }
+
+    // At most a few decisions per reconcile: each recorded step goes straight on to its effect.
+    for _ in 0..4 {
+        let obs = observe(&current, &bctx).await?;
+        let status = current.status.clone().unwrap_or_default();
+        let decision = plan::decide(&status, &obs.plan, bctx.timeouts);
+        debug!(backup = %current.name_any(), step = ?status.step, ?decision, "backup");
+        match decision {
+            Decision::Done => return Ok(Next::AwaitChange),
+            Decision::Wait {
+                reason,
+                message,
+                requeue,
+            } => {
+                release_claim(&bctx, &current);
+                let mut s = status.clone();
+                s.step = Some(BackupStep::Pending);
+                s.reason = Some(reason.to_string());
+                s.message = Some(message);
+                if s != status {
+                    write_status(&api, &mut current, s).await?;
+                }
+                return Ok(Next::RequeueAfter(requeue));
+            }
+            Decision::StartCheckpoint(holder) => {
+                if !claim(&bctx, &current) {
+                    return Ok(Next::RequeueAfter(Duration::from_secs(2)));
+                }
+                let mut s = status.clone();
+                s.step = Some(BackupStep::Checkpointing);
+                s.checkpoint = Some(holder);
+                s.reason = None;
+                s.message = None;
+                write_status(&api, &mut current, s).await?;
+                if status.step == Some(BackupStep::Pending) {
+                    event(
+                        ctx,
+                        &current,
+                        EventType::Normal,
+                        Reason::BackupStarted,
+                        format!("checkpointing QuestDB {}", current.spec.questdb_name),
+                    )
+                    .await;
+                }
+            }
+            Decision::Checkpoint => {
+                claim(&bctx, &current);
+                let Some(db) = obs.db else {
+                    return Ok(Next::RequeueAfter(Duration::from_secs(2)));
+                };
+                match checkpoint(&db, &status).await {
+                    Ok(tables) => {
+                        let mut s = status.clone();
+                        s.step = Some(BackupStep::Snapshotting);
+                        s.checkpoint_at = Some(clock::now());
+                        s.snapshot_name = Some(current.name_any());
+                        if let Some(tables) = tables {
+                            s.tables = tables;
+                        }
+                        write_status(&api, &mut current, s).await?;
+                        event(
+                            ctx,
+                            &current,
+                            EventType::Normal,
+                            Reason::BackupCheckpointed,
+                            format!("checkpoint open; snapshotting volume {}", obs.pvc),
+                        )
+                        .await;
+                        snapshot::create(&ctx.client, &current, &obs.pvc)
+                            .await
+                            .map_err(Error::Kube)?;
+                    }
+                    Err(e @ QueryError::Refused { .. } | e @ QueryError::Unauthorized(_)) => {
+                        begin_release(&api, &mut current, Reason::CheckpointFailed, e.to_string())
+                            .await?;
+                    }
+                    Err(e) if timed_out(&status, bctx.timeouts.cut) => {
+                        begin_release(&api, &mut current, Reason::CheckpointFailed, e.to_string())
+                            .await?;
+                    }
+                    Err(e) => {
+                        warn!(backup = %current.name_any(), error = %e, "cannot reach the database for its checkpoint; retrying");
+                        return Ok(Next::RequeueAfter(Duration::from_secs(5)));
+                    }
+                }
+            }
+            Decision::CreateSnapshot => {
+                snapshot::create(&ctx.client, &current, &obs.pvc)
+                    .await
+                    .map_err(Error::Kube)?;
+                return Ok(Next::RequeueAfter(Duration::from_secs(1)));
+            }
+            Decision::Poll(d) => return Ok(Next::RequeueAfter(d)),
+            Decision::Release { failure } => {
+                let mut s = status.clone();
+                s.step = Some(BackupStep::Releasing);
+                if let Some((reason, message)) = failure {
+                    s.failed = true;
+                    s.reason = Some(reason.to_string());
+                    s.message = Some(message);
+                }
+                write_status(&api, &mut current, s).await?;
+            }
+            Decision::FinishRelease => {
+                if let (Some(db), Database::Ready(holder)) = (&obs.db, &obs.plan.database) {
+                    if Some(holder) == status.checkpoint.as_ref() {
+                        if let Err(e) = db.checkpoint_release().await {
+                            warn!(backup = %current.name_any(), error = %e, "CHECKPOINT RELEASE failed; retrying");
+                            return Ok(Next::RequeueAfter(Duration::from_secs(5)));
+                        }
+                    }
+                }
+                release_claim(&bctx, &current);
+                if status.failed {
+                    let reason = status
+                        .reason
+                        .as_deref()
+                        .and_then(Reason::parse)
+                        .unwrap_or(Reason::BackupFailed);
+                    let message = status.message.clone().unwrap_or_default();
+                    fail(&api, &mut current, &bctx, reason, message).await?;
+                    return Ok(Next::AwaitChange);
+                }
+                let mut s = status.clone();
+                s.step = Some(BackupStep::Uploading);
+                s.released_at = Some(clock::now());
+                write_status(&api, &mut current, s).await?;
+                return Ok(Next::RequeueAfter(Duration::from_secs(1)));
+            }
+            Decision::Succeed { restore_size } => {
+                let mut s = status.clone();
+                let now = clock::now();
+                s.step = Some(BackupStep::Succeeded);
+                s.restore_size = restore_size;
+                s.duration_seconds =
+                    clock::between(s.started_at.as_deref(), Some(&now)).map(|d| d.as_secs() as i64);
+                s.finished_at = Some(now);
+                s.reason = None;
+                s.message = None;
+                write_status(&api, &mut current, s.clone()).await?;
+                let took = s.duration_seconds.map(|d| Duration::from_secs(d as u64));
+                ctx.metrics.backup_finished(true, took);
+                note_final(&current, ctx);
+                info!(backup = %current.name_any(), questdb = %current.spec.questdb_name, seconds = ?s.duration_seconds, "backup succeeded");
+                event(
+                    ctx,
+                    &current,
+                    EventType::Normal,
+                    Reason::BackupSucceeded,
+                    format!(
+                        "snapshot {} of QuestDB {} is ready to use ({} tables)",
+                        current.name_any(),
+                        current.spec.questdb_name,
+                        s.tables.len()
+                    ),
+                )
+                .await;
+                set_finalizer(&api, &mut current, false).await?;
+                return Ok(Next::AwaitChange);
+            }
+            Decision::Fail { reason, message } => {
+                release_claim(&bctx, &current);
+                fail(&api, &mut current, &bctx, reason, message).await?;
+                return Ok(Next::AwaitChange);
+            }
+        }
+    }
+    Ok(Next::RequeueAfter(Duration::from_secs(1)))
+}
+
+/// What one pass observed: the plan's view, the database client and the volume's name.
+struct Observation {
+    plan: Observed,
+    db: Option<Db>,
+    pvc: String,
+}
+
+async fn observe(backup: &QuestDBBackup, bctx: &BackupContext) -> Result<Observation, Error> {
+    let ctx = &bctx.ctx;
+    let ns = backup.namespace().unwrap_or_default();
+    let status = backup.status.clone().unwrap_or_default();
+    let step = status.step.unwrap_or(BackupStep::Pending);
+    let qdb = ctx
+        .caches
+        .questdbs
+        .get(&ObjectRef::new(&backup.spec.questdb_name).within(&ns))
+        .and_then(|g| g.0.as_ref().ok().cloned());
+    let pvc = qdb.as_ref().map(desired::names::pvc).unwrap_or_default();
+    let (database, db) = match &qdb {
+        None => (Database::Missing, None),
+        Some(q) => database_view(q, ctx, step).await?,
+    };
+    let snapshot = match step {
+        BackupStep::Pending if matches!(database, Database::Ready(_)) => {
+            match snapshot::api_served(&ctx.client, &ns).await {
+                Ok(true) => Snapshot::Absent,
+                Ok(false) => Snapshot::ApiMissing,
+                Err(e) => return Err(Error::Kube(e)),
+            }
+        }
+        BackupStep::Snapshotting | BackupStep::Uploading => snapshot::observe(&ctx.client, backup)
+            .await
+            .map_err(Error::Kube)?,
+        _ => Snapshot::Absent,
+    };
+    let plan = Observed {
+        database,
+        other_backup: other_backup(backup, bctx),
+        snapshot,
+        since_checkpoint: clock::since(status.checkpoint_at.as_deref()),
+        since_release: clock::since(status.released_at.as_deref()),
+    };
+    Ok(Observation { plan, db, pvc })
+}
+
+/// The database as a backup sees it, and a client for it when it is Running. The pod is read
+/// from the apiserver (its address and restart count are not cached), only on the way to and
+/// while holding a checkpoint.
+async fn database_view(
+    qdb: &QuestDB,
+    ctx: &Context,
+    step: BackupStep,
+) -> Result<(Database, Option<Db>), Error> {
+    if qdb.metadata.deletion_timestamp.is_some() {
+        return Ok((Database::Deleting, None));
+    }
+    let status = qdb.status.clone().unwrap_or_default();
+    if crate::controllers::failover::in_progress(&status) {
+        return Ok((Database::Busy("a failover is under way".into()), None));
+    }
+    if crate::controllers::upgrade::in_progress(&status) {
+        return Ok((Database::Busy("a node move is under way".into()), None));
+    }
+    if status.phase != Some(Phase::Running) {
+        let phase = status.phase.map(|p| p.as_str()).unwrap_or("unknown");
+        return Ok((
+            Database::NotRunning(format!("the QuestDB is {phase}, not Running")),
+            None,
+        ));
+    }
+    if !matches!(
+        step,
+        BackupStep::Pending
+            | BackupStep::Checkpointing
+            | BackupStep::Snapshotting
+            | BackupStep::Releasing
+    ) {
+        return Ok((Database::NotRunning("not needed".into()), None));
+    }
+    let ns = qdb.namespace().unwrap_or_default();
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
+    let Some(pod) = pods
+        .get_opt(&desired::names::pod(qdb))
+        .await
+        .map_err(Error::Kube)?
+    else {
+        return Ok((
+            Database::NotRunning("the database pod does not exist".into()),
+            None,
+        ));
+    };
+    let pod_status = pod.status.clone().unwrap_or_default();
+    let ready = pod_status
+        .conditions
+        .iter()
+        .flatten()
+        .any(|c| c.type_ == "Ready" && c.status == "True");
+    let ip = pod_status.pod_ip.as_deref().and_then(|ip| ip.parse().ok());
+    let (true, Some(ip), None) = (ready, ip, pod.metadata.deletion_timestamp.as_ref()) else {
+        return Ok((
+            Database::NotRunning("the database pod is not Ready".into()),
+            None,
+        ));
+    };
+    let restart_count = pod_status
+        .container_statuses
+        .iter()
+        .flatten()
+        .find(|c| c.name == desired::CONTAINER_NAME)
+        .map_or(0, |c| c.restart_count);
+    let holder = CheckpointHolder {
+        pod_uid: pod.uid().unwrap_or_default(),
+        restart_count,
+    };
+    let login = match http_login(qdb, ctx).await {
+        Ok(login) => login,
+        Err(message) => {
+            return Ok((
+                Database::NotRunning(format!("{}: {message}", Reason::CredentialsUnavailable)),
+                None,
+            ))
+        }
+    };
+    let addr = SocketAddr::new(ip, desired::HTTP_PORT as u16);
+    let db = Db::new(addr, login.as_ref().map(|(u, p)| (u.as_str(), p.as_str())));
+    Ok((Database::Ready(holder), Some(db)))
+}
+
+/// The HTTP login from the database's credentials Secret (never logged).
+async fn http_login(qdb: &QuestDB, ctx: &Context) -> Result<Option<(String, String)>, String> {
+    let ns = qdb.namespace().unwrap_or_default();
+    let name = qdb
+        .status
+        .as_ref()
+        .and_then(|s| s.credentials_secret.clone())
+        .unwrap_or_else(|| desired::credentials::secret_name(qdb));
+    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
+    let secret = secrets
+        .get_opt(&name)
+        .await
+        .map_err(|e| {
+            format!(
+                "reading Secret {name}: {}",
+                crate::controllers::short_error(&e)
+            )
+        })?
+        .ok_or_else(|| format!("Secret {name} does not exist"))?;
+    let data = secret.data.unwrap_or_default();
+    let value = |k: &str| {
+        data.get(k)
+            .map(|v| String::from_utf8_lossy(&v.0).into_owned())
+    };
+    match (
+        value(desired::credentials::HTTP_USER),
+        value(desired::credentials::HTTP_PASSWORD),
+    ) {
+        (Some(u), Some(p)) => Ok(Some((u, p))),
+        _ => Err(format!("Secret {name} lacks the HTTP credentials")),
+    }
+}
+
+/// Opens the checkpoint, or finds it open (a crash after CREATE). The tables are counted just
+/// before CREATE; `None` when the checkpoint was already open (the earlier count stands).
+async fn checkpoint(
+    db: &Db,
+    status: &QuestDBBackupStatus,
+) -> Result<Option<Vec<crate::api::TableFacts>>, QueryError> {
+    if db.checkpoint_in_progress().await? {
+        return Ok((!status.tables.is_empty()).then(|| status.tables.clone()));
+    }
+    let tables = db.table_facts().await?;
+    db.checkpoint_create().await?;
+    Ok(Some(tables))
+}
+
+fn timed_out(status: &QuestDBBackupStatus, limit: Duration) -> bool {
+    clock::since(status.started_at.as_deref()).is_some_and(|d| d > limit)
+}
+
+/// Another backup of the same database that may hold its checkpoint (from the cache, and the
+/// claims of this process).
+fn other_backup(backup: &QuestDBBackup, bctx: &BackupContext) -> Option<String> {
+    let ns = backup.namespace().unwrap_or_default();
+    let name = backup.name_any();
+    let key = (ns.clone(), backup.spec.questdb_name.clone());
+    if let Some(holder) = bctx.claims.lock().expect("claims lock").get(&key) {
+        if *holder != name {
+            return Some(holder.clone());
+        }
+    }
+    bctx.backups
+        .state()
+        .iter()
+        .filter(|b| b.namespace().as_deref() == Some(ns.as_str()))
+        .filter(|b| b.spec.questdb_name == backup.spec.questdb_name && b.name_any() != name)
+        .find(|b| {
+            b.status
+                .as_ref()
+                .and_then(|s| s.step)
+                .is_some_and(BackupStep::holds_checkpoint)
+        })
+        .map(|b| b.name_any())
+}
+
+fn claim_key(backup: &QuestDBBackup) -> (String, String) {
+    (
+        backup.namespace().unwrap_or_default(),
+        backup.spec.questdb_name.clone(),
+    )
+}
+
+/// Claims the database's checkpoint for `backup` in this process; false when another holds it.
+fn claim(bctx: &BackupContext, backup: &QuestDBBackup) -> bool {
+    let mut claims = bctx.claims.lock().expect("claims lock");
+    let holder = claims
+        .entry(claim_key(backup))
+        .or_insert_with(|| backup.name_any());
+    *holder == backup.name_any()
+}
+
+fn release_claim(bctx: &BackupContext, backup: &QuestDBBackup) {
+    let mut claims = bctx.claims.lock().expect("claims lock");
+    let key = claim_key(backup);
+    if claims.get(&key) == Some(&backup.name_any()) {
+        claims.remove(&key);
+    }
+}
+
+async fn begin_release(
+    api: &Api<QuestDBBackup>,
+    backup: &mut QuestDBBackup,
+    reason: Reason,
+    message: String,
+) -> Result<(), Error> {
+    let mut s = backup.status.clone().unwrap_or_default();
+    s.step = Some(BackupStep::Releasing);
+    s.failed = true;
+    s.reason = Some(reason.to_string());
+    s.message = Some(message);
+    write_status(api, backup, s).await
+}
+
+/// Records `Failed` (nothing is held any more), removes the snapshot unless it is to be kept,
+/// and lets the backup go.
+async fn fail(
+    api: &Api<QuestDBBackup>,
+    backup: &mut QuestDBBackup,
+    bctx: &BackupContext,
+    reason: Reason,
+    message: String,
+) -> Result<(), Error> {
+    let ctx = &bctx.ctx;
+    if backup.spec.deletion_policy == BackupDeletionPolicy::Delete {
+        snapshot::delete(&ctx.client, backup)
+            .await
+            .map_err(Error::Kube)?;
+    }
+    let mut s = backup.status.clone().unwrap_or_default();
+    let now = clock::now();
+    s.step = Some(BackupStep::Failed);
+    s.failed = false;
+    s.reason = Some(reason.to_string());
+    s.message = Some(message.clone());
+    s.duration_seconds =
+        clock::between(s.started_at.as_deref(), Some(&now)).map(|d| d.as_secs() as i64);
+    s.finished_at = Some(now);
+    write_status(api, backup, s).await?;
+    ctx.metrics.backup_finished(false, None);
+    warn!(backup = %backup.name_any(), questdb = %backup.spec.questdb_name, %reason, %message, "backup failed");
+    event(
+        ctx,
+        backup,
+        EventType::Warning,
+        Reason::BackupFailed,
+        format!("{reason}: {message}"),
+    )
+    .await;
+    set_finalizer(api, backup, false).await
+}
+
+/// A deleted backup: the checkpoint it may hold is released (when the database still runs the
+/// process that holds it), then the finalizer goes; an owned snapshot goes with the backup.
+async fn finalize(backup: &mut QuestDBBackup, bctx: &BackupContext) -> Result<Next, Error> {
+    release_claim(bctx, backup);
+    if !has_finalizer(backup) {
+        return Ok(Next::AwaitChange);
+    }
+    let status = backup.status.clone().unwrap_or_default();
+    if status.step.is_some_and(BackupStep::holds_checkpoint) {
+        let obs = observe(backup, bctx).await?;
+        if let (Some(db), Database::Ready(holder)) = (&obs.db, &obs.plan.database) {
+            if Some(holder) == status.checkpoint.as_ref() {
+                if let Err(e) = db.checkpoint_release().await {
+                    warn!(backup = %backup.name_any(), error = %e, "CHECKPOINT RELEASE for a deleted backup failed; retrying");
+                    return Ok(Next::RequeueAfter(Duration::from_secs(5)));
+                }
+                info!(backup = %backup.name_any(), "released the checkpoint of a deleted backup");
+            }
+        }
+    }
+    let ns = backup.namespace().unwrap_or_default();
+    let api: Api<QuestDBBackup> = Api::namespaced(bctx.ctx.client.clone(), &ns);
+    set_finalizer(&api, backup, false).await?;
+    Ok(Next::AwaitChange)
+}
+
+/// The last-successful-backup gauge, also rebuilt from the backups a new leader finds.
+fn note_final(backup: &QuestDBBackup, ctx: &Context) {
+    let Some(s) = &backup.status else { return };
+    if s.step != Some(BackupStep::Succeeded) {
+        return;
+    }
+    let Some(t) = s
+        .finished_at
+        .as_deref()
+        .and_then(|t| t.parse::<k8s_openapi::jiff::Timestamp>().ok())
+    else {
+        return;
+    };
+    ctx.metrics.last_successful_backup(
+        &backup.namespace().unwrap_or_default(),
+        &backup.spec.questdb_name,
+        t.as_second(),
+    );
+}
+
+fn has_finalizer(backup: &QuestDBBackup) -> bool {
+    backup.finalizers().iter().any(|f| f == BACKUP_FINALIZER)
+}
+
+/// Adds or removes the finalizer with a merge patch that carries the resourceVersion read, so
+/// a list changed meanwhile is a conflict, never overwritten.
+async fn set_finalizer(
+    api: &Api<QuestDBBackup>,
+    backup: &mut QuestDBBackup,
+    present: bool,
+) -> Result<(), Error> {
+    let mut finalizers: Vec<String> = backup
+        .finalizers()
+        .iter()
+        .filter(|f| *f != BACKUP_FINALIZER)
+        .cloned()
+        .collect();
+    if present {
+        finalizers.push(BACKUP_FINALIZER.to_string());
+    }
+    let patch = json!({"metadata": {
+        "finalizers": finalizers,
+        "resourceVersion": backup.resource_version(),
+    }});
+    match api
+        .patch(
+            &backup.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+    {
+        Ok(updated) => {
+            *backup = updated;
+            Ok(())
+        }
+        // Gone while its last finalizer was removed: nothing left to do.
+        Err(kube::Error::Api(s)) if s.code == 404 && !present => Ok(()),
+        Err(e) => Err(Error::from_status_write(e)),
+    }
+}
+
+/// Replaces the status (optimistic concurrency on the resourceVersion read).
+async fn write_status(
+    api: &Api<QuestDBBackup>,
+    backup: &mut QuestDBBackup,
+    status: QuestDBBackupStatus,
+) -> Result<(), Error> {
+    let mut obj = backup.clone();
+    obj.status = Some(status);
+    let updated = api
+        .replace_status(&backup.name_any(), &PostParams::default(), &obj)
+        .await
+        .map_err(Error::from_status_write)?;
+    *backup = updated;
+    Ok(())
+}
+
+async fn event(
+    ctx: &Context,
+    backup: &QuestDBBackup,
+    type_: EventType,
+    reason: Reason,
+    note: String,
+) {
+    ctx.event_for(&backup.object_ref(&()), type_, reason, "Backup", note)
+        .await
+}

@@ -1,0 +1,188 @@
+//! `spec.volume.restoreFrom`: the volume is created from a backup's VolumeSnapshot, once, and
+//! never from anything else. An existing volume in the way is never overwritten: the database
+//! does not start until a person decides (condition `VolumeRestored=False, RestoreRefused`).
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use kube::api::Api;
+use kube::runtime::reflector::ObjectRef;
+use kube::ResourceExt;
+
+use crate::api::{conditions, BackupStep, QuestDB, QuestDBBackup, Reason, RestoreSource};
+use crate::controllers::backup::snapshot;
+use crate::controllers::conditions::Verdict;
+use crate::controllers::context::Context;
+use crate::controllers::Error;
+use crate::desired;
+
+/// Whether the rest of the reconcile may go on.
+#[derive(Debug, PartialEq)]
+pub enum Gate {
+    /// Nothing to restore, or the volume was restored.
+    Open(Option<Verdict>),
+    /// Create the volume from this VolumeSnapshot.
+    Create { snapshot: String, verdict: Verdict },
+    /// Build nothing yet; look again after this long (`None`: on the next change).
+    Blocked(Verdict, Option<Duration>),
+}
+
+pub async fn gate(qdb: &QuestDB, ctx: &Context) -> Result<Gate, Error> {
+    let Some(source) = &qdb.spec.volume.restore_from else {
+        return Ok(Gate::Open(None));
+    };
+    let ns = qdb.namespace().ok_or(Error::MissingNamespace)?;
+    let pvc_name = desired::names::pvc(qdb);
+    let pvc = ctx.caches.pvcs.get(&ObjectRef::new(&pvc_name).within(&ns));
+    if let Some(pvc) = pvc {
+        return Ok(existing(&pvc, &pvc_name));
+    }
+    // The cache holds only the operator's claims: someone else's of that name is read live,
+    // and only until the restored claim exists.
+    let live: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &ns);
+    if let Some(pvc) = live.get_opt(&pvc_name).await.map_err(Error::Kube)? {
+        return Ok(existing(&pvc, &pvc_name));
+    }
+    let (snapshot, what) = match source {
+        RestoreSource {
+            backup: Some(name), ..
+        } => {
+            let api: Api<QuestDBBackup> = Api::namespaced(ctx.client.clone(), &ns);
+            let Some(backup) = api.get_opt(name).await.map_err(Error::Kube)? else {
+                return Ok(blocked(
+                    Reason::RestoreSourceNotFound,
+                    format!("QuestDBBackup {name} does not exist"),
+                    30,
+                ));
+            };
+            let status = backup.status.unwrap_or_default();
+            match (status.step, status.snapshot_name) {
+                (Some(BackupStep::Succeeded), Some(snap)) => (snap, format!("backup {name}")),
+                (step, _) => {
+                    let step = step.map_or("new", |s| s.as_str());
+                    return Ok(blocked(
+                        Reason::RestoreSourceNotReady,
+                        format!(
+                            "QuestDBBackup {name} is {step}; only a Succeeded backup is restored"
+                        ),
+                        10,
+                    ));
+                }
+            }
+        }
+        RestoreSource {
+            volume_snapshot: Some(name),
+            ..
+        } => (name.clone(), format!("VolumeSnapshot {name}")),
+        // The schema requires one of the two.
+        _ => return Ok(Gate::Open(None)),
+    };
+    let api = snapshot::api(&ctx.client, &ns);
+    match api.get_opt(&snapshot).await {
+        Ok(Some(obj)) => {
+            let ready = obj
+                .data
+                .get("status")
+                .and_then(|s| s.get("readyToUse"))
+                .and_then(|v| v.as_bool())
+                == Some(true);
+            if !ready {
+                return Ok(blocked(
+                    Reason::RestoreSourceNotReady,
+                    format!("VolumeSnapshot {snapshot} is not ready to use"),
+                    10,
+                ));
+            }
+        }
+        Ok(None) => {
+            return Ok(blocked(
+                Reason::RestoreSourceNotFound,
+                format!("VolumeSnapshot {snapshot} ({what}) does not exist"),
+                30,
+            ))
+        }
+        Err(kube::Error::Api(s)) if s.code == 404 => {
+            return Ok(blocked(
+                Reason::RestoreSourceNotFound,
+                crate::controllers::backup::plan::SNAPSHOT_API_MISSING.to_string(),
+                60,
+            ))
+        }
+        Err(e) => return Err(Error::Kube(e)),
+    }
+    let verdict = Verdict::new(
+        conditions::VOLUME_RESTORED,
+        true,
+        Reason::Restored,
+        format!("volume {pvc_name} created from {what} (VolumeSnapshot {snapshot})"),
+    );
+    Ok(Gate::Create { snapshot, verdict })
+}
+
+/// A claim that exists: restored (it was created from a VolumeSnapshot) or in the way.
+fn existing(pvc: &PersistentVolumeClaim, name: &str) -> Gate {
+    let spec = pvc.spec.as_ref();
+    let source = spec
+        .and_then(|s| s.data_source.as_ref())
+        .filter(|d| d.kind == "VolumeSnapshot")
+        .map(|d| d.name.clone());
+    match source {
+        Some(snapshot) => Gate::Open(Some(Verdict::new(
+            conditions::VOLUME_RESTORED,
+            true,
+            Reason::Restored,
+            format!("volume {name} was created from VolumeSnapshot {snapshot}"),
+        ))),
+        None => Gate::Blocked(
+            Verdict::new(
+                conditions::VOLUME_RESTORED,
+                false,
+                Reason::RestoreRefused,
+                format!("volume {name} already exists and was not restored from a snapshot: it is never overwritten; delete it (its data goes with it) or remove volume.restoreFrom by recreating the QuestDB without it"),
+            ),
+            None,
+        ),
+    }
+}
+
+fn blocked(reason: Reason, message: String, retry_seconds: u64) -> Gate {
+    Gate::Blocked(
+        Verdict::new(conditions::VOLUME_RESTORED, false, reason, message),
+        Some(Duration::from_secs(retry_seconds)),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{PersistentVolumeClaimSpec, TypedLocalObjectReference};
+
+    fn claim(source: Option<&str>) -> PersistentVolumeClaim {
+        PersistentVolumeClaim {
+            spec: Some(PersistentVolumeClaimSpec {
+                data_source: source.map(|s| TypedLocalObjectReference {
+                    api_group: Some("snapshot.storage.k8s.io".into()),
+                    kind: "VolumeSnapshot".into(),
+                    name: s.into(),
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn an_existing_volume_not_made_from_a_snapshot_is_never_restored_over() {
+        match existing(&claim(None), "prod-data") {
+            Gate::Blocked(v, None) => {
+                assert_eq!(v.reason, Reason::RestoreRefused);
+                assert!(!v.status);
+            }
+            other => panic!("{other:?}"),
+        }
+        match existing(&claim(Some("nightly")), "prod-data") {
+            Gate::Open(Some(v)) => assert!(v.status && v.message.contains("nightly")),
+            other => panic!("{other:?}"),
+        }
+    }
+}

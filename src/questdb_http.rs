@@ -1,0 +1,265 @@
+//! Talks to a running QuestDB over its HTTP API (`/exec`), authenticated with the database's
+//! own HTTP credentials: checkpoints for backups and the facts a backup records.
+//!
+//! QuestDB answers `/exec` with JSON: `{"columns":[{"name":..}],"dataset":[[..]]}` for a query,
+//! `{"ddl":"OK"}` for a statement, and `{"error":"..","position":N}` for a refused one (with
+//! HTTP 400, or 200 for some statements: the body decides, not the status).
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use base64::Engine as _;
+use http_body_util::{BodyExt, Empty};
+use hyper::body::Bytes;
+use hyper_util::rt::TokioIo;
+use serde::Deserialize;
+
+use crate::api::TableFacts;
+
+/// How long one request may take, connect included.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// At most this many tables are counted for a backup's record.
+pub const MAX_TABLES_RECORDED: usize = 64;
+
+/// A QuestDB's HTTP endpoint and the basic-auth login it requires.
+#[derive(Clone)]
+pub struct Database {
+    addr: SocketAddr,
+    authorization: Option<String>,
+}
+
+impl std::fmt::Debug for Database {
+    // Never the credentials.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Database")
+            .field("addr", &self.addr)
+            .field("authenticated", &self.authorization.is_some())
+            .finish()
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum QueryError {
+    #[error("cannot reach the database at {addr}: {source}")]
+    Connect {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("the database did not answer within {0:?}")]
+    Timeout(Duration),
+    #[error("HTTP error talking to the database: {0}")]
+    Http(String),
+    #[error("the database refused the login (HTTP {0})")]
+    Unauthorized(u16),
+    #[error("the database refused `{query}`: {message}")]
+    Refused { query: String, message: String },
+    #[error("unexpected answer from the database (HTTP {status}): {body}")]
+    Unexpected { status: u16, body: String },
+}
+
+/// The rows of a query, as JSON values.
+#[derive(Debug, Default, Deserialize)]
+pub struct Rows {
+    #[serde(default)]
+    pub columns: Vec<Column>,
+    #[serde(default)]
+    pub dataset: Vec<Vec<serde_json::Value>>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct Column {
+    pub name: String,
+}
+
+#[derive(Deserialize)]
+struct Answer {
+    #[serde(default)]
+    error: Option<String>,
+    #[serde(flatten)]
+    rows: Rows,
+}
+
+impl Database {
+    pub fn new(addr: SocketAddr, login: Option<(&str, &str)>) -> Self {
+        let authorization = login.map(|(user, password)| {
+            let token =
+                base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));
+            format!("Basic {token}")
+        });
+        Self {
+            addr,
+            authorization,
+        }
+    }
+
+    /// Runs one statement or query through `/exec`.
+    pub async fn exec(&self, query: &str) -> Result<Rows, QueryError> {
+        let request = self.request(query);
+        let (status, body) = tokio::time::timeout(REQUEST_TIMEOUT, self.send(request))
+            .await
+            .map_err(|_| QueryError::Timeout(REQUEST_TIMEOUT))??;
+        if status == 401 || status == 403 {
+            return Err(QueryError::Unauthorized(status));
+        }
+        match serde_json::from_slice::<Answer>(&body) {
+            Ok(Answer {
+                error: Some(message),
+                ..
+            }) => Err(QueryError::Refused {
+                query: query.to_string(),
+                message,
+            }),
+            Ok(Answer { rows, .. }) if status < 300 => Ok(rows),
+            _ => Err(QueryError::Unexpected {
+                status,
+                body: String::from_utf8_lossy(&body).chars().take(200).collect(),
+            }),
+        }
+    }
+
+    fn request(&self, query: &str) -> http::Request<Empty<Bytes>> {
+        let uri = format!("/exec?query={}", percent_encode(query));
+        let mut builder = http::Request::get(uri).header(http::header::HOST, self.addr.to_string());
+        if let Some(auth) = &self.authorization {
+            builder = builder.header(http::header::AUTHORIZATION, auth);
+        }
+        builder.body(Empty::new()).expect("a valid request")
+    }
+
+    async fn send(&self, request: http::Request<Empty<Bytes>>) -> Result<(u16, Bytes), QueryError> {
+        let stream = tokio::net::TcpStream::connect(self.addr)
+            .await
+            .map_err(|source| QueryError::Connect {
+                addr: self.addr,
+                source,
+            })?;
+        let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(|e| QueryError::Http(e.to_string()))?;
+        let driver = tokio::spawn(connection);
+        let result = async {
+            let response = sender
+                .send_request(request)
+                .await
+                .map_err(|e| QueryError::Http(e.to_string()))?;
+            let status = response.status().as_u16();
+            let body = response
+                .into_body()
+                .collect()
+                .await
+                .map_err(|e| QueryError::Http(e.to_string()))?
+                .to_bytes();
+            Ok((status, body))
+        }
+        .await;
+        driver.abort();
+        result
+    }
+
+    /// `CHECKPOINT CREATE`. QuestDB refuses a second one until RELEASE.
+    pub async fn checkpoint_create(&self) -> Result<(), QueryError> {
+        self.exec("CHECKPOINT CREATE").await.map(drop)
+    }
+
+    /// `CHECKPOINT RELEASE`; a release without an open checkpoint is accepted.
+    pub async fn checkpoint_release(&self) -> Result<(), QueryError> {
+        self.exec("CHECKPOINT RELEASE").await.map(drop)
+    }
+
+    /// Whether a checkpoint is open, from `checkpoint_status()`.
+    pub async fn checkpoint_in_progress(&self) -> Result<bool, QueryError> {
+        let rows = self
+            .exec("select in_progress from checkpoint_status()")
+            .await?;
+        Ok(rows
+            .dataset
+            .first()
+            .and_then(|r| r.first())
+            .and_then(serde_json::Value::as_bool)
+            .unwrap_or(false))
+    }
+
+    /// Row count and newest designated timestamp of each table (the first
+    /// [`MAX_TABLES_RECORDED`] by name).
+    pub async fn table_facts(&self) -> Result<Vec<TableFacts>, QueryError> {
+        let tables = self
+            .exec("select table_name, designatedTimestamp from tables() order by table_name")
+            .await?;
+        let mut facts = Vec::new();
+        for row in tables.dataset.iter().take(MAX_TABLES_RECORDED) {
+            let Some(name) = row.first().and_then(|v| v.as_str()) else {
+                continue;
+            };
+            let ts = row
+                .get(1)
+                .and_then(|v| v.as_str())
+                .filter(|s| !s.is_empty());
+            let query = match ts {
+                Some(ts) => format!(
+                    "select count(), max({}) from {}",
+                    quote_ident(ts),
+                    quote_ident(name)
+                ),
+                None => format!("select count() from {}", quote_ident(name)),
+            };
+            let rows = self.exec(&query).await?;
+            let first = rows.dataset.first();
+            facts.push(TableFacts {
+                name: name.to_string(),
+                rows: first
+                    .and_then(|r| r.first())
+                    .and_then(serde_json::Value::as_i64)
+                    .unwrap_or(0),
+                max_timestamp: first
+                    .and_then(|r| r.get(1))
+                    .and_then(|v| v.as_str())
+                    .map(str::to_string),
+            });
+        }
+        Ok(facts)
+    }
+}
+
+/// A double-quoted identifier (QuestDB doubles an embedded quote).
+fn quote_ident(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
+/// RFC 3986 percent-encoding of a query-string value: everything but the unreserved set.
+fn percent_encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() * 3);
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn queries_survive_the_url_whatever_they_hold() {
+        assert_eq!(
+            percent_encode("select count() from \"a b\"&x=1"),
+            "select%20count%28%29%20from%20%22a%20b%22%26x%3D1"
+        );
+        assert_eq!(percent_encode("é"), "%C3%A9");
+    }
+
+    #[test]
+    fn a_table_name_cannot_break_out_of_its_quotes() {
+        assert_eq!(quote_ident("we\"ird"), "\"we\"\"ird\"");
+    }
+
+    #[test]
+    fn debug_output_never_shows_the_password() {
+        let db = Database::new("127.0.0.1:9000".parse().unwrap(), Some(("admin", "s3cret")));
+        let shown = format!("{db:?}");
+        assert!(!shown.contains("s3cret") && !shown.contains("YWRtaW46czNjcmV0"));
+    }
+}

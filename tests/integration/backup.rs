@@ -1,0 +1,257 @@
+//! Backups that restore, counted in rows: a real QuestDB checkpoint held while the real
+//! snapshot-controller and the CSI stand-in take the volume's snapshot, then a new QuestDB
+//! restored from it.
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use kube::api::{DeleteParams, PostParams};
+use kube::runtime::wait::Condition;
+use questdb_operator::api::{
+    BackupStep, QuestDB, QuestDBBackup, QuestDBBackupSpec, Reason, RestoreSource,
+};
+use questdb_operator::controllers::backup::snapshot;
+
+use crate::database::{env, lines, pod_ip, ready, real, rows_become, Credentials, NS};
+use crate::db_client::{exec, ilp_http, Login};
+use crate::harness::{has_condition, wait_for, wait_for_within, wait_until, Env};
+
+const BACKUP_TIMEOUT: Duration = Duration::from_secs(120);
+
+async fn create_backup(env: &Env, name: &str, questdb: &str) -> QuestDBBackup {
+    let b = QuestDBBackup::new(
+        name,
+        QuestDBBackupSpec {
+            questdb_name: questdb.into(),
+            volume_snapshot_class_name: None,
+            deletion_policy: Default::default(),
+        },
+    );
+    env.api::<QuestDBBackup>(NS)
+        .create(&PostParams::default(), &b)
+        .await
+        .expect("QuestDBBackup created")
+}
+
+fn step_is(step: BackupStep) -> impl Fn(Option<&QuestDBBackup>) -> bool {
+    move |b| b.and_then(|b| b.status.as_ref()?.step) == Some(step)
+}
+
+async fn backup_reaches(env: &Env, name: &str, step: BackupStep) -> QuestDBBackup {
+    wait_for_within(
+        &env.api(NS),
+        name,
+        &format!("backup {name} {}", step.as_str()),
+        BACKUP_TIMEOUT,
+        step_is(step),
+    )
+    .await
+}
+
+async fn checkpoint_open(http: &str, login: Login<'_>) -> bool {
+    let (code, body) = exec(http, "select in_progress from checkpoint_status()", login)
+        .await
+        .expect("checkpoint_status answers");
+    assert_eq!(code, 200, "{body}");
+    body.contains("[[true")
+}
+
+/// A database with `rows` acknowledged rows in `trades`; its HTTP address and credentials.
+async fn database_with_rows(env: &Env, name: &str, rows: usize) -> (String, Credentials) {
+    env.create_questdb(NS, name, real).await;
+    ready(env, name).await;
+    let creds = Credentials::of(env, &format!("{name}-credentials")).await;
+    let http = format!("{}:9000", pod_ip(env, name).await);
+    assert_eq!(
+        ilp_http(&http, &lines("trades", rows), creds.http())
+            .await
+            .unwrap(),
+        204
+    );
+    rows_become(env, &http, "trades", rows as i64, creds.http()).await;
+    (http, creds)
+}
+
+#[tokio::test]
+async fn a_restored_backup_holds_exactly_the_rows_acknowledged_before_it_and_none_after() {
+    let env = env().await;
+    let (http, creds) = database_with_rows(&env, "db1", 1000).await;
+
+    create_backup(&env, "b1", "db1").await;
+    let b = backup_reaches(&env, "b1", BackupStep::Succeeded).await;
+    let status = b.status.clone().unwrap_or_default();
+    let trades = status.tables.iter().find(|t| t.name == "trades");
+    assert_eq!(trades.map(|t| t.rows), Some(1000), "{:?}", status.tables);
+    assert_eq!(status.snapshot_name.as_deref(), Some("b1"));
+    assert!(status.restore_size.is_some());
+    assert_eq!(env.cp.ebs_snapshots().len(), 1, "one snapshot per backup");
+    assert!(
+        !checkpoint_open(&http, creds.http()).await,
+        "the checkpoint is released once the backup is done"
+    );
+
+    // Written after the backup: not in it.
+    assert_eq!(
+        ilp_http(&http, &lines("trades", 500), creds.http())
+            .await
+            .unwrap(),
+        204
+    );
+    rows_become(&env, &http, "trades", 1500, creds.http()).await;
+
+    env.create_questdb(NS, "db2", |q| {
+        real(q);
+        q.spec.volume.restore_from = Some(RestoreSource {
+            backup: Some("b1".into()),
+            volume_snapshot: None,
+        });
+    })
+    .await;
+    let restored = ready(&env, "db2").await;
+    assert!(has_condition("VolumeRestored", "Restored").matches_object(Some(&restored)));
+    let creds2 = Credentials::of(&env, "db2-credentials").await;
+    let http2 = format!("{}:9000", pod_ip(&env, "db2").await);
+    wait_until("the restored database counts the backup's rows", || {
+        let http2 = http2.clone();
+        let login = creds2.http().map(|(u, p)| (u.to_string(), p.to_string()));
+        async move {
+            let login = login.as_ref().map(|(u, p)| (u.as_str(), p.as_str()));
+            crate::db_client::count(&http2, "trades", login).await == Some(1000)
+        }
+    })
+    .await;
+    // Restored from the checkpoint (the state at CHECKPOINT CREATE), not from whatever the
+    // volume held when it was copied.
+    let recovery = env.cp.database_log_lines(NS, "db2-0", "checkpoint");
+    assert!(
+        recovery
+            .iter()
+            .any(|l| l.contains("starting checkpoint recovery")),
+        "{recovery:?}"
+    );
+    // The source is untouched.
+    rows_become(&env, &http, "trades", 1500, creds.http()).await;
+}
+
+#[tokio::test]
+async fn a_backup_goes_on_after_a_manager_restart_and_deleting_it_takes_its_snapshot() {
+    let mut env = env().await;
+    let (http, creds) = database_with_rows(&env, "db1", 100).await;
+    env.cp.csi.stall_snapshot.store(true, Ordering::SeqCst);
+
+    create_backup(&env, "stuck", "db1").await;
+    // The stalled snapshot is cut (EBS: pending, point in time fixed) but never ready.
+    backup_reaches(&env, "stuck", BackupStep::Uploading).await;
+    assert!(
+        !checkpoint_open(&http, creds.http()).await,
+        "released once cut"
+    );
+
+    env.cp.csi.stall_snapshot.store(false, Ordering::SeqCst);
+    backup_reaches(&env, "stuck", BackupStep::Succeeded).await;
+
+    // Restart in the middle of a backup: the new manager finds the step and goes on.
+    env.cp.csi.stall_snapshot.store(true, Ordering::SeqCst);
+    create_backup(&env, "second", "db1").await;
+    backup_reaches(&env, "second", BackupStep::Uploading).await;
+    env.restart_manager(Default::default()).await;
+    env.cp.csi.stall_snapshot.store(false, Ordering::SeqCst);
+    backup_reaches(&env, "second", BackupStep::Succeeded).await;
+    assert_eq!(env.cp.ebs_snapshots().len(), 2, "one snapshot per backup");
+
+    // Deleting a backup (Delete policy) takes its snapshot.
+    env.api::<QuestDBBackup>(NS)
+        .delete("stuck", &DeleteParams::default())
+        .await
+        .expect("deleted");
+    wait_until("the deleted backup's snapshot is gone", || {
+        let api = snapshot::api(&env.cp.direct_client(), NS);
+        async move { api.get_opt("stuck").await.ok().flatten().is_none() }
+    })
+    .await;
+    wait_until("its EBS snapshot is deleted", || {
+        let n = env.cp.ebs_snapshots().len();
+        async move { n == 1 }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_failed_snapshot_fails_the_backup_releases_the_checkpoint_and_leaves_no_snapshot() {
+    let env = env().await;
+    let (http, creds) = database_with_rows(&env, "db1", 10).await;
+    env.cp.csi.fail_snapshot.store(true, Ordering::SeqCst);
+    create_backup(&env, "bad", "db1").await;
+    let b = backup_reaches(&env, "bad", BackupStep::Failed).await;
+    let status = b.status.unwrap_or_default();
+    assert_eq!(
+        status.reason.as_deref(),
+        Some(Reason::SnapshotFailed.as_str())
+    );
+    assert!(
+        status.message.unwrap_or_default().contains("injected"),
+        "the storage's own message is shown"
+    );
+    assert!(!checkpoint_open(&http, creds.http()).await);
+    wait_until("the failed backup's snapshot is deleted", || {
+        let api = snapshot::api(&env.cp.direct_client(), NS);
+        async move { api.get_opt("bad").await.ok().flatten().is_none() }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn restoring_over_an_existing_volume_is_refused_and_the_database_never_starts() {
+    let env = env().await;
+    // A claim of the name the restored database would use, made by someone else.
+    let pvc: PersistentVolumeClaim = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "db3-data"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
+    }))
+    .unwrap();
+    env.api::<PersistentVolumeClaim>(NS)
+        .create(&PostParams::default(), &pvc)
+        .await
+        .unwrap();
+    env.create_questdb(NS, "db3", |q| {
+        real(q);
+        q.spec.volume.restore_from = Some(RestoreSource {
+            backup: None,
+            volume_snapshot: Some("nightly".into()),
+        });
+    })
+    .await;
+    wait_for(
+        &env.api::<QuestDB>(NS),
+        "db3",
+        "VolumeRestored=False RestoreRefused",
+        has_condition("VolumeRestored", "RestoreRefused"),
+    )
+    .await;
+    let sts: Option<StatefulSet> = env.api(NS).get_opt("db3").await.unwrap();
+    assert!(
+        sts.is_none(),
+        "no database runs on a volume it was not restored into"
+    );
+
+    // And a restore whose backup does not exist says so.
+    env.create_questdb(NS, "db4", |q| {
+        real(q);
+        q.spec.volume.restore_from = Some(RestoreSource {
+            backup: Some("never-made".into()),
+            volume_snapshot: None,
+        });
+    })
+    .await;
+    wait_for(
+        &env.api::<QuestDB>(NS),
+        "db4",
+        "VolumeRestored=False RestoreSourceNotFound",
+        has_condition("VolumeRestored", "RestoreSourceNotFound"),
+    )
+    .await;
+    let claim: Option<PersistentVolumeClaim> = env.api(NS).get_opt("db4-data").await.unwrap();
+    assert!(claim.is_none(), "no empty volume is made in its place");
+}
