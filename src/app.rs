@@ -310,6 +310,8 @@ pub fn options_from(args: &RunArgs) -> anyhow::Result<ManagerOptions> {
         questdb_concurrency: args.questdb_concurrency,
         node_health_concurrency: args.node_health_concurrency,
         backup_concurrency: args.backup_concurrency,
+        backup_schedule_concurrency: args.backup_schedule_concurrency,
+        write_health_interval: std::time::Duration::from_secs(args.write_health_interval),
         backup_timeouts: crate::controllers::backup::plan::Timeouts {
             cut: std::time::Duration::from_secs(args.backup_checkpoint_timeout),
             upload: std::time::Duration::from_secs(args.backup_upload_timeout),

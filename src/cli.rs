@@ -101,6 +101,10 @@ pub struct RunArgs {
     #[arg(long, env = "BACKUP_CONCURRENCY", default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..))]
     pub backup_concurrency: u16,
 
+    /// Concurrent reconciles of the backup-schedule controller.
+    #[arg(long, env = "BACKUP_SCHEDULE_CONCURRENCY", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
+    pub backup_schedule_concurrency: u16,
+
     /// Seconds a backup may hold the database's checkpoint open before its snapshot is cut;
     /// then it fails and releases the checkpoint.
     #[arg(long, env = "BACKUP_CHECKPOINT_TIMEOUT", default_value_t = 600)]
@@ -110,6 +114,10 @@ pub struct RunArgs {
     /// before the backup fails.
     #[arg(long, env = "BACKUP_UPLOAD_TIMEOUT", default_value_t = 21600)]
     pub backup_upload_timeout: u64,
+
+    /// Seconds between reads of each Running database's `wal_tables()` (`WriteHealthy`).
+    #[arg(long, env = "WRITE_HEALTH_INTERVAL", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
+    pub write_health_interval: u64,
 
     #[command(flatten)]
     pub cloud: CloudArgs,

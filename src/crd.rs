@@ -3,11 +3,15 @@
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
 
-use crate::api::{QuestDB, QuestDBBackup};
+use crate::api::{QuestDB, QuestDBBackup, QuestDBBackupSchedule};
 
 /// Every CRD the operator serves, `QuestDB` first.
 pub fn all() -> Vec<CustomResourceDefinition> {
-    vec![QuestDB::crd(), QuestDBBackup::crd()]
+    vec![
+        QuestDB::crd(),
+        QuestDBBackup::crd(),
+        QuestDBBackupSchedule::crd(),
+    ]
 }
 
 /// [`all`] as one multi-document YAML stream.

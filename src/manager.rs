@@ -26,12 +26,12 @@ use kube::{Client, Resource};
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
-use crate::api::{labels, QuestDB, QuestDBBackup, MANAGER};
+use crate::api::{labels, QuestDB, QuestDBBackup, QuestDBBackupSchedule, MANAGER};
 use crate::controllers::cloud_runtime::CloudRuntime;
 pub use crate::controllers::cloud_runtime::{Cloud, CloudSettings};
 use crate::controllers::context::{Caches, Context, GuardedQuestDB};
 use crate::controllers::in_flight::InFlight;
-use crate::controllers::{backup, node_health, questdb, retry_delay, sweep, Error, Next};
+use crate::controllers::{backup, node_health, questdb, retry_delay, schedule, sweep, Error, Next};
 use crate::desired::OwnedChild;
 use crate::http_server::{self, Readiness};
 use crate::ilp_auth;
@@ -47,7 +47,11 @@ pub struct ManagerOptions {
     pub node_health_concurrency: u16,
     /// Concurrent reconciles of the backup controller (never two of one QuestDBBackup).
     pub backup_concurrency: u16,
+    /// Concurrent reconciles of the backup-schedule controller.
+    pub backup_schedule_concurrency: u16,
     pub backup_timeouts: crate::controllers::backup::plan::Timeouts,
+    /// How often each Running database's `wal_tables()` is read for `WriteHealthy`.
+    pub write_health_interval: Duration,
     pub leader_election: Option<LeaderElection>,
     pub metrics_addr: Option<SocketAddr>,
     pub health_addr: Option<SocketAddr>,
@@ -66,7 +70,9 @@ impl Default for ManagerOptions {
             questdb_concurrency: 4,
             node_health_concurrency: 2,
             backup_concurrency: 2,
+            backup_schedule_concurrency: 1,
             backup_timeouts: Default::default(),
+            write_health_interval: Duration::from_secs(60),
             leader_election: None,
             metrics_addr: None,
             health_addr: None,
@@ -554,6 +560,8 @@ fn trim_pod(pod: &mut Pod) {
             phase: status.phase.take(),
             conditions: status.conditions.take(),
             host_ip: status.host_ip.take(),
+            // Where the write-health poll reaches the database's HTTP port.
+            pod_ip: status.pod_ip.take(),
             container_statuses: crate::controllers::questdb::container_state::for_cache(
                 status.container_statuses.take(),
             ),
@@ -713,6 +721,7 @@ fn zero_known_labels(metrics: &crate::metrics::Metrics) {
             questdb::CONTROLLER_NAME,
             node_health::CONTROLLER_NAME,
             backup::CONTROLLER_NAME,
+            schedule::CONTROLLER_NAME,
         ],
         error_reasons: &errors,
     });
@@ -751,6 +760,7 @@ async fn run_controllers(shared: &Shared<'_>, subs: Subscriptions, token: Cancel
         operator_namespace: std::env::var("POD_NAMESPACE")
             .ok()
             .filter(|n| !n.is_empty()),
+        write_health: Default::default(),
     });
     let sweeper = sweep::run(ctx.clone(), opts.namespace.clone(), token.clone());
     let Subscriptions {
@@ -767,13 +777,19 @@ async fn run_controllers(shared: &Shared<'_>, subs: Subscriptions, token: Cancel
         token.clone(),
     );
     let backups = run_backups(opts, metrics, ctx.clone(), token.clone());
+    let write_health = crate::controllers::write_health::run(
+        ctx.clone(),
+        opts.write_health_interval,
+        token.clone(),
+    );
     let controller = questdb_controller(triggers, caches, opts.questdb_concurrency, &ctrl_metrics)
         .graceful_shutdown_on(token.cancelled_owned());
     tokio::join!(
         run_questdb_controller(controller, ctx, ctrl_metrics, in_flight.clone()),
         sweeper,
         health,
-        backups
+        backups,
+        write_health
     );
 }
 
@@ -801,12 +817,10 @@ async fn run_backups(
     let m = metrics.controller(backup::CONTROLLER_NAME, concurrency as usize);
     let controller = Controller::new(api, watcher::Config::default())
         .with_config(ControllerConfig::default().concurrency(concurrency))
-        .graceful_shutdown_on(token.cancelled_owned());
-    let bctx = Arc::new(backup::BackupContext::new(
-        ctx,
-        controller.store(),
-        opts.backup_timeouts,
-    ));
+        .graceful_shutdown_on(token.clone().cancelled_owned());
+    let store = controller.store();
+    let schedules = run_schedules(opts, metrics, ctx.clone(), store.clone(), token.clone());
+    let bctx = Arc::new(backup::BackupContext::new(ctx, store, opts.backup_timeouts));
     let reconcile = move |b: Arc<QuestDBBackup>, bctx: Arc<backup::BackupContext>| {
         let m = m.clone();
         async move {
@@ -825,11 +839,65 @@ async fn run_backups(
             result.map(Next::action)
         }
     };
-    controller
+    let backups = controller
         .run(
             reconcile,
             |_, e: &Error, _| Action::requeue(retry_delay(2, e.is_transient_conflict())),
             bctx,
+        )
+        .for_each(|_| async {});
+    tokio::join!(backups, schedules);
+}
+
+/// The backup-schedule controller, reading backups from the backup controller's cache.
+async fn run_schedules(
+    opts: &ManagerOptions,
+    metrics: &Arc<Metrics>,
+    ctx: Arc<Context>,
+    backups: reflector::Store<QuestDBBackup>,
+    token: CancellationToken,
+) {
+    let api: Api<QuestDBBackupSchedule> = api_for(&ctx.client, opts.namespace.as_deref());
+    if let Err(kube::Error::Api(s)) = api.list_metadata(&ListParams::default().limit(1)).await {
+        if s.code == 404 {
+            error!("the QuestDBBackupSchedule CRD is not installed: backup schedules are off until it is (apply crds/) and the operator restarts");
+            return;
+        }
+    }
+    let concurrency = opts.backup_schedule_concurrency;
+    let m = metrics.controller(schedule::CONTROLLER_NAME, concurrency as usize);
+    let owned: Api<QuestDBBackup> = api_for(&ctx.client, opts.namespace.as_deref());
+    let controller = Controller::new(api, watcher::Config::default())
+        .owns(
+            owned,
+            watcher::Config::default().labels(crate::api::SCHEDULE_LABEL),
+        )
+        .with_config(ControllerConfig::default().concurrency(concurrency))
+        .graceful_shutdown_on(token.cancelled_owned());
+    let sctx = Arc::new(schedule::ScheduleContext { ctx, backups });
+    let reconcile = move |s: Arc<QuestDBBackupSchedule>, sctx: Arc<schedule::ScheduleContext>| {
+        let m = m.clone();
+        async move {
+            let guard = m.start(ObjectRef::from_obj(&*s));
+            let result = guard.scope(schedule::reconcile(s, sctx.clone())).await;
+            match &result {
+                Ok(next) => guard.finish(next.outcome()),
+                Err(e) if e.is_transient_conflict() => guard.finish(ReconcileOutcome::Error),
+                Err(e) => {
+                    sctx.ctx
+                        .metrics
+                        .reconcile_error(schedule::CONTROLLER_NAME, e.reason().as_str());
+                    guard.finish_with_error(e)
+                }
+            }
+            result.map(Next::action)
+        }
+    };
+    controller
+        .run(
+            reconcile,
+            |_, e: &Error, _| Action::requeue(retry_delay(2, e.is_transient_conflict())),
+            sctx,
         )
         .for_each(|_| async {})
         .await;

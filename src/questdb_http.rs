@@ -79,7 +79,39 @@ struct Answer {
     rows: Rows,
 }
 
+/// The HTTP user and password of a credentials Secret (never printed).
+#[derive(Clone, PartialEq, Eq)]
+pub struct Login {
+    pub user: String,
+    pub password: String,
+}
+
+impl std::fmt::Debug for Login {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Login")
+            .field("user", &self.user)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Login {
+    /// `QDB_HTTP_USER` and `QDB_HTTP_PASSWORD` of a credentials Secret.
+    pub fn from_secret(secret: &k8s_openapi::api::core::v1::Secret) -> Option<Login> {
+        let data = secret.data.as_ref()?;
+        let get = |k: &str| Some(String::from_utf8_lossy(&data.get(k)?.0).into_owned());
+        Some(Login {
+            user: get(crate::desired::credentials::HTTP_USER)?,
+            password: get(crate::desired::credentials::HTTP_PASSWORD)?,
+        })
+    }
+}
+
 impl Database {
+    /// The database's HTTP endpoint at `addr`, with `login` when it requires one.
+    pub fn at(addr: SocketAddr, login: Option<&Login>) -> Self {
+        Self::new(addr, login.map(|l| (l.user.as_str(), l.password.as_str())))
+    }
+
     pub fn new(addr: SocketAddr, login: Option<(&str, &str)>) -> Self {
         let authorization = login.map(|(user, password)| {
             let token =

@@ -233,6 +233,8 @@ fn exposition_after_one_of_everything() -> String {
     metrics.failover_detected(Duration::from_millis(300));
     metrics.upgrade_step("Stopping", Duration::from_secs(3));
     metrics.reconcile_error("questdb", "CloudApiError");
+    metrics.backup_finished(true, Some(Duration::from_secs(40)));
+    metrics.last_successful_backup("team-a", "prod", 1_800_000_000);
     metrics.render()
 }
 

@@ -1,11 +1,13 @@
 //! Types of the `crd.questdb.io` API and the names the operator stamps on what it owns.
 
 mod backup;
+mod backup_schedule;
 mod pod;
 mod questdb;
 mod reason;
 
 pub use backup::*;
+pub use backup_schedule::*;
 pub use pod::{PodOptions, RESERVED_VOLUMES};
 pub use questdb::*;
 pub use reason::Reason;
@@ -21,6 +23,8 @@ pub const FINALIZER: &str = "crd.questdb.io/finalizer";
 pub const BACKUP_FINALIZER: &str = "crd.questdb.io/checkpoint";
 /// Label on the VolumeSnapshot of a backup: the backup's name.
 pub const BACKUP_LABEL: &str = "crd.questdb.io/backup";
+/// Label on a backup made by a `QuestDBBackupSchedule`: the schedule's name.
+pub const SCHEDULE_LABEL: &str = "crd.questdb.io/schedule";
 /// Annotation a user puts on an existing object (a PVC, ConfigMap or Service with a colliding
 /// name, e.g. from a migration) to hand it over to the QuestDB of that name. Without it, only
 /// objects carrying the operator's labels for that QuestDB are ever adopted.
@@ -62,4 +66,7 @@ pub mod conditions {
     /// Only with `spec.volume.restoreFrom`: whether the volume was created from the backup
     /// (False while the backup is not ready, or when an existing volume is in the way).
     pub const VOLUME_RESTORED: &str = "VolumeRestored";
+    /// The database's own view of its writes (`wal_tables()`): False with the suspended or
+    /// lagging tables named. Absent until the first poll of a Running database.
+    pub const WRITE_HEALTHY: &str = "WriteHealthy";
 }

@@ -191,6 +191,13 @@ reasons! {
     /// overwritten.
     RestoreRefused,
 
+    // Write health (`WriteHealthy`).
+    WalHealthy,
+    /// A WAL table is suspended: it refuses writes until resumed.
+    TablesSuspended,
+    /// WAL apply lags far behind the sequencer.
+    WalApplyLagging,
+
     // Backups (a QuestDBBackup's `status.reason` and events).
     /// Waiting: the QuestDB does not exist.
     QuestDBNotFound,
@@ -219,6 +226,10 @@ reasons! {
     BackupCheckpointed,
     BackupSucceeded,
     BackupFailed,
+    /// A schedule made a backup (event).
+    BackupScheduled,
+    /// A schedule skipped a run (past its starting deadline).
+    BackupSkipped,
 
     // Orphaned instances (events on the Node).
     OrphanSweepHeldBack,

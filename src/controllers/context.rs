@@ -74,6 +74,8 @@ pub struct Context {
     /// The operator's own namespace (`POD_NAMESPACE`): its pods are admitted to each
     /// database's HTTP port (backups). `None` outside a pod.
     pub operator_namespace: Option<String>,
+    /// The newest `WriteHealthy` verdict per QuestDB (see `write_health`).
+    pub write_health: crate::controllers::write_health::WriteHealth,
 }
 
 pub type Wake = futures::channel::mpsc::UnboundedSender<ObjectRef<GuardedQuestDB>>;

@@ -15,8 +15,10 @@ pub mod maintenance;
 pub mod node;
 pub mod node_health;
 pub mod questdb;
+pub mod schedule;
 pub mod sweep;
 pub mod upgrade;
+pub mod write_health;
 
 use std::time::Duration;
 

@@ -73,6 +73,7 @@ pub(super) struct Families {
     pub backups: IntCounterVec,
     pub backup_duration: Histogram,
     pub last_successful_backup: IntGaugeVec,
+    pub suspended_wal_tables: IntGaugeVec,
 }
 
 /// A backup takes seconds (a small volume) to hours (an EBS snapshot's first upload).
@@ -258,6 +259,11 @@ impl Families {
                 "questdb_operator_backup_duration_seconds",
                 "Seconds from a backup's start to its snapshot being ready to use",
                 BACKUP_DURATION_BUCKETS.to_vec(),
+            ),
+            suspended_wal_tables: r.gauge_vec(
+                "questdb_operator_wal_suspended",
+                "1 while a QuestDB reports a suspended WAL table (WriteHealthy=False), else 0",
+                &["namespace", "questdb"],
             ),
             last_successful_backup: r.gauge_vec(
                 "questdb_operator_last_successful_backup_timestamp_seconds",

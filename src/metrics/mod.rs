@@ -290,6 +290,14 @@ impl Metrics {
         }
     }
 
+    /// Whether a QuestDB reports a suspended WAL table.
+    pub fn set_suspended_wal_tables(&self, namespace: &str, questdb: &str, suspended: i64) {
+        self.families
+            .suspended_wal_tables
+            .with_label_values(&[namespace, questdb])
+            .set(suspended);
+    }
+
     /// A reconcile failed with an error of kind `reason` (conflicts are retried, not counted).
     pub fn reconcile_error(&self, controller: &str, reason: &str) {
         self.families

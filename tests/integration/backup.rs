@@ -255,3 +255,129 @@ async fn restoring_over_an_existing_volume_is_refused_and_the_database_never_sta
     let claim: Option<PersistentVolumeClaim> = env.api(NS).get_opt("db4-data").await.unwrap();
     assert!(claim.is_none(), "no empty volume is made in its place");
 }
+
+#[tokio::test]
+async fn a_schedule_every_minute_keeps_exactly_its_two_newest_successful_backups() {
+    use questdb_operator::api::{QuestDBBackupSchedule, QuestDBBackupScheduleSpec, SCHEDULE_LABEL};
+    let env = env().await;
+    database_with_rows(&env, "db1", 10).await;
+    let schedule = QuestDBBackupSchedule::new(
+        "every-minute",
+        QuestDBBackupScheduleSpec {
+            questdb_name: "db1".into(),
+            schedule: "* * * * *".into(),
+            retention: 2,
+            suspend: false,
+            starting_deadline_seconds: None,
+            volume_snapshot_class_name: None,
+            deletion_policy: Default::default(),
+        },
+    );
+    env.api::<QuestDBBackupSchedule>(NS)
+        .create(&PostParams::default(), &schedule)
+        .await
+        .expect("schedule created");
+
+    // Three runs at least (one a minute), then exactly the newest two, both Succeeded.
+    let api = env.api::<QuestDBBackup>(NS);
+    let lp = kube::api::ListParams::default().labels(&format!("{SCHEDULE_LABEL}=every-minute"));
+    let mut seen = std::collections::BTreeSet::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(330);
+    let kept = loop {
+        let list = api.list(&lp).await.expect("list backups").items;
+        seen.extend(list.iter().map(kube::ResourceExt::name_any));
+        let all_ok = list.iter().all(|b| step_is(BackupStep::Succeeded)(Some(b)));
+        if seen.len() >= 3 && list.len() == 2 && all_ok {
+            break list;
+        }
+        assert!(
+            list.len() <= 3,
+            "retention lets at most one more than 2 exist (the run being made): {:?}",
+            list.iter()
+                .map(kube::ResourceExt::name_any)
+                .collect::<Vec<_>>()
+        );
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "after 330 s: seen {seen:?}, now {:?}",
+            list.iter()
+                .map(|b| (
+                    kube::ResourceExt::name_any(b),
+                    b.status.as_ref().and_then(|s| s.step)
+                ))
+                .collect::<Vec<_>>()
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    };
+    let mut names: Vec<String> = kept.iter().map(kube::ResourceExt::name_any).collect();
+    names.sort();
+    let mut newest: Vec<String> = seen.iter().cloned().collect();
+    newest.sort();
+    assert_eq!(names, newest[newest.len() - 2..], "the newest two are kept");
+    wait_until("the deleted backups' snapshots are gone", || {
+        let n = env.cp.ebs_snapshots().len();
+        async move { n == 2 }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn killing_the_manager_at_every_backup_step_still_releases_the_checkpoint_once_with_one_snapshot(
+) {
+    use futures::StreamExt;
+    use kube::runtime::{watcher, WatchStreamExt};
+    let mut env = env().await;
+    let (http, creds) = database_with_rows(&env, "db1", 200).await;
+    // Slow enough for the watch to see each step before the next.
+    env.cp.csi.stall_snapshot.store(true, Ordering::SeqCst);
+    create_backup(&env, "b1", "db1").await;
+
+    let cfg = watcher::Config::default().fields("metadata.name=b1");
+    let mut events = std::pin::pin!(watcher(env.api::<QuestDBBackup>(NS), cfg).applied_objects());
+    let mut killed = std::collections::BTreeSet::new();
+    let deadline = tokio::time::Instant::now() + BACKUP_TIMEOUT;
+    loop {
+        let b = tokio::time::timeout_at(deadline, events.next())
+            .await
+            .unwrap_or_else(|_| panic!("Succeeded in time; killed in {killed:?}"))
+            .expect("watch open")
+            .expect("watch event");
+        let Some(step) = b.status.as_ref().and_then(|s| s.step) else {
+            continue;
+        };
+        match step {
+            BackupStep::Succeeded => break,
+            BackupStep::Failed => panic!("{:?}", b.status),
+            // The snapshot is cut: interrupted once more, then let it finish (nothing is
+            // written while it uploads, so no later event would come).
+            BackupStep::Uploading => {
+                if killed.insert(step.as_str().to_string()) {
+                    env.kill_and_restart_manager(Default::default()).await;
+                }
+                env.cp.csi.stall_snapshot.store(false, Ordering::SeqCst);
+            }
+            _ if killed.insert(step.as_str().to_string()) => {
+                env.kill_and_restart_manager(Default::default()).await;
+            }
+            _ => {}
+        }
+    }
+    assert!(
+        ["Checkpointing", "Snapshotting", "Uploading"]
+            .iter()
+            .all(|s| killed.contains(*s)),
+        "killed in {killed:?}"
+    );
+    assert!(!checkpoint_open(&http, creds.http()).await, "released");
+    assert_eq!(
+        env.cp.ebs_snapshots().len(),
+        1,
+        "one snapshot for one backup"
+    );
+    let b: QuestDBBackup = env.api(NS).get("b1").await.unwrap();
+    let trades = b.status.unwrap_or_default().tables;
+    assert_eq!(
+        trades.iter().find(|t| t.name == "trades").map(|t| t.rows),
+        Some(200)
+    );
+}

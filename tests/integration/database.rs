@@ -634,3 +634,78 @@ async fn every_acknowledged_row_survives_pause_unpause_and_delete_with_retained_
     rows_become(&env, &http, "kept", 400, creds.http()).await;
     env.stop().await;
 }
+
+#[tokio::test]
+async fn a_suspended_wal_table_makes_write_healthy_false_naming_it_until_resumed() {
+    use questdb_operator::manager::ManagerOptions;
+    let options = ControlPlaneOptions {
+        databases: Databases::Real,
+        ..cluster()
+    };
+    let opts = ManagerOptions {
+        write_health_interval: std::time::Duration::from_secs(1),
+        ..Default::default()
+    };
+    let env = Env::start_on(options, opts, QuestDB::crd()).await;
+    env.namespace(NS).await;
+    env.create_questdb(NS, "db1", |q| {
+        real(q);
+        // QuestDB suspends a table by hand only in dev mode (a real suspension follows a
+        // failed WAL apply: a full disk, a corrupt segment).
+        q.spec
+            .config
+            .server
+            .insert("dev.mode.enabled".into(), "true".into());
+    })
+    .await;
+    ready(&env, "db1").await;
+    let creds = Credentials::of(&env, "db1-credentials").await;
+    let http = format!("{}:9000", pod_ip(&env, "db1").await);
+    assert_eq!(
+        ilp_http(&http, &lines("trades", 10), creds.http())
+            .await
+            .unwrap(),
+        204
+    );
+    rows_become(&env, &http, "trades", 10, creds.http()).await;
+    wait_for(
+        &env.api::<QuestDB>(NS),
+        "db1",
+        "WriteHealthy=True",
+        has_condition("WriteHealthy", "WalHealthy"),
+    )
+    .await;
+
+    let (code, body) = exec(&http, "alter table trades suspend wal", creds.http())
+        .await
+        .unwrap();
+    assert_eq!(code, 200, "{body}");
+    let q = wait_for(
+        &env.api::<QuestDB>(NS),
+        "db1",
+        "WriteHealthy=False TablesSuspended",
+        has_condition("WriteHealthy", "TablesSuspended"),
+    )
+    .await;
+    let message = q
+        .status
+        .unwrap_or_default()
+        .conditions
+        .into_iter()
+        .find(|c| c.type_ == "WriteHealthy")
+        .map(|c| c.message)
+        .unwrap_or_default();
+    assert!(message.contains("trades"), "{message}");
+
+    let (code, body) = exec(&http, "alter table trades resume wal", creds.http())
+        .await
+        .unwrap();
+    assert_eq!(code, 200, "{body}");
+    wait_for(
+        &env.api::<QuestDB>(NS),
+        "db1",
+        "WriteHealthy=True again",
+        has_condition("WriteHealthy", "WalHealthy"),
+    )
+    .await;
+}

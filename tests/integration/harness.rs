@@ -128,6 +128,20 @@ impl Env {
         .await;
     }
 
+    /// A crash and a restart: the manager's future is dropped wherever it is (between a
+    /// status write and its side effect included), then a fresh manager starts.
+    pub async fn kill_and_restart_manager(&mut self, opts: ManagerOptions) {
+        if let Some(task) = self.task.take() {
+            task.abort();
+            let _ = task.await;
+        }
+        // The caches' own tasks outlive an abort; stop them like a dead process would.
+        self.shutdown.cancel();
+        self.shutdown = CancellationToken::new();
+        self.handle = ManagerHandle::default();
+        self.start_manager(opts).await;
+    }
+
     pub async fn stop(mut self) {
         let _ = self.stop_manager().await;
     }
@@ -181,12 +195,12 @@ async fn install(client: &Client, crd: &CustomResourceDefinition) {
     crds.create(&PostParams::default(), crd)
         .await
         .expect("CRD installed");
-    crds.create(
-        &PostParams::default(),
-        &<questdb_operator::api::QuestDBBackup as kube::CustomResourceExt>::crd(),
-    )
-    .await
-    .expect("QuestDBBackup CRD installed");
+    // The backup CRDs beside the QuestDB one (which a test may replace).
+    for other in &questdb_operator::crd::all()[1..] {
+        crds.create(&PostParams::default(), other)
+            .await
+            .expect("backup CRDs installed");
+    }
     wait_until("QuestDB resource served", || {
         let api: Api<QuestDB> = Api::all(client.clone());
         async move { api.list(&Default::default()).await.is_ok() }

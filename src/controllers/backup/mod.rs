@@ -28,7 +28,7 @@ use crate::controllers::clock;
 use crate::controllers::context::Context;
 use crate::controllers::{Error, Next};
 use crate::desired;
-use crate::questdb_http::{Database as Db, QueryError};
+use crate::questdb_http::{Database as Db, Login, QueryError};
 
 use plan::{Database, Decision, Observed, Snapshot, Timeouts};
 
@@ -382,12 +382,12 @@ async fn database_view(
         }
     };
     let addr = SocketAddr::new(ip, desired::HTTP_PORT as u16);
-    let db = Db::new(addr, login.as_ref().map(|(u, p)| (u.as_str(), p.as_str())));
+    let db = Db::at(addr, Some(&login));
     Ok((Database::Ready(holder), Some(db)))
 }
 
 /// The HTTP login from the database's credentials Secret (never logged).
-async fn http_login(qdb: &QuestDB, ctx: &Context) -> Result<Option<(String, String)>, String> {
+async fn http_login(qdb: &QuestDB, ctx: &Context) -> Result<Login, String> {
     let ns = qdb.namespace().unwrap_or_default();
     let name = qdb
         .status
@@ -405,18 +405,7 @@ async fn http_login(qdb: &QuestDB, ctx: &Context) -> Result<Option<(String, Stri
             )
         })?
         .ok_or_else(|| format!("Secret {name} does not exist"))?;
-    let data = secret.data.unwrap_or_default();
-    let value = |k: &str| {
-        data.get(k)
-            .map(|v| String::from_utf8_lossy(&v.0).into_owned())
-    };
-    match (
-        value(desired::credentials::HTTP_USER),
-        value(desired::credentials::HTTP_PASSWORD),
-    ) {
-        (Some(u), Some(p)) => Ok(Some((u, p))),
-        _ => Err(format!("Secret {name} lacks the HTTP credentials")),
-    }
+    Login::from_secret(&secret).ok_or_else(|| format!("Secret {name} lacks the HTTP credentials"))
 }
 
 /// Opens the checkpoint, or finds it open (a crash after CREATE). The tables are counted just

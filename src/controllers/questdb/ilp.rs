@@ -195,6 +195,7 @@ mod tests {
             cloud: None,
             wake: None,
             operator_namespace: None,
+            write_health: Default::default(),
         };
         (ctx, writer)
     }

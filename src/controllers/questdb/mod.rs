@@ -121,6 +121,13 @@ pub async fn reconcile(qdb: Arc<QuestDB>, ctx: Arc<Context>) -> Result<Next, Err
         credentials_secret: Some(creds.secret.clone()),
         volume_size,
         restore: restored,
+        write_health: crate::controllers::context::questdb_ref(&qdb).and_then(|k| {
+            ctx.write_health
+                .lock()
+                .expect("write health lock")
+                .get(&k)
+                .cloned()
+        }),
         cloud: Some(&cloud_out),
         ..Default::default()
     };

@@ -35,6 +35,8 @@ pub struct StatusInputs<'a> {
     pub volume_size: Option<Verdict>,
     /// `VolumeRestored`, only with `spec.volume.restoreFrom`.
     pub restore: Option<Verdict>,
+    /// `WriteHealthy`, from the newest poll of a Running database.
+    pub write_health: Option<Verdict>,
     /// The dedicated node and DNS record, when the cloud part ran.
     pub cloud: Option<&'a CloudOutcome>,
 }
@@ -206,6 +208,9 @@ pub fn compute(qdb: &QuestDB, obs: &StatusInputs, now: Timestamp) -> QuestDBStat
         desired.push(v.clone());
     }
     if let Some(v) = &obs.restore {
+        desired.push(v.clone());
+    }
+    if let Some(v) = &obs.write_health {
         desired.push(v.clone());
     }
     let cloud = obs.cloud.filter(|_| obs.invalid.is_empty());

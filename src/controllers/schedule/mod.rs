@@ -1,0 +1,270 @@
+//! The backup-schedule controller: one reconcile per `QuestDBBackupSchedule`, woken by its own
+//! changes, by its backups' (it owns them) and by its next scheduled minute.
+
+pub mod cron;
+pub mod plan;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, DeleteParams, PostParams};
+use kube::runtime::events::EventType;
+use kube::runtime::reflector::Store;
+use kube::{Resource, ResourceExt};
+use tracing::{debug, info};
+
+use crate::api::{
+    labels, BackupStep, QuestDBBackup, QuestDBBackupSchedule, QuestDBBackupScheduleStatus,
+    QuestDBBackupSpec, Reason, ScheduledBackup, SCHEDULE_LABEL,
+};
+use crate::controllers::context::Context;
+use crate::controllers::{Error, Next};
+
+use plan::{Inputs, Owned};
+
+pub const CONTROLLER_NAME: &str = "questdbbackupschedule";
+/// How many of a schedule's newest backups its status lists.
+const HISTORY: usize = 10;
+
+pub struct ScheduleContext {
+    pub ctx: Arc<Context>,
+    /// The backup controller's cache of every QuestDBBackup.
+    pub backups: Store<QuestDBBackup>,
+}
+
+pub async fn reconcile(
+    schedule: Arc<QuestDBBackupSchedule>,
+    sctx: Arc<ScheduleContext>,
+) -> Result<Next, Error> {
+    if schedule.metadata.deletion_timestamp.is_some() {
+        // Its backups go through garbage collection (owner references).
+        return Ok(Next::AwaitChange);
+    }
+    let ctx = &sctx.ctx;
+    let ns = schedule.namespace().ok_or(Error::MissingNamespace)?;
+    let uid = schedule.uid().ok_or(Error::MissingUid)?;
+    let name = schedule.name_any();
+    let api: Api<QuestDBBackupSchedule> = Api::namespaced(ctx.client.clone(), &ns);
+    let backups: Api<QuestDBBackup> = Api::namespaced(ctx.client.clone(), &ns);
+    let status = schedule.status.clone().unwrap_or_default();
+
+    let cron: cron::Cron = match schedule.spec.schedule.parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let message = format!("invalid schedule: {e}");
+            if status.message.as_deref() != Some(message.as_str()) {
+                event(
+                    ctx,
+                    &schedule,
+                    EventType::Warning,
+                    Reason::InvalidSpec,
+                    message.clone(),
+                )
+                .await;
+                let mut s = status.clone();
+                s.message = Some(message);
+                s.next_schedule_time = None;
+                write_status(&api, &schedule, s).await?;
+            }
+            return Ok(Next::AwaitChange);
+        }
+    };
+
+    let owned: Vec<Owned> = sctx
+        .backups
+        .state()
+        .iter()
+        .filter(|b| b.namespace().as_deref() == Some(ns.as_str()))
+        .filter(|b| b.owner_references().iter().any(|o| o.uid == uid))
+        .map(|b| Owned {
+            name: b.name_any(),
+            created: b
+                .metadata
+                .creation_timestamp
+                .as_ref()
+                .map_or(Timestamp::UNIX_EPOCH, |t| t.0),
+            step: b.status.as_ref().and_then(|s| s.step),
+        })
+        .collect();
+    let now = Timestamp::now();
+    let created = schedule
+        .metadata
+        .creation_timestamp
+        .as_ref()
+        .map_or(now, |t| t.0);
+    let last = status
+        .last_schedule_time
+        .as_deref()
+        .and_then(|t| t.parse().ok())
+        .unwrap_or(created);
+    let p = plan::plan(&Inputs {
+        schedule_name: &name,
+        cron: &cron,
+        suspend: schedule.spec.suspend,
+        retention: schedule.spec.retention.max(1) as usize,
+        starting_deadline: schedule
+            .spec
+            .starting_deadline_seconds
+            .map(|s| Duration::from_secs(s.max(0) as u64)),
+        last,
+        now,
+        owned: &owned,
+    });
+    debug!(schedule = %name, ?p, "backup schedule");
+
+    let mut active = p.active.clone();
+    if let Some((run, due)) = &p.create {
+        // Made first, recorded after: a crash in between makes the same name again, which
+        // the apiserver refuses.
+        match backups
+            .create(&PostParams::default(), &backup_for(&schedule, run))
+            .await
+        {
+            Ok(_) => {
+                info!(schedule = %name, backup = %run, scheduled = %due, "scheduled backup made");
+                event(
+                    ctx,
+                    &schedule,
+                    EventType::Normal,
+                    Reason::BackupScheduled,
+                    format!("made backup {run} for the run of {due}"),
+                )
+                .await;
+            }
+            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Err(e) => return Err(Error::Kube(e)),
+        }
+        active = Some(run.clone());
+    }
+    if p.record.is_some() && p.create.is_none() {
+        if let Some(message) = &p.message {
+            event(
+                ctx,
+                &schedule,
+                EventType::Warning,
+                Reason::BackupSkipped,
+                message.clone(),
+            )
+            .await;
+        }
+    }
+    for old in &p.delete {
+        let uid = owned_uid(&sctx.backups, &ns, old);
+        let dp = DeleteParams {
+            preconditions: uid.map(|uid| kube::api::Preconditions {
+                uid: Some(uid),
+                resource_version: None,
+            }),
+            ..Default::default()
+        };
+        match backups.delete(old, &dp).await {
+            Ok(_) => info!(schedule = %name, backup = %old, "deleted a backup beyond retention"),
+            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
+            Err(e) => return Err(Error::Kube(e)),
+        }
+    }
+
+    let mut newest_first = owned.clone();
+    newest_first.sort_by_key(|b| std::cmp::Reverse(b.created));
+    let last_ok = newest_first
+        .iter()
+        .find(|b| b.step == Some(BackupStep::Succeeded));
+    let mut s = QuestDBBackupScheduleStatus {
+        last_schedule_time: p
+            .record
+            .map(|t| t.to_string())
+            .or(status.last_schedule_time.clone()),
+        next_schedule_time: p.next.map(|t| t.to_string()),
+        active,
+        last_successful_backup: last_ok.map(|b| b.name.clone()),
+        last_successful_time: status.last_successful_time.clone(),
+        message: p.message.clone(),
+        history: newest_first
+            .iter()
+            .filter(|b| !p.delete.contains(&b.name))
+            .take(HISTORY)
+            .map(|b| ScheduledBackup {
+                name: b.name.clone(),
+                step: b.step.map(|s| s.as_str().to_string()),
+            })
+            .collect(),
+    };
+    if let Some(b) = last_ok {
+        s.last_successful_time =
+            successful_time(&sctx.backups, &ns, &b.name).or(s.last_successful_time);
+    }
+    if s != status {
+        write_status(&api, &schedule, s).await?;
+    }
+    Ok(match p.next {
+        // A second after the minute turns, so the run is due when the reconcile comes.
+        Some(next) => {
+            let wait = Duration::try_from(next.duration_since(now)).unwrap_or_default();
+            Next::RequeueAfter((wait + Duration::from_secs(1)).min(Duration::from_secs(3600)))
+        }
+        None => Next::AwaitChange,
+    })
+}
+
+fn owned_uid(store: &Store<QuestDBBackup>, ns: &str, name: &str) -> Option<String> {
+    store
+        .get(&kube::runtime::reflector::ObjectRef::new(name).within(ns))
+        .and_then(|b| b.uid())
+}
+
+fn successful_time(store: &Store<QuestDBBackup>, ns: &str, name: &str) -> Option<String> {
+    store
+        .get(&kube::runtime::reflector::ObjectRef::new(name).within(ns))
+        .and_then(|b| b.status.as_ref()?.finished_at.clone())
+}
+
+/// A backup of the schedule's database, owned by the schedule (it goes when the schedule
+/// goes, unless deleted with `--cascade=orphan`).
+fn backup_for(schedule: &QuestDBBackupSchedule, name: &str) -> QuestDBBackup {
+    let mut b = QuestDBBackup::new(
+        name,
+        QuestDBBackupSpec {
+            questdb_name: schedule.spec.questdb_name.clone(),
+            volume_snapshot_class_name: schedule.spec.volume_snapshot_class_name.clone(),
+            deletion_policy: schedule.spec.deletion_policy,
+        },
+    );
+    b.metadata.namespace = schedule.namespace();
+    b.metadata.labels = Some(
+        [
+            (SCHEDULE_LABEL, schedule.name_any()),
+            (labels::INSTANCE, schedule.spec.questdb_name.clone()),
+            (labels::MANAGED_BY, labels::MANAGED_BY_VALUE.to_string()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect(),
+    );
+    b.metadata.owner_references = schedule.controller_owner_ref(&()).map(|o| vec![o]);
+    b
+}
+
+async fn write_status(
+    api: &Api<QuestDBBackupSchedule>,
+    schedule: &QuestDBBackupSchedule,
+    status: QuestDBBackupScheduleStatus,
+) -> Result<(), Error> {
+    let mut obj = schedule.clone();
+    obj.status = Some(status);
+    api.replace_status(&schedule.name_any(), &PostParams::default(), &obj)
+        .await
+        .map_err(Error::from_status_write)?;
+    Ok(())
+}
+
+async fn event(
+    ctx: &Context,
+    schedule: &QuestDBBackupSchedule,
+    type_: EventType,
+    reason: Reason,
+    note: String,
+) {
+    ctx.event_for(&schedule.object_ref(&()), type_, reason, "Schedule", note)
+        .await
+}

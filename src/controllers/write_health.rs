@@ -1,0 +1,213 @@
+//! `WriteHealthy`: the database's own view of its writes, from `wal_tables()` (a suspended
+//! table takes no more writes until someone resumes it; a writer far behind its sequencer
+//! serves stale reads). Polled at a modest interval, only for Running databases, over the same
+//! authenticated HTTP channel as backups; the QuestDB reconcile only reads the last answer.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::Api;
+use kube::runtime::reflector::ObjectRef;
+use kube::ResourceExt;
+use tokio_util::sync::CancellationToken;
+use tracing::debug;
+
+use crate::api::{conditions, Phase, QuestDB, Reason};
+use crate::controllers::conditions::Verdict;
+use crate::controllers::context::{questdb_ref, Context, GuardedQuestDB};
+use crate::desired;
+use crate::questdb_http::{Database, Login, Rows};
+
+/// A writer this many transactions behind its sequencer is lagging.
+pub const LAG_TXNS: i64 = 10_000;
+
+/// Logins by credentials Secret, with the resourceVersion they were read at.
+type Logins = HashMap<ObjectRef<Secret>, (String, Option<Login>)>;
+
+/// The newest verdict per QuestDB, read by its reconcile.
+pub type WriteHealth = Mutex<HashMap<ObjectRef<GuardedQuestDB>, Verdict>>;
+
+/// The verdict `wal_tables()` (columns name, suspended, writerTxn, sequencerTxn) gives.
+pub fn verdict(rows: &Rows) -> Verdict {
+    let mut suspended = Vec::new();
+    let mut lagging = Vec::new();
+    for row in &rows.dataset {
+        let name = row.first().and_then(|v| v.as_str()).unwrap_or("?");
+        if row.get(1).and_then(|v| v.as_bool()) == Some(true) {
+            suspended.push(name.to_string());
+        }
+        let writer = row.get(2).and_then(|v| v.as_i64()).unwrap_or(0);
+        let sequencer = row.get(3).and_then(|v| v.as_i64()).unwrap_or(0);
+        if sequencer - writer > LAG_TXNS {
+            lagging.push(format!("{name} ({} behind)", sequencer - writer));
+        }
+    }
+    let list = |v: &[String]| {
+        let mut s = v.iter().take(10).cloned().collect::<Vec<_>>().join(", ");
+        if v.len() > 10 {
+            s.push_str(&format!(" and {} more", v.len() - 10));
+        }
+        s
+    };
+    if !suspended.is_empty() {
+        return Verdict::new(
+            conditions::WRITE_HEALTHY,
+            false,
+            Reason::TablesSuspended,
+            format!(
+                "WAL suspended (writes refused until `ALTER TABLE ... RESUME WAL`): {}",
+                list(&suspended)
+            ),
+        );
+    }
+    if !lagging.is_empty() {
+        return Verdict::new(
+            conditions::WRITE_HEALTHY,
+            false,
+            Reason::WalApplyLagging,
+            format!(
+                "WAL apply lags more than {LAG_TXNS} transactions: {}",
+                list(&lagging)
+            ),
+        );
+    }
+    Verdict::new(
+        conditions::WRITE_HEALTHY,
+        true,
+        Reason::WalHealthy,
+        format!("{} WAL tables applied and writable", rows.dataset.len()),
+    )
+}
+
+/// Polls every Running QuestDB each `interval` until `token` is cancelled; a changed verdict
+/// wakes that QuestDB's reconcile.
+pub async fn run(ctx: Arc<Context>, interval: Duration, token: CancellationToken) {
+    let mut logins = Logins::new();
+    loop {
+        tokio::select! {
+            _ = token.cancelled() => return,
+            _ = tokio::time::sleep(interval) => {}
+        }
+        let running: Vec<QuestDB> = ctx
+            .caches
+            .questdbs
+            .state()
+            .iter()
+            .filter_map(|g| g.0.as_ref().ok())
+            .filter(|q| q.status.as_ref().and_then(|s| s.phase) == Some(Phase::Running))
+            .cloned()
+            .collect();
+        let mut seen = Vec::new();
+        for qdb in running {
+            let Some(key) = questdb_ref(&qdb) else {
+                continue;
+            };
+            seen.push(key.clone());
+            let Some(verdict) = poll(&ctx, &qdb, &mut logins).await else {
+                continue;
+            };
+            let suspended = if verdict.reason == Reason::TablesSuspended {
+                1
+            } else {
+                0
+            };
+            ctx.metrics.set_suspended_wal_tables(
+                &qdb.namespace().unwrap_or_default(),
+                &qdb.name_any(),
+                suspended,
+            );
+            let changed = {
+                let mut map = ctx.write_health.lock().expect("write health lock");
+                map.insert(key.clone(), verdict.clone()) != Some(verdict)
+            };
+            if changed {
+                if let Some(wake) = &ctx.wake {
+                    let _ = wake.unbounded_send(key);
+                }
+            }
+        }
+        ctx.write_health
+            .lock()
+            .expect("write health lock")
+            .retain(|k, _| seen.contains(k));
+    }
+}
+
+async fn poll(ctx: &Context, qdb: &QuestDB, logins: &mut Logins) -> Option<Verdict> {
+    let ns = qdb.namespace()?;
+    let pod = ctx
+        .caches
+        .pods
+        .get(&ObjectRef::new(&desired::names::pod(qdb)).within(&ns))?;
+    let ip = pod.status.as_ref()?.pod_ip.as_deref()?.parse().ok()?;
+    let secret_name = qdb
+        .status
+        .as_ref()
+        .and_then(|s| s.credentials_secret.clone())
+        .unwrap_or_else(|| desired::credentials::secret_name(qdb));
+    let secret_ref = ObjectRef::<Secret>::new(&secret_name).within(&ns);
+    // The Secret's data is read again only when its resourceVersion (from the metadata
+    // cache) changed.
+    let version = ctx
+        .caches
+        .secrets
+        .get(&ObjectRef::new(&secret_name).within(&ns))
+        .and_then(|m| m.resource_version())
+        .unwrap_or_default();
+    if logins.get(&secret_ref).map(|(v, _)| v) != Some(&version) {
+        let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
+        let secret = api.get_opt(&secret_name).await.ok().flatten();
+        let login = secret.as_ref().and_then(Login::from_secret);
+        logins.insert(secret_ref.clone(), (version, login));
+    }
+    let login = logins.get(&secret_ref).and_then(|(_, l)| l.clone());
+    let db = Database::at(
+        SocketAddr::new(ip, desired::HTTP_PORT as u16),
+        login.as_ref(),
+    );
+    match db
+        .exec("select name, suspended, writerTxn, sequencerTxn from wal_tables()")
+        .await
+    {
+        Ok(rows) => Some(verdict(&rows)),
+        Err(e) => {
+            // Unreachable or refusing: Ready already says so; the last verdict stands.
+            debug!(questdb = %qdb.name_any(), error = %e, "write health poll failed");
+            None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn rows(data: serde_json::Value) -> Rows {
+        serde_json::from_value(json!({ "columns": [], "dataset": data })).unwrap()
+    }
+
+    #[test]
+    fn a_suspended_table_is_named_and_makes_writes_unhealthy() {
+        let v = verdict(&rows(json!([
+            ["trades", true, 5, 9],
+            ["quotes", false, 3, 3]
+        ])));
+        assert!(!v.status);
+        assert_eq!(v.reason, Reason::TablesSuspended);
+        assert!(v.message.contains("trades") && !v.message.contains("quotes"));
+    }
+
+    #[test]
+    fn a_writer_far_behind_its_sequencer_is_lagging_and_a_caught_up_one_is_healthy() {
+        let v = verdict(&rows(json!([["trades", false, 1, 1 + LAG_TXNS + 1]])));
+        assert_eq!((v.status, v.reason), (false, Reason::WalApplyLagging));
+        let v = verdict(&rows(json!([["trades", false, 100, 120]])));
+        assert_eq!((v.status, v.reason), (true, Reason::WalHealthy));
+        let v = verdict(&rows(json!([])));
+        assert!(v.status, "no WAL table, nothing unhealthy");
+    }
+}
