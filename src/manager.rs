@@ -821,31 +821,14 @@ async fn run_backups(
     let store = controller.store();
     let schedules = run_schedules(opts, metrics, ctx.clone(), store.clone(), token.clone());
     let bctx = Arc::new(backup::BackupContext::new(ctx, store, opts.backup_timeouts));
-    let reconcile = move |b: Arc<QuestDBBackup>, bctx: Arc<backup::BackupContext>| {
-        let m = m.clone();
-        async move {
-            let guard = m.start(ObjectRef::from_obj(&*b));
-            let result = guard.scope(backup::reconcile(b, bctx.clone())).await;
-            match &result {
-                Ok(next) => guard.finish(next.outcome()),
-                Err(e) if e.is_transient_conflict() => guard.finish(ReconcileOutcome::Error),
-                Err(e) => {
-                    bctx.ctx
-                        .metrics
-                        .reconcile_error(backup::CONTROLLER_NAME, e.reason().as_str());
-                    guard.finish_with_error(e)
-                }
-            }
-            result.map(Next::action)
-        }
-    };
-    let backups = controller
-        .run(
-            reconcile,
-            |_, e: &Error, _| Action::requeue(retry_delay(2, e.is_transient_conflict())),
-            bctx,
-        )
-        .for_each(|_| async {});
+    let backups = drive(
+        controller,
+        m,
+        backup::CONTROLLER_NAME,
+        metrics.clone(),
+        bctx,
+        backup::reconcile,
+    );
     tokio::join!(backups, schedules);
 }
 
@@ -875,18 +858,47 @@ async fn run_schedules(
         .with_config(ControllerConfig::default().concurrency(concurrency))
         .graceful_shutdown_on(token.cancelled_owned());
     let sctx = Arc::new(schedule::ScheduleContext { ctx, backups });
-    let reconcile = move |s: Arc<QuestDBBackupSchedule>, sctx: Arc<schedule::ScheduleContext>| {
-        let m = m.clone();
+    drive(
+        controller,
+        m,
+        schedule::CONTROLLER_NAME,
+        metrics.clone(),
+        sctx,
+        schedule::reconcile,
+    )
+    .await;
+}
+
+/// Runs `controller` with a span and metrics around every reconcile; a failed one is
+/// counted by reason and retried with backoff (conflicts sooner).
+async fn drive<K, C, Fut>(
+    controller: Controller<K>,
+    m: ControllerMetrics,
+    name: &'static str,
+    metrics: Arc<Metrics>,
+    ctx: Arc<C>,
+    reconcile: fn(Arc<K>, Arc<C>) -> Fut,
+) where
+    K: Resource<DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+    C: Send + Sync + 'static,
+    Fut: Future<Output = Result<Next, Error>> + Send + 'static,
+{
+    let run_one = move |obj: Arc<K>, ctx: Arc<C>| {
+        let (m, metrics) = (m.clone(), metrics.clone());
         async move {
-            let guard = m.start(ObjectRef::from_obj(&*s));
-            let result = guard.scope(schedule::reconcile(s, sctx.clone())).await;
+            let guard = m.start(ObjectRef::from_obj(&*obj));
+            let result = guard.scope(reconcile(obj, ctx)).await;
             match &result {
                 Ok(next) => guard.finish(next.outcome()),
                 Err(e) if e.is_transient_conflict() => guard.finish(ReconcileOutcome::Error),
                 Err(e) => {
-                    sctx.ctx
-                        .metrics
-                        .reconcile_error(schedule::CONTROLLER_NAME, e.reason().as_str());
+                    metrics.reconcile_error(name, e.reason().as_str());
                     guard.finish_with_error(e)
                 }
             }
@@ -895,9 +907,9 @@ async fn run_schedules(
     };
     controller
         .run(
-            reconcile,
+            run_one,
             |_, e: &Error, _| Action::requeue(retry_delay(2, e.is_transient_conflict())),
-            sctx,
+            ctx,
         )
         .for_each(|_| async {})
         .await;

@@ -381,3 +381,104 @@ async fn killing_the_manager_at_every_backup_step_still_releases_the_checkpoint_
         Some(200)
     );
 }
+
+#[tokio::test]
+async fn a_backup_taken_under_write_load_restores_whole_batches_and_writable_tables() {
+    use std::sync::atomic::{AtomicBool, AtomicUsize};
+    use std::sync::Arc;
+    const BATCH: usize = 200;
+    let env = env().await;
+    let (http, creds) = database_with_rows(&env, "db1", BATCH).await;
+    let login = creds.http().map(|(u, p)| (u.to_string(), p.to_string()));
+
+    // One writer, batch after batch (each ILP/HTTP request is one transaction), until told.
+    let stop = Arc::new(AtomicBool::new(false));
+    let acked = Arc::new(AtomicUsize::new(BATCH));
+    let writer = {
+        let (stop, acked, http, login) = (stop.clone(), acked.clone(), http.clone(), login.clone());
+        tokio::spawn(async move {
+            let login = login.as_ref().map(|(u, p)| (u.as_str(), p.as_str()));
+            while !stop.load(Ordering::SeqCst) {
+                if ilp_http(&http, &lines("trades", BATCH), login).await.ok() == Some(204) {
+                    acked.fetch_add(BATCH, Ordering::SeqCst);
+                }
+            }
+        })
+    };
+    wait_until("the writer is under way", || {
+        let n = acked.load(Ordering::SeqCst);
+        async move { n >= 5 * BATCH }
+    })
+    .await;
+    create_backup(&env, "hot", "db1").await;
+    let b = backup_reaches(&env, "hot", BackupStep::Succeeded).await;
+    stop.store(true, Ordering::SeqCst);
+    writer.await.unwrap();
+    let total = acked.load(Ordering::SeqCst) as i64;
+    rows_become(&env, &http, "trades", total, creds.http()).await;
+    let before = b
+        .status
+        .unwrap_or_default()
+        .tables
+        .into_iter()
+        .find(|t| t.name == "trades")
+        .map(|t| t.rows)
+        .expect("trades counted at checkpoint time");
+
+    env.create_questdb(NS, "db2", |q| {
+        real(q);
+        q.spec.volume.restore_from = Some(RestoreSource {
+            backup: Some("hot".into()),
+            volume_snapshot: None,
+        });
+    })
+    .await;
+    ready(&env, "db2").await;
+    let creds2 = Credentials::of(&env, "db2-credentials").await;
+    let http2 = format!("{}:9000", pod_ip(&env, "db2").await);
+    // WAL applied and nothing suspended before counting.
+    wait_until(
+        "the restored database's WAL is applied and writable",
+        || {
+            let (http2, login) = (
+                http2.clone(),
+                creds2.http().map(|(u, p)| (u.to_string(), p.to_string())),
+            );
+            async move {
+                let login = login.as_ref().map(|(u, p)| (u.as_str(), p.as_str()));
+                let Ok((200, body)) = exec(
+                    &http2,
+                    "select count() from wal_tables() where suspended or writerTxn != sequencerTxn",
+                    login,
+                )
+                .await
+                else {
+                    return false;
+                };
+                body.contains("[[0]]")
+            }
+        },
+    )
+    .await;
+    let restored = crate::db_client::count(&http2, "trades", creds2.http())
+        .await
+        .expect("the restored table is readable");
+    eprintln!("under load: {before} rows counted before the checkpoint, {restored} restored, {total} acknowledged");
+    assert!(
+        before <= restored && restored <= total,
+        "restored {restored} rows: at least the {before} counted before the checkpoint, at most the {total} acknowledged"
+    );
+    assert_eq!(
+        restored % BATCH as i64,
+        0,
+        "{restored} rows: a batch is restored whole or not at all"
+    );
+    // And it takes writes.
+    assert_eq!(
+        ilp_http(&http2, &lines("trades", 1), creds2.http())
+            .await
+            .unwrap(),
+        204
+    );
+    rows_become(&env, &http2, "trades", restored + 1, creds2.http()).await;
+}

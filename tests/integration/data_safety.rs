@@ -346,3 +346,81 @@ async fn every_acknowledged_row_survives_an_instance_type_move() {
     assert_no_acknowledged_row_lost(&env, writer, &login, "instance type move").await;
     env.stop().await;
 }
+
+/// A backup asked for while the database moves to a new node waits (`DatabaseBusy`) instead
+/// of checkpointing a process about to stop, then succeeds on the new node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backup_asked_for_during_a_node_move_waits_for_it_and_then_succeeds() {
+    use questdb_operator::api::{BackupStep, QuestDBBackup, QuestDBBackupSpec};
+    let env = CloudEnv::start_with_real_databases(settings()).await;
+    let (writer, old, _login) = writing(&env).await;
+    env.qdbs()
+        .patch(
+            "db1",
+            &PatchParams::default(),
+            &Patch::Merge(
+                serde_json::json!({"spec": {"node": {"image": NEW_AMI, "rollbackWindow": "0s"}}}),
+            ),
+        )
+        .await
+        .expect("spec.node changed");
+    wait_for_within(
+        &env.qdbs(),
+        "db1",
+        "a node move under way",
+        TIMEOUT,
+        |q: Option<&QuestDB>| {
+            q.and_then(|q| q.status.as_ref())
+                .is_some_and(questdb_operator::controllers::upgrade::in_progress)
+        },
+    )
+    .await;
+    let backups: Api<QuestDBBackup> = Api::namespaced(env.client.clone(), NS);
+    let b = QuestDBBackup::new(
+        "during-move",
+        QuestDBBackupSpec {
+            questdb_name: "db1".into(),
+            volume_snapshot_class_name: None,
+            deletion_policy: Default::default(),
+        },
+    );
+    backups
+        .create(&Default::default(), &b)
+        .await
+        .expect("backup created");
+    wait_for_within(
+        &backups,
+        "during-move",
+        "Pending while the database moves",
+        TIMEOUT,
+        |b: Option<&QuestDBBackup>| {
+            b.and_then(|b| b.status.as_ref())
+                .and_then(|s| s.reason.as_deref())
+                == Some("DatabaseBusy")
+        },
+    )
+    .await;
+    let b = wait_for_within(
+        &backups,
+        "during-move",
+        "Succeeded after the move",
+        TIMEOUT,
+        |b: Option<&QuestDBBackup>| {
+            b.and_then(|b| b.status.as_ref()?.step) == Some(BackupStep::Succeeded)
+        },
+    )
+    .await;
+    let q: QuestDB = env.qdbs().get("db1").await.unwrap();
+    let status = q.status.unwrap_or_default();
+    assert_ne!(status.instance_id.as_deref(), Some(old.as_str()), "moved");
+    assert!(
+        b.status
+            .unwrap_or_default()
+            .tables
+            .iter()
+            .any(|t| t.name == TABLE),
+        "the checkpoint was taken on the moved database"
+    );
+    writer.finish().await;
+    env.stop().await;
+}

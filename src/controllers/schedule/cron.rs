@@ -156,31 +156,21 @@ impl Cron {
 
     /// The newest scheduled minute in `(after, now]`, if any.
     pub fn latest_between(&self, after: Timestamp, now: Timestamp) -> Option<Timestamp> {
-        // Far behind (an old lastScheduleTime): only the last day can hold the newest run.
-        let day = 24.hours();
+        // Far behind (an old lastScheduleTime): a frequent schedule has its newest run in the
+        // last day; only a sparser one (weekly, monthly) needs the whole stretch walked.
         let floor = now
-            .checked_sub(day)
+            .checked_sub(24.hours())
             .ok()
             .filter(|f| *f > after)
             .unwrap_or(after);
-        let mut latest = None;
-        let mut t = floor;
-        while let Some(next) = self.next_after(t) {
-            if next > now {
-                break;
-            }
-            latest = Some(next);
-            t = next;
-        }
-        latest.or_else(|| {
-            // Nothing in the last day: a sparser schedule (weekly, monthly) may still have one.
+        self.latest_in(floor, now).or_else(|| {
             (floor > after)
-                .then(|| self.latest_slow(after, floor))
+                .then(|| self.latest_in(after, floor))
                 .flatten()
         })
     }
 
-    fn latest_slow(&self, after: Timestamp, until: Timestamp) -> Option<Timestamp> {
+    fn latest_in(&self, after: Timestamp, until: Timestamp) -> Option<Timestamp> {
         let mut latest = None;
         let mut t = after;
         while let Some(next) = self.next_after(t) {
