@@ -78,7 +78,7 @@ pub fn verdict(rows: &Rows) -> Verdict {
         conditions::WRITE_HEALTHY,
         true,
         Reason::WalHealthy,
-        format!("{} WAL tables applied and writable", rows.dataset.len()),
+        format!("WAL applied and writable ({} tables)", rows.dataset.len()),
     )
 }
 

@@ -230,6 +230,12 @@ async fn restoring_over_an_existing_volume_is_refused_and_the_database_never_sta
         has_condition("VolumeRestored", "RestoreRefused"),
     )
     .await;
+    let q: QuestDB = env.api(NS).get("db3").await.unwrap();
+    assert!(
+        has_condition("Ready", "RestoreRefused").matches_object(Some(&q)),
+        "Ready says why nothing runs: {:?}",
+        q.status.map(|s| s.conditions)
+    );
     let sts: Option<StatefulSet> = env.api(NS).get_opt("db3").await.unwrap();
     assert!(
         sts.is_none(),

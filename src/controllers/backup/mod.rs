@@ -238,10 +238,11 @@ pub async fn reconcile(
                     EventType::Normal,
                     Reason::BackupSucceeded,
                     format!(
-                        "snapshot {} of QuestDB {} is ready to use ({} tables)",
+                        "snapshot {} of QuestDB {} is ready to use ({} table{})",
                         current.name_any(),
                         current.spec.questdb_name,
-                        s.tables.len()
+                        s.tables.len(),
+                        if s.tables.len() == 1 { "" } else { "s" }
                     ),
                 )
                 .await;

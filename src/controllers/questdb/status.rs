@@ -135,6 +135,19 @@ pub fn compute(qdb: &QuestDB, obs: &StatusInputs, now: Timestamp) -> QuestDBStat
                     Verdict::new(conditions::READY, false, t.reason, t.message),
                 )
             }
+            // Nothing is built while the volume's restore source is missing or in the way.
+            None if obs.restore.as_ref().is_some_and(|r| !r.status) => {
+                let r = obs.restore.as_ref().expect("checked by the guard");
+                (
+                    Phase::Pending,
+                    Verdict::new(
+                        conditions::READY,
+                        false,
+                        r.reason,
+                        format!("waiting for the volume's restore: {}", r.message),
+                    ),
+                )
+            }
             None => (
                 Phase::Pending,
                 Verdict::new(
