@@ -48,7 +48,12 @@ pub(crate) fn spawn(
     let out = std::fs::File::create(log)?;
     let err = out.try_clone()?;
     let mut cmd = tokio::process::Command::new(java());
+    // QuestDB unpacks its native library (about 5 MB) into the JVM's temp directory at every
+    // start and never removes it: there, it goes with the control plane's directory instead
+    // of piling up in /tmp.
+    let tmp = log.parent().unwrap_or(root);
     cmd.args(JVM_FLAGS)
+        .arg(format!("-Djava.io.tmpdir={}", tmp.display()))
         .arg("-p")
         .arg(jar)
         .args(["-m", "io.questdb/io.questdb.ServerMain", "-d"])
