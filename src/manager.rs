@@ -16,6 +16,7 @@ use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Node, PersistentVolumeClaim, Pod, Secret, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{Api, ListParams};
 use kube::core::PartialObjectMeta;
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
@@ -413,6 +414,15 @@ fn start_caches(
         <NetworkPolicy as OwnedChild>::compact
     );
 
+    let pdbs = cached!(
+        PodDisruptionBudget,
+        api_for::<PodDisruptionBudget>(client, ns),
+        managed_selector(),
+        true,
+        |o: &PodDisruptionBudget| questdb_of(o.meta()),
+        <PodDisruptionBudget as OwnedChild>::compact
+    );
+
     let (nodes, mut node_writer) = reflector::store::<Node>();
     if watch_nodes {
         let node_stream = watcher(Api::<Node>::all(client.clone()), watcher::Config::default())
@@ -530,6 +540,7 @@ fn start_caches(
         pvcs,
         pods,
         network_policies,
+        pdbs,
         nodes,
         leases,
         secrets,
@@ -608,6 +619,7 @@ async fn wait_for_caches(c: &Caches, shutdown: &CancellationToken) {
         let _ = c.pvcs.wait_until_ready().await;
         let _ = c.pods.wait_until_ready().await;
         let _ = c.network_policies.wait_until_ready().await;
+        let _ = c.pdbs.wait_until_ready().await;
         let _ = c.nodes.wait_until_ready().await;
         let _ = c.leases.wait_until_ready().await;
         let _ = c.secrets.wait_until_ready().await;

@@ -255,6 +255,16 @@ fn builtins() -> Vec<Builtin> {
             Keep,
         ),
         b(
+            "policy",
+            "v1",
+            "poddisruptionbudgets",
+            "PodDisruptionBudget",
+            true,
+            &["pdb"],
+            true,
+            Clear,
+        ),
+        b(
             "storage.k8s.io",
             "v1",
             "storageclasses",

@@ -40,6 +40,7 @@ pub struct Caches {
     pub pvcs: Store<PersistentVolumeClaim>,
     pub pods: Store<Pod>,
     pub network_policies: Store<NetworkPolicy>,
+    pub pdbs: Store<k8s_openapi::api::policy::v1::PodDisruptionBudget>,
     pub nodes: Store<Node>,
     /// The kubelets' Leases in `kube-node-lease` (renewTime only), with a cloud provider.
     pub leases: Store<k8s_openapi::api::coordination::v1::Lease>,

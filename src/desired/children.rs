@@ -4,12 +4,13 @@
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 
 use crate::api::QuestDB;
 
 use super::{
     client_service, config_hash, config_map, headless_service, ilp_auth_config_map, network_policy,
-    statefulset, DedicatedNode,
+    pod_disruption_budget, statefulset, DedicatedNode,
 };
 
 /// The desired children of one QuestDB (the PVC apart: it is applied first, before the node).
@@ -20,6 +21,8 @@ pub struct Children {
     pub ilp_auth: Option<ConfigMap>,
     /// `None`: switched off, and a policy made earlier goes.
     pub network_policy: Option<NetworkPolicy>,
+    /// `None`: no dedicated node, and a budget made earlier goes.
+    pub pod_disruption_budget: Option<PodDisruptionBudget>,
     pub headless_service: Service,
     pub client_service: Service,
     /// Its pod template carries the hash of every mounted ConfigMap above.
@@ -43,6 +46,7 @@ pub fn children(
     Children {
         statefulset: statefulset(qdb, &hash, credentials, ilp_enabled, node),
         network_policy: network_policy(qdb),
+        pod_disruption_budget: pod_disruption_budget(qdb),
         headless_service: headless_service(qdb),
         client_service: client_service(qdb),
         config,

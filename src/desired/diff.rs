@@ -197,6 +197,20 @@ impl OwnedChild for StatefulSet {
     }
 }
 
+impl OwnedChild for k8s_openapi::api::policy::v1::PodDisruptionBudget {
+    fn spec_matches(desired: &Self, existing: &Self) -> bool {
+        spec_subset(&desired.spec, existing, &existing.spec)
+    }
+
+    fn compact(existing: &mut Self) {
+        if let Some(spec) = existing.spec.take() {
+            store_cached_form(existing, canonical(&spec).to_string());
+        }
+        // Its status (what a drain would be told) is read from the apiserver, not cached.
+        existing.status = None;
+    }
+}
+
 impl OwnedChild for NetworkPolicy {
     fn spec_matches(desired: &Self, existing: &Self) -> bool {
         spec_subset(&desired.spec, existing, &existing.spec)

@@ -12,6 +12,11 @@ pub fn network_policy(qdb: &QuestDB) -> String {
     qdb.name_any()
 }
 
+/// `<name>`: the PodDisruptionBudget of a dedicated database.
+pub fn pod_disruption_budget(qdb: &QuestDB) -> String {
+    qdb.name_any()
+}
+
 /// The StatefulSet runs the database pod.
 pub fn statefulset(qdb: &QuestDB) -> String {
     qdb.name_any()

@@ -1480,3 +1480,52 @@ mod upgrade;
 
 #[path = "data_safety.rs"]
 mod data_safety;
+
+/// `kubectl drain` of a dedicated node evicts nothing: the database's pod would come back
+/// pinned to the cordoned node and stay Pending, so its PodDisruptionBudget refuses the
+/// eviction (the drain waits and says why); without a dedicated node the budget goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn draining_a_dedicated_node_is_refused_instead_of_stranding_the_database() {
+    use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+    let env = CloudEnv::start(settings()).await;
+    env.create("db1", |_| {}).await;
+    wait_for(&env.qdbs(), "db1", "QuestDB Ready", is_ready()).await;
+    let pdbs: Api<PodDisruptionBudget> = Api::namespaced(env.client.clone(), NS);
+    // The disruption controller (kube-controller-manager) has counted the healthy pod.
+    wait_for(
+        &pdbs,
+        "db1",
+        "the budget observed the Ready pod",
+        |p: Option<&PodDisruptionBudget>| {
+            p.and_then(|p| p.status.as_ref())
+                .is_some_and(|s| s.current_healthy == 1 && s.observed_generation.is_some())
+        },
+    )
+    .await;
+    // As kubectl drain asks: once, reading the 429 (a retrying client would wait it out).
+    let mut config = env.cp.client_config().await;
+    config.default_retry = false;
+    let once = Client::try_from(config).expect("client");
+    let pods: Api<Pod> = Api::namespaced(once, NS);
+    match pods.evict("db1-0", &Default::default()).await {
+        Err(kube::Error::Api(s)) => assert_eq!(s.code, 429, "{s:?}"),
+        other => panic!("the eviction was not refused: {other:?}"),
+    }
+    let pod: Pod = pods.get("db1-0").await.expect("pod");
+    assert!(pod.metadata.deletion_timestamp.is_none(), "still running");
+
+    // spec.node removed: the database moves to a shared node and the budget goes.
+    env.qdbs()
+        .patch(
+            "db1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"node": null, "dns": null}})),
+        )
+        .await
+        .expect("spec.node removed");
+    wait_until("the budget is gone", || {
+        let pdbs = pdbs.clone();
+        async move { pdbs.get_opt("db1").await.ok().flatten().is_none() }
+    })
+    .await;
+}

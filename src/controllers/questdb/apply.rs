@@ -59,6 +59,12 @@ impl Child for PersistentVolumeClaim {
     }
 }
 
+impl Child for k8s_openapi::api::policy::v1::PodDisruptionBudget {
+    fn cache(caches: &Caches) -> &Store<Self> {
+        &caches.pdbs
+    }
+}
+
 impl Child for NetworkPolicy {
     fn cache(caches: &Caches) -> &Store<Self> {
         &caches.network_policies

@@ -180,6 +180,7 @@ mod tests {
             pvcs: reflector::store().0,
             pods: reflector::store().0,
             network_policies: reflector::store().0,
+            pdbs: reflector::store().0,
             nodes: reflector::store().0,
             leases: reflector::store().0,
             secrets,

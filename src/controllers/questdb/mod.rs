@@ -231,6 +231,18 @@ async fn children_step(
                 .await?
         }
     }
+    match wanted.pod_disruption_budget {
+        Some(pdb) => applier.apply(pdb).await?,
+        None => {
+            let name = desired::names::pod_disruption_budget(qdb);
+            applier
+                .remove::<k8s_openapi::api::policy::v1::PodDisruptionBudget>(
+                    &name,
+                    "no dedicated node",
+                )
+                .await?
+        }
+    }
     applier.apply(wanted.headless_service).await?;
     applier.apply(wanted.client_service).await?;
     // A blocked child (another application's PVC or ConfigMap with a colliding name) is never
