@@ -170,6 +170,17 @@ pub fn cloud_config(args: &CloudArgs, provider: CloudProvider) -> anyhow::Result
         kms_key_id: args.node_root_volume_kms_key_id.clone(),
     };
     config.instance_profile = args.aws_instance_profile.clone();
+    // Without a profile the kubelet has no credentials for its EKS access entry or the image
+    // registry: the node never registers and the database waits for it. An endpoint override
+    // (moto, LocalStack) has no IAM to speak of.
+    if provider == CloudProvider::Aws
+        && config.instance_profile.is_none()
+        && args.aws_endpoint_url.is_none()
+    {
+        anyhow::bail!(
+            "--aws-instance-profile (or AWS_INSTANCE_PROFILE) is required with --cloud-provider aws: a node launched without one has no credentials to join the cluster (the node role with its EC2_LINUX access entry)"
+        );
+    }
     let listed = |v: &[String]| -> Vec<String> {
         v.iter()
             .map(|s| s.trim().to_string())

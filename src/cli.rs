@@ -350,7 +350,7 @@ mod tests {
     }
 
     #[test]
-    fn aws_without_cluster_name_security_groups_or_eks_endpoint_is_refused_at_start_up() {
+    fn aws_without_cluster_name_security_groups_instance_profile_or_eks_endpoint_is_refused_at_start_up() {
         let parse = |extra: &[&str]| {
             let mut argv = vec!["questdb-operator", "run", "--cloud-provider", "aws"];
             argv.extend_from_slice(extra);
@@ -366,7 +366,10 @@ mod tests {
         let base = ["--aws-region", "us-east-1", "--cluster-name", "prod-eu"];
         let err = parse(&base).unwrap_err().to_string();
         assert!(err.contains("--aws-security-group-ids"), "{err}");
-        let with_sg = [&base[..], &["--aws-security-group-ids", "sg-1"]].concat();
+        let sg_only = [&base[..], &["--aws-security-group-ids", "sg-1"]].concat();
+        let err = parse(&sg_only).unwrap_err().to_string();
+        assert!(err.contains("--aws-instance-profile"), "{err}");
+        let with_sg = [&sg_only[..], &["--aws-instance-profile", "questdb-node"]].concat();
         let err = parse(&with_sg).unwrap_err().to_string();
         assert!(err.contains("--eks-api-endpoint"), "{err}");
         let eks = [
