@@ -350,7 +350,8 @@ mod tests {
     }
 
     #[test]
-    fn aws_without_cluster_name_security_groups_instance_profile_or_eks_endpoint_is_refused_at_start_up() {
+    fn aws_without_cluster_name_security_groups_instance_profile_or_eks_endpoint_is_refused_at_start_up(
+    ) {
         let parse = |extra: &[&str]| {
             let mut argv = vec!["questdb-operator", "run", "--cloud-provider", "aws"];
             argv.extend_from_slice(extra);

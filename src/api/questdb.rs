@@ -343,7 +343,7 @@ pub const RESERVED_SERVER_KEYS: &[&str] = &[
     "http.password",
     // Probes must reach /status without the HTTP password.
     "http.health.check.authentication.required",
-    // The QuestDB's uid: a volume restored into another QuestDB recovers its checkpoint.
+    // The volume claim's uid: a restored volume (a new claim) recovers its checkpoint.
     "cairo.snapshot.instance.id",
 ];
 

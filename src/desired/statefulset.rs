@@ -170,19 +170,35 @@ pub fn statefulset(
     }
 }
 
-/// Every database runs under an instance id of its own, its QuestDB's uid. QuestDB recovers
-/// the checkpoint a volume holds only when it was taken under another, non-empty id: so a
-/// volume restored from a backup into a new QuestDB starts at the backup's checkpoint, while
-/// the database's own restarts never roll back to one. (Without ids on both sides QuestDB
-/// skips recovery and starts with everything the copy holds, writes after the checkpoint
-/// included, as checked on 9.2.0.)
-fn restore_env(qdb: &QuestDB) -> Option<k8s_openapi::api::core::v1::EnvVar> {
-    qdb.metadata.uid.as_ref()?;
-    Some(k8s_openapi::api::core::v1::EnvVar {
-        name: SNAPSHOT_INSTANCE_ID_ENV.to_string(),
-        value: qdb.metadata.uid.clone(),
-        ..Default::default()
-    })
+/// Every database runs under the instance id of its volume: the uid of its claim. QuestDB
+/// recovers the checkpoint a volume holds only when it was taken under another, non-empty id,
+/// so a volume restored from a backup (a new claim) starts at the backup's checkpoint, while
+/// the same volume never rolls back to a checkpoint of its own: not at a restart, a failover
+/// or a move, and not under a new QuestDB of the same name that adopts a retained claim (a
+/// checkpoint left open by a deleted database stays on that volume). Without ids on both
+/// sides QuestDB skips recovery and starts with everything the copy holds, writes after the
+/// checkpoint included (checked on 9.2.0).
+pub fn with_volume_instance_id(mut sts: StatefulSet, volume_uid: &str) -> StatefulSet {
+    let container = sts
+        .spec
+        .as_mut()
+        .and_then(|s| s.template.spec.as_mut())
+        .and_then(|p| p.containers.iter_mut().find(|c| c.name == CONTAINER_NAME));
+    if let Some(c) = container {
+        let env = c.env.get_or_insert_with(Vec::new);
+        env.retain(|e| e.name != SNAPSHOT_INSTANCE_ID_ENV);
+        // After the credentials, before the user's env (which may not name it: reserved).
+        let at = env.len().min(credentials::KEYS.len());
+        env.insert(
+            at,
+            k8s_openapi::api::core::v1::EnvVar {
+                name: SNAPSHOT_INSTANCE_ID_ENV.to_string(),
+                value: Some(volume_uid.to_string()),
+                ..Default::default()
+            },
+        );
+    }
+    sts
 }
 
 /// QuestDB's `cairo.snapshot.instance.id`.
@@ -330,7 +346,6 @@ fn questdb_container(qdb: &QuestDB, ilp_auth_enabled: bool, on_dedicated_node: b
         env: non_empty_vec(
             credentials::env(qdb)
                 .into_iter()
-                .chain(restore_env(qdb))
                 .chain(qdb.spec.env.iter().cloned())
                 .collect(),
         ),
@@ -555,15 +570,28 @@ mod tests {
         assert_eq!(c.resources, Some(resources));
         let env = c.env.clone().unwrap_or_default();
         assert_eq!(env[..6], credentials::env(&qdb)[..]);
-        assert_eq!(env[6].name, SNAPSHOT_INSTANCE_ID_ENV);
         assert_eq!(
-            env[6].value, qdb.metadata.uid,
-            "restores key on the QuestDB's uid"
-        );
-        assert_eq!(
-            env[7..],
+            env[6..],
             qdb.spec.env[..],
             "the user's env follows the credentials"
+        );
+        let keyed = with_volume_instance_id(statefulset(&qdb, HASH, None, true, None), "pvc-uid");
+        let env = container(&keyed).env.clone().unwrap_or_default();
+        assert_eq!(env[6].name, SNAPSHOT_INSTANCE_ID_ENV);
+        assert_eq!(
+            env[6].value.as_deref(),
+            Some("pvc-uid"),
+            "keyed on the volume"
+        );
+        assert_eq!(env[7..], qdb.spec.env[..]);
+        let again = with_volume_instance_id(keyed, "pvc-uid-2");
+        let env = container(&again).env.clone().unwrap_or_default();
+        assert_eq!(
+            env.iter()
+                .filter(|e| e.name == SNAPSHOT_INSTANCE_ID_ENV)
+                .count(),
+            1,
+            "set once"
         );
         assert_eq!(
             c.termination_message_policy.as_deref(),

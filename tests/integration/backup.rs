@@ -488,3 +488,43 @@ async fn a_backup_taken_under_write_load_restores_whole_batches_and_writable_tab
     );
     rows_become(&env, &http2, "trades", restored + 1, creds2.http()).await;
 }
+
+/// A checkpoint left open on a volume (its database deleted mid-backup) must never roll a
+/// later database on that same volume back to it: a QuestDB recreated under the same name
+/// adopts the retained claim and counts every row acknowledged before the deletion.
+#[tokio::test]
+async fn a_recreated_database_on_a_retained_volume_never_rolls_back_to_a_checkpoint_left_open() {
+    let env = env().await;
+    let (http, creds) = database_with_rows(&env, "db1", 300).await;
+    let (code, body) = exec(&http, "CHECKPOINT CREATE", creds.http())
+        .await
+        .unwrap();
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(
+        ilp_http(&http, &lines("trades", 200), creds.http())
+            .await
+            .unwrap(),
+        204
+    );
+    rows_become(&env, &http, "trades", 500, creds.http()).await;
+
+    let qdbs = env.api::<QuestDB>(NS);
+    qdbs.delete("db1", &DeleteParams::default()).await.unwrap();
+    wait_until("db1 and its pod are gone", || {
+        let (qdbs, pods) = (qdbs.clone(), env.api::<k8s_openapi::api::core::v1::Pod>(NS));
+        async move {
+            qdbs.get_opt("db1").await.ok().flatten().is_none()
+                && pods.get_opt("db1-0").await.ok().flatten().is_none()
+        }
+    })
+    .await;
+    env.create_questdb(NS, "db1", real).await;
+    ready(&env, "db1").await;
+    let http = format!("{}:9000", pod_ip(&env, "db1").await);
+    let creds = Credentials::of(&env, "db1-credentials").await;
+    rows_become(&env, &http, "trades", 500, creds.http()).await;
+    let recovered = env
+        .cp
+        .database_log_lines(NS, "db1-0", "checkpoint recovery");
+    assert!(recovered.is_empty(), "{recovered:?}");
+}

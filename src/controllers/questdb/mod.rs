@@ -88,13 +88,27 @@ pub async fn reconcile(qdb: Arc<QuestDB>, ctx: Arc<Context>) -> Result<Next, Err
         creds.seen(),
         cloud_out.dedicated.as_ref(),
     );
+    // The StatefulSet runs only on a volume it knows the identity of (see
+    // `with_volume_instance_id`): the claim just made is in the cache on the next reconcile.
+    let volume_uid = ctx
+        .caches
+        .pvcs
+        .get(
+            &ObjectRef::new(&desired::names::pvc(&qdb))
+                .within(&qdb.namespace().unwrap_or_default()),
+        )
+        .and_then(|p| p.uid());
+    let volume_known = volume_uid.is_some();
+    if let Some(uid) = &volume_uid {
+        wanted.statefulset = desired::statefulset::with_volume_instance_id(wanted.statefulset, uid);
+    }
     if let Some(ns) = &ctx.operator_namespace {
         wanted.network_policy = wanted
             .network_policy
             .map(|np| desired::network_policy::admit_operator(np, ns));
     }
     let mut applier = Applier::new(&ctx, &qdb, report)?;
-    children_step(&mut applier, &qdb, wanted).await?;
+    children_step(&mut applier, &qdb, wanted, volume_known).await?;
     let report = applier.report;
 
     report.publish(&qdb, &ctx).await;
@@ -211,6 +225,7 @@ async fn children_step(
     applier: &mut Applier<'_>,
     qdb: &QuestDB,
     wanted: desired::Children,
+    volume_known: bool,
 ) -> Result<(), Error> {
     applier.apply(wanted.config).await?;
     match wanted.ilp_auth {
@@ -247,7 +262,7 @@ async fn children_step(
     applier.apply(wanted.client_service).await?;
     // A blocked child (another application's PVC or ConfigMap with a colliding name) is never
     // mounted: the StatefulSet waits until the conflict is resolved.
-    if applier.report.blocked.is_empty() {
+    if applier.report.blocked.is_empty() && volume_known {
         applier.apply(wanted.statefulset).await?;
     }
     Ok(())

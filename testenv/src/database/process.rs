@@ -51,7 +51,13 @@ pub(crate) fn spawn(
     // QuestDB unpacks its native library (about 5 MB) into the JVM's temp directory at every
     // start and never removes it: there, it goes with the control plane's directory instead
     // of piling up in /tmp.
-    let tmp = log.parent().unwrap_or(root);
+    // (`<dir>/pod-logs/<pod>/<container>/<n>.log` -> `<dir>/java-tmp`: not beside the logs,
+    // which are read back file by file, nor on the volume, which snapshots copy.)
+    let tmp = log
+        .ancestors()
+        .nth(4)
+        .map_or_else(|| root.to_path_buf(), |d| d.join("java-tmp"));
+    std::fs::create_dir_all(&tmp)?;
     cmd.args(JVM_FLAGS)
         .arg(format!("-Djava.io.tmpdir={}", tmp.display()))
         .arg("-p")
