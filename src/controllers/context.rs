@@ -57,6 +57,11 @@ pub type KeyCache = Mutex<HashMap<ObjectRef<Secret>, (String, Result<PublicKey, 
 pub type CredentialsCache =
     Mutex<HashMap<ObjectRef<Secret>, (String, crate::desired::credentials::Check)>>;
 
+/// The newest `WriteHealthy` verdict per QuestDB, written by the write-health poll and read
+/// by the QuestDB's reconcile.
+pub type WriteHealth =
+    Mutex<HashMap<ObjectRef<GuardedQuestDB>, crate::controllers::conditions::Verdict>>;
+
 pub struct Context {
     pub client: Client,
     /// One recorder for the whole manager so its event series cache is shared.
@@ -76,7 +81,7 @@ pub struct Context {
     /// database's HTTP port (backups). `None` outside a pod.
     pub operator_namespace: Option<String>,
     /// The newest `WriteHealthy` verdict per QuestDB (see `write_health`).
-    pub write_health: crate::controllers::write_health::WriteHealth,
+    pub write_health: WriteHealth,
 }
 
 pub type Wake = futures::channel::mpsc::UnboundedSender<ObjectRef<GuardedQuestDB>>;

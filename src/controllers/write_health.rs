@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Secret;
@@ -17,7 +17,7 @@ use tracing::debug;
 
 use crate::api::{conditions, Phase, QuestDB, Reason};
 use crate::controllers::conditions::Verdict;
-use crate::controllers::context::{questdb_ref, Context, GuardedQuestDB};
+use crate::controllers::context::{questdb_ref, Context};
 use crate::desired;
 use crate::questdb_http::{Database, Login, Rows};
 
@@ -26,9 +26,6 @@ pub const LAG_TXNS: i64 = 10_000;
 
 /// Logins by credentials Secret, with the resourceVersion they were read at.
 type Logins = HashMap<ObjectRef<Secret>, (String, Option<Login>)>;
-
-/// The newest verdict per QuestDB, read by its reconcile.
-pub type WriteHealth = Mutex<HashMap<ObjectRef<GuardedQuestDB>, Verdict>>;
 
 /// The verdict `wal_tables()` (columns name, suspended, writerTxn, sequencerTxn) gives.
 pub fn verdict(rows: &Rows) -> Verdict {
