@@ -140,11 +140,7 @@ async fn poll(ctx: &Context, qdb: &QuestDB, logins: &mut Logins) -> Option<Verdi
         .pods
         .get(&ObjectRef::new(&desired::names::pod(qdb)).within(&ns))?;
     let ip = pod.status.as_ref()?.pod_ip.as_deref()?.parse().ok()?;
-    let secret_name = qdb
-        .status
-        .as_ref()
-        .and_then(|s| s.credentials_secret.clone())
-        .unwrap_or_else(|| desired::credentials::secret_name(qdb));
+    let secret_name = desired::credentials::secret_name(qdb);
     let secret_ref = ObjectRef::<Secret>::new(&secret_name).within(&ns);
     // The Secret's data is read again only when its resourceVersion (from the metadata
     // cache) changed.

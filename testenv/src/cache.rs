@@ -3,7 +3,7 @@
 
 use futures::StreamExt;
 use kube::api::Api;
-use kube::runtime::reflector::{self, Store};
+use kube::runtime::reflector::{self, store::Writer, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::Client;
 use tokio::sync::mpsc::UnboundedSender;
@@ -20,7 +20,28 @@ where
         + 'static,
 {
     let (reader, writer) = reflector::store();
-    let stream = watcher(Api::<K>::all(client.clone()), watcher::Config::default())
+    reflect(Api::<K>::all(client.clone()), writer, stop, changed);
+    reader
+}
+
+/// Fills `writer` from a watch of `api` until `stop`, sending `changed` after each event; for
+/// kinds known only at run time (a `DynamicObject` writer carries its `ApiResource`).
+pub fn reflect<K>(
+    api: Api<K>,
+    writer: Writer<K>,
+    stop: &CancellationToken,
+    changed: UnboundedSender<()>,
+) where
+    K: kube::Resource
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone + Send + Sync,
+{
+    let stream = watcher(api, watcher::Config::default())
         .default_backoff()
         .reflect(writer)
         .touched_objects();
@@ -37,5 +58,4 @@ where
             }
         }
     });
-    reader
 }

@@ -877,8 +877,8 @@ async fn snapshot_source(
     Ok(Restore::From(handle.to_string()))
 }
 
-/// A reflector over every object of a custom resource (`crate::cache::store` for kinds known
-/// at compile time only).
+/// A reflector over every object of a custom resource (what `crate::cache::store` is for kinds
+/// known at compile time).
 fn dynamic_store(
     client: &Client,
     stop: &CancellationToken,
@@ -887,29 +887,11 @@ fn dynamic_store(
     Store<DynamicObject>,
     tokio::sync::mpsc::UnboundedReceiver<()>,
 ) {
-    use futures::StreamExt as _;
-    use kube::runtime::{watcher, WatchStreamExt as _};
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let writer = reflector::store::Writer::<DynamicObject>::new(resource.clone());
     let reader = writer.as_reader();
     let api = Api::<DynamicObject>::all_with(client.clone(), resource);
-    let stream = watcher(api, watcher::Config::default())
-        .default_backoff()
-        .reflect(writer)
-        .touched_objects();
-    let stop = stop.clone();
-    tokio::spawn(async move {
-        let mut stream = std::pin::pin!(stream);
-        loop {
-            tokio::select! {
-                _ = stop.cancelled() => return,
-                item = stream.next() => match item {
-                    Some(_) => { let _ = tx.send(()); }
-                    None => return,
-                },
-            }
-        }
-    });
+    crate::cache::reflect(api, writer, stop, tx);
     (reader, rx)
 }
 

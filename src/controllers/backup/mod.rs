@@ -390,11 +390,7 @@ async fn database_view(
 /// The HTTP login from the database's credentials Secret (never logged).
 async fn http_login(qdb: &QuestDB, ctx: &Context) -> Result<Login, String> {
     let ns = qdb.namespace().unwrap_or_default();
-    let name = qdb
-        .status
-        .as_ref()
-        .and_then(|s| s.credentials_secret.clone())
-        .unwrap_or_else(|| desired::credentials::secret_name(qdb));
+    let name = desired::credentials::secret_name(qdb);
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
     let secret = secrets
         .get_opt(&name)
