@@ -67,6 +67,13 @@ pub trait NodeProvider: Send + Sync {
     /// EC2's reads lag its launches.
     async fn describe(&self, ids: &[String]) -> Result<Vec<Instance>, CloudError>;
 
+    /// One instance asked for by id (`InstanceIds`, never a filter), for decisions that a
+    /// wrong "gone" would make unsafe (a fence, an ownership check): a filtered answer can
+    /// leave out an instance that exists (EC2's reads are eventually consistent), and only
+    /// `InvalidInstanceID.NotFound` proves it gone. `Ok(None)`: gone. An id this provider
+    /// launched moments ago is waited for; still unknown after that is `Transient`.
+    async fn look_up(&self, id: &str) -> Result<Option<Instance>, CloudError>;
+
     /// Terminate the instance of the QuestDB whose uid is `owner`; an instance that is already
     /// terminated or unknown is `Ok` (except one this provider launched moments ago, which is
     /// waited for, so it cannot leak). The instance is read first: one that does not carry

@@ -179,8 +179,7 @@ impl<A: Ec2Api + 'static> Ec2NodeProvider<A> {
     /// that a uid tag exists, not whose it is. An instance EC2 does not know passes: the call
     /// that follows treats it as gone (or waits for one launched moments ago).
     async fn check_owner(&self, action: &str, id: &str, owner: &str) -> Result<(), CloudError> {
-        let found = self.describe(&[id.to_string()]).await?;
-        let Some(instance) = found.iter().find(|i| i.id == id) else {
+        let Some(instance) = self.look_up(id).await? else {
             return Ok(());
         };
         let tag = |k: &str| instance.tags.get(k).map(String::as_str);
@@ -320,6 +319,33 @@ impl<A: Ec2Api + 'static> NodeProvider for Ec2NodeProvider<A> {
             }
         }
         Ok(out)
+    }
+
+    async fn look_up(&self, id: &str) -> Result<Option<Instance>, CloudError> {
+        let recent = self.launched_recently(id);
+        let not_found = if recent {
+            NotFound::Retry
+        } else {
+            NotFound::Return
+        };
+        let strict = InstanceQuery::Ids(vec![id.to_string()]);
+        match self.describe_all(&strict, not_found).await {
+            Ok(found) => match found.into_iter().find(|i| i.id == id) {
+                Some(instance) => Ok(Some(instance)),
+                None => Err(CloudError::Transient {
+                    operation: "DescribeInstances".into(),
+                    code: "InstanceMissingFromAnswer".into(),
+                    message: format!("EC2 answered a query for {id} without it"),
+                }),
+            },
+            Err(e) if e.code == "InvalidInstanceID.NotFound" && !recent => Ok(None),
+            Err(e) if e.code == "InvalidInstanceID.NotFound" => Err(CloudError::Transient {
+                operation: "DescribeInstances".into(),
+                code: e.code,
+                message: format!("instance {id}, launched moments ago, is not visible yet"),
+            }),
+            Err(e) => Err(CloudError::from_api("DescribeInstances", e)),
+        }
     }
 
     async fn terminate(&self, id: &str, owner: &str) -> Result<(), CloudError> {

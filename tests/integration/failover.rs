@@ -155,7 +155,7 @@ async fn assert_moved_within(env: &CloudEnv, old_id: &str, pvc_uid: &str, timeou
 /// the old instance stopped.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_partitioned_node_is_fenced_before_its_volume_moves() {
-    let env = partition_and_move(false, FAILOVER_TIMEOUT).await;
+    let env = partition_and_move(Fault::None, FAILOVER_TIMEOUT).await;
     assert!(
         env.cloud.ec2.call_count("StopInstances") >= 1,
         "the fence is a stop"
@@ -168,7 +168,8 @@ async fn a_partitioned_node_is_fenced_before_its_volume_moves() {
 /// and the volume still moves only once the instance is stopped.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fence_whose_stop_hangs_is_forced_again_and_the_failover_completes() {
-    let env = partition_and_move(true, FAILOVER_TIMEOUT + Duration::from_secs(60)).await;
+    let env =
+        partition_and_move(Fault::HangStops, FAILOVER_TIMEOUT + Duration::from_secs(60)).await;
     assert!(
         env.cloud.ec2.call_count("StopInstances") >= 2,
         "the hung stop was sent again"
@@ -176,9 +177,29 @@ async fn a_fence_whose_stop_hangs_is_forced_again_and_the_failover_completes() {
     env.stop().await;
 }
 
-/// Partitions `db1`'s node (with EC2 stops hanging when `hang_stops`) and returns once the
-/// database moved, the volume never attached elsewhere while the old instance could write.
-async fn partition_and_move(hang_stops: bool, timeout: Duration) -> CloudEnv {
+/// An instance that EC2's filtered answers leave out (eventual consistency) still runs: the
+/// fence must not take "not in the answer" for "gone", or the volume would move while the
+/// partitioned instance still writes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_missing_from_a_filtered_ec2_answer_is_still_fenced_before_its_volume_moves() {
+    let env = partition_and_move(Fault::OmittedFromFilters, FAILOVER_TIMEOUT).await;
+    assert!(
+        env.cloud.ec2.call_count("StopInstances") >= 1,
+        "the fence is a stop"
+    );
+    env.stop().await;
+}
+
+/// What EC2 does wrong during a partition test.
+enum Fault {
+    None,
+    HangStops,
+    OmittedFromFilters,
+}
+
+/// Partitions `db1`'s node (with the EC2 `fault`) and returns once the database moved, the
+/// volume never attached elsewhere while the old instance could write.
+async fn partition_and_move(fault: Fault, timeout: Duration) -> CloudEnv {
     let env = CloudEnv::start(settings()).await;
     let Running {
         instance: old_id,
@@ -186,7 +207,11 @@ async fn partition_and_move(hang_stops: bool, timeout: Duration) -> CloudEnv {
         pvc_uid,
         ..
     } = running_database(&env).await;
-    env.cloud.ec2.set_hang_stops(hang_stops);
+    match fault {
+        Fault::None => {}
+        Fault::HangStops => env.cloud.ec2.set_hang_stops(true),
+        Fault::OmittedFromFilters => env.cloud.ec2.omit_from_filters(&old_id, true),
+    }
     let stop = CancellationToken::new();
     let violations = two_writer_watch(&env, old_node.clone(), old_id.clone(), stop.clone());
     env.cp

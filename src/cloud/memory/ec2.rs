@@ -120,6 +120,10 @@ struct Faults {
     /// (zone, instance type) pairs without capacity.
     no_capacity_types: BTreeSet<(String, String)>,
     hide_new_instances_for: u32,
+    /// Instances that filtered DescribeInstances answers (tags, `instance-id` filter) leave
+    /// out while asking by id still finds them: EC2's reads are eventually consistent
+    /// ("Eventual consistency in the Amazon EC2 API"), and a filter's silence is no proof.
+    omitted_from_filters: BTreeSet<String>,
 }
 
 #[derive(Debug)]
@@ -199,6 +203,16 @@ impl MemoryEc2 {
     /// by filter: absent).
     pub fn hide_new_instances_for(&self, n: u32) {
         self.lock().faults.hide_new_instances_for = n;
+    }
+
+    /// Filtered DescribeInstances answers leave `id` out (while `omit`), asking by id does not.
+    pub fn omit_from_filters(&self, id: &str, omit: bool) {
+        let mut state = self.lock();
+        if omit {
+            state.faults.omitted_from_filters.insert(id.to_string());
+        } else {
+            state.faults.omitted_from_filters.remove(id);
+        }
     }
 
     pub fn set_launch_latency(&self, latency: Duration) {
@@ -470,8 +484,15 @@ impl Ec2Api for MemoryEc2 {
                 }
             }
         }
-        for record in state.records.values_mut() {
+        let by_id = matches!(query, InstanceQuery::Ids(_));
+        let State {
+            records, faults, ..
+        } = &mut *state;
+        for record in records.values_mut() {
             if !Self::matches(query, &record.instance) {
+                continue;
+            }
+            if !by_id && faults.omitted_from_filters.contains(&record.instance.id) {
                 continue;
             }
             if record.hidden_for > 0 {

@@ -711,3 +711,37 @@ async fn an_image_of_an_allowed_owner_passes_and_a_tenants_own_build_does_not() 
     assert_eq!(cloud.ec2.call_count("RunInstances"), 0);
     assert!(cloud.nodes.launch(&request("uid-3", 1)).await.is_ok());
 }
+
+#[tokio::test(start_paused = true)]
+async fn an_instance_a_filter_leaves_out_is_still_found_by_id_and_only_not_found_means_gone() {
+    let (cloud, _) = cloud();
+    let launched = cloud.nodes.launch(&request("uid-1", 1)).await.unwrap();
+    // Past the launch's eventual-consistency window, so NotFound is an answer, not a lag.
+    tokio::time::advance(Duration::from_secs(600)).await;
+    cloud.ec2.omit_from_filters(&launched.id, true);
+    let filtered = cloud
+        .nodes
+        .describe(std::slice::from_ref(&launched.id))
+        .await
+        .unwrap();
+    assert!(filtered.is_empty(), "the fault hides it from filters");
+    let found = cloud.nodes.look_up(&launched.id).await.unwrap();
+    assert!(found.is_some_and(|i| !i.state.is_gone()), "found by id");
+    assert_eq!(
+        cloud.nodes.look_up("i-00000000000000dead").await.unwrap(),
+        None
+    );
+    // The ownership check before a stop asks by id too: the stop reaches the instance.
+    cloud.nodes.stop(&launched.id, "uid-1").await.unwrap();
+    let state = cloud
+        .nodes
+        .look_up(&launched.id)
+        .await
+        .unwrap()
+        .unwrap()
+        .state;
+    assert!(matches!(
+        state,
+        InstanceState::Stopping | InstanceState::Stopped
+    ));
+}

@@ -504,13 +504,10 @@ impl NodeRun<'_> {
     }
 
     async fn look_up(&mut self, id: String, generation: Option<i64>) -> Result<Flow, Error> {
-        let found = self
-            .cloud
-            .nodes
-            .describe(std::slice::from_ref(&id))
-            .await
-            .map_err(cloud_error)?;
-        let instance = match found.into_iter().find(|i| i.id == id) {
+        // By id: a filtered answer may leave out a running instance, and taking it for gone
+        // would launch a second one beside it.
+        let found = self.cloud.nodes.look_up(&id).await.map_err(cloud_error)?;
+        let instance = match found {
             Some(i) => i,
             // EC2 forgets terminated instances after a while: gone for good.
             None => forgotten(self.qdb, &self.uid, &id, generation),

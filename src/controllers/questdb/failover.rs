@@ -222,11 +222,9 @@ pub async fn fence_for_release(qdb: &QuestDB, ctx: &Context) -> Result<Option<St
     }
     view.instance_state = cloud
         .nodes
-        .describe(std::slice::from_ref(&id))
+        .look_up(&id)
         .await
         .map_err(Error::Cloud)?
-        .into_iter()
-        .find(|i| i.id == id)
         .map(|i| i.state);
     match failover::release_fence(&view) {
         ReleaseFence::None => Ok(None),
@@ -363,11 +361,9 @@ async fn confirm(
     }
     let state = cloud
         .nodes
-        .describe(&[instance.to_string()])
+        .look_up(instance)
         .await
         .map_err(Error::Cloud)?
-        .into_iter()
-        .find(|i| i.id == instance)
         .map(|i| i.state);
     Ok(Some(match state {
         Some(InstanceState::Stopped | InstanceState::Terminated | InstanceState::ShuttingDown)
@@ -564,13 +560,12 @@ async fn observe(
         .as_ref()
         .and_then(|p| p.spec.as_ref()?.node_name.clone());
     let old_instance = if matches!(f.phase.as_str(), phase::FENCING | phase::RECOVERING) {
+        // By id: only NotFound proves it gone; a filter that leaves it out would skip the fence.
         cloud
             .nodes
-            .describe(std::slice::from_ref(&old_id))
+            .look_up(&old_id)
             .await
             .map_err(Error::Cloud)?
-            .into_iter()
-            .find(|i| i.id == old_id)
             .map(|i| i.state)
     } else {
         None
