@@ -530,7 +530,7 @@ pub struct Endpoints {
 pub struct FailoverStatus {
     /// `Fencing`, `Releasing`, `Reattaching`, `Recovering`, `Draining`, then `Healthy` (done).
     pub phase: String,
-    /// Why it started (`NodeLeaseExpired`, `NodeDeleted`, `InstanceDown`).
+    /// Why it started (`NodeLeaseExpired`, `NodeDeleted`, `InstanceDown`, `InstanceTerminated`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -142,6 +142,9 @@ reasons! {
     FailoverDraining,
     FailoverHealthy,
     InstanceDown,
+    /// EC2 reports the instance terminated (or terminating) outside the operator: failed over
+    /// at once, without waiting for the threshold.
+    InstanceTerminated,
     NodeLeaseExpired,
     /// The Node object of a running instance is gone (`kubectl delete node`, or a kubelet that
     /// never re-registered).
@@ -179,6 +182,11 @@ reasons! {
     Preempted,
     MoveFailed,
     Reverted,
+    /// The node the database was moving to stopped renewing its Lease after the switch.
+    TargetNodeFailed,
+    /// Both nodes of a move stopped answering after the switch: the move ends and a failover
+    /// replaces the node.
+    NodesFailed,
 
     // Restore (`VolumeRestored`).
     /// The volume was created from the backup's snapshot.

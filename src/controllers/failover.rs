@@ -239,6 +239,12 @@ pub enum Step {
     Advance(&'static str),
     /// Taint the old Node out-of-service.
     TaintOutOfService(String),
+    /// Delete the database pod still bound to the old node, without a grace period: EC2 has
+    /// reported the instance stopped or terminated (the fence), so nothing of it runs. Pod
+    /// garbage collection would do the same only once the node is NotReady, and by then the
+    /// cloud controller may have deleted the Node of a terminated instance, which leaves the
+    /// volume to the attach-detach controller's 6-minute force detach.
+    ForceDeletePod,
     /// Nothing to do but wait for the cluster; the string says for what.
     Wait(String),
     /// The database is back: terminate the fenced instance and record the end.
@@ -274,10 +280,12 @@ pub fn next_step(v: &StepView) -> Step {
                 && (v.old_node_holds_pod || v.old_node_holds_volume)
             {
                 Step::TaintOutOfService(node)
-            } else if !v.old_node_exists && (v.old_node_holds_pod || v.old_node_holds_volume) {
-                // No Node to taint: Kubernetes' own timers release what it held.
+            } else if v.old_node_holds_pod {
+                Step::ForceDeletePod
+            } else if !v.old_node_exists && v.old_node_holds_volume {
+                // No Node to taint: the attach-detach controller's own timer releases it.
                 Step::Wait(format!(
-                    "the Node {node} is deleted: waiting for Kubernetes to remove its pod (pod garbage collection, 40 s) and detach its volume (attach-detach controller, up to 6 min after the pod is gone)"
+                    "the Node {node} is deleted: waiting for the attach-detach controller to detach the volume (up to 6 min after the pod is gone)"
                 ))
             } else if v.old_node_holds_pod || v.old_node_holds_volume {
                 Step::Wait(format!(

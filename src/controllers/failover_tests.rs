@@ -225,11 +225,12 @@ fn releasing_taints_the_fenced_node_once_then_waits_for_pod_and_volume() {
         next_step(&view(&f)),
         Step::TaintOutOfService("node-old".into())
     );
+    // Fenced (EC2 said stopped or terminated): the pod goes now, not when pod GC gets to it.
     let tainted = StepView {
         old_node_tainted: true,
         ..view(&f)
     };
-    assert!(matches!(next_step(&tainted), Step::Wait(_)));
+    assert_eq!(next_step(&tainted), Step::ForceDeletePod);
     let pod_gone = StepView {
         old_node_tainted: true,
         old_node_holds_pod: false,
@@ -245,12 +246,18 @@ fn releasing_taints_the_fenced_node_once_then_waits_for_pod_and_volume() {
         ..view(&f)
     };
     assert_eq!(next_step(&free), Step::Advance(phase::REATTACHING));
-    // The Node was deleted (the cloud removed it): nothing to taint, wait for what is left.
+    // The Node was deleted (the cloud removed it): nothing to taint; the pod goes, then the
+    // volume waits for the attach-detach controller.
     let gone = StepView {
         old_node_exists: false,
         ..view(&f)
     };
-    assert!(matches!(next_step(&gone), Step::Wait(_)));
+    assert_eq!(next_step(&gone), Step::ForceDeletePod);
+    let gone_pod_gone = StepView {
+        old_node_holds_pod: false,
+        ..gone
+    };
+    assert!(matches!(next_step(&gone_pod_gone), Step::Wait(m) if m.contains("6 min")));
 }
 
 #[test]

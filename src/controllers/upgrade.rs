@@ -99,6 +99,18 @@ pub fn before_stopping(phase: &str) -> bool {
     )
 }
 
+/// After the switch and until the database answers again, the move owns the database: it
+/// fences and leaves a dead node itself (a failover started then would resume the move's
+/// record with stale instance ids).
+pub fn owns_the_database(status: &QuestDBStatus) -> bool {
+    status.upgrade.as_ref().is_some_and(|u| {
+        matches!(
+            u.phase.as_str(),
+            phase::STOPPING | phase::MOVING | phase::VERIFYING
+        )
+    })
+}
+
 /// Whether `u` moves to what `spec` asks for.
 pub fn targets(u: &UpgradeStatus, spec: &NodeSpec) -> bool {
     u.to_image.as_deref() == Some(spec.image.as_str())
@@ -294,6 +306,11 @@ pub struct StepView<'a> {
     pub retention_over: bool,
     /// `Retaining`: the DNS record's TTL has passed since the switch.
     pub dns_ttl_over: bool,
+    /// The node the database leaves (`old_instance_id`'s) has been silent past the failover
+    /// threshold, with failover enabled and the breaker closed: it is fenced, never returned to.
+    pub old_node_dead: bool,
+    /// Likewise for the node the database moves to (`new_instance_id`'s).
+    pub new_node_dead: bool,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -331,6 +348,15 @@ pub enum Step {
     Release,
     /// The spec asks for the retained node again: move back without a launch.
     Revert,
+    /// The node the database leaves is dead while the pod or volume is still there: stop its
+    /// instance and taint it out-of-service, as a failover fences (a silent kubelet never
+    /// confirms the pod's end).
+    FenceOld,
+    /// Both nodes are dead and nothing of the database is left on the old one: terminate the
+    /// old instance, end the move, and let a failover replace the new one.
+    HandOver {
+        message: String,
+    },
 }
 
 pub fn next_step(v: &StepView) -> Step {
@@ -363,11 +389,39 @@ pub fn next_step(v: &StepView) -> Step {
             ),
         };
     }
+    let leaves_old = v.pod_on_old_node || v.volume_on_old_node;
+    if after_stop && v.new_node_dead {
+        let target = u.new_instance_id.clone().unwrap_or_default();
+        if !u.rolling_back && !v.old_node_dead {
+            return Step::RollBack {
+                reason: Reason::TargetNodeFailed,
+                message: format!(
+                    "the node of instance {target} stopped renewing its Lease after the switch; the database returns to instance {}",
+                    u.old_instance_id.clone().unwrap_or_default()
+                ),
+            };
+        }
+        if !leaves_old {
+            return Step::HandOver {
+                message: format!(
+                    "the nodes of instances {target} and {} both stopped answering after the switch; a failover replaces the node of instance {target}",
+                    u.old_instance_id.clone().unwrap_or_default()
+                ),
+            };
+        }
+    }
     // A step after the stop that takes too long sends the database back (once: a move back
-    // that also stalls waits, with the reason in the record, for a human).
+    // that also stalls waits, with the reason in the record, for a human), never to a dead node.
     let timed_out = |what: &str| -> Option<Step> {
         if v.in_phase_for <= v.move_timeout {
             return None;
+        }
+        if !u.rolling_back && v.old_node_dead {
+            return Some(Step::Wait(format!(
+                "{what} for {}s, and the node of instance {} is dead, so there is nothing to go back to; needs attention",
+                v.in_phase_for.as_secs(),
+                u.old_instance_id.clone().unwrap_or_default()
+            )));
         }
         if u.rolling_back {
             return Some(Step::Wait(format!(
@@ -443,7 +497,9 @@ pub fn next_step(v: &StepView) -> Step {
             _ => Step::Wait("waiting for the new node to become Ready".into()),
         },
         phase::STOPPING => {
-            if v.pod_on_old_node || v.volume_on_old_node {
+            if leaves_old && v.old_node_dead {
+                Step::FenceOld
+            } else if leaves_old {
                 timed_out("the database did not stop and release its volume").unwrap_or_else(|| {
                     Step::Wait("the database stops on the old node and its volume detaches".into())
                 })
@@ -473,9 +529,11 @@ pub fn next_step(v: &StepView) -> Step {
             }
         }
         phase::RETAINING => {
-            if reverts(u, v.spec) {
+            if reverts(u, v.spec) && !v.old_node_dead {
                 Step::Revert
-            } else if v.retention_over || (!targets(u, v.spec) && v.dns_ttl_over) {
+            } else if v.retention_over
+                || ((!targets(u, v.spec) || v.old_node_dead) && v.dns_ttl_over)
+            {
                 Step::Release
             } else {
                 Step::Wait(format!(

@@ -120,6 +120,8 @@ fn view<'a>(u: &'a UpgradeStatus, spec: &'a NodeSpec, new: Option<&'a Instance>)
         pod_running_on_new_node: false,
         pod_ready: false,
         dns_follows: false,
+        old_node_dead: false,
+        new_node_dead: false,
     }
 }
 
@@ -515,4 +517,128 @@ fn a_retained_old_node_is_kept_at_least_for_the_dns_ttl() {
     };
     assert_eq!(end(0), "2026-01-01T00:00:00Z");
     assert_eq!(end(60), "2026-01-01T00:01:00Z");
+}
+
+/// The old node dying after the switch, with the pod still on it, would hold the move in
+/// Stopping until its timeout and then send the database back to a dead node: it is fenced
+/// instead, and never returned to.
+#[test]
+fn a_dead_old_node_after_the_switch_is_fenced_and_never_returned_to() {
+    let s = spec("ami-2");
+    let mut u = upgrade(phase::STOPPING);
+    u.old_instance_id = Some("i-1".into());
+    let dead = StepView {
+        old_node_dead: true,
+        ..view(&u, &s, None)
+    };
+    assert_eq!(next_step(&dead), Step::FenceOld);
+    let released = StepView {
+        pod_on_old_node: false,
+        volume_on_old_node: false,
+        ..dead
+    };
+    assert_eq!(next_step(&released), Step::Advance(phase::MOVING));
+    for p in [phase::MOVING, phase::VERIFYING] {
+        let u = upgrade(p);
+        let late = StepView {
+            in_phase_for: Duration::from_secs(301),
+            old_node_dead: true,
+            pod_on_old_node: false,
+            volume_on_old_node: false,
+            ..view(&u, &s, None)
+        };
+        assert!(
+            matches!(next_step(&late), Step::Wait(m) if m.contains("nothing to go back to")),
+            "{p}"
+        );
+    }
+    // Retained and dead: no revert onto it; released once resolvers dropped its address.
+    let mut kept = upgrade(phase::RETAINING);
+    kept.from_image = Some("ami-1".into());
+    kept.from_instance_type = Some("m6i.large".into());
+    let back = spec("ami-1");
+    let dead_kept = StepView {
+        old_node_dead: true,
+        ..view(&kept, &back, None)
+    };
+    assert_eq!(next_step(&dead_kept), Step::Release);
+    let too_soon = StepView {
+        dns_ttl_over: false,
+        ..dead_kept
+    };
+    assert!(matches!(next_step(&too_soon), Step::Wait(_)));
+}
+
+/// The target node dying after the switch would strand the database on a dead node (and a
+/// failover would resume the move with stale ids): the move goes back to the live old node,
+/// fencing the dead one on its way out; with both dead it hands over to a failover.
+#[test]
+fn a_dead_target_after_the_switch_sends_the_database_back_or_hands_over_when_both_died() {
+    let s = spec("ami-2");
+    for p in [phase::STOPPING, phase::MOVING, phase::VERIFYING] {
+        let mut u = upgrade(p);
+        u.old_instance_id = Some("i-1".into());
+        let dead_target = StepView {
+            new_node_dead: true,
+            pod_on_old_node: false,
+            volume_on_old_node: false,
+            ..view(&u, &s, None)
+        };
+        assert!(
+            matches!(
+                next_step(&dead_target),
+                Step::RollBack {
+                    reason: Reason::TargetNodeFailed,
+                    ..
+                }
+            ),
+            "{p}"
+        );
+        let both = StepView {
+            old_node_dead: true,
+            ..view(&u, &s, None)
+        };
+        let both = StepView {
+            new_node_dead: true,
+            pod_on_old_node: false,
+            volume_on_old_node: false,
+            ..both
+        };
+        assert!(matches!(next_step(&both), Step::HandOver { .. }), "{p}");
+        // Still on the dead old node: that node is fenced first.
+        let stuck = StepView {
+            old_node_dead: true,
+            new_node_dead: true,
+            volume_on_old_node: false,
+            ..view(&u, &s, None)
+        };
+        if p == phase::STOPPING {
+            assert_eq!(next_step(&stuck), Step::FenceOld);
+        }
+    }
+    // Moving back, the dead node being left (the failed target) holds the pod: fenced.
+    let mut back = upgrade(phase::STOPPING);
+    back.rolling_back = true;
+    let leaving_dead = StepView {
+        old_node_dead: true,
+        ..view(&back, &s, None)
+    };
+    assert_eq!(next_step(&leaving_dead), Step::FenceOld);
+}
+
+#[test]
+fn the_move_owns_the_database_only_between_the_switch_and_the_answer() {
+    for (p, owns) in [
+        (phase::NODE_READY, false),
+        (phase::STOPPING, true),
+        (phase::MOVING, true),
+        (phase::VERIFYING, true),
+        (phase::RETAINING, false),
+    ] {
+        let status = QuestDBStatus {
+            upgrade: Some(upgrade(p)),
+            ..Default::default()
+        };
+        assert_eq!(owns_the_database(&status), owns, "{p}");
+    }
 }

@@ -61,9 +61,9 @@ async fn running_database(env: &CloudEnv) -> Running {
     }
 }
 
-/// Watches every VolumeAttachment of the cluster for the whole test and records a violation
-/// whenever the database's volume is attached to a node other than `old_node` while the old
-/// instance is not yet stopped or terminated (two writers possible).
+/// Watches every VolumeAttachment of the cluster for the whole test and, once the volume has
+/// been attached to `old_node`, records a violation whenever it is attached to another node
+/// while the old instance is not yet stopped or terminated (two writers possible).
 fn two_writer_watch(
     env: &CloudEnv,
     old_node: String,
@@ -76,6 +76,7 @@ fn two_writer_watch(
     let out = violations.clone();
     tokio::spawn(async move {
         let mut stream = std::pin::pin!(watcher(api, watcher::Config::default()).applied_objects());
+        let mut armed = false;
         loop {
             let va = tokio::select! {
                 _ = stop.cancelled() => return,
@@ -86,7 +87,10 @@ fn two_writer_watch(
                 },
             };
             let attached = va.status.as_ref().is_some_and(|s| s.attached);
-            if !attached || va.spec.node_name == old_node {
+            if attached && va.spec.node_name == old_node {
+                armed = true;
+            }
+            if !armed || !attached || va.spec.node_name == old_node {
                 continue;
             }
             let old_state = ec2
@@ -821,5 +825,212 @@ async fn failover_benchmark_detection_latency_and_step_shares() {
             100.0 * sum / total.max(f64::EPSILON)
         );
     }
+    env.stop().await;
+}
+
+const NEW_AMI: &str = "ami-0fedcba9876543210";
+
+fn upgrade_of(q: Option<&QuestDB>) -> Option<questdb_operator::api::UpgradeStatus> {
+    q?.status.as_ref()?.upgrade.clone()
+}
+
+/// Starts a node-image move of `db1` and holds its new node NotReady (as a joining node whose
+/// runtime is not up yet) until the move waits for it in `NodeReady`: the test then decides
+/// what happens at the switch. Returns the new instance and its kubelet.
+async fn move_held_before_the_switch(env: &CloudEnv) -> (String, questdb_testenv::NodeHandle) {
+    env.qdbs()
+        .patch(
+            "db1",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!({"spec": {"node": {"image": NEW_AMI}}})),
+        )
+        .await
+        .expect("patch image");
+    let q = wait_for(
+        &env.qdbs(),
+        "db1",
+        "new instance launched",
+        |q: Option<&QuestDB>| upgrade_of(q).is_some_and(|u| u.new_instance_id.is_some()),
+    )
+    .await;
+    let new_id = upgrade_of(Some(&q))
+        .and_then(|u| u.new_instance_id)
+        .expect("new instance");
+    let name = node_name_for(&new_id);
+    // A joined node is NotReady for its first 1.5 s: the fault lands before it says Ready.
+    wait_until("the new node's kubelet starts", || {
+        let found = env.cp.node(&name).is_some();
+        async move { found }
+    })
+    .await;
+    let kubelet = env.cp.node(&name).expect("kubelet");
+    kubelet.set_fault(questdb_testenv::NodeFault::NotReady);
+    wait_for(
+        &env.qdbs(),
+        "db1",
+        "move waits for the new node",
+        |q: Option<&QuestDB>| upgrade_of(q).is_some_and(|u| u.phase == "NodeReady"),
+    )
+    .await;
+    (new_id, kubelet)
+}
+
+/// The old node dying just as a node move stops the database on it would hold the move in
+/// Stopping until its timeout (the silent kubelet never confirms the pod's end) and then send
+/// the database back to the dead node: the move fences the old node (stop, then out-of-service)
+/// and completes on the new one, with the volume never attached there while the old instance
+/// could still write, and the dead node released, not retained.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_old_node_that_dies_at_the_switch_of_a_move_is_fenced_and_the_move_completes() {
+    let env = CloudEnv::start(settings()).await;
+    let Running {
+        uid,
+        instance: old_id,
+        node: old_node,
+        pvc_uid,
+    } = running_database(&env).await;
+    let (new_id, new_kubelet) = move_held_before_the_switch(&env).await;
+    let stop = CancellationToken::new();
+    let violations = two_writer_watch(&env, old_node.clone(), old_id.clone(), stop.clone());
+    env.cp.node(&old_node).expect("old kubelet").partition();
+    new_kubelet.heal();
+    let q = wait_for_within(
+        &env.qdbs(),
+        "db1",
+        "move completed, the dead old node released",
+        FAILOVER_TIMEOUT,
+        |q: Option<&QuestDB>| upgrade_of(q).is_some_and(|u| u.phase == "Completed"),
+    )
+    .await;
+    stop.cancel();
+    let status = q.status.expect("status");
+    assert_eq!(status.instance_id.as_deref(), Some(new_id.as_str()));
+    assert_eq!(status.failover, None, "no failover: the move handled it");
+    assert!(
+        env.cloud.ec2.call_count("StopInstances") >= 1,
+        "the old node was fenced by a stop"
+    );
+    let v = violations.lock().unwrap().clone();
+    assert!(v.is_empty(), "two writers possible: {v:?}");
+    env.wait_terminated(&old_id, "the dead old node is terminated")
+        .await;
+    env.assert_runs_on(&new_id, &pvc_uid).await;
+    assert_eq!(env.live_instances_of(&uid), vec![new_id], "one instance");
+    env.stop().await;
+}
+
+/// The new node dying right after a move switched to it would leave the database on a dead
+/// node, and a failover started then would resume the move's record with stale instance ids
+/// (a second outage, a leaked instance): the move returns the database to its old node, which
+/// still runs, fencing the dead one first, and nothing is left behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_node_that_dies_after_the_switch_sends_the_database_back_to_its_old_node() {
+    let env = CloudEnv::start(settings()).await;
+    let Running {
+        uid,
+        instance: old_id,
+        node: old_node,
+        pvc_uid,
+    } = running_database(&env).await;
+    let (new_id, new_kubelet) = move_held_before_the_switch(&env).await;
+    let new_node = node_name_for(&new_id);
+    let nodes = Api::<k8s_openapi::api::core::v1::Node>::all(env.client.clone());
+    new_kubelet.heal();
+    wait_for(
+        &nodes,
+        &new_node,
+        "new node Ready",
+        |n: Option<&k8s_openapi::api::core::v1::Node>| {
+            n.and_then(|n| n.status.as_ref()?.conditions.clone())
+                .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+        },
+    )
+    .await;
+    // Silent from now on, but Ready for the node-lifecycle controller's grace: the move
+    // switches to it.
+    new_kubelet.partition();
+    let stop = CancellationToken::new();
+    let violations = two_writer_watch(&env, new_node.clone(), new_id.clone(), stop.clone());
+    let q = wait_for_within(
+        &env.qdbs(),
+        "db1",
+        "move rolled back",
+        FAILOVER_TIMEOUT,
+        |q: Option<&QuestDB>| upgrade_of(q).is_some_and(|u| u.phase == "RolledBack"),
+    )
+    .await;
+    stop.cancel();
+    let status = q.status.expect("status");
+    let upgrade = status.upgrade.clone().expect("record");
+    assert_eq!(
+        upgrade.reason.as_deref(),
+        Some("TargetNodeFailed"),
+        "{upgrade:?}"
+    );
+    assert!(
+        upgrade.stopped_at.is_some(),
+        "the move had switched: {upgrade:?}"
+    );
+    assert_eq!(status.instance_id.as_deref(), Some(old_id.as_str()));
+    assert_eq!(status.failover, None, "no failover: the move handled it");
+    let v = violations.lock().unwrap().clone();
+    assert!(v.is_empty(), "two writers possible: {v:?}");
+    env.wait_terminated(&new_id, "the dead new node is terminated")
+        .await;
+    env.assert_runs_on(&old_id, &pvc_uid).await;
+    assert_eq!(env.live_instances_of(&uid), vec![old_id], "one instance");
+    assert_eq!(
+        env.cloud.ec2.call_count("RunInstances"),
+        2,
+        "no launch beyond the move's"
+    );
+    let _ = old_node;
+    env.stop().await;
+}
+
+/// An instance terminated by someone else (a person, a script, a spot reclaim): the cloud
+/// controller deletes its Node once NotReady, before any Lease threshold a real kubelet allows,
+/// and a deleted Node cannot take the out-of-service taint, so the volume would wait for the
+/// attach-detach controller's 6-minute force detach while a replacement was launched outside
+/// the failover (no breaker, no event, no metrics). EC2's word is proof enough: the failover
+/// starts as soon as the silence is news, taints the Node while it exists, and the database
+/// answers again well within those 6 minutes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_terminated_by_someone_else_is_failed_over_before_its_node_is_deleted() {
+    use questdb_operator::cloud::Ec2Api;
+    let env = CloudEnv::start(settings()).await;
+    // A threshold past the node-lifecycle controller's grace (12 s here, 40 s on EKS): the
+    // Node is NotReady, then deleted, before Lease silence alone would act.
+    env.create("db1", |q| q.spec.failover.unhealthy_after_seconds = 30)
+        .await;
+    let q = wait_for(&env.qdbs(), "db1", "QuestDB Ready", is_ready()).await;
+    let old_id = q
+        .status
+        .as_ref()
+        .and_then(|s| s.instance_id.clone())
+        .expect("instance");
+    let pvc_uid = Api::<PersistentVolumeClaim>::namespaced(env.client.clone(), NS)
+        .get("db1-data")
+        .await
+        .expect("pvc")
+        .uid()
+        .expect("uid");
+    env.cloud
+        .ec2
+        .terminate_instances(std::slice::from_ref(&old_id))
+        .await
+        .expect("terminate");
+    // Well under 6 minutes: a volume left to the force detach would miss this.
+    assert_moved_within(&env, &old_id, &pvc_uid, Duration::from_secs(150)).await;
+    let q = env.qdbs().get("db1").await.expect("db1");
+    let failover = q.status.and_then(|s| s.failover).expect("failover record");
+    assert_eq!(failover.reason.as_deref(), Some("InstanceTerminated"));
+    let metrics = env.handle.metrics.render();
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("questdb_operator_failovers_total{result=\"succeeded\"} 1")),
+        "counted as a failover"
+    );
     env.stop().await;
 }

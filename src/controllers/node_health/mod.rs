@@ -144,17 +144,20 @@ pub async fn reconcile(node: Arc<Node>, ctx: Arc<Context>) -> Result<Next, Error
     // Not a reason to fail over, but what `kubectl get qdb` shows: a Ready transition of the
     // node reaches the database's status (one reconcile per transition).
     let ready_changed = recorded_ready.is_some_and(|r| r != node_is_ready(&node));
-    if silent.is_some_and(|s| s >= threshold) || ready_changed {
+    // News of a silence wakes the database too: EC2 may already say the instance is gone.
+    let news = cloud.health.take_news(name, now);
+    if silent.is_some_and(|s| s >= threshold) || ready_changed || news {
         // After the breaker is set: the reconcile reads it.
         if let Some(wake) = ctx.wake.as_ref() {
             let _ = wake.unbounded_send(questdb);
         }
     }
-    // The next look without an event: soon while the node looks unhealthy, else when it could
-    // first count for the breaker if no renewal arrives before.
+    // The next look without an event: soon while the node looks unhealthy, else when its
+    // silence could first be news (or count for the breaker) if no renewal arrives before.
+    let first_look = (threshold / 2).min(cloud.health.min_unhealthy() / 2);
     let next = match silent {
         Some(_) => SUSPECT_POLL,
-        None => (threshold / 2).saturating_sub(cloud.health.silent_for(name, now)),
+        None => first_look.saturating_sub(cloud.health.silent_for(name, now)),
     };
     Ok(Next::RequeueAfter(next.max(SUSPECT_POLL)))
 }

@@ -32,6 +32,8 @@ struct Seen {
     renewed_at: Instant,
     /// Times the node came back after having been silent past the Lease duration.
     flaps: u32,
+    /// This silence was already reported as news (see [`NodeHealth::take_news`]).
+    news_taken: bool,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -91,6 +93,7 @@ impl NodeHealth {
             renew: renew.map(str::to_string),
             renewed_at: now,
             flaps: 0,
+            news_taken: false,
         });
         if entry.renew.as_deref() != renew {
             if now.saturating_duration_since(entry.renewed_at) >= min {
@@ -98,7 +101,23 @@ impl NodeHealth {
             }
             entry.renew = renew.map(str::to_string);
             entry.renewed_at = now;
+            entry.news_taken = false;
         }
+    }
+
+    /// True once per silence of `node`, when it first becomes news: the moment to ask EC2
+    /// whether the instance is gone (that proof needs no threshold).
+    pub fn take_news(&self, node: &str, now: Instant) -> bool {
+        let half = self.lease_duration / 2;
+        let mut seen = self.lock();
+        let Some(s) = seen.get_mut(node) else {
+            return false;
+        };
+        let news = !s.news_taken && now.saturating_duration_since(s.renewed_at) >= half;
+        if news {
+            s.news_taken = true;
+        }
+        news
     }
 
     /// How long `node`'s Lease has been silent once that is news (half the Lease duration:
@@ -210,6 +229,22 @@ mod tests {
         assert_eq!(h.unhealthy_for("n", t0 + secs(9)), None);
         let later = t0 + secs(5 + 30);
         assert_eq!(h.unhealthy_for("n", later), Some(secs(30)));
+    }
+
+    /// News wakes the database once per silence (to ask EC2 whether the instance is gone),
+    /// not at every look, and again after the node renewed and fell silent once more.
+    #[test]
+    fn a_silence_is_news_once_until_the_node_renews() {
+        let h = NodeHealth::default();
+        let t0 = Instant::now();
+        h.observe("n", Some("a"), t0);
+        assert!(!h.take_news("n", t0 + secs(19)));
+        assert!(h.take_news("n", t0 + secs(20)));
+        assert!(!h.take_news("n", t0 + secs(21)));
+        h.observe("n", Some("b"), t0 + secs(30));
+        assert!(!h.take_news("n", t0 + secs(31)));
+        assert!(h.take_news("n", t0 + secs(50)));
+        assert!(!h.take_news("unknown", t0 + secs(50)));
     }
 
     #[test]

@@ -6,8 +6,8 @@ use super::owner_uid;
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::Node;
-use kube::api::Api;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, DeleteParams, Preconditions};
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
 use kube::ResourceExt;
@@ -32,6 +32,7 @@ use crate::controllers::failover::{
 };
 use crate::controllers::node::node_for;
 use crate::controllers::node_health::tracker::NODE_LEASE_NAMESPACE;
+use crate::controllers::upgrade;
 use crate::controllers::Error;
 use crate::desired::names;
 use crate::metrics::FailoverResult;
@@ -70,16 +71,35 @@ pub async fn reconcile(
     let Some(id) = status.instance_id.clone() else {
         return Ok(Some(armed(qdb, cloud)));
     };
+    if upgrade::owns_the_database(&status) {
+        return Ok(Some(condition(
+            true,
+            Reason::Armed,
+            "a node move is switching nodes: it fences a node that dies and returns the database to the live one itself".into(),
+        )));
+    }
     let Some(symptom) = symptom(qdb, ctx, cloud, &id, tokio::time::Instant::now()).await? else {
         return Ok(Some(armed(qdb, cloud)));
     };
-    let (node, unhealthy_for) = (symptom.node.clone(), Some(symptom.for_));
-    if symptom.missing {
-        let threshold = cloud
-            .health
-            .threshold(qdb.spec.failover.unhealthy_after_seconds);
-        out.requeue_within(threshold.saturating_sub(symptom.for_));
+    let threshold = cloud
+        .health
+        .threshold(qdb.spec.failover.unhealthy_after_seconds);
+    let mut symptom = symptom;
+    // Before the threshold, only EC2's word that the instance is gone starts a failover: then
+    // the Node still exists to take the out-of-service taint (the cloud controller deletes it
+    // once NotReady), so the volume need not wait for the 6-minute force detach.
+    if symptom.for_ < threshold {
+        symptom.terminated = instance_gone(cloud, &id).await?;
+        if !symptom.terminated {
+            out.requeue_within(threshold.saturating_sub(symptom.for_).min(GONE_POLL));
+        }
     }
+    let for_ = if symptom.terminated {
+        symptom.for_.max(threshold)
+    } else {
+        symptom.for_
+    };
+    let (node, unhealthy_for) = (symptom.node.clone(), Some(for_));
     let since_last_start = status
         .failover
         .as_ref()
@@ -120,9 +140,6 @@ pub async fn reconcile(
             Ok(Some(c))
         }
         Start::Go => {
-            let threshold = cloud
-                .health
-                .threshold(qdb.spec.failover.unhealthy_after_seconds);
             let Some(reason) = confirm(ctx, cloud, &symptom, &id).await? else {
                 return Ok(Some(armed(qdb, cloud)));
             };
@@ -147,7 +164,12 @@ pub async fn reconcile(
             if let Some(u) = unhealthy_for {
                 ctx.metrics.failover_detected(u.saturating_sub(threshold));
             }
-            let note = if symptom.missing {
+            let note = if reason == Reason::InstanceTerminated {
+                format!(
+                    "EC2 reports instance {id} ({node}) terminated, {}s into its silence: releasing its volume, launching a replacement",
+                    symptom.for_.as_secs()
+                )
+            } else if symptom.missing {
                 format!(
                     "the Node object of instance {id} ({node}) has been gone for {}s while the instance runs ({reason}): fencing instance {id}, launching a replacement",
                     symptom.for_.as_secs()
@@ -188,18 +210,34 @@ fn armed(qdb: &QuestDB, cloud: &CloudRuntime) -> Verdict {
 /// is fenced and tainted out-of-service as a failover does (see
 /// [`failover::release_fence`]). `Some(what it waits for)` while that is under way.
 pub async fn fence_for_release(qdb: &QuestDB, ctx: &Context) -> Result<Option<String>, Error> {
-    let Some(cloud) = ctx.cloud.as_ref() else {
-        return Ok(None);
-    };
     let Some(id) = qdb.status.as_ref().and_then(|s| s.instance_id.clone()) else {
         return Ok(None);
     };
+    let pod_on_node = super::stop_first::pod_on_recorded_node(qdb, &ctx.caches);
+    fence_dead_node(qdb, ctx, &id, pod_on_node, "being released").await
+}
+
+/// The fence of a release, for any instance of the database whose node holds its pod (or
+/// volume, `holds`) and has been silent past the failover threshold: stop, then taint
+/// out-of-service. `Some(what it waits for)` while that is under way; `None` when nothing
+/// needs fencing. `during` says what the database is doing, for the event.
+pub async fn fence_dead_node(
+    qdb: &QuestDB,
+    ctx: &Context,
+    id: &str,
+    holds: bool,
+    during: &str,
+) -> Result<Option<String>, Error> {
+    let Some(cloud) = ctx.cloud.as_ref() else {
+        return Ok(None);
+    };
+    let id = id.to_string();
+    let pod_on_node = holds;
     let nodes = ctx.caches.nodes.state();
     let Some(node) = node_for(&nodes, &id) else {
         return Ok(None);
     };
     let name = node.metadata.name.clone().unwrap_or_default();
-    let pod_on_node = super::stop_first::pod_on_recorded_node(qdb, &ctx.caches);
     let silent_for = cloud
         .health
         .unhealthy_for(&name, tokio::time::Instant::now());
@@ -234,7 +272,7 @@ pub async fn fence_for_release(qdb: &QuestDB, ctx: &Context) -> Result<Option<St
                 Err(e) => return Err(Error::Cloud(e)),
             }
             let note = format!(
-                "node {name} has not renewed its Lease for {}s while the database is being released: stopping instance {instance} so its pod can go",
+                "node {name} has not renewed its Lease for {}s while the database is {during}: stopping instance {instance} so its pod can go",
                 silent_for.unwrap_or_default().as_secs()
             );
             warn!(questdb = %qdb.name_any(), "{note}");
@@ -250,7 +288,7 @@ pub async fn fence_for_release(qdb: &QuestDB, ctx: &Context) -> Result<Option<St
         }
         ReleaseFence::Taint(node) => {
             taint_out_of_service(ctx, &node).await?;
-            info!(questdb = %qdb.name_any(), %node, "fenced node tainted out-of-service for a release");
+            info!(questdb = %qdb.name_any(), %node, "fenced node tainted out-of-service: the database is {during}");
             Ok(Some(format!(
                 "node {node} fenced and tainted out-of-service"
             )))
@@ -268,6 +306,23 @@ struct Symptom {
     for_: Duration,
     /// The Node object is gone while the instance is there; otherwise its Lease is silent.
     missing: bool,
+    /// The shared EC2 snapshot says the instance is terminated or terminating.
+    terminated: bool,
+}
+
+/// How often a silent node's instance is looked up in the shared EC2 snapshot before the
+/// threshold (at most one DescribeInstances per this long, however many databases ask).
+const GONE_POLL: Duration = Duration::from_secs(5);
+
+/// Whether the shared EC2 snapshot (at most [`GONE_POLL`] old) says `instance` is gone.
+async fn instance_gone(cloud: &CloudRuntime, instance: &str) -> Result<bool, Error> {
+    Ok(cloud
+        .instances
+        .get_within(cloud.nodes.as_ref(), GONE_POLL)
+        .await
+        .map_err(Error::Cloud)?
+        .iter()
+        .any(|i| i.id == instance && i.state.is_gone()))
 }
 
 /// The node of `instance` as the caches and the tracker see it: `None` while it renews its
@@ -288,6 +343,7 @@ async fn symptom(
             node,
             for_,
             missing: false,
+            terminated: false,
         }));
     }
     let launched_long_ago = cloud
@@ -320,6 +376,7 @@ async fn symptom(
         node: node.unwrap_or_default(),
         for_,
         missing: true,
+        terminated: false,
     }))
 }
 
@@ -365,12 +422,19 @@ async fn confirm(
         .await
         .map_err(Error::Cloud)?
         .map(|i| i.state);
-    Ok(Some(match state {
+    Ok(match state {
+        Some(InstanceState::Terminated | InstanceState::ShuttingDown) | None
+            if symptom.terminated =>
+        {
+            Some(Reason::InstanceTerminated)
+        }
+        // The snapshot was wrong after all (by id, EC2 has it alive): the threshold decides.
+        _ if symptom.terminated => None,
         Some(InstanceState::Stopped | InstanceState::Terminated | InstanceState::ShuttingDown)
-        | None => Reason::InstanceDown,
-        _ if symptom.missing => Reason::NodeDeleted,
-        _ => Reason::NodeLeaseExpired,
-    }))
+        | None => Some(Reason::InstanceDown),
+        _ if symptom.missing => Some(Reason::NodeDeleted),
+        _ => Some(Reason::NodeLeaseExpired),
+    })
 }
 
 /// Runs steps until one has to wait.
@@ -404,6 +468,11 @@ async fn steps(
                 return Ok(in_progress(&f));
             }
             Step::Advance(next) => advance(qdb, ctx, &f, next).await?,
+            Step::ForceDeletePod => {
+                force_delete_pod_on(qdb, ctx, f.old_node.as_deref().unwrap_or_default()).await?;
+                out.requeue_within(STEP_POLL);
+                return Ok(in_progress(&f));
+            }
             Step::TaintOutOfService(node) => {
                 taint_out_of_service(ctx, &node).await?;
                 info!(questdb = %qdb.name_any(), %node, "fenced node tainted out-of-service");
@@ -597,6 +666,39 @@ async fn observe(
         dns_follows,
         dns_ttl: dns_ttl(qdb),
     })
+}
+
+/// Deletes the database pod bound to `node` with no grace period, exactly that pod (uid
+/// precondition): only after EC2 reported the node's instance stopped or terminated.
+async fn force_delete_pod_on(qdb: &QuestDB, ctx: &Context, node: &str) -> Result<(), Error> {
+    let ns = qdb.namespace().unwrap_or_default();
+    let name = names::pod(qdb);
+    let Some(pod) = ctx.caches.pods.get(&ObjectRef::new(&name).within(&ns)) else {
+        return Ok(());
+    };
+    if pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) != Some(node) {
+        return Ok(());
+    }
+    let params = DeleteParams {
+        grace_period_seconds: Some(0),
+        preconditions: pod.metadata.uid.clone().map(|uid| Preconditions {
+            uid: Some(uid),
+            resource_version: None,
+        }),
+        ..Default::default()
+    };
+    match Api::<Pod>::namespaced(ctx.client.clone(), &ns)
+        .delete(&name, &params)
+        .await
+    {
+        Ok(_) => {
+            info!(questdb = %qdb.name_any(), %node, pod = %name, "pod of the fenced node deleted without grace");
+            Ok(())
+        }
+        // Gone already, or replaced by a newer pod (another uid): nothing of the fenced node.
+        Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => Ok(()),
+        Err(e) => Err(Error::Kube(e)),
+    }
 }
 
 fn has_out_of_service(node: &Node) -> bool {

@@ -385,6 +385,12 @@ async fn steps(
             dns_follows: dns_follows(qdb, cloud, &status, new_node),
             retention_over: retain_until.is_none_or(|t| t <= Timestamp::now()),
             dns_ttl_over: since(u.phase_started_at.as_deref()).is_none_or(|d| d >= dns_ttl),
+            old_node_dead: node_dead(qdb, cloud, old_node.as_deref()),
+            new_node_dead: node_dead(
+                qdb,
+                cloud,
+                new_node.and_then(|n| n.metadata.name.as_deref()),
+            ),
         };
         let step = upgrade::next_step(&view);
         match step {
@@ -472,7 +478,13 @@ async fn steps(
                     })
                     .await?;
                 }
+                // A retained node that went silent is released once dead, not at the end of
+                // its window; nothing else wakes this database for a node it no longer runs on.
+                let retained_silent = old_node
+                    .as_deref()
+                    .is_some_and(|n| cloud.health.unhealthy_for(n, Instant::now()).is_some());
                 let poll = match retain_until {
+                    Some(_) if retained_silent => STEP_POLL,
                     Some(t) => Duration::try_from(t.duration_since(Timestamp::now()))
                         .unwrap_or_default()
                         .clamp(STEP_POLL, Duration::from_secs(300)),
@@ -487,6 +499,62 @@ async fn steps(
             Step::Abort { reason, message } => {
                 abort(qdb, ctx, cloud, &u, reason, message.clone()).await?;
                 return Ok(condition(false, reason, message));
+            }
+            Step::FenceOld => {
+                let old = u.old_instance_id.clone().unwrap_or_default();
+                let message = super::failover::fence_dead_node(
+                    qdb,
+                    ctx,
+                    &old,
+                    true,
+                    "moving to another node",
+                )
+                .await?
+                .unwrap_or_else(|| {
+                    format!("waiting for the dead node of instance {old} to be fenced")
+                });
+                if u.message.as_deref() != Some(message.as_str()) {
+                    persist(qdb, ctx, |s| {
+                        if let Some(u) = s.upgrade.as_mut() {
+                            u.message = Some(message.clone());
+                        }
+                    })
+                    .await?;
+                }
+                out.requeue_within(STEP_POLL);
+                return Ok(moving(&u));
+            }
+            Step::HandOver { message } => {
+                // Nothing of the database is left on the old node (the step says so): its
+                // instance goes, and the record ends so a failover starts from a clean one.
+                if let Some(old) = u.old_instance_id.as_deref() {
+                    if let Err(e) = cloud.nodes.terminate(old, &owner_uid(qdb)).await {
+                        return not_owned_or(qdb, ctx, &status, e).await;
+                    }
+                }
+                cloud.instances.invalidate();
+                persist(qdb, ctx, |s| {
+                    if let Some(u) = s.upgrade.as_mut() {
+                        u.phase = phase::ABORTED.into();
+                        u.reason = Some(Reason::NodesFailed.into());
+                        u.message = Some(message.clone());
+                        u.phase_started_at = Some(now());
+                        u.finished_at = Some(now());
+                    }
+                })
+                .await?;
+                warn!(questdb = %qdb.name_any(), "node move ended: {message}");
+                ctx.metrics.upgrade_finished(UpgradeResult::Aborted, None);
+                wake_queued(qdb, ctx);
+                ctx.event(
+                    qdb,
+                    EventType::Warning,
+                    Reason::UpgradeAborted,
+                    "Upgrade",
+                    format!("{}: {message}", Reason::NodesFailed),
+                )
+                .await;
+                return Ok(condition(false, Reason::NodesFailed, message));
             }
             Step::RollBack { reason, message } => {
                 roll_back(qdb, ctx, &u, reason, message).await?;
@@ -585,6 +653,28 @@ async fn steps(
         Reason::Moving,
         "node move in progress".into(),
     ))
+}
+
+/// Whether `node` is dead as a failover judges it: silent past the database's threshold,
+/// failover on for it, and the breaker closed (a partition is not a dead node).
+fn node_dead(qdb: &QuestDB, cloud: &CloudRuntime, node: Option<&str>) -> bool {
+    let Some(node) = node else {
+        return false;
+    };
+    let skip = qdb
+        .annotations()
+        .get(failover::SKIP_ANNOTATION)
+        .is_some_and(|v| v == "true");
+    if !qdb.spec.failover.enabled || skip || cloud.health.breaker_open() {
+        return false;
+    }
+    let threshold = cloud
+        .health
+        .threshold(qdb.spec.failover.unhealthy_after_seconds);
+    cloud
+        .health
+        .unhealthy_for(node, Instant::now())
+        .is_some_and(|silent| silent >= threshold)
 }
 
 fn step_done(qdb: &QuestDB, ctx: &Context, u: &UpgradeStatus) {
