@@ -233,6 +233,7 @@ pub fn cloud_settings(args: &CloudArgs) -> CloudSettings {
         orphan_grace_period: args.orphan_grace_period,
         upgrade_node_timeout: args.upgrade_node_timeout,
         upgrade_step_timeout: args.upgrade_step_timeout,
+        csi_driver: Some(args.csi_driver.trim().to_string()).filter(|d| !d.is_empty()),
         upgrade_concurrency: usize::from(args.upgrade_concurrency),
         node_lease_duration: args
             .node_lease_duration

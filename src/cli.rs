@@ -238,6 +238,12 @@ pub struct CloudArgs {
     #[arg(long, env = "NODE_LEASE_DURATION", value_parser = parse_duration)]
     pub node_lease_duration: Option<Duration>,
 
+    /// The CSI driver of the databases' volumes: a dedicated node takes its database only once
+    /// this driver is registered on it (its CSINode lists it), which on EKS happens after the
+    /// Node is Ready; an attach before that fails and backs off. Empty: no such wait.
+    #[arg(long, env = "CSI_DRIVER", default_value = "ebs.csi.aws.com")]
+    pub csi_driver: String,
+
     /// How long a node-image move waits for the new node to join and be Ready before aborting.
     #[arg(long, env = "UPGRADE_NODE_TIMEOUT", default_value = "10m", value_parser = parse_duration)]
     pub upgrade_node_timeout: Duration,

@@ -52,7 +52,7 @@ pub async fn run(mut args: SandboxArgs, shutdown: CancellationToken) -> anyhow::
     // real kubelet does): the operator is told so, as a cluster's admin would tell it.
     args.cloud
         .node_lease_duration
-        .get_or_insert(questdb_testenv::timings::NODE_LEASE_DURATION);
+        .get_or_insert(questdb_testenv::timings::node_lease_duration());
     let built = questdb_operator::app::build_cloud_with(
         &args.cloud,
         CloudProvider::Memory,

@@ -53,6 +53,9 @@ pub async fn run(args: SandboxArgs, shutdown: CancellationToken) -> anyhow::Resu
     cloud_args
         .eks_service_cidr
         .get_or_insert_with(|| questdb_operator::app::SANDBOX_SERVICE_CIDR.to_string());
+    // The simulator registers no CSINodes: a dedicated node there takes its database without
+    // waiting for a CSI driver.
+    cloud_args.csi_driver = String::new();
     let built = questdb_operator::app::build_cloud(
         &cloud_args,
         CloudProvider::Memory,

@@ -105,6 +105,8 @@ reasons! {
     Ready,
     Launching,
     /// The dedicated node has not joined (or has no address) yet.
+    /// The node is there, but the volume's CSI driver has not registered on it yet.
+    WaitingForCsiDriver,
     WaitingForNode,
     NodeNotReady,
     InstanceStopped,

@@ -45,6 +45,9 @@ pub struct CloudSettings {
     pub upgrade_step_timeout: Duration,
     /// Node moves under way at once, across all QuestDBs (`--upgrade-concurrency`).
     pub upgrade_concurrency: usize,
+    /// `--csi-driver`: a node is dedicated (and so takes its database) only once this driver
+    /// is registered on it.
+    pub csi_driver: Option<String>,
     /// The kubelets' `nodeLeaseDurationSeconds` (`--node-lease-duration`): no node counts as
     /// unhealthy before its Lease has been silent this long, whatever a QuestDB asks.
     pub node_lease_duration: Duration,
@@ -60,6 +63,7 @@ impl Default for CloudSettings {
             orphan_sweep_interval: Duration::from_secs(300),
             orphan_grace_period: Duration::from_secs(600),
             upgrade_node_timeout: Duration::from_secs(600),
+            csi_driver: Some("ebs.csi.aws.com".into()),
             upgrade_step_timeout: Duration::from_secs(600),
             upgrade_concurrency: 2,
             dns_namespace_suffix: None,

@@ -82,6 +82,11 @@ pub const MIN_INTERVAL: Duration = Duration::from_secs(600);
 /// A stop still under way after this long is forced again.
 pub const STOP_ESCALATION: Duration = Duration::from_secs(60);
 
+/// A volume still attached to the fenced node this long into Releasing, with its pod gone, is
+/// stuck detaching (EBS can leave a volume `detaching`): the fenced instance, already stopped,
+/// is terminated, and EC2 detaches a terminated instance's volumes.
+pub const DETACH_ESCALATION: Duration = Duration::from_secs(120);
+
 /// How long each step may take before the QuestDB reports `FailoverStuck` (it keeps waiting;
 /// every step's wait is a watch event or a slow requeue, never a busy loop).
 pub fn step_timeout(phase: &str) -> Duration {
@@ -239,6 +244,10 @@ pub enum Step {
     Advance(&'static str),
     /// Taint the old Node out-of-service.
     TaintOutOfService(String),
+    /// Terminate the fenced (stopped) instance whose volume is stuck detaching; it gives up
+    /// holding its address for the DNS TTL, which matters less than a database that cannot
+    /// start.
+    TerminateFenced(String),
     /// Delete the database pod still bound to the old node, without a grace period: EC2 has
     /// reported the instance stopped or terminated (the fence), so nothing of it runs. Pod
     /// garbage collection would do the same only once the node is NotReady, and by then the
@@ -282,6 +291,12 @@ pub fn next_step(v: &StepView) -> Step {
                 Step::TaintOutOfService(node)
             } else if v.old_node_holds_pod {
                 Step::ForceDeletePod
+            } else if v.old_node_holds_volume
+                && v.in_step_for >= DETACH_ESCALATION
+                && v.in_step_for.as_secs() % DETACH_ESCALATION.as_secs() < 5
+            {
+                // Once per escalation period, not every poll: terminate is idempotent.
+                Step::TerminateFenced(old)
             } else if !v.old_node_exists && v.old_node_holds_volume {
                 // No Node to taint: the attach-detach controller's own timer releases it.
                 Step::Wait(format!(

@@ -390,3 +390,24 @@ fn a_release_waiting_on_a_dead_node_fences_and_taints_it_but_never_a_live_one() 
     };
     assert_eq!(release_fence(&gone), ReleaseFence::None);
 }
+
+/// A volume stuck detaching from the fenced node would hold the failover in Releasing (and the
+/// database down) for as long as EBS likes: past two minutes the fenced instance, already
+/// stopped, is terminated, which detaches it; not before, and not at every poll.
+#[test]
+fn a_detach_that_sticks_after_the_fence_terminates_the_fenced_instance() {
+    let f = failover(phase::RELEASING);
+    let stuck = |secs: u64| StepView {
+        old_node_tainted: true,
+        old_node_holds_pod: false,
+        in_step_for: Duration::from_secs(secs),
+        ..view(&f)
+    };
+    assert!(matches!(next_step(&stuck(30)), Step::Wait(_)));
+    assert_eq!(
+        next_step(&stuck(121)),
+        Step::TerminateFenced(f.old_instance_id.clone().unwrap())
+    );
+    assert!(matches!(next_step(&stuck(150)), Step::Wait(_)));
+    assert!(matches!(next_step(&stuck(241)), Step::TerminateFenced(_)));
+}

@@ -427,7 +427,12 @@ impl ControlPlane {
             databases.clone(),
             snapshots.clone(),
         );
-        let kubelets = Kubelets::start(admin.clone(), stop.clone(), databases.clone());
+        let kubelets = Kubelets::start(
+            admin.clone(),
+            stop.clone(),
+            databases.clone(),
+            switches.clone(),
+        );
         for node in opts.nodes {
             kubelets.join(node).await?;
         }

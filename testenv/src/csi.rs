@@ -72,6 +72,10 @@ pub struct Switches {
     pub stall_attach: AtomicBool,
     /// Detaches never complete (the finalizer stays).
     pub stall_detach: AtomicBool,
+    /// Detaches from these nodes stick in `detaching`, as an EBS volume can (AWS: "volume
+    /// stuck in the detaching state"), until the node's instance is terminated: EC2 detaches
+    /// every volume of a terminated instance. A stop does not unstick them.
+    pub detach_sticks_on: Mutex<BTreeSet<String>>,
     /// Attaches to every node but this one fail (a volume that only works where it is).
     pub attach_only_to: Mutex<Option<String>>,
     /// Every CreateSnapshot fails: `status.error` on the VolumeSnapshotContent, `readyToUse`
@@ -415,7 +419,13 @@ async fn attacher(client: Client, switches: Arc<Switches>, stop: CancellationTok
             let deleting = va.metadata.deletion_timestamp.is_some();
             let has_finalizer = va.finalizers().iter().any(|f| f == ATTACHER_FINALIZER);
             let work = if deleting && has_finalizer {
-                if switches.stall_detach.load(Ordering::Relaxed) {
+                if switches.stall_detach.load(Ordering::Relaxed)
+                    || switches
+                        .detach_sticks_on
+                        .lock()
+                        .unwrap()
+                        .contains(&va.spec.node_name)
+                {
                     continue;
                 }
                 Work::Detach
@@ -445,6 +455,18 @@ async fn attacher(client: Client, switches: Arc<Switches>, stop: CancellationTok
                     Work::Refuse(format!(
                         "rpc error: code = Internal desc = Could not attach volume to node {}: VolumeInUse: volume is already attached to node {}",
                         va.spec.node_name, other.spec.node_name
+                    ))
+                } else if !driver_registered(&client, &va.spec.node_name).await {
+                    // external-attacher: the node's id comes from its CSINode entry.
+                    if last_error
+                        .as_deref()
+                        .is_some_and(|m| m.contains("does not contain driver"))
+                    {
+                        continue;
+                    }
+                    Work::Refuse(format!(
+                        "rpc error: code = Internal desc = CSINode {} does not contain driver {DRIVER}",
+                        va.spec.node_name
                     ))
                 } else if switches.fail_attach.load(Ordering::Relaxed)
                     || switches
@@ -479,6 +501,16 @@ async fn attacher(client: Client, switches: Arc<Switches>, stop: CancellationTok
             });
         }
     }
+}
+
+/// Whether the node's CSINode lists the EBS driver (its node plugin registered).
+async fn driver_registered(client: &Client, node: &str) -> bool {
+    Api::<k8s_openapi::api::storage::v1::CSINode>::all(client.clone())
+        .get_opt(node)
+        .await
+        .ok()
+        .flatten()
+        .is_some_and(|c| c.spec.drivers.iter().any(|d| d.name == DRIVER))
 }
 
 enum Work {

@@ -396,6 +396,8 @@ pub struct Kubelets {
     next_index: Arc<AtomicU32>,
     stop: CancellationToken,
     databases: Option<Arc<Runtime>>,
+    /// The fake EBS: a terminated instance's stuck detaches complete.
+    csi: Arc<crate::csi::Switches>,
 }
 
 impl Kubelets {
@@ -404,6 +406,7 @@ impl Kubelets {
         client: Client,
         stop: CancellationToken,
         databases: Option<Arc<Runtime>>,
+        csi: Arc<crate::csi::Switches>,
     ) -> Kubelets {
         let k = Kubelets {
             client,
@@ -411,6 +414,7 @@ impl Kubelets {
             next_index: Arc::default(),
             stop,
             databases,
+            csi,
         };
         tokio::spawn(run_pods(k.clone()));
         k
@@ -452,6 +456,7 @@ impl Kubelets {
         register(&self.client, &state)
             .await
             .with_context(|| format!("registering node {}", reg.name))?;
+        tokio::spawn(register_csi_driver(self.client.clone(), state.clone()));
         if let Some(old) = self
             .nodes
             .lock()
@@ -494,6 +499,7 @@ impl Kubelets {
     /// longer exists; k8s.io/cloud-provider/controllers/nodelifecycle).
     pub fn instance_terminated(&self, node_name: &str) {
         self.leave(node_name);
+        self.csi.detach_sticks_on.lock().unwrap().remove(node_name);
         self.once_not_ready(node_name, |nodes, node| async move {
             let name = node.name_any();
             nodes.delete(&name, &DeleteParams::default()).await.is_ok()
@@ -565,7 +571,7 @@ impl Kubelets {
                 }
                 tokio::select! {
                     _ = stop.cancelled() => return,
-                    _ = tokio::time::sleep(timings::NODE_MONITOR_PERIOD) => {}
+                    _ = tokio::time::sleep(timings::node_monitor_period()) => {}
                 }
             }
         });
@@ -668,7 +674,7 @@ async fn register(client: &Client, state: &NodeState) -> anyhow::Result<()> {
             "name": reg.name, "namespace": "kube-node-lease",
             "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": reg.name, "uid": created.uid()}],
         },
-        "spec": {"holderIdentity": reg.name, "leaseDurationSeconds": timings::NODE_LEASE_DURATION.as_secs(),
+        "spec": {"holderIdentity": reg.name, "leaseDurationSeconds": timings::node_lease_duration().as_secs(),
                  "renewTime": MicroTime(k8s_openapi::jiff::Timestamp::now())},
     }))?;
     let leases: Api<Lease> = Api::namespaced(client.clone(), "kube-node-lease");
@@ -677,11 +683,12 @@ async fn register(client: &Client, state: &NodeState) -> anyhow::Result<()> {
         Err(kube::Error::Api(e)) if e.code == 409 => {}
         Err(e) => return Err(e.into()),
     }
+    // The kubelet creates the CSINode without drivers; the driver is added once its node
+    // plugin registers, after the node is Ready (see `register_csi_driver`).
     let csinode: CSINode = serde_json::from_value(json!({
         "metadata": {"name": reg.name,
             "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": reg.name, "uid": created.uid()}]},
-        "spec": {"drivers": [{"name": DRIVER, "nodeID": reg.provider_id.clone().unwrap_or(reg.name.clone()),
-            "topologyKeys": [ZONE_LABEL], "allocatable": {"count": 25}}]},
+        "spec": {"drivers": []},
     }))?;
     match Api::<CSINode>::all(client.clone())
         .create(&PostParams::default(), &csinode)
@@ -692,6 +699,34 @@ async fn register(client: &Client, state: &NodeState) -> anyhow::Result<()> {
         Err(e) => return Err(e.into()),
     }
     Ok(())
+}
+
+/// The EBS CSI node plugin starts once the node is Ready and registers its driver a moment
+/// later: until then an attach to this node fails.
+async fn register_csi_driver(client: Client, state: Arc<NodeState>) {
+    let reg = &state.registration;
+    tokio::select! {
+        _ = state.stop.cancelled() => return,
+        _ = tokio::time::sleep(reg.ready_after + timings::CSI_DRIVER_REGISTRATION) => {}
+    }
+    let driver = json!({"name": DRIVER, "nodeID": reg.provider_id.clone().unwrap_or(reg.name.clone()),
+        "topologyKeys": [ZONE_LABEL], "allocatable": {"count": 25}});
+    let patch = json!({"spec": {"drivers": [driver]}});
+    let api = Api::<CSINode>::all(client);
+    for _ in 0..10 {
+        if api
+            .patch(&reg.name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .is_ok()
+        {
+            return;
+        }
+        tokio::select! {
+            _ = state.stop.cancelled() => return,
+            _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+        }
+    }
+    warn!(node = %reg.name, "CSI driver never registered");
 }
 
 /// Lease renewals and NodeStatus posts while the node is healthy.
@@ -708,7 +743,7 @@ async fn heartbeat(client: Client, state: Arc<NodeState>) {
     loop {
         tokio::select! {
             _ = state.stop.cancelled() => return,
-            _ = tokio::time::sleep(timings::NODE_LEASE_RENEW) => {}
+            _ = tokio::time::sleep(timings::node_lease_renew()) => {}
             _ = state.changed.notified() => {}
         }
         let fault = *state.fault.lock().unwrap();
@@ -765,7 +800,7 @@ async fn heartbeat(client: Client, state: Arc<NodeState>) {
                 .registration
                 .ready_after
                 .saturating_sub(joined.elapsed());
-            if wait < timings::NODE_LEASE_RENEW {
+            if wait < timings::node_lease_renew() {
                 let s = state.clone();
                 tokio::spawn(async move {
                     tokio::time::sleep(wait).await;

@@ -3,21 +3,56 @@
 
 use std::time::Duration;
 
+/// `QDB_TESTENV_TIMINGS=kubelet` runs node health at a real kubelet's and
+/// kube-controller-manager's defaults (40 s Lease renewed every 10 s, 5 s monitor period, 50 s
+/// grace, 300 s tolerations): for benchmarks that must show what a real cluster's failover
+/// takes. Anything else: the shortened timings below.
+pub fn real_node_timings() -> bool {
+    static REAL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *REAL.get_or_init(|| std::env::var("QDB_TESTENV_TIMINGS").is_ok_and(|v| v == "kubelet"))
+}
+
 /// kubelet: Lease `spec.leaseDurationSeconds` (real: 40 s). The operator is told the same
 /// (`--node-lease-duration`), as an admin of a cluster with such kubelets would: both sides
 /// run on one set of timings, and no failover threshold is shorter than this.
-pub const NODE_LEASE_DURATION: Duration = Duration::from_secs(10);
+pub fn node_lease_duration() -> Duration {
+    if real_node_timings() {
+        Duration::from_secs(40)
+    } else {
+        Duration::from_secs(10)
+    }
+}
 /// kubelet: Lease renew interval, 0.25 x the duration as the kubelet does (real: 10 s).
-pub const NODE_LEASE_RENEW: Duration = Duration::from_millis(2500);
+pub fn node_lease_renew() -> Duration {
+    node_lease_duration() / 4
+}
 /// kubelet: NodeStatus post when nothing changed (real: 5 min).
 pub const NODE_STATUS_REPORT: Duration = Duration::from_secs(60);
 /// kube-controller-manager `--node-monitor-period` (real: 5 s).
-pub const NODE_MONITOR_PERIOD: Duration = Duration::from_secs(1);
+pub fn node_monitor_period() -> Duration {
+    if real_node_timings() {
+        Duration::from_secs(5)
+    } else {
+        Duration::from_secs(1)
+    }
+}
 /// kube-controller-manager `--node-monitor-grace-period` (real: 50 s).
-pub const NODE_MONITOR_GRACE: Duration = Duration::from_secs(12);
+pub fn node_monitor_grace() -> Duration {
+    if real_node_timings() {
+        Duration::from_secs(50)
+    } else {
+        Duration::from_secs(12)
+    }
+}
 /// kube-apiserver `--default-not-ready-toleration-seconds` and
 /// `--default-unreachable-toleration-seconds` (real: 300 s).
-pub const DEFAULT_TOLERATION_SECONDS: u32 = 15;
+pub fn default_toleration_seconds() -> u32 {
+    if real_node_timings() {
+        300
+    } else {
+        15
+    }
+}
 /// A new Node's Ready condition stays False this long (network plugin, CSI registration).
 pub const NODE_READY_DELAY: Duration = Duration::from_millis(1500);
 /// Container start: from the pod's volumes being attached to Running + Ready.
@@ -60,11 +95,11 @@ pub fn controller_manager_flags() -> Vec<String> {
     vec![
         format!(
             "--node-monitor-period={}ms",
-            NODE_MONITOR_PERIOD.as_millis()
+            node_monitor_period().as_millis()
         ),
         format!(
             "--node-monitor-grace-period={}ms",
-            NODE_MONITOR_GRACE.as_millis()
+            node_monitor_grace().as_millis()
         ),
     ]
 }
@@ -72,7 +107,20 @@ pub fn controller_manager_flags() -> Vec<String> {
 /// The kube-apiserver flags derived from the above.
 pub fn apiserver_flags() -> Vec<String> {
     vec![
-        format!("--default-not-ready-toleration-seconds={DEFAULT_TOLERATION_SECONDS}"),
-        format!("--default-unreachable-toleration-seconds={DEFAULT_TOLERATION_SECONDS}"),
+        format!(
+            "--default-not-ready-toleration-seconds={}",
+            default_toleration_seconds()
+        ),
+        format!(
+            "--default-unreachable-toleration-seconds={}",
+            default_toleration_seconds()
+        ),
     ]
 }
+
+/// After a Node is Ready, how long until the EBS CSI node plugin has registered its driver
+/// (the DaemonSet pod starts once the node is Ready: image pull, then node-driver-registrar
+/// registers it and the kubelet writes it into the CSINode; on a fresh EKS node that is
+/// typically 10-30 s). Longer than a database takes to stop and its volume to detach here, as
+/// on EKS.
+pub const CSI_DRIVER_REGISTRATION: Duration = Duration::from_secs(5);

@@ -382,8 +382,9 @@ fn settings() -> CloudSettings {
         upgrade_step_timeout: Duration::from_secs(30),
         upgrade_concurrency: 2,
         // The test kubelets' Lease: renewed every quarter of it, as a real kubelet does.
-        node_lease_duration: questdb_testenv::timings::NODE_LEASE_DURATION,
+        node_lease_duration: questdb_testenv::timings::node_lease_duration(),
         dns_namespace_suffix: None,
+        csi_driver: Some(questdb_testenv::csi::DRIVER.into()),
     }
 }
 

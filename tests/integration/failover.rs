@@ -194,11 +194,26 @@ async fn an_instance_missing_from_a_filtered_ec2_answer_is_still_fenced_before_i
     env.stop().await;
 }
 
-/// What EC2 does wrong during a partition test.
+/// A volume stuck detaching from the fenced node (EBS can leave one `detaching`) would hold
+/// the failover in Releasing, and the database down, for as long as EBS likes: the fenced
+/// instance, already stopped, is terminated, which detaches the volume.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_volume_stuck_detaching_from_the_fenced_node_is_freed_by_terminating_that_instance() {
+    let env = partition_and_move(
+        Fault::DetachSticks,
+        // The operator escalates after 2 minutes (`failover::DETACH_ESCALATION`).
+        FAILOVER_TIMEOUT + Duration::from_secs(150),
+    )
+    .await;
+    env.stop().await;
+}
+
+/// What EC2 or EBS does wrong during a partition test.
 enum Fault {
     None,
     HangStops,
     OmittedFromFilters,
+    DetachSticks,
 }
 
 /// Partitions `db1`'s node (with the EC2 `fault`) and returns once the database moved, the
@@ -215,6 +230,14 @@ async fn partition_and_move(fault: Fault, timeout: Duration) -> CloudEnv {
         Fault::None => {}
         Fault::HangStops => env.cloud.ec2.set_hang_stops(true),
         Fault::OmittedFromFilters => env.cloud.ec2.omit_from_filters(&old_id, true),
+        Fault::DetachSticks => {
+            env.cp
+                .csi
+                .detach_sticks_on
+                .lock()
+                .unwrap()
+                .insert(old_node.clone());
+        }
     }
     let stop = CancellationToken::new();
     let violations = two_writer_watch(&env, old_node.clone(), old_id.clone(), stop.clone());
@@ -767,23 +790,39 @@ async fn a_failover_during_a_node_move_pre_empts_the_move() {
 /// failovers of three databases (five dedicated nodes, so the breaker lets one through at a
 /// time) on this control plane. Prints figures; asserts only that each failover finished.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "benchmark: cargo test --test integration -- --ignored --nocapture failover_benchmark"]
+#[ignore = "benchmark: QDB_TESTENV_TIMINGS=kubelet cargo test --test integration -- --ignored --nocapture failover_benchmark"]
 async fn failover_benchmark_detection_latency_and_step_shares() {
+    use questdb_operator::cloud::Ec2Api;
     let env = CloudEnv::start(settings()).await;
     let names: Vec<String> = (1..=5).map(|i| format!("bench{i}")).collect();
     for name in &names {
         env.create(name, |q| q.spec.failover.unhealthy_after_seconds = 10)
             .await;
     }
+    eprintln!(
+        "failover benchmark: node timings {} (Lease {} s; QDB_TESTENV_TIMINGS=kubelet for a real kubelet's), threshold {} s",
+        if questdb_testenv::timings::real_node_timings() { "of a real kubelet" } else { "shortened" },
+        questdb_testenv::timings::node_lease_duration().as_secs(),
+        questdb_testenv::timings::node_lease_duration().as_secs().max(10),
+    );
+    let kinds = ["partition", "power-off", "terminated"];
     let mut downtimes = Vec::new();
-    for name in &names[..3] {
+    for (name, kind) in names.iter().zip(kinds) {
         let q = wait_for(&env.qdbs(), name, "QuestDB Ready", is_ready()).await;
         let id = q.status.and_then(|s| s.instance_id).expect("instance");
-        env.cp
-            .node(&node_name_for(&id))
-            .expect("kubelet")
-            .power_off();
-        assert!(env.cloud.ec2.power_off(&id));
+        let kubelet = env.cp.node(&node_name_for(&id)).expect("kubelet");
+        let cut = std::time::Instant::now();
+        match kind {
+            "partition" => kubelet.partition(),
+            // A hardware failure: EC2 keeps the instance running.
+            "power-off" => kubelet.power_off(),
+            _ => env
+                .cloud
+                .ec2
+                .terminate_instances(std::slice::from_ref(&id))
+                .await
+                .expect("terminate"),
+        }
         let q = wait_for_within(
             &env.qdbs(),
             name,
@@ -792,7 +831,24 @@ async fn failover_benchmark_detection_latency_and_step_shares() {
             |q: Option<&QuestDB>| q.and_then(failover_phase).as_deref() == Some("Healthy"),
         )
         .await;
-        downtimes.extend(q.status.and_then(|s| s.failover?.downtime_seconds));
+        let f = q.status.and_then(|s| s.failover).expect("record");
+        let started = f
+            .started_at
+            .as_deref()
+            .and_then(|t| t.parse::<k8s_openapi::jiff::Timestamp>().ok());
+        eprintln!(
+            "failover benchmark: {kind:<10} reason {:<18} fault -> failover start ~{:>5.1} s, downtime {:?} s, fault -> Healthy {:>5.1} s",
+            f.reason.clone().unwrap_or_default(),
+            started
+                .map(|t| {
+                    let now = k8s_openapi::jiff::Timestamp::now();
+                    cut.elapsed().as_secs_f64() - now.duration_since(t).as_secs_f64()
+                })
+                .unwrap_or(f64::NAN),
+            f.downtime_seconds,
+            cut.elapsed().as_secs_f64(),
+        );
+        downtimes.extend(f.downtime_seconds);
     }
     let text = env.handle.metrics.render();
     let value = |prefix: &str| -> f64 {

@@ -501,3 +501,50 @@ async fn fifty_databases_upgraded_one_edit_after_another_never_exceed_the_concur
     }
     env.stop().await;
 }
+
+/// On EKS the EBS CSI node plugin registers its driver after the Node is Ready; an attach
+/// before that fails ("CSINode ... does not contain driver") and backs off for up to minutes,
+/// stretching the downtime of a move (or the start of a new database). A dedicated node takes
+/// its database only once the driver is registered, so no attach is ever refused for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_volume_attach_is_tried_before_the_csi_driver_registers_on_the_node() {
+    use futures::StreamExt;
+    use k8s_openapi::api::storage::v1::VolumeAttachment;
+    use kube::runtime::{watcher, WatchStreamExt};
+    let env = CloudEnv::start(settings()).await;
+    let refused = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let seen = refused.clone();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let cancelled = stop.clone();
+    let vas: Api<VolumeAttachment> = Api::all(env.client.clone());
+    tokio::spawn(async move {
+        let mut stream = std::pin::pin!(watcher(vas, watcher::Config::default()).applied_objects());
+        loop {
+            let va = tokio::select! {
+                _ = cancelled.cancelled() => return,
+                next = stream.next() => match next {
+                    Some(Ok(va)) => va,
+                    Some(Err(_)) => continue,
+                    None => return,
+                },
+            };
+            let error = va
+                .status
+                .as_ref()
+                .and_then(|s| s.attach_error.as_ref())
+                .and_then(|e| e.message.clone());
+            if let Some(e) = error.filter(|e| e.contains("does not contain driver")) {
+                seen.lock().unwrap().push(e);
+            }
+        }
+    });
+    let (_, old_id) = ready_db1(&env, |_| {}).await;
+    set_image(&env, NEW_AMI).await;
+    let q = wait_move(&env, "moved", "Retaining", NEW_AMI).await;
+    stop.cancel();
+    let new_id = q.status.and_then(|s| s.instance_id).expect("instance");
+    assert_ne!(new_id, old_id);
+    let refused = refused.lock().unwrap().clone();
+    assert!(refused.is_empty(), "attaches refused: {refused:?}");
+    env.stop().await;
+}

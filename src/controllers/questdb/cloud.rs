@@ -366,14 +366,24 @@ async fn node_steps(
                 Flow::StopAt
             }
             NodeStep::Dedicate { node, instance } => {
-                dedicate(ctx, &node, dedicated, &instance).await?;
-                run.out.node_condition = Some(Verdict::new(
-                    conditions::NODE_READY,
-                    false,
-                    Reason::WaitingForNode,
-                    format!("labelled and tainted node {node} for this database"),
-                ));
-                run.out.requeue_within(Duration::from_secs(1));
+                if let Some(driver) = super::node_marks::csi_driver_missing(ctx, &node).await? {
+                    run.out.node_condition = Some(Verdict::new(
+                        conditions::NODE_READY,
+                        false,
+                        Reason::WaitingForCsiDriver,
+                        super::node_marks::waiting_for_csi(&node, &driver),
+                    ));
+                    run.out.requeue_within(Duration::from_secs(2));
+                } else {
+                    dedicate(ctx, &node, dedicated, &instance).await?;
+                    run.out.node_condition = Some(Verdict::new(
+                        conditions::NODE_READY,
+                        false,
+                        Reason::WaitingForNode,
+                        format!("labelled and tainted node {node} for this database"),
+                    ));
+                    run.out.requeue_within(Duration::from_secs(1));
+                }
                 Flow::StopAt
             }
             NodeStep::Ready { node, ready } => {

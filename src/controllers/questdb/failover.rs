@@ -468,6 +468,32 @@ async fn steps(
                 return Ok(in_progress(&f));
             }
             Step::Advance(next) => advance(qdb, ctx, &f, next).await?,
+            Step::TerminateFenced(old) => {
+                match cloud.nodes.terminate(&old, &owner_uid(qdb)).await {
+                    Ok(()) => {}
+                    Err(e) if super::not_owned(&e) => {
+                        out.requeue_within(Duration::from_secs(60));
+                        return Ok(refused(qdb, ctx, &status, &e).await);
+                    }
+                    Err(CloudError::Throttled { .. } | CloudError::Transient { .. }) => {}
+                    Err(e) => return Err(Error::Cloud(e)),
+                }
+                let note = format!(
+                    "the volume has not detached from fenced instance {old} after {}s: terminating it (EC2 detaches a terminated instance's volumes)",
+                    failover::DETACH_ESCALATION.as_secs()
+                );
+                warn!(questdb = %qdb.name_any(), "{note}");
+                ctx.event(
+                    qdb,
+                    EventType::Warning,
+                    Reason::FailoverStuck,
+                    "Failover",
+                    note,
+                )
+                .await;
+                out.requeue_within(STEP_POLL);
+                return Ok(in_progress(&f));
+            }
             Step::ForceDeletePod => {
                 force_delete_pod_on(qdb, ctx, f.old_node.as_deref().unwrap_or_default()).await?;
                 out.requeue_within(STEP_POLL);

@@ -2,6 +2,7 @@
 //! the taints the failover and move steps add, always over the Node's live taint list.
 
 use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::storage::v1::CSINode;
 use kube::api::{Api, Patch, PatchParams};
 use kube::ResourceExt;
 use serde_json::json;
@@ -13,6 +14,33 @@ use crate::controllers::Error;
 use crate::desired::{
     DedicatedNode, DEDICATED_LABEL_KEY, DEDICATED_TAINT_EFFECT, DEDICATED_TAINT_KEY, PIN_LABEL_KEY,
 };
+
+/// The CSI driver (`--csi-driver`) not yet registered on `node`, if any: its CSINode does not
+/// list it. On EKS the EBS CSI node plugin registers after the Node is Ready; an attach before
+/// that fails ("CSINode ... does not contain driver") and backs off for up to minutes, so a
+/// node is dedicated (the database's pod can land there) only once the driver is there.
+pub async fn csi_driver_missing(ctx: &Context, node: &str) -> Result<Option<String>, Error> {
+    let Some(driver) = ctx
+        .cloud
+        .as_ref()
+        .and_then(|c| c.settings.csi_driver.clone())
+    else {
+        return Ok(None);
+    };
+    let csinode = Api::<CSINode>::all(ctx.client.clone())
+        .get_opt(node)
+        .await
+        .map_err(Error::Kube)?;
+    let registered = csinode
+        .and_then(|c| c.spec.drivers.into_iter().find(|d| d.name == driver))
+        .is_some();
+    Ok((!registered).then_some(driver))
+}
+
+/// What a node waits for while its CSI driver registers.
+pub fn waiting_for_csi(node: &str, driver: &str) -> String {
+    format!("node {node} waits for the CSI driver {driver} to register on it (its CSINode) before it takes the database")
+}
 
 /// Adds the dedicated label and taint to the Node, keeping its other taints.
 pub async fn dedicate(

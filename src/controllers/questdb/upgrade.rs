@@ -407,6 +407,10 @@ async fn steps(
                 .await?;
             }
             Step::Dedicate { node, instance } => {
+                if let Some(driver) = super::node_marks::csi_driver_missing(ctx, &node).await? {
+                    let message = super::node_marks::waiting_for_csi(&node, &driver);
+                    return waiting_with(qdb, ctx, &u, message, out).await;
+                }
                 dedicate(ctx, &node, &dedicated, &instance).await?;
                 out.requeue_within(STEP_POLL);
                 return Ok(moving(&u));
@@ -513,16 +517,7 @@ async fn steps(
                 .unwrap_or_else(|| {
                     format!("waiting for the dead node of instance {old} to be fenced")
                 });
-                if u.message.as_deref() != Some(message.as_str()) {
-                    persist(qdb, ctx, |s| {
-                        if let Some(u) = s.upgrade.as_mut() {
-                            u.message = Some(message.clone());
-                        }
-                    })
-                    .await?;
-                }
-                out.requeue_within(STEP_POLL);
-                return Ok(moving(&u));
+                return waiting_with(qdb, ctx, &u, message, out).await;
             }
             Step::HandOver { message } => {
                 // Nothing of the database is left on the old node (the step says so): its
@@ -653,6 +648,26 @@ async fn steps(
         Reason::Moving,
         "node move in progress".into(),
     ))
+}
+
+/// A move step that waits: its message recorded (once), looked at again soon.
+async fn waiting_with(
+    qdb: &mut QuestDB,
+    ctx: &Context,
+    u: &UpgradeStatus,
+    message: String,
+    out: &mut CloudOutcome,
+) -> Result<Verdict, Error> {
+    if u.message.as_deref() != Some(message.as_str()) {
+        persist(qdb, ctx, |s| {
+            if let Some(u) = s.upgrade.as_mut() {
+                u.message = Some(message.clone());
+            }
+        })
+        .await?;
+    }
+    out.requeue_within(STEP_POLL);
+    Ok(moving(u))
 }
 
 /// Whether `node` is dead as a failover judges it: silent past the database's threshold,
