@@ -535,6 +535,11 @@ pub fn next_step(v: &StepView) -> Step {
                 || ((!targets(u, v.spec) || v.old_node_dead) && v.dns_ttl_over)
             {
                 Step::Release
+            } else if v.old_node_dead {
+                Step::Wait(format!(
+                    "old instance {} stopped answering: no rollback to it; released once resolvers dropped its address (DNS TTL)",
+                    u.old_instance_id.clone().unwrap_or_default()
+                ))
             } else {
                 Step::Wait(format!(
                     "old instance {} kept, cordoned, for a rollback (until retainUntil)",

@@ -548,3 +548,35 @@ async fn no_volume_attach_is_tried_before_the_csi_driver_registers_on_the_node()
     assert!(refused.is_empty(), "attaches refused: {refused:?}");
     env.stop().await;
 }
+
+/// A retained old node that dies during the rollback window can no longer take the database
+/// back; keeping it until the window ends (30 minutes by default) only leaves a dead instance
+/// running up the bill, and a rollback onto it would fail: it is released once dead and past
+/// the DNS TTL, and no revert is offered onto it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retained_node_that_dies_during_the_rollback_window_is_released() {
+    let env = CloudEnv::start(settings()).await;
+    let (uid, old_id) = ready_db1(&env, |q| q.spec.failover.unhealthy_after_seconds = 10).await;
+    set_image(&env, NEW_AMI).await;
+    let q = wait_move(&env, "moved, old node retained", "Retaining", NEW_AMI).await;
+    let new_id = q.status.and_then(|s| s.instance_id).expect("instance");
+    // Converged and asleep until its next look at the window: only the node's death wakes it.
+    super::writes_settle(&env.cp).await;
+    env.cp
+        .node(&node_name_for(&old_id))
+        .expect("kubelet of the retained node")
+        .power_off();
+    // Well before the window's next look (5 minutes at most): the death itself wakes it.
+    wait_for_within(
+        &env.qdbs(),
+        "db1",
+        "the dead retained node released",
+        Duration::from_secs(90),
+        |q: Option<&QuestDB>| q.and_then(upgrade_phase).as_deref() == Some("Completed"),
+    )
+    .await;
+    env.wait_terminated(&old_id, "the dead retained node is terminated")
+        .await;
+    assert_eq!(env.live_instances_of(&uid), vec![new_id], "one instance");
+    env.stop().await;
+}

@@ -36,8 +36,8 @@ struct Survey {
     /// apiserver silences them all, which a lone dedicated node cannot tell from its own death.
     cluster: usize,
     cluster_silent: usize,
-    /// For the reconciled node: its QuestDB and threshold, if a database runs on it, and the
-    /// node readiness its status last recorded.
+    /// For the reconciled node: its QuestDB and threshold, if a database runs on it (or a node
+    /// move of one holds it), and the node readiness its status last recorded.
     owner: Option<(ObjectRef<GuardedQuestDB>, Duration, Option<bool>)>,
 }
 
@@ -52,6 +52,24 @@ fn survey(ctx: &Context, health: &NodeHealth, node: &str, now: Instant) -> Surve
                 id,
                 (q, health.threshold(q.spec.failover.unhealthy_after_seconds)),
             ))
+        })
+        .collect();
+    // The other instances of a node move under way (the node it leaves or retains, the one it
+    // moves to): not databases at risk for the breaker, but the move judges them dead or alive,
+    // and nothing else wakes it for them.
+    let movers: HashMap<&str, (&crate::api::QuestDB, Duration)> = questdbs
+        .iter()
+        .filter_map(|q| q.0.as_ref().ok())
+        .filter_map(|q| {
+            let u = q.status.as_ref()?.upgrade.as_ref()?;
+            crate::controllers::upgrade::active(q.status.as_ref()?).then_some((q, u))
+        })
+        .flat_map(|(q, u)| {
+            let threshold = health.threshold(q.spec.failover.unhealthy_after_seconds);
+            [u.old_instance_id.as_deref(), u.new_instance_id.as_deref()]
+                .into_iter()
+                .flatten()
+                .map(move |id| (id, (q, threshold)))
         })
         .collect();
     let nodes = ctx.caches.nodes.state();
@@ -81,6 +99,11 @@ fn survey(ctx: &Context, health: &NodeHealth, node: &str, now: Instant) -> Surve
         // A node no QuestDB runs on any more (fenced, being replaced, upgraded away) is not a
         // database at risk: it neither counts toward the breaker nor triggers.
         let Some((qdb, threshold)) = owners.get(instance) else {
+            if name == node {
+                out.owner = movers.get(instance).and_then(|(q, threshold)| {
+                    crate::controllers::context::questdb_ref(q).map(|r| (r, *threshold, None))
+                });
+            }
             continue;
         };
         out.managed += 1;
