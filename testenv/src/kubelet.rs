@@ -755,9 +755,20 @@ async fn heartbeat(client: Client, state: Arc<NodeState>) {
                                      "holderIdentity": name}});
         match leases.patch(&name, &pp, &Patch::Merge(&renew)).await {
             Ok(_) => {}
+            // Garbage-collected with a deleted Node: the kubelet's lease controller creates it
+            // again (without an owner, the Node being gone) and keeps renewing
+            // (component-helpers lease controller, `ensureLease`).
             Err(kube::Error::Api(e)) if e.code == 404 => {
-                debug!(node = %name, "node lease gone; kubelet stops");
-                return;
+                let lease: Lease = serde_json::from_value(json!({
+                    "metadata": {"name": name, "namespace": "kube-node-lease"},
+                    "spec": {"holderIdentity": name,
+                             "leaseDurationSeconds": timings::node_lease_duration().as_secs(),
+                             "renewTime": MicroTime(k8s_openapi::jiff::Timestamp::now())},
+                }))
+                .expect("lease");
+                if let Err(e) = leases.create(&PostParams::default(), &lease).await {
+                    debug!(node = %name, error = %e, "lease re-create failed");
+                }
             }
             Err(e) => debug!(node = %name, error = %e, "lease renew failed"),
         }
@@ -788,9 +799,11 @@ async fn heartbeat(client: Client, state: Arc<NodeState>) {
                 last_status = Instant::now();
                 was_faulted = false;
             }
+            // A kubelet never registers again once registered (`registrationCompleted` in
+            // pkg/kubelet/kubelet_node_status.go, 1.37): it keeps failing to post its status,
+            // renewing its Lease and running its pods, with no Node.
             Err(kube::Error::Api(e)) if e.code == 404 => {
-                debug!(node = %name, "node object deleted; kubelet stops");
-                return;
+                debug!(node = %name, "node object deleted; the kubelet runs on without one");
             }
             Err(e) => debug!(node = %name, error = %e, "node status post failed"),
         }

@@ -129,6 +129,7 @@ mod tests {
         let cluster_scoped = [
             "nodes",
             "storageclasses",
+            "csinodes",
             "volumeattachments",
             "leases",
             "namespaces",

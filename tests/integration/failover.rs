@@ -1090,3 +1090,61 @@ async fn an_instance_terminated_by_someone_else_is_failed_over_before_its_node_i
     );
     env.stop().await;
 }
+
+/// The step of a node move, its way back told apart.
+fn move_step(q: &QuestDB) -> Option<String> {
+    let u = q.status.as_ref()?.upgrade.as_ref()?;
+    Some(if u.rolling_back {
+        format!("{} (back)", u.phase)
+    } else {
+        u.phase.clone()
+    })
+}
+
+/// A crash at any step of a move whose new node dies after the switch resumes where it was:
+/// the manager is killed each time the move enters a new step (forward and back) and
+/// restarted; the end is the database on its old instance, one live instance, one pod.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_the_manager_at_every_step_of_a_move_whose_new_node_dies_ends_on_the_old_node() {
+    let mut env = CloudEnv::start(settings()).await;
+    let Running {
+        uid,
+        instance: old_id,
+        pvc_uid,
+        ..
+    } = running_database(&env).await;
+    let (new_id, new_kubelet) = move_held_before_the_switch(&env).await;
+    let nodes = Api::<k8s_openapi::api::core::v1::Node>::all(env.client.clone());
+    new_kubelet.heal();
+    wait_for(
+        &nodes,
+        &node_name_for(&new_id),
+        "new node Ready",
+        |n: Option<&k8s_openapi::api::core::v1::Node>| {
+            n.and_then(|n| n.status.as_ref()?.conditions.clone())
+                .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+        },
+    )
+    .await;
+    new_kubelet.partition();
+    let killed = env
+        .kill_at_every_step(
+            move_step,
+            "RolledBack (back)",
+            &["Completed", "Aborted", "Retaining"],
+            FAILOVER_TIMEOUT,
+        )
+        .await;
+    assert!(killed.len() >= 2, "killed at {killed:?}");
+    env.wait_terminated(&new_id, "the dead new node is terminated")
+        .await;
+    env.assert_runs_on(&old_id, &pvc_uid).await;
+    assert_eq!(env.live_instances_of(&uid), vec![old_id], "one instance");
+    let pods = Api::<Pod>::namespaced(env.client.clone(), NS)
+        .list(&Default::default())
+        .await
+        .expect("pods")
+        .items;
+    assert_eq!(pods.len(), 1, "one pod");
+    env.stop().await;
+}
