@@ -12,7 +12,7 @@ use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
 use kube::ResourceExt;
 use serde_json::json;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use super::node_marks::patch_node;
 use super::outcome::CloudOutcome;
@@ -89,7 +89,7 @@ pub async fn reconcile(
     // the Node still exists to take the out-of-service taint (the cloud controller deletes it
     // once NotReady), so the volume need not wait for the 6-minute force detach.
     if symptom.for_ < threshold {
-        symptom.terminated = instance_gone(cloud, &id).await?;
+        symptom.terminated = instance_gone(cloud, &id).await;
         if !symptom.terminated {
             out.requeue_within(threshold.saturating_sub(symptom.for_).min(GONE_POLL));
         }
@@ -314,15 +314,21 @@ struct Symptom {
 /// threshold (at most one DescribeInstances per this long, however many databases ask).
 const GONE_POLL: Duration = Duration::from_secs(5);
 
-/// Whether the shared EC2 snapshot (at most [`GONE_POLL`] old) says `instance` is gone.
-async fn instance_gone(cloud: &CloudRuntime, instance: &str) -> Result<bool, Error> {
-    Ok(cloud
+/// Whether the shared EC2 snapshot (at most [`GONE_POLL`] old) says `instance` is gone. An
+/// AWS error answers no: the threshold still decides, and a failed reconcile's back-off must
+/// not delay a failover that the Lease alone will start.
+async fn instance_gone(cloud: &CloudRuntime, instance: &str) -> bool {
+    match cloud
         .instances
         .get_within(cloud.nodes.as_ref(), GONE_POLL)
         .await
-        .map_err(Error::Cloud)?
-        .iter()
-        .any(|i| i.id == instance && i.state.is_gone()))
+    {
+        Ok(all) => all.iter().any(|i| i.id == instance && i.state.is_gone()),
+        Err(e) => {
+            debug!(%instance, error = %e, "EC2 snapshot unavailable; the threshold decides");
+            false
+        }
+    }
 }
 
 /// The node of `instance` as the caches and the tracker see it: `None` while it renews its
