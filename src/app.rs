@@ -42,8 +42,11 @@ pub fn main() -> ExitCode {
 
 async fn dispatch(command: Command) -> anyhow::Result<()> {
     match command {
-        Command::Crd => {
-            print!("{}", crate::crd::yaml()?);
+        Command::Crd(args) => {
+            let lease = args
+                .node_lease_duration
+                .unwrap_or(crate::crd::DEFAULT_NODE_LEASE_DURATION);
+            print!("{}", crate::crd::yaml_for_lease(lease)?);
             Ok(())
         }
         Command::Version => {

@@ -24,10 +24,18 @@ pub struct Cli {
 pub enum Command {
     /// Run the operator against the cluster of the current kubeconfig / in-cluster config.
     Run(Box<RunArgs>),
-    /// Print the QuestDB CustomResourceDefinition as YAML.
-    Crd,
+    /// Print the QuestDB CustomResourceDefinitions as YAML.
+    Crd(CrdArgs),
     /// Print the version.
     Version,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct CrdArgs {
+    /// The kubelets' Lease duration, as given to `run`: the floor of
+    /// `spec.failover.unhealthyAfterSeconds` in the schema (40s unless changed).
+    #[arg(long, env = "NODE_LEASE_DURATION", value_parser = parse_duration)]
+    pub node_lease_duration: Option<Duration>,
 }
 
 #[derive(Args, Debug, Clone)]

@@ -1,22 +1,62 @@
 //! The CRDs as YAML: what `questdb-operator crd` prints and `crds/questdb.yaml` holds.
 
+use std::time::Duration;
+
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
 
 use crate::api::{QuestDB, QuestDBBackup, QuestDBBackupSchedule};
 
-/// Every CRD the operator serves, `QuestDB` first.
+/// The kubelet's default `nodeLeaseDurationSeconds`; it renews every quarter of it (10 s).
+pub const DEFAULT_NODE_LEASE_DURATION: Duration = Duration::from_secs(40);
+
+/// Every CRD the operator serves, `QuestDB` first, for kubelets with the default Lease.
 pub fn all() -> Vec<CustomResourceDefinition> {
+    for_lease(DEFAULT_NODE_LEASE_DURATION)
+}
+
+/// Every CRD, `QuestDB` first, for kubelets whose Lease lasts `lease_duration`.
+pub fn for_lease(lease_duration: Duration) -> Vec<CustomResourceDefinition> {
     vec![
-        QuestDB::crd(),
+        questdb(lease_duration),
         QuestDBBackup::crd(),
         QuestDBBackupSchedule::crd(),
     ]
 }
 
+/// The `QuestDB` CRD whose floor on `spec.failover.unhealthyAfterSeconds` is `lease_duration`:
+/// a live kubelet leaves its Lease unrenewed for up to that long, so a shorter threshold would
+/// fence healthy nodes. The operator's `--node-lease-duration` sets the same floor in code.
+pub fn questdb(lease_duration: Duration) -> CustomResourceDefinition {
+    let mut crd = QuestDB::crd();
+    let floor = lease_duration.as_secs().max(1);
+    for version in &mut crd.spec.versions {
+        let field = version
+            .schema
+            .as_mut()
+            .and_then(|s| s.open_api_v3_schema.as_mut())
+            .and_then(|s| s.properties.as_mut()?.get_mut("spec"))
+            .and_then(|s| s.properties.as_mut()?.get_mut("failover"))
+            .and_then(|s| s.properties.as_mut()?.get_mut("unhealthyAfterSeconds"));
+        let Some(field) = field else { continue };
+        for rule in field.x_kubernetes_validations.iter_mut().flatten() {
+            rule.rule = format!("self >= {floor}");
+            rule.message = Some(format!(
+                "failover.unhealthyAfterSeconds must be at least {floor}, the kubelets' Lease duration"
+            ));
+        }
+    }
+    crd
+}
+
 /// [`all`] as one multi-document YAML stream.
 pub fn yaml() -> anyhow::Result<String> {
-    let docs = all()
+    yaml_for_lease(DEFAULT_NODE_LEASE_DURATION)
+}
+
+/// [`for_lease`] as one multi-document YAML stream.
+pub fn yaml_for_lease(lease_duration: Duration) -> anyhow::Result<String> {
+    let docs = for_lease(lease_duration)
         .iter()
         .map(serde_yaml_ng::to_string)
         .collect::<Result<Vec<_>, _>>()?;
@@ -25,6 +65,33 @@ pub fn yaml() -> anyhow::Result<String> {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
+    fn floor_rule(crd: &super::CustomResourceDefinition) -> String {
+        let json = serde_json::to_value(crd).unwrap();
+        json.pointer("/spec/versions/0/schema/openAPIV3Schema/properties/spec/properties/failover/properties/unhealthyAfterSeconds/x-kubernetes-validations/0/rule")
+            .and_then(|r| r.as_str())
+            .expect("the floor rule is where the renderer looks")
+            .to_string()
+    }
+
+    #[test]
+    fn the_default_crd_floors_the_failover_threshold_at_the_kubelets_default_lease() {
+        assert_eq!(floor_rule(&super::all()[0]), "self >= 40");
+        assert_eq!(
+            super::questdb(super::DEFAULT_NODE_LEASE_DURATION),
+            <crate::api::QuestDB as kube::CustomResourceExt>::crd()
+        );
+    }
+
+    #[test]
+    fn a_cluster_with_shorter_kubelet_leases_gets_a_lower_floor() {
+        assert_eq!(
+            floor_rule(&super::questdb(Duration::from_secs(12))),
+            "self >= 12"
+        );
+    }
+
     /// The checked-in CRD must be exactly what the code generates; regenerate it with
     /// `cargo run -- crd > crds/questdb.yaml`.
     #[test]

@@ -7,7 +7,7 @@ use anyhow::{bail, Context as _};
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, ObjectMeta, PostParams};
-use kube::{Client, CustomResourceExt};
+use kube::Client;
 use questdb_operator::api::QuestDB;
 use questdb_sim::hooks::INTERNAL_HEADER;
 use questdb_sim::Sim;
@@ -28,9 +28,12 @@ pub fn uncounted_client(sim: &Sim) -> anyhow::Result<Client> {
 /// Installs the QuestDB CRD and waits until the resource is served.
 pub async fn install_crd(client: &Client, timeout: Duration) -> anyhow::Result<()> {
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    crds.create(&PostParams::default(), &QuestDB::crd())
-        .await
-        .context("installing the CRD")?;
+    crds.create(
+        &PostParams::default(),
+        &questdb_operator::crd::questdb(questdb_testenv::timings::node_lease_duration()),
+    )
+    .await
+    .context("installing the CRD")?;
     let api: Api<QuestDB> = Api::all(client.clone());
     let deadline = Instant::now() + timeout;
     while api.list(&Default::default()).await.is_err() {

@@ -16,7 +16,7 @@ use crate::SandboxArgs;
 /// apiserver establishes a new CRD a moment after accepting it, and the example is applied next.
 pub async fn install_crd(client: &kube::Client) -> anyhow::Result<()> {
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-    for crd in questdb_operator::crd::all() {
+    for crd in questdb_operator::crd::for_lease(questdb_testenv::timings::node_lease_duration()) {
         Api::<CustomResourceDefinition>::all(client.clone())
             .create(&PostParams::default(), &crd)
             .await

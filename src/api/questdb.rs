@@ -267,7 +267,9 @@ pub struct FailoverSpec {
     pub enabled: bool,
     /// How long the node must be unhealthy before it is fenced and replaced.
     #[serde(default = "default_unhealthy_after")]
-    #[x_kube(validation = Rule::new("self >= 10").message("failover.unhealthyAfterSeconds must be at least 10"))]
+    // The floor is the kubelets' Lease duration; `crate::crd::questdb` renders it for clusters
+    // whose kubelets use another one.
+    #[x_kube(validation = Rule::new("self >= 40").message("failover.unhealthyAfterSeconds must be at least 40, the kubelets' Lease duration"))]
     pub unhealthy_after_seconds: i64,
 }
 
@@ -764,13 +766,17 @@ mod tests {
     }
 
     #[test]
-    fn failover_delay_below_ten_seconds_is_rejected() {
+    fn a_failover_delay_a_live_kubelets_renewals_could_trip_is_rejected() {
         let mut qdb = good();
-        qdb.spec.failover.unhealthy_after_seconds = 5;
+        qdb.spec.failover.unhealthy_after_seconds = 39;
         assert_eq!(
             create_errors(&qdb),
-            vec!["failover.unhealthyAfterSeconds must be at least 10"]
+            vec![
+                "failover.unhealthyAfterSeconds must be at least 40, the kubelets' Lease duration"
+            ]
         );
+        qdb.spec.failover.unhealthy_after_seconds = 40;
+        assert!(create_errors(&qdb).is_empty());
     }
 
     #[test]

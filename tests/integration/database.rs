@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::api::{Api, Patch, PatchParams, PostParams};
-use kube::{CustomResourceExt, ResourceExt};
+use kube::ResourceExt;
 use questdb_operator::api::QuestDB;
 use questdb_operator::desired::credentials;
 use questdb_operator::ilp_auth::testing::TestKey;
@@ -23,7 +23,7 @@ pub(crate) async fn env() -> Env {
         databases: Databases::Real,
         ..cluster()
     };
-    let env = Env::start_on(options, Default::default(), QuestDB::crd()).await;
+    let env = Env::start_on(options, Default::default(), crate::harness::questdb_crd()).await;
     env.namespace(NS).await;
     env
 }
@@ -646,7 +646,7 @@ async fn a_suspended_wal_table_makes_write_healthy_false_naming_it_until_resumed
         write_health_interval: std::time::Duration::from_secs(1),
         ..Default::default()
     };
-    let env = Env::start_on(options, opts, QuestDB::crd()).await;
+    let env = Env::start_on(options, opts, crate::harness::questdb_crd()).await;
     env.namespace(NS).await;
     env.create_questdb(NS, "db1", |q| {
         real(q);

@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, PostParams};
 use kube::runtime::wait::{await_condition, Condition};
-use kube::{Client, CustomResourceExt, Resource};
+use kube::{Client, Resource};
 use questdb_operator::api::QuestDB;
 use questdb_operator::desired::testing;
 use questdb_operator::manager::{self, ManagerHandle, ManagerOptions};
@@ -56,7 +56,7 @@ impl Env {
     }
 
     pub async fn start_with(opts: ManagerOptions) -> Env {
-        Self::start_with_crd(opts, QuestDB::crd()).await
+        Self::start_with_crd(opts, questdb_crd()).await
     }
 
     /// Like [`Env::start_with`], with a CRD of the test's choosing (e.g. a looser schema).
@@ -187,7 +187,13 @@ impl Env {
 }
 
 pub async fn install_crd(client: &Client) {
-    install(client, &QuestDB::crd()).await
+    install(client, &questdb_crd()).await
+}
+
+/// The `QuestDB` CRD as a cluster with the test environment's kubelets installs it: its floor
+/// on `spec.failover.unhealthyAfterSeconds` is their Lease duration, as the operator's is.
+pub fn questdb_crd() -> CustomResourceDefinition {
+    questdb_operator::crd::questdb(questdb_testenv::timings::node_lease_duration())
 }
 
 async fn install(client: &Client, crd: &CustomResourceDefinition) {

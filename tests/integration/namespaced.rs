@@ -5,7 +5,7 @@
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim};
 use kube::api::{Patch, PatchParams, PostParams};
-use kube::{CustomResourceExt, ResourceExt};
+use kube::ResourceExt;
 use questdb_operator::api::QuestDB;
 use questdb_operator::ilp_auth::testing::TestKey;
 use questdb_operator::manager::ManagerOptions;
@@ -28,7 +28,7 @@ async fn a_role_only_install_runs_its_databases_without_reading_anything_cluster
             namespace: Some(OPERATOR_NAMESPACE.into()),
             ..Default::default()
         },
-        QuestDB::crd(),
+        crate::harness::questdb_crd(),
     )
     .await;
     let ns = OPERATOR_NAMESPACE;

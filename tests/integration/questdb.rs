@@ -682,7 +682,7 @@ async fn never_two_reconciles_of_one_object_at_once() {
 async fn an_unreadable_questdb_never_stops_the_others() {
     // A looser schema than ours (as after a downgrade of the operator) lets the apiserver store
     // a QuestDB this operator cannot parse.
-    let mut crd = <QuestDB as kube::CustomResourceExt>::crd();
+    let mut crd = crate::harness::questdb_crd();
     let schema = crd.spec.versions[0]
         .schema
         .as_mut()
@@ -964,5 +964,59 @@ async fn other_namespaces_are_kept_off_the_database_ports_unless_the_spec_says_o
         async move { nps.get_opt("np").await.expect("read").is_none() }
     })
     .await;
+    env.stop().await;
+}
+
+/// An operator upgrade that raises the schema's floor on `unhealthyAfterSeconds` (to the
+/// kubelets' default Lease, 40 s) must not leave a QuestDB created under the old floor
+/// uneditable: the apiserver ratchets the unchanged field, while a new value below the floor is
+/// refused with a message that says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raising_the_failover_floor_leaves_existing_databases_editable() {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    let env = Env::start().await;
+    env.namespace(NS).await;
+    env.create_questdb(NS, "db1", |q| q.spec.failover.unhealthy_after_seconds = 20)
+        .await;
+    let api = env.api::<QuestDB>(NS);
+    wait_for(&api, "db1", "db1 Ready", is_ready()).await;
+
+    let crds: Api<CustomResourceDefinition> = Api::all(env.client.clone());
+    let mut raised = questdb_operator::crd::all().remove(0);
+    raised.metadata.resource_version = crds
+        .get("questdbs.crd.questdb.io")
+        .await
+        .unwrap()
+        .metadata
+        .resource_version;
+    crds.replace("questdbs.crd.questdb.io", &PostParams::default(), &raised)
+        .await
+        .expect("the CRD of the upgraded operator is applied");
+
+    let below = Patch::Merge(json!({"spec": {"failover": {"unhealthyAfterSeconds": 25}}}));
+    let dry_run = PatchParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    wait_until(
+        "the apiserver refuses a new threshold below 40 s",
+        || async {
+            match api.patch("db1", &dry_run, &below).await {
+                Err(kube::Error::Api(e)) => e.message.contains("must be at least 40"),
+                _ => false,
+            }
+        },
+    )
+    .await;
+    api.patch(
+        "db1",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"config": {"server": {"cairo.commit.lag": "5000"}}}})),
+    )
+    .await
+    .expect("an edit of another field is accepted: the old threshold ratchets");
+    let q = api.get("db1").await.unwrap();
+    assert_eq!(q.spec.failover.unhealthy_after_seconds, 20);
+    wait_for(&api, "db1", "db1 Ready after the edit", is_ready()).await;
     env.stop().await;
 }

@@ -23,8 +23,7 @@ use crate::desired::PIN_LABEL_KEY;
 /// The namespace of the kubelets' Leases.
 pub const NODE_LEASE_NAMESPACE: &str = "kube-node-lease";
 
-/// The kubelet's default `nodeLeaseDurationSeconds`; it renews every quarter of it (10 s).
-pub const DEFAULT_NODE_LEASE_DURATION: Duration = Duration::from_secs(40);
+pub use crate::crd::DEFAULT_NODE_LEASE_DURATION;
 
 #[derive(Clone, Debug)]
 struct Seen {
