@@ -232,7 +232,7 @@ impl Families {
             ),
             unhealthy_dedicated_nodes: r.gauge(
                 "questdb_operator_unhealthy_dedicated_nodes",
-                "Dedicated nodes silent or not Ready for at least 10 s",
+                "Dedicated nodes whose kubelet Lease has been silent for at least its duration (--node-lease-duration)",
             ),
             failover_steps: r.histogram_vec(
                 "questdb_operator_failover_step_duration_seconds",

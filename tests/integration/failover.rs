@@ -1091,6 +1091,83 @@ async fn an_instance_terminated_by_someone_else_is_failed_over_before_its_node_i
     env.stop().await;
 }
 
+/// A crash at any step of a move whose old node dies at the switch resumes where it was: the
+/// manager is killed each time the move enters a new step and restarted; the old node is still
+/// fenced before the volume moves, the move completes on the new node, and nothing is left on
+/// the dead one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_the_manager_at_every_step_of_a_move_whose_old_node_dies_completes_on_the_new_node()
+{
+    let mut env = CloudEnv::start(settings()).await;
+    let Running {
+        uid,
+        instance: old_id,
+        node: old_node,
+        pvc_uid,
+    } = running_database(&env).await;
+    let (new_id, new_kubelet) = move_held_before_the_switch(&env).await;
+    let stop = CancellationToken::new();
+    let violations = two_writer_watch(&env, old_node.clone(), old_id.clone(), stop.clone());
+    env.cp.node(&old_node).expect("old kubelet").partition();
+    new_kubelet.heal();
+    let killed = env
+        .kill_at_every_step(
+            move_step,
+            "Completed",
+            &["Aborted", "RolledBack", "RolledBack (back)"],
+            FAILOVER_TIMEOUT,
+        )
+        .await;
+    stop.cancel();
+    assert!(killed.len() >= 2, "killed at {killed:?}");
+    let v = violations.lock().unwrap().clone();
+    assert!(v.is_empty(), "two writers possible: {v:?}");
+    env.wait_terminated(&old_id, "the dead old node is terminated")
+        .await;
+    env.assert_runs_on(&new_id, &pvc_uid).await;
+    assert_eq!(env.live_instances_of(&uid), vec![new_id], "one instance");
+    env.stop().await;
+}
+
+/// A crash at any step of the failover of an instance terminated by someone else (the pod on
+/// its doomed Node deleted without a grace period, the out-of-service taint raced against the
+/// cloud controller's Node deletion) still ends with one of everything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_the_manager_at_every_step_of_a_terminated_instances_failover_still_ends_with_one_of_everything(
+) {
+    use questdb_operator::cloud::Ec2Api;
+    let mut env = CloudEnv::start(settings()).await;
+    env.create("db1", |q| q.spec.failover.unhealthy_after_seconds = 30)
+        .await;
+    let q = wait_for(&env.qdbs(), "db1", "QuestDB Ready", is_ready()).await;
+    let uid = q.uid().expect("uid");
+    let old_id = q
+        .status
+        .as_ref()
+        .and_then(|s| s.instance_id.clone())
+        .expect("instance");
+    let pvc_uid = Api::<PersistentVolumeClaim>::namespaced(env.client.clone(), NS)
+        .get("db1-data")
+        .await
+        .expect("pvc")
+        .uid()
+        .expect("uid");
+    env.cloud
+        .ec2
+        .terminate_instances(std::slice::from_ref(&old_id))
+        .await
+        .expect("terminate");
+    let killed = env
+        .kill_at_every_step(failover_phase, "Healthy", &[], FAILOVER_TIMEOUT)
+        .await;
+    assert!(killed.len() >= 3, "killed at {killed:?}");
+    assert_one_of_everything(&env, &uid, &old_id, &pvc_uid).await;
+    let q = env.qdbs().get("db1").await.expect("db1");
+    let failover = q.status.and_then(|s| s.failover).expect("failover record");
+    assert_eq!(failover.reason.as_deref(), Some("InstanceTerminated"));
+    env.stop().await;
+}
+
 /// The step of a node move, its way back told apart.
 fn move_step(q: &QuestDB) -> Option<String> {
     let u = q.status.as_ref()?.upgrade.as_ref()?;
