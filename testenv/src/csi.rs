@@ -43,7 +43,7 @@ use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::{CSIDriver, StorageClass, VolumeAttachment};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams};
-use kube::runtime::reflector::{self, Store};
+use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::{Client, ResourceExt};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
@@ -76,6 +76,16 @@ pub struct Switches {
     /// stuck in the detaching state"), until the node's instance is terminated: EC2 detaches
     /// every volume of a terminated instance. A stop does not unstick them.
     pub detach_sticks_on: Mutex<BTreeSet<String>>,
+    /// What each node's OS has mounted (the kubelets' `volumesInUse`, by unique volume name),
+    /// while its instance runs: a volume mounted on a running instance does not detach (AWS:
+    /// "If you try to detach a volume that is mounted, it can get stuck in the busy state";
+    /// the EBS driver's ControllerUnpublishVolume waits for `available` and fails). A partitioned
+    /// or powered-off node keeps its mounts until its instance is stopped or terminated.
+    pub mounted: Mutex<BTreeMap<String, BTreeSet<String>>>,
+    /// The other outcome AWS documents for a mounted volume: it detaches from under the
+    /// running OS ("which could possibly damage the file system"); a writer there keeps
+    /// writing into a volume another instance may attach.
+    pub detach_while_mounted: AtomicBool,
     /// Attaches to every node but this one fail (a volume that only works where it is).
     pub attach_only_to: Mutex<Option<String>>,
     /// Every CreateSnapshot fails: `status.error` on the VolumeSnapshotContent, `readyToUse`
@@ -83,6 +93,36 @@ pub struct Switches {
     pub fail_snapshot: AtomicBool,
     /// Snapshots are created but stay `pending`: never `readyToUse`.
     pub stall_snapshot: AtomicBool,
+}
+
+impl Switches {
+    /// `node`'s kubelet mounts exactly `volumes` now.
+    pub(crate) fn set_mounted(&self, node: &str, volumes: &BTreeSet<String>) {
+        let mut mounted = self.mounted.lock().unwrap();
+        if volumes.is_empty() {
+            mounted.remove(node);
+        } else {
+            mounted.insert(node.to_string(), volumes.clone());
+        }
+    }
+
+    /// `node`'s instance stopped, terminated or rebooted: its OS holds no mount.
+    pub(crate) fn unmount_all(&self, node: &str) {
+        self.mounted.lock().unwrap().remove(node);
+    }
+
+    fn is_mounted(&self, node: &str, volume: &str) -> bool {
+        self.mounted
+            .lock()
+            .unwrap()
+            .get(node)
+            .is_some_and(|v| v.contains(volume))
+    }
+}
+
+/// The kubelet's unique name of a CSI volume (`volumesInUse`, `volumesAttached`).
+pub fn unique_volume_name(driver: &str, handle: &str) -> String {
+    format!("kubernetes.io/csi/{driver}^{handle}")
 }
 
 /// The CSIDriver (attach required) and the StorageClasses.
@@ -402,6 +442,7 @@ fn bytes(q: &str) -> u128 {
 
 async fn attacher(client: Client, switches: Arc<Switches>, stop: CancellationToken) {
     let (vas, mut events) = store::<VolumeAttachment>(&client, &stop);
+    let (pvs, _) = store::<PersistentVolume>(&client, &stop);
     let busy: Arc<Mutex<BTreeSet<String>>> = Arc::default();
     loop {
         tokio::select! {
@@ -428,7 +469,34 @@ async fn attacher(client: Client, switches: Arc<Switches>, stop: CancellationTok
                 {
                     continue;
                 }
-                Work::Detach
+                let mounted = va
+                    .spec
+                    .source
+                    .persistent_volume_name
+                    .as_deref()
+                    .and_then(|pv| pvs.get(&ObjectRef::new(pv)))
+                    .and_then(|pv| Some(pv.spec.as_ref()?.csi.as_ref()?.volume_handle.clone()))
+                    .map(|h| unique_volume_name(DRIVER, &h))
+                    .filter(|v| switches.is_mounted(&va.spec.node_name, v))
+                    .filter(|_| !switches.detach_while_mounted.load(Ordering::Relaxed));
+                match mounted {
+                    Some(volume) => {
+                        let told = va
+                            .status
+                            .as_ref()
+                            .and_then(|s| s.detach_error.as_ref())
+                            .and_then(|e| e.message.as_deref())
+                            .is_some_and(|m| m.contains("busy"));
+                        if told {
+                            continue;
+                        }
+                        Work::RefuseDetach(format!(
+                            "rpc error: code = Internal desc = Could not detach volume {volume} from node {}: volume is busy: still mounted on the running instance",
+                            va.spec.node_name
+                        ))
+                    }
+                    None => Work::Detach,
+                }
             } else if !deleting && !attached {
                 if switches.stall_attach.load(Ordering::Relaxed) {
                     continue;
@@ -517,6 +585,9 @@ enum Work {
     Attach,
     Refuse(String),
     Detach,
+    /// ControllerUnpublishVolume failed: external-attacher records `status.detachError` and
+    /// retries.
+    RefuseDetach(String),
 }
 
 async fn act(client: &Client, name: &str, work: Work) -> anyhow::Result<()> {
@@ -544,6 +615,11 @@ async fn act(client: &Client, name: &str, work: Work) -> anyhow::Result<()> {
             tokio::time::sleep(timings::VOLUME_ATTACH).await;
             let patch = json!({"status": {"attached": false,
                 "attachError": {"message": message, "time": now}}});
+            api.patch_status(name, &pp, &Patch::Merge(&patch)).await?;
+        }
+        Work::RefuseDetach(message) => {
+            tokio::time::sleep(timings::VOLUME_DETACH).await;
+            let patch = json!({"status": {"detachError": {"message": message, "time": now}}});
             api.patch_status(name, &pp, &Patch::Merge(&patch)).await?;
         }
         Work::Detach => {

@@ -464,17 +464,20 @@ impl Kubelets {
             .insert(reg.name.clone(), handle.clone())
         {
             old.stop();
+            // Joining again is a reboot: the OS starts with nothing mounted.
+            self.csi.unmount_all(&reg.name);
         }
         tokio::spawn(heartbeat(self.client.clone(), state));
         info!(node = %reg.name, "node joined");
         Ok(handle)
     }
 
-    /// Stops a node's kubelet and forgets it.
+    /// Stops a node's kubelet and forgets it; its instance holds no mount any more.
     pub fn leave(&self, name: &str) {
         if let Some(h) = self.nodes.lock().unwrap().remove(name) {
             h.stop();
         }
+        self.csi.unmount_all(name);
     }
 
     /// An EC2 instance booted: its kubelet registers from the rendered user data. A bootstrap
@@ -625,6 +628,20 @@ fn conditions(ready: bool, not_ready: &str) -> serde_json::Value {
     ])
 }
 
+/// The kubelet's Lease for `node`, renewed now: owned by its Node while the Node exists (the
+/// kubelet's lease controller sets the owner only when it knows the Node's uid).
+fn node_lease(node: &str, node_uid: Option<&str>) -> Lease {
+    let owners = node_uid
+        .map(|uid| vec![json!({"apiVersion": "v1", "kind": "Node", "name": node, "uid": uid})]);
+    serde_json::from_value(json!({
+        "metadata": {"name": node, "namespace": "kube-node-lease", "ownerReferences": owners},
+        "spec": {"holderIdentity": node,
+                 "leaseDurationSeconds": timings::node_lease_duration().as_secs(),
+                 "renewTime": MicroTime(k8s_openapi::jiff::Timestamp::now())},
+    }))
+    .expect("a Lease")
+}
+
 async fn register(client: &Client, state: &NodeState) -> anyhow::Result<()> {
     let reg = &state.registration;
     let mut labels = reg.labels.clone();
@@ -669,14 +686,7 @@ async fn register(client: &Client, state: &NodeState) -> anyhow::Result<()> {
         Err(kube::Error::Api(e)) if e.code == 409 => nodes.get(&reg.name).await?,
         Err(e) => return Err(e.into()),
     };
-    let lease: Lease = serde_json::from_value(json!({
-        "metadata": {
-            "name": reg.name, "namespace": "kube-node-lease",
-            "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": reg.name, "uid": created.uid()}],
-        },
-        "spec": {"holderIdentity": reg.name, "leaseDurationSeconds": timings::node_lease_duration().as_secs(),
-                 "renewTime": MicroTime(k8s_openapi::jiff::Timestamp::now())},
-    }))?;
+    let lease = node_lease(&reg.name, created.uid().as_deref());
     let leases: Api<Lease> = Api::namespaced(client.clone(), "kube-node-lease");
     match leases.create(&PostParams::default(), &lease).await {
         Ok(_) => {}
@@ -759,13 +769,7 @@ async fn heartbeat(client: Client, state: Arc<NodeState>) {
             // again (without an owner, the Node being gone) and keeps renewing
             // (component-helpers lease controller, `ensureLease`).
             Err(kube::Error::Api(e)) if e.code == 404 => {
-                let lease: Lease = serde_json::from_value(json!({
-                    "metadata": {"name": name, "namespace": "kube-node-lease"},
-                    "spec": {"holderIdentity": name,
-                             "leaseDurationSeconds": timings::node_lease_duration().as_secs(),
-                             "renewTime": MicroTime(k8s_openapi::jiff::Timestamp::now())},
-                }))
-                .expect("lease");
+                let lease = node_lease(&name, None);
                 if let Err(e) = leases.create(&PostParams::default(), &lease).await {
                     debug!(node = %name, error = %e, "lease re-create failed");
                 }
@@ -897,7 +901,7 @@ async fn run_pods(k: Kubelets) {
         for (_, run) in gone {
             if let Some(h) = k.get(&run.node) {
                 if h.healthy() {
-                    unmount(&h, &run.volumes, &runs);
+                    unmount(&h, &run.volumes, &runs, &k.csi);
                 }
             }
         }
@@ -942,7 +946,7 @@ async fn run_pods(k: Kubelets) {
                         run.busy = true;
                         let volumes = run.volumes.clone();
                         drop(r);
-                        unmount(&handle, &volumes, &runs);
+                        unmount(&handle, &volumes, &runs, &k.csi);
                         let (client, pod, runs, done) =
                             (k.client.clone(), pod.clone(), runs.clone(), done_tx.clone());
                         tokio::spawn(async move {
@@ -968,6 +972,7 @@ async fn run_pods(k: Kubelets) {
                         let mut in_use = handle.state.volumes_in_use.lock().unwrap();
                         let before = in_use.len();
                         in_use.extend(volumes.iter().cloned());
+                        k.csi.set_mounted(&node_name, &in_use);
                         if in_use.len() != before {
                             handle.state.changed.notify_one();
                         }
@@ -1043,9 +1048,9 @@ fn pod_volumes(
             .filter(|n| !n.is_empty())?;
         let pv = pvs.get(&ObjectRef::new(&pv_name))?;
         let csi = pv.spec.as_ref()?.csi.as_ref()?;
-        out.push(format!(
-            "kubernetes.io/csi/{}^{}",
-            csi.driver, csi.volume_handle
+        out.push(crate::csi::unique_volume_name(
+            &csi.driver,
+            &csi.volume_handle,
         ));
     }
     Some(out)
@@ -1078,7 +1083,12 @@ fn pod_claim_handles(
     Some(out)
 }
 
-fn unmount(handle: &NodeHandle, volumes: &[String], runs: &Arc<Mutex<BTreeMap<String, PodRun>>>) {
+fn unmount(
+    handle: &NodeHandle,
+    volumes: &[String],
+    runs: &Arc<Mutex<BTreeMap<String, PodRun>>>,
+    csi: &crate::csi::Switches,
+) {
     // A volume another pod on the node still mounts (or a database still runs on) stays in use.
     let still: BTreeSet<String> = runs
         .lock()
@@ -1097,6 +1107,7 @@ fn unmount(handle: &NodeHandle, volumes: &[String], runs: &Arc<Mutex<BTreeMap<St
             in_use.remove(v);
         }
     }
+    csi.set_mounted(&handle.name, &in_use);
     if in_use.len() != before {
         handle.state.changed.notify_one();
     }

@@ -153,3 +153,79 @@ async fn a_statefulset_pod_on_a_silent_node_is_evicted_but_not_replaced_while_it
         1
     );
 }
+
+/// EBS does not pull a mounted volume from a running instance: a detach of a partitioned
+/// node's volume (its pod force-deleted, the node declared out of service) fails `busy` as the
+/// EBS driver reports it, and completes only once the instance is stopped. A fake that let it
+/// go would let an operator that skips the fence pass its tests.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_volume_mounted_on_a_running_instance_does_not_detach_until_the_instance_stops() {
+    let cp = ControlPlane::start(ControlPlaneOptions::sandbox())
+        .await
+        .unwrap();
+    let client = cp.client().await;
+    namespace(&client, "busy").await;
+    let sts: Api<StatefulSet> = Api::namespaced(client.clone(), "busy");
+    sts.create(&PostParams::default(), &statefulset("db", None))
+        .await
+        .unwrap();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "busy");
+    let pod = running_pod(&pods, "db-0").await;
+    let node = pod.spec.as_ref().unwrap().node_name.clone().unwrap();
+    let vas: Api<VolumeAttachment> = Api::all(client.clone());
+    let on_node = |all: Vec<VolumeAttachment>| all.into_iter().find(|va| va.spec.node_name == node);
+
+    cp.node(&node).unwrap().partition();
+    // Nobody may scale the StatefulSet up again while the test looks at the attachment.
+    sts.patch(
+        "db",
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(json!({"spec": {"replicas": 0}})),
+    )
+    .await
+    .unwrap();
+    pods.delete(
+        "db-0",
+        &DeleteParams {
+            grace_period_seconds: Some(0),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
+    wait_until("the node tainted out-of-service", || async {
+        let Ok(mut n) = nodes.get(&node).await else {
+            return false;
+        };
+        let spec = n.spec.get_or_insert_with(Default::default);
+        spec.taints.get_or_insert_with(Vec::new).push(
+            serde_json::from_value(json!({"key": "node.kubernetes.io/out-of-service",
+                "value": "nodeshutdown", "effect": "NoExecute"}))
+            .unwrap(),
+        );
+        nodes
+            .replace(&node, &PostParams::default(), &n)
+            .await
+            .is_ok()
+    })
+    .await;
+    wait_until("the detach fails busy", || async {
+        let all = vas.list(&ListParams::default()).await.unwrap().items;
+        on_node(all).is_some_and(|va| {
+            va.metadata.deletion_timestamp.is_some()
+                && va
+                    .status
+                    .and_then(|s| s.detach_error)
+                    .and_then(|e| e.message)
+                    .is_some_and(|m| m.contains("busy"))
+        })
+    })
+    .await;
+
+    cp.kubelets().instance_stopped(&node);
+    wait_until("the volume detached once the instance stopped", || async {
+        on_node(vas.list(&ListParams::default()).await.unwrap().items).is_none()
+    })
+    .await;
+}

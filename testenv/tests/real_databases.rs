@@ -626,7 +626,12 @@ async fn an_out_of_service_taint_on_a_partitioned_node_that_still_runs_questdb_i
     let first = ready_pod(&cp, &pods, ns, None).await;
     let old = cp.database_processes()[0].clone();
 
-    // Cut off, force-deleted: the API forgets the pod, the node does not.
+    // Cut off, force-deleted: the API forgets the pod, the node does not. The volume then
+    // detaches from under the running database (one of EBS's two outcomes; the other, a
+    // detach stuck `busy`, would keep the second writer out).
+    cp.csi
+        .detach_while_mounted
+        .store(true, std::sync::atomic::Ordering::Relaxed);
     let a1 = cp.node("worker-a1").unwrap();
     a1.partition();
     pods.delete(

@@ -87,16 +87,21 @@ pub async fn reconcile(
             .as_ref()
             .filter(|u| upgrade::before_stopping(&u.phase))
         {
-            let u = u.clone();
-            abort(
+            let new = u.new_instance_id.clone();
+            let verdict = abort(
                 qdb,
                 ctx,
                 cloud,
-                &u,
+                &status,
+                new.as_deref(),
                 Reason::Preempted,
                 "a failover of the database started; the move starts again after it".into(),
             )
             .await?;
+            // Still active: the terminate was refused, and the condition says why.
+            if upgrade::active(qdb.status.as_ref().unwrap_or(&status)) {
+                return Ok(Some(verdict));
+            }
         }
         return Ok(None);
     }
@@ -501,8 +506,9 @@ async fn steps(
                 return Ok(moving(&u));
             }
             Step::Abort { reason, message } => {
-                abort(qdb, ctx, cloud, &u, reason, message.clone()).await?;
-                return Ok(condition(false, reason, message));
+                // The database was never stopped: the new instance goes.
+                let new = u.new_instance_id.clone();
+                return abort(qdb, ctx, cloud, &status, new.as_deref(), reason, message).await;
             }
             Step::FenceOld => {
                 let old = u.old_instance_id.clone().unwrap_or_default();
@@ -522,34 +528,17 @@ async fn steps(
             Step::HandOver { message } => {
                 // Nothing of the database is left on the old node (the step says so): its
                 // instance goes, and the record ends so a failover starts from a clean one.
-                if let Some(old) = u.old_instance_id.as_deref() {
-                    if let Err(e) = cloud.nodes.terminate(old, &owner_uid(qdb)).await {
-                        return not_owned_or(qdb, ctx, &status, e).await;
-                    }
-                }
-                cloud.instances.invalidate();
-                persist(qdb, ctx, |s| {
-                    if let Some(u) = s.upgrade.as_mut() {
-                        u.phase = phase::ABORTED.into();
-                        u.reason = Some(Reason::NodesFailed.into());
-                        u.message = Some(message.clone());
-                        u.phase_started_at = Some(now());
-                        u.finished_at = Some(now());
-                    }
-                })
-                .await?;
-                warn!(questdb = %qdb.name_any(), "node move ended: {message}");
-                ctx.metrics.upgrade_finished(UpgradeResult::Aborted, None);
-                wake_queued(qdb, ctx);
-                ctx.event(
+                let old = u.old_instance_id.clone();
+                return abort(
                     qdb,
-                    EventType::Warning,
-                    Reason::UpgradeAborted,
-                    "Upgrade",
-                    format!("{}: {message}", Reason::NodesFailed),
+                    ctx,
+                    cloud,
+                    &status,
+                    old.as_deref(),
+                    Reason::NodesFailed,
+                    message,
                 )
                 .await;
-                return Ok(condition(false, Reason::NodesFailed, message));
             }
             Step::RollBack { reason, message } => {
                 roll_back(qdb, ctx, &u, reason, message).await?;
@@ -865,21 +854,23 @@ async fn launch(
     }
 }
 
-/// The database was never stopped: the new instance goes, the record says why, once.
+/// The move ends as `Aborted`, once: `terminate` (the instance nothing of the database is on)
+/// goes first, then the record says why. A terminate refused as not this QuestDB's (a forged
+/// record) stops the move at this step instead.
 async fn abort(
     qdb: &mut QuestDB,
     ctx: &Context,
     cloud: &CloudRuntime,
-    u: &UpgradeStatus,
+    status: &QuestDBStatus,
+    terminate: Option<&str>,
     reason: Reason,
     message: String,
-) -> Result<(), Error> {
-    if let Some(id) = u.new_instance_id.as_deref() {
-        cloud
-            .nodes
-            .terminate(id, &owner_uid(qdb))
-            .await
-            .map_err(Error::Cloud)?;
+) -> Result<Verdict, Error> {
+    if let Some(id) = terminate {
+        if let Err(e) = cloud.nodes.terminate(id, &owner_uid(qdb)).await {
+            return not_owned_or(qdb, ctx, status, e).await;
+        }
+        cloud.instances.invalidate();
     }
     persist(qdb, ctx, |s| {
         if let Some(u) = s.upgrade.as_mut() {
@@ -891,7 +882,7 @@ async fn abort(
         }
     })
     .await?;
-    warn!(questdb = %qdb.name_any(), %reason, "node move aborted; the database stays on its node: {message}");
+    warn!(questdb = %qdb.name_any(), %reason, "node move aborted: {message}");
     ctx.metrics.upgrade_finished(UpgradeResult::Aborted, None);
     wake_queued(qdb, ctx);
     ctx.event(
@@ -902,5 +893,5 @@ async fn abort(
         format!("{reason}: {message}"),
     )
     .await;
-    Ok(())
+    Ok(condition(false, reason, message))
 }
