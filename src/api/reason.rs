@@ -176,6 +176,9 @@ reasons! {
     UpgradeAborted,
     UpgradeRolledBack,
     UpgradeRollingBack,
+    /// The node a move leaves holds the database's pod or volume past its grace period and the
+    /// step timeout: it is fenced.
+    UpgradeStuck,
     InvalidNode,
     InstanceGone,
     NodeNeverJoined,

@@ -297,6 +297,9 @@ pub struct StepView<'a> {
     pub node_timeout: Duration,
     /// How long each step after the stop may take before the database goes back.
     pub move_timeout: Duration,
+    /// The pod's termination grace period: the stop may take all of it (a large flush, or a
+    /// process that ignores SIGTERM until the kubelet kills it).
+    pub stop_grace: Duration,
     pub pod_on_old_node: bool,
     pub volume_on_old_node: bool,
     pub pod_running_on_new_node: bool,
@@ -352,6 +355,13 @@ pub enum Step {
     /// instance and taint it out-of-service, as a failover fences (a silent kubelet never
     /// confirms the pod's end).
     FenceOld,
+    /// The node the database leaves still answers but has held its pod or volume past the
+    /// grace period and the step timeout (an unmount that fails, a process that will not
+    /// die): going back is no way out (the pod cannot leave for either node), so its instance
+    /// is stopped and tainted as a dead node's is, and the move goes on.
+    FenceStuck {
+        message: String,
+    },
     /// Both nodes are dead and nothing of the database is left on the old one: terminate the
     /// old instance, end the move, and let a failover replace the new one.
     HandOver {
@@ -412,8 +422,8 @@ pub fn next_step(v: &StepView) -> Step {
     }
     // A step after the stop that takes too long sends the database back (once: a move back
     // that also stalls waits, with the reason in the record, for a human), never to a dead node.
-    let timed_out = |what: &str| -> Option<Step> {
-        if v.in_phase_for <= v.move_timeout {
+    let timed_out = |what: &str, limit: Duration| -> Option<Step> {
+        if v.in_phase_for <= limit {
             return None;
         }
         if !u.rolling_back && v.old_node_dead {
@@ -433,7 +443,7 @@ pub fn next_step(v: &StepView) -> Step {
             reason: Reason::MoveFailed,
             message: format!(
                 "{what} within {}s; the database returns to instance {}",
-                v.move_timeout.as_secs(),
+                limit.as_secs(),
                 u.old_instance_id.clone().unwrap_or_default()
             ),
         })
@@ -500,9 +510,25 @@ pub fn next_step(v: &StepView) -> Step {
             if leaves_old && v.old_node_dead {
                 Step::FenceOld
             } else if leaves_old {
-                timed_out("the database did not stop and release its volume").unwrap_or_else(|| {
-                    Step::Wait("the database stops on the old node and its volume detaches".into())
-                })
+                // The database is never cut off in the middle of the stop it was granted: the
+                // step's time starts after the grace period.
+                let limit = v.stop_grace + v.move_timeout;
+                if v.in_phase_for > limit {
+                    Step::FenceStuck {
+                        message: format!(
+                            "the database did not stop and release its volume on instance {} within {}s (its {}s grace period and the {}s step timeout)",
+                            u.old_instance_id.clone().unwrap_or_default(),
+                            limit.as_secs(),
+                            v.stop_grace.as_secs(),
+                            v.move_timeout.as_secs()
+                        ),
+                    }
+                } else {
+                    Step::Wait(format!(
+                        "the database stops on the old node (within its {}s grace period) and its volume detaches",
+                        v.stop_grace.as_secs()
+                    ))
+                }
             } else {
                 Step::Advance(phase::MOVING)
             }
@@ -511,7 +537,7 @@ pub fn next_step(v: &StepView) -> Step {
             if v.pod_running_on_new_node {
                 Step::Advance(phase::VERIFYING)
             } else {
-                timed_out("the database did not start on the new node")
+                timed_out("the database did not start on the new node", v.move_timeout)
                     .unwrap_or_else(|| Step::Wait("the database starts on the new node".into()))
             }
         }
@@ -523,9 +549,13 @@ pub fn next_step(v: &StepView) -> Step {
                     Step::Retain
                 }
             } else {
-                timed_out("the database did not become Ready on the new node").unwrap_or_else(
-                    || Step::Wait("waiting for the database to answer on the new node".into()),
+                timed_out(
+                    "the database did not become Ready on the new node",
+                    v.move_timeout,
                 )
+                .unwrap_or_else(|| {
+                    Step::Wait("waiting for the database to answer on the new node".into())
+                })
             }
         }
         phase::RETAINING => {

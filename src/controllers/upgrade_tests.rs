@@ -113,6 +113,7 @@ fn view<'a>(u: &'a UpgradeStatus, spec: &'a NodeSpec, new: Option<&'a Instance>)
         in_phase_for: Duration::from_secs(1),
         node_timeout: Duration::from_secs(600),
         move_timeout: Duration::from_secs(300),
+        stop_grace: Duration::from_secs(60),
         retention_over: false,
         dns_ttl_over: true,
         pod_on_old_node: true,
@@ -401,12 +402,63 @@ fn validation_decides_between_provisioning_and_abort() {
     ));
 }
 
+/// A database granted a grace period longer than the step timeout is never cut off while it
+/// may still be closing its tables: the stop's limit is the grace period plus the step timeout.
+#[test]
+fn a_stop_within_its_grace_period_is_waited_for_past_the_step_timeout() {
+    let s = spec("ami-2");
+    let u = upgrade(phase::STOPPING);
+    let grace = Duration::from_secs(900);
+    let stopping = |in_phase: u64| StepView {
+        in_phase_for: Duration::from_secs(in_phase),
+        stop_grace: grace,
+        ..view(&u, &s, None)
+    };
+    assert!(matches!(next_step(&stopping(600)), Step::Wait(m) if m.contains("900s grace period")));
+    let limit = (grace + Duration::from_secs(300)).as_secs();
+    assert!(matches!(next_step(&stopping(limit)), Step::Wait(_)));
+    assert!(
+        matches!(next_step(&stopping(limit + 1)), Step::FenceStuck { message } if message.contains("within 1200s"))
+    );
+}
+
+/// A node that answers but holds the pod or volume past the grace period and the step timeout
+/// (an unmount that fails) lets the database go neither forward nor back: it is fenced, in
+/// either direction, whatever the breaker says, and the move goes on.
+#[test]
+fn a_stop_stuck_on_a_live_node_fences_that_node_in_either_direction() {
+    let s = spec("ami-2");
+    for rolling_back in [false, true] {
+        let mut u = upgrade(phase::STOPPING);
+        u.rolling_back = rolling_back;
+        for (pod, volume) in [(true, true), (false, true), (true, false)] {
+            let stuck = StepView {
+                in_phase_for: Duration::from_secs(361),
+                pod_on_old_node: pod,
+                volume_on_old_node: volume,
+                ..view(&u, &s, None)
+            };
+            assert!(
+                matches!(next_step(&stuck), Step::FenceStuck { .. }),
+                "rolling back {rolling_back}, pod {pod}, volume {volume}"
+            );
+        }
+        let released = StepView {
+            in_phase_for: Duration::from_secs(361),
+            pod_on_old_node: false,
+            volume_on_old_node: false,
+            ..view(&u, &s, None)
+        };
+        assert_eq!(next_step(&released), Step::Advance(phase::MOVING));
+    }
+}
+
 /// After the stop, a step that takes too long sends the database back to its old node once;
 /// a move back that stalls too waits for a human instead of bouncing.
 #[test]
 fn a_failure_after_the_stop_moves_the_database_back_once() {
     let s = spec("ami-2");
-    for p in [phase::STOPPING, phase::MOVING, phase::VERIFYING] {
+    for p in [phase::MOVING, phase::VERIFYING] {
         let u = upgrade(p);
         let late = StepView {
             in_phase_for: Duration::from_secs(301),

@@ -35,9 +35,9 @@ pub use pvc::{
 };
 pub use service::{client_service, headless_service};
 pub use statefulset::{
-    dedicated_label_value, dedicated_label_value_for, statefulset, DedicatedNode,
-    DEDICATED_LABEL_KEY, DEDICATED_TAINT_EFFECT, DEDICATED_TAINT_KEY, PIN_AWAITING_INSTANCE,
-    PIN_LABEL_KEY,
+    dedicated_label_value, dedicated_label_value_for, statefulset, termination_grace_seconds,
+    DedicatedNode, DEDICATED_LABEL_KEY, DEDICATED_TAINT_EFFECT, DEDICATED_TAINT_KEY,
+    PIN_AWAITING_INSTANCE, PIN_LABEL_KEY,
 };
 pub use validate::{validate, SpecProblem};
 

@@ -105,6 +105,14 @@ pub fn dedicated_label_value_for(namespace: &str, name: &str) -> String {
 /// `credentials` (the digest of [`super::credentials::check`]) does the same for the
 /// credentials Secret, read by QuestDB at start only; `None` while the Secret is not readable
 /// yet.
+/// The seconds the database is given to close its tables when its pod stops.
+pub fn termination_grace_seconds(qdb: &QuestDB) -> i64 {
+    qdb.spec
+        .pod
+        .termination_grace_period_seconds
+        .unwrap_or(TERMINATION_GRACE_SECONDS)
+}
+
 pub fn statefulset(
     qdb: &QuestDB,
     config_hash: &str,
@@ -251,11 +259,7 @@ fn pod_spec(qdb: &QuestDB, ilp_auth_enabled: bool, dedicated: Option<&DedicatedN
             },
             options.security_context.as_ref(),
         )),
-        termination_grace_period_seconds: Some(
-            options
-                .termination_grace_period_seconds
-                .unwrap_or(TERMINATION_GRACE_SECONDS),
-        ),
+        termination_grace_period_seconds: Some(termination_grace_seconds(qdb)),
         image_pull_secrets: non_empty_vec(options.image_pull_secrets.clone()),
         priority_class_name: options.priority_class_name.clone(),
         topology_spread_constraints: non_empty_vec(options.topology_spread_constraints.clone()),

@@ -297,6 +297,13 @@ struct NodeState {
     /// pods' are the others).
     loopback: (u8, u8),
     volumes_in_use: Mutex<BTreeSet<String>>,
+    /// Its containers ignore SIGTERM: each stop takes the whole grace period, until the
+    /// kubelet kills them (a JVM flushing a large table, or a hung process).
+    stops_take_grace: std::sync::atomic::AtomicBool,
+    /// Every unmount fails ("device or resource busy"): a stopped pod's volumes stay mounted
+    /// and in use, and the kubelet, which deletes a terminated pod only once its volumes are
+    /// unmounted, leaves it Terminating.
+    unmounts_fail: std::sync::atomic::AtomicBool,
     changed: Notify,
     stop: CancellationToken,
     index: u32,
@@ -324,6 +331,16 @@ impl NodeHandle {
         self.state.changed.notify_one();
     }
 
+    /// From now on, a container stopped on this node takes its whole grace period.
+    pub fn stops_take_the_grace_period(&self) {
+        self.state.stops_take_grace.store(true, Ordering::Relaxed);
+    }
+
+    /// From now on, every unmount on this node fails.
+    pub fn fail_unmounts(&self) {
+        self.state.unmounts_fail.store(true, Ordering::Relaxed);
+    }
+
     pub fn power_off(&self) {
         self.set_fault(Fault::PowerOff)
     }
@@ -341,6 +358,27 @@ impl NodeHandle {
     pub fn stop(&self) {
         self.state.stop.cancel();
         self.kill_databases();
+    }
+
+    /// Declares the node shut down as a person or an operator does: the
+    /// `node.kubernetes.io/out-of-service` taint, set once (false on a conflict with the
+    /// node-lifecycle controller, which edits the taints too: retry).
+    pub async fn taint_out_of_service(&self, client: &Client) -> bool {
+        let nodes: Api<Node> = Api::all(client.clone());
+        let Ok(mut node) = nodes.get(&self.name).await else {
+            return false;
+        };
+        let spec = node.spec.get_or_insert_with(Default::default);
+        spec.taints.get_or_insert_with(Vec::new).push(Taint {
+            key: "node.kubernetes.io/out-of-service".into(),
+            value: Some("nodeshutdown".into()),
+            effect: "NoExecute".into(),
+            ..Default::default()
+        });
+        nodes
+            .replace(&self.name, &PostParams::default(), &node)
+            .await
+            .is_ok()
     }
 
     pub fn internal_ip(&self) -> String {
@@ -444,6 +482,8 @@ impl Kubelets {
             databases: self.databases.clone(),
             loopback,
             volumes_in_use: Mutex::default(),
+            stops_take_grace: Default::default(),
+            unmounts_fail: Default::default(),
             changed: Notify::new(),
             stop: self.stop.child_token(),
             index,
@@ -900,7 +940,7 @@ async fn run_pods(k: Kubelets) {
         };
         for (_, run) in gone {
             if let Some(h) = k.get(&run.node) {
-                if h.healthy() {
+                if h.healthy() && !h.state.unmounts_fail.load(Ordering::Relaxed) {
                     unmount(&h, &run.volumes, &runs, &k.csi);
                 }
             }
@@ -933,7 +973,11 @@ async fn run_pods(k: Kubelets) {
                     .deletion_grace_period_seconds
                     .unwrap_or(30)
                     .max(0) as u64;
-                let stop_after = timings::CONTAINER_STOP.min(Duration::from_secs(grace));
+                let stop_after = if handle.state.stops_take_grace.load(Ordering::Relaxed) {
+                    Duration::from_secs(grace)
+                } else {
+                    timings::CONTAINER_STOP.min(Duration::from_secs(grace))
+                };
                 if let Some(db) = &run.db {
                     db.stop(Duration::from_secs(grace));
                 }
@@ -941,7 +985,10 @@ async fn run_pods(k: Kubelets) {
                     Some(db) => db.finished(),
                     None => since.elapsed() >= stop_after,
                 };
+                let unmounts_fail = handle.state.unmounts_fail.load(Ordering::Relaxed);
                 match run.phase {
+                    // Stopped, but the unmount fails and is retried: the pod stays.
+                    PodPhase::Stopping(since) if stopped(since) && unmounts_fail => {}
                     PodPhase::Stopping(since) if stopped(since) => {
                         run.busy = true;
                         let volumes = run.volumes.clone();

@@ -193,21 +193,9 @@ async fn a_volume_mounted_on_a_running_instance_does_not_detach_until_the_instan
     )
     .await
     .unwrap();
-    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
-    wait_until("the node tainted out-of-service", || async {
-        let Ok(mut n) = nodes.get(&node).await else {
-            return false;
-        };
-        let spec = n.spec.get_or_insert_with(Default::default);
-        spec.taints.get_or_insert_with(Vec::new).push(
-            serde_json::from_value(json!({"key": "node.kubernetes.io/out-of-service",
-                "value": "nodeshutdown", "effect": "NoExecute"}))
-            .unwrap(),
-        );
-        nodes
-            .replace(&node, &PostParams::default(), &n)
-            .await
-            .is_ok()
+    let handle = cp.node(&node).unwrap();
+    wait_until("the node tainted out-of-service", || {
+        handle.taint_out_of_service(&client)
     })
     .await;
     wait_until("the detach fails busy", || async {

@@ -662,21 +662,7 @@ async fn an_out_of_service_taint_on_a_partitioned_node_that_still_runs_questdb_i
         (ns, "db-0"),
         "worker-a1 tainted out-of-service",
         TIMEOUT,
-        || async {
-            // The node-lifecycle controller edits the taints too: retried on conflict.
-            let mut node = nodes.get("worker-a1").await.ok()?;
-            let spec = node.spec.get_or_insert_with(Default::default);
-            spec.taints.get_or_insert_with(Vec::new).push(
-                serde_json::from_value(json!({"key": "node.kubernetes.io/out-of-service",
-                "value": "nodeshutdown", "effect": "NoExecute"}))
-                .unwrap(),
-            );
-            nodes
-                .replace("worker-a1", &PostParams::default(), &node)
-                .await
-                .ok()
-                .map(|_| ())
-        },
+        || async { a1.taint_out_of_service(&client).await.then_some(()) },
     )
     .await;
     create::<Pod>(&client, ns, database_pod("worker-a2", IMAGE)).await;

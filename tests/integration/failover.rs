@@ -1168,6 +1168,79 @@ async fn killing_the_manager_at_every_step_of_a_terminated_instances_failover_st
     env.stop().await;
 }
 
+/// Both nodes of a move dying after the switch (the new one first, the old one while the
+/// database is on its way back) leaves nothing to go back to: the move hands the database
+/// over to a failover (the node it leaves fenced, its instance terminated, the move closed
+/// with a reason), which replaces the other; one database Ready on one instance, on its
+/// volume, and no instance left behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn both_nodes_of_a_move_dying_after_the_switch_end_in_one_failover_on_a_third_node() {
+    let env = CloudEnv::start(settings()).await;
+    let Running {
+        uid,
+        instance: old_id,
+        node: old_node,
+        pvc_uid,
+    } = running_database(&env).await;
+    let (new_id, new_kubelet) = move_held_before_the_switch(&env).await;
+    let nodes = Api::<k8s_openapi::api::core::v1::Node>::all(env.client.clone());
+    new_kubelet.heal();
+    wait_for(
+        &nodes,
+        &node_name_for(&new_id),
+        "new node Ready",
+        |n: Option<&k8s_openapi::api::core::v1::Node>| {
+            n.and_then(|n| n.status.as_ref()?.conditions.clone())
+                .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+        },
+    )
+    .await;
+    new_kubelet.partition();
+    wait_for_within(
+        &env.qdbs(),
+        "db1",
+        "the move switched",
+        FAILOVER_TIMEOUT,
+        |q: Option<&QuestDB>| upgrade_of(q).is_some_and(|u| u.stopped_at.is_some()),
+    )
+    .await;
+    env.cp.node(&old_node).expect("old kubelet").partition();
+    let q = wait_for_within(
+        &env.qdbs(),
+        "db1",
+        "the database Ready again after a failover",
+        FAILOVER_TIMEOUT,
+        |q: Option<&QuestDB>| {
+            let Some(s) = q.and_then(|q| q.status.as_ref()) else {
+                return false;
+            };
+            let instance = s.instance_id.as_deref();
+            s.failover.as_ref().is_some_and(|f| f.phase == "Healthy")
+                && instance.is_some_and(|i| i != old_id && i != new_id)
+                && s.conditions
+                    .iter()
+                    .any(|c| c.type_ == "Ready" && c.status == "True")
+        },
+    )
+    .await;
+    let status = q.status.expect("status");
+    let upgrade = status.upgrade.clone().expect("record");
+    assert_eq!(upgrade.phase, "Aborted", "{upgrade:?}");
+    assert_eq!(
+        upgrade.reason.as_deref(),
+        Some("NodesFailed"),
+        "{upgrade:?}"
+    );
+    let third = status.instance_id.clone().expect("instance");
+    env.assert_runs_on(&third, &pvc_uid).await;
+    env.wait_terminated(&old_id, "the old dead node is terminated")
+        .await;
+    env.wait_terminated(&new_id, "the new dead node is terminated")
+        .await;
+    assert_eq!(env.live_instances_of(&uid), vec![third], "one instance");
+    env.stop().await;
+}
+
 /// The step of a node move, its way back told apart.
 fn move_step(q: &QuestDB) -> Option<String> {
     let u = q.status.as_ref()?.upgrade.as_ref()?;

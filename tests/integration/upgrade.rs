@@ -580,3 +580,98 @@ async fn a_retained_node_that_dies_during_the_rollback_window_is_released() {
     assert_eq!(env.live_instances_of(&uid), vec![new_id], "one instance");
     env.stop().await;
 }
+
+/// A database granted a grace period longer than the move's step timeout (a large table to
+/// flush) would be sent back to its old node in the middle of the stop it was granted, and
+/// the move wasted: the stop is waited for through the whole grace period.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_that_takes_its_whole_grace_period_to_stop_is_not_sent_back_mid_stop() {
+    let env = CloudEnv::start(settings()).await;
+    // 40 s to stop, against a 30 s step timeout in these settings.
+    let (_, old_id) = ready_db1(&env, |q| {
+        q.spec.pod.termination_grace_period_seconds = Some(40)
+    })
+    .await;
+    env.cp
+        .node(&node_name_for(&old_id))
+        .expect("old kubelet")
+        .stops_take_the_grace_period();
+    set_image(&env, NEW_AMI).await;
+    let q = wait_for_within(
+        &env.qdbs(),
+        "db1",
+        "the move ends its stop one way or the other",
+        MOVE_TIMEOUT,
+        |q: Option<&QuestDB>| {
+            q.and_then(|q| q.status.as_ref()?.upgrade.clone())
+                .is_some_and(|u| u.phase == "Retaining" || u.rolling_back)
+        },
+    )
+    .await;
+    let upgrade = q.status.and_then(|s| s.upgrade).expect("record");
+    assert_eq!(upgrade.phase, "Retaining", "{upgrade:?}");
+    assert!(!upgrade.rolling_back, "{upgrade:?}");
+    assert!(
+        upgrade.downtime_seconds.unwrap_or_default() >= 40,
+        "the stop took the grace period: {upgrade:?}"
+    );
+    env.stop().await;
+}
+
+/// An unmount that fails on the node a move leaves ("device or resource busy") keeps the pod
+/// Terminating there for good: going back cannot work (the pod leaves for neither node), and
+/// waiting is an outage with no end. Past the grace period and the step timeout, that node
+/// is fenced as a dead one is (its instance stopped before anything is released), the move
+/// goes on, and a Warning event says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_whose_unmount_fails_is_fenced_and_the_move_goes_on() {
+    let env = CloudEnv::start(settings()).await;
+    let (uid, old_id) = ready_db1(&env, |q| {
+        q.spec.pod.termination_grace_period_seconds = Some(5)
+    })
+    .await;
+    let pvc = pvc_uid(&env).await;
+    env.cp
+        .node(&node_name_for(&old_id))
+        .expect("old kubelet")
+        .fail_unmounts();
+    set_image(&env, NEW_AMI).await;
+    let q = wait_for_within(
+        &env.qdbs(),
+        "db1",
+        "the move goes on past the stuck node, or goes back",
+        MOVE_TIMEOUT,
+        |q: Option<&QuestDB>| {
+            q.and_then(|q| q.status.as_ref()?.upgrade.clone())
+                .is_some_and(|u| {
+                    u.rolling_back || matches!(u.phase.as_str(), "Retaining" | "Completed")
+                })
+        },
+    )
+    .await;
+    let status = q.status.expect("status");
+    let upgrade = status.upgrade.clone().expect("record");
+    assert!(!upgrade.rolling_back, "{upgrade:?}");
+    let new_id = status.instance_id.clone().expect("instance");
+    assert_ne!(new_id, old_id);
+    assert!(
+        env.cloud.ec2.call_count("StopInstances") >= 1,
+        "the stuck node was fenced by a stop"
+    );
+    env.assert_runs_on(&new_id, &pvc).await;
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(env.client.clone(), NS);
+    let stuck = events
+        .list(&Default::default())
+        .await
+        .expect("events")
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("UpgradeStuck"))
+        .count();
+    assert_eq!(stuck, 1, "one Warning says why the node was fenced");
+    assert!(
+        launched_for(&env, &uid).len() == 2,
+        "no launch beyond the move's"
+    );
+    env.stop().await;
+}

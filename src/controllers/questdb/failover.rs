@@ -214,19 +214,22 @@ pub async fn fence_for_release(qdb: &QuestDB, ctx: &Context) -> Result<Option<St
         return Ok(None);
     };
     let pod_on_node = super::stop_first::pod_on_recorded_node(qdb, &ctx.caches);
-    fence_dead_node(qdb, ctx, &id, pod_on_node, "being released").await
+    fence_dead_node(qdb, ctx, &id, pod_on_node, "being released", false).await
 }
 
 /// The fence of a release, for any instance of the database whose node holds its pod (or
 /// volume, `holds`) and has been silent past the failover threshold: stop, then taint
 /// out-of-service. `Some(what it waits for)` while that is under way; `None` when nothing
-/// needs fencing. `during` says what the database is doing, for the event.
+/// needs fencing. `during` says what the database is doing, for the event. `stuck`: the node
+/// answers but will not let the pod or volume go; it is fenced as a dead one is, whatever
+/// its Lease and the breaker say (a node that answers is no sign of an outage).
 pub async fn fence_dead_node(
     qdb: &QuestDB,
     ctx: &Context,
     id: &str,
     holds: bool,
     during: &str,
+    stuck: bool,
 ) -> Result<Option<String>, Error> {
     let Some(cloud) = ctx.cloud.as_ref() else {
         return Ok(None);
@@ -248,9 +251,9 @@ pub async fn fence_dead_node(
         node: &name,
         instance: &id,
         pod_on_node,
-        silent_for,
+        silent_for: if stuck { Some(threshold) } else { silent_for },
         threshold,
-        breaker_open: cloud.health.breaker_open(),
+        breaker_open: !stuck && cloud.health.breaker_open(),
         instance_state: Some(InstanceState::Running),
         node_tainted: has_out_of_service(node),
     };
@@ -271,10 +274,14 @@ pub async fn fence_dead_node(
                 Ok(()) | Err(CloudError::Throttled { .. } | CloudError::Transient { .. }) => {}
                 Err(e) => return Err(Error::Cloud(e)),
             }
-            let note = format!(
-                "node {name} has not renewed its Lease for {}s while the database is {during}: stopping instance {instance} so its pod can go",
-                silent_for.unwrap_or_default().as_secs()
-            );
+            let note = if stuck {
+                format!("node {name} holds the database's pod or volume while the database is {during}: stopping instance {instance} so they can go")
+            } else {
+                format!(
+                    "node {name} has not renewed its Lease for {}s while the database is {during}: stopping instance {instance} so its pod can go",
+                    silent_for.unwrap_or_default().as_secs()
+                )
+            };
             warn!(questdb = %qdb.name_any(), "{note}");
             ctx.event(
                 qdb,

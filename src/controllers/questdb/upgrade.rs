@@ -383,6 +383,9 @@ async fn steps(
             in_phase_for: since(u.phase_started_at.as_deref()).unwrap_or_default(),
             node_timeout: cloud.settings.upgrade_node_timeout,
             move_timeout: cloud.settings.upgrade_step_timeout,
+            stop_grace: Duration::from_secs(
+                crate::desired::termination_grace_seconds(qdb).max(0) as u64
+            ),
             pod_on_old_node: old_node.is_some() && pod_node == old_node,
             volume_on_old_node: volume_on_old,
             pod_running_on_new_node: on_new && running,
@@ -518,12 +521,38 @@ async fn steps(
                     &old,
                     true,
                     "moving to another node",
+                    false,
                 )
                 .await?
                 .unwrap_or_else(|| {
                     format!("waiting for the dead node of instance {old} to be fenced")
                 });
                 return waiting_with(qdb, ctx, &u, message, out).await;
+            }
+            Step::FenceStuck { message: why } => {
+                let old = u.old_instance_id.clone().unwrap_or_default();
+                if u.message.as_deref().is_none_or(|m| !m.starts_with(&why)) {
+                    warn!(questdb = %qdb.name_any(), "{why}: fencing that node");
+                    ctx.event(
+                        qdb,
+                        EventType::Warning,
+                        Reason::UpgradeStuck,
+                        "Upgrade",
+                        format!("{why}: its instance is stopped so the move can go on"),
+                    )
+                    .await;
+                }
+                let doing = super::failover::fence_dead_node(
+                    qdb,
+                    ctx,
+                    &old,
+                    true,
+                    "moving to another node",
+                    true,
+                )
+                .await?
+                .unwrap_or_else(|| format!("waiting for instance {old} to be fenced"));
+                return waiting_with(qdb, ctx, &u, format!("{why}: {doing}"), out).await;
             }
             Step::HandOver { message } => {
                 // Nothing of the database is left on the old node (the step says so): its
