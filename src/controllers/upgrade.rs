@@ -314,6 +314,9 @@ pub struct StepView<'a> {
     pub old_node_dead: bool,
     /// Likewise for the node the database moves to (`new_instance_id`'s).
     pub new_node_dead: bool,
+    /// The node the database leaves renews its Lease: it answers. Only such a node is fenced
+    /// for a stop that does not end; a silent one is the dead-node rule's, breaker included.
+    pub old_node_renews: bool,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -513,7 +516,9 @@ pub fn next_step(v: &StepView) -> Step {
                 // The database is never cut off in the middle of the stop it was granted: the
                 // step's time starts after the grace period.
                 let limit = v.stop_grace + v.move_timeout;
-                if v.in_phase_for > limit {
+                // Once begun, the fence goes on: the stopped node falls silent.
+                let fencing = u.reason.as_deref() == Some(Reason::UpgradeStuck.as_str());
+                if fencing || (v.in_phase_for > limit && v.old_node_renews) {
                     Step::FenceStuck {
                         message: format!(
                             "the database did not stop and release its volume on instance {} within {}s (its {}s grace period and the {}s step timeout)",
@@ -523,6 +528,11 @@ pub fn next_step(v: &StepView) -> Step {
                             v.move_timeout.as_secs()
                         ),
                     }
+                } else if v.in_phase_for > limit {
+                    // Silent but not judged dead (the breaker holds, or failover is off): the
+                    // database may still run there, so nothing is fenced.
+                    timed_out("the database did not stop and release its volume", limit)
+                        .unwrap_or_else(|| Step::Wait("the old node is silent".into()))
                 } else {
                     Step::Wait(format!(
                         "the database stops on the old node (within its {}s grace period) and its volume detaches",

@@ -123,6 +123,7 @@ fn view<'a>(u: &'a UpgradeStatus, spec: &'a NodeSpec, new: Option<&'a Instance>)
         dns_follows: false,
         old_node_dead: false,
         new_node_dead: false,
+        old_node_renews: true,
     }
 }
 
@@ -451,6 +452,59 @@ fn a_stop_stuck_on_a_live_node_fences_that_node_in_either_direction() {
         };
         assert_eq!(next_step(&released), Step::Advance(phase::MOVING));
     }
+}
+
+/// A silent node that is not judged dead (the breaker holds: maybe a partition, and the
+/// database may still be running there) is never fenced for a slow stop: the move goes back,
+/// or, already going back, waits for a human, as before.
+#[test]
+fn a_slow_stop_on_a_silent_node_held_by_the_breaker_fences_nothing() {
+    let s = spec("ami-2");
+    let u = upgrade(phase::STOPPING);
+    let silent = StepView {
+        in_phase_for: Duration::from_secs(361),
+        old_node_renews: false,
+        ..view(&u, &s, None)
+    };
+    assert!(matches!(
+        next_step(&silent),
+        Step::RollBack {
+            reason: Reason::MoveFailed,
+            ..
+        }
+    ));
+    let mut back = upgrade(phase::STOPPING);
+    back.rolling_back = true;
+    let silent = StepView {
+        in_phase_for: Duration::from_secs(361),
+        old_node_renews: false,
+        ..view(&back, &s, None)
+    };
+    assert!(matches!(next_step(&silent), Step::Wait(m) if m.contains("needs attention")));
+}
+
+/// A fence begun for a stop that did not end goes on once its node falls silent (the stop
+/// silences it): the record says so, and the move never turns back onto the node it stopped.
+#[test]
+fn a_begun_stuck_fence_goes_on_when_its_stopped_node_falls_silent() {
+    let s = spec("ami-2");
+    let mut u = upgrade(phase::STOPPING);
+    u.reason = Some(Reason::UpgradeStuck.into());
+    for in_phase in [5, 361] {
+        let silent = StepView {
+            in_phase_for: Duration::from_secs(in_phase),
+            old_node_renews: false,
+            ..view(&u, &s, None)
+        };
+        assert!(matches!(next_step(&silent), Step::FenceStuck { .. }));
+    }
+    let released = StepView {
+        pod_on_old_node: false,
+        volume_on_old_node: false,
+        old_node_renews: false,
+        ..view(&u, &s, None)
+    };
+    assert_eq!(next_step(&released), Step::Advance(phase::MOVING));
 }
 
 /// After the stop, a step that takes too long sends the database back to its old node once;

@@ -394,6 +394,9 @@ async fn steps(
             retention_over: retain_until.is_none_or(|t| t <= Timestamp::now()),
             dns_ttl_over: since(u.phase_started_at.as_deref()).is_none_or(|d| d >= dns_ttl),
             old_node_dead: node_dead(qdb, cloud, old_node.as_deref()),
+            old_node_renews: old_node
+                .as_deref()
+                .is_some_and(|n| cloud.health.unhealthy_for(n, Instant::now()).is_none()),
             new_node_dead: node_dead(
                 qdb,
                 cloud,
@@ -531,7 +534,16 @@ async fn steps(
             }
             Step::FenceStuck { message: why } => {
                 let old = u.old_instance_id.clone().unwrap_or_default();
-                if u.message.as_deref().is_none_or(|m| !m.starts_with(&why)) {
+                // Recorded before the stop: the stopped node falls silent, and the record, not
+                // the node, says the fence goes on.
+                if u.reason.as_deref() != Some(Reason::UpgradeStuck.as_str()) {
+                    persist(qdb, ctx, |s| {
+                        if let Some(u) = s.upgrade.as_mut() {
+                            u.reason = Some(Reason::UpgradeStuck.into());
+                            u.message = Some(why.clone());
+                        }
+                    })
+                    .await?;
                     warn!(questdb = %qdb.name_any(), "{why}: fencing that node");
                     ctx.event(
                         qdb,
@@ -552,6 +564,11 @@ async fn steps(
                 )
                 .await?
                 .unwrap_or_else(|| format!("waiting for instance {old} to be fenced"));
+                let u = qdb
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.upgrade.clone())
+                    .unwrap_or(u);
                 return waiting_with(qdb, ctx, &u, format!("{why}: {doing}"), out).await;
             }
             Step::HandOver { message } => {
