@@ -71,26 +71,40 @@ impl Env {
         opts: ManagerOptions,
         crd: CustomResourceDefinition,
     ) -> Env {
+        let mut env = Self::without_manager(cluster, crd).await;
+        env.start_synced_manager(opts).await;
+        env
+    }
+
+    /// The control plane and the CRD, with no operator running yet (a test that installs the
+    /// operator's RBAC itself starts it with [`Env::start_synced_manager`]).
+    pub async fn without_manager(
+        cluster: ControlPlaneOptions,
+        crd: CustomResourceDefinition,
+    ) -> Env {
         init_tracing();
         let cp = ControlPlane::start(cluster)
             .await
             .expect("control plane starts");
         let client = cp.client().await;
         install(&client, &crd).await;
-        let mut env = Env {
+        Env {
             cp,
             client,
             handle: ManagerHandle::default(),
             shutdown: CancellationToken::new(),
             task: None,
-        };
-        env.start_manager(opts).await;
+        }
+    }
+
+    /// Starts the operator and waits until its caches have synced.
+    pub async fn start_synced_manager(&mut self, opts: ManagerOptions) {
+        self.start_manager(opts).await;
         wait_until("manager caches synced", || {
-            let r = env.handle.readiness.clone();
+            let r = self.handle.readiness.clone();
             async move { r.is_ready() }
         })
         .await;
-        env
     }
 
     async fn start_manager(&mut self, opts: ManagerOptions) {

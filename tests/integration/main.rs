@@ -8,6 +8,7 @@ mod cloud;
 mod database;
 mod db_client;
 mod harness;
+mod helm;
 mod ilp_auth;
 mod leader;
 mod log_capture;

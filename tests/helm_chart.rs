@@ -1,0 +1,923 @@
+//! The Helm chart (`charts/questdb-operator`) checked with the real `helm`, built from its Go
+//! module by `hack/helm/build.sh` (or `QDB_HELM_BIN`): it lints, its schema refuses bad values at
+//! `helm install` rather than at the operator's start-up, its default render is the kustomize
+//! install of `deploy/` object for object (above all the RBAC: the operator's least privilege
+//! must not differ between the two), and every flag it renders is one the operator accepts.
+//!
+//! Without helm (no Go to build it) these tests fail with the reason; they never pass unchecked.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::OnceLock;
+
+use clap::{CommandFactory, Parser};
+use questdb_operator::cli::{Cli, CloudProvider, Command as CliCommand, RunArgs};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+const CHART: &str = "charts/questdb-operator";
+/// deploy/'s namespace and object names: the chart's for this release name and namespace.
+const RELEASE: &str = "questdb-operator";
+const NAMESPACE: &str = "questdb-operator";
+
+fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The helm binary: `QDB_HELM_BIN`, else the last line `hack/helm/build.sh` prints (it builds
+/// helm once into a cache, then only prints the path).
+fn helm() -> &'static Path {
+    static HELM: OnceLock<PathBuf> = OnceLock::new();
+    HELM.get_or_init(|| {
+        if let Some(bin) = std::env::var_os("QDB_HELM_BIN").filter(|b| !b.is_empty()) {
+            let bin = PathBuf::from(bin);
+            assert!(
+                bin.is_file(),
+                "QDB_HELM_BIN={} is not a file: point it at a helm binary or unset it to build one with hack/helm/build.sh",
+                bin.display()
+            );
+            return bin;
+        }
+        let out = Command::new("bash")
+            .arg(root().join("hack/helm/build.sh"))
+            .current_dir(root())
+            .stderr(Stdio::inherit())
+            .output()
+            .expect("running `bash hack/helm/build.sh`");
+        assert!(
+            out.status.success(),
+            "hack/helm/build.sh failed ({}; its reason is printed above): the Helm chart tests need the real helm. Install Go 1.26+ so it can be built, or set QDB_HELM_BIN to a helm v3 binary.",
+            out.status
+        );
+        let stdout = String::from_utf8(out.stdout).expect("build.sh prints a UTF-8 path");
+        let bin = PathBuf::from(stdout.lines().last().unwrap_or_default().trim());
+        assert!(
+            bin.is_file(),
+            "hack/helm/build.sh's last line is not the helm binary: {stdout:?}"
+        );
+        bin
+    })
+}
+
+/// Runs helm in the repository root, with its config, cache and data directories out of the
+/// user's home (nothing there must change a render).
+fn run_helm(args: &[&str]) -> Output {
+    let home = Path::new(env!("CARGO_TARGET_TMPDIR")).join("helm-home");
+    Command::new(helm())
+        .args(args)
+        .current_dir(root())
+        .env("HELM_CONFIG_HOME", home.join("config"))
+        .env("HELM_CACHE_HOME", home.join("cache"))
+        .env("HELM_DATA_HOME", home.join("data"))
+        .env_remove("KUBECONFIG")
+        .output()
+        .expect("running helm")
+}
+
+fn helm_ok(args: &[&str]) -> String {
+    let out = run_helm(args);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "helm {} failed ({}):\n{}\n{stdout}",
+        args.join(" "),
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+/// A file of values next to the test's other temporary files.
+fn values_file(name: &str, yaml: &str) -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("helm-values");
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(name);
+    std::fs::write(&path, yaml).unwrap();
+    path
+}
+
+/// Every document of a multi-document YAML stream that is an object.
+fn documents(yaml: &str) -> Vec<Value> {
+    serde_yaml_ng::Deserializer::from_str(yaml)
+        .map(|doc| Value::deserialize(doc).expect("valid YAML"))
+        .filter(|v| v.is_object())
+        .collect()
+}
+
+fn read_documents(path: &Path) -> Vec<Value> {
+    let text =
+        std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    documents(&text)
+}
+
+/// `helm template questdb-operator charts/questdb-operator --namespace questdb-operator` with
+/// the CRDs and the given extra arguments (`-f`, `--set`).
+fn render(extra: &[&str]) -> Vec<Value> {
+    let mut args = vec![
+        "template",
+        RELEASE,
+        CHART,
+        "--namespace",
+        NAMESPACE,
+        "--include-crds",
+    ];
+    args.extend_from_slice(extra);
+    documents(&helm_ok(&args))
+}
+
+fn kind(o: &Value) -> &str {
+    o["kind"].as_str().unwrap_or_default()
+}
+
+fn name(o: &Value) -> &str {
+    o["metadata"]["name"].as_str().unwrap_or_default()
+}
+
+type Key = (String, String);
+
+fn by_key(objects: Vec<Value>) -> BTreeMap<Key, Value> {
+    let mut out = BTreeMap::new();
+    for o in objects {
+        let key = (kind(&o).to_string(), name(&o).to_string());
+        assert!(out.insert(key.clone(), o).is_none(), "{key:?} twice");
+    }
+    out
+}
+
+fn find<'a>(objects: &'a [Value], k: &str, n: &str) -> &'a Value {
+    objects
+        .iter()
+        .find(|o| kind(o) == k && name(o) == n)
+        .unwrap_or_else(|| panic!("no {k} {n} among {:?}", keys(objects)))
+}
+
+fn keys(objects: &[Value]) -> Vec<String> {
+    objects
+        .iter()
+        .map(|o| format!("{}/{}", kind(o), name(o)))
+        .collect()
+}
+
+// ---- deploy/ as kustomize builds it -------------------------------------------------------
+
+/// Kinds without a namespace: kustomize sets `metadata.namespace` on every other one.
+const CLUSTER_SCOPED: &[&str] = &[
+    "Namespace",
+    "CustomResourceDefinition",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding",
+];
+
+/// What `kustomize build <dir>` gives for the features deploy/ uses: `resources` (files, and
+/// directories with their own kustomization), `components`, `patches` (strategic merge by kind
+/// and name), `images` and `namespace` (on namespaced objects and, as kustomize 5 does, on the
+/// ServiceAccount subjects of bindings).
+fn kustomize(dir: &Path) -> Vec<Value> {
+    let kustomization = read_documents(&dir.join("kustomization.yaml"))
+        .pop()
+        .unwrap_or_else(|| panic!("{}/kustomization.yaml is empty", dir.display()));
+    let list = |field: &str| -> Vec<Value> {
+        kustomization[field].as_array().cloned().unwrap_or_default()
+    };
+    let mut objects = Vec::new();
+    for entry in list("resources").iter().chain(list("components").iter()) {
+        let path = dir.join(entry.as_str().expect("a resource is a path"));
+        if path.is_dir() {
+            objects.extend(kustomize(&path));
+        } else {
+            objects.extend(read_documents(&path));
+        }
+    }
+    for patch in list("patches") {
+        let file = patch["path"].as_str().expect("patches: path only");
+        for p in read_documents(&dir.join(file)) {
+            let target = objects
+                .iter_mut()
+                .find(|o| kind(o) == kind(&p) && name(o) == name(&p))
+                .unwrap_or_else(|| panic!("{file}: no {}/{} to patch", kind(&p), name(&p)));
+            strategic_merge(target, &p);
+        }
+    }
+    for image in list("images") {
+        let from = image["name"].as_str().unwrap();
+        let to = format!(
+            "{}:{}",
+            image["newName"].as_str().unwrap_or(from),
+            image["newTag"].as_str().unwrap()
+        );
+        for o in &mut objects {
+            // pointer_mut: indexing a Value mutably would add the missing fields as nulls.
+            for list in ["containers", "initContainers"] {
+                let pointer = format!("/spec/template/spec/{list}");
+                let containers = o.pointer_mut(&pointer).and_then(Value::as_array_mut);
+                for c in containers.into_iter().flatten() {
+                    if c["image"].as_str().map(image_name) == Some(from) {
+                        c["image"] = json!(to);
+                    }
+                }
+            }
+        }
+    }
+    if let Some(ns) = kustomization["namespace"].as_str() {
+        for o in &mut objects {
+            if !CLUSTER_SCOPED.contains(&kind(o)) {
+                o["metadata"]["namespace"] = json!(ns);
+            }
+            if kind(o).ends_with("RoleBinding") {
+                for s in o["subjects"].as_array_mut().into_iter().flatten() {
+                    if s["kind"] == "ServiceAccount" {
+                        s["namespace"] = json!(ns);
+                    }
+                }
+            }
+        }
+    }
+    objects
+}
+
+/// `registry:5000/a/b:tag` → `registry:5000/a/b`.
+fn image_name(image: &str) -> &str {
+    let image = image.split('@').next().unwrap();
+    match image.rfind(':') {
+        Some(i) if !image[i..].contains('/') => &image[..i],
+        _ => image,
+    }
+}
+
+/// A strategic merge patch as kustomize applies deploy/'s: maps merge, lists of named items
+/// merge by name (new items first, as kustomize puts them), other lists are replaced.
+fn strategic_merge(target: &mut Value, patch: &Value) {
+    match (target, patch) {
+        (Value::Object(t), Value::Object(p)) => {
+            for (k, v) in p {
+                match t.get_mut(k) {
+                    Some(existing) => strategic_merge(existing, v),
+                    None => {
+                        t.insert(k.clone(), v.clone());
+                    }
+                }
+            }
+        }
+        (Value::Array(t), Value::Array(p)) if p.iter().all(|i| i.get("name").is_some()) => {
+            let mut added = Vec::new();
+            for item in p {
+                match t.iter_mut().find(|i| i.get("name") == item.get("name")) {
+                    Some(existing) => strategic_merge(existing, item),
+                    None => added.push(item.clone()),
+                }
+            }
+            added.append(t);
+            *t = added;
+        }
+        (t, p) => *t = p.clone(),
+    }
+}
+
+// ---- comparison --------------------------------------------------------------------------
+
+/// Labels Helm adds on top of deploy/'s.
+const HELM_LABELS: &[&str] = &[
+    "helm.sh/chart",
+    "app.kubernetes.io/managed-by",
+    "app.kubernetes.io/instance",
+    "app.kubernetes.io/version",
+];
+
+/// An object without what only tells who installed it: its labels and annotations (compared
+/// apart: deploy/'s labels must all be on the chart's object).
+fn comparable(o: &Value) -> Value {
+    let mut o = o.clone();
+    if let Some(meta) = o["metadata"].as_object_mut() {
+        meta.remove("labels");
+        meta.remove("annotations");
+    }
+    o
+}
+
+/// The JSON paths at which `a` and `b` differ, with both values (`a`'s first).
+fn differences(a: &Value, b: &Value, path: &str, out: &mut Vec<String>) {
+    match (a, b) {
+        (Value::Object(x), Value::Object(y)) => {
+            let keys: BTreeSet<&String> = x.keys().chain(y.keys()).collect();
+            for k in keys {
+                let (va, vb) = (
+                    x.get(k).unwrap_or(&Value::Null),
+                    y.get(k).unwrap_or(&Value::Null),
+                );
+                differences(va, vb, &format!("{path}.{k}"), out);
+            }
+        }
+        (Value::Array(x), Value::Array(y)) if x.len() == y.len() => {
+            for (i, (va, vb)) in x.iter().zip(y).enumerate() {
+                differences(va, vb, &format!("{path}[{i}]"), out);
+            }
+        }
+        _ if a != b => out.push(format!("{path}: {a} ≠ {b}")),
+        _ => {}
+    }
+}
+
+/// Every object of `deploy` (but the Namespace, which the chart leaves to `helm install
+/// --create-namespace` or the cluster's administrator) must be in `chart`, equal but for the
+/// labels Helm adds. Returns the chart's objects deploy/ does not have.
+fn assert_same_objects(deploy: Vec<Value>, chart: Vec<Value>) -> BTreeSet<Key> {
+    let mut deploy = by_key(deploy);
+    deploy.retain(|(k, _), _| k != "Namespace");
+    let chart = by_key(chart);
+    let mut problems = Vec::new();
+    for (key, want) in &deploy {
+        let Some(got) = chart.get(key) else {
+            problems.push(format!(
+                "{}/{}: in deploy/, not rendered by the chart",
+                key.0, key.1
+            ));
+            continue;
+        };
+        let mut diffs = Vec::new();
+        differences(&comparable(want), &comparable(got), "", &mut diffs);
+        let labels = got["metadata"]["labels"]
+            .as_object()
+            .cloned()
+            .unwrap_or_default();
+        for (k, v) in want["metadata"]["labels"].as_object().into_iter().flatten() {
+            if labels.get(k) != Some(v) {
+                diffs.push(format!(
+                    "metadata.labels.{k}: deploy/ has {v}, the chart {:?}",
+                    labels.get(k)
+                ));
+            }
+        }
+        for k in labels.keys() {
+            let deploys = want["metadata"]["labels"].get(k).is_some();
+            if !deploys && !HELM_LABELS.contains(&k.as_str()) && k != "app.kubernetes.io/name" {
+                diffs.push(format!("metadata.labels.{k}: only the chart has it"));
+            }
+        }
+        problems.extend(
+            diffs
+                .into_iter()
+                .map(|d| format!("{}/{} {d}", key.0, key.1)),
+        );
+    }
+    assert!(
+        problems.is_empty(),
+        "the chart and deploy/ differ (deploy/'s value first):\n  {}",
+        problems.join("\n  ")
+    );
+    chart
+        .into_keys()
+        .filter(|k| !deploy.contains_key(k))
+        .collect()
+}
+
+/// Rules equal to the last verb, in order: least privilege is what the chart must not change.
+fn assert_same_rules(chart: &Value, deploy: &Value, what: &str) {
+    let mut diffs = Vec::new();
+    differences(
+        &json!(rules(deploy)),
+        &json!(rules(chart)),
+        "rules",
+        &mut diffs,
+    );
+    assert!(
+        diffs.is_empty(),
+        "{what} (deploy/'s value first):\n  {}",
+        diffs.join("\n  ")
+    );
+}
+
+fn rules(o: &Value) -> &Vec<Value> {
+    o["rules"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{}/{} has no rules", kind(o), name(o)))
+}
+
+fn deployment_args(objects: &[Value], name: &str) -> Vec<String> {
+    let d = find(objects, "Deployment", name);
+    let container = &d["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(container["name"], "operator");
+    container["args"]
+        .as_array()
+        .expect("args")
+        .iter()
+        .map(|a| a.as_str().expect("a string argument").to_string())
+        .collect()
+}
+
+fn parse_run(args: &[String]) -> RunArgs {
+    let argv = std::iter::once("questdb-operator".to_string()).chain(args.iter().cloned());
+    match Cli::try_parse_from(argv) {
+        Ok(Cli {
+            command: CliCommand::Run(run),
+            ..
+        }) => *run,
+        Ok(other) => panic!("{args:?} is not `run`: {other:?}"),
+        Err(e) => panic!("the operator refuses the chart's arguments {args:?}:\n{e}"),
+    }
+}
+
+// ---- tests -------------------------------------------------------------------------------
+
+#[test]
+fn chart_that_fails_helm_lint_strict_is_caught_before_release() {
+    helm_ok(&["lint", CHART, "--strict"]);
+    helm_ok(&[
+        "lint",
+        CHART,
+        "--strict",
+        "-f",
+        &format!("{CHART}/ci/aws-values.yaml"),
+    ]);
+    helm_ok(&[
+        "lint",
+        CHART,
+        "--strict",
+        "-f",
+        &format!("{CHART}/ci/all-values.yaml"),
+    ]);
+    helm_ok(&["lint", CHART, "--strict", "--set", "rbac.scope=namespace"]);
+}
+
+#[test]
+fn missing_or_mistyped_values_are_refused_at_helm_install_not_at_start_up() {
+    let refused = |file: &str, yaml: &str, names: &[&str]| {
+        let path = values_file(file, yaml);
+        let out = run_helm(&["template", RELEASE, CHART, "-f", path.to_str().unwrap()]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "helm accepted {file}:\n{yaml}");
+        assert!(
+            stderr.contains("schema"),
+            "{file} was refused, but not by values.schema.json: {stderr}"
+        );
+        for n in names {
+            assert!(
+                stderr.contains(n),
+                "refusing {file}, helm does not name {n}: {stderr}"
+            );
+        }
+    };
+    let aws = |without: &str| {
+        let mut values: serde_json::Map<String, Value> = serde_yaml_ng::from_str(
+            &std::fs::read_to_string(root().join(CHART).join("ci/aws-values.yaml")).unwrap(),
+        )
+        .unwrap();
+        let (parent, key) = without.rsplit_once('.').unwrap_or(("", without));
+        let mut node = values.get_mut("aws").unwrap();
+        for p in parent.split('.').filter(|p| !p.is_empty() && *p != "aws") {
+            node = node.get_mut(p).unwrap();
+        }
+        node.as_object_mut().unwrap().remove(key).expect(without);
+        serde_yaml_ng::to_string(&values).unwrap()
+    };
+    refused(
+        "no-cluster-name.yaml",
+        &aws("aws.clusterName"),
+        &["/aws/clusterName"],
+    );
+    refused("no-region.yaml", &aws("aws.region"), &["/aws/region"]);
+    refused(
+        "no-instance-profile.yaml",
+        &aws("aws.instanceProfile"),
+        &["/aws/instanceProfile"],
+    );
+    refused(
+        "no-security-groups.yaml",
+        &aws("aws.securityGroupIds"),
+        &["/aws/securityGroupIds"],
+    );
+    refused(
+        "no-eks-endpoint.yaml",
+        &aws("aws.eks.apiEndpoint"),
+        &["/aws/eks/apiEndpoint"],
+    );
+    refused(
+        "replicas-two.yaml",
+        "replicas: \"two\"\n",
+        &["/replicas", "want integer"],
+    );
+    refused("unknown-key.yaml", "replica: 2\n", &["replica"]);
+    refused(
+        "bad-scope.yaml",
+        "rbac:\n  scope: cluster-wide\n",
+        &["/rbac/scope"],
+    );
+    refused(
+        "bad-duration.yaml",
+        "nodes:\n  orphanGracePeriod: ten minutes\n",
+        &["/nodes/orphanGracePeriod"],
+    );
+    refused(
+        "two-leaders.yaml",
+        "replicas: 2\nleaderElection:\n  enabled: false\n",
+        &["/leaderElection/enabled"],
+    );
+    refused(
+        "comma-in-list.yaml",
+        "aws:\n  securityGroupIds: [\"sg-1,sg-2\"]\n",
+        &["/aws/securityGroupIds/0"],
+    );
+
+    // A user-data template of one's own replaces the EKS settings the built-in one needs.
+    let own_template = format!(
+        "{}nodes:\n  userDataTemplate:\n    configMap: bottlerocket\n",
+        aws("aws.eks")
+    );
+    let path = values_file("own-user-data.yaml", &own_template);
+    helm_ok(&["template", RELEASE, CHART, "-f", path.to_str().unwrap()]);
+}
+
+#[test]
+fn default_install_is_deploys_kustomize_install_object_for_object() {
+    let deploy = kustomize(&root().join("deploy"));
+    let chart = render(&[]);
+    let extra = assert_same_objects(deploy, chart);
+    assert!(
+        extra.is_empty(),
+        "the chart renders objects deploy/ does not have: {extra:?}"
+    );
+}
+
+#[test]
+fn chart_grants_exactly_deploys_cluster_rbac() {
+    let deploy = read_documents(&root().join("deploy/clusterrole.yaml"));
+    let chart = render(&[]);
+    assert_same_rules(
+        find(&chart, "ClusterRole", "questdb-operator"),
+        &deploy[0],
+        "the chart's ClusterRole must grant exactly deploy/clusterrole.yaml's rules",
+    );
+    let leader = read_documents(&root().join("deploy/operator/role.yaml"));
+    assert_same_rules(
+        find(&chart, "Role", "questdb-operator-leader-election"),
+        &leader[0],
+        "the leader-election Role must grant exactly deploy/operator/role.yaml's rules",
+    );
+    let binding = find(&chart, "ClusterRoleBinding", "questdb-operator");
+    assert_eq!(
+        binding["subjects"],
+        json!([{"kind": "ServiceAccount", "name": "questdb-operator", "namespace": NAMESPACE}])
+    );
+    // The chart's object list is the whole grant: no other Role or binding.
+    let rbac: Vec<String> = keys(&chart)
+        .into_iter()
+        .filter(|k| k.contains("Role"))
+        .collect();
+    assert_eq!(
+        rbac,
+        [
+            "ClusterRole/questdb-operator",
+            "ClusterRoleBinding/questdb-operator",
+            "Role/questdb-operator-leader-election",
+            "RoleBinding/questdb-operator-leader-election",
+        ]
+    );
+}
+
+#[test]
+fn namespaced_install_is_deploy_namespaced_and_grants_exactly_its_role() {
+    let deploy = kustomize(&root().join("deploy/namespaced"));
+    let chart = render(&["--set", "rbac.scope=namespace"]);
+    let role = read_documents(&root().join("deploy/namespaced/role.yaml"));
+    assert_same_rules(
+        find(&chart, "Role", "questdb-operator"),
+        &role[0],
+        "rbac.scope=namespace must grant exactly deploy/namespaced/role.yaml's rules",
+    );
+    assert!(
+        !chart
+            .iter()
+            .any(|o| kind(o) == "ClusterRole" || kind(o) == "ClusterRoleBinding"),
+        "a namespaced install without dedicated nodes grants nothing cluster-wide: {:?}",
+        keys(&chart)
+    );
+    let extra = assert_same_objects(deploy, chart);
+    // The admission policy, which deploy/namespaced leaves to the cluster's administrator, named
+    // after the namespace so that two namespaced installs do not share it.
+    let policy = "questdb-operator-questdb-operator-writes-only-its-own";
+    assert_eq!(
+        extra,
+        BTreeSet::from([
+            ("ValidatingAdmissionPolicy".to_string(), policy.to_string()),
+            (
+                "ValidatingAdmissionPolicyBinding".to_string(),
+                policy.to_string()
+            ),
+        ])
+    );
+
+    // Dedicated nodes in a namespaced install: the cluster-scoped rules they need, each one of
+    // the ClusterRole's, and nothing namespaced.
+    let cluster_role = read_documents(&root().join("deploy/clusterrole.yaml"));
+    let chart = render(&[
+        "--set",
+        "rbac.scope=namespace",
+        "-f",
+        &format!("{CHART}/ci/aws-values.yaml"),
+    ]);
+    let nodes = find(
+        &chart,
+        "ClusterRole",
+        "questdb-operator-questdb-operator-nodes",
+    );
+    for rule in rules(nodes) {
+        assert!(
+            rules(&cluster_role[0]).contains(rule),
+            "{rule} is not one of deploy/clusterrole.yaml's rules"
+        );
+        for resource in rule["resources"].as_array().unwrap() {
+            let r = resource.as_str().unwrap();
+            assert!(
+                ["namespaces", "nodes", "csinodes", "leases", "volumeattachments"].contains(&r),
+                "{r}: a namespaced install is granted nothing namespaced cluster-wide beyond the kubelets' leases"
+            );
+        }
+    }
+}
+
+#[test]
+fn monitoring_objects_are_deploys_components_when_enabled() {
+    let mut deploy = Vec::new();
+    for component in ["servicemonitor", "podmonitor", "prometheusrule"] {
+        let mut objects = kustomize(&root().join("deploy").join(component));
+        // As part of an overlay of deploy/ with `namespace: questdb-operator`.
+        for o in &mut objects {
+            o["metadata"]["namespace"] = json!(NAMESPACE);
+        }
+        deploy.extend(objects);
+    }
+    let defaults = render(&[]);
+    for o in &deploy {
+        assert!(
+            !defaults.iter().any(|c| kind(c) == kind(o)),
+            "{} must be opt-in",
+            kind(o)
+        );
+    }
+    let chart = render(&[
+        "--set",
+        "monitoring.serviceMonitor.enabled=true",
+        "--set",
+        "monitoring.podMonitor.enabled=true",
+        "--set",
+        "monitoring.prometheusRule.enabled=true",
+    ]);
+    let monitoring: Vec<Value> = chart
+        .into_iter()
+        .filter(|o| {
+            o["apiVersion"]
+                .as_str()
+                .unwrap_or_default()
+                .starts_with("monitoring.coreos.com/")
+        })
+        .collect();
+    let extra = assert_same_objects(deploy, monitoring);
+    assert!(extra.is_empty(), "{extra:?}");
+}
+
+#[test]
+fn every_flag_the_chart_renders_is_accepted_by_the_operator() {
+    // Defaults: deploy/'s arguments exactly.
+    let args = deployment_args(&render(&[]), "questdb-operator");
+    assert_eq!(
+        args,
+        [
+            "run",
+            "--leader-elect",
+            "--metrics-bind-address=:8080",
+            "--health-probe-bind-address=:8081"
+        ]
+    );
+    parse_run(&args);
+
+    // Every value set.
+    let objects = render(&["-f", &format!("{CHART}/ci/all-values.yaml")]);
+    let args = deployment_args(&objects, "qdb-operator");
+    let run = parse_run(&args);
+    assert_eq!(run.namespace, "team-a");
+    assert_eq!(run.leader_election_id, "qdb-leader");
+    assert_eq!(run.leader_elect_lease_duration, 20);
+    assert_eq!(run.metrics_bind_address, ":9090");
+    assert_eq!(run.questdb_concurrency, 8);
+    assert_eq!(
+        run.backup_upload_timeout, 1_000_000,
+        "a big number must not render as 1e+06"
+    );
+    let cloud = &run.cloud;
+    assert_eq!(cloud.cloud_provider, Some(CloudProvider::Aws));
+    assert_eq!(cloud.cluster_name.as_deref(), Some("prod-eu"));
+    assert_eq!(
+        questdb_operator::cli::parse_subnets(&cloud.aws_subnets)
+            .unwrap()
+            .len(),
+        3
+    );
+    assert_eq!(cloud.aws_security_group_ids, ["sg-1", "sg-2"]);
+    assert_eq!(cloud.allowed_node_instance_types, ["m6i.*", "r7i.large"]);
+    assert_eq!(
+        cloud.csi_driver, "",
+        "csiDriver: \"\" turns the CSI wait off"
+    );
+    assert_eq!(cloud.node_root_volume_gib, 40);
+    assert_eq!(cloud.orphan_grace_period.as_secs(), 3600);
+    assert_eq!(cloud.upgrade_concurrency, 3);
+
+    // The user-data template is the file the ConfigMap is mounted as.
+    let template = cloud
+        .node_user_data_template
+        .as_ref()
+        .expect("--node-user-data-template");
+    let spec = &find(&objects, "Deployment", "qdb-operator")["spec"]["template"]["spec"];
+    let mount = &spec["containers"][0]["volumeMounts"][0];
+    assert_eq!(
+        template,
+        &Path::new(mount["mountPath"].as_str().unwrap()).join("bottlerocket.toml")
+    );
+    assert_eq!(spec["volumes"][0]["name"], mount["name"]);
+    assert_eq!(
+        spec["volumes"][0]["configMap"]["name"],
+        "questdb-node-user-data"
+    );
+
+    // Every flag of `run` a user sets is reachable from a value: a flag added to RunArgs
+    // without a value fails here.
+    let rendered: BTreeSet<&str> = args
+        .iter()
+        .filter_map(|a| a.strip_prefix("--"))
+        .map(|a| a.split('=').next().unwrap())
+        .collect();
+    let cli = Cli::command();
+    let run_cmd = cli.find_subcommand("run").expect("a run subcommand");
+    // Not values: the in-cluster config replaces a kubeconfig; the Lease's namespace is the
+    // pod's (POD_NAMESPACE, as the leader-election Role is there); the Lease identity is the
+    // pod name; the log format is LOG_FORMAT (logFormat).
+    let not_values = [
+        "kubeconfig",
+        "leader-election-namespace",
+        "leader-elect-identity",
+        "log-format",
+    ];
+    let missing: Vec<&str> = run_cmd
+        .get_arguments()
+        .filter_map(|a| a.get_long())
+        .filter(|l| !["help", "version"].contains(l) && !not_values.contains(l))
+        .filter(|l| !rendered.contains(l))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "`run` flags no chart value renders (add them to values.yaml, the schema and the args helper): {missing:?}"
+    );
+    let env = &spec["containers"][0]["env"];
+    let env_names: Vec<&str> = env
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["name"].as_str().unwrap())
+        .collect();
+    assert!(env_names.contains(&"POD_NAMESPACE") && env_names.contains(&"LOG_FORMAT"));
+}
+
+#[test]
+fn aws_values_the_schema_accepts_start_the_operator() {
+    // What the schema requires with `cloudProvider: aws` is what the operator checks at start-up:
+    // values that pass `helm install` must not crash-loop on a missing flag.
+    let objects = render(&["-f", &format!("{CHART}/ci/aws-values.yaml")]);
+    let run = parse_run(&deployment_args(&objects, "questdb-operator"));
+    let config = questdb_operator::app::cloud_config(&run.cloud, CloudProvider::Aws)
+        .unwrap_or_else(|e| panic!("the operator refuses ci/aws-values.yaml's flags: {e:#}"));
+    assert_eq!(config.cluster_name, "prod-eu");
+    let sa = find(&objects, "ServiceAccount", "questdb-operator");
+    assert!(sa["metadata"]["annotations"]["eks.amazonaws.com/role-arn"].is_string());
+}
+
+#[test]
+fn namespaced_install_never_watches_another_namespace() {
+    let out = run_helm(&[
+        "template",
+        RELEASE,
+        CHART,
+        "--namespace",
+        NAMESPACE,
+        "--set",
+        "rbac.scope=namespace",
+        "--set",
+        "watchNamespace=team-b",
+    ]);
+    assert!(
+        !out.status.success(),
+        "a Role in one namespace cannot watch another"
+    );
+    let args = deployment_args(
+        &render(&["--set", "rbac.scope=namespace"]),
+        "questdb-operator",
+    );
+    assert!(
+        !args.iter().any(|a| a.starts_with("--namespace")),
+        "{args:?}"
+    );
+}
+
+#[test]
+fn chart_crds_are_the_generated_ones() {
+    let chart = std::fs::read(root().join(CHART).join("crds/questdb.yaml")).unwrap();
+    let generated = std::fs::read(root().join("crds/questdb.yaml")).unwrap();
+    assert!(
+        chart == generated,
+        "{CHART}/crds/questdb.yaml differs from crds/questdb.yaml: cp crds/questdb.yaml {CHART}/crds/"
+    );
+}
+
+#[test]
+fn chart_installs_the_operator_version_of_this_crate() {
+    #[derive(Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Chart {
+        api_version: String,
+        app_version: String,
+    }
+    let chart: Chart = serde_yaml_ng::from_str(
+        &std::fs::read_to_string(root().join(CHART).join("Chart.yaml")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(chart.api_version, "v2");
+    assert_eq!(chart.app_version, env!("CARGO_PKG_VERSION"));
+    let image = find(&render(&[]), "Deployment", "questdb-operator")["spec"]["template"]["spec"]
+        ["containers"][0]["image"]
+        .clone();
+    assert_eq!(
+        image,
+        json!(format!("questdb-operator:{}", env!("CARGO_PKG_VERSION")))
+    );
+}
+
+/// `v` with every run of whitespace in its strings made one space. kustomize 5.5 reads a folded
+/// scalar (`>-`) with more-indented lines, as the admission policy's CEL has, with one newline
+/// too many; CEL does not care, and neither does this cross-check.
+fn squeezed(v: &Value) -> Value {
+    match v {
+        Value::String(s) => json!(s.split_whitespace().collect::<Vec<_>>().join(" ")),
+        Value::Array(a) => Value::Array(a.iter().map(squeezed).collect()),
+        Value::Object(o) => {
+            Value::Object(o.iter().map(|(k, v)| (k.clone(), squeezed(v))).collect())
+        }
+        other => other.clone(),
+    }
+}
+
+#[test]
+fn kustomize_reading_of_deploy_is_what_kubectl_kustomize_builds() {
+    // The parity tests read deploy/ with the small kustomize above; where kubectl is installed,
+    // check that reading against the real one (cluster-scoped objects' metadata.namespace aside:
+    // kustomize 5.5 does not know ValidatingAdmissionPolicy is cluster-scoped, and the apiserver
+    // drops it).
+    let Ok(version) = Command::new("kubectl")
+        .args(["version", "--client"])
+        .output()
+    else {
+        eprintln!(
+            "kubectl is not installed: the kustomize reading of deploy/ is not cross-checked"
+        );
+        return;
+    };
+    assert!(version.status.success());
+    for dir in ["deploy", "deploy/namespaced"] {
+        let out = Command::new("kubectl")
+            .args(["kustomize", dir])
+            .current_dir(root())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "kubectl kustomize {dir}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let strip = |objects: Vec<Value>| -> BTreeMap<Key, Value> {
+            by_key(objects)
+                .into_iter()
+                .map(|(k, mut o)| {
+                    if CLUSTER_SCOPED.contains(&k.0.as_str()) {
+                        o["metadata"].as_object_mut().unwrap().remove("namespace");
+                    }
+                    (k, o)
+                })
+                .collect()
+        };
+        let real = strip(documents(&String::from_utf8(out.stdout).unwrap()));
+        let ours = strip(kustomize(&root().join(dir)));
+        assert_eq!(
+            real.keys().collect::<Vec<_>>(),
+            ours.keys().collect::<Vec<_>>(),
+            "{dir}: objects"
+        );
+        for (key, o) in &real {
+            let mut diffs = Vec::new();
+            differences(&squeezed(o), &squeezed(&ours[key]), "", &mut diffs);
+            assert!(
+                diffs.is_empty(),
+                "{dir} {key:?}: kubectl kustomize vs ours: {diffs:?}"
+            );
+        }
+    }
+}

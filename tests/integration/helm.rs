@@ -1,0 +1,109 @@
+//! The Helm chart on the real control plane: `helm install` (the real helm, built from its Go
+//! module) is the operator's whole install, and the operator then runs under the chart's RBAC
+//! and admission policy alone. A rule the chart lacks, or an object the apiserver refuses,
+//! fails here.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy;
+use k8s_openapi::api::apps::v1::Deployment;
+use kube::api::Api;
+use questdb_operator::manager::ManagerOptions;
+use questdb_testenv::rbac::{Install, OPERATOR_NAMESPACE};
+use questdb_testenv::ControlPlaneOptions;
+
+use crate::harness::{cluster, is_ready, questdb_crd, wait_for, Env};
+
+const NS: &str = "tenant-helm";
+
+/// The real helm: `QDB_HELM_BIN`, else built (once, then cached) by hack/helm/build.sh.
+fn helm() -> PathBuf {
+    if let Some(bin) = std::env::var_os("QDB_HELM_BIN") {
+        return bin.into();
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let out = Command::new("bash")
+        .arg(root.join("hack/helm/build.sh"))
+        .output()
+        .expect("running hack/helm/build.sh");
+    assert!(
+        out.status.success(),
+        "building helm failed (the chart tests need the real helm): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    stdout.lines().last().expect("helm's path").trim().into()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn helm_install_alone_grants_the_operator_what_it_needs_to_run_a_database() {
+    let mut env = Env::without_manager(
+        ControlPlaneOptions {
+            rbac: Install::Nothing,
+            ..cluster()
+        },
+        questdb_crd(),
+    )
+    .await;
+    let kubeconfig = env.cp.dir().join("admin.kubeconfig");
+    std::fs::write(&kubeconfig, env.cp.kubeconfig_yaml()).expect("kubeconfig written");
+    let chart = Path::new(env!("CARGO_MANIFEST_DIR")).join("charts/questdb-operator");
+    let helm = helm();
+    // The CRD is the test cluster's (its failover floor is the test kubelets' Lease); the
+    // chart's own is byte for byte crds/questdb.yaml (tests/helm_chart.rs).
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new(helm)
+            .args(["install", "questdb-operator"])
+            .arg(&chart)
+            .args([
+                "--namespace",
+                OPERATOR_NAMESPACE,
+                "--create-namespace",
+                "--skip-crds",
+                "--kubeconfig",
+            ])
+            .arg(&kubeconfig)
+            .output()
+            .expect("running helm")
+    })
+    .await
+    .expect("helm ran");
+    assert!(
+        out.status.success(),
+        "helm install: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        Api::<Deployment>::namespaced(env.client.clone(), OPERATOR_NAMESPACE)
+            .get_opt("questdb-operator")
+            .await
+            .expect("deployment read")
+            .is_some(),
+        "the operator's Deployment is installed"
+    );
+    assert!(
+        Api::<ValidatingAdmissionPolicy>::all(env.client.clone())
+            .list(&Default::default())
+            .await
+            .expect("policies")
+            .items
+            .len()
+            == 1,
+        "the admission policy is installed"
+    );
+
+    // The operator's identity is the chart's ServiceAccount, bound by nothing but the chart.
+    env.start_synced_manager(ManagerOptions::default()).await;
+    env.namespace(NS).await;
+    env.create_questdb(NS, "db1", |_| {}).await;
+    wait_for(
+        &env.api::<questdb_operator::api::QuestDB>(NS),
+        "db1",
+        "db1 Ready under the chart's RBAC",
+        is_ready(),
+    )
+    .await;
+    env.stop().await;
+}
