@@ -931,6 +931,21 @@ async fn move_held_before_the_switch(env: &CloudEnv) -> (String, questdb_testenv
     (new_id, kubelet)
 }
 
+/// Lets the held new node of a move go Ready, and waits until its Node says so.
+async fn heal_until_ready(env: &CloudEnv, kubelet: &questdb_testenv::NodeHandle, id: &str) {
+    kubelet.heal();
+    wait_for(
+        &Api::<k8s_openapi::api::core::v1::Node>::all(env.client.clone()),
+        &node_name_for(id),
+        "new node Ready",
+        |n: Option<&k8s_openapi::api::core::v1::Node>| {
+            n.and_then(|n| n.status.as_ref()?.conditions.clone())
+                .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+        },
+    )
+    .await;
+}
+
 /// The old node dying just as a node move stops the database on it would hold the move in
 /// Stopping until its timeout (the silent kubelet never confirms the pod's end) and then send
 /// the database back to the dead node: the move fences the old node (stop, then out-of-service)
@@ -990,18 +1005,7 @@ async fn a_new_node_that_dies_after_the_switch_sends_the_database_back_to_its_ol
     } = running_database(&env).await;
     let (new_id, new_kubelet) = move_held_before_the_switch(&env).await;
     let new_node = node_name_for(&new_id);
-    let nodes = Api::<k8s_openapi::api::core::v1::Node>::all(env.client.clone());
-    new_kubelet.heal();
-    wait_for(
-        &nodes,
-        &new_node,
-        "new node Ready",
-        |n: Option<&k8s_openapi::api::core::v1::Node>| {
-            n.and_then(|n| n.status.as_ref()?.conditions.clone())
-                .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-        },
-    )
-    .await;
+    heal_until_ready(&env, &new_kubelet, &new_id).await;
     // Silent from now on, but Ready for the node-lifecycle controller's grace: the move
     // switches to it.
     new_kubelet.partition();
@@ -1184,18 +1188,7 @@ async fn both_nodes_of_a_move_going_silent_fence_nothing_and_the_database_return
         pvc_uid,
     } = running_database(&env).await;
     let (new_id, new_kubelet) = move_held_before_the_switch(&env).await;
-    let nodes = Api::<k8s_openapi::api::core::v1::Node>::all(env.client.clone());
-    new_kubelet.heal();
-    wait_for(
-        &nodes,
-        &node_name_for(&new_id),
-        "new node Ready",
-        |n: Option<&k8s_openapi::api::core::v1::Node>| {
-            n.and_then(|n| n.status.as_ref()?.conditions.clone())
-                .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-        },
-    )
-    .await;
+    heal_until_ready(&env, &new_kubelet, &new_id).await;
     new_kubelet.partition();
     wait_for_within(
         &env.qdbs(),
@@ -1265,18 +1258,7 @@ async fn killing_the_manager_at_every_step_of_a_move_whose_new_node_dies_ends_on
         ..
     } = running_database(&env).await;
     let (new_id, new_kubelet) = move_held_before_the_switch(&env).await;
-    let nodes = Api::<k8s_openapi::api::core::v1::Node>::all(env.client.clone());
-    new_kubelet.heal();
-    wait_for(
-        &nodes,
-        &node_name_for(&new_id),
-        "new node Ready",
-        |n: Option<&k8s_openapi::api::core::v1::Node>| {
-            n.and_then(|n| n.status.as_ref()?.conditions.clone())
-                .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-        },
-    )
-    .await;
+    heal_until_ready(&env, &new_kubelet, &new_id).await;
     new_kubelet.partition();
     let killed = env
         .kill_at_every_step(
