@@ -76,8 +76,9 @@ pub struct Switches {
     /// stuck in the detaching state"), until the node's instance is terminated: EC2 detaches
     /// every volume of a terminated instance. A stop does not unstick them.
     pub detach_sticks_on: Mutex<BTreeSet<String>>,
-    /// What each node's OS has mounted (the kubelets' `volumesInUse`, by unique volume name),
-    /// while its instance runs: a volume mounted on a running instance does not detach (AWS:
+    /// What each node's OS has mounted (by unique volume name: volumes attached for a pod the
+    /// kubelet started, not every volume in its `volumesInUse`, which also lists volumes a pod
+    /// waits to have attached), while its instance runs: a volume mounted on a running instance does not detach (AWS:
     /// "If you try to detach a volume that is mounted, it can get stuck in the busy state";
     /// the EBS driver's ControllerUnpublishVolume waits for `available` and fails). A partitioned
     /// or powered-off node keeps its mounts until its instance is stopped or terminated.

@@ -296,7 +296,14 @@ struct NodeState {
     /// Real databases: the node's loopback network `127.a.b.0/24` (its address is `.1`, its
     /// pods' are the others).
     loopback: (u8, u8),
+    /// What the kubelet reports in `volumesInUse`: every volume a pod scheduled here wants,
+    /// from before it is attached, so the attach-detach controller leaves it attached.
     volumes_in_use: Mutex<BTreeSet<String>>,
+    /// What the node's OS has mounted: only volumes attached for a pod (the kubelet mounts
+    /// once `volumesAttached` lists a volume). Unlike `volumes_in_use`, a volume merely
+    /// wanted is not mounted, and detaches (a detach the controller decided before a new
+    /// pod here asked for it completes; EBS refuses it only for a mounted volume).
+    mounts: Mutex<BTreeSet<String>>,
     /// Its containers ignore SIGTERM: each stop takes the whole grace period, until the
     /// kubelet kills them (a JVM flushing a large table, or a hung process).
     stops_take_grace: std::sync::atomic::AtomicBool,
@@ -482,6 +489,7 @@ impl Kubelets {
             databases: self.databases.clone(),
             loopback,
             volumes_in_use: Mutex::default(),
+            mounts: Mutex::default(),
             stops_take_grace: Default::default(),
             unmounts_fail: Default::default(),
             changed: Notify::new(),
@@ -882,6 +890,8 @@ struct PodRun {
     node: String,
     volumes: Vec<String>,
     phase: PodPhase,
+    /// Its volumes were attached and mounted on the node.
+    mounted: bool,
     busy: bool,
     /// A real database runs the pod's containers.
     db: Option<database::PodHandle>,
@@ -961,6 +971,7 @@ async fn run_pods(k: Kubelets) {
                 node: node_name.clone(),
                 volumes: vec![],
                 phase: PodPhase::Starting,
+                mounted: false,
                 busy: false,
                 db: None,
             });
@@ -1019,7 +1030,6 @@ async fn run_pods(k: Kubelets) {
                         let mut in_use = handle.state.volumes_in_use.lock().unwrap();
                         let before = in_use.len();
                         in_use.extend(volumes.iter().cloned());
-                        k.csi.set_mounted(&node_name, &in_use);
                         if in_use.len() != before {
                             handle.state.changed.notify_one();
                         }
@@ -1033,6 +1043,10 @@ async fn run_pods(k: Kubelets) {
                         .map(|v| v.name)
                         .collect();
                     if volumes.iter().all(|v| attached.contains(v)) {
+                        let mut mounts = handle.state.mounts.lock().unwrap();
+                        mounts.extend(volumes.iter().cloned());
+                        k.csi.set_mounted(&node_name, &mounts);
+                        run.mounted = true;
                         run.phase = PodPhase::Attached(Instant::now());
                     }
                 }
@@ -1136,25 +1150,35 @@ fn unmount(
     runs: &Arc<Mutex<BTreeMap<String, PodRun>>>,
     csi: &crate::csi::Switches,
 ) {
-    // A volume another pod on the node still mounts (or a database still runs on) stays in use.
-    let still: BTreeSet<String> = runs
-        .lock()
-        .unwrap()
-        .values()
-        .filter(|r| {
-            r.node == handle.name
-                && (!matches!(r.phase, PodPhase::Stopping(_)) || r.processes_live())
-        })
-        .flat_map(|r| r.volumes.iter().cloned())
-        .collect();
+    // A volume another pod on the node still wants (or a database still runs on) stays in
+    // use, and mounted if that pod mounted it.
+    let (still_wanted, still_mounted) = {
+        let runs = runs.lock().unwrap();
+        let others: Vec<&PodRun> = runs
+            .values()
+            .filter(|r| {
+                r.node == handle.name
+                    && (!matches!(r.phase, PodPhase::Stopping(_)) || r.processes_live())
+            })
+            .collect();
+        let wanted: BTreeSet<String> = others
+            .iter()
+            .flat_map(|r| r.volumes.iter().cloned())
+            .collect();
+        let mounted: BTreeSet<String> = others
+            .iter()
+            .filter(|r| r.mounted)
+            .flat_map(|r| r.volumes.iter().cloned())
+            .collect();
+        (wanted, mounted)
+    };
+    let mut mounts = handle.state.mounts.lock().unwrap();
+    mounts.retain(|v| !volumes.contains(v) || still_mounted.contains(v));
+    csi.set_mounted(&handle.name, &mounts);
+    drop(mounts);
     let mut in_use = handle.state.volumes_in_use.lock().unwrap();
     let before = in_use.len();
-    for v in volumes {
-        if !still.contains(v) {
-            in_use.remove(v);
-        }
-    }
-    csi.set_mounted(&handle.name, &in_use);
+    in_use.retain(|v| !volumes.contains(v) || still_wanted.contains(v));
     if in_use.len() != before {
         handle.state.changed.notify_one();
     }

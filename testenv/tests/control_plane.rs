@@ -217,3 +217,73 @@ async fn a_volume_mounted_on_a_running_instance_does_not_detach_until_the_instan
     })
     .await;
 }
+
+/// A detach the attach-detach controller started before a pod on the same node asked for the
+/// volume again must complete: the kubelet lists the volume in `volumesInUse` at once, but
+/// mounts it only once it is attached, and EBS refuses a detach only for a mounted volume.
+/// Refusing it here deadlocked every restart that landed back on its node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_back_on_its_node_while_its_volume_detaches_gets_the_volume_again() {
+    let cp = ControlPlane::start(ControlPlaneOptions::sandbox())
+        .await
+        .unwrap();
+    let client = cp.client().await;
+    namespace(&client, "again").await;
+    let sts: Api<StatefulSet> = Api::namespaced(client.clone(), "again");
+    sts.create(&PostParams::default(), &statefulset("db", None))
+        .await
+        .unwrap();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "again");
+    let pod = running_pod(&pods, "db-0").await;
+    let node = pod.spec.as_ref().unwrap().node_name.clone().unwrap();
+    let vas: Api<VolumeAttachment> = Api::all(client.clone());
+    let on_node = |all: Vec<VolumeAttachment>| all.into_iter().find(|va| va.spec.node_name == node);
+    let scale = |replicas: i32| {
+        let sts = sts.clone();
+        async move {
+            sts.patch(
+                "db",
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(json!({"spec": {"replicas": replicas}})),
+            )
+            .await
+            .unwrap();
+        }
+    };
+
+    // The detach is held where the controller has decided it but EBS has not done it.
+    cp.csi
+        .stall_detach
+        .store(true, std::sync::atomic::Ordering::Relaxed);
+    scale(0).await;
+    wait_until("the detach started", || async {
+        let all = vas.list(&ListParams::default()).await.unwrap().items;
+        on_node(all).is_some_and(|va| va.metadata.deletion_timestamp.is_some())
+    })
+    .await;
+    // The pod comes back, on the same node only.
+    sts.patch(
+        "db",
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(json!({"spec": {"template": {"spec": {
+            "nodeSelector": {"kubernetes.io/hostname": node.clone()}}}}})),
+    )
+    .await
+    .unwrap();
+    scale(1).await;
+    wait_until("the new pod is on the node", || async {
+        pods.get_opt("db-0")
+            .await
+            .unwrap()
+            .and_then(|p| p.spec?.node_name)
+            .as_deref()
+            == Some(node.as_str())
+    })
+    .await;
+    cp.csi
+        .stall_detach
+        .store(false, std::sync::atomic::Ordering::Relaxed);
+
+    let pod = running_pod(&pods, "db-0").await;
+    assert_eq!(pod.spec.unwrap().node_name.as_deref(), Some(node.as_str()));
+}
