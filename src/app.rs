@@ -168,11 +168,18 @@ pub fn cloud_config(args: &CloudArgs, provider: CloudProvider) -> anyhow::Result
         service_cidr: args.eks_service_cidr.clone(),
     };
     config.root_volume = RootVolume {
-        device_name: args.node_root_device_name.clone(),
+        device_name: args
+            .node_root_device_name
+            .as_deref()
+            .map(str::trim)
+            .unwrap_or_default()
+            .to_string(),
         size_gib: args.node_root_volume_gib,
         kms_key_id: args.node_root_volume_kms_key_id.clone(),
     };
     config.instance_profile = args.aws_instance_profile.clone();
+    config.node_tags =
+        crate::cloud::parse_node_tags(&args.node_tags).map_err(anyhow::Error::msg)?;
     // Without a profile the kubelet has no credentials for its EKS access entry or the image
     // registry: the node never registers and the database waits for it. An endpoint override
     // (moto, LocalStack) has no IAM to speak of.
@@ -235,6 +242,7 @@ pub fn cloud_settings(args: &CloudArgs) -> CloudSettings {
         orphan_sweep_interval: args.orphan_sweep_interval,
         orphan_grace_period: args.orphan_grace_period,
         upgrade_node_timeout: args.upgrade_node_timeout,
+        node_join_timeout: args.node_join_timeout,
         upgrade_step_timeout: args.upgrade_step_timeout,
         csi_driver: Some(args.csi_driver.trim().to_string()).filter(|d| !d.is_empty()),
         upgrade_concurrency: usize::from(args.upgrade_concurrency),

@@ -172,6 +172,12 @@ pub struct CloudArgs {
     #[arg(long, env = "AWS_SECURITY_GROUP_IDS", value_delimiter = ',')]
     pub aws_security_group_ids: Vec<String>,
 
+    /// Tags of your own on every dedicated instance, its volumes and network interface, at
+    /// launch (`key=value,key=value`): cost allocation, tag policies. Not `questdb.io/*`,
+    /// `kubernetes.io/cluster/*`, `Name` or `aws:*`, which are the operator's or AWS's.
+    #[arg(long, env = "NODE_TAGS", value_delimiter = ',')]
+    pub node_tags: Vec<String>,
+
     /// Instance profile (name or ARN) of every dedicated node.
     #[arg(long, env = "AWS_INSTANCE_PROFILE")]
     pub aws_instance_profile: Option<String>,
@@ -216,9 +222,10 @@ pub struct CloudArgs {
     #[arg(long, env = "EKS_SERVICE_CIDR")]
     pub eks_service_cidr: Option<String>,
 
-    /// Root device name of the node AMI (the encrypted gp3 root volume is mapped there).
-    #[arg(long, env = "NODE_ROOT_DEVICE_NAME", default_value = "/dev/xvda")]
-    pub node_root_device_name: String,
+    /// Where the encrypted gp3 root volume is mapped. Unset: the image's own root device
+    /// (`RootDeviceName`, read with DescribeImages at each launch).
+    #[arg(long, env = "NODE_ROOT_DEVICE_NAME")]
+    pub node_root_device_name: Option<String>,
 
     /// Size of a dedicated node's root volume in GiB (the database's data has its own volume).
     #[arg(long, env = "NODE_ROOT_VOLUME_GIB", default_value_t = 20)]
@@ -251,6 +258,13 @@ pub struct CloudArgs {
     /// Node is Ready; an attach before that fails and backs off. Empty: no such wait.
     #[arg(long, env = "CSI_DRIVER", default_value = "ebs.csi.aws.com")]
     pub csi_driver: String,
+
+    /// How long a running dedicated instance may go without its Node registering (a missing
+    /// instance profile or access entry, user data the kubelet refuses, an image for another
+    /// Kubernetes version) before the database says so (`NodeReady=False`, `NodeNeverJoined`)
+    /// and, with `spec.failover` on, the instance is fenced and another launched.
+    #[arg(long, env = "NODE_JOIN_TIMEOUT", default_value = "15m", value_parser = parse_duration)]
+    pub node_join_timeout: Duration,
 
     /// How long a node-image move waits for the new node to join and be Ready before aborting.
     #[arg(long, env = "UPGRADE_NODE_TIMEOUT", default_value = "10m", value_parser = parse_duration)]
@@ -397,7 +411,10 @@ mod tests {
         ];
         let ok = parse(&[&with_sg[..], &eks[..]].concat()).unwrap();
         assert_eq!(ok.cluster_name, "prod-eu");
-        assert_eq!(ok.root_volume.device_name, "/dev/xvda");
+        assert_eq!(
+            ok.root_volume.device_name, "",
+            "unset: the image's own root device, read at launch"
+        );
     }
 
     #[test]

@@ -313,6 +313,7 @@ async fn a_dedicated_node_is_launched_hardened_in_its_volumes_zone() {
     let (mut config, sdk, ami) = ec2_setup(&moto).await;
     config.security_group_ids = vec![default_security_group(&sdk).await];
     config.root_volume.size_gib = 30;
+    config.node_tags = [("cost-center".to_string(), "42".to_string())].into();
     let cloud = AwsCloud::from_sdk_config(&sdk, config, Arc::new(CallCounter::new())).unwrap();
     let launched = cloud
         .nodes
@@ -320,6 +321,9 @@ async fn a_dedicated_node_is_launched_hardened_in_its_volumes_zone() {
         .await
         .unwrap();
     assert_eq!(launched.tags["kubernetes.io/cluster/moto-test"], "owned");
+    // The user's tags, beside the operator's (a tag policy that requires cost-center passes).
+    assert_eq!(launched.tags["cost-center"], "42");
+    assert_eq!(launched.tags["questdb.io/uid"], "uid-h");
 
     let ec2 = aws_sdk_ec2::Client::new(&sdk);
     let out = ec2
@@ -337,10 +341,18 @@ async fn a_dedicated_node_is_launched_hardened_in_its_volumes_zone() {
     assert_eq!(md.http_tokens().map(|t| t.as_str()), Some("required"));
     assert_eq!(md.http_put_response_hop_limit(), Some(1));
     assert!(!instance.security_groups().is_empty());
-    let root = instance
-        .block_device_mappings()
+    // The encrypted root volume is mapped where the image has its root (DescribeImages), not at
+    // a fixed name that would leave the image's own root unencrypted beside an unused volume.
+    let images = ec2.describe_images().image_ids(&ami).send().await.unwrap();
+    let root_device = images.images()[0]
+        .root_device_name()
+        .expect("the image's root device")
+        .to_string();
+    let mappings = instance.block_device_mappings();
+    assert_eq!(mappings.len(), 1, "one volume, the root: {mappings:?}");
+    let root = mappings
         .iter()
-        .find(|b| b.device_name() == Some("/dev/xvda"))
+        .find(|b| b.device_name() == Some(root_device.as_str()))
         .expect("root device mapped");
     let volume_id = root.ebs().and_then(|e| e.volume_id()).expect("root volume");
     let volumes = ec2
@@ -353,6 +365,17 @@ async fn a_dedicated_node_is_launched_hardened_in_its_volumes_zone() {
     assert_eq!(volume.encrypted(), Some(true));
     assert_eq!(volume.size(), Some(30));
     assert_eq!(volume.volume_type().map(|t| t.as_str()), Some("gp3"));
+    let tagged = |tags: &[aws_sdk_ec2::types::Tag], key: &str| {
+        tags.iter()
+            .find(|t| t.key() == Some(key))
+            .and_then(|t| t.value())
+            .map(str::to_string)
+    };
+    assert_eq!(tagged(volume.tags(), "cost-center").as_deref(), Some("42"));
+    assert_eq!(
+        tagged(volume.tags(), "questdb.io/uid").as_deref(),
+        Some("uid-h")
+    );
 
     // spec.dns.public: the address the record will name exists from launch on.
     let public = cloud
@@ -656,6 +679,8 @@ async fn read_request(conn: &mut TcpStream) -> Option<String> {
 const EC2_THROTTLED: &str = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Response><Errors><Error><Code>RequestLimitExceeded</Code><Message>Request limit exceeded.</Message></Error></Errors><RequestID>req-1</RequestID></Response>";
 const EC2_NO_INSTANCES: &str = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<DescribeInstancesResponse xmlns=\"http://ec2.amazonaws.com/doc/2016-11-15/\"><requestId>req-2</requestId><reservationSet/></DescribeInstancesResponse>";
 const EC2_NO_CAPACITY: &str = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Response><Errors><Error><Code>InsufficientInstanceCapacity</Code><Message>We currently do not have sufficient m6i.large capacity in the Availability Zone you requested (us-east-1a).</Message></Error></Errors><RequestID>req-3</RequestID></Response>";
+/// DescribeImages of an image whose root is not `/dev/xvda` (EC2's wire format).
+const EC2_IMAGE_ROOT_SDA1: &str = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<DescribeImagesResponse xmlns=\"http://ec2.amazonaws.com/doc/2016-11-15/\"><requestId>req-5</requestId><imagesSet><item><imageId>ami-0123456789abcdef0</imageId><imageState>available</imageState><imageOwnerId>602401143452</imageOwnerId><architecture>x86_64</architecture><rootDeviceType>ebs</rootDeviceType><rootDeviceName>/dev/sda1</rootDeviceName></item></imagesSet></DescribeImagesResponse>";
 const ROUTE53_THROTTLED: &str = "<?xml version=\"1.0\"?>\n<ErrorResponse xmlns=\"https://route53.amazonaws.com/doc/2013-04-01/\"><Error><Type>Sender</Type><Code>Throttling</Code><Message>Rate exceeded</Message></Error><RequestId>req-4</RequestId></ErrorResponse>";
 const ROUTE53_EMPTY: &str = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<ListResourceRecordSetsResponse xmlns=\"https://route53.amazonaws.com/doc/2013-04-01/\"><ResourceRecordSets></ResourceRecordSets><IsTruncated>false</IsTruncated><MaxItems>1</MaxItems></ListResourceRecordSetsResponse>";
 
@@ -668,6 +693,7 @@ async fn aws_error_bodies_drive_retries_and_permanent_errors() {
         (503, EC2_THROTTLED),
         (200, EC2_NO_INSTANCES),
         (200, EC2_NO_INSTANCES),
+        (200, EC2_IMAGE_ROOT_SDA1),
         (500, EC2_NO_CAPACITY),
         (400, ROUTE53_THROTTLED),
         (200, ROUTE53_EMPTY),
@@ -703,8 +729,13 @@ async fn aws_error_bodies_drive_retries_and_permanent_errors() {
     assert_eq!(counter.count("ListResourceRecordSets", "throttled"), 1);
 
     let requests = server.requests();
-    assert_eq!(requests.len(), 7, "{requests:#?}");
-    let run = &requests[4];
+    assert_eq!(requests.len(), 8, "{requests:#?}");
+    assert!(
+        requests[4].contains("Action=DescribeImages"),
+        "{}",
+        requests[4]
+    );
+    let run = &requests[5];
     assert!(run.contains("Action=RunInstances"), "{run}");
     assert!(
         run.contains(&format!(
@@ -714,4 +745,9 @@ async fn aws_error_bodies_drive_retries_and_permanent_errors() {
         "{run}"
     );
     assert!(run.contains("SubnetId=subnet-1"), "{run}");
+    // The encrypted root volume goes where the image has its root.
+    assert!(
+        run.contains("BlockDeviceMapping.1.DeviceName=%2Fdev%2Fsda1"),
+        "{run}"
+    );
 }

@@ -723,6 +723,11 @@ fn every_flag_the_chart_renders_is_accepted_by_the_operator() {
     assert_eq!(cloud.node_root_volume_gib, 40);
     assert_eq!(cloud.orphan_grace_period.as_secs(), 3600);
     assert_eq!(cloud.upgrade_concurrency, 3);
+    assert_eq!(cloud.node_join_timeout.as_secs(), 1200);
+    assert_eq!(
+        questdb_operator::cloud::parse_node_tags(&cloud.node_tags).unwrap()["cost-center"],
+        "42"
+    );
 
     // The user-data template is the file the ConfigMap is mounted as.
     let template = cloud

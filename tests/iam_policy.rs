@@ -165,3 +165,96 @@ fn launches_are_confined_to_allowed_images_and_instance_types() {
         }
     }
 }
+
+fn statements() -> Vec<serde_json::Value> {
+    let text = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/aws/iam-policy.json"),
+    )
+    .unwrap();
+    let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
+    doc["Statement"].as_array().unwrap().clone()
+}
+
+/// A leaked operator credential launches, stops or describes nothing outside the cluster's
+/// own region and account.
+#[test]
+fn every_ec2_permission_is_confined_to_the_clusters_region_and_account() {
+    for s in statements() {
+        let resources: Vec<String> = match &s["Resource"] {
+            serde_json::Value::String(r) => vec![r.clone()],
+            serde_json::Value::Array(a) => a.iter().map(|v| v.as_str().unwrap().into()).collect(),
+            other => panic!("Resource {other}"),
+        };
+        let ec2 = s["Action"].to_string().contains("ec2:");
+        for r in resources.iter().filter(|_| ec2) {
+            if r == "*" {
+                assert_eq!(
+                    s["Condition"]["StringEquals"]["aws:RequestedRegion"], "REPLACE_REGION",
+                    "{s}"
+                );
+                continue;
+            }
+            let parts: Vec<&str> = r.split(':').collect();
+            assert_eq!(parts[3], "REPLACE_REGION", "{r}");
+            // Public images belong to their owner's account; the owner condition confines them.
+            if !r.contains(":image/") {
+                assert_eq!(parts[4], "REPLACE_ACCOUNT_ID", "{r}");
+            }
+        }
+    }
+}
+
+/// The operator launches with IMDSv2 only and one hop, so the database pod cannot read the
+/// node role's credentials; IAM refuses a launch that would not (a bug, or a stolen token).
+#[test]
+fn launches_without_imdsv2_and_one_hop_are_refused() {
+    let src =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("src/cloud/aws/ec2.rs"))
+            .unwrap();
+    assert!(src.contains(".http_tokens(HttpTokensState::Required)"));
+    assert!(src.contains(".http_put_response_hop_limit(1)"));
+    let instance = statements()
+        .into_iter()
+        .find(|s| {
+            s["Action"] == "ec2:RunInstances" && s["Resource"].to_string().contains(":instance/")
+        })
+        .unwrap();
+    let c = &instance["Condition"];
+    assert_eq!(c["StringEquals"]["ec2:MetadataHttpTokens"], "required");
+    assert_eq!(
+        c["NumericLessThanEquals"]["ec2:MetadataHttpPutResponseHopLimit"],
+        "1"
+    );
+    // Every instance launched carries the QuestDB uid that Stop/Terminate later require.
+    assert_eq!(c["Null"]["aws:RequestTag/questdb.io/uid"], "false");
+}
+
+/// The operator writes an A record and its TXT ownership marker; IAM lets it change nothing
+/// else in the zone (MX, NS, a record of another application).
+#[test]
+fn dns_changes_are_confined_to_a_and_txt_records_of_the_database_names() {
+    let src =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("src/cloud/dns.rs"))
+            .unwrap();
+    let kinds: Vec<&str> = src
+        .match_indices("kind: \"")
+        .map(|(i, m)| {
+            let rest = &src[i + m.len()..];
+            &rest[..rest.find('"').unwrap()]
+        })
+        .collect();
+    assert_eq!(kinds, ["A", "TXT"], "record types the code writes");
+    let change = statements()
+        .into_iter()
+        .find(|s| s["Action"] == "route53:ChangeResourceRecordSets")
+        .expect("ChangeResourceRecordSets in a statement of its own");
+    let c = &change["Condition"];
+    assert_eq!(
+        c["ForAllValues:StringEquals"]["route53:ChangeResourceRecordSetsRecordTypes"],
+        serde_json::json!(kinds)
+    );
+    assert_eq!(
+        c["ForAllValues:StringLike"]["route53:ChangeResourceRecordSetsNormalizedRecordNames"],
+        serde_json::json!(["REPLACE_RECORD_NAMES"])
+    );
+}

@@ -85,6 +85,9 @@ reasons! {
     ContainerConfigError,
     /// The scheduler finds no node for the database pod (its placement fields, resources).
     Unschedulable,
+    /// The apiserver refuses to create the database pod (Pod Security, a quota, an admission
+    /// webhook): the StatefulSet controller's words, which otherwise only its events carry.
+    PodRefused,
 
     // Volume size.
     AsRequested,

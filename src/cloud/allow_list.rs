@@ -108,6 +108,7 @@ mod tests {
             state: "available".into(),
             architecture: "x86_64".into(),
             root_device_type: "ebs".into(),
+            root_device_name: Some("/dev/xvda".into()),
             owner: owner.into(),
         }
     }

@@ -17,6 +17,10 @@ pub struct CloudConfig {
     pub security_group_ids: Vec<String>,
     /// Instance profile name, or ARN (starts with `arn:`).
     pub instance_profile: Option<String>,
+    /// Tags of the operator's user on every instance, root volume and network interface at
+    /// launch (`--node-tags`): cost allocation, and accounts whose tag policies deny an untagged
+    /// RunInstances. Never one of the operator's own keys ([`super::reserved_tag_key`]).
+    pub node_tags: BTreeMap<String, String>,
     /// Node bootstrap script with `{{var}}` placeholders, see [`super::user_data`].
     pub user_data_template: String,
     /// What the default (AL2023 `nodeadm`) bootstrap needs to know about the EKS cluster.
@@ -45,6 +49,7 @@ impl CloudConfig {
             subnets_by_zone: BTreeMap::new(),
             security_group_ids: Vec::new(),
             instance_profile: None,
+            node_tags: BTreeMap::new(),
             user_data_template: String::new(),
             eks: EksCluster::default(),
             root_volume: RootVolume::default(),
@@ -73,16 +78,21 @@ pub struct EksCluster {
 /// volume, never here).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RootVolume {
-    /// The AMI's root device (`/dev/xvda` on AL2023 and Bottlerocket).
+    /// Where the encrypted root volume is mapped. Empty: the image's `RootDeviceName`
+    /// (DescribeImages at launch), so an image whose root is elsewhere does not boot from an
+    /// unencrypted default-size volume beside an unused one.
     pub device_name: String,
     pub size_gib: i32,
     pub kms_key_id: Option<String>,
 }
 
+/// The root device of the EKS-optimized AL2023 and Bottlerocket images.
+pub const DEFAULT_ROOT_DEVICE: &str = "/dev/xvda";
+
 impl Default for RootVolume {
     fn default() -> Self {
         Self {
-            device_name: "/dev/xvda".into(),
+            device_name: String::new(),
             size_gib: 20,
             kms_key_id: None,
         }

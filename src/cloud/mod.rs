@@ -30,7 +30,9 @@ use async_trait::async_trait;
 
 pub use allow_list::{ImageVerdict, LaunchAllowList};
 pub use backend::{ChangeAction, Ec2Api, InstanceQuery, Page, RecordSet, Route53Api, RunSpec};
-pub use config::{pick_subnet, CloudConfig, EksCluster, RateLimit, RetryPolicy, RootVolume};
+pub use config::{
+    pick_subnet, CloudConfig, EksCluster, RateLimit, RetryPolicy, RootVolume, DEFAULT_ROOT_DEVICE,
+};
 pub use dns::{Route53DnsProvider, OWNED_ELSEWHERE};
 pub use error::{classify, ApiError, CloudError, ErrorClass};
 pub use model::{
@@ -42,9 +44,9 @@ pub use observer::{
     noop_observer, AwsCallObserver, CallCounter, CallKey, NoopObserver, SharedObserver,
 };
 pub use tags::{
-    client_token, desired_instance_tags, fallback_client_token, identity_tags, parse_provider_id,
-    provider_id, ProviderId, TAG_CLUSTER, TAG_CLUSTER_ID, TAG_NAME, TAG_NAMESPACE, TAG_NAME_AWS,
-    TAG_NODE_GENERATION, TAG_UID,
+    client_token, desired_instance_tags, fallback_client_token, identity_tags, parse_node_tags,
+    parse_provider_id, provider_id, reserved_tag_key, ProviderId, TAG_CLUSTER, TAG_CLUSTER_ID,
+    TAG_NAME, TAG_NAMESPACE, TAG_NAME_AWS, TAG_NODE_GENERATION, TAG_UID,
 };
 pub use user_data::render_user_data;
 

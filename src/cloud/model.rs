@@ -40,6 +40,9 @@ pub struct ImageFacts {
     pub architecture: String,
     /// `ebs` or `instance-store`.
     pub root_device_type: String,
+    /// Where the image's root volume is mapped (`RootDeviceName`: `/dev/xvda` on AL2023 and
+    /// Bottlerocket, `/dev/sda1` on many others).
+    pub root_device_name: Option<String>,
     /// The AWS account that owns the image (`OwnerId`).
     pub owner: String,
 }

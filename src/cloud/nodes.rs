@@ -113,6 +113,10 @@ impl<A: Ec2Api> Ec2NodeProvider<A> {
         if let Some(id) = &req.cluster_id {
             tags.insert(super::TAG_CLUSTER_ID.to_string(), id.clone());
         }
+        // Checked at start-up never to name one of the operator's keys; still, ours win.
+        for (k, v) in &self.config.node_tags {
+            tags.entry(k.clone()).or_insert_with(|| v.clone());
+        }
         Ok(RunSpec {
             image: req.image.clone(),
             instance_type: req.instance_type.clone(),
@@ -173,6 +177,23 @@ impl<A: Ec2Api + 'static> Ec2NodeProvider<A> {
         }
     }
 
+    /// The image's root device, where the encrypted root volume must be mapped; an image EC2
+    /// does not describe gets the AL2023 and Bottlerocket default (RunInstances then names the
+    /// real problem, an unknown image).
+    async fn root_device_of(&self, image: &str) -> Result<String, CloudError> {
+        let facts = self
+            .calls
+            .call("DescribeImages", NotFound::Return, || {
+                self.api.describe_image(image)
+            })
+            .await
+            .map_err(|e| CloudError::from_api("DescribeImages", e))?;
+        Ok(facts
+            .and_then(|f| f.root_device_name)
+            .filter(|d| !d.is_empty())
+            .unwrap_or_else(|| super::DEFAULT_ROOT_DEVICE.to_string()))
+    }
+
     /// Proof, read live from EC2, that instance `id` is the one of the QuestDB `owner` in this
     /// cluster before it is stopped or terminated. The ids come from status records, which
     /// anyone allowed to write `questdbs/status` can forge, and the IAM policy can only require
@@ -223,6 +244,10 @@ impl<A: Ec2Api + 'static> NodeProvider for Ec2NodeProvider<A> {
             return Ok(instance);
         }
         self.check_allowed(req).await?;
+        let mut spec = spec;
+        if spec.root_volume.device_name.is_empty() {
+            spec.root_volume.device_name = self.root_device_of(&req.image).await?;
+        }
         tracing::info!(
             namespace = %req.namespace,
             name = %req.name,
@@ -233,7 +258,6 @@ impl<A: Ec2Api + 'static> NodeProvider for Ec2NodeProvider<A> {
             "launching dedicated instance"
         );
         let mut short = Vec::new();
-        let mut spec = spec;
         let types = std::iter::once(req.instance_type.clone())
             .chain(req.fallback_instance_types.iter().cloned());
         for (i, kind) in types.enumerate() {

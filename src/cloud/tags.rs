@@ -45,6 +45,51 @@ pub fn desired_instance_tags(
     ])
 }
 
+/// Why a key cannot be one of `--node-tags`: the operator's own keys (what identifies an
+/// instance as a database's, and what IAM confines Stop/Terminate with), the cluster ownership
+/// tag, `Name`, and AWS's reserved prefix.
+pub fn reserved_tag_key(key: &str) -> Option<&'static str> {
+    if key.starts_with("questdb.io/") {
+        Some("questdb.io/ keys identify the operator's instances")
+    } else if key.starts_with("kubernetes.io/cluster/") {
+        Some("the cluster ownership tag is the operator's")
+    } else if key == TAG_NAME_AWS {
+        Some("Name is set by the operator")
+    } else if key.to_ascii_lowercase().starts_with("aws:") {
+        Some("aws: is reserved by AWS")
+    } else {
+        None
+    }
+}
+
+/// `--node-tags` (`key=value,key=value`): checked at start-up, so a typo stops the operator
+/// instead of every launch.
+pub fn parse_node_tags(items: &[String]) -> Result<BTreeMap<String, String>, String> {
+    let mut out = BTreeMap::new();
+    for item in items.iter().map(|s| s.trim()).filter(|s| !s.is_empty()) {
+        let (k, v) = item
+            .split_once('=')
+            .ok_or_else(|| format!("--node-tags: {item:?} is not key=value"))?;
+        let (k, v) = (k.trim(), v.trim());
+        if k.is_empty() || k.len() > 128 || v.len() > MAX_TAG_VALUE {
+            return Err(format!(
+                "--node-tags: {k:?}: EC2 tag keys are 1 to 128 characters, values at most {MAX_TAG_VALUE}"
+            ));
+        }
+        if let Some(why) = reserved_tag_key(k) {
+            return Err(format!("--node-tags: {k:?} cannot be set: {why}"));
+        }
+        if out.insert(k.to_string(), v.to_string()).is_some() {
+            return Err(format!("--node-tags: {k:?} is given twice"));
+        }
+    }
+    // EC2 allows 50 tags per resource; the operator's own take 8.
+    if out.len() > 40 {
+        return Err(format!("--node-tags: {} tags; at most 40 (EC2 allows 50 per resource, the operator sets up to 8)", out.len()));
+    }
+    Ok(out)
+}
+
 /// The tags that identify "the instance of this uid and generation" when looking it up.
 pub fn identity_tags(cluster: &str, uid: &str, node_generation: i64) -> BTreeMap<String, String> {
     BTreeMap::from([
@@ -115,6 +160,27 @@ pub fn parse_provider_id(provider_id: &str) -> Option<ProviderId> {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn node_tags_never_replace_the_operators_own() {
+        let ok =
+            parse_node_tags(&["team=data".into(), " cost-center = 42 ".into(), "".into()]).unwrap();
+        assert_eq!(ok.len(), 2);
+        assert_eq!(ok["cost-center"], "42");
+        for bad in [
+            "questdb.io/uid=x",
+            "kubernetes.io/cluster/other=owned",
+            "Name=mine",
+            "AWS:foo=1",
+            "novalue",
+            "=v",
+        ] {
+            assert!(parse_node_tags(&[bad.into()]).is_err(), "{bad} accepted");
+        }
+        assert!(parse_node_tags(&["a=1".into(), "a=2".into()]).is_err());
+        let many: Vec<String> = (0..41).map(|i| format!("k{i}=v")).collect();
+        assert!(parse_node_tags(&many).is_err());
+    }
     use super::*;
 
     #[test]

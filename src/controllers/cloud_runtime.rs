@@ -37,6 +37,9 @@ pub struct CloudSettings {
     /// How long an instance without a QuestDB is left alone before it is terminated (covers a
     /// QuestDB cache that lags a brand-new object, and a human restoring a deleted QuestDB).
     pub orphan_grace_period: Duration,
+    /// `--node-join-timeout`: how long a running instance may go without its Node registering
+    /// before it counts as never joined.
+    pub node_join_timeout: Duration,
     /// How long a node-image move waits for the new node to join and become Ready before it
     /// aborts (the database is never stopped before that).
     pub upgrade_node_timeout: Duration,
@@ -63,6 +66,8 @@ impl Default for CloudSettings {
             orphan_sweep_interval: Duration::from_secs(300),
             orphan_grace_period: Duration::from_secs(600),
             upgrade_node_timeout: Duration::from_secs(600),
+            // Karpenter's registration TTL: long enough for a slow image pull and nodeadm.
+            node_join_timeout: Duration::from_secs(900),
             csi_driver: Some("ebs.csi.aws.com".into()),
             upgrade_step_timeout: Duration::from_secs(600),
             upgrade_concurrency: 2,

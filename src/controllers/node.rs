@@ -39,7 +39,15 @@ pub struct NodeView<'a> {
     /// The last launch of this generation failed permanently less than
     /// [`PERMANENT_FAILURE_RETRY`] ago, with this message.
     pub recent_permanent_failure: Option<&'a str>,
+    /// `--node-join-timeout`: a running instance whose Node has not registered after this
+    /// long never joined.
+    pub join_timeout: Duration,
+    /// The wall clock, for the instances' launch times.
+    pub now: std::time::SystemTime,
 }
+
+/// What keeps a kubelet from registering, in the order an EKS user meets them.
+pub const NEVER_JOINED_HINT: &str = "Check that the instance profile (--aws-instance-profile) has a role with an EC2_LINUX access entry in the cluster, that the user data joins this cluster (its console output shows nodeadm's error), and that the image is for this cluster's Kubernetes version";
 
 /// The next step for the dedicated node.
 #[derive(Clone, Debug, PartialEq)]
@@ -287,13 +295,28 @@ pub fn plan(v: &NodeView) -> NodeStep {
                     .and_then(|n| untrusted(&claimants, n, instance))
                 {
                     Some(why) => waiting(Reason::NodeIdentityConflict, why),
-                    None => waiting(
-                        Reason::WaitingForNode,
-                        format!(
-                            "instance {} is running; waiting for its Node to register",
-                            instance.id
+                    None => match instance
+                        .launched_at
+                        .and_then(|t| v.now.duration_since(t).ok())
+                        .filter(|ran| *ran >= v.join_timeout)
+                    {
+                        // The message stays the same while it lasts: one event, not one a minute.
+                        Some(_) => waiting(
+                            Reason::NodeNeverJoined,
+                            format!(
+                                "instance {} has run longer than --node-join-timeout ({}s) and no Node has registered for it; spec.failover replaces it, or terminate it once the cause is fixed. {NEVER_JOINED_HINT}",
+                                instance.id,
+                                v.join_timeout.as_secs()
+                            ),
                         ),
-                    ),
+                        None => waiting(
+                            Reason::WaitingForNode,
+                            format!(
+                                "instance {} is running; waiting for its Node to register",
+                                instance.id
+                            ),
+                        ),
+                    },
                 }
             }
             Some(node) if !is_dedicated(node, v.dedicated, &instance.id) => {
@@ -359,6 +382,11 @@ pub fn relaunch(history: &[tokio::time::Instant], now: tokio::time::Instant) -> 
 #[path = "node_tests.rs"]
 mod tests;
 
+/// The well-known label the service controllers (AWS load balancer controller, cloud
+/// provider) read to leave a node out of load balancer targets.
+pub const EXCLUDE_FROM_LOAD_BALANCERS: &str =
+    "node.kubernetes.io/exclude-from-external-load-balancers";
+
 pub(super) fn launch_request(
     qdb: &QuestDB,
     uid: &str,
@@ -374,10 +402,15 @@ pub(super) fn launch_request(
         image: spec.image.clone(),
         instance_type: spec.instance_type.clone(),
         zone: spec.zone.clone(),
-        labels: [(
-            DEDICATED_LABEL_KEY.to_string(),
-            dedicated.label_value.clone(),
-        )]
+        labels: [
+            (
+                DEDICATED_LABEL_KEY.to_string(),
+                dedicated.label_value.clone(),
+            ),
+            // A LoadBalancer Service of another application must not send its traffic through
+            // a database's node (instance-mode targets are every node without this label).
+            (EXCLUDE_FROM_LOAD_BALANCERS.to_string(), "true".to_string()),
+        ]
         .into(),
         taints: vec![Taint::new(
             DEDICATED_TAINT_KEY,

@@ -1,5 +1,6 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::{Duration, SystemTime};
 
 use k8s_openapi::api::core::v1::{Node, NodeCondition, NodeSpec as K8sNodeSpec, NodeStatus, Taint};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -17,6 +18,12 @@ fn spec() -> NodeSpec {
         zone: "z-a".into(),
         ..Default::default()
     }
+}
+
+const JOIN_TIMEOUT: Duration = Duration::from_secs(900);
+/// A fixed wall clock: the planner takes the time as input.
+fn now() -> SystemTime {
+    SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000)
 }
 
 fn dedicated() -> DedicatedNode {
@@ -123,6 +130,8 @@ impl Case {
             nodes: &self.nodes,
             dedicated: &d,
             recent_permanent_failure: self.failure,
+            join_timeout: JOIN_TIMEOUT,
+            now: now(),
         })
     }
 }
@@ -264,6 +273,47 @@ fn a_running_instance_waits_for_its_node() {
     let mut c = Case::new(status(Some(1), Some("i-1")));
     c.instances = vec![instance("i-1", 1, InstanceState::Running)];
     c.nodes = vec![node("i-2", true, true)];
+    assert_eq!(reason(&c.plan()), Some(Reason::WaitingForNode));
+}
+
+/// A kubelet that cannot register (no instance profile, no access entry, refused user data)
+/// is not waited on in silence: past the join timeout the database says so and what to check.
+#[test]
+fn an_instance_whose_node_never_registers_is_reported_after_the_join_timeout() {
+    let mut c = Case::new(status(Some(1), Some("i-1")));
+    let mut running = instance("i-1", 1, InstanceState::Running);
+    running.launched_at = Some(now() - JOIN_TIMEOUT + Duration::from_secs(1));
+    c.instances = vec![running.clone()];
+    assert_eq!(
+        reason(&c.plan()),
+        Some(Reason::WaitingForNode),
+        "still joining"
+    );
+
+    running.launched_at = Some(now() - JOIN_TIMEOUT);
+    c.instances = vec![running.clone()];
+    let step = c.plan();
+    assert_eq!(reason(&step), Some(Reason::NodeNeverJoined));
+    let NodeStep::Wait(v) = &step else {
+        unreachable!()
+    };
+    assert!(
+        v.message.contains("i-1") && v.message.contains("access entry"),
+        "{}",
+        v.message
+    );
+    // The same message an hour later: reported once, not once a minute.
+    running.launched_at = Some(now() - JOIN_TIMEOUT - Duration::from_secs(3600));
+    c.instances = vec![running.clone()];
+    assert_eq!(c.plan(), step);
+
+    // Its Node registers after all: dedicated as usual.
+    c.nodes = vec![node("i-1", false, true)];
+    assert!(matches!(c.plan(), NodeStep::Dedicate { .. }));
+    // A launch time EC2 did not give never times out.
+    running.launched_at = None;
+    c.instances = vec![running];
+    c.nodes = vec![];
     assert_eq!(reason(&c.plan()), Some(Reason::WaitingForNode));
 }
 

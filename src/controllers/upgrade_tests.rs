@@ -344,6 +344,7 @@ fn facts(arch: &str, kind_arch: &str) -> NodeFacts {
             state: "available".into(),
             architecture: arch.into(),
             root_device_type: "ebs".into(),
+            root_device_name: Some("/dev/xvda".into()),
             owner: "602401143452".into(),
         }),
         instance_type: Some(crate::cloud::InstanceTypeFacts {

@@ -379,6 +379,7 @@ fn settings() -> CloudSettings {
         orphan_sweep_interval: Duration::from_secs(3600),
         orphan_grace_period: Duration::from_secs(3600),
         upgrade_node_timeout: Duration::from_secs(20),
+        node_join_timeout: Duration::from_secs(20),
         upgrade_step_timeout: Duration::from_secs(30),
         upgrade_concurrency: 2,
         // The test kubelets' Lease: renewed every quarter of it, as a real kubelet does.
@@ -562,6 +563,58 @@ async fn a_questdb_with_a_node_gets_its_own_instance_node_and_dns_and_releases_t
         async move { nodes.get_opt(&name).await.ok().flatten().is_none() }
     })
     .await;
+    env.stop().await;
+}
+
+/// A dedicated database listens on host ports, which the `baseline` and `restricted` Pod
+/// Security levels forbid: the apiserver refuses its pod, and only the StatefulSet's events said
+/// so. The QuestDB now says it, in the apiserver's words, and runs once the namespace allows it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_the_apiserver_refuses_is_reported_in_the_apiservers_words() {
+    let env = CloudEnv::start(settings()).await;
+    let namespaces = Api::<k8s_openapi::api::core::v1::Namespace>::all(env.client.clone());
+    let enforce = |level: &str| json!({"metadata": {"labels": {"pod-security.kubernetes.io/enforce": level}}});
+    namespaces
+        .patch(
+            NS,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(enforce("baseline")),
+        )
+        .await
+        .expect("namespace labelled");
+    env.create("db1", |_| {}).await;
+    let q = wait_for(
+        &env.qdbs(),
+        "db1",
+        "the refusal is reported",
+        has_condition("Ready", "PodRefused"),
+    )
+    .await;
+    let ready = q
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"))
+        .expect("Ready")
+        .clone();
+    assert!(
+        ready.message.contains("violates PodSecurity") && ready.message.contains("hostPort"),
+        "{}",
+        ready.message
+    );
+    assert_eq!(
+        q.status.as_ref().and_then(|s| s.phase),
+        Some(questdb_operator::api::Phase::Failed)
+    );
+
+    namespaces
+        .patch(
+            NS,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(enforce("privileged")),
+        )
+        .await
+        .expect("namespace relabelled");
+    wait_for(&env.qdbs(), "db1", "Ready once allowed", is_ready()).await;
     env.stop().await;
 }
 

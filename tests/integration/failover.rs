@@ -31,6 +31,19 @@ fn failover_phase(q: &QuestDB) -> Option<String> {
         .map(|f| f.phase.clone())
 }
 
+/// The record of `db1`'s failover, once one has started.
+async fn failover_started(env: &CloudEnv) -> questdb_operator::api::FailoverStatus {
+    let q = wait_for_within(
+        &env.qdbs(),
+        "db1",
+        "failover started",
+        FAILOVER_TIMEOUT,
+        |q: Option<&QuestDB>| q.and_then(failover_phase).is_some(),
+    )
+    .await;
+    q.status.and_then(|s| s.failover).expect("record")
+}
+
 /// `db1`, running with a 10 s failover threshold.
 struct Running {
     uid: String,
@@ -446,15 +459,7 @@ async fn a_deleted_node_whose_instance_still_runs_is_fenced_and_replaced() {
         .delete(&old_node, &Default::default())
         .await
         .expect("kubectl delete node");
-    let q = wait_for_within(
-        &env.qdbs(),
-        "db1",
-        "failover started",
-        FAILOVER_TIMEOUT,
-        |q: Option<&QuestDB>| q.and_then(failover_phase).is_some(),
-    )
-    .await;
-    let record = q.status.and_then(|s| s.failover).expect("record");
+    let record = failover_started(&env).await;
     assert_eq!(record.reason.as_deref(), Some("NodeDeleted"), "{record:?}");
     assert_eq!(record.old_node.as_deref(), Some(old_node.as_str()));
     // Pod GC (40 s) and the attach-detach controller's force detach (6 min) come first.
@@ -462,6 +467,78 @@ async fn a_deleted_node_whose_instance_still_runs_is_fenced_and_replaced() {
     stop.cancel();
     let v = violations.lock().unwrap().clone();
     assert!(v.is_empty(), "two writers possible: {v:?}");
+    env.stop().await;
+}
+
+/// An instance whose kubelet never registers (on EKS: no instance profile, no EC2_LINUX access
+/// entry, user data the kubelet refuses) is not waited on in silence: past `--node-join-timeout`
+/// the database says what to check, once, and failover fences the instance and launches
+/// another, which joins once the cause is fixed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_whose_node_never_joins_is_reported_and_replaced() {
+    let env = CloudEnv::start(settings()).await;
+    env.cloud.ec2.set_never_joins(super::AMI, true);
+    env.create("db1", |q| q.spec.failover.unhealthy_after_seconds = 10)
+        .await;
+    let q = wait_for_within(
+        &env.qdbs(),
+        "db1",
+        "NodeReady says the node never joined",
+        FAILOVER_TIMEOUT,
+        crate::harness::has_condition("NodeReady", "NodeNeverJoined"),
+    )
+    .await;
+    let status = q.status.clone().expect("status");
+    let first = status.instance_id.clone().expect("the first instance");
+    let message = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "NodeReady")
+        .map(|c| c.message.clone())
+        .unwrap_or_default();
+    assert!(
+        message.contains(&first) && message.contains("access entry"),
+        "{message}"
+    );
+    assert!(
+        status.failover.is_none(),
+        "said before any failover: {status:?}"
+    );
+    // The user adds the access entry: instances launched from now on join.
+    env.cloud.ec2.set_never_joins(super::AMI, false);
+
+    let record = failover_started(&env).await;
+    assert_eq!(
+        record.reason.as_deref(),
+        Some("NodeNeverJoined"),
+        "{record:?}"
+    );
+    assert_eq!(record.old_instance_id.as_deref(), Some(first.as_str()));
+    let q = wait_for_within(
+        &env.qdbs(),
+        "db1",
+        "Ready on the replacement",
+        FAILOVER_TIMEOUT,
+        is_ready(),
+    )
+    .await;
+    let now_on = q.status.and_then(|s| s.instance_id).expect("instance");
+    assert_ne!(now_on, first);
+    env.wait_terminated(&first, "the instance that never joined is terminated")
+        .await;
+    let events: Vec<k8s_openapi::api::events::v1::Event> =
+        Api::<k8s_openapi::api::events::v1::Event>::namespaced(env.client.clone(), NS)
+            .list(&Default::default())
+            .await
+            .expect("events")
+            .items;
+    // Repeats of one Event are counted in its series.
+    let never: i32 = events
+        .iter()
+        .filter(|e| e.reason.as_deref() == Some("NodeNeverJoined"))
+        .map(|e| e.series.as_ref().map_or(1, |s| s.count))
+        .sum();
+    assert_eq!(never, 1, "one event for the instance that never joined");
     env.stop().await;
 }
 

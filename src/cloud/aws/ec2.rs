@@ -123,6 +123,7 @@ impl Ec2Api for AwsEc2 {
             .client_token(&spec.client_token)
             .tag_specifications(tag_spec(ResourceType::Instance, &spec.tags))
             .tag_specifications(tag_spec(ResourceType::Volume, &spec.tags))
+            .tag_specifications(tag_spec(ResourceType::NetworkInterface, &spec.tags))
             // The subnet map decides the zone too; naming it makes a wrong map an error
             // instead of a node in another zone than its volume.
             .placement(Placement::builder().availability_zone(&spec.zone).build())
@@ -234,6 +235,7 @@ impl Ec2Api for AwsEc2 {
                 state: i.state()?.as_str().to_string(),
                 architecture: i.architecture()?.as_str().to_string(),
                 root_device_type: i.root_device_type()?.as_str().to_string(),
+                root_device_name: i.root_device_name().map(str::to_string),
                 owner: i.owner_id().unwrap_or_default().to_string(),
             })
         }))

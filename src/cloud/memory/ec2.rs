@@ -176,6 +176,17 @@ impl MemoryEc2 {
         self.lock().faults.throttle_next = n;
     }
 
+    /// Instances of `image` that reach `running` from now on never register a Node (no
+    /// instance profile, no access entry, user data the kubelet refuses), until cleared.
+    pub fn set_never_joins(&self, image: &str, never: bool) {
+        let mut state = self.lock();
+        if never {
+            state.options.never_join_images.insert(image.to_string());
+        } else {
+            state.options.never_join_images.remove(image);
+        }
+    }
+
     /// RunInstances in `zone` fails with `InsufficientInstanceCapacity` until cleared.
     pub fn set_no_capacity(&self, zone: &str, no_capacity: bool) {
         let mut state = self.lock();
@@ -552,6 +563,7 @@ impl Ec2Api for MemoryEc2 {
                 state: "available".into(),
                 architecture: arch.into(),
                 root_device_type: "ebs".into(),
+                root_device_name: Some(crate::cloud::DEFAULT_ROOT_DEVICE.into()),
                 owner: state
                     .options
                     .image_owners

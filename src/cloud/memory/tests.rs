@@ -610,8 +610,8 @@ fn dns_needs_a_hosted_zone() {
     assert!(matches!(err, CloudError::Config(_)));
 }
 
-/// The AWS bill of one QuestDB: provisioning costs 1 tag lookup + 1 RunInstances + 1 DNS read +
-/// 1 DNS write; a steady-state sync costs one cluster-wide describe (shared by every QuestDB)
+/// The AWS bill of one QuestDB: provisioning costs 1 tag lookup + 1 DescribeImages (the image's
+/// root device) + 1 RunInstances + 1 DNS read + 1 DNS write; a steady-state sync costs one cluster-wide describe (shared by every QuestDB)
 /// plus one DNS read per QuestDB, and no writes.
 #[tokio::test(start_paused = true)]
 async fn calls_per_provisioned_questdb_and_per_steady_state_sync() {
@@ -624,10 +624,11 @@ async fn calls_per_provisioned_questdb_and_per_steady_state_sync() {
         .await
         .unwrap();
     assert_eq!(counter.attempts("DescribeInstances"), 1);
+    assert_eq!(counter.attempts("DescribeImages"), 1);
     assert_eq!(counter.attempts("RunInstances"), 1);
     assert_eq!(counter.attempts("ListResourceRecordSets"), 1);
     assert_eq!(counter.attempts("ChangeResourceRecordSets"), 1);
-    assert_eq!(counter.total(), 4);
+    assert_eq!(counter.total(), 5);
 
     let before = counter.total();
     let all = cloud.nodes.describe_cluster().await.unwrap();

@@ -321,6 +321,8 @@ async fn node_steps(
             nodes: &nodes,
             dedicated,
             recent_permanent_failure: failure.as_ref().map(|f| f.message.as_str()),
+            join_timeout: cloud.settings.node_join_timeout,
+            now: std::time::SystemTime::now(),
         });
         let current = status
             .instance_id
@@ -348,14 +350,16 @@ async fn node_steps(
                     .await?
             }
             NodeStep::Wait(condition) => {
-                if condition.reason == Reason::NodeIdentityConflict
-                    && !already_reported(&run.qdb.status.clone().unwrap_or_default(), &condition)
+                if matches!(
+                    condition.reason,
+                    Reason::NodeIdentityConflict | Reason::NodeNeverJoined
+                ) && !already_reported(&run.qdb.status.clone().unwrap_or_default(), &condition)
                 {
                     warn!(questdb = %run.qdb.name_any(), "{}", condition.message);
                     ctx.event(
                         run.qdb,
                         EventType::Warning,
-                        Reason::NodeIdentityConflict,
+                        condition.reason,
                         "DedicateNode",
                         condition.message.clone(),
                     )

@@ -47,6 +47,15 @@ pub fn unschedulable(pod: &Pod) -> Option<Trouble> {
     })
 }
 
+/// The StatefulSet controller's last refusal to create the pod (its `FailedCreate` event),
+/// while there is no pod: "pods "db1-0" is forbidden: violates PodSecurity ...".
+pub fn refused(message: &str) -> Trouble {
+    Trouble {
+        reason: Reason::PodRefused,
+        message: format!("the database pod cannot be created: {message}"),
+    }
+}
+
 /// The trouble of the database container (or of the init container before it), if any.
 pub fn trouble(pod: &Pod) -> Option<Trouble> {
     let status = pod.status.as_ref()?;

@@ -169,6 +169,12 @@ pub async fn reconcile(
                     "EC2 reports instance {id} ({node}) terminated, {}s into its silence: releasing its volume, launching a replacement",
                     symptom.for_.as_secs()
                 )
+            } else if reason == Reason::NodeNeverJoined {
+                format!(
+                    "instance {id} has run past --node-join-timeout ({}s) without a Node registering for it: fencing instance {id}, launching a replacement. {}",
+                    cloud.settings.node_join_timeout.as_secs(),
+                    crate::controllers::node::NEVER_JOINED_HINT
+                )
             } else if symptom.missing {
                 format!(
                     "the Node object of instance {id} ({node}) has been gone for {}s while the instance runs ({reason}): fencing instance {id}, launching a replacement",
@@ -341,7 +347,7 @@ async fn instance_gone(cloud: &CloudRuntime, instance: &str) -> bool {
 /// The node of `instance` as the caches and the tracker see it: `None` while it renews its
 /// Lease. A Node object that disappeared counts from when the operator first missed it, if
 /// the operator saw it before or the instance was launched longer ago than a node takes to
-/// join (`--upgrade-node-timeout`): a node still joining is not a missing one.
+/// join (`--node-join-timeout`): a node still joining is not a missing one.
 async fn symptom(
     qdb: &QuestDB,
     ctx: &Context,
@@ -368,7 +374,7 @@ async fn symptom(
         .find(|i| i.id == instance)
         .and_then(|i| i.launched_at)
         .and_then(|t| t.elapsed().ok())
-        .is_some_and(|age| age > cloud.settings.upgrade_node_timeout);
+        .is_some_and(|age| age > cloud.settings.node_join_timeout);
     let Some((known, for_)) = cloud.health.node_missing(instance, launched_long_ago, now) else {
         return Ok(None);
     };
@@ -445,6 +451,9 @@ async fn confirm(
         _ if symptom.terminated => None,
         Some(InstanceState::Stopped | InstanceState::Terminated | InstanceState::ShuttingDown)
         | None => Some(Reason::InstanceDown),
+        // No Node was ever seen for it, and no pod was bound to one: it never joined (or its
+        // Node went before this operator started; either way no kubelet serves it).
+        _ if symptom.missing && node.is_empty() => Some(Reason::NodeNeverJoined),
         _ if symptom.missing => Some(Reason::NodeDeleted),
         _ => Some(Reason::NodeLeaseExpired),
     })

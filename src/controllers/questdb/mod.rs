@@ -125,9 +125,16 @@ pub async fn reconcile(qdb: Arc<QuestDB>, ctx: Arc<Context>) -> Result<Next, Err
         .and_then(|p| p.spec.as_ref()?.node_name.clone())
         .and_then(|n| c.nodes.get(&ObjectRef::new(&n)));
     let converged = report.changed.is_empty() && report.blocked.is_empty();
+    // Without a pod, the StatefulSet controller may have been refused one: only its events say.
+    let pod_missing = matches!((&sts, &pod), (Some(s), None) if wants_a_pod(s));
+    let pod_refused = match &sts {
+        Some(sts) if pod_missing => pod_refusal(&ctx, &ns, &sts.name_any()).await,
+        _ => None,
+    };
     let inputs = status::StatusInputs {
         statefulset: sts.as_deref(),
         pod: pod.as_deref(),
+        pod_refused,
         node: node.as_deref(),
         children: report,
         ilp_auth: auth.condition,
@@ -146,8 +153,12 @@ pub async fn reconcile(qdb: Arc<QuestDB>, ctx: Arc<Context>) -> Result<Next, Err
         ..Default::default()
     };
     write_status(&qdb, &ctx, &inputs).await?;
-    let next = if converged {
+    let next = if converged && !pod_missing {
         RESYNC
+    } else if converged {
+        // No event reaches the operator while the StatefulSet controller retries a refused
+        // pod: look again soon, for the refusal or the pod.
+        POD_MISSING_POLL
     } else {
         // Our own writes come back as watch events, and a blocking child usually belongs to a
         // predecessor of the same name that garbage collection is about to remove; this is only
@@ -157,6 +168,46 @@ pub async fn reconcile(qdb: Arc<QuestDB>, ctx: Arc<Context>) -> Result<Next, Err
     Ok(Next::RequeueAfter(
         cloud_out.requeue.map_or(next, |r| r.min(next)),
     ))
+}
+
+/// How often a StatefulSet that should have a pod and has none is looked at again.
+const POD_MISSING_POLL: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// How recent a `FailedCreate` event must be to explain a missing pod (events live an hour; an
+/// old refusal since resolved must not explain a pod that is merely being replaced).
+const REFUSAL_FRESH: std::time::Duration = std::time::Duration::from_secs(120);
+
+fn wants_a_pod(sts: &k8s_openapi::api::apps::v1::StatefulSet) -> bool {
+    sts.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1) > 0
+}
+
+/// The StatefulSet controller's newest `FailedCreate` message for `sts`, if recent. Read live
+/// (events are not cached: this runs only while a pod is missing), by field selector.
+async fn pod_refusal(ctx: &Context, ns: &str, sts: &str) -> Option<String> {
+    let api: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(ctx.client.clone(), ns);
+    let lp = kube::api::ListParams::default().fields(&format!(
+        "involvedObject.kind=StatefulSet,involvedObject.name={sts},reason=FailedCreate"
+    ));
+    let events = match api.list(&lp).await {
+        Ok(l) => l.items,
+        Err(e) => {
+            debug!(statefulset = %sts, error = %e, "could not read the StatefulSet's events");
+            return None;
+        }
+    };
+    let when = |e: &k8s_openapi::api::core::v1::Event| {
+        e.series
+            .as_ref()
+            .and_then(|s| s.last_observed_time.as_ref().map(|t| t.0))
+            .or_else(|| e.last_timestamp.as_ref().map(|t| t.0))
+            .or_else(|| e.event_time.as_ref().map(|t| t.0))
+    };
+    let newest = events
+        .iter()
+        .filter_map(|e| Some((when(e)?, e)))
+        .max_by_key(|(t, _)| *t)?;
+    let age = Timestamp::now().duration_since(newest.0);
+    (age.as_secs() < REFUSAL_FRESH.as_secs() as i64).then(|| newest.1.message.clone())?
 }
 
 /// An invalid spec builds nothing: status says why, and one Warning event per distinct problem.
@@ -431,6 +482,7 @@ async fn report_container_trouble(
                 | Reason::ImagePullFailed
                 | Reason::ContainerConfigError
                 | Reason::Unschedulable
+                | Reason::PodRefused
         )
     }) else {
         return;

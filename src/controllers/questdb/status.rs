@@ -20,6 +20,8 @@ use super::container_state;
 pub struct StatusInputs<'a> {
     pub statefulset: Option<&'a StatefulSet>,
     pub pod: Option<&'a Pod>,
+    /// No pod, and the StatefulSet controller was just refused its creation, with this message.
+    pub pod_refused: Option<String>,
     pub node: Option<&'a Node>,
     /// Children applied, changed or blocked by this reconcile.
     pub children: Report,
@@ -117,11 +119,20 @@ pub fn compute(qdb: &QuestDB, obs: &StatusInputs, now: Timestamp) -> QuestDBStat
     } else {
         // A dedicated database's pod waits for its node to join, which the node condition
         // tells; elsewhere a pod the scheduler cannot place is the user's placement to fix.
-        let trouble = obs.pod.and_then(container_state::trouble).or_else(|| {
-            obs.pod
-                .filter(|_| spec.node.is_none())
-                .and_then(container_state::unschedulable)
-        });
+        let trouble = obs
+            .pod
+            .and_then(container_state::trouble)
+            .or_else(|| {
+                obs.pod
+                    .filter(|_| spec.node.is_none())
+                    .and_then(container_state::unschedulable)
+            })
+            .or_else(|| {
+                obs.pod_refused
+                    .as_deref()
+                    .filter(|_| obs.pod.is_none())
+                    .map(container_state::refused)
+            });
         match obs.statefulset {
             // Before the rollout check: a pod that never becomes ready never completes one.
             Some(_) if trouble.is_some() => {

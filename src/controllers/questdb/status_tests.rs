@@ -468,3 +468,39 @@ fn status_names_the_credentials_secret_and_its_condition() {
         && c.status == "False"
         && c.reason == "MissingKeys"));
 }
+
+/// A pod the apiserver refused never reaches a kubelet: without this, `RollingOut` forever.
+#[test]
+fn a_refused_pod_is_reported_in_the_apiservers_words_until_a_pod_exists() {
+    let q = testing::questdb("db", "ns");
+    let s = sts(0, false);
+    let refusal = r#"create Pod db-0 in StatefulSet db failed error: pods "db-0" is forbidden: violates PodSecurity "baseline:latest": host ports"#;
+    let obs = StatusInputs {
+        statefulset: Some(&s),
+        pod_refused: Some(refusal.into()),
+        ..Default::default()
+    };
+    let st = compute(&q, &obs, now());
+    assert_eq!(st.phase, Some(Phase::Failed));
+    let ready = st.conditions.iter().find(|c| c.type_ == "Ready").unwrap();
+    assert_eq!(
+        (ready.status.as_str(), ready.reason.as_str()),
+        ("False", "PodRefused")
+    );
+    assert!(
+        ready.message.contains("violates PodSecurity"),
+        "{}",
+        ready.message
+    );
+
+    // A pod exists after all (the refusal was old news): the pod's own state decides.
+    let p = pod(true, "node-a");
+    let s = sts(1, true);
+    let obs = StatusInputs {
+        statefulset: Some(&s),
+        pod: Some(&p),
+        pod_refused: Some(refusal.into()),
+        ..Default::default()
+    };
+    assert_eq!(compute(&q, &obs, now()).phase, Some(Phase::Running));
+}

@@ -1,0 +1,311 @@
+//! The AWS set-up shipped in `deploy/aws/`: the CloudFormation template grants the operator
+//! exactly the reviewed policy of `iam-policy.json` (a permission added to one and not the other
+//! fails here, not with AccessDenied in a customer's account), AWS's own linter accepts it, and
+//! the StorageClass puts volumes where dedicated nodes can attach them.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use k8s_openapi::api::storage::v1::StorageClass;
+use serde_json::{json, Value};
+
+fn repo(path: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
+}
+
+fn json_file(path: &str) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(repo(path)).unwrap()).unwrap()
+}
+
+fn template() -> Value {
+    json_file("deploy/aws/questdb-operator.cfn.json")
+}
+
+/// The template's value of the operator policy with its conditions decided by `condition`,
+/// parameters as `iam-policy.json`'s placeholders and pseudo-parameters as the policy writes
+/// them, so that the two documents compare equal when they grant the same.
+fn resolve(v: &Value, condition: &dyn Fn(&str) -> bool) -> Option<Value> {
+    let placeholders = [
+        ("${AWS::Partition}", "aws"),
+        ("${AWS::Region}", "REPLACE_REGION"),
+        ("${AWS::AccountId}", "REPLACE_ACCOUNT_ID"),
+        ("${ClusterName}", "REPLACE_CLUSTER_NAME"),
+        ("${NodeRole}", "REPLACE_NODE_ROLE_NAME"),
+        ("${HostedZoneId}", "REPLACE_HOSTED_ZONE_ID"),
+        ("${RecordNames}", "REPLACE_RECORD_NAMES"),
+    ];
+    match v {
+        Value::Object(m) if m.len() == 1 && m.contains_key("Fn::Sub") => {
+            let mut s = m["Fn::Sub"]
+                .as_str()
+                .expect("Fn::Sub of a string")
+                .to_string();
+            for (var, to) in placeholders {
+                s = s.replace(var, to);
+            }
+            assert!(
+                !s.contains("${"),
+                "a variable the policy has no placeholder for: {s}"
+            );
+            Some(Value::String(s))
+        }
+        Value::Object(m) if m.len() == 1 && m.contains_key("Ref") => {
+            Some(match m["Ref"].as_str().unwrap() {
+                "AWS::NoValue" => return None,
+                "AllowedInstanceTypes" => json!(["REPLACE_ALLOWED_INSTANCE_TYPES"]),
+                "AllowedImageOwner" => json!("REPLACE_ALLOWED_IMAGE_OWNER"),
+                "RootVolumeKmsKeyArn" => json!("REPLACE_KMS_KEY_ARN"),
+                other => panic!("Ref {other} has no placeholder in iam-policy.json"),
+            })
+        }
+        Value::Object(m) if m.len() == 1 && m.contains_key("Fn::If") => {
+            let branches = m["Fn::If"].as_array().unwrap();
+            let pick = if condition(branches[0].as_str().unwrap()) {
+                &branches[1]
+            } else {
+                &branches[2]
+            };
+            resolve(pick, condition)
+        }
+        Value::Object(m) => Some(Value::Object(
+            m.iter()
+                .filter_map(|(k, v)| Some((k.clone(), resolve(v, condition)?)))
+                .collect(),
+        )),
+        Value::Array(a) => {
+            let items: Vec<Value> = a.iter().filter_map(|v| resolve(v, condition)).collect();
+            // `[{"Ref": "AllowedImageOwner"}]` is the policy's one-element list.
+            Some(Value::Array(items))
+        }
+        other => Some(other.clone()),
+    }
+}
+
+fn operator_policy(condition: &dyn Fn(&str) -> bool) -> Value {
+    let t = template();
+    resolve(
+        &t["Resources"]["OperatorPolicy"]["Properties"]["PolicyDocument"],
+        condition,
+    )
+    .unwrap()
+}
+
+#[test]
+fn the_cloudformation_stack_grants_the_operator_exactly_the_reviewed_iam_policy() {
+    let with_dns = operator_policy(&|c| c == "ManagesDns");
+    assert_eq!(with_dns, json_file("deploy/aws/iam-policy.json"));
+}
+
+#[test]
+fn without_a_hosted_zone_the_operator_gets_no_dns_permission() {
+    let policy = operator_policy(&|_| false);
+    let text = policy.to_string();
+    assert!(!text.contains("route53"), "{text}");
+    assert!(text.contains("ec2:RunInstances"), "{text}");
+}
+
+/// README: a customer-managed key for the nodes' volumes needs these on that key, and nothing
+/// else does; `kms:ReEncrypt*` is spelled out so that no action is a wildcard.
+#[test]
+fn a_customer_key_adds_exactly_the_kms_calls_ebs_makes_on_the_operators_behalf() {
+    let policy = operator_policy(&|c| c == "EncryptsWithOwnKey");
+    let kms: Vec<&Value> = policy["Statement"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s.to_string().contains("kms:"))
+        .collect();
+    assert_eq!(kms.len(), 1, "{policy}");
+    assert_eq!(
+        kms[0]["Action"],
+        json!([
+            "kms:CreateGrant",
+            "kms:Decrypt",
+            "kms:DescribeKey",
+            "kms:GenerateDataKeyWithoutPlaintext",
+            "kms:ReEncryptFrom",
+            "kms:ReEncryptTo"
+        ])
+    );
+    assert_eq!(
+        kms[0]["Condition"]["StringEquals"]["kms:ViaService"], "ec2.REPLACE_REGION.amazonaws.com",
+        "only through EC2"
+    );
+}
+
+/// The role is assumable by the operator's ServiceAccount alone: by EKS Pod Identity (which
+/// needs `sts:TagSession`) or by IRSA for exactly `system:serviceaccount:<ns>:<sa>`, whose
+/// defaults are the names `deploy/` and the chart install.
+#[test]
+fn only_the_operators_service_account_can_assume_its_role() {
+    let t = template();
+    let trust = &t["Resources"]["OperatorRole"]["Properties"]["AssumeRolePolicyDocument"]["Fn::If"];
+    assert_eq!(trust[0], "UsesPodIdentity");
+    assert_eq!(
+        trust[1]["Statement"][0]["Principal"]["Service"],
+        "pods.eks.amazonaws.com"
+    );
+    assert_eq!(
+        trust[1]["Statement"][0]["Action"],
+        json!(["sts:AssumeRole", "sts:TagSession"])
+    );
+    let irsa: Value = serde_json::from_str(trust[2]["Fn::Sub"].as_str().unwrap()).unwrap();
+    let condition = &irsa["Statement"][0]["Condition"]["StringEquals"];
+    assert_eq!(
+        condition["${OidcIssuer}:sub"],
+        "system:serviceaccount:${OperatorNamespace}:${OperatorServiceAccount}"
+    );
+    assert_eq!(condition["${OidcIssuer}:aud"], "sts.amazonaws.com");
+    let params = &t["Parameters"];
+    let sa: BTreeMap<String, Value> = serde_yaml_ng::from_str(
+        &std::fs::read_to_string(repo("deploy/operator/serviceaccount.yaml")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        params["OperatorServiceAccount"]["Default"],
+        sa["metadata"]["name"]
+    );
+    let ns: BTreeMap<String, Value> = serde_yaml_ng::from_str(
+        &std::fs::read_to_string(repo("deploy/operator/namespace.yaml")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        params["OperatorNamespace"]["Default"],
+        ns["metadata"]["name"]
+    );
+}
+
+/// Without an access entry of type EC2_LINUX for the instance profile's role, an instance
+/// boots, its kubelet is refused, and no node ever registers.
+#[test]
+fn the_node_role_can_join_the_cluster_and_pull_images() {
+    let t = template();
+    let r = &t["Resources"];
+    assert_eq!(r["NodeAccessEntry"]["Properties"]["Type"], "EC2_LINUX");
+    assert_eq!(
+        r["NodeAccessEntry"]["Properties"]["PrincipalArn"],
+        json!({"Fn::GetAtt": ["NodeRole", "Arn"]})
+    );
+    assert_eq!(
+        r["NodeInstanceProfile"]["Properties"]["Roles"],
+        json!([{"Ref": "NodeRole"}])
+    );
+    let managed = r["NodeRole"]["Properties"]["ManagedPolicyArns"].to_string();
+    for policy in [
+        "AmazonEKSWorkerNodePolicy",
+        "AmazonEC2ContainerRegistryPullOnly",
+        "AmazonEKS_CNI_Policy",
+    ] {
+        assert!(managed.contains(policy), "{policy} in {managed}");
+    }
+    // The policy's PassRole names this role, so the operator can hand it to nothing else.
+    let policy = operator_policy(&|_| true);
+    let pass = policy["Statement"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["Action"] == "iam:PassRole")
+        .unwrap();
+    assert_eq!(
+        pass["Resource"],
+        "arn:aws:iam::REPLACE_ACCOUNT_ID:role/REPLACE_NODE_ROLE_NAME"
+    );
+}
+
+/// A dedicated security group opens the database ports to the clients' addresses only, not
+/// to every node that carries the cluster security group.
+#[test]
+fn the_database_security_group_opens_only_the_database_ports() {
+    let t = template();
+    let ingress = t["Resources"]["DatabaseSecurityGroup"]["Properties"]["SecurityGroupIngress"]
+        .as_array()
+        .unwrap()
+        .clone();
+    let ports: Vec<(i64, i64)> = ingress
+        .iter()
+        .map(|r| {
+            (
+                r["FromPort"].as_i64().unwrap(),
+                r["ToPort"].as_i64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(ports, vec![(9000, 9000), (8812, 8812), (9009, 9009)]);
+    for rule in &ingress {
+        assert_eq!(rule["IpProtocol"], "tcp");
+        assert_eq!(rule["CidrIp"], json!({"Ref": "ClientCidr"}));
+    }
+}
+
+fn cfn_lint() -> PathBuf {
+    if let Ok(bin) = std::env::var("QDB_CFN_LINT") {
+        return PathBuf::from(bin);
+    }
+    let out = Command::new("bash")
+        .arg(repo(".ci/cfn-lint.sh"))
+        .output()
+        .expect("bash .ci/cfn-lint.sh");
+    assert!(
+        out.status.success(),
+        "installing cfn-lint: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
+}
+
+/// AWS's linter checks every resource type, property, intrinsic function and `Fn::Sub`
+/// variable against CloudFormation's published specifications: a template it refuses would
+/// fail `aws cloudformation deploy` in the customer's account.
+#[test]
+fn cloudformation_lint_accepts_the_template() {
+    let lint = cfn_lint();
+    let run = |path: &Path| {
+        Command::new(&lint)
+            .arg(path)
+            .output()
+            .unwrap_or_else(|e| panic!("{}: {e}", lint.display()))
+    };
+    let out = run(&repo("deploy/aws/questdb-operator.cfn.json"));
+    assert!(
+        out.status.success(),
+        "cfn-lint: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // And it refuses what CloudFormation would: a template missing a required property.
+    let mut broken = template();
+    broken["Resources"]["DatabaseSecurityGroup"]["Properties"]
+        .as_object_mut()
+        .unwrap()
+        .remove("GroupDescription");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("broken.json");
+    std::fs::write(&path, broken.to_string()).unwrap();
+    let out = run(&path);
+    assert!(!out.status.success(), "cfn-lint accepted a broken template");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("GroupDescription"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
+
+/// No StorageClass is the default on a new EKS cluster, and an Immediate one can put the
+/// volume in another zone than the dedicated node that must attach it.
+#[test]
+fn the_storage_class_makes_encrypted_volumes_in_the_zone_the_pod_lands_in() {
+    let class: StorageClass = serde_yaml_ng::from_str(
+        &std::fs::read_to_string(repo("deploy/aws/storageclass.yaml")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(class.provisioner, "ebs.csi.aws.com");
+    assert_eq!(
+        class.volume_binding_mode.as_deref(),
+        Some("WaitForFirstConsumer")
+    );
+    assert_eq!(class.allow_volume_expansion, Some(true));
+    let params = class.parameters.unwrap_or_default();
+    assert_eq!(params.get("type").map(String::as_str), Some("gp3"));
+    assert_eq!(params.get("encrypted").map(String::as_str), Some("true"));
+}
