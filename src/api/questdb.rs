@@ -843,4 +843,68 @@ mod tests {
         );
         assert_eq!(reserved_env_vars().len(), RESERVED_SERVER_KEYS.len());
     }
+
+    /// Every key of `sub` is in `sup`, recursively: a key the types do not know (a typo in the
+    /// example) would be dropped silently by the apiserver's pruning.
+    fn keys_kept(sub: &serde_json::Value, sup: &serde_json::Value, path: &str) {
+        match (sub, sup) {
+            (serde_json::Value::Object(a), serde_json::Value::Object(b)) => {
+                for (k, v) in a {
+                    let here = format!("{path}.{k}");
+                    let other = b
+                        .get(k)
+                        .unwrap_or_else(|| panic!("{here} is not a field of QuestDB"));
+                    keys_kept(v, other, &here);
+                }
+            }
+            (serde_json::Value::Array(a), serde_json::Value::Array(b)) => {
+                for (i, (x, y)) in a.iter().zip(b).enumerate() {
+                    keys_kept(x, y, &format!("{path}[{i}]"));
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// The EKS example, filled in as its placeholders say, is a QuestDB the apiserver's schema
+    /// rules and the operator's validation accept, with no field either would drop.
+    #[test]
+    fn the_eks_example_filled_in_is_a_valid_questdb() {
+        let text = include_str!("../../examples/eks-questdb.yaml").to_string();
+        let filled = text
+            .replace("<team namespace>", "team-a")
+            .replace("<ami-...>", "ami-0123456789abcdef0")
+            .replace("<eu-west-1a>", "eu-west-1a")
+            .replace("<db.example.com>", "db.example.com")
+            .replace("<10.0.0.0/16>", "10.0.0.0/16");
+        let values: String = filled
+            .lines()
+            .map(|l| l.split('#').next().unwrap_or_default())
+            .collect();
+        assert!(
+            !values.contains('<'),
+            "a placeholder the test does not fill: {filled}"
+        );
+        let raw: serde_json::Value = serde_yaml_ng::from_str(&filled).unwrap();
+        let qdb: QuestDB = serde_yaml_ng::from_str(&filled).unwrap();
+        keys_kept(
+            &raw["spec"],
+            &serde_json::to_value(&qdb.spec).unwrap(),
+            "spec",
+        );
+        if let Err(errors) = qdb.validate_cel() {
+            panic!("the CRD's rules refuse it: {errors:?}");
+        }
+        if let Err(problems) = crate::desired::validate(&qdb) {
+            panic!("the operator refuses it: {problems:?}");
+        }
+        assert_eq!(
+            qdb.spec.volume.storage_class_name.as_deref(),
+            Some("questdb-gp3"),
+            "the class of deploy/aws/storageclass.yaml"
+        );
+        let class: k8s_openapi::api::storage::v1::StorageClass =
+            serde_yaml_ng::from_str(include_str!("../../deploy/aws/storageclass.yaml")).unwrap();
+        assert_eq!(class.metadata.name.as_deref(), Some("questdb-gp3"));
+    }
 }
