@@ -3,7 +3,6 @@
 //! fails here, not with AccessDenied in a customer's account), AWS's own linter accepts it, and
 //! the StorageClass puts volumes where dedicated nodes can attach them.
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -16,6 +15,10 @@ fn repo(path: &str) -> PathBuf {
 
 fn json_file(path: &str) -> Value {
     serde_json::from_str(&std::fs::read_to_string(repo(path)).unwrap()).unwrap()
+}
+
+fn yaml_file<T: serde::de::DeserializeOwned>(path: &str) -> T {
+    serde_yaml_ng::from_str(&std::fs::read_to_string(repo(path)).unwrap()).unwrap()
 }
 
 fn template() -> Value {
@@ -158,18 +161,12 @@ fn only_the_operators_service_account_can_assume_its_role() {
     );
     assert_eq!(condition["${OidcIssuer}:aud"], "sts.amazonaws.com");
     let params = &t["Parameters"];
-    let sa: BTreeMap<String, Value> = serde_yaml_ng::from_str(
-        &std::fs::read_to_string(repo("deploy/operator/serviceaccount.yaml")).unwrap(),
-    )
-    .unwrap();
+    let sa: Value = yaml_file("deploy/operator/serviceaccount.yaml");
     assert_eq!(
         params["OperatorServiceAccount"]["Default"],
         sa["metadata"]["name"]
     );
-    let ns: BTreeMap<String, Value> = serde_yaml_ng::from_str(
-        &std::fs::read_to_string(repo("deploy/operator/namespace.yaml")).unwrap(),
-    )
-    .unwrap();
+    let ns: Value = yaml_file("deploy/operator/namespace.yaml");
     assert_eq!(
         params["OperatorNamespace"]["Default"],
         ns["metadata"]["name"]
@@ -295,10 +292,7 @@ fn cloudformation_lint_accepts_the_template() {
 /// volume in another zone than the dedicated node that must attach it.
 #[test]
 fn the_storage_class_makes_encrypted_volumes_in_the_zone_the_pod_lands_in() {
-    let class: StorageClass = serde_yaml_ng::from_str(
-        &std::fs::read_to_string(repo("deploy/aws/storageclass.yaml")).unwrap(),
-    )
-    .unwrap();
+    let class: StorageClass = yaml_file("deploy/aws/storageclass.yaml");
     assert_eq!(class.provisioner, "ebs.csi.aws.com");
     assert_eq!(
         class.volume_binding_mode.as_deref(),

@@ -8,13 +8,16 @@ use async_trait::async_trait;
 use base64::Engine;
 use tokio::time::Instant;
 
+/// A launch's DescribeImages answer (`None`: EC2 does not know the image), asked once.
+type ImageCell = tokio::sync::OnceCell<Option<ImageFacts>>;
+
 use super::backend::{Ec2Api, InstanceQuery, Page, RunSpec};
 use super::rate_limit::TokenBucket;
 use super::retry::{CallRunner, NotFound};
 use super::{
     client_token, desired_instance_tags, fallback_client_token, identity_tags, pick_subnet,
-    user_data, ApiError, CloudConfig, CloudError, ImageVerdict, Instance, LaunchRequest, NodeFacts,
-    NodeProvider, SharedObserver, TAG_CLUSTER, TAG_UID,
+    user_data, ApiError, CloudConfig, CloudError, ImageFacts, ImageVerdict, Instance,
+    LaunchRequest, NodeFacts, NodeProvider, SharedObserver, TAG_CLUSTER, TAG_UID,
 };
 
 /// The code of the refusal to stop or terminate an instance that is not provably the
@@ -146,8 +149,13 @@ fn pick_existing(mut found: Vec<Instance>) -> Option<Instance> {
 
 impl<A: Ec2Api + 'static> Ec2NodeProvider<A> {
     /// The launch allow-list, before any RunInstances of `req` (its fallback types included):
-    /// a refusal names the rule and launches nothing.
-    async fn check_allowed(&self, req: &LaunchRequest) -> Result<(), CloudError> {
+    /// a refusal names the rule and launches nothing. `image` holds the launch's one
+    /// DescribeImages answer, asked only if an owner rule needs it.
+    async fn check_allowed(
+        &self,
+        req: &LaunchRequest,
+        image: &ImageCell,
+    ) -> Result<(), CloudError> {
         let list = &self.config.allow_list;
         let refused = |message: String| CloudError::Permanent {
             operation: "RunInstances".to_string(),
@@ -162,14 +170,8 @@ impl<A: Ec2Api + 'static> Ec2NodeProvider<A> {
             ImageVerdict::Allowed => Ok(()),
             ImageVerdict::Refused(why) => Err(refused(why)),
             ImageVerdict::AskOwner => {
-                let facts = self
-                    .calls
-                    .call("DescribeImages", NotFound::Return, || {
-                        self.api.describe_image(&req.image)
-                    })
-                    .await
-                    .map_err(|e| CloudError::from_api("DescribeImages", e))?;
-                match list.image_owned(&req.image, facts.as_ref()) {
+                let facts = self.image_facts(image, &req.image).await?;
+                match list.image_owned(&req.image, facts) {
                     None => Ok(()),
                     Some(why) => Err(refused(why)),
                 }
@@ -177,19 +179,33 @@ impl<A: Ec2Api + 'static> Ec2NodeProvider<A> {
         }
     }
 
+    /// What DescribeImages says of `image`, asked at most once per `cell`.
+    async fn image_facts<'c>(
+        &self,
+        cell: &'c ImageCell,
+        image: &str,
+    ) -> Result<Option<&'c ImageFacts>, CloudError> {
+        let facts = cell
+            .get_or_try_init(|| async {
+                self.calls
+                    .call("DescribeImages", NotFound::Return, || {
+                        self.api.describe_image(image)
+                    })
+                    .await
+                    .map_err(|e| CloudError::from_api("DescribeImages", e))
+            })
+            .await?;
+        Ok(facts.as_ref())
+    }
+
     /// The image's root device, where the encrypted root volume must be mapped; an image EC2
     /// does not describe gets the AL2023 and Bottlerocket default (RunInstances then names the
     /// real problem, an unknown image).
-    async fn root_device_of(&self, image: &str) -> Result<String, CloudError> {
-        let facts = self
-            .calls
-            .call("DescribeImages", NotFound::Return, || {
-                self.api.describe_image(image)
-            })
-            .await
-            .map_err(|e| CloudError::from_api("DescribeImages", e))?;
-        Ok(facts
-            .and_then(|f| f.root_device_name)
+    async fn root_device_of(&self, cell: &ImageCell, image: &str) -> Result<String, CloudError> {
+        Ok(self
+            .image_facts(cell, image)
+            .await?
+            .and_then(|f| f.root_device_name.clone())
             .filter(|d| !d.is_empty())
             .unwrap_or_else(|| super::DEFAULT_ROOT_DEVICE.to_string()))
     }
@@ -243,10 +259,12 @@ impl<A: Ec2Api + 'static> NodeProvider for Ec2NodeProvider<A> {
         if let Some(instance) = pick_existing(existing) {
             return Ok(instance);
         }
-        self.check_allowed(req).await?;
+        // One DescribeImages per launch at most, shared by the owner rule and the root device.
+        let image = ImageCell::new();
+        self.check_allowed(req, &image).await?;
         let mut spec = spec;
         if spec.root_volume.device_name.is_empty() {
-            spec.root_volume.device_name = self.root_device_of(&req.image).await?;
+            spec.root_volume.device_name = self.root_device_of(&image, &req.image).await?;
         }
         tracing::info!(
             namespace = %req.namespace,

@@ -160,6 +160,7 @@ pub fn parse_provider_id(provider_id: &str) -> Option<ProviderId> {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
 
     #[test]
     fn node_tags_never_replace_the_operators_own() {
@@ -181,7 +182,6 @@ mod tests {
         let many: Vec<String> = (0..41).map(|i| format!("k{i}=v")).collect();
         assert!(parse_node_tags(&many).is_err());
     }
-    use super::*;
 
     #[test]
     fn instance_tags_name_cluster_database_uid_and_generation() {

@@ -74,6 +74,26 @@ async fn running_pod(pods: &Api<Pod>, name: &str) -> Pod {
     pods.get(name).await.unwrap()
 }
 
+/// A sandbox control plane with StatefulSet `db` (one pod, one gp3 volume) running in `ns`:
+/// the plane, its client, the StatefulSet and pod APIs of `ns`, and the pod's node.
+async fn running_statefulset(
+    ns: &str,
+) -> (ControlPlane, Client, Api<StatefulSet>, Api<Pod>, String) {
+    let cp = ControlPlane::start(ControlPlaneOptions::sandbox())
+        .await
+        .unwrap();
+    let client = cp.client().await;
+    namespace(&client, ns).await;
+    let sts: Api<StatefulSet> = Api::namespaced(client.clone(), ns);
+    sts.create(&PostParams::default(), &statefulset("db", None))
+        .await
+        .unwrap();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let pod = running_pod(&pods, "db-0").await;
+    let node = pod.spec.as_ref().unwrap().node_name.clone().unwrap();
+    (cp, client, sts, pods, node)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_pinned_release_answers_and_rbac_denies_what_deploy_does_not_grant() {
     let cp = ControlPlane::start(ControlPlaneOptions::empty())
@@ -160,18 +180,7 @@ async fn a_statefulset_pod_on_a_silent_node_is_evicted_but_not_replaced_while_it
 /// go would let an operator that skips the fence pass its tests.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_volume_mounted_on_a_running_instance_does_not_detach_until_the_instance_stops() {
-    let cp = ControlPlane::start(ControlPlaneOptions::sandbox())
-        .await
-        .unwrap();
-    let client = cp.client().await;
-    namespace(&client, "busy").await;
-    let sts: Api<StatefulSet> = Api::namespaced(client.clone(), "busy");
-    sts.create(&PostParams::default(), &statefulset("db", None))
-        .await
-        .unwrap();
-    let pods: Api<Pod> = Api::namespaced(client.clone(), "busy");
-    let pod = running_pod(&pods, "db-0").await;
-    let node = pod.spec.as_ref().unwrap().node_name.clone().unwrap();
+    let (cp, client, sts, pods, node) = running_statefulset("busy").await;
     let vas: Api<VolumeAttachment> = Api::all(client.clone());
     let on_node = |all: Vec<VolumeAttachment>| all.into_iter().find(|va| va.spec.node_name == node);
 
@@ -224,18 +233,7 @@ async fn a_volume_mounted_on_a_running_instance_does_not_detach_until_the_instan
 /// Refusing it here deadlocked every restart that landed back on its node.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pod_back_on_its_node_while_its_volume_detaches_gets_the_volume_again() {
-    let cp = ControlPlane::start(ControlPlaneOptions::sandbox())
-        .await
-        .unwrap();
-    let client = cp.client().await;
-    namespace(&client, "again").await;
-    let sts: Api<StatefulSet> = Api::namespaced(client.clone(), "again");
-    sts.create(&PostParams::default(), &statefulset("db", None))
-        .await
-        .unwrap();
-    let pods: Api<Pod> = Api::namespaced(client.clone(), "again");
-    let pod = running_pod(&pods, "db-0").await;
-    let node = pod.spec.as_ref().unwrap().node_name.clone().unwrap();
+    let (cp, client, sts, pods, node) = running_statefulset("again").await;
     let vas: Api<VolumeAttachment> = Api::all(client.clone());
     let on_node = |all: Vec<VolumeAttachment>| all.into_iter().find(|va| va.spec.node_name == node);
     let scale = |replicas: i32| {

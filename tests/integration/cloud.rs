@@ -573,15 +573,22 @@ async fn a_questdb_with_a_node_gets_its_own_instance_node_and_dns_and_releases_t
 async fn a_pod_the_apiserver_refuses_is_reported_in_the_apiservers_words() {
     let env = CloudEnv::start(settings()).await;
     let namespaces = Api::<k8s_openapi::api::core::v1::Namespace>::all(env.client.clone());
-    let enforce = |level: &str| json!({"metadata": {"labels": {"pod-security.kubernetes.io/enforce": level}}});
-    namespaces
-        .patch(
-            NS,
-            &kube::api::PatchParams::default(),
-            &kube::api::Patch::Merge(enforce("baseline")),
-        )
-        .await
-        .expect("namespace labelled");
+    let enforce = |level: &'static str| {
+        let namespaces = namespaces.clone();
+        async move {
+            let labels =
+                json!({"metadata": {"labels": {"pod-security.kubernetes.io/enforce": level}}});
+            namespaces
+                .patch(
+                    NS,
+                    &kube::api::PatchParams::default(),
+                    &kube::api::Patch::Merge(labels),
+                )
+                .await
+                .expect("namespace labelled");
+        }
+    };
+    enforce("baseline").await;
     env.create("db1", |_| {}).await;
     let q = wait_for(
         &env.qdbs(),
@@ -590,30 +597,17 @@ async fn a_pod_the_apiserver_refuses_is_reported_in_the_apiservers_words() {
         has_condition("Ready", "PodRefused"),
     )
     .await;
-    let ready = q
-        .status
-        .as_ref()
-        .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"))
-        .expect("Ready")
-        .clone();
+    let message = crate::harness::condition_message(&q, "Ready");
     assert!(
-        ready.message.contains("violates PodSecurity") && ready.message.contains("hostPort"),
-        "{}",
-        ready.message
+        message.contains("violates PodSecurity") && message.contains("hostPort"),
+        "{message}"
     );
     assert_eq!(
         q.status.as_ref().and_then(|s| s.phase),
         Some(questdb_operator::api::Phase::Failed)
     );
 
-    namespaces
-        .patch(
-            NS,
-            &kube::api::PatchParams::default(),
-            &kube::api::Patch::Merge(enforce("privileged")),
-        )
-        .await
-        .expect("namespace relabelled");
+    enforce("privileged").await;
     wait_for(&env.qdbs(), "db1", "Ready once allowed", is_ready()).await;
     env.stop().await;
 }

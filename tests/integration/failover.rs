@@ -490,12 +490,7 @@ async fn an_instance_whose_node_never_joins_is_reported_and_replaced() {
     .await;
     let status = q.status.clone().expect("status");
     let first = status.instance_id.clone().expect("the first instance");
-    let message = status
-        .conditions
-        .iter()
-        .find(|c| c.type_ == "NodeReady")
-        .map(|c| c.message.clone())
-        .unwrap_or_default();
+    let message = crate::harness::condition_message(&q, "NodeReady");
     assert!(
         message.contains(&first) && message.contains("access entry"),
         "{message}"
@@ -680,13 +675,8 @@ async fn held_back_by_the_breaker(env: &CloudEnv) -> questdb_operator::api::Ques
         crate::harness::has_condition("Failover", "FailoverSuppressed"),
     )
     .await;
+    let message = crate::harness::condition_message(&q, "Failover");
     let status = q.status.expect("status");
-    let message = status
-        .conditions
-        .iter()
-        .find(|c| c.type_ == "Failover")
-        .map(|c| c.message.clone())
-        .unwrap_or_default();
     assert!(message.contains("TooManyUnhealthyNodes"), "{message}");
     status
 }

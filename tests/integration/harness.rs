@@ -323,6 +323,15 @@ pub fn is_running() -> impl Condition<QuestDB> {
     }
 }
 
+/// The message of the QuestDB's condition `type_` (empty without it).
+pub fn condition_message(q: &QuestDB, type_: &str) -> String {
+    q.status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == type_))
+        .map(|c| c.message.clone())
+        .unwrap_or_default()
+}
+
 /// The QuestDB's condition `type_` has `reason`.
 pub fn has_condition(type_: &'static str, reason: &'static str) -> impl Condition<QuestDB> {
     move |q: Option<&QuestDB>| {

@@ -338,11 +338,7 @@ async fn a_move_that_cannot_work_aborts_without_stopping_the_database() {
         has_condition("NodeUpgrade", "Waiting"),
     )
     .await;
-    let message = q
-        .status
-        .and_then(|s| s.conditions.into_iter().find(|c| c.type_ == "NodeUpgrade"))
-        .map(|c| c.message)
-        .unwrap_or_default();
+    let message = crate::harness::condition_message(&q, "NodeUpgrade");
     assert!(
         message.contains("maintenance window") && message.contains("T00:00:00Z"),
         "{message}"

@@ -143,6 +143,15 @@ pub struct MemoryEc2 {
     me: Weak<MemoryEc2>,
 }
 
+/// A fault or option a test turns on (`member`) or off for one key.
+fn switch<T: Ord>(set: &mut BTreeSet<T>, key: T, member: bool) {
+    if member {
+        set.insert(key);
+    } else {
+        set.remove(&key);
+    }
+}
+
 impl MemoryEc2 {
     pub fn new(options: MemoryEc2Options) -> Arc<Self> {
         let (events, _) = broadcast::channel(1024);
@@ -179,34 +188,27 @@ impl MemoryEc2 {
     /// Instances of `image` that reach `running` from now on never register a Node (no
     /// instance profile, no access entry, user data the kubelet refuses), until cleared.
     pub fn set_never_joins(&self, image: &str, never: bool) {
-        let mut state = self.lock();
-        if never {
-            state.options.never_join_images.insert(image.to_string());
-        } else {
-            state.options.never_join_images.remove(image);
-        }
+        switch(
+            &mut self.lock().options.never_join_images,
+            image.to_string(),
+            never,
+        );
     }
 
     /// RunInstances in `zone` fails with `InsufficientInstanceCapacity` until cleared.
     pub fn set_no_capacity(&self, zone: &str, no_capacity: bool) {
-        let mut state = self.lock();
-        if no_capacity {
-            state.faults.no_capacity_zones.insert(zone.to_string());
-        } else {
-            state.faults.no_capacity_zones.remove(zone);
-        }
+        switch(
+            &mut self.lock().faults.no_capacity_zones,
+            zone.to_string(),
+            no_capacity,
+        );
     }
 
     /// RunInstances of `instance_type` in `zone` fails with `InsufficientInstanceCapacity`
     /// until cleared (other types launch: EC2's shortages are per type and zone).
     pub fn set_no_capacity_for(&self, zone: &str, instance_type: &str, no_capacity: bool) {
         let key = (zone.to_string(), instance_type.to_string());
-        let mut state = self.lock();
-        if no_capacity {
-            state.faults.no_capacity_types.insert(key);
-        } else {
-            state.faults.no_capacity_types.remove(&key);
-        }
+        switch(&mut self.lock().faults.no_capacity_types, key, no_capacity);
     }
 
     /// Instances launched from now on stay invisible to the next `n` DescribeInstances /

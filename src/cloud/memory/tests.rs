@@ -611,8 +611,8 @@ fn dns_needs_a_hosted_zone() {
 }
 
 /// The AWS bill of one QuestDB: provisioning costs 1 tag lookup + 1 DescribeImages (the image's
-/// root device) + 1 RunInstances + 1 DNS read + 1 DNS write; a steady-state sync costs one cluster-wide describe (shared by every QuestDB)
-/// plus one DNS read per QuestDB, and no writes.
+/// root device) + 1 RunInstances + 1 DNS read + 1 DNS write; a steady-state sync costs one
+/// cluster-wide describe (shared by every QuestDB) plus one DNS read per QuestDB, and no writes.
 #[tokio::test(start_paused = true)]
 async fn calls_per_provisioned_questdb_and_per_steady_state_sync() {
     let (cloud, counter) = cloud();
@@ -710,7 +710,13 @@ async fn an_image_of_an_allowed_owner_passes_and_a_tenants_own_build_does_not() 
     unknown.image = "ami-0000000000000dead".into();
     refusal(cloud.nodes.launch(&unknown).await);
     assert_eq!(cloud.ec2.call_count("RunInstances"), 0);
+    let before = cloud.ec2.call_count("DescribeImages");
     assert!(cloud.nodes.launch(&request("uid-3", 1)).await.is_ok());
+    assert_eq!(
+        cloud.ec2.call_count("DescribeImages") - before,
+        1,
+        "one DescribeImages serves the owner rule and the root device"
+    );
 }
 
 #[tokio::test(start_paused = true)]
