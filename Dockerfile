@@ -1,7 +1,12 @@
 # syntax=docker/dockerfile:1
 # Builds the operator binary and ships it on distroless: no shell, no package manager, uid 65532.
 
-FROM rust:1-bookworm AS builder
+# Base images are pinned by digest, so a rebuild pulls the bytes that were reviewed, not whatever
+# a moving tag names that day. The digests are the published manifest lists of these tags (read
+# where they are pinned in other public builds; no registry is reachable from where this file is
+# maintained): check one with `docker buildx imagetools inspect <image>:<tag>`, and move them
+# forward with Dependabot or Renovate (both update `FROM image:tag@sha256:...` lines).
+FROM rust:1-bookworm@sha256:93ce27a88655056a51dbdd8f5f2d7ddc071c7b0070fb288a37b5a285fc83971e AS builder
 # aws-lc-sys (AWS SDK TLS) may fall back to CMake and needs a C toolchain; ring needs cc only.
 RUN apt-get update \
  && apt-get install -y --no-install-recommends cmake clang \
@@ -15,7 +20,7 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
     cargo build --release --locked -p questdb-operator --bin questdb-operator \
  && install -D -m 0755 target/release/questdb-operator /out/questdb-operator
 
-FROM gcr.io/distroless/cc-debian12:nonroot
+FROM gcr.io/distroless/cc-debian12:nonroot@sha256:9dac0a79194e45a7da0158a9c6da57b217585af0786db3845d1f0ec1a0dd182f
 COPY --from=builder /out/questdb-operator /questdb-operator
 # Numeric user so `runAsNonRoot` can be verified by the kubelet without reading /etc/passwd.
 USER 65532:65532

@@ -14,7 +14,7 @@ use crate::cloud::aws::AwsCloud;
 #[cfg(feature = "memory-cloud")]
 use crate::cloud::memory::{MemoryCloud, MemoryEc2, MemoryEc2Options, MemoryRoute53};
 use crate::cloud::{
-    user_data, CloudConfig, DnsProvider, EksCluster, NodeProvider as _, RootVolume, SharedObserver,
+    user_data, CloudConfig, DnsProvider, EksCluster, NodeProvider as _, NodeVolumes, SharedObserver,
 };
 use crate::http_server::parse_bind_address;
 use crate::manager::{self, Cloud, CloudSettings, LeaderElection, ManagerHandle, ManagerOptions};
@@ -155,7 +155,10 @@ pub fn cloud_config(args: &CloudArgs, provider: CloudProvider) -> anyhow::Result
         _ => "sandbox".to_string(),
     };
     let mut config = CloudConfig::new(cluster_name, region);
-    config.subnets_by_zone = parse_subnets(&args.aws_subnets).map_err(anyhow::Error::msg)?;
+    config.subnets_by_zone =
+        parse_subnets(&args.aws_subnets).map_err(|e| anyhow::anyhow!("--aws-subnets: {e}"))?;
+    config.public_subnets_by_zone = parse_subnets(&args.aws_public_subnets)
+        .map_err(|e| anyhow::anyhow!("--aws-public-subnets: {e}"))?;
     config.security_group_ids = args.aws_security_group_ids.clone();
     if provider == CloudProvider::Aws && config.security_group_ids.is_empty() {
         anyhow::bail!(
@@ -167,14 +170,15 @@ pub fn cloud_config(args: &CloudArgs, provider: CloudProvider) -> anyhow::Result
         certificate_authority: args.eks_certificate_authority.clone(),
         service_cidr: args.eks_service_cidr.clone(),
     };
-    config.root_volume = RootVolume {
-        device_name: args
+    config.volumes = NodeVolumes {
+        root_device_name: args
             .node_root_device_name
             .as_deref()
             .map(str::trim)
             .unwrap_or_default()
             .to_string(),
-        size_gib: args.node_root_volume_gib,
+        root_size_gib: args.node_root_volume_gib,
+        data_size_gib: args.node_data_volume_gib,
         kms_key_id: args.node_root_volume_kms_key_id.clone(),
     };
     config.instance_profile = args.aws_instance_profile.clone();

@@ -168,6 +168,12 @@ pub struct CloudArgs {
     #[arg(long, env = "AWS_SUBNETS", default_value = "")]
     pub aws_subnets: String,
 
+    /// Subnet per availability zone for the nodes of public databases (`spec.dns.public`),
+    /// when they must not share the private databases' subnets: `zone=subnet-id,...`. Unset:
+    /// every database is launched into `--aws-subnets`.
+    #[arg(long, env = "AWS_PUBLIC_SUBNETS", default_value = "")]
+    pub aws_public_subnets: String,
+
     /// Security groups of every dedicated node (comma separated).
     #[arg(long, env = "AWS_SECURITY_GROUP_IDS", value_delimiter = ',')]
     pub aws_security_group_ids: Vec<String>,
@@ -227,11 +233,18 @@ pub struct CloudArgs {
     #[arg(long, env = "NODE_ROOT_DEVICE_NAME")]
     pub node_root_device_name: Option<String>,
 
-    /// Size of a dedicated node's root volume in GiB (the database's data has its own volume).
-    #[arg(long, env = "NODE_ROOT_VOLUME_GIB", default_value_t = 20)]
+    /// Size of a dedicated node's root volume in GiB (the database's data has its own volume);
+    /// raised to the image's root snapshot size when that is larger.
+    #[arg(long, env = "NODE_ROOT_VOLUME_GIB", default_value_t = 20, value_parser = clap::value_parser!(i32).range(1..=16384))]
     pub node_root_volume_gib: i32,
 
-    /// KMS key of the root volume's encryption (the account's default EBS key when unset).
+    /// Size in GiB of the image's other EBS volumes (Bottlerocket's data volume `/dev/xvdb`:
+    /// container images and pod ephemeral storage), encrypted like the root. Unset: the image's
+    /// own size.
+    #[arg(long, env = "NODE_DATA_VOLUME_GIB", value_parser = clap::value_parser!(i32).range(1..=16384))]
+    pub node_data_volume_gib: Option<i32>,
+
+    /// KMS key of the node volumes' encryption (the account's default EBS key when unset).
     #[arg(long, env = "NODE_ROOT_VOLUME_KMS_KEY_ID")]
     pub node_root_volume_kms_key_id: Option<String>,
 
@@ -412,7 +425,7 @@ mod tests {
         let ok = parse(&[&with_sg[..], &eks[..]].concat()).unwrap();
         assert_eq!(ok.cluster_name, "prod-eu");
         assert_eq!(
-            ok.root_volume.device_name, "",
+            ok.volumes.root_device_name, "",
             "unset: the image's own root device, read at launch"
         );
     }

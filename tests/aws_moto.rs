@@ -312,7 +312,7 @@ async fn a_dedicated_node_is_launched_hardened_in_its_volumes_zone() {
     };
     let (mut config, sdk, ami) = ec2_setup(&moto).await;
     config.security_group_ids = vec![default_security_group(&sdk).await];
-    config.root_volume.size_gib = 30;
+    config.volumes.root_size_gib = 30;
     config.node_tags = [("cost-center".to_string(), "42".to_string())].into();
     let cloud = AwsCloud::from_sdk_config(&sdk, config, Arc::new(CallCounter::new())).unwrap();
     let launched = cloud
@@ -422,6 +422,91 @@ async fn a_subnet_mapped_to_the_wrong_zone_is_refused_at_start_up() {
     let bad = AwsCloud::from_sdk_config(&sdk, wrong, Arc::new(CallCounter::new())).unwrap();
     let err = bad.nodes.check_subnets().await.unwrap_err().to_string();
     assert!(err.contains(&subnet_b) && err.contains(&zone_a), "{err}");
+}
+
+/// Public and private databases of one zone in subnets of their own: a public database's node
+/// in the zone's public subnet (routed to the internet gateway), a private one's never there.
+#[tokio::test]
+async fn public_and_private_databases_of_one_zone_are_launched_into_their_own_subnets() {
+    let Some(moto) = start_moto().await else {
+        return;
+    };
+    let (mut config, sdk, ami) = ec2_setup(&moto).await;
+    let ec2 = aws_sdk_ec2::Client::new(&sdk);
+    let private = config.subnets_by_zone[ZONE].clone();
+    let vpc = ec2
+        .describe_subnets()
+        .subnet_ids(&private)
+        .send()
+        .await
+        .unwrap()
+        .subnets()[0]
+        .vpc_id()
+        .unwrap()
+        .to_string();
+    let public = ec2
+        .create_subnet()
+        .vpc_id(vpc)
+        .availability_zone(ZONE)
+        .cidr_block("172.31.200.0/24")
+        .send()
+        .await
+        .unwrap()
+        .subnet()
+        .and_then(|s| s.subnet_id())
+        .unwrap()
+        .to_string();
+    config.public_subnets_by_zone = [(ZONE.to_string(), public.clone())].into();
+    let cloud =
+        AwsCloud::from_sdk_config(&sdk, config.clone(), Arc::new(CallCounter::new())).unwrap();
+    cloud.nodes.check_subnets().await.unwrap();
+    let subnet_of = |id: String| {
+        let ec2 = ec2.clone();
+        async move {
+            let out = ec2
+                .describe_instances()
+                .instance_ids(id)
+                .send()
+                .await
+                .unwrap();
+            out.reservations()[0].instances()[0]
+                .subnet_id()
+                .unwrap()
+                .to_string()
+        }
+    };
+    let on_public = cloud
+        .nodes
+        .launch(&LaunchRequest {
+            public_ip: true,
+            ..request("uid-pub", 1, &ami)
+        })
+        .await
+        .unwrap();
+    assert_eq!(subnet_of(on_public.id.clone()).await, public);
+    assert!(on_public.public_ip.is_some(), "{on_public:?}");
+    let on_private = cloud
+        .nodes
+        .launch(&request("uid-priv", 1, &ami))
+        .await
+        .unwrap();
+    assert_eq!(subnet_of(on_private.id).await, private);
+
+    // A public subnet mapped to the wrong zone is refused at start-up, naming its flag.
+    let other_zone = config
+        .subnets_by_zone
+        .keys()
+        .find(|z| *z != ZONE)
+        .unwrap()
+        .clone();
+    let mut wrong = config;
+    wrong.public_subnets_by_zone = [(other_zone.clone(), public.clone())].into();
+    let bad = AwsCloud::from_sdk_config(&sdk, wrong, Arc::new(CallCounter::new())).unwrap();
+    let err = bad.nodes.check_subnets().await.unwrap_err().to_string();
+    assert!(
+        err.contains("--aws-public-subnets") && err.contains(&public) && err.contains(&other_zone),
+        "{err}"
+    );
 }
 
 async fn default_security_group(sdk: &aws_config::SdkConfig) -> String {
@@ -679,8 +764,9 @@ async fn read_request(conn: &mut TcpStream) -> Option<String> {
 const EC2_THROTTLED: &str = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Response><Errors><Error><Code>RequestLimitExceeded</Code><Message>Request limit exceeded.</Message></Error></Errors><RequestID>req-1</RequestID></Response>";
 const EC2_NO_INSTANCES: &str = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<DescribeInstancesResponse xmlns=\"http://ec2.amazonaws.com/doc/2016-11-15/\"><requestId>req-2</requestId><reservationSet/></DescribeInstancesResponse>";
 const EC2_NO_CAPACITY: &str = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Response><Errors><Error><Code>InsufficientInstanceCapacity</Code><Message>We currently do not have sufficient m6i.large capacity in the Availability Zone you requested (us-east-1a).</Message></Error></Errors><RequestID>req-3</RequestID></Response>";
-/// DescribeImages of an image whose root is not `/dev/xvda` (EC2's wire format).
-const EC2_IMAGE_ROOT_SDA1: &str = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<DescribeImagesResponse xmlns=\"http://ec2.amazonaws.com/doc/2016-11-15/\"><requestId>req-5</requestId><imagesSet><item><imageId>ami-0123456789abcdef0</imageId><imageState>available</imageState><imageOwnerId>602401143452</imageOwnerId><architecture>x86_64</architecture><rootDeviceType>ebs</rootDeviceType><rootDeviceName>/dev/sda1</rootDeviceName></item></imagesSet></DescribeImagesResponse>";
+/// DescribeImages of an image whose root is not `/dev/xvda`, with a 50 GiB root snapshot and a
+/// second volume as Bottlerocket's images have one (EC2's wire format).
+const EC2_IMAGE_ROOT_SDA1: &str = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<DescribeImagesResponse xmlns=\"http://ec2.amazonaws.com/doc/2016-11-15/\"><requestId>req-5</requestId><imagesSet><item><imageId>ami-0123456789abcdef0</imageId><imageState>available</imageState><imageOwnerId>602401143452</imageOwnerId><architecture>x86_64</architecture><rootDeviceType>ebs</rootDeviceType><rootDeviceName>/dev/sda1</rootDeviceName><blockDeviceMapping><item><deviceName>/dev/sda1</deviceName><ebs><snapshotId>snap-0root</snapshotId><volumeSize>50</volumeSize><deleteOnTermination>true</deleteOnTermination><volumeType>gp2</volumeType><encrypted>false</encrypted></ebs></item><item><deviceName>/dev/xvdb</deviceName><ebs><snapshotId>snap-0data</snapshotId><volumeSize>20</volumeSize><deleteOnTermination>true</deleteOnTermination><volumeType>gp2</volumeType><encrypted>false</encrypted></ebs></item></blockDeviceMapping></item></imagesSet></DescribeImagesResponse>";
 const ROUTE53_THROTTLED: &str = "<?xml version=\"1.0\"?>\n<ErrorResponse xmlns=\"https://route53.amazonaws.com/doc/2013-04-01/\"><Error><Type>Sender</Type><Code>Throttling</Code><Message>Rate exceeded</Message></Error><RequestId>req-4</RequestId></ErrorResponse>";
 const ROUTE53_EMPTY: &str = "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<ListResourceRecordSetsResponse xmlns=\"https://route53.amazonaws.com/doc/2013-04-01/\"><ResourceRecordSets></ResourceRecordSets><IsTruncated>false</IsTruncated><MaxItems>1</MaxItems></ListResourceRecordSetsResponse>";
 
@@ -745,9 +831,18 @@ async fn aws_error_bodies_drive_retries_and_permanent_errors() {
         "{run}"
     );
     assert!(run.contains("SubnetId=subnet-1"), "{run}");
-    // The encrypted root volume goes where the image has its root.
-    assert!(
-        run.contains("BlockDeviceMapping.1.DeviceName=%2Fdev%2Fsda1"),
-        "{run}"
-    );
+    // The encrypted root volume goes where the image has its root, no smaller than its
+    // snapshot (20 GiB asked, 50 in the image: EC2 would refuse 20); the image's second volume
+    // is mapped encrypted too instead of booting with the image's unencrypted default.
+    for field in [
+        "BlockDeviceMapping.1.DeviceName=%2Fdev%2Fsda1",
+        "BlockDeviceMapping.1.Ebs.VolumeSize=50",
+        "BlockDeviceMapping.1.Ebs.Encrypted=true",
+        "BlockDeviceMapping.2.DeviceName=%2Fdev%2Fxvdb",
+        "BlockDeviceMapping.2.Ebs.VolumeSize=20",
+        "BlockDeviceMapping.2.Ebs.Encrypted=true",
+        "BlockDeviceMapping.2.Ebs.VolumeType=gp3",
+    ] {
+        assert!(run.contains(field), "{field} missing: {run}");
+    }
 }

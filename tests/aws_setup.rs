@@ -303,3 +303,26 @@ fn the_storage_class_makes_encrypted_volumes_in_the_zone_the_pod_lands_in() {
     assert_eq!(params.get("type").map(String::as_str), Some("gp3"));
     assert_eq!(params.get("encrypted").map(String::as_str), Some("true"));
 }
+
+/// The image ships what was reviewed: every base image of the Dockerfile is pinned by digest,
+/// so a rebuild cannot pull other bytes under the same tag.
+#[test]
+fn every_base_image_of_the_container_build_is_pinned_by_digest() {
+    let dockerfile = std::fs::read_to_string(repo("Dockerfile")).expect("Dockerfile");
+    let froms: Vec<&str> = dockerfile
+        .lines()
+        .filter(|l| l.trim_start().to_ascii_uppercase().starts_with("FROM "))
+        .collect();
+    assert!(froms.len() >= 2, "{froms:?}");
+    for from in froms {
+        let image = from.split_whitespace().nth(1).unwrap_or_default();
+        let digest = image
+            .split_once("@sha256:")
+            .map(|(_, d)| d)
+            .unwrap_or_default();
+        assert!(
+            digest.len() == 64 && digest.chars().all(|c| c.is_ascii_hexdigit()),
+            "not pinned by digest: {from}"
+        );
+    }
+}

@@ -714,6 +714,10 @@ fn every_flag_the_chart_renders_is_accepted_by_the_operator() {
             .len(),
         3
     );
+    assert_eq!(
+        questdb_operator::cli::parse_subnets(&cloud.aws_public_subnets).unwrap()["eu-west-1a"],
+        "subnet-1a"
+    );
     assert_eq!(cloud.aws_security_group_ids, ["sg-1", "sg-2"]);
     assert_eq!(cloud.allowed_node_instance_types, ["m6i.*", "r7i.large"]);
     assert_eq!(
@@ -721,6 +725,7 @@ fn every_flag_the_chart_renders_is_accepted_by_the_operator() {
         "csiDriver: \"\" turns the CSI wait off"
     );
     assert_eq!(cloud.node_root_volume_gib, 40);
+    assert_eq!(cloud.node_data_volume_gib, Some(80));
     assert_eq!(cloud.orphan_grace_period.as_secs(), 3600);
     assert_eq!(cloud.upgrade_concurrency, 3);
     assert_eq!(cloud.node_join_timeout.as_secs(), 1200);

@@ -88,6 +88,10 @@ reasons! {
     /// The apiserver refuses to create the database pod (Pod Security, a quota, an admission
     /// webhook): the StatefulSet controller's words, which otherwise only its events carry.
     PodRefused,
+    /// The database's volume claim cannot be bound (no StorageClass set and none is the
+    /// default, a class that does not exist, a provisioner that refuses): the persistent
+    /// volume controller's or provisioner's words, which otherwise only the claim's events carry.
+    VolumePending,
 
     // Volume size.
     AsRequested,

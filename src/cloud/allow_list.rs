@@ -109,6 +109,7 @@ mod tests {
             architecture: "x86_64".into(),
             root_device_type: "ebs".into(),
             root_device_name: Some("/dev/xvda".into()),
+            ebs_devices: Vec::new(),
             owner: owner.into(),
         }
     }

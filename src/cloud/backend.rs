@@ -21,7 +21,9 @@ pub struct RunSpec {
     pub user_data_base64: String,
     pub tags: BTreeMap<String, String>,
     pub client_token: String,
-    pub root_volume: super::RootVolume,
+    /// The node's own volumes, root first ([`super::block_devices`]), each encrypted gp3.
+    pub block_devices: Vec<super::BlockDevice>,
+    pub kms_key_id: Option<String>,
     /// A public IPv4 address on the primary interface.
     pub public_ip: bool,
 }

@@ -14,6 +14,10 @@ pub struct CloudConfig {
     pub region: String,
     /// Availability zone -> subnet id. A database's node must be in its volume's zone.
     pub subnets_by_zone: BTreeMap<String, String>,
+    /// Availability zone -> subnet id for databases with a public address (`spec.dns.public`):
+    /// a public subnet routes to an internet gateway, which private databases should not sit
+    /// behind. Empty: public databases use [`Self::subnets_by_zone`] too.
+    pub public_subnets_by_zone: BTreeMap<String, String>,
     pub security_group_ids: Vec<String>,
     /// Instance profile name, or ARN (starts with `arn:`).
     pub instance_profile: Option<String>,
@@ -25,8 +29,8 @@ pub struct CloudConfig {
     pub user_data_template: String,
     /// What the default (AL2023 `nodeadm`) bootstrap needs to know about the EKS cluster.
     pub eks: EksCluster,
-    /// The root volume of every dedicated node.
-    pub root_volume: RootVolume,
+    /// The root volume (and the image's other EBS devices) of every dedicated node.
+    pub volumes: super::NodeVolumes,
     /// The images and instance types a QuestDB may ask for; checked before every launch.
     pub allow_list: super::LaunchAllowList,
     pub hosted_zone_id: Option<String>,
@@ -47,12 +51,13 @@ impl CloudConfig {
             cluster_name: cluster_name.into(),
             region: region.into(),
             subnets_by_zone: BTreeMap::new(),
+            public_subnets_by_zone: BTreeMap::new(),
             security_group_ids: Vec::new(),
             instance_profile: None,
             node_tags: BTreeMap::new(),
             user_data_template: String::new(),
             eks: EksCluster::default(),
-            root_volume: RootVolume::default(),
+            volumes: super::NodeVolumes::default(),
             allow_list: super::LaunchAllowList::default(),
             hosted_zone_id: None,
             endpoint_url: None,
@@ -71,32 +76,6 @@ pub struct EksCluster {
     /// Base64 PEM bundle, as DescribeCluster returns it.
     pub certificate_authority: Option<String>,
     pub service_cidr: Option<String>,
-}
-
-/// Root EBS volume of a dedicated node: always encrypted gp3 (the account's default key
-/// unless a KMS key is named), deleted with the instance (the database's data is on its own
-/// volume, never here).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct RootVolume {
-    /// Where the encrypted root volume is mapped. Empty: the image's `RootDeviceName`
-    /// (DescribeImages at launch), so an image whose root is elsewhere does not boot from an
-    /// unencrypted default-size volume beside an unused one.
-    pub device_name: String,
-    pub size_gib: i32,
-    pub kms_key_id: Option<String>,
-}
-
-/// The root device of the EKS-optimized AL2023 and Bottlerocket images.
-pub const DEFAULT_ROOT_DEVICE: &str = "/dev/xvda";
-
-impl Default for RootVolume {
-    fn default() -> Self {
-        Self {
-            device_name: String::new(),
-            size_gib: 20,
-            kms_key_id: None,
-        }
-    }
 }
 
 /// How long and how often to retry calls that may succeed later.
@@ -159,19 +138,25 @@ impl RateLimit {
     }
 }
 
-/// The subnet a node in `zone` is launched into.
-pub fn pick_subnet<'a>(zone: &str, config: &'a CloudConfig) -> Result<&'a str, CloudError> {
-    config
-        .subnets_by_zone
-        .get(zone)
-        .map(String::as_str)
-        .ok_or_else(|| {
-            let known: Vec<&str> = config.subnets_by_zone.keys().map(String::as_str).collect();
-            CloudError::Config(format!(
-                "no subnet configured for zone {zone} (configured zones: [{}])",
-                known.join(", ")
-            ))
-        })
+/// The subnet a node in `zone` is launched into: a public one for a node with a public
+/// address when public subnets are configured, the zone's private one otherwise.
+pub fn pick_subnet<'a>(
+    zone: &str,
+    public: bool,
+    config: &'a CloudConfig,
+) -> Result<&'a str, CloudError> {
+    let (subnets, flag) = if public && !config.public_subnets_by_zone.is_empty() {
+        (&config.public_subnets_by_zone, "--aws-public-subnets")
+    } else {
+        (&config.subnets_by_zone, "--aws-subnets")
+    };
+    subnets.get(zone).map(String::as_str).ok_or_else(|| {
+        let known: Vec<&str> = subnets.keys().map(String::as_str).collect();
+        CloudError::Config(format!(
+            "no subnet configured for zone {zone} in {flag} (configured zones: [{}])",
+            known.join(", ")
+        ))
+    })
 }
 
 #[cfg(test)]
@@ -185,7 +170,9 @@ mod tests {
             .insert("us-east-1a".into(), "subnet-a".into());
         c.subnets_by_zone
             .insert("us-east-1b".into(), "subnet-b".into());
-        assert_eq!(pick_subnet("us-east-1b", &c), Ok("subnet-b"));
+        assert_eq!(pick_subnet("us-east-1b", false, &c), Ok("subnet-b"));
+        // Without public subnets, a public node shares the zone's subnet.
+        assert_eq!(pick_subnet("us-east-1b", true, &c), Ok("subnet-b"));
     }
 
     #[test]
@@ -193,12 +180,30 @@ mod tests {
         let mut c = CloudConfig::new("c1", "us-east-1");
         c.subnets_by_zone
             .insert("us-east-1a".into(), "subnet-a".into());
-        let err = pick_subnet("us-east-1c", &c).unwrap_err();
+        let err = pick_subnet("us-east-1c", false, &c).unwrap_err();
         assert!(err.is_permanent());
         let text = err.to_string();
         assert!(
             text.contains("us-east-1c") && text.contains("us-east-1a"),
             "{text}"
+        );
+    }
+
+    #[test]
+    fn a_public_database_never_lands_in_a_private_subnet_when_public_ones_are_configured() {
+        let mut c = CloudConfig::new("c1", "us-east-1");
+        c.subnets_by_zone = [("us-east-1a".into(), "subnet-private-a".into())].into();
+        c.public_subnets_by_zone = [("us-east-1a".into(), "subnet-public-a".into())].into();
+        assert_eq!(pick_subnet("us-east-1a", true, &c), Ok("subnet-public-a"));
+        assert_eq!(pick_subnet("us-east-1a", false, &c), Ok("subnet-private-a"));
+        c.subnets_by_zone
+            .insert("us-east-1b".into(), "subnet-private-b".into());
+        // A zone with only a private subnet is an error for a public database, not a fallback
+        // to a subnet whose route table has no internet gateway.
+        let err = pick_subnet("us-east-1b", true, &c).unwrap_err().to_string();
+        assert!(
+            err.contains("--aws-public-subnets") && err.contains("us-east-1b"),
+            "{err}"
         );
     }
 }

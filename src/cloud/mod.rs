@@ -15,6 +15,7 @@ mod config;
 mod dns;
 mod error;
 mod model;
+mod node_volumes;
 mod nodes;
 mod observer;
 mod rate_limit;
@@ -30,15 +31,14 @@ use async_trait::async_trait;
 
 pub use allow_list::{ImageVerdict, LaunchAllowList};
 pub use backend::{ChangeAction, Ec2Api, InstanceQuery, Page, RecordSet, Route53Api, RunSpec};
-pub use config::{
-    pick_subnet, CloudConfig, EksCluster, RateLimit, RetryPolicy, RootVolume, DEFAULT_ROOT_DEVICE,
-};
+pub use config::{pick_subnet, CloudConfig, EksCluster, RateLimit, RetryPolicy};
 pub use dns::{Route53DnsProvider, OWNED_ELSEWHERE};
 pub use error::{classify, ApiError, CloudError, ErrorClass};
 pub use model::{
-    display_name, fqdn, ARecord, ImageFacts, Instance, InstanceState, InstanceTypeFacts,
-    LaunchRequest, NodeFacts, Taint,
+    display_name, fqdn, ARecord, ImageDevice, ImageFacts, Instance, InstanceState,
+    InstanceTypeFacts, LaunchRequest, NodeFacts, Taint,
 };
+pub use node_volumes::{block_devices, BlockDevice, NodeVolumes, DEFAULT_ROOT_DEVICE};
 pub use nodes::{Ec2NodeProvider, INSTANCE_NOT_OWNED, LAUNCH_NOT_ALLOWED};
 pub use observer::{
     noop_observer, AwsCallObserver, CallCounter, CallKey, NoopObserver, SharedObserver,

@@ -43,8 +43,19 @@ pub struct ImageFacts {
     /// Where the image's root volume is mapped (`RootDeviceName`: `/dev/xvda` on AL2023 and
     /// Bottlerocket, `/dev/sda1` on many others).
     pub root_device_name: Option<String>,
+    /// The EBS devices the image maps (its `BlockDeviceMappings` with a snapshot), root
+    /// included: Bottlerocket maps a data volume at `/dev/xvdb` beside its OS volume.
+    pub ebs_devices: Vec<ImageDevice>,
     /// The AWS account that owns the image (`OwnerId`).
     pub owner: String,
+}
+
+/// One EBS device of an image.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ImageDevice {
+    pub device_name: String,
+    /// The snapshot's size: the smallest volume EC2 accepts for the device.
+    pub size_gib: Option<i32>,
 }
 
 /// What EC2 says about an instance type in one zone (`DescribeInstanceTypes`,

@@ -104,7 +104,7 @@ impl<A: Ec2Api> Ec2NodeProvider<A> {
     }
 
     fn run_spec(&self, req: &LaunchRequest) -> Result<RunSpec, CloudError> {
-        let subnet_id = pick_subnet(&req.zone, &self.config)?.to_string();
+        let subnet_id = pick_subnet(&req.zone, req.public_ip, &self.config)?.to_string();
         let user_data = user_data::user_data_for(req, &self.config)?;
         let mut tags = desired_instance_tags(
             &self.config.cluster_name,
@@ -130,7 +130,8 @@ impl<A: Ec2Api> Ec2NodeProvider<A> {
             user_data_base64: base64::engine::general_purpose::STANDARD.encode(user_data),
             tags,
             client_token: client_token(&req.uid, req.node_generation),
-            root_volume: self.config.root_volume.clone(),
+            block_devices: Vec::new(),
+            kms_key_id: self.config.volumes.kms_key_id.clone(),
             public_ip: req.public_ip,
         })
     }
@@ -198,18 +199,6 @@ impl<A: Ec2Api + 'static> Ec2NodeProvider<A> {
         Ok(facts.as_ref())
     }
 
-    /// The image's root device, where the encrypted root volume must be mapped; an image EC2
-    /// does not describe gets the AL2023 and Bottlerocket default (RunInstances then names the
-    /// real problem, an unknown image).
-    async fn root_device_of(&self, cell: &ImageCell, image: &str) -> Result<String, CloudError> {
-        Ok(self
-            .image_facts(cell, image)
-            .await?
-            .and_then(|f| f.root_device_name.clone())
-            .filter(|d| !d.is_empty())
-            .unwrap_or_else(|| super::DEFAULT_ROOT_DEVICE.to_string()))
-    }
-
     /// Proof, read live from EC2, that instance `id` is the one of the QuestDB `owner` in this
     /// cluster before it is stopped or terminated. The ids come from status records, which
     /// anyone allowed to write `questdbs/status` can forge, and the IAM policy can only require
@@ -259,13 +248,14 @@ impl<A: Ec2Api + 'static> NodeProvider for Ec2NodeProvider<A> {
         if let Some(instance) = pick_existing(existing) {
             return Ok(instance);
         }
-        // One DescribeImages per launch at most, shared by the owner rule and the root device.
+        // One DescribeImages per launch, shared by the owner rule and the volumes.
         let image = ImageCell::new();
         self.check_allowed(req, &image).await?;
         let mut spec = spec;
-        if spec.root_volume.device_name.is_empty() {
-            spec.root_volume.device_name = self.root_device_of(&image, &req.image).await?;
-        }
+        spec.block_devices = super::block_devices(
+            &self.config.volumes,
+            self.image_facts(&image, &req.image).await?,
+        );
         tracing::info!(
             namespace = %req.namespace,
             name = %req.name,
@@ -416,12 +406,19 @@ impl<A: Ec2Api + 'static> NodeProvider for Ec2NodeProvider<A> {
     }
 
     async fn check_subnets(&self) -> Result<(), CloudError> {
-        let ids: Vec<String> = self.config.subnets_by_zone.values().cloned().collect();
-        if ids.is_empty() {
+        if self.config.subnets_by_zone.is_empty() {
             return Err(CloudError::Config(
                 "--aws-subnets maps no zone to a subnet: no node could be launched".into(),
             ));
         }
+        let sets = [
+            ("--aws-subnets", &self.config.subnets_by_zone),
+            ("--aws-public-subnets", &self.config.public_subnets_by_zone),
+        ];
+        let ids: Vec<String> = sets
+            .iter()
+            .flat_map(|(_, set)| set.values().cloned())
+            .collect();
         let found = self
             .calls
             .call("DescribeSubnets", NotFound::Return, || {
@@ -429,25 +426,26 @@ impl<A: Ec2Api + 'static> NodeProvider for Ec2NodeProvider<A> {
             })
             .await
             .map_err(|e| CloudError::from_api("DescribeSubnets", e))?;
-        let wrong: Vec<String> = self
-            .config
-            .subnets_by_zone
-            .iter()
-            .filter_map(
-                |(zone, subnet)| match found.iter().find(|(id, _)| id == subnet) {
-                    Some((_, actual)) if actual == zone => None,
-                    Some((_, actual)) => Some(format!("{subnet} is in {actual}, not {zone}")),
-                    None => Some(format!("{subnet} does not exist")),
-                },
-            )
-            .collect();
+        let mut wrong = Vec::new();
+        for (flag, set) in sets {
+            let mistakes: Vec<String> = set
+                .iter()
+                .filter_map(
+                    |(zone, subnet)| match found.iter().find(|(id, _)| id == subnet) {
+                        Some((_, actual)) if actual == zone => None,
+                        Some((_, actual)) => Some(format!("{subnet} is in {actual}, not {zone}")),
+                        None => Some(format!("{subnet} does not exist")),
+                    },
+                )
+                .collect();
+            if !mistakes.is_empty() {
+                wrong.push(format!("{flag}: {}", mistakes.join("; ")));
+            }
+        }
         if wrong.is_empty() {
             Ok(())
         } else {
-            Err(CloudError::Config(format!(
-                "--aws-subnets: {}",
-                wrong.join("; ")
-            )))
+            Err(CloudError::Config(wrong.join("; ")))
         }
     }
 

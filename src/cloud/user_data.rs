@@ -43,6 +43,10 @@ spec:
 /// untainted.
 pub const REQUIRED_PLACEHOLDERS: [&str; 2] = ["node_labels", "node_taints"];
 
+/// The same for formats that take labels and taints as TOML tables (Bottlerocket's
+/// `settings.kubernetes.node-labels` and `node-taints`).
+pub const REQUIRED_TOML_PLACEHOLDERS: [&str; 2] = ["node_labels_toml", "node_taints_toml"];
+
 /// The placeholders of `template`, in order (`{{ x }}` and `{{x}}` alike).
 pub fn placeholders(template: &str) -> Vec<String> {
     let mut out = Vec::new();
@@ -61,10 +65,14 @@ pub fn placeholders(template: &str) -> Vec<String> {
 /// service CIDR: the flag that gives it is named).
 pub fn check_template(config: &CloudConfig) -> Result<(), CloudError> {
     let used = placeholders(&config.user_data_template);
-    let lacking: Vec<&str> = REQUIRED_PLACEHOLDERS
-        .into_iter()
-        .filter(|p| !used.iter().any(|u| u == p))
-        .collect();
+    let lacking_of = |required: [&'static str; 2]| -> Vec<&'static str> {
+        required
+            .into_iter()
+            .filter(|p| !used.iter().any(|u| u == p))
+            .collect()
+    };
+    let lacking = lacking_of(REQUIRED_PLACEHOLDERS);
+    let toml_complete = lacking_of(REQUIRED_TOML_PLACEHOLDERS).is_empty();
     // Formats that take keys and values apart (Bottlerocket) write the dedicated key
     // themselves and use the bare value twice: once for the label, once for the taint.
     let bare_value_uses = used.iter().filter(|u| *u == "dedicated_value").count();
@@ -74,7 +82,7 @@ pub fn check_template(config: &CloudConfig) -> Result<(), CloudError> {
             .matches(crate::desired::DEDICATED_LABEL_KEY)
             .count()
             >= 2;
-    if !lacking.is_empty() && !keyed {
+    if !lacking.is_empty() && !keyed && !toml_complete {
         return Err(CloudError::Config(format!(
             "the user-data template never uses {} (nor {{{{dedicated_value}}}} for both the {} label and taint): the node would join without its dedicated label or taint",
             lacking
@@ -122,7 +130,7 @@ fn flag_for(placeholder: &str) -> Option<&'static str> {
     match placeholder {
         "api_endpoint" => Some("--eks-api-endpoint"),
         "certificate_authority" => Some("--eks-certificate-authority"),
-        "service_cidr" => Some("--eks-service-cidr"),
+        "service_cidr" | "cluster_dns_ip" => Some("--eks-service-cidr"),
         _ => None,
     }
 }
@@ -185,6 +193,46 @@ pub fn kubelet_taints(req: &LaunchRequest) -> String {
         .join(",")
 }
 
+/// Labels as the lines of a TOML table (`"k" = "v"`), Bottlerocket's
+/// `[settings.kubernetes.node-labels]`.
+pub fn toml_labels(labels: &BTreeMap<String, String>) -> String {
+    labels
+        .iter()
+        .map(|(k, v)| format!("{} = {}", toml_string(k), toml_string(v)))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Taints as the lines of a TOML table (`"k" = ["v:Effect"]`), Bottlerocket's
+/// `[settings.kubernetes.node-taints]`.
+pub fn toml_taints(req: &LaunchRequest) -> String {
+    req.taints
+        .iter()
+        .map(|t| {
+            let value = format!("{}:{}", t.value.as_deref().unwrap_or_default(), t.effect);
+            format!("{} = [{}]", toml_string(&t.key), toml_string(&value))
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// A TOML basic string. Label keys, values and taint effects are restricted to
+/// `[A-Za-z0-9._/-]` by the apiserver, so escaping `"` and `\` is all that can be needed.
+fn toml_string(s: &str) -> String {
+    format!("\"{}\"", s.replace('\\', "\\\\").replace('"', "\\\""))
+}
+
+/// The cluster DNS Service's address: the tenth of the service CIDR, where EKS puts kube-dns
+/// (`10.100.0.10`, `172.20.0.10`). Bottlerocket would otherwise ask EKS's DescribeCluster
+/// for it, which the node role is not granted.
+pub fn cluster_dns_ip(service_cidr: &str) -> Option<String> {
+    let (ip, bits) = service_cidr.trim().split_once('/')?;
+    let ip: std::net::Ipv4Addr = ip.parse().ok()?;
+    let bits: u32 = bits.parse().ok().filter(|b| *b <= 28)?;
+    let mask = u32::MAX.checked_shl(32 - bits).unwrap_or(0);
+    Some(std::net::Ipv4Addr::from((u32::from(ip) & mask) + 10).to_string())
+}
+
 /// Everything a template may refer to. The EKS cluster's endpoint, CA and service CIDR are
 /// present only when configured, so a template that needs them fails [`check_template`].
 pub fn bootstrap_vars(req: &LaunchRequest, config: &CloudConfig) -> BTreeMap<String, String> {
@@ -203,6 +251,8 @@ pub fn bootstrap_vars(req: &LaunchRequest, config: &CloudConfig) -> BTreeMap<Str
         ("instance_type".to_string(), req.instance_type.clone()),
         ("node_labels".to_string(), kubelet_labels(&req.labels)),
         ("node_taints".to_string(), kubelet_taints(req)),
+        ("node_labels_toml".to_string(), toml_labels(&req.labels)),
+        ("node_taints_toml".to_string(), toml_taints(req)),
         // The bare value of the dedicated label and taint, for formats that take keys and
         // values apart (Bottlerocket's TOML settings).
         (
@@ -219,6 +269,9 @@ pub fn bootstrap_vars(req: &LaunchRequest, config: &CloudConfig) -> BTreeMap<Str
         if let Some(v) = value {
             vars.insert(key.to_string(), v.clone());
         }
+    }
+    if let Some(ip) = eks.service_cidr.as_deref().and_then(cluster_dns_ip) {
+        vars.insert("cluster_dns_ip".to_string(), ip);
     }
     vars
 }
@@ -353,24 +406,81 @@ mod tests {
         );
     }
 
+    /// Bottlerocket reads TOML: the rendered example must parse, carry every label and taint
+    /// of the request (not only the dedicated one), and name the cluster's DNS address.
     #[test]
-    fn the_bottlerocket_example_passes_the_start_up_check_and_carries_the_bare_value() {
+    fn the_bottlerocket_example_renders_to_settings_bottlerocket_can_read() {
         let mut config = eks_config();
         config.user_data_template =
             include_str!("../../examples/bottlerocket-user-data.toml").into();
         check_template(&config).unwrap();
         let rendered = user_data_for(&request(), &config).unwrap();
-        assert!(
-            rendered.contains("cluster-name = \"prod-eu\""),
-            "{rendered}"
+        let doc: toml::Table = rendered
+            .parse()
+            .unwrap_or_else(|e| panic!("{e}\n{rendered}"));
+        let k8s = &doc["settings"]["kubernetes"];
+        assert_eq!(k8s["cluster-name"].as_str(), Some("prod-eu"));
+        assert_eq!(k8s["cluster-dns-ip"].as_str(), Some("172.20.0.10"));
+        let labels = k8s["node-labels"].as_table().unwrap();
+        assert_eq!(labels.len(), 2, "{labels:?}");
+        assert_eq!(labels["questdb.io/dedicated"].as_str(), Some("team-a.db1"));
+        let taints = k8s["node-taints"].as_table().unwrap();
+        assert_eq!(
+            taints["questdb.io/dedicated"].as_array().unwrap()[0].as_str(),
+            Some("team-a.db1:NoSchedule")
         );
-        assert!(
-            rendered.contains("\"crd.questdb.io/dedicated\" = \"team-a.db1\""),
-            "{rendered}"
+        assert_eq!(
+            taints["questdb.io/bootstrapping"].as_array().unwrap()[0].as_str(),
+            Some(":NoExecute")
         );
+    }
+
+    /// A template that sets only the dedicated key by hand still passes (older Bottlerocket
+    /// templates of ours did).
+    #[test]
+    fn a_keyed_bottlerocket_template_with_the_bare_value_still_passes() {
+        let mut config = eks_config();
+        config.user_data_template = format!(
+            "[settings.kubernetes.node-labels]\n\"{k}\" = \"{{{{dedicated_value}}}}\"\n\
+             [settings.kubernetes.node-taints]\n\"{k}\" = [\"{{{{dedicated_value}}}}:NoSchedule\"]\n",
+            k = crate::desired::DEDICATED_LABEL_KEY
+        );
+        check_template(&config).unwrap();
+    }
+
+    #[test]
+    fn the_cluster_dns_address_is_the_tenth_of_the_service_range() {
+        assert_eq!(
+            cluster_dns_ip("10.100.0.0/16").as_deref(),
+            Some("10.100.0.10")
+        );
+        assert_eq!(
+            cluster_dns_ip("172.20.5.0/24").as_deref(),
+            Some("172.20.5.10")
+        );
+        assert_eq!(
+            cluster_dns_ip("172.20.0.7/16").as_deref(),
+            Some("172.20.0.10")
+        );
+        assert_eq!(cluster_dns_ip("fd00::/108"), None, "IPv6 is not supported");
+        assert_eq!(
+            cluster_dns_ip("10.0.0.0/30"),
+            None,
+            "too small for a tenth address"
+        );
+        assert_eq!(cluster_dns_ip("nonsense"), None);
+    }
+
+    #[test]
+    fn a_template_asking_for_the_dns_address_without_a_service_range_names_the_flag() {
+        let mut config = eks_config();
+        config.eks.service_cidr = None;
+        config.user_data_template =
+            include_str!("../../examples/bottlerocket-user-data.toml").into();
+        let err = check_template(&config).unwrap_err().to_string();
         assert!(
-            rendered.contains("\"crd.questdb.io/dedicated\" = [\"team-a.db1:NoSchedule\"]"),
-            "{rendered}"
+            err.contains("{{cluster_dns_ip}} (set --eks-service-cidr)"),
+            "{err}"
         );
     }
 

@@ -345,6 +345,7 @@ fn facts(arch: &str, kind_arch: &str) -> NodeFacts {
             architecture: arch.into(),
             root_device_type: "ebs".into(),
             root_device_name: Some("/dev/xvda".into()),
+            ebs_devices: Vec::new(),
             owner: "602401143452".into(),
         }),
         instance_type: Some(crate::cloud::InstanceTypeFacts {

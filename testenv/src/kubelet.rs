@@ -70,9 +70,9 @@ impl NodeRegistration {
 
     /// The Node an EC2 instance's kubelet registers, from its rendered user data: the labels
     /// and taints of `--node-labels` / `--register-with-taints`, wherever the bootstrap
-    /// format puts them (AL2023 `NodeConfig` kubelet flags, a shell line, Bottlerocket TOML
-    /// is not parsed). Fails as the kubelet fails to start: no flags, a malformed label or
-    /// taint, or a label the kubelet may not set on itself (NodeRestriction).
+    /// format puts them (AL2023 `NodeConfig` kubelet flags, Bottlerocket's TOML settings, a
+    /// shell line). Fails as the kubelet fails to start: no flags, a malformed label or taint,
+    /// or a label the kubelet may not set on itself (NodeRestriction).
     pub fn from_user_data(
         name: &str,
         zone: &str,
@@ -81,7 +81,11 @@ impl NodeRegistration {
         user_data: &str,
     ) -> anyhow::Result<Self> {
         let text = decode_user_data(user_data);
-        let (labels_flag, taints_flag) = match nodeadm_kubelet_flags(&text)? {
+        let flags = match nodeadm_kubelet_flags(&text)? {
+            Some(flags) => Some(flags),
+            None => bottlerocket_kubelet_flags(&text)?,
+        };
+        let (labels_flag, taints_flag) = match flags {
             Some(flags) => flags,
             None => (
                 flag(&text, "--node-labels=")
@@ -184,6 +188,86 @@ fn nodeadm_kubelet_flags(text: &str) -> anyhow::Result<Option<(String, String)>>
         value("--node-labels=")?,
         value("--register-with-taints=")?,
     )))
+}
+
+/// Bottlerocket: user data that is TOML with a `[settings.kubernetes]` table
+/// (bottlerocket.dev/en/os/latest/api/settings/kubernetes). Its labels and taints are tables,
+/// a taint's value a list of `value:Effect`; `api-server` and `cluster-certificate` are
+/// required to join a cluster that is not auto-configured, and `cluster-dns-ip` is looked up
+/// through EKS's DescribeCluster when missing, which a node role without that permission
+/// cannot do, so a node without one never runs a pod that needs DNS: refused here. A
+/// malformed document stops Bottlerocket's settings from applying at all. Returned in the
+/// kubelet's flag syntax; `None` when the user data is not Bottlerocket's.
+fn bottlerocket_kubelet_flags(text: &str) -> anyhow::Result<Option<(String, String)>> {
+    if !text.contains("[settings.") {
+        return Ok(None);
+    }
+    let doc: toml::Table = text
+        .parse()
+        .context("Bottlerocket user data is not valid TOML")?;
+    let k8s = doc
+        .get("settings")
+        .and_then(|s| s.get("kubernetes"))
+        .and_then(toml::Value::as_table)
+        .context("Bottlerocket user data: no [settings.kubernetes]")?;
+    let field = |name: &str| -> anyhow::Result<&str> {
+        k8s.get(name)
+            .and_then(toml::Value::as_str)
+            .filter(|v| !v.is_empty())
+            .with_context(|| {
+                format!("Bottlerocket user data: settings.kubernetes.{name} is missing")
+            })
+    };
+    field("cluster-name")?;
+    let endpoint = field("api-server")?;
+    anyhow::ensure!(
+        endpoint.starts_with("https://"),
+        "Bottlerocket user data: api-server {endpoint:?} is not an https URL"
+    );
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD
+        .decode(field("cluster-certificate")?)
+        .context("Bottlerocket user data: cluster-certificate is not base64")?;
+    let dns = field("cluster-dns-ip")?;
+    anyhow::ensure!(
+        dns.parse::<std::net::IpAddr>().is_ok(),
+        "Bottlerocket user data: cluster-dns-ip {dns:?} is not an IP address"
+    );
+    let table = |name: &str| -> anyhow::Result<toml::Table> {
+        match k8s.get(name) {
+            None => Ok(toml::Table::new()),
+            Some(v) => v.as_table().cloned().with_context(|| {
+                format!("Bottlerocket user data: settings.kubernetes.{name} is not a table")
+            }),
+        }
+    };
+    let mut labels = Vec::new();
+    for (k, v) in table("node-labels")? {
+        let v = v
+            .as_str()
+            .with_context(|| format!("Bottlerocket user data: node label {k} is not a string"))?;
+        labels.push(format!("{k}={v}"));
+    }
+    let mut taints = Vec::new();
+    for (k, v) in table("node-taints")? {
+        // A list of `value:Effect`; older releases took one such string.
+        let entries: Vec<&str> = match &v {
+            toml::Value::String(one) => vec![one.as_str()],
+            toml::Value::Array(many) => many.iter().filter_map(toml::Value::as_str).collect(),
+            _ => anyhow::bail!("Bottlerocket user data: node taint {k} is not value:Effect"),
+        };
+        for entry in entries {
+            let (value, effect) = entry.rsplit_once(':').with_context(|| {
+                format!("Bottlerocket user data: node taint {k} = {entry:?} is not value:Effect")
+            })?;
+            taints.push(if value.is_empty() {
+                format!("{k}:{effect}")
+            } else {
+                format!("{k}={value}:{effect}")
+            });
+        }
+    }
+    Ok(Some((labels.join(","), taints.join(","))))
 }
 
 fn decode_user_data(raw: &str) -> String {
@@ -1329,6 +1413,48 @@ mod tests {
             NodeRegistration::from_user_data("n", "z", "i", None, &nodeadm(CLUSTER, no_taint))
                 .is_err()
         );
+    }
+
+    const BOTTLEROCKET: &str = "[settings.kubernetes]\ncluster-name = \"c\"\napi-server = \"https://x.eks.amazonaws.com\"\ncluster-certificate = \"Y2E=\"\ncluster-dns-ip = \"10.100.0.10\"\n\n[settings.kubernetes.node-labels]\n\"q.io/d\" = \"x\"\n\"node.kubernetes.io/exclude-from-external-load-balancers\" = \"true\"\n\n[settings.kubernetes.node-taints]\n\"q.io/d\" = [\"x:NoSchedule\"]\n\"q.io/boot\" = \":NoExecute\"\n";
+
+    #[test]
+    fn a_bottlerocket_node_joins_with_the_labels_and_taints_of_its_toml_settings() {
+        use base64::Engine as _;
+        let encoded = base64::engine::general_purpose::STANDARD.encode(BOTTLEROCKET);
+        let r = NodeRegistration::from_user_data("n", "z", "i-1", None, &encoded).unwrap();
+        assert_eq!(r.labels.get("q.io/d").map(String::as_str), Some("x"));
+        assert_eq!(r.labels.len(), 2, "{:?}", r.labels);
+        assert_eq!(r.taints.len(), 2, "{:?}", r.taints);
+        assert!(r
+            .taints
+            .iter()
+            .any(|t| t.key == "q.io/boot" && t.value.is_none() && t.effect == "NoExecute"));
+    }
+
+    #[test]
+    fn a_bottlerocket_node_without_its_cluster_settings_or_valid_toml_never_joins() {
+        for drop in [
+            "api-server",
+            "cluster-certificate",
+            "cluster-dns-ip",
+            "cluster-name",
+        ] {
+            let text: String = BOTTLEROCKET
+                .lines()
+                .filter(|l| !l.starts_with(&format!("{drop} =")))
+                .map(|l| format!("{l}\n"))
+                .collect();
+            let err = NodeRegistration::from_user_data("n", "z", "i", None, &text).unwrap_err();
+            assert!(format!("{err:#}").contains(drop), "{err:#}");
+        }
+        let broken = BOTTLEROCKET.replace("cluster-name = \"c\"", "cluster-name = c");
+        let err = NodeRegistration::from_user_data("n", "z", "i", None, &broken).unwrap_err();
+        assert!(format!("{err:#}").contains("not valid TOML"), "{err:#}");
+        let restricted = BOTTLEROCKET.replace(
+            "\"q.io/d\" = \"x\"",
+            "\"node-restriction.kubernetes.io/x\" = \"y\"",
+        );
+        assert!(NodeRegistration::from_user_data("n", "z", "i", None, &restricted).is_err());
     }
 
     #[test]

@@ -454,14 +454,7 @@ async fn a_questdb_with_a_node_gets_its_own_instance_node_and_dns_and_releases_t
         .get(&node_name)
         .await
         .expect("node");
-    assert!(node.labels().contains_key(DEDICATED_LABEL_KEY));
-    assert!(node
-        .spec
-        .as_ref()
-        .and_then(|s| s.taints.as_ref())
-        .is_some_and(|ts| ts
-            .iter()
-            .any(|t| t.key == DEDICATED_TAINT_KEY && t.effect == "NoSchedule")));
+    assert_dedicated(&node);
 
     // DNS points at the node's private IP, where the database's ports are bound.
     let records = env.cloud.route53.records();
@@ -569,6 +562,55 @@ async fn a_questdb_with_a_node_gets_its_own_instance_node_and_dns_and_releases_t
 /// A dedicated database listens on host ports, which the `baseline` and `restricted` Pod
 /// Security levels forbid: the apiserver refuses its pod, and only the StatefulSet's events said
 /// so. The QuestDB now says it, in the apiserver's words, and runs once the namespace allows it.
+/// The Node carries the dedicated label and `NoSchedule` taint.
+fn assert_dedicated(node: &Node) {
+    assert!(node.labels().contains_key(DEDICATED_LABEL_KEY));
+    assert!(node
+        .spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .is_some_and(|ts| ts
+            .iter()
+            .any(|t| t.key == DEDICATED_TAINT_KEY && t.effect == "NoSchedule")));
+}
+
+/// A platform team on Bottlerocket passes the shipped example as the user-data template: the
+/// node joins (the test environment's kubelet reads Bottlerocket's TOML settings as
+/// Bottlerocket does, and refuses one without its cluster DNS address), born dedicated,
+/// tainted and out of load balancers, and the database runs there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bottlerocket_node_joins_dedicated_and_runs_its_database() {
+    let mut config = cloud_config();
+    config.user_data_template = include_str!("../../examples/bottlerocket-user-data.toml").into();
+    questdb_operator::cloud::user_data::check_template(&config).expect("template accepted");
+    let env = CloudEnv::start_with_config(
+        settings(),
+        crate::harness::cluster(),
+        MemoryEc2Options::default(),
+        config,
+    )
+    .await;
+    env.create("rocket", |_| {}).await;
+    let q = wait_for(&env.qdbs(), "rocket", "Ready on Bottlerocket", is_ready()).await;
+    let node_name = q
+        .status
+        .as_ref()
+        .and_then(|s| s.node_name.clone())
+        .expect("node name");
+    let node = Api::<Node>::all(env.client.clone())
+        .get(&node_name)
+        .await
+        .expect("node");
+    assert_dedicated(&node);
+    assert_eq!(
+        node.labels()
+            .get("node.kubernetes.io/exclude-from-external-load-balancers")
+            .map(String::as_str),
+        Some("true")
+    );
+    env.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pod_the_apiserver_refuses_is_reported_in_the_apiservers_words() {
     let env = CloudEnv::start(settings()).await;

@@ -1020,3 +1020,36 @@ async fn raising_the_failover_floor_leaves_existing_databases_editable() {
     wait_for(&api, "db1", "db1 Ready after the edit", is_ready()).await;
     env.stop().await;
 }
+
+/// A claim naming a StorageClass that does not exist never binds: the database says so in the
+/// volume controller's words (and one Warning event) instead of "waiting for the pod" forever.
+#[tokio::test]
+async fn a_volume_without_a_storage_class_says_why_instead_of_waiting_forever() {
+    let env = Env::start().await;
+    env.namespace(NS).await;
+    env.create_questdb(NS, "db1", |q| {
+        q.spec.volume.storage_class_name = Some("gp3-typo".into());
+    })
+    .await;
+    let q = wait_for(
+        &env.api(NS),
+        "db1",
+        "Ready=False VolumePending",
+        has_condition("Ready", "VolumePending"),
+    )
+    .await;
+    let message = crate::harness::condition_message(&q, "Ready");
+    assert!(
+        message.contains(r#"storageclass.storage.k8s.io "gp3-typo" not found"#),
+        "{message}"
+    );
+    assert_eq!(
+        q.status.as_ref().and_then(|s| s.phase),
+        Some(questdb_operator::api::Phase::Pending)
+    );
+    wait_for_event(&env, NS, "a VolumePending Warning", |e| {
+        e.reason.as_deref() == Some("VolumePending")
+    })
+    .await;
+    env.stop().await;
+}

@@ -97,6 +97,10 @@ list is joined with commas (the operator's value delimiter); a number is printed
 {{- if $aws.subnets }}
 {{- $subnets = include "questdb-operator.subnets" $aws.subnets }}
 {{- end }}
+{{- $publicSubnets := "" }}
+{{- if $aws.publicSubnets }}
+{{- $publicSubnets = include "questdb-operator.subnets" $aws.publicSubnets }}
+{{- end }}
 {{- $userData := "" }}
 {{- if $nodes.userDataTemplate.configMap }}
 {{- $userData = printf "%s/%s" (include "questdb-operator.userDataDir" .) $nodes.userDataTemplate.key }}
@@ -118,6 +122,7 @@ list is joined with commas (the operator's value delimiter); a number is printed
   (list "aws-region" $aws.region)
   (list "aws-endpoint-url" $aws.endpointUrl)
   (list "aws-subnets" $subnets)
+  (list "aws-public-subnets" $publicSubnets)
   (list "aws-security-group-ids" $aws.securityGroupIds)
   (list "aws-instance-profile" $aws.instanceProfile)
   (list "node-tags" $nodes.tags)
@@ -133,6 +138,7 @@ list is joined with commas (the operator's value delimiter); a number is printed
   (list "node-root-device-name" $nodes.rootVolume.deviceName)
   (list "node-root-volume-gib" $nodes.rootVolume.sizeGiB)
   (list "node-root-volume-kms-key-id" $nodes.rootVolume.kmsKeyId)
+  (list "node-data-volume-gib" $nodes.dataVolume.sizeGiB)
   (list "node-lease-duration" $nodes.leaseDuration)
   (list "orphan-sweep-interval" $nodes.orphanSweepInterval)
   (list "orphan-grace-period" $nodes.orphanGracePeriod)
@@ -162,7 +168,7 @@ list is joined with commas (the operator's value delimiter); a number is printed
 {{- end }}
 
 {{/*
-`zone=subnet,zone=subnet` from the aws.subnets map, zones sorted.
+`zone=subnet,zone=subnet` from a zone -> subnet map (aws.subnets, aws.publicSubnets), zones sorted.
 */}}
 {{- define "questdb-operator.subnets" -}}
 {{- $pairs := list }}

@@ -43,16 +43,16 @@ fn tag_spec(resource: ResourceType, tags: &BTreeMap<String, String>) -> TagSpeci
 }
 
 /// Encrypted gp3, whatever the account's EBS defaults say.
-fn root_volume(v: &crate::cloud::RootVolume) -> BlockDeviceMapping {
+fn node_volume(device: &crate::cloud::BlockDevice, kms_key_id: Option<&str>) -> BlockDeviceMapping {
     let ebs = EbsBlockDevice::builder()
         .volume_type(VolumeType::Gp3)
-        .volume_size(v.size_gib)
+        .set_volume_size(device.size_gib)
         .encrypted(true)
         .delete_on_termination(true)
-        .set_kms_key_id(v.kms_key_id.clone())
+        .set_kms_key_id(kms_key_id.map(str::to_string))
         .build();
     BlockDeviceMapping::builder()
-        .device_name(&v.device_name)
+        .device_name(&device.device_name)
         .ebs(ebs)
         .build()
 }
@@ -137,7 +137,12 @@ impl Ec2Api for AwsEc2 {
                     .http_put_response_hop_limit(1)
                     .build(),
             )
-            .block_device_mappings(root_volume(&spec.root_volume));
+            .set_block_device_mappings(Some(
+                spec.block_devices
+                    .iter()
+                    .map(|d| node_volume(d, spec.kms_key_id.as_deref()))
+                    .collect(),
+            ));
         if spec.public_ip {
             // A public address is an interface setting; with an interface in the request, the
             // subnet and groups go there too (EC2 refuses them at both levels).
@@ -236,6 +241,17 @@ impl Ec2Api for AwsEc2 {
                 architecture: i.architecture()?.as_str().to_string(),
                 root_device_type: i.root_device_type()?.as_str().to_string(),
                 root_device_name: i.root_device_name().map(str::to_string),
+                ebs_devices: i
+                    .block_device_mappings()
+                    .iter()
+                    .filter_map(|m| {
+                        let ebs = m.ebs()?;
+                        Some(crate::cloud::ImageDevice {
+                            device_name: m.device_name()?.to_string(),
+                            size_gib: ebs.volume_size(),
+                        })
+                    })
+                    .collect(),
                 owner: i.owner_id().unwrap_or_default().to_string(),
             })
         }))

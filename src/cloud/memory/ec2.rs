@@ -566,6 +566,11 @@ impl Ec2Api for MemoryEc2 {
                 architecture: arch.into(),
                 root_device_type: "ebs".into(),
                 root_device_name: Some(crate::cloud::DEFAULT_ROOT_DEVICE.into()),
+                // The EKS-optimized AL2023 image's one volume.
+                ebs_devices: vec![crate::cloud::ImageDevice {
+                    device_name: crate::cloud::DEFAULT_ROOT_DEVICE.into(),
+                    size_gib: Some(20),
+                }],
                 owner: state
                     .options
                     .image_owners

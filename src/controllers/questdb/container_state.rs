@@ -56,6 +56,16 @@ pub fn refused(message: &str) -> Trouble {
     }
 }
 
+/// The persistent volume controller's (or provisioner's) last word on the database's claim,
+/// while it is unbound and the pod waits for it: "no persistent volumes available for this
+/// claim and no storage class is set", or `storageclass.storage.k8s.io "gp3" not found`.
+pub fn volume_pending(message: &str) -> Trouble {
+    Trouble {
+        reason: Reason::VolumePending,
+        message: format!("the database volume cannot be bound: {message}"),
+    }
+}
+
 /// The trouble of the database container (or of the init container before it), if any.
 pub fn trouble(pod: &Pod) -> Option<Trouble> {
     let status = pod.status.as_ref()?;

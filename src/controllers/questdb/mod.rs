@@ -131,10 +131,28 @@ pub async fn reconcile(qdb: Arc<QuestDB>, ctx: Arc<Context>) -> Result<Next, Err
         Some(sts) if pod_missing => pod_refusal(&ctx, &ns, &sts.name_any()).await,
         _ => None,
     };
+    // A pod waiting for its volume: only the claim's events say why the claim is unbound.
+    let volume_waits = pod.as_ref().is_some_and(|p| {
+        p.spec
+            .as_ref()
+            .and_then(|s| s.node_name.as_deref())
+            .is_none()
+    }) && c
+        .pvcs
+        .get(&ObjectRef::new(&desired::names::pvc(&qdb)).within(&ns))
+        .is_some_and(|claim| {
+            claim.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Pending")
+        });
+    let volume_pending = if volume_waits {
+        volume_refusal(&ctx, &ns, &desired::names::pvc(&qdb)).await
+    } else {
+        None
+    };
     let inputs = status::StatusInputs {
         statefulset: sts.as_deref(),
         pod: pod.as_deref(),
         pod_refused,
+        volume_pending,
         node: node.as_deref(),
         children: report,
         ilp_auth: auth.condition,
@@ -153,11 +171,11 @@ pub async fn reconcile(qdb: Arc<QuestDB>, ctx: Arc<Context>) -> Result<Next, Err
         ..Default::default()
     };
     write_status(&qdb, &ctx, &inputs).await?;
-    let next = if converged && !pod_missing {
+    let next = if converged && !pod_missing && !volume_waits {
         RESYNC
     } else if converged {
         // No event reaches the operator while the StatefulSet controller retries a refused
-        // pod: look again soon, for the refusal or the pod.
+        // pod, or the volume controller a claim: look again soon, for the refusal or the pod.
         POD_MISSING_POLL
     } else {
         // Our own writes come back as watch events, and a blocking child usually belongs to a
@@ -181,17 +199,27 @@ fn wants_a_pod(sts: &k8s_openapi::api::apps::v1::StatefulSet) -> bool {
     sts.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1) > 0
 }
 
-/// The StatefulSet controller's newest `FailedCreate` message for `sts`, if recent. Read live
-/// (events are not cached: this runs only while a pod is missing), by field selector.
+/// The StatefulSet controller's newest `FailedCreate` message for `sts`, if recent.
 async fn pod_refusal(ctx: &Context, ns: &str, sts: &str) -> Option<String> {
+    newest_event(
+        ctx,
+        ns,
+        &format!("involvedObject.kind=StatefulSet,involvedObject.name={sts}"),
+        &["FailedCreate"],
+    )
+    .await
+}
+
+/// The message of the newest event of one of `reasons` about the object `selector` names, if
+/// recent. Read live (events are not cached: this runs only while something waits), by field
+/// selector.
+async fn newest_event(ctx: &Context, ns: &str, selector: &str, reasons: &[&str]) -> Option<String> {
     let api: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(ctx.client.clone(), ns);
-    let lp = kube::api::ListParams::default().fields(&format!(
-        "involvedObject.kind=StatefulSet,involvedObject.name={sts},reason=FailedCreate"
-    ));
+    let lp = kube::api::ListParams::default().fields(selector);
     let events = match api.list(&lp).await {
         Ok(l) => l.items,
         Err(e) => {
-            debug!(statefulset = %sts, error = %e, "could not read the StatefulSet's events");
+            debug!(%selector, error = %e, "could not read the events");
             return None;
         }
     };
@@ -204,10 +232,25 @@ async fn pod_refusal(ctx: &Context, ns: &str, sts: &str) -> Option<String> {
     };
     let newest = events
         .iter()
+        .filter(|e| e.reason.as_deref().is_some_and(|r| reasons.contains(&r)))
         .filter_map(|e| Some((when(e)?, e)))
         .max_by_key(|(t, _)| *t)?;
     let age = Timestamp::now().duration_since(newest.0);
     (age.as_secs() < REFUSAL_FRESH.as_secs() as i64).then(|| newest.1.message.clone())?
+}
+
+/// The newest recent word on the unbound claim `pvc` from the persistent volume controller
+/// (`FailedBinding`) or a provisioner (`ProvisioningFailed`). Read live, only while a pod
+/// waits for its claim. `WaitingForFirstConsumer` is not news: it is what a claim of a
+/// `WaitForFirstConsumer` class says until its pod is scheduled.
+async fn volume_refusal(ctx: &Context, ns: &str, pvc: &str) -> Option<String> {
+    newest_event(
+        ctx,
+        ns,
+        &format!("involvedObject.kind=PersistentVolumeClaim,involvedObject.name={pvc}"),
+        &["FailedBinding", "ProvisioningFailed"],
+    )
+    .await
 }
 
 /// An invalid spec builds nothing: status says why, and one Warning event per distinct problem.
@@ -483,6 +526,7 @@ async fn report_container_trouble(
                 | Reason::ContainerConfigError
                 | Reason::Unschedulable
                 | Reason::PodRefused
+                | Reason::VolumePending
         )
     }) else {
         return;

@@ -22,6 +22,9 @@ pub struct StatusInputs<'a> {
     pub pod: Option<&'a Pod>,
     /// No pod, and the StatefulSet controller was just refused its creation, with this message.
     pub pod_refused: Option<String>,
+    /// The pod is not scheduled and its volume claim is unbound, with this message from the
+    /// claim's events.
+    pub volume_pending: Option<String>,
     pub node: Option<&'a Node>,
     /// Children applied, changed or blocked by this reconcile.
     pub children: Report,
@@ -122,6 +125,13 @@ pub fn compute(qdb: &QuestDB, obs: &StatusInputs, now: Timestamp) -> QuestDBStat
         let trouble = obs
             .pod
             .and_then(container_state::trouble)
+            // Before the scheduler's word: its "unbound PersistentVolumeClaims" does not say why.
+            .or_else(|| {
+                obs.volume_pending
+                    .as_deref()
+                    .filter(|_| obs.pod.is_some_and(|p| !is_scheduled(p)))
+                    .map(container_state::volume_pending)
+            })
             .or_else(|| {
                 obs.pod
                     .filter(|_| spec.node.is_none())
@@ -138,7 +148,7 @@ pub fn compute(qdb: &QuestDB, obs: &StatusInputs, now: Timestamp) -> QuestDBStat
             Some(_) if trouble.is_some() => {
                 let t = trouble.expect("checked by the guard");
                 (
-                    if t.reason == Reason::Unschedulable {
+                    if matches!(t.reason, Reason::Unschedulable | Reason::VolumePending) {
                         Phase::Pending
                     } else {
                         Phase::Failed
@@ -382,4 +392,12 @@ fn without_stale_cloud_conditions(
             || drop_upgrade && k.type_ == conditions::NODE_UPGRADE)
     });
     list
+}
+
+/// Whether the scheduler has placed the pod.
+fn is_scheduled(pod: &Pod) -> bool {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.node_name.as_deref())
+        .is_some_and(|n| !n.is_empty())
 }

@@ -504,3 +504,40 @@ fn a_refused_pod_is_reported_in_the_apiservers_words_until_a_pod_exists() {
     };
     assert_eq!(compute(&q, &obs, now()).phase, Some(Phase::Running));
 }
+
+/// A claim that cannot bind leaves the pod unscheduled with the scheduler saying only "unbound
+/// PersistentVolumeClaims": the claim's own events say why, and status carries them.
+#[test]
+fn an_unbound_volume_is_reported_in_the_volume_controllers_words_while_the_pod_waits() {
+    let q = testing::questdb("db", "ns");
+    let s = sts(1, false);
+    let mut waiting = pod(false, "");
+    waiting.spec.as_mut().unwrap().node_name = None;
+    let why = "no persistent volumes available for this claim and no storage class is set";
+    let obs = StatusInputs {
+        statefulset: Some(&s),
+        pod: Some(&waiting),
+        volume_pending: Some(why.into()),
+        ..Default::default()
+    };
+    let st = compute(&q, &obs, now());
+    assert_eq!(st.phase, Some(Phase::Pending));
+    let ready = st.conditions.iter().find(|c| c.type_ == "Ready").unwrap();
+    assert_eq!(
+        (ready.status.as_str(), ready.reason.as_str()),
+        ("False", "VolumePending")
+    );
+    assert!(ready.message.contains(why), "{}", ready.message);
+
+    // Once the pod is scheduled the volume is no longer what it waits for.
+    let placed = pod(false, "node-a");
+    let obs = StatusInputs {
+        statefulset: Some(&s),
+        pod: Some(&placed),
+        volume_pending: Some(why.into()),
+        ..Default::default()
+    };
+    let st = compute(&q, &obs, now());
+    let ready = st.conditions.iter().find(|c| c.type_ == "Ready").unwrap();
+    assert_ne!(ready.reason, "VolumePending");
+}
