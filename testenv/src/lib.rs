@@ -14,6 +14,7 @@ pub mod csi;
 pub mod database;
 pub mod instances;
 pub mod kubelet;
+pub mod moto;
 pub mod process;
 pub mod proxy;
 pub mod rbac;

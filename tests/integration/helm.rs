@@ -36,6 +36,41 @@ fn helm() -> PathBuf {
     stdout.lines().last().expect("helm's path").trim().into()
 }
 
+/// `helm install questdb-operator charts/questdb-operator` into the operator's namespace with
+/// `extra` arguments (values files), the CRD left to the test cluster; fails the test on error.
+pub(crate) async fn helm_install(env: &Env, extra: &[&Path]) {
+    let kubeconfig = env.cp.dir().join("admin.kubeconfig");
+    std::fs::write(&kubeconfig, env.cp.kubeconfig_yaml()).expect("kubeconfig written");
+    let chart = Path::new(env!("CARGO_MANIFEST_DIR")).join("charts/questdb-operator");
+    let helm = helm();
+    let values: Vec<PathBuf> = extra.iter().map(|p| p.to_path_buf()).collect();
+    let out = tokio::task::spawn_blocking(move || {
+        let mut cmd = Command::new(helm);
+        cmd.args(["install", "questdb-operator"])
+            .arg(&chart)
+            .args([
+                "--namespace",
+                OPERATOR_NAMESPACE,
+                "--create-namespace",
+                "--skip-crds",
+                "--kubeconfig",
+            ])
+            .arg(&kubeconfig);
+        for file in &values {
+            cmd.arg("-f").arg(file);
+        }
+        cmd.output().expect("running helm")
+    })
+    .await
+    .expect("helm ran");
+    assert!(
+        out.status.success(),
+        "helm install: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn helm_install_alone_grants_the_operator_what_it_needs_to_run_a_database() {
     let mut env = Env::without_manager(
@@ -46,35 +81,9 @@ async fn helm_install_alone_grants_the_operator_what_it_needs_to_run_a_database(
         questdb_crd(),
     )
     .await;
-    let kubeconfig = env.cp.dir().join("admin.kubeconfig");
-    std::fs::write(&kubeconfig, env.cp.kubeconfig_yaml()).expect("kubeconfig written");
-    let chart = Path::new(env!("CARGO_MANIFEST_DIR")).join("charts/questdb-operator");
-    let helm = helm();
     // The CRD is the test cluster's (its failover floor is the test kubelets' Lease); the
     // chart's own is byte for byte crds/questdb.yaml (tests/helm_chart.rs).
-    let out = tokio::task::spawn_blocking(move || {
-        Command::new(helm)
-            .args(["install", "questdb-operator"])
-            .arg(&chart)
-            .args([
-                "--namespace",
-                OPERATOR_NAMESPACE,
-                "--create-namespace",
-                "--skip-crds",
-                "--kubeconfig",
-            ])
-            .arg(&kubeconfig)
-            .output()
-            .expect("running helm")
-    })
-    .await
-    .expect("helm ran");
-    assert!(
-        out.status.success(),
-        "helm install: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    helm_install(&env, &[]).await;
     assert!(
         Api::<Deployment>::namespaced(env.client.clone(), OPERATOR_NAMESPACE)
             .get_opt("questdb-operator")

@@ -1,0 +1,377 @@
+//! The README's "Deploy on EKS", step by step with the commands it gives, against moto's EC2
+//! and Route53 (AWS's APIs through the real SDK) and the real control plane: the StorageClass
+//! of deploy/aws, the chart installed with `cloudProvider: aws` and the AWS side as values,
+//! the operator run with exactly the flags the chart renders, and examples/eks-questdb.yaml
+//! filled in. The test kubelet joins each instance moto runs from the user data moto holds,
+//! as nodeadm would, under the instance's private DNS name. A step of the README that does not
+//! lead to a Ready database on its own node, with its record, fails here.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use aws_sdk_ec2::config::Credentials;
+use clap::Parser;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::storage::v1::StorageClass;
+use kube::api::{Api, DeleteParams, PostParams};
+use questdb_operator::api::QuestDB;
+use questdb_operator::cli::{Cli, CloudProvider, Command as CliCommand, RunArgs};
+use questdb_operator::cloud::aws::{sdk_config_loader, AwsCloud};
+use questdb_operator::cloud::{DnsProvider, NodeProvider as _};
+use questdb_operator::manager::{Cloud, ManagerOptions};
+use questdb_testenv::moto::Moto;
+use questdb_testenv::rbac::{Install, OPERATOR_NAMESPACE};
+use questdb_testenv::ControlPlaneOptions;
+use tokio_util::sync::CancellationToken;
+
+use crate::harness::{cluster, is_ready, questdb_crd, wait_for, wait_until, Env};
+
+const REGION: &str = "us-east-1";
+const ZONE: &str = "us-east-1a";
+const NS: &str = "orders-team";
+const HOSTED_ZONE: &str = "db.example.com";
+
+/// What the README's CloudFormation stack and `aws eks describe-cluster` hand the user, made in
+/// moto: subnets of the default VPC, a security group, an AMI, the hosted zone.
+struct AwsSide {
+    sdk: aws_config::SdkConfig,
+    subnets: BTreeMap<String, String>,
+    security_group: String,
+    ami: String,
+    ami_owner: String,
+    hosted_zone: String,
+}
+
+async fn aws_side(moto: &Moto) -> AwsSide {
+    let mut config = questdb_operator::cloud::CloudConfig::new("orders-eks", REGION);
+    config.endpoint_url = Some(moto.endpoint());
+    let sdk = sdk_config_loader(&config)
+        .credentials_provider(Credentials::new("testing", "testing", None, None, "eks"))
+        .load()
+        .await;
+    let ec2 = aws_sdk_ec2::Client::new(&sdk);
+    let subnets = ec2
+        .describe_subnets()
+        .send()
+        .await
+        .expect("subnets")
+        .subnets()
+        .iter()
+        .filter_map(|s| {
+            Some((
+                s.availability_zone()?.to_string(),
+                s.subnet_id()?.to_string(),
+            ))
+        })
+        .collect();
+    let security_group = ec2
+        .describe_security_groups()
+        .send()
+        .await
+        .expect("security groups")
+        .security_groups()[0]
+        .group_id()
+        .expect("group id")
+        .to_string();
+    let images = ec2.describe_images().send().await.expect("images");
+    let image = &images.images()[0];
+    let route53 = aws_sdk_route53::Client::new(&sdk);
+    let zone = route53
+        .create_hosted_zone()
+        .name(HOSTED_ZONE)
+        .caller_reference("eks-path")
+        .send()
+        .await
+        .expect("hosted zone");
+    AwsSide {
+        subnets,
+        security_group,
+        ami: image.image_id().expect("ami").to_string(),
+        ami_owner: image.owner_id().expect("owner").to_string(),
+        hosted_zone: zone
+            .hosted_zone()
+            .expect("zone")
+            .id()
+            .trim_start_matches("/hostedzone/")
+            .to_string(),
+        sdk,
+    }
+}
+
+/// The values a user writes after step 1 (README "Install with Helm"), for moto.
+fn values(aws: &AwsSide, moto: &Moto) -> serde_json::Value {
+    serde_json::json!({
+        "cloudProvider": "aws",
+        "aws": {
+            "clusterName": "orders-eks",
+            "region": REGION,
+            "endpointUrl": moto.endpoint(),
+            "subnets": aws.subnets,
+            "securityGroupIds": [aws.security_group],
+            "route53HostedZoneId": aws.hosted_zone,
+            "eks": {
+                "apiEndpoint": "https://ABCDEF.gr7.us-east-1.eks.amazonaws.com",
+                "certificateAuthority": "LS0tLS1CRUdJTiBDRVJUSUZJQ0FURS0tLS0tCg==",
+                "serviceCidr": "172.20.0.0/16",
+            },
+        },
+        "nodes": {
+            "allowedImageOwners": [aws.ami_owner],
+            "allowedInstanceTypes": ["m7i.*"],
+            // The test kubelets' Lease (the chart says: set it when yours differs).
+            "leaseDuration": format!("{}s", questdb_testenv::timings::node_lease_duration().as_secs()),
+        },
+    })
+}
+
+/// examples/eks-questdb.yaml with every `<...>` filled in as its comments say.
+fn filled_example(aws: &AwsSide) -> QuestDB {
+    let text = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/eks-questdb.yaml"),
+    )
+    .expect("example");
+    let text = text
+        .replace("<team namespace>", NS)
+        .replace("<ami-...>", &aws.ami)
+        .replace("<eu-west-1a>", ZONE)
+        .replace("<db.example.com>", HOSTED_ZONE)
+        .replace("<10.0.0.0/16>", "10.0.0.0/16");
+    assert!(
+        !text
+            .lines()
+            .any(|l| l.split('#').next().unwrap_or_default().contains('<')),
+        "a placeholder is left: {text}"
+    );
+    serde_yaml_ng::from_str(&text).expect("the example is a QuestDB")
+}
+
+/// The flags the chart gave the operator's Deployment, as the operator parses them.
+async fn chart_run_args(env: &Env) -> RunArgs {
+    let deployment = Api::<Deployment>::namespaced(env.client.clone(), OPERATOR_NAMESPACE)
+        .get("questdb-operator")
+        .await
+        .expect("the chart's Deployment");
+    let args = deployment
+        .spec
+        .and_then(|s| s.template.spec)
+        .and_then(|s| s.containers.into_iter().next())
+        .and_then(|c| c.args)
+        .expect("container args");
+    let argv = std::iter::once("questdb-operator".to_string()).chain(args);
+    match Cli::try_parse_from(argv).expect("the operator accepts the chart's flags") {
+        Cli {
+            command: CliCommand::Run(run),
+            ..
+        } => *run,
+        other => panic!("not `run`: {other:?}"),
+    }
+}
+
+/// Plays the instances' boot: every instance moto runs joins under its private DNS name from
+/// the user data moto holds; a terminated one's kubelet stops.
+fn join_moto_instances(
+    env: &Env,
+    sdk: &aws_config::SdkConfig,
+    stop: CancellationToken,
+) -> tokio::task::JoinHandle<()> {
+    let kubelets = env.cp.kubelets().clone();
+    let ec2 = aws_sdk_ec2::Client::new(sdk);
+    tokio::spawn(async move {
+        let mut joined: BTreeMap<String, String> = BTreeMap::new();
+        loop {
+            if let Ok(out) = ec2.describe_instances().send().await {
+                for i in out.reservations().iter().flat_map(|r| r.instances()) {
+                    let (Some(id), Some(name)) = (i.instance_id(), i.private_dns_name()) else {
+                        continue;
+                    };
+                    let state = i.state().and_then(|s| s.name()).map(|n| n.as_str());
+                    match state {
+                        Some("running") if !joined.contains_key(id) => {
+                            let user_data = ec2
+                                .describe_instance_attribute()
+                                .instance_id(id)
+                                .attribute(aws_sdk_ec2::types::InstanceAttributeName::UserData)
+                                .send()
+                                .await
+                                .ok()
+                                .and_then(|a| {
+                                    a.user_data().and_then(|u| u.value()).map(str::to_string)
+                                })
+                                .unwrap_or_default();
+                            let zone = i
+                                .placement()
+                                .and_then(|p| p.availability_zone())
+                                .unwrap_or_default();
+                            let ip = i.private_ip_address().map(str::to_string);
+                            if let Err(e) = kubelets
+                                .instance_running(name, zone, id, ip, &user_data)
+                                .await
+                            {
+                                panic!("instance {id} could not join: {e:#}");
+                            }
+                            joined.insert(id.to_string(), name.to_string());
+                        }
+                        Some("shutting-down" | "terminated") => {
+                            if let Some(name) = joined.remove(id) {
+                                kubelets.instance_terminated(&name);
+                            }
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tokio::time::sleep(std::time::Duration::from_secs(1)) => {}
+            }
+        }
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_readmes_eks_path_ends_with_a_ready_database_on_its_own_node_and_record() {
+    let Some(moto) = Moto::start().await else {
+        return;
+    };
+    let aws = aws_side(&moto).await;
+    let mut env = Env::without_manager(
+        ControlPlaneOptions {
+            rbac: Install::Nothing,
+            ..cluster()
+        },
+        questdb_crd(),
+    )
+    .await;
+
+    // Step 2: the StorageClass the example's claim names.
+    let class: StorageClass = serde_yaml_ng::from_str(
+        &std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/aws/storageclass.yaml"),
+        )
+        .expect("storageclass.yaml"),
+    )
+    .expect("a StorageClass");
+    Api::<StorageClass>::all(env.client.clone())
+        .create(&PostParams::default(), &class)
+        .await
+        .expect("StorageClass applied");
+
+    // Step 5: helm install with the AWS side as values.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let values_file = dir.path().join("eks-values.yaml");
+    std::fs::write(
+        &values_file,
+        serde_yaml_ng::to_string(&values(&aws, &moto)).expect("values"),
+    )
+    .expect("values written");
+    crate::helm::helm_install(&env, &[&values_file]).await;
+
+    // The operator with the chart's flags: its cloud is built as `run` builds it.
+    let run = chart_run_args(&env).await;
+    let config = questdb_operator::app::cloud_config(&run.cloud, CloudProvider::Aws)
+        .expect("the chart's AWS flags are a valid configuration");
+    let cloud = AwsCloud::from_sdk_config(&aws.sdk, config, env.handle.metrics.aws_observer())
+        .expect("AWS cloud");
+    cloud
+        .nodes
+        .check_subnets()
+        .await
+        .expect("the subnet map matches EC2");
+    let options = ManagerOptions {
+        cloud: Some(Cloud {
+            nodes: cloud.nodes.clone(),
+            dns: cloud.dns.clone().map(|d| d as Arc<dyn DnsProvider>),
+            settings: questdb_operator::app::cloud_settings(&run.cloud),
+        }),
+        ..questdb_operator::app::options_from(&run).expect("manager options")
+    };
+    let options = ManagerOptions {
+        leader_election: None,
+        metrics_addr: None,
+        health_addr: None,
+        ..options
+    };
+    let stop = CancellationToken::new();
+    let boot = join_moto_instances(&env, &aws.sdk, stop.clone());
+    env.start_synced_manager(options).await;
+
+    // Step 5, the example: a namespace that allows host ports, then the QuestDB.
+    env.namespace(NS).await;
+    let q = filled_example(&aws);
+    env.api::<QuestDB>(NS)
+        .create(&PostParams::default(), &q)
+        .await
+        .expect("the example applied");
+    let ready = wait_for(
+        &env.api::<QuestDB>(NS),
+        "orders",
+        "orders Ready",
+        is_ready(),
+    )
+    .await;
+    let status = ready.status.expect("status");
+    let instance_id = status.instance_id.clone().expect("instance");
+
+    // Its own instance in moto, hardened, in the zone, and a record naming it.
+    let ec2 = aws_sdk_ec2::Client::new(&aws.sdk);
+    let out = ec2
+        .describe_instances()
+        .instance_ids(&instance_id)
+        .send()
+        .await
+        .expect("instance");
+    let instance = &out.reservations()[0].instances()[0];
+    assert_eq!(
+        instance.placement().and_then(|p| p.availability_zone()),
+        Some(ZONE)
+    );
+    assert_eq!(
+        instance
+            .metadata_options()
+            .and_then(|m| m.http_tokens())
+            .map(|t| t.as_str()),
+        Some("required")
+    );
+    let private_ip = instance.private_ip_address().expect("ip").to_string();
+    let record = format!("orders.{NS}.{HOSTED_ZONE}");
+    assert_eq!(status.dns_name.as_deref(), Some(record.as_str()));
+    let dns = cloud.dns.clone().expect("DNS provider");
+    let a = dns
+        .read_a(&record)
+        .await
+        .expect("record read")
+        .expect("record");
+    assert_eq!(a.ips, [private_ip]);
+
+    // Deleting the QuestDB gives the instance and the record back; the data stays (retainOnDelete).
+    env.api::<QuestDB>(NS)
+        .delete("orders", &DeleteParams::default())
+        .await
+        .expect("deleted");
+    wait_until("the instance terminated and the record deleted", || {
+        let ec2 = ec2.clone();
+        let dns = dns.clone();
+        let (id, record) = (instance_id.clone(), record.clone());
+        async move {
+            let terminated = ec2
+                .describe_instances()
+                .instance_ids(id)
+                .send()
+                .await
+                .ok()
+                .and_then(|o| {
+                    o.reservations()[0].instances()[0]
+                        .state()
+                        .and_then(|s| s.name())
+                        .map(|n| matches!(n.as_str(), "shutting-down" | "terminated"))
+                })
+                .unwrap_or(false);
+            terminated && dns.read_a(&record).await.is_ok_and(|r| r.is_none())
+        }
+    })
+    .await;
+    stop.cancel();
+    let _ = boot.await;
+    env.stop().await;
+}
