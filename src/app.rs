@@ -312,9 +312,9 @@ pub async fn build_cloud_with(
                 .await
                 .context("connecting to AWS")?;
             aws.nodes
-                .check_subnets()
+                .check_network()
                 .await
-                .context("checking the subnet map against EC2")?;
+                .context("checking the subnets and security groups against EC2")?;
             BuiltCloud {
                 cloud: Cloud {
                     nodes: aws.nodes.clone(),

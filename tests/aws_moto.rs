@@ -310,7 +310,7 @@ async fn a_subnet_mapped_to_the_wrong_zone_is_refused_at_start_up() {
     let (config, sdk, _) = ec2_setup(&moto).await;
     let good =
         AwsCloud::from_sdk_config(&sdk, config.clone(), Arc::new(CallCounter::new())).unwrap();
-    good.nodes.check_subnets().await.unwrap();
+    good.nodes.check_network().await.unwrap();
     let mut wrong = config.clone();
     let (zone_a, subnet_a) = wrong
         .subnets_by_zone
@@ -329,8 +329,60 @@ async fn a_subnet_mapped_to_the_wrong_zone_is_refused_at_start_up() {
         .insert(zone_a.clone(), subnet_b.clone());
     wrong.subnets_by_zone.insert(zone_b, subnet_a);
     let bad = AwsCloud::from_sdk_config(&sdk, wrong, Arc::new(CallCounter::new())).unwrap();
-    let err = bad.nodes.check_subnets().await.unwrap_err().to_string();
+    let err = bad.nodes.check_network().await.unwrap_err().to_string();
     assert!(err.contains(&subnet_b) && err.contains(&zone_a), "{err}");
+}
+
+/// A security group that does not exist, or one of another VPC, is refused at start-up
+/// naming it, instead of every launch failing later.
+#[tokio::test]
+async fn a_missing_or_foreign_security_group_is_refused_at_start_up() {
+    let Some(moto) = start_moto().await else {
+        return;
+    };
+    let (mut config, sdk, _) = ec2_setup(&moto).await;
+    let good_group = default_security_group(&sdk).await;
+    config.security_group_ids = vec![good_group.clone()];
+    let good =
+        AwsCloud::from_sdk_config(&sdk, config.clone(), Arc::new(CallCounter::new())).unwrap();
+    good.nodes.check_network().await.unwrap();
+
+    let mut missing = config.clone();
+    missing.security_group_ids = vec![good_group.clone(), "sg-0000000000000dead".into()];
+    let bad = AwsCloud::from_sdk_config(&sdk, missing, Arc::new(CallCounter::new())).unwrap();
+    let err = bad.nodes.check_network().await.unwrap_err().to_string();
+    assert!(
+        err.contains("--aws-security-group-ids") && err.contains("sg-0000000000000dead"),
+        "{err}"
+    );
+
+    let ec2 = aws_sdk_ec2::Client::new(&sdk);
+    let other_vpc = ec2
+        .create_vpc()
+        .cidr_block("10.9.0.0/16")
+        .send()
+        .await
+        .unwrap()
+        .vpc()
+        .and_then(|v| v.vpc_id())
+        .unwrap()
+        .to_string();
+    let foreign = ec2
+        .create_security_group()
+        .group_name("elsewhere")
+        .description("another VPC")
+        .vpc_id(&other_vpc)
+        .send()
+        .await
+        .unwrap()
+        .group_id()
+        .unwrap()
+        .to_string();
+    let mut elsewhere = config;
+    elsewhere.security_group_ids = vec![foreign.clone()];
+    let bad = AwsCloud::from_sdk_config(&sdk, elsewhere, Arc::new(CallCounter::new())).unwrap();
+    let err = bad.nodes.check_network().await.unwrap_err().to_string();
+    assert!(err.contains(&foreign) && err.contains(&other_vpc), "{err}");
 }
 
 /// Public and private databases of one zone in subnets of their own: a public database's node
@@ -368,7 +420,7 @@ async fn public_and_private_databases_of_one_zone_are_launched_into_their_own_su
     config.public_subnets_by_zone = [(ZONE.to_string(), public.clone())].into();
     let cloud =
         AwsCloud::from_sdk_config(&sdk, config.clone(), Arc::new(CallCounter::new())).unwrap();
-    cloud.nodes.check_subnets().await.unwrap();
+    cloud.nodes.check_network().await.unwrap();
     let subnet_of = |id: String| {
         let ec2 = ec2.clone();
         async move {
@@ -411,7 +463,7 @@ async fn public_and_private_databases_of_one_zone_are_launched_into_their_own_su
     let mut wrong = config;
     wrong.public_subnets_by_zone = [(other_zone.clone(), public.clone())].into();
     let bad = AwsCloud::from_sdk_config(&sdk, wrong, Arc::new(CallCounter::new())).unwrap();
-    let err = bad.nodes.check_subnets().await.unwrap_err().to_string();
+    let err = bad.nodes.check_network().await.unwrap_err().to_string();
     assert!(
         err.contains("--aws-public-subnets") && err.contains(&public) && err.contains(&other_zone),
         "{err}"

@@ -28,6 +28,14 @@ pub struct RunSpec {
     pub public_ip: bool,
 }
 
+/// What `DescribeSubnets` says of one subnet.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Subnet {
+    pub id: String,
+    pub zone: String,
+    pub vpc_id: String,
+}
+
 /// Which instances a `DescribeInstances` asks for.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum InstanceQuery {
@@ -58,8 +66,11 @@ pub trait Ec2Api: Send + Sync {
     async fn terminate_instances(&self, ids: &[String]) -> Result<(), ApiError>;
     /// `StopInstances` with `Force` (a hung instance must still be stopped: it is a fence).
     async fn stop_instances(&self, ids: &[String]) -> Result<(), ApiError>;
-    /// `DescribeSubnets`: each subnet's availability zone.
-    async fn subnet_zones(&self, ids: &[String]) -> Result<Vec<(String, String)>, ApiError>;
+    /// `DescribeSubnets`: each subnet's availability zone and VPC.
+    async fn describe_subnets(&self, ids: &[String]) -> Result<Vec<Subnet>, ApiError>;
+    /// `DescribeSecurityGroups`: each group's VPC. An unknown id fails the call
+    /// (`InvalidGroup.NotFound`), as EC2 does.
+    async fn security_group_vpcs(&self, ids: &[String]) -> Result<Vec<(String, String)>, ApiError>;
     /// `DescribeImages` with an `image-id` filter: an unknown id is absent, not an error.
     async fn describe_image(&self, id: &str) -> Result<Option<super::ImageFacts>, ApiError>;
     /// `DescribeInstanceTypes` (supported architectures) and `DescribeInstanceTypeOfferings`

@@ -30,7 +30,9 @@ pub mod memory;
 use async_trait::async_trait;
 
 pub use allow_list::{ImageVerdict, LaunchAllowList};
-pub use backend::{ChangeAction, Ec2Api, InstanceQuery, Page, RecordSet, Route53Api, RunSpec};
+pub use backend::{
+    ChangeAction, Ec2Api, InstanceQuery, Page, RecordSet, Route53Api, RunSpec, Subnet,
+};
 pub use config::{pick_subnet, CloudConfig, EksCluster, RateLimit, RetryPolicy};
 pub use dns::{Route53DnsProvider, OWNED_ELSEWHERE};
 pub use error::{classify, ApiError, CloudError, ErrorClass};
@@ -89,9 +91,12 @@ pub trait NodeProvider: Send + Sync {
     /// that is not `owner`'s is refused, as for [`NodeProvider::terminate`].
     async fn stop(&self, id: &str, owner: &str) -> Result<(), CloudError>;
 
-    /// Start-up check of `--aws-subnets`: every subnet exists and lies in the zone it is
-    /// mapped to (a node launched with `Placement` in one zone and a subnet of another fails).
-    async fn check_subnets(&self) -> Result<(), CloudError>;
+    /// Start-up check of `--aws-subnets`, `--aws-public-subnets` and
+    /// `--aws-security-group-ids`: every subnet exists and lies in the zone it is mapped to (a
+    /// node launched with `Placement` in one zone and a subnet of another fails), every
+    /// security group exists and lies in the subnets' VPC (EC2 refuses a launch that mixes
+    /// networks).
+    async fn check_network(&self) -> Result<(), CloudError>;
 
     /// What EC2 knows of `image` and of `instance_type` in `zone` (a node move checks them
     /// before it launches anything).

@@ -1,7 +1,7 @@
 //! The node provider on top of any [`Ec2Api`]: idempotent launch, batched describe, idempotent
 //! terminate.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
@@ -405,7 +405,7 @@ impl<A: Ec2Api + 'static> NodeProvider for Ec2NodeProvider<A> {
         }
     }
 
-    async fn check_subnets(&self) -> Result<(), CloudError> {
+    async fn check_network(&self) -> Result<(), CloudError> {
         if self.config.subnets_by_zone.is_empty() {
             return Err(CloudError::Config(
                 "--aws-subnets maps no zone to a subnet: no node could be launched".into(),
@@ -422,7 +422,7 @@ impl<A: Ec2Api + 'static> NodeProvider for Ec2NodeProvider<A> {
         let found = self
             .calls
             .call("DescribeSubnets", NotFound::Return, || {
-                self.api.subnet_zones(&ids)
+                self.api.describe_subnets(&ids)
             })
             .await
             .map_err(|e| CloudError::from_api("DescribeSubnets", e))?;
@@ -431,15 +431,49 @@ impl<A: Ec2Api + 'static> NodeProvider for Ec2NodeProvider<A> {
             let mistakes: Vec<String> = set
                 .iter()
                 .filter_map(
-                    |(zone, subnet)| match found.iter().find(|(id, _)| id == subnet) {
-                        Some((_, actual)) if actual == zone => None,
-                        Some((_, actual)) => Some(format!("{subnet} is in {actual}, not {zone}")),
+                    |(zone, subnet)| match found.iter().find(|s| &s.id == subnet) {
+                        Some(s) if &s.zone == zone => None,
+                        Some(s) => Some(format!("{subnet} is in {}, not {zone}", s.zone)),
                         None => Some(format!("{subnet} does not exist")),
                     },
                 )
                 .collect();
             if !mistakes.is_empty() {
                 wrong.push(format!("{flag}: {}", mistakes.join("; ")));
+            }
+        }
+        let vpcs: BTreeSet<&str> = found.iter().map(|s| s.vpc_id.as_str()).collect();
+        if vpcs.len() > 1 {
+            wrong.push(format!(
+                "--aws-subnets and --aws-public-subnets span several VPCs ({}): the nodes' security groups belong to one",
+                vpcs.into_iter().collect::<Vec<_>>().join(", ")
+            ));
+        } else if let Some(vpc) = vpcs.first() {
+            let groups = &self.config.security_group_ids;
+            if !groups.is_empty() {
+                let found = self
+                    .calls
+                    .call("DescribeSecurityGroups", NotFound::Return, || {
+                        self.api.security_group_vpcs(groups)
+                    })
+                    .await
+                    .map_err(|e| {
+                        CloudError::Config(format!(
+                            "--aws-security-group-ids: {}",
+                            CloudError::from_api("DescribeSecurityGroups", e)
+                        ))
+                    })?;
+                let mistakes: Vec<String> = groups
+                    .iter()
+                    .filter_map(|g| match found.iter().find(|(id, _)| id == g) {
+                        Some((_, v)) if v == vpc => None,
+                        Some((_, v)) => Some(format!("{g} is in {v}, not the subnets' {vpc}")),
+                        None => Some(format!("{g} does not exist")),
+                    })
+                    .collect();
+                if !mistakes.is_empty() {
+                    wrong.push(format!("--aws-security-group-ids: {}", mistakes.join("; ")));
+                }
             }
         }
         if wrong.is_empty() {

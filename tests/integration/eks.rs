@@ -275,7 +275,7 @@ async fn the_readmes_eks_path_ends_with_a_ready_database_on_its_own_node_and_rec
         .expect("AWS cloud");
     cloud
         .nodes
-        .check_subnets()
+        .check_network()
         .await
         .expect("the subnet map matches EC2");
     let options = ManagerOptions {

@@ -206,7 +206,10 @@ impl Ec2Api for AwsEc2 {
         })
     }
 
-    async fn subnet_zones(&self, ids: &[String]) -> Result<Vec<(String, String)>, ApiError> {
+    async fn describe_subnets(
+        &self,
+        ids: &[String],
+    ) -> Result<Vec<crate::cloud::Subnet>, ApiError> {
         let out = self
             .client
             .describe_subnets()
@@ -218,11 +221,27 @@ impl Ec2Api for AwsEc2 {
             .subnets()
             .iter()
             .filter_map(|s| {
-                Some((
-                    s.subnet_id()?.to_string(),
-                    s.availability_zone()?.to_string(),
-                ))
+                Some(crate::cloud::Subnet {
+                    id: s.subnet_id()?.to_string(),
+                    zone: s.availability_zone()?.to_string(),
+                    vpc_id: s.vpc_id()?.to_string(),
+                })
             })
+            .collect())
+    }
+
+    async fn security_group_vpcs(&self, ids: &[String]) -> Result<Vec<(String, String)>, ApiError> {
+        let out = self
+            .client
+            .describe_security_groups()
+            .set_group_ids(Some(ids.to_vec()))
+            .send()
+            .await
+            .map_err(api_error)?;
+        Ok(out
+            .security_groups()
+            .iter()
+            .filter_map(|g| Some((g.group_id()?.to_string(), g.vpc_id()?.to_string())))
             .collect())
     }
 

@@ -13,6 +13,9 @@ use tokio::time::{Duration, Instant};
 use crate::cloud::backend::{Ec2Api, InstanceQuery, Page, RunSpec};
 use crate::cloud::{ApiError, Instance, InstanceState};
 
+/// The one VPC of the memory cloud.
+const SANDBOX_VPC: &str = "vpc-sandbox";
+
 /// Lifecycle news for whoever simulates the kubelet (the sandbox registers a Node per running
 /// instance and removes it on termination).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -533,16 +536,38 @@ impl Ec2Api for MemoryEc2 {
         Ok(Page { items, next_token })
     }
 
-    /// The sandbox's subnets are named `subnet-<zone>`.
-    async fn subnet_zones(&self, ids: &[String]) -> Result<Vec<(String, String)>, ApiError> {
+    /// The sandbox's subnets are named `subnet-<zone>`, all in one VPC.
+    async fn describe_subnets(
+        &self,
+        ids: &[String],
+    ) -> Result<Vec<crate::cloud::Subnet>, ApiError> {
         let mut state = self.lock();
         Self::begin(&mut state, "DescribeSubnets")?;
         ids.iter()
             .map(|id| match id.strip_prefix("subnet-") {
-                Some(zone) => Ok((id.clone(), zone.to_string())),
+                Some(zone) => Ok(crate::cloud::Subnet {
+                    id: id.clone(),
+                    zone: zone.to_string(),
+                    vpc_id: SANDBOX_VPC.to_string(),
+                }),
                 None => Err(ApiError::new(
                     "InvalidSubnetID.NotFound",
                     format!("The subnet ID '{id}' does not exist"),
+                )),
+            })
+            .collect()
+    }
+
+    /// Any `sg-` id is a group of the sandbox's VPC.
+    async fn security_group_vpcs(&self, ids: &[String]) -> Result<Vec<(String, String)>, ApiError> {
+        let mut state = self.lock();
+        Self::begin(&mut state, "DescribeSecurityGroups")?;
+        ids.iter()
+            .map(|id| match id.starts_with("sg-") {
+                true => Ok((id.clone(), SANDBOX_VPC.to_string())),
+                false => Err(ApiError::new(
+                    "InvalidGroup.NotFound",
+                    format!("The security group '{id}' does not exist"),
                 )),
             })
             .collect()
