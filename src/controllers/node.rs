@@ -44,6 +44,9 @@ pub struct NodeView<'a> {
     pub join_timeout: Duration,
     /// The wall clock, for the instances' launch times.
     pub now: std::time::SystemTime,
+    /// `spec.failover.enabled`: failover fences and replaces an instance that never joined;
+    /// without it the node's own steps terminate it and launch another.
+    pub failover_replaces: bool,
 }
 
 /// What keeps a kubelet from registering, in the order an EKS user meets them.
@@ -63,6 +66,11 @@ pub enum NodeStep {
     RecordInstance(Instance),
     /// Status names an instance the cache does not hold: ask EC2 about that id directly.
     LookUp(String),
+    /// The instance has run past `--node-join-timeout` without a Node, and failover is off:
+    /// terminate it (nothing of the database can be on a node that never registered) and
+    /// report why; its replacement follows as for any instance that went away, with the
+    /// relaunch backoff and hourly cap.
+    TerminateNeverJoined { instance: String, message: String },
     /// Status names an instance that no longer exists (terminated outside the operator, or
     /// ended before it ran): start a new generation; the volume keeps the data.
     Replace {
@@ -300,11 +308,19 @@ pub fn plan(v: &NodeView) -> NodeStep {
                         .and_then(|t| v.now.duration_since(t).ok())
                         .filter(|ran| *ran >= v.join_timeout)
                     {
+                        Some(_) if !v.failover_replaces => NodeStep::TerminateNeverJoined {
+                            instance: instance.id.clone(),
+                            message: format!(
+                                "instance {} ran longer than --node-join-timeout ({}s) and no Node registered for it: terminated, another is launched. {NEVER_JOINED_HINT}",
+                                instance.id,
+                                v.join_timeout.as_secs()
+                            ),
+                        },
                         // The message stays the same while it lasts: one event, not one a minute.
                         Some(_) => waiting(
                             Reason::NodeNeverJoined,
                             format!(
-                                "instance {} has run longer than --node-join-timeout ({}s) and no Node has registered for it; spec.failover replaces it, or terminate it once the cause is fixed. {NEVER_JOINED_HINT}",
+                                "instance {} has run longer than --node-join-timeout ({}s) and no Node has registered for it; failover replaces it. {NEVER_JOINED_HINT}",
                                 instance.id,
                                 v.join_timeout.as_secs()
                             ),

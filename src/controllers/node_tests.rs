@@ -106,6 +106,7 @@ struct Case {
     instances: Vec<Instance>,
     nodes: Vec<Arc<Node>>,
     failure: Option<&'static str>,
+    failover: bool,
 }
 
 impl Case {
@@ -117,6 +118,7 @@ impl Case {
             instances: vec![],
             nodes: vec![],
             failure: None,
+            failover: true,
         }
     }
     fn plan(&self) -> NodeStep {
@@ -132,6 +134,7 @@ impl Case {
             recent_permanent_failure: self.failure,
             join_timeout: JOIN_TIMEOUT,
             now: now(),
+            failover_replaces: self.failover,
         })
     }
 }
@@ -315,6 +318,33 @@ fn an_instance_whose_node_never_registers_is_reported_after_the_join_timeout() {
     c.instances = vec![running];
     c.nodes = vec![];
     assert_eq!(reason(&c.plan()), Some(Reason::WaitingForNode));
+}
+
+/// With failover off nothing else would ever replace it: the instance is terminated (no pod or
+/// volume can be on a node that never registered) and the usual replacement follows.
+#[test]
+fn an_instance_that_never_joins_is_terminated_when_failover_is_off() {
+    let mut c = Case::new(status(Some(1), Some("i-1")));
+    c.failover = false;
+    let mut running = instance("i-1", 1, InstanceState::Running);
+    running.launched_at = Some(now() - JOIN_TIMEOUT);
+    c.instances = vec![running];
+    match c.plan() {
+        NodeStep::TerminateNeverJoined { instance, message } => {
+            assert_eq!(instance, "i-1");
+            assert!(message.contains("access entry"), "{message}");
+        }
+        other => panic!("expected a termination, got {other:?}"),
+    }
+    // Once it is gone, the next generation is launched the usual way (backoff and cap).
+    c.instances = vec![instance("i-1", 1, InstanceState::Terminated)];
+    assert!(matches!(
+        c.plan(),
+        NodeStep::Replace {
+            next_generation: 2,
+            ..
+        }
+    ));
 }
 
 #[test]

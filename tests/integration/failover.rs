@@ -474,20 +474,25 @@ async fn a_deleted_node_whose_instance_still_runs_is_fenced_and_replaced() {
 /// entry, user data the kubelet refuses) is not waited on in silence: past `--node-join-timeout`
 /// the database says what to check, once, and failover fences the instance and launches
 /// another, which joins once the cause is fixed.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_instance_whose_node_never_joins_is_reported_and_replaced() {
-    let env = CloudEnv::start(settings()).await;
-    env.cloud.ec2.set_never_joins(super::AMI, true);
-    env.create("db1", |q| q.spec.failover.unhealthy_after_seconds = 10)
-        .await;
-    let q = wait_for_within(
+/// db1 once `NodeReady` says its node never joined.
+async fn never_joined(env: &CloudEnv) -> QuestDB {
+    wait_for_within(
         &env.qdbs(),
         "db1",
         "NodeReady says the node never joined",
         FAILOVER_TIMEOUT,
         crate::harness::has_condition("NodeReady", "NodeNeverJoined"),
     )
-    .await;
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_whose_node_never_joins_is_reported_and_replaced() {
+    let env = CloudEnv::start(settings()).await;
+    env.cloud.ec2.set_never_joins(super::AMI, true);
+    env.create("db1", |q| q.spec.failover.unhealthy_after_seconds = 10)
+        .await;
+    let q = never_joined(&env).await;
     let status = q.status.clone().expect("status");
     let first = status.instance_id.clone().expect("the first instance");
     let message = crate::harness::condition_message(&q, "NodeReady");
@@ -534,6 +539,41 @@ async fn an_instance_whose_node_never_joins_is_reported_and_replaced() {
         .map(|e| e.series.as_ref().map_or(1, |s| s.count))
         .sum();
     assert_eq!(never, 1, "one event for the instance that never joined");
+    env.stop().await;
+}
+
+/// With failover off nothing else would replace an instance whose Node never registers: it is
+/// terminated after the join timeout (no pod or volume can be on it), with a Warning, and the
+/// next one is launched; once the cause is fixed the database runs there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_that_never_joins_is_replaced_even_with_failover_off() {
+    let env = CloudEnv::start(settings()).await;
+    env.cloud.ec2.set_never_joins(super::AMI, true);
+    env.create("db1", |q| q.spec.failover.enabled = false).await;
+    let q = never_joined(&env).await;
+    let first = q
+        .status
+        .as_ref()
+        .and_then(|s| s.instance_id.clone())
+        .expect("the first instance");
+    env.wait_terminated(&first, "the instance that never joined is terminated")
+        .await;
+    env.cloud.ec2.set_never_joins(super::AMI, false);
+    let q = wait_for_within(
+        &env.qdbs(),
+        "db1",
+        "Ready on a later instance",
+        FAILOVER_TIMEOUT,
+        is_ready(),
+    )
+    .await;
+    let status = q.status.expect("status");
+    assert_ne!(status.instance_id.as_deref(), Some(first.as_str()));
+    assert!(
+        status.failover.is_none(),
+        "no failover ran: {:?}",
+        status.failover
+    );
     env.stop().await;
 }
 

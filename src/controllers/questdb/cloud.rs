@@ -323,6 +323,7 @@ async fn node_steps(
             recent_permanent_failure: failure.as_ref().map(|f| f.message.as_str()),
             join_timeout: cloud.settings.node_join_timeout,
             now: std::time::SystemTime::now(),
+            failover_replaces: run.qdb.spec.failover.enabled,
         });
         let current = status
             .instance_id
@@ -402,6 +403,9 @@ async fn node_steps(
                 Flow::StopAt
             }
             NodeStep::Terminate(ids) => run.terminate(&ids).await?,
+            NodeStep::TerminateNeverJoined { instance, message } => {
+                run.terminate_never_joined(&instance, message).await?
+            }
             NodeStep::Released { next_generation } => run.released(next_generation).await?,
             NodeStep::Failed(condition) => {
                 run.out.node_condition = Some(condition);
@@ -604,6 +608,35 @@ impl NodeRun<'_> {
     }
 
     async fn terminate(&mut self, ids: &[String]) -> Result<Flow, Error> {
+        let note = format!("terminating instance(s) {}", ids.join(", "));
+        self.terminate_and_report(
+            ids,
+            EventType::Normal,
+            Reason::ReleasingNode,
+            Reason::Releasing,
+            note,
+        )
+        .await
+    }
+
+    async fn terminate_never_joined(&mut self, id: &str, message: String) -> Result<Flow, Error> {
+        warn!(questdb = %self.qdb.name_any(), instance = %id, "{message}");
+        let ids = [id.to_string()];
+        let never = Reason::NodeNeverJoined;
+        self.terminate_and_report(&ids, EventType::Warning, never, never, message)
+            .await
+    }
+
+    /// Terminates `ids` (each checked to be this QuestDB's), then one event and the
+    /// `NodeReady=False` condition, both saying `note`.
+    async fn terminate_and_report(
+        &mut self,
+        ids: &[String],
+        event: EventType,
+        event_reason: Reason,
+        condition_reason: Reason,
+        note: String,
+    ) -> Result<Flow, Error> {
         for id in ids {
             info!(questdb = %self.qdb.name_any(), instance = %id, "terminating dedicated instance");
             self.cloud
@@ -613,20 +646,13 @@ impl NodeRun<'_> {
                 .map_err(cloud_error)?;
         }
         self.cloud.instances.invalidate();
-        let note = format!("terminating instance(s) {}", ids.join(", "));
         self.ctx
-            .event(
-                self.qdb,
-                EventType::Normal,
-                Reason::ReleasingNode,
-                "TerminateNode",
-                note.clone(),
-            )
+            .event(self.qdb, event, event_reason, "TerminateNode", note.clone())
             .await;
         self.out.node_condition = Some(Verdict::new(
             conditions::NODE_READY,
             false,
-            Reason::Releasing,
+            condition_reason,
             note,
         ));
         self.out.requeue_within(WAITING_SYNC);
