@@ -490,6 +490,9 @@ pub enum Phase {
     Provisioning,
     /// The database pod is Ready.
     Running,
+    /// It ran, and does not answer now: its pod is not ready (its node is not ready or gone,
+    /// the pod restarts). `Ready` says why; a failover, when one starts, says `FailingOver`.
+    Unavailable,
     /// Something the operator cannot fix by itself; see conditions.
     Failed,
     /// Compute released, data kept.
@@ -508,6 +511,7 @@ impl Phase {
             Phase::Pending => "Pending",
             Phase::Provisioning => "Provisioning",
             Phase::Running => "Running",
+            Phase::Unavailable => "Unavailable",
             Phase::Failed => "Failed",
             Phase::Paused => "Paused",
             Phase::FailingOver => "FailingOver",

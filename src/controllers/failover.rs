@@ -386,6 +386,17 @@ pub fn release_fence(v: &ReleaseView) -> ReleaseFence {
         Some(InstanceState::Running | InstanceState::Pending) => {
             ReleaseFence::Stop(v.instance.to_string())
         }
+        // The stop went out when the silence crossed the threshold; a stop that hangs is sent
+        // again, forced, as the failover's fence does: once a minute past the first minute,
+        // counted from the threshold, so nothing needs recording and a restart changes nothing.
+        Some(InstanceState::Stopping)
+            if v.silent_for.is_some_and(|s| {
+                let since = s.saturating_sub(v.threshold);
+                since >= STOP_ESCALATION && since.as_secs() % STOP_ESCALATION.as_secs() < 5
+            }) =>
+        {
+            ReleaseFence::Stop(v.instance.to_string())
+        }
         Some(InstanceState::Stopping | InstanceState::ShuttingDown) => ReleaseFence::Wait(
             format!("instance {} is being stopped", v.instance),
         ),

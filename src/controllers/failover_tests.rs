@@ -379,6 +379,24 @@ fn a_release_waiting_on_a_dead_node_fences_and_taints_it_but_never_a_live_one() 
             ReleaseFence::Wait(_)
         ));
     }
+    // A stop that hangs is forced again a minute after the threshold, once per minute.
+    let stopping = Some(InstanceState::Stopping);
+    assert!(matches!(
+        release_fence(&view(Some(89), stopping, false)),
+        ReleaseFence::Wait(_)
+    ));
+    assert_eq!(
+        release_fence(&view(Some(91), stopping, false)),
+        ReleaseFence::Stop("i-old".into())
+    );
+    assert!(matches!(
+        release_fence(&view(Some(100), stopping, false)),
+        ReleaseFence::Wait(_)
+    ));
+    assert_eq!(
+        release_fence(&view(Some(152), stopping, false)),
+        ReleaseFence::Stop("i-old".into())
+    );
     let outage = ReleaseView {
         breaker_open: true,
         ..view(Some(40), running, false)

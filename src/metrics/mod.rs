@@ -71,10 +71,11 @@ pub const TEXT_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 pub const PHASE_UNKNOWN: &str = "Unknown";
 
 /// Every phase a QuestDB can report, so the phase gauge exposes zeros instead of gaps.
-const ALL_PHASES: [Phase; 8] = [
+const ALL_PHASES: [Phase; 9] = [
     Phase::Pending,
     Phase::Provisioning,
     Phase::Running,
+    Phase::Unavailable,
     Phase::Failed,
     Phase::Paused,
     Phase::FailingOver,

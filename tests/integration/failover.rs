@@ -663,6 +663,38 @@ async fn database_on_a_dead_node() -> (CloudEnv, String) {
     (env, uid)
 }
 
+/// Removing `spec.node` moves the database to a shared node once the dedicated one lets the
+/// pod go; a dead one never would. It is fenced like a failover fences, and the database runs
+/// on a shared node with its volume.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn removing_the_node_of_a_database_whose_node_died_fences_it_and_runs_the_database_elsewhere()
+{
+    let (env, uid) = database_on_a_dead_node().await;
+    env.qdbs()
+        .patch(
+            "db1",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!({"spec": {"node": null}})),
+        )
+        .await
+        .expect("spec.node removed");
+    let q = wait_for_within(
+        &env.qdbs(),
+        "db1",
+        "Ready on a shared node, the dedicated one released",
+        FAILOVER_TIMEOUT,
+        |q: Option<&QuestDB>| {
+            use kube::runtime::wait::Condition as _;
+            is_ready().matches_object(q)
+                && q.and_then(|q| q.status.as_ref())
+                    .is_some_and(|s| s.instance_id.is_none())
+        },
+    )
+    .await;
+    assert!(q.spec.node.is_none());
+    assert_fenced_and_released(env, &uid).await;
+}
+
 async fn assert_fenced_and_released(env: CloudEnv, uid: &str) {
     assert!(env.live_instances_of(uid).is_empty());
     assert!(
@@ -1386,5 +1418,62 @@ async fn killing_the_manager_at_every_step_of_a_move_whose_new_node_dies_ends_on
         .expect("pods")
         .items;
     assert_eq!(pods.len(), 1, "one pod");
+    env.stop().await;
+}
+
+/// The database's node dies while a finished move keeps the old node for a rollback: the
+/// failover replaces the dead node as any failover does (the retained node is no target), the
+/// retained node stays until its window ends and is then released, and the dead node is
+/// terminated: one database on one instance, nothing left behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_while_a_moves_old_node_is_retained_leaves_one_database_and_no_instance_behind()
+{
+    let env = CloudEnv::start(settings()).await;
+    let Running {
+        uid,
+        instance: old_id,
+        pvc_uid,
+        ..
+    } = running_database(&env).await;
+    env.qdbs()
+        .patch(
+            "db1",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!({"spec": {"node": {
+                "image": NEW_AMI, "rollbackWindow": "45s"
+            }}})),
+        )
+        .await
+        .expect("patch image");
+    let q = wait_for_within(
+        &env.qdbs(),
+        "db1",
+        "moved, the old node retained",
+        FAILOVER_TIMEOUT,
+        |q: Option<&QuestDB>| upgrade_of(q).is_some_and(|u| u.phase == "Retaining"),
+    )
+    .await;
+    let moved_to = q.status.and_then(|s| s.instance_id).expect("new instance");
+    assert_ne!(moved_to, old_id);
+    env.cp
+        .node(&node_name_for(&moved_to))
+        .expect("kubelet")
+        .partition();
+    assert_moved(&env, &moved_to, &pvc_uid).await;
+    wait_for_within(
+        &env.qdbs(),
+        "db1",
+        "the retained node released at the end of its window",
+        FAILOVER_TIMEOUT,
+        |q: Option<&QuestDB>| upgrade_of(q).is_some_and(|u| u.phase == "Completed"),
+    )
+    .await;
+    env.wait_terminated(&old_id, "the retained old node is terminated")
+        .await;
+    env.wait_terminated(&moved_to, "the dead node is terminated")
+        .await;
+    let q = env.qdbs().get("db1").await.expect("db1");
+    let now_on = q.status.and_then(|s| s.instance_id).expect("instance");
+    assert_eq!(env.live_instances_of(&uid), vec![now_on], "one instance");
     env.stop().await;
 }

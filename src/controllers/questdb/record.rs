@@ -16,10 +16,18 @@ use crate::controllers::{clock, failover, upgrade, Error};
 pub async fn persist(
     qdb: &mut QuestDB,
     ctx: &Context,
-    mut edit: impl FnMut(&mut QuestDBStatus),
+    edit: impl FnMut(&mut QuestDBStatus),
 ) -> Result<(), Error> {
     let api: Api<QuestDB> =
         Api::namespaced(ctx.client.clone(), &qdb.namespace().unwrap_or_default());
+    persist_to(&api, qdb, edit).await
+}
+
+async fn persist_to(
+    api: &Api<QuestDB>,
+    qdb: &mut QuestDB,
+    mut edit: impl FnMut(&mut QuestDBStatus),
+) -> Result<(), Error> {
     let pp = PostParams {
         field_manager: Some(MANAGER.into()),
         ..PostParams::default()
@@ -181,3 +189,7 @@ step_record!(
     upgrade_step,
     |_r, phase| format!("node move: {phase}")
 );
+
+#[cfg(test)]
+#[path = "record_tests.rs"]
+mod tests;

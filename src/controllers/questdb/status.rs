@@ -185,11 +185,7 @@ pub fn compute(qdb: &QuestDB, obs: &StatusInputs, now: Timestamp) -> QuestDBStat
                     format!("applied {}", obs.children.changed.join(", "))
                 };
                 (
-                    if existing.phase == Some(Phase::Running) {
-                        Phase::Running
-                    } else {
-                        Phase::Pending
-                    },
+                    not_answering(&existing, obs.pod),
                     Verdict::new(conditions::READY, false, Reason::RollingOut, what),
                 )
             }
@@ -203,11 +199,7 @@ pub fn compute(qdb: &QuestDB, obs: &StatusInputs, now: Timestamp) -> QuestDBStat
                 ),
             ),
             Some(_) => {
-                let phase = if existing.phase == Some(Phase::Running) {
-                    Phase::Running
-                } else {
-                    Phase::Pending
-                };
+                let phase = not_answering(&existing, obs.pod);
                 let dead_node = obs.node.filter(|n| !node_is_ready(n));
                 let ready = match dead_node {
                     Some(n) => Verdict::new(
@@ -400,4 +392,17 @@ fn is_scheduled(pod: &Pod) -> bool {
         .as_ref()
         .and_then(|s| s.node_name.as_deref())
         .is_some_and(|n| !n.is_empty())
+}
+
+/// The phase while the StatefulSet is not done: `Running` as long as the pod still answers
+/// (a change rolling out), `Unavailable` once a database that ran does not (a not-ready node,
+/// a restart), `Pending` for one that never ran. The phase column must not say `Running` for a
+/// database that does not answer.
+fn not_answering(existing: &QuestDBStatus, pod: Option<&Pod>) -> Phase {
+    let ran = matches!(existing.phase, Some(Phase::Running | Phase::Unavailable));
+    match (pod.is_some_and(pod_ready), ran) {
+        (true, true) => Phase::Running,
+        (false, true) => Phase::Unavailable,
+        (_, false) => Phase::Pending,
+    }
 }

@@ -165,16 +165,35 @@ fn a_change_made_by_this_reconcile_is_not_ready_yet() {
     assert_eq!((status.as_str(), reason.as_str()), ("False", "RollingOut"));
 }
 
+/// A config roll: `Running` while the old pod still answers, `Unavailable` while the new one
+/// starts (the column never says Running for a database that does not answer), `Running` again
+/// once it is ready.
 #[test]
-fn running_database_keeps_running_phase_during_a_config_roll() {
+fn a_config_roll_says_running_only_while_a_pod_answers() {
     let mut q = testing::questdb("db", "ns");
     q.status = Some(crate::api::QuestDBStatus {
         phase: Some(Phase::Running),
         ..Default::default()
     });
+    let s = sts(1, false);
+    let old = pod(true, "node-a");
+    let obs = StatusInputs {
+        statefulset: Some(&s),
+        pod: Some(&old),
+        ..Default::default()
+    };
+    assert_eq!(ready_condition(&q, &obs).2, Some(Phase::Running));
     let s = sts(0, false);
     let obs = StatusInputs {
         statefulset: Some(&s),
+        ..Default::default()
+    };
+    assert_eq!(ready_condition(&q, &obs).2, Some(Phase::Unavailable));
+    q.status.as_mut().unwrap().phase = Some(Phase::Unavailable);
+    let (s, new) = (sts(1, true), pod(true, "node-a"));
+    let obs = StatusInputs {
+        statefulset: Some(&s),
+        pod: Some(&new),
         ..Default::default()
     };
     assert_eq!(ready_condition(&q, &obs).2, Some(Phase::Running));
@@ -417,6 +436,9 @@ fn a_pod_on_a_dead_node_is_reported_as_such_not_as_a_rollout() {
         ("False", "NodeNotReady")
     );
     assert!(ready.message.contains("node-a"), "{}", ready.message);
+    // Before any failover starts (below the threshold, or held back by the breaker): the
+    // phase column says the database does not answer, not `Running`.
+    assert_eq!(st.phase, Some(Phase::Unavailable));
 }
 
 /// A database that exits at start during a rollout (a bad value in the new config): on-call
