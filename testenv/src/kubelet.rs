@@ -444,6 +444,19 @@ impl NodeHandle {
         self.set_fault(Fault::None)
     }
 
+    /// The kubelet restarts (a kubelet upgrade, a crash that systemd restarts): for `down` it
+    /// renews nothing and reports nothing, as a partition; started again, it reports NotReady
+    /// until its first PLEG relist ([`timings::KUBELET_START`]), then Ready. Its containers
+    /// run on throughout: they belong to the container runtime, not to the kubelet. Returns
+    /// once the kubelet is back.
+    pub async fn restart(&self, down: Duration) {
+        self.partition();
+        tokio::time::sleep(down).await;
+        self.set_fault(Fault::NotReady);
+        tokio::time::sleep(timings::KUBELET_START).await;
+        self.heal();
+    }
+
     /// The kubelet stops for good (its instance is gone); the Node object stays, as it does
     /// until something deletes it.
     pub fn stop(&self) {

@@ -55,6 +55,9 @@ pub fn default_toleration_seconds() -> u32 {
 }
 /// A new Node's Ready condition stays False this long (network plugin, CSI registration).
 pub const NODE_READY_DELAY: Duration = Duration::from_millis(1500);
+/// A restarted kubelet reports NotReady until its first PLEG relist ("PLEG is not healthy:
+/// pleg has yet to be successful"; the relist runs every second) and runtime status check.
+pub const KUBELET_START: Duration = Duration::from_secs(2);
 /// Container start: from the pod's volumes being attached to Running + Ready.
 pub const CONTAINER_START: Duration = Duration::from_millis(500);
 /// Container stop after SIGTERM (QuestDB closes its tables), bounded by the grace period.

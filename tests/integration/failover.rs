@@ -348,6 +348,38 @@ async fn a_heartbeat_that_returns_before_the_threshold_causes_no_failover() {
     env.stop().await;
 }
 
+/// A kubelet restart (an upgrade, a crash systemd restarts) is a short silence followed by a
+/// moment of NotReady while its containers run on: shorter than the threshold, it fences
+/// nothing, moves nothing, and the same pod serves on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kubelet_restart_within_the_threshold_fences_nothing_and_the_same_pod_serves_on() {
+    let env = CloudEnv::start(settings()).await;
+    let Running { instance, node, .. } = running_database(&env).await;
+    let pods = Api::<Pod>::namespaced(env.client.clone(), NS);
+    let pod_uid = pods.get("db1-0").await.expect("pod").uid();
+    let kubelet = env.cp.node(&node).expect("kubelet");
+    let lease = questdb_testenv::timings::node_lease_duration();
+    // Down for half the Lease: silent, but well inside the threshold (at least the Lease).
+    kubelet.restart(lease / 2).await;
+    wait_for(&env.qdbs(), "db1", "Ready after the restart", is_ready()).await;
+    // Three thresholds go by: nothing acts on a node that came back.
+    let deadline = tokio::time::Instant::now() + lease * 3;
+    while tokio::time::Instant::now() < deadline {
+        let q = env.qdbs().get("db1").await.expect("db1");
+        let status = q.status.clone().expect("status");
+        assert_eq!(status.failover, None, "no failover of a restarted kubelet");
+        assert_eq!(status.instance_id.as_deref(), Some(instance.as_str()));
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert_eq!(env.cloud.ec2.call_count("StopInstances"), 0);
+    assert_eq!(
+        pods.get("db1-0").await.expect("pod").uid(),
+        pod_uid,
+        "the same pod serves on"
+    );
+    env.stop().await;
+}
+
 /// A kubelet that reports NotReady while it renews its Lease (a container runtime or CNI
 /// restart, PLEG) is alive, and so is its database: nothing is fenced, the pod is not evicted
 /// (the not-ready taint's default 15 s toleration here, 300 s on a real cluster, would), and
@@ -1475,5 +1507,54 @@ async fn a_failover_while_a_moves_old_node_is_retained_leaves_one_database_and_n
     let q = env.qdbs().get("db1").await.expect("db1");
     let now_on = q.status.and_then(|s| s.instance_id).expect("instance");
     assert_eq!(env.live_instances_of(&uid), vec![now_on], "one instance");
+    env.stop().await;
+}
+
+/// A resolver that cached the old record may send clients to the fenced instance's address for
+/// up to the record's TTL: the instance (and with it that private address) is kept until the
+/// TTL has passed since DNS named the new node, and only then terminated.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fenced_instance_outlives_the_old_records_ttl_before_it_is_terminated() {
+    let env = CloudEnv::start(settings()).await;
+    env.create("db1", |q| {
+        q.spec.failover.unhealthy_after_seconds = 10;
+        q.spec.dns.as_mut().expect("dns").ttl = 30;
+    })
+    .await;
+    let q = wait_for(&env.qdbs(), "db1", "QuestDB Ready", is_ready()).await;
+    let old = q.status.and_then(|s| s.instance_id).expect("instance");
+    env.cp
+        .node(&node_name_for(&old))
+        .expect("kubelet")
+        .partition();
+    wait_for_within(
+        &env.qdbs(),
+        "db1",
+        "the database answers on the new node; the old address drains",
+        FAILOVER_TIMEOUT,
+        |q: Option<&QuestDB>| q.and_then(failover_phase).as_deref() == Some("Draining"),
+    )
+    .await;
+    // Two thirds of the TTL from when that was seen (the step began at most a poll earlier).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while tokio::time::Instant::now() < deadline {
+        let state = env
+            .cloud
+            .ec2
+            .instances()
+            .into_iter()
+            .find(|i| i.id == old)
+            .map(|i| i.state);
+        assert!(
+            !matches!(
+                state,
+                Some(InstanceState::ShuttingDown | InstanceState::Terminated)
+            ),
+            "the fenced instance went before the old record's TTL: {state:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    env.wait_terminated(&old, "terminated once the TTL has passed")
+        .await;
     env.stop().await;
 }
