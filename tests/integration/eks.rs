@@ -21,11 +21,10 @@ use questdb_operator::cloud::aws::{sdk_config_loader, AwsCloud};
 use questdb_operator::cloud::{DnsProvider, NodeProvider as _};
 use questdb_operator::manager::{Cloud, ManagerOptions};
 use questdb_testenv::moto::Moto;
-use questdb_testenv::rbac::{Install, OPERATOR_NAMESPACE};
-use questdb_testenv::ControlPlaneOptions;
+use questdb_testenv::rbac::OPERATOR_NAMESPACE;
 use tokio_util::sync::CancellationToken;
 
-use crate::harness::{cluster, is_ready, questdb_crd, wait_for, wait_until, Env};
+use crate::harness::{is_ready, wait_for, wait_until, Env};
 
 const REGION: &str = "us-east-1";
 const ZONE: &str = "us-east-1a";
@@ -235,14 +234,7 @@ async fn the_readmes_eks_path_ends_with_a_ready_database_on_its_own_node_and_rec
         return;
     };
     let aws = aws_side(&moto).await;
-    let mut env = Env::without_manager(
-        ControlPlaneOptions {
-            rbac: Install::Nothing,
-            ..cluster()
-        },
-        questdb_crd(),
-    )
-    .await;
+    let mut env = crate::helm::env_for_the_chart().await;
 
     // Step 2: the StorageClass the example's claim names.
     let class: StorageClass = serde_yaml_ng::from_str(

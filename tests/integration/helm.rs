@@ -36,6 +36,18 @@ fn helm() -> PathBuf {
     stdout.lines().last().expect("helm's path").trim().into()
 }
 
+/// A control plane with the test cluster's CRD and no operator RBAC: the chart installs it.
+pub(crate) async fn env_for_the_chart() -> Env {
+    Env::without_manager(
+        ControlPlaneOptions {
+            rbac: Install::Nothing,
+            ..cluster()
+        },
+        questdb_crd(),
+    )
+    .await
+}
+
 /// `helm install questdb-operator charts/questdb-operator` into the operator's namespace with
 /// `extra` arguments (values files), the CRD left to the test cluster; fails the test on error.
 pub(crate) async fn helm_install(env: &Env, extra: &[&Path]) {
@@ -73,14 +85,7 @@ pub(crate) async fn helm_install(env: &Env, extra: &[&Path]) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn helm_install_alone_grants_the_operator_what_it_needs_to_run_a_database() {
-    let mut env = Env::without_manager(
-        ControlPlaneOptions {
-            rbac: Install::Nothing,
-            ..cluster()
-        },
-        questdb_crd(),
-    )
-    .await;
+    let mut env = env_for_the_chart().await;
     // The CRD is the test cluster's (its failover floor is the test kubelets' Lease); the
     // chart's own is byte for byte crds/questdb.yaml (tests/helm_chart.rs).
     helm_install(&env, &[]).await;
