@@ -21,4 +21,4 @@ for _ in $(seq 1 600); do
     sleep 0.2
 done
 kubectl wait --for=condition=Established crd/questdbs.crd.questdb.io --timeout=60s >/dev/null
-bash "$ROOT/e2e/run.sh" || { echo "--- sandbox log (tail)"; tail -50 "$WORK/sandbox.log"; exit 1; }
+E2E_SANDBOX=1 bash "$ROOT/e2e/run.sh" || { echo "--- sandbox log (tail)"; tail -50 "$WORK/sandbox.log"; exit 1; }

@@ -29,4 +29,9 @@ fn e2e_scenarios_pass_against_the_sandbox() {
         out.status.success() && stdout.contains("e2e: all scenarios passed"),
         "e2e scenarios failed\n--- stdout\n{stdout}\n--- stderr\n{stderr}"
     );
+    // The sandbox-only scenario ran, not skipped.
+    assert!(
+        stdout.contains("ok: node faults"),
+        "the node-fault scenario did not run\n--- stdout\n{stdout}"
+    );
 }

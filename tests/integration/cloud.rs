@@ -396,20 +396,7 @@ fn reconciles(text: &str) -> f64 {
         .sum()
 }
 
-/// Waits until a second passes without any write to the apiserver.
-async fn writes_settle(sim: &ControlPlane) {
-    let mut last = sim.request_counts().writes();
-    wait_until("writes settle", || {
-        let now = sim.request_counts().writes();
-        let settled = now == last;
-        last = now;
-        async move {
-            tokio::time::sleep(Duration::from_secs(1)).await;
-            settled
-        }
-    })
-    .await;
-}
+use crate::harness::writes_settle;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_questdb_with_a_node_gets_its_own_instance_node_and_dns_and_releases_them_on_delete() {

@@ -647,25 +647,7 @@ async fn an_outage_that_silences_every_kubelet_fences_no_lone_database() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pausing_a_database_whose_node_died_fences_the_node_instead_of_waiting_forever() {
     let (env, uid) = database_on_a_dead_node().await;
-    env.qdbs()
-        .patch(
-            "db1",
-            &kube::api::PatchParams::default(),
-            &kube::api::Patch::Merge(serde_json::json!({"spec": {"paused": true}})),
-        )
-        .await
-        .expect("pause");
-    wait_for_within(
-        &env.qdbs(),
-        "db1",
-        "node released",
-        FAILOVER_TIMEOUT,
-        |q: Option<&QuestDB>| {
-            q.and_then(|q| q.status.as_ref())
-                .is_some_and(|s| s.instance_id.is_none())
-        },
-    )
-    .await;
+    pause_until_released(&env, FAILOVER_TIMEOUT).await;
     assert_fenced_and_released(env, &uid).await;
 }
 
@@ -685,6 +667,29 @@ async fn deleting_a_database_whose_node_died_fences_the_node_and_the_finalizer_g
     })
     .await;
     assert_fenced_and_released(env, &uid).await;
+}
+
+/// Pauses `db1` and waits until its node is released.
+async fn pause_until_released(env: &CloudEnv, timeout: Duration) {
+    env.qdbs()
+        .patch(
+            "db1",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!({"spec": {"paused": true}})),
+        )
+        .await
+        .expect("pause");
+    wait_for_within(
+        &env.qdbs(),
+        "db1",
+        "node released",
+        timeout,
+        |q: Option<&QuestDB>| {
+            q.and_then(|q| q.status.as_ref())
+                .is_some_and(|s| s.instance_id.is_none())
+        },
+    )
+    .await;
 }
 
 /// `db1` running, then its node partitioned (silent kubelet, instance running); with its uid.
@@ -1557,4 +1562,321 @@ async fn the_fenced_instance_outlives_the_old_records_ttl_before_it_is_terminate
     env.wait_terminated(&old, "terminated once the TTL has passed")
         .await;
     env.stop().await;
+}
+
+/// A move still checking its image and instance type (EC2 throttles DescribeImages, as it
+/// does each action by its own token bucket) must not hold the database on a dead node: the
+/// failover goes first, the move ends pre-empted without a launch, and the database answers
+/// on a replacement once EC2 answers again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_during_a_moves_validation_pre_empts_the_move() {
+    let env = CloudEnv::start(settings()).await;
+    let Running {
+        uid,
+        instance: old_id,
+        node: old_node,
+        pvc_uid,
+    } = running_database(&env).await;
+    env.cloud.ec2.set_throttled("DescribeImages", true);
+    env.qdbs()
+        .patch(
+            "db1",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!({"spec": {"node": {"image": NEW_AMI}}})),
+        )
+        .await
+        .expect("patch image");
+    wait_for(
+        &env.qdbs(),
+        "db1",
+        "move validating",
+        |q: Option<&QuestDB>| upgrade_of(q).is_some_and(|u| u.phase == "Validating"),
+    )
+    .await;
+    let validating_calls = env.cloud.ec2.call_count("DescribeImages");
+    wait_until("the validation was refused by EC2", || {
+        let n = env.cloud.ec2.call_count("DescribeImages");
+        async move { n > validating_calls }
+    })
+    .await;
+    env.cp.node(&old_node).expect("kubelet").partition();
+    let record = failover_started(&env).await;
+    assert_eq!(record.old_instance_id.as_deref(), Some(old_id.as_str()));
+    let q = wait_for_within(
+        &env.qdbs(),
+        "db1",
+        "the move pre-empted",
+        FAILOVER_TIMEOUT,
+        |q: Option<&QuestDB>| upgrade_of(q).is_some_and(|u| u.phase == "Aborted"),
+    )
+    .await;
+    let upgrade = upgrade_of(Some(&q)).expect("move record");
+    assert_eq!(upgrade.reason.as_deref(), Some("Preempted"), "{upgrade:?}");
+    assert_eq!(upgrade.new_instance_id, None, "the move launched nothing");
+    // The replacement's launch reads the image too: EC2 answers again.
+    env.cloud.ec2.set_throttled("DescribeImages", false);
+    assert_moved(&env, &old_id, &pvc_uid).await;
+    let live = env.live_instances_of(&uid);
+    assert_eq!(live.len(), 1, "one instance: {live:?}");
+    env.stop().await;
+}
+
+/// Both nodes of a move dead after the switch, in a cluster large enough that two silent
+/// nodes are deaths and not an outage (the breaker stays closed): waiting for either would be
+/// an outage for good. Nothing of the database is left on the old node, so its instance goes,
+/// the move ends (`NodesFailed`), and a failover replaces the new node: the database answers
+/// on a third instance, on its volume, and nothing is left behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn both_nodes_of_a_move_dying_after_the_switch_hand_the_database_to_a_failover() {
+    // Ten kubelets in all with the move's two: two silent ones are not more than a fifth.
+    let env = with_more_workers(5).await;
+    let Running {
+        uid,
+        instance: old_id,
+        node: old_node,
+        pvc_uid,
+    } = running_database(&env).await;
+    let (new_id, new_kubelet) = move_held_before_the_switch(&env).await;
+    heal_until_ready(&env, &new_kubelet, &new_id).await;
+    wait_for_within(
+        &env.qdbs(),
+        "db1",
+        "the move switched",
+        FAILOVER_TIMEOUT,
+        |q: Option<&QuestDB>| upgrade_of(q).is_some_and(|u| u.stopped_at.is_some()),
+    )
+    .await;
+    // Alive but not starting pods: the database does not answer on the new node yet.
+    new_kubelet.set_fault(questdb_testenv::NodeFault::NotReady);
+    let vas = Api::<VolumeAttachment>::all(env.client.clone());
+    let pods = Api::<Pod>::namespaced(env.client.clone(), NS);
+    wait_until("the old node holds nothing of the database", || {
+        let (vas, pods, old_node) = (vas.clone(), pods.clone(), old_node.clone());
+        async move {
+            let attached = vas
+                .list(&Default::default())
+                .await
+                .is_ok_and(|l| l.items.iter().any(|va| va.spec.node_name == old_node));
+            let bound = pods.list(&Default::default()).await.is_ok_and(|l| {
+                l.items.iter().any(|p| {
+                    p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(&old_node)
+                })
+            });
+            !attached && !bound
+        }
+    })
+    .await;
+    // The old node dies first, so the new one's death finds nothing to go back to.
+    let old_kubelet = env.cp.node(&old_node).expect("old kubelet");
+    old_kubelet.partition();
+    let leases = Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(
+        env.client.clone(),
+        "kube-node-lease",
+    );
+    let threshold_ms = questdb_testenv::timings::node_lease_duration().as_millis() as i64;
+    wait_until("the old node's Lease is silent past the threshold", || {
+        let (leases, old_node) = (leases.clone(), old_node.clone());
+        async move {
+            leases.get(&old_node).await.is_ok_and(|l| {
+                l.spec.and_then(|s| s.renew_time).is_some_and(|t| {
+                    k8s_openapi::jiff::Timestamp::now().as_millisecond() - t.0.as_millisecond()
+                        > threshold_ms
+                })
+            })
+        }
+    })
+    .await;
+    new_kubelet.partition();
+    let q = wait_for_within(
+        &env.qdbs(),
+        "db1",
+        "the move handed over",
+        FAILOVER_TIMEOUT,
+        |q: Option<&QuestDB>| upgrade_of(q).is_some_and(|u| u.phase == "Aborted"),
+    )
+    .await;
+    let upgrade = upgrade_of(Some(&q)).expect("move record");
+    assert_eq!(
+        upgrade.reason.as_deref(),
+        Some("NodesFailed"),
+        "{upgrade:?}"
+    );
+    env.wait_terminated(&old_id, "the dead old node is terminated")
+        .await;
+    assert_moved(&env, &new_id, &pvc_uid).await;
+    env.wait_terminated(&new_id, "the dead new node is terminated")
+        .await;
+    let q = env.qdbs().get("db1").await.expect("db1");
+    let now_on = q.status.and_then(|s| s.instance_id).expect("instance");
+    assert!(now_on != old_id && now_on != new_id, "a third instance");
+    assert_eq!(env.live_instances_of(&uid), vec![now_on], "one instance");
+    env.stop().await;
+}
+
+/// A pause of a database whose node died fences the node; if that stop hangs in `stopping`
+/// (as EC2 stops can), the release would wait as long as EC2 likes with the paused
+/// database's node still billed: the stop is forced again, and the release completes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pause_whose_fence_stop_hangs_forces_the_stop_again_and_the_node_goes() {
+    let (env, uid) = database_on_a_dead_node().await;
+    env.cloud.ec2.set_hang_stops(true);
+    // The forced stop is sent again a minute after the first.
+    pause_until_released(&env, FAILOVER_TIMEOUT + Duration::from_secs(90)).await;
+    assert!(
+        env.cloud.ec2.call_count("StopInstances") >= 2,
+        "the hung stop was sent again"
+    );
+    assert_fenced_and_released(env, &uid).await;
+}
+
+/// The breaker under a real kubelet's timings (`QDB_TESTENV_TIMINGS=kubelet`: a 40 s Lease
+/// renewed every 10 s, the schema's minimum threshold of 40 s), which the shortened timings of
+/// the other tests only scale down. Healthy kubelets are silent up to 10 s between renewals:
+/// were they counted as suspects, one dead node among five would be held back and never
+/// replaced. Nodes that die together are never in step: two deaths one renewal apart must
+/// still trip the breaker before the first one's threshold, or both would be fenced in a
+/// partition. Ten kubelets in all, so two silent ones are not the cluster-wide outage rule.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "real kubelet timings: .ci/test runs it with QDB_TESTENV_TIMINGS=kubelet"]
+async fn real_kubelet_timings_one_death_is_replaced_and_two_staggered_deaths_trip_the_breaker() {
+    use questdb_testenv::timings;
+    assert!(
+        timings::real_node_timings(),
+        "run with QDB_TESTENV_TIMINGS=kubelet: these are the real kubelet's timings"
+    );
+    let env = with_more_workers(2).await;
+    let names = ["db1", "db2", "db3", "db4", "db5"];
+    for name in names {
+        env.create(name, |q| q.spec.failover.unhealthy_after_seconds = 40)
+            .await;
+    }
+    let mut ids = Vec::new();
+    for name in names {
+        let q = wait_for_within(
+            &env.qdbs(),
+            name,
+            "QuestDB Ready",
+            FAILOVER_TIMEOUT,
+            is_ready(),
+        )
+        .await;
+        ids.push(q.status.and_then(|s| s.instance_id).expect("instance"));
+    }
+    env.cp
+        .node(&node_name_for(&ids[0]))
+        .expect("kubelet")
+        .partition();
+    let q = wait_for_within(
+        &env.qdbs(),
+        "db1",
+        "db1 failed over and Ready",
+        FAILOVER_TIMEOUT * 2,
+        |q: Option<&QuestDB>| {
+            use kube::runtime::wait::Condition as _;
+            q.and_then(failover_phase).as_deref() == Some("Healthy") && is_ready().matches_object(q)
+        },
+    )
+    .await;
+    let now_on = q.status.and_then(|s| s.instance_id).expect("instance");
+    assert_ne!(now_on, ids[0], "db1 runs on a replacement");
+    env.wait_terminated(&ids[0], "the fenced instance is terminated")
+        .await;
+    let nodes = Api::<k8s_openapi::api::core::v1::Node>::all(env.client.clone());
+    let gone = node_name_for(&ids[0]);
+    wait_until("the fenced node is gone", || {
+        let (nodes, gone) = (nodes.clone(), gone.clone());
+        async move { nodes.get_opt(&gone).await.is_ok_and(|n| n.is_none()) }
+    })
+    .await;
+    let stops = env.cloud.ec2.call_count("StopInstances");
+
+    let first = node_name_for(&ids[1]);
+    env.cp.node(&first).expect("kubelet").partition();
+    let leases = Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(
+        env.client.clone(),
+        "kube-node-lease",
+    );
+    let renew_ms = timings::node_lease_renew().as_millis() as i64;
+    let renewed_ms = |lease: k8s_openapi::api::coordination::v1::Lease| {
+        lease
+            .spec
+            .and_then(|s| s.renew_time)
+            .map(|t| t.0.as_millisecond())
+    };
+    // The first node's last renewal, once it is certainly its last.
+    let seen = Arc::new(std::sync::atomic::AtomicI64::new(0));
+    wait_until("the first node's Lease is silent", || {
+        let (leases, first, seen) = (leases.clone(), first.clone(), seen.clone());
+        async move {
+            let t = leases.get(&first).await.ok().and_then(renewed_ms);
+            seen.store(t.unwrap_or(0), Ordering::SeqCst);
+            t.is_some_and(|t| k8s_openapi::jiff::Timestamp::now().as_millisecond() - t > renew_ms)
+        }
+    })
+    .await;
+    let first_last = seen.load(Ordering::SeqCst);
+    // The second dies just after a renewal a whole interval later: the two deaths are one
+    // renewal apart on the operator's clock too, never in step by chance.
+    let second = node_name_for(&ids[2]);
+    wait_until(
+        "the second node renews a renewal interval after the first's last",
+        || {
+            let (leases, second) = (leases.clone(), second.clone());
+            async move {
+                leases
+                    .get(&second)
+                    .await
+                    .ok()
+                    .and_then(renewed_ms)
+                    .is_some_and(|t| t >= first_last + renew_ms)
+            }
+        },
+    )
+    .await;
+    env.cp
+        .node(&node_name_for(&ids[2]))
+        .expect("kubelet")
+        .partition();
+    for name in ["db2", "db3"] {
+        let q = wait_for_within(
+            &env.qdbs(),
+            name,
+            "failover held back",
+            FAILOVER_TIMEOUT,
+            crate::harness::has_condition("Failover", "FailoverSuppressed"),
+        )
+        .await;
+        let message = crate::harness::condition_message(&q, "Failover");
+        assert!(
+            message.contains("TooManyUnhealthyNodes"),
+            "{name}: {message}"
+        );
+    }
+    assert_eq!(
+        env.cloud.ec2.call_count("StopInstances"),
+        stops,
+        "nothing fenced while two staggered deaths hold the breaker"
+    );
+    for name in ["db2", "db3"] {
+        let q = env.qdbs().get(name).await.expect("qdb");
+        assert_eq!(q.status.and_then(|s| s.failover), None, "{name}");
+    }
+    env.stop().await;
+}
+
+/// The usual cluster with `n` more shared workers: a larger cluster's breaker lets two
+/// silent nodes through where the small one's counts them an outage.
+async fn with_more_workers(n: usize) -> CloudEnv {
+    let mut cluster = crate::harness::cluster();
+    cluster.nodes.extend(
+        (1..=n).map(|i| {
+            questdb_testenv::NodeRegistration::worker(&format!("worker-c{i}"), "sim-zone-b")
+        }),
+    );
+    CloudEnv::start_on(
+        settings(),
+        cluster,
+        questdb_operator::cloud::memory::MemoryEc2Options::default(),
+    )
+    .await
 }

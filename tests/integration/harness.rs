@@ -280,6 +280,22 @@ where
     }
 }
 
+/// Waits until a whole second passes without any write through the proxy (in-flight
+/// reconciles of the last status writes have finished).
+pub async fn writes_settle(cp: &ControlPlane) {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let last = std::sync::Arc::new(AtomicU64::new(cp.request_counts().writes()));
+    wait_until("writes settle", || {
+        let last = last.clone();
+        async move {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let now = cp.request_counts().writes();
+            last.swap(now, Ordering::SeqCst) == now
+        }
+    })
+    .await;
+}
+
 /// Waits until an Event in `ns` satisfies `matches` (events.k8s.io/v1, as the recorder writes).
 pub async fn wait_for_event(
     env: &Env,

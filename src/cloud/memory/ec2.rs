@@ -119,6 +119,7 @@ struct Record {
 #[derive(Debug, Default)]
 struct Faults {
     throttle_next: u32,
+    throttled_operations: BTreeSet<&'static str>,
     no_capacity_zones: BTreeSet<String>,
     /// (zone, instance type) pairs without capacity.
     no_capacity_types: BTreeSet<(String, String)>,
@@ -186,6 +187,18 @@ impl MemoryEc2 {
     /// The next `n` calls (any operation) fail with `RequestLimitExceeded`.
     pub fn throttle_next(&self, n: u32) {
         self.lock().faults.throttle_next = n;
+    }
+
+    /// Every call of `operation` fails with `RequestLimitExceeded` until cleared: EC2 throttles
+    /// each API action by its own token bucket ("Request throttling for the Amazon EC2 API"),
+    /// so one action can be refused for minutes while the others answer.
+    pub fn set_throttled(&self, operation: &'static str, throttled: bool) {
+        let mut state = self.lock();
+        if throttled {
+            state.faults.throttled_operations.insert(operation);
+        } else {
+            state.faults.throttled_operations.remove(operation);
+        }
     }
 
     /// Instances of `image` that reach `running` from now on never register a Node (no
@@ -303,8 +316,11 @@ impl MemoryEc2 {
     /// Record the call and apply throttling: the common prologue of every operation.
     fn begin(state: &mut State, operation: &'static str) -> Result<(), ApiError> {
         state.calls.push((operation, Instant::now()));
-        if state.faults.throttle_next > 0 {
-            state.faults.throttle_next -= 1;
+        let throttled = state.faults.throttled_operations.contains(operation);
+        if throttled || state.faults.throttle_next > 0 {
+            if !throttled {
+                state.faults.throttle_next -= 1;
+            }
             return Err(ApiError::new(
                 "RequestLimitExceeded",
                 "Request limit exceeded.",
