@@ -639,8 +639,12 @@ async fn start_operator(
     Ok((op, args))
 }
 
+/// Worker nodes for N QuestDBs of one volume each: a node attaches at most
+/// [`questdb_testenv::kubelet::ATTACHABLE_VOLUMES`] volumes (fewer than the 110 pods it
+/// takes), so the volumes decide; a tenth more leaves the scheduler a choice.
 fn worker_nodes(questdbs: usize) -> Vec<(String, String)> {
-    (0..questdbs.div_ceil(PODS_PER_NODE).max(3))
+    let per_node = questdb_testenv::kubelet::ATTACHABLE_VOLUMES;
+    (0..(questdbs + questdbs / 10).div_ceil(per_node).max(3))
         .map(|i| {
             let zone = if i % 2 == 0 { "a" } else { "b" };
             (format!("sim-node-{i:03}"), format!("sim-zone-{zone}"))

@@ -773,6 +773,7 @@ async fn run_controllers(shared: &Shared<'_>, subs: Subscriptions, token: Cancel
             .ok()
             .filter(|n| !n.is_empty()),
         write_health: Default::default(),
+        status_writes: Default::default(),
     });
     let sweeper = sweep::run(ctx.clone(), opts.namespace.clone(), token.clone());
     let Subscriptions {

@@ -103,6 +103,16 @@ impl Operator {
         for name in CLEARED_ENV {
             command.env_remove(name);
         }
+        // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
+        unsafe {
+            use std::os::unix::process::CommandExt;
+            command.pre_exec(|| {
+                // The operator goes with the benchmark however it ends (Ctrl-C, SIGKILL, a
+                // panic): Drop covers only the orderly ends.
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
         let child = command
             .spawn()
             .with_context(|| format!("starting {}", binary.display()))?;

@@ -197,15 +197,11 @@ where
                 field_manager: Some(MANAGER.into()),
                 ..Default::default()
             };
+            // The create's fields belong to `(questdb-operator, Update)` until the first
+            // server-side apply converts them: most children are never updated, so that
+            // write is paid then, not at every creation.
             match api.create(&pp, desired).await {
-                Ok(created) => {
-                    if K::SERVER_SIDE_APPLY {
-                        // Best effort: a crash or conflict here leaves an ownership entry that
-                        // the next update converts first.
-                        let _ = upgrade_managed_fields(api, &created).await;
-                    }
-                    Ok(Applied::Created)
-                }
+                Ok(_) => Ok(Applied::Created),
                 Err(kube::Error::Api(s)) if s.code == 409 => Ok(Applied::Stale),
                 Err(e) => Err(e),
             }

@@ -82,7 +82,15 @@ pub struct Context {
     pub operator_namespace: Option<String>,
     /// The newest `WriteHealthy` verdict per QuestDB (see `write_health`).
     pub write_health: WriteHealth,
+    /// When each QuestDB's status was last written, for the few a second ago: progress
+    /// within a phase is written at most once per [`STATUS_COALESCE`].
+    pub status_writes: Mutex<HashMap<ObjectRef<GuardedQuestDB>, std::time::Instant>>,
 }
+
+/// Progress within one phase (a pod created, then scheduled) comes in bursts a person at a
+/// terminal cannot tell apart; each write is one more for the apiserver and etcd, at a
+/// thousand databases thousands. Such a status waits this long after the last write.
+pub const STATUS_COALESCE: std::time::Duration = std::time::Duration::from_secs(1);
 
 pub type Wake = futures::channel::mpsc::UnboundedSender<ObjectRef<GuardedQuestDB>>;
 

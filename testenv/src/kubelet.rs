@@ -35,6 +35,11 @@ use crate::database::{self, Runtime};
 use crate::timings;
 
 pub const KUBELET_VERSION: &str = "v1.37.2";
+/// Volumes the EBS CSI driver says a node can attach (`CSINode` `allocatable.count`): on Nitro
+/// instances the attachment slots are shared with network interfaces, and the driver reports
+/// what is left, 25 to 27 on the common types. The scheduler places no more volumes than this
+/// on a node ("node(s) exceed max volume count").
+pub const ATTACHABLE_VOLUMES: usize = 25;
 
 /// How a Node joins: what its kubelet registers.
 #[derive(Clone, Debug)]
@@ -865,7 +870,7 @@ async fn register_csi_driver(client: Client, state: Arc<NodeState>) {
         _ = tokio::time::sleep(reg.ready_after + timings::CSI_DRIVER_REGISTRATION) => {}
     }
     let driver = json!({"name": DRIVER, "nodeID": reg.provider_id.clone().unwrap_or(reg.name.clone()),
-        "topologyKeys": [ZONE_LABEL], "allocatable": {"count": 25}});
+        "topologyKeys": [ZONE_LABEL], "allocatable": {"count": ATTACHABLE_VOLUMES}});
     let patch = json!({"spec": {"drivers": [driver]}});
     let api = Api::<CSINode>::all(client);
     for _ in 0..10 {

@@ -587,17 +587,7 @@ async fn a_no_op_resync_of_50_questdbs_makes_zero_writes_and_logs_no_warning() {
     }
     // Let in-flight reconciles triggered by the last status writes finish: wait until a full
     // second passes with no write at all.
-    let mut last = env.cp.request_counts().writes();
-    wait_until("writes settle", || {
-        let now = env.cp.request_counts().writes();
-        let settled = now == last;
-        last = now;
-        async move {
-            tokio::time::sleep(Duration::from_secs(1)).await;
-            settled
-        }
-    })
-    .await;
+    crate::harness::writes_settle(&env.cp).await;
 
     env.cp.reset_request_counts();
     let mark = log_capture::mark();
@@ -1051,5 +1041,56 @@ async fn a_volume_without_a_storage_class_says_why_instead_of_waiting_forever() 
         e.reason.as_deref() == Some("VolumePending")
     })
     .await;
+    env.stop().await;
+}
+
+/// Every write a new database costs is a request the apiserver serves and etcd stores; at a
+/// thousand databases a few extra per database are thousands. Counted at the apiserver (the
+/// proxy in front of every client), events apart: eight objects (StatefulSet, two Services,
+/// two ConfigMaps, NetworkPolicy, credentials Secret, PVC) and one status are the minimum of
+/// nine; at most two more are allowed (the status transitions a user can see: created, placed
+/// on a node, running).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_database_costs_at_most_two_writes_beyond_its_objects_and_status() {
+    const N: u64 = 10;
+    let env = Env::start().await;
+    env.namespace(NS).await;
+    let name = |i: u64| format!("writes-{i}");
+    env.cp.reset_request_counts();
+    for i in 0..N {
+        env.create_questdb(NS, &name(i), |_| {}).await;
+    }
+    let qdbs = env.api::<QuestDB>(NS);
+    for i in 0..N {
+        wait_for(&qdbs, &name(i), "QuestDB Ready", is_ready()).await;
+    }
+    crate::harness::writes_settle(&env.cp).await;
+    let counts = env.cp.request_counts();
+    let mut by_kind: BTreeMap<String, u64> = BTreeMap::new();
+    for ((verb, resource), n) in &counts.0 {
+        if verb.is_write() && !resource.starts_with("events") {
+            *by_kind
+                .entry(format!("{} {resource}", verb.as_str()))
+                .or_default() += n;
+        }
+    }
+    // The test's own creates of the QuestDBs and their namespace are not the operator's.
+    by_kind.remove("create questdbs");
+    let operator_writes: u64 = by_kind.values().sum();
+    let events: u64 = counts
+        .0
+        .iter()
+        .filter(|((v, r), _)| v.is_write() && r.starts_with("events"))
+        .map(|(_, n)| n)
+        .sum();
+    eprintln!(
+        "writes per new database: {:.1} (events apart: {:.1}); {by_kind:?}",
+        operator_writes as f64 / N as f64,
+        events as f64 / N as f64
+    );
+    assert!(
+        operator_writes <= N * (9 + 2),
+        "{operator_writes} writes for {N} new databases, more than 11 each: {by_kind:?}"
+    );
     env.stop().await;
 }

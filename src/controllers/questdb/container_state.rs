@@ -5,6 +5,7 @@
 //! message instead of the pod's events.
 
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
+use k8s_openapi::jiff::Timestamp;
 
 use crate::api::Reason;
 use crate::desired::CONTAINER_NAME;
@@ -12,6 +13,10 @@ use crate::desired::CONTAINER_NAME;
 /// Most of a log tail kept in a condition message (the kubelet's own termination message is
 /// at most 4 KiB; status is read on a terminal).
 const LOG_TAIL_MAX: usize = 1500;
+
+/// How long the scheduler's refusal must last before it is the database's trouble: its
+/// retries of a pod that failed for an unbound claim come within a second or two.
+pub const SCHEDULER_RETRY_GRACE: std::time::Duration = std::time::Duration::from_secs(3);
 
 /// Why the database container cannot run: the reason and a message whose first line is the
 /// cause (what one Warning event is sent for) and whose rest is the last log lines.
@@ -30,7 +35,11 @@ impl Trouble {
 
 /// The scheduler's word on a pod it cannot place (`PodScheduled=False`, `Unschedulable`):
 /// "0/3 nodes are available: ...".
-pub fn unschedulable(pod: &Pod) -> Option<Trouble> {
+/// Not before the refusal has lasted [`SCHEDULER_RETRY_GRACE`]: a new database's first
+/// attempt routinely fails for a claim not bound yet ("pod has unbound immediate
+/// PersistentVolumeClaims") and succeeds a moment later, and reporting that costs a status
+/// write and says nothing a user should act on.
+pub fn unschedulable(pod: &Pod, now: Timestamp) -> Option<Trouble> {
     let condition = pod
         .status
         .as_ref()?
@@ -38,7 +47,10 @@ pub fn unschedulable(pod: &Pod) -> Option<Trouble> {
         .as_ref()?
         .iter()
         .find(|c| c.type_ == "PodScheduled" && c.status == "False")?;
-    (condition.reason.as_deref() == Some("Unschedulable")).then(|| Trouble {
+    let fresh = condition.last_transition_time.as_ref().is_some_and(|t| {
+        now.duration_since(t.0).as_secs() < SCHEDULER_RETRY_GRACE.as_secs() as i64
+    });
+    (condition.reason.as_deref() == Some("Unschedulable") && !fresh).then(|| Trouble {
         reason: Reason::Unschedulable,
         message: format!(
             "the database pod cannot be scheduled: {}",
@@ -218,7 +230,8 @@ mod tests {
             "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
             "message": "0/3 nodes are available: 3 node(s) didn't match Pod's node affinity/selector."
         }]}));
-        let t = unschedulable(&waiting).expect("unschedulable");
+        let now = Timestamp::from_second(1_700_000_000).unwrap();
+        let t = unschedulable(&waiting, now).expect("unschedulable");
         assert_eq!(t.reason, Reason::Unschedulable);
         assert_eq!(
             t.message,
@@ -228,9 +241,22 @@ mod tests {
         let gated = pod(json!({"conditions": [{
             "type": "PodScheduled", "status": "False", "reason": "SchedulingGated"
         }]}));
-        assert_eq!(unschedulable(&gated), None);
+        assert_eq!(unschedulable(&gated, now), None);
         let placed = pod(json!({"conditions": [{"type": "PodScheduled", "status": "True"}]}));
-        assert_eq!(unschedulable(&placed), None);
+        assert_eq!(unschedulable(&placed, now), None);
+        // A refusal the scheduler made a moment ago is its retry's business, not yet ours.
+        let just_now = pod(json!({"phase": "Pending", "conditions": [{
+            "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+            "lastTransitionTime": "2023-11-14T22:13:19Z",
+            "message": "0/3 nodes are available: pod has unbound immediate PersistentVolumeClaims."
+        }]}));
+        assert_eq!(unschedulable(&just_now, now), None);
+        let a_while_ago = pod(json!({"phase": "Pending", "conditions": [{
+            "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+            "lastTransitionTime": "2023-11-14T22:13:17Z",
+            "message": "0/3 nodes are available: 3 node(s) didn't match Pod's node affinity/selector."
+        }]}));
+        assert!(unschedulable(&a_while_ago, now).is_some());
     }
 
     #[test]

@@ -197,6 +197,7 @@ mod tests {
             wake: None,
             operator_namespace: None,
             write_health: Default::default(),
+            status_writes: Default::default(),
         };
         (ctx, writer)
     }

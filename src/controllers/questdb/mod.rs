@@ -70,7 +70,7 @@ pub async fn reconcile(qdb: Arc<QuestDB>, ctx: Arc<Context>) -> Result<Next, Err
                 restore: Some(verdict),
                 ..Default::default()
             };
-            write_status(&current, &ctx, &inputs).await?;
+            write_status(&current, &ctx, &inputs, Coalesce::Never).await?;
             return Ok(retry.map_or(Next::AwaitChange, Next::RequeueAfter));
         }
     };
@@ -127,23 +127,31 @@ pub async fn reconcile(qdb: Arc<QuestDB>, ctx: Arc<Context>) -> Result<Next, Err
     let converged = report.changed.is_empty() && report.blocked.is_empty();
     // Without a pod, the StatefulSet controller may have been refused one: only its events say.
     let pod_missing = matches!((&sts, &pod), (Some(s), None) if wants_a_pod(s));
+    // Events are read live: only once the database has waited a while, not on every
+    // reconcile of a pod that is merely on its way (creation, a restart).
+    let waited = waited_long_enough(&qdb, Timestamp::now());
     let pod_refused = match &sts {
-        Some(sts) if pod_missing => pod_refusal(&ctx, &ns, &sts.name_any()).await,
+        Some(sts) if pod_missing && waited => pod_refusal(&ctx, &ns, &sts.name_any()).await,
         _ => None,
     };
-    // A pod waiting for its volume: only the claim's events say why the claim is unbound.
-    let volume_waits = pod.as_ref().is_some_and(|p| {
+    let unscheduled = pod.as_ref().is_some_and(|p| {
         p.spec
             .as_ref()
             .and_then(|s| s.node_name.as_deref())
             .is_none()
-    }) && c
-        .pvcs
-        .get(&ObjectRef::new(&desired::names::pvc(&qdb)).within(&ns))
-        .is_some_and(|claim| {
-            claim.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Pending")
-        });
-    let volume_pending = if volume_waits {
+    });
+    // The scheduler's refusal counts only once it has lasted a while, and no event says when
+    // that is: look again (a dedicated node's pod waits for its node, which the node's own
+    // events report).
+    let refusal_ripens = unscheduled && qdb.spec.node.is_none();
+    // A pod waiting for its volume: only the claim's events say why the claim is unbound.
+    let volume_waits = unscheduled
+        && c.pvcs
+            .get(&ObjectRef::new(&desired::names::pvc(&qdb)).within(&ns))
+            .is_some_and(|claim| {
+                claim.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Pending")
+            });
+    let volume_pending = if volume_waits && waited {
         volume_refusal(&ctx, &ns, &desired::names::pvc(&qdb)).await
     } else {
         None
@@ -170,8 +178,8 @@ pub async fn reconcile(qdb: Arc<QuestDB>, ctx: Arc<Context>) -> Result<Next, Err
         cloud: Some(&cloud_out),
         ..Default::default()
     };
-    write_status(&qdb, &ctx, &inputs).await?;
-    let next = if converged && !pod_missing && !volume_waits {
+    let deferred = write_status(&qdb, &ctx, &inputs, Coalesce::Progress).await?;
+    let next = if converged && !pod_missing && !volume_waits && !refusal_ripens {
         RESYNC
     } else if converged {
         // No event reaches the operator while the StatefulSet controller retries a refused
@@ -183,9 +191,38 @@ pub async fn reconcile(qdb: Arc<QuestDB>, ctx: Arc<Context>) -> Result<Next, Err
         // a backstop.
         std::time::Duration::from_secs(30)
     };
+    let next = deferred.map_or(next, |d| d.min(next));
     Ok(Next::RequeueAfter(
         cloud_out.requeue.map_or(next, |r| r.min(next)),
     ))
+}
+
+/// Whether a status write may wait (see [`crate::controllers::context::STATUS_COALESCE`]).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Coalesce {
+    /// Progress within a phase waits out the window after the last write.
+    Progress,
+    /// Written now: the caller does not look again soon.
+    Never,
+}
+
+/// How long a database is not Ready before the events may say why: a pod on its way is
+/// usually there within a second, and each look is an uncached list.
+const LOOK_FOR_REFUSALS_AFTER: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// Whether `Ready` has not been True for [`LOOK_FOR_REFUSALS_AFTER`] (a QuestDB without a
+/// status yet has not waited at all).
+fn waited_long_enough(qdb: &QuestDB, now: Timestamp) -> bool {
+    let Some(ready) = qdb
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"))
+    else {
+        return false;
+    };
+    ready.status != "True"
+        && now.duration_since(ready.last_transition_time.0).as_secs()
+            >= LOOK_FOR_REFUSALS_AFTER.as_secs() as i64
 }
 
 /// How often a StatefulSet that should have a pod and has none is looked at again.
@@ -276,7 +313,7 @@ async fn invalid_spec(
         invalid,
         ..Default::default()
     };
-    write_status(qdb, ctx, &inputs).await?;
+    write_status(qdb, ctx, &inputs, Coalesce::Never).await?;
     Ok(Next::AwaitChange)
 }
 
@@ -472,15 +509,32 @@ fn already_reported_invalid(qdb: &QuestDB, note: &str) -> bool {
 
 /// Replaces the status only when it differs; `replace_status` carries the cached
 /// resourceVersion so a concurrent writer yields a conflict instead of being overwritten.
+/// Writes the status computed from `inputs` when it differs. `Ok(Some(wait))`: progress held
+/// back for `wait` (the caller looks again then).
 async fn write_status(
     qdb: &QuestDB,
     ctx: &Context,
     inputs: &status::StatusInputs<'_>,
-) -> Result<(), Error> {
+    coalesce: Coalesce,
+) -> Result<Option<std::time::Duration>, Error> {
+    use crate::controllers::context::STATUS_COALESCE;
     let new = status::compute(qdb, inputs, Timestamp::now());
     let old = qdb.status.clone().unwrap_or_default();
     if old == new {
-        return Ok(());
+        return Ok(None);
+    }
+    let key = crate::controllers::context::questdb_ref(qdb);
+    if coalesce == Coalesce::Progress && status::progress_only(&old, &new) {
+        let last = key.as_ref().and_then(|k| {
+            ctx.status_writes
+                .lock()
+                .expect("status writes lock")
+                .get(k)
+                .copied()
+        });
+        if let Some(wait) = last.and_then(|t| STATUS_COALESCE.checked_sub(t.elapsed())) {
+            return Ok(Some(wait.max(std::time::Duration::from_millis(50))));
+        }
     }
     let mut obj = qdb.clone();
     obj.status = Some(new.clone());
@@ -494,11 +548,19 @@ async fn write_status(
     api.replace_status(&qdb.name_any(), &pp, &obj)
         .await
         .map_err(Error::from_status_write)?;
+    if let Some(k) = key {
+        let mut writes = ctx.status_writes.lock().expect("status writes lock");
+        // Only the last window's writes matter: the map stays as small as the burst.
+        if writes.len() >= 64 {
+            writes.retain(|_, t| t.elapsed() < STATUS_COALESCE);
+        }
+        writes.insert(k, std::time::Instant::now());
+    }
     // Counted once it is written: a conflict retry would otherwise count the same transition
     // twice.
     ctx.metrics_conditions(&old.conditions, &new.conditions);
     report_container_trouble(qdb, ctx, &old, &new).await;
-    Ok(())
+    Ok(None)
 }
 
 /// One Warning event (and log line) per distinct cause of a database that cannot run: the

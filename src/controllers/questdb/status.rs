@@ -135,7 +135,7 @@ pub fn compute(qdb: &QuestDB, obs: &StatusInputs, now: Timestamp) -> QuestDBStat
             .or_else(|| {
                 obs.pod
                     .filter(|_| spec.node.is_none())
-                    .and_then(container_state::unschedulable)
+                    .and_then(|p| container_state::unschedulable(p, now))
             })
             .or_else(|| {
                 obs.pod_refused
@@ -405,4 +405,28 @@ fn not_answering(existing: &QuestDBStatus, pod: Option<&Pod>) -> Phase {
         (false, true) => Phase::Unavailable,
         (_, false) => Phase::Pending,
     }
+}
+
+/// Whether `new` only adds progress to `old` within the same phase: no condition of `old`
+/// changes its status, and nothing beyond the conditions' words and the node's fields
+/// differs (no step of a failover or node move, no instance). Such a write may wait a moment
+/// for the next piece of progress; any other change is written at once.
+pub fn progress_only(old: &QuestDBStatus, new: &QuestDBStatus) -> bool {
+    if old.phase.is_none() || old.phase != new.phase {
+        return false;
+    }
+    let flips = old.conditions.iter().any(|o| {
+        new.conditions
+            .iter()
+            .find(|n| n.type_ == o.type_)
+            .is_none_or(|n| n.status != o.status)
+    });
+    let rest = |s: &QuestDBStatus| QuestDBStatus {
+        conditions: Vec::new(),
+        node_name: None,
+        node_ready: None,
+        node_ip: None,
+        ..s.clone()
+    };
+    !flips && rest(old) == rest(new)
 }

@@ -563,3 +563,99 @@ fn an_unbound_volume_is_reported_in_the_volume_controllers_words_while_the_pod_w
     let ready = st.conditions.iter().find(|c| c.type_ == "Ready").unwrap();
     assert_ne!(ready.reason, "VolumePending");
 }
+
+/// Each look at the events is an uncached list: a pod on its way (creation, a restart) is not
+/// looked for until `Ready` has been False a few seconds, and a Ready database never is.
+#[test]
+fn events_are_read_only_once_the_database_has_waited_a_while() {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+    let with_ready = |status: &str, since: i64| {
+        let mut q = testing::questdb("db", "ns");
+        q.status = Some(crate::api::QuestDBStatus {
+            conditions: vec![Condition {
+                type_: "Ready".into(),
+                status: status.into(),
+                reason: "Creating".into(),
+                message: String::new(),
+                last_transition_time: Time(Timestamp::from_second(since).unwrap()),
+                observed_generation: None,
+            }],
+            ..Default::default()
+        });
+        q
+    };
+    let t = now().as_second();
+    assert!(!super::waited_long_enough(
+        &testing::questdb("db", "ns"),
+        now()
+    ));
+    assert!(!super::waited_long_enough(
+        &with_ready("False", t - 1),
+        now()
+    ));
+    assert!(super::waited_long_enough(
+        &with_ready("False", t - 3),
+        now()
+    ));
+    assert!(super::waited_long_enough(
+        &with_ready("Unknown", t - 60),
+        now()
+    ));
+    assert!(!super::waited_long_enough(
+        &with_ready("True", t - 60),
+        now()
+    ));
+}
+
+/// Progress within a phase may wait for the next piece (one write instead of two); a phase
+/// change, a condition that flips, a first status or a failover's step never waits.
+#[test]
+fn only_progress_within_a_phase_waits_to_be_written() {
+    use super::status::progress_only;
+    use crate::api::{FailoverStatus, QuestDBStatus};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+    let cond = |status: &str, reason: &str| Condition {
+        type_: "Ready".into(),
+        status: status.into(),
+        reason: reason.into(),
+        message: reason.into(),
+        last_transition_time: Time(now()),
+        observed_generation: Some(1),
+    };
+    let pending = QuestDBStatus {
+        phase: Some(Phase::Pending),
+        conditions: vec![cond("False", "RollingOut")],
+        ..Default::default()
+    };
+    let scheduled = QuestDBStatus {
+        conditions: vec![cond("False", "PodNotReady")],
+        node_name: Some("worker-a1".into()),
+        node_ip: Some("10.0.0.2".into()),
+        node_ready: Some(true),
+        ..pending.clone()
+    };
+    assert!(progress_only(&pending, &scheduled));
+    let running = QuestDBStatus {
+        phase: Some(Phase::Running),
+        conditions: vec![cond("True", "Running")],
+        ..scheduled.clone()
+    };
+    assert!(!progress_only(&scheduled, &running), "a phase change");
+    let flipped = QuestDBStatus {
+        conditions: vec![cond("True", "Running")],
+        ..scheduled.clone()
+    };
+    assert!(!progress_only(&scheduled, &flipped), "Ready flips");
+    assert!(
+        !progress_only(&QuestDBStatus::default(), &pending),
+        "the first status"
+    );
+    let failing_over = QuestDBStatus {
+        failover: Some(FailoverStatus {
+            phase: "Fencing".into(),
+            ..Default::default()
+        }),
+        ..scheduled.clone()
+    };
+    assert!(!progress_only(&scheduled, &failing_over), "a failover step");
+}
