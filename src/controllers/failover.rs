@@ -187,6 +187,24 @@ pub fn should_start(v: &StartView) -> Start {
     Start::Go
 }
 
+/// The Failover condition of a database with no failover under way and a healthy node:
+/// `Armed` with what silence fails its node over, or, with `spec.failover.enabled: false`,
+/// `False Disabled`: an on-call engineer reading `Armed` expects a dead node to be replaced.
+pub fn idle_condition(spec: &FailoverSpec, lease_duration: Duration) -> (bool, Reason, String) {
+    if !spec.enabled {
+        return (
+            false,
+            Reason::Disabled,
+            "spec.failover.enabled is false: a dedicated node that stops responding is not replaced automatically".into(),
+        );
+    }
+    (
+        true,
+        Reason::Armed,
+        armed_message(spec.unhealthy_after_seconds, lease_duration),
+    )
+}
+
 /// The `Failover=True Armed` message: what silence fails the node over, and why it is longer
 /// than asked when the spec asks for less than the kubelets' Lease duration.
 pub fn armed_message(unhealthy_after_seconds: i64, lease_duration: Duration) -> String {

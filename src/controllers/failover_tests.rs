@@ -335,6 +335,23 @@ fn the_armed_condition_says_when_the_spec_asks_for_less_than_the_lease() {
 }
 
 #[test]
+fn a_database_with_failover_off_never_says_armed() {
+    let lease = Duration::from_secs(40);
+    let on = FailoverSpec::default();
+    let (status, reason, _) = idle_condition(&on, lease);
+    assert!(status);
+    assert_eq!(reason, Reason::Armed);
+    let off = FailoverSpec {
+        enabled: false,
+        ..FailoverSpec::default()
+    };
+    let (status, reason, message) = idle_condition(&off, lease);
+    assert!(!status);
+    assert_eq!(reason, Reason::Disabled);
+    assert!(message.contains("not replaced"), "{message}");
+}
+
+#[test]
 fn a_release_waiting_on_a_dead_node_fences_and_taints_it_but_never_a_live_one() {
     let view = |silent: Option<u64>, state: Option<InstanceState>, tainted: bool| ReleaseView {
         node: "node-old",

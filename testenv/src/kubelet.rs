@@ -1183,9 +1183,53 @@ async fn run_pods(k: Kubelets) {
                         let _ = done.send(());
                     });
                 }
+                // The node-lifecycle controller marked the pod of a silent node not ready; the
+                // kubelet, back, finds the API's status differs from its own and posts its own
+                // again (status_manager.go `needsReconcile`). A real database's runner does the
+                // same for its pod.
+                PodPhase::Running if run.db.is_none() && !pod_ready(pod) => {
+                    run.busy = true;
+                    drop(r);
+                    let (client, pod, runs, done) =
+                        (k.client.clone(), pod.clone(), runs.clone(), done_tx.clone());
+                    tokio::spawn(async move {
+                        mark_ready(&client, &pod).await;
+                        if let Some(run) = runs.lock().unwrap().get_mut(&uid) {
+                            run.busy = false;
+                        }
+                        let _ = done.send(());
+                    });
+                }
                 _ => {}
             }
         }
+    }
+}
+
+fn pod_ready(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+/// Posts the running pod's conditions as the kubelet sees them (all True).
+async fn mark_ready(client: &Client, pod: &Pod) {
+    let api: Api<Pod> = Api::namespaced(client.clone(), &pod.namespace().unwrap_or_default());
+    let now = Time(k8s_openapi::jiff::Timestamp::now());
+    let cond = |t: &str| json!({"type": t, "status": "True", "lastTransitionTime": now});
+    let patch = json!({"metadata": {"uid": pod.uid()}, "status": {
+        "conditions": [cond("PodReadyToStartContainers"), cond("Initialized"), cond("Ready"), cond("ContainersReady"), cond("PodScheduled")],
+    }});
+    if let Err(e) = api
+        .patch_status(
+            &pod.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+    {
+        debug!(pod = %pod.name_any(), error = %e, "pod status reconcile failed");
     }
 }
 

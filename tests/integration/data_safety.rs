@@ -211,10 +211,10 @@ async fn failover_keeps_every_acknowledged_row(failure: NodeFailure, what: &str)
     let (writer, old, login) = writing(&env).await;
     let kubelet = env.cp.node(&node_name_for(&old)).expect("kubelet");
     match failure {
-        NodeFailure::PowerLoss => {
-            kubelet.power_off();
-            assert!(env.cloud.ec2.power_off(&old));
-        }
+        // A hardware failure: the kubelet and QuestDB die at once while EC2 still reports the
+        // instance `running` (failed status checks, not a stopped state), so the failover
+        // stops it itself before the volume moves.
+        NodeFailure::PowerLoss => kubelet.power_off(),
         NodeFailure::Partition => kubelet.partition(),
     }
     let q = wait_for_within(

@@ -17,7 +17,7 @@ use questdb_operator::cloud::InstanceState;
 use tokio_util::sync::CancellationToken;
 
 use super::{node_name_for, settings, CloudEnv, NS};
-use crate::harness::{is_ready, wait_for, wait_for_within, wait_until};
+use crate::harness::{is_ready, is_running, wait_for, wait_for_within, wait_until};
 
 /// Detection (10 s) + the cluster's own timings: node grace, pod GC period (20 s), detach,
 /// attach, pod start; generous for a loaded 2-core machine.
@@ -472,8 +472,9 @@ async fn a_node_not_ready_while_its_lease_renews_is_never_fenced_and_its_databas
 }
 
 /// `kubectl delete node` of a dedicated node whose instance still runs (or a kubelet that never
-/// re-registers): no Lease renews, no Node says anything, and without this the database waits
-/// for a Node forever. It is fenced and replaced; its volume is released by Kubernetes' own
+/// re-registers): its kubelet runs on and may even renew its Lease, but no Node says anything
+/// and a node with no Node object serves nothing, and without this the database waits for a
+/// Node forever. It is fenced and replaced; its volume is released by Kubernetes' own
 /// timers (pod GC, then the attach-detach controller's 6-minute force detach: there is no Node
 /// to take the out-of-service taint), never before the old instance is stopped.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1879,4 +1880,53 @@ async fn with_more_workers(n: usize) -> CloudEnv {
         questdb_operator::cloud::memory::MemoryEc2Options::default(),
     )
     .await
+}
+
+/// A database whose node went silent, with failover turned off, is down and nothing will
+/// bring it back by itself: once the control plane marks its pod not ready, the phase column
+/// says `Unavailable` (never `Running`), `Ready` says the node is why, and `Running` returns
+/// when the node answers again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_node_with_failover_off_shows_its_database_unavailable_until_it_answers() {
+    let env = CloudEnv::start(settings()).await;
+    env.create("db1", |q| q.spec.failover.enabled = false).await;
+    wait_for(&env.qdbs(), "db1", "QuestDB Running", is_running()).await;
+    // Not `Armed`: an on-call engineer reading that expects a dead node to be replaced.
+    let q = wait_for(
+        &env.qdbs(),
+        "db1",
+        "Failover False Disabled",
+        crate::harness::has_condition("Failover", "Disabled"),
+    )
+    .await;
+    let id = q.status.and_then(|s| s.instance_id).expect("instance");
+    let kubelet = env.cp.node(&node_name_for(&id)).expect("kubelet");
+    kubelet.partition();
+    let q = wait_for_within(
+        &env.qdbs(),
+        "db1",
+        "phase Unavailable",
+        FAILOVER_TIMEOUT,
+        |q: Option<&QuestDB>| {
+            q.and_then(|q| q.status.as_ref()?.phase)
+                .is_some_and(|p| p.as_str() == "Unavailable")
+        },
+    )
+    .await;
+    let ready = q
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready").cloned())
+        .expect("Ready");
+    assert_eq!(ready.status, "False");
+    assert_eq!(ready.reason, "NodeNotReady", "{ready:?}");
+    assert_eq!(
+        env.cloud.ec2.call_count("StopInstances"),
+        0,
+        "failover is off"
+    );
+    kubelet.heal();
+    let q = wait_for(&env.qdbs(), "db1", "QuestDB Running again", is_running()).await;
+    assert_eq!(q.status.and_then(|s| s.instance_id), Some(id));
+    env.stop().await;
 }

@@ -264,15 +264,15 @@ impl MemoryEc2 {
             .map(|r| r.user_data_base64.clone())
     }
 
-    /// The instance is stopped outside the operator (a user, a scheduled EC2 event): EC2
-    /// reports it `stopped`. A hardware failure is not this: EC2 keeps such an instance
-    /// `running` (failed status checks), which is a kubelet fault with no EC2 change. Returns
-    /// whether it was running.
     /// From now on, stops hang until they are repeated (see [`MemoryEc2Options::hang_stops`]).
     pub fn set_hang_stops(&self, hang: bool) {
         self.lock().options.hang_stops = hang;
     }
 
+    /// The instance is stopped outside the operator (a user, a scheduled EC2 event): EC2
+    /// reports it `stopped`. A hardware failure is not this: EC2 keeps such an instance
+    /// `running` (failed status checks), which is a kubelet fault with no EC2 change. Returns
+    /// whether it was running.
     pub fn power_off(&self, id: &str) -> bool {
         let stopped = {
             let mut state = self.lock();

@@ -201,14 +201,9 @@ pub async fn reconcile(
 }
 
 fn armed(qdb: &QuestDB, cloud: &CloudRuntime) -> Verdict {
-    condition(
-        true,
-        Reason::Armed,
-        failover::armed_message(
-            qdb.spec.failover.unhealthy_after_seconds,
-            cloud.health.min_unhealthy(),
-        ),
-    )
+    let (status, reason, message) =
+        failover::idle_condition(&qdb.spec.failover, cloud.health.min_unhealthy());
+    condition(status, reason, message)
 }
 
 /// A release (pause, deletion, `spec.node` removed) whose database pod sits on a node that
