@@ -997,6 +997,9 @@ struct PodRun {
     busy: bool,
     /// A real database runs the pod's containers.
     db: Option<database::PodHandle>,
+    /// The API has shown the pod Ready as this kubelet posted it: a later not-ready is
+    /// someone else's word, not this kubelet's own post still on its way to the cache.
+    seen_ready: bool,
 }
 
 impl PodRun {
@@ -1076,6 +1079,7 @@ async fn run_pods(k: Kubelets) {
                 mounted: false,
                 busy: false,
                 db: None,
+                seen_ready: false,
             });
             if run.busy {
                 continue;
@@ -1187,6 +1191,9 @@ async fn run_pods(k: Kubelets) {
                 // kubelet, back, finds the API's status differs from its own and posts its own
                 // again (status_manager.go `needsReconcile`). A real database's runner does the
                 // same for its pod.
+                PodPhase::Running if run.db.is_none() && !run.seen_ready => {
+                    run.seen_ready = pod_ready(pod);
+                }
                 PodPhase::Running if run.db.is_none() && !pod_ready(pod) => {
                     run.busy = true;
                     drop(r);
@@ -1213,13 +1220,24 @@ fn pod_ready(pod: &Pod) -> bool {
         .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
+/// The conditions of a pod whose containers run and are ready, all True since `now`.
+fn ready_conditions(now: &Time) -> serde_json::Value {
+    let cond = |t: &str| json!({"type": t, "status": "True", "lastTransitionTime": now});
+    json!([
+        cond("PodReadyToStartContainers"),
+        cond("Initialized"),
+        cond("Ready"),
+        cond("ContainersReady"),
+        cond("PodScheduled")
+    ])
+}
+
 /// Posts the running pod's conditions as the kubelet sees them (all True).
 async fn mark_ready(client: &Client, pod: &Pod) {
     let api: Api<Pod> = Api::namespaced(client.clone(), &pod.namespace().unwrap_or_default());
     let now = Time(k8s_openapi::jiff::Timestamp::now());
-    let cond = |t: &str| json!({"type": t, "status": "True", "lastTransitionTime": now});
     let patch = json!({"metadata": {"uid": pod.uid()}, "status": {
-        "conditions": [cond("PodReadyToStartContainers"), cond("Initialized"), cond("Ready"), cond("ContainersReady"), cond("PodScheduled")],
+        "conditions": ready_conditions(&now),
     }});
     if let Err(e) = api
         .patch_status(
@@ -1363,11 +1381,10 @@ async fn start_pod(client: &Client, pod: &Pod, ip: &str) -> bool {
                    "state": {"running": {"startedAt": now}}})
         })
         .collect();
-    let cond = |t: &str| json!({"type": t, "status": "True", "lastTransitionTime": now});
     let host_ip = ip_of_node(client, pod).await;
     let patch = json!({"status": {
         "phase": "Running",
-        "conditions": [cond("PodReadyToStartContainers"), cond("Initialized"), cond("Ready"), cond("ContainersReady"), cond("PodScheduled")],
+        "conditions": ready_conditions(&now),
         "podIP": ip, "podIPs": [{"ip": ip}],
         "hostIP": host_ip, "hostIPs": [{"ip": host_ip}],
         "startTime": now,

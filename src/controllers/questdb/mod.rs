@@ -213,11 +213,11 @@ const LOOK_FOR_REFUSALS_AFTER: std::time::Duration = std::time::Duration::from_s
 /// Whether `Ready` has not been True for [`LOOK_FOR_REFUSALS_AFTER`] (a QuestDB without a
 /// status yet has not waited at all).
 fn waited_long_enough(qdb: &QuestDB, now: Timestamp) -> bool {
-    let Some(ready) = qdb
-        .status
-        .as_ref()
-        .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"))
-    else {
+    let Some(ready) = qdb.status.as_ref().and_then(|s| {
+        s.conditions
+            .iter()
+            .find(|c| c.type_ == crate::api::conditions::READY)
+    }) else {
         return false;
     };
     ready.status != "True"
@@ -509,8 +509,7 @@ fn already_reported_invalid(qdb: &QuestDB, note: &str) -> bool {
 
 /// Replaces the status only when it differs; `replace_status` carries the cached
 /// resourceVersion so a concurrent writer yields a conflict instead of being overwritten.
-/// Writes the status computed from `inputs` when it differs. `Ok(Some(wait))`: progress held
-/// back for `wait` (the caller looks again then).
+/// `Ok(Some(wait))`: progress held back for `wait` (the caller looks again then).
 async fn write_status(
     qdb: &QuestDB,
     ctx: &Context,
