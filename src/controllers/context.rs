@@ -87,10 +87,11 @@ pub struct Context {
     pub status_writes: Mutex<HashMap<ObjectRef<GuardedQuestDB>, std::time::Instant>>,
 }
 
-/// Progress within one phase (a pod created, then scheduled) comes in bursts a person at a
-/// terminal cannot tell apart; each write is one more for the apiserver and etcd, at a
-/// thousand databases thousands. Such a status waits this long after the last write.
-pub const STATUS_COALESCE: std::time::Duration = std::time::Duration::from_secs(1);
+/// A database on its way (a pod created, then placed once the scheduler's retry finds its
+/// claim bound, 1-2 s later) passes through states a person at a terminal cannot tell apart;
+/// each write is one more for the apiserver and etcd, at a thousand databases thousands.
+/// Such progress waits this long after the last write: the scheduler's first retry.
+pub const STATUS_COALESCE: std::time::Duration = std::time::Duration::from_secs(3);
 
 pub type Wake = futures::channel::mpsc::UnboundedSender<ObjectRef<GuardedQuestDB>>;
 

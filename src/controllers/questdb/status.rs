@@ -407,12 +407,13 @@ fn not_answering(existing: &QuestDBStatus, pod: Option<&Pod>) -> Phase {
     }
 }
 
-/// Whether `new` only adds progress to `old` within the same phase: no condition of `old`
-/// changes its status, and nothing beyond the conditions' words and the node's fields
-/// differs (no step of a failover or node move, no instance). Such a write may wait a moment
-/// for the next piece of progress; any other change is written at once.
+/// Whether `new` only adds progress to `old` while the database is on its way (`Pending`
+/// both): no condition of `old` changes its status, and nothing beyond the conditions' words
+/// and the node's fields differs (no step of a failover or node move, no instance). Such a
+/// write may wait a moment for the next piece of progress; any other change, and any news
+/// of a database that ran (its node going NotReady), is written at once.
 pub fn progress_only(old: &QuestDBStatus, new: &QuestDBStatus) -> bool {
-    if old.phase.is_none() || old.phase != new.phase {
+    if old.phase != Some(Phase::Pending) || new.phase != Some(Phase::Pending) {
         return false;
     }
     let flips = old.conditions.iter().any(|o| {

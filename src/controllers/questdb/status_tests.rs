@@ -658,4 +658,12 @@ fn only_progress_within_a_phase_waits_to_be_written() {
         ..scheduled.clone()
     };
     assert!(!progress_only(&scheduled, &failing_over), "a failover step");
+    let running_node_not_ready = QuestDBStatus {
+        node_ready: Some(false),
+        ..running.clone()
+    };
+    assert!(
+        !progress_only(&running, &running_node_not_ready),
+        "news of a database that ran"
+    );
 }
