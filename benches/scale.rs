@@ -1,5 +1,6 @@
-//! The operator under N QuestDBs (issue 7): the real operator binary, run as a child process so
-//! its memory is its own, against an in-process simulated control plane.
+//! The operator under N QuestDBs (issues 7 and 29): the real operator binary, run as a child
+//! process so its memory is its own, against the real control plane (questdb-testenv:
+//! kube-apiserver, kube-controller-manager, kube-scheduler and etcd, fake kubelets and CSI).
 //!
 //! ```text
 //! cargo bench --bench scale                                  # N=1000, concurrency 1,4,16
@@ -7,18 +8,22 @@
 //! cargo bench --bench scale -- --questdbs 200 --concurrency 2,8
 //! cargo bench --profile dev --bench scale -- --quick         # unoptimised, fast to build
 //! ```
-//! `QUESTDB_OPERATOR_BIN=<path>` runs another operator binary. `--control-plane real` runs
-//! against the real control plane (questdb-testenv) instead of the simulator, and first times a
-//! plain client making the same creates and status updates with no operator (the baseline:
-//! what the apiserver itself takes on this machine).
+//! `QUESTDB_OPERATOR_BIN=<path>` runs another operator binary; `QDB_BENCH_OPERATOR_LOG=<filter>`
+//! sets the operator's `RUST_LOG` (default `warn`) and keeps its logs.
 //!
-//! For every concurrency, on a fresh simulator and operator:
+//! For every concurrency, on a fresh control plane and operator:
 //! 1. provisioning: create N QuestDBs (32 creates in flight) and time until all are Ready;
-//!    the operator's requests during it, per QuestDB, split by verb and resource;
+//!    the operator's requests during it (counted by the proxy in front of the apiserver), per
+//!    QuestDB, split by verb and resource; the CPU the operator, apiserver and etcd used;
 //! 2. watch cut: every watch stream ends; the operator's watchers resume from their last
 //!    resourceVersion, which must cost no write and no reconcile;
 //! 3. full resync: the operator is restarted, lists everything and reconciles all N QuestDBs;
 //!    with everything converged that must cost no write and no uncached read (GET).
+//!
+//! Then the baseline, on one more fresh control plane: a plain client (no operator) creates
+//! what the operator created for each QuestDB, from the operator's own builders, writes the
+//! status the operator wrote, and waits for the same pods to be Ready. The headline is the
+//! operator's time to all Ready over the baseline's.
 //!
 //! Prints a table, then as its last line one JSON object for scripts.
 
@@ -33,28 +38,26 @@ use std::time::Duration;
 use anyhow::{bail, Context as _};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret, Service};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{Api, ListParams, ObjectMeta, PostParams};
 use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
-use questdb_operator::api::{labels, QuestDB};
+use questdb_operator::api::{labels, QuestDB, QuestDBStatus};
 use questdb_operator::desired::testing;
-use questdb_sim::cluster::{ClusterConfig, NodeSpec};
-use questdb_sim::SimConfig;
 use questdb_testenv::{RequestCounts, Verb};
 use serde::de::DeserializeOwned;
 use serde_json::json;
 use tokio::time::Instant;
 
-use support::control_plane::{Cluster, Kind};
+use support::control_plane::Cluster;
 use support::operator::{self, Memory, Operator, RunArgs};
 use support::prom::{self, quantile};
 use support::{cluster, wait};
 
 const NS: &str = "scale";
 
-/// The plain-client baseline of a `--control-plane real` run, for the summary.
-static BASELINE_SECS: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
 const CONTROLLER: &str = "questdb";
 const DEFAULT_QUESTDBS: usize = 1000;
 const DEFAULT_CONCURRENCY: &[u16] = &[1, 4, 16];
@@ -64,11 +67,6 @@ const QUICK_CONCURRENCY: u16 = 4;
 const OPERATOR_DEFAULT_CONCURRENCY: u16 = 4;
 /// QuestDB creates in flight, as a provisioning service would send them.
 const CREATES_IN_FLIGHT: usize = 32;
-/// Pods a simulated node takes (the kubelet default); nodes are added to fit N QuestDBs.
-const PODS_PER_NODE: usize = 110;
-/// Simulated time runs this much faster, so volume attach and container start (5 simulated
-/// seconds) take a quarter of a wall second and the figures are the operator's, not the sim's.
-const CLOCK_SPEED: f64 = 20.0;
 
 const PROVISION_TIMEOUT: Duration = Duration::from_secs(600);
 const RESYNC_TIMEOUT: Duration = Duration::from_secs(600);
@@ -80,7 +78,6 @@ const QUIET_TIMEOUT: Duration = Duration::from_secs(120);
 struct Settings {
     questdbs: usize,
     concurrency: Vec<u16>,
-    control_plane: Kind,
 }
 
 impl Settings {
@@ -88,7 +85,6 @@ impl Settings {
         let mut settings = Settings {
             questdbs: DEFAULT_QUESTDBS,
             concurrency: DEFAULT_CONCURRENCY.to_vec(),
-            control_plane: Kind::Simulated,
         };
         let mut args = std::env::args().skip(1);
         while let Some(arg) = args.next() {
@@ -125,9 +121,8 @@ impl Settings {
                             format!("--concurrency {v:?} is not a list like 1,4,16")
                         })?;
                 }
-                "--control-plane" => settings.control_plane = value("--control-plane")?.parse()?,
                 other => bail!(
-                    "unknown argument {other:?}; use --questdbs N, --concurrency 1,4,16, --quick, --control-plane simulated|real"
+                    "unknown argument {other:?}; use --questdbs N, --concurrency 1,4,16 or --quick"
                 ),
             }
         }
@@ -138,23 +133,6 @@ impl Settings {
             bail!("a concurrency of 0 would never reconcile");
         }
         Ok(settings)
-    }
-}
-
-/// Enough nodes in two zones for N single-pod QuestDBs.
-fn sim_config(questdbs: usize) -> SimConfig {
-    let nodes = questdbs.div_ceil(PODS_PER_NODE).max(3);
-    let nodes = (0..nodes)
-        .map(|i| {
-            let zone = if i % 2 == 0 { "a" } else { "b" };
-            NodeSpec::new(format!("sim-node-{i:03}"), format!("sim-zone-{zone}"))
-        })
-        .collect();
-    SimConfig {
-        clock_speed: CLOCK_SPEED,
-        nodes,
-        cluster: ClusterConfig::default(),
-        ..SimConfig::default()
     }
 }
 
@@ -265,6 +243,53 @@ struct Figures {
     resync_reconciles: f64,
     resync_latency: Latency,
     after_resync: Memory,
+    /// CPU while provisioning and RSS at rest: the operator, the control plane's processes and
+    /// the bench itself (which runs the fake kubelets, CSI and the counting proxy).
+    usage: Vec<Usage>,
+}
+
+/// One process's share of a phase.
+struct Usage {
+    name: String,
+    cpu_secs: f64,
+    rss_kib: u64,
+}
+
+/// CPU counters of the processes [`Usage`] reports, taken at the start of a phase.
+struct CpuMark(Vec<(String, u32, f64)>);
+
+impl CpuMark {
+    fn take(operator: u32, cluster: &Cluster) -> anyhow::Result<CpuMark> {
+        let mut pids = vec![("operator".to_string(), operator)];
+        pids.extend(
+            cluster
+                .pids()
+                .into_iter()
+                .filter(|(name, _)| matches!(*name, "kube-apiserver" | "etcd"))
+                .map(|(n, p)| (n.to_string(), p)),
+        );
+        pids.push((
+            "bench (kubelets, CSI, proxy)".to_string(),
+            std::process::id(),
+        ));
+        pids.into_iter()
+            .map(|(name, pid)| Ok((name, pid, operator::cpu_secs(pid)?)))
+            .collect::<anyhow::Result<_>>()
+            .map(CpuMark)
+    }
+
+    fn since(&self) -> anyhow::Result<Vec<Usage>> {
+        self.0
+            .iter()
+            .map(|(name, pid, before)| {
+                Ok(Usage {
+                    name: name.clone(),
+                    cpu_secs: operator::cpu_secs(*pid)? - before,
+                    rss_kib: Memory::of(*pid)?.rss_kib,
+                })
+            })
+            .collect()
+    }
 }
 
 impl Figures {
@@ -325,13 +350,15 @@ impl Figures {
             "reconcile_p50_ms": self.provisioning_latency.p50_ms.map(|v| round(v, 1)),
             "reconcile_p99_ms": self.provisioning_latency.p99_ms.map(|v| round(v, 1)),
             "resync_reconcile_p99_ms": self.resync_latency.p99_ms.map(|v| round(v, 1)),
+            "provisioning_cpu_seconds": self.usage.iter().map(|u| (u.name.clone(), json!(round(u.cpu_secs, 1)))).collect::<serde_json::Map<_, _>>(),
+            "rss_mib_at_rest": self.usage.iter().map(|u| (u.name.clone(), json!(mib(u.rss_kib)))).collect::<serde_json::Map<_, _>>(),
         })
     }
 
     fn print_details(&self) {
         println!();
         println!(
-            "concurrency {}: {} QuestDBs on {} simulated nodes",
+            "concurrency {}: {} QuestDBs on {} worker nodes",
             self.concurrency, self.questdbs, self.nodes
         );
         println!(
@@ -354,6 +381,15 @@ impl Figures {
             self.provision_busy_secs,
             self.worker_utilisation() * 100.0
         );
+        println!("  CPU while provisioning, RSS at rest:");
+        for u in &self.usage {
+            println!(
+                "    {:<30} {:>7.1} s {:>8.1} MiB",
+                u.name,
+                u.cpu_secs,
+                u.rss_kib as f64 / 1024.0
+            );
+        }
         println!("  provisioning requests per QuestDB:");
         for line in self.provisioning.breakdown(Some(self.questdbs)) {
             println!("    {line}");
@@ -385,14 +421,27 @@ fn ms(v: Option<f64>) -> String {
     v.map_or_else(|| "-".to_string(), |v| format!("{v:.1}"))
 }
 
-fn print_table(runs: &[Figures]) {
+fn print_table(runs: &[Figures], baseline: &Baseline) {
     let mib = |kib: u64| kib as f64 / 1024.0;
     println!();
     println!(
-        "{:>4} {:>6} {:>9} {:>12} {:>9} {:>8} {:>14} {:>9} {:>9} {:>8} {:>8}",
+        "baseline (no operator, a plain client): {} QuestDBs' children and status written in \
+         {:.2} s, all pods Ready after {:.2} s; {:.2} writes per QuestDB",
+        baseline.questdbs,
+        baseline.writes_secs,
+        baseline.ready_secs,
+        baseline.requests.writes() as f64 / baseline.questdbs as f64
+    );
+    for line in baseline.requests.breakdown(Some(baseline.questdbs)) {
+        println!("    {line}");
+    }
+    println!();
+    println!(
+        "{:>4} {:>6} {:>9} {:>8} {:>12} {:>9} {:>8} {:>14} {:>9} {:>9} {:>8} {:>8}",
         "conc",
         "N",
         "ready s",
+        "/base",
         "writes/qdb",
         "GETs/qdb",
         "ev/qdb",
@@ -404,10 +453,11 @@ fn print_table(runs: &[Figures]) {
     );
     for f in runs {
         println!(
-            "{:>4} {:>6} {:>9.2} {:>12} {:>9.2} {:>8.2} {:>14} {:>9.1} {:>9.1} {:>8} {:>8}",
+            "{:>4} {:>6} {:>9.2} {:>8.2} {:>12} {:>9.2} {:>8.2} {:>14} {:>9.1} {:>9.1} {:>8} {:>8}",
             f.concurrency,
             f.questdbs,
             f.provision_secs,
+            f.provision_secs / baseline.ready_secs,
             format!(
                 "{:.2} ({:.0})",
                 f.per(f.provisioning.writes()),
@@ -423,13 +473,13 @@ fn print_table(runs: &[Figures]) {
         );
     }
     println!(
-        "writes/qdb: provisioning writes per QuestDB without events (minimum in brackets: \
-         children + 1 status write); resync: writes/GETs when a restarted operator reconciles \
+        "/base: time to all Ready over the baseline's (target <= 1.2); writes/qdb: provisioning \
+         writes per QuestDB without events (minimum in brackets: children + 1 status write); resync: writes/GETs when a restarted operator reconciles \
          all N (target 0/0); RSS in MiB (target <= 48); latency from the operator's histogram"
     );
 }
 
-fn final_json(runs: &[Figures]) -> serde_json::Value {
+fn final_json(runs: &[Figures], baseline: &Baseline) -> serde_json::Value {
     let headline = runs
         .iter()
         .find(|f| f.concurrency == OPERATOR_DEFAULT_CONCURRENCY)
@@ -442,14 +492,19 @@ fn final_json(runs: &[Figures]) -> serde_json::Value {
     };
     out["bench"] = json!("scale");
     out["profile"] = json!(profile);
-    if let Some(&b) = BASELINE_SECS.get() {
-        out["control_plane"] = json!("real");
-        out["baseline_plain_client_secs"] = json!(round(b, 2));
-        if let Some(h) = headline {
-            out["ready_over_baseline"] = json!(round(h.provision_secs / b, 2));
-        }
-    } else {
-        out["control_plane"] = json!("simulated");
+    out["control_plane"] = json!("real");
+    out["baseline_ready_seconds"] = json!(round(baseline.ready_secs, 2));
+    out["baseline_writes_seconds"] = json!(round(baseline.writes_secs, 2));
+    out["baseline_writes_per_questdb"] = json!(round(
+        baseline.requests.writes() as f64 / baseline.questdbs as f64,
+        2
+    ));
+    if let Some(h) = headline {
+        out["ready_over_baseline"] = json!(round(h.provision_secs / baseline.ready_secs, 2));
+    }
+    for f in runs {
+        out[format!("ready_over_baseline_c{}", f.concurrency)] =
+            json!(round(f.provision_secs / baseline.ready_secs, 2));
     }
     out["by_concurrency"] = runs.iter().map(Figures::json).collect();
     out
@@ -534,40 +589,57 @@ fn is_ready(q: &QuestDB) -> bool {
 
 /// Watches the namespace's QuestDBs until `n` are Ready at once.
 async fn all_ready(client: &Client, operator: &mut Operator, n: usize) -> anyhow::Result<()> {
-    let api: Api<QuestDB> = Api::namespaced(client.clone(), NS);
+    let log = operator.log().display().to_string();
+    // The operator is checked between events so a crash is reported at once, not as a timeout.
+    until_ready::<QuestDB>(client.clone(), n, is_ready, || operator.ensure_running())
+        .await
+        .with_context(|| format!("operator log: {log}"))
+}
+
+/// Watches the namespace's `K`s until `n` are `ready` at once, calling `alive` every second.
+async fn until_ready<K>(
+    client: Client,
+    n: usize,
+    ready_now: impl Fn(&K) -> bool,
+    mut alive: impl FnMut() -> anyhow::Result<()>,
+) -> anyhow::Result<()>
+where
+    K: Resource<Scope = kube::core::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + 'static,
+{
+    let api: Api<K> = Api::namespaced(client, NS);
     let mut events = watcher(api, watcher::Config::default()).boxed();
     let mut ready: HashSet<String> = HashSet::new();
     let mut relisting: HashSet<String> = HashSet::new();
-    // The operator is checked between events so a crash is reported at once, not as a timeout.
-    let mut alive = tokio::time::interval(Duration::from_secs(1));
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
     let deadline = tokio::time::sleep(PROVISION_TIMEOUT);
     tokio::pin!(deadline);
+    let kind = K::plural(&());
     while ready.len() < n {
         tokio::select! {
             ev = events.next() => {
-                let ev = ev.context("the QuestDB watch ended")?.context("watching QuestDBs")?;
-                match ev {
+                match ev.with_context(|| format!("the {kind} watch ended"))?.with_context(|| format!("watching {kind}"))? {
                     watcher::Event::Init => relisting.clear(),
-                    watcher::Event::InitApply(q) => {
-                        if is_ready(&q) {
-                            relisting.insert(q.name_any());
+                    watcher::Event::InitApply(o) => {
+                        if ready_now(&o) {
+                            relisting.insert(o.name_any());
                         }
                     }
                     watcher::Event::InitDone => ready = std::mem::take(&mut relisting),
-                    watcher::Event::Apply(q) if is_ready(&q) => {
-                        ready.insert(q.name_any());
+                    watcher::Event::Apply(o) if ready_now(&o) => {
+                        ready.insert(o.name_any());
                     }
-                    watcher::Event::Apply(q) | watcher::Event::Delete(q) => {
-                        ready.remove(&q.name_any());
+                    watcher::Event::Apply(o) | watcher::Event::Delete(o) => {
+                        ready.remove(&o.name_any());
                     }
                 }
             }
-            _ = alive.tick() => operator.ensure_running()?,
-            _ = &mut deadline => bail!(
-                "only {} of {n} QuestDBs Ready after {PROVISION_TIMEOUT:?}; operator log: {}",
-                ready.len(),
-                operator.log().display()
-            ),
+            _ = tick.tick() => alive()?,
+            _ = &mut deadline => bail!("only {} of {n} {kind} Ready after {PROVISION_TIMEOUT:?}", ready.len()),
         }
     }
     Ok(())
@@ -616,7 +688,10 @@ async fn count_children(client: &Client) -> anyhow::Result<usize> {
     Ok(count_managed::<ConfigMap>(client).await?
         + count_managed::<Service>(client).await?
         + count_managed::<PersistentVolumeClaim>(client).await?
-        + count_managed::<StatefulSet>(client).await?)
+        + count_managed::<StatefulSet>(client).await?
+        + count_managed::<Secret>(client).await?
+        + count_managed::<NetworkPolicy>(client).await?
+        + count_managed::<PodDisruptionBudget>(client).await?)
 }
 
 async fn start_operator(
@@ -652,16 +727,16 @@ fn worker_nodes(questdbs: usize) -> Vec<(String, String)> {
         .collect()
 }
 
+/// One concurrency's phases; with the status one Ready QuestDB ended with, for the baseline.
 async fn run_one(
     binary: &Path,
     questdbs: usize,
     concurrency: u16,
-    kind: Kind,
-) -> anyhow::Result<Figures> {
-    let config = sim_config(questdbs);
-    let nodes = config.nodes.len();
-    let sim = Cluster::start(kind, config, &worker_nodes(questdbs)).await?;
-    let client = sim.bench_client()?;
+) -> anyhow::Result<(Figures, QuestDBStatus)> {
+    let workers = worker_nodes(questdbs);
+    let nodes = workers.len();
+    let sim = Cluster::start(&workers).await?;
+    let client = sim.bench_client();
     cluster::install_crd(&client, STEP_TIMEOUT).await?;
     cluster::create_namespace(&client, NS).await?;
 
@@ -682,6 +757,7 @@ async fn run_one(
     );
     let startup = Requests(sim.request_counts());
     sim.reset_request_counts();
+    let cpu = CpuMark::take(op.pid(), &sim)?;
     let started = Instant::now();
     create_questdbs(&client, questdbs).await?;
     let create_secs = started.elapsed().as_secs_f64();
@@ -696,7 +772,15 @@ async fn run_one(
     let rest_was_quiet = wait_quiet(&mut op, args.metrics).await?;
     let provisioning = Requests(sim.request_counts());
     let at_rest = op.memory()?;
+    // Until at rest: the quiet wait adds two idle seconds at most.
+    let usage = cpu.since()?;
     let children = count_children(&client).await?;
+    let final_status = Api::<QuestDB>::namespaced(client.clone(), NS)
+        .get("db-00000")
+        .await
+        .context("reading a Ready QuestDB")?
+        .status
+        .unwrap_or_default();
     eprintln!("concurrency {concurrency}: {questdbs} Ready after {provision_secs:.2} s");
 
     // 2. Watch cut: the watchers resume where they were, so nothing is re-listed or reconciled.
@@ -744,43 +828,73 @@ async fn run_one(
 
     drop(op);
     sim.shutdown().await;
-    let _ = std::fs::remove_dir_all(&dir);
-    Ok(Figures {
-        concurrency,
-        questdbs,
-        nodes,
-        provision_secs,
-        create_secs,
-        children,
-        provisioning,
-        provisioning_latency,
-        provision_reconciles,
-        provision_busy_secs,
-        provision_conflicts,
-        at_rest,
-        rest_was_quiet,
-        cut,
-        cut_reconciles,
-        resync,
-        resync_secs,
-        resync_reconciles,
-        resync_latency,
-        after_resync,
-    })
+    if std::env::var_os("QDB_BENCH_OPERATOR_LOG").is_some() {
+        eprintln!(
+            "concurrency {concurrency}: operator logs kept in {}",
+            dir.display()
+        );
+    } else {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    Ok((
+        Figures {
+            concurrency,
+            questdbs,
+            nodes,
+            provision_secs,
+            create_secs,
+            children,
+            provisioning,
+            provisioning_latency,
+            provision_reconciles,
+            provision_busy_secs,
+            provision_conflicts,
+            at_rest,
+            rest_was_quiet,
+            cut,
+            cut_reconciles,
+            resync,
+            resync_secs,
+            resync_reconciles,
+            resync_latency,
+            after_resync,
+            usage,
+        },
+        final_status,
+    ))
 }
 
-/// The apiserver's own cost for what the operator writes: a plain client, no operator, the
-/// same creates (QuestDB + ConfigMap, two Services, PVC, StatefulSet, as the operator builds
-/// them) and one status update per QuestDB, 32 in flight, on a fresh control plane.
-async fn plain_client_baseline(kind: Kind, questdbs: usize) -> anyhow::Result<f64> {
+/// What the cluster itself takes to run N databases: the plain-client baseline.
+struct Baseline {
+    questdbs: usize,
+    /// Until every write below was answered.
+    writes_secs: f64,
+    /// Until every database pod was Ready.
+    ready_secs: f64,
+    requests: Requests,
+}
+
+/// The cluster's own pace for what the operator does, with no operator: on a fresh control
+/// plane with the same workers, a plain client creates each QuestDB, then what the operator
+/// created for it (the credentials Secret, the PVC, then every child from the operator's own
+/// builder), writes the status the operator wrote, 32 QuestDBs in flight, and waits until
+/// every pod is Ready. Its requests go through the counting proxy, as the operator's do.
+async fn plain_client_baseline(
+    questdbs: usize,
+    status: &QuestDBStatus,
+) -> anyhow::Result<Baseline> {
     use questdb_operator::desired;
-    let cluster = Cluster::start(kind, sim_config(questdbs), &worker_nodes(questdbs)).await?;
-    let client = cluster.bench_client()?;
-    cluster::install_crd(&client, STEP_TIMEOUT).await?;
-    cluster::create_namespace(&client, NS).await?;
+    let cluster = Cluster::start(&worker_nodes(questdbs)).await?;
+    let watch_client = cluster.bench_client();
+    cluster::install_crd(&watch_client, STEP_TIMEOUT).await?;
+    cluster::create_namespace(&watch_client, NS).await?;
+    let client = cluster.counted_client().await;
+    let ready = until_ready::<Pod>(watch_client.clone(), questdbs, pod_ready, || Ok(()));
+    tokio::pin!(ready);
+    cluster.reset_request_counts();
     let pp = PostParams::default();
     let started = Instant::now();
-    futures::stream::iter(0..questdbs)
+    let writes = futures::stream::iter(0..questdbs)
         .map(|i| {
             let client = client.clone();
             let pp = pp.clone();
@@ -794,60 +908,105 @@ async fn plain_client_baseline(kind: Kind, questdbs: usize) -> anyhow::Result<f6
                 };
                 let qdbs: Api<QuestDB> = Api::namespaced(client.clone(), NS);
                 let mut created = qdbs.create(&pp, &q).await?;
-                let config = desired::config_map(&created, false);
-                let hash = desired::config_hash(&[&config]);
-                let cms: Api<ConfigMap> = Api::namespaced(client.clone(), NS);
-                cms.create(&pp, &config).await?;
-                let svcs: Api<Service> = Api::namespaced(client.clone(), NS);
-                svcs.create(&pp, &desired::headless_service(&created))
+                let secret = Api::<Secret>::namespaced(client.clone(), NS)
+                    .create(
+                        &pp,
+                        &desired::credentials::generated_secret(&created, &mut rand::rng()),
+                    )
                     .await?;
-                svcs.create(&pp, &desired::client_service(&created)).await?;
-                let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), NS);
-                pvcs.create(&pp, &desired::pvc(&created)).await?;
-                let sts: Api<StatefulSet> = Api::namespaced(client.clone(), NS);
-                let secrets: Api<k8s_openapi::api::core::v1::Secret> =
-                    Api::namespaced(client.clone(), NS);
-                let creds = desired::credentials::generated_secret(&created, &mut rand::rng());
-                secrets.create(&pp, &creds).await?;
-                sts.create(
-                    &pp,
-                    &desired::statefulset(&created, &hash, None, false, None),
-                )
-                .await?;
-                created.status = Some(Default::default());
+                let digest =
+                    match desired::credentials::check(&secret.data.clone().unwrap_or_default()) {
+                        desired::credentials::Check::Usable { digest } => digest,
+                        other => anyhow::bail!("the generated credentials are unusable: {other:?}"),
+                    };
+                let version = secret.metadata.resource_version.clone().unwrap_or_default();
+                let seen = desired::credentials::Seen {
+                    version: &version,
+                    digest: &digest,
+                };
+                Api::<PersistentVolumeClaim>::namespaced(client.clone(), NS)
+                    .create(&pp, &desired::pvc(&created))
+                    .await?;
+                // ILP auth is on by default: with no key Secret yet the operator mounts an
+                // empty auth file, which refuses every client.
+                let auth_file = created
+                    .spec
+                    .ilp_auth
+                    .enabled
+                    .then(|| questdb_operator::ilp_auth::render_auth_file(&[]));
+                let children = desired::children(&created, auth_file.as_deref(), Some(seen), None);
+                let cms: Api<ConfigMap> = Api::namespaced(client.clone(), NS);
+                cms.create(&pp, &children.config).await?;
+                if let Some(cm) = &children.ilp_auth {
+                    cms.create(&pp, cm).await?;
+                }
+                if let Some(np) = &children.network_policy {
+                    Api::namespaced(client.clone(), NS).create(&pp, np).await?;
+                }
+                if let Some(pdb) = &children.pod_disruption_budget {
+                    Api::namespaced(client.clone(), NS).create(&pp, pdb).await?;
+                }
+                let svcs: Api<Service> = Api::namespaced(client.clone(), NS);
+                svcs.create(&pp, &children.headless_service).await?;
+                svcs.create(&pp, &children.client_service).await?;
+                Api::<StatefulSet>::namespaced(client.clone(), NS)
+                    .create(&pp, &children.statefulset)
+                    .await?;
+                created.status = Some(status.clone());
                 qdbs.replace_status(&name, &pp, &created).await?;
                 anyhow::Ok(())
             }
         })
         .buffer_unordered(CREATES_IN_FLIGHT)
-        .try_for_each(|_| async { Ok(()) })
-        .await
-        .context("baseline creates")?;
-    let secs = started.elapsed().as_secs_f64();
+        .try_for_each(|_| async { Ok(()) });
+    let writes_secs = tokio::select! {
+        done = writes => {
+            done.context("baseline creates")?;
+            started.elapsed().as_secs_f64()
+        }
+        // Pods cannot be Ready before their StatefulSets exist: this ends only on an error.
+        r = &mut ready => { r?; bail!("pods Ready before the baseline's writes ended") }
+    };
+    ready.await?;
+    let ready_secs = started.elapsed().as_secs_f64();
+    let requests = Requests(cluster.request_counts());
     cluster.shutdown().await;
-    Ok(secs)
+    Ok(Baseline {
+        questdbs,
+        writes_secs,
+        ready_secs,
+        requests,
+    })
 }
 
-async fn run(settings: &Settings) -> anyhow::Result<Vec<Figures>> {
+fn pod_ready(p: &Pod) -> bool {
+    p.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+async fn run(settings: &Settings) -> anyhow::Result<(Vec<Figures>, Baseline)> {
     let binary = operator::binary()?;
     eprintln!("operator binary {}", binary.display());
-    if settings.control_plane == Kind::Real {
-        let secs = plain_client_baseline(Kind::Real, settings.questdbs).await?;
-        eprintln!(
-            "baseline: a plain client made the same creates and status updates for {} QuestDBs in {secs:.2} s (no operator)",
-            settings.questdbs
-        );
-        let _ = BASELINE_SECS.set(secs);
-    }
     let mut runs = Vec::new();
+    let mut status = None;
     for &c in &settings.concurrency {
-        let figures = run_one(&binary, settings.questdbs, c, settings.control_plane)
+        let (figures, final_status) = run_one(&binary, settings.questdbs, c)
             .await
             .with_context(|| format!("concurrency {c}"))?;
         figures.print_details();
         runs.push(figures);
+        status.get_or_insert(final_status);
     }
-    Ok(runs)
+    let baseline = plain_client_baseline(settings.questdbs, &status.unwrap_or_default())
+        .await
+        .context("the baseline")?;
+    eprintln!(
+        "baseline: a plain client wrote {} QuestDBs' children and status in {:.2} s; all pods Ready after {:.2} s (no operator)",
+        settings.questdbs, baseline.writes_secs, baseline.ready_secs
+    );
+    Ok((runs, baseline))
 }
 
 fn main() -> std::process::ExitCode {
@@ -870,9 +1029,9 @@ fn main() -> std::process::ExitCode {
         }
     };
     match runtime.block_on(run(&settings)) {
-        Ok(runs) => {
-            print_table(&runs);
-            println!("{}", final_json(&runs));
+        Ok((runs, baseline)) => {
+            print_table(&runs, &baseline);
+            println!("{}", final_json(&runs, &baseline));
             let _ = std::io::stdout().flush();
             std::process::ExitCode::SUCCESS
         }

@@ -1,6 +1,6 @@
 //! What thousands of unrelated Secrets cost the operator, and how fast a key rotation reaches
-//! the pod template: the real operator binary, run as a child process against an in-process
-//! simulated control plane.
+//! the pod template: the real operator binary, run as a child process against the real control
+//! plane (questdb-testenv).
 //!
 //! ```text
 //! cargo bench --profile dev --bench secrets               # debug build (fast to compile)
@@ -31,8 +31,8 @@ use kube::Client;
 use questdb_operator::api::QuestDB;
 use questdb_operator::desired::testing;
 use questdb_operator::ilp_auth::testing::TestKey;
-use questdb_sim::{Sim, SimConfig};
 
+use support::control_plane::Cluster;
 use support::operator::{self, Memory, Operator, RunArgs};
 use support::{cluster, wait};
 
@@ -241,13 +241,14 @@ impl Figures {
 
 async fn run(settings: &Settings) -> anyhow::Result<Figures> {
     let binary = operator::binary()?;
-    let sim = Sim::start(SimConfig {
-        clock_speed: 20.0,
-        ..SimConfig::sandbox()
-    })
-    .await
-    .context("starting the simulator")?;
-    let client = sim.client().await;
+    let workers = [
+        ("worker-a1", "zone-a"),
+        ("worker-a2", "zone-a"),
+        ("worker-b1", "zone-b"),
+    ]
+    .map(|(n, z)| (n.to_string(), z.to_string()));
+    let cluster = Cluster::start(&workers).await?;
+    let client = cluster.bench_client();
     cluster::install_crd(&client, TIMEOUT).await?;
     cluster::create_namespace(&client, NS).await?;
 
@@ -255,7 +256,7 @@ async fn run(settings: &Settings) -> anyhow::Result<Figures> {
     // Kept after the run so a failure can be investigated.
     let dir = dir.keep();
     let kubeconfig = dir.join("kubeconfig");
-    std::fs::write(&kubeconfig, sim.kubeconfig_yaml()).context("writing the kubeconfig")?;
+    std::fs::write(&kubeconfig, cluster.operator_kubeconfig()).context("writing the kubeconfig")?;
     let args = RunArgs {
         kubeconfig,
         // Not scraped: any free port the operator picks.
@@ -362,7 +363,7 @@ async fn run(settings: &Settings) -> anyhow::Result<Figures> {
     operator.ensure_running()?;
 
     drop(operator);
-    sim.shutdown().await;
+    cluster.shutdown().await;
     let _ = std::fs::remove_dir_all(&dir);
     Ok(Figures {
         secrets: settings.secrets,

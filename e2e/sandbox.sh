@@ -11,7 +11,7 @@ if [ -z "$BIN" ]; then
 fi
 WORK="$(mktemp -d)"
 export KUBECONFIG="$WORK/sandbox.kubeconfig"
-"$BIN" --kubeconfig "$KUBECONFIG" --example /nonexistent --clock-speed 10 \
+"$BIN" --kubeconfig "$KUBECONFIG" --example /nonexistent \
     --metrics-bind-address 0 --health-probe-bind-address 0 >"$WORK/sandbox.log" 2>&1 &
 PID=$!
 trap 'kill -INT $PID 2>/dev/null; wait $PID 2>/dev/null; rm -rf "$WORK"' EXIT

@@ -341,10 +341,14 @@ fn start_caches(
         ($k:ty, $api:expr, $cfg:expr, $deletions:expr, $map:expr) => {
             cached!($k, $api, $cfg, $deletions, $map, |_: &mut $k| {})
         };
-        ($k:ty, $api:expr, $cfg:expr, $deletions:expr, $map:expr, $trim:expr) => {{
+        ($k:ty, $api:expr, $cfg:expr, $deletions:expr, $map:expr, $trim:expr) => {
+            cached!($k, $api, $cfg, $deletions, $map, $trim, None)
+        };
+        ($k:ty, $api:expr, $cfg:expr, $deletions:expr, $map:expr, $trim:expr, $changes:expr) => {{
             let (reader, writer) = reflector::store::<$k>();
             let tx = tx.clone();
             let trim = $trim;
+            let changes: Option<Arc<std::sync::atomic::AtomicU64>> = $changes;
             let stream = watcher($api, $cfg)
                 .default_backoff()
                 .modify(move |o: &mut $k| {
@@ -352,18 +356,26 @@ fn start_caches(
                     trim(o);
                 })
                 .reflect(writer)
-                .inspect(move |ev| forward(ev, &tx, $deletions, $map));
+                .inspect(move |ev| {
+                    if let Some(c) = &changes {
+                        c.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+                    }
+                    forward(ev, &tx, $deletions, $map)
+                });
             tasks.push(spawn_drain(stream, token.clone(), stringify!($k)));
             reader
         }};
     }
 
+    let owner_index = crate::controllers::node_health::owners::OwnerIndexCache::default();
     let questdbs = cached!(
         GuardedQuestDB,
         api_for::<GuardedQuestDB>(client, ns),
         watcher::Config::default(),
         false,
-        |q: &GuardedQuestDB| Some(ObjectRef::from_obj(q))
+        |q: &GuardedQuestDB| Some(ObjectRef::from_obj(q)),
+        |_: &mut GuardedQuestDB| {},
+        Some(owner_index.changes())
     );
     let statefulsets = cached!(
         StatefulSet,
@@ -544,6 +556,7 @@ fn start_caches(
         nodes,
         leases,
         secrets,
+        owner_index,
     };
     (
         caches,
@@ -774,6 +787,7 @@ async fn run_controllers(shared: &Shared<'_>, subs: Subscriptions, token: Cancel
             .filter(|n| !n.is_empty()),
         write_health: Default::default(),
         status_writes: Default::default(),
+        event_looks: Default::default(),
     });
     let sweeper = sweep::run(ctx.clone(), opts.namespace.clone(), token.clone());
     let Subscriptions {

@@ -1,5 +1,4 @@
-//! The simulated control plane as the benches use it: the CRD installed, a namespace, and a
-//! client whose own requests the simulator does not count.
+//! The control plane as the benches use it: the CRD installed and a namespace.
 
 use std::time::Duration;
 
@@ -9,21 +8,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::api::{Api, ObjectMeta, PostParams};
 use kube::Client;
 use questdb_operator::api::QuestDB;
-use questdb_sim::hooks::INTERNAL_HEADER;
-use questdb_sim::Sim;
 use tokio::time::Instant;
-
-/// A client for the bench's own requests (creating QuestDBs, watching them). The simulator
-/// neither counts nor faults requests carrying its internal header, so its request counters
-/// hold the operator's requests alone.
-pub fn uncounted_client(sim: &Sim) -> anyhow::Result<Client> {
-    let mut config = sim.client_config();
-    config.headers.push((
-        http::HeaderName::from_static(INTERNAL_HEADER),
-        http::HeaderValue::from_static("bench"),
-    ));
-    Client::try_from(config).context("building the bench's kube client")
-}
 
 /// Installs the QuestDB CRD and waits until the resource is served.
 pub async fn install_crd(client: &Client, timeout: Duration) -> anyhow::Result<()> {

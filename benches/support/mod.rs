@@ -1,5 +1,5 @@
 //! Code shared by the benchmarks that run the real operator binary as a child process against
-//! an in-process simulated control plane: the child process, its memory, its metrics, waiting.
+//! the real control plane: the child process, its memory, its metrics, waiting.
 //!
 //! Each bench compiles its own copy of this module and uses only part of it, hence the
 //! `dead_code` allowance (an unused helper in one bench is used by another).

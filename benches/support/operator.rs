@@ -88,7 +88,8 @@ pub struct Operator {
 }
 
 impl Operator {
-    /// Starts `binary run ...`; its stdout and stderr go to `log` (warnings and errors only).
+    /// Starts `binary run ...`; its stdout and stderr go to `log` (warnings and errors only,
+    /// unless `QDB_BENCH_OPERATOR_LOG` gives another `RUST_LOG` filter).
     pub fn start(binary: &Path, args: &RunArgs, log: PathBuf) -> anyhow::Result<Operator> {
         let out = std::fs::File::create(&log)
             .with_context(|| format!("creating the operator log {}", log.display()))?;
@@ -96,7 +97,10 @@ impl Operator {
         let mut command = Command::new(binary);
         command
             .args(args.to_args())
-            .env("RUST_LOG", "warn")
+            .env(
+                "RUST_LOG",
+                std::env::var("QDB_BENCH_OPERATOR_LOG").unwrap_or_else(|_| "warn".into()),
+            )
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err);
@@ -194,4 +198,26 @@ pub async fn http_get(addr: SocketAddr, path: &str) -> Option<String> {
         return None;
     }
     Some(body.to_string())
+}
+
+/// CPU seconds a process has used (user + system), from `/proc/<pid>/stat`.
+pub fn cpu_secs(pid: u32) -> anyhow::Result<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .with_context(|| format!("reading /proc/{pid}/stat"))?;
+    // The command name (field 2) may hold spaces; the fields after its closing parenthesis are
+    // fixed: state is field 3, utime field 14, stime field 15.
+    let after = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest)
+        .with_context(|| format!("unreadable /proc/{pid}/stat"))?;
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let ticks = |i: usize| -> anyhow::Result<f64> {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<f64>().ok())
+            .with_context(|| format!("no field {} in /proc/{pid}/stat", i + 3))
+    };
+    // SAFETY: sysconf only reads a configuration value.
+    let per_sec = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    Ok((ticks(11)? + ticks(12)?) / per_sec)
 }

@@ -1,13 +1,12 @@
 //! `questdb-sandbox`: a local Kubernetes control plane, the real operator against it, the
 //! in-memory cloud, and `examples/questdb.yaml` applied: the README's first command. The
-//! control plane is the real one (kube-apiserver, kube-controller-manager, kube-scheduler and
-//! etcd built from their Go modules on first use) whenever Go is available, `questdb-sim`
-//! otherwise, with a line that says so.
+//! control plane is the real one: kube-apiserver, kube-controller-manager, kube-scheduler and
+//! etcd, built from their Go modules on first use, so Go is needed; without it the sandbox says
+//! so in its first line and stops.
 
 mod faults;
 mod progress;
 mod real;
-mod simulated;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -26,21 +25,9 @@ pub struct SandboxArgs {
     #[arg(long, env = "SANDBOX_KUBECONFIG", default_value = "sandbox.kubeconfig")]
     pub kubeconfig: PathBuf,
 
-    /// Control plane: `auto` (real when Go is available), `real` or `simulated`.
-    #[arg(long, env = "SANDBOX_CONTROL_PLANE", default_value = "auto")]
-    pub control_plane: String,
-
-    /// Port of the simulated apiserver on 127.0.0.1 (0 = any free port; simulated only).
-    #[arg(long, env = "SANDBOX_PORT", default_value_t = 0)]
-    pub port: u16,
-
     /// QuestDB manifest applied at start (skipped when the file does not exist).
     #[arg(long, env = "SANDBOX_EXAMPLE", default_value = "examples/questdb.yaml")]
     pub example: PathBuf,
-
-    /// Simulated time runs this many times faster than wall time (simulated only).
-    #[arg(long, env = "SANDBOX_CLOCK_SPEED", default_value_t = 1.0)]
-    pub clock_speed: f64,
 
     /// Exit once the example QuestDB is Ready instead of running until Ctrl-C.
     #[arg(long, env = "SANDBOX_EXIT_WHEN_READY", default_value_t = false)]
@@ -89,29 +76,15 @@ fn main() -> ExitCode {
     };
     let result = runtime.block_on(async move {
         let shutdown = questdb_operator::app::shutdown_on_signal();
-        let real = match args.control_plane.as_str() {
-            "real" => true,
-            "simulated" => false,
-            "auto" => {
-                let go = questdb_testenv::binaries::go_available();
-                if !go {
-                    eprintln!(
-                        "sandbox: Go is not installed, so the cluster is SIMULATED (questdb-sim): \
-                         its behaviour differs from Kubernetes (sim/README.md). Install Go 1.26+ \
-                         for a real control plane."
-                    );
-                }
-                go
-            }
-            other => {
-                anyhow::bail!("--control-plane must be auto, real or simulated, not {other:?}")
-            }
-        };
-        if real {
-            real::run(args, shutdown).await
-        } else {
-            simulated::run(args, shutdown).await
+        if !questdb_testenv::binaries::go_available() {
+            anyhow::bail!(
+                "Go 1.26+ is needed: the sandbox builds its control plane (kube-apiserver, \
+                 kube-controller-manager, kube-scheduler, etcd) from their Go modules on first \
+                 use. Install Go (https://go.dev/doc/install, or your distribution's golang \
+                 package) and run again"
+            );
         }
+        real::run(args, shutdown).await
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,

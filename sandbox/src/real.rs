@@ -1,7 +1,7 @@
 //! The sandbox on the real control plane (questdb-testenv): kube-apiserver,
 //! kube-controller-manager, kube-scheduler and etcd, three worker nodes in two zones, the
-//! in-memory cloud whose instances join as Nodes from their user data, and the operator under
-//! `deploy/`'s RBAC.
+//! in-memory cloud (or an EC2 endpoint such as moto) whose instances join as Nodes from their
+//! user data, and the operator under `deploy/`'s RBAC.
 
 use std::sync::Arc;
 
@@ -11,16 +11,18 @@ use questdb_operator::cloud::memory::{InstanceEvent, MemoryEc2, MemoryEc2Options
 use questdb_operator::http_server::parse_bind_address;
 use questdb_operator::manager::{self, ManagerHandle, ManagerOptions};
 use questdb_testenv::{
-    spawn_instance_join, ControlPlane, ControlPlaneOptions, Databases, InstanceChange,
+    join_ec2_instances, spawn_instance_join, ControlPlane, ControlPlaneOptions, Databases,
+    InstanceChange,
 };
 use tokio_util::sync::CancellationToken;
-use tracing::info;
+use tracing::{info, warn};
 
 use crate::SandboxArgs;
 
 pub async fn run(mut args: SandboxArgs, shutdown: CancellationToken) -> anyhow::Result<()> {
-    if args.cloud.cloud_provider == Some(CloudProvider::Aws) {
-        bail!("--cloud-provider aws runs on the simulated control plane only (add --control-plane simulated): instances an AWS endpoint reports cannot boot here");
+    let aws = args.cloud.cloud_provider == Some(CloudProvider::Aws);
+    if aws && args.cloud.aws_endpoint_url.is_none() {
+        bail!("--cloud-provider aws needs --aws-endpoint-url (moto on 127.0.0.1): the sandbox's nodes are local processes and cannot join a cluster from real EC2 instances");
     }
     let databases = databases(&args.databases)?;
     eprintln!("sandbox: starting a real control plane (kube-apiserver, kube-controller-manager, kube-scheduler, etcd)");
@@ -74,6 +76,21 @@ pub async fn run(mut args: SandboxArgs, shutdown: CancellationToken) -> anyhow::
                 join_token.clone(),
             )
         });
+    let ec2_join = match &built {
+        Some(b) if aws && b.memory.is_none() => {
+            info!("EC2 endpoint: each running instance it reports boots from its user data and joins as a Node");
+            let config = questdb_operator::app::cloud_config(&args.cloud, CloudProvider::Aws)?;
+            let sdk = questdb_operator::cloud::aws::sdk_config_loader(&config)
+                .load()
+                .await;
+            Some(join_ec2_instances(
+                cp.kubelets().clone(),
+                aws_sdk_ec2::Client::new(&sdk),
+                join_token.clone(),
+            ))
+        }
+        _ => None,
+    };
     let faults = crate::faults::spawn(&cp, client.clone(), join_token.clone());
     let opts = ManagerOptions {
         questdb_concurrency: args.questdb_concurrency,
@@ -94,6 +111,13 @@ pub async fn run(mut args: SandboxArgs, shutdown: CancellationToken) -> anyhow::
     join_token.cancel();
     if let Some(j) = join {
         let _ = j.await;
+    }
+    if let Some(j) = ec2_join {
+        match j.await {
+            Ok(Err(e)) => warn!(error = format!("{e:#}"), "an instance could not join"),
+            Err(e) => warn!(error = %e, "the instance join task failed"),
+            Ok(Ok(())) => {}
+        }
     }
     let _ = faults.await;
     drop(cp);

@@ -46,6 +46,8 @@ pub struct Caches {
     pub leases: Store<k8s_openapi::api::coordination::v1::Lease>,
     /// Secrets, metadata only: Secret data of the whole cluster is never cached.
     pub secrets: Store<PartialObjectMeta<Secret>>,
+    /// Dedicated instances by the QuestDB they serve, rebuilt when the QuestDB cache changes.
+    pub owner_index: crate::controllers::node_health::owners::OwnerIndexCache,
 }
 
 /// Parsed public keys by Secret and resourceVersion, so a resync reads no Secret again. Holds
@@ -82,16 +84,48 @@ pub struct Context {
     pub operator_namespace: Option<String>,
     /// The newest `WriteHealthy` verdict per QuestDB (see `write_health`).
     pub write_health: WriteHealth,
-    /// When each QuestDB's status was last written, for the few a second ago: progress
-    /// within a phase is written at most once per [`STATUS_COALESCE`].
-    pub status_writes: Mutex<HashMap<ObjectRef<GuardedQuestDB>, std::time::Instant>>,
+    /// When each QuestDB's status was last written, for those written in the last
+    /// [`STATUS_COALESCE_MAX`]: progress within a phase waits out [`StatusWrite::window`].
+    pub status_writes: Mutex<HashMap<ObjectRef<GuardedQuestDB>, StatusWrite>>,
+    /// The newest refusal event per field selector, as last read live, for
+    /// [`EVENT_LOOK_REUSE`]: a waiting database is reconciled on every change of its pod and
+    /// claim, and each look would be an uncached list.
+    pub event_looks: Mutex<HashMap<String, (std::time::Instant, Option<String>)>>,
 }
+
+/// How long an event look is reused: a refusal is reported a few seconds late at most.
+pub const EVENT_LOOK_REUSE: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// A database on its way (a pod created, then placed once the scheduler's retry finds its
 /// claim bound, 1-2 s later) passes through states a person at a terminal cannot tell apart;
 /// each write is one more for the apiserver and etcd, at a thousand databases thousands.
-/// Such progress waits this long after the last write: the scheduler's first retry.
-pub const STATUS_COALESCE: std::time::Duration = std::time::Duration::from_secs(3);
+/// The first such progress waits this long after the last write: past the scheduler's first
+/// retry (1-2 s), and as long as a database on an idle cluster takes to start, so most start
+/// with one write of progress at most.
+pub const STATUS_COALESCE: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The longest progress waits: a database that stays on its way (a thousand created at once,
+/// a volume slow to attach) still shows where it is twice a minute.
+pub const STATUS_COALESCE_MAX: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// A QuestDB's last status write, and how many progress-only writes came since the last
+/// write of a change (a phase, a condition's status).
+#[derive(Clone, Copy, Debug)]
+pub struct StatusWrite {
+    pub at: std::time::Instant,
+    pub progress: u32,
+}
+
+impl StatusWrite {
+    /// How long progress waits after this write: doubling with each progress-only write
+    /// since the last change, from [`STATUS_COALESCE`] up to [`STATUS_COALESCE_MAX`]. A
+    /// database that takes a minute to start costs four progress writes, not twelve.
+    pub fn window(&self) -> std::time::Duration {
+        STATUS_COALESCE
+            .saturating_mul(1u32 << self.progress.min(16))
+            .min(STATUS_COALESCE_MAX)
+    }
+}
 
 pub type Wake = futures::channel::mpsc::UnboundedSender<ObjectRef<GuardedQuestDB>>;
 
@@ -148,4 +182,27 @@ fn truncate(mut s: String, max: usize) -> String {
         s.truncate(cut);
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn progress_of_a_database_slow_to_start_is_written_ever_less_often_but_at_least_twice_a_minute()
+    {
+        let at = std::time::Instant::now();
+        let windows: Vec<u64> = (0..8)
+            .map(|progress| StatusWrite { at, progress }.window().as_secs())
+            .collect();
+        assert_eq!(windows, [5, 10, 20, 30, 30, 30, 30, 30]);
+        assert_eq!(
+            StatusWrite {
+                at,
+                progress: u32::MAX
+            }
+            .window(),
+            STATUS_COALESCE_MAX
+        );
+    }
 }

@@ -75,8 +75,8 @@ fn locate(env: &str, script: &Path, what: &str) -> anyhow::Result<PathBuf> {
     Ok(PathBuf::from(dir))
 }
 
-/// Whether a Go toolchain is on the PATH, or both sets of binaries are given (the sandbox falls
-/// back to the simulator without).
+/// Whether a Go toolchain is on the PATH, or both sets of binaries are given: the sandbox needs
+/// one or the other.
 pub fn go_available() -> bool {
     (std::env::var_os(BIN_DIR_ENV).is_some() && std::env::var_os(SNAPSHOT_DIR_ENV).is_some())
         || Command::new("go")

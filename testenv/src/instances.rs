@@ -2,6 +2,8 @@
 //! from its user data and its kubelet registers (or fails to, and the node never joins); a
 //! terminated instance's kubelet stops and the cloud controller deletes its Node.
 
+use std::collections::BTreeMap;
+
 use futures::{Stream, StreamExt};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -67,6 +69,72 @@ pub fn spawn_instance_join(
                 InstanceChange::Terminated { id } => {
                     kubelets.instance_terminated(&node_name_for_instance(&id))
                 }
+            }
+        }
+    })
+}
+
+/// Joins every instance an EC2 endpoint (moto) runs under its private DNS name, from the user
+/// data the endpoint holds, and stops a terminated one's kubelet, polling every second until
+/// `stop`. EC2 has no event stream, so this is how a cloud controller sees it too. The task ends
+/// with the error when an instance cannot join (its user data would not boot a node).
+pub fn join_ec2_instances(
+    kubelets: Kubelets,
+    ec2: aws_sdk_ec2::Client,
+    stop: CancellationToken,
+) -> JoinHandle<anyhow::Result<()>> {
+    tokio::spawn(async move {
+        let mut joined: BTreeMap<String, String> = BTreeMap::new();
+        loop {
+            match ec2.describe_instances().send().await {
+                Ok(out) => {
+                    for i in out.reservations().iter().flat_map(|r| r.instances()) {
+                        let (Some(id), Some(name)) = (i.instance_id(), i.private_dns_name()) else {
+                            continue;
+                        };
+                        match i.state().and_then(|s| s.name()).map(|n| n.as_str()) {
+                            Some("running") if !joined.contains_key(id) => {
+                                let user_data = ec2
+                                    .describe_instance_attribute()
+                                    .instance_id(id)
+                                    .attribute(aws_sdk_ec2::types::InstanceAttributeName::UserData)
+                                    .send()
+                                    .await
+                                    .ok()
+                                    .and_then(|a| {
+                                        a.user_data().and_then(|u| u.value()).map(str::to_string)
+                                    })
+                                    .unwrap_or_default();
+                                let zone = i
+                                    .placement()
+                                    .and_then(|p| p.availability_zone())
+                                    .unwrap_or_default();
+                                let ip = i.private_ip_address().map(str::to_string);
+                                if let Err(e) = kubelets
+                                    .instance_running(name, zone, id, ip, &user_data)
+                                    .await
+                                {
+                                    warn!(instance = %id, error = format!("{e:#}"), "node join failed");
+                                    return Err(e.context(format!("instance {id} could not join")));
+                                }
+                                joined.insert(id.to_string(), name.to_string());
+                            }
+                            Some("shutting-down" | "terminated") => {
+                                if let Some(name) = joined.remove(id) {
+                                    kubelets.instance_terminated(&name);
+                                }
+                            }
+                            _ => {}
+                        }
+                    }
+                }
+                Err(e) => {
+                    warn!(error = %aws_sdk_ec2::error::DisplayErrorContext(&e), "describing instances failed")
+                }
+            }
+            tokio::select! {
+                _ = stop.cancelled() => return Ok(()),
+                _ = tokio::time::sleep(std::time::Duration::from_secs(1)) => {}
             }
         }
     })

@@ -167,67 +167,6 @@ async fn chart_run_args(env: &Env) -> RunArgs {
     }
 }
 
-/// Plays the instances' boot: every instance moto runs joins under its private DNS name from
-/// the user data moto holds; a terminated one's kubelet stops.
-fn join_moto_instances(
-    env: &Env,
-    sdk: &aws_config::SdkConfig,
-    stop: CancellationToken,
-) -> tokio::task::JoinHandle<()> {
-    let kubelets = env.cp.kubelets().clone();
-    let ec2 = aws_sdk_ec2::Client::new(sdk);
-    tokio::spawn(async move {
-        let mut joined: BTreeMap<String, String> = BTreeMap::new();
-        loop {
-            if let Ok(out) = ec2.describe_instances().send().await {
-                for i in out.reservations().iter().flat_map(|r| r.instances()) {
-                    let (Some(id), Some(name)) = (i.instance_id(), i.private_dns_name()) else {
-                        continue;
-                    };
-                    let state = i.state().and_then(|s| s.name()).map(|n| n.as_str());
-                    match state {
-                        Some("running") if !joined.contains_key(id) => {
-                            let user_data = ec2
-                                .describe_instance_attribute()
-                                .instance_id(id)
-                                .attribute(aws_sdk_ec2::types::InstanceAttributeName::UserData)
-                                .send()
-                                .await
-                                .ok()
-                                .and_then(|a| {
-                                    a.user_data().and_then(|u| u.value()).map(str::to_string)
-                                })
-                                .unwrap_or_default();
-                            let zone = i
-                                .placement()
-                                .and_then(|p| p.availability_zone())
-                                .unwrap_or_default();
-                            let ip = i.private_ip_address().map(str::to_string);
-                            if let Err(e) = kubelets
-                                .instance_running(name, zone, id, ip, &user_data)
-                                .await
-                            {
-                                panic!("instance {id} could not join: {e:#}");
-                            }
-                            joined.insert(id.to_string(), name.to_string());
-                        }
-                        Some("shutting-down" | "terminated") => {
-                            if let Some(name) = joined.remove(id) {
-                                kubelets.instance_terminated(&name);
-                            }
-                        }
-                        _ => {}
-                    }
-                }
-            }
-            tokio::select! {
-                _ = stop.cancelled() => return,
-                _ = tokio::time::sleep(std::time::Duration::from_secs(1)) => {}
-            }
-        }
-    })
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_readmes_eks_path_ends_with_a_ready_database_on_its_own_node_and_record() {
     let Some(moto) = Moto::start().await else {
@@ -285,7 +224,11 @@ async fn the_readmes_eks_path_ends_with_a_ready_database_on_its_own_node_and_rec
         ..options
     };
     let stop = CancellationToken::new();
-    let boot = join_moto_instances(&env, &aws.sdk, stop.clone());
+    let boot = questdb_testenv::join_ec2_instances(
+        env.cp.kubelets().clone(),
+        aws_sdk_ec2::Client::new(&aws.sdk),
+        stop.clone(),
+    );
     env.start_synced_manager(options).await;
 
     // Step 5, the example: a namespace that allows host ports, then the QuestDB.
@@ -364,6 +307,8 @@ async fn the_readmes_eks_path_ends_with_a_ready_database_on_its_own_node_and_rec
     })
     .await;
     stop.cancel();
-    let _ = boot.await;
+    boot.await
+        .expect("the instance join task")
+        .expect("every instance moto ran joined");
     env.stop().await;
 }

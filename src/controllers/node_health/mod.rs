@@ -2,9 +2,9 @@
 //! Lease's events, feeds the [`tracker`], recomputes the failover breaker and wakes the QuestDB
 //! of a node past its threshold.
 
+pub mod owners;
 pub mod tracker;
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -42,36 +42,10 @@ struct Survey {
 }
 
 fn survey(ctx: &Context, health: &NodeHealth, node: &str, now: Instant) -> Survey {
-    let questdbs = ctx.caches.questdbs.state();
-    let owners: HashMap<&str, (&crate::api::QuestDB, Duration)> = questdbs
-        .iter()
-        .filter_map(|q| q.0.as_ref().ok())
-        .filter_map(|q| {
-            let id = q.status.as_ref()?.instance_id.as_deref()?;
-            Some((
-                id,
-                (q, health.threshold(q.spec.failover.unhealthy_after_seconds)),
-            ))
-        })
-        .collect();
-    // The other instances of a node move under way (the node it leaves or retains, the one it
-    // moves to): not databases at risk for the breaker, but the move judges them dead or alive,
-    // and nothing else wakes it for them.
-    let movers: HashMap<&str, (&crate::api::QuestDB, Duration)> = questdbs
-        .iter()
-        .filter_map(|q| q.0.as_ref().ok())
-        .filter_map(|q| {
-            let u = q.status.as_ref()?.upgrade.as_ref()?;
-            crate::controllers::upgrade::active(q.status.as_ref()?).then_some((q, u))
-        })
-        .flat_map(|(q, u)| {
-            let threshold = health.threshold(q.spec.failover.unhealthy_after_seconds);
-            [u.old_instance_id.as_deref(), u.new_instance_id.as_deref()]
-                .into_iter()
-                .flatten()
-                .map(move |id| (id, (q, threshold)))
-        })
-        .collect();
+    let index = ctx
+        .caches
+        .owner_index
+        .get(&ctx.caches.questdbs, |s| health.threshold(s));
     let nodes = ctx.caches.nodes.state();
     let mut out = Survey {
         managed: 0,
@@ -98,19 +72,19 @@ fn survey(ctx: &Context, health: &NodeHealth, node: &str, now: Instant) -> Surve
         };
         // A node no QuestDB runs on any more (fenced, being replaced, upgraded away) is not a
         // database at risk: it neither counts toward the breaker nor triggers.
-        let Some((qdb, threshold)) = owners.get(instance) else {
+        let Some(owner) = index.owners.get(instance) else {
             if name == node {
-                out.owner = movers.get(instance).and_then(|(q, threshold)| {
-                    crate::controllers::context::questdb_ref(q).map(|r| (r, *threshold, None))
-                });
+                out.owner = index
+                    .movers
+                    .get(instance)
+                    .map(|m| (m.questdb.clone(), m.threshold, None));
             }
             continue;
         };
+        let threshold = &owner.threshold;
         out.managed += 1;
         if name == node {
-            let recorded = qdb.status.as_ref().and_then(|s| s.node_ready);
-            out.owner =
-                crate::controllers::context::questdb_ref(qdb).map(|r| (r, *threshold, recorded));
+            out.owner = Some((owner.questdb.clone(), owner.threshold, owner.recorded_ready));
         }
         let Some(silent) = health.unhealthy_for(name, now) else {
             continue;
@@ -126,7 +100,7 @@ fn survey(ctx: &Context, health: &NodeHealth, node: &str, now: Instant) -> Surve
         }
     }
     health.retain(|n| present.contains(n));
-    health.retain_instances(|i| owners.contains_key(i));
+    health.retain_instances(|i| index.owners.contains_key(i));
     out
 }
 

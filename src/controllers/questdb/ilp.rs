@@ -184,6 +184,7 @@ mod tests {
             nodes: reflector::store().0,
             leases: reflector::store().0,
             secrets,
+            owner_index: Default::default(),
         };
         let ctx = Context {
             recorder: Recorder::new(client.clone(), "test", None),
@@ -198,6 +199,7 @@ mod tests {
             operator_namespace: None,
             write_health: Default::default(),
             status_writes: Default::default(),
+            event_looks: Default::default(),
         };
         (ctx, writer)
     }

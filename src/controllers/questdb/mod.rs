@@ -251,6 +251,29 @@ async fn pod_refusal(ctx: &Context, ns: &str, sts: &str) -> Option<String> {
 /// recent. Read live (events are not cached: this runs only while something waits), by field
 /// selector.
 async fn newest_event(ctx: &Context, ns: &str, selector: &str, reasons: &[&str]) -> Option<String> {
+    use crate::controllers::context::EVENT_LOOK_REUSE;
+    let key = format!("{ns}/{selector}");
+    if let Some((at, found)) = ctx.event_looks.lock().expect("event looks lock").get(&key) {
+        if at.elapsed() < EVENT_LOOK_REUSE {
+            return found.clone();
+        }
+    }
+    let found = newest_event_live(ctx, ns, selector, reasons).await;
+    let mut looks = ctx.event_looks.lock().expect("event looks lock");
+    // Only looks still reused matter: the map stays as small as the databases waiting.
+    if looks.len() >= 64 {
+        looks.retain(|_, (at, _)| at.elapsed() < EVENT_LOOK_REUSE);
+    }
+    looks.insert(key, (std::time::Instant::now(), found.clone()));
+    found
+}
+
+async fn newest_event_live(
+    ctx: &Context,
+    ns: &str,
+    selector: &str,
+    reasons: &[&str],
+) -> Option<String> {
     let api: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(ctx.client.clone(), ns);
     let lp = kube::api::ListParams::default().fields(selector);
     let events = match api.list(&lp).await {
@@ -516,22 +539,23 @@ async fn write_status(
     inputs: &status::StatusInputs<'_>,
     coalesce: Coalesce,
 ) -> Result<Option<std::time::Duration>, Error> {
-    use crate::controllers::context::STATUS_COALESCE;
+    use crate::controllers::context::{StatusWrite, STATUS_COALESCE_MAX};
     let new = status::compute(qdb, inputs, Timestamp::now());
     let old = qdb.status.clone().unwrap_or_default();
     if old == new {
         return Ok(None);
     }
     let key = crate::controllers::context::questdb_ref(qdb);
-    if coalesce == Coalesce::Progress && status::progress_only(&old, &new) {
-        let last = key.as_ref().and_then(|k| {
-            ctx.status_writes
-                .lock()
-                .expect("status writes lock")
-                .get(k)
-                .copied()
-        });
-        if let Some(wait) = last.and_then(|t| STATUS_COALESCE.checked_sub(t.elapsed())) {
+    let last = key.as_ref().and_then(|k| {
+        ctx.status_writes
+            .lock()
+            .expect("status writes lock")
+            .get(k)
+            .copied()
+    });
+    let progress = status::progress_only(&old, &new);
+    if coalesce == Coalesce::Progress && progress {
+        if let Some(wait) = last.and_then(|w| w.window().checked_sub(w.at.elapsed())) {
             return Ok(Some(wait.max(std::time::Duration::from_millis(50))));
         }
     }
@@ -547,19 +571,53 @@ async fn write_status(
     api.replace_status(&qdb.name_any(), &pp, &obj)
         .await
         .map_err(Error::from_status_write)?;
+    debug!(
+        questdb = %qdb.name_any(),
+        phase = ?new.phase,
+        changed = %changed_conditions(&old, &new),
+        node = new.node_name.as_deref().unwrap_or(""),
+        "status written"
+    );
     if let Some(k) = key {
         let mut writes = ctx.status_writes.lock().expect("status writes lock");
-        // Only the last window's writes matter: the map stays as small as the burst.
+        // Only writes within the longest window matter: the map stays as small as the burst.
         if writes.len() >= 64 {
-            writes.retain(|_, t| t.elapsed() < STATUS_COALESCE);
+            writes.retain(|_, w| w.at.elapsed() < STATUS_COALESCE_MAX);
         }
-        writes.insert(k, std::time::Instant::now());
+        let progress = match last {
+            Some(w) if progress => w.progress.saturating_add(1),
+            _ => 0,
+        };
+        writes.insert(
+            k,
+            StatusWrite {
+                at: std::time::Instant::now(),
+                progress,
+            },
+        );
     }
     // Counted once it is written: a conflict retry would otherwise count the same transition
     // twice.
     ctx.metrics_conditions(&old.conditions, &new.conditions);
     report_container_trouble(qdb, ctx, &old, &new).await;
     Ok(None)
+}
+
+/// `Type=Status/Reason` of each condition a status write changed, for the debug log.
+fn changed_conditions(old: &crate::api::QuestDBStatus, new: &crate::api::QuestDBStatus) -> String {
+    new.conditions
+        .iter()
+        .filter(|n| {
+            !old.conditions.iter().any(|o| {
+                o.type_ == n.type_
+                    && o.status == n.status
+                    && o.reason == n.reason
+                    && o.message == n.message
+            })
+        })
+        .map(|c| format!("{}={}/{}", c.type_, c.status, c.reason))
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// One Warning event (and log line) per distinct cause of a database that cannot run: the
