@@ -87,14 +87,36 @@ pub struct Context {
     /// When each QuestDB's status was last written, for those written in the last
     /// [`STATUS_COALESCE_MAX`]: progress within a phase waits out [`StatusWrite::window`].
     pub status_writes: Mutex<HashMap<ObjectRef<GuardedQuestDB>, StatusWrite>>,
-    /// The newest refusal event per field selector, as last read live, for
-    /// [`EVENT_LOOK_REUSE`]: a waiting database is reconciled on every change of its pod and
+    /// The newest refusal event per field selector, as last read live, reused for
+    /// [`EventLook::reuse`]: a waiting database is reconciled on every change of its pod and
     /// claim, and each look would be an uncached list.
-    pub event_looks: Mutex<HashMap<String, (std::time::Instant, Option<String>)>>,
+    pub event_looks: Mutex<HashMap<String, EventLook>>,
 }
 
-/// How long an event look is reused: a refusal is reported a few seconds late at most.
+/// How long an event look is reused at first.
 pub const EVENT_LOOK_REUSE: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The longest a look that found nothing is reused: a refusal that comes after minutes of
+/// waiting (a thousand databases queued at the scheduler) is reported this late at most.
+pub const EVENT_LOOK_REUSE_MAX: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// One live look at the events about an object, and how many looks in a row found nothing.
+#[derive(Clone, Debug)]
+pub struct EventLook {
+    pub at: std::time::Instant,
+    pub found: Option<String>,
+    pub empty: u32,
+}
+
+impl EventLook {
+    /// [`EVENT_LOOK_REUSE`], doubling with each look in a row that found nothing, up to
+    /// [`EVENT_LOOK_REUSE_MAX`]; a refusal found is looked at again after the first window.
+    pub fn reuse(&self) -> std::time::Duration {
+        EVENT_LOOK_REUSE
+            .saturating_mul(1u32 << self.empty.min(16))
+            .min(EVENT_LOOK_REUSE_MAX)
+    }
+}
 
 /// A database on its way (a pod created, then placed once the scheduler's retry finds its
 /// claim bound, 1-2 s later) passes through states a person at a terminal cannot tell apart;
@@ -204,5 +226,28 @@ mod tests {
             .window(),
             STATUS_COALESCE_MAX
         );
+    }
+
+    #[test]
+    fn a_database_long_queued_lists_its_events_ever_less_often_and_a_refusal_found_soon() {
+        let at = std::time::Instant::now();
+        let reuse: Vec<u64> = (0..6)
+            .map(|empty| {
+                EventLook {
+                    at,
+                    found: None,
+                    empty,
+                }
+                .reuse()
+                .as_secs()
+            })
+            .collect();
+        assert_eq!(reuse, [5, 10, 20, 30, 30, 30]);
+        let found = EventLook {
+            at,
+            found: Some("no storage class".into()),
+            empty: 0,
+        };
+        assert_eq!(found.reuse(), EVENT_LOOK_REUSE);
     }
 }

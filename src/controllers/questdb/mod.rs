@@ -251,20 +251,37 @@ async fn pod_refusal(ctx: &Context, ns: &str, sts: &str) -> Option<String> {
 /// recent. Read live (events are not cached: this runs only while something waits), by field
 /// selector.
 async fn newest_event(ctx: &Context, ns: &str, selector: &str, reasons: &[&str]) -> Option<String> {
-    use crate::controllers::context::EVENT_LOOK_REUSE;
+    use crate::controllers::context::{EventLook, EVENT_LOOK_REUSE_MAX};
     let key = format!("{ns}/{selector}");
-    if let Some((at, found)) = ctx.event_looks.lock().expect("event looks lock").get(&key) {
-        if at.elapsed() < EVENT_LOOK_REUSE {
-            return found.clone();
+    let last = ctx
+        .event_looks
+        .lock()
+        .expect("event looks lock")
+        .get(&key)
+        .cloned();
+    if let Some(look) = &last {
+        if look.at.elapsed() < look.reuse() {
+            return look.found.clone();
         }
     }
     let found = newest_event_live(ctx, ns, selector, reasons).await;
+    let empty = match (&found, &last) {
+        (None, Some(l)) if l.found.is_none() => l.empty.saturating_add(1),
+        _ => 0,
+    };
     let mut looks = ctx.event_looks.lock().expect("event looks lock");
     // Only looks still reused matter: the map stays as small as the databases waiting.
     if looks.len() >= 64 {
-        looks.retain(|_, (at, _)| at.elapsed() < EVENT_LOOK_REUSE);
+        looks.retain(|_, l| l.at.elapsed() < EVENT_LOOK_REUSE_MAX);
     }
-    looks.insert(key, (std::time::Instant::now(), found.clone()));
+    looks.insert(
+        key,
+        EventLook {
+            at: std::time::Instant::now(),
+            found: found.clone(),
+            empty,
+        },
+    );
     found
 }
 
