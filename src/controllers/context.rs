@@ -18,14 +18,8 @@ use tracing::warn;
 
 use crate::api::{QuestDB, Reason};
 
-/// A QuestDB as the watch delivers it: parsed, or the metadata and the parse error.
-pub type GuardedQuestDB = kube::core::DeserializeGuard<QuestDB>;
-
-/// The controller's key for a QuestDB.
-pub fn questdb_ref(qdb: &QuestDB) -> Option<ObjectRef<GuardedQuestDB>> {
-    Some(ObjectRef::new(&qdb.metadata.name.clone()?).within(qdb.metadata.namespace.as_deref()?))
-}
 use crate::controllers::cloud_runtime::CloudRuntime;
+pub use crate::controllers::keys::{questdb_ref, GuardedQuestDB};
 use crate::ilp_auth::{KeyError, PublicKey};
 use crate::metrics::Metrics;
 
@@ -112,9 +106,7 @@ impl EventLook {
     /// [`EVENT_LOOK_REUSE`], doubling with each look in a row that found nothing, up to
     /// [`EVENT_LOOK_REUSE_MAX`]; a refusal found is looked at again after the first window.
     pub fn reuse(&self) -> std::time::Duration {
-        EVENT_LOOK_REUSE
-            .saturating_mul(1u32 << self.empty.min(16))
-            .min(EVENT_LOOK_REUSE_MAX)
+        crate::controllers::keys::doubling(EVENT_LOOK_REUSE, self.empty, EVENT_LOOK_REUSE_MAX)
     }
 }
 
@@ -143,9 +135,7 @@ impl StatusWrite {
     /// since the last change, from [`STATUS_COALESCE`] up to [`STATUS_COALESCE_MAX`]. A
     /// database that takes a minute to start costs four progress writes, not twelve.
     pub fn window(&self) -> std::time::Duration {
-        STATUS_COALESCE
-            .saturating_mul(1u32 << self.progress.min(16))
-            .min(STATUS_COALESCE_MAX)
+        crate::controllers::keys::doubling(STATUS_COALESCE, self.progress, STATUS_COALESCE_MAX)
     }
 }
 

@@ -11,6 +11,7 @@ pub mod dns;
 pub mod events;
 pub mod failover;
 pub mod in_flight;
+pub mod keys;
 pub mod maintenance;
 pub mod node;
 pub mod node_health;

@@ -10,14 +10,7 @@ use std::time::Duration;
 use kube::runtime::reflector::{ObjectRef, Store};
 
 use crate::api::QuestDB;
-
-/// The controllers' key type (`context::GuardedQuestDB`), named here so the caches can hold
-/// this index without a module cycle.
-type GuardedQuestDB = kube::core::DeserializeGuard<QuestDB>;
-
-fn questdb_ref(qdb: &QuestDB) -> Option<ObjectRef<GuardedQuestDB>> {
-    Some(ObjectRef::new(&qdb.metadata.name.clone()?).within(qdb.metadata.namespace.as_deref()?))
-}
+use crate::controllers::keys::{questdb_ref, GuardedQuestDB};
 
 /// The database an instance serves, with the failover threshold it gets.
 #[derive(Clone, Debug, PartialEq, Eq)]
