@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use crate::controllers::events::Recorder;
 use anyhow::Context as _;
-use futures::{Stream, StreamExt};
+use futures::{Stream, StreamExt, TryStreamExt};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Node, PersistentVolumeClaim, Pod, Secret, Service};
@@ -212,6 +212,17 @@ pub struct Subscriptions {
 type TriggerReceiver = futures::channel::mpsc::UnboundedReceiver<ObjectRef<GuardedQuestDB>>;
 type TriggerSender = crate::controllers::context::Wake;
 
+/// A watch event with its object in another form.
+fn project<K, C>(event: watcher::Event<K>, f: impl Fn(K) -> C) -> watcher::Event<C> {
+    match event {
+        watcher::Event::Apply(o) => watcher::Event::Apply(f(o)),
+        watcher::Event::Delete(o) => watcher::Event::Delete(f(o)),
+        watcher::Event::InitApply(o) => watcher::Event::InitApply(f(o)),
+        watcher::Event::Init => watcher::Event::Init,
+        watcher::Event::InitDone => watcher::Event::InitDone,
+    }
+}
+
 /// Forwards an object's event to the QuestDB `map` says it belongs to. Unbounded, because a
 /// dropped trigger would be a missed reconcile; a standby drains it continuously.
 fn forward<K>(
@@ -367,6 +378,27 @@ fn start_caches(
         }};
     }
 
+    // A child kind, held in the form `OwnedChild::Cached` says: projected before the store.
+    macro_rules! child {
+        ($k:ty, $api:expr) => {{
+            type C = <$k as OwnedChild>::Cached;
+            let (reader, writer) = reflector::store::<C>();
+            let tx = tx.clone();
+            let stream = watcher($api, managed_selector())
+                .default_backoff()
+                .map_ok(|ev| {
+                    project(ev, |mut o: $k| {
+                        o.meta_mut().managed_fields = None;
+                        <$k as OwnedChild>::to_cached(o)
+                    })
+                })
+                .reflect(writer)
+                .inspect(move |ev| forward(ev, &tx, true, |o: &C| questdb_of(o.meta())));
+            tasks.push(spawn_drain(stream, token.clone(), stringify!($k)));
+            reader
+        }};
+    }
+
     let owner_index = crate::controllers::node_health::owners::OwnerIndexCache::default();
     let questdbs = cached!(
         GuardedQuestDB,
@@ -377,30 +409,9 @@ fn start_caches(
         |_: &mut GuardedQuestDB| {},
         Some(owner_index.changes())
     );
-    let statefulsets = cached!(
-        StatefulSet,
-        api_for::<StatefulSet>(client, ns),
-        managed_selector(),
-        true,
-        |o: &StatefulSet| questdb_of(o.meta()),
-        <StatefulSet as OwnedChild>::compact
-    );
-    let configmaps = cached!(
-        ConfigMap,
-        api_for::<ConfigMap>(client, ns),
-        managed_selector(),
-        true,
-        |o: &ConfigMap| questdb_of(o.meta()),
-        <ConfigMap as OwnedChild>::compact
-    );
-    let services = cached!(
-        Service,
-        api_for::<Service>(client, ns),
-        managed_selector(),
-        true,
-        |o: &Service| questdb_of(o.meta()),
-        <Service as OwnedChild>::compact
-    );
+    let statefulsets = child!(StatefulSet, api_for::<StatefulSet>(client, ns));
+    let configmaps = child!(ConfigMap, api_for::<ConfigMap>(client, ns));
+    let services = child!(Service, api_for::<Service>(client, ns));
     let pvcs = cached!(
         PersistentVolumeClaim,
         api_for::<PersistentVolumeClaim>(client, ns),
@@ -417,22 +428,11 @@ fn start_caches(
         trim_pod
     );
 
-    let network_policies = cached!(
-        NetworkPolicy,
-        api_for::<NetworkPolicy>(client, ns),
-        managed_selector(),
-        true,
-        |o: &NetworkPolicy| questdb_of(o.meta()),
-        <NetworkPolicy as OwnedChild>::compact
-    );
+    let network_policies = child!(NetworkPolicy, api_for::<NetworkPolicy>(client, ns));
 
-    let pdbs = cached!(
+    let pdbs = child!(
         PodDisruptionBudget,
-        api_for::<PodDisruptionBudget>(client, ns),
-        managed_selector(),
-        true,
-        |o: &PodDisruptionBudget| questdb_of(o.meta()),
-        <PodDisruptionBudget as OwnedChild>::compact
+        api_for::<PodDisruptionBudget>(client, ns)
     );
 
     let (nodes, mut node_writer) = reflector::store::<Node>();
@@ -809,7 +809,9 @@ async fn run_controllers(shared: &Shared<'_>, subs: Subscriptions, token: Cancel
         opts.write_health_interval,
         token.clone(),
     );
-    let controller = questdb_controller(triggers, caches, opts.questdb_concurrency, &ctrl_metrics)
+    let counted = ctrl_metrics.clone();
+    let triggers = triggers.inspect(move |_| counted.observe_trigger());
+    let controller = questdb_controller(triggers, caches, opts.questdb_concurrency)
         .graceful_shutdown_on(token.cancelled_owned());
     tokio::join!(
         run_questdb_controller(controller, ctx, ctrl_metrics, in_flight.clone()),
@@ -963,11 +965,11 @@ async fn run_node_health(
         return;
     }
     let m = metrics.controller(node_health::CONTROLLER_NAME, concurrency as usize);
-    let seen = m.clone();
+    let counted = m.clone();
     let none = futures::stream::pending::<Result<Node, watcher::Error>>();
     let controller = Controller::for_stream(none, caches.nodes.clone())
         .with_config(ControllerConfig::default().concurrency(concurrency))
-        .reconcile_on(node_triggers.inspect(move |r| seen.observe_trigger(r)))
+        .reconcile_on(node_triggers.inspect(move |_| counted.observe_trigger()))
         .reconcile_all_on(futures::stream::once(async {}))
         .graceful_shutdown_on(token.cancelled_owned());
     let reconcile = move |node: Arc<Node>, ctx: Arc<Context>| {
@@ -992,13 +994,11 @@ async fn run_node_health(
         .await;
 }
 
-/// Builds the QuestDB controller and its triggers. Every trigger is counted for the
-/// `workqueue_*` figures before it reaches the controller.
+/// Builds the QuestDB controller and its triggers.
 fn questdb_controller(
-    triggers: TriggerReceiver,
+    triggers: impl Stream<Item = ObjectRef<GuardedQuestDB>> + Send + 'static,
     caches: &Caches,
     concurrency: u16,
-    m: &ControllerMetrics,
 ) -> Controller<GuardedQuestDB> {
     // A short debounce folds the burst of events that follows a reconcile's own writes (six
     // children appearing, then the StatefulSet's status steps) into one reconcile that sees them
@@ -1008,10 +1008,9 @@ fn questdb_controller(
         .debounce(Duration::from_millis(100));
     // Every request comes through `subs.triggers`; the main stream only lends its cache.
     let none = futures::stream::pending::<Result<GuardedQuestDB, watcher::Error>>();
-    let seen = m.clone();
     let c = Controller::for_stream(none, caches.questdbs.clone())
         .with_config(config)
-        .reconcile_on(triggers.inspect(move |r| seen.observe_trigger(r)));
+        .reconcile_on(triggers);
     // The controller only sees events after it starts: reconcile everything once at start.
     c.reconcile_all_on(futures::stream::once(async {}))
 }

@@ -200,7 +200,6 @@ fn is_exposed(name: &str, families: &BTreeMap<String, String>) -> bool {
 fn exposition_after_one_of_everything() -> String {
     let metrics = Metrics::new();
     let controller = metrics.controller("questdb", 4);
-    controller.observe_trigger("db/q1");
     let m = Arc::clone(&metrics);
     let reconcile = controller.instrument(
         "db/q1",

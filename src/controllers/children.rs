@@ -45,7 +45,7 @@ fn controller_of(meta: &ObjectMeta) -> Option<&OwnerReference> {
 ///
 /// Only fields the operator sets are compared ([`needs_update`]), so values the apiserver
 /// defaults (clusterIP, container defaults, volumeName, ...) never cause a write.
-pub fn decide<K>(desired: &K, existing: Option<&K>, owner_uid: &str) -> ChildAction
+pub fn decide<K>(desired: &K, existing: Option<&K::Cached>, owner_uid: &str) -> ChildAction
 where
     K: OwnedChild,
 {
@@ -74,7 +74,7 @@ where
 /// An object without a controller is ours only when it carries the operator's labels for the
 /// same QuestDB (a retained PVC, a child whose owner reference was removed) or the user's
 /// adoption annotation. Another application's PVC with a colliding name is neither.
-fn provably_ours<K: Resource>(desired: &K, existing: &K) -> bool {
+fn provably_ours<K: Resource, E: Resource>(desired: &K, existing: &E) -> bool {
     let l = existing.labels();
     let ours = l.get(labels::MANAGED_BY).map(String::as_str) == Some(labels::MANAGED_BY_VALUE)
         && l.get(labels::NAME).map(String::as_str) == Some(labels::NAME_VALUE)
@@ -94,9 +94,10 @@ pub fn controlled_by<K: Resource>(obj: &K, uid: &str) -> bool {
 
 /// Deletes a child the operator controls and no longer wants; the uid precondition makes sure
 /// it is the object that was looked at, never a successor with the same name.
-pub async fn delete_owned<K>(api: &Api<K>, obj: &K) -> kube::Result<()>
+pub async fn delete_owned<K, O>(api: &Api<K>, obj: &O) -> kube::Result<()>
 where
     K: Resource + Clone + DeserializeOwned + Debug,
+    O: Resource,
 {
     let dp = kube::api::DeleteParams {
         preconditions: Some(kube::api::Preconditions {
@@ -113,7 +114,7 @@ where
 }
 
 /// Keeps the non-controller owner references an adopted object already had.
-pub fn merge_owner_references<K: Resource>(desired: &mut K, existing: Option<&K>) {
+pub fn merge_owner_references<K: Resource, E: Resource>(desired: &mut K, existing: Option<&E>) {
     let Some(existing) = existing else { return };
     let ours: Vec<OwnerReference> = desired.owner_references().to_vec();
     if ours.is_empty() && desired.meta().owner_references.is_some() {
@@ -183,7 +184,7 @@ fn api_error(code: u16) -> bool {
 pub async fn apply<K>(
     api: &Api<K>,
     desired: &K,
-    existing: Option<&K>,
+    existing: Option<&K::Cached>,
     action: &ChildAction,
 ) -> kube::Result<Applied>
 where
@@ -228,7 +229,11 @@ where
 }
 
 /// The JSON merge patch of a PVC: metadata and (only ever upwards) the requested size.
-async fn merge_patch<K>(api: &Api<K>, desired: &K, existing: Option<&K>) -> kube::Result<bool>
+async fn merge_patch<K>(
+    api: &Api<K>,
+    desired: &K,
+    existing: Option<&K::Cached>,
+) -> kube::Result<bool>
 where
     K: OwnedChild + Serialize + DeserializeOwned + Clone + Debug,
 {
@@ -247,7 +252,11 @@ where
 /// Reads the live object (the cache strips managedFields), refuses to act when it is not the
 /// object the decision was made on, converts ownership recorded by earlier plain writes, then
 /// applies.
-async fn server_side_apply<K>(api: &Api<K>, desired: &K, existing: Option<&K>) -> kube::Result<bool>
+async fn server_side_apply<K>(
+    api: &Api<K>,
+    desired: &K,
+    existing: Option<&K::Cached>,
+) -> kube::Result<bool>
 where
     K: OwnedChild + Serialize + DeserializeOwned + Clone + Debug,
 {
@@ -371,6 +380,10 @@ mod tests {
         ])
     }
 
+    fn cached<K: OwnedChild + Clone>(existing: &K) -> K::Cached {
+        K::to_cached(existing.clone())
+    }
+
     fn cm(owners: Option<Vec<OwnerReference>>, data: &[(&str, &str)]) -> ConfigMap {
         ConfigMap {
             metadata: ObjectMeta {
@@ -401,21 +414,21 @@ mod tests {
         let mut e = d.clone();
         e.metadata.resource_version = Some("42".into());
         e.metadata.uid = Some("child-uid".into());
-        assert_eq!(decide(&d, Some(&e), "u1"), ChildAction::InSync);
+        assert_eq!(decide(&d, Some(&cached(&e)), "u1"), ChildAction::InSync);
     }
 
     #[test]
     fn changed_data_is_updated() {
         let d = cm(Some(vec![owner("u1", true)]), &[("a", "2")]);
         let e = cm(Some(vec![owner("u1", true)]), &[("a", "1")]);
-        assert_eq!(decide(&d, Some(&e), "u1"), ChildAction::Update);
+        assert_eq!(decide(&d, Some(&cached(&e)), "u1"), ChildAction::Update);
     }
 
     #[test]
     fn unowned_with_our_labels_is_adopted() {
         let d = cm(Some(vec![owner("u1", true)]), &[("a", "1")]);
         let e = cm(None, &[("a", "1")]);
-        assert_eq!(decide(&d, Some(&e), "u1"), ChildAction::Adopt);
+        assert_eq!(decide(&d, Some(&cached(&e)), "u1"), ChildAction::Adopt);
     }
 
     #[test]
@@ -427,20 +440,20 @@ mod tests {
             "prometheus".to_string(),
         )]));
         assert!(matches!(
-            decide(&d, Some(&e), "u1"),
+            decide(&d, Some(&cached(&e)), "u1"),
             ChildAction::Blocked(_)
         ));
         // Retained children (no owner reference wanted) are not used either.
         let mut retained = d.clone();
         retained.metadata.owner_references = None;
         assert!(matches!(
-            decide(&retained, Some(&e), "u1"),
+            decide(&retained, Some(&cached(&e)), "u1"),
             ChildAction::Blocked(_)
         ));
         // Our labels for another QuestDB are not ours either.
         e.metadata.labels = Some(our_labels("other"));
         assert!(matches!(
-            decide(&d, Some(&e), "u1"),
+            decide(&d, Some(&cached(&e)), "u1"),
             ChildAction::Blocked(_)
         ));
     }
@@ -454,7 +467,7 @@ mod tests {
             ADOPT_ANNOTATION.to_string(),
             "true".to_string(),
         )]));
-        assert_eq!(decide(&d, Some(&e), "u1"), ChildAction::Adopt);
+        assert_eq!(decide(&d, Some(&cached(&e)), "u1"), ChildAction::Adopt);
     }
 
     #[test]
@@ -462,7 +475,7 @@ mod tests {
         let d = cm(Some(vec![owner("u1", true)]), &[("a", "1")]);
         let e = cm(Some(vec![owner("other", true)]), &[("a", "1")]);
         assert!(matches!(
-            decide(&d, Some(&e), "u1"),
+            decide(&d, Some(&cached(&e)), "u1"),
             ChildAction::Blocked(_)
         ));
     }
@@ -474,7 +487,7 @@ mod tests {
         let d = cm(Some(vec![owner("new", true)]), &[("a", "1")]);
         let e = cm(Some(vec![owner("old", true)]), &[("a", "1")]);
         assert!(matches!(
-            decide(&d, Some(&e), "new"),
+            decide(&d, Some(&cached(&e)), "new"),
             ChildAction::Blocked(_)
         ));
     }
@@ -503,7 +516,7 @@ mod tests {
             .map(|r| r.uid.as_str())
             .collect();
         assert_eq!(uids, vec!["x"]);
-        assert_eq!(decide(&d, Some(&e), "u1"), ChildAction::Update);
+        assert_eq!(decide(&d, Some(&cached(&e)), "u1"), ChildAction::Update);
     }
 
     fn entry(manager: &str, operation: &str, fields: serde_json::Value) -> ManagedFieldsEntry {
@@ -585,7 +598,10 @@ mod tests {
         with.labels_mut().insert("team".into(), "x".into());
         let mut without = cm(Some(vec![owner("u1", true)]), &[("a", "1")]);
         let unstamped = without.clone();
-        assert_eq!(decide(&unstamped, Some(&with), "u1"), ChildAction::InSync);
+        assert_eq!(
+            decide(&unstamped, Some(&cached(&with)), "u1"),
+            ChildAction::InSync
+        );
         stamp_applied_hash(&mut with);
         stamp_applied_hash(&mut without);
         let hash = |c: &ConfigMap| c.annotations().get(APPLIED_HASH_ANNOTATION).cloned();
@@ -598,6 +614,9 @@ mod tests {
         };
         assert_eq!(hash(&again), hash(&with), "stable");
         // The stored object carries the old hash: the decision is an update.
-        assert_eq!(decide(&without, Some(&with), "u1"), ChildAction::Update);
+        assert_eq!(
+            decide(&without, Some(&cached(&with)), "u1"),
+            ChildAction::Update
+        );
     }
 }

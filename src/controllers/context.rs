@@ -20,21 +20,26 @@ use crate::api::{QuestDB, Reason};
 
 use crate::controllers::cloud_runtime::CloudRuntime;
 pub use crate::controllers::keys::{questdb_ref, GuardedQuestDB};
+use crate::desired::OwnedChild;
 use crate::ilp_auth::{KeyError, PublicKey};
 use crate::metrics::Metrics;
+
+/// A child as its cache holds it.
+pub type Cached<K> = <K as OwnedChild>::Cached;
 
 /// Reflector caches the reconcilers read instead of the apiserver.
 #[derive(Clone)]
 pub struct Caches {
     /// Guarded: one QuestDB that does not deserialize must not stop the watch of all others.
     pub questdbs: Store<GuardedQuestDB>,
-    pub statefulsets: Store<StatefulSet>,
-    pub configmaps: Store<ConfigMap>,
-    pub services: Store<Service>,
+    /// The operator's children, in the form [`OwnedChild::Cached`] says.
+    pub statefulsets: Store<Cached<StatefulSet>>,
+    pub configmaps: Store<Cached<ConfigMap>>,
+    pub services: Store<Cached<Service>>,
     pub pvcs: Store<PersistentVolumeClaim>,
     pub pods: Store<Pod>,
-    pub network_policies: Store<NetworkPolicy>,
-    pub pdbs: Store<k8s_openapi::api::policy::v1::PodDisruptionBudget>,
+    pub network_policies: Store<Cached<NetworkPolicy>>,
+    pub pdbs: Store<Cached<k8s_openapi::api::policy::v1::PodDisruptionBudget>>,
     pub nodes: Store<Node>,
     /// The kubelets' Leases in `kube-node-lease` (renewTime only), with a cloud provider.
     pub leases: Store<k8s_openapi::api::coordination::v1::Lease>,
@@ -122,12 +127,18 @@ pub const STATUS_COALESCE: std::time::Duration = std::time::Duration::from_secs(
 /// a volume slow to attach) still shows where it is twice a minute.
 pub const STATUS_COALESCE_MAX: std::time::Duration = std::time::Duration::from_secs(30);
 
-/// A QuestDB's last status write, and how many progress-only writes came since the last
-/// write of a change (a phase, a condition's status).
+/// How long progress is held back once seen, however long ago the last write was: the steps
+/// of a database on its way come in bursts (placed on a node, then ready a second or two later:
+/// half of them within 2 s at 200 databases created at once), and a burst is one write.
+pub const STATUS_SETTLE: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// A QuestDB's last status write, how many progress-only writes came since the last write of
+/// a change (a phase, a condition's status), and since when progress not yet written waits.
 #[derive(Clone, Copy, Debug)]
 pub struct StatusWrite {
     pub at: std::time::Instant,
     pub progress: u32,
+    pub held: Option<std::time::Instant>,
 }
 
 impl StatusWrite {
@@ -136,6 +147,25 @@ impl StatusWrite {
     /// database that takes a minute to start costs four progress writes, not twelve.
     pub fn window(&self) -> std::time::Duration {
         crate::controllers::keys::doubling(STATUS_COALESCE, self.progress, STATUS_COALESCE_MAX)
+    }
+
+    /// How much longer progress seen `now` waits: until the window after the last write has
+    /// passed and the progress has settled for [`STATUS_SETTLE`]. `None`: write it now.
+    pub fn wait(&self, now: std::time::Instant) -> Option<std::time::Duration> {
+        let window = self
+            .window()
+            .checked_sub(now.saturating_duration_since(self.at));
+        let held = self.held.unwrap_or(now);
+        let settle = STATUS_SETTLE.checked_sub(now.saturating_duration_since(held));
+        window.max(settle).filter(|w| !w.is_zero())
+    }
+
+    /// Whether this entry still decides anything: a window or a settle not yet over.
+    pub fn live(&self, now: std::time::Instant) -> bool {
+        now.saturating_duration_since(self.at) < STATUS_COALESCE_MAX
+            || self
+                .held
+                .is_some_and(|h| now.saturating_duration_since(h) < STATUS_SETTLE)
     }
 }
 
@@ -205,17 +235,57 @@ mod tests {
     {
         let at = std::time::Instant::now();
         let windows: Vec<u64> = (0..8)
-            .map(|progress| StatusWrite { at, progress }.window().as_secs())
+            .map(|progress| {
+                StatusWrite {
+                    at,
+                    progress,
+                    held: None,
+                }
+                .window()
+                .as_secs()
+            })
             .collect();
         assert_eq!(windows, [5, 10, 20, 30, 30, 30, 30, 30]);
         assert_eq!(
             StatusWrite {
                 at,
-                progress: u32::MAX
+                progress: u32::MAX,
+                held: None,
             }
             .window(),
             STATUS_COALESCE_MAX
         );
+    }
+
+    /// A database placed on its node and ready a second later is one write, not two: progress
+    /// waits [`STATUS_SETTLE`] after it is first seen, even long after the last write.
+    #[test]
+    fn progress_waits_to_settle_even_long_after_the_last_write() {
+        let start = std::time::Instant::now();
+        let secs = std::time::Duration::from_secs;
+        let long_ago = StatusWrite {
+            at: start,
+            progress: 0,
+            held: None,
+        };
+        let later = start + secs(120);
+        assert_eq!(long_ago.wait(later), Some(STATUS_SETTLE));
+        let held = StatusWrite {
+            held: Some(later),
+            ..long_ago
+        };
+        assert_eq!(held.wait(later + secs(2)), Some(secs(3)));
+        assert_eq!(held.wait(later + STATUS_SETTLE), None);
+        assert!(held.live(later + secs(4)));
+        assert!(!held.live(later + STATUS_SETTLE));
+
+        // Soon after a write, the window decides.
+        let just_written = StatusWrite {
+            at: later,
+            progress: 2,
+            held: Some(later + secs(1)),
+        };
+        assert_eq!(just_written.wait(later + secs(6)), Some(secs(14)));
     }
 
     #[test]

@@ -8,9 +8,10 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetStatus};
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::Resource;
 use serde::Serialize;
@@ -19,50 +20,102 @@ use serde_json::Value;
 use super::quantity::parse_quantity;
 
 /// A child kind the operator builds, with its own notion of "already as desired".
-pub trait OwnedChild: Resource<DynamicType = ()> {
+pub trait OwnedChild: Resource<DynamicType = ()> + Sized {
     /// Written with server-side apply, so a field the operator stops setting is removed. False
     /// for the PVC: most of its spec is immutable once bound, and only its size and metadata
     /// are ever written after creation (a JSON merge patch of exactly those).
     const SERVER_SIDE_APPLY: bool = true;
 
+    /// What the caches hold of an existing child: the child itself, or a [`Compacted`] form
+    /// of its own type (never the Kubernetes type with fields silently emptied).
+    type Cached: Resource<DynamicType = (), Scope = Self::Scope>
+        + Clone
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static;
+
+    /// The cached form of an existing child (the caches' transform, and a live read that
+    /// the decision must be made on).
+    fn to_cached(existing: Self) -> Self::Cached;
+
     /// Whether the spec/data of `existing` already holds everything the operator set in
-    /// `desired` (metadata is compared separately by [`needs_update`]). `existing` may be in
-    /// its cached, [`OwnedChild::compact`] form.
-    fn spec_matches(desired: &Self, existing: &Self) -> bool;
-
-    /// Shrinks an existing child as the cache holds it: what [`OwnedChild::spec_matches`]
-    /// compares is kept as canonical JSON text (or a digest) in [`CACHED_FORM_ANNOTATION`],
-    /// a fraction of the typed tree's memory, and the typed fields nothing reads are dropped.
-    /// The comparison gives the same answer on either form. Default: kept whole.
-    fn compact(_existing: &mut Self) {}
+    /// `desired` (metadata is compared separately by [`needs_update`]).
+    fn spec_matches(desired: &Self, existing: &Self::Cached) -> bool;
 }
 
-/// Annotation that only *cached* children carry (the cache's transform adds it; no object is
-/// ever written from the cache): the compared part of the child in compact form.
-pub const CACHED_FORM_ANNOTATION: &str = "crd.questdb.io/cached-form";
-
-fn cached_form<K: Resource>(existing: &K) -> Option<&str> {
-    existing
-        .meta()
-        .annotations
-        .as_ref()?
-        .get(CACHED_FORM_ANNOTATION)
-        .map(String::as_str)
+/// An existing child as the caches hold it: its metadata, the part the operator compares as
+/// canonical JSON text (or a digest), a fraction of the typed tree's memory, and `E`, the few
+/// typed fields the controllers read. A reader gets what is there, or a compile error: there
+/// is no empty pod template to be misled by.
+#[derive(Clone, Debug)]
+pub struct Compacted<K, E = ()> {
+    pub metadata: ObjectMeta,
+    /// What [`OwnedChild::spec_matches`] compares.
+    compared: String,
+    /// The typed fields kept.
+    pub kept: E,
+    kind: std::marker::PhantomData<fn() -> K>,
 }
 
-fn store_cached_form<K: Resource>(existing: &mut K, form: String) {
-    existing
-        .meta_mut()
-        .annotations
-        .get_or_insert_with(Default::default)
-        .insert(CACHED_FORM_ANNOTATION.to_string(), form);
+impl<K, E> Compacted<K, E> {
+    fn new(metadata: ObjectMeta, compared: String, kept: E) -> Self {
+        Self {
+            metadata,
+            compared,
+            kept,
+            kind: std::marker::PhantomData,
+        }
+    }
+
+    /// The compared part as JSON.
+    fn compared_json(&self) -> Value {
+        serde_json::from_str(&self.compared).unwrap_or(Value::Null)
+    }
 }
 
-/// The canonical JSON of an existing spec: from the cached form when there is one.
-fn existing_spec<K: Resource, T: Serialize>(existing: &K, spec: &T) -> Value {
-    match cached_form(existing) {
-        Some(text) => serde_json::from_str(text).unwrap_or(Value::Null),
-        None => canonical(spec),
+impl<K, E> Resource for Compacted<K, E>
+where
+    K: Resource<DynamicType = ()>,
+{
+    type DynamicType = ();
+    type Scope = K::Scope;
+
+    fn kind(dt: &()) -> std::borrow::Cow<'_, str> {
+        K::kind(dt)
+    }
+    fn group(dt: &()) -> std::borrow::Cow<'_, str> {
+        K::group(dt)
+    }
+    fn version(dt: &()) -> std::borrow::Cow<'_, str> {
+        K::version(dt)
+    }
+    fn plural(dt: &()) -> std::borrow::Cow<'_, str> {
+        K::plural(dt)
+    }
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+/// What the caches hold of a StatefulSet besides its metadata and compared spec: the replica
+/// count (pausing and deletion read it) and the status (rollout, readiness).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct StatefulSetKept {
+    pub replicas: Option<i32>,
+    pub status: Option<StatefulSetStatus>,
+}
+
+/// A StatefulSet as the caches hold it.
+pub type CachedStatefulSet = Compacted<StatefulSet, StatefulSetKept>;
+
+impl CachedStatefulSet {
+    /// `spec.replicas` (1 when unset, as the apiserver defaults it).
+    pub fn replicas(&self) -> i32 {
+        self.kept.replicas.unwrap_or(1)
     }
 }
 
@@ -81,7 +134,7 @@ fn digest(value: &impl Serialize) -> String {
 /// annotations missing or different, a different controller reference (adoption, or detaching a
 /// retained PVC), a missing non-controller owner reference, or [`OwnedChild::spec_matches`] false.
 /// Labels and annotations a user added to the child by hand are left alone.
-pub fn needs_update<T: OwnedChild>(desired: &T, existing: &T) -> bool {
+pub fn needs_update<T: OwnedChild>(desired: &T, existing: &T::Cached) -> bool {
     !(meta_matches(desired.meta(), existing.meta()) && T::spec_matches(desired, existing))
 }
 
@@ -174,93 +227,99 @@ fn canonicalise_resources(value: &mut Value) {
     }
 }
 
-fn spec_subset<K: Resource, T: Serialize>(desired: &T, existing: &K, typed: &T) -> bool {
-    json_subset(&canonical(desired), &existing_spec(existing, typed))
+fn spec_subset<K, E, T: Serialize>(desired: &T, existing: &Compacted<K, E>) -> bool {
+    json_subset(&canonical(desired), &existing.compared_json())
+}
+
+/// The compacted form of a child whose compared part is its spec.
+fn compact_spec<K, E, T: Serialize>(metadata: ObjectMeta, spec: &T, kept: E) -> Compacted<K, E> {
+    Compacted::new(metadata, canonical(spec).to_string(), kept)
 }
 
 impl OwnedChild for StatefulSet {
-    fn spec_matches(desired: &Self, existing: &Self) -> bool {
-        spec_subset(&desired.spec, existing, &existing.spec)
+    /// The pod template is most of a StatefulSet's memory (about 18 KB typed, a few KB as
+    /// JSON).
+    type Cached = CachedStatefulSet;
+
+    fn to_cached(existing: Self) -> Self::Cached {
+        let kept = StatefulSetKept {
+            replicas: existing.spec.as_ref().and_then(|s| s.replicas),
+            status: existing.status,
+        };
+        compact_spec(existing.metadata, &existing.spec, kept)
     }
 
-    /// The pod template is most of a StatefulSet's memory (about 18 KB typed, a few KB as
-    /// JSON); `spec.replicas` stays typed (pausing and deletion read it), and status whole.
-    fn compact(existing: &mut Self) {
-        let Some(spec) = existing.spec.take() else {
-            return;
-        };
-        store_cached_form(existing, canonical(&spec).to_string());
-        existing.spec = Some(k8s_openapi::api::apps::v1::StatefulSetSpec {
-            replicas: spec.replicas,
-            ..Default::default()
-        });
+    fn spec_matches(desired: &Self, existing: &Self::Cached) -> bool {
+        spec_subset(&desired.spec, existing)
     }
 }
 
-impl OwnedChild for k8s_openapi::api::policy::v1::PodDisruptionBudget {
-    fn spec_matches(desired: &Self, existing: &Self) -> bool {
-        spec_subset(&desired.spec, existing, &existing.spec)
+impl OwnedChild for PodDisruptionBudget {
+    /// Its status (what a drain would be told) is read from the apiserver, not cached.
+    type Cached = Compacted<PodDisruptionBudget>;
+
+    fn to_cached(existing: Self) -> Self::Cached {
+        compact_spec(existing.metadata, &existing.spec, ())
     }
 
-    fn compact(existing: &mut Self) {
-        if let Some(spec) = existing.spec.take() {
-            store_cached_form(existing, canonical(&spec).to_string());
-        }
-        // Its status (what a drain would be told) is read from the apiserver, not cached.
-        existing.status = None;
+    fn spec_matches(desired: &Self, existing: &Self::Cached) -> bool {
+        spec_subset(&desired.spec, existing)
     }
 }
 
 impl OwnedChild for NetworkPolicy {
-    fn spec_matches(desired: &Self, existing: &Self) -> bool {
-        spec_subset(&desired.spec, existing, &existing.spec)
+    type Cached = Compacted<NetworkPolicy>;
+
+    fn to_cached(existing: Self) -> Self::Cached {
+        compact_spec(existing.metadata, &existing.spec, ())
     }
 
-    fn compact(existing: &mut Self) {
-        if let Some(spec) = existing.spec.take() {
-            store_cached_form(existing, canonical(&spec).to_string());
-        }
+    fn spec_matches(desired: &Self, existing: &Self::Cached) -> bool {
+        spec_subset(&desired.spec, existing)
     }
 }
 
 impl OwnedChild for ConfigMap {
-    /// The files must be exactly the built ones: a stray key would be mounted nowhere, but a
-    /// changed one would be served to QuestDB.
-    fn spec_matches(desired: &Self, existing: &Self) -> bool {
-        let data = |c: &ConfigMap| c.data.clone().unwrap_or_default();
-        match cached_form(existing) {
-            Some(d) => digest(&data(desired)) == d,
-            None => data(desired) == data(existing),
-        }
+    /// The files as a digest: equality is all the comparison needs.
+    type Cached = Compacted<ConfigMap>;
+
+    fn to_cached(existing: Self) -> Self::Cached {
+        let data = existing.data.unwrap_or_default();
+        Compacted::new(existing.metadata, digest(&data), ())
     }
 
-    /// The files as a digest: equality is all the comparison needs.
-    fn compact(existing: &mut Self) {
-        if let Some(data) = existing.data.take() {
-            store_cached_form(existing, digest(&data));
-        }
+    /// The files must be exactly the built ones: a stray key would be mounted nowhere, but a
+    /// changed one would be served to QuestDB.
+    fn spec_matches(desired: &Self, existing: &Self::Cached) -> bool {
+        digest(&desired.data.clone().unwrap_or_default()) == existing.compared
     }
 }
 
 impl OwnedChild for Service {
-    /// Ports and type as a subset (the server fills in clusterIP, nodePorts, policies), but the
-    /// selector exactly: an extra selector label would silently route to nothing.
-    fn spec_matches(desired: &Self, existing: &Self) -> bool {
-        let want = canonical(&desired.spec);
-        let have = existing_spec(existing, &existing.spec);
-        let selector = |v: &Value| v.get("selector").cloned().filter(|s| !is_empty(s));
-        json_subset(&want, &have) && selector(&want) == selector(&have)
+    type Cached = Compacted<Service>;
+
+    fn to_cached(existing: Self) -> Self::Cached {
+        compact_spec(existing.metadata, &existing.spec, ())
     }
 
-    fn compact(existing: &mut Self) {
-        if let Some(spec) = existing.spec.take() {
-            store_cached_form(existing, canonical(&spec).to_string());
-        }
+    /// Ports and type as a subset (the server fills in clusterIP, nodePorts, policies), but the
+    /// selector exactly: an extra selector label would silently route to nothing.
+    fn spec_matches(desired: &Self, existing: &Self::Cached) -> bool {
+        let want = canonical(&desired.spec);
+        let have = existing.compared_json();
+        let selector = |v: &Value| v.get("selector").cloned().filter(|s| !is_empty(s));
+        json_subset(&want, &have) && selector(&want) == selector(&have)
     }
 }
 
 impl OwnedChild for PersistentVolumeClaim {
     const SERVER_SIDE_APPLY: bool = false;
+    /// Kept whole: small, and its spec and status are read in many places.
+    type Cached = PersistentVolumeClaim;
+
+    fn to_cached(existing: Self) -> Self::Cached {
+        existing
+    }
 
     /// Only the requested size, and only upwards: volumes can be expanded but never shrunk,
     /// and the rest of a bound claim's spec is immutable.
@@ -301,35 +360,25 @@ mod tests {
     use serde::de::DeserializeOwned;
     use serde_json::json;
 
-    /// `needs_update` on `existing` as the apiserver returns it and as the cache holds it
-    /// ([`OwnedChild::compact`]): both must decide alike, or the cache would cause writes
-    /// (or miss them).
+    /// `needs_update` on `existing` as the cache holds it ([`OwnedChild::to_cached`]).
     fn decides_alike<K: OwnedChild + Clone>(desired: &K, existing: &K) -> bool {
-        let whole = needs_update(desired, existing);
-        let mut cached = existing.clone();
-        K::compact(&mut cached);
-        assert_eq!(
-            whole,
-            needs_update(desired, &cached),
-            "the cached form decides otherwise"
-        );
-        whole
+        needs_update(desired, &K::to_cached(existing.clone()))
     }
 
     #[test]
-    fn the_cached_form_is_smaller_and_keeps_what_the_controllers_read() {
+    fn the_cached_form_keeps_what_the_controllers_read() {
         let mut qdb = questdb("db1", "tenant-a");
         qdb.spec.paused = true;
         let existing = defaulted_sts(&sts(&qdb));
-        let mut cached = existing.clone();
-        StatefulSet::compact(&mut cached);
-        assert_eq!(cached.spec.as_ref().and_then(|s| s.replicas), Some(0));
-        assert_eq!(cached.status, existing.status);
-        assert!(cached
-            .spec
-            .as_ref()
-            .is_some_and(|s| s.template.spec.is_none()));
+        let cached = StatefulSet::to_cached(existing.clone());
+        assert_eq!(cached.replicas(), 0);
+        assert_eq!(cached.kept.status, existing.status);
+        assert_eq!(cached.metadata, existing.metadata);
         assert!(!needs_update(&sts(&qdb), &cached));
+        assert!(
+            cached.compared.len() < serde_json::to_string(&existing).unwrap().len(),
+            "smaller than the object"
+        );
     }
 
     // ---- json_subset ----

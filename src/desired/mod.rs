@@ -25,7 +25,7 @@ pub mod validate;
 
 pub use children::{children, Children};
 pub use config::{config_hash, config_map, ilp_auth_config_map, log_conf, server_conf};
-pub use diff::{json_subset, needs_update, OwnedChild};
+pub use diff::{json_subset, needs_update, CachedStatefulSet, Compacted, OwnedChild};
 pub use disruption_budget::pod_disruption_budget;
 pub use endpoints::{endpoints, version_of};
 pub use labels::{child_annotations, child_labels, owner_references, selector_labels};

@@ -1,5 +1,6 @@
-//! Per-controller metrics: reconcile counts and times, workers, and the workqueue figures rebuilt
-//! from triggers and reconciles (see the module docs of [`crate::metrics`] for how exact each is).
+//! Per-controller metrics: reconcile counts and times, workers, and the workqueue figures the
+//! operator can compute exactly from the reconciles it runs (see the module docs of
+//! [`crate::metrics`]).
 
 use std::collections::HashMap;
 use std::fmt;
@@ -9,7 +10,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use kube::runtime::reflector::{Lookup, ObjectRef};
-use kube::Resource;
 use prometheus::{Gauge, Histogram, IntCounter, IntGauge};
 use tokio::time::Instant;
 use tracing::Instrument;
@@ -17,14 +17,7 @@ use tracing::Instrument;
 use super::families::Families;
 use super::lock;
 
-/// A pending trigger older than this is forgotten: kube-runtime drops triggers for objects that
-/// left its cache without telling anyone, and they must not inflate `workqueue_depth` forever.
-pub const STALE_PENDING_AFTER: Duration = Duration::from_secs(600);
-
-/// Sweeping the pending maps is O(objects); doing it at most this often keeps triggers cheap.
-const SWEEP_EVERY: Duration = Duration::from_secs(30);
-
-/// Identifies one queued object: `namespace/name`, or `name` when cluster-scoped.
+/// Identifies one reconciled object: `namespace/name`, or `name` when cluster-scoped.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct QueueKey(String);
 
@@ -34,19 +27,6 @@ impl QueueKey {
             Some(ns) if !ns.is_empty() => QueueKey(format!("{ns}/{name}")),
             _ => QueueKey(name.to_string()),
         }
-    }
-
-    /// The key of an object (the same key its `ObjectRef` maps to).
-    pub fn of<K: Resource>(obj: &K) -> Self {
-        let meta = obj.meta();
-        QueueKey::new(
-            meta.namespace.as_deref(),
-            meta.name.as_deref().unwrap_or_default(),
-        )
-    }
-
-    pub fn as_str(&self) -> &str {
-        &self.0
     }
 }
 
@@ -68,28 +48,9 @@ impl<K: Lookup> From<ObjectRef<K>> for QueueKey {
     }
 }
 
-/// Lets `stream.inspect(|r: &&ObjectRef<K>| metrics.observe_trigger(r))` work without a deref.
-impl<K: Lookup> From<&&ObjectRef<K>> for QueueKey {
-    fn from(object: &&ObjectRef<K>) -> Self {
-        QueueKey::from(*object)
-    }
-}
-
 impl From<&str> for QueueKey {
     fn from(key: &str) -> Self {
         QueueKey(key.to_string())
-    }
-}
-
-impl From<String> for QueueKey {
-    fn from(key: String) -> Self {
-        QueueKey(key)
-    }
-}
-
-impl From<&QueueKey> for QueueKey {
-    fn from(key: &QueueKey) -> Self {
-        key.clone()
     }
 }
 
@@ -155,32 +116,12 @@ impl ResultCounters {
     }
 }
 
+/// The reconciles in flight, for the scrape-time workqueue gauges.
 #[derive(Default)]
 struct QueueState {
-    /// Triggered, not yet started: first trigger time (client-go's `addTimes`).
-    pending: HashMap<QueueKey, Instant>,
-    /// Requeued with a delay: when the delay runs out.
-    ready_at: HashMap<QueueKey, Instant>,
     /// Reconciles in flight: start time by guard id.
     in_flight: HashMap<u64, Instant>,
     next_id: u64,
-    last_sweep: Option<Instant>,
-}
-
-impl QueueState {
-    fn sweep_if_due(&mut self, now: Instant) {
-        if self
-            .last_sweep
-            .is_some_and(|last| now.saturating_duration_since(last) < SWEEP_EVERY)
-        {
-            return;
-        }
-        self.last_sweep = Some(now);
-        self.pending
-            .retain(|_, added| now.saturating_duration_since(*added) < STALE_PENDING_AFTER);
-        self.ready_at
-            .retain(|_, ready| now.saturating_duration_since(*ready) < STALE_PENDING_AFTER);
-    }
 }
 
 /// The state of one controller, shared by all its [`ControllerMetrics`] handles.
@@ -191,14 +132,12 @@ pub(crate) struct ControllerShared {
     reconcile_time: Histogram,
     active_workers: IntGauge,
     max_concurrent: IntGauge,
-    depth: IntGauge,
-    adds: IntCounter,
-    queue_duration: Histogram,
     work_duration: Histogram,
     retries: IntCounter,
     longest_running: Gauge,
     unfinished_work: Gauge,
     api_calls: Histogram,
+    triggers: IntCounter,
     aws_calls: Histogram,
     queue: Mutex<QueueState>,
 }
@@ -222,14 +161,12 @@ impl ControllerShared {
             reconcile_time: families.reconcile_time.with_label_values(c),
             active_workers: families.active_workers.with_label_values(c),
             max_concurrent: families.max_concurrent_reconciles.with_label_values(c),
-            depth: families.workqueue_depth.with_label_values(q),
-            adds: families.workqueue_adds.with_label_values(q),
-            queue_duration: families.workqueue_queue_duration.with_label_values(q),
             work_duration: families.workqueue_work_duration.with_label_values(q),
             retries: families.workqueue_retries.with_label_values(q),
             longest_running: families.workqueue_longest_running.with_label_values(q),
             unfinished_work: families.workqueue_unfinished_work.with_label_values(q),
             api_calls: families.reconcile_api_calls.with_label_values(c),
+            triggers: families.triggers.with_label_values(c),
             aws_calls: families.reconcile_aws_calls.with_label_values(c),
             queue: Mutex::new(QueueState::default()),
         }
@@ -279,34 +216,10 @@ impl ControllerMetrics {
         &self.shared.name
     }
 
-    /// A trigger for `key` reached the controller (what client-go's `Add` would be).
-    pub fn observe_trigger(&self, key: impl Into<QueueKey>) {
-        let key = key.into();
-        let now = Instant::now();
-        let mut queue = lock(&self.shared.queue);
-        queue.sweep_if_due(now);
-        if let std::collections::hash_map::Entry::Vacant(entry) = queue.pending.entry(key) {
-            entry.insert(now);
-            self.shared.adds.inc();
-        }
-        self.shared.depth.set(gauge_value(queue.pending.len()));
-    }
-
-    /// A watch event of the controller's own kind: triggers that object. Meant for
-    /// `stream.inspect(|event| if let Ok(obj) = event { metrics.observe_object(obj) })`.
-    pub fn observe_object<K: Resource>(&self, obj: &K) {
-        self.observe_trigger(QueueKey::of(obj));
-    }
-
-    /// A watch event of an owned object: triggers each owner of kind `owner_kind`, like
-    /// kube-runtime's `owns` does.
-    pub fn observe_owners<K: Resource>(&self, child: &K, owner_kind: &str) {
-        let meta = child.meta();
-        for owner in meta.owner_references.iter().flatten() {
-            if owner.kind == owner_kind {
-                self.observe_trigger(QueueKey::new(meta.namespace.as_deref(), &owner.name));
-            }
-        }
+    /// A watch handed the controller a request (exact: counted as it is sent; how many the
+    /// controller merged is its own, private, business).
+    pub fn observe_trigger(&self) {
+        self.shared.triggers.inc();
     }
 
     /// A reconcile of `key` starts. Finish the guard with its outcome; a guard dropped without
@@ -317,21 +230,6 @@ impl ControllerMetrics {
         let shared = &self.shared;
         let id = {
             let mut queue = lock(&shared.queue);
-            queue.sweep_if_due(now);
-            let ready_at = queue.ready_at.remove(&key);
-            let waited = match queue.pending.remove(&key) {
-                Some(added) => Some(now.saturating_duration_since(added)),
-                None => {
-                    // No trigger seen: kube-runtime's own requeue (or retry) fired. client-go
-                    // counts that as an add when its delay runs out.
-                    shared.adds.inc();
-                    ready_at.map(|ready| now.saturating_duration_since(ready))
-                }
-            };
-            if let Some(waited) = waited {
-                shared.queue_duration.observe(waited.as_secs_f64());
-            }
-            shared.depth.set(gauge_value(queue.pending.len()));
             let id = queue.next_id;
             queue.next_id += 1;
             queue.in_flight.insert(id, now);
@@ -425,25 +323,11 @@ impl ReconcileGuard {
             return;
         }
         self.finished = true;
-        let now = Instant::now();
         let shared = &self.shared;
-        let elapsed = now.saturating_duration_since(self.started).as_secs_f64();
-        {
-            let mut queue = lock(&shared.queue);
-            queue.in_flight.remove(&self.id);
-            match outcome {
-                ReconcileOutcome::RequeueAfter(delay) => {
-                    // A delay too long to represent never fires: nothing to wait for.
-                    if let Some(ready) = now.checked_add(delay) {
-                        queue.ready_at.insert(self.key.clone(), ready);
-                    }
-                }
-                ReconcileOutcome::Requeue => {
-                    queue.ready_at.insert(self.key.clone(), now);
-                }
-                ReconcileOutcome::Success | ReconcileOutcome::Error => {}
-            }
-        }
+        let elapsed = Instant::now()
+            .saturating_duration_since(self.started)
+            .as_secs_f64();
+        lock(&shared.queue).in_flight.remove(&self.id);
         shared.active_workers.dec();
         shared.results.get(outcome).inc();
         shared.reconcile_time.observe(elapsed);
@@ -482,8 +366,4 @@ impl fmt::Display for ErrorChain<'_> {
         }
         Ok(())
     }
-}
-
-fn gauge_value(len: usize) -> i64 {
-    i64::try_from(len).unwrap_or(i64::MAX)
 }

@@ -1,5 +1,6 @@
 //! The metric families and their registration. Names, labels and buckets of the
-//! controller-runtime families follow controller-runtime and client-go exactly.
+//! controller-runtime families follow controller-runtime and client-go exactly. Only the
+//! `workqueue_*` families the operator computes exactly are registered (see [`super`]).
 
 use prometheus::{
     exponential_buckets, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter,
@@ -41,9 +42,6 @@ pub(super) struct Families {
     pub active_workers: IntGaugeVec,
     pub max_concurrent_reconciles: IntGaugeVec,
 
-    pub workqueue_depth: IntGaugeVec,
-    pub workqueue_adds: IntCounterVec,
-    pub workqueue_queue_duration: HistogramVec,
     pub workqueue_work_duration: HistogramVec,
     pub workqueue_retries: IntCounterVec,
     pub workqueue_longest_running: GaugeVec,
@@ -61,6 +59,7 @@ pub(super) struct Families {
     pub failover_downtime: Histogram,
     pub upgrade_downtime: Histogram,
     pub reconcile_api_calls: HistogramVec,
+    pub triggers: IntCounterVec,
     pub reconcile_aws_calls: HistogramVec,
     pub orphaned_instances_terminated: IntCounter,
     pub leaked_instances_terminated: IntCounter,
@@ -116,22 +115,6 @@ impl Families {
                 "controller_runtime_max_concurrent_reconciles",
                 "Maximum number of concurrent reconciles per controller (0 = unbounded)",
                 controller,
-            ),
-            workqueue_depth: r.gauge_vec(
-                "workqueue_depth",
-                "Current depth of workqueue (objects triggered, not yet reconciling)",
-                queue,
-            ),
-            workqueue_adds: r.counter_vec(
-                "workqueue_adds_total",
-                "Total number of adds handled by workqueue",
-                queue,
-            ),
-            workqueue_queue_duration: r.histogram_vec(
-                "workqueue_queue_duration_seconds",
-                "How long in seconds an item stays in workqueue before being requested",
-                queue,
-                workqueue_buckets.clone(),
             ),
             workqueue_work_duration: r.histogram_vec(
                 "workqueue_work_duration_seconds",
@@ -204,6 +187,12 @@ impl Families {
                 "questdb_operator_upgrade_downtime_seconds",
                 "Seconds a QuestDB was stopped during a node image upgrade",
                 UPGRADE_DOWNTIME_BUCKETS.to_vec(),
+            ),
+            triggers: r.counter_vec(
+                "questdb_operator_triggers_total",
+                "Requests the watches handed to the controller, before the controller merges \
+                 those of an object already queued",
+                controller,
             ),
             reconcile_api_calls: r.histogram_vec(
                 "questdb_operator_reconcile_api_calls",

@@ -10,37 +10,25 @@
 //! [`Metrics::controller`] and wraps every reconcile in [`ControllerMetrics::start`] /
 //! [`ReconcileGuard::finish`]. The kube client is built with [`instrumented_client`].
 //!
-//! # How the `workqueue_*` figures are obtained
+//! # Which `workqueue_*` figures exist
 //!
-//! kube-runtime's `Controller` keeps its scheduler private, so the operator cannot read the queue
-//! the way client-go's workqueue reports it. The figures are rebuilt from what the operator does
-//! see — the triggers it feeds into the controller ([`ControllerMetrics::observe_trigger`] and
-//! friends) and the reconciles it runs — following client-go's bookkeeping:
+//! kube-runtime's `Controller` keeps its scheduler (its work queue) private, so the operator only
+//! exports the workqueue families it can compute exactly from the reconciles it runs itself:
 //!
-//! - `workqueue_adds_total` counts a trigger for an object that is not already waiting (client-go
-//!   also ignores adds of an item that is already queued). A reconcile that starts without a
-//!   pending trigger came from a scheduled requeue or a retry; it is counted as an add when it
-//!   starts, because kube-runtime's delay timer is invisible (client-go counts it when its timer
-//!   fires, which is at most the scheduler's own latency earlier). *Exact for triggers, late by
-//!   the dispatch latency for requeues.*
-//! - `workqueue_depth` is the number of objects triggered but not yet started. Requeues whose
-//!   delay is still running are not counted (client-go does not count them either). An object
-//!   triggered but never reconciled — kube-runtime silently drops triggers for objects that are
-//!   gone from its cache — is forgotten after [`STALE_PENDING_AFTER`], so the gauge cannot stay
-//!   inflated by deleted objects. *Approximation.*
-//! - `workqueue_queue_duration_seconds` is the time from the first trigger of a pending object
-//!   to its reconcile start; for a requeue it is measured from the moment its delay ran out
-//!   (finish time + the requested delay); for a retry after an error whose delay the operator did
-//!   not report ([`ReconcileOutcome::Error`] carries none) nothing is observed rather than a
-//!   figure that would include the backoff. *Approximation.*
-//! - `workqueue_work_duration_seconds` is the reconcile's wall time. *Exact.*
+//! - `workqueue_work_duration_seconds` is the reconcile's wall time.
 //! - `workqueue_retries_total` counts reconciles that ended in an error or a plain requeue, the
 //!   two cases controller-runtime hands to the rate-limited queue. It assumes the error policy
-//!   does requeue on error. *Exact under that assumption.*
+//!   requeues on error (every controller's does).
 //! - `workqueue_longest_running_processor_seconds` and `workqueue_unfinished_work_seconds` are
-//!   computed at scrape time from the reconciles in flight. *Exact.*
-//! - `controller_runtime_active_workers` counts reconciles in flight; `..._max_concurrent_reconciles`
-//!   is the concurrency given to the controller, 0 meaning unbounded (kube-runtime's meaning).
+//!   computed at scrape time from the reconciles in flight.
+//!
+//! client-go's depth, adds and queue-duration families are not exported: they describe the
+//! private scheduler (pending triggers, their deduplication, delayed requeues), which the
+//! operator could only approximate by re-creating its bookkeeping, and an approximate figure on a
+//! dashboard is worse than none. A unit test keeps them from coming back.
+//!
+//! `controller_runtime_active_workers` counts reconciles in flight; `..._max_concurrent_reconciles`
+//! is the concurrency given to the controller, 0 meaning unbounded (kube-runtime's meaning).
 
 mod controller;
 mod families;
@@ -55,9 +43,7 @@ use prometheus::{Encoder, Registry, TextEncoder};
 use crate::api::Phase;
 use crate::cloud::SharedObserver;
 
-pub use controller::{
-    ControllerMetrics, ErrorChain, QueueKey, ReconcileGuard, ReconcileOutcome, STALE_PENDING_AFTER,
-};
+pub use controller::{ControllerMetrics, ErrorChain, QueueKey, ReconcileGuard, ReconcileOutcome};
 pub use rest_client::{
     install_crypto_provider, instrumented_client, ApiCall, ApiCallSnapshot, RestMetricsLayer,
 };

@@ -167,9 +167,10 @@ fn reconciles(metrics: &str) -> f64 {
     metric_sum(metrics, "controller_runtime_reconcile_total{")
 }
 
-/// Sum of `workqueue_adds_total` of the questdb controller: every trigger of a QuestDB.
-fn queue_adds(metrics: &str) -> f64 {
-    metric_sum(metrics, "workqueue_adds_total{")
+/// Sum of `questdb_operator_triggers_total` of the questdb controller: every request a watch
+/// handed it.
+fn triggers(metrics: &str) -> f64 {
+    metric_sum(metrics, "questdb_operator_triggers_total{")
 }
 
 fn metric_sum(metrics: &str, prefix: &str) -> f64 {
@@ -185,7 +186,7 @@ async fn wait_idle(env: &Env) {
     let metrics = env.handle.metrics.clone();
     let sample = move || {
         let text = metrics.render();
-        (reconciles(&text), queue_adds(&text))
+        (reconciles(&text), triggers(&text))
     };
     let last = Arc::new(Mutex::new(sample()));
     wait_until("operator idle for a second", || {
@@ -409,17 +410,17 @@ async fn unrelated_secrets_trigger_no_reconcile_and_no_secret_read() {
     let ghost = annotated_secret(NS, "zz-barrier", "no-such-db", &[("x", b"y")]);
     create_secret(&env, &ghost).await;
     let metrics = env.handle.metrics.clone();
-    let adds_before = queue_adds(&before);
+    let triggers_before = triggers(&before);
     wait_until("the barrier Secret's trigger is counted", || {
         let m = metrics.clone();
-        async move { queue_adds(&m.render()) > adds_before }
+        async move { triggers(&m.render()) > triggers_before }
     })
     .await;
 
     let after = env.handle.metrics.render();
     assert_eq!(
-        queue_adds(&after),
-        adds_before + 1.0,
+        triggers(&after),
+        triggers_before + 1.0,
         "only the barrier enqueued anything"
     );
     assert_eq!(

@@ -145,8 +145,7 @@ async fn scrape_after_a_known_sequence_of_reconciles() {
         (0.0..=3.0).contains(&active),
         "active workers within the limit: {active}"
     );
-    let wq = [("name", "questdb"), ("controller", "questdb")];
-    assert!(one(&scrape, "workqueue_adds_total", &wq) >= 2.0);
+    assert!(one(&scrape, "questdb_operator_triggers_total", &ctrl) >= 2.0);
 
     // Six children of "good" were created with POST, and "bad" got none.
     let posts: f64 = find(

@@ -1,8 +1,9 @@
 //! What a backup does next, from its recorded step and what is observed: a pure function, so
 //! every step and every crash point is a unit test.
 //!
-//! The order that keeps a backup honest (see `questdb-facts.md`): `CHECKPOINT CREATE` right
-//! before the snapshot is asked for; the snapshot's point in time is fixed once it is cut
+//! The order that keeps a backup honest (QuestDB's backup guide,
+//! <https://questdb.com/docs/operations/backup/>): `CHECKPOINT CREATE` right before the
+//! snapshot is asked for; the snapshot's point in time is fixed once it is cut
 //! (`status.creationTime`); the checkpoint must still be open in the same process then (a
 //! restart leaves a stale `.checkpoint` a restore would silently roll back to); then
 //! `CHECKPOINT RELEASE`; the backup succeeds only once the storage says the snapshot is ready.

@@ -32,41 +32,41 @@ pub trait Child:
     + Sync
     + 'static
 {
-    fn cache(caches: &Caches) -> &Store<Self>;
+    fn cache(caches: &Caches) -> &Store<Self::Cached>;
 }
 
 impl Child for ConfigMap {
-    fn cache(caches: &Caches) -> &Store<Self> {
+    fn cache(caches: &Caches) -> &Store<Self::Cached> {
         &caches.configmaps
     }
 }
 
 impl Child for Service {
-    fn cache(caches: &Caches) -> &Store<Self> {
+    fn cache(caches: &Caches) -> &Store<Self::Cached> {
         &caches.services
     }
 }
 
 impl Child for StatefulSet {
-    fn cache(caches: &Caches) -> &Store<Self> {
+    fn cache(caches: &Caches) -> &Store<Self::Cached> {
         &caches.statefulsets
     }
 }
 
 impl Child for PersistentVolumeClaim {
-    fn cache(caches: &Caches) -> &Store<Self> {
+    fn cache(caches: &Caches) -> &Store<Self::Cached> {
         &caches.pvcs
     }
 }
 
 impl Child for k8s_openapi::api::policy::v1::PodDisruptionBudget {
-    fn cache(caches: &Caches) -> &Store<Self> {
+    fn cache(caches: &Caches) -> &Store<Self::Cached> {
         &caches.pdbs
     }
 }
 
 impl Child for NetworkPolicy {
-    fn cache(caches: &Caches) -> &Store<Self> {
+    fn cache(caches: &Caches) -> &Store<Self::Cached> {
         &caches.network_policies
     }
 }
@@ -108,7 +108,7 @@ impl<'a> Applier<'a> {
     }
 
     /// The existing child of this name, from its cache.
-    pub fn cached<K: Child>(&self, name: &str) -> Option<std::sync::Arc<K>> {
+    pub fn cached<K: Child>(&self, name: &str) -> Option<std::sync::Arc<K::Cached>> {
         K::cache(&self.ctx.caches).get(&ObjectRef::new(name).within(&self.ns))
     }
 
@@ -126,7 +126,11 @@ impl<'a> Applier<'a> {
         if matches!(applied, Ok(Applied::Stale)) && action == ChildAction::Create {
             // The object exists but is not in our cache: created a moment ago, or stripped of the
             // operator's labels (the caches only see labelled children). Decide on the live one.
-            let live = api.get_opt(&name).await.map_err(Error::Kube)?;
+            let live = api
+                .get_opt(&name)
+                .await
+                .map_err(Error::Kube)?
+                .map(K::to_cached);
             let action = children::decide(&desired, live.as_ref(), &self.uid);
             applied = children::apply(&api, &desired, live.as_ref(), &action).await;
         }
@@ -180,7 +184,7 @@ impl<'a> Applier<'a> {
             return Ok(());
         };
         let api: Api<K> = Api::namespaced(self.ctx.client.clone(), &self.ns);
-        children::delete_owned(&api, &existing)
+        children::delete_owned(&api, existing.as_ref())
             .await
             .map_err(Error::Kube)?;
         let what = format!("{} {name}", K::kind(&()));

@@ -13,8 +13,6 @@ mod placement;
 mod record;
 mod restore;
 pub mod status;
-#[cfg(test)]
-mod status_tests;
 mod stop_first;
 pub mod upgrade;
 mod volume;
@@ -232,8 +230,8 @@ const POD_MISSING_POLL: std::time::Duration = std::time::Duration::from_secs(5);
 /// old refusal since resolved must not explain a pod that is merely being replaced).
 const REFUSAL_FRESH: std::time::Duration = std::time::Duration::from_secs(120);
 
-fn wants_a_pod(sts: &k8s_openapi::api::apps::v1::StatefulSet) -> bool {
-    sts.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1) > 0
+fn wants_a_pod(sts: &desired::CachedStatefulSet) -> bool {
+    sts.replicas() > 0
 }
 
 /// The StatefulSet controller's newest `FailedCreate` message for `sts`, if recent.
@@ -572,7 +570,19 @@ async fn write_status(
     });
     let progress = status::progress_only(&old, &new);
     if coalesce == Coalesce::Progress && progress {
-        if let Some(wait) = last.and_then(|w| w.window().checked_sub(w.at.elapsed())) {
+        let now = std::time::Instant::now();
+        // Nothing remembered (a restart, or the last write long ago): the window is over, the
+        // settle starts now.
+        let mut entry = last.unwrap_or(StatusWrite {
+            at: now.checked_sub(STATUS_COALESCE_MAX).unwrap_or(now),
+            progress: 0,
+            held: None,
+        });
+        if let Some(wait) = entry.wait(now) {
+            entry.held = entry.held.or(Some(now));
+            if let Some(k) = &key {
+                remember(ctx, k.clone(), entry);
+            }
             return Ok(Some(wait.max(std::time::Duration::from_millis(50))));
         }
     }
@@ -596,28 +606,37 @@ async fn write_status(
         "status written"
     );
     if let Some(k) = key {
-        let mut writes = ctx.status_writes.lock().expect("status writes lock");
-        // Only writes within the longest window matter: the map stays as small as the burst.
-        if writes.len() >= 64 {
-            writes.retain(|_, w| w.at.elapsed() < STATUS_COALESCE_MAX);
-        }
         let progress = match last {
             Some(w) if progress => w.progress.saturating_add(1),
             _ => 0,
         };
-        writes.insert(
-            k,
-            StatusWrite {
-                at: std::time::Instant::now(),
-                progress,
-            },
-        );
+        let written = StatusWrite {
+            at: std::time::Instant::now(),
+            progress,
+            held: None,
+        };
+        remember(ctx, k, written);
     }
     // Counted once it is written: a conflict retry would otherwise count the same transition
     // twice.
     ctx.metrics_conditions(&old.conditions, &new.conditions);
     report_container_trouble(qdb, ctx, &old, &new).await;
     Ok(None)
+}
+
+fn remember(
+    ctx: &Context,
+    key: kube::runtime::reflector::ObjectRef<crate::controllers::keys::GuardedQuestDB>,
+    write: crate::controllers::context::StatusWrite,
+) {
+    let mut writes = ctx.status_writes.lock().expect("status writes lock");
+    // Only entries whose window or settle still runs matter: the map stays as small as the
+    // burst.
+    if writes.len() >= 64 {
+        let now = std::time::Instant::now();
+        writes.retain(|_, w| w.live(now));
+    }
+    writes.insert(key, write);
 }
 
 /// `Type=Status/Reason` of each condition a status write changed, for the debug log.

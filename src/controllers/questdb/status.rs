@@ -1,6 +1,5 @@
 //! Pure status computation: what the QuestDB's status must say, given what was observed.
 
-use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::jiff::Timestamp;
 
@@ -10,6 +9,7 @@ use crate::controllers::conditions::{merge, Verdict};
 use crate::controllers::node::node_is_ready;
 use crate::controllers::questdb::outcome::CloudOutcome;
 use crate::desired;
+use crate::desired::CachedStatefulSet;
 
 use super::apply::Report;
 use super::container_state;
@@ -18,7 +18,7 @@ use super::container_state;
 /// cloud, and what its applier did.
 #[derive(Default)]
 pub struct StatusInputs<'a> {
-    pub statefulset: Option<&'a StatefulSet>,
+    pub statefulset: Option<&'a CachedStatefulSet>,
     pub pod: Option<&'a Pod>,
     /// No pod, and the StatefulSet controller was just refused its creation, with this message.
     pub pod_refused: Option<String>,
@@ -65,15 +65,46 @@ fn node_internal_ip(node: &Node) -> Option<String> {
 
 /// True once the StatefulSet controller has rolled the current template out (whether or not
 /// the pod is Ready: a pod on a dead node is not a rollout).
-fn rolled_out(sts: &StatefulSet) -> bool {
+fn rolled_out(sts: &CachedStatefulSet) -> bool {
     let generation = sts.metadata.generation;
-    let Some(st) = sts.status.as_ref() else {
+    let Some(st) = sts.kept.status.as_ref() else {
         return false;
     };
-    let want = sts.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
+    let want = sts.replicas();
     st.observed_generation >= generation
         && st.updated_replicas.unwrap_or(0) >= want
         && (st.update_revision.is_none() || st.current_revision == st.update_revision)
+}
+
+/// Whether the database is between two revisions: this reconcile changed a child that already
+/// existed, or the StatefulSet has not rolled its template out over a pod that exists. A
+/// database being created (children only created, no pod or the first one on its way) is not:
+/// it waits for its pod, and saying so in the same words from its first status on spares a
+/// write per database (at a thousand created at once, a thousand writes).
+fn rolls_out(sts: &CachedStatefulSet, obs: &StatusInputs) -> bool {
+    let created = |what: &String| {
+        obs.children
+            .applied
+            .iter()
+            .any(|(reason, w)| *reason == Reason::Created && w == what)
+    };
+    let pod_ready = obs.pod.is_some_and(pod_ready);
+    let updated = obs.children.changed.iter().any(|c| !created(c));
+    let first = !pod_ready && !updated;
+    let waits_for_first_pod = first && first_revision(sts, obs.pod);
+    (!obs.children.changed.is_empty() && !first) || !(rolled_out(sts) || waits_for_first_pod)
+}
+
+/// Whether the StatefulSet has only ever had one revision, and the pod (if any) is of it.
+fn first_revision(sts: &CachedStatefulSet, pod: Option<&Pod>) -> bool {
+    let status = sts.kept.status.as_ref();
+    let current = status.and_then(|s| s.current_revision.as_deref());
+    let update = status.and_then(|s| s.update_revision.as_deref());
+    let pod_revision = pod
+        .and_then(|p| p.metadata.labels.as_ref())
+        .and_then(|l| l.get("controller-revision-hash"))
+        .map(String::as_str);
+    current == update && pod_revision.is_none_or(|r| Some(r) == update || update.is_none())
 }
 
 /// Computes the full status. Conditions keep their `lastTransitionTime` unless they flip, so the
@@ -178,7 +209,7 @@ pub fn compute(qdb: &QuestDB, obs: &StatusInputs, now: Timestamp) -> QuestDBStat
                     "creating the StatefulSet",
                 ),
             ),
-            Some(sts) if !obs.children.changed.is_empty() || !rolled_out(sts) => {
+            Some(sts) if rolls_out(sts, obs) => {
                 let what = if obs.children.changed.is_empty() {
                     "waiting for the database pod to become ready".to_string()
                 } else {
@@ -431,3 +462,7 @@ pub fn progress_only(old: &QuestDBStatus, new: &QuestDBStatus) -> bool {
     };
     !flips && rest(old) == rest(new)
 }
+
+#[cfg(test)]
+#[path = "status_tests.rs"]
+mod tests;

@@ -8,18 +8,18 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
 
-use super::apply::Report;
-use super::status::{compute, StatusInputs};
+use super::{compute, StatusInputs};
 use crate::api::{Phase, QuestDB};
 use crate::controllers::conditions::Verdict;
-use crate::desired::testing;
+use crate::controllers::questdb::apply::Report;
+use crate::desired::{testing, CachedStatefulSet, OwnedChild};
 
 fn now() -> Timestamp {
     Timestamp::from_second(1_700_000_000).unwrap()
 }
 
-fn sts(ready: i32, rolled: bool) -> StatefulSet {
-    StatefulSet {
+fn sts(ready: i32, rolled: bool) -> CachedStatefulSet {
+    StatefulSet::to_cached(StatefulSet {
         metadata: ObjectMeta {
             generation: Some(2),
             ..Default::default()
@@ -37,7 +37,7 @@ fn sts(ready: i32, rolled: bool) -> StatefulSet {
             update_revision: Some(if rolled { "r1" } else { "r2" }.into()),
             ..Default::default()
         }),
-    }
+    })
 }
 
 fn pod(ready: bool, node: &str) -> Pod {
@@ -142,6 +142,78 @@ fn rolling_out_while_template_not_yet_applied() {
     let obs = StatusInputs {
         statefulset: Some(&s),
         pod: Some(&p),
+        ..Default::default()
+    };
+    let (status, reason, _) = ready_condition(&q, &obs);
+    assert_eq!((status.as_str(), reason.as_str()), ("False", "RollingOut"));
+}
+
+/// A database being created says the same thing from its first status until its pod is
+/// ready: the StatefulSet just created (no status yet), then its first pod, unscheduled, then
+/// placed. Each different word would be one more status write per database.
+#[test]
+fn a_new_database_waits_for_its_pod_in_the_same_words_until_it_runs() {
+    let q = testing::questdb("db", "ns");
+    let mut just_created = sts(0, true);
+    just_created.kept.status = None;
+    let created = Report {
+        changed: vec!["ConfigMap db-config".into(), "StatefulSet db".into()],
+        applied: vec![
+            (Reason::Created, "ConfigMap db-config".into()),
+            (Reason::Created, "StatefulSet db".into()),
+        ],
+        ..Report::default()
+    };
+    let first = compute(
+        &q,
+        &StatusInputs {
+            statefulset: Some(&just_created),
+            children: created,
+            ..Default::default()
+        },
+        now(),
+    );
+    let mut unscheduled = pod(false, "");
+    unscheduled.spec.as_mut().unwrap().node_name = None;
+    let mut on_its_way = sts(0, true);
+    on_its_way.kept.status.as_mut().unwrap().updated_replicas = Some(1);
+    let ready = |st: &crate::api::QuestDBStatus| {
+        let c = st.conditions.iter().find(|c| c.type_ == "Ready").unwrap();
+        (
+            st.phase,
+            c.status.clone(),
+            c.reason.clone(),
+            c.message.clone(),
+        )
+    };
+    for p in [None, Some(&unscheduled), Some(&pod(false, "node-a"))] {
+        let later = compute(
+            &q,
+            &StatusInputs {
+                statefulset: Some(&on_its_way),
+                pod: p,
+                ..Default::default()
+            },
+            now(),
+        );
+        assert_eq!(ready(&later), ready(&first), "pod {:?}", p.map(|p| &p.spec));
+    }
+    assert_eq!(ready(&first).2, "PodNotReady");
+}
+
+/// A rollout of a changed template over a database that ran still says so.
+#[test]
+fn a_changed_template_over_an_existing_pod_is_rolling_out() {
+    let q = testing::questdb("db", "ns");
+    let (s, p) = (sts(0, false), pod(false, "node-a"));
+    let obs = StatusInputs {
+        statefulset: Some(&s),
+        pod: Some(&p),
+        children: Report {
+            changed: vec!["StatefulSet db".into()],
+            applied: vec![(Reason::Updated, "StatefulSet db".into())],
+            ..Report::default()
+        },
         ..Default::default()
     };
     let (status, reason, _) = ready_condition(&q, &obs);
@@ -420,7 +492,7 @@ fn a_pod_on_a_dead_node_is_reported_as_such_not_as_a_rollout() {
         ..Default::default()
     });
     let mut s = sts(1, true);
-    s.status.as_mut().unwrap().ready_replicas = Some(0);
+    s.kept.status.as_mut().unwrap().ready_replicas = Some(0);
     let (p, mut n) = (pod(false, "node-a"), node("Unknown", "10.0.0.7"));
     n.metadata.name = Some("node-a".into());
     let obs = StatusInputs {
@@ -585,23 +657,23 @@ fn events_are_read_only_once_the_database_has_waited_a_while() {
         q
     };
     let t = now().as_second();
-    assert!(!super::waited_long_enough(
+    assert!(!crate::controllers::questdb::waited_long_enough(
         &testing::questdb("db", "ns"),
         now()
     ));
-    assert!(!super::waited_long_enough(
+    assert!(!crate::controllers::questdb::waited_long_enough(
         &with_ready("False", t - 1),
         now()
     ));
-    assert!(super::waited_long_enough(
+    assert!(crate::controllers::questdb::waited_long_enough(
         &with_ready("False", t - 3),
         now()
     ));
-    assert!(super::waited_long_enough(
+    assert!(crate::controllers::questdb::waited_long_enough(
         &with_ready("Unknown", t - 60),
         now()
     ));
-    assert!(!super::waited_long_enough(
+    assert!(!crate::controllers::questdb::waited_long_enough(
         &with_ready("True", t - 60),
         now()
     ));
@@ -611,7 +683,7 @@ fn events_are_read_only_once_the_database_has_waited_a_while() {
 /// change, a condition that flips, a first status or a failover's step never waits.
 #[test]
 fn only_progress_within_a_phase_waits_to_be_written() {
-    use super::status::progress_only;
+    use super::progress_only;
     use crate::api::{FailoverStatus, QuestDBStatus};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
     let cond = |status: &str, reason: &str| Condition {

@@ -2,7 +2,9 @@
 //! pod is gone, so QuestDB always gets its termination grace to close its tables and the
 //! kubelet unmounts the volume before the instance goes. Terminating first leaves the pod
 //! Terminating on a dead node and its volume attached until the attach-detach controller's
-//! 6-minute force detach (kubernetes-semantics.md, "Releasing a volume").
+//! 6-minute force detach (`maxWaitForUnmountDuration` in kubernetes/kubernetes
+//! pkg/controller/volume/attachdetach/reconciler/reconciler.go; see also
+//! <https://kubernetes.io/docs/concepts/cluster-administration/node-shutdown/>).
 
 use k8s_openapi::api::apps::v1::StatefulSet;
 use kube::api::{Api, Patch, PatchParams};
@@ -14,6 +16,7 @@ use crate::api::{QuestDB, MANAGER};
 use crate::controllers::context::Caches;
 use crate::controllers::Error;
 use crate::desired;
+use crate::desired::CachedStatefulSet;
 
 /// True when no database pod exists and the StatefulSet (if any) wants none and has none.
 pub fn database_stopped(qdb: &QuestDB, caches: &Caches) -> bool {
@@ -46,9 +49,8 @@ pub fn pod_on_recorded_node(qdb: &QuestDB, caches: &Caches) -> bool {
     })
 }
 
-fn scaled_to_zero(sts: &StatefulSet) -> bool {
-    sts.spec.as_ref().and_then(|s| s.replicas) == Some(0)
-        && sts.status.as_ref().is_none_or(|s| s.replicas == 0)
+fn scaled_to_zero(sts: &CachedStatefulSet) -> bool {
+    sts.kept.replicas == Some(0) && sts.kept.status.as_ref().is_none_or(|s| s.replicas == 0)
 }
 
 /// On deletion the StatefulSet outlives the QuestDB's finalizer (garbage collection comes
@@ -63,7 +65,7 @@ pub async fn scale_to_zero(
     let Some(sts) = caches.statefulsets.get(&ObjectRef::new(&name).within(&ns)) else {
         return Ok(());
     };
-    if sts.spec.as_ref().and_then(|s| s.replicas) == Some(0) {
+    if sts.kept.replicas == Some(0) {
         return Ok(());
     }
     let owned = sts

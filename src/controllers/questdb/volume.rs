@@ -15,7 +15,7 @@ use crate::desired;
 
 use super::apply::Applier;
 
-/// Applies the PVC; returns `VolumeSizeReady` once the claim exists.
+/// Applies the PVC; returns `VolumeSizeReady` once the claim exists (or was created just now).
 ///
 /// A retained PVC never carries an owner reference, not even while the QuestDB lives: data must
 /// survive a deletion even when the operator is down or a finalizer is removed by hand.
@@ -39,8 +39,17 @@ pub async fn step(
         if let (true, Some(snapshot), Some(spec)) = (new_claim, restore_from, pvc.spec.as_mut()) {
             spec.data_source = Some(desired::pvc::snapshot_source(snapshot));
         }
+        let what = format!("PersistentVolumeClaim {}", pvc.name_any());
         applier.apply(pvc).await?;
-        return Ok(None);
+        // A claim this reconcile created requests exactly the spec's size: saying so now spares
+        // the status a write of its own once the claim reaches the cache.
+        let created = applier
+            .report
+            .applied
+            .iter()
+            .any(|(reason, w)| *reason == crate::api::Reason::Created && *w == what);
+        let want = qdb.spec.volume.size.as_str();
+        return Ok(created.then(|| size_condition(&desired::size_plan(want, want, None, ""))));
     };
     let want = qdb.spec.volume.size.as_str();
     let class = existing
