@@ -12,4 +12,6 @@ pub mod ilp_auth;
 pub mod leadership;
 pub mod manager;
 pub mod metrics;
+pub mod plan;
 pub mod questdb_http;
+pub mod runtime;

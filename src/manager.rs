@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::controllers::events::Recorder;
+use crate::runtime::events::Recorder;
 use anyhow::Context as _;
 use futures::{Stream, StreamExt, TryStreamExt};
 use k8s_openapi::api::apps::v1::StatefulSet;
@@ -31,12 +31,12 @@ use crate::api::{labels, QuestDB, QuestDBBackup, QuestDBBackupSchedule, MANAGER}
 use crate::controllers::cloud_runtime::CloudRuntime;
 pub use crate::controllers::cloud_runtime::{Cloud, CloudSettings};
 use crate::controllers::context::{Caches, Context, GuardedQuestDB};
-use crate::controllers::in_flight::InFlight;
 use crate::controllers::{backup, node_health, questdb, retry_delay, schedule, sweep, Error, Next};
 use crate::desired::OwnedChild;
 use crate::http_server::{self, Readiness};
 use crate::ilp_auth;
 use crate::metrics::{ControllerMetrics, Metrics, ReconcileOutcome};
+use crate::runtime::in_flight::InFlight;
 
 /// Everything `run` needs besides the cluster connection.
 #[derive(Clone, Debug)]
@@ -736,12 +736,12 @@ fn zero_known_labels(metrics: &crate::metrics::Metrics) {
     let names = |reasons: &[crate::api::Reason]| -> Vec<&'static str> {
         reasons.iter().map(|r| r.as_str()).collect()
     };
-    let suppression = names(&crate::controllers::failover::SUPPRESSION_REASONS);
+    let suppression = names(&crate::plan::failover::SUPPRESSION_REASONS);
     let errors = names(&crate::controllers::Error::REASONS);
     metrics.zero_known_labels(&crate::metrics::KnownLabels {
         suppression_reasons: &suppression,
-        failover_steps: &crate::controllers::failover::STEPS,
-        upgrade_steps: &crate::controllers::upgrade::STEPS,
+        failover_steps: &crate::plan::failover::STEPS,
+        upgrade_steps: &crate::plan::upgrade::STEPS,
         controllers: &[
             questdb::CONTROLLER_NAME,
             node_health::CONTROLLER_NAME,

@@ -224,6 +224,34 @@ fn the_module_graph_has_no_cycles() {
     assert!(found.is_empty(), "module cycles: {described:#?}");
 }
 
+/// The planners decide; the controllers act. A planner that imports a controller's module
+/// (its context, its client, its caches) is no longer a pure function of what it is given.
+#[test]
+fn the_planners_never_reach_into_the_controllers() {
+    let edges = graph();
+    assert!(
+        edges.keys().any(|m| m.starts_with("plan::")),
+        "the planners are read from the sources"
+    );
+    let reaching: Vec<String> = edges
+        .iter()
+        .filter(|(m, _)| m.starts_with("plan"))
+        .flat_map(|(m, to)| {
+            to.iter()
+                .filter(|t| {
+                    t.starts_with("controllers")
+                        || t.starts_with("manager")
+                        || t.starts_with("runtime::events")
+                })
+                .map(move |t| format!("{m} -> {t}"))
+        })
+        .collect();
+    assert!(
+        reaching.is_empty(),
+        "planners depending on shells: {reaching:#?}"
+    );
+}
+
 #[test]
 fn the_checker_finds_a_cycle_when_there_is_one() {
     let mut edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();

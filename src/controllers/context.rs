@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use crate::controllers::events::Recorder;
+use crate::runtime::events::Recorder;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{
     ConfigMap, Node, ObjectReference, PersistentVolumeClaim, Pod, Secret, Service,
@@ -60,8 +60,7 @@ pub type CredentialsCache =
 
 /// The newest `WriteHealthy` verdict per QuestDB, written by the write-health poll and read
 /// by the QuestDB's reconcile.
-pub type WriteHealth =
-    Mutex<HashMap<ObjectRef<GuardedQuestDB>, crate::controllers::conditions::Verdict>>;
+pub type WriteHealth = Mutex<HashMap<ObjectRef<GuardedQuestDB>, crate::plan::conditions::Verdict>>;
 
 pub struct Context {
     pub client: Client,
@@ -208,7 +207,7 @@ impl Context {
     }
 
     pub fn metrics_conditions(&self, before: &[Condition], after: &[Condition]) {
-        for c in crate::controllers::conditions::transitions(before, after) {
+        for c in crate::plan::conditions::transitions(before, after) {
             self.metrics
                 .condition_transition(&c.type_, &c.status, &c.reason);
         }

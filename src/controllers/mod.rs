@@ -1,24 +1,16 @@
-//! Controllers hosted by the manager. Each reads like a pipeline:
-//! observe -> build -> apply -> update status.
+//! Controllers hosted by the manager, and the state they share. Each reads like a pipeline:
+//! observe -> decide (the pure planners of `crate::plan` and builders of `crate::desired`) ->
+//! apply -> update status.
 
 pub mod backup;
 pub mod children;
-pub mod clock;
 pub mod cloud_runtime;
-pub mod conditions;
 pub mod context;
-pub mod dns;
-pub mod events;
-pub mod failover;
-pub mod in_flight;
 pub mod keys;
-pub mod maintenance;
-pub mod node;
 pub mod node_health;
 pub mod questdb;
 pub mod schedule;
 pub mod sweep;
-pub mod upgrade;
 pub mod write_health;
 
 use std::time::Duration;

@@ -27,7 +27,7 @@ use crate::cloud::{
     Instance, TAG_CLUSTER_ID, TAG_NAME, TAG_NAMESPACE, TAG_NODE_GENERATION, TAG_UID,
 };
 use crate::controllers::context::Context;
-use crate::controllers::node::node_for;
+use crate::plan::node::node_for;
 
 /// What a live QuestDB claims: its node generation and the instances its records name.
 #[derive(Clone, Debug, Default, PartialEq)]

@@ -16,9 +16,9 @@ use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
 use crate::api::{conditions, Phase, QuestDB, Reason};
-use crate::controllers::conditions::Verdict;
 use crate::controllers::context::{questdb_ref, Context};
 use crate::desired;
+use crate::plan::conditions::Verdict;
 use crate::questdb_http::{Database, Login, Rows};
 
 /// A writer this many transactions behind its sequencer is lagging.

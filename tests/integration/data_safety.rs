@@ -371,7 +371,7 @@ async fn a_backup_asked_for_during_a_node_move_waits_for_it_and_then_succeeds() 
         TIMEOUT,
         |q: Option<&QuestDB>| {
             q.and_then(|q| q.status.as_ref())
-                .is_some_and(questdb_operator::controllers::upgrade::in_progress)
+                .is_some_and(questdb_operator::plan::upgrade::in_progress)
         },
     )
     .await;

@@ -24,11 +24,11 @@ use crate::api::{
     BackupDeletionPolicy, BackupStep, CheckpointHolder, Phase, QuestDB, QuestDBBackup,
     QuestDBBackupStatus, Reason, BACKUP_FINALIZER,
 };
-use crate::controllers::clock;
 use crate::controllers::context::Context;
 use crate::controllers::{Error, Next};
 use crate::desired;
 use crate::questdb_http::{Database as Db, Login, QueryError};
+use crate::runtime::clock;
 
 use plan::{Database, Decision, Observed, Snapshot, Timeouts};
 
@@ -316,10 +316,10 @@ async fn database_view(
         return Ok((Database::Deleting, None));
     }
     let status = qdb.status.clone().unwrap_or_default();
-    if crate::controllers::failover::in_progress(&status) {
+    if crate::plan::failover::in_progress(&status) {
         return Ok((Database::Busy("a failover is under way".into()), None));
     }
-    if crate::controllers::upgrade::in_progress(&status) {
+    if crate::plan::upgrade::in_progress(&status) {
         return Ok((Database::Busy("a node move is under way".into()), None));
     }
     if status.phase != Some(Phase::Running) {

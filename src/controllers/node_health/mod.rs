@@ -14,9 +14,9 @@ use kube::runtime::reflector::ObjectRef;
 use tokio::time::Instant;
 
 use crate::controllers::context::{Context, GuardedQuestDB};
-use crate::controllers::failover::breaker_open;
-use crate::controllers::node::node_is_ready;
 use crate::controllers::{Error, Next};
+use crate::plan::failover::breaker_open;
+use crate::plan::node::node_is_ready;
 pub use tracker::{pinned_instance, NodeHealth, NODE_LEASE_NAMESPACE};
 
 /// Name of the node-health controller in metrics and logs.

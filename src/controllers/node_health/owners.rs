@@ -56,7 +56,7 @@ impl OwnerIndex {
             let Some(u) = status
                 .upgrade
                 .as_ref()
-                .filter(|_| crate::controllers::upgrade::active(status))
+                .filter(|_| crate::plan::upgrade::active(status))
             else {
                 continue;
             };

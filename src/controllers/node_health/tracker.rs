@@ -19,6 +19,7 @@ use k8s_openapi::api::core::v1::Node;
 use tokio::time::Instant;
 
 use crate::desired::PIN_LABEL_KEY;
+use crate::plan::failover::effective_threshold;
 
 /// The namespace of the kubelets' Leases.
 pub const NODE_LEASE_NAMESPACE: &str = "kube-node-lease";
@@ -193,11 +194,6 @@ impl NodeHealth {
     pub fn breaker_open(&self) -> bool {
         *self.breaker.lock().unwrap_or_else(|p| p.into_inner())
     }
-}
-
-/// `spec.failover.unhealthyAfterSeconds`, but never under the kubelets' Lease duration.
-pub fn effective_threshold(unhealthy_after_seconds: i64, lease_duration: Duration) -> Duration {
-    Duration::from_secs(unhealthy_after_seconds.max(0) as u64).max(lease_duration)
 }
 
 /// The instance a dedicated node is pinned to (the operator's pin label), if it is one.

@@ -31,13 +31,13 @@ use crate::cloud::{
 };
 use crate::controllers::cloud_runtime::CloudRuntime;
 use crate::controllers::cloud_runtime::LaunchFailure;
-use crate::controllers::conditions::Verdict;
 use crate::controllers::context::Context;
-use crate::controllers::dns::{self, DnsStep, DnsView};
-use crate::controllers::node::launch_request;
-use crate::controllers::node::{self, NodeStep, NodeView, PERMANENT_FAILURE_RETRY};
 use crate::controllers::Error;
 use crate::desired::DedicatedNode;
+use crate::plan::conditions::Verdict;
+use crate::plan::dns::{self, DnsStep, DnsView};
+use crate::plan::node::launch_request;
+use crate::plan::node::{self, NodeStep, NodeView, PERMANENT_FAILURE_RETRY};
 
 /// How fresh instance data must be while a node is launching or being released.
 pub const WAITING_SYNC: Duration = Duration::from_secs(2);

@@ -15,11 +15,11 @@ use serde_json::json;
 use tracing::{info, warn};
 
 use crate::api::{conditions, QuestDB, Reason, MANAGER};
-use crate::controllers::conditions::Verdict;
 use crate::controllers::context::Context;
 use crate::controllers::Error;
 use crate::desired::credentials::{self, Check};
 use crate::desired::owner_references;
+use crate::plan::conditions::Verdict;
 
 /// What the children step needs: the digest for the pod template (None until the Secret is
 /// usable: the template then keeps no digest and the kubelet reports the missing Secret), and

@@ -22,20 +22,20 @@ use super::status::pod_ready;
 use crate::api::Reason;
 use crate::api::{conditions, FailoverStatus, QuestDB, QuestDBStatus};
 use crate::cloud::{CloudError, InstanceState};
-use crate::controllers::clock::{between, now, since};
 use crate::controllers::cloud_runtime::CloudRuntime;
-use crate::controllers::conditions::Verdict;
 use crate::controllers::context::Context;
-use crate::controllers::failover::{
-    self, phase, ReleaseFence, ReleaseView, Start, StartView, Step, StepView,
-    OUT_OF_SERVICE_EFFECT, OUT_OF_SERVICE_TAINT, OUT_OF_SERVICE_VALUE, SKIP_ANNOTATION,
-};
-use crate::controllers::node::node_for;
 use crate::controllers::node_health::tracker::NODE_LEASE_NAMESPACE;
-use crate::controllers::upgrade;
 use crate::controllers::Error;
 use crate::desired::names;
 use crate::metrics::FailoverResult;
+use crate::plan::conditions::Verdict;
+use crate::plan::failover::{
+    self, phase, ReleaseFence, ReleaseView, Start, StartView, Step, StepView,
+    OUT_OF_SERVICE_EFFECT, OUT_OF_SERVICE_TAINT, OUT_OF_SERVICE_VALUE, SKIP_ANNOTATION,
+};
+use crate::plan::node::node_for;
+use crate::plan::upgrade;
+use crate::runtime::clock::{between, now, since};
 
 /// Watch events drive most waits; this is how soon a wait on something unwatched (EC2, a
 /// VolumeAttachment) looks again.
@@ -173,7 +173,7 @@ pub async fn reconcile(
                 format!(
                     "instance {id} has run past --node-join-timeout ({}s) without a Node registering for it: fencing instance {id}, launching a replacement. {}",
                     cloud.settings.node_join_timeout.as_secs(),
-                    crate::controllers::node::NEVER_JOINED_HINT
+                    crate::plan::node::NEVER_JOINED_HINT
                 )
             } else if symptom.missing {
                 format!(

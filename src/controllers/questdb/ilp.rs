@@ -13,10 +13,10 @@ use tracing::{info, warn};
 
 use crate::api::Reason;
 use crate::api::{conditions, QuestDB};
-use crate::controllers::conditions::Verdict;
 use crate::controllers::context::Context;
 use crate::controllers::Error;
 use crate::ilp_auth;
+use crate::plan::conditions::Verdict;
 
 /// The auth file to mount (None: ILP auth disabled) and the condition to report.
 pub struct Resolution {
@@ -144,7 +144,7 @@ fn prune_key_cache(ctx: &Context) {
 mod tests {
     use std::collections::BTreeMap;
 
-    use crate::controllers::events::Recorder;
+    use crate::runtime::events::Recorder;
     use kube::core::PartialObjectMeta;
     use kube::runtime::reflector::{self, store::Writer};
     use kube::runtime::watcher;

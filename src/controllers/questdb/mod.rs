@@ -512,9 +512,9 @@ pub(super) async fn report_not_owned(
     qdb: &QuestDB,
     ctx: &Context,
     status: &crate::api::QuestDBStatus,
-    c: crate::controllers::conditions::Verdict,
+    c: crate::plan::conditions::Verdict,
     action: &str,
-) -> crate::controllers::conditions::Verdict {
+) -> crate::plan::conditions::Verdict {
     if !record::already_reported(status, &c) {
         warn!(questdb = %qdb.name_any(), "{}", c.message);
         ctx.event(

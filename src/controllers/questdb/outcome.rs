@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
 
-use crate::controllers::conditions::Verdict;
 use crate::desired::DedicatedNode;
+use crate::plan::conditions::Verdict;
 
 /// What the rest of the reconcile needs from the cloud part.
 #[derive(Default)]

@@ -7,9 +7,11 @@ use kube::ResourceExt;
 use tracing::info;
 
 use crate::api::{FailoverStatus, QuestDB, QuestDBStatus, Reason, UpgradeStatus, MANAGER};
-use crate::controllers::conditions::Verdict;
 use crate::controllers::context::Context;
-use crate::controllers::{clock, failover, upgrade, Error};
+use crate::controllers::Error;
+use crate::plan::conditions::Verdict;
+use crate::plan::{failover, upgrade};
+use crate::runtime::clock;
 
 /// Writes `edit` of the status (with the object's resourceVersion, so a stale view of the
 /// status yields a conflict instead of being acted on) and continues with the stored object.

@@ -11,10 +11,10 @@ use kube::ResourceExt;
 
 use crate::api::{conditions, BackupStep, QuestDB, QuestDBBackup, Reason, RestoreSource};
 use crate::controllers::backup::snapshot;
-use crate::controllers::conditions::Verdict;
 use crate::controllers::context::Context;
 use crate::controllers::Error;
 use crate::desired;
+use crate::plan::conditions::Verdict;
 
 /// Whether the rest of the reconcile may go on.
 #[derive(Debug, PartialEq)]

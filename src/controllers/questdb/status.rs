@@ -5,11 +5,11 @@ use k8s_openapi::jiff::Timestamp;
 
 use crate::api::Reason;
 use crate::api::{conditions, Phase, QuestDB, QuestDBStatus};
-use crate::controllers::conditions::{merge, Verdict};
-use crate::controllers::node::node_is_ready;
 use crate::controllers::questdb::outcome::CloudOutcome;
 use crate::desired;
 use crate::desired::CachedStatefulSet;
+use crate::plan::conditions::{merge, Verdict};
+use crate::plan::node::node_is_ready;
 
 use super::apply::Report;
 use super::container_state;
@@ -279,8 +279,8 @@ pub fn compute(qdb: &QuestDB, obs: &StatusInputs, now: Timestamp) -> QuestDBStat
     }
     // A failover under way says so, whatever the pod looks like meanwhile (until the database
     // answers again: draining the old address is no outage).
-    let failing_over = crate::controllers::failover::database_down(&existing) && !spec.paused;
-    let upgrading = crate::controllers::upgrade::in_progress(&existing) && !spec.paused;
+    let failing_over = crate::plan::failover::database_down(&existing) && !spec.paused;
+    let upgrading = crate::plan::upgrade::in_progress(&existing) && !spec.paused;
     let phase = if failing_over {
         Phase::FailingOver
     } else if upgrading {

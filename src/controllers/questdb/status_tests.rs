@@ -10,9 +10,9 @@ use k8s_openapi::jiff::Timestamp;
 
 use super::{compute, StatusInputs};
 use crate::api::{Phase, QuestDB};
-use crate::controllers::conditions::Verdict;
 use crate::controllers::questdb::apply::Report;
 use crate::desired::{testing, CachedStatefulSet, OwnedChild};
+use crate::plan::conditions::Verdict;
 
 fn now() -> Timestamp {
     Timestamp::from_second(1_700_000_000).unwrap()

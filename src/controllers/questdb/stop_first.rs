@@ -39,7 +39,7 @@ pub fn pod_on_recorded_node(qdb: &QuestDB, caches: &Caches) -> bool {
         return false;
     };
     let nodes = caches.nodes.state();
-    let Some(node) = crate::controllers::node::node_for(&nodes, id) else {
+    let Some(node) = crate::plan::node::node_for(&nodes, id) else {
         return false;
     };
     let ns = qdb.namespace().unwrap_or_default();

@@ -24,16 +24,17 @@ use super::status::pod_ready;
 use crate::api::Reason;
 use crate::api::{conditions, QuestDB, QuestDBStatus, UpgradeStatus};
 use crate::cloud::Instance;
-use crate::controllers::clock::{now, since};
 use crate::controllers::cloud_runtime::CloudRuntime;
-use crate::controllers::conditions::Verdict;
 use crate::controllers::context::Context;
-use crate::controllers::node::launch_request;
-use crate::controllers::node::{is_dedicated, node_for, node_is_ready};
-use crate::controllers::upgrade::{self, phase, Start, StartView, Step, StepView};
-use crate::controllers::{failover, Error};
+use crate::controllers::Error;
 use crate::desired::{names, DedicatedNode};
 use crate::metrics::UpgradeResult;
+use crate::plan::conditions::Verdict;
+use crate::plan::failover;
+use crate::plan::node::launch_request;
+use crate::plan::node::{is_dedicated, node_for, node_is_ready};
+use crate::plan::upgrade::{self, phase, Start, StartView, Step, StepView};
+use crate::runtime::clock::{now, since};
 
 const STEP_POLL: Duration = Duration::from_secs(2);
 

@@ -8,10 +8,10 @@ use kube::ResourceExt;
 use tracing::debug;
 
 use crate::api::{conditions, QuestDB};
-use crate::controllers::conditions::Verdict;
 use crate::controllers::context::Context;
 use crate::controllers::Error;
 use crate::desired;
+use crate::plan::conditions::Verdict;
 
 use super::apply::Applier;
 

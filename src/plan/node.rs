@@ -16,10 +16,10 @@ use crate::api::{conditions, NodeSpec, QuestDB, QuestDBStatus};
 use crate::cloud::{
     parse_provider_id, Instance, InstanceState, LaunchRequest, Taint, TAG_NODE_GENERATION, TAG_UID,
 };
-use crate::controllers::conditions::Verdict;
 use crate::desired::{
     DedicatedNode, DEDICATED_LABEL_KEY, DEDICATED_TAINT_EFFECT, DEDICATED_TAINT_KEY, PIN_LABEL_KEY,
 };
+use crate::plan::conditions::Verdict;
 
 /// How long a permanent launch failure (unknown AMI, no capacity, ...) is shown before the
 /// launch is tried again: slow on purpose, no retry storm against a request that cannot work.
@@ -403,7 +403,7 @@ mod tests;
 pub const EXCLUDE_FROM_LOAD_BALANCERS: &str =
     "node.kubernetes.io/exclude-from-external-load-balancers";
 
-pub(super) fn launch_request(
+pub fn launch_request(
     qdb: &QuestDB,
     uid: &str,
     generation: i64,

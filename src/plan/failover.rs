@@ -21,8 +21,11 @@ use std::time::Duration;
 use crate::api::Reason;
 use crate::api::{conditions, FailoverSpec, FailoverStatus, QuestDBStatus};
 use crate::cloud::InstanceState;
-use crate::controllers::conditions::Verdict;
-pub use crate::controllers::node_health::tracker::effective_threshold;
+use crate::plan::conditions::Verdict;
+/// `spec.failover.unhealthyAfterSeconds`, but never under the kubelets' Lease duration.
+pub fn effective_threshold(unhealthy_after_seconds: i64, lease_duration: Duration) -> Duration {
+    Duration::from_secs(unhealthy_after_seconds.max(0) as u64).max(lease_duration)
+}
 
 /// The steps, as `status.failover.phase` spells them.
 pub mod phase {

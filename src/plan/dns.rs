@@ -7,7 +7,7 @@
 use crate::api::Reason;
 use crate::api::{conditions, DnsSpec, QuestDBStatus};
 use crate::cloud::display_name;
-use crate::controllers::conditions::Verdict;
+use crate::plan::conditions::Verdict;
 
 #[derive(Clone, Debug, PartialEq)]
 pub enum DnsStep {

@@ -1,0 +1,17 @@
+//! Pure planners: a QuestDB and what was observed in, the next step out. No client, no clock
+//! read, no cache: every decision is a unit test, and `tests/module_graph.rs` checks that
+//! nothing here reaches into `controllers/`, whose shells carry the steps out.
+//!
+//! - [`node`]: the dedicated node (launch, pin, release);
+//! - [`dns`]: the Route53 record that follows it;
+//! - [`failover`]: when a silent node is fenced and replaced, and the breaker that holds back;
+//! - [`upgrade`]: the node move (a new image or instance type, and its rollback);
+//! - [`maintenance`]: the windows a move waits for;
+//! - [`conditions`]: status conditions as verdicts, merged with their transition times kept.
+
+pub mod conditions;
+pub mod dns;
+pub mod failover;
+pub mod maintenance;
+pub mod node;
+pub mod upgrade;

@@ -1,0 +1,6 @@
+//! What every controller runs on and nothing decides with: the clock, the event recorder,
+//! and the guard that proves no object is reconciled twice at once.
+
+pub mod clock;
+pub mod events;
+pub mod in_flight;
