@@ -31,6 +31,7 @@ use crate::api::{labels, QuestDB, QuestDBBackup, QuestDBBackupSchedule, MANAGER}
 use crate::controllers::cloud_runtime::CloudRuntime;
 pub use crate::controllers::cloud_runtime::{Cloud, CloudSettings};
 use crate::controllers::context::{Caches, Context, GuardedQuestDB};
+use crate::controllers::refusals;
 use crate::controllers::{backup, node_health, questdb, retry_delay, schedule, sweep, Error, Next};
 use crate::desired::OwnedChild;
 use crate::http_server::{self, Readiness};
@@ -435,6 +436,27 @@ fn start_caches(
         api_for::<PodDisruptionBudget>(client, ns)
     );
 
+    // One watch per refusal reason: the field selector keeps every other event (probes,
+    // back-offs, other applications' warnings) out of the operator's memory.
+    let refusals: Vec<_> = refusals::REASONS
+        .iter()
+        .map(|reason| {
+            let (reader, writer) = reflector::store::<refusals::Refusal>();
+            let config = watcher::Config::default()
+                .fields(&format!("reason={reason}"))
+                .page_size(LIST_PAGE_SIZE);
+            let stream = watcher(
+                api_for::<k8s_openapi::api::core::v1::Event>(client, ns),
+                config,
+            )
+            .default_backoff()
+            .map_ok(|ev| project(ev, refusals::Refusal::from_event))
+            .reflect(writer);
+            tasks.push(spawn_drain(stream, token.clone(), "Event"));
+            reader
+        })
+        .collect();
+
     let (nodes, mut node_writer) = reflector::store::<Node>();
     if watch_nodes {
         let node_stream = watcher(Api::<Node>::all(client.clone()), watcher::Config::default())
@@ -555,6 +577,7 @@ fn start_caches(
         pdbs,
         nodes,
         leases,
+        refusals,
         secrets,
         owner_index,
     };
@@ -787,7 +810,6 @@ async fn run_controllers(shared: &Shared<'_>, subs: Subscriptions, token: Cancel
             .filter(|n| !n.is_empty()),
         write_health: Default::default(),
         status_writes: Default::default(),
-        event_looks: Default::default(),
     });
     let sweeper = sweep::run(ctx.clone(), opts.namespace.clone(), token.clone());
     let Subscriptions {

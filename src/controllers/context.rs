@@ -43,6 +43,8 @@ pub struct Caches {
     pub nodes: Store<Node>,
     /// The kubelets' Leases in `kube-node-lease` (renewTime only), with a cloud provider.
     pub leases: Store<k8s_openapi::api::coordination::v1::Lease>,
+    /// The refusal events that say why a database waits, one cache per reason watched.
+    pub refusals: Vec<Store<crate::controllers::refusals::Refusal>>,
     /// Secrets, metadata only: Secret data of the whole cluster is never cached.
     pub secrets: Store<PartialObjectMeta<Secret>>,
     /// Dedicated instances by the QuestDB they serve, rebuilt when the QuestDB cache changes.
@@ -85,33 +87,6 @@ pub struct Context {
     /// When each QuestDB's status was last written, for those written in the last
     /// [`STATUS_COALESCE_MAX`]: progress within a phase waits out [`StatusWrite::window`].
     pub status_writes: Mutex<HashMap<ObjectRef<GuardedQuestDB>, StatusWrite>>,
-    /// The newest refusal event per field selector, as last read live, reused for
-    /// [`EventLook::reuse`]: a waiting database is reconciled on every change of its pod and
-    /// claim, and each look would be an uncached list.
-    pub event_looks: Mutex<HashMap<String, EventLook>>,
-}
-
-/// How long an event look is reused at first.
-pub const EVENT_LOOK_REUSE: std::time::Duration = std::time::Duration::from_secs(5);
-
-/// The longest a look that found nothing is reused: a refusal that comes after minutes of
-/// waiting (a thousand databases queued at the scheduler) is reported this late at most.
-pub const EVENT_LOOK_REUSE_MAX: std::time::Duration = std::time::Duration::from_secs(30);
-
-/// One live look at the events about an object, and how many looks in a row found nothing.
-#[derive(Clone, Debug)]
-pub struct EventLook {
-    pub at: std::time::Instant,
-    pub found: Option<String>,
-    pub empty: u32,
-}
-
-impl EventLook {
-    /// [`EVENT_LOOK_REUSE`], doubling with each look in a row that found nothing, up to
-    /// [`EVENT_LOOK_REUSE_MAX`]; a refusal found is looked at again after the first window.
-    pub fn reuse(&self) -> std::time::Duration {
-        crate::controllers::keys::doubling(EVENT_LOOK_REUSE, self.empty, EVENT_LOOK_REUSE_MAX)
-    }
 }
 
 /// A database on its way (a pod created, then placed once the scheduler's retry finds its
@@ -285,28 +260,5 @@ mod tests {
             held: Some(later + secs(1)),
         };
         assert_eq!(just_written.wait(later + secs(6)), Some(secs(14)));
-    }
-
-    #[test]
-    fn a_database_long_queued_lists_its_events_ever_less_often_and_a_refusal_found_soon() {
-        let at = std::time::Instant::now();
-        let reuse: Vec<u64> = (0..6)
-            .map(|empty| {
-                EventLook {
-                    at,
-                    found: None,
-                    empty,
-                }
-                .reuse()
-                .as_secs()
-            })
-            .collect();
-        assert_eq!(reuse, [5, 10, 20, 30, 30, 30]);
-        let found = EventLook {
-            at,
-            found: Some("no storage class".into()),
-            empty: 0,
-        };
-        assert_eq!(found.reuse(), EVENT_LOOK_REUSE);
     }
 }

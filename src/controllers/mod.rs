@@ -9,6 +9,7 @@ pub mod context;
 pub mod keys;
 pub mod node_health;
 pub mod questdb;
+pub mod refusals;
 pub mod schedule;
 pub mod sweep;
 pub mod write_health;

@@ -183,6 +183,7 @@ mod tests {
             pdbs: reflector::store().0,
             nodes: reflector::store().0,
             leases: reflector::store().0,
+            refusals: Vec::new(),
             secrets,
             owner_index: Default::default(),
         };
@@ -199,7 +200,6 @@ mod tests {
             operator_namespace: None,
             write_health: Default::default(),
             status_writes: Default::default(),
-            event_looks: Default::default(),
         };
         (ctx, writer)
     }

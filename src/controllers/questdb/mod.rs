@@ -33,6 +33,7 @@ use tracing::{debug, info, warn};
 use crate::api::{QuestDB, MANAGER};
 use crate::controllers::children;
 use crate::controllers::context::Context;
+use crate::controllers::refusals;
 use crate::controllers::Error;
 use crate::desired;
 use apply::{Applier, Report};
@@ -129,7 +130,7 @@ pub async fn reconcile(qdb: Arc<QuestDB>, ctx: Arc<Context>) -> Result<Next, Err
     // reconcile of a pod that is merely on its way (creation, a restart).
     let waited = waited_long_enough(&qdb, Timestamp::now());
     let pod_refused = match &sts {
-        Some(sts) if pod_missing && waited => pod_refusal(&ctx, &ns, &sts.name_any()).await,
+        Some(sts) if pod_missing && waited => pod_refusal(&ctx, &ns, &sts.name_any()),
         _ => None,
     };
     let unscheduled = pod.as_ref().is_some_and(|p| {
@@ -150,7 +151,7 @@ pub async fn reconcile(qdb: Arc<QuestDB>, ctx: Arc<Context>) -> Result<Next, Err
                 claim.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Pending")
             });
     let volume_pending = if volume_waits && waited {
-        volume_refusal(&ctx, &ns, &desired::names::pvc(&qdb)).await
+        volume_refusal(&ctx, &ns, &desired::names::pvc(&qdb))
     } else {
         None
     };
@@ -235,97 +236,30 @@ fn wants_a_pod(sts: &desired::CachedStatefulSet) -> bool {
 }
 
 /// The StatefulSet controller's newest `FailedCreate` message for `sts`, if recent.
-async fn pod_refusal(ctx: &Context, ns: &str, sts: &str) -> Option<String> {
-    newest_event(
-        ctx,
+fn pod_refusal(ctx: &Context, ns: &str, sts: &str) -> Option<String> {
+    refusals::newest_cached(
+        &ctx.caches.refusals,
         ns,
-        &format!("involvedObject.kind=StatefulSet,involvedObject.name={sts}"),
-        &["FailedCreate"],
+        "StatefulSet",
+        sts,
+        &[refusals::FAILED_CREATE],
+        REFUSAL_FRESH,
     )
-    .await
-}
-
-/// The message of the newest event of one of `reasons` about the object `selector` names, if
-/// recent. Read live (events are not cached: this runs only while something waits), by field
-/// selector.
-async fn newest_event(ctx: &Context, ns: &str, selector: &str, reasons: &[&str]) -> Option<String> {
-    use crate::controllers::context::{EventLook, EVENT_LOOK_REUSE_MAX};
-    let key = format!("{ns}/{selector}");
-    let last = ctx
-        .event_looks
-        .lock()
-        .expect("event looks lock")
-        .get(&key)
-        .cloned();
-    if let Some(look) = &last {
-        if look.at.elapsed() < look.reuse() {
-            return look.found.clone();
-        }
-    }
-    let found = newest_event_live(ctx, ns, selector, reasons).await;
-    let empty = match (&found, &last) {
-        (None, Some(l)) if l.found.is_none() => l.empty.saturating_add(1),
-        _ => 0,
-    };
-    let mut looks = ctx.event_looks.lock().expect("event looks lock");
-    // Only looks still reused matter: the map stays as small as the databases waiting.
-    if looks.len() >= 64 {
-        looks.retain(|_, l| l.at.elapsed() < EVENT_LOOK_REUSE_MAX);
-    }
-    looks.insert(
-        key,
-        EventLook {
-            at: std::time::Instant::now(),
-            found: found.clone(),
-            empty,
-        },
-    );
-    found
-}
-
-async fn newest_event_live(
-    ctx: &Context,
-    ns: &str,
-    selector: &str,
-    reasons: &[&str],
-) -> Option<String> {
-    let api: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(ctx.client.clone(), ns);
-    let lp = kube::api::ListParams::default().fields(selector);
-    let events = match api.list(&lp).await {
-        Ok(l) => l.items,
-        Err(e) => {
-            debug!(%selector, error = %e, "could not read the events");
-            return None;
-        }
-    };
-    let when = |e: &k8s_openapi::api::core::v1::Event| {
-        e.series
-            .as_ref()
-            .and_then(|s| s.last_observed_time.as_ref().map(|t| t.0))
-            .or_else(|| e.last_timestamp.as_ref().map(|t| t.0))
-            .or_else(|| e.event_time.as_ref().map(|t| t.0))
-    };
-    let newest = events
-        .iter()
-        .filter(|e| e.reason.as_deref().is_some_and(|r| reasons.contains(&r)))
-        .filter_map(|e| Some((when(e)?, e)))
-        .max_by_key(|(t, _)| *t)?;
-    let age = Timestamp::now().duration_since(newest.0);
-    (age.as_secs() < REFUSAL_FRESH.as_secs() as i64).then(|| newest.1.message.clone())?
 }
 
 /// The newest recent word on the unbound claim `pvc` from the persistent volume controller
-/// (`FailedBinding`) or a provisioner (`ProvisioningFailed`). Read live, only while a pod
-/// waits for its claim. `WaitingForFirstConsumer` is not news: it is what a claim of a
+/// (`FailedBinding`) or a provisioner (`ProvisioningFailed`), from the refusal caches, read
+/// while a pod waits for its claim. `WaitingForFirstConsumer` is not news: it is what a claim of a
 /// `WaitForFirstConsumer` class says until its pod is scheduled.
-async fn volume_refusal(ctx: &Context, ns: &str, pvc: &str) -> Option<String> {
-    newest_event(
-        ctx,
+fn volume_refusal(ctx: &Context, ns: &str, pvc: &str) -> Option<String> {
+    refusals::newest_cached(
+        &ctx.caches.refusals,
         ns,
-        &format!("involvedObject.kind=PersistentVolumeClaim,involvedObject.name={pvc}"),
-        &["FailedBinding", "ProvisioningFailed"],
+        "PersistentVolumeClaim",
+        pvc,
+        &[refusals::FAILED_BINDING, refusals::PROVISIONING_FAILED],
+        REFUSAL_FRESH,
     )
-    .await
 }
 
 /// An invalid spec builds nothing: status says why, and one Warning event per distinct problem.
