@@ -84,8 +84,9 @@ pub struct Context {
     pub operator_namespace: Option<String>,
     /// The newest `WriteHealthy` verdict per QuestDB (see `write_health`).
     pub write_health: WriteHealth,
-    /// When each QuestDB's status was last written, for those written in the last
-    /// [`STATUS_COALESCE_MAX`]: progress within a phase waits out [`StatusWrite::window`].
+    /// When each QuestDB's status was last written and since when progress waits, for those
+    /// whose window or settle still runs ([`StatusWrite::live`]): progress within a phase
+    /// waits out [`StatusWrite::wait`].
     pub status_writes: Mutex<HashMap<ObjectRef<GuardedQuestDB>, StatusWrite>>,
 }
 

@@ -82,6 +82,20 @@ pub struct Report {
     pub applied: Vec<(Reason, String)>,
 }
 
+impl Report {
+    /// Whether this reconcile created the child `what` ("Kind name", as [`described`] says).
+    pub fn created(&self, what: &str) -> bool {
+        self.applied
+            .iter()
+            .any(|(reason, w)| *reason == Reason::Created && w == what)
+    }
+}
+
+/// A child as the report names it: "Kind name".
+pub fn described<K: Resource<DynamicType = ()>>(name: &str) -> String {
+    format!("{} {name}", K::kind(&()))
+}
+
 /// Applies the children of one QuestDB.
 pub struct Applier<'a> {
     ctx: &'a Context,
@@ -115,7 +129,7 @@ impl<'a> Applier<'a> {
     /// Brings one child in line with `desired`.
     pub async fn apply<K: Child>(&mut self, mut desired: K) -> Result<(), Error> {
         let name = desired.name_any();
-        let what = format!("{} {name}", K::kind(&()));
+        let what = described::<K>(&name);
         if K::SERVER_SIDE_APPLY {
             children::stamp_applied_hash(&mut desired);
         }
@@ -187,7 +201,7 @@ impl<'a> Applier<'a> {
         children::delete_owned(&api, existing.as_ref())
             .await
             .map_err(Error::Kube)?;
-        let what = format!("{} {name}", K::kind(&()));
+        let what = described::<K>(name);
         info!(questdb = %self.qdb.name_any(), child = %what, "deleted ({why})");
         self.report.changed.push(what);
         Ok(())

@@ -82,14 +82,12 @@ fn rolled_out(sts: &CachedStatefulSet) -> bool {
 /// it waits for its pod, and saying so in the same words from its first status on spares a
 /// write per database (at a thousand created at once, a thousand writes).
 fn rolls_out(sts: &CachedStatefulSet, obs: &StatusInputs) -> bool {
-    let created = |what: &String| {
-        obs.children
-            .applied
-            .iter()
-            .any(|(reason, w)| *reason == Reason::Created && w == what)
-    };
     let pod_ready = obs.pod.is_some_and(pod_ready);
-    let updated = obs.children.changed.iter().any(|c| !created(c));
+    let updated = obs
+        .children
+        .changed
+        .iter()
+        .any(|c| !obs.children.created(c));
     let first = !pod_ready && !updated;
     let waits_for_first_pod = first && first_revision(sts, obs.pod);
     (!obs.children.changed.is_empty() && !first) || !(rolled_out(sts) || waits_for_first_pod)

@@ -39,15 +39,11 @@ pub async fn step(
         if let (true, Some(snapshot), Some(spec)) = (new_claim, restore_from, pvc.spec.as_mut()) {
             spec.data_source = Some(desired::pvc::snapshot_source(snapshot));
         }
-        let what = format!("PersistentVolumeClaim {}", pvc.name_any());
+        let what = super::apply::described::<PersistentVolumeClaim>(&pvc.name_any());
         applier.apply(pvc).await?;
         // A claim this reconcile created requests exactly the spec's size: saying so now spares
         // the status a write of its own once the claim reaches the cache.
-        let created = applier
-            .report
-            .applied
-            .iter()
-            .any(|(reason, w)| *reason == crate::api::Reason::Created && *w == what);
+        let created = applier.report.created(&what);
         let want = qdb.spec.volume.size.as_str();
         return Ok(created.then(|| size_condition(&desired::size_plan(want, want, None, ""))));
     };
