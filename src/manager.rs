@@ -761,10 +761,12 @@ fn zero_known_labels(metrics: &crate::metrics::Metrics) {
     };
     let suppression = names(&crate::plan::failover::SUPPRESSION_REASONS);
     let errors = names(&crate::controllers::Error::REASONS);
+    let failover_steps = crate::plan::failover::STEPS.map(<&str>::from);
+    let move_steps = crate::plan::node_move::STEPS.map(<&str>::from);
     metrics.zero_known_labels(&crate::metrics::KnownLabels {
         suppression_reasons: &suppression,
-        failover_steps: &crate::plan::failover::STEPS,
-        upgrade_steps: &crate::plan::upgrade::STEPS,
+        failover_steps: &failover_steps,
+        node_move_steps: &move_steps,
         controllers: &[
             questdb::CONTROLLER_NAME,
             node_health::CONTROLLER_NAME,

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use questdb_operator::api::Phase;
 use questdb_operator::metrics::{
-    ApiCall, FailoverResult, Metrics, ReconcileOutcome, UpgradeResult,
+    ApiCall, FailoverResult, Metrics, NodeMoveResult, ReconcileOutcome,
 };
 use serde_json::Value;
 
@@ -224,13 +224,13 @@ fn exposition_after_one_of_everything() -> String {
     metrics.set_questdb_phases([Some(Phase::Running), None]);
     metrics.condition_transition("Ready", "False", "PodNotReady");
     metrics.failover_finished(FailoverResult::Succeeded, Some(Duration::from_secs(80)));
-    metrics.upgrade_finished(UpgradeResult::Completed, Some(Duration::from_secs(9)));
+    metrics.node_move_finished(NodeMoveResult::Completed, Some(Duration::from_secs(9)));
     metrics.orphaned_instance_terminated();
     metrics.failover_suppressed("TooManyUnhealthyNodes");
     metrics.set_unhealthy_dedicated_nodes(1);
     metrics.failover_step("Fencing", Duration::from_secs(3));
     metrics.failover_detected(Duration::from_millis(300));
-    metrics.upgrade_step("Stopping", Duration::from_secs(3));
+    metrics.node_move_step("Stopping", Duration::from_secs(3));
     metrics.reconcile_error("questdb", "CloudApiError");
     metrics.backup_finished(true, Some(Duration::from_secs(40)));
     metrics.last_successful_backup("team-a", "prod", 1_800_000_000);

@@ -4,6 +4,7 @@
 //! Its steps are recorded in `status.step` before each side effect, like a failover's, so an
 //! operator restarted at any point finds the checkpoint it opened and the snapshot it asked for.
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -137,16 +138,18 @@ pub struct QuestDBBackupStatus {
     /// holds at least these rows (writes go on during a checkpoint).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tables: Vec<TableFacts>,
-    /// RFC 3339 times.
+    /// When the backup began.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub started_at: Option<String>,
+    pub started_at: Option<Time>,
+    /// When `CHECKPOINT CREATE` returned.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub checkpoint_at: Option<String>,
+    pub checkpoint_at: Option<Time>,
     /// When the checkpoint was released (the snapshot's upload runs on from there).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub released_at: Option<String>,
+    pub released_at: Option<Time>,
+    /// When the backup succeeded or failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub finished_at: Option<String>,
+    pub finished_at: Option<Time>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub duration_seconds: Option<i64>,
 }

@@ -62,7 +62,9 @@ pub mod conditions {
     /// A move to a node of a new image or instance type: `Moving` (with the step) while it
     /// runs, `UpToDate` when the node matches the spec, False with the reason it waits or was
     /// aborted.
-    pub const NODE_UPGRADE: &str = "NodeUpgrade";
+    pub const NODE_MOVE: &str = "NodeMove";
+    /// `NodeMove`'s name before the rename: a status that still carries it drops it.
+    pub const LEGACY_NODE_UPGRADE: &str = "NodeUpgrade";
     /// Only with `spec.volume.restoreFrom`: whether the volume was created from the backup
     /// (False while the backup is not ready, or when an existing volume is in the way).
     pub const VOLUME_RESTORED: &str = "VolumeRestored";

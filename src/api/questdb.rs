@@ -7,9 +7,10 @@
 use std::collections::BTreeMap;
 
 use super::pod::PodOptions;
+use super::Reason;
 use k8s_openapi::api::core::v1::{EnvVar, ResourceRequirements};
 use k8s_openapi::api::networking::v1::NetworkPolicyPeer;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -477,8 +478,9 @@ pub struct QuestDBStatus {
     pub conditions: Vec<Condition>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failover: Option<FailoverStatus>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub upgrade: Option<UpgradeStatus>,
+    /// The node move under way, or the last one (the stored field keeps its first name).
+    #[serde(default, skip_serializing_if = "Option::is_none", rename = "upgrade")]
+    pub node_move: Option<NodeMoveStatus>,
 }
 
 /// Coarse lifecycle phase shown by `kubectl get questdb`.
@@ -530,23 +532,84 @@ pub struct Endpoints {
     pub ilp: String,
 }
 
+/// The steps of a failover, as `status.failover.phase` records them, in order.
+#[derive(
+    JsonSchema,
+    Serialize,
+    Deserialize,
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    Hash,
+    strum::Display,
+    strum::IntoStaticStr,
+    strum::EnumIter,
+)]
+pub enum FailoverPhase {
+    /// The old instance is stopped (forced) until EC2 reports it stopped or terminated.
+    #[default]
+    Fencing,
+    /// The old Node is tainted out-of-service so its pod and volume let go.
+    Releasing,
+    /// The database pod starts on the replacement node with the same volume.
+    Reattaching,
+    /// Waiting for the database to answer and DNS to follow it.
+    Recovering,
+    /// The database answers on the new node; the fenced instance keeps its address for the
+    /// DNS record's TTL.
+    Draining,
+    /// Done: the record of the last failover.
+    Healthy,
+}
+
+/// Why a failover started (`status.failover.reason`).
+#[derive(
+    JsonSchema,
+    Serialize,
+    Deserialize,
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Hash,
+    strum::Display,
+    strum::IntoStaticStr,
+    strum::EnumIter,
+)]
+pub enum FailoverCause {
+    /// The node's kubelet stopped renewing its Lease past the threshold.
+    NodeLeaseExpired,
+    /// The Node object of a running instance is gone.
+    NodeDeleted,
+    /// EC2 reports the instance stopped (or impaired) outside the operator.
+    InstanceDown,
+    /// EC2 reports the instance terminated outside the operator.
+    InstanceTerminated,
+    /// The instance ran past `--node-join-timeout` without its Node registering.
+    NodeNeverJoined,
+}
+
 /// Progress of a node failover; persisted before every side effect.
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 #[serde(rename_all = "camelCase")]
 pub struct FailoverStatus {
-    /// `Fencing`, `Releasing`, `Reattaching`, `Recovering`, `Draining`, then `Healthy` (done).
-    pub phase: String,
-    /// Why it started (`NodeLeaseExpired`, `NodeDeleted`, `InstanceDown`, `InstanceTerminated`).
+    pub phase: FailoverPhase,
+    /// Why it started.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reason: Option<String>,
+    pub reason: Option<FailoverCause>,
+    /// When fencing began (downtime starts).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub started_at: Option<String>,
+    pub started_at: Option<Time>,
     /// When the current phase was entered.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub phase_started_at: Option<String>,
+    pub phase_started_at: Option<Time>,
     /// When the database answered again (phase `Healthy`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub finished_at: Option<String>,
+    pub finished_at: Option<Time>,
     /// Seconds from the start of fencing to the database answering again.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub downtime_seconds: Option<i64>,
@@ -568,14 +631,71 @@ pub struct FailoverStatus {
     pub message: Option<String>,
 }
 
-/// Progress of a node image upgrade; persisted before every side effect.
+/// The steps of a node move, as `status.upgrade.phase` records them, in order; the last
+/// three end it.
+#[derive(
+    JsonSchema,
+    Serialize,
+    Deserialize,
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    Hash,
+    strum::Display,
+    strum::IntoStaticStr,
+    strum::EnumIter,
+)]
+pub enum NodeMovePhase {
+    /// The image and instance type are checked against EC2.
+    #[default]
+    Validating,
+    /// The new node is launched and joins.
+    Provisioning,
+    /// The new node is dedicated and Ready; the database still runs on the old one.
+    NodeReady,
+    /// Downtime starts: the database stops on the old node.
+    Stopping,
+    /// The database pod starts on the new node.
+    Moving,
+    /// Downtime ends when the pod is Ready and DNS names the new node.
+    Verifying,
+    /// The database runs on the new node; the old one is kept, cordoned, for a rollback.
+    Retaining,
+    /// The old node is gone; the move is over.
+    Completed,
+    /// Ended before the database stopped.
+    Aborted,
+    /// Ended with the database back on the old node.
+    RolledBack,
+}
+
+/// A phase spelt, and compared with its spelling (what `kubectl` and the tests read).
+macro_rules! phase_eq_str {
+    ($($t:ty),*) => {$(
+        impl $t {
+            pub fn as_str(self) -> &'static str {
+                self.into()
+            }
+        }
+
+        impl PartialEq<&str> for $t {
+            fn eq(&self, other: &&str) -> bool {
+                <&'static str>::from(*self) == *other
+            }
+        }
+    )*};
+}
+phase_eq_str!(FailoverPhase, NodeMovePhase, FailoverCause);
+
+/// Progress of a move to a node of another image or instance type; persisted before every
+/// side effect. Stored as `status.upgrade`, the field's name since the first version.
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 #[serde(rename_all = "camelCase")]
-pub struct UpgradeStatus {
-    /// `Validating`, `Provisioning`, `NodeReady`, `Stopping`, `Moving`, `Verifying`,
-    /// `Retaining` (the old node kept for the rollback window), then `Completed`, `Aborted`
-    /// (the database never stopped) or `RolledBack` (it returned to the old node).
-    pub phase: String,
+pub struct NodeMoveStatus {
+    pub phase: NodeMovePhase,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub from_image: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -584,18 +704,22 @@ pub struct UpgradeStatus {
     pub from_instance_type: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub to_instance_type: Option<String>,
-    /// Why it was aborted (e.g. `LaunchFailed`, `NodeNeverJoined`, `Superseded`).
+    /// Why it was aborted or rolled back (e.g. `LaunchFailed`, `NodeNeverJoined`,
+    /// `Superseded`), or `NodeMoveStuck` while the old node is fenced.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reason: Option<String>,
+    pub reason: Option<Reason>,
+    /// When the move began.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub started_at: Option<String>,
+    pub started_at: Option<Time>,
+    /// When the current phase was entered.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub phase_started_at: Option<String>,
+    pub phase_started_at: Option<Time>,
     /// When the database stopped on the old node (downtime starts).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub stopped_at: Option<String>,
+    pub stopped_at: Option<Time>,
+    /// When the database answered on the node it moved to (or back to).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub finished_at: Option<String>,
+    pub finished_at: Option<Time>,
     /// Seconds from the database stopping on the old node to answering on the new one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub downtime_seconds: Option<i64>,
@@ -619,7 +743,7 @@ pub struct UpgradeStatus {
     pub rolling_back: bool,
     /// When the retained old node is terminated (end of `spec.node.rollbackWindow`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub retain_until: Option<String>,
+    pub retain_until: Option<Time>,
 }
 
 #[cfg(test)]

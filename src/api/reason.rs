@@ -1,30 +1,28 @@
 //! Every reason a QuestDB's conditions and events carry: one enum, one spelling each, so a
 //! reason the code acts on is a variant compared by the compiler, never a string compared by
-//! hand, and the list on-call engineers may see is in one place (`Reason::ALL`).
+//! hand, and the list on-call engineers may see is in one place (`Reason::all`).
 //!
 //! A variant's name is the reason's text (`Reason::LaunchFailed` is `"LaunchFailed"`), which
 //! already satisfies the apiserver's pattern for `Condition.reason`.
 
-macro_rules! reasons {
-    ($( $(#[doc = $doc:literal])* $variant:ident ),* $(,)?) => {
-        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-        pub enum Reason {
-            $( $(#[doc = $doc])* $variant ),*
-        }
-
-        impl Reason {
-            pub const ALL: &'static [Reason] = &[$(Reason::$variant),*];
-
-            pub const fn as_str(self) -> &'static str {
-                match self {
-                    $( Reason::$variant => stringify!($variant) ),*
-                }
-            }
-        }
-    };
-}
-
-reasons! {
+/// Serialized (in the records of `status.failover` and `status.upgrade`) as its name.
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    strum::Display,
+    strum::IntoStaticStr,
+    strum::EnumIter,
+    strum::EnumString,
+    serde::Serialize,
+    serde::Deserialize,
+)]
+pub enum Reason {
     // Ready, and the phase beside it.
     /// The first reconcile: nothing applied yet.
     Creating,
@@ -171,21 +169,24 @@ reasons! {
     Waiting,
     Aborted,
     RolledBack,
-    UpgradeStarted,
-    UpgradeValidating,
-    UpgradeProvisioning,
-    UpgradeNodeReady,
-    UpgradeStopping,
-    UpgradeMoving,
-    UpgradeVerifying,
-    UpgradeRetaining,
-    UpgradeCompleted,
-    UpgradeAborted,
-    UpgradeRolledBack,
-    UpgradeRollingBack,
+    NodeMoveStarted,
+    NodeMoveValidating,
+    NodeMoveProvisioning,
+    NodeMoveNodeReady,
+    NodeMoveStopping,
+    NodeMoveMoving,
+    NodeMoveVerifying,
+    NodeMoveRetaining,
+    NodeMoveCompleted,
+    NodeMoveAborted,
+    NodeMoveRolledBack,
+    NodeMoveRollingBack,
     /// The node a move leaves holds the database's pod or volume past its grace period and the
-    /// step timeout: it is fenced.
-    UpgradeStuck,
+    /// step timeout: it is fenced. Kept in `status.upgrade.reason`, where an operator before
+    /// the rename wrote `UpgradeStuck`, which still reads as this.
+    #[strum(to_string = "NodeMoveStuck", serialize = "UpgradeStuck")]
+    #[serde(alias = "UpgradeStuck")]
+    NodeMoveStuck,
     InvalidNode,
     InstanceGone,
     NodeNeverJoined,
@@ -266,15 +267,29 @@ reasons! {
 }
 
 impl Reason {
-    /// The reason a status record spelt out earlier (`status.upgrade.reason`, ...).
+    pub fn as_str(self) -> &'static str {
+        self.into()
+    }
+
+    /// The reason an event or condition spelt out earlier.
     pub fn parse(s: &str) -> Option<Reason> {
-        Reason::ALL.iter().copied().find(|r| r.as_str() == s)
+        s.parse().ok()
+    }
+
+    pub fn all() -> impl Iterator<Item = Reason> {
+        <Reason as strum::IntoEnumIterator>::iter()
     }
 }
 
-impl std::fmt::Display for Reason {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
+/// A plain string in the schema: the records are written by the operator alone, and the list
+/// of every reason would only lengthen the CRD.
+impl schemars::JsonSchema for Reason {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Reason".into()
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({"type": "string"})
     }
 }
 
@@ -312,14 +327,31 @@ mod tests {
     #[test]
     fn every_reason_is_one_the_apiserver_accepts_and_spelt_once() {
         let mut seen = std::collections::BTreeSet::new();
-        for r in Reason::ALL {
+        for r in Reason::all() {
             let s = r.as_str();
             assert!(seen.insert(s), "{s} twice");
             assert!(s.len() <= 1024);
             assert!(s.starts_with(|c: char| c.is_ascii_uppercase()), "{s}");
             assert!(s.chars().all(|c| c.is_ascii_alphanumeric()), "{s}");
-            assert_eq!(Reason::parse(s), Some(*r));
+            assert_eq!(Reason::parse(s), Some(r));
+            assert_eq!(serde_json::to_value(r).unwrap(), serde_json::json!(s));
+            assert!(
+                !s.starts_with("Upgrade"),
+                "{s}: a node move is not an upgrade"
+            );
         }
         assert_eq!(Reason::parse("NoSuchReason"), None);
+    }
+
+    /// A move stuck under an operator before the rename recorded `UpgradeStuck`: it still
+    /// reads, as the same reason, or the QuestDB would be unreadable after an upgrade.
+    #[test]
+    fn a_reason_recorded_before_the_node_move_rename_still_reads() {
+        assert_eq!(Reason::parse("UpgradeStuck"), Some(Reason::NodeMoveStuck));
+        assert_eq!(
+            serde_json::from_value::<Reason>(serde_json::json!("UpgradeStuck")).unwrap(),
+            Reason::NodeMoveStuck
+        );
+        assert_eq!(Reason::NodeMoveStuck.as_str(), "NodeMoveStuck");
     }
 }

@@ -97,10 +97,10 @@ pub struct CloudRuntime {
     pub relaunches: Mutex<std::collections::HashMap<String, Vec<Instant>>>,
     /// Node moves this process started, by QuestDB uid, until their record reaches the cache
     /// (the concurrency limit counts both).
-    pub upgrade_claims: Mutex<std::collections::HashMap<String, Instant>>,
+    pub move_claims: Mutex<std::collections::HashMap<String, Instant>>,
     /// Node moves that ended moments ago, by QuestDB uid: the cache may still show them under
     /// way, and the moves their end wakes must not wait behind them.
-    pub upgrade_ends: Mutex<std::collections::HashMap<String, Instant>>,
+    pub move_ends: Mutex<std::collections::HashMap<String, Instant>>,
 }
 
 /// The cluster's identity: the uid of `kube-system` (created with the cluster, never deleted).
@@ -129,8 +129,8 @@ impl CloudRuntime {
             launch_failures: LaunchFailures::default(),
             health: crate::controllers::node_health::tracker::NodeHealth::new(lease_duration),
             relaunches: Default::default(),
-            upgrade_claims: Default::default(),
-            upgrade_ends: Default::default(),
+            move_claims: Default::default(),
+            move_ends: Default::default(),
         }
     }
 }

@@ -42,7 +42,7 @@ impl Claim {
             return Self::default();
         };
         let f = s.failover.as_ref();
-        let u = s.upgrade.as_ref();
+        let u = s.node_move.as_ref();
         let named = [
             s.instance_id.as_ref(),
             f.and_then(|f| f.old_instance_id.as_ref()),

@@ -26,7 +26,7 @@ const FAILOVER_DOWNTIME_BUCKETS: &[f64] = &[
     1200.0, 1800.0,
 ];
 
-/// Upgrade downtime is a planned detach/attach: seconds to a few minutes.
+/// Node-move downtime is a planned detach/attach: seconds to a few minutes.
 const UPGRADE_DOWNTIME_BUCKETS: &[f64] = &[
     1.0, 2.0, 5.0, 10.0, 15.0, 20.0, 30.0, 45.0, 60.0, 90.0, 120.0, 180.0, 300.0, 600.0,
 ];
@@ -55,9 +55,9 @@ pub(super) struct Families {
     pub questdbs: IntGaugeVec,
     pub condition_transitions: IntCounterVec,
     pub failovers: IntCounterVec,
-    pub upgrades: IntCounterVec,
+    pub node_moves: IntCounterVec,
     pub failover_downtime: Histogram,
-    pub upgrade_downtime: Histogram,
+    pub node_move_downtime: Histogram,
     pub reconcile_api_calls: HistogramVec,
     pub triggers: IntCounterVec,
     pub reconcile_aws_calls: HistogramVec,
@@ -67,7 +67,7 @@ pub(super) struct Families {
     pub unhealthy_dedicated_nodes: IntGauge,
     pub failover_steps: HistogramVec,
     pub failover_detection: Histogram,
-    pub upgrade_steps: HistogramVec,
+    pub node_move_steps: HistogramVec,
     pub reconcile_errors_by_reason: IntCounterVec,
     pub backups: IntCounterVec,
     pub backup_duration: Histogram,
@@ -173,9 +173,9 @@ impl Families {
                 "Failovers of QuestDB nodes, by result",
                 &["result"],
             ),
-            upgrades: r.counter_vec(
-                "questdb_operator_upgrades_total",
-                "Node image upgrades of QuestDBs, by result",
+            node_moves: r.counter_vec(
+                "questdb_operator_node_moves_total",
+                "Node moves (image or instance type) of QuestDBs, by result",
                 &["result"],
             ),
             failover_downtime: r.histogram(
@@ -183,9 +183,9 @@ impl Families {
                 "Seconds a QuestDB was unavailable during a failover",
                 FAILOVER_DOWNTIME_BUCKETS.to_vec(),
             ),
-            upgrade_downtime: r.histogram(
-                "questdb_operator_upgrade_downtime_seconds",
-                "Seconds a QuestDB was stopped during a node image upgrade",
+            node_move_downtime: r.histogram(
+                "questdb_operator_node_move_downtime_seconds",
+                "Seconds a QuestDB was stopped during a node move",
                 UPGRADE_DOWNTIME_BUCKETS.to_vec(),
             ),
             triggers: r.counter_vec(
@@ -259,8 +259,8 @@ impl Families {
                 "Unix time the newest successful backup of each QuestDB finished",
                 &["namespace", "questdb"],
             ),
-            upgrade_steps: r.histogram_vec(
-                "questdb_operator_upgrade_step_duration_seconds",
+            node_move_steps: r.histogram_vec(
+                "questdb_operator_node_move_step_duration_seconds",
                 "Seconds each node-move step took, by step",
                 &["step"],
                 FAILOVER_DOWNTIME_BUCKETS.to_vec(),

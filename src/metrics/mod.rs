@@ -92,9 +92,9 @@ impl FailoverResult {
     }
 }
 
-/// How a node move ended; the label of `questdb_operator_upgrades_total`.
+/// How a node move ended; the label of `questdb_operator_node_moves_total`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum UpgradeResult {
+pub enum NodeMoveResult {
     /// Running on the new node.
     Completed,
     /// Failed before the database stopped: no downtime.
@@ -103,8 +103,8 @@ pub enum UpgradeResult {
     RolledBack,
 }
 
-impl UpgradeResult {
-    const ALL: [UpgradeResult; 3] = [Self::Completed, Self::Aborted, Self::RolledBack];
+impl NodeMoveResult {
+    const ALL: [NodeMoveResult; 3] = [Self::Completed, Self::Aborted, Self::RolledBack];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -120,7 +120,7 @@ impl UpgradeResult {
 pub struct KnownLabels<'a> {
     pub suppression_reasons: &'a [&'a str],
     pub failover_steps: &'a [&'a str],
-    pub upgrade_steps: &'a [&'a str],
+    pub node_move_steps: &'a [&'a str],
     pub controllers: &'a [&'a str],
     pub error_reasons: &'a [&'a str],
 }
@@ -158,8 +158,8 @@ impl Metrics {
         for result in FailoverResult::ALL {
             families.failovers.with_label_values(&[result.as_str()]);
         }
-        for result in UpgradeResult::ALL {
-            families.upgrades.with_label_values(&[result.as_str()]);
+        for result in NodeMoveResult::ALL {
+            families.node_moves.with_label_values(&[result.as_str()]);
         }
         Arc::new(Metrics {
             registry,
@@ -244,15 +244,15 @@ impl Metrics {
         }
     }
 
-    /// An image upgrade ended; `downtime` is from stopping the database to verifying it.
-    pub fn upgrade_finished(&self, result: UpgradeResult, downtime: Option<Duration>) {
+    /// A node move ended; `downtime` is from stopping the database to verifying it.
+    pub fn node_move_finished(&self, result: NodeMoveResult, downtime: Option<Duration>) {
         self.families
-            .upgrades
+            .node_moves
             .with_label_values(&[result.as_str()])
             .inc();
         if let Some(downtime) = downtime {
             self.families
-                .upgrade_downtime
+                .node_move_downtime
                 .observe(downtime.as_secs_f64());
         }
     }
@@ -308,8 +308,8 @@ impl Metrics {
         for result in ["Succeeded", "Failed"] {
             self.families.backups.with_label_values(&[result]);
         }
-        for step in known.upgrade_steps {
-            self.families.upgrade_steps.with_label_values(&[step]);
+        for step in known.node_move_steps {
+            self.families.node_move_steps.with_label_values(&[step]);
         }
         for controller in known.controllers {
             for reason in known.error_reasons {
@@ -341,9 +341,9 @@ impl Metrics {
     }
 
     /// A node-move step ended after `took`.
-    pub fn upgrade_step(&self, step: &str, took: Duration) {
+    pub fn node_move_step(&self, step: &str, took: Duration) {
         self.families
-            .upgrade_steps
+            .node_move_steps
             .with_label_values(&[step])
             .observe(took.as_secs_f64());
     }

@@ -354,11 +354,11 @@ fn questdb_phases_are_counted_from_the_source_at_scrape_time() {
 }
 
 #[test]
-fn failovers_upgrades_and_leadership_are_exposed() {
+fn failovers_node_moves_and_leadership_are_exposed() {
     let metrics = Metrics::new();
     metrics.failover_finished(FailoverResult::Succeeded, Some(Duration::from_secs(95)));
     metrics.failover_finished(FailoverResult::Suppressed, None);
-    metrics.upgrade_finished(UpgradeResult::RolledBack, Some(Duration::from_secs(12)));
+    metrics.node_move_finished(NodeMoveResult::RolledBack, Some(Duration::from_secs(12)));
     metrics.condition_transition("Ready", "False", "NodeNotReady");
     metrics.orphaned_instance_terminated();
     metrics.leaked_instance_terminated();
@@ -375,13 +375,13 @@ fn failovers_upgrades_and_leadership_are_exposed() {
         (1.0, 95.0)
     );
     assert_eq!(
-        histogram(&s, "questdb_operator_upgrade_downtime_seconds", &[]),
+        histogram(&s, "questdb_operator_node_move_downtime_seconds", &[]),
         (1.0, 12.0)
     );
     assert_eq!(
         value(
             &s,
-            "questdb_operator_upgrades_total",
+            "questdb_operator_node_moves_total",
             &[("result", "rolled_back")]
         ),
         Some(1.0)
@@ -596,7 +596,7 @@ fn families_with_known_labels_have_series_before_the_first_event() {
     metrics.zero_known_labels(&KnownLabels {
         suppression_reasons: &["TooManyUnhealthyNodes"],
         failover_steps: &["Fencing"],
-        upgrade_steps: &["Moving"],
+        node_move_steps: &["Moving"],
         controllers: &["questdb"],
         error_reasons: &["CloudApiError"],
     });
@@ -604,7 +604,7 @@ fn families_with_known_labels_have_series_before_the_first_event() {
     for line in [
         "questdb_operator_failovers_suppressed_total{reason=\"TooManyUnhealthyNodes\"} 0",
         "questdb_operator_failover_step_duration_seconds_count{step=\"Fencing\"} 0",
-        "questdb_operator_upgrade_step_duration_seconds_count{step=\"Moving\"} 0",
+        "questdb_operator_node_move_step_duration_seconds_count{step=\"Moving\"} 0",
         "questdb_operator_reconcile_errors_total{controller=\"questdb\",reason=\"CloudApiError\"} 0",
     ] {
         assert!(text.lines().any(|l| l == line), "{line} missing from:\n{text}");

@@ -19,7 +19,7 @@
 use std::time::Duration;
 
 use crate::api::Reason;
-use crate::api::{conditions, FailoverSpec, FailoverStatus, QuestDBStatus};
+use crate::api::{conditions, FailoverPhase, FailoverSpec, FailoverStatus, QuestDBStatus};
 use crate::cloud::InstanceState;
 use crate::plan::conditions::Verdict;
 /// `spec.failover.unhealthyAfterSeconds`, but never under the kubelets' Lease duration.
@@ -27,28 +27,15 @@ pub fn effective_threshold(unhealthy_after_seconds: i64, lease_duration: Duratio
     Duration::from_secs(unhealthy_after_seconds.max(0) as u64).max(lease_duration)
 }
 
-/// The steps, as `status.failover.phase` spells them.
-pub mod phase {
-    pub const FENCING: &str = "Fencing";
-    pub const RELEASING: &str = "Releasing";
-    pub const REATTACHING: &str = "Reattaching";
-    pub const RECOVERING: &str = "Recovering";
-    /// The database answers on the new node; the fenced instance stays (stopped, holding its
-    /// private address) for the DNS record's TTL.
-    pub const DRAINING: &str = "Draining";
-    /// Done: the record of the last failover.
-    pub const HEALTHY: &str = "Healthy";
-}
-
 /// The event reason of entering `phase`.
-pub fn step_reason(phase: &str) -> Reason {
+pub fn step_reason(phase: FailoverPhase) -> Reason {
     match phase {
-        phase::FENCING => Reason::FailoverFencing,
-        phase::RELEASING => Reason::FailoverReleasing,
-        phase::REATTACHING => Reason::FailoverReattaching,
-        phase::RECOVERING => Reason::FailoverRecovering,
-        phase::DRAINING => Reason::FailoverDraining,
-        _ => Reason::FailoverHealthy,
+        FailoverPhase::Fencing => Reason::FailoverFencing,
+        FailoverPhase::Releasing => Reason::FailoverReleasing,
+        FailoverPhase::Reattaching => Reason::FailoverReattaching,
+        FailoverPhase::Recovering => Reason::FailoverRecovering,
+        FailoverPhase::Draining => Reason::FailoverDraining,
+        FailoverPhase::Healthy => Reason::FailoverHealthy,
     }
 }
 
@@ -63,12 +50,12 @@ pub const SUPPRESSION_REASONS: [Reason; 4] = [
 ];
 
 /// The steps whose durations `questdb_operator_failover_step_duration_seconds` records.
-pub const STEPS: [&str; 5] = [
-    phase::FENCING,
-    phase::RELEASING,
-    phase::REATTACHING,
-    phase::RECOVERING,
-    phase::DRAINING,
+pub const STEPS: [FailoverPhase; 5] = [
+    FailoverPhase::Fencing,
+    FailoverPhase::Releasing,
+    FailoverPhase::Reattaching,
+    FailoverPhase::Recovering,
+    FailoverPhase::Draining,
 ];
 
 pub const SKIP_ANNOTATION: &str = "crd.questdb.io/skip-failover";
@@ -92,12 +79,13 @@ pub const DETACH_ESCALATION: Duration = Duration::from_secs(120);
 
 /// How long each step may take before the QuestDB reports `FailoverStuck` (it keeps waiting;
 /// every step's wait is a watch event or a slow requeue, never a busy loop).
-pub fn step_timeout(phase: &str) -> Duration {
+pub fn step_timeout(phase: FailoverPhase) -> Duration {
     match phase {
-        phase::FENCING => Duration::from_secs(300),
-        phase::RELEASING => Duration::from_secs(600),
-        phase::REATTACHING => Duration::from_secs(600),
-        _ => Duration::from_secs(900),
+        FailoverPhase::Fencing => Duration::from_secs(300),
+        FailoverPhase::Releasing | FailoverPhase::Reattaching => Duration::from_secs(600),
+        FailoverPhase::Recovering | FailoverPhase::Draining | FailoverPhase::Healthy => {
+            Duration::from_secs(900)
+        }
     }
 }
 
@@ -106,7 +94,7 @@ pub fn in_progress(status: &QuestDBStatus) -> bool {
     status
         .failover
         .as_ref()
-        .is_some_and(|f| f.phase != phase::HEALTHY)
+        .is_some_and(|f| f.phase != FailoverPhase::Healthy)
 }
 
 /// A failover under way that has not brought the database back yet (not `Draining`): what
@@ -116,7 +104,7 @@ pub fn database_down(status: &QuestDBStatus) -> bool {
         && status
             .failover
             .as_ref()
-            .is_some_and(|f| f.phase != phase::DRAINING)
+            .is_some_and(|f| f.phase != FailoverPhase::Draining)
 }
 
 /// What decides whether to start.
@@ -262,7 +250,7 @@ pub enum Step {
     /// Stop the old instance (force); repeated until EC2 reports it stopped or terminated.
     Fence(String),
     /// Record the next phase (before the side effect that belongs to it).
-    Advance(&'static str),
+    Advance(FailoverPhase),
     /// Taint the old Node out-of-service.
     TaintOutOfService(String),
     /// Terminate the fenced (stopped) instance whose volume is stuck detaching; it gives up
@@ -284,10 +272,10 @@ pub enum Step {
 pub fn next_step(v: &StepView) -> Step {
     let f = v.failover;
     let old = f.old_instance_id.clone().unwrap_or_default();
-    match f.phase.as_str() {
-        phase::FENCING => match v.old_instance {
+    match f.phase {
+        FailoverPhase::Fencing => match v.old_instance {
             Some(InstanceState::Stopped | InstanceState::Terminated) | None => {
-                Step::Advance(phase::RELEASING)
+                Step::Advance(FailoverPhase::Releasing)
             }
             // A stop under way can hang for minutes (a stuck EBS detach, a host problem): a
             // forced stop again is AWS's remedy and idempotent. Once a minute, not every poll.
@@ -303,7 +291,7 @@ pub fn next_step(v: &StepView) -> Step {
             }
             Some(InstanceState::Pending | InstanceState::Running) => Step::Fence(old),
         },
-        phase::RELEASING => {
+        FailoverPhase::Releasing => {
             let node = f.old_node.clone().unwrap_or_default();
             if v.old_node_exists
                 && !v.old_node_tainted
@@ -328,26 +316,26 @@ pub fn next_step(v: &StepView) -> Step {
                     "waiting for the database pod and its volume to leave {node}"
                 ))
             } else {
-                Step::Advance(phase::REATTACHING)
+                Step::Advance(FailoverPhase::Reattaching)
             }
         }
-        phase::REATTACHING => {
+        FailoverPhase::Reattaching => {
             if v.pod_running_on_new_node {
-                Step::Advance(phase::RECOVERING)
+                Step::Advance(FailoverPhase::Recovering)
             } else {
                 Step::Wait("waiting for the database pod to start on the new node".into())
             }
         }
-        phase::RECOVERING => {
+        FailoverPhase::Recovering => {
             if v.pod_ready && v.dns_follows {
-                Step::Advance(phase::DRAINING)
+                Step::Advance(FailoverPhase::Draining)
             } else if !v.pod_ready {
                 Step::Wait("waiting for the database to answer its health check".into())
             } else {
                 Step::Wait("waiting for the DNS record to follow the database".into())
             }
         }
-        phase::DRAINING => {
+        FailoverPhase::Draining => {
             if v.in_step_for >= v.dns_ttl {
                 Step::Finish(old)
             } else {
@@ -357,7 +345,7 @@ pub fn next_step(v: &StepView) -> Step {
                 ))
             }
         }
-        _ => Step::Wait(String::new()),
+        FailoverPhase::Healthy => Step::Wait(String::new()),
     }
 }
 
@@ -431,7 +419,7 @@ pub fn release_fence(v: &ReleaseView) -> ReleaseFence {
 
 /// `FailoverStuck` once a step has run past its timeout.
 pub fn stuck(failover: &FailoverStatus, in_step_for: Duration) -> Option<Verdict> {
-    let limit = step_timeout(&failover.phase);
+    let limit = step_timeout(failover.phase);
     (in_step_for > limit).then(|| {
         Verdict::new(
             conditions::FAILOVER,

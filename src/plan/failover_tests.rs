@@ -139,7 +139,7 @@ fn disabled_skipped_or_recently_failed_over_databases_are_held_back_with_a_reaso
 fn a_failover_under_way_or_without_an_instance_does_not_start_another() {
     let mut status = running_status();
     status.failover = Some(FailoverStatus {
-        phase: phase::RELEASING.into(),
+        phase: FailoverPhase::Releasing,
         ..Default::default()
     });
     assert_eq!(start(&spec(), &status, Some(600), false), Start::No);
@@ -147,13 +147,13 @@ fn a_failover_under_way_or_without_an_instance_does_not_start_another() {
     none.instance_id = None;
     assert_eq!(start(&spec(), &none, Some(600), false), Start::No);
     // A finished one is only a record.
-    status.failover.as_mut().unwrap().phase = phase::HEALTHY.into();
+    status.failover.as_mut().unwrap().phase = FailoverPhase::Healthy;
     assert_eq!(start(&spec(), &status, Some(600), false), Start::Go);
 }
 
-fn failover(phase: &str) -> FailoverStatus {
+fn failover(phase: FailoverPhase) -> FailoverStatus {
     FailoverStatus {
-        phase: phase.into(),
+        phase,
         old_instance_id: Some("i-old".into()),
         old_node: Some("node-old".into()),
         ..Default::default()
@@ -180,7 +180,7 @@ fn view(f: &FailoverStatus) -> StepView<'_> {
 /// instance no longer runs.
 #[test]
 fn nothing_releases_the_volume_before_the_old_instance_is_fenced() {
-    let f = failover(phase::FENCING);
+    let f = failover(FailoverPhase::Fencing);
     for state in [InstanceState::Running, InstanceState::Pending] {
         let v = StepView {
             old_instance: Some(state),
@@ -214,13 +214,13 @@ fn nothing_releases_the_volume_before_the_old_instance_is_fenced() {
             old_instance: state,
             ..view(&f)
         };
-        assert_eq!(next_step(&v), Step::Advance(phase::RELEASING));
+        assert_eq!(next_step(&v), Step::Advance(FailoverPhase::Releasing));
     }
 }
 
 #[test]
 fn releasing_taints_the_fenced_node_once_then_waits_for_pod_and_volume() {
-    let f = failover(phase::RELEASING);
+    let f = failover(FailoverPhase::Releasing);
     assert_eq!(
         next_step(&view(&f)),
         Step::TaintOutOfService("node-old".into())
@@ -245,7 +245,7 @@ fn releasing_taints_the_fenced_node_once_then_waits_for_pod_and_volume() {
         old_node_holds_volume: false,
         ..view(&f)
     };
-    assert_eq!(next_step(&free), Step::Advance(phase::REATTACHING));
+    assert_eq!(next_step(&free), Step::Advance(FailoverPhase::Reattaching));
     // The Node was deleted (the cloud removed it): nothing to taint; the pod goes, then the
     // volume waits for the attach-detach controller.
     let gone = StepView {
@@ -262,14 +262,17 @@ fn releasing_taints_the_fenced_node_once_then_waits_for_pod_and_volume() {
 
 #[test]
 fn recovery_ends_when_the_database_answers_and_dns_follows() {
-    let f = failover(phase::REATTACHING);
+    let f = failover(FailoverPhase::Reattaching);
     assert!(matches!(next_step(&view(&f)), Step::Wait(_)));
     let started = StepView {
         pod_running_on_new_node: true,
         ..view(&f)
     };
-    assert_eq!(next_step(&started), Step::Advance(phase::RECOVERING));
-    let f = failover(phase::RECOVERING);
+    assert_eq!(
+        next_step(&started),
+        Step::Advance(FailoverPhase::Recovering)
+    );
+    let f = failover(FailoverPhase::Recovering);
     let ready = StepView {
         pod_running_on_new_node: true,
         pod_ready: true,
@@ -280,14 +283,14 @@ fn recovery_ends_when_the_database_answers_and_dns_follows() {
         dns_follows: true,
         ..ready
     };
-    assert_eq!(next_step(&done), Step::Advance(phase::DRAINING));
+    assert_eq!(next_step(&done), Step::Advance(FailoverPhase::Draining));
 }
 
 /// A terminated instance's private address can go to another instance at once, while
 /// resolvers still send clients there for the record's TTL: the fenced instance keeps it.
 #[test]
 fn the_fenced_instance_keeps_its_address_until_the_old_dns_record_expired() {
-    let f = failover(phase::DRAINING);
+    let f = failover(FailoverPhase::Draining);
     let draining = |secs: u64, ttl: u64| StepView {
         pod_running_on_new_node: true,
         pod_ready: true,
@@ -299,20 +302,20 @@ fn the_fenced_instance_keeps_its_address_until_the_old_dns_record_expired() {
     assert!(matches!(next_step(&draining(59, 60)), Step::Wait(m) if m.contains("60s TTL")));
     assert_eq!(next_step(&draining(60, 60)), Step::Finish("i-old".into()));
     // The database is back: the phase column no longer says FailingOver.
-    let status = |phase: &str| QuestDBStatus {
+    let status = |phase: FailoverPhase| QuestDBStatus {
         failover: Some(failover(phase)),
         ..Default::default()
     };
-    assert!(database_down(&status(phase::RECOVERING)));
-    assert!(!database_down(&status(phase::DRAINING)));
-    assert!(in_progress(&status(phase::DRAINING)));
+    assert!(database_down(&status(FailoverPhase::Recovering)));
+    assert!(!database_down(&status(FailoverPhase::Draining)));
+    assert!(in_progress(&status(FailoverPhase::Draining)));
     // Without spec.dns no resolver holds the address.
     assert_eq!(next_step(&draining(0, 0)), Step::Finish("i-old".into()));
 }
 
 #[test]
 fn a_step_past_its_timeout_is_reported_stuck() {
-    let f = failover(phase::RELEASING);
+    let f = failover(FailoverPhase::Releasing);
     assert_eq!(stuck(&f, Duration::from_secs(60)), None);
     let c = stuck(&f, Duration::from_secs(601)).expect("stuck");
     assert_eq!(c.reason, Reason::FailoverStuck);
@@ -431,7 +434,7 @@ fn a_release_waiting_on_a_dead_node_fences_and_taints_it_but_never_a_live_one() 
 /// stopped, is terminated, which detaches it; not before, and not at every poll.
 #[test]
 fn a_detach_that_sticks_after_the_fence_terminates_the_fenced_instance() {
-    let f = failover(phase::RELEASING);
+    let f = failover(FailoverPhase::Releasing);
     let stuck = |secs: u64| StepView {
         old_node_tainted: true,
         old_node_holds_pod: false,

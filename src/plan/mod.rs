@@ -14,4 +14,4 @@ pub mod dns;
 pub mod failover;
 pub mod maintenance;
 pub mod node;
-pub mod upgrade;
+pub mod node_move;

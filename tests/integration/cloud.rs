@@ -1,6 +1,7 @@
 //! Dedicated nodes and DNS end to end: the real manager, the memory cloud, and a kubelet that
 //! registers a Node from every running instance's rendered user data.
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -770,12 +771,12 @@ async fn a_capacity_shortage_falls_back_to_the_next_instance_type_without_moving
     writes_settle(&env.cp).await;
     let q = env.qdbs().get("db1").await.expect("db1");
     let status = q.status.expect("status");
-    assert!(status.upgrade.is_none(), "{:?}", status.upgrade);
+    assert!(status.node_move.is_none(), "{:?}", status.node_move);
     assert!(
         status
             .conditions
             .iter()
-            .any(|c| c.type_ == "NodeUpgrade" && c.status == "True"),
+            .any(|c| c.type_ == "NodeMove" && c.status == "True"),
         "{:?}",
         status.conditions
     );
@@ -793,7 +794,7 @@ async fn a_capacity_shortage_falls_back_to_the_next_instance_type_without_moving
         .await
         .expect("patch image");
     let q = wait_for(&env.qdbs(), "db1", "moved", |q: Option<&QuestDB>| {
-        q.and_then(|q| q.status.as_ref()?.upgrade.clone())
+        q.and_then(|q| q.status.as_ref()?.node_move.clone())
             .is_some_and(|u| u.phase == "Completed")
     })
     .await;
@@ -1300,10 +1301,10 @@ async fn a_forged_status_record_never_stops_another_questdbs_instance() {
 
     let status = attacker.status.as_mut().expect("status");
     status.failover = Some(questdb_operator::api::FailoverStatus {
-        phase: "Fencing".into(),
-        reason: Some("NodeLeaseExpired".into()),
-        started_at: Some(k8s_openapi::jiff::Timestamp::now().to_string()),
-        phase_started_at: Some(k8s_openapi::jiff::Timestamp::now().to_string()),
+        phase: questdb_operator::api::FailoverPhase::Fencing,
+        reason: Some(questdb_operator::api::FailoverCause::NodeLeaseExpired),
+        started_at: Some(Time(k8s_openapi::jiff::Timestamp::now())),
+        phase_started_at: Some(Time(k8s_openapi::jiff::Timestamp::now())),
         old_instance_id: Some(victim_instance.clone()),
         message: Some("forged".into()),
         ..Default::default()
@@ -1338,13 +1339,13 @@ async fn a_forged_status_record_never_stops_another_questdbs_instance() {
         .expect("the tenant's status write");
     // And a node move whose rollback window is over, whose "old" node is the victim's.
     let status = mover.status.as_mut().expect("status");
-    let now = k8s_openapi::jiff::Timestamp::now().to_string();
-    status.upgrade = Some(questdb_operator::api::UpgradeStatus {
-        phase: "Retaining".into(),
+    let now = Time(k8s_openapi::jiff::Timestamp::now());
+    status.node_move = Some(questdb_operator::api::NodeMoveStatus {
+        phase: questdb_operator::api::NodeMovePhase::Retaining,
         from_image: Some("ami-00000000000000001".into()),
         to_image: mover.spec.node.as_ref().map(|n| n.image.clone()),
         started_at: Some(now.clone()),
-        phase_started_at: Some("2020-01-01T00:00:00Z".into()),
+        phase_started_at: Some(Time("2020-01-01T00:00:00Z".parse().expect("a time"))),
         old_instance_id: Some(victim_instance.clone()),
         new_instance_id: status.instance_id.clone(),
         ..Default::default()
@@ -1357,7 +1358,7 @@ async fn a_forged_status_record_never_stops_another_questdbs_instance() {
         &env.qdbs(),
         "mover",
         "NodeUpgrade=False InstanceNotOwned",
-        has_condition("NodeUpgrade", "InstanceNotOwned"),
+        has_condition("NodeMove", "InstanceNotOwned"),
     )
     .await;
 
@@ -1552,8 +1553,8 @@ async fn a_dns_name_outside_the_namespaces_zone_is_never_written() {
 #[path = "failover.rs"]
 mod failover;
 
-#[path = "upgrade.rs"]
-mod upgrade;
+#[path = "node_move.rs"]
+mod node_move;
 
 #[path = "data_safety.rs"]
 mod data_safety;

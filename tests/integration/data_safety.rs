@@ -195,7 +195,7 @@ fn downtime(q: &QuestDB) -> Option<i64> {
     s.failover
         .as_ref()
         .and_then(|f| f.downtime_seconds)
-        .or(s.upgrade.as_ref().and_then(|u| u.downtime_seconds))
+        .or(s.node_move.as_ref().and_then(|u| u.downtime_seconds))
 }
 
 /// How the dedicated node fails.
@@ -279,7 +279,7 @@ async fn move_node(
         move |q: Option<&QuestDB>| {
             is_running().matches_object(q)
                 && q.and_then(|q| q.status.as_ref()).is_some_and(|s| {
-                    arrived(s) && s.upgrade.as_ref().is_some_and(|u| u.phase == phase)
+                    arrived(s) && s.node_move.as_ref().is_some_and(|u| u.phase == phase)
                 })
         },
     )
@@ -371,7 +371,7 @@ async fn a_backup_asked_for_during_a_node_move_waits_for_it_and_then_succeeds() 
         TIMEOUT,
         |q: Option<&QuestDB>| {
             q.and_then(|q| q.status.as_ref())
-                .is_some_and(questdb_operator::plan::upgrade::in_progress)
+                .is_some_and(questdb_operator::plan::node_move::in_progress)
         },
     )
     .await;

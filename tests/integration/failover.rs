@@ -28,7 +28,7 @@ fn failover_phase(q: &QuestDB) -> Option<String> {
         .as_ref()?
         .failover
         .as_ref()
-        .map(|f| f.phase.clone())
+        .map(|f| f.phase.to_string())
 }
 
 /// The record of `db1`'s failover, once one has started.
@@ -493,7 +493,11 @@ async fn a_deleted_node_whose_instance_still_runs_is_fenced_and_replaced() {
         .await
         .expect("kubectl delete node");
     let record = failover_started(&env).await;
-    assert_eq!(record.reason.as_deref(), Some("NodeDeleted"), "{record:?}");
+    assert_eq!(
+        record.reason.map(|r| r.to_string()).as_deref(),
+        Some("NodeDeleted"),
+        "{record:?}"
+    );
     assert_eq!(record.old_node.as_deref(), Some(old_node.as_str()));
     // Pod GC (40 s) and the attach-detach controller's force detach (6 min) come first.
     assert_moved_within(&env, &old_id, &pvc_uid, Duration::from_secs(720)).await;
@@ -542,7 +546,7 @@ async fn an_instance_whose_node_never_joins_is_reported_and_replaced() {
 
     let record = failover_started(&env).await;
     assert_eq!(
-        record.reason.as_deref(),
+        record.reason.map(|r| r.to_string()).as_deref(),
         Some("NodeNeverJoined"),
         "{record:?}"
     );
@@ -946,17 +950,26 @@ async fn a_failover_during_a_node_move_pre_empts_the_move() {
         .await
         .expect("patch image");
     wait_for(&env.qdbs(), "db1", "move started", |q: Option<&QuestDB>| {
-        q.and_then(|q| q.status.as_ref()?.upgrade.as_ref().map(|u| u.phase.clone()))
-            .as_deref()
+        q.and_then(|q| {
+            q.status
+                .as_ref()?
+                .node_move
+                .as_ref()
+                .map(|u| u.phase.to_string())
+        })
+        .as_deref()
             == Some("Provisioning")
     })
     .await;
     env.cp.node(&old_node).expect("kubelet").partition();
     assert_moved(&env, &old_id, &pvc_uid).await;
     let q = env.qdbs().get("db1").await.expect("db1");
-    let upgrade = q.status.and_then(|s| s.upgrade).expect("move record");
+    let upgrade = q.status.and_then(|s| s.node_move).expect("move record");
     assert_eq!(upgrade.phase, "Aborted");
-    assert_eq!(upgrade.reason.as_deref(), Some("Preempted"));
+    assert_eq!(
+        upgrade.reason.map(|r| r.to_string()).as_deref(),
+        Some("Preempted")
+    );
     let live = env.live_instances_of(&uid);
     assert_eq!(live.len(), 1, "the move's instance is gone too: {live:?}");
     env.stop().await;
@@ -1009,13 +1022,10 @@ async fn failover_benchmark_detection_latency_and_step_shares() {
         )
         .await;
         let f = q.status.and_then(|s| s.failover).expect("record");
-        let started = f
-            .started_at
-            .as_deref()
-            .and_then(|t| t.parse::<k8s_openapi::jiff::Timestamp>().ok());
+        let started = f.started_at.as_ref().map(|t| t.0);
         eprintln!(
             "failover benchmark: {kind:<10} reason {:<18} fault -> failover start ~{:>5.1} s, downtime {:?} s, fault -> Healthy {:>5.1} s",
-            f.reason.clone().unwrap_or_default(),
+            f.reason.map(|r| r.to_string()).unwrap_or_default(),
             started
                 .map(|t| {
                     let now = k8s_openapi::jiff::Timestamp::now();
@@ -1063,8 +1073,8 @@ async fn failover_benchmark_detection_latency_and_step_shares() {
 
 const NEW_AMI: &str = "ami-0fedcba9876543210";
 
-fn upgrade_of(q: Option<&QuestDB>) -> Option<questdb_operator::api::UpgradeStatus> {
-    q?.status.as_ref()?.upgrade.clone()
+fn node_move_of(q: Option<&QuestDB>) -> Option<questdb_operator::api::NodeMoveStatus> {
+    q?.status.as_ref()?.node_move.clone()
 }
 
 /// Starts a node-image move of `db1` and holds its new node NotReady (as a joining node whose
@@ -1083,10 +1093,10 @@ async fn move_held_before_the_switch(env: &CloudEnv) -> (String, questdb_testenv
         &env.qdbs(),
         "db1",
         "new instance launched",
-        |q: Option<&QuestDB>| upgrade_of(q).is_some_and(|u| u.new_instance_id.is_some()),
+        |q: Option<&QuestDB>| node_move_of(q).is_some_and(|u| u.new_instance_id.is_some()),
     )
     .await;
-    let new_id = upgrade_of(Some(&q))
+    let new_id = node_move_of(Some(&q))
         .and_then(|u| u.new_instance_id)
         .expect("new instance");
     let name = node_name_for(&new_id);
@@ -1102,7 +1112,7 @@ async fn move_held_before_the_switch(env: &CloudEnv) -> (String, questdb_testenv
         &env.qdbs(),
         "db1",
         "move waits for the new node",
-        |q: Option<&QuestDB>| upgrade_of(q).is_some_and(|u| u.phase == "NodeReady"),
+        |q: Option<&QuestDB>| node_move_of(q).is_some_and(|u| u.phase == "NodeReady"),
     )
     .await;
     (new_id, kubelet)
@@ -1147,7 +1157,7 @@ async fn an_old_node_that_dies_at_the_switch_of_a_move_is_fenced_and_the_move_co
         "db1",
         "move completed, the dead old node released",
         FAILOVER_TIMEOUT,
-        |q: Option<&QuestDB>| upgrade_of(q).is_some_and(|u| u.phase == "Completed"),
+        |q: Option<&QuestDB>| node_move_of(q).is_some_and(|u| u.phase == "Completed"),
     )
     .await;
     stop.cancel();
@@ -1193,14 +1203,14 @@ async fn a_new_node_that_dies_after_the_switch_sends_the_database_back_to_its_ol
         "db1",
         "move rolled back",
         FAILOVER_TIMEOUT,
-        |q: Option<&QuestDB>| upgrade_of(q).is_some_and(|u| u.phase == "RolledBack"),
+        |q: Option<&QuestDB>| node_move_of(q).is_some_and(|u| u.phase == "RolledBack"),
     )
     .await;
     stop.cancel();
     let status = q.status.expect("status");
-    let upgrade = status.upgrade.clone().expect("record");
+    let upgrade = status.node_move.clone().expect("record");
     assert_eq!(
-        upgrade.reason.as_deref(),
+        upgrade.reason.map(|r| r.to_string()).as_deref(),
         Some("TargetNodeFailed"),
         "{upgrade:?}"
     );
@@ -1261,7 +1271,10 @@ async fn an_instance_terminated_by_someone_else_is_failed_over_before_its_node_i
     assert_moved_within(&env, &old_id, &pvc_uid, Duration::from_secs(150)).await;
     let q = env.qdbs().get("db1").await.expect("db1");
     let failover = q.status.and_then(|s| s.failover).expect("failover record");
-    assert_eq!(failover.reason.as_deref(), Some("InstanceTerminated"));
+    assert_eq!(
+        failover.reason.map(|r| r.to_string()).as_deref(),
+        Some("InstanceTerminated")
+    );
     let metrics = env.handle.metrics.render();
     assert!(
         metrics
@@ -1345,7 +1358,10 @@ async fn killing_the_manager_at_every_step_of_a_terminated_instances_failover_st
     assert_one_of_everything(&env, &uid, &old_id, &pvc_uid).await;
     let q = env.qdbs().get("db1").await.expect("db1");
     let failover = q.status.and_then(|s| s.failover).expect("failover record");
-    assert_eq!(failover.reason.as_deref(), Some("InstanceTerminated"));
+    assert_eq!(
+        failover.reason.map(|r| r.to_string()).as_deref(),
+        Some("InstanceTerminated")
+    );
     env.stop().await;
 }
 
@@ -1372,7 +1388,7 @@ async fn both_nodes_of_a_move_going_silent_fence_nothing_and_the_database_return
         "db1",
         "the move switched",
         FAILOVER_TIMEOUT,
-        |q: Option<&QuestDB>| upgrade_of(q).is_some_and(|u| u.stopped_at.is_some()),
+        |q: Option<&QuestDB>| node_move_of(q).is_some_and(|u| u.stopped_at.is_some()),
     )
     .await;
     let old_kubelet = env.cp.node(&old_node).expect("old kubelet");
@@ -1382,7 +1398,7 @@ async fn both_nodes_of_a_move_going_silent_fence_nothing_and_the_database_return
         "db1",
         "the move goes back",
         FAILOVER_TIMEOUT,
-        |q: Option<&QuestDB>| upgrade_of(q).is_some_and(|u| u.rolling_back),
+        |q: Option<&QuestDB>| node_move_of(q).is_some_and(|u| u.rolling_back),
     )
     .await;
     assert_eq!(
@@ -1398,7 +1414,7 @@ async fn both_nodes_of_a_move_going_silent_fence_nothing_and_the_database_return
         "db1",
         "the move rolled back",
         FAILOVER_TIMEOUT,
-        |q: Option<&QuestDB>| upgrade_of(q).is_some_and(|u| u.phase == "RolledBack"),
+        |q: Option<&QuestDB>| node_move_of(q).is_some_and(|u| u.phase == "RolledBack"),
     )
     .await;
     assert_eq!(
@@ -1414,11 +1430,11 @@ async fn both_nodes_of_a_move_going_silent_fence_nothing_and_the_database_return
 
 /// The step of a node move, its way back told apart.
 fn move_step(q: &QuestDB) -> Option<String> {
-    let u = q.status.as_ref()?.upgrade.as_ref()?;
+    let u = q.status.as_ref()?.node_move.as_ref()?;
     Some(if u.rolling_back {
         format!("{} (back)", u.phase)
     } else {
-        u.phase.clone()
+        u.phase.to_string()
     })
 }
 
@@ -1488,7 +1504,7 @@ async fn a_failover_while_a_moves_old_node_is_retained_leaves_one_database_and_n
         "db1",
         "moved, the old node retained",
         FAILOVER_TIMEOUT,
-        |q: Option<&QuestDB>| upgrade_of(q).is_some_and(|u| u.phase == "Retaining"),
+        |q: Option<&QuestDB>| node_move_of(q).is_some_and(|u| u.phase == "Retaining"),
     )
     .await;
     let moved_to = q.status.and_then(|s| s.instance_id).expect("new instance");
@@ -1503,7 +1519,7 @@ async fn a_failover_while_a_moves_old_node_is_retained_leaves_one_database_and_n
         "db1",
         "the retained node released at the end of its window",
         FAILOVER_TIMEOUT,
-        |q: Option<&QuestDB>| upgrade_of(q).is_some_and(|u| u.phase == "Completed"),
+        |q: Option<&QuestDB>| node_move_of(q).is_some_and(|u| u.phase == "Completed"),
     )
     .await;
     env.wait_terminated(&old_id, "the retained old node is terminated")
@@ -1591,7 +1607,7 @@ async fn a_failover_during_a_moves_validation_pre_empts_the_move() {
         &env.qdbs(),
         "db1",
         "move validating",
-        |q: Option<&QuestDB>| upgrade_of(q).is_some_and(|u| u.phase == "Validating"),
+        |q: Option<&QuestDB>| node_move_of(q).is_some_and(|u| u.phase == "Validating"),
     )
     .await;
     let validating_calls = env.cloud.ec2.call_count("DescribeImages");
@@ -1608,11 +1624,15 @@ async fn a_failover_during_a_moves_validation_pre_empts_the_move() {
         "db1",
         "the move pre-empted",
         FAILOVER_TIMEOUT,
-        |q: Option<&QuestDB>| upgrade_of(q).is_some_and(|u| u.phase == "Aborted"),
+        |q: Option<&QuestDB>| node_move_of(q).is_some_and(|u| u.phase == "Aborted"),
     )
     .await;
-    let upgrade = upgrade_of(Some(&q)).expect("move record");
-    assert_eq!(upgrade.reason.as_deref(), Some("Preempted"), "{upgrade:?}");
+    let upgrade = node_move_of(Some(&q)).expect("move record");
+    assert_eq!(
+        upgrade.reason.map(|r| r.to_string()).as_deref(),
+        Some("Preempted"),
+        "{upgrade:?}"
+    );
     assert_eq!(upgrade.new_instance_id, None, "the move launched nothing");
     // The replacement's launch reads the image too: EC2 answers again.
     env.cloud.ec2.set_throttled("DescribeImages", false);
@@ -1644,7 +1664,7 @@ async fn both_nodes_of_a_move_dying_after_the_switch_hand_the_database_to_a_fail
         "db1",
         "the move switched",
         FAILOVER_TIMEOUT,
-        |q: Option<&QuestDB>| upgrade_of(q).is_some_and(|u| u.stopped_at.is_some()),
+        |q: Option<&QuestDB>| node_move_of(q).is_some_and(|u| u.stopped_at.is_some()),
     )
     .await;
     // Alive but not starting pods: the database does not answer on the new node yet.
@@ -1693,12 +1713,12 @@ async fn both_nodes_of_a_move_dying_after_the_switch_hand_the_database_to_a_fail
         "db1",
         "the move handed over",
         FAILOVER_TIMEOUT,
-        |q: Option<&QuestDB>| upgrade_of(q).is_some_and(|u| u.phase == "Aborted"),
+        |q: Option<&QuestDB>| node_move_of(q).is_some_and(|u| u.phase == "Aborted"),
     )
     .await;
-    let upgrade = upgrade_of(Some(&q)).expect("move record");
+    let upgrade = node_move_of(Some(&q)).expect("move record");
     assert_eq!(
-        upgrade.reason.as_deref(),
+        upgrade.reason.map(|r| r.to_string()).as_deref(),
         Some("NodesFailed"),
         "{upgrade:?}"
     );

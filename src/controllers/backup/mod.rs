@@ -223,7 +223,7 @@ pub async fn reconcile(
                 s.step = Some(BackupStep::Succeeded);
                 s.restore_size = restore_size;
                 s.duration_seconds =
-                    clock::between(s.started_at.as_deref(), Some(&now)).map(|d| d.as_secs() as i64);
+                    clock::between(s.started_at.as_ref(), Some(&now)).map(|d| d.as_secs() as i64);
                 s.finished_at = Some(now);
                 s.reason = None;
                 s.message = None;
@@ -298,8 +298,8 @@ async fn observe(backup: &QuestDBBackup, bctx: &BackupContext) -> Result<Observa
         database,
         other_backup: other_backup(backup, bctx),
         snapshot,
-        since_checkpoint: clock::since(status.checkpoint_at.as_deref()),
-        since_release: clock::since(status.released_at.as_deref()),
+        since_checkpoint: clock::since(status.checkpoint_at.as_ref()),
+        since_release: clock::since(status.released_at.as_ref()),
     };
     Ok(Observation { plan, db, pvc })
 }
@@ -319,7 +319,7 @@ async fn database_view(
     if crate::plan::failover::in_progress(&status) {
         return Ok((Database::Busy("a failover is under way".into()), None));
     }
-    if crate::plan::upgrade::in_progress(&status) {
+    if crate::plan::node_move::in_progress(&status) {
         return Ok((Database::Busy("a node move is under way".into()), None));
     }
     if status.phase != Some(Phase::Running) {
@@ -420,7 +420,7 @@ async fn checkpoint(
 }
 
 fn timed_out(status: &QuestDBBackupStatus, limit: Duration) -> bool {
-    clock::since(status.started_at.as_deref()).is_some_and(|d| d > limit)
+    clock::since(status.started_at.as_ref()).is_some_and(|d| d > limit)
 }
 
 /// Another backup of the same database that may hold its checkpoint (from the cache, and the
@@ -508,7 +508,7 @@ async fn fail(
     s.reason = Some(reason.to_string());
     s.message = Some(message.clone());
     s.duration_seconds =
-        clock::between(s.started_at.as_deref(), Some(&now)).map(|d| d.as_secs() as i64);
+        clock::between(s.started_at.as_ref(), Some(&now)).map(|d| d.as_secs() as i64);
     s.finished_at = Some(now);
     write_status(api, backup, s).await?;
     ctx.metrics.backup_finished(false, None);
@@ -556,11 +556,7 @@ fn note_final(backup: &QuestDBBackup, ctx: &Context) {
     if s.step != Some(BackupStep::Succeeded) {
         return;
     }
-    let Some(t) = s
-        .finished_at
-        .as_deref()
-        .and_then(|t| t.parse::<k8s_openapi::jiff::Timestamp>().ok())
-    else {
+    let Some(t) = s.finished_at.as_ref().map(|t| t.0) else {
         return;
     };
     ctx.metrics.last_successful_backup(

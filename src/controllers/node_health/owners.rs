@@ -54,9 +54,9 @@ impl OwnerIndex {
                 );
             }
             let Some(u) = status
-                .upgrade
+                .node_move
                 .as_ref()
-                .filter(|_| crate::plan::upgrade::active(status))
+                .filter(|_| crate::plan::node_move::active(status))
             else {
                 continue;
             };
@@ -123,7 +123,7 @@ impl OwnerIndexCache {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::{QuestDBStatus, UpgradeStatus};
+    use crate::api::{NodeMovePhase, NodeMoveStatus, QuestDBStatus};
     use crate::desired::testing;
     use kube::runtime::watcher;
 
@@ -146,11 +146,11 @@ mod tests {
     fn every_database_and_both_instances_of_an_active_move_are_indexed() {
         let a = running_on("a", "i-a");
         let mut b = running_on("b", "i-b");
-        b.status.as_mut().unwrap().upgrade = Some(UpgradeStatus {
-            phase: "Switching".into(),
+        b.status.as_mut().unwrap().node_move = Some(NodeMoveStatus {
+            phase: NodeMovePhase::Moving,
             old_instance_id: Some("i-b".into()),
             new_instance_id: Some("i-b2".into()),
-            ..UpgradeStatus::default()
+            ..NodeMoveStatus::default()
         });
         let unplaced = testing::questdb("c", "ns");
         let index = OwnerIndex::build([&a, &b, &unplaced], threshold);

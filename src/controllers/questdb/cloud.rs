@@ -117,7 +117,7 @@ pub async fn reconcile(
     };
     // Before the steady-state shortcut: a node whose Lease stopped may still look Ready.
     out.failover_condition = super::failover::reconcile(qdb, ctx, cloud, &mut out).await?;
-    out.upgrade_condition = super::upgrade::reconcile(qdb, ctx, cloud, &mut out).await?;
+    out.node_move_condition = super::node_move::reconcile(qdb, ctx, cloud, &mut out).await?;
     let dedicated = DedicatedNode::for_questdb(qdb);
 
     if !release {

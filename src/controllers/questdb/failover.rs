@@ -20,7 +20,9 @@ use super::placement::{dns_follows, dns_ttl, volume_attached_to};
 use super::record::{advance, already_reported, persist};
 use super::status::pod_ready;
 use crate::api::Reason;
-use crate::api::{conditions, FailoverStatus, QuestDB, QuestDBStatus};
+use crate::api::{
+    conditions, FailoverCause, FailoverPhase, FailoverStatus, QuestDB, QuestDBStatus,
+};
 use crate::cloud::{CloudError, InstanceState};
 use crate::controllers::cloud_runtime::CloudRuntime;
 use crate::controllers::context::Context;
@@ -30,11 +32,11 @@ use crate::desired::names;
 use crate::metrics::FailoverResult;
 use crate::plan::conditions::Verdict;
 use crate::plan::failover::{
-    self, phase, ReleaseFence, ReleaseView, Start, StartView, Step, StepView,
-    OUT_OF_SERVICE_EFFECT, OUT_OF_SERVICE_TAINT, OUT_OF_SERVICE_VALUE, SKIP_ANNOTATION,
+    self, ReleaseFence, ReleaseView, Start, StartView, Step, StepView, OUT_OF_SERVICE_EFFECT,
+    OUT_OF_SERVICE_TAINT, OUT_OF_SERVICE_VALUE, SKIP_ANNOTATION,
 };
 use crate::plan::node::node_for;
-use crate::plan::upgrade;
+use crate::plan::node_move;
 use crate::runtime::clock::{between, now, since};
 
 /// Watch events drive most waits; this is how soon a wait on something unwatched (EC2, a
@@ -71,7 +73,7 @@ pub async fn reconcile(
     let Some(id) = status.instance_id.clone() else {
         return Ok(Some(armed(qdb, cloud)));
     };
-    if upgrade::owns_the_database(&status) {
+    if node_move::owns_the_database(&status) {
         return Ok(Some(condition(
             true,
             Reason::Armed,
@@ -103,7 +105,7 @@ pub async fn reconcile(
     let since_last_start = status
         .failover
         .as_ref()
-        .and_then(|f| since(f.started_at.as_deref()));
+        .and_then(|f| since(f.started_at.as_ref()));
     let decision = failover::should_start(&StartView {
         spec: &qdb.spec.failover,
         skip_annotation: qdb
@@ -145,8 +147,8 @@ pub async fn reconcile(
             };
             let next_generation = status.node_generation.unwrap_or(1) + 1;
             let record = FailoverStatus {
-                phase: phase::FENCING.into(),
-                reason: Some(reason.into()),
+                phase: FailoverPhase::Fencing,
+                reason: Some(reason),
                 started_at: Some(now()),
                 phase_started_at: Some(now()),
                 old_node: Some(node.clone()).filter(|n| !n.is_empty()),
@@ -164,12 +166,12 @@ pub async fn reconcile(
             if let Some(u) = unhealthy_for {
                 ctx.metrics.failover_detected(u.saturating_sub(threshold));
             }
-            let note = if reason == Reason::InstanceTerminated {
+            let note = if reason == FailoverCause::InstanceTerminated {
                 format!(
                     "EC2 reports instance {id} ({node}) terminated, {}s into its silence: releasing its volume, launching a replacement",
                     symptom.for_.as_secs()
                 )
-            } else if reason == Reason::NodeNeverJoined {
+            } else if reason == FailoverCause::NodeNeverJoined {
                 format!(
                     "instance {id} has run past --node-join-timeout ({}s) without a Node registering for it: fencing instance {id}, launching a replacement. {}",
                     cloud.settings.node_join_timeout.as_secs(),
@@ -403,7 +405,7 @@ async fn confirm(
     cloud: &CloudRuntime,
     symptom: &Symptom,
     instance: &str,
-) -> Result<Option<Reason>, Error> {
+) -> Result<Option<FailoverCause>, Error> {
     let node = symptom.node.as_str();
     if symptom.missing {
         if !node.is_empty()
@@ -440,17 +442,17 @@ async fn confirm(
         Some(InstanceState::Terminated | InstanceState::ShuttingDown) | None
             if symptom.terminated =>
         {
-            Some(Reason::InstanceTerminated)
+            Some(FailoverCause::InstanceTerminated)
         }
         // The snapshot was wrong after all (by id, EC2 has it alive): the threshold decides.
         _ if symptom.terminated => None,
         Some(InstanceState::Stopped | InstanceState::Terminated | InstanceState::ShuttingDown)
-        | None => Some(Reason::InstanceDown),
+        | None => Some(FailoverCause::InstanceDown),
         // No Node was ever seen for it, and no pod was bound to one: it never joined (or its
         // Node went before this operator started; either way no kubelet serves it).
-        _ if symptom.missing && node.is_empty() => Some(Reason::NodeNeverJoined),
-        _ if symptom.missing => Some(Reason::NodeDeleted),
-        _ => Some(Reason::NodeLeaseExpired),
+        _ if symptom.missing && node.is_empty() => Some(FailoverCause::NodeNeverJoined),
+        _ if symptom.missing => Some(FailoverCause::NodeDeleted),
+        _ => Some(FailoverCause::NodeLeaseExpired),
     })
 }
 
@@ -532,7 +534,7 @@ async fn steps(
                     .await?;
                 }
                 out.requeue_within(STEP_POLL);
-                let in_step = since(f.phase_started_at.as_deref()).unwrap_or_default();
+                let in_step = since(f.phase_started_at.as_ref()).unwrap_or_default();
                 return Ok(match failover::stuck(&f, in_step) {
                     Some(c) => {
                         if !already_reported(&status, &c) {
@@ -563,13 +565,13 @@ async fn steps(
                 }
                 // Downtime ends when the database answered again (Draining began), not when
                 // the fenced instance is let go.
-                let downtime = between(f.started_at.as_deref(), f.phase_started_at.as_deref());
-                if let Some(took) = since(f.phase_started_at.as_deref()) {
-                    ctx.metrics.failover_step(&f.phase, took);
+                let downtime = between(f.started_at.as_ref(), f.phase_started_at.as_ref());
+                if let Some(took) = since(f.phase_started_at.as_ref()) {
+                    ctx.metrics.failover_step(f.phase.into(), took);
                 }
                 persist(qdb, ctx, |s| {
                     if let Some(f) = s.failover.as_mut() {
-                        f.phase = phase::HEALTHY.into();
+                        f.phase = FailoverPhase::Healthy;
                         f.phase_started_at = Some(now());
                         f.finished_at = Some(now());
                         f.downtime_seconds = downtime.map(|d| d.as_secs() as i64);
@@ -643,7 +645,7 @@ impl Facts {
             pod_ready: self.pod_ready,
             dns_follows: self.dns_follows,
             dns_ttl: self.dns_ttl,
-            in_step_for: since(failover.phase_started_at.as_deref()).unwrap_or_default(),
+            in_step_for: since(failover.phase_started_at.as_ref()).unwrap_or_default(),
         }
     }
 }
@@ -671,7 +673,7 @@ async fn observe(
     let pod_node = pod
         .as_ref()
         .and_then(|p| p.spec.as_ref()?.node_name.clone());
-    let old_instance = if matches!(f.phase.as_str(), phase::FENCING | phase::RECOVERING) {
+    let old_instance = if matches!(f.phase, FailoverPhase::Fencing | FailoverPhase::Recovering) {
         // By id: only NotFound proves it gone; a filter that leaves it out would skip the fence.
         cloud
             .nodes
@@ -682,7 +684,7 @@ async fn observe(
     } else {
         None
     };
-    let old_node_holds_volume = if f.phase == phase::RELEASING {
+    let old_node_holds_volume = if f.phase == FailoverPhase::Releasing {
         volume_attached_to(qdb, ctx, &old_node).await?
     } else {
         false

@@ -8,13 +8,13 @@ mod credentials;
 pub mod failover;
 mod ilp;
 mod node_marks;
+pub mod node_move;
 pub mod outcome;
 mod placement;
 mod record;
 mod restore;
 pub mod status;
 mod stop_first;
-pub mod upgrade;
 mod volume;
 
 use std::sync::Arc;

@@ -18,7 +18,7 @@ pub struct CloudOutcome {
     /// Automatic failover: armed, under way, held back or stuck.
     pub failover_condition: Option<Verdict>,
     /// Node image / instance type moves.
-    pub upgrade_condition: Option<Verdict>,
+    pub node_move_condition: Option<Verdict>,
     /// The dedicated Node, once registered.
     pub node: Option<Arc<Node>>,
     /// Nothing left in the cloud for this QuestDB (the finalizer may go).

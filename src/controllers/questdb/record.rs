@@ -6,12 +6,16 @@ use kube::runtime::events::EventType;
 use kube::ResourceExt;
 use tracing::info;
 
-use crate::api::{FailoverStatus, QuestDB, QuestDBStatus, Reason, UpgradeStatus, MANAGER};
+use crate::api::{
+    FailoverPhase, FailoverStatus, NodeMovePhase, NodeMoveStatus, QuestDB, QuestDBStatus, Reason,
+    MANAGER,
+};
 use crate::controllers::context::Context;
 use crate::controllers::Error;
 use crate::plan::conditions::Verdict;
-use crate::plan::{failover, upgrade};
+use crate::plan::{failover, node_move};
 use crate::runtime::clock;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 /// Writes `edit` of the status (with the object's resourceVersion, so a stale view of the
 /// status yields a conflict instead of being acted on) and continues with the stored object.
@@ -91,18 +95,20 @@ pub fn already_reported(status: &QuestDBStatus, c: &Verdict) -> bool {
 /// is entered by one status write (phase, start time, message cleared), then an event, and the
 /// step it leaves is timed into its duration histogram.
 pub trait StepRecord: Clone {
-    /// The event action ("Failover", "Upgrade").
+    /// The record's steps.
+    type Phase: Copy + std::fmt::Display + Into<&'static str>;
+    /// The event action ("Failover", "NodeMove").
     const ACTION: &'static str;
     fn of(status: &mut QuestDBStatus) -> Option<&mut Self>;
-    fn phase(&self) -> &str;
-    fn phase_started_at(&self) -> Option<&str>;
-    fn set_phase(&mut self, phase: &str, started_at: String);
+    fn phase(&self) -> Self::Phase;
+    fn phase_started_at(&self) -> Option<&Time>;
+    fn set_phase(&mut self, phase: Self::Phase, started_at: Time);
     fn set_message(&mut self, message: Option<String>);
     /// The event reason of entering `phase`.
-    fn step_reason(phase: &str) -> Reason;
+    fn step_reason(phase: Self::Phase) -> Reason;
     /// The event note of entering `phase`.
-    fn step_note(&self, phase: &str) -> String;
-    fn time_step(ctx: &Context, phase: &str, took: std::time::Duration);
+    fn step_note(&self, phase: Self::Phase) -> String;
+    fn time_step(ctx: &Context, phase: Self::Phase, took: std::time::Duration);
 }
 
 /// Leaves the record's current step for `next`: times the step left, records `next` (before
@@ -111,7 +117,7 @@ pub async fn advance<R: StepRecord>(
     qdb: &mut QuestDB,
     ctx: &Context,
     record: &R,
-    next: &'static str,
+    next: R::Phase,
 ) -> Result<(), Error> {
     if let Some(took) = clock::since(record.phase_started_at()) {
         info!(questdb = %qdb.name_any(), step = %record.phase(), seconds = took.as_secs_f64(), "{} step done", R::ACTION);
@@ -135,38 +141,39 @@ pub async fn advance<R: StepRecord>(
     Ok(())
 }
 
-/// The two records share their field names; only the action, the step reasons, the note and
-/// the histogram differ.
+/// The two records share their field names; only the phases, the action, the step reasons,
+/// the note and the histogram differ.
 macro_rules! step_record {
-    ($record:ty, $action:literal, $field:ident, $reasons:path, $metric:ident, |$r:ident, $phase:ident| $note:expr) => {
+    ($record:ty, $phase_ty:ty, $action:literal, $field:ident, $reasons:path, $metric:ident, |$r:ident, $phase:ident| $note:expr) => {
         impl StepRecord for $record {
+            type Phase = $phase_ty;
             const ACTION: &'static str = $action;
 
             fn of(status: &mut QuestDBStatus) -> Option<&mut Self> {
                 status.$field.as_mut()
             }
-            fn phase(&self) -> &str {
-                &self.phase
+            fn phase(&self) -> $phase_ty {
+                self.phase
             }
-            fn phase_started_at(&self) -> Option<&str> {
-                self.phase_started_at.as_deref()
+            fn phase_started_at(&self) -> Option<&Time> {
+                self.phase_started_at.as_ref()
             }
-            fn set_phase(&mut self, phase: &str, started_at: String) {
-                self.phase = phase.to_string();
+            fn set_phase(&mut self, phase: $phase_ty, started_at: Time) {
+                self.phase = phase;
                 self.phase_started_at = Some(started_at);
             }
             fn set_message(&mut self, message: Option<String>) {
                 self.message = message;
             }
-            fn step_reason(phase: &str) -> Reason {
+            fn step_reason(phase: $phase_ty) -> Reason {
                 $reasons(phase)
             }
-            fn step_note(&self, $phase: &str) -> String {
+            fn step_note(&self, $phase: $phase_ty) -> String {
                 let $r = self;
                 $note
             }
-            fn time_step(ctx: &Context, phase: &str, took: std::time::Duration) {
-                ctx.metrics.$metric(phase, took);
+            fn time_step(ctx: &Context, phase: $phase_ty, took: std::time::Duration) {
+                ctx.metrics.$metric(phase.into(), took);
             }
         }
     };
@@ -174,6 +181,7 @@ macro_rules! step_record {
 
 step_record!(
     FailoverStatus,
+    FailoverPhase,
     "Failover",
     failover,
     failover::step_reason,
@@ -184,11 +192,12 @@ step_record!(
     )
 );
 step_record!(
-    UpgradeStatus,
-    "Upgrade",
-    upgrade,
-    upgrade::step_reason,
-    upgrade_step,
+    NodeMoveStatus,
+    NodeMovePhase,
+    "NodeMove",
+    node_move,
+    node_move::step_reason,
+    node_move_step,
     |_r, phase| format!("node move: {phase}")
 );
 

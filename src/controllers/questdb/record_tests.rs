@@ -7,19 +7,19 @@ use kube::Api;
 use tower_test::mock::{self, Handle};
 
 use super::persist_to;
-use crate::api::{FailoverStatus, QuestDB, QuestDBStatus};
+use crate::api::{FailoverPhase, FailoverStatus, QuestDB, QuestDBStatus};
 use crate::controllers::Error;
 use crate::desired::testing;
 
 const CONFLICT: &str = r#"{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"the object has been modified; please apply your changes to the latest version and try again","reason":"Conflict","code":409}"#;
 
-fn stored(resource_version: &str, failover: Option<&str>, generation: i64) -> QuestDB {
+fn stored(resource_version: &str, failover: Option<FailoverPhase>, generation: i64) -> QuestDB {
     let mut q = testing::questdb("db", "ns");
     q.metadata.resource_version = Some(resource_version.into());
     q.metadata.generation = Some(generation);
     q.status = Some(QuestDBStatus {
         failover: failover.map(|phase| FailoverStatus {
-            phase: phase.into(),
+            phase,
             ..FailoverStatus::default()
         }),
         ..QuestDBStatus::default()
@@ -59,7 +59,7 @@ fn api() -> (Api<QuestDB>, Handle<Request<Body>, Response<Body>>) {
 async fn a_decision_made_on_a_stale_status_is_made_again_not_written_over_a_newer_step() {
     let (api, mut handle) = api();
     let mut decided_on = stored("1", None, 1);
-    let newer = stored("2", Some("Fencing"), 1);
+    let newer = stored("2", Some(FailoverPhase::Fencing), 1);
     let server = tokio::spawn(async move {
         let (req, send) = handle.next_request().await.expect("the write");
         assert_eq!(req.method(), Method::PUT);
@@ -82,7 +82,7 @@ async fn a_decision_made_on_a_stale_status_is_made_again_not_written_over_a_newe
     });
     let result = persist_to(&api, &mut decided_on, |s| {
         s.failover = Some(FailoverStatus {
-            phase: "Detected".into(),
+            phase: FailoverPhase::Releasing,
             ..FailoverStatus::default()
         })
     })
@@ -91,7 +91,7 @@ async fn a_decision_made_on_a_stale_status_is_made_again_not_written_over_a_newe
     assert!(matches!(result, Err(Error::Conflict)), "{result:?}");
     assert_eq!(
         decided_on.status.and_then(|s| s.failover).map(|f| f.phase),
-        Some("Fencing".to_string()),
+        Some(FailoverPhase::Fencing),
         "the reconcile goes on from the fresh object"
     );
 }
@@ -117,14 +117,14 @@ async fn a_spec_edit_under_a_decision_does_not_lose_its_record() {
                 .status
                 .as_ref()
                 .and_then(|s| s.failover.as_ref())
-                .map(|f| f.phase.as_str()),
-            Some("Detected")
+                .map(|f| f.phase),
+            Some(FailoverPhase::Releasing)
         );
         send.send_response(respond(200, serde_json::to_vec(&written).unwrap()));
     });
     persist_to(&api, &mut decided_on, |s| {
         s.failover = Some(FailoverStatus {
-            phase: "Detected".into(),
+            phase: FailoverPhase::Releasing,
             ..FailoverStatus::default()
         })
     })

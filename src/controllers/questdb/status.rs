@@ -273,12 +273,12 @@ pub fn compute(qdb: &QuestDB, obs: &StatusInputs, now: Timestamp) -> QuestDBStat
         desired.extend(c.node_condition.iter().cloned());
         desired.extend(c.dns_condition.iter().cloned());
         desired.extend(c.failover_condition.iter().cloned());
-        desired.extend(c.upgrade_condition.iter().cloned());
+        desired.extend(c.node_move_condition.iter().cloned());
     }
     // A failover under way says so, whatever the pod looks like meanwhile (until the database
     // answers again: draining the old address is no outage).
     let failing_over = crate::plan::failover::database_down(&existing) && !spec.paused;
-    let upgrading = crate::plan::upgrade::in_progress(&existing) && !spec.paused;
+    let upgrading = crate::plan::node_move::in_progress(&existing) && !spec.paused;
     let phase = if failing_over {
         Phase::FailingOver
     } else if upgrading {
@@ -344,7 +344,7 @@ pub fn compute(qdb: &QuestDB, obs: &StatusInputs, now: Timestamp) -> QuestDBStat
             cloud,
         ),
         failover: existing.failover.clone(),
-        upgrade: existing.upgrade.clone(),
+        node_move: existing.node_move.clone(),
     }
 }
 
@@ -401,16 +401,17 @@ fn without_stale_cloud_conditions(
     qdb: &QuestDB,
     cloud: Option<&CloudOutcome>,
 ) -> Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
+    list.retain(|k| k.type_ != conditions::LEGACY_NODE_UPGRADE);
     let Some(c) = cloud else { return list };
     let drop_node = qdb.spec.node.is_none() && c.node_condition.is_none();
     let drop_failover = c.failover_condition.is_none();
-    let drop_upgrade = c.upgrade_condition.is_none();
+    let drop_node_move = c.node_move_condition.is_none();
     let drop_dns = qdb.spec.dns.is_none() && c.dns_condition.is_none();
     list.retain(|k| {
         !(drop_node && k.type_ == conditions::NODE_READY
             || drop_dns && k.type_ == conditions::DNS_READY
             || drop_failover && k.type_ == conditions::FAILOVER
-            || drop_upgrade && k.type_ == conditions::NODE_UPGRADE)
+            || drop_node_move && k.type_ == conditions::NODE_MOVE)
     });
     list
 }

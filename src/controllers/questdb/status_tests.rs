@@ -9,7 +9,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
 
 use super::{compute, StatusInputs};
-use crate::api::{Phase, QuestDB};
+use crate::api::{FailoverPhase, Phase, QuestDB};
 use crate::controllers::questdb::apply::Report;
 use crate::desired::{testing, CachedStatefulSet, OwnedChild};
 use crate::plan::conditions::Verdict;
@@ -724,7 +724,7 @@ fn only_progress_within_a_phase_waits_to_be_written() {
     );
     let failing_over = QuestDBStatus {
         failover: Some(FailoverStatus {
-            phase: "Fencing".into(),
+            phase: FailoverPhase::Fencing,
             ..Default::default()
         }),
         ..scheduled.clone()

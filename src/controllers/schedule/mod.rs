@@ -216,7 +216,7 @@ fn owned_uid(store: &Store<QuestDBBackup>, ns: &str, name: &str) -> Option<Strin
 fn successful_time(store: &Store<QuestDBBackup>, ns: &str, name: &str) -> Option<String> {
     store
         .get(&kube::runtime::reflector::ObjectRef::new(name).within(ns))
-        .and_then(|b| b.status.as_ref()?.finished_at.clone())
+        .and_then(|b| Some(b.status.as_ref()?.finished_at.as_ref()?.0.to_string()))
 }
 
 /// A backup of the schedule's database, owned by the schedule (it goes when the schedule

@@ -1,5 +1,5 @@
 //! Moving a database to a node built from a new image (or of a new instance type): when to
-//! start, and the one next step. Pure; `questdb::upgrade` performs the steps.
+//! start, and the one next step. Pure; `questdb::node_move` performs the steps.
 //!
 //! The image and type are checked against EC2 first, then the new node is launched, joined,
 //! dedicated and Ready **before** the database stops, so anything that goes wrong until then
@@ -18,62 +18,44 @@ use k8s_openapi::jiff::Timestamp;
 
 use super::maintenance::{self, WindowState};
 use crate::api::Reason;
-use crate::api::{NodeSpec, QuestDBStatus, UpgradeStatus};
+use crate::api::{NodeMovePhase, NodeMoveStatus, NodeSpec, QuestDBStatus};
 use crate::cloud::{Instance, NodeFacts};
-
-pub mod phase {
-    /// The image and instance type are checked against EC2.
-    pub const VALIDATING: &str = "Validating";
-    pub const PROVISIONING: &str = "Provisioning";
-    pub const NODE_READY: &str = "NodeReady";
-    /// Downtime starts: the database stops on the old node.
-    pub const STOPPING: &str = "Stopping";
-    pub const MOVING: &str = "Moving";
-    /// Downtime ends when the pod is Ready and DNS names the new node.
-    pub const VERIFYING: &str = "Verifying";
-    /// The database runs on the new node; the old one is kept, cordoned, for a rollback.
-    pub const RETAINING: &str = "Retaining";
-    pub const COMPLETED: &str = "Completed";
-    /// Ended before the database stopped.
-    pub const ABORTED: &str = "Aborted";
-    /// Ended with the database back on the old node.
-    pub const ROLLED_BACK: &str = "RolledBack";
-}
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 /// The event reason of entering `phase`.
-pub fn step_reason(phase: &str) -> Reason {
+pub fn step_reason(phase: NodeMovePhase) -> Reason {
     match phase {
-        phase::VALIDATING => Reason::UpgradeValidating,
-        phase::PROVISIONING => Reason::UpgradeProvisioning,
-        phase::NODE_READY => Reason::UpgradeNodeReady,
-        phase::STOPPING => Reason::UpgradeStopping,
-        phase::MOVING => Reason::UpgradeMoving,
-        phase::VERIFYING => Reason::UpgradeVerifying,
-        phase::RETAINING => Reason::UpgradeRetaining,
-        phase::COMPLETED => Reason::UpgradeCompleted,
-        phase::ABORTED => Reason::UpgradeAborted,
-        _ => Reason::UpgradeRolledBack,
+        NodeMovePhase::Validating => Reason::NodeMoveValidating,
+        NodeMovePhase::Provisioning => Reason::NodeMoveProvisioning,
+        NodeMovePhase::NodeReady => Reason::NodeMoveNodeReady,
+        NodeMovePhase::Stopping => Reason::NodeMoveStopping,
+        NodeMovePhase::Moving => Reason::NodeMoveMoving,
+        NodeMovePhase::Verifying => Reason::NodeMoveVerifying,
+        NodeMovePhase::Retaining => Reason::NodeMoveRetaining,
+        NodeMovePhase::Completed => Reason::NodeMoveCompleted,
+        NodeMovePhase::Aborted => Reason::NodeMoveAborted,
+        NodeMovePhase::RolledBack => Reason::NodeMoveRolledBack,
     }
 }
 
 /// The default `spec.node.rollbackWindow`.
-/// The steps whose durations `questdb_operator_upgrade_step_duration_seconds` records.
-pub const STEPS: [&str; 7] = [
-    phase::VALIDATING,
-    phase::PROVISIONING,
-    phase::NODE_READY,
-    phase::STOPPING,
-    phase::MOVING,
-    phase::VERIFYING,
-    phase::RETAINING,
+/// The steps whose durations `questdb_operator_node_move_step_duration_seconds` records.
+pub const STEPS: [NodeMovePhase; 7] = [
+    NodeMovePhase::Validating,
+    NodeMovePhase::Provisioning,
+    NodeMovePhase::NodeReady,
+    NodeMovePhase::Stopping,
+    NodeMovePhase::Moving,
+    NodeMovePhase::Verifying,
+    NodeMovePhase::Retaining,
 ];
 
 pub const DEFAULT_ROLLBACK_WINDOW: Duration = Duration::from_secs(30 * 60);
 
-fn ended(phase: &str) -> bool {
+fn ended(phase: NodeMovePhase) -> bool {
     matches!(
         phase,
-        phase::COMPLETED | phase::ABORTED | phase::ROLLED_BACK
+        NodeMovePhase::Completed | NodeMovePhase::Aborted | NodeMovePhase::RolledBack
     )
 }
 
@@ -81,21 +63,21 @@ fn ended(phase: &str) -> bool {
 /// retained old node is not a move: the database runs where the spec asks.
 pub fn in_progress(status: &QuestDBStatus) -> bool {
     status
-        .upgrade
+        .node_move
         .as_ref()
-        .is_some_and(|u| !ended(&u.phase) && u.phase != phase::RETAINING)
+        .is_some_and(|u| !ended(u.phase) && u.phase != NodeMovePhase::Retaining)
 }
 
 /// Whether the steps have work: a move, or a retained old node to release.
 pub fn active(status: &QuestDBStatus) -> bool {
-    status.upgrade.as_ref().is_some_and(|u| !ended(&u.phase))
+    status.node_move.as_ref().is_some_and(|u| !ended(u.phase))
 }
 
 /// Before this step the database runs untouched on the old node.
-pub fn before_stopping(phase: &str) -> bool {
+pub fn before_stopping(phase: NodeMovePhase) -> bool {
     matches!(
         phase,
-        phase::VALIDATING | phase::PROVISIONING | phase::NODE_READY
+        NodeMovePhase::Validating | NodeMovePhase::Provisioning | NodeMovePhase::NodeReady
     )
 }
 
@@ -103,22 +85,22 @@ pub fn before_stopping(phase: &str) -> bool {
 /// fences and leaves a dead node itself (a failover started then would resume the move's
 /// record with stale instance ids).
 pub fn owns_the_database(status: &QuestDBStatus) -> bool {
-    status.upgrade.as_ref().is_some_and(|u| {
+    status.node_move.as_ref().is_some_and(|u| {
         matches!(
-            u.phase.as_str(),
-            phase::STOPPING | phase::MOVING | phase::VERIFYING
+            u.phase,
+            NodeMovePhase::Stopping | NodeMovePhase::Moving | NodeMovePhase::Verifying
         )
     })
 }
 
 /// Whether `u` moves to what `spec` asks for.
-pub fn targets(u: &UpgradeStatus, spec: &NodeSpec) -> bool {
+pub fn targets(u: &NodeMoveStatus, spec: &NodeSpec) -> bool {
     u.to_image.as_deref() == Some(spec.image.as_str())
         && u.to_instance_type.as_deref() == Some(spec.instance_type.as_str())
 }
 
 /// Whether `spec` asks for the node `u` moves away from.
-pub fn reverts(u: &UpgradeStatus, spec: &NodeSpec) -> bool {
+pub fn reverts(u: &NodeMoveStatus, spec: &NodeSpec) -> bool {
     u.from_image.as_deref() == Some(spec.image.as_str())
         && u.from_instance_type.as_deref() == Some(spec.instance_type.as_str())
 }
@@ -135,8 +117,8 @@ pub fn rollback_window(spec: &NodeSpec) -> Duration {
 /// to release the node early) from the start of `Retaining`, but never before the DNS record's
 /// TTL has passed (resolvers may still send clients to the old address, and a terminated
 /// instance's address can go to another instance at once).
-pub fn retention_end(u: &UpgradeStatus, spec: &NodeSpec, dns_ttl: Duration) -> Option<Timestamp> {
-    let since: Timestamp = u.phase_started_at.as_deref()?.parse().ok()?;
+pub fn retention_end(u: &NodeMoveStatus, spec: &NodeSpec, dns_ttl: Duration) -> Option<Timestamp> {
+    let since = u.phase_started_at.as_ref()?.0;
     let window =
         k8s_openapi::jiff::SignedDuration::try_from(rollback_window(spec).max(dns_ttl)).ok()?;
     since.checked_add(window).ok()
@@ -187,10 +169,10 @@ pub fn should_start(v: &StartView) -> Start {
     }
     // The same target failed before: not retried in a loop; a new edit (another target) is.
     // A move a failover pre-empted is not a failure of the target: it starts again.
-    let failed_same = v.status.upgrade.as_ref().is_some_and(|u| {
-        (u.phase == phase::ABORTED || u.phase == phase::ROLLED_BACK)
+    let failed_same = v.status.node_move.as_ref().is_some_and(|u| {
+        matches!(u.phase, NodeMovePhase::Aborted | NodeMovePhase::RolledBack)
             && targets(u, v.spec)
-            && u.reason.as_deref() != Some(Reason::Preempted.as_str())
+            && u.reason != Some(Reason::Preempted)
     });
     if failed_same {
         return Start::No;
@@ -277,7 +259,7 @@ pub fn check_node(facts: &NodeFacts, spec: &NodeSpec) -> Result<(), String> {
 
 /// What the steps look at.
 pub struct StepView<'a> {
-    pub upgrade: &'a UpgradeStatus,
+    pub node_move: &'a NodeMoveStatus,
     pub spec: &'a NodeSpec,
     /// EC2's verdict on the target image and type (`Validating` only).
     pub validation: Option<Result<(), String>>,
@@ -331,7 +313,7 @@ pub enum Step {
     Uncordon {
         node: String,
     },
-    Advance(&'static str),
+    Advance(NodeMovePhase),
     /// Record the new instance as the database's: downtime starts.
     Switch,
     Wait(String),
@@ -373,8 +355,8 @@ pub enum Step {
 }
 
 pub fn next_step(v: &StepView) -> Step {
-    let u = v.upgrade;
-    if before_stopping(&u.phase) && !targets(u, v.spec) {
+    let u = v.node_move;
+    if before_stopping(u.phase) && !targets(u, v.spec) {
         return Step::Abort {
             reason: Reason::Superseded,
             message: format!(
@@ -388,8 +370,8 @@ pub fn next_step(v: &StepView) -> Step {
     }
     let abort = |reason, message: String| Step::Abort { reason, message };
     let after_stop = matches!(
-        u.phase.as_str(),
-        phase::STOPPING | phase::MOVING | phase::VERIFYING
+        u.phase,
+        NodeMovePhase::Stopping | NodeMovePhase::Moving | NodeMovePhase::Verifying
     );
     if after_stop && !u.rolling_back && reverts(u, v.spec) {
         return Step::RollBack {
@@ -451,13 +433,13 @@ pub fn next_step(v: &StepView) -> Step {
             ),
         })
     };
-    match u.phase.as_str() {
-        phase::VALIDATING => match &v.validation {
-            Some(Ok(())) => Step::Advance(phase::PROVISIONING),
+    match u.phase {
+        NodeMovePhase::Validating => match &v.validation {
+            Some(Ok(())) => Step::Advance(NodeMovePhase::Provisioning),
             Some(Err(e)) => abort(Reason::InvalidNode, e.clone()),
             None => Step::Wait("checking the image and instance type".into()),
         },
-        phase::PROVISIONING => {
+        NodeMovePhase::Provisioning => {
             if let Some(e) = v.launch_error {
                 return abort(Reason::LaunchFailed, e.to_string());
             }
@@ -484,7 +466,7 @@ pub fn next_step(v: &StepView) -> Step {
                     node: node.clone(),
                     instance: i.id.clone(),
                 },
-                (Some(_), true) => Step::Advance(phase::NODE_READY),
+                (Some(_), true) => Step::Advance(NodeMovePhase::NodeReady),
                 (None, _) if v.in_phase_for > v.node_timeout => abort(
                     Reason::NodeNeverJoined,
                     format!(
@@ -496,7 +478,7 @@ pub fn next_step(v: &StepView) -> Step {
                 (None, _) => Step::Wait(format!("waiting for instance {} to join", i.id)),
             }
         }
-        phase::NODE_READY => match &v.new_node {
+        NodeMovePhase::NodeReady => match &v.new_node {
             Some(node) if v.new_node_cordoned => Step::Uncordon { node: node.clone() },
             Some(_) if v.new_node_ready => Step::Switch,
             _ if v.in_phase_for > v.node_timeout => abort(
@@ -509,7 +491,7 @@ pub fn next_step(v: &StepView) -> Step {
             ),
             _ => Step::Wait("waiting for the new node to become Ready".into()),
         },
-        phase::STOPPING => {
+        NodeMovePhase::Stopping => {
             if leaves_old && v.old_node_dead {
                 Step::FenceOld
             } else if leaves_old {
@@ -517,7 +499,7 @@ pub fn next_step(v: &StepView) -> Step {
                 // step's time starts after the grace period.
                 let limit = v.stop_grace + v.move_timeout;
                 // Once begun, the fence goes on: the stopped node falls silent.
-                let fencing = u.reason.as_deref() == Some(Reason::UpgradeStuck.as_str());
+                let fencing = u.reason == Some(Reason::NodeMoveStuck);
                 if fencing || (v.in_phase_for > limit && v.old_node_renews) {
                     Step::FenceStuck {
                         message: format!(
@@ -540,18 +522,18 @@ pub fn next_step(v: &StepView) -> Step {
                     ))
                 }
             } else {
-                Step::Advance(phase::MOVING)
+                Step::Advance(NodeMovePhase::Moving)
             }
         }
-        phase::MOVING => {
+        NodeMovePhase::Moving => {
             if v.pod_running_on_new_node {
-                Step::Advance(phase::VERIFYING)
+                Step::Advance(NodeMovePhase::Verifying)
             } else {
                 timed_out("the database did not start on the new node", v.move_timeout)
                     .unwrap_or_else(|| Step::Wait("the database starts on the new node".into()))
             }
         }
-        phase::VERIFYING => {
+        NodeMovePhase::Verifying => {
             if v.pod_ready && v.dns_follows {
                 if u.rolling_back {
                     Step::FinishRollback
@@ -568,7 +550,7 @@ pub fn next_step(v: &StepView) -> Step {
                 })
             }
         }
-        phase::RETAINING => {
+        NodeMovePhase::Retaining => {
             if reverts(u, v.spec) && !v.old_node_dead {
                 Step::Revert
             } else if v.retention_over
@@ -587,27 +569,29 @@ pub fn next_step(v: &StepView) -> Step {
                 ))
             }
         }
-        _ => Step::Wait(String::new()),
+        NodeMovePhase::Completed | NodeMovePhase::Aborted | NodeMovePhase::RolledBack => {
+            Step::Wait(String::new())
+        }
     }
 }
 
 /// The record of a move back to the retained node of `u` (no launch, no validation: the node
 /// ran the database minutes ago). `current` is the node the database leaves.
-pub fn revert_record(u: &UpgradeStatus, status: &QuestDBStatus, now: &str) -> UpgradeStatus {
-    UpgradeStatus {
-        phase: phase::NODE_READY.into(),
+pub fn revert_record(u: &NodeMoveStatus, status: &QuestDBStatus, now: &Time) -> NodeMoveStatus {
+    NodeMoveStatus {
+        phase: NodeMovePhase::NodeReady,
         from_image: status.node_image.clone(),
         to_image: u.from_image.clone(),
         from_instance_type: status.node_instance_type.clone(),
         to_instance_type: u.from_instance_type.clone(),
         old_instance_id: status.instance_id.clone(),
         new_instance_id: u.old_instance_id.clone(),
-        started_at: Some(now.to_string()),
-        phase_started_at: Some(now.to_string()),
+        started_at: Some(now.clone()),
+        phase_started_at: Some(now.clone()),
         ..Default::default()
     }
 }
 
 #[cfg(test)]
-#[path = "upgrade_tests.rs"]
+#[path = "node_move_tests.rs"]
 mod tests;

@@ -76,8 +76,8 @@ fn a_new_image_or_instance_type_starts_a_move_from_a_healthy_database_only() {
 #[test]
 fn an_aborted_target_is_not_retried_in_a_loop_but_a_new_edit_is() {
     let mut status = running_on("ami-1");
-    status.upgrade = Some(UpgradeStatus {
-        phase: phase::ABORTED.into(),
+    status.node_move = Some(NodeMoveStatus {
+        phase: NodeMovePhase::Aborted,
         to_image: Some("ami-bad".into()),
         to_instance_type: Some("m6i.large".into()),
         ..Default::default()
@@ -85,13 +85,13 @@ fn an_aborted_target_is_not_retried_in_a_loop_but_a_new_edit_is() {
     assert_eq!(start(&spec("ami-bad"), &status, true), Start::No);
     assert_eq!(start(&spec("ami-2"), &status, true), Start::Go);
     // A failover pre-empted it: the target did not fail, the move starts again.
-    status.upgrade.as_mut().unwrap().reason = Some(Reason::Preempted.into());
+    status.node_move.as_mut().unwrap().reason = Some(Reason::Preempted);
     assert_eq!(start(&spec("ami-bad"), &status, true), Start::Go);
 }
 
-fn upgrade(phase: &str) -> UpgradeStatus {
-    UpgradeStatus {
-        phase: phase.into(),
+fn upgrade(phase: NodeMovePhase) -> NodeMoveStatus {
+    NodeMoveStatus {
+        phase,
         to_image: Some("ami-2".into()),
         to_instance_type: Some("m6i.large".into()),
         new_instance_id: Some("i-2".into()),
@@ -99,9 +99,9 @@ fn upgrade(phase: &str) -> UpgradeStatus {
     }
 }
 
-fn view<'a>(u: &'a UpgradeStatus, spec: &'a NodeSpec, new: Option<&'a Instance>) -> StepView<'a> {
+fn view<'a>(u: &'a NodeMoveStatus, spec: &'a NodeSpec, new: Option<&'a Instance>) -> StepView<'a> {
     StepView {
-        upgrade: u,
+        node_move: u,
         spec,
         new_instance: new,
         launch_error: None,
@@ -131,7 +131,7 @@ fn view<'a>(u: &'a UpgradeStatus, spec: &'a NodeSpec, new: Option<&'a Instance>)
 #[test]
 fn failures_before_the_database_stops_abort_without_touching_it() {
     let s = spec("ami-2");
-    let u = upgrade(phase::PROVISIONING);
+    let u = upgrade(NodeMovePhase::Provisioning);
     let bad = StepView {
         launch_error: Some("InvalidAMIID.NotFound"),
         ..view(&u, &s, None)
@@ -164,7 +164,7 @@ fn failures_before_the_database_stops_abort_without_touching_it() {
             ..
         }
     ));
-    let u = upgrade(phase::NODE_READY);
+    let u = upgrade(NodeMovePhase::NodeReady);
     let not_ready = StepView {
         in_phase_for: Duration::from_secs(601),
         new_node: Some("n2".into()),
@@ -182,7 +182,7 @@ fn failures_before_the_database_stops_abort_without_touching_it() {
 #[test]
 fn setting_the_field_back_before_the_database_stops_aborts_the_move() {
     let back = spec("ami-1");
-    for p in [phase::PROVISIONING, phase::NODE_READY] {
+    for p in [NodeMovePhase::Provisioning, NodeMovePhase::NodeReady] {
         let u = upgrade(p);
         assert!(matches!(
             next_step(&view(&u, &back, None)),
@@ -193,7 +193,7 @@ fn setting_the_field_back_before_the_database_stops_aborts_the_move() {
         ));
     }
     // After the stop, setting the field back sends the database back to the old node.
-    let mut u = upgrade(phase::MOVING);
+    let mut u = upgrade(NodeMovePhase::Moving);
     u.from_image = Some("ami-1".into());
     u.from_instance_type = Some("m6i.large".into());
     assert!(matches!(
@@ -214,10 +214,10 @@ fn setting_the_field_back_before_the_database_stops_aborts_the_move() {
 fn the_move_walks_launch_dedicate_ready_switch_stop_move_verify_finish() {
     let s = spec("ami-2");
     let new = instance("i-2", "ami-2", InstanceState::Running);
-    let mut u = upgrade(phase::PROVISIONING);
+    let mut u = upgrade(NodeMovePhase::Provisioning);
     u.new_instance_id = None;
     assert_eq!(next_step(&view(&u, &s, Some(&new))), Step::Launch);
-    let u = upgrade(phase::PROVISIONING);
+    let u = upgrade(NodeMovePhase::Provisioning);
     assert!(matches!(
         next_step(&view(&u, &s, Some(&new))),
         Step::Wait(_)
@@ -237,8 +237,11 @@ fn the_move_walks_launch_dedicate_ready_switch_stop_move_verify_finish() {
         new_node_dedicated: true,
         ..joined
     };
-    assert_eq!(next_step(&dedicated), Step::Advance(phase::NODE_READY));
-    let u = upgrade(phase::NODE_READY);
+    assert_eq!(
+        next_step(&dedicated),
+        Step::Advance(NodeMovePhase::NodeReady)
+    );
+    let u = upgrade(NodeMovePhase::NodeReady);
     let ready = StepView {
         new_node: Some("n2".into()),
         new_node_dedicated: true,
@@ -246,7 +249,7 @@ fn the_move_walks_launch_dedicate_ready_switch_stop_move_verify_finish() {
         ..view(&u, &s, Some(&new))
     };
     assert_eq!(next_step(&ready), Step::Switch);
-    let u = upgrade(phase::STOPPING);
+    let u = upgrade(NodeMovePhase::Stopping);
     assert!(matches!(
         next_step(&view(&u, &s, Some(&new))),
         Step::Wait(_)
@@ -256,14 +259,14 @@ fn the_move_walks_launch_dedicate_ready_switch_stop_move_verify_finish() {
         volume_on_old_node: false,
         ..view(&u, &s, Some(&new))
     };
-    assert_eq!(next_step(&stopped), Step::Advance(phase::MOVING));
-    let u = upgrade(phase::MOVING);
+    assert_eq!(next_step(&stopped), Step::Advance(NodeMovePhase::Moving));
+    let u = upgrade(NodeMovePhase::Moving);
     let running = StepView {
         pod_running_on_new_node: true,
         ..view(&u, &s, Some(&new))
     };
-    assert_eq!(next_step(&running), Step::Advance(phase::VERIFYING));
-    let u = upgrade(phase::VERIFYING);
+    assert_eq!(next_step(&running), Step::Advance(NodeMovePhase::Verifying));
+    let u = upgrade(NodeMovePhase::Verifying);
     let answers = StepView {
         pod_ready: true,
         dns_follows: true,
@@ -314,15 +317,15 @@ fn no_more_moves_start_than_the_concurrency_flag_allows() {
 #[test]
 fn a_rolled_back_target_is_not_retried_and_a_retained_node_is_not_a_new_move() {
     let mut status = running_on("ami-1");
-    status.upgrade = Some(UpgradeStatus {
-        phase: phase::ROLLED_BACK.into(),
+    status.node_move = Some(NodeMoveStatus {
+        phase: NodeMovePhase::RolledBack,
         to_image: Some("ami-2".into()),
         to_instance_type: Some("m6i.large".into()),
         ..Default::default()
     });
     assert_eq!(start(&spec("ami-2"), &status, true), Start::No);
     assert_eq!(start(&spec("ami-3"), &status, true), Start::Go);
-    status.upgrade.as_mut().unwrap().phase = phase::RETAINING.into();
+    status.node_move.as_mut().unwrap().phase = NodeMovePhase::Retaining;
     assert_eq!(start(&spec("ami-3"), &status, true), Start::No);
     assert!(!in_progress(&status) && active(&status));
 }
@@ -385,13 +388,13 @@ fn an_image_or_type_that_cannot_run_the_node_is_refused_before_any_launch() {
 #[test]
 fn validation_decides_between_provisioning_and_abort() {
     let s = spec("ami-2");
-    let u = upgrade(phase::VALIDATING);
+    let u = upgrade(NodeMovePhase::Validating);
     assert!(matches!(next_step(&view(&u, &s, None)), Step::Wait(_)));
     let ok = StepView {
         validation: Some(Ok(())),
         ..view(&u, &s, None)
     };
-    assert_eq!(next_step(&ok), Step::Advance(phase::PROVISIONING));
+    assert_eq!(next_step(&ok), Step::Advance(NodeMovePhase::Provisioning));
     let bad = StepView {
         validation: Some(Err("image ami-2 does not exist".into())),
         ..view(&u, &s, None)
@@ -410,7 +413,7 @@ fn validation_decides_between_provisioning_and_abort() {
 #[test]
 fn a_stop_within_its_grace_period_is_waited_for_past_the_step_timeout() {
     let s = spec("ami-2");
-    let u = upgrade(phase::STOPPING);
+    let u = upgrade(NodeMovePhase::Stopping);
     let grace = Duration::from_secs(900);
     let stopping = |in_phase: u64| StepView {
         in_phase_for: Duration::from_secs(in_phase),
@@ -432,7 +435,7 @@ fn a_stop_within_its_grace_period_is_waited_for_past_the_step_timeout() {
 fn a_stop_stuck_on_a_live_node_fences_that_node_in_either_direction() {
     let s = spec("ami-2");
     for rolling_back in [false, true] {
-        let mut u = upgrade(phase::STOPPING);
+        let mut u = upgrade(NodeMovePhase::Stopping);
         u.rolling_back = rolling_back;
         for (pod, volume) in [(true, true), (false, true), (true, false)] {
             let stuck = StepView {
@@ -452,7 +455,7 @@ fn a_stop_stuck_on_a_live_node_fences_that_node_in_either_direction() {
             volume_on_old_node: false,
             ..view(&u, &s, None)
         };
-        assert_eq!(next_step(&released), Step::Advance(phase::MOVING));
+        assert_eq!(next_step(&released), Step::Advance(NodeMovePhase::Moving));
     }
 }
 
@@ -462,7 +465,7 @@ fn a_stop_stuck_on_a_live_node_fences_that_node_in_either_direction() {
 #[test]
 fn a_slow_stop_on_a_silent_node_held_by_the_breaker_fences_nothing() {
     let s = spec("ami-2");
-    let u = upgrade(phase::STOPPING);
+    let u = upgrade(NodeMovePhase::Stopping);
     let silent = StepView {
         in_phase_for: Duration::from_secs(361),
         old_node_renews: false,
@@ -475,7 +478,7 @@ fn a_slow_stop_on_a_silent_node_held_by_the_breaker_fences_nothing() {
             ..
         }
     ));
-    let mut back = upgrade(phase::STOPPING);
+    let mut back = upgrade(NodeMovePhase::Stopping);
     back.rolling_back = true;
     let silent = StepView {
         in_phase_for: Duration::from_secs(361),
@@ -490,8 +493,8 @@ fn a_slow_stop_on_a_silent_node_held_by_the_breaker_fences_nothing() {
 #[test]
 fn a_begun_stuck_fence_goes_on_when_its_stopped_node_falls_silent() {
     let s = spec("ami-2");
-    let mut u = upgrade(phase::STOPPING);
-    u.reason = Some(Reason::UpgradeStuck.into());
+    let mut u = upgrade(NodeMovePhase::Stopping);
+    u.reason = Some(Reason::NodeMoveStuck);
     for in_phase in [5, 361] {
         let silent = StepView {
             in_phase_for: Duration::from_secs(in_phase),
@@ -506,7 +509,7 @@ fn a_begun_stuck_fence_goes_on_when_its_stopped_node_falls_silent() {
         old_node_renews: false,
         ..view(&u, &s, None)
     };
-    assert_eq!(next_step(&released), Step::Advance(phase::MOVING));
+    assert_eq!(next_step(&released), Step::Advance(NodeMovePhase::Moving));
 }
 
 /// After the stop, a step that takes too long sends the database back to its old node once;
@@ -514,7 +517,7 @@ fn a_begun_stuck_fence_goes_on_when_its_stopped_node_falls_silent() {
 #[test]
 fn a_failure_after_the_stop_moves_the_database_back_once() {
     let s = spec("ami-2");
-    for p in [phase::MOVING, phase::VERIFYING] {
+    for p in [NodeMovePhase::Moving, NodeMovePhase::Verifying] {
         let u = upgrade(p);
         let late = StepView {
             in_phase_for: Duration::from_secs(301),
@@ -541,7 +544,7 @@ fn a_failure_after_the_stop_moves_the_database_back_once() {
             "{p}"
         );
     }
-    let mut back = upgrade(phase::VERIFYING);
+    let mut back = upgrade(NodeMovePhase::Verifying);
     back.rolling_back = true;
     let answers = StepView {
         pod_ready: true,
@@ -553,7 +556,7 @@ fn a_failure_after_the_stop_moves_the_database_back_once() {
 
 #[test]
 fn a_retained_node_is_released_after_its_window_or_used_for_a_revert() {
-    let mut u = upgrade(phase::RETAINING);
+    let mut u = upgrade(NodeMovePhase::Retaining);
     u.from_image = Some("ami-1".into());
     u.from_instance_type = Some("m6i.large".into());
     u.old_instance_id = Some("i-1".into());
@@ -589,8 +592,8 @@ fn a_retained_node_is_released_after_its_window_or_used_for_a_revert() {
         node_instance_type: Some("m6i.large".into()),
         ..Default::default()
     };
-    let back = revert_record(&u, &status, "2026-11-23T12:00:00Z");
-    assert_eq!(back.phase, phase::NODE_READY);
+    let back = revert_record(&u, &status, &Time("2026-11-23T12:00:00Z".parse().unwrap()));
+    assert_eq!(back.phase, NodeMovePhase::NodeReady);
     assert_eq!(back.new_instance_id.as_deref(), Some("i-1"));
     assert_eq!(back.old_instance_id.as_deref(), Some("i-2"));
     assert!(targets(&back, &spec("ami-1")) && reverts(&back, &spec("ami-2")));
@@ -611,9 +614,9 @@ fn a_retained_node_is_released_after_its_window_or_used_for_a_revert() {
 
 #[test]
 fn a_retained_old_node_is_kept_at_least_for_the_dns_ttl() {
-    let u = UpgradeStatus {
-        phase: phase::RETAINING.into(),
-        phase_started_at: Some("2026-01-01T00:00:00Z".into()),
+    let u = NodeMoveStatus {
+        phase: NodeMovePhase::Retaining,
+        phase_started_at: Some(Time("2026-01-01T00:00:00Z".parse().unwrap())),
         ..Default::default()
     };
     let mut no_window = spec("ami-2");
@@ -633,7 +636,7 @@ fn a_retained_old_node_is_kept_at_least_for_the_dns_ttl() {
 #[test]
 fn a_dead_old_node_after_the_switch_is_fenced_and_never_returned_to() {
     let s = spec("ami-2");
-    let mut u = upgrade(phase::STOPPING);
+    let mut u = upgrade(NodeMovePhase::Stopping);
     u.old_instance_id = Some("i-1".into());
     let dead = StepView {
         old_node_dead: true,
@@ -645,8 +648,8 @@ fn a_dead_old_node_after_the_switch_is_fenced_and_never_returned_to() {
         volume_on_old_node: false,
         ..dead
     };
-    assert_eq!(next_step(&released), Step::Advance(phase::MOVING));
-    for p in [phase::MOVING, phase::VERIFYING] {
+    assert_eq!(next_step(&released), Step::Advance(NodeMovePhase::Moving));
+    for p in [NodeMovePhase::Moving, NodeMovePhase::Verifying] {
         let u = upgrade(p);
         let late = StepView {
             in_phase_for: Duration::from_secs(301),
@@ -661,7 +664,7 @@ fn a_dead_old_node_after_the_switch_is_fenced_and_never_returned_to() {
         );
     }
     // Retained and dead: no revert onto it; released once resolvers dropped its address.
-    let mut kept = upgrade(phase::RETAINING);
+    let mut kept = upgrade(NodeMovePhase::Retaining);
     kept.from_image = Some("ami-1".into());
     kept.from_instance_type = Some("m6i.large".into());
     let back = spec("ami-1");
@@ -683,7 +686,11 @@ fn a_dead_old_node_after_the_switch_is_fenced_and_never_returned_to() {
 #[test]
 fn a_dead_target_after_the_switch_sends_the_database_back_or_hands_over_when_both_died() {
     let s = spec("ami-2");
-    for p in [phase::STOPPING, phase::MOVING, phase::VERIFYING] {
+    for p in [
+        NodeMovePhase::Stopping,
+        NodeMovePhase::Moving,
+        NodeMovePhase::Verifying,
+    ] {
         let mut u = upgrade(p);
         u.old_instance_id = Some("i-1".into());
         let dead_target = StepView {
@@ -720,12 +727,12 @@ fn a_dead_target_after_the_switch_sends_the_database_back_or_hands_over_when_bot
             volume_on_old_node: false,
             ..view(&u, &s, None)
         };
-        if p == phase::STOPPING {
+        if p == NodeMovePhase::Stopping {
             assert_eq!(next_step(&stuck), Step::FenceOld);
         }
     }
     // Moving back, the dead node being left (the failed target) holds the pod: fenced.
-    let mut back = upgrade(phase::STOPPING);
+    let mut back = upgrade(NodeMovePhase::Stopping);
     back.rolling_back = true;
     let leaving_dead = StepView {
         old_node_dead: true,
@@ -737,14 +744,14 @@ fn a_dead_target_after_the_switch_sends_the_database_back_or_hands_over_when_bot
 #[test]
 fn the_move_owns_the_database_only_between_the_switch_and_the_answer() {
     for (p, owns) in [
-        (phase::NODE_READY, false),
-        (phase::STOPPING, true),
-        (phase::MOVING, true),
-        (phase::VERIFYING, true),
-        (phase::RETAINING, false),
+        (NodeMovePhase::NodeReady, false),
+        (NodeMovePhase::Stopping, true),
+        (NodeMovePhase::Moving, true),
+        (NodeMovePhase::Verifying, true),
+        (NodeMovePhase::Retaining, false),
     ] {
         let status = QuestDBStatus {
-            upgrade: Some(upgrade(p)),
+            node_move: Some(upgrade(p)),
             ..Default::default()
         };
         assert_eq!(owns_the_database(&status), owns, "{p}");

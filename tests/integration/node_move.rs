@@ -40,8 +40,12 @@ async fn pod_uid(env: &CloudEnv) -> String {
         .expect("uid")
 }
 
-fn upgrade_phase(q: &QuestDB) -> Option<String> {
-    q.status.as_ref()?.upgrade.as_ref().map(|u| u.phase.clone())
+fn node_move_phase(q: &QuestDB) -> Option<String> {
+    q.status
+        .as_ref()?
+        .node_move
+        .as_ref()
+        .map(|u| u.phase.to_string())
 }
 
 async fn patch_node(env: &CloudEnv, node: serde_json::Value) {
@@ -113,7 +117,7 @@ async fn wait_move(
         what,
         MOVE_TIMEOUT,
         move |q: Option<&QuestDB>| {
-            q.and_then(|q| q.status.as_ref()?.upgrade.clone())
+            q.and_then(|q| q.status.as_ref()?.node_move.clone())
                 .is_some_and(|u| u.phase == phase && u.to_image.as_deref() == Some(image))
         },
     )
@@ -136,7 +140,7 @@ async fn a_new_node_image_moves_the_database_and_setting_it_back_returns_without
     assert_ne!(new_id, old_id);
     assert_eq!(status.node_image.as_deref(), Some(NEW_AMI));
     assert_eq!(status.previous_node_image.as_deref(), Some(super::AMI));
-    let upgrade = status.upgrade.clone().expect("record");
+    let upgrade = status.node_move.clone().expect("record");
     assert_eq!(upgrade.old_instance_id.as_deref(), Some(old_id.as_str()));
     assert_eq!(upgrade.new_instance_id.as_deref(), Some(new_id.as_str()));
     assert!(upgrade.retain_until.is_some(), "{upgrade:?}");
@@ -203,8 +207,12 @@ async fn a_database_that_cannot_start_on_the_new_node_goes_back_to_the_old_one()
     let status = q.status.clone().expect("status");
     assert_eq!(status.instance_id.as_deref(), Some(old_id.as_str()));
     assert_eq!(status.node_image.as_deref(), Some(super::AMI));
-    let upgrade = status.upgrade.expect("record");
-    assert_eq!(upgrade.reason.as_deref(), Some("MoveFailed"), "{upgrade:?}");
+    let upgrade = status.node_move.expect("record");
+    assert_eq!(
+        upgrade.reason.map(|r| r.to_string()).as_deref(),
+        Some("MoveFailed"),
+        "{upgrade:?}"
+    );
     eprintln!("rollback: downtime {:?} s", upgrade.downtime_seconds);
     let failed = upgrade.old_instance_id.expect("the instance it failed on");
     assert_ne!(failed, old_id);
@@ -215,7 +223,7 @@ async fn a_database_that_cannot_start_on_the_new_node_goes_back_to_the_old_one()
         &env.qdbs(),
         "db1",
         "rollback reported",
-        has_condition("NodeUpgrade", "MoveFailed"),
+        has_condition("NodeMove", "MoveFailed"),
     )
     .await;
     assert!(is_ready_now(Some(&q)));
@@ -233,7 +241,7 @@ async fn setting_the_image_back_during_a_move_returns_to_the_old_node_without_a_
     let q = wait_move(&env, "the database stops", "Stopping", NEW_AMI).await;
     let new_id = q
         .status
-        .and_then(|s| s.upgrade?.new_instance_id)
+        .and_then(|s| s.node_move?.new_instance_id)
         .expect("new instance");
     set_image(&env, super::AMI).await;
     // Back on the old node either way: rolled back mid-move, or moved back from retention.
@@ -245,7 +253,7 @@ async fn setting_the_image_back_during_a_move_returns_to_the_old_node_without_a_
         |q: Option<&QuestDB>| {
             q.and_then(|q| q.status.as_ref()).is_some_and(|s| {
                 s.node_image.as_deref() == Some(super::AMI)
-                    && s.upgrade
+                    && s.node_move
                         .as_ref()
                         .is_some_and(|u| matches!(u.phase.as_str(), "RolledBack" | "Retaining"))
             })
@@ -253,7 +261,7 @@ async fn setting_the_image_back_during_a_move_returns_to_the_old_node_without_a_
     )
     .await;
     let status = q.status.expect("status");
-    eprintln!("set back during the move: {:?}", status.upgrade);
+    eprintln!("set back during the move: {:?}", status.node_move);
     assert_eq!(status.instance_id.as_deref(), Some(old_id.as_str()));
     assert_eq!(
         launched_for(&env, &uid),
@@ -299,7 +307,7 @@ async fn a_move_that_cannot_work_aborts_without_stopping_the_database() {
         &env.qdbs(),
         "db1",
         "unknown image aborts",
-        has_condition("NodeUpgrade", "InvalidNode"),
+        has_condition("NodeMove", "InvalidNode"),
     )
     .await;
     assert_eq!(pod_uid(&env).await, pod, "the database never stopped");
@@ -310,14 +318,14 @@ async fn a_move_that_cannot_work_aborts_without_stopping_the_database() {
         "db1",
         "a node that never joins aborts",
         MOVE_TIMEOUT,
-        has_condition("NodeUpgrade", "NodeNeverJoined"),
+        has_condition("NodeMove", "NodeNeverJoined"),
     )
     .await;
     let status = q.status.expect("status");
     assert_eq!(status.instance_id.as_deref(), Some(id.as_str()));
     assert_eq!(pod_uid(&env).await, pod, "the database never stopped");
     let tried = status
-        .upgrade
+        .node_move
         .and_then(|u| u.new_instance_id)
         .expect("a new instance was tried");
     env.wait_terminated(&tried, "the instance that never joined is terminated")
@@ -335,10 +343,10 @@ async fn a_move_that_cannot_work_aborts_without_stopping_the_database() {
         &env.qdbs(),
         "db1",
         "move waits for its window",
-        has_condition("NodeUpgrade", "Waiting"),
+        has_condition("NodeMove", "Waiting"),
     )
     .await;
-    let message = crate::harness::condition_message(&q, "NodeUpgrade");
+    let message = crate::harness::condition_message(&q, "NodeMove");
     assert!(
         message.contains("maintenance window") && message.contains("T00:00:00Z"),
         "{message}"
@@ -370,7 +378,7 @@ async fn killing_the_manager_at_every_move_step_leaves_one_instance_and_one_pod(
     set_image(&env, NEW_AMI).await;
     let killed = env
         .kill_at_every_step(
-            upgrade_phase,
+            node_move_phase,
             "Completed",
             &["Aborted", "RolledBack"],
             MOVE_TIMEOUT,
@@ -436,7 +444,7 @@ async fn fifty_databases_upgraded_one_edit_after_another_never_exceed_the_concur
     let moving = |q: &QuestDB| {
         q.status
             .as_ref()
-            .and_then(|s| s.upgrade.as_ref())
+            .and_then(|s| s.node_move.as_ref())
             .is_some_and(|u| {
                 !matches!(
                     u.phase.as_str(),
@@ -455,7 +463,7 @@ async fn fifty_databases_upgraded_one_edit_after_another_never_exceed_the_concur
             .expect("rollout finishes in time")
             .expect("watch open")
             .expect("watch event");
-        if let Some(u) = q.status.as_ref().and_then(|s| s.upgrade.as_ref()) {
+        if let Some(u) = q.status.as_ref().and_then(|s| s.node_move.as_ref()) {
             assert!(
                 !matches!(u.phase.as_str(), "Aborted" | "RolledBack"),
                 "{}: {u:?}",
@@ -471,7 +479,7 @@ async fn fifty_databases_upgraded_one_edit_after_another_never_exceed_the_concur
             .filter(|q| {
                 q.status.as_ref().is_some_and(|s| {
                     s.node_image.as_deref() == Some(NEW_AMI)
-                        && s.upgrade.as_ref().is_some_and(|u| u.phase == "Completed")
+                        && s.node_move.as_ref().is_some_and(|u| u.phase == "Completed")
                 })
             })
             .count();
@@ -487,7 +495,7 @@ async fn fifty_databases_upgraded_one_edit_after_another_never_exceed_the_concur
     let mut seen = BTreeSet::new();
     for q in state.values() {
         let s = q.status.as_ref().expect("status");
-        let u = s.upgrade.as_ref().expect("record");
+        let u = s.node_move.as_ref().expect("record");
         for id in [u.old_instance_id.clone(), u.new_instance_id.clone()] {
             let id = id.expect("ids recorded");
             assert!(seen.insert(id.clone()), "{id} recorded by two QuestDBs");
@@ -568,7 +576,7 @@ async fn a_retained_node_that_dies_during_the_rollback_window_is_released() {
         "db1",
         "the dead retained node released",
         Duration::from_secs(90),
-        |q: Option<&QuestDB>| q.and_then(upgrade_phase).as_deref() == Some("Completed"),
+        |q: Option<&QuestDB>| q.and_then(node_move_phase).as_deref() == Some("Completed"),
     )
     .await;
     env.wait_terminated(&old_id, "the dead retained node is terminated")
@@ -599,12 +607,12 @@ async fn a_database_that_takes_its_whole_grace_period_to_stop_is_not_sent_back_m
         "the move ends its stop one way or the other",
         MOVE_TIMEOUT,
         |q: Option<&QuestDB>| {
-            q.and_then(|q| q.status.as_ref()?.upgrade.clone())
+            q.and_then(|q| q.status.as_ref()?.node_move.clone())
                 .is_some_and(|u| u.phase == "Retaining" || u.rolling_back)
         },
     )
     .await;
-    let upgrade = q.status.and_then(|s| s.upgrade).expect("record");
+    let upgrade = q.status.and_then(|s| s.node_move).expect("record");
     assert_eq!(upgrade.phase, "Retaining", "{upgrade:?}");
     assert!(!upgrade.rolling_back, "{upgrade:?}");
     assert!(
@@ -638,7 +646,7 @@ async fn a_node_whose_unmount_fails_is_fenced_and_the_move_goes_on() {
         "the move goes on past the stuck node, or goes back",
         MOVE_TIMEOUT,
         |q: Option<&QuestDB>| {
-            q.and_then(|q| q.status.as_ref()?.upgrade.clone())
+            q.and_then(|q| q.status.as_ref()?.node_move.clone())
                 .is_some_and(|u| {
                     u.rolling_back || matches!(u.phase.as_str(), "Retaining" | "Completed")
                 })
@@ -646,7 +654,7 @@ async fn a_node_whose_unmount_fails_is_fenced_and_the_move_goes_on() {
     )
     .await;
     let status = q.status.expect("status");
-    let upgrade = status.upgrade.clone().expect("record");
+    let upgrade = status.node_move.clone().expect("record");
     assert!(!upgrade.rolling_back, "{upgrade:?}");
     let new_id = status.instance_id.clone().expect("instance");
     assert_ne!(new_id, old_id);

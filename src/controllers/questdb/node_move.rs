@@ -1,4 +1,4 @@
-//! Performs the node-image (and instance-type) move `controllers::upgrade` plans, in the cloud
+//! Performs the node-image (and instance-type) move `plan::node_move` plans, in the cloud
 //! part of a QuestDB's reconcile: never two reconciles of one object at once, every step
 //! persisted in `status.upgrade` before its side effect, a failover always first.
 
@@ -22,19 +22,20 @@ use super::placement::{dns_follows, dns_ttl, volume_attached_to};
 use super::record::{advance, persist};
 use super::status::pod_ready;
 use crate::api::Reason;
-use crate::api::{conditions, QuestDB, QuestDBStatus, UpgradeStatus};
+use crate::api::{conditions, NodeMovePhase, NodeMoveStatus, QuestDB, QuestDBStatus};
 use crate::cloud::Instance;
 use crate::controllers::cloud_runtime::CloudRuntime;
 use crate::controllers::context::Context;
 use crate::controllers::Error;
 use crate::desired::{names, DedicatedNode};
-use crate::metrics::UpgradeResult;
+use crate::metrics::NodeMoveResult;
 use crate::plan::conditions::Verdict;
 use crate::plan::failover;
 use crate::plan::node::launch_request;
 use crate::plan::node::{is_dedicated, node_for, node_is_ready};
-use crate::plan::upgrade::{self, phase, Start, StartView, Step, StepView};
-use crate::runtime::clock::{now, since};
+use crate::plan::node_move::{self, Start, StartView, Step, StepView};
+use crate::runtime::clock::{self, now, since};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 const STEP_POLL: Duration = Duration::from_secs(2);
 
@@ -50,11 +51,11 @@ async fn not_owned_or(
         return Err(Error::Cloud(e));
     }
     let c = condition(false, Reason::InstanceNotOwned, e.to_string());
-    Ok(super::report_not_owned(qdb, ctx, status, c, "Upgrade").await)
+    Ok(super::report_not_owned(qdb, ctx, status, c, "NodeMove").await)
 }
 
 fn condition(status: bool, reason: Reason, message: String) -> Verdict {
-    Verdict::new(conditions::NODE_UPGRADE, status, reason, message)
+    Verdict::new(conditions::NODE_MOVE, status, reason, message)
 }
 
 fn up_to_date() -> Verdict {
@@ -84,9 +85,9 @@ pub async fn reconcile(
     if failover::in_progress(&status) {
         // A failover pre-empts a move that has not stopped the database yet.
         if let Some(u) = status
-            .upgrade
+            .node_move
             .as_ref()
-            .filter(|u| upgrade::before_stopping(&u.phase))
+            .filter(|u| node_move::before_stopping(u.phase))
         {
             let new = u.new_instance_id.clone();
             let verdict = abort(
@@ -100,40 +101,38 @@ pub async fn reconcile(
             )
             .await?;
             // Still active: the terminate was refused, and the condition says why.
-            if upgrade::active(qdb.status.as_ref().unwrap_or(&status)) {
+            if node_move::active(qdb.status.as_ref().unwrap_or(&status)) {
                 return Ok(Some(verdict));
             }
         }
         return Ok(None);
     }
-    if upgrade::active(&status) {
+    if node_move::active(&status) {
         let condition = steps(qdb, ctx, cloud, out).await?;
         let status = qdb.status.clone().unwrap_or_default();
-        if upgrade::active(&status) {
+        if node_move::active(&status) {
             return Ok(Some(condition));
         }
     }
     let status = qdb.status.clone().unwrap_or_default();
     // A converged QuestDB (node as the spec asks) never waits for a slot: no lock, no scan of
     // the other QuestDBs, no pod lookup on its reconcile.
-    let decision = if upgrade::differs(&spec, &status) {
+    let decision = if node_move::differs(&spec, &status) {
         decide(qdb, ctx, cloud, &spec, &status)
     } else {
         Start::No
     };
     match decision {
         Start::No => {
-            return Ok(Some(match status.upgrade.as_ref() {
+            return Ok(Some(match status.node_move.as_ref() {
                 Some(u)
-                    if (u.phase == phase::ABORTED || u.phase == phase::ROLLED_BACK)
-                        && upgrade::targets(u, &spec) =>
+                    if (u.phase == NodeMovePhase::Aborted
+                        || u.phase == NodeMovePhase::RolledBack)
+                        && node_move::targets(u, &spec) =>
                 {
                     condition(
                         false,
-                        u.reason
-                            .as_deref()
-                            .and_then(Reason::parse)
-                            .unwrap_or(Reason::Aborted),
+                        u.reason.unwrap_or(Reason::Aborted),
                         u.message.clone().unwrap_or_default(),
                     )
                 }
@@ -146,8 +145,8 @@ pub async fn reconcile(
         }
         Start::Go => {
             let next_generation = status.node_generation.unwrap_or(1) + 1;
-            let record = UpgradeStatus {
-                phase: phase::VALIDATING.into(),
+            let record = NodeMoveStatus {
+                phase: NodeMovePhase::Validating,
                 from_image: status.node_image.clone(),
                 to_image: Some(spec.image.clone()),
                 from_instance_type: status.node_instance_type.clone(),
@@ -159,7 +158,7 @@ pub async fn reconcile(
             };
             // The new node's generation is recorded before it is launched.
             persist(qdb, ctx, |s| {
-                s.upgrade = Some(record.clone());
+                s.node_move = Some(record.clone());
                 s.node_generation = Some(next_generation);
             })
             .await?;
@@ -184,19 +183,19 @@ fn decide(
 ) -> Start {
     let uid = qdb.uid().unwrap_or_default();
     let mut claims = cloud
-        .upgrade_claims
+        .move_claims
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner());
     claims.retain(|_, at| at.elapsed() < CLAIM_TTL);
     let ended: HashSet<String> = cloud
-        .upgrade_ends
+        .move_ends
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
         .iter()
         .filter(|(_, at)| at.elapsed() < CLAIM_TTL)
         .map(|(uid, _)| uid.clone())
         .collect();
-    let decision = upgrade::should_start(&StartView {
+    let decision = node_move::should_start(&StartView {
         spec,
         status,
         database_ready: pod_ready_on(qdb, ctx, status.instance_id.as_deref()),
@@ -208,7 +207,7 @@ fn decide(
     if decision == Start::Go {
         claims.insert(uid.clone(), Instant::now());
         cloud
-            .upgrade_ends
+            .move_ends
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
             .remove(&uid);
@@ -222,12 +221,12 @@ fn decide(
 fn wake_queued(qdb: &QuestDB, ctx: &Context) {
     if let (Some(cloud), Some(uid)) = (ctx.cloud.as_ref(), qdb.metadata.uid.as_deref()) {
         let mut claims = cloud
-            .upgrade_claims
+            .move_claims
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         claims.remove(uid);
         let mut ends = cloud
-            .upgrade_ends
+            .move_ends
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         ends.retain(|_, at| at.elapsed() < CLAIM_TTL);
@@ -245,7 +244,7 @@ fn wake_queued(qdb: &QuestDB, ctx: &Context) {
                 .as_ref()
                 .zip(q.status.as_ref())
                 .is_some_and(|(spec, status)| {
-                    upgrade::differs(spec, status) && !upgrade::active(status)
+                    node_move::differs(spec, status) && !node_move::active(status)
                 });
         if let Some(r) = queued
             .then(|| crate::controllers::context::questdb_ref(q))
@@ -274,7 +273,7 @@ fn moves_elsewhere(
         .state()
         .iter()
         .filter_map(|g| g.0.as_ref().ok())
-        .filter(|q| q.status.as_ref().is_some_and(upgrade::in_progress))
+        .filter(|q| q.status.as_ref().is_some_and(node_move::in_progress))
         .filter_map(|q| q.metadata.uid.clone())
         .filter(|u| !ended.contains(u))
         .collect();
@@ -309,27 +308,27 @@ async fn steps(
 ) -> Result<Verdict, Error> {
     for _ in 0..10 {
         let status = qdb.status.clone().unwrap_or_default();
-        let Some(u) = status.upgrade.clone() else {
+        let Some(u) = status.node_move.clone() else {
             return Ok(up_to_date());
         };
-        if !upgrade::active(&status) {
+        if !node_move::active(&status) {
             return Ok(up_to_date());
         }
         let Some(spec) = qdb.spec.node.clone() else {
             return Ok(up_to_date());
         };
-        let validation = if u.phase == phase::VALIDATING && upgrade::targets(&u, &spec) {
+        let validation = if u.phase == NodeMovePhase::Validating && node_move::targets(&u, &spec) {
             let facts = cloud
                 .nodes
                 .node_facts(&spec.image, &spec.instance_type, &spec.zone)
                 .await
                 .map_err(Error::Cloud)?;
-            Some(upgrade::check_node(&facts, &spec))
+            Some(node_move::check_node(&facts, &spec))
         } else {
             None
         };
         let (new_instance, launch_error) =
-            if u.phase == phase::PROVISIONING && upgrade::targets(&u, &spec) {
+            if u.phase == NodeMovePhase::Provisioning && node_move::targets(&u, &spec) {
                 launch(qdb, cloud, &status).await?
             } else {
                 (None, None)
@@ -360,16 +359,16 @@ async fn steps(
             label_value: DedicatedNode::for_questdb(qdb).label_value,
             instance: new_id.clone(),
         };
-        let volume_on_old = match (&u.phase[..], old_node.as_deref()) {
-            (phase::STOPPING, Some(node)) => volume_attached_to(qdb, ctx, node).await?,
+        let volume_on_old = match (u.phase, old_node.as_deref()) {
+            (NodeMovePhase::Stopping, Some(node)) => volume_attached_to(qdb, ctx, node).await?,
             _ => false,
         };
         let dns_ttl = dns_ttl(qdb);
-        let retain_until = (u.phase == phase::RETAINING)
-            .then(|| upgrade::retention_end(&u, &spec, dns_ttl))
+        let retain_until = (u.phase == NodeMovePhase::Retaining)
+            .then(|| node_move::retention_end(&u, &spec, dns_ttl))
             .flatten();
         let view = StepView {
-            upgrade: &u,
+            node_move: &u,
             spec: &spec,
             validation,
             new_instance: new_instance.as_ref(),
@@ -381,7 +380,7 @@ async fn steps(
             },
             new_node_ready: new_node.is_some_and(node_is_ready),
             new_node_cordoned: new_node.is_some_and(is_cordoned),
-            in_phase_for: since(u.phase_started_at.as_deref()).unwrap_or_default(),
+            in_phase_for: since(u.phase_started_at.as_ref()).unwrap_or_default(),
             node_timeout: cloud.settings.upgrade_node_timeout,
             move_timeout: cloud.settings.upgrade_step_timeout,
             stop_grace: Duration::from_secs(
@@ -393,7 +392,7 @@ async fn steps(
             pod_ready: on_new && pod_ready_on(qdb, ctx, new_id.as_deref()),
             dns_follows: dns_follows(qdb, cloud, &status, new_node),
             retention_over: retain_until.is_none_or(|t| t <= Timestamp::now()),
-            dns_ttl_over: since(u.phase_started_at.as_deref()).is_none_or(|d| d >= dns_ttl),
+            dns_ttl_over: since(u.phase_started_at.as_ref()).is_none_or(|d| d >= dns_ttl),
             old_node_dead: node_dead(qdb, cloud, old_node.as_deref()),
             old_node_renews: old_node
                 .as_deref()
@@ -404,7 +403,7 @@ async fn steps(
                 new_node.and_then(|n| n.metadata.name.as_deref()),
             ),
         };
-        let step = upgrade::next_step(&view);
+        let step = node_move::next_step(&view);
         match step {
             Step::Launch => {
                 let Some(i) = new_instance else {
@@ -412,7 +411,7 @@ async fn steps(
                     return Ok(moving(&u));
                 };
                 persist(qdb, ctx, |s| {
-                    if let Some(u) = s.upgrade.as_mut() {
+                    if let Some(u) = s.node_move.as_mut() {
                         u.new_instance_id = Some(i.id.clone());
                     }
                 })
@@ -460,8 +459,8 @@ async fn steps(
                     s.instance_id = Some(id.clone());
                     s.node_image = image.clone();
                     s.node_instance_type = kind.clone();
-                    if let Some(u) = s.upgrade.as_mut() {
-                        u.phase = phase::STOPPING.into();
+                    if let Some(u) = s.node_move.as_mut() {
+                        u.phase = NodeMovePhase::Stopping;
                         u.phase_started_at = Some(now());
                         u.stopped_at = Some(now());
                         u.message = None;
@@ -471,8 +470,8 @@ async fn steps(
                 ctx.event(
                     qdb,
                     EventType::Normal,
-                    Reason::UpgradeStopping,
-                    "Upgrade",
+                    Reason::NodeMoveStopping,
+                    "NodeMove",
                     format!(
                         "the new node is Ready; stopping the database to move it to instance {id}"
                     ),
@@ -480,15 +479,15 @@ async fn steps(
                 .await;
             }
             Step::Wait(message) => {
-                let until_text = retain_until.map(|t| t.to_string());
+                let until = retain_until.map(|t| Time(clock::seconds(t)));
                 if u.message.as_deref() != Some(message.as_str())
-                    || (until_text.is_some() && u.retain_until != until_text)
+                    || (until.is_some() && u.retain_until != until)
                 {
                     persist(qdb, ctx, |s| {
-                        if let Some(u) = s.upgrade.as_mut() {
+                        if let Some(u) = s.node_move.as_mut() {
                             u.message = Some(message.clone());
-                            if until_text.is_some() {
-                                u.retain_until = until_text.clone();
+                            if until.is_some() {
+                                u.retain_until = until.clone();
                             }
                         }
                     })
@@ -507,7 +506,7 @@ async fn steps(
                     None => STEP_POLL,
                 };
                 out.requeue_within(poll);
-                if u.phase == phase::RETAINING {
+                if u.phase == NodeMovePhase::Retaining {
                     return Ok(retaining(&u));
                 }
                 return Ok(moving(&u));
@@ -537,10 +536,10 @@ async fn steps(
                 let old = u.old_instance_id.clone().unwrap_or_default();
                 // Recorded before the stop: the stopped node falls silent, and the record, not
                 // the node, says the fence goes on.
-                if u.reason.as_deref() != Some(Reason::UpgradeStuck.as_str()) {
+                if u.reason != Some(Reason::NodeMoveStuck) {
                     persist(qdb, ctx, |s| {
-                        if let Some(u) = s.upgrade.as_mut() {
-                            u.reason = Some(Reason::UpgradeStuck.into());
+                        if let Some(u) = s.node_move.as_mut() {
+                            u.reason = Some(Reason::NodeMoveStuck);
                             u.message = Some(why.clone());
                         }
                     })
@@ -549,8 +548,8 @@ async fn steps(
                     ctx.event(
                         qdb,
                         EventType::Warning,
-                        Reason::UpgradeStuck,
-                        "Upgrade",
+                        Reason::NodeMoveStuck,
+                        "NodeMove",
                         format!("{why}: its instance is stopped so the move can go on"),
                     )
                     .await;
@@ -568,7 +567,7 @@ async fn steps(
                 let u = qdb
                     .status
                     .as_ref()
-                    .and_then(|s| s.upgrade.clone())
+                    .and_then(|s| s.node_move.clone())
                     .unwrap_or(u);
                 return waiting_with(qdb, ctx, &u, format!("{why}: {doing}"), out).await;
             }
@@ -600,10 +599,10 @@ async fn steps(
                     }
                 }
                 step_done(qdb, ctx, &u);
-                let downtime = since(u.stopped_at.as_deref());
+                let downtime = since(u.stopped_at.as_ref());
                 persist(qdb, ctx, |s| {
-                    if let Some(u) = s.upgrade.as_mut() {
-                        u.phase = phase::ROLLED_BACK.into();
+                    if let Some(u) = s.node_move.as_mut() {
+                        u.phase = NodeMovePhase::RolledBack;
                         u.phase_started_at = Some(now());
                         u.finished_at = Some(now());
                         u.downtime_seconds = downtime.map(|d| d.as_secs() as i64);
@@ -611,7 +610,7 @@ async fn steps(
                 })
                 .await?;
                 ctx.metrics
-                    .upgrade_finished(UpgradeResult::RolledBack, downtime);
+                    .node_move_finished(NodeMoveResult::RolledBack, downtime);
                 wake_queued(qdb, ctx);
                 let note = format!(
                     "the database answers on its old node again after {}s of downtime; instance {} terminated ({})",
@@ -623,12 +622,12 @@ async fn steps(
                 ctx.event(
                     qdb,
                     EventType::Warning,
-                    Reason::UpgradeRolledBack,
-                    "Upgrade",
+                    Reason::NodeMoveRolledBack,
+                    "NodeMove",
                     note,
                 )
                 .await;
-                let reason = u.reason.as_deref().and_then(Reason::parse);
+                let reason = u.reason;
                 return Ok(condition(
                     false,
                     reason.unwrap_or(Reason::RolledBack),
@@ -643,8 +642,8 @@ async fn steps(
                 }
                 cloud.instances.invalidate();
                 persist(qdb, ctx, |s| {
-                    if let Some(u) = s.upgrade.as_mut() {
-                        u.phase = phase::COMPLETED.into();
+                    if let Some(u) = s.node_move.as_mut() {
+                        u.phase = NodeMovePhase::Completed;
                         u.phase_started_at = Some(now());
                         u.message = None;
                     }
@@ -658,22 +657,22 @@ async fn steps(
                 ctx.event(
                     qdb,
                     EventType::Normal,
-                    Reason::UpgradeCompleted,
-                    "Upgrade",
+                    Reason::NodeMoveCompleted,
+                    "NodeMove",
                     note,
                 )
                 .await;
                 return Ok(up_to_date());
             }
             Step::Revert => {
-                let record = upgrade::revert_record(&u, &status, &now());
+                let record = node_move::revert_record(&u, &status, &now());
                 let note = format!(
                     "spec.node set back to {} ({}) within the rollback window: moving back to retained instance {}",
                     spec.image,
                     spec.instance_type,
                     u.old_instance_id.clone().unwrap_or_default()
                 );
-                persist(qdb, ctx, |s| s.upgrade = Some(record.clone())).await?;
+                persist(qdb, ctx, |s| s.node_move = Some(record.clone())).await?;
                 started(qdb, ctx, note).await;
             }
         }
@@ -690,13 +689,13 @@ async fn steps(
 async fn waiting_with(
     qdb: &mut QuestDB,
     ctx: &Context,
-    u: &UpgradeStatus,
+    u: &NodeMoveStatus,
     message: String,
     out: &mut CloudOutcome,
 ) -> Result<Verdict, Error> {
     if u.message.as_deref() != Some(message.as_str()) {
         persist(qdb, ctx, |s| {
-            if let Some(u) = s.upgrade.as_mut() {
+            if let Some(u) = s.node_move.as_mut() {
                 u.message = Some(message.clone());
             }
         })
@@ -728,10 +727,10 @@ fn node_dead(qdb: &QuestDB, cloud: &CloudRuntime, node: Option<&str>) -> bool {
         .is_some_and(|silent| silent >= threshold)
 }
 
-fn step_done(qdb: &QuestDB, ctx: &Context, u: &UpgradeStatus) {
-    if let Some(took) = since(u.phase_started_at.as_deref()) {
+fn step_done(qdb: &QuestDB, ctx: &Context, u: &NodeMoveStatus) {
+    if let Some(took) = since(u.phase_started_at.as_ref()) {
         info!(questdb = %qdb.name_any(), step = %u.phase, seconds = took.as_secs_f64(), "node move step done");
-        ctx.metrics.upgrade_step(&u.phase, took);
+        ctx.metrics.node_move_step(u.phase.into(), took);
     }
 }
 
@@ -741,8 +740,8 @@ async fn started(qdb: &QuestDB, ctx: &Context, note: String) {
     ctx.event(
         qdb,
         EventType::Normal,
-        Reason::UpgradeStarted,
-        "Upgrade",
+        Reason::NodeMoveStarted,
+        "NodeMove",
         note,
     )
     .await;
@@ -754,7 +753,7 @@ async fn started(qdb: &QuestDB, ctx: &Context, note: String) {
 async fn roll_back(
     qdb: &mut QuestDB,
     ctx: &Context,
-    u: &UpgradeStatus,
+    u: &NodeMoveStatus,
     reason: Reason,
     message: String,
 ) -> Result<(), Error> {
@@ -765,12 +764,12 @@ async fn roll_back(
         s.instance_id = old.clone();
         s.node_image = image.clone();
         s.node_instance_type = kind.clone();
-        if let Some(u) = s.upgrade.as_mut() {
+        if let Some(u) = s.node_move.as_mut() {
             std::mem::swap(&mut u.old_instance_id, &mut u.new_instance_id);
             u.rolling_back = true;
-            u.reason = Some(reason.into());
+            u.reason = Some(reason);
             u.message = Some(message.clone());
-            u.phase = phase::STOPPING.into();
+            u.phase = NodeMovePhase::Stopping;
             u.phase_started_at = Some(now());
         }
     })
@@ -779,8 +778,8 @@ async fn roll_back(
     ctx.event(
         qdb,
         EventType::Warning,
-        Reason::UpgradeRollingBack,
-        "Upgrade",
+        Reason::NodeMoveRollingBack,
+        "NodeMove",
         format!("{reason}: {message}"),
     )
     .await;
@@ -792,11 +791,11 @@ async fn roll_back(
 async fn retain(
     qdb: &mut QuestDB,
     ctx: &Context,
-    u: &UpgradeStatus,
+    u: &NodeMoveStatus,
     spec: &crate::api::NodeSpec,
     old_node: Option<&str>,
 ) -> Result<(), Error> {
-    let window = upgrade::rollback_window(spec);
+    let window = node_move::rollback_window(spec);
     if let Some(node) = old_node {
         if !window.is_zero() {
             set_unschedulable(ctx, node, true).await?;
@@ -804,18 +803,21 @@ async fn retain(
     }
     let window = window.max(dns_ttl(qdb));
     step_done(qdb, ctx, u);
-    let downtime = since(u.stopped_at.as_deref());
-    let retain_until = Timestamp::now()
-        .checked_add(SignedDuration::try_from(window).unwrap_or_default())
-        .unwrap_or_else(|_| Timestamp::now())
-        .to_string();
+    let downtime = since(u.stopped_at.as_ref());
+    let started = now();
+    let retain_until = Time(
+        started
+            .0
+            .checked_add(SignedDuration::try_from(window).unwrap_or_default())
+            .unwrap_or(started.0),
+    );
     let previous = u.from_image.clone();
     persist(qdb, ctx, |s| {
         s.previous_node_image = previous.clone();
-        if let Some(u) = s.upgrade.as_mut() {
-            u.phase = phase::RETAINING.into();
-            u.phase_started_at = Some(now());
-            u.finished_at = Some(now());
+        if let Some(u) = s.node_move.as_mut() {
+            u.phase = NodeMovePhase::Retaining;
+            u.phase_started_at = Some(started.clone());
+            u.finished_at = Some(started.clone());
             u.downtime_seconds = downtime.map(|d| d.as_secs() as i64);
             u.retain_until = Some(retain_until.clone());
             u.message = None;
@@ -823,19 +825,20 @@ async fn retain(
     })
     .await?;
     ctx.metrics
-        .upgrade_finished(UpgradeResult::Completed, downtime);
+        .node_move_finished(NodeMoveResult::Completed, downtime);
     wake_queued(qdb, ctx);
     let note = format!(
-        "the database answers on the new node after {}s of downtime; old instance {} kept, cordoned, until {retain_until} for a rollback",
+        "the database answers on the new node after {}s of downtime; old instance {} kept, cordoned, until {} for a rollback",
         downtime.unwrap_or_default().as_secs(),
-        u.old_instance_id.clone().unwrap_or_default()
+        u.old_instance_id.clone().unwrap_or_default(),
+        retain_until.0
     );
     info!(questdb = %qdb.name_any(), "{note}");
     ctx.event(
         qdb,
         EventType::Normal,
-        Reason::UpgradeRetaining,
-        "Upgrade",
+        Reason::NodeMoveRetaining,
+        "NodeMove",
         note,
     )
     .await;
@@ -864,7 +867,7 @@ fn is_cordoned(node: &Node) -> bool {
         .unwrap_or(false)
 }
 
-fn retaining(u: &UpgradeStatus) -> Verdict {
+fn retaining(u: &NodeMoveStatus) -> Verdict {
     condition(
         true,
         Reason::Retaining,
@@ -872,7 +875,7 @@ fn retaining(u: &UpgradeStatus) -> Verdict {
     )
 }
 
-fn moving(u: &UpgradeStatus) -> Verdict {
+fn moving(u: &NodeMoveStatus) -> Verdict {
     condition(
         true,
         Reason::Moving,
@@ -920,9 +923,9 @@ async fn abort(
         cloud.instances.invalidate();
     }
     persist(qdb, ctx, |s| {
-        if let Some(u) = s.upgrade.as_mut() {
-            u.phase = phase::ABORTED.into();
-            u.reason = Some(reason.into());
+        if let Some(u) = s.node_move.as_mut() {
+            u.phase = NodeMovePhase::Aborted;
+            u.reason = Some(reason);
             u.message = Some(message.clone());
             u.phase_started_at = Some(now());
             u.finished_at = Some(now());
@@ -930,13 +933,14 @@ async fn abort(
     })
     .await?;
     warn!(questdb = %qdb.name_any(), %reason, "node move aborted: {message}");
-    ctx.metrics.upgrade_finished(UpgradeResult::Aborted, None);
+    ctx.metrics
+        .node_move_finished(NodeMoveResult::Aborted, None);
     wake_queued(qdb, ctx);
     ctx.event(
         qdb,
         EventType::Warning,
-        Reason::UpgradeAborted,
-        "Upgrade",
+        Reason::NodeMoveAborted,
+        "NodeMove",
         format!("{reason}: {message}"),
     )
     .await;
