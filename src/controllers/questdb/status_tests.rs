@@ -739,3 +739,33 @@ fn only_progress_within_a_phase_waits_to_be_written() {
         "news of a database that ran"
     );
 }
+
+/// An operator before the node-move rename left a `NodeUpgrade` condition: kept, it would say
+/// forever whatever it said last beside the `NodeMove` condition that replaced it.
+#[test]
+fn a_node_upgrade_condition_left_by_an_earlier_operator_is_dropped() {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+    let mut q = testing::questdb("db", "ns");
+    q.status = Some(crate::api::QuestDBStatus {
+        conditions: vec![Condition {
+            type_: "NodeUpgrade".into(),
+            status: "False".into(),
+            reason: "Waiting".into(),
+            message: "the maintenance window opens at 02:00".into(),
+            observed_generation: Some(1),
+            last_transition_time: Time(now()),
+        }],
+        ..Default::default()
+    });
+    let (s, p, n) = (sts(1, true), pod(true, "node-a"), node("True", "10.0.0.7"));
+    let obs = StatusInputs {
+        statefulset: Some(&s),
+        pod: Some(&p),
+        node: Some(&n),
+        ..Default::default()
+    };
+    let st = compute(&q, &obs, now());
+    let types: Vec<&str> = st.conditions.iter().map(|c| c.type_.as_str()).collect();
+    assert!(!types.contains(&"NodeUpgrade"), "{types:?}");
+    assert!(types.contains(&"Ready"), "{types:?}");
+}
