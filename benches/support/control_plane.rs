@@ -53,6 +53,11 @@ impl Cluster {
         self.0.cut_watches()
     }
 
+    /// The kubelets of every node: joins, faults (a partition silences a node's Lease).
+    pub fn kubelets(&self) -> &questdb_testenv::kubelet::Kubelets {
+        self.0.kubelets()
+    }
+
     /// The control plane's own processes (etcd, kube-apiserver, ...), for their memory and CPU.
     pub fn pids(&self) -> Vec<(&'static str, u32)> {
         self.0.pids()

@@ -91,19 +91,34 @@ impl Operator {
     /// Starts `binary run ...`; its stdout and stderr go to `log` (warnings and errors only,
     /// unless `QDB_BENCH_OPERATOR_LOG` gives another `RUST_LOG` filter).
     pub fn start(binary: &Path, args: &RunArgs, log: PathBuf) -> anyhow::Result<Operator> {
+        let mut command = Command::new(binary);
+        command.args(args.to_args());
+        Self::spawn(command, log, false)
+    }
+
+    /// Starts `command` as the operator, with the environment [`Operator::start`] gives it: its
+    /// stderr goes to `log`, and its stdout too unless `pipe_stdout` (then read it with
+    /// [`Operator::take_stdout`]).
+    pub fn spawn(
+        mut command: Command,
+        log: PathBuf,
+        pipe_stdout: bool,
+    ) -> anyhow::Result<Operator> {
         let out = std::fs::File::create(&log)
             .with_context(|| format!("creating the operator log {}", log.display()))?;
         let err = out.try_clone()?;
-        let mut command = Command::new(binary);
         command
-            .args(args.to_args())
             .env(
                 "RUST_LOG",
                 std::env::var("QDB_BENCH_OPERATOR_LOG").unwrap_or_else(|_| "warn".into()),
             )
             .stdin(Stdio::null())
-            .stdout(out)
             .stderr(err);
+        if pipe_stdout {
+            command.stdout(Stdio::piped());
+        } else {
+            command.stdout(out);
+        }
         for name in CLEARED_ENV {
             command.env_remove(name);
         }
@@ -117,10 +132,16 @@ impl Operator {
                 Ok(())
             });
         }
+        let program = command.get_program().to_owned();
         let child = command
             .spawn()
-            .with_context(|| format!("starting {}", binary.display()))?;
+            .with_context(|| format!("starting {}", Path::new(&program).display()))?;
         Ok(Operator { child, log })
+    }
+
+    /// The child's stdout, once, when [`Operator::spawn`] piped it.
+    pub fn take_stdout(&mut self) -> Option<std::process::ChildStdout> {
+        self.child.stdout.take()
     }
 
     pub fn pid(&self) -> u32 {

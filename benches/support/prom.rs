@@ -33,6 +33,19 @@ impl Metrics {
             .sum()
     }
 
+    /// The sum of a counter or gauge over all its series, whatever their labels.
+    pub fn total(&self, name: &str) -> f64 {
+        self.0
+            .samples
+            .iter()
+            .filter(|s| s.metric == name)
+            .map(|s| match s.value {
+                Value::Counter(v) | Value::Gauge(v) | Value::Untyped(v) => v,
+                _ => 0.0,
+            })
+            .sum()
+    }
+
     /// A histogram's cumulative buckets summed over all series whose `label` has `value`,
     /// ordered by upper bound (the last one is `+Inf`).
     pub fn histogram(&self, name: &str, label: &str, value: &str) -> Vec<HistogramCount> {
@@ -56,6 +69,24 @@ impl Metrics {
         merged.sort_by(|a, b| a.less_than.total_cmp(&b.less_than));
         merged
     }
+}
+
+/// The observations `later` holds beyond `earlier` (two scrapes of one histogram): the
+/// histogram of what happened in between.
+pub fn since(later: &[HistogramCount], earlier: &[HistogramCount]) -> Vec<HistogramCount> {
+    later
+        .iter()
+        .map(|b| {
+            let before = earlier
+                .iter()
+                .find(|e| e.less_than == b.less_than)
+                .map_or(0.0, |e| e.count);
+            HistogramCount {
+                less_than: b.less_than,
+                count: b.count - before,
+            }
+        })
+        .collect()
 }
 
 /// The `q`-quantile of cumulative `buckets`, interpolated linearly inside the bucket it falls in

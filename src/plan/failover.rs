@@ -145,34 +145,38 @@ pub fn should_start(v: &StartView) -> Start {
     }
     let node = v.status.node_name.as_deref().unwrap_or("its node");
     let suppressed = |reason, message: String| Start::Suppressed { reason, message };
+    // The words stay the same while the silence lasts (the condition's lastTransitionTime says
+    // since when): a message counting its seconds is news at every look, and each look would
+    // write status, send an event and count one more suppression.
+    let past = format!(
+        "{node} has been unhealthy past its {}s threshold",
+        threshold.as_secs()
+    );
     if !v.spec.enabled {
         return suppressed(
             Reason::Disabled,
-            format!(
-                "{node} has been unhealthy for {}s; spec.failover.enabled is false",
-                unhealthy.as_secs()
-            ),
+            format!("{past}; spec.failover.enabled is false"),
         );
     }
     if v.skip_annotation {
         return suppressed(
             Reason::SkipAnnotation,
-            format!(
-                "{node} has been unhealthy for {}s; {SKIP_ANNOTATION} is set",
-                unhealthy.as_secs()
-            ),
+            format!("{past}; {SKIP_ANNOTATION} is set"),
         );
     }
     if v.breaker_open {
         return suppressed(
             Reason::TooManyUnhealthyNodes,
-            format!("{node} has been unhealthy for {}s, but so are too many other dedicated nodes: that looks like a partition or an outage, not a dead node", unhealthy.as_secs()),
+            format!("{past}, but so are too many other dedicated nodes: that looks like a partition or an outage, not a dead node"),
         );
     }
     if v.since_last_start.is_some_and(|d| d < MIN_INTERVAL) {
         return suppressed(
             Reason::RecentFailover,
-            format!("{node} has been unhealthy for {}s; the last failover started less than {} minutes ago", unhealthy.as_secs(), MIN_INTERVAL.as_secs() / 60),
+            format!(
+                "{past}; the last failover started less than {} minutes ago",
+                MIN_INTERVAL.as_secs() / 60
+            ),
         );
     }
     Start::Go

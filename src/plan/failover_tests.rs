@@ -87,6 +87,24 @@ fn many_silent_nodes_at_once_are_a_partition_not_a_dead_node() {
     assert!(breaker_open(3, 5));
     assert!(!breaker_open(2, 10));
     assert!(breaker_open(3, 10));
+    // At 1,000 dedicated nodes: 200 silent at once may still be 200 dead nodes, 201 may not.
+    assert!(!breaker_open(200, 1000));
+    assert!(breaker_open(201, 1000));
+}
+
+/// A held-back failover says the same words at every look while the silence lasts: the
+/// QuestDB reconcile reports a suppression (status write, Warning event, counter) only when
+/// its words change, and at 1,000 nodes a breaker holding 250 databases looked at every second
+/// wrote 250 statuses and events a second.
+#[test]
+fn a_held_back_failover_says_the_same_words_while_the_silence_lasts() {
+    let message = |unhealthy| match start(&spec(), &running_status(), Some(unhealthy), true) {
+        Start::Suppressed { message, .. } => message,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(message(31), message(300));
+    assert!(message(31).contains("node-old"), "{}", message(31));
+    assert!(message(31).contains("30s"), "{}", message(31));
 }
 
 #[test]

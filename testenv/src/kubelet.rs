@@ -930,7 +930,7 @@ async fn heartbeat(client: Client, state: Arc<NodeState>) {
         let volumes = state.volumes_in_use.lock().unwrap().clone();
         let due = ready != posted_ready
             || posted_volumes.as_ref() != Some(&volumes)
-            || last_status.elapsed() >= timings::NODE_STATUS_REPORT
+            || last_status.elapsed() >= timings::node_status_report()
             || was_faulted;
         if !due {
             continue;

@@ -26,8 +26,15 @@ pub fn node_lease_duration() -> Duration {
 pub fn node_lease_renew() -> Duration {
     node_lease_duration() / 4
 }
-/// kubelet: NodeStatus post when nothing changed (real: 5 min).
-pub const NODE_STATUS_REPORT: Duration = Duration::from_secs(60);
+/// kubelet: NodeStatus post when nothing changed (`nodeStatusReportFrequency`, real: 5 min;
+/// the Lease is the heartbeat).
+pub fn node_status_report() -> Duration {
+    if real_node_timings() {
+        Duration::from_secs(300)
+    } else {
+        Duration::from_secs(60)
+    }
+}
 /// kube-controller-manager `--node-monitor-period` (real: 5 s).
 pub fn node_monitor_period() -> Duration {
     if real_node_timings() {

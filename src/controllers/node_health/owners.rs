@@ -192,4 +192,34 @@ mod tests {
         // Unchanged cache: the same index, not a rebuild.
         assert!(Arc::ptr_eq(&index, &cache.get(&store, threshold)));
     }
+
+    /// A kubelet renewal among 1,000 dedicated nodes costs a lookup: the index is built once
+    /// per change of the QuestDB cache, never per Node reconcile.
+    #[test]
+    fn at_1000_databases_renewals_reuse_one_index_until_a_questdb_changes() {
+        let (store, mut writer) = kube::runtime::reflector::store::<GuardedQuestDB>();
+        let cache = OwnerIndexCache::default();
+        let apply = |w: &mut kube::runtime::reflector::store::Writer<GuardedQuestDB>,
+                     q: QuestDB| {
+            w.apply_watcher_event(&watcher::Event::Apply(kube::core::DeserializeGuard(Ok(q))));
+            cache.changes().fetch_add(1, Ordering::AcqRel);
+        };
+        for i in 0..1000 {
+            apply(
+                &mut writer,
+                running_on(&format!("db-{i}"), &format!("i-{i}")),
+            );
+        }
+        let index = cache.get(&store, threshold);
+        assert_eq!(index.owners.len(), 1000);
+        for _ in 0..1000 {
+            assert!(Arc::ptr_eq(&index, &cache.get(&store, threshold)));
+        }
+        apply(&mut writer, running_on("db-7", "i-7b"));
+        let rebuilt = cache.get(&store, threshold);
+        assert!(!Arc::ptr_eq(&index, &rebuilt));
+        assert_eq!(rebuilt.owners["i-7b"].questdb.name, "db-7");
+        assert!(!rebuilt.owners.contains_key("i-7"));
+        assert!(Arc::ptr_eq(&rebuilt, &cache.get(&store, threshold)));
+    }
 }
