@@ -628,9 +628,10 @@ struct Failover {
     node: String,
     reason: String,
     /// `status.failover.startedAt` − the threshold (the operator's clock, written with the
-    /// Fencing record before StopInstances).
+    /// Fencing record before StopInstances; a metav1.Time, to the second, truncated).
     started_after: f64,
-    /// When the bench's watch saw that record − the threshold.
+    /// When the bench's watch saw that record − the threshold: an upper bound of the start,
+    /// to the millisecond, so the goal is judged on it.
     seen_after: f64,
     /// When the fake EC2 reported the instance stopped − the threshold.
     stopped_after: Option<f64>,
@@ -691,12 +692,9 @@ async fn one_failover(
     let seen = unix_secs();
     operator.ensure_running()?;
     let record = failover_started(&q).cloned().unwrap_or_default();
-    let started: k8s_openapi::jiff::Timestamp = record
-        .started_at
-        .as_deref()
-        .context("no startedAt")?
-        .parse()
-        .context("startedAt")?;
+    // A metav1.Time, to the second (truncated): the bench's own watch is the finer figure.
+    let started: k8s_openapi::jiff::Timestamp =
+        record.started_at.as_ref().context("no startedAt")?.0;
     let threshold_at = last_renew(client, &node).await? + threshold.as_secs_f64();
     let stopped = ec2.stopped.clone();
     let id = instance.clone();
@@ -715,7 +713,7 @@ async fn one_failover(
     let m = prom::scrape(metrics).await?;
     Ok(Failover {
         node,
-        reason: record.reason.unwrap_or_default(),
+        reason: record.reason.map(|r| r.to_string()).unwrap_or_default(),
         started_after: timestamp_secs(&started) - threshold_at,
         seen_after: seen - threshold_at,
         stopped_after: stopped_at.map(|t| t - threshold_at),
@@ -1014,7 +1012,7 @@ fn print_figures(f: &Figures) {
     );
     let fo = &f.failover;
     println!(
-        "  one node silenced ({}): failover ({}) started {:+.3} s after its threshold (status.failover.startedAt), \
+        "  one node silenced ({}): failover ({}) started {:+.3} s after its threshold (status.failover.startedAt, to the second), \
          seen by the bench {:+.3} s, instance stopped {}; operator's detection latency {:.3} s; goal <= 1 s: {}",
         fo.node,
         fo.reason,
@@ -1023,7 +1021,7 @@ fn print_figures(f: &Figures) {
         fo.stopped_after
             .map_or("never reported".into(), |s| format!("{s:+.3} s")),
         fo.detection_secs,
-        if fo.started_after <= 1.0 { "met" } else { "MISSED" }
+        if fo.seen_after <= 1.0 { "met" } else { "MISSED" }
     );
     let b = &f.breaker;
     println!(
