@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::database::{self, DatabaseExit, DatabaseProcess, Databases};
 use crate::kubelet::{Kubelets, NodeHandle, NodeRegistration};
-use crate::process::{free_port, tail, Component};
+use crate::process::{free_port, ready_on_a_free_port, tail, Component};
 use crate::proxy::{ApiProxy, Fault, FaultId, RequestCounts};
 use crate::{binaries, csi, rbac, timings};
 
@@ -326,56 +326,75 @@ impl ControlPlane {
         std::fs::write(&admin_kubeconfig, &admin_yaml)?;
         let admin = Client::try_from(config_from(&admin_yaml).await?)?;
 
-        let kcm_port = free_port()?;
-        let mut kcm_args = vec![
-            format!("--kubeconfig={}", admin_kubeconfig.display()),
-            "--leader-elect=false".into(),
-            "--bind-address=127.0.0.1".into(),
-            format!("--secure-port={kcm_port}"),
-            format!("--cert-dir={}", d.join("kcm-certs").display()),
-            format!("--service-account-private-key-file={}", sa_key.display()),
-            format!("--controllers={}", CONTROLLERS.join(",")),
-            "--v=1".into(),
-        ];
-        kcm_args.extend(timings::controller_manager_flags());
-        let mut controller_manager = Component::spawn(
-            "kube-controller-manager",
-            &bin.join("kube-controller-manager"),
-            &kcm_args,
-            d,
-        )?;
-        let sched_port = free_port()?;
-        let mut scheduler = Component::spawn(
-            "kube-scheduler",
-            &bin.join("kube-scheduler"),
-            &[
+        let kcm_args = |port: u16| {
+            let mut args = vec![
                 format!("--kubeconfig={}", admin_kubeconfig.display()),
                 "--leader-elect=false".into(),
                 "--bind-address=127.0.0.1".into(),
-                format!("--secure-port={sched_port}"),
-                format!("--cert-dir={}", d.join("scheduler-certs").display()),
+                format!("--secure-port={port}"),
+                format!("--cert-dir={}", d.join("kcm-certs").display()),
+                format!("--service-account-private-key-file={}", sa_key.display()),
+                format!("--controllers={}", CONTROLLERS.join(",")),
                 "--v=1".into(),
-            ],
-            d,
-        )?;
+            ];
+            args.extend(timings::controller_manager_flags());
+            args
+        };
+        let spawn_kcm = |port: u16| {
+            Component::spawn(
+                "kube-controller-manager",
+                &bin.join("kube-controller-manager"),
+                &kcm_args(port),
+                d,
+            )
+        };
+        let kcm_port = free_port()?;
+        let controller_manager = spawn_kcm(kcm_port)?;
+        let spawn_scheduler = |port: u16| {
+            Component::spawn(
+                "kube-scheduler",
+                &bin.join("kube-scheduler"),
+                &[
+                    format!("--kubeconfig={}", admin_kubeconfig.display()),
+                    "--leader-elect=false".into(),
+                    "--bind-address=127.0.0.1".into(),
+                    format!("--secure-port={port}"),
+                    format!("--cert-dir={}", d.join("scheduler-certs").display()),
+                    "--v=1".into(),
+                ],
+                d,
+            )
+        };
+        let sched_port = free_port()?;
+        let scheduler = spawn_scheduler(sched_port)?;
         // While the controllers start (Established by the time they are ready).
         csi::apply_snapshot_crds(&admin, &snapshot_bin)
             .await
             .context("applying the VolumeSnapshot CRDs")?;
-        controller_manager
-            .wait_ready(Duration::from_secs(60), || {
-                let url = format!("https://127.0.0.1:{kcm_port}");
+        let (mut controller_manager, _) = ready_on_a_free_port(
+            controller_manager,
+            kcm_port,
+            Duration::from_secs(60),
+            spawn_kcm,
+            |port| {
+                let url = format!("https://127.0.0.1:{port}");
                 let cert = d.join("kcm-certs").join("kube-controller-manager.crt");
                 async move { https_ok(&url, None, "/healthz", &cert).await }
-            })
-            .await?;
-        scheduler
-            .wait_ready(Duration::from_secs(60), || {
-                let url = format!("https://127.0.0.1:{sched_port}");
+            },
+        )
+        .await?;
+        let (scheduler, _) = ready_on_a_free_port(
+            scheduler,
+            sched_port,
+            Duration::from_secs(60),
+            spawn_scheduler,
+            |port| {
+                let url = format!("https://127.0.0.1:{port}");
                 let cert = d.join("scheduler-certs").join("kube-scheduler.crt");
                 async move { https_ok(&url, None, "/healthz", &cert).await }
-            })
-            .await?;
+            },
+        )
+        .await?;
         csi::install_snapshot_class(&admin, Duration::from_secs(30))
             .await
             .context("installing the VolumeSnapshotClass")?;
