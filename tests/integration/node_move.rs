@@ -670,7 +670,7 @@ async fn a_node_whose_unmount_fails_is_fenced_and_the_move_goes_on() {
         .expect("events")
         .items
         .into_iter()
-        .filter(|e| e.reason.as_deref() == Some("UpgradeStuck"))
+        .filter(|e| e.reason.as_deref() == Some("NodeMoveStuck"))
         .count();
     assert_eq!(stuck, 1, "one Warning says why the node was fenced");
     assert!(
