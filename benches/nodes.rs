@@ -113,33 +113,20 @@ impl Settings {
             nodes: DEFAULT_NODES,
             rest: DEFAULT_REST,
         };
-        let mut args = std::env::args().skip(1);
-        while let Some(arg) = args.next() {
-            let (flag, inline) = match arg.split_once('=') {
-                Some((f, v)) => (f.to_string(), Some(v.to_string())),
-                None => (arg.clone(), None),
-            };
-            let mut value = |name: &str| {
-                inline
-                    .clone()
-                    .or_else(|| args.next())
-                    .with_context(|| format!("{name} needs a value"))
-            };
+        for (flag, value) in support::args::flags(&["--nodes", "--rest"])? {
             match flag.as_str() {
-                // Cargo passes `--bench` to every bench binary.
-                "--bench" => {}
                 "--quick" => {
                     settings.nodes = QUICK_NODES;
                     settings.rest = QUICK_REST;
                 }
                 "--nodes" => {
-                    let v = value("--nodes")?;
+                    let v = value.unwrap_or_default();
                     settings.nodes = v
                         .parse()
                         .with_context(|| format!("--nodes {v:?} is not a count"))?;
                 }
                 "--rest" => {
-                    let v = value("--rest")?;
+                    let v = value.unwrap_or_default();
                     settings.rest = Duration::from_secs(
                         v.parse()
                             .with_context(|| format!("--rest {v:?} is not seconds"))?,

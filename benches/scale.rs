@@ -86,33 +86,20 @@ impl Settings {
             questdbs: DEFAULT_QUESTDBS,
             concurrency: DEFAULT_CONCURRENCY.to_vec(),
         };
-        let mut args = std::env::args().skip(1);
-        while let Some(arg) = args.next() {
-            let (flag, inline) = match arg.split_once('=') {
-                Some((f, v)) => (f.to_string(), Some(v.to_string())),
-                None => (arg.clone(), None),
-            };
-            let mut value = |name: &str| {
-                inline
-                    .clone()
-                    .or_else(|| args.next())
-                    .with_context(|| format!("{name} needs a value"))
-            };
+        for (flag, value) in support::args::flags(&["--questdbs", "--concurrency"])? {
             match flag.as_str() {
-                // Cargo passes `--bench` to every bench binary.
-                "--bench" => {}
                 "--quick" => {
                     settings.questdbs = QUICK_QUESTDBS;
                     settings.concurrency = vec![QUICK_CONCURRENCY];
                 }
                 "--questdbs" => {
-                    let v = value("--questdbs")?;
+                    let v = value.unwrap_or_default();
                     settings.questdbs = v
                         .parse()
                         .with_context(|| format!("--questdbs {v:?} is not a count"))?;
                 }
                 "--concurrency" => {
-                    let v = value("--concurrency")?;
+                    let v = value.unwrap_or_default();
                     settings.concurrency = v
                         .split(',')
                         .map(|c| c.trim().parse::<u16>())

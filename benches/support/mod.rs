@@ -5,6 +5,7 @@
 //! `dead_code` allowance (an unused helper in one bench is used by another).
 #![allow(dead_code)]
 
+pub mod args;
 pub mod cluster;
 pub mod control_plane;
 pub mod operator;
