@@ -20,5 +20,12 @@ for _ in $(seq 1 600); do
     kill -0 $PID 2>/dev/null || { cat "$WORK/sandbox.log"; exit 1; }
     sleep 0.2
 done
+# `kubectl wait` fails at once on an object that does not exist yet, and the sandbox installs the
+# CRD a moment after the apiserver answers /readyz: wait for it to exist first.
+for _ in $(seq 1 300); do
+    kubectl get crd/questdbs.crd.questdb.io >/dev/null 2>&1 && break
+    kill -0 $PID 2>/dev/null || { cat "$WORK/sandbox.log"; exit 1; }
+    sleep 0.2
+done
 kubectl wait --for=condition=Established crd/questdbs.crd.questdb.io --timeout=60s >/dev/null
 E2E_SANDBOX=1 bash "$ROOT/e2e/run.sh" || { echo "--- sandbox log (tail)"; tail -50 "$WORK/sandbox.log"; exit 1; }
