@@ -14,8 +14,9 @@ use kube::ResourceExt;
 use serde_json::json;
 use tracing::{debug, info, warn};
 
+use super::machine::{turn, StateMachine};
 use super::node_marks::patch_node;
-use super::outcome::CloudOutcome;
+use super::outcome::Turn;
 use super::placement::{dns_follows, dns_ttl, volume_attached_to};
 use super::record::{advance, already_reported, persist};
 use super::status::pod_ready;
@@ -55,45 +56,45 @@ async fn refused(qdb: &QuestDB, ctx: &Context, status: &QuestDBStatus, e: &Cloud
 }
 
 /// Starts a failover when the node of the recorded instance is unhealthy past the threshold
-/// (and nothing holds it back), or advances the one under way. Returns the `Failover`
-/// condition; `None` for a QuestDB without a dedicated node.
+/// (and nothing holds it back), or advances the one under way. Returns the turn with the
+/// `Failover` condition; `None` for a QuestDB without a dedicated node.
 pub async fn reconcile(
     qdb: &mut QuestDB,
     ctx: &Context,
     cloud: &CloudRuntime,
-    out: &mut CloudOutcome,
-) -> Result<Option<Verdict>, Error> {
+) -> Result<Option<Turn>, Error> {
     if qdb.spec.node.is_none() || qdb.spec.paused || qdb.metadata.deletion_timestamp.is_some() {
         return Ok(None);
     }
     let status = qdb.status.clone().unwrap_or_default();
     if failover::in_progress(&status) {
-        return steps(qdb, ctx, cloud, out).await.map(Some);
+        return steps(qdb, ctx, cloud).await.map(Some);
     }
     let Some(id) = status.instance_id.clone() else {
-        return Ok(Some(armed(qdb, cloud)));
+        return Ok(Some(Turn::settled(armed(qdb, cloud))));
     };
     if node_move::owns_the_database(&status) {
-        return Ok(Some(condition(
+        return Ok(Some(Turn::settled(condition(
             true,
             Reason::Armed,
             "a node move is switching nodes: it fences a node that dies and returns the database to the live one itself".into(),
-        )));
+        ))));
     }
     let Some(symptom) = symptom(qdb, ctx, cloud, &id, tokio::time::Instant::now()).await? else {
-        return Ok(Some(armed(qdb, cloud)));
+        return Ok(Some(Turn::settled(armed(qdb, cloud))));
     };
     let threshold = cloud
         .health
         .threshold(qdb.spec.failover.unhealthy_after_seconds);
     let mut symptom = symptom;
+    let mut look_again = None;
     // Before the threshold, only EC2's word that the instance is gone starts a failover: then
     // the Node still exists to take the out-of-service taint (the cloud controller deletes it
     // once NotReady), so the volume need not wait for the 6-minute force detach.
     if symptom.for_ < threshold {
         symptom.terminated = instance_gone(cloud, &id).await;
         if !symptom.terminated {
-            out.requeue_within(threshold.saturating_sub(symptom.for_).min(GONE_POLL));
+            look_again = Some(threshold.saturating_sub(symptom.for_).min(GONE_POLL));
         }
     }
     let for_ = if symptom.terminated {
@@ -119,7 +120,7 @@ pub async fn reconcile(
         since_last_start,
     });
     match decision {
-        Start::No => Ok(Some(armed(qdb, cloud))),
+        Start::No => Ok(Some(Turn::settled(armed(qdb, cloud)).sooner(look_again))),
         Start::Suppressed { reason, message } => {
             let c = condition(
                 false,
@@ -138,12 +139,13 @@ pub async fn reconcile(
                 )
                 .await;
             }
-            out.requeue_within(Duration::from_secs(5));
-            Ok(Some(c))
+            Ok(Some(
+                Turn::again_within(c, Duration::from_secs(5)).sooner(look_again),
+            ))
         }
         Start::Go => {
             let Some(reason) = confirm(ctx, cloud, &symptom, &id).await? else {
-                return Ok(Some(armed(qdb, cloud)));
+                return Ok(Some(Turn::settled(armed(qdb, cloud)).sooner(look_again)));
             };
             let next_generation = status.node_generation.unwrap_or(1) + 1;
             let record = FailoverStatus {
@@ -197,7 +199,8 @@ pub async fn reconcile(
                 note,
             )
             .await;
-            steps(qdb, ctx, cloud, out).await.map(Some)
+            // The record is this reconcile's step: its watch event brings the fence.
+            Ok(Some(Turn::again_within(in_progress(&record), STEP_POLL)))
         }
     }
 }
@@ -456,159 +459,202 @@ async fn confirm(
     })
 }
 
-/// Runs steps until one has to wait.
-async fn steps(
+/// The failover under way, for one turn (see [`machine`](super::machine)).
+struct Failover<'a> {
+    qdb: &'a mut QuestDB,
+    ctx: &'a Context,
+    cloud: &'a CloudRuntime,
+    status: QuestDBStatus,
+    record: FailoverStatus,
+}
+
+impl StateMachine for Failover<'_> {
+    type Observed = Facts;
+    type Step = Step;
+    type Outcome = Turn;
+
+    async fn observe(&mut self) -> Result<Facts, Error> {
+        observe(self.qdb, self.ctx, self.cloud, &self.status, &self.record).await
+    }
+
+    fn decide(&self, facts: &Facts) -> Step {
+        failover::next_step(&facts.view(&self.record))
+    }
+
+    async fn perform(&mut self, step: Step, _: Facts) -> Result<Turn, Error> {
+        perform(
+            self.qdb,
+            self.ctx,
+            self.cloud,
+            (&self.status, &self.record),
+            step,
+        )
+        .await
+    }
+}
+
+/// Takes the one step the record and the observed state call for: a transition recorded or
+/// one action taken, never both of two steps.
+async fn steps(qdb: &mut QuestDB, ctx: &Context, cloud: &CloudRuntime) -> Result<Turn, Error> {
+    let status = qdb.status.clone().unwrap_or_default();
+    let Some(record) = status.failover.clone() else {
+        return Ok(Turn::settled(armed(qdb, cloud)));
+    };
+    turn(&mut Failover {
+        qdb,
+        ctx,
+        cloud,
+        status,
+        record,
+    })
+    .await
+}
+
+async fn perform(
     qdb: &mut QuestDB,
     ctx: &Context,
     cloud: &CloudRuntime,
-    out: &mut CloudOutcome,
-) -> Result<Verdict, Error> {
-    for _ in 0..6 {
-        let status = qdb.status.clone().unwrap_or_default();
-        let Some(f) = status.failover.clone() else {
-            return Ok(armed(qdb, cloud));
-        };
-        let facts = observe(qdb, ctx, cloud, &status, &f).await?;
-        let step = failover::next_step(&facts.view(&f));
-        match step {
-            Step::Fence(id) => {
-                match cloud.nodes.stop(&id, &owner_uid(qdb)).await {
-                    Ok(()) => {
-                        info!(questdb = %qdb.name_any(), instance = %id, "fencing: stop requested")
-                    }
-                    Err(e) if super::not_owned(&e) => {
-                        out.requeue_within(Duration::from_secs(60));
-                        return Ok(refused(qdb, ctx, &status, &e).await);
-                    }
-                    Err(CloudError::Throttled { .. } | CloudError::Transient { .. }) => {}
-                    Err(e) => return Err(Error::Cloud(e)),
+    (status, f): (&QuestDBStatus, &FailoverStatus),
+    step: Step,
+) -> Result<Turn, Error> {
+    match step {
+        Step::Fence(id) => {
+            match cloud.nodes.stop(&id, &owner_uid(qdb)).await {
+                Ok(()) => {
+                    info!(questdb = %qdb.name_any(), instance = %id, "fencing: stop requested")
                 }
-                out.requeue_within(STEP_POLL);
-                return Ok(in_progress(&f));
-            }
-            Step::Advance(next) => advance(qdb, ctx, &f, next).await?,
-            Step::TerminateFenced(old) => {
-                match cloud.nodes.terminate(&old, &owner_uid(qdb)).await {
-                    Ok(()) => {}
-                    Err(e) if super::not_owned(&e) => {
-                        out.requeue_within(Duration::from_secs(60));
-                        return Ok(refused(qdb, ctx, &status, &e).await);
-                    }
-                    Err(CloudError::Throttled { .. } | CloudError::Transient { .. }) => {}
-                    Err(e) => return Err(Error::Cloud(e)),
+                Err(e) if super::not_owned(&e) => {
+                    let refusal = refused(qdb, ctx, status, &e).await;
+                    return Ok(Turn::again_within(refusal, Duration::from_secs(60)));
                 }
-                let note = format!(
-                    "the volume has not detached from fenced instance {old} after {}s: terminating it (EC2 detaches a terminated instance's volumes)",
-                    failover::DETACH_ESCALATION.as_secs()
-                );
-                warn!(questdb = %qdb.name_any(), "{note}");
-                ctx.event(
-                    qdb,
-                    EventType::Warning,
-                    Reason::FailoverStuck,
-                    "Failover",
-                    note,
-                )
-                .await;
-                out.requeue_within(STEP_POLL);
-                return Ok(in_progress(&f));
+                Err(CloudError::Throttled { .. } | CloudError::Transient { .. }) => {}
+                Err(e) => return Err(Error::Cloud(e)),
             }
-            Step::ForceDeletePod => {
-                force_delete_pod_on(qdb, ctx, f.old_node.as_deref().unwrap_or_default()).await?;
-                out.requeue_within(STEP_POLL);
-                return Ok(in_progress(&f));
-            }
-            Step::TaintOutOfService(node) => {
-                taint_out_of_service(ctx, &node).await?;
-                info!(questdb = %qdb.name_any(), %node, "fenced node tainted out-of-service");
-                out.requeue_within(STEP_POLL);
-                return Ok(in_progress(&f));
-            }
-            Step::Wait(message) => {
-                if f.message.as_deref() != Some(message.as_str()) {
-                    persist(qdb, ctx, |s| {
-                        if let Some(f) = s.failover.as_mut() {
-                            f.message = Some(message.clone());
-                        }
-                    })
-                    .await?;
+            Ok(Turn::again_within(in_progress(f), STEP_POLL))
+        }
+        Step::Advance(next) => {
+            advance(qdb, ctx, f, next).await?;
+            let entered = qdb.status.as_ref().and_then(|s| s.failover.clone());
+            Ok(Turn::again_within(
+                in_progress(entered.as_ref().unwrap_or(f)),
+                STEP_POLL,
+            ))
+        }
+        Step::TerminateFenced(old) => {
+            match cloud.nodes.terminate(&old, &owner_uid(qdb)).await {
+                Ok(()) => {}
+                Err(e) if super::not_owned(&e) => {
+                    let refusal = refused(qdb, ctx, status, &e).await;
+                    return Ok(Turn::again_within(refusal, Duration::from_secs(60)));
                 }
-                out.requeue_within(STEP_POLL);
-                let in_step = since(f.phase_started_at.as_ref()).unwrap_or_default();
-                return Ok(match failover::stuck(&f, in_step) {
-                    Some(c) => {
-                        if !already_reported(&status, &c) {
-                            warn!(questdb = %qdb.name_any(), "{}", c.message);
-                            ctx.event(
-                                qdb,
-                                EventType::Warning,
-                                Reason::FailoverStuck,
-                                "Failover",
-                                c.message.clone(),
-                            )
-                            .await;
-                        }
-                        out.requeue_within(Duration::from_secs(30));
-                        c
-                    }
-                    None => in_progress(&f),
-                });
+                Err(CloudError::Throttled { .. } | CloudError::Transient { .. }) => {}
+                Err(e) => return Err(Error::Cloud(e)),
             }
-            Step::Finish(old) => {
-                match cloud.nodes.terminate(&old, &owner_uid(qdb)).await {
-                    Ok(()) => {}
-                    Err(e) if super::not_owned(&e) => {
-                        out.requeue_within(Duration::from_secs(60));
-                        return Ok(refused(qdb, ctx, &status, &e).await);
-                    }
-                    Err(e) => return Err(Error::Cloud(e)),
-                }
-                // Downtime ends when the database answered again (Draining began), not when
-                // the fenced instance is let go.
-                let downtime = between(f.started_at.as_ref(), f.phase_started_at.as_ref());
-                if let Some(took) = since(f.phase_started_at.as_ref()) {
-                    ctx.metrics.failover_step(f.phase.into(), took);
-                }
+            let note = format!(
+                "the volume has not detached from fenced instance {old} after {}s: terminating it (EC2 detaches a terminated instance's volumes)",
+                failover::DETACH_ESCALATION.as_secs()
+            );
+            warn!(questdb = %qdb.name_any(), "{note}");
+            ctx.event(
+                qdb,
+                EventType::Warning,
+                Reason::FailoverStuck,
+                "Failover",
+                note,
+            )
+            .await;
+            Ok(Turn::again_within(in_progress(f), STEP_POLL))
+        }
+        Step::ForceDeletePod => {
+            force_delete_pod_on(qdb, ctx, f.old_node.as_deref().unwrap_or_default()).await?;
+            Ok(Turn::again_within(in_progress(f), STEP_POLL))
+        }
+        Step::TaintOutOfService(node) => {
+            taint_out_of_service(ctx, &node).await?;
+            info!(questdb = %qdb.name_any(), %node, "fenced node tainted out-of-service");
+            Ok(Turn::again_within(in_progress(f), STEP_POLL))
+        }
+        Step::Wait(message) => {
+            if f.message.as_deref() != Some(message.as_str()) {
                 persist(qdb, ctx, |s| {
                     if let Some(f) = s.failover.as_mut() {
-                        f.phase = FailoverPhase::Healthy;
-                        f.phase_started_at = Some(now());
-                        f.finished_at = Some(now());
-                        f.downtime_seconds = downtime.map(|d| d.as_secs() as i64);
-                        f.new_instance_id = s.instance_id.clone();
-                        f.message = Some(format!("fenced instance {old} terminated"));
+                        f.message = Some(message.clone());
                     }
                 })
                 .await?;
-                ctx.metrics
-                    .failover_finished(FailoverResult::Succeeded, downtime);
-                let note = format!(
-                    "the database answers again on instance {} after {}s; instance {old} terminated",
-                    qdb.status
-                        .as_ref()
-                        .and_then(|s| s.instance_id.clone())
-                        .unwrap_or_default(),
-                    downtime.unwrap_or_default().as_secs()
-                );
-                info!(questdb = %qdb.name_any(), "failover done: {note}");
-                ctx.event(
-                    qdb,
-                    EventType::Normal,
-                    Reason::FailoverSucceeded,
-                    "Failover",
-                    note,
-                )
-                .await;
-                return Ok(condition(
-                    true,
-                    Reason::Recovered,
-                    "the last failover succeeded".into(),
-                ));
             }
+            let in_step = since(f.phase_started_at.as_ref()).unwrap_or_default();
+            let condition = match failover::stuck(f, in_step) {
+                Some(c) => {
+                    if !already_reported(status, &c) {
+                        warn!(questdb = %qdb.name_any(), "{}", c.message);
+                        ctx.event(
+                            qdb,
+                            EventType::Warning,
+                            Reason::FailoverStuck,
+                            "Failover",
+                            c.message.clone(),
+                        )
+                        .await;
+                    }
+                    c
+                }
+                None => in_progress(f),
+            };
+            Ok(Turn::again_within(condition, STEP_POLL))
+        }
+        Step::Finish(old) => {
+            match cloud.nodes.terminate(&old, &owner_uid(qdb)).await {
+                Ok(()) => {}
+                Err(e) if super::not_owned(&e) => {
+                    let refusal = refused(qdb, ctx, status, &e).await;
+                    return Ok(Turn::again_within(refusal, Duration::from_secs(60)));
+                }
+                Err(e) => return Err(Error::Cloud(e)),
+            }
+            // Downtime ends when the database answered again (Draining began), not when
+            // the fenced instance is let go.
+            let downtime = between(f.started_at.as_ref(), f.phase_started_at.as_ref());
+            if let Some(took) = since(f.phase_started_at.as_ref()) {
+                ctx.metrics.failover_step(f.phase.into(), took);
+            }
+            persist(qdb, ctx, |s| {
+                if let Some(f) = s.failover.as_mut() {
+                    f.phase = FailoverPhase::Healthy;
+                    f.phase_started_at = Some(now());
+                    f.finished_at = Some(now());
+                    f.downtime_seconds = downtime.map(|d| d.as_secs() as i64);
+                    f.new_instance_id = s.instance_id.clone();
+                    f.message = Some(format!("fenced instance {old} terminated"));
+                }
+            })
+            .await?;
+            ctx.metrics
+                .failover_finished(FailoverResult::Succeeded, downtime);
+            let note = format!(
+                "the database answers again on instance {} after {}s; instance {old} terminated",
+                qdb.status
+                    .as_ref()
+                    .and_then(|s| s.instance_id.clone())
+                    .unwrap_or_default(),
+                downtime.unwrap_or_default().as_secs()
+            );
+            info!(questdb = %qdb.name_any(), "failover done: {note}");
+            ctx.event(
+                qdb,
+                EventType::Normal,
+                Reason::FailoverSucceeded,
+                "Failover",
+                note,
+            )
+            .await;
+            Ok(Turn::settled(condition(
+                true,
+                Reason::Recovered,
+                "the last failover succeeded".into(),
+            )))
         }
     }
-    out.requeue_within(STEP_POLL);
-    Ok(armed(qdb, cloud))
 }
 
 fn in_progress(f: &FailoverStatus) -> Verdict {
@@ -665,14 +711,7 @@ async fn observe(
     let old = nodes
         .iter()
         .find(|n| n.metadata.name.as_deref() == Some(old_node.as_str()));
-    let ns = qdb.namespace().unwrap_or_default();
-    let pod = ctx
-        .caches
-        .pods
-        .get(&ObjectRef::new(&names::pod(qdb)).within(&ns));
-    let pod_node = pod
-        .as_ref()
-        .and_then(|p| p.spec.as_ref()?.node_name.clone());
+    let (pod, pod_node) = super::placement::database_pod(qdb, ctx);
     let old_instance = if matches!(f.phase, FailoverPhase::Fencing | FailoverPhase::Recovering) {
         // By id: only NotFound proves it gone; a filter that leaves it out would skip the fence.
         cloud

@@ -36,3 +36,49 @@ impl CloudOutcome {
         self.requeue = Some(self.requeue.map_or(d, |r| r.min(d)));
     }
 }
+
+/// One reconcile's turn of a cloud state machine (node provisioning, failover, node move):
+/// the condition it reports and how soon it wants to be looked at again. `None` waits for a
+/// watch event: the one its own status write causes, or a change of what it waits on.
+#[derive(Debug)]
+pub struct Turn {
+    pub condition: Verdict,
+    pub requeue: Option<Duration>,
+}
+
+impl Turn {
+    /// Nothing to look at again unless a watch event says so.
+    pub fn settled(condition: Verdict) -> Self {
+        Self {
+            condition,
+            requeue: None,
+        }
+    }
+
+    /// Waits on something no watch reports (EC2, a clock): looked at again within `d`.
+    pub fn again_within(condition: Verdict, d: Duration) -> Self {
+        Self {
+            condition,
+            requeue: Some(d),
+        }
+    }
+
+    /// The sooner of this turn's requeue and `d`, if any.
+    pub fn sooner(mut self, d: Option<Duration>) -> Self {
+        self.requeue = match (self.requeue, d) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        self
+    }
+}
+
+impl CloudOutcome {
+    /// Keeps `turn`'s requeue; returns its condition.
+    pub fn absorb(&mut self, turn: Turn) -> Verdict {
+        if let Some(d) = turn.requeue {
+            self.requeue_within(d);
+        }
+        turn.condition
+    }
+}

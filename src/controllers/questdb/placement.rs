@@ -66,3 +66,22 @@ pub async fn volume_attached_to(qdb: &QuestDB, ctx: &Context, node: &str) -> Res
             && va.spec.source.persistent_volume_name.as_deref() == Some(pv.as_str())
     }))
 }
+
+/// The database pod as the cache has it, and the node it is bound to.
+pub fn database_pod(
+    qdb: &QuestDB,
+    ctx: &Context,
+) -> (
+    Option<std::sync::Arc<k8s_openapi::api::core::v1::Pod>>,
+    Option<String>,
+) {
+    let ns = qdb.namespace().unwrap_or_default();
+    let pod = ctx
+        .caches
+        .pods
+        .get(&ObjectRef::new(&names::pod(qdb)).within(&ns));
+    let node = pod
+        .as_ref()
+        .and_then(|p| p.spec.as_ref()?.node_name.clone());
+    (pod, node)
+}

@@ -2,6 +2,8 @@
 //! part of a QuestDB's reconcile: never two reconciles of one object at once, every step
 //! persisted in `status.upgrade` before its side effect, a failover always first.
 
+mod steps;
+
 use super::owner_uid;
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
@@ -17,7 +19,7 @@ use tokio::time::Instant;
 use tracing::{info, warn};
 
 use super::node_marks::dedicate;
-use super::outcome::CloudOutcome;
+use super::outcome::Turn;
 use super::placement::{dns_follows, dns_ttl, volume_attached_to};
 use super::record::{advance, persist};
 use super::status::pod_ready;
@@ -67,14 +69,13 @@ fn up_to_date() -> Verdict {
 }
 
 /// Starts a move when the recorded node differs from `spec.node`, or advances the one under
-/// way (or releases a retained old node). Returns the `NodeUpgrade` condition; `None` without
-/// a dedicated node.
+/// way (or releases a retained old node). Returns the turn with the `NodeMove` condition;
+/// `None` without a dedicated node.
 pub async fn reconcile(
     qdb: &mut QuestDB,
     ctx: &Context,
     cloud: &CloudRuntime,
-    out: &mut CloudOutcome,
-) -> Result<Option<Verdict>, Error> {
+) -> Result<Option<Turn>, Error> {
     let Some(spec) = qdb.spec.node.clone() else {
         return Ok(None);
     };
@@ -102,17 +103,15 @@ pub async fn reconcile(
             .await?;
             // Still active: the terminate was refused, and the condition says why.
             if node_move::active(qdb.status.as_ref().unwrap_or(&status)) {
-                return Ok(Some(verdict));
+                return Ok(Some(Turn::settled(verdict)));
             }
         }
         return Ok(None);
     }
     if node_move::active(&status) {
-        let condition = steps(qdb, ctx, cloud, out).await?;
-        let status = qdb.status.clone().unwrap_or_default();
-        if node_move::active(&status) {
-            return Ok(Some(condition));
-        }
+        // Even the step that ends the move is this reconcile's one step: a move queued behind
+        // it starts on the next.
+        return steps::steps(qdb, ctx, cloud).await.map(Some);
     }
     let status = qdb.status.clone().unwrap_or_default();
     // A converged QuestDB (node as the spec asks) never waits for a slot: no lock, no scan of
@@ -123,26 +122,23 @@ pub async fn reconcile(
         Start::No
     };
     match decision {
-        Start::No => {
-            return Ok(Some(match status.node_move.as_ref() {
-                Some(u)
-                    if (u.phase == NodeMovePhase::Aborted
-                        || u.phase == NodeMovePhase::RolledBack)
-                        && node_move::targets(u, &spec) =>
-                {
-                    condition(
-                        false,
-                        u.reason.unwrap_or(Reason::Aborted),
-                        u.message.clone().unwrap_or_default(),
-                    )
-                }
-                _ => up_to_date(),
-            }))
-        }
-        Start::Waiting { why, retry } => {
-            out.requeue_within(retry);
-            return Ok(Some(condition(false, Reason::Waiting, why)));
-        }
+        Start::No => Ok(Some(Turn::settled(match status.node_move.as_ref() {
+            Some(u)
+                if (u.phase == NodeMovePhase::Aborted || u.phase == NodeMovePhase::RolledBack)
+                    && node_move::targets(u, &spec) =>
+            {
+                condition(
+                    false,
+                    u.reason.unwrap_or(Reason::Aborted),
+                    u.message.clone().unwrap_or_default(),
+                )
+            }
+            _ => up_to_date(),
+        }))),
+        Start::Waiting { why, retry } => Ok(Some(Turn::again_within(
+            condition(false, Reason::Waiting, why),
+            retry,
+        ))),
         Start::Go => {
             let next_generation = status.node_generation.unwrap_or(1) + 1;
             let record = NodeMoveStatus {
@@ -167,9 +163,10 @@ pub async fn reconcile(
                 spec.image, spec.instance_type
             );
             started(qdb, ctx, note).await;
+            // The record is this reconcile's step: its watch event brings the validation.
+            Ok(Some(Turn::again_within(moving(&record), STEP_POLL)))
         }
     }
-    steps(qdb, ctx, cloud, out).await.map(Some)
 }
 
 /// Whether a move starts now, claiming a slot of `--upgrade-concurrency` when it does (under
@@ -300,399 +297,13 @@ fn pod_ready_on(qdb: &QuestDB, ctx: &Context, instance: Option<&str>) -> bool {
         })
 }
 
-async fn steps(
-    qdb: &mut QuestDB,
-    ctx: &Context,
-    cloud: &CloudRuntime,
-    out: &mut CloudOutcome,
-) -> Result<Verdict, Error> {
-    for _ in 0..10 {
-        let status = qdb.status.clone().unwrap_or_default();
-        let Some(u) = status.node_move.clone() else {
-            return Ok(up_to_date());
-        };
-        if !node_move::active(&status) {
-            return Ok(up_to_date());
-        }
-        let Some(spec) = qdb.spec.node.clone() else {
-            return Ok(up_to_date());
-        };
-        let validation = if u.phase == NodeMovePhase::Validating && node_move::targets(&u, &spec) {
-            let facts = cloud
-                .nodes
-                .node_facts(&spec.image, &spec.instance_type, &spec.zone)
-                .await
-                .map_err(Error::Cloud)?;
-            Some(node_move::check_node(&facts, &spec))
-        } else {
-            None
-        };
-        let (new_instance, launch_error) =
-            if u.phase == NodeMovePhase::Provisioning && node_move::targets(&u, &spec) {
-                launch(qdb, cloud, &status).await?
-            } else {
-                (None, None)
-            };
-        let nodes = ctx.caches.nodes.state();
-        let new_id = u.new_instance_id.clone();
-        let new_node = new_id.as_deref().and_then(|id| node_for(&nodes, id));
-        let old_node = u
-            .old_instance_id
-            .as_deref()
-            .and_then(|id| node_for(&nodes, id))
-            .and_then(|n| n.metadata.name.clone());
-        let ns = qdb.namespace().unwrap_or_default();
-        let pod = ctx
-            .caches
-            .pods
-            .get(&ObjectRef::new(&names::pod(qdb)).within(&ns));
-        let pod_node = pod
-            .as_ref()
-            .and_then(|p| p.spec.as_ref()?.node_name.clone());
-        let on_new = new_node.is_some_and(|n| n.metadata.name == pod_node && pod_node.is_some());
-        let running = pod
-            .as_ref()
-            .filter(|p| p.metadata.deletion_timestamp.is_none())
-            .and_then(|p| p.status.as_ref()?.phase.clone())
-            .is_some_and(|p| p == "Running");
-        let dedicated = DedicatedNode {
-            label_value: DedicatedNode::for_questdb(qdb).label_value,
-            instance: new_id.clone(),
-        };
-        let volume_on_old = match (u.phase, old_node.as_deref()) {
-            (NodeMovePhase::Stopping, Some(node)) => volume_attached_to(qdb, ctx, node).await?,
-            _ => false,
-        };
-        let dns_ttl = dns_ttl(qdb);
-        let retain_until = (u.phase == NodeMovePhase::Retaining)
-            .then(|| node_move::retention_end(&u, &spec, dns_ttl))
-            .flatten();
-        let view = StepView {
-            node_move: &u,
-            spec: &spec,
-            validation,
-            new_instance: new_instance.as_ref(),
-            launch_error: launch_error.as_deref(),
-            new_node: new_node.and_then(|n| n.metadata.name.clone()),
-            new_node_dedicated: match (new_node, new_id.as_deref()) {
-                (Some(n), Some(id)) => is_dedicated(n, &dedicated, id),
-                _ => false,
-            },
-            new_node_ready: new_node.is_some_and(node_is_ready),
-            new_node_cordoned: new_node.is_some_and(is_cordoned),
-            in_phase_for: since(u.phase_started_at.as_ref()).unwrap_or_default(),
-            node_timeout: cloud.settings.upgrade_node_timeout,
-            move_timeout: cloud.settings.upgrade_step_timeout,
-            stop_grace: Duration::from_secs(
-                crate::desired::termination_grace_seconds(qdb).max(0) as u64
-            ),
-            pod_on_old_node: old_node.is_some() && pod_node == old_node,
-            volume_on_old_node: volume_on_old,
-            pod_running_on_new_node: on_new && running,
-            pod_ready: on_new && pod_ready_on(qdb, ctx, new_id.as_deref()),
-            dns_follows: dns_follows(qdb, cloud, &status, new_node),
-            retention_over: retain_until.is_none_or(|t| t <= Timestamp::now()),
-            dns_ttl_over: since(u.phase_started_at.as_ref()).is_none_or(|d| d >= dns_ttl),
-            old_node_dead: node_dead(qdb, cloud, old_node.as_deref()),
-            old_node_renews: old_node
-                .as_deref()
-                .is_some_and(|n| cloud.health.unhealthy_for(n, Instant::now()).is_none()),
-            new_node_dead: node_dead(
-                qdb,
-                cloud,
-                new_node.and_then(|n| n.metadata.name.as_deref()),
-            ),
-        };
-        let step = node_move::next_step(&view);
-        match step {
-            Step::Launch => {
-                let Some(i) = new_instance else {
-                    out.requeue_within(STEP_POLL);
-                    return Ok(moving(&u));
-                };
-                persist(qdb, ctx, |s| {
-                    if let Some(u) = s.node_move.as_mut() {
-                        u.new_instance_id = Some(i.id.clone());
-                    }
-                })
-                .await?;
-            }
-            Step::Dedicate { node, instance } => {
-                if let Some(driver) = super::node_marks::csi_driver_missing(ctx, &node).await? {
-                    let message = super::node_marks::waiting_for_csi(&node, &driver);
-                    return waiting_with(qdb, ctx, &u, message, out).await;
-                }
-                dedicate(ctx, &node, &dedicated, &instance).await?;
-                out.requeue_within(STEP_POLL);
-                return Ok(moving(&u));
-            }
-            Step::Uncordon { node } => {
-                set_unschedulable(ctx, &node, false).await?;
-                out.requeue_within(STEP_POLL);
-                return Ok(moving(&u));
-            }
-            Step::Advance(next) => {
-                advance(qdb, ctx, &u, next).await?;
-            }
-            Step::Switch => {
-                let (id, image, kind) = (
-                    new_id.clone().unwrap_or_default(),
-                    u.to_image.clone(),
-                    u.to_instance_type.clone(),
-                );
-                // The type the instance has: a launch may have fallen back to one of
-                // spec.node.fallbackInstanceTypes. One DescribeInstances per move.
-                let launched = cloud
-                    .nodes
-                    .describe(std::slice::from_ref(&id))
-                    .await
-                    .map_err(Error::Cloud)?;
-                let kind = launched
-                    .iter()
-                    .find(|i| i.id == id)
-                    .map(|i| i.instance_type.clone())
-                    .or(kind);
-                step_done(qdb, ctx, &u);
-                // Downtime starts: the recorded instance is the new one, so the pod's pin
-                // moves and the StatefulSet controller stops the database gracefully.
-                persist(qdb, ctx, |s| {
-                    s.instance_id = Some(id.clone());
-                    s.node_image = image.clone();
-                    s.node_instance_type = kind.clone();
-                    if let Some(u) = s.node_move.as_mut() {
-                        u.phase = NodeMovePhase::Stopping;
-                        u.phase_started_at = Some(now());
-                        u.stopped_at = Some(now());
-                        u.message = None;
-                    }
-                })
-                .await?;
-                ctx.event(
-                    qdb,
-                    EventType::Normal,
-                    Reason::NodeMoveStopping,
-                    "NodeMove",
-                    format!(
-                        "the new node is Ready; stopping the database to move it to instance {id}"
-                    ),
-                )
-                .await;
-            }
-            Step::Wait(message) => {
-                let until = retain_until.map(|t| Time(clock::seconds(t)));
-                if u.message.as_deref() != Some(message.as_str())
-                    || (until.is_some() && u.retain_until != until)
-                {
-                    persist(qdb, ctx, |s| {
-                        if let Some(u) = s.node_move.as_mut() {
-                            u.message = Some(message.clone());
-                            if until.is_some() {
-                                u.retain_until = until.clone();
-                            }
-                        }
-                    })
-                    .await?;
-                }
-                // A retained node that went silent is released once dead, not at the end of
-                // its window; nothing else wakes this database for a node it no longer runs on.
-                let retained_silent = old_node
-                    .as_deref()
-                    .is_some_and(|n| cloud.health.unhealthy_for(n, Instant::now()).is_some());
-                let poll = match retain_until {
-                    Some(_) if retained_silent => STEP_POLL,
-                    Some(t) => Duration::try_from(t.duration_since(Timestamp::now()))
-                        .unwrap_or_default()
-                        .clamp(STEP_POLL, Duration::from_secs(300)),
-                    None => STEP_POLL,
-                };
-                out.requeue_within(poll);
-                if u.phase == NodeMovePhase::Retaining {
-                    return Ok(retaining(&u));
-                }
-                return Ok(moving(&u));
-            }
-            Step::Abort { reason, message } => {
-                // The database was never stopped: the new instance goes.
-                let new = u.new_instance_id.clone();
-                return abort(qdb, ctx, cloud, &status, new.as_deref(), reason, message).await;
-            }
-            Step::FenceOld => {
-                let old = u.old_instance_id.clone().unwrap_or_default();
-                let message = super::failover::fence_dead_node(
-                    qdb,
-                    ctx,
-                    &old,
-                    true,
-                    "moving to another node",
-                    false,
-                )
-                .await?
-                .unwrap_or_else(|| {
-                    format!("waiting for the dead node of instance {old} to be fenced")
-                });
-                return waiting_with(qdb, ctx, &u, message, out).await;
-            }
-            Step::FenceStuck { message: why } => {
-                let old = u.old_instance_id.clone().unwrap_or_default();
-                // Recorded before the stop: the stopped node falls silent, and the record, not
-                // the node, says the fence goes on.
-                if u.reason != Some(Reason::NodeMoveStuck) {
-                    persist(qdb, ctx, |s| {
-                        if let Some(u) = s.node_move.as_mut() {
-                            u.reason = Some(Reason::NodeMoveStuck);
-                            u.message = Some(why.clone());
-                        }
-                    })
-                    .await?;
-                    warn!(questdb = %qdb.name_any(), "{why}: fencing that node");
-                    ctx.event(
-                        qdb,
-                        EventType::Warning,
-                        Reason::NodeMoveStuck,
-                        "NodeMove",
-                        format!("{why}: its instance is stopped so the move can go on"),
-                    )
-                    .await;
-                }
-                let doing = super::failover::fence_dead_node(
-                    qdb,
-                    ctx,
-                    &old,
-                    true,
-                    "moving to another node",
-                    true,
-                )
-                .await?
-                .unwrap_or_else(|| format!("waiting for instance {old} to be fenced"));
-                let u = qdb
-                    .status
-                    .as_ref()
-                    .and_then(|s| s.node_move.clone())
-                    .unwrap_or(u);
-                return waiting_with(qdb, ctx, &u, format!("{why}: {doing}"), out).await;
-            }
-            Step::HandOver { message } => {
-                // Nothing of the database is left on the old node (the step says so): its
-                // instance goes, and the record ends so a failover starts from a clean one.
-                let old = u.old_instance_id.clone();
-                return abort(
-                    qdb,
-                    ctx,
-                    cloud,
-                    &status,
-                    old.as_deref(),
-                    Reason::NodesFailed,
-                    message,
-                )
-                .await;
-            }
-            Step::RollBack { reason, message } => {
-                roll_back(qdb, ctx, &u, reason, message).await?;
-            }
-            Step::Retain => {
-                retain(qdb, ctx, &u, &spec, old_node.as_deref()).await?;
-            }
-            Step::FinishRollback => {
-                if let Some(failed) = u.old_instance_id.as_deref() {
-                    if let Err(e) = cloud.nodes.terminate(failed, &owner_uid(qdb)).await {
-                        return not_owned_or(qdb, ctx, &status, e).await;
-                    }
-                }
-                step_done(qdb, ctx, &u);
-                let downtime = since(u.stopped_at.as_ref());
-                persist(qdb, ctx, |s| {
-                    if let Some(u) = s.node_move.as_mut() {
-                        u.phase = NodeMovePhase::RolledBack;
-                        u.phase_started_at = Some(now());
-                        u.finished_at = Some(now());
-                        u.downtime_seconds = downtime.map(|d| d.as_secs() as i64);
-                    }
-                })
-                .await?;
-                ctx.metrics
-                    .node_move_finished(NodeMoveResult::RolledBack, downtime);
-                wake_queued(qdb, ctx);
-                let note = format!(
-                    "the database answers on its old node again after {}s of downtime; instance {} terminated ({})",
-                    downtime.unwrap_or_default().as_secs(),
-                    u.old_instance_id.clone().unwrap_or_default(),
-                    u.message.clone().unwrap_or_default()
-                );
-                warn!(questdb = %qdb.name_any(), "{note}");
-                ctx.event(
-                    qdb,
-                    EventType::Warning,
-                    Reason::NodeMoveRolledBack,
-                    "NodeMove",
-                    note,
-                )
-                .await;
-                let reason = u.reason;
-                return Ok(condition(
-                    false,
-                    reason.unwrap_or(Reason::RolledBack),
-                    u.message.clone().unwrap_or_default(),
-                ));
-            }
-            Step::Release => {
-                if let Some(old) = u.old_instance_id.as_deref() {
-                    if let Err(e) = cloud.nodes.terminate(old, &owner_uid(qdb)).await {
-                        return not_owned_or(qdb, ctx, &status, e).await;
-                    }
-                }
-                cloud.instances.invalidate();
-                persist(qdb, ctx, |s| {
-                    if let Some(u) = s.node_move.as_mut() {
-                        u.phase = NodeMovePhase::Completed;
-                        u.phase_started_at = Some(now());
-                        u.message = None;
-                    }
-                })
-                .await?;
-                let note = format!(
-                    "old instance {} terminated (rollback window over)",
-                    u.old_instance_id.clone().unwrap_or_default()
-                );
-                info!(questdb = %qdb.name_any(), "{note}");
-                ctx.event(
-                    qdb,
-                    EventType::Normal,
-                    Reason::NodeMoveCompleted,
-                    "NodeMove",
-                    note,
-                )
-                .await;
-                return Ok(up_to_date());
-            }
-            Step::Revert => {
-                let record = node_move::revert_record(&u, &status, &now());
-                let note = format!(
-                    "spec.node set back to {} ({}) within the rollback window: moving back to retained instance {}",
-                    spec.image,
-                    spec.instance_type,
-                    u.old_instance_id.clone().unwrap_or_default()
-                );
-                persist(qdb, ctx, |s| s.node_move = Some(record.clone())).await?;
-                started(qdb, ctx, note).await;
-            }
-        }
-    }
-    out.requeue_within(STEP_POLL);
-    Ok(condition(
-        true,
-        Reason::Moving,
-        "node move in progress".into(),
-    ))
-}
-
 /// A move step that waits: its message recorded (once), looked at again soon.
 async fn waiting_with(
     qdb: &mut QuestDB,
     ctx: &Context,
     u: &NodeMoveStatus,
     message: String,
-    out: &mut CloudOutcome,
-) -> Result<Verdict, Error> {
+) -> Result<Turn, Error> {
     if u.message.as_deref() != Some(message.as_str()) {
         persist(qdb, ctx, |s| {
             if let Some(u) = s.node_move.as_mut() {
@@ -701,8 +312,7 @@ async fn waiting_with(
         })
         .await?;
     }
-    out.requeue_within(STEP_POLL);
-    Ok(moving(u))
+    Ok(Turn::again_within(moving(u), STEP_POLL))
 }
 
 /// Whether `node` is dead as a failover judges it: silent past the database's threshold,

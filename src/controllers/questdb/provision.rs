@@ -1,0 +1,610 @@
+//! Node provisioning, the first of the cloud state machines: launches the dedicated instance,
+//! records it, dedicates its Node, replaces it when it goes, and releases it. One step per
+//! reconcile (see [`machine`](super::machine)); `plan::node` decides it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Node;
+use kube::runtime::events::EventType;
+use kube::ResourceExt;
+use tracing::{info, warn};
+
+use super::cloud::{cloud_error, ready_condition, WAITING_SYNC};
+use super::machine::{turn, StateMachine};
+use super::node_marks::dedicate;
+use super::owner_uid;
+use super::record::{already_reported, persist};
+use crate::api::Reason;
+use crate::api::{conditions, QuestDB, QuestDBStatus};
+use crate::cloud::{desired_instance_tags, Instance, InstanceState};
+use crate::controllers::cloud_runtime::CloudRuntime;
+use crate::controllers::cloud_runtime::LaunchFailure;
+use crate::controllers::context::Context;
+use crate::controllers::Error;
+use crate::desired::DedicatedNode;
+use crate::plan::conditions::Verdict;
+use crate::plan::node::launch_request;
+use crate::plan::node::{self, NodeStep, NodeView, PERMANENT_FAILURE_RETRY};
+
+/// How soon a reconcile that took a node step looks again if no watch event of its own write
+/// wakes it first (a launch or a terminate writes nothing the watch sees).
+const AFTER_A_STEP: Duration = Duration::from_secs(1);
+
+/// What a node turn hands back to the cloud half of the reconcile.
+#[derive(Default)]
+pub(super) struct NodeTurn {
+    /// `NodeReady`.
+    pub condition: Option<Verdict>,
+    /// The dedicated Node, once registered.
+    pub node: Option<Arc<Node>>,
+    /// No instance is left for this QuestDB.
+    pub released: bool,
+    pub requeue: Option<Duration>,
+    /// The instance DNS may name.
+    pub instance: Option<Instance>,
+}
+
+impl NodeTurn {
+    fn requeue_within(&mut self, d: Duration) {
+        self.requeue = Some(self.requeue.map_or(d, |r| r.min(d)));
+    }
+}
+
+/// Takes the one node step the plan calls for and returns; the next reconcile (woken by the
+/// watch event of this one's write, or by its requeue) takes the next.
+pub(super) async fn node_steps(
+    qdb: &mut QuestDB,
+    ctx: &Context,
+    cloud: &CloudRuntime,
+    dedicated: &DedicatedNode,
+    release: bool,
+) -> Result<NodeTurn, Error> {
+    let uid = qdb.uid().ok_or(Error::MissingUid)?;
+    turn(&mut NodeRun {
+        qdb,
+        ctx,
+        cloud,
+        dedicated,
+        uid,
+        release,
+        turn: NodeTurn::default(),
+        learnt: Vec::new(),
+    })
+    .await
+}
+
+/// What a node step is decided on.
+struct Observed {
+    status: QuestDBStatus,
+    /// EC2's snapshot, with what this turn learnt beyond it (a look-up by id).
+    instances: Vec<Instance>,
+    failure: Option<LaunchFailure>,
+    nodes: Vec<Arc<Node>>,
+}
+
+impl StateMachine for NodeRun<'_> {
+    type Observed = Observed;
+    type Step = NodeStep;
+    type Outcome = NodeTurn;
+
+    async fn observe(&mut self) -> Result<Observed, Error> {
+        let status = self.qdb.status.clone().unwrap_or_default();
+        let settled = status.instance_id.is_some()
+            && status
+                .conditions
+                .iter()
+                .any(|c| c.type_ == conditions::NODE_READY && c.status == "True");
+        let max_age = if settled && !self.release {
+            self.cloud.settings.instance_sync_interval
+        } else {
+            WAITING_SYNC
+        };
+        let cached = self
+            .cloud
+            .instances
+            .get_within(self.cloud.nodes.as_ref(), max_age)
+            .await
+            .map_err(cloud_error)?;
+        // The snapshot lacks the recorded instance: EC2 is asked by id before anything is
+        // decided about it (a filtered answer may leave out a running instance, and taking it
+        // for gone would launch a second one beside it).
+        if let Some(id) = &status.instance_id {
+            if !node::owned_by(&cached, &self.uid)
+                .iter()
+                .any(|i| &i.id == id)
+            {
+                self.look_up(id.clone(), status.node_generation).await?;
+            }
+        }
+        Ok(Observed {
+            failure: recent_failure(
+                self.cloud,
+                &self.uid,
+                self.qdb.metadata.generation,
+                status.node_generation,
+            ),
+            instances: self.instances(&cached),
+            nodes: self.ctx.caches.nodes.state(),
+            status,
+        })
+    }
+
+    fn decide(&self, o: &Observed) -> NodeStep {
+        node::plan(&NodeView {
+            uid: &self.uid,
+            spec: self.qdb.spec.node.as_ref(),
+            release: self.release,
+            status: &o.status,
+            instances: &o.instances,
+            nodes: &o.nodes,
+            dedicated: self.dedicated,
+            recent_permanent_failure: o.failure.as_ref().map(|f| f.message.as_str()),
+            join_timeout: self.cloud.settings.node_join_timeout,
+            now: std::time::SystemTime::now(),
+            failover_replaces: self.qdb.spec.failover.enabled,
+        })
+    }
+
+    async fn perform(&mut self, step: NodeStep, o: Observed) -> Result<NodeTurn, Error> {
+        let nodes = &o.nodes;
+        let current = o
+            .status
+            .instance_id
+            .as_ref()
+            .and_then(|id| o.instances.iter().find(|i| &i.id == id))
+            .cloned();
+        let flow = match step {
+            NodeStep::Nothing => {
+                self.turn.released = true;
+                Flow::Stop
+            }
+            NodeStep::PersistGeneration(g) => {
+                persist(self.qdb, self.ctx, |s| s.node_generation = Some(g)).await?;
+                Flow::Stepped(launching("launching a dedicated node".into()))
+            }
+            NodeStep::Launch(g) => self.launch(g).await?,
+            NodeStep::RecordInstance(instance) => self.record_instance(instance).await?,
+            NodeStep::LookUp(id) => {
+                // Cannot follow a look-up of the same id: it is learnt, or forgotten as terminated.
+                warn!(questdb = %self.qdb.name_any(), instance = %id, "instance still unknown after a look-up by id");
+                self.turn.requeue_within(WAITING_SYNC);
+                Flow::Stop
+            }
+            NodeStep::Replace {
+                next_generation,
+                gone,
+                reason,
+            } => {
+                self.replace(&o.status, next_generation, &gone, reason.as_deref())
+                    .await?
+            }
+            NodeStep::Wait(condition) => {
+                if matches!(
+                    condition.reason,
+                    Reason::NodeIdentityConflict | Reason::NodeNeverJoined
+                ) && !already_reported(&self.qdb.status.clone().unwrap_or_default(), &condition)
+                {
+                    warn!(questdb = %self.qdb.name_any(), "{}", condition.message);
+                    self.ctx
+                        .event(
+                            self.qdb,
+                            EventType::Warning,
+                            condition.reason,
+                            "DedicateNode",
+                            condition.message.clone(),
+                        )
+                        .await;
+                }
+                self.turn.condition = Some(condition);
+                self.turn.requeue_within(WAITING_SYNC);
+                Flow::StopAt
+            }
+            NodeStep::Dedicate { node, instance } => {
+                if let Some(driver) = super::node_marks::csi_driver_missing(self.ctx, &node).await?
+                {
+                    self.turn.condition = Some(Verdict::new(
+                        conditions::NODE_READY,
+                        false,
+                        Reason::WaitingForCsiDriver,
+                        super::node_marks::waiting_for_csi(&node, &driver),
+                    ));
+                    self.turn.requeue_within(Duration::from_secs(2));
+                } else {
+                    dedicate(self.ctx, &node, self.dedicated, &instance).await?;
+                    self.turn.condition = Some(Verdict::new(
+                        conditions::NODE_READY,
+                        false,
+                        Reason::WaitingForNode,
+                        format!("labelled and tainted node {node} for this database"),
+                    ));
+                    self.turn.requeue_within(Duration::from_secs(1));
+                }
+                Flow::StopAt
+            }
+            NodeStep::Ready { node, ready } => {
+                self.turn.condition = Some(ready_condition(&node, ready));
+                self.turn.node = nodes
+                    .iter()
+                    .find(|n| n.metadata.name.as_deref() == Some(node.as_str()))
+                    .cloned();
+                if !ready {
+                    self.turn.requeue_within(WAITING_SYNC);
+                }
+                Flow::StopAt
+            }
+            NodeStep::Terminate(ids) => self.terminate(&ids).await?,
+            NodeStep::TerminateNeverJoined { instance, message } => {
+                self.terminate_never_joined(&instance, message).await?
+            }
+            NodeStep::Released { next_generation } => self.released(next_generation).await?,
+            NodeStep::Failed(condition) => {
+                self.turn.condition = Some(condition);
+                let left = o.failure.as_ref().map_or(PERMANENT_FAILURE_RETRY, |f| {
+                    PERMANENT_FAILURE_RETRY.saturating_sub(f.at.elapsed())
+                });
+                self.turn.requeue_within(left.max(Duration::from_secs(1)));
+                Flow::Stop
+            }
+        };
+        let mut turn = std::mem::take(&mut self.turn);
+        match flow {
+            Flow::Stepped(condition) => {
+                turn.condition = Some(condition);
+                turn.requeue_within(AFTER_A_STEP);
+                // The instance this step recorded, if any: DNS may name it at once.
+                let recorded = self.qdb.status.as_ref().and_then(|s| s.instance_id.clone());
+                turn.instance = recorded.and_then(|id| {
+                    o.instances
+                        .iter()
+                        .chain(self.learnt.iter())
+                        .find(|i| i.id == id)
+                        .cloned()
+                });
+            }
+            Flow::Stop => {}
+            Flow::StopAt => turn.instance = current,
+        }
+        Ok(turn)
+    }
+}
+
+/// What a node step leaves the reconcile to do.
+enum Flow {
+    /// A step was taken (recorded, or acted on and its outcome recorded), and the condition
+    /// says which: the next reconcile plans again on what it changed.
+    Stepped(Verdict),
+    /// Wait; no instance to publish in DNS.
+    Stop,
+    /// Wait; DNS may name the recorded instance.
+    StopAt,
+}
+
+/// One run of node steps for one QuestDB.
+struct NodeRun<'a> {
+    qdb: &'a mut QuestDB,
+    ctx: &'a Context,
+    cloud: &'a CloudRuntime,
+    dedicated: &'a DedicatedNode,
+    uid: String,
+    /// Paused or being deleted: the node goes.
+    release: bool,
+    turn: NodeTurn,
+    /// What this run learnt beyond the shared snapshot (its own launch, a lookup).
+    learnt: Vec<Instance>,
+}
+
+impl NodeRun<'_> {
+    fn instances(&self, cached: &[Instance]) -> Vec<Instance> {
+        cached
+            .iter()
+            .filter(|i| !self.learnt.iter().any(|l| l.id == i.id))
+            .chain(self.learnt.iter())
+            .cloned()
+            .collect()
+    }
+
+    async fn launch(&mut self, generation: i64) -> Result<Flow, Error> {
+        let Some(mut req) = launch_request(self.qdb, &self.uid, generation, self.dedicated) else {
+            return Ok(Flow::Stop);
+        };
+        req.cluster_id = self.cloud.cluster_id.clone();
+        match self.cloud.nodes.launch(&req).await {
+            Ok(instance) => {
+                self.cloud.instances.invalidate();
+                forget_failure(self.cloud, &self.uid);
+                if instance.state.is_gone() {
+                    // The next plan, on a fresh snapshot, replaces it.
+                    let note = format!("instance {} went away at launch", instance.id);
+                    self.learnt.push(instance);
+                    return Ok(Flow::Stepped(launching(note)));
+                }
+                // The launch's outcome is part of its step: recorded at once, so a snapshot
+                // that lags EC2 cannot hide it from the next reconcile.
+                self.record_instance(instance).await
+            }
+            Err(e) if e.is_permanent() => {
+                let message = e.to_string();
+                warn!(questdb = %self.qdb.name_any(), error = %message, "launch failed permanently");
+                self.ctx
+                    .event(
+                        self.qdb,
+                        EventType::Warning,
+                        Reason::LaunchFailed,
+                        "LaunchNode",
+                        message.clone(),
+                    )
+                    .await;
+                remember_failure(
+                    self.cloud,
+                    &self.uid,
+                    self.qdb.metadata.generation,
+                    generation,
+                    message.clone(),
+                );
+                self.turn.condition = Some(Verdict::new(
+                    conditions::NODE_READY,
+                    false,
+                    Reason::LaunchFailed,
+                    message,
+                ));
+                self.turn.requeue_within(PERMANENT_FAILURE_RETRY);
+                Ok(Flow::Stop)
+            }
+            Err(e) => Err(cloud_error(e)),
+        }
+    }
+
+    async fn record_instance(&mut self, instance: Instance) -> Result<Flow, Error> {
+        info!(questdb = %self.qdb.name_any(), instance = %instance.id, "recording dedicated instance");
+        let (id, image, kind) = (
+            instance.id.clone(),
+            instance.image.clone(),
+            instance.instance_type.clone(),
+        );
+        persist(self.qdb, self.ctx, |s| {
+            s.instance_id = Some(id.clone());
+            s.node_image = Some(image.clone());
+            s.node_instance_type = Some(kind.clone());
+        })
+        .await?;
+        let note = format!("instance {} is starting", instance.id);
+        if !self.learnt.iter().any(|l| l.id == instance.id) {
+            self.learnt.push(instance);
+        }
+        Ok(Flow::Stepped(launching(note)))
+    }
+
+    async fn look_up(&mut self, id: String, generation: Option<i64>) -> Result<(), Error> {
+        // By id: a filtered answer may leave out a running instance, and taking it for gone
+        // would launch a second one beside it.
+        let found = self.cloud.nodes.look_up(&id).await.map_err(cloud_error)?;
+        let instance = match found {
+            Some(i) => i,
+            // EC2 forgets terminated instances after a while: gone for good.
+            None => forgotten(self.qdb, &self.uid, &id, generation),
+        };
+        self.learnt.push(instance);
+        Ok(())
+    }
+
+    async fn replace(
+        &mut self,
+        status: &QuestDBStatus,
+        next_generation: i64,
+        gone: &str,
+        reason: Option<&str>,
+    ) -> Result<Flow, Error> {
+        let why = reason.unwrap_or("no reason given by EC2");
+        let now = tokio::time::Instant::now();
+        let hold = {
+            let mut all = self
+                .cloud
+                .relaunches
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            let history = all.entry(self.uid.clone()).or_default();
+            let verdict = node::relaunch(history, now);
+            if verdict == node::Relaunch::Now {
+                history.push(now);
+            }
+            verdict
+        };
+        let wait = match hold {
+            node::Relaunch::Now => None,
+            node::Relaunch::Backoff(d) => Some((Reason::RelaunchBackoff, d)),
+            node::Relaunch::Capped(d) => Some((Reason::RelaunchCapped, d)),
+        };
+        if let Some((reason, d)) = wait {
+            let c = Verdict::new(
+                conditions::NODE_READY,
+                false,
+                reason,
+                format!(
+                    "instance {gone} went away ({why}); the next launch waits (at most {} per hour)",
+                    node::MAX_RELAUNCHES_PER_HOUR
+                ),
+            );
+            if !already_reported(status, &c) {
+                self.ctx
+                    .event(
+                        self.qdb,
+                        EventType::Warning,
+                        reason,
+                        "ReplaceNode",
+                        c.message.clone(),
+                    )
+                    .await;
+            }
+            self.turn.condition = Some(c);
+            self.turn.requeue_within(d.max(Duration::from_secs(1)));
+            return Ok(Flow::Stop);
+        }
+        let note =
+            format!("instance {gone} is gone ({why}); launching node generation {next_generation}");
+        self.ctx
+            .event(
+                self.qdb,
+                EventType::Warning,
+                Reason::NodeGone,
+                "ReplaceNode",
+                note.clone(),
+            )
+            .await;
+        persist(self.qdb, self.ctx, |s| {
+            s.node_generation = Some(next_generation);
+            s.instance_id = None;
+            s.node_image = None;
+            s.node_instance_type = None;
+        })
+        .await?;
+        Ok(Flow::Stepped(launching(note)))
+    }
+
+    async fn terminate(&mut self, ids: &[String]) -> Result<Flow, Error> {
+        let note = format!("terminating instance(s) {}", ids.join(", "));
+        self.terminate_and_report(
+            ids,
+            EventType::Normal,
+            Reason::ReleasingNode,
+            Reason::Releasing,
+            note,
+        )
+        .await
+    }
+
+    async fn terminate_never_joined(&mut self, id: &str, message: String) -> Result<Flow, Error> {
+        warn!(questdb = %self.qdb.name_any(), instance = %id, "{message}");
+        let ids = [id.to_string()];
+        let never = Reason::NodeNeverJoined;
+        self.terminate_and_report(&ids, EventType::Warning, never, never, message)
+            .await
+    }
+
+    /// Terminates `ids` (each checked to be this QuestDB's), then one event and the
+    /// `NodeReady=False` condition, both saying `note`.
+    async fn terminate_and_report(
+        &mut self,
+        ids: &[String],
+        event: EventType,
+        event_reason: Reason,
+        condition_reason: Reason,
+        note: String,
+    ) -> Result<Flow, Error> {
+        for id in ids {
+            info!(questdb = %self.qdb.name_any(), instance = %id, "terminating dedicated instance");
+            self.cloud
+                .nodes
+                .terminate(id, &owner_uid(self.qdb))
+                .await
+                .map_err(cloud_error)?;
+        }
+        self.cloud.instances.invalidate();
+        self.ctx
+            .event(self.qdb, event, event_reason, "TerminateNode", note.clone())
+            .await;
+        self.turn.condition = Some(Verdict::new(
+            conditions::NODE_READY,
+            false,
+            condition_reason,
+            note,
+        ));
+        self.turn.requeue_within(WAITING_SYNC);
+        Ok(Flow::Stop)
+    }
+
+    async fn released(&mut self, next_generation: Option<i64>) -> Result<Flow, Error> {
+        persist(self.qdb, self.ctx, |s| {
+            s.instance_id = None;
+            s.node_image = None;
+            s.node_instance_type = None;
+            s.node_generation = next_generation;
+        })
+        .await?;
+        self.turn.condition = self.qdb.spec.node.as_ref().map(|_| {
+            Verdict::new(
+                conditions::NODE_READY,
+                false,
+                Reason::Released,
+                "the dedicated node was released; the volume is kept",
+            )
+        });
+        self.turn.released = true;
+        Ok(Flow::Stop)
+    }
+}
+
+/// An instance EC2 no longer knows, as a terminated record the planner understands.
+fn forgotten(qdb: &QuestDB, uid: &str, id: &str, generation: Option<i64>) -> Instance {
+    Instance {
+        id: id.to_string(),
+        state: InstanceState::Terminated,
+        zone: String::new(),
+        image: String::new(),
+        instance_type: String::new(),
+        private_ip: None,
+        public_ip: None,
+        tags: desired_instance_tags(
+            "",
+            &qdb.namespace().unwrap_or_default(),
+            &qdb.name_any(),
+            uid,
+            generation.unwrap_or_default(),
+        ),
+        launched_at: None,
+        state_reason: None,
+        private_dns_name: None,
+    }
+}
+
+fn recent_failure(
+    cloud: &CloudRuntime,
+    uid: &str,
+    spec_generation: Option<i64>,
+    node_generation: Option<i64>,
+) -> Option<LaunchFailure> {
+    let failures = cloud
+        .launch_failures
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    failures.get(uid).cloned().filter(|f| {
+        f.spec_generation == spec_generation
+            && Some(f.node_generation) == node_generation
+            && f.at.elapsed() < PERMANENT_FAILURE_RETRY
+    })
+}
+
+fn remember_failure(
+    cloud: &CloudRuntime,
+    uid: &str,
+    spec_generation: Option<i64>,
+    g: i64,
+    message: String,
+) {
+    cloud
+        .launch_failures
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(
+            uid.to_string(),
+            LaunchFailure {
+                spec_generation,
+                node_generation: g,
+                at: tokio::time::Instant::now(),
+                message,
+            },
+        );
+}
+
+fn forget_failure(cloud: &CloudRuntime, uid: &str) {
+    cloud
+        .launch_failures
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .remove(uid);
+}
+
+/// `NodeReady=False` while a dedicated node is on its way.
+fn launching(message: String) -> Verdict {
+    Verdict::new(conditions::NODE_READY, false, Reason::Launching, message)
+}
