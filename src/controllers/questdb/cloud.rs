@@ -10,7 +10,6 @@
 //! [`InstanceCache`]: crate::controllers::cloud_runtime::InstanceCache
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, Patch, PatchParams};
@@ -20,7 +19,7 @@ use serde_json::json;
 use tracing::{info, warn};
 
 pub use super::outcome::CloudOutcome;
-use super::provision::node_steps;
+use super::provision::{cloud_error, node_steps, ready_condition};
 use super::record::{already_reported, persist};
 use crate::api::Reason;
 use crate::api::{conditions, QuestDB, QuestDBStatus, FINALIZER, MANAGER};
@@ -33,8 +32,7 @@ use crate::plan::conditions::Verdict;
 use crate::plan::dns::{self, DnsStep, DnsView};
 use crate::plan::node;
 
-/// How fresh instance data must be while a node is launching or being released.
-pub const WAITING_SYNC: Duration = Duration::from_secs(2);
+pub use super::provision::WAITING_SYNC;
 
 /// True when `qdb` needs the finalizer (it has, or may get, cloud resources).
 pub fn wants_finalizer(qdb: &QuestDB) -> bool {
@@ -242,28 +240,6 @@ fn steady_state(qdb: &QuestDB, ctx: &Context, dedicated: &DedicatedNode) -> Opti
         },
         node: found,
     })
-}
-
-pub(super) fn ready_condition(node: &str, ready: bool) -> Verdict {
-    if ready {
-        Verdict::new(
-            conditions::NODE_READY,
-            true,
-            Reason::Ready,
-            format!("dedicated node {node} is ready"),
-        )
-    } else {
-        Verdict::new(
-            conditions::NODE_READY,
-            false,
-            Reason::NodeNotReady,
-            format!("dedicated node {node} is not ready"),
-        )
-    }
-}
-
-pub(super) fn cloud_error(e: CloudError) -> Error {
-    Error::Cloud(e)
 }
 
 /// This QuestDB as the owner of `name`: its uid, and the IP status says it published there.

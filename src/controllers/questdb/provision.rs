@@ -10,13 +10,13 @@ use kube::runtime::events::EventType;
 use kube::ResourceExt;
 use tracing::{info, warn};
 
-use super::cloud::{cloud_error, ready_condition, WAITING_SYNC};
 use super::machine::{turn, StateMachine};
 use super::node_marks::dedicate;
 use super::owner_uid;
 use super::record::{already_reported, persist};
 use crate::api::Reason;
 use crate::api::{conditions, QuestDB, QuestDBStatus};
+use crate::cloud::CloudError;
 use crate::cloud::{desired_instance_tags, Instance, InstanceState};
 use crate::controllers::cloud_runtime::CloudRuntime;
 use crate::controllers::cloud_runtime::LaunchFailure;
@@ -27,6 +27,8 @@ use crate::plan::conditions::Verdict;
 use crate::plan::node::launch_request;
 use crate::plan::node::{self, NodeStep, NodeView, PERMANENT_FAILURE_RETRY};
 
+/// How fresh instance data must be while a node is launching or being released.
+pub const WAITING_SYNC: Duration = Duration::from_secs(2);
 /// How soon a reconcile that took a node step looks again if no watch event of its own write
 /// wakes it first (a launch or a terminate writes nothing the watch sees).
 const AFTER_A_STEP: Duration = Duration::from_secs(1);
@@ -607,4 +609,26 @@ fn forget_failure(cloud: &CloudRuntime, uid: &str) {
 /// `NodeReady=False` while a dedicated node is on its way.
 fn launching(message: String) -> Verdict {
     Verdict::new(conditions::NODE_READY, false, Reason::Launching, message)
+}
+
+pub(super) fn ready_condition(node: &str, ready: bool) -> Verdict {
+    if ready {
+        Verdict::new(
+            conditions::NODE_READY,
+            true,
+            Reason::Ready,
+            format!("dedicated node {node} is ready"),
+        )
+    } else {
+        Verdict::new(
+            conditions::NODE_READY,
+            false,
+            Reason::NodeNotReady,
+            format!("dedicated node {node} is not ready"),
+        )
+    }
+}
+
+pub(super) fn cloud_error(e: CloudError) -> Error {
+    Error::Cloud(e)
 }
