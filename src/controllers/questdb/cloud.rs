@@ -144,9 +144,7 @@ pub async fn reconcile(
         out.node_condition = turn.condition;
         out.node = turn.node;
         out.released = turn.released;
-        if let Some(d) = turn.requeue {
-            out.requeue_within(d);
-        }
+        out.requeue = super::outcome::sooner(out.requeue, turn.requeue);
         turn.instance
     } else {
         out.released = true;

@@ -33,7 +33,15 @@ impl CloudOutcome {
     }
 
     pub(super) fn requeue_within(&mut self, d: Duration) {
-        self.requeue = Some(self.requeue.map_or(d, |r| r.min(d)));
+        self.requeue = sooner(self.requeue, Some(d));
+    }
+}
+
+/// The sooner of two requeues, either of which may be absent.
+pub fn sooner(a: Option<Duration>, b: Option<Duration>) -> Option<Duration> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
     }
 }
 
@@ -65,10 +73,7 @@ impl Turn {
 
     /// The sooner of this turn's requeue and `d`, if any.
     pub fn sooner(mut self, d: Option<Duration>) -> Self {
-        self.requeue = match (self.requeue, d) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
+        self.requeue = sooner(self.requeue, d);
         self
     }
 }
@@ -76,9 +81,7 @@ impl Turn {
 impl CloudOutcome {
     /// Keeps `turn`'s requeue; returns its condition.
     pub fn absorb(&mut self, turn: Turn) -> Verdict {
-        if let Some(d) = turn.requeue {
-            self.requeue_within(d);
-        }
+        self.requeue = sooner(self.requeue, turn.requeue);
         turn.condition
     }
 }

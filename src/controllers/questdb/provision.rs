@@ -12,6 +12,7 @@ use tracing::{info, warn};
 
 use super::machine::{turn, StateMachine};
 use super::node_marks::dedicate;
+use super::outcome::sooner;
 use super::owner_uid;
 use super::record::{already_reported, persist};
 use crate::api::Reason;
@@ -49,7 +50,7 @@ pub(super) struct NodeTurn {
 
 impl NodeTurn {
     fn requeue_within(&mut self, d: Duration) {
-        self.requeue = Some(self.requeue.map_or(d, |r| r.min(d)));
+        self.requeue = sooner(self.requeue, Some(d));
     }
 }
 
@@ -185,7 +186,7 @@ impl StateMachine for NodeRun<'_> {
                 if matches!(
                     condition.reason,
                     Reason::NodeIdentityConflict | Reason::NodeNeverJoined
-                ) && !already_reported(&self.qdb.status.clone().unwrap_or_default(), &condition)
+                ) && !already_reported(&o.status, &condition)
                 {
                     warn!(questdb = %self.qdb.name_any(), "{}", condition.message);
                     self.ctx
@@ -257,11 +258,9 @@ impl StateMachine for NodeRun<'_> {
                 // The instance this step recorded, if any: DNS may name it at once.
                 let recorded = self.qdb.status.as_ref().and_then(|s| s.instance_id.clone());
                 turn.instance = recorded.and_then(|id| {
-                    o.instances
-                        .iter()
-                        .chain(self.learnt.iter())
+                    self.instances(&o.instances)
+                        .into_iter()
                         .find(|i| i.id == id)
-                        .cloned()
                 });
             }
             Flow::Stop => {}
