@@ -756,11 +756,8 @@ async fn run_as_leader(
 }
 
 fn zero_known_labels(metrics: &crate::metrics::Metrics) {
-    let names = |reasons: &[crate::api::Reason]| -> Vec<&'static str> {
-        reasons.iter().map(|r| r.as_str()).collect()
-    };
-    let suppression = names(&crate::plan::failover::SUPPRESSION_REASONS);
-    let errors = names(&crate::controllers::Error::REASONS);
+    let suppression = crate::plan::failover::SUPPRESSION_REASONS.map(<&str>::from);
+    let errors = crate::controllers::Error::REASONS.map(<&str>::from);
     let failover_steps = crate::plan::failover::STEPS.map(<&str>::from);
     let move_steps = crate::plan::node_move::STEPS.map(<&str>::from);
     metrics.zero_known_labels(&crate::metrics::KnownLabels {

@@ -10,7 +10,7 @@ pub use backup::*;
 pub use backup_schedule::*;
 pub use pod::{PodOptions, RESERVED_VOLUMES};
 pub use questdb::*;
-pub use reason::Reason;
+pub use reason::*;
 
 /// API group of the operator's resources.
 pub const GROUP: &str = "crd.questdb.io";

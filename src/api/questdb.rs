@@ -7,7 +7,8 @@
 use std::collections::BTreeMap;
 
 use super::pod::PodOptions;
-use super::Reason;
+use super::NodeMoveReason;
+
 use k8s_openapi::api::core::v1::{EnvVar, ResourceRequirements};
 use k8s_openapi::api::networking::v1::NetworkPolicyPeer;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
@@ -707,7 +708,7 @@ pub struct NodeMoveStatus {
     /// Why it was aborted or rolled back (e.g. `LaunchFailed`, `NodeNeverJoined`,
     /// `Superseded`), or `NodeMoveStuck` while the old node is fenced.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reason: Option<Reason>,
+    pub reason: Option<NodeMoveReason>,
     /// When the move began.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub started_at: Option<Time>,

@@ -3,6 +3,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use crate::api::WriteHealthReason;
 use crate::runtime::events::Recorder;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{
@@ -16,7 +17,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, Resource};
 use tracing::warn;
 
-use crate::api::{QuestDB, Reason};
+use crate::api::{EventReason, QuestDB};
 
 use crate::controllers::cloud_runtime::CloudRuntime;
 pub use crate::controllers::keys::{questdb_ref, GuardedQuestDB};
@@ -62,7 +63,8 @@ pub type CredentialsCache =
 
 /// The newest `WriteHealthy` verdict per QuestDB, written by the write-health poll and read
 /// by the QuestDB's reconcile.
-pub type WriteHealth = Mutex<HashMap<ObjectRef<GuardedQuestDB>, crate::plan::conditions::Verdict>>;
+pub type WriteHealth =
+    Mutex<HashMap<ObjectRef<GuardedQuestDB>, crate::plan::conditions::Verdict<WriteHealthReason>>>;
 
 pub struct Context {
     pub client: Client,
@@ -152,7 +154,7 @@ impl Context {
         &self,
         qdb: &QuestDB,
         type_: EventType,
-        reason: Reason,
+        reason: EventReason,
         action: &str,
         note: String,
     ) {
@@ -166,7 +168,7 @@ impl Context {
         &self,
         reference: &ObjectReference,
         type_: EventType,
-        reason: Reason,
+        reason: EventReason,
         action: &str,
         note: String,
     ) {

@@ -16,7 +16,7 @@ pub mod write_health;
 
 use std::time::Duration;
 
-use crate::api::Reason;
+use crate::api::EventReason;
 
 use kube::runtime::controller::Action;
 
@@ -78,31 +78,31 @@ impl Error {
     }
 
     /// Every value [`Error::reason`] can take.
-    pub const REASONS: [Reason; 8] = [
-        Reason::MissingNamespace,
-        Reason::MissingUid,
-        Reason::StaleCache,
-        Reason::Conflict,
-        Reason::SerializeFailed,
-        Reason::KubernetesApiError,
-        Reason::CloudApiError,
-        Reason::InstanceNotOwned,
+    pub const REASONS: [EventReason; 8] = [
+        EventReason::MissingNamespace,
+        EventReason::MissingUid,
+        EventReason::StaleCache,
+        EventReason::Conflict,
+        EventReason::SerializeFailed,
+        EventReason::KubernetesApiError,
+        EventReason::CloudApiError,
+        EventReason::InstanceNotOwned,
     ];
 
-    pub fn reason(&self) -> Reason {
+    pub fn reason(&self) -> EventReason {
         match self {
-            Error::MissingNamespace => Reason::MissingNamespace,
-            Error::MissingUid => Reason::MissingUid,
-            Error::StaleCache(_) => Reason::StaleCache,
-            Error::Conflict => Reason::Conflict,
-            Error::Serialize(_) => Reason::SerializeFailed,
-            Error::Kube(_) => Reason::KubernetesApiError,
+            Error::MissingNamespace => EventReason::MissingNamespace,
+            Error::MissingUid => EventReason::MissingUid,
+            Error::StaleCache(_) => EventReason::StaleCache,
+            Error::Conflict => EventReason::Conflict,
+            Error::Serialize(_) => EventReason::SerializeFailed,
+            Error::Kube(_) => EventReason::KubernetesApiError,
             Error::Cloud(crate::cloud::CloudError::Permanent { code, .. })
                 if code == crate::cloud::INSTANCE_NOT_OWNED =>
             {
-                Reason::InstanceNotOwned
+                EventReason::InstanceNotOwned
             }
-            Error::Cloud(_) => Reason::CloudApiError,
+            Error::Cloud(_) => EventReason::CloudApiError,
         }
     }
 

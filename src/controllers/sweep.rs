@@ -21,7 +21,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::api::Reason;
+use crate::api::EventReason;
 use crate::api::{QuestDB, QuestDBStatus};
 use crate::cloud::{
     Instance, TAG_CLUSTER_ID, TAG_NAME, TAG_NAMESPACE, TAG_NODE_GENERATION, TAG_UID,
@@ -218,7 +218,7 @@ async fn hold_back(ctx: &Context, instance: &Instance, orphans: usize, managed: 
     };
     let ev = Event {
         type_: EventType::Warning,
-        reason: Reason::OrphanSweepHeldBack.as_str().into(),
+        reason: EventReason::OrphanSweepHeldBack.as_str().into(),
         note: Some(format!(
             "instance {} looks orphaned, but so do {orphans} of {managed} managed instances: more than one sweep may terminate, so none is; check the operator's QuestDB cache and --namespace",
             instance.id
@@ -275,7 +275,7 @@ async fn terminate_orphan(
     if let Some(node) = node {
         let ev = Event {
             type_: EventType::Warning,
-            reason: Reason::OrphanTerminated.as_str().into(),
+            reason: EventReason::OrphanTerminated.as_str().into(),
             note: Some(note),
             action: "TerminateOrphan".into(),
             secondary: None,

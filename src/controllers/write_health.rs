@@ -15,7 +15,7 @@ use kube::ResourceExt;
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
-use crate::api::{conditions, Phase, QuestDB, Reason};
+use crate::api::{Phase, QuestDB, WriteHealthReason};
 use crate::controllers::context::{questdb_ref, Context};
 use crate::desired;
 use crate::plan::conditions::Verdict;
@@ -28,7 +28,7 @@ pub const LAG_TXNS: i64 = 10_000;
 type Logins = HashMap<ObjectRef<Secret>, (String, Option<Login>)>;
 
 /// The verdict `wal_tables()` (columns name, suspended, writerTxn, sequencerTxn) gives.
-pub fn verdict(rows: &Rows) -> Verdict {
+pub fn verdict(rows: &Rows) -> Verdict<WriteHealthReason> {
     let mut suspended = Vec::new();
     let mut lagging = Vec::new();
     for row in &rows.dataset {
@@ -51,9 +51,8 @@ pub fn verdict(rows: &Rows) -> Verdict {
     };
     if !suspended.is_empty() {
         return Verdict::new(
-            conditions::WRITE_HEALTHY,
             false,
-            Reason::TablesSuspended,
+            WriteHealthReason::TablesSuspended,
             format!(
                 "WAL suspended (writes refused until `ALTER TABLE ... RESUME WAL`): {}",
                 list(&suspended)
@@ -62,9 +61,8 @@ pub fn verdict(rows: &Rows) -> Verdict {
     }
     if !lagging.is_empty() {
         return Verdict::new(
-            conditions::WRITE_HEALTHY,
             false,
-            Reason::WalApplyLagging,
+            WriteHealthReason::WalApplyLagging,
             format!(
                 "WAL apply lags more than {LAG_TXNS} transactions: {}",
                 list(&lagging)
@@ -72,9 +70,8 @@ pub fn verdict(rows: &Rows) -> Verdict {
         );
     }
     Verdict::new(
-        conditions::WRITE_HEALTHY,
         true,
-        Reason::WalHealthy,
+        WriteHealthReason::WalHealthy,
         format!("WAL applied and writable ({} tables)", rows.dataset.len()),
     )
 }
@@ -106,7 +103,7 @@ pub async fn run(ctx: Arc<Context>, interval: Duration, token: CancellationToken
             let Some(verdict) = poll(&ctx, &qdb, &mut logins).await else {
                 continue;
             };
-            let suspended = if verdict.reason == Reason::TablesSuspended {
+            let suspended = if verdict.reason == WriteHealthReason::TablesSuspended {
                 1
             } else {
                 0
@@ -133,7 +130,11 @@ pub async fn run(ctx: Arc<Context>, interval: Duration, token: CancellationToken
     }
 }
 
-async fn poll(ctx: &Context, qdb: &QuestDB, logins: &mut Logins) -> Option<Verdict> {
+async fn poll(
+    ctx: &Context,
+    qdb: &QuestDB,
+    logins: &mut Logins,
+) -> Option<Verdict<WriteHealthReason>> {
     let ns = qdb.namespace()?;
     let pod = ctx
         .caches
@@ -190,16 +191,19 @@ mod tests {
             ["quotes", false, 3, 3]
         ])));
         assert!(!v.status);
-        assert_eq!(v.reason, Reason::TablesSuspended);
+        assert_eq!(v.reason, WriteHealthReason::TablesSuspended);
         assert!(v.message.contains("trades") && !v.message.contains("quotes"));
     }
 
     #[test]
     fn a_writer_far_behind_its_sequencer_is_lagging_and_a_caught_up_one_is_healthy() {
         let v = verdict(&rows(json!([["trades", false, 1, 1 + LAG_TXNS + 1]])));
-        assert_eq!((v.status, v.reason), (false, Reason::WalApplyLagging));
+        assert_eq!(
+            (v.status, v.reason),
+            (false, WriteHealthReason::WalApplyLagging)
+        );
         let v = verdict(&rows(json!([["trades", false, 100, 120]])));
-        assert_eq!((v.status, v.reason), (true, Reason::WalHealthy));
+        assert_eq!((v.status, v.reason), (true, WriteHealthReason::WalHealthy));
         let v = verdict(&rows(json!([])));
         assert!(v.status, "no WAL table, nothing unhealthy");
     }

@@ -11,7 +11,7 @@ use super::labels::child_meta;
 use super::names;
 use super::quantity::parse_quantity;
 use crate::api::QuestDB;
-use crate::api::Reason;
+use crate::api::VolumeSizeReason;
 
 /// Whether the PVC carries the QuestDB's controller reference.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -94,7 +94,7 @@ pub struct SizePlan {
     pub request: String,
     /// `VolumeSizeReady`.
     pub ready: bool,
-    pub reason: Reason,
+    pub reason: VolumeSizeReason,
     pub message: String,
 }
 
@@ -114,7 +114,7 @@ pub fn size_plan(want: &str, have: &str, expandable: Option<bool>, class: &str) 
     match (w, h) {
         _ if grows(want, have) && expandable == Some(false) => keep(
             false,
-            Reason::NotExpandable,
+            VolumeSizeReason::NotExpandable,
             format!(
                 "spec.volume.size asks for {want} but StorageClass {class} does not allow volume expansion; the volume stays at {have}"
             ),
@@ -122,15 +122,15 @@ pub fn size_plan(want: &str, have: &str, expandable: Option<bool>, class: &str) 
         _ if grows(want, have) => SizePlan {
             request: want.to_string(),
             ready: true,
-            reason: Reason::Expanding,
+            reason: VolumeSizeReason::Expanding,
             message: format!("the volume is being expanded from {have} to {want}"),
         },
         (Some(w), Some(h)) if w < h => keep(
             true,
-            Reason::Larger,
+            VolumeSizeReason::Larger,
             format!("the volume requests {have}, more than spec.volume.size {want}; volumes never shrink"),
         ),
-        _ => keep(true, Reason::AsRequested, format!("the volume requests {have}")),
+        _ => keep(true, VolumeSizeReason::AsRequested, format!("the volume requests {have}")),
     }
 }
 
@@ -173,7 +173,7 @@ mod tests {
         let fixed = size_plan("200Gi", "100Gi", Some(false), "gp3-fixed");
         assert_eq!(fixed.request, "100Gi");
         assert!(!fixed.ready);
-        assert_eq!(fixed.reason, Reason::NotExpandable);
+        assert_eq!(fixed.reason, VolumeSizeReason::NotExpandable);
         assert!(fixed.message.contains("gp3-fixed"), "{}", fixed.message);
         let grows = size_plan("200Gi", "100Gi", Some(true), "gp3");
         assert_eq!(grows.request, "200Gi");
@@ -181,7 +181,7 @@ mod tests {
         assert_eq!(unknown.request, "200Gi", "the apiserver decides");
         let same = size_plan("100Gi", "102400Mi", Some(false), "gp3-fixed");
         assert_eq!(same.request, "102400Mi");
-        assert_eq!(same.reason, Reason::AsRequested);
+        assert_eq!(same.reason, VolumeSizeReason::AsRequested);
     }
 
     #[test]

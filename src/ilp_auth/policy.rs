@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Secret;
 
-use crate::api::Reason;
+use crate::api::IlpAuthReason;
 
 use super::{parse_secret, render_auth_file, KeyError, PublicKey};
 
@@ -130,7 +130,7 @@ pub struct AuthDecision {
     /// Status of the `IlpAuthReady` condition.
     pub ready: bool,
     /// Reason of the `IlpAuthReady` condition.
-    pub reason: Reason,
+    pub reason: IlpAuthReason,
     /// Message of the condition (also fit for a Warning event when not ready). Names Secrets,
     /// kids and problems, never a key value.
     pub message: String,
@@ -162,7 +162,7 @@ pub fn decide(outcome: &AuthOutcome) -> AuthDecision {
             auth_file,
             file_choice: FileChoice::Complete,
             ready: false,
-            reason: Reason::NoKeys,
+            reason: IlpAuthReason::NoKeys,
             message: "No Secret annotated crd.questdb.io/name holds an ILP key for this QuestDB: \
                       ILP authentication stays on and every ILP client is refused until a key \
                       Secret is annotated or spec.ilpAuth.enabled is set to false"
@@ -174,7 +174,7 @@ pub fn decide(outcome: &AuthOutcome) -> AuthDecision {
         auth_file,
         file_choice: FileChoice::Complete,
         ready: true,
-        reason: Reason::KeysLoaded,
+        reason: IlpAuthReason::KeysLoaded,
         message: format!(
             "{} loaded: {}",
             plural(kids.len(), "ILP key", "ILP keys"),
@@ -189,9 +189,9 @@ fn decide_with_problems(outcome: &AuthOutcome) -> AuthDecision {
         .iter()
         .all(|p| matches!(p.error, KeyError::DuplicateKid { .. }));
     let reason = if only_duplicates {
-        Reason::DuplicateKid
+        IlpAuthReason::DuplicateKid
     } else {
-        Reason::InvalidSecret
+        IlpAuthReason::InvalidSecret
     };
     let problems: Vec<String> = outcome
         .problems

@@ -125,7 +125,7 @@ fn complete_outcome_loads_the_new_file() {
     );
     assert!(decision.ready);
     assert_eq!(decision.condition_status(), "True");
-    assert_eq!(decision.reason, Reason::KeysLoaded);
+    assert_eq!(decision.reason, IlpAuthReason::KeysLoaded);
     assert_eq!(decision.message, "2 ILP keys loaded: alice, bob");
     assert_no_leak(&outcome, &decision, &[&alice, &bob]);
 }
@@ -165,7 +165,7 @@ fn no_keys_fails_closed_with_an_alertable_condition() {
     assert_eq!(decision.file_choice, FileChoice::Complete);
     assert!(!decision.ready);
     assert_eq!(decision.condition_status(), "False");
-    assert_eq!(decision.reason, Reason::NoKeys);
+    assert_eq!(decision.reason, IlpAuthReason::NoKeys);
     assert!(decision.message.contains("every ILP client is refused"));
     assert!(decision.message.contains("spec.ilpAuth.enabled"));
 }
@@ -178,7 +178,7 @@ fn an_invalid_secret_withholds_only_its_own_key() {
     assert_eq!(decision.auth_file, render_auth_file(&[public(&alice)]));
     assert_eq!(decision.file_choice, FileChoice::ValidKeysOnly);
     assert!(!decision.ready);
-    assert_eq!(decision.reason, Reason::InvalidSecret);
+    assert_eq!(decision.reason, IlpAuthReason::InvalidSecret);
     assert!(
         decision.message.starts_with(
             "1 key Secret rejected: Secret s-bob: `x` is not base64url (alphabet A-Z a-z 0-9 - _). \
@@ -219,7 +219,7 @@ fn duplicate_kids_withhold_both_keys_with_their_own_reason() {
     ]);
     let decision = decide(&outcome);
     assert_eq!(decision.auth_file, render_auth_file(&[public(&other)]));
-    assert_eq!(decision.reason, Reason::DuplicateKid);
+    assert_eq!(decision.reason, IlpAuthReason::DuplicateKid);
     assert!(decision.message.contains(
         "Secret a-first: its `kid` is also used by Secret b-second; \
          QuestDB refuses duplicate key ids"
@@ -239,7 +239,7 @@ fn invalid_and_duplicate_together_report_invalid_secret() {
         broken_secret("c", &third),
     ]);
     let decision = decide(&outcome);
-    assert_eq!(decision.reason, Reason::InvalidSecret);
+    assert_eq!(decision.reason, IlpAuthReason::InvalidSecret);
     assert!(decision
         .message
         .starts_with("3 key Secrets rejected: Secret a: "));

@@ -3,32 +3,54 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 
-pub use crate::api::Reason;
+use crate::api::ConditionReason;
 
-/// A controller's verdict on one condition type (status, reason, message), before the
-/// timestamps of a Kubernetes `Condition` are attached.
+/// A controller's verdict on one condition (status, reason, message), before the timestamps
+/// of a Kubernetes `Condition` are attached. The condition's type is its reason's
+/// ([`ConditionReason::CONDITION`]): a `Verdict<NodeReadyReason>` is a `NodeReady` condition
+/// and can carry no other condition's reason:
+///
+/// ```compile_fail
+/// use questdb_operator::api::DnsReason;
+/// use questdb_operator::api::NodeReadyReason;
+/// use questdb_operator::plan::conditions::Verdict;
+///
+/// let node_ready: Verdict<NodeReadyReason> = Verdict::new(false, DnsReason::Published, "");
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Verdict {
-    pub type_: &'static str,
+pub struct Verdict<R> {
     pub status: bool,
-    pub reason: Reason,
+    pub reason: R,
     pub message: String,
 }
 
-impl Verdict {
-    pub fn new(
-        type_: &'static str,
-        status: bool,
-        reason: Reason,
-        message: impl Into<String>,
-    ) -> Self {
+impl<R: ConditionReason> Verdict<R> {
+    pub fn new(status: bool, reason: R, message: impl Into<String>) -> Self {
         Self {
-            type_,
             status,
             reason,
             message: message.into(),
         }
     }
+
+    /// The same verdict among those of other condition types (what [`merge`] takes).
+    pub fn desired(&self) -> Desired {
+        Desired {
+            type_: R::CONDITION,
+            status: self.status,
+            reason: self.reason.into(),
+            message: self.message.clone(),
+        }
+    }
+}
+
+/// A verdict of any condition type, its reason as text: the list [`merge`] writes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Desired {
+    pub type_: &'static str,
+    pub status: bool,
+    pub reason: &'static str,
+    pub message: String,
 }
 
 fn status_str(status: bool) -> &'static str {
@@ -43,7 +65,7 @@ fn status_str(status: bool) -> &'static str {
 /// reconcile that changes nothing produces an identical list (and therefore no status write).
 pub fn merge(
     existing: &[Condition],
-    desired: &[Verdict],
+    desired: &[Desired],
     generation: Option<i64>,
     now: Timestamp,
 ) -> Vec<Condition> {
@@ -59,7 +81,7 @@ pub fn merge(
             Condition {
                 type_: d.type_.to_string(),
                 status,
-                reason: d.reason.as_str().to_string(),
+                reason: d.reason.to_string(),
                 message: d.message.clone(),
                 observed_generation: generation,
                 last_transition_time,
@@ -91,6 +113,7 @@ pub fn transitions<'a>(before: &[Condition], after: &'a [Condition]) -> Vec<&'a 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::ReadyReason;
 
     fn t(secs: i64) -> Timestamp {
         Timestamp::from_second(secs).unwrap()
@@ -100,13 +123,13 @@ mod tests {
     fn unchanged_status_keeps_transition_time() {
         let first = merge(
             &[],
-            &[Verdict::new("Ready", false, Reason::Creating, "x")],
+            &[Verdict::new(false, ReadyReason::Creating, "x").desired()],
             Some(1),
             t(100),
         );
         let second = merge(
             &first,
-            &[Verdict::new("Ready", false, Reason::Creating, "x")],
+            &[Verdict::new(false, ReadyReason::Creating, "x").desired()],
             Some(1),
             t(200),
         );
@@ -118,13 +141,13 @@ mod tests {
     fn flipped_status_moves_transition_time() {
         let first = merge(
             &[],
-            &[Verdict::new("Ready", false, Reason::Creating, "x")],
+            &[Verdict::new(false, ReadyReason::Creating, "x").desired()],
             Some(1),
             t(100),
         );
         let second = merge(
             &first,
-            &[Verdict::new("Ready", true, Reason::Running, "ok")],
+            &[Verdict::new(true, ReadyReason::Running, "ok").desired()],
             Some(1),
             t(200),
         );
@@ -137,13 +160,13 @@ mod tests {
     fn reason_change_without_flip_keeps_time_but_counts_as_transition() {
         let first = merge(
             &[],
-            &[Verdict::new("Ready", false, Reason::Creating, "x")],
+            &[Verdict::new(false, ReadyReason::Creating, "x").desired()],
             Some(1),
             t(100),
         );
         let second = merge(
             &first,
-            &[Verdict::new("Ready", false, Reason::PodNotReady, "y")],
+            &[Verdict::new(false, ReadyReason::PodNotReady, "y").desired()],
             Some(2),
             t(200),
         );
@@ -156,13 +179,18 @@ mod tests {
     fn foreign_conditions_are_kept_and_sorted() {
         let existing = merge(
             &[],
-            &[Verdict::new("Upgrading", true, Reason::Provisioning, "")],
+            &[Desired {
+                type_: "Upgrading",
+                status: true,
+                reason: "Provisioning",
+                message: String::new(),
+            }],
             None,
             t(1),
         );
         let out = merge(
             &existing,
-            &[Verdict::new("Ready", true, Reason::Running, "")],
+            &[Verdict::new(true, ReadyReason::Running, "").desired()],
             None,
             t(2),
         );

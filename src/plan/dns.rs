@@ -4,8 +4,8 @@
 //! QuestDB costs no Route53 call at all: the provider is asked only when they differ from what
 //! is wanted.
 
-use crate::api::Reason;
-use crate::api::{conditions, DnsSpec, QuestDBStatus};
+use crate::api::DnsReason;
+use crate::api::{DnsSpec, QuestDBStatus};
 use crate::cloud::display_name;
 use crate::plan::conditions::Verdict;
 
@@ -14,7 +14,7 @@ pub enum DnsStep {
     /// No record wanted and none recorded.
     Nothing,
     /// The record is as wanted.
-    InSync(Verdict),
+    InSync(Verdict<DnsReason>),
     /// Point `name` at `ip`.
     Upsert { name: String, ip: String, ttl: i64 },
     /// Remove the record status names and its ownership (deleted, renamed, or `spec.dns`
@@ -24,7 +24,7 @@ pub enum DnsStep {
     /// this QuestDB's until it is deleted.
     Withdraw { name: String },
     /// A record is wanted but cannot be written yet (no node address, no hosted zone).
-    Blocked(Verdict),
+    Blocked(Verdict<DnsReason>),
 }
 
 pub struct DnsView<'a> {
@@ -83,9 +83,8 @@ pub fn plan(v: &DnsView) -> DnsStep {
     let Some(ip) = ip else {
         let which = if dns.public { "public" } else { "private" };
         return DnsStep::Blocked(Verdict::new(
-            conditions::DNS_READY,
             false,
-            Reason::WaitingForNode,
+            DnsReason::WaitingForNode,
             format!("waiting for the dedicated node's {which} IP"),
         ));
     };
@@ -101,7 +100,11 @@ pub fn plan(v: &DnsView) -> DnsStep {
 }
 
 /// The refusal of a DNS name outside `<namespace>.<suffix>` (`--dns-namespace-suffix`).
-pub fn outside_namespace(name: &str, namespace: &str, suffix: Option<&str>) -> Option<Verdict> {
+pub fn outside_namespace(
+    name: &str,
+    namespace: &str,
+    suffix: Option<&str>,
+) -> Option<Verdict<DnsReason>> {
     let suffix = suffix?;
     let zone = format!("{namespace}.{suffix}");
     let name = display_name(name);
@@ -109,37 +112,29 @@ pub fn outside_namespace(name: &str, namespace: &str, suffix: Option<&str>) -> O
         return None;
     }
     Some(Verdict::new(
-        conditions::DNS_READY,
         false,
-        Reason::DnsRejected,
+        DnsReason::DnsRejected,
         format!("{name} is not under {zone}: this namespace's databases are named *.{zone} (--dns-namespace-suffix)"),
     ))
 }
 
 /// `DnsReady` of a paused QuestDB whose name stays its own.
-pub fn reserved_while_paused(name: &str) -> Verdict {
+pub fn reserved_while_paused(name: &str) -> Verdict<DnsReason> {
     Verdict::new(
-        conditions::DNS_READY,
         false,
-        Reason::Removed,
+        DnsReason::Removed,
         format!("record {name} removed while compute is released; the name stays reserved for this QuestDB until it is deleted"),
     )
 }
 
-pub fn published(name: &str, ip: &str) -> Verdict {
-    Verdict::new(
-        conditions::DNS_READY,
-        true,
-        Reason::Published,
-        format!("{name} points at {ip}"),
-    )
+pub fn published(name: &str, ip: &str) -> Verdict<DnsReason> {
+    Verdict::new(true, DnsReason::Published, format!("{name} points at {ip}"))
 }
 
-fn not_configured() -> Verdict {
+fn not_configured() -> Verdict<DnsReason> {
     Verdict::new(
-        conditions::DNS_READY,
         false,
-        Reason::NotConfigured,
+        DnsReason::NotConfigured,
         "the operator has no Route53 hosted zone configured (--route53-hosted-zone-id)",
     )
 }
@@ -271,10 +266,10 @@ mod tests {
         let s = status(None, None);
         let mut v = view(Some(&d), &s);
         v.private_ip = None;
-        assert!(matches!(plan(&v), DnsStep::Blocked(c) if c.reason == Reason::WaitingForNode));
+        assert!(matches!(plan(&v), DnsStep::Blocked(c) if c.reason == DnsReason::WaitingForNode));
         let mut v = view(Some(&d), &s);
         v.provider_configured = false;
-        assert!(matches!(plan(&v), DnsStep::Blocked(c) if c.reason == Reason::NotConfigured));
+        assert!(matches!(plan(&v), DnsStep::Blocked(c) if c.reason == DnsReason::NotConfigured));
     }
 
     #[test]

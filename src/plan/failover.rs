@@ -18,8 +18,8 @@
 
 use std::time::Duration;
 
-use crate::api::Reason;
-use crate::api::{conditions, FailoverPhase, FailoverSpec, FailoverStatus, QuestDBStatus};
+use crate::api::{EventReason, FailoverReason, SuppressionReason};
+use crate::api::{FailoverPhase, FailoverSpec, FailoverStatus, QuestDBStatus};
 use crate::cloud::InstanceState;
 use crate::plan::conditions::Verdict;
 /// `spec.failover.unhealthyAfterSeconds`, but never under the kubelets' Lease duration.
@@ -28,25 +28,25 @@ pub fn effective_threshold(unhealthy_after_seconds: i64, lease_duration: Duratio
 }
 
 /// The event reason of entering `phase`.
-pub fn step_reason(phase: FailoverPhase) -> Reason {
+pub fn step_reason(phase: FailoverPhase) -> EventReason {
     match phase {
-        FailoverPhase::Fencing => Reason::FailoverFencing,
-        FailoverPhase::Releasing => Reason::FailoverReleasing,
-        FailoverPhase::Reattaching => Reason::FailoverReattaching,
-        FailoverPhase::Recovering => Reason::FailoverRecovering,
-        FailoverPhase::Draining => Reason::FailoverDraining,
-        FailoverPhase::Healthy => Reason::FailoverHealthy,
+        FailoverPhase::Fencing => EventReason::FailoverFencing,
+        FailoverPhase::Releasing => EventReason::FailoverReleasing,
+        FailoverPhase::Reattaching => EventReason::FailoverReattaching,
+        FailoverPhase::Recovering => EventReason::FailoverRecovering,
+        FailoverPhase::Draining => EventReason::FailoverDraining,
+        FailoverPhase::Healthy => EventReason::FailoverHealthy,
     }
 }
 
 /// `metadata.annotations` key that turns failover off for one QuestDB (maintenance).
 /// Every reason a due failover can be held back for (the label values of
 /// `questdb_operator_failovers_suppressed_total`).
-pub const SUPPRESSION_REASONS: [Reason; 4] = [
-    Reason::Disabled,
-    Reason::SkipAnnotation,
-    Reason::RecentFailover,
-    Reason::TooManyUnhealthyNodes,
+pub const SUPPRESSION_REASONS: [SuppressionReason; 4] = [
+    SuppressionReason::Disabled,
+    SuppressionReason::SkipAnnotation,
+    SuppressionReason::RecentFailover,
+    SuppressionReason::TooManyUnhealthyNodes,
 ];
 
 /// The steps whose durations `questdb_operator_failover_step_duration_seconds` records.
@@ -130,7 +130,10 @@ pub enum Start {
     /// Nothing wrong (or not long enough).
     No,
     /// The node is unhealthy past the threshold, but a safety rule holds the failover back.
-    Suppressed { reason: Reason, message: String },
+    Suppressed {
+        reason: SuppressionReason,
+        message: String,
+    },
     /// Fence the instance in status and replace it.
     Go,
 }
@@ -154,25 +157,25 @@ pub fn should_start(v: &StartView) -> Start {
     );
     if !v.spec.enabled {
         return suppressed(
-            Reason::Disabled,
+            SuppressionReason::Disabled,
             format!("{past}; spec.failover.enabled is false"),
         );
     }
     if v.skip_annotation {
         return suppressed(
-            Reason::SkipAnnotation,
+            SuppressionReason::SkipAnnotation,
             format!("{past}; {SKIP_ANNOTATION} is set"),
         );
     }
     if v.breaker_open {
         return suppressed(
-            Reason::TooManyUnhealthyNodes,
+            SuppressionReason::TooManyUnhealthyNodes,
             format!("{past}, but so are too many other dedicated nodes: that looks like a partition or an outage, not a dead node"),
         );
     }
     if v.since_last_start.is_some_and(|d| d < MIN_INTERVAL) {
         return suppressed(
-            Reason::RecentFailover,
+            SuppressionReason::RecentFailover,
             format!(
                 "{past}; the last failover started less than {} minutes ago",
                 MIN_INTERVAL.as_secs() / 60
@@ -185,17 +188,20 @@ pub fn should_start(v: &StartView) -> Start {
 /// The Failover condition of a database with no failover under way and a healthy node:
 /// `Armed` with what silence fails its node over, or, with `spec.failover.enabled: false`,
 /// `False Disabled`: an on-call engineer reading `Armed` expects a dead node to be replaced.
-pub fn idle_condition(spec: &FailoverSpec, lease_duration: Duration) -> (bool, Reason, String) {
+pub fn idle_condition(
+    spec: &FailoverSpec,
+    lease_duration: Duration,
+) -> (bool, FailoverReason, String) {
     if !spec.enabled {
         return (
             false,
-            Reason::Disabled,
+            FailoverReason::Disabled,
             "spec.failover.enabled is false: a dedicated node that stops responding is not replaced automatically".into(),
         );
     }
     (
         true,
-        Reason::Armed,
+        FailoverReason::Armed,
         armed_message(spec.unhealthy_after_seconds, lease_duration),
     )
 }
@@ -422,13 +428,12 @@ pub fn release_fence(v: &ReleaseView) -> ReleaseFence {
 }
 
 /// `FailoverStuck` once a step has run past its timeout.
-pub fn stuck(failover: &FailoverStatus, in_step_for: Duration) -> Option<Verdict> {
+pub fn stuck(failover: &FailoverStatus, in_step_for: Duration) -> Option<Verdict<FailoverReason>> {
     let limit = step_timeout(failover.phase);
     (in_step_for > limit).then(|| {
         Verdict::new(
-            conditions::FAILOVER,
             false,
-            Reason::FailoverStuck,
+            FailoverReason::FailoverStuck,
             format!(
                 "step {} has not finished after {} minutes: {}",
                 failover.phase,

@@ -1,5 +1,5 @@
 use super::*;
-use crate::api::Reason;
+use crate::api::{FailoverReason, SuppressionReason};
 
 fn spec() -> FailoverSpec {
     FailoverSpec {
@@ -76,7 +76,7 @@ fn many_silent_nodes_at_once_are_a_partition_not_a_dead_node() {
     assert!(matches!(
         start(&spec(), &running_status(), Some(60), true),
         Start::Suppressed {
-            reason: Reason::TooManyUnhealthyNodes,
+            reason: SuppressionReason::TooManyUnhealthyNodes,
             ..
         }
     ));
@@ -114,7 +114,7 @@ fn disabled_skipped_or_recently_failed_over_databases_are_held_back_with_a_reaso
     assert!(matches!(
         start(&off, &running_status(), Some(60), false),
         Start::Suppressed {
-            reason: Reason::Disabled,
+            reason: SuppressionReason::Disabled,
             ..
         }
     ));
@@ -131,7 +131,7 @@ fn disabled_skipped_or_recently_failed_over_databases_are_held_back_with_a_reaso
     assert!(matches!(
         skip,
         Start::Suppressed {
-            reason: Reason::SkipAnnotation,
+            reason: SuppressionReason::SkipAnnotation,
             ..
         }
     ));
@@ -147,7 +147,7 @@ fn disabled_skipped_or_recently_failed_over_databases_are_held_back_with_a_reaso
     assert!(matches!(
         recent,
         Start::Suppressed {
-            reason: Reason::RecentFailover,
+            reason: SuppressionReason::RecentFailover,
             ..
         }
     ));
@@ -336,7 +336,7 @@ fn a_step_past_its_timeout_is_reported_stuck() {
     let f = failover(FailoverPhase::Releasing);
     assert_eq!(stuck(&f, Duration::from_secs(60)), None);
     let c = stuck(&f, Duration::from_secs(601)).expect("stuck");
-    assert_eq!(c.reason, Reason::FailoverStuck);
+    assert_eq!(c.reason, FailoverReason::FailoverStuck);
     assert!(!c.status);
 }
 
@@ -361,14 +361,14 @@ fn a_database_with_failover_off_never_says_armed() {
     let on = FailoverSpec::default();
     let (status, reason, _) = idle_condition(&on, lease);
     assert!(status);
-    assert_eq!(reason, Reason::Armed);
+    assert_eq!(reason, FailoverReason::Armed);
     let off = FailoverSpec {
         enabled: false,
         ..FailoverSpec::default()
     };
     let (status, reason, message) = idle_condition(&off, lease);
     assert!(!status);
-    assert_eq!(reason, Reason::Disabled);
+    assert_eq!(reason, FailoverReason::Disabled);
     assert!(message.contains("not replaced"), "{message}");
 }
 

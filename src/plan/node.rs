@@ -11,8 +11,8 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
 
-use crate::api::Reason;
-use crate::api::{conditions, NodeSpec, QuestDB, QuestDBStatus};
+use crate::api::NodeReadyReason;
+use crate::api::{NodeSpec, QuestDB, QuestDBStatus};
 use crate::cloud::{
     parse_provider_id, Instance, InstanceState, LaunchRequest, Taint, TAG_NODE_GENERATION, TAG_UID,
 };
@@ -80,7 +80,7 @@ pub enum NodeStep {
         reason: Option<String>,
     },
     /// The instance is on its way; look again soon.
-    Wait(Verdict),
+    Wait(Verdict<NodeReadyReason>),
     /// The Node is there but lacks the dedicated label, the pin label and/or the taint.
     Dedicate { node: String, instance: String },
     /// Node up, labelled and tainted.
@@ -90,7 +90,7 @@ pub enum NodeStep {
     /// Every instance of this QuestDB is gone: forget it (the next node is a new generation).
     Released { next_generation: Option<i64> },
     /// The last launch failed permanently; keep showing it until the retry time.
-    Failed(Verdict),
+    Failed(Verdict<NodeReadyReason>),
 }
 
 fn gen_of(i: &Instance) -> Option<i64> {
@@ -200,8 +200,8 @@ pub fn node_is_ready(node: &Node) -> bool {
         .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
-fn waiting(reason: Reason, message: impl Into<String>) -> NodeStep {
-    NodeStep::Wait(Verdict::new(conditions::NODE_READY, false, reason, message))
+fn waiting(reason: NodeReadyReason, message: impl Into<String>) -> NodeStep {
+    NodeStep::Wait(Verdict::new(false, reason, message))
 }
 
 pub fn plan(v: &NodeView) -> NodeStep {
@@ -219,7 +219,7 @@ pub fn plan(v: &NodeView) -> NodeStep {
         // Only "terminated" is final: a shutting-down instance may still hold the volume.
         if let Some(i) = mine.iter().find(|i| i.state == InstanceState::ShuttingDown) {
             return waiting(
-                Reason::Releasing,
+                NodeReadyReason::Releasing,
                 format!("waiting for instance {} to terminate", i.id),
             );
         }
@@ -266,9 +266,8 @@ pub fn plan(v: &NodeView) -> NodeStep {
                 Some(i) => NodeStep::RecordInstance((*i).clone()),
                 None => match v.recent_permanent_failure {
                     Some(message) => NodeStep::Failed(Verdict::new(
-                        conditions::NODE_READY,
                         false,
-                        Reason::LaunchFailed,
+                        NodeReadyReason::LaunchFailed,
                         message,
                     )),
                     None => NodeStep::Launch(generation),
@@ -284,11 +283,11 @@ pub fn plan(v: &NodeView) -> NodeStep {
             reason: instance.state_reason.clone(),
         },
         InstanceState::Pending => waiting(
-            Reason::Launching,
+            NodeReadyReason::Launching,
             format!("instance {} is starting", instance.id),
         ),
         InstanceState::Stopping | InstanceState::Stopped => waiting(
-            Reason::InstanceStopped,
+            NodeReadyReason::InstanceStopped,
             format!(
                 "instance {} is {}; start it again or delete it to get a new node",
                 instance.id,
@@ -302,7 +301,7 @@ pub fn plan(v: &NodeView) -> NodeStep {
                     .first()
                     .and_then(|n| untrusted(&claimants, n, instance))
                 {
-                    Some(why) => waiting(Reason::NodeIdentityConflict, why),
+                    Some(why) => waiting(NodeReadyReason::NodeIdentityConflict, why),
                     None => match instance
                         .launched_at
                         .and_then(|t| v.now.duration_since(t).ok())
@@ -318,7 +317,7 @@ pub fn plan(v: &NodeView) -> NodeStep {
                         },
                         // The message stays the same while it lasts: one event, not one a minute.
                         Some(_) => waiting(
-                            Reason::NodeNeverJoined,
+                            NodeReadyReason::NodeNeverJoined,
                             format!(
                                 "instance {} has run longer than --node-join-timeout ({}s) and no Node has registered for it; failover replaces it. {NEVER_JOINED_HINT}",
                                 instance.id,
@@ -326,7 +325,7 @@ pub fn plan(v: &NodeView) -> NodeStep {
                             ),
                         ),
                         None => waiting(
-                            Reason::WaitingForNode,
+                            NodeReadyReason::WaitingForNode,
                             format!(
                                 "instance {} is running; waiting for its Node to register",
                                 instance.id
@@ -337,7 +336,7 @@ pub fn plan(v: &NodeView) -> NodeStep {
             }
             Some(node) if !is_dedicated(node, v.dedicated, &instance.id) => {
                 match untrusted(&claimants(v.nodes, &instance.id), node, instance) {
-                    Some(why) => waiting(Reason::NodeIdentityConflict, why),
+                    Some(why) => waiting(NodeReadyReason::NodeIdentityConflict, why),
                     None => NodeStep::Dedicate {
                         node: node.metadata.name.clone().unwrap_or_default(),
                         instance: instance.id.clone(),

@@ -17,24 +17,24 @@ use std::time::Duration;
 use k8s_openapi::jiff::Timestamp;
 
 use super::maintenance::{self, WindowState};
-use crate::api::Reason;
+use crate::api::{EventReason, NodeMoveReason};
 use crate::api::{NodeMovePhase, NodeMoveStatus, NodeSpec, QuestDBStatus};
 use crate::cloud::{Instance, NodeFacts};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 /// The event reason of entering `phase`.
-pub fn step_reason(phase: NodeMovePhase) -> Reason {
+pub fn step_reason(phase: NodeMovePhase) -> EventReason {
     match phase {
-        NodeMovePhase::Validating => Reason::NodeMoveValidating,
-        NodeMovePhase::Provisioning => Reason::NodeMoveProvisioning,
-        NodeMovePhase::NodeReady => Reason::NodeMoveNodeReady,
-        NodeMovePhase::Stopping => Reason::NodeMoveStopping,
-        NodeMovePhase::Moving => Reason::NodeMoveMoving,
-        NodeMovePhase::Verifying => Reason::NodeMoveVerifying,
-        NodeMovePhase::Retaining => Reason::NodeMoveRetaining,
-        NodeMovePhase::Completed => Reason::NodeMoveCompleted,
-        NodeMovePhase::Aborted => Reason::NodeMoveAborted,
-        NodeMovePhase::RolledBack => Reason::NodeMoveRolledBack,
+        NodeMovePhase::Validating => EventReason::NodeMoveValidating,
+        NodeMovePhase::Provisioning => EventReason::NodeMoveProvisioning,
+        NodeMovePhase::NodeReady => EventReason::NodeMoveNodeReady,
+        NodeMovePhase::Stopping => EventReason::NodeMoveStopping,
+        NodeMovePhase::Moving => EventReason::NodeMoveMoving,
+        NodeMovePhase::Verifying => EventReason::NodeMoveVerifying,
+        NodeMovePhase::Retaining => EventReason::NodeMoveRetaining,
+        NodeMovePhase::Completed => EventReason::NodeMoveCompleted,
+        NodeMovePhase::Aborted => EventReason::NodeMoveAborted,
+        NodeMovePhase::RolledBack => EventReason::NodeMoveRolledBack,
     }
 }
 
@@ -172,7 +172,7 @@ pub fn should_start(v: &StartView) -> Start {
     let failed_same = v.status.node_move.as_ref().is_some_and(|u| {
         matches!(u.phase, NodeMovePhase::Aborted | NodeMovePhase::RolledBack)
             && targets(u, v.spec)
-            && u.reason != Some(Reason::Preempted)
+            && u.reason != Some(NodeMoveReason::Preempted)
     });
     if failed_same {
         return Start::No;
@@ -319,13 +319,13 @@ pub enum Step {
     Wait(String),
     /// Terminate the new instance (if any); the database stays where it is.
     Abort {
-        reason: Reason,
+        reason: NodeMoveReason,
         message: String,
     },
     /// The database stopped but does not answer on the new node (or the field was set
     /// back): record the old instance as the database's again.
     RollBack {
-        reason: Reason,
+        reason: NodeMoveReason,
         message: String,
     },
     /// The database answers on the new node: cordon the old one and keep it.
@@ -358,7 +358,7 @@ pub fn next_step(v: &StepView) -> Step {
     let u = v.node_move;
     if before_stopping(u.phase) && !targets(u, v.spec) {
         return Step::Abort {
-            reason: Reason::Superseded,
+            reason: NodeMoveReason::Superseded,
             message: format!(
                 "spec.node changed to {} ({}) while moving to {} ({}); the database stays on its node",
                 v.spec.image,
@@ -375,7 +375,7 @@ pub fn next_step(v: &StepView) -> Step {
     );
     if after_stop && !u.rolling_back && reverts(u, v.spec) {
         return Step::RollBack {
-            reason: Reason::Reverted,
+            reason: NodeMoveReason::Reverted,
             message: format!(
                 "spec.node set back to {} ({}); the database returns to instance {}",
                 v.spec.image,
@@ -389,7 +389,7 @@ pub fn next_step(v: &StepView) -> Step {
         let target = u.new_instance_id.clone().unwrap_or_default();
         if !u.rolling_back && !v.old_node_dead {
             return Step::RollBack {
-                reason: Reason::TargetNodeFailed,
+                reason: NodeMoveReason::TargetNodeFailed,
                 message: format!(
                     "the node of instance {target} stopped renewing its Lease after the switch; the database returns to instance {}",
                     u.old_instance_id.clone().unwrap_or_default()
@@ -425,7 +425,7 @@ pub fn next_step(v: &StepView) -> Step {
             )));
         }
         Some(Step::RollBack {
-            reason: Reason::MoveFailed,
+            reason: NodeMoveReason::MoveFailed,
             message: format!(
                 "{what} within {}s; the database returns to instance {}",
                 limit.as_secs(),
@@ -436,12 +436,12 @@ pub fn next_step(v: &StepView) -> Step {
     match u.phase {
         NodeMovePhase::Validating => match &v.validation {
             Some(Ok(())) => Step::Advance(NodeMovePhase::Provisioning),
-            Some(Err(e)) => abort(Reason::InvalidNode, e.clone()),
+            Some(Err(e)) => abort(NodeMoveReason::InvalidNode, e.clone()),
             None => Step::Wait("checking the image and instance type".into()),
         },
         NodeMovePhase::Provisioning => {
             if let Some(e) = v.launch_error {
-                return abort(Reason::LaunchFailed, e.to_string());
+                return abort(NodeMoveReason::LaunchFailed, e.to_string());
             }
             let Some(i) = v.new_instance else {
                 return Step::Launch;
@@ -451,7 +451,7 @@ pub fn next_step(v: &StepView) -> Step {
             }
             if i.state.is_gone() {
                 return abort(
-                    Reason::InstanceGone,
+                    NodeMoveReason::InstanceGone,
                     format!(
                         "new instance {} ended before it joined ({})",
                         i.id,
@@ -468,7 +468,7 @@ pub fn next_step(v: &StepView) -> Step {
                 },
                 (Some(_), true) => Step::Advance(NodeMovePhase::NodeReady),
                 (None, _) if v.in_phase_for > v.node_timeout => abort(
-                    Reason::NodeNeverJoined,
+                    NodeMoveReason::NodeNeverJoined,
                     format!(
                         "instance {} did not join the cluster within {}s",
                         i.id,
@@ -482,7 +482,7 @@ pub fn next_step(v: &StepView) -> Step {
             Some(node) if v.new_node_cordoned => Step::Uncordon { node: node.clone() },
             Some(_) if v.new_node_ready => Step::Switch,
             _ if v.in_phase_for > v.node_timeout => abort(
-                Reason::NodeNeverReady,
+                NodeMoveReason::NodeNeverReady,
                 format!(
                     "node {} did not become Ready within {}s",
                     v.new_node.clone().unwrap_or_default(),
@@ -499,7 +499,7 @@ pub fn next_step(v: &StepView) -> Step {
                 // step's time starts after the grace period.
                 let limit = v.stop_grace + v.move_timeout;
                 // Once begun, the fence goes on: the stopped node falls silent.
-                let fencing = u.reason == Some(Reason::NodeMoveStuck);
+                let fencing = u.reason == Some(NodeMoveReason::NodeMoveStuck);
                 if fencing || (v.in_phase_for > limit && v.old_node_renews) {
                     Step::FenceStuck {
                         message: format!(

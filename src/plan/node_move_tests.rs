@@ -1,5 +1,5 @@
 use super::*;
-use crate::api::Reason;
+use crate::api::NodeMoveReason;
 use crate::cloud::InstanceState;
 
 fn spec(image: &str) -> NodeSpec {
@@ -85,7 +85,7 @@ fn an_aborted_target_is_not_retried_in_a_loop_but_a_new_edit_is() {
     assert_eq!(start(&spec("ami-bad"), &status, true), Start::No);
     assert_eq!(start(&spec("ami-2"), &status, true), Start::Go);
     // A failover pre-empted it: the target did not fail, the move starts again.
-    status.node_move.as_mut().unwrap().reason = Some(Reason::Preempted);
+    status.node_move.as_mut().unwrap().reason = Some(NodeMoveReason::Preempted);
     assert_eq!(start(&spec("ami-bad"), &status, true), Start::Go);
 }
 
@@ -139,7 +139,7 @@ fn failures_before_the_database_stops_abort_without_touching_it() {
     assert!(matches!(
         next_step(&bad),
         Step::Abort {
-            reason: Reason::LaunchFailed,
+            reason: NodeMoveReason::LaunchFailed,
             ..
         }
     ));
@@ -151,7 +151,7 @@ fn failures_before_the_database_stops_abort_without_touching_it() {
     assert!(matches!(
         next_step(&late),
         Step::Abort {
-            reason: Reason::NodeNeverJoined,
+            reason: NodeMoveReason::NodeNeverJoined,
             ..
         }
     ));
@@ -160,7 +160,7 @@ fn failures_before_the_database_stops_abort_without_touching_it() {
     assert!(matches!(
         next_step(&view(&u, &s, Some(&dead))),
         Step::Abort {
-            reason: Reason::InstanceGone,
+            reason: NodeMoveReason::InstanceGone,
             ..
         }
     ));
@@ -173,7 +173,7 @@ fn failures_before_the_database_stops_abort_without_touching_it() {
     assert!(matches!(
         next_step(&not_ready),
         Step::Abort {
-            reason: Reason::NodeNeverReady,
+            reason: NodeMoveReason::NodeNeverReady,
             ..
         }
     ));
@@ -187,7 +187,7 @@ fn setting_the_field_back_before_the_database_stops_aborts_the_move() {
         assert!(matches!(
             next_step(&view(&u, &back, None)),
             Step::Abort {
-                reason: Reason::Superseded,
+                reason: NodeMoveReason::Superseded,
                 ..
             }
         ));
@@ -199,7 +199,7 @@ fn setting_the_field_back_before_the_database_stops_aborts_the_move() {
     assert!(matches!(
         next_step(&view(&u, &back, None)),
         Step::RollBack {
-            reason: Reason::Reverted,
+            reason: NodeMoveReason::Reverted,
             ..
         }
     ));
@@ -402,7 +402,7 @@ fn validation_decides_between_provisioning_and_abort() {
     assert!(matches!(
         next_step(&bad),
         Step::Abort {
-            reason: Reason::InvalidNode,
+            reason: NodeMoveReason::InvalidNode,
             ..
         }
     ));
@@ -474,7 +474,7 @@ fn a_slow_stop_on_a_silent_node_held_by_the_breaker_fences_nothing() {
     assert!(matches!(
         next_step(&silent),
         Step::RollBack {
-            reason: Reason::MoveFailed,
+            reason: NodeMoveReason::MoveFailed,
             ..
         }
     ));
@@ -494,7 +494,7 @@ fn a_slow_stop_on_a_silent_node_held_by_the_breaker_fences_nothing() {
 fn a_begun_stuck_fence_goes_on_when_its_stopped_node_falls_silent() {
     let s = spec("ami-2");
     let mut u = upgrade(NodeMovePhase::Stopping);
-    u.reason = Some(Reason::NodeMoveStuck);
+    u.reason = Some(NodeMoveReason::NodeMoveStuck);
     for in_phase in [5, 361] {
         let silent = StepView {
             in_phase_for: Duration::from_secs(in_phase),
@@ -527,7 +527,7 @@ fn a_failure_after_the_stop_moves_the_database_back_once() {
             matches!(
                 next_step(&late),
                 Step::RollBack {
-                    reason: Reason::MoveFailed,
+                    reason: NodeMoveReason::MoveFailed,
                     ..
                 }
             ),
@@ -703,7 +703,7 @@ fn a_dead_target_after_the_switch_sends_the_database_back_or_hands_over_when_bot
             matches!(
                 next_step(&dead_target),
                 Step::RollBack {
-                    reason: Reason::TargetNodeFailed,
+                    reason: NodeMoveReason::TargetNodeFailed,
                     ..
                 }
             ),

@@ -6,7 +6,7 @@ use k8s_openapi::api::core::v1::{Node, NodeCondition, NodeSpec as K8sNodeSpec, N
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::*;
-use crate::api::Reason;
+use crate::api::NodeReadyReason;
 use crate::cloud::{desired_instance_tags, provider_id};
 
 const UID: &str = "uid-1";
@@ -139,7 +139,7 @@ impl Case {
     }
 }
 
-fn reason(step: &NodeStep) -> Option<Reason> {
+fn reason(step: &NodeStep) -> Option<NodeReadyReason> {
     match step {
         NodeStep::Wait(d) | NodeStep::Failed(d) => Some(d.reason),
         _ => None,
@@ -247,7 +247,7 @@ fn a_recent_permanent_failure_is_shown_instead_of_launching_again() {
     let mut c = Case::new(status(Some(1), None));
     c.failure = Some("The image id '[ami-1]' does not exist");
     let step = c.plan();
-    assert_eq!(reason(&step), Some(Reason::LaunchFailed));
+    assert_eq!(reason(&step), Some(NodeReadyReason::LaunchFailed));
     assert!(matches!(&step, NodeStep::Failed(d) if d.message.contains("ami-1")));
 }
 
@@ -261,14 +261,14 @@ fn an_instance_missing_from_the_cache_is_looked_up_by_id() {
 fn a_pending_instance_waits_as_launching() {
     let mut c = Case::new(status(Some(1), Some("i-1")));
     c.instances = vec![instance("i-1", 1, InstanceState::Pending)];
-    assert_eq!(reason(&c.plan()), Some(Reason::Launching));
+    assert_eq!(reason(&c.plan()), Some(NodeReadyReason::Launching));
 }
 
 #[test]
 fn a_stopped_instance_is_reported_not_replaced() {
     let mut c = Case::new(status(Some(1), Some("i-1")));
     c.instances = vec![instance("i-1", 1, InstanceState::Stopped)];
-    assert_eq!(reason(&c.plan()), Some(Reason::InstanceStopped));
+    assert_eq!(reason(&c.plan()), Some(NodeReadyReason::InstanceStopped));
 }
 
 #[test]
@@ -276,7 +276,7 @@ fn a_running_instance_waits_for_its_node() {
     let mut c = Case::new(status(Some(1), Some("i-1")));
     c.instances = vec![instance("i-1", 1, InstanceState::Running)];
     c.nodes = vec![node("i-2", true, true)];
-    assert_eq!(reason(&c.plan()), Some(Reason::WaitingForNode));
+    assert_eq!(reason(&c.plan()), Some(NodeReadyReason::WaitingForNode));
 }
 
 /// A kubelet that cannot register (no instance profile, no access entry, refused user data)
@@ -289,14 +289,14 @@ fn an_instance_whose_node_never_registers_is_reported_after_the_join_timeout() {
     c.instances = vec![running.clone()];
     assert_eq!(
         reason(&c.plan()),
-        Some(Reason::WaitingForNode),
+        Some(NodeReadyReason::WaitingForNode),
         "still joining"
     );
 
     running.launched_at = Some(now() - JOIN_TIMEOUT);
     c.instances = vec![running.clone()];
     let step = c.plan();
-    assert_eq!(reason(&step), Some(Reason::NodeNeverJoined));
+    assert_eq!(reason(&step), Some(NodeReadyReason::NodeNeverJoined));
     let NodeStep::Wait(v) = &step else {
         unreachable!()
     };
@@ -317,7 +317,7 @@ fn an_instance_whose_node_never_registers_is_reported_after_the_join_timeout() {
     running.launched_at = None;
     c.instances = vec![running];
     c.nodes = vec![];
-    assert_eq!(reason(&c.plan()), Some(Reason::WaitingForNode));
+    assert_eq!(reason(&c.plan()), Some(NodeReadyReason::WaitingForNode));
 }
 
 /// With failover off nothing else would ever replace it: the instance is terminated (no pod or
@@ -471,7 +471,7 @@ fn release_waits_until_ec2_says_terminated() {
     let mut c = Case::new(status(Some(1), Some("i-1")));
     c.release = true;
     c.instances = vec![instance("i-1", 1, InstanceState::ShuttingDown)];
-    assert_eq!(reason(&c.plan()), Some(Reason::Releasing));
+    assert_eq!(reason(&c.plan()), Some(NodeReadyReason::Releasing));
 }
 
 fn impostor(claimed_instance: &str, name: &str) -> Arc<Node> {
@@ -490,7 +490,7 @@ fn two_nodes_claiming_one_instance_are_neither_dedicated() {
     let step = c.plan();
     assert_eq!(
         reason(&step),
-        Some(Reason::NodeIdentityConflict),
+        Some(NodeReadyReason::NodeIdentityConflict),
         "{step:?}"
     );
     assert!(
@@ -508,7 +508,10 @@ fn a_node_whose_name_is_not_the_instances_is_not_dedicated() {
     i.private_dns_name = Some("node-i-1".into());
     c.instances = vec![i.clone()];
     c.nodes = vec![impostor("i-1", "evil")];
-    assert_eq!(reason(&c.plan()), Some(Reason::NodeIdentityConflict));
+    assert_eq!(
+        reason(&c.plan()),
+        Some(NodeReadyReason::NodeIdentityConflict)
+    );
     c.nodes = vec![node("i-1", false, true)];
     assert!(matches!(c.plan(), NodeStep::Dedicate { node, .. } if node == "node-i-1"));
 }

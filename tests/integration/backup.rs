@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::api::{DeleteParams, PostParams};
 use kube::runtime::wait::Condition;
 use questdb_operator::api::{
-    BackupStep, QuestDB, QuestDBBackup, QuestDBBackupSpec, Reason, RestoreSource,
+    BackupReason, BackupStep, QuestDB, QuestDBBackup, QuestDBBackupSpec, RestoreSource,
 };
 use questdb_operator::controllers::backup::snapshot;
 
@@ -188,7 +188,7 @@ async fn a_failed_snapshot_fails_the_backup_releases_the_checkpoint_and_leaves_n
     let status = b.status.unwrap_or_default();
     assert_eq!(
         status.reason.as_deref(),
-        Some(Reason::SnapshotFailed.as_str())
+        Some(BackupReason::SnapshotFailed.as_str())
     );
     assert!(
         status.message.unwrap_or_default().contains("injected"),

@@ -21,8 +21,8 @@ use serde_json::json;
 use tracing::{debug, info, warn};
 
 use crate::api::{
-    BackupDeletionPolicy, BackupStep, CheckpointHolder, Phase, QuestDB, QuestDBBackup,
-    QuestDBBackupStatus, Reason, BACKUP_FINALIZER,
+    BackupDeletionPolicy, BackupReason, BackupStep, CheckpointHolder, EventReason, Phase, QuestDB,
+    QuestDBBackup, QuestDBBackupStatus, BACKUP_FINALIZER,
 };
 use crate::controllers::context::Context;
 use crate::controllers::{Error, Next};
@@ -127,7 +127,7 @@ pub async fn reconcile(
                         ctx,
                         &current,
                         EventType::Normal,
-                        Reason::BackupStarted,
+                        EventReason::BackupStarted,
                         format!("checkpointing QuestDB {}", current.spec.questdb_name),
                     )
                     .await;
@@ -152,7 +152,7 @@ pub async fn reconcile(
                             ctx,
                             &current,
                             EventType::Normal,
-                            Reason::BackupCheckpointed,
+                            EventReason::BackupCheckpointed,
                             format!("checkpoint open; snapshotting volume {}", obs.pvc),
                         )
                         .await;
@@ -160,13 +160,21 @@ pub async fn reconcile(
                             .await
                             .map_err(Error::Kube)?;
                     }
-                    Err(e @ QueryError::Refused { .. } | e @ QueryError::Unauthorized(_)) => {
-                        begin_release(&api, &mut current, Reason::CheckpointFailed, e.to_string())
-                            .await?;
-                    }
-                    Err(e) if timed_out(&status, bctx.timeouts.cut) => {
-                        begin_release(&api, &mut current, Reason::CheckpointFailed, e.to_string())
-                            .await?;
+                    // Refused or unauthorized will not change by retrying; anything else
+                    // is retried until the cut-off.
+                    Err(e)
+                        if matches!(
+                            e,
+                            QueryError::Refused { .. } | QueryError::Unauthorized(_)
+                        ) || timed_out(&status, bctx.timeouts.cut) =>
+                    {
+                        begin_release(
+                            &api,
+                            &mut current,
+                            BackupReason::CheckpointFailed,
+                            e.to_string(),
+                        )
+                        .await?;
                     }
                     Err(e) => {
                         warn!(backup = %current.name_any(), error = %e, "cannot reach the database for its checkpoint; retrying");
@@ -205,8 +213,8 @@ pub async fn reconcile(
                     let reason = status
                         .reason
                         .as_deref()
-                        .and_then(Reason::parse)
-                        .unwrap_or(Reason::BackupFailed);
+                        .and_then(BackupReason::parse)
+                        .unwrap_or(BackupReason::BackupFailed);
                     let message = status.message.clone().unwrap_or_default();
                     fail(&api, &mut current, &bctx, reason, message).await?;
                     return Ok(Next::AwaitChange);
@@ -236,7 +244,7 @@ pub async fn reconcile(
                     ctx,
                     &current,
                     EventType::Normal,
-                    Reason::BackupSucceeded,
+                    EventReason::BackupSucceeded,
                     format!(
                         "snapshot {} of QuestDB {} is ready to use ({} table{})",
                         current.name_any(),
@@ -377,7 +385,10 @@ async fn database_view(
         Ok(login) => login,
         Err(message) => {
             return Ok((
-                Database::NotRunning(format!("{}: {message}", Reason::CredentialsUnavailable)),
+                Database::NotRunning(format!(
+                    "{}: {message}",
+                    BackupReason::CredentialsUnavailable
+                )),
                 None,
             ))
         }
@@ -475,7 +486,7 @@ fn release_claim(bctx: &BackupContext, backup: &QuestDBBackup) {
 async fn begin_release(
     api: &Api<QuestDBBackup>,
     backup: &mut QuestDBBackup,
-    reason: Reason,
+    reason: BackupReason,
     message: String,
 ) -> Result<(), Error> {
     let mut s = backup.status.clone().unwrap_or_default();
@@ -492,7 +503,7 @@ async fn fail(
     api: &Api<QuestDBBackup>,
     backup: &mut QuestDBBackup,
     bctx: &BackupContext,
-    reason: Reason,
+    reason: BackupReason,
     message: String,
 ) -> Result<(), Error> {
     let ctx = &bctx.ctx;
@@ -517,7 +528,7 @@ async fn fail(
         ctx,
         backup,
         EventType::Warning,
-        Reason::BackupFailed,
+        EventReason::BackupFailed,
         format!("{reason}: {message}"),
     )
     .await;
@@ -628,7 +639,7 @@ async fn event(
     ctx: &Context,
     backup: &QuestDBBackup,
     type_: EventType,
-    reason: Reason,
+    reason: EventReason,
     note: String,
 ) {
     ctx.event_for(&backup.object_ref(&()), type_, reason, "Backup", note)

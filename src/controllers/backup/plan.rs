@@ -10,7 +10,7 @@
 
 use std::time::Duration;
 
-use crate::api::{BackupStep, CheckpointHolder, QuestDBBackupStatus, Reason};
+use crate::api::{BackupReason, BackupStep, CheckpointHolder, QuestDBBackupStatus};
 
 /// How long each wait may last before the backup fails.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -76,7 +76,7 @@ pub struct Observed {
 pub enum Decision {
     /// Stay in `Pending`, saying why; look again after `requeue`.
     Wait {
-        reason: Reason,
+        reason: BackupReason,
         message: String,
         requeue: Duration,
     },
@@ -89,13 +89,18 @@ pub enum Decision {
     /// Look again after this long.
     Poll(Duration),
     /// Record `Releasing` (failed or not), then release.
-    Release { failure: Option<(Reason, String)> },
+    Release {
+        failure: Option<(BackupReason, String)>,
+    },
     /// In `Releasing`: send `CHECKPOINT RELEASE`, then record `Uploading` or `Failed`.
     FinishRelease,
     /// Record `Succeeded`.
     Succeed { restore_size: Option<String> },
     /// Record `Failed` (nothing held).
-    Fail { reason: Reason, message: String },
+    Fail {
+        reason: BackupReason,
+        message: String,
+    },
     /// Final: nothing to do.
     Done,
 }
@@ -117,7 +122,7 @@ pub fn decide(status: &QuestDBBackupStatus, obs: &Observed, timeouts: Timeouts) 
             }
             Database::Ready(_) => Decision::Checkpoint,
             Database::Missing | Database::Deleting => Decision::Fail {
-                reason: Reason::QuestDBDeleted,
+                reason: BackupReason::QuestDBDeleted,
                 message: "the QuestDB was deleted during the backup".into(),
             },
             // Unreachable for now (moving, restarting): the checkpoint, if any, went with it.
@@ -137,23 +142,23 @@ fn pending(obs: &Observed) -> Decision {
     };
     match &obs.database {
         Database::Missing => wait(
-            Reason::QuestDBNotFound,
+            BackupReason::QuestDBNotFound,
             "the QuestDB does not exist".into(),
             Duration::from_secs(30),
         ),
         Database::Deleting => Decision::Fail {
-            reason: Reason::QuestDBDeleted,
+            reason: BackupReason::QuestDBDeleted,
             message: "the QuestDB is being deleted".into(),
         },
-        Database::NotRunning(why) => wait(Reason::DatabaseNotRunning, why.clone(), WAIT_POLL),
-        Database::Busy(why) => wait(Reason::DatabaseBusy, why.clone(), WAIT_POLL),
+        Database::NotRunning(why) => wait(BackupReason::DatabaseNotRunning, why.clone(), WAIT_POLL),
+        Database::Busy(why) => wait(BackupReason::DatabaseBusy, why.clone(), WAIT_POLL),
         Database::Ready(_) if matches!(obs.snapshot, Snapshot::ApiMissing) => wait(
-            Reason::SnapshotApiMissing,
+            BackupReason::SnapshotApiMissing,
             SNAPSHOT_API_MISSING.into(),
             Duration::from_secs(60),
         ),
         Database::Ready(_) if obs.other_backup.is_some() => wait(
-            Reason::AnotherBackupRunning,
+            BackupReason::AnotherBackupRunning,
             format!(
                 "backup {} holds the database's checkpoint",
                 obs.other_backup.as_deref().unwrap_or_default()
@@ -175,14 +180,14 @@ fn snapshotting(status: &QuestDBBackupStatus, obs: &Observed, timeouts: Timeouts
         _ => false,
     };
     match &obs.snapshot {
-        Snapshot::ApiMissing => fail(Reason::SnapshotApiMissing, SNAPSHOT_API_MISSING.into()),
+        Snapshot::ApiMissing => fail(BackupReason::SnapshotApiMissing, SNAPSHOT_API_MISSING.into()),
         Snapshot::NotOurs => fail(
-            Reason::SnapshotFailed,
+            BackupReason::SnapshotFailed,
             "a VolumeSnapshot of the backup's name exists and is not this backup's".into(),
         ),
-        Snapshot::Error(e) => fail(Reason::SnapshotFailed, e.clone()),
+        Snapshot::Error(e) => fail(BackupReason::SnapshotFailed, e.clone()),
         _ if !held_by_same_process => fail(
-            Reason::CheckpointLost,
+            BackupReason::CheckpointLost,
             "the database restarted or moved while its checkpoint was open; the snapshot could restore to a stale checkpoint".into(),
         ),
         Snapshot::Absent => Decision::CreateSnapshot,
@@ -191,7 +196,7 @@ fn snapshotting(status: &QuestDBBackupStatus, obs: &Observed, timeouts: Timeouts
             if obs.since_checkpoint.is_some_and(|d| d > timeouts.cut) =>
         {
             fail(
-                Reason::SnapshotTimeout,
+                BackupReason::SnapshotTimeout,
                 format!(
                     "the snapshot was not taken within {}s of the checkpoint",
                     timeouts.cut.as_secs()
@@ -208,16 +213,16 @@ fn uploading(obs: &Observed, timeouts: Timeouts) -> Decision {
             restore_size: restore_size.clone(),
         },
         Snapshot::Error(e) => Decision::Fail {
-            reason: Reason::SnapshotFailed,
+            reason: BackupReason::SnapshotFailed,
             message: e.clone(),
         },
         Snapshot::Absent | Snapshot::NotOurs | Snapshot::ApiMissing => Decision::Fail {
-            reason: Reason::SnapshotFailed,
+            reason: BackupReason::SnapshotFailed,
             message: "the backup's VolumeSnapshot is gone".into(),
         },
         Snapshot::Pending { .. } if obs.since_release.is_some_and(|d| d > timeouts.upload) => {
             Decision::Fail {
-                reason: Reason::SnapshotTimeout,
+                reason: BackupReason::SnapshotTimeout,
                 message: format!(
                     "the snapshot was not ready to use within {}s",
                     timeouts.upload.as_secs()
@@ -261,7 +266,7 @@ mod tests {
         Database::Ready(holder("pod-1", 0))
     }
 
-    fn failure(d: Decision) -> Option<Reason> {
+    fn failure(d: Decision) -> Option<BackupReason> {
         match d {
             Decision::Release {
                 failure: Some((r, _)),
@@ -284,14 +289,20 @@ mod tests {
         assert!(matches!(
             decide(&new, &obs, t),
             Decision::Wait {
-                reason: Reason::AnotherBackupRunning,
+                reason: BackupReason::AnotherBackupRunning,
                 ..
             }
         ));
         for (db, reason) in [
-            (Database::Missing, Reason::QuestDBNotFound),
-            (Database::NotRunning("x".into()), Reason::DatabaseNotRunning),
-            (Database::Busy("failover".into()), Reason::DatabaseBusy),
+            (Database::Missing, BackupReason::QuestDBNotFound),
+            (
+                Database::NotRunning("x".into()),
+                BackupReason::DatabaseNotRunning,
+            ),
+            (
+                Database::Busy("failover".into()),
+                BackupReason::DatabaseBusy,
+            ),
         ] {
             let obs = observed(db, Snapshot::Absent);
             assert!(
@@ -302,10 +313,13 @@ mod tests {
         let obs = observed(ready(), Snapshot::ApiMissing);
         assert!(matches!(
             decide(&new, &obs, t),
-            Decision::Wait { reason: Reason::SnapshotApiMissing, ref message, .. } if message.contains("snapshot-controller")
+            Decision::Wait { reason: BackupReason::SnapshotApiMissing, ref message, .. } if message.contains("snapshot-controller")
         ));
         let obs = observed(Database::Deleting, Snapshot::Absent);
-        assert_eq!(failure(decide(&new, &obs, t)), Some(Reason::QuestDBDeleted));
+        assert_eq!(
+            failure(decide(&new, &obs, t)),
+            Some(BackupReason::QuestDBDeleted)
+        );
     }
 
     #[test]
@@ -358,7 +372,7 @@ mod tests {
             ] {
                 assert_eq!(
                     failure(decide(&s, &observed(db.clone(), snap), t)),
-                    Some(Reason::CheckpointLost),
+                    Some(BackupReason::CheckpointLost),
                     "{db:?}"
                 );
             }
@@ -370,19 +384,25 @@ mod tests {
         let t = Timeouts::default();
         let s = status(BackupStep::Snapshotting);
         let err = observed(ready(), Snapshot::Error("quota".into()));
-        assert_eq!(failure(decide(&s, &err, t)), Some(Reason::SnapshotFailed));
+        assert_eq!(
+            failure(decide(&s, &err, t)),
+            Some(BackupReason::SnapshotFailed)
+        );
         let mut stalled = observed(ready(), Snapshot::Pending { cut: false });
         stalled.since_checkpoint = Some(t.cut + Duration::from_secs(1));
         assert_eq!(
             failure(decide(&s, &stalled, t)),
-            Some(Reason::SnapshotTimeout)
+            Some(BackupReason::SnapshotTimeout)
         );
         let taken = observed(ready(), Snapshot::NotOurs);
-        assert_eq!(failure(decide(&s, &taken, t)), Some(Reason::SnapshotFailed));
+        assert_eq!(
+            failure(decide(&s, &taken, t)),
+            Some(BackupReason::SnapshotFailed)
+        );
         let missing = observed(ready(), Snapshot::ApiMissing);
         assert_eq!(
             failure(decide(&s, &missing, t)),
-            Some(Reason::SnapshotApiMissing)
+            Some(BackupReason::SnapshotApiMissing)
         );
     }
 
@@ -416,10 +436,16 @@ mod tests {
             }
         );
         let gone = observed(ready(), Snapshot::Absent);
-        assert_eq!(failure(decide(&s, &gone, t)), Some(Reason::SnapshotFailed));
+        assert_eq!(
+            failure(decide(&s, &gone, t)),
+            Some(BackupReason::SnapshotFailed)
+        );
         let mut slow = observed(ready(), Snapshot::Pending { cut: true });
         slow.since_release = Some(t.upload + Duration::from_secs(1));
-        assert_eq!(failure(decide(&s, &slow, t)), Some(Reason::SnapshotTimeout));
+        assert_eq!(
+            failure(decide(&s, &slow, t)),
+            Some(BackupReason::SnapshotTimeout)
+        );
     }
 
     #[test]

@@ -14,7 +14,7 @@ use serde::Serialize;
 use tracing::{debug, info};
 
 use crate::api::QuestDB;
-use crate::api::Reason;
+use crate::api::{EventReason, ReadyReason};
 use crate::controllers::children::{self, Applied, ChildAction};
 use crate::controllers::context::{Caches, Context};
 use crate::controllers::Error;
@@ -79,7 +79,7 @@ pub struct Report {
     /// Children created, adopted, updated or deleted (not yet visible as converged).
     pub changed: Vec<String>,
     /// What was written, by event reason ("Created", "Adopted", "Updated").
-    pub applied: Vec<(Reason, String)>,
+    pub applied: Vec<(EventReason, String)>,
 }
 
 impl Report {
@@ -87,7 +87,7 @@ impl Report {
     pub fn created(&self, what: &str) -> bool {
         self.applied
             .iter()
-            .any(|(reason, w)| *reason == Reason::Created && w == what)
+            .any(|(reason, w)| *reason == EventReason::Created && w == what)
     }
 }
 
@@ -160,9 +160,9 @@ impl<'a> Applier<'a> {
             }
             Ok(done) => {
                 let (reason, verb) = match done {
-                    Applied::Created => (Reason::Created, "created"),
-                    Applied::Adopted => (Reason::Adopted, "adopted"),
-                    _ => (Reason::Updated, "updated"),
+                    Applied::Created => (EventReason::Created, "created"),
+                    Applied::Adopted => (EventReason::Adopted, "adopted"),
+                    _ => (EventReason::Updated, "updated"),
                 };
                 info!(questdb = %self.qdb.name_any(), child = %what, "{verb}");
                 self.report.applied.push((reason, what.clone()));
@@ -178,7 +178,7 @@ impl<'a> Applier<'a> {
                     .event(
                         self.qdb,
                         EventType::Warning,
-                        Reason::ApplyFailed,
+                        EventReason::ApplyFailed,
                         "Reconcile",
                         note,
                     )
@@ -211,7 +211,8 @@ impl<'a> Applier<'a> {
     async fn blocked(&mut self, what: String, by: String) {
         let reported = self.qdb.status.as_ref().is_some_and(|s| {
             s.conditions.iter().any(|c| {
-                c.reason == Reason::ChildConflict
+                c.type_ == crate::api::conditions::READY
+                    && c.reason == ReadyReason::ChildConflict
                     && c.message.split(", ").any(|m| m.ends_with(&what))
             })
         });
@@ -221,7 +222,7 @@ impl<'a> Applier<'a> {
                 .event(
                     self.qdb,
                     EventType::Warning,
-                    Reason::ChildConflict,
+                    EventReason::ChildConflict,
                     "Reconcile",
                     note,
                 )
@@ -237,7 +238,11 @@ impl Report {
     /// series that keeps its first note, so the action carries a digest of the note: a repeat
     /// of the same change is counted in its series, a different change is a new event.
     pub async fn publish(&self, qdb: &QuestDB, ctx: &Context) {
-        for reason in [Reason::Created, Reason::Adopted, Reason::Updated] {
+        for reason in [
+            EventReason::Created,
+            EventReason::Adopted,
+            EventReason::Updated,
+        ] {
             let what: Vec<&str> = self
                 .applied
                 .iter()

@@ -21,8 +21,8 @@ use tracing::{info, warn};
 pub use super::outcome::CloudOutcome;
 use super::provision::{cloud_error, node_steps, ready_condition};
 use super::record::{already_reported, persist};
-use crate::api::Reason;
-use crate::api::{conditions, QuestDB, QuestDBStatus, FINALIZER, MANAGER};
+use crate::api::{ConditionReason, DnsReason, EventReason, NodeReadyReason};
+use crate::api::{QuestDB, QuestDBStatus, FINALIZER, MANAGER};
 use crate::cloud::{display_name, CloudError, DnsOwner, OWNED_ELSEWHERE};
 use crate::controllers::cloud_runtime::CloudRuntime;
 use crate::controllers::context::Context;
@@ -71,11 +71,10 @@ pub async fn set_finalizer(qdb: &mut QuestDB, ctx: &Context, present: bool) -> R
     Ok(())
 }
 
-fn not_configured(type_: &'static str) -> Verdict {
+fn not_configured<R: ConditionReason>(reason: R) -> Verdict<R> {
     Verdict::new(
-        type_,
         false,
-        Reason::NotConfigured,
+        reason,
         "the operator runs without a cloud provider (--cloud-provider)",
     )
 }
@@ -94,12 +93,12 @@ pub async fn reconcile(
             .spec
             .node
             .as_ref()
-            .map(|_| not_configured(conditions::NODE_READY));
+            .map(|_| not_configured(NodeReadyReason::NotConfigured));
         out.dns_condition = qdb
             .spec
             .dns
             .as_ref()
-            .map(|_| not_configured(conditions::DNS_READY));
+            .map(|_| not_configured(DnsReason::NotConfigured));
         let status = qdb.status.clone().unwrap_or_default();
         // Without a provider nothing can be cleaned up; say so rather than forget it.
         out.released = status.instance_id.is_none() && status.dns_name.is_none();
@@ -129,9 +128,8 @@ pub async fn reconcile(
         qdb.spec.node.is_some() || status.node_generation.is_some() || status.instance_id.is_some();
     let current = if involved && hold {
         out.node_condition = Some(Verdict::new(
-            conditions::NODE_READY,
             false,
-            Reason::MovingOff,
+            NodeReadyReason::MovingOff,
             format!(
                 "spec.node was removed; instance {} is released once the database pod has left it",
                 status.instance_id.as_deref().unwrap_or("-")
@@ -210,7 +208,7 @@ async fn report_untrusted_address(qdb: &QuestDB, ctx: &Context, node: Option<&No
     ctx.event(
         qdb,
         EventType::Warning,
-        Reason::NodeAddressUntrusted,
+        EventReason::NodeAddressUntrusted,
         "DnsRecord",
         note,
     )
@@ -254,12 +252,15 @@ fn dns_owner(qdb: &QuestDB, status: &QuestDBStatus, name: &str) -> DnsOwner {
 
 /// A DNS error that needs a person (a name owned by someone else, a record Route53 refuses, no
 /// hosted zone): a condition and one event, not a failed reconcile retried forever.
-fn dns_refusal(e: &CloudError) -> Option<Reason> {
+fn dns_refusal(e: &CloudError) -> Option<(DnsReason, EventReason)> {
     match e {
-        CloudError::Permanent { code, .. } if code == OWNED_ELSEWHERE => {
-            Some(Reason::RecordOwnedElsewhere)
+        CloudError::Permanent { code, .. } if code == OWNED_ELSEWHERE => Some((
+            DnsReason::RecordOwnedElsewhere,
+            EventReason::RecordOwnedElsewhere,
+        )),
+        CloudError::Permanent { .. } | CloudError::Config(_) => {
+            Some((DnsReason::DnsRejected, EventReason::DnsRejected))
         }
-        CloudError::Permanent { .. } | CloudError::Config(_) => Some(Reason::DnsRejected),
         _ => None,
     }
 }
@@ -269,7 +270,7 @@ enum DnsDecision {
     /// The fast path (`from_node`: addresses read from the Node only) cannot decide.
     Undecided,
     /// `DnsReady`, if `spec.dns` asks for a record.
-    Decided(Option<Verdict>),
+    Decided(Option<Verdict<DnsReason>>),
 }
 
 /// Performs the DNS step.
@@ -298,7 +299,7 @@ async fn dns_step(
             ctx.event(
                 qdb,
                 EventType::Warning,
-                Reason::DnsRejected,
+                EventReason::DnsRejected,
                 "UpsertRecord",
                 c.message.clone(),
             )
@@ -323,7 +324,7 @@ async fn dns_step(
     match step {
         DnsStep::Nothing => Ok(DnsDecision::Decided(refusal)),
         DnsStep::InSync(c) => Ok(DnsDecision::Decided(Some(c))),
-        DnsStep::Blocked(c) if c.reason == Reason::WaitingForNode && from_node => {
+        DnsStep::Blocked(c) if c.reason == DnsReason::WaitingForNode && from_node => {
             // The fast path read the Node only; let the instance data decide.
             Ok(DnsDecision::Undecided)
         }
@@ -335,14 +336,14 @@ async fn dns_step(
             let owner = dns_owner(qdb, &status, &name);
             if let Err(e) = provider.upsert_a(&name, &ip, ttl, &owner).await {
                 return match dns_refusal(&e) {
-                    Some(reason) => {
-                        let c = Verdict::new(conditions::DNS_READY, false, reason, e.to_string());
+                    Some((reason, event_reason)) => {
+                        let c = Verdict::new(false, reason, e.to_string());
                         if !already_reported(&status, &c) {
                             warn!(questdb = %qdb.name_any(), record = %name, error = %e, "DNS record not written");
                             ctx.event(
                                 qdb,
                                 EventType::Warning,
-                                reason,
+                                event_reason,
                                 "UpsertRecord",
                                 e.to_string(),
                             )
@@ -363,7 +364,7 @@ async fn dns_step(
             ctx.event(
                 qdb,
                 EventType::Normal,
-                Reason::DnsPublished,
+                EventReason::DnsPublished,
                 "UpsertRecord",
                 format!("{name} -> {ip}"),
             )
@@ -399,9 +400,8 @@ async fn dns_step(
             Ok(DnsDecision::Decided(
                 qdb.spec.dns.as_ref().filter(|_| release).map(|_| {
                     Verdict::new(
-                        conditions::DNS_READY,
                         false,
-                        Reason::Removed,
+                        DnsReason::Removed,
                         format!("record {name} removed while compute is released"),
                     )
                 }),

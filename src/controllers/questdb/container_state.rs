@@ -7,7 +7,7 @@
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
 use k8s_openapi::jiff::Timestamp;
 
-use crate::api::Reason;
+use crate::api::{EventReason, ReadyReason};
 use crate::desired::CONTAINER_NAME;
 
 /// Most of a log tail kept in a condition message (the kubelet's own termination message is
@@ -22,7 +22,7 @@ pub const SCHEDULER_RETRY_GRACE: std::time::Duration = std::time::Duration::from
 /// cause (what one Warning event is sent for) and whose rest is the last log lines.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Trouble {
-    pub reason: Reason,
+    pub reason: ReadyReason,
     pub message: String,
 }
 
@@ -31,6 +31,30 @@ impl Trouble {
     pub fn cause(message: &str) -> &str {
         message.lines().next().unwrap_or_default()
     }
+}
+
+/// The event said once per cause while `Ready` carries `reason`: only the reasons that say the
+/// database cannot run have one.
+pub fn event_reason(reason: ReadyReason) -> Option<EventReason> {
+    Some(match reason {
+        ReadyReason::CrashLoop => EventReason::CrashLoop,
+        ReadyReason::ImagePullFailed => EventReason::ImagePullFailed,
+        ReadyReason::ContainerConfigError => EventReason::ContainerConfigError,
+        ReadyReason::Unschedulable => EventReason::Unschedulable,
+        ReadyReason::PodRefused => EventReason::PodRefused,
+        ReadyReason::VolumePending => EventReason::VolumePending,
+        ReadyReason::Creating
+        | ReadyReason::RollingOut
+        | ReadyReason::PodNotReady
+        | ReadyReason::Running
+        | ReadyReason::Paused
+        | ReadyReason::InvalidSpec
+        | ReadyReason::ChildConflict
+        | ReadyReason::NodeNotReady
+        | ReadyReason::RestoreSourceNotFound
+        | ReadyReason::RestoreSourceNotReady
+        | ReadyReason::RestoreRefused => return None,
+    })
 }
 
 /// The scheduler's word on a pod it cannot place (`PodScheduled=False`, `Unschedulable`):
@@ -51,7 +75,7 @@ pub fn unschedulable(pod: &Pod, now: Timestamp) -> Option<Trouble> {
         now.duration_since(t.0).as_secs() < SCHEDULER_RETRY_GRACE.as_secs() as i64
     });
     (condition.reason.as_deref() == Some("Unschedulable") && !fresh).then(|| Trouble {
-        reason: Reason::Unschedulable,
+        reason: ReadyReason::Unschedulable,
         message: format!(
             "the database pod cannot be scheduled: {}",
             condition.message.as_deref().unwrap_or("no reason given")
@@ -63,7 +87,7 @@ pub fn unschedulable(pod: &Pod, now: Timestamp) -> Option<Trouble> {
 /// while there is no pod: "pods "db1-0" is forbidden: violates PodSecurity ...".
 pub fn refused(message: &str) -> Trouble {
     Trouble {
-        reason: Reason::PodRefused,
+        reason: ReadyReason::PodRefused,
         message: format!("the database pod cannot be created: {message}"),
     }
 }
@@ -73,7 +97,7 @@ pub fn refused(message: &str) -> Trouble {
 /// claim and no storage class is set", or `storageclass.storage.k8s.io "gp3" not found`.
 pub fn volume_pending(message: &str) -> Trouble {
     Trouble {
-        reason: Reason::VolumePending,
+        reason: ReadyReason::VolumePending,
         message: format!("the database volume cannot be bound: {message}"),
     }
 }
@@ -122,7 +146,7 @@ fn of_container(c: &ContainerStatus) -> Option<Trouble> {
             "CrashLoopBackOff" => Some(exited(c)),
             "ErrImagePull" | "ImagePullBackOff" | "InvalidImageName" | "ErrImageNeverPull" => {
                 Some(Trouble {
-                    reason: Reason::ImagePullFailed,
+                    reason: ReadyReason::ImagePullFailed,
                     // The kubelet alternates ErrImagePull and ImagePullBackOff: the cause
                     // line leaves both out, so it is one cause.
                     message: format!(
@@ -132,7 +156,7 @@ fn of_container(c: &ContainerStatus) -> Option<Trouble> {
                 })
             }
             "CreateContainerConfigError" | "CreateContainerError" => Some(Trouble {
-                reason: Reason::ContainerConfigError,
+                reason: ReadyReason::ContainerConfigError,
                 message: format!("container {} cannot be created: {detail}", c.name),
             }),
             _ => None,
@@ -184,7 +208,7 @@ fn exited(c: &ContainerStatus) -> Trouble {
         message.push_str(&tail);
     }
     Trouble {
-        reason: Reason::CrashLoop,
+        reason: ReadyReason::CrashLoop,
         message,
     }
 }
@@ -232,7 +256,7 @@ mod tests {
         }]}));
         let now = Timestamp::from_second(1_700_000_000).unwrap();
         let t = unschedulable(&waiting, now).expect("unschedulable");
-        assert_eq!(t.reason, Reason::Unschedulable);
+        assert_eq!(t.reason, ReadyReason::Unschedulable);
         assert_eq!(
             t.message,
             "the database pod cannot be scheduled: 0/3 nodes are available: 3 node(s) didn't match Pod's node affinity/selector."
@@ -267,7 +291,7 @@ mod tests {
                 "message": "2026-11-23T01:00:00Z E server-main invalid configuration value [key=cairo.commit.lag, value=abc]\n"}}),
         ));
         let t = trouble(&p).expect("a crash loop is trouble");
-        assert_eq!(t.reason, Reason::CrashLoop);
+        assert_eq!(t.reason, ReadyReason::CrashLoop);
         assert!(t.message.contains("code 55"), "{}", t.message);
         assert!(t.message.contains("key=cairo.commit.lag"), "{}", t.message);
         assert_eq!(
@@ -283,7 +307,7 @@ mod tests {
             json!({}),
         ));
         let t = trouble(&p).unwrap();
-        assert_eq!(t.reason, Reason::ImagePullFailed);
+        assert_eq!(t.reason, ReadyReason::ImagePullFailed);
         assert!(t.message.contains("questdb/questdb:9.2.0"));
         let p2 = pod(questdb(
             json!({"waiting": {"reason": "ErrImagePull", "message": "not found"}}),
@@ -300,7 +324,7 @@ mod tests {
             json!({}),
         ));
         let t = trouble(&p).unwrap();
-        assert_eq!(t.reason, Reason::ContainerConfigError);
+        assert_eq!(t.reason, ReadyReason::ContainerConfigError);
         assert!(t.message.contains("db-credentials"));
     }
 
@@ -328,7 +352,7 @@ mod tests {
             crashed,
         ));
         let (a, b) = (trouble(&between).unwrap(), trouble(&looping).unwrap());
-        assert_eq!(a.reason, Reason::CrashLoop);
+        assert_eq!(a.reason, ReadyReason::CrashLoop);
         assert_eq!(Trouble::cause(&a.message), Trouble::cause(&b.message));
         let mut cached = between.clone();
         let st = cached.status.as_mut().unwrap();

@@ -14,7 +14,7 @@ use kube::ResourceExt;
 use serde_json::json;
 use tracing::{info, warn};
 
-use crate::api::{conditions, QuestDB, Reason, MANAGER};
+use crate::api::{CredentialsReason, EventReason, QuestDB, MANAGER};
 use crate::controllers::context::Context;
 use crate::controllers::Error;
 use crate::desired::credentials::{self, Check};
@@ -28,7 +28,7 @@ pub struct Resolution {
     pub secret: String,
     /// The Secret's resourceVersion and digest, when it is usable.
     pub usable: Option<(String, String)>,
-    pub condition: Verdict,
+    pub condition: Verdict<CredentialsReason>,
 }
 
 impl Resolution {
@@ -86,37 +86,32 @@ fn seen_by_statefulset(qdb: &QuestDB, ctx: &Context) -> Option<(String, String)>
 }
 
 /// The condition for what was found; messages name the Secret and keys, never a value.
-fn verdict(qdb: &QuestDB, name: &str, check: Option<&Check>) -> Verdict {
-    let t = conditions::CREDENTIALS_READY;
+fn verdict(qdb: &QuestDB, name: &str, check: Option<&Check>) -> Verdict<CredentialsReason> {
     match check {
         Some(Check::Usable { .. }) => Verdict::new(
-            t,
             true,
-            Reason::CredentialsFound,
+            CredentialsReason::CredentialsFound,
             format!("database users and passwords come from Secret {name}"),
         ),
         Some(Check::MissingKeys(keys)) => Verdict::new(
-            t,
             false,
-            Reason::MissingKeys,
+            CredentialsReason::MissingKeys,
             format!(
                 "Secret {name} lacks {}: the database does not start without them",
                 keys.join(", ")
             ),
         ),
         Some(Check::DefaultPassword(keys)) => Verdict::new(
-            t,
             false,
-            Reason::DefaultPassword,
+            CredentialsReason::DefaultPassword,
             format!(
                 "Secret {name} sets {} to QuestDB's well-known default: choose another password",
                 keys.join(", ")
             ),
         ),
         None => Verdict::new(
-            t,
             false,
-            Reason::SecretNotFound,
+            CredentialsReason::SecretNotFound,
             format!(
                 "Secret {name} (spec.credentials.secretName{}) does not exist: the database does not start until it does",
                 if credentials::generated(qdb) { ", generated" } else { "" }
@@ -127,17 +122,17 @@ fn verdict(qdb: &QuestDB, name: &str, check: Option<&Check>) -> Verdict {
 
 /// One log line and one Warning event per distinct problem (the condition already saying it
 /// means it was reported).
-async fn report(qdb: &QuestDB, ctx: &Context, condition: &Verdict) {
-    if condition.status {
-        return;
-    }
-    let already = qdb.status.as_ref().is_some_and(|s| {
-        s.conditions.iter().any(|c| {
-            c.type_ == conditions::CREDENTIALS_READY
-                && c.reason == condition.reason
-                && c.message == condition.message
-        })
-    });
+async fn report(qdb: &QuestDB, ctx: &Context, condition: &Verdict<CredentialsReason>) {
+    let reason = match condition.reason {
+        CredentialsReason::CredentialsFound => return,
+        CredentialsReason::SecretNotFound => EventReason::SecretNotFound,
+        CredentialsReason::MissingKeys => EventReason::MissingKeys,
+        CredentialsReason::DefaultPassword => EventReason::DefaultPassword,
+    };
+    let already = qdb
+        .status
+        .as_ref()
+        .is_some_and(|s| super::record::already_reported(s, condition));
     if already {
         return;
     }
@@ -145,7 +140,7 @@ async fn report(qdb: &QuestDB, ctx: &Context, condition: &Verdict) {
     ctx.event(
         qdb,
         EventType::Warning,
-        condition.reason,
+        reason,
         "Credentials",
         condition.message.clone(),
     )
@@ -171,7 +166,7 @@ async fn generate(
             ctx.event(
                 qdb,
                 EventType::Normal,
-                Reason::CredentialsGenerated,
+                EventReason::CredentialsGenerated,
                 "Credentials",
                 format!(
                     "generated Secret {} with the database's users and passwords",

@@ -20,10 +20,8 @@ use super::outcome::Turn;
 use super::placement::{dns_follows, dns_ttl, volume_attached_to};
 use super::record::{advance, already_reported, persist};
 use super::status::pod_ready;
-use crate::api::Reason;
-use crate::api::{
-    conditions, FailoverCause, FailoverPhase, FailoverStatus, QuestDB, QuestDBStatus,
-};
+use crate::api::{EventReason, FailoverReason};
+use crate::api::{FailoverCause, FailoverPhase, FailoverStatus, QuestDB, QuestDBStatus};
 use crate::cloud::{CloudError, InstanceState};
 use crate::controllers::cloud_runtime::CloudRuntime;
 use crate::controllers::context::Context;
@@ -44,14 +42,19 @@ use crate::runtime::clock::{between, now, since};
 /// VolumeAttachment) looks again.
 const STEP_POLL: Duration = Duration::from_secs(2);
 
-fn condition(status: bool, reason: Reason, message: String) -> Verdict {
-    Verdict::new(conditions::FAILOVER, status, reason, message)
+fn condition(status: bool, reason: FailoverReason, message: String) -> Verdict<FailoverReason> {
+    Verdict::new(status, reason, message)
 }
 
 /// The record names an instance that is not this QuestDB's (a forged status): the failover
 /// stops at this step and touches nothing.
-async fn refused(qdb: &QuestDB, ctx: &Context, status: &QuestDBStatus, e: &CloudError) -> Verdict {
-    let c = condition(false, Reason::InstanceNotOwned, e.to_string());
+async fn refused(
+    qdb: &QuestDB,
+    ctx: &Context,
+    status: &QuestDBStatus,
+    e: &CloudError,
+) -> Verdict<FailoverReason> {
+    let c = condition(false, FailoverReason::InstanceNotOwned, e.to_string());
     super::report_not_owned(qdb, ctx, status, c, "Failover").await
 }
 
@@ -62,7 +65,7 @@ pub async fn reconcile(
     qdb: &mut QuestDB,
     ctx: &Context,
     cloud: &CloudRuntime,
-) -> Result<Option<Turn>, Error> {
+) -> Result<Option<Turn<FailoverReason>>, Error> {
     if qdb.spec.node.is_none() || qdb.spec.paused || qdb.metadata.deletion_timestamp.is_some() {
         return Ok(None);
     }
@@ -76,7 +79,7 @@ pub async fn reconcile(
     if node_move::owns_the_database(&status) {
         return Ok(Some(Turn::settled(condition(
             true,
-            Reason::Armed,
+            FailoverReason::Armed,
             "a node move is switching nodes: it fences a node that dies and returns the database to the live one itself".into(),
         ))));
     }
@@ -124,7 +127,7 @@ pub async fn reconcile(
         Start::Suppressed { reason, message } => {
             let c = condition(
                 false,
-                Reason::FailoverSuppressed,
+                FailoverReason::FailoverSuppressed,
                 format!("{reason}: {message}"),
             );
             if !already_reported(&status, &c) {
@@ -133,7 +136,7 @@ pub async fn reconcile(
                 ctx.event(
                     qdb,
                     EventType::Warning,
-                    Reason::FailoverSuppressed,
+                    EventReason::FailoverSuppressed,
                     "Failover",
                     c.message.clone(),
                 )
@@ -194,7 +197,7 @@ pub async fn reconcile(
             ctx.event(
                 qdb,
                 EventType::Warning,
-                Reason::FailoverStarted,
+                EventReason::FailoverStarted,
                 "Failover",
                 note,
             )
@@ -205,7 +208,7 @@ pub async fn reconcile(
     }
 }
 
-fn armed(qdb: &QuestDB, cloud: &CloudRuntime) -> Verdict {
+fn armed(qdb: &QuestDB, cloud: &CloudRuntime) -> Verdict<FailoverReason> {
     let (status, reason, message) =
         failover::idle_condition(&qdb.spec.failover, cloud.health.min_unhealthy());
     condition(status, reason, message)
@@ -292,7 +295,7 @@ pub async fn fence_dead_node(
             ctx.event(
                 qdb,
                 EventType::Warning,
-                Reason::ReleaseFenced,
+                EventReason::ReleaseFenced,
                 "Release",
                 note.clone(),
             )
@@ -471,7 +474,7 @@ struct Failover<'a> {
 impl StateMachine for Failover<'_> {
     type Observed = Facts;
     type Step = Step;
-    type Outcome = Turn;
+    type Outcome = Turn<FailoverReason>;
 
     async fn observe(&mut self) -> Result<Facts, Error> {
         observe(self.qdb, self.ctx, self.cloud, &self.status, &self.record).await
@@ -481,7 +484,7 @@ impl StateMachine for Failover<'_> {
         failover::next_step(&facts.view(&self.record))
     }
 
-    async fn perform(&mut self, step: Step, _: Facts) -> Result<Turn, Error> {
+    async fn perform(&mut self, step: Step, _: Facts) -> Result<Turn<FailoverReason>, Error> {
         perform(
             self.qdb,
             self.ctx,
@@ -495,7 +498,11 @@ impl StateMachine for Failover<'_> {
 
 /// Takes the one step the record and the observed state call for: a transition recorded or
 /// one action taken, never both of two steps.
-async fn steps(qdb: &mut QuestDB, ctx: &Context, cloud: &CloudRuntime) -> Result<Turn, Error> {
+async fn steps(
+    qdb: &mut QuestDB,
+    ctx: &Context,
+    cloud: &CloudRuntime,
+) -> Result<Turn<FailoverReason>, Error> {
     let status = qdb.status.clone().unwrap_or_default();
     let Some(record) = status.failover.clone() else {
         return Ok(Turn::settled(armed(qdb, cloud)));
@@ -516,7 +523,7 @@ async fn perform(
     cloud: &CloudRuntime,
     (status, f): (&QuestDBStatus, &FailoverStatus),
     step: Step,
-) -> Result<Turn, Error> {
+) -> Result<Turn<FailoverReason>, Error> {
     match step {
         Step::Fence(id) => {
             match cloud.nodes.stop(&id, &owner_uid(qdb)).await {
@@ -558,7 +565,7 @@ async fn perform(
             ctx.event(
                 qdb,
                 EventType::Warning,
-                Reason::FailoverStuck,
+                EventReason::FailoverStuck,
                 "Failover",
                 note,
             )
@@ -591,7 +598,7 @@ async fn perform(
                         ctx.event(
                             qdb,
                             EventType::Warning,
-                            Reason::FailoverStuck,
+                            EventReason::FailoverStuck,
                             "Failover",
                             c.message.clone(),
                         )
@@ -643,24 +650,24 @@ async fn perform(
             ctx.event(
                 qdb,
                 EventType::Normal,
-                Reason::FailoverSucceeded,
+                EventReason::FailoverSucceeded,
                 "Failover",
                 note,
             )
             .await;
             Ok(Turn::settled(condition(
                 true,
-                Reason::Recovered,
+                FailoverReason::Recovered,
                 "the last failover succeeded".into(),
             )))
         }
     }
 }
 
-fn in_progress(f: &FailoverStatus) -> Verdict {
+fn in_progress(f: &FailoverStatus) -> Verdict<FailoverReason> {
     condition(
         true,
-        Reason::InProgress,
+        FailoverReason::InProgress,
         format!("{}: {}", f.phase, f.message.clone().unwrap_or_default()),
     )
 }

@@ -11,8 +11,8 @@ use kube::runtime::reflector::ObjectRef;
 use kube::ResourceExt;
 use tracing::{info, warn};
 
-use crate::api::Reason;
-use crate::api::{conditions, QuestDB};
+use crate::api::QuestDB;
+use crate::api::{EventReason, IlpAuthReason};
 use crate::controllers::context::Context;
 use crate::controllers::Error;
 use crate::ilp_auth;
@@ -21,7 +21,7 @@ use crate::plan::conditions::Verdict;
 /// The auth file to mount (None: ILP auth disabled) and the condition to report.
 pub struct Resolution {
     pub file: Option<String>,
-    pub condition: Option<Verdict>,
+    pub condition: Option<Verdict<IlpAuthReason>>,
 }
 
 pub async fn resolve(qdb: &QuestDB, ctx: &Context) -> Result<Resolution, Error> {
@@ -30,9 +30,8 @@ pub async fn resolve(qdb: &QuestDB, ctx: &Context) -> Result<Resolution, Error> 
         return Ok(Resolution {
             file: None,
             condition: Some(Verdict::new(
-                conditions::ILP_AUTH_READY,
                 true,
-                Reason::Disabled,
+                IlpAuthReason::Disabled,
                 "ILP authentication is off (spec.ilpAuth.enabled: false): any client can write over ILP",
             )),
         });
@@ -85,37 +84,27 @@ pub async fn resolve(qdb: &QuestDB, ctx: &Context) -> Result<Resolution, Error> 
     let outcome = ilp_auth::collect_parsed(parsed);
     let decision = ilp_auth::decide(&outcome);
 
-    let condition = Verdict::new(
-        conditions::ILP_AUTH_READY,
-        decision.ready,
-        decision.reason,
-        decision.message.clone(),
-    );
-    let unchanged = qdb.status.as_ref().is_some_and(|s| {
-        s.conditions.iter().any(|c| {
-            c.type_ == conditions::ILP_AUTH_READY
-                && c.reason == decision.reason
-                && c.message == decision.message
-        })
-    });
-    if !decision.ready && !unchanged {
-        // No key yet is a state the user chose (auth on, keys to come): said once, at info. A
-        // broken Secret is someone's to fix: a warning.
-        let type_ = if decision.reason == Reason::NoKeys {
-            info!(questdb = %name, reason = %decision.reason, message = %decision.message, "ILP auth has no key yet");
-            EventType::Normal
+    let condition = Verdict::new(decision.ready, decision.reason, decision.message.clone());
+    let unchanged = qdb
+        .status
+        .as_ref()
+        .is_some_and(|s| super::record::already_reported(s, &condition));
+    // No key yet is a state the user chose (auth on, keys to come): said once, at info. A
+    // broken Secret is someone's to fix: a warning.
+    let event = match decision.reason {
+        IlpAuthReason::Disabled | IlpAuthReason::KeysLoaded => None,
+        IlpAuthReason::NoKeys => Some((EventType::Normal, EventReason::NoKeys)),
+        IlpAuthReason::InvalidSecret => Some((EventType::Warning, EventReason::InvalidSecret)),
+        IlpAuthReason::DuplicateKid => Some((EventType::Warning, EventReason::DuplicateKid)),
+    };
+    if let Some((type_, reason)) = event.filter(|_| !unchanged) {
+        if type_ == EventType::Normal {
+            info!(questdb = %name, %reason, message = %decision.message, "ILP auth has no key yet");
         } else {
-            warn!(questdb = %name, reason = %decision.reason, message = %decision.message, "ILP auth not ready");
-            EventType::Warning
-        };
-        ctx.event(
-            qdb,
-            type_,
-            decision.reason,
-            "IlpAuth",
-            decision.message.clone(),
-        )
-        .await;
+            warn!(questdb = %name, %reason, message = %decision.message, "ILP auth not ready");
+        }
+        ctx.event(qdb, type_, reason, "IlpAuth", decision.message.clone())
+            .await;
     }
     Ok(Resolution {
         file: Some(decision.auth_file),

@@ -21,7 +21,7 @@ mod volume;
 
 use std::sync::Arc;
 
-use crate::api::Reason;
+use crate::api::{EventReason, ReadyReason};
 use crate::controllers::Next;
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
@@ -277,7 +277,7 @@ async fn invalid_spec(
         ctx.event(
             qdb,
             EventType::Warning,
-            Reason::InvalidSpec,
+            EventReason::InvalidSpec,
             "Validate",
             note,
         )
@@ -421,7 +421,7 @@ async fn release_and_unblock(qdb: Arc<QuestDB>, ctx: &Context) -> Result<Next, E
             ctx.event(
                 &current,
                 EventType::Warning,
-                Reason::CleanupBlocked,
+                EventReason::CleanupBlocked,
                 "Finalize",
                 note,
             )
@@ -444,19 +444,19 @@ pub(super) fn not_owned(e: &crate::cloud::CloudError) -> bool {
 
 /// A step record names an instance that is not this QuestDB's (a forged status): the step
 /// stops there, touches nothing, and says so in condition `c` and one Warning event.
-pub(super) async fn report_not_owned(
+pub(super) async fn report_not_owned<R: crate::api::ConditionReason>(
     qdb: &QuestDB,
     ctx: &Context,
     status: &crate::api::QuestDBStatus,
-    c: crate::plan::conditions::Verdict,
+    c: crate::plan::conditions::Verdict<R>,
     action: &str,
-) -> crate::plan::conditions::Verdict {
+) -> crate::plan::conditions::Verdict<R> {
     if !record::already_reported(status, &c) {
         warn!(questdb = %qdb.name_any(), "{}", c.message);
         ctx.event(
             qdb,
             EventType::Warning,
-            Reason::InstanceNotOwned,
+            EventReason::InstanceNotOwned,
             action,
             c.message.clone(),
         )
@@ -475,7 +475,7 @@ fn already_reported_invalid(qdb: &QuestDB, note: &str) -> bool {
         s.observed_generation == qdb.metadata.generation
             && s.conditions.iter().any(|c| {
                 c.type_ == crate::api::conditions::SPEC_VALID
-                    && c.reason == Reason::InvalidSpec
+                    && c.reason == crate::api::SpecValidReason::InvalidSpec
                     && c.message == note
             })
     })
@@ -609,17 +609,7 @@ async fn report_container_trouble(
     let Some((reason, message)) = ready(new) else {
         return;
     };
-    let Some(reason) = Reason::parse(&reason).filter(|r| {
-        matches!(
-            r,
-            Reason::CrashLoop
-                | Reason::ImagePullFailed
-                | Reason::ContainerConfigError
-                | Reason::Unschedulable
-                | Reason::PodRefused
-                | Reason::VolumePending
-        )
-    }) else {
+    let Some(reason) = ReadyReason::parse(&reason).and_then(container_state::event_reason) else {
         return;
     };
     let cause = container_state::Trouble::cause(&message);
@@ -658,7 +648,7 @@ pub async fn report_unreadable(
     ctx.event_for(
         &reference,
         EventType::Warning,
-        Reason::Unreadable,
+        EventReason::Unreadable,
         "Reconcile",
         format!("the operator cannot read this QuestDB: {}", invalid.error),
     )

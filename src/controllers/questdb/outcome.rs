@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
 
+use crate::api::{DnsReason, FailoverReason, NodeMoveReason, NodeReadyReason};
 use crate::desired::DedicatedNode;
 use crate::plan::conditions::Verdict;
 
@@ -13,12 +14,12 @@ use crate::plan::conditions::Verdict;
 pub struct CloudOutcome {
     /// Pin the pod to the dedicated node.
     pub dedicated: Option<DedicatedNode>,
-    pub node_condition: Option<Verdict>,
-    pub dns_condition: Option<Verdict>,
+    pub node_condition: Option<Verdict<NodeReadyReason>>,
+    pub dns_condition: Option<Verdict<DnsReason>>,
     /// Automatic failover: armed, under way, held back or stuck.
-    pub failover_condition: Option<Verdict>,
+    pub failover_condition: Option<Verdict<FailoverReason>>,
     /// Node image / instance type moves.
-    pub node_move_condition: Option<Verdict>,
+    pub node_move_condition: Option<Verdict<NodeMoveReason>>,
     /// The dedicated Node, once registered.
     pub node: Option<Arc<Node>>,
     /// Nothing left in the cloud for this QuestDB (the finalizer may go).
@@ -49,14 +50,14 @@ pub fn sooner(a: Option<Duration>, b: Option<Duration>) -> Option<Duration> {
 /// the condition it reports and how soon it wants to be looked at again. `None` waits for a
 /// watch event: the one its own status write causes, or a change of what it waits on.
 #[derive(Debug)]
-pub struct Turn {
-    pub condition: Verdict,
+pub struct Turn<R> {
+    pub condition: Verdict<R>,
     pub requeue: Option<Duration>,
 }
 
-impl Turn {
+impl<R: crate::api::ConditionReason> Turn<R> {
     /// Nothing to look at again unless a watch event says so.
-    pub fn settled(condition: Verdict) -> Self {
+    pub fn settled(condition: Verdict<R>) -> Self {
         Self {
             condition,
             requeue: None,
@@ -64,7 +65,7 @@ impl Turn {
     }
 
     /// Waits on something no watch reports (EC2, a clock): looked at again within `d`.
-    pub fn again_within(condition: Verdict, d: Duration) -> Self {
+    pub fn again_within(condition: Verdict<R>, d: Duration) -> Self {
         Self {
             condition,
             requeue: Some(d),
@@ -80,7 +81,7 @@ impl Turn {
 
 impl CloudOutcome {
     /// Keeps `turn`'s requeue; returns its condition.
-    pub fn absorb(&mut self, turn: Turn) -> Verdict {
+    pub fn absorb<R>(&mut self, turn: Turn<R>) -> Verdict<R> {
         self.requeue = sooner(self.requeue, turn.requeue);
         turn.condition
     }

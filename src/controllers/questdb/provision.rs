@@ -15,8 +15,8 @@ use super::node_marks::dedicate;
 use super::outcome::sooner;
 use super::owner_uid;
 use super::record::{already_reported, persist};
-use crate::api::Reason;
 use crate::api::{conditions, QuestDB, QuestDBStatus};
+use crate::api::{EventReason, NodeReadyReason};
 use crate::cloud::CloudError;
 use crate::cloud::{desired_instance_tags, Instance, InstanceState};
 use crate::controllers::cloud_runtime::CloudRuntime;
@@ -38,7 +38,7 @@ const AFTER_A_STEP: Duration = Duration::from_secs(1);
 #[derive(Default)]
 pub(super) struct NodeTurn {
     /// `NodeReady`.
-    pub condition: Option<Verdict>,
+    pub condition: Option<Verdict<NodeReadyReason>>,
     /// The dedicated Node, once registered.
     pub node: Option<Arc<Node>>,
     /// No instance is left for this QuestDB.
@@ -183,17 +183,20 @@ impl StateMachine for NodeRun<'_> {
                     .await?
             }
             NodeStep::Wait(condition) => {
-                if matches!(
-                    condition.reason,
-                    Reason::NodeIdentityConflict | Reason::NodeNeverJoined
-                ) && !already_reported(&o.status, &condition)
-                {
+                let warning = match condition.reason {
+                    NodeReadyReason::NodeIdentityConflict => {
+                        Some(EventReason::NodeIdentityConflict)
+                    }
+                    NodeReadyReason::NodeNeverJoined => Some(EventReason::NodeNeverJoined),
+                    _ => None,
+                };
+                if let Some(reason) = warning.filter(|_| !already_reported(&o.status, &condition)) {
                     warn!(questdb = %self.qdb.name_any(), "{}", condition.message);
                     self.ctx
                         .event(
                             self.qdb,
                             EventType::Warning,
-                            condition.reason,
+                            reason,
                             "DedicateNode",
                             condition.message.clone(),
                         )
@@ -207,18 +210,16 @@ impl StateMachine for NodeRun<'_> {
                 if let Some(driver) = super::node_marks::csi_driver_missing(self.ctx, &node).await?
                 {
                     self.turn.condition = Some(Verdict::new(
-                        conditions::NODE_READY,
                         false,
-                        Reason::WaitingForCsiDriver,
+                        NodeReadyReason::WaitingForCsiDriver,
                         super::node_marks::waiting_for_csi(&node, &driver),
                     ));
                     self.turn.requeue_within(Duration::from_secs(2));
                 } else {
                     dedicate(self.ctx, &node, self.dedicated, &instance).await?;
                     self.turn.condition = Some(Verdict::new(
-                        conditions::NODE_READY,
                         false,
-                        Reason::WaitingForNode,
+                        NodeReadyReason::WaitingForNode,
                         format!("labelled and tainted node {node} for this database"),
                     ));
                     self.turn.requeue_within(Duration::from_secs(1));
@@ -274,7 +275,7 @@ impl StateMachine for NodeRun<'_> {
 enum Flow {
     /// A step was taken (recorded, or acted on and its outcome recorded), and the condition
     /// says which: the next reconcile plans again on what it changed.
-    Stepped(Verdict),
+    Stepped(Verdict<NodeReadyReason>),
     /// Wait; no instance to publish in DNS.
     Stop,
     /// Wait; DNS may name the recorded instance.
@@ -331,7 +332,7 @@ impl NodeRun<'_> {
                     .event(
                         self.qdb,
                         EventType::Warning,
-                        Reason::LaunchFailed,
+                        EventReason::LaunchFailed,
                         "LaunchNode",
                         message.clone(),
                     )
@@ -343,12 +344,8 @@ impl NodeRun<'_> {
                     generation,
                     message.clone(),
                 );
-                self.turn.condition = Some(Verdict::new(
-                    conditions::NODE_READY,
-                    false,
-                    Reason::LaunchFailed,
-                    message,
-                ));
+                self.turn.condition =
+                    Some(Verdict::new(false, NodeReadyReason::LaunchFailed, message));
                 self.turn.requeue_within(PERMANENT_FAILURE_RETRY);
                 Ok(Flow::Stop)
             }
@@ -413,12 +410,19 @@ impl NodeRun<'_> {
         };
         let wait = match hold {
             node::Relaunch::Now => None,
-            node::Relaunch::Backoff(d) => Some((Reason::RelaunchBackoff, d)),
-            node::Relaunch::Capped(d) => Some((Reason::RelaunchCapped, d)),
+            node::Relaunch::Backoff(d) => Some((
+                NodeReadyReason::RelaunchBackoff,
+                EventReason::RelaunchBackoff,
+                d,
+            )),
+            node::Relaunch::Capped(d) => Some((
+                NodeReadyReason::RelaunchCapped,
+                EventReason::RelaunchCapped,
+                d,
+            )),
         };
-        if let Some((reason, d)) = wait {
+        if let Some((reason, event_reason, d)) = wait {
             let c = Verdict::new(
-                conditions::NODE_READY,
                 false,
                 reason,
                 format!(
@@ -431,7 +435,7 @@ impl NodeRun<'_> {
                     .event(
                         self.qdb,
                         EventType::Warning,
-                        reason,
+                        event_reason,
                         "ReplaceNode",
                         c.message.clone(),
                     )
@@ -447,7 +451,7 @@ impl NodeRun<'_> {
             .event(
                 self.qdb,
                 EventType::Warning,
-                Reason::NodeGone,
+                EventReason::NodeGone,
                 "ReplaceNode",
                 note.clone(),
             )
@@ -467,8 +471,8 @@ impl NodeRun<'_> {
         self.terminate_and_report(
             ids,
             EventType::Normal,
-            Reason::ReleasingNode,
-            Reason::Releasing,
+            EventReason::Releasing,
+            NodeReadyReason::Releasing,
             note,
         )
         .await
@@ -477,9 +481,14 @@ impl NodeRun<'_> {
     async fn terminate_never_joined(&mut self, id: &str, message: String) -> Result<Flow, Error> {
         warn!(questdb = %self.qdb.name_any(), instance = %id, "{message}");
         let ids = [id.to_string()];
-        let never = Reason::NodeNeverJoined;
-        self.terminate_and_report(&ids, EventType::Warning, never, never, message)
-            .await
+        self.terminate_and_report(
+            &ids,
+            EventType::Warning,
+            EventReason::NodeNeverJoined,
+            NodeReadyReason::NodeNeverJoined,
+            message,
+        )
+        .await
     }
 
     /// Terminates `ids` (each checked to be this QuestDB's), then one event and the
@@ -488,8 +497,8 @@ impl NodeRun<'_> {
         &mut self,
         ids: &[String],
         event: EventType,
-        event_reason: Reason,
-        condition_reason: Reason,
+        event_reason: EventReason,
+        condition_reason: NodeReadyReason,
         note: String,
     ) -> Result<Flow, Error> {
         for id in ids {
@@ -504,12 +513,7 @@ impl NodeRun<'_> {
         self.ctx
             .event(self.qdb, event, event_reason, "TerminateNode", note.clone())
             .await;
-        self.turn.condition = Some(Verdict::new(
-            conditions::NODE_READY,
-            false,
-            condition_reason,
-            note,
-        ));
+        self.turn.condition = Some(Verdict::new(false, condition_reason, note));
         self.turn.requeue_within(WAITING_SYNC);
         Ok(Flow::Stop)
     }
@@ -524,9 +528,8 @@ impl NodeRun<'_> {
         .await?;
         self.turn.condition = self.qdb.spec.node.as_ref().map(|_| {
             Verdict::new(
-                conditions::NODE_READY,
                 false,
-                Reason::Released,
+                NodeReadyReason::Released,
                 "the dedicated node was released; the volume is kept",
             )
         });
@@ -606,23 +609,21 @@ fn forget_failure(cloud: &CloudRuntime, uid: &str) {
 }
 
 /// `NodeReady=False` while a dedicated node is on its way.
-fn launching(message: String) -> Verdict {
-    Verdict::new(conditions::NODE_READY, false, Reason::Launching, message)
+fn launching(message: String) -> Verdict<NodeReadyReason> {
+    Verdict::new(false, NodeReadyReason::Launching, message)
 }
 
-pub(super) fn ready_condition(node: &str, ready: bool) -> Verdict {
+pub(super) fn ready_condition(node: &str, ready: bool) -> Verdict<NodeReadyReason> {
     if ready {
         Verdict::new(
-            conditions::NODE_READY,
             true,
-            Reason::Ready,
+            NodeReadyReason::Ready,
             format!("dedicated node {node} is ready"),
         )
     } else {
         Verdict::new(
-            conditions::NODE_READY,
             false,
-            Reason::NodeNotReady,
+            NodeReadyReason::NodeNotReady,
             format!("dedicated node {node} is not ready"),
         )
     }

@@ -7,8 +7,8 @@ use kube::ResourceExt;
 use tracing::info;
 
 use crate::api::{
-    FailoverPhase, FailoverStatus, NodeMovePhase, NodeMoveStatus, QuestDB, QuestDBStatus, Reason,
-    MANAGER,
+    ConditionReason, EventReason, FailoverPhase, FailoverStatus, NodeMovePhase, NodeMoveStatus,
+    QuestDB, QuestDBStatus, MANAGER,
 };
 use crate::controllers::context::Context;
 use crate::controllers::Error;
@@ -84,11 +84,11 @@ fn same_status(a: Option<&QuestDBStatus>, b: Option<&QuestDBStatus>) -> bool {
 }
 
 /// The condition already says this: its event was sent when it first did.
-pub fn already_reported(status: &QuestDBStatus, c: &Verdict) -> bool {
+pub fn already_reported<R: ConditionReason>(status: &QuestDBStatus, c: &Verdict<R>) -> bool {
     status
         .conditions
         .iter()
-        .any(|k| k.type_ == c.type_ && k.reason == c.reason && k.message == c.message)
+        .any(|k| k.type_ == R::CONDITION && k.reason == c.reason.into() && k.message == c.message)
 }
 
 /// A multi-step operation recorded in status (`status.failover`, `status.upgrade`): each step
@@ -105,7 +105,7 @@ pub trait StepRecord: Clone {
     fn set_phase(&mut self, phase: Self::Phase, started_at: Time);
     fn set_message(&mut self, message: Option<String>);
     /// The event reason of entering `phase`.
-    fn step_reason(phase: Self::Phase) -> Reason;
+    fn step_reason(phase: Self::Phase) -> EventReason;
     /// The event note of entering `phase`.
     fn step_note(&self, phase: Self::Phase) -> String;
     fn time_step(ctx: &Context, phase: Self::Phase, took: std::time::Duration);
@@ -165,7 +165,7 @@ macro_rules! step_record {
             fn set_message(&mut self, message: Option<String>) {
                 self.message = message;
             }
-            fn step_reason(phase: $phase_ty) -> Reason {
+            fn step_reason(phase: $phase_ty) -> EventReason {
                 $reasons(phase)
             }
             fn step_note(&self, $phase: $phase_ty) -> String {

@@ -9,7 +9,7 @@ use kube::api::Api;
 use kube::runtime::reflector::ObjectRef;
 use kube::ResourceExt;
 
-use crate::api::{conditions, BackupStep, QuestDB, QuestDBBackup, Reason, RestoreSource};
+use crate::api::{BackupStep, QuestDB, QuestDBBackup, RestoreReason, RestoreSource};
 use crate::controllers::backup::snapshot;
 use crate::controllers::context::Context;
 use crate::controllers::Error;
@@ -20,11 +20,14 @@ use crate::plan::conditions::Verdict;
 #[derive(Debug, PartialEq)]
 pub enum Gate {
     /// Nothing to restore, or the volume was restored.
-    Open(Option<Verdict>),
+    Open(Option<Verdict<RestoreReason>>),
     /// Create the volume from this VolumeSnapshot.
-    Create { snapshot: String, verdict: Verdict },
+    Create {
+        snapshot: String,
+        verdict: Verdict<RestoreReason>,
+    },
     /// Build nothing yet; look again after this long (`None`: on the next change).
-    Blocked(Verdict, Option<Duration>),
+    Blocked(Verdict<RestoreReason>, Option<Duration>),
 }
 
 pub async fn gate(qdb: &QuestDB, ctx: &Context) -> Result<Gate, Error> {
@@ -50,7 +53,7 @@ pub async fn gate(qdb: &QuestDB, ctx: &Context) -> Result<Gate, Error> {
             let api: Api<QuestDBBackup> = Api::namespaced(ctx.client.clone(), &ns);
             let Some(backup) = api.get_opt(name).await.map_err(Error::Kube)? else {
                 return Ok(blocked(
-                    Reason::RestoreSourceNotFound,
+                    RestoreReason::RestoreSourceNotFound,
                     format!("QuestDBBackup {name} does not exist"),
                     30,
                 ));
@@ -61,7 +64,7 @@ pub async fn gate(qdb: &QuestDB, ctx: &Context) -> Result<Gate, Error> {
                 (step, _) => {
                     let step = step.map_or("new", |s| s.as_str());
                     return Ok(blocked(
-                        Reason::RestoreSourceNotReady,
+                        RestoreReason::RestoreSourceNotReady,
                         format!(
                             "QuestDBBackup {name} is {step}; only a Succeeded backup is restored"
                         ),
@@ -88,7 +91,7 @@ pub async fn gate(qdb: &QuestDB, ctx: &Context) -> Result<Gate, Error> {
                 == Some(true);
             if !ready {
                 return Ok(blocked(
-                    Reason::RestoreSourceNotReady,
+                    RestoreReason::RestoreSourceNotReady,
                     format!("VolumeSnapshot {snapshot} is not ready to use"),
                     10,
                 ));
@@ -96,14 +99,14 @@ pub async fn gate(qdb: &QuestDB, ctx: &Context) -> Result<Gate, Error> {
         }
         Ok(None) => {
             return Ok(blocked(
-                Reason::RestoreSourceNotFound,
+                RestoreReason::RestoreSourceNotFound,
                 format!("VolumeSnapshot {snapshot} ({what}) does not exist"),
                 30,
             ))
         }
         Err(kube::Error::Api(s)) if s.code == 404 => {
             return Ok(blocked(
-                Reason::RestoreSourceNotFound,
+                RestoreReason::RestoreSourceNotFound,
                 crate::controllers::backup::plan::SNAPSHOT_API_MISSING.to_string(),
                 60,
             ))
@@ -111,9 +114,8 @@ pub async fn gate(qdb: &QuestDB, ctx: &Context) -> Result<Gate, Error> {
         Err(e) => return Err(Error::Kube(e)),
     }
     let verdict = Verdict::new(
-        conditions::VOLUME_RESTORED,
         true,
-        Reason::Restored,
+        RestoreReason::Restored,
         format!("volume {pvc_name} created from {what} (VolumeSnapshot {snapshot})"),
     );
     Ok(Gate::Create { snapshot, verdict })
@@ -128,16 +130,14 @@ fn existing(pvc: &PersistentVolumeClaim, name: &str) -> Gate {
         .map(|d| d.name.clone());
     match source {
         Some(snapshot) => Gate::Open(Some(Verdict::new(
-            conditions::VOLUME_RESTORED,
             true,
-            Reason::Restored,
+            RestoreReason::Restored,
             format!("volume {name} was created from VolumeSnapshot {snapshot}"),
         ))),
         None => Gate::Blocked(
             Verdict::new(
-                conditions::VOLUME_RESTORED,
                 false,
-                Reason::RestoreRefused,
+                RestoreReason::RestoreRefused,
                 format!("volume {name} already exists and was not restored from a snapshot: it is never overwritten; delete it (its data goes with it) or remove volume.restoreFrom by recreating the QuestDB without it"),
             ),
             None,
@@ -145,9 +145,9 @@ fn existing(pvc: &PersistentVolumeClaim, name: &str) -> Gate {
     }
 }
 
-fn blocked(reason: Reason, message: String, retry_seconds: u64) -> Gate {
+fn blocked(reason: RestoreReason, message: String, retry_seconds: u64) -> Gate {
     Gate::Blocked(
-        Verdict::new(conditions::VOLUME_RESTORED, false, reason, message),
+        Verdict::new(false, reason, message),
         Some(Duration::from_secs(retry_seconds)),
     )
 }
@@ -175,7 +175,7 @@ mod tests {
     fn an_existing_volume_not_made_from_a_snapshot_is_never_restored_over() {
         match existing(&claim(None), "prod-data") {
             Gate::Blocked(v, None) => {
-                assert_eq!(v.reason, Reason::RestoreRefused);
+                assert_eq!(v.reason, RestoreReason::RestoreRefused);
                 assert!(!v.status);
             }
             other => panic!("{other:?}"),

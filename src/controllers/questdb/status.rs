@@ -3,8 +3,11 @@
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::jiff::Timestamp;
 
-use crate::api::Reason;
 use crate::api::{conditions, Phase, QuestDB, QuestDBStatus};
+use crate::api::{
+    CredentialsReason, IlpAuthReason, RestoreReason, VolumeSizeReason, WriteHealthReason,
+};
+use crate::api::{ReadyReason, SpecValidReason};
 use crate::controllers::questdb::outcome::CloudOutcome;
 use crate::desired;
 use crate::desired::CachedStatefulSet;
@@ -31,17 +34,17 @@ pub struct StatusInputs<'a> {
     /// Spec problems found by validation; non-empty means nothing was built.
     pub invalid: Vec<String>,
     /// The ILP auth condition, decided by the auth module.
-    pub ilp_auth: Option<Verdict>,
+    pub ilp_auth: Option<Verdict<IlpAuthReason>>,
     /// `CredentialsReady`, decided by the credentials step.
-    pub credentials: Option<Verdict>,
+    pub credentials: Option<Verdict<CredentialsReason>>,
     /// The Secret the credentials come from.
     pub credentials_secret: Option<String>,
     /// `VolumeSizeReady`, once the claim exists.
-    pub volume_size: Option<Verdict>,
+    pub volume_size: Option<Verdict<VolumeSizeReason>>,
     /// `VolumeRestored`, only with `spec.volume.restoreFrom`.
-    pub restore: Option<Verdict>,
+    pub restore: Option<Verdict<RestoreReason>>,
     /// `WriteHealthy`, from the newest poll of a Running database.
-    pub write_health: Option<Verdict>,
+    pub write_health: Option<Verdict<WriteHealthReason>>,
     /// The dedicated node and DNS record, when the cloud part ran.
     pub cloud: Option<&'a CloudOutcome>,
 }
@@ -118,20 +121,14 @@ pub fn compute(qdb: &QuestDB, obs: &StatusInputs, now: Timestamp) -> QuestDBStat
     let (phase, ready) = if !obs.invalid.is_empty() {
         (
             Phase::Failed,
-            Verdict::new(
-                conditions::READY,
-                false,
-                Reason::InvalidSpec,
-                obs.invalid.join("; "),
-            ),
+            Verdict::new(false, ReadyReason::InvalidSpec, obs.invalid.join("; ")),
         )
     } else if !obs.children.blocked.is_empty() {
         (
             Phase::Failed,
             Verdict::new(
-                conditions::READY,
                 false,
-                Reason::ChildConflict,
+                ReadyReason::ChildConflict,
                 format!(
                     "objects that are not this QuestDB's block it (never adopted, never mounted): {}",
                     obs.children.blocked.join(", ")
@@ -141,12 +138,7 @@ pub fn compute(qdb: &QuestDB, obs: &StatusInputs, now: Timestamp) -> QuestDBStat
     } else if spec.paused {
         (
             Phase::Paused,
-            Verdict::new(
-                conditions::READY,
-                false,
-                Reason::Paused,
-                "compute released, data kept",
-            ),
+            Verdict::new(false, ReadyReason::Paused, "compute released, data kept"),
         )
     } else {
         // A dedicated database's pod waits for its node to join, which the node condition
@@ -177,12 +169,15 @@ pub fn compute(qdb: &QuestDB, obs: &StatusInputs, now: Timestamp) -> QuestDBStat
             Some(_) if trouble.is_some() => {
                 let t = trouble.expect("checked by the guard");
                 (
-                    if matches!(t.reason, Reason::Unschedulable | Reason::VolumePending) {
+                    if matches!(
+                        t.reason,
+                        ReadyReason::Unschedulable | ReadyReason::VolumePending
+                    ) {
                         Phase::Pending
                     } else {
                         Phase::Failed
                     },
-                    Verdict::new(conditions::READY, false, t.reason, t.message),
+                    Verdict::new(false, t.reason, t.message),
                 )
             }
             // Nothing is built while the volume's restore source is missing or in the way.
@@ -191,21 +186,15 @@ pub fn compute(qdb: &QuestDB, obs: &StatusInputs, now: Timestamp) -> QuestDBStat
                 (
                     Phase::Pending,
                     Verdict::new(
-                        conditions::READY,
                         false,
-                        r.reason,
+                        restore_blocks(r.reason),
                         format!("waiting for the volume's restore: {}", r.message),
                     ),
                 )
             }
             None => (
                 Phase::Pending,
-                Verdict::new(
-                    conditions::READY,
-                    false,
-                    Reason::Creating,
-                    "creating the StatefulSet",
-                ),
+                Verdict::new(false, ReadyReason::Creating, "creating the StatefulSet"),
             ),
             Some(sts) if rolls_out(sts, obs) => {
                 let what = if obs.children.changed.is_empty() {
@@ -215,35 +204,28 @@ pub fn compute(qdb: &QuestDB, obs: &StatusInputs, now: Timestamp) -> QuestDBStat
                 };
                 (
                     not_answering(&existing, obs.pod),
-                    Verdict::new(conditions::READY, false, Reason::RollingOut, what),
+                    Verdict::new(false, ReadyReason::RollingOut, what),
                 )
             }
             Some(_) if obs.pod.is_some_and(pod_ready) => (
                 Phase::Running,
-                Verdict::new(
-                    conditions::READY,
-                    true,
-                    Reason::Running,
-                    "the database pod is ready",
-                ),
+                Verdict::new(true, ReadyReason::Running, "the database pod is ready"),
             ),
             Some(_) => {
                 let phase = not_answering(&existing, obs.pod);
                 let dead_node = obs.node.filter(|n| !node_is_ready(n));
                 let ready = match dead_node {
                     Some(n) => Verdict::new(
-                        conditions::READY,
                         false,
-                        Reason::NodeNotReady,
+                        ReadyReason::NodeNotReady,
                         format!(
                             "the database pod's node {} is not ready: the database does not answer",
                             n.metadata.name.clone().unwrap_or_default()
                         ),
                     ),
                     None => Verdict::new(
-                        conditions::READY,
                         false,
-                        Reason::PodNotReady,
+                        ReadyReason::PodNotReady,
                         "waiting for the database pod to become ready",
                     ),
                 };
@@ -252,28 +234,18 @@ pub fn compute(qdb: &QuestDB, obs: &StatusInputs, now: Timestamp) -> QuestDBStat
         }
     };
 
-    let mut desired = vec![ready, spec_valid(obs)];
-    if let Some(a) = &obs.ilp_auth {
-        desired.push(a.clone());
-    }
-    if let Some(c) = &obs.credentials {
-        desired.push(c.clone());
-    }
-    if let Some(v) = &obs.volume_size {
-        desired.push(v.clone());
-    }
-    if let Some(v) = &obs.restore {
-        desired.push(v.clone());
-    }
-    if let Some(v) = &obs.write_health {
-        desired.push(v.clone());
-    }
+    let mut desired = vec![ready.desired(), spec_valid(obs).desired()];
+    desired.extend(obs.ilp_auth.as_ref().map(Verdict::desired));
+    desired.extend(obs.credentials.as_ref().map(Verdict::desired));
+    desired.extend(obs.volume_size.as_ref().map(Verdict::desired));
+    desired.extend(obs.restore.as_ref().map(Verdict::desired));
+    desired.extend(obs.write_health.as_ref().map(Verdict::desired));
     let cloud = obs.cloud.filter(|_| obs.invalid.is_empty());
     if let Some(c) = cloud {
-        desired.extend(c.node_condition.iter().cloned());
-        desired.extend(c.dns_condition.iter().cloned());
-        desired.extend(c.failover_condition.iter().cloned());
-        desired.extend(c.node_move_condition.iter().cloned());
+        desired.extend(c.node_condition.as_ref().map(Verdict::desired));
+        desired.extend(c.dns_condition.as_ref().map(Verdict::desired));
+        desired.extend(c.failover_condition.as_ref().map(Verdict::desired));
+        desired.extend(c.node_move_condition.as_ref().map(Verdict::desired));
     }
     // A failover under way says so, whatever the pod looks like meanwhile (until the database
     // answers again: draining the old address is no outage).
@@ -348,21 +320,22 @@ pub fn compute(qdb: &QuestDB, obs: &StatusInputs, now: Timestamp) -> QuestDBStat
     }
 }
 
-fn spec_valid(obs: &StatusInputs) -> Verdict {
+/// `Ready`'s reason while the volume's restore holds everything back.
+fn restore_blocks(reason: RestoreReason) -> ReadyReason {
+    match reason {
+        RestoreReason::RestoreSourceNotFound => ReadyReason::RestoreSourceNotFound,
+        RestoreReason::RestoreSourceNotReady => ReadyReason::RestoreSourceNotReady,
+        RestoreReason::RestoreRefused => ReadyReason::RestoreRefused,
+        // Restored holds nothing back: the StatefulSet is being created.
+        RestoreReason::Restored => ReadyReason::Creating,
+    }
+}
+
+fn spec_valid(obs: &StatusInputs) -> Verdict<SpecValidReason> {
     if obs.invalid.is_empty() {
-        Verdict::new(
-            conditions::SPEC_VALID,
-            true,
-            Reason::Valid,
-            "the spec is valid",
-        )
+        Verdict::new(true, SpecValidReason::Valid, "the spec is valid")
     } else {
-        Verdict::new(
-            conditions::SPEC_VALID,
-            false,
-            Reason::InvalidSpec,
-            obs.invalid.join("; "),
-        )
+        Verdict::new(false, SpecValidReason::InvalidSpec, obs.invalid.join("; "))
     }
 }
 
@@ -372,7 +345,7 @@ fn built_before(existing: &QuestDBStatus) -> bool {
         && !existing
             .conditions
             .iter()
-            .any(|c| c.type_ == conditions::READY && c.reason == Reason::InvalidSpec)
+            .any(|c| c.type_ == conditions::READY && c.reason == ReadyReason::InvalidSpec)
 }
 
 /// An invalid edit of a database built before: it keeps running on its last good spec, so
@@ -385,7 +358,12 @@ fn on_last_good_spec(
     generation: Option<i64>,
     now: Timestamp,
 ) -> QuestDBStatus {
-    let conditions = merge(&existing.conditions, &[spec_valid(obs)], generation, now);
+    let conditions = merge(
+        &existing.conditions,
+        &[spec_valid(obs).desired()],
+        generation,
+        now,
+    );
     QuestDBStatus {
         observed_generation: generation,
         conditions,

@@ -1,6 +1,8 @@
 //! What `kubectl get qdb` and the conditions say in every situation the reconcile can observe.
 
-use crate::api::Reason;
+use crate::api::{
+    CredentialsReason, EventReason, IlpAuthReason, NodeReadyReason, ReadyReason, SpecValidReason,
+};
 use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetSpec, StatefulSetStatus};
 use k8s_openapi::api::core::v1::{
     Node, NodeAddress, NodeCondition, NodeStatus, Pod, PodCondition, PodSpec, PodStatus,
@@ -159,8 +161,8 @@ fn a_new_database_waits_for_its_pod_in_the_same_words_until_it_runs() {
     let created = Report {
         changed: vec!["ConfigMap db-config".into(), "StatefulSet db".into()],
         applied: vec![
-            (Reason::Created, "ConfigMap db-config".into()),
-            (Reason::Created, "StatefulSet db".into()),
+            (EventReason::Created, "ConfigMap db-config".into()),
+            (EventReason::Created, "StatefulSet db".into()),
         ],
         ..Report::default()
     };
@@ -211,7 +213,7 @@ fn a_changed_template_over_an_existing_pod_is_rolling_out() {
         pod: Some(&p),
         children: Report {
             changed: vec!["StatefulSet db".into()],
-            applied: vec![(Reason::Updated, "StatefulSet db".into())],
+            applied: vec![(EventReason::Updated, "StatefulSet db".into())],
             ..Report::default()
         },
         ..Default::default()
@@ -294,7 +296,7 @@ fn invalid_spec_wins_over_everything() {
     };
     let st = compute(&q, &obs, now());
     let ready = st.conditions.iter().find(|c| c.type_ == "Ready").unwrap();
-    assert_eq!(ready.reason, Reason::InvalidSpec);
+    assert_eq!(ready.reason, ReadyReason::InvalidSpec);
     assert!(ready.message.contains("Bad Image"));
     assert_eq!(st.phase, Some(Phase::Failed));
 }
@@ -334,7 +336,7 @@ fn an_invalid_edit_of_a_running_database_keeps_its_columns_and_ready() {
         .unwrap();
     assert_eq!(
         (valid.status.as_str(), valid.reason.as_str()),
-        ("False", Reason::InvalidSpec.as_str())
+        ("False", SpecValidReason::InvalidSpec.as_str())
     );
     assert!(valid.message.contains("QuestDB:::9"));
 
@@ -362,7 +364,7 @@ fn foreign_children_are_named_in_the_condition() {
     };
     let st = compute(&q, &obs, now());
     let ready = st.conditions.iter().find(|c| c.type_ == "Ready").unwrap();
-    assert_eq!(ready.reason, Reason::ChildConflict);
+    assert_eq!(ready.reason, ReadyReason::ChildConflict);
     assert!(ready.message.contains("Service db"));
 }
 
@@ -404,12 +406,7 @@ fn unknown_node_is_not_ready() {
 fn ilp_condition_is_included() {
     let q = testing::questdb("db", "ns");
     let obs = StatusInputs {
-        ilp_auth: Some(Verdict::new(
-            "IlpAuthReady",
-            false,
-            Reason::NoKeys,
-            "no keys",
-        )),
+        ilp_auth: Some(Verdict::new(false, IlpAuthReason::NoKeys, "no keys")),
         ..Default::default()
     };
     let st = compute(&q, &obs, now());
@@ -447,12 +444,7 @@ fn cloud_conditions_follow_the_cloud_part_and_vanish_with_their_spec_field() {
         ..Default::default()
     });
     let waiting = CloudOutcome {
-        node_condition: Some(Verdict::new(
-            "NodeReady",
-            false,
-            Reason::Launching,
-            "starting",
-        )),
+        node_condition: Some(Verdict::new(false, NodeReadyReason::Launching, "starting")),
         ..CloudOutcome::default()
     };
     let obs = StatusInputs {
@@ -548,9 +540,8 @@ fn status_names_the_credentials_secret_and_its_condition() {
     let qdb = testing::questdb("db1", "ns");
     let obs = StatusInputs {
         credentials: Some(Verdict::new(
-            crate::api::conditions::CREDENTIALS_READY,
             false,
-            Reason::MissingKeys,
+            CredentialsReason::MissingKeys,
             "Secret db1-credentials lacks QDB_PG_PASSWORD",
         )),
         credentials_secret: Some("db1-credentials".into()),

@@ -7,7 +7,8 @@ use kube::api::Api;
 use kube::ResourceExt;
 use tracing::debug;
 
-use crate::api::{conditions, QuestDB};
+use crate::api::QuestDB;
+use crate::api::VolumeSizeReason;
 use crate::controllers::context::Context;
 use crate::controllers::Error;
 use crate::desired;
@@ -25,7 +26,7 @@ pub async fn step(
     applier: &mut Applier<'_>,
     qdb: &QuestDB,
     restore_from: Option<&str>,
-) -> Result<Option<Verdict>, Error> {
+) -> Result<Option<Verdict<VolumeSizeReason>>, Error> {
     let mut pvc = desired::pvc(qdb);
     if pvc.metadata.owner_references.is_none() {
         // An explicit empty list makes the merge patch drop an owner reference left from
@@ -81,13 +82,8 @@ pub async fn step(
     Ok(Some(size_condition(&plan)))
 }
 
-fn size_condition(plan: &desired::SizePlan) -> Verdict {
-    Verdict::new(
-        conditions::VOLUME_SIZE_READY,
-        plan.ready,
-        plan.reason,
-        plan.message.clone(),
-    )
+fn size_condition(plan: &desired::SizePlan) -> Verdict<VolumeSizeReason> {
+    Verdict::new(plan.ready, plan.reason, plan.message.clone())
 }
 
 /// The PersistentVolumeClaimResize admission plugin's refusal of a claim whose StorageClass

@@ -15,8 +15,8 @@ use kube::{Resource, ResourceExt};
 use tracing::{debug, info};
 
 use crate::api::{
-    labels, BackupStep, QuestDBBackup, QuestDBBackupSchedule, QuestDBBackupScheduleStatus,
-    QuestDBBackupSpec, Reason, ScheduledBackup, SCHEDULE_LABEL,
+    labels, BackupStep, EventReason, QuestDBBackup, QuestDBBackupSchedule,
+    QuestDBBackupScheduleStatus, QuestDBBackupSpec, ScheduledBackup, SCHEDULE_LABEL,
 };
 use crate::controllers::context::Context;
 use crate::controllers::{Error, Next};
@@ -58,7 +58,7 @@ pub async fn reconcile(
                     ctx,
                     &schedule,
                     EventType::Warning,
-                    Reason::InvalidSpec,
+                    EventReason::InvalidSpec,
                     message.clone(),
                 )
                 .await;
@@ -127,7 +127,7 @@ pub async fn reconcile(
                     ctx,
                     &schedule,
                     EventType::Normal,
-                    Reason::BackupScheduled,
+                    EventReason::BackupScheduled,
                     format!("made backup {run} for the run of {due}"),
                 )
                 .await;
@@ -143,7 +143,7 @@ pub async fn reconcile(
                 ctx,
                 &schedule,
                 EventType::Warning,
-                Reason::BackupSkipped,
+                EventReason::BackupSkipped,
                 message.clone(),
             )
             .await;
@@ -262,7 +262,7 @@ async fn event(
     ctx: &Context,
     schedule: &QuestDBBackupSchedule,
     type_: EventType,
-    reason: Reason,
+    reason: EventReason,
     note: String,
 ) {
     ctx.event_for(&schedule.object_ref(&()), type_, reason, "Schedule", note)

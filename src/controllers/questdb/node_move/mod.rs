@@ -23,8 +23,8 @@ use super::outcome::Turn;
 use super::placement::{dns_follows, dns_ttl, volume_attached_to};
 use super::record::{advance, persist};
 use super::status::pod_ready;
-use crate::api::Reason;
-use crate::api::{conditions, NodeMovePhase, NodeMoveStatus, QuestDB, QuestDBStatus};
+use crate::api::{EventReason, NodeMoveReason};
+use crate::api::{NodeMovePhase, NodeMoveStatus, QuestDB, QuestDBStatus};
 use crate::cloud::Instance;
 use crate::controllers::cloud_runtime::CloudRuntime;
 use crate::controllers::context::Context;
@@ -48,22 +48,22 @@ async fn not_owned_or(
     ctx: &Context,
     status: &QuestDBStatus,
     e: crate::cloud::CloudError,
-) -> Result<Verdict, Error> {
+) -> Result<Verdict<NodeMoveReason>, Error> {
     if !super::not_owned(&e) {
         return Err(Error::Cloud(e));
     }
-    let c = condition(false, Reason::InstanceNotOwned, e.to_string());
+    let c = condition(false, NodeMoveReason::InstanceNotOwned, e.to_string());
     Ok(super::report_not_owned(qdb, ctx, status, c, "NodeMove").await)
 }
 
-fn condition(status: bool, reason: Reason, message: String) -> Verdict {
-    Verdict::new(conditions::NODE_MOVE, status, reason, message)
+fn condition(status: bool, reason: NodeMoveReason, message: String) -> Verdict<NodeMoveReason> {
+    Verdict::new(status, reason, message)
 }
 
-fn up_to_date() -> Verdict {
+fn up_to_date() -> Verdict<NodeMoveReason> {
     condition(
         true,
-        Reason::UpToDate,
+        NodeMoveReason::UpToDate,
         "the node runs the image and instance type of the spec".into(),
     )
 }
@@ -75,7 +75,7 @@ pub async fn reconcile(
     qdb: &mut QuestDB,
     ctx: &Context,
     cloud: &CloudRuntime,
-) -> Result<Option<Turn>, Error> {
+) -> Result<Option<Turn<NodeMoveReason>>, Error> {
     let Some(spec) = qdb.spec.node.clone() else {
         return Ok(None);
     };
@@ -97,7 +97,7 @@ pub async fn reconcile(
                 cloud,
                 &status,
                 new.as_deref(),
-                Reason::Preempted,
+                NodeMoveReason::Preempted,
                 "a failover of the database started; the move starts again after it".into(),
             )
             .await?;
@@ -129,14 +129,14 @@ pub async fn reconcile(
             {
                 condition(
                     false,
-                    u.reason.unwrap_or(Reason::Aborted),
+                    u.reason.unwrap_or(NodeMoveReason::Aborted),
                     u.message.clone().unwrap_or_default(),
                 )
             }
             _ => up_to_date(),
         }))),
         Start::Waiting { why, retry } => Ok(Some(Turn::again_within(
-            condition(false, Reason::Waiting, why),
+            condition(false, NodeMoveReason::Waiting, why),
             retry,
         ))),
         Start::Go => {
@@ -303,7 +303,7 @@ async fn waiting_with(
     ctx: &Context,
     u: &NodeMoveStatus,
     message: String,
-) -> Result<Turn, Error> {
+) -> Result<Turn<NodeMoveReason>, Error> {
     if u.message.as_deref() != Some(message.as_str()) {
         persist(qdb, ctx, |s| {
             if let Some(u) = s.node_move.as_mut() {
@@ -350,7 +350,7 @@ async fn started(qdb: &QuestDB, ctx: &Context, note: String) {
     ctx.event(
         qdb,
         EventType::Normal,
-        Reason::NodeMoveStarted,
+        EventReason::NodeMoveStarted,
         "NodeMove",
         note,
     )
@@ -364,7 +364,7 @@ async fn roll_back(
     qdb: &mut QuestDB,
     ctx: &Context,
     u: &NodeMoveStatus,
-    reason: Reason,
+    reason: NodeMoveReason,
     message: String,
 ) -> Result<(), Error> {
     let old = u.old_instance_id.clone();
@@ -388,7 +388,7 @@ async fn roll_back(
     ctx.event(
         qdb,
         EventType::Warning,
-        Reason::NodeMoveRollingBack,
+        EventReason::NodeMoveRollingBack,
         "NodeMove",
         format!("{reason}: {message}"),
     )
@@ -447,7 +447,7 @@ async fn retain(
     ctx.event(
         qdb,
         EventType::Normal,
-        Reason::NodeMoveRetaining,
+        EventReason::NodeMoveRetaining,
         "NodeMove",
         note,
     )
@@ -477,18 +477,18 @@ fn is_cordoned(node: &Node) -> bool {
         .unwrap_or(false)
 }
 
-fn retaining(u: &NodeMoveStatus) -> Verdict {
+fn retaining(u: &NodeMoveStatus) -> Verdict<NodeMoveReason> {
     condition(
         true,
-        Reason::Retaining,
+        NodeMoveReason::Retaining,
         u.message.clone().unwrap_or_default(),
     )
 }
 
-fn moving(u: &NodeMoveStatus) -> Verdict {
+fn moving(u: &NodeMoveStatus) -> Verdict<NodeMoveReason> {
     condition(
         true,
-        Reason::Moving,
+        NodeMoveReason::Moving,
         format!("{}: {}", u.phase, u.message.clone().unwrap_or_default()),
     )
 }
@@ -523,9 +523,9 @@ async fn abort(
     cloud: &CloudRuntime,
     status: &QuestDBStatus,
     terminate: Option<&str>,
-    reason: Reason,
+    reason: NodeMoveReason,
     message: String,
-) -> Result<Verdict, Error> {
+) -> Result<Verdict<NodeMoveReason>, Error> {
     if let Some(id) = terminate {
         if let Err(e) = cloud.nodes.terminate(id, &owner_uid(qdb)).await {
             return not_owned_or(qdb, ctx, status, e).await;
@@ -549,7 +549,7 @@ async fn abort(
     ctx.event(
         qdb,
         EventType::Warning,
-        Reason::NodeMoveAborted,
+        EventReason::NodeMoveAborted,
         "NodeMove",
         format!("{reason}: {message}"),
     )

@@ -34,7 +34,7 @@ struct NodeMove<'a> {
 impl StateMachine for NodeMove<'_> {
     type Observed = Observed;
     type Step = Step;
-    type Outcome = Turn;
+    type Outcome = Turn<NodeMoveReason>;
 
     async fn observe(&mut self) -> Result<Observed, Error> {
         let (qdb, ctx, cloud) = (&*self.qdb, self.ctx, self.cloud);
@@ -45,7 +45,7 @@ impl StateMachine for NodeMove<'_> {
         node_move::next_step(&step_view(self, seen))
     }
 
-    async fn perform(&mut self, step: Step, seen: Observed) -> Result<Turn, Error> {
+    async fn perform(&mut self, step: Step, seen: Observed) -> Result<Turn<NodeMoveReason>, Error> {
         let on = (&self.status, &self.record, &self.spec);
         act(self.qdb, self.ctx, self.cloud, step, on, seen).await
     }
@@ -57,7 +57,7 @@ pub(super) async fn steps(
     qdb: &mut QuestDB,
     ctx: &Context,
     cloud: &CloudRuntime,
-) -> Result<Turn, Error> {
+) -> Result<Turn<NodeMoveReason>, Error> {
     let status = qdb.status.clone().unwrap_or_default();
     let Some(u) = status.node_move.clone() else {
         return Ok(Turn::settled(up_to_date()));
@@ -192,7 +192,7 @@ async fn act(
     step: Step,
     (status, u, spec): (&QuestDBStatus, &NodeMoveStatus, &crate::api::NodeSpec),
     seen: Observed,
-) -> Result<Turn, Error> {
+) -> Result<Turn<NodeMoveReason>, Error> {
     match step {
         Step::Launch => {
             let Some(i) = seen.new_instance else {
@@ -259,7 +259,7 @@ async fn act(
                 cloud,
                 status,
                 old.as_deref(),
-                Reason::NodesFailed,
+                NodeMoveReason::NodesFailed,
                 message,
             )
             .await
@@ -335,7 +335,7 @@ async fn switch(
     ctx.event(
         qdb,
         EventType::Normal,
-        Reason::NodeMoveStopping,
+        EventReason::NodeMoveStopping,
         "NodeMove",
         format!("the new node is Ready; stopping the database to move it to instance {id}"),
     )
@@ -352,7 +352,7 @@ async fn wait(
     u: &NodeMoveStatus,
     message: String,
     seen: &Observed,
-) -> Result<Turn, Error> {
+) -> Result<Turn<NodeMoveReason>, Error> {
     let until = seen.retain_until.map(|t| Time(clock::seconds(t)));
     if u.message.as_deref() != Some(message.as_str())
         || (until.is_some() && u.retain_until != until)
@@ -395,12 +395,12 @@ async fn fence_stuck(
     ctx: &Context,
     u: &NodeMoveStatus,
     why: String,
-) -> Result<Turn, Error> {
+) -> Result<Turn<NodeMoveReason>, Error> {
     let old = u.old_instance_id.clone().unwrap_or_default();
-    if u.reason != Some(Reason::NodeMoveStuck) {
+    if u.reason != Some(NodeMoveReason::NodeMoveStuck) {
         persist(qdb, ctx, |s| {
             if let Some(u) = s.node_move.as_mut() {
-                u.reason = Some(Reason::NodeMoveStuck);
+                u.reason = Some(NodeMoveReason::NodeMoveStuck);
                 u.message = Some(why.clone());
             }
         })
@@ -409,7 +409,7 @@ async fn fence_stuck(
         ctx.event(
             qdb,
             EventType::Warning,
-            Reason::NodeMoveStuck,
+            EventReason::NodeMoveStuck,
             "NodeMove",
             format!("{why}: its instance is stopped so the move can go on"),
         )
@@ -441,7 +441,7 @@ async fn finish_rollback(
     cloud: &CloudRuntime,
     status: &QuestDBStatus,
     u: &NodeMoveStatus,
-) -> Result<Verdict, Error> {
+) -> Result<Verdict<NodeMoveReason>, Error> {
     if let Some(refusal) = terminate_old(qdb, ctx, cloud, status, u).await? {
         return Ok(refusal);
     }
@@ -469,14 +469,14 @@ async fn finish_rollback(
     ctx.event(
         qdb,
         EventType::Warning,
-        Reason::NodeMoveRolledBack,
+        EventReason::NodeMoveRolledBack,
         "NodeMove",
         note,
     )
     .await;
     Ok(condition(
         false,
-        u.reason.unwrap_or(Reason::RolledBack),
+        u.reason.unwrap_or(NodeMoveReason::RolledBack),
         u.message.clone().unwrap_or_default(),
     ))
 }
@@ -488,7 +488,7 @@ async fn release(
     cloud: &CloudRuntime,
     status: &QuestDBStatus,
     u: &NodeMoveStatus,
-) -> Result<Verdict, Error> {
+) -> Result<Verdict<NodeMoveReason>, Error> {
     if let Some(refusal) = terminate_old(qdb, ctx, cloud, status, u).await? {
         return Ok(refusal);
     }
@@ -509,7 +509,7 @@ async fn release(
     ctx.event(
         qdb,
         EventType::Normal,
-        Reason::NodeMoveCompleted,
+        EventReason::NodeMoveCompleted,
         "NodeMove",
         note,
     )
@@ -525,7 +525,7 @@ async fn terminate_old(
     cloud: &CloudRuntime,
     status: &QuestDBStatus,
     u: &NodeMoveStatus,
-) -> Result<Option<Verdict>, Error> {
+) -> Result<Option<Verdict<NodeMoveReason>>, Error> {
     let Some(old) = u.old_instance_id.as_deref() else {
         return Ok(None);
     };

@@ -1,0 +1,162 @@
+//! The reasons that are not a condition's: events, a backup's status, and why a due failover
+//! is held back.
+
+use strum::{Display, EnumIter, EnumString, IntoStaticStr};
+
+use super::reason_text;
+
+/// Every event reason the operator publishes (on a QuestDB, a backup, a schedule or a Node),
+/// including the reconcile errors of `questdb_operator_reconcile_errors_total`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Display, IntoStaticStr, EnumIter, EnumString)]
+pub enum EventReason {
+    // Children and the spec.
+    Created,
+    Adopted,
+    Updated,
+    /// A child could not be written.
+    ApplyFailed,
+    /// A child the operator would create exists and is not ours.
+    ChildConflict,
+    /// The QuestDB (or a schedule) fails validation.
+    InvalidSpec,
+    /// The QuestDB does not parse (another schema version).
+    Unreadable,
+    /// Deletion waits for cloud resources that no provider can clean up.
+    CleanupBlocked,
+
+    // Credentials and ILP auth: the condition's reason, said once.
+    /// The operator generated `<name>-credentials`.
+    CredentialsGenerated,
+    SecretNotFound,
+    MissingKeys,
+    DefaultPassword,
+    NoKeys,
+    InvalidSecret,
+    DuplicateKid,
+
+    // The database container: `Ready`'s reason, said once per cause.
+    CrashLoop,
+    ImagePullFailed,
+    ContainerConfigError,
+    Unschedulable,
+    PodRefused,
+    VolumePending,
+
+    // The dedicated node.
+    /// A status record names an instance that is not this QuestDB's: nothing is done to it.
+    InstanceNotOwned,
+    /// A dedicated Node reports an address its EC2 instance does not have.
+    NodeAddressUntrusted,
+    NodeIdentityConflict,
+    NodeNeverJoined,
+    LaunchFailed,
+    RelaunchBackoff,
+    RelaunchCapped,
+    NodeGone,
+    /// The operator terminates the node (the volume is kept).
+    Releasing,
+
+    // DNS.
+    DnsPublished,
+    DnsRejected,
+    RecordOwnedElsewhere,
+
+    // Failover: one per step entered.
+    FailoverSuppressed,
+    FailoverStarted,
+    FailoverFencing,
+    FailoverReleasing,
+    FailoverReattaching,
+    FailoverRecovering,
+    FailoverDraining,
+    FailoverHealthy,
+    FailoverSucceeded,
+    FailoverStuck,
+    /// A release waited on a pod stuck on a dead node: the node was fenced instead.
+    ReleaseFenced,
+
+    // Node moves: one per step entered.
+    NodeMoveStarted,
+    NodeMoveValidating,
+    NodeMoveProvisioning,
+    NodeMoveNodeReady,
+    NodeMoveStopping,
+    NodeMoveMoving,
+    NodeMoveVerifying,
+    NodeMoveRetaining,
+    NodeMoveCompleted,
+    NodeMoveAborted,
+    NodeMoveRolledBack,
+    NodeMoveRollingBack,
+    NodeMoveStuck,
+
+    // Backups and schedules.
+    BackupStarted,
+    BackupCheckpointed,
+    BackupSucceeded,
+    BackupFailed,
+    /// A schedule made a backup.
+    BackupScheduled,
+    /// A schedule skipped a run (past its starting deadline).
+    BackupSkipped,
+
+    // Orphaned instances (on the Node).
+    OrphanSweepHeldBack,
+    OrphanTerminated,
+
+    // Failed reconciles (one Warning per streak).
+    MissingNamespace,
+    MissingUid,
+    StaleCache,
+    Conflict,
+    SerializeFailed,
+    KubernetesApiError,
+    CloudApiError,
+}
+
+/// A QuestDBBackup's `status.reason`: what it waits for, or why it failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Display, IntoStaticStr, EnumIter, EnumString)]
+pub enum BackupReason {
+    /// Waiting: the QuestDB does not exist.
+    QuestDBNotFound,
+    /// Waiting: the database is not Running (or its pod not Ready).
+    DatabaseNotRunning,
+    /// Waiting: a failover or node move is under way.
+    DatabaseBusy,
+    /// Waiting: another backup of the same database holds its checkpoint.
+    AnotherBackupRunning,
+    /// The VolumeSnapshot API (the CSI snapshot CRDs) is not installed.
+    SnapshotApiMissing,
+    /// `CHECKPOINT CREATE` (or a query around it) failed.
+    CheckpointFailed,
+    /// The database's HTTP credentials could not be read.
+    CredentialsUnavailable,
+    /// The VolumeSnapshot reports an error.
+    SnapshotFailed,
+    /// The VolumeSnapshot did not become ready in time.
+    SnapshotTimeout,
+    /// The database restarted (or moved) while the checkpoint was open: the snapshot may
+    /// roll back to a stale checkpoint, so it is not a backup.
+    CheckpointLost,
+    /// The QuestDB was deleted during the backup.
+    QuestDBDeleted,
+    /// A failure recorded without a reason this operator knows.
+    BackupFailed,
+}
+
+/// Why a due failover is held back: the label values of
+/// `questdb_operator_failovers_suppressed_total`, and the start of `Failover`'s message while
+/// its reason is `FailoverSuppressed`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Display, IntoStaticStr, EnumIter, EnumString)]
+pub enum SuppressionReason {
+    /// `spec.failover.enabled` is false.
+    Disabled,
+    /// The QuestDB carries the annotation that turns failover off.
+    SkipAnnotation,
+    /// The last failover was too recent.
+    RecentFailover,
+    /// Too many dedicated nodes are unhealthy at once (the circuit breaker).
+    TooManyUnhealthyNodes,
+}
+
+reason_text!(EventReason, BackupReason, SuppressionReason);
