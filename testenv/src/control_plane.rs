@@ -267,59 +267,86 @@ impl ControlPlane {
             ),
         )?;
 
+        // Each component is started again on other ports if one was taken between
+        // free_port releasing it and the component binding it (as the controller-manager
+        // and scheduler are below): seen when several control planes start at once.
+        let spawn_etcd = |port: u16| {
+            let peer_port = free_port()?;
+            // A start that failed on a taken port may have begun a member with other URLs.
+            let _ = std::fs::remove_dir_all(d.join("etcd"));
+            Component::spawn(
+                "etcd",
+                &bin.join("etcd"),
+                &[
+                    "--name=default".into(),
+                    format!("--data-dir={}", d.join("etcd").display()),
+                    format!("--listen-client-urls=http://127.0.0.1:{port}"),
+                    format!("--advertise-client-urls=http://127.0.0.1:{port}"),
+                    format!("--listen-peer-urls=http://127.0.0.1:{peer_port}"),
+                    format!("--initial-advertise-peer-urls=http://127.0.0.1:{peer_port}"),
+                    format!("--initial-cluster=default=http://127.0.0.1:{peer_port}"),
+                    "--unsafe-no-fsync=true".into(),
+                    "--log-level=warn".into(),
+                ],
+                d,
+            )
+        };
         let etcd_port = free_port()?;
-        let peer_port = free_port()?;
-        let mut etcd = Component::spawn(
-            "etcd",
-            &bin.join("etcd"),
-            &[
-                "--name=default".into(),
-                format!("--data-dir={}", d.join("etcd").display()),
-                format!("--listen-client-urls=http://127.0.0.1:{etcd_port}"),
-                format!("--advertise-client-urls=http://127.0.0.1:{etcd_port}"),
-                format!("--listen-peer-urls=http://127.0.0.1:{peer_port}"),
-                format!("--initial-advertise-peer-urls=http://127.0.0.1:{peer_port}"),
-                format!("--initial-cluster=default=http://127.0.0.1:{peer_port}"),
-                "--unsafe-no-fsync=true".into(),
-                "--log-level=warn".into(),
-            ],
-            d,
-        )?;
-        etcd.wait_ready(Duration::from_secs(30), || etcd_healthy(etcd_port))
-            .await?;
+        let (etcd, etcd_port) = ready_on_a_free_port(
+            spawn_etcd(etcd_port)?,
+            etcd_port,
+            Duration::from_secs(30),
+            spawn_etcd,
+            etcd_healthy,
+        )
+        .await?;
 
-        let api_port = free_port()?;
-        let apiserver_url = format!("https://127.0.0.1:{api_port}");
-        let mut api_args = vec![
-            format!("--etcd-servers=http://127.0.0.1:{etcd_port}"),
-            "--bind-address=127.0.0.1".into(),
-            "--advertise-address=127.0.0.1".into(),
-            format!("--secure-port={api_port}"),
-            format!("--cert-dir={}", d.join("certs").display()),
-            "--service-cluster-ip-range=10.96.0.0/16".into(),
-            "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
-            format!("--service-account-key-file={}", sa_key.display()),
-            format!("--service-account-signing-key-file={}", sa_key.display()),
-            "--authorization-mode=Node,RBAC".into(),
-            format!("--token-auth-file={}", d.join("tokens.csv").display()),
-            "--allow-privileged=true".into(),
-            "--enable-admission-plugins=NodeRestriction".into(),
-            "--endpoint-reconciler-type=none".into(),
-            "--v=1".into(),
-        ];
-        api_args.extend(timings::apiserver_flags());
-        let mut apiserver =
-            Component::spawn("kube-apiserver", &bin.join("kube-apiserver"), &api_args, d)?;
-        let tok = admin_token.clone();
-        let url = apiserver_url.clone();
+        let api_args = |port: u16| {
+            let mut args = vec![
+                format!("--etcd-servers=http://127.0.0.1:{etcd_port}"),
+                "--bind-address=127.0.0.1".into(),
+                "--advertise-address=127.0.0.1".into(),
+                format!("--secure-port={port}"),
+                format!("--cert-dir={}", d.join("certs").display()),
+                "--service-cluster-ip-range=10.96.0.0/16".into(),
+                "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
+                format!("--service-account-key-file={}", sa_key.display()),
+                format!("--service-account-signing-key-file={}", sa_key.display()),
+                "--authorization-mode=Node,RBAC".into(),
+                format!("--token-auth-file={}", d.join("tokens.csv").display()),
+                "--allow-privileged=true".into(),
+                "--enable-admission-plugins=NodeRestriction".into(),
+                "--endpoint-reconciler-type=none".into(),
+                "--v=1".into(),
+            ];
+            args.extend(timings::apiserver_flags());
+            args
+        };
+        let spawn_apiserver = |port: u16| {
+            Component::spawn(
+                "kube-apiserver",
+                &bin.join("kube-apiserver"),
+                &api_args(port),
+                d,
+            )
+        };
         let api_cert = d.join("certs").join("apiserver.crt");
-        apiserver
-            .wait_ready(Duration::from_secs(90), || {
-                let (url, tok) = (url.clone(), tok.clone());
-                let cert = api_cert.clone();
-                async move { https_ok(&url, Some(&tok), "/readyz", &cert).await }
-            })
-            .await?;
+        let api_port = free_port()?;
+        let (apiserver, api_port) = ready_on_a_free_port(
+            spawn_apiserver(api_port)?,
+            api_port,
+            Duration::from_secs(90),
+            spawn_apiserver,
+            |port| {
+                let (tok, cert) = (admin_token.clone(), api_cert.clone());
+                async move {
+                    let url = format!("https://127.0.0.1:{port}");
+                    https_ok(&url, Some(&tok), "/readyz", &cert).await
+                }
+            },
+        )
+        .await?;
+        let apiserver_url = format!("https://127.0.0.1:{api_port}");
         let api_ca = std::fs::read(&api_cert).context("reading the apiserver's certificate")?;
         let admin_yaml = kubeconfig_yaml(&apiserver_url, &admin_token, Some(&api_ca));
         let admin_kubeconfig = d.join("admin.kubeconfig");
