@@ -26,8 +26,9 @@
 //! data (labels, taints, provider id), the fake EBS CSI provisions and attaches its volume, the
 //! pod runs on its node, and every test kubelet renews its Lease every 10 s (one tokio task
 //! per node: 100 renewals/s at 1,000 nodes, what 1,000 real kubelets send). The operator's
-//! write-health poll is off (a day): it would connect to the fake pod IPs (10.244.x.y), and
-//! nothing here may point at a non-loopback address; instance addresses are 127.231.x.y.
+//! write-health poll is off (a day): the fake pods' addresses (127.255.x.y) answer nothing, and
+//! a thousand refused connections a minute are not what this bench measures; instance
+//! addresses are 127.231.x.y.
 //!
 //! Then:
 //! 1. **at rest**: the operator's RSS and CPU over `--rest` seconds (60 s), node-health
@@ -247,7 +248,7 @@ async fn run_child(args: ChildArgs) -> anyhow::Result<()> {
     let opts = ManagerOptions {
         metrics_addr: Some(args.metrics),
         health_addr: Some(args.health),
-        // Off: it would connect to the fake pods' 10.244.x.y addresses.
+        // Off: fake pods answer nothing; their refusals are not what this bench measures.
         write_health_interval: Duration::from_secs(86_400),
         cloud: Some(Cloud {
             nodes: cloud.nodes.clone(),

@@ -758,8 +758,8 @@ async fn run_one(
             .sum("rest_client_requests_total", "code", "409");
     let rest_was_quiet = wait_quiet(&mut op, args.metrics).await?;
     let provisioning = Requests(sim.request_counts());
-    let at_rest = op.memory()?;
-    // Until at rest: the quiet wait adds two idle seconds at most.
+    let at_rest = op.memory_at_rest().await?;
+    // Until at rest: the quiet wait and the heap's trim period add a dozen idle seconds.
     let usage = cpu.since()?;
     let children = count_children(&client).await?;
     let final_status = Api::<QuestDB>::namespaced(client.clone(), NS)
@@ -811,7 +811,7 @@ async fn run_one(
     let resync = Requests(sim.request_counts());
     let resync_reconciles = reconciles(args.metrics).await?;
     let resync_latency = latency(args.metrics).await?;
-    let after_resync = op.memory()?;
+    let after_resync = op.memory_at_rest().await?;
 
     drop(op);
     sim.shutdown().await;

@@ -23,6 +23,7 @@ pub fn main() -> ExitCode {
     let cli = Cli::parse();
     crate::metrics::install_crypto_provider();
     init_logging(cli.log.log_format);
+    crate::runtime::heap::limit_arenas();
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {

@@ -5,6 +5,7 @@ use std::ffi::OsString;
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::time::Duration;
 
 use anyhow::{bail, Context as _};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -165,6 +166,17 @@ impl Operator {
 
     pub fn memory(&self) -> anyhow::Result<Memory> {
         Memory::of(self.pid())
+    }
+
+    /// Resident memory at rest: read once the operator has had one period of its heap trim
+    /// (`runtime::heap`) since the caller saw it go quiet, which hands back what the burst
+    /// before freed. A wait of a fixed length on purpose: it measures a steady state, it does
+    /// not wait for an event.
+    pub async fn memory_at_rest(&mut self) -> anyhow::Result<Memory> {
+        tokio::time::sleep(questdb_operator::runtime::heap::TRIM_EVERY + Duration::from_secs(1))
+            .await;
+        self.ensure_running()?;
+        self.memory()
     }
 }
 

@@ -3,4 +3,5 @@
 
 pub mod clock;
 pub mod events;
+pub mod heap;
 pub mod in_flight;

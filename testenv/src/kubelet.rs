@@ -532,7 +532,7 @@ fn node_ip(state: &NodeState) -> String {
         .registration
         .internal_ip
         .clone()
-        .unwrap_or_else(|| format!("10.0.{}.{}", state.index / 250, state.index % 250 + 2))
+        .unwrap_or_else(|| format!("127.{}.{}.1", state.loopback.0, state.loopback.1))
 }
 
 /// The kubelets of one control plane.
@@ -1362,8 +1362,18 @@ fn pod_ip(handle: &NodeHandle, pod: &Pod) -> String {
         .unwrap_or_default()
         .bytes()
         .fold(0u32, |a, b| a.wrapping_mul(31).wrapping_add(b as u32));
-    format!("10.244.{}.{}", handle.state.index % 250, n % 250 + 2)
+    format!(
+        "127.{FAKE_POD_OCTET}.{}.{}",
+        handle.state.index % 256,
+        n % 250 + 2
+    )
 }
+
+/// Second octet of the fake pods' addresses: loopback, so an operator that connects to a pod
+/// (write health, a backup's checkpoint) is refused at once and never reaches out of the
+/// machine, and outside both the nodes' networks and the cloud's instance addresses
+/// (`database::CLOUD_LOOPBACK_FIRST` up to 254), so nothing real listens there.
+const FAKE_POD_OCTET: u8 = 255;
 
 async fn start_pod(client: &Client, pod: &Pod, ip: &str) -> bool {
     let api: Api<Pod> = Api::namespaced(client.clone(), &pod.namespace().unwrap_or_default());

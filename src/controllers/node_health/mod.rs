@@ -22,9 +22,13 @@ pub use tracker::{pinned_instance, NodeHealth, NODE_LEASE_NAMESPACE};
 /// Name of the node-health controller in metrics and logs.
 pub const CONTROLLER_NAME: &str = "node-health";
 
-/// How often a node that looks unhealthy is looked at again: no event arrives from a silent
-/// kubelet, so the clock, not the watch, decides when its threshold is crossed.
-const SUSPECT_POLL: Duration = Duration::from_secs(1);
+/// The shortest wait before a silent node is looked at again: no event arrives from a silent
+/// kubelet, so the clock, not the watch, decides when it crosses each mark (news, the breaker's
+/// half threshold, unhealthy, its threshold); it is looked at when the next one is due.
+const MIN_LOOK: Duration = Duration::from_millis(100);
+
+/// How long a node past every mark waits for an event before it is looked at again anyway.
+const PAST_EVERY_MARK: Duration = Duration::from_secs(30);
 
 /// The dedicated nodes and the databases on them, as the caches say now.
 struct Survey {
@@ -39,6 +43,9 @@ struct Survey {
     /// For the reconciled node: its QuestDB and threshold, if a database runs on it (or a node
     /// move of one holds it), and the node readiness its status last recorded.
     owner: Option<(ObjectRef<GuardedQuestDB>, Duration, Option<bool>)>,
+    /// The databases whose nodes are silent past their thresholds: woken when the breaker
+    /// closes, since no event of theirs will come.
+    past_threshold: Vec<ObjectRef<GuardedQuestDB>>,
 }
 
 fn survey(ctx: &Context, health: &NodeHealth, node: &str, now: Instant) -> Survey {
@@ -54,6 +61,7 @@ fn survey(ctx: &Context, health: &NodeHealth, node: &str, now: Instant) -> Surve
         cluster: 0,
         cluster_silent: 0,
         owner: None,
+        past_threshold: Vec::new(),
     };
     let mut present = std::collections::HashSet::new();
     for n in &nodes {
@@ -61,7 +69,7 @@ fn survey(ctx: &Context, health: &NodeHealth, node: &str, now: Instant) -> Surve
             continue;
         };
         present.insert(name);
-        if health.last_renew(name).is_some() {
+        if health.has_renewed(name) {
             out.cluster += 1;
             if health.unhealthy_for(name, now).is_some() {
                 out.cluster_silent += 1;
@@ -98,6 +106,9 @@ fn survey(ctx: &Context, health: &NodeHealth, node: &str, now: Instant) -> Surve
         if silent >= *threshold / 2 {
             out.suspects += 1;
         }
+        if silent >= *threshold {
+            out.past_threshold.push(owner.questdb.clone());
+        }
     }
     health.retain(|n| present.contains(n));
     health.retain_instances(|i| index.owners.contains_key(i));
@@ -129,34 +140,59 @@ pub async fn reconcile(node: Arc<Node>, ctx: Arc<Context>) -> Result<Next, Error
         cloud.health.observe(name, renew.as_deref(), now);
     }
     let survey = survey(&ctx, &cloud.health, name, now);
-    cloud.health.set_breaker(
+    let closed = cloud.health.set_breaker(
         breaker_open(survey.suspects, survey.managed)
             || breaker_open(survey.cluster_silent, survey.cluster),
     );
     ctx.metrics.set_unhealthy_dedicated_nodes(survey.unhealthy);
+    if closed {
+        // The failovers it held back may go now, at once rather than at their next look.
+        for questdb in &survey.past_threshold {
+            wake(&ctx, questdb.clone());
+        }
+    }
     let Some((questdb, threshold, recorded_ready)) = survey.owner else {
         return Ok(Next::AwaitChange);
     };
-    let silent = cloud.health.unhealthy_for(name, now);
     // Not a reason to fail over, but what `kubectl get qdb` shows: a Ready transition of the
     // node reaches the database's status (one reconcile per transition).
     let ready_changed = recorded_ready.is_some_and(|r| r != node_is_ready(&node));
     // News of a silence wakes the database too: EC2 may already say the instance is gone.
     let news = cloud.health.take_news(name, now);
-    if silent.is_some_and(|s| s >= threshold) || ready_changed || news {
+    // Once per silence: a database whose failover is held back looks again by itself, so
+    // waking it every second as well would only crowd out the others.
+    let due = cloud.health.take_threshold(name, threshold, now);
+    if due || ready_changed || news {
         // After the breaker is set: the reconcile reads it.
-        if let Some(wake) = ctx.wake.as_ref() {
-            let _ = wake.unbounded_send(questdb);
-        }
+        wake(&ctx, questdb);
     }
-    // The next look without an event: soon while the node looks unhealthy, else when its
-    // silence could first be news (or count for the breaker) if no renewal arrives before.
-    let first_look = (threshold / 2).min(cloud.health.min_unhealthy() / 2);
-    let next = match silent {
-        Some(_) => SUSPECT_POLL,
-        None => first_look.saturating_sub(cloud.health.silent_for(name, now)),
-    };
-    Ok(Next::RequeueAfter(next.max(SUSPECT_POLL)))
+    Ok(Next::RequeueAfter(next_look(
+        &cloud.health,
+        name,
+        threshold,
+        now,
+    )))
+}
+
+fn wake(ctx: &Context, questdb: ObjectRef<GuardedQuestDB>) {
+    if let Some(wake) = ctx.wake.as_ref() {
+        let _ = wake.unbounded_send(questdb);
+    }
+}
+
+/// When to look at `name` again without an event: at the next mark its silence crosses if no
+/// renewal arrives first: news and unhealthy at half and all of the Lease duration, the
+/// breaker's count at half the database's threshold, and the threshold.
+fn next_look(health: &NodeHealth, name: &str, threshold: Duration, now: Instant) -> Duration {
+    let lease = health.min_unhealthy();
+    let silent = health.silent_for(name, now);
+    [lease / 2, lease, threshold / 2, threshold]
+        .into_iter()
+        .filter(|m| *m > silent)
+        .map(|m| m - silent)
+        .min()
+        .unwrap_or(PAST_EVERY_MARK)
+        .max(MIN_LOOK)
 }
 
 /// The Node a kubelet Lease belongs to (same name, in `kube-node-lease`).
@@ -165,4 +201,36 @@ pub fn node_of_lease(lease: &Lease) -> Option<ObjectRef<Node>> {
         return None;
     }
     lease.metadata.name.as_deref().map(ObjectRef::new)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn secs(s: u64) -> Duration {
+        Duration::from_secs(s)
+    }
+
+    /// A silent kubelet sends no event: the node is looked at when each mark comes (news at
+    /// 20 s, the breaker's count at 30 s, unhealthy at 40 s, the threshold at 60 s), not every
+    /// second, and rarely once past them all.
+    #[test]
+    fn a_silent_node_is_looked_at_when_its_next_mark_comes_not_every_second() {
+        let h = NodeHealth::new(secs(40));
+        let t0 = Instant::now();
+        h.observe("n", Some("r1"), t0);
+        let look = |at: u64| next_look(&h, "n", secs(60), t0 + secs(at));
+        assert_eq!(look(0), secs(20));
+        assert_eq!(look(19), secs(1));
+        assert_eq!(look(20), secs(10));
+        assert_eq!(look(31), secs(9));
+        assert_eq!(look(45), secs(15));
+        assert_eq!(look(60), PAST_EVERY_MARK);
+        assert_eq!(look(600), PAST_EVERY_MARK);
+        // A mark a few milliseconds away is not a busy loop.
+        assert_eq!(
+            next_look(&h, "n", secs(60), t0 + secs(60) - Duration::from_millis(1)),
+            MIN_LOOK
+        );
+    }
 }

@@ -34,6 +34,9 @@ struct Seen {
     flaps: u32,
     /// This silence was already reported as news (see [`NodeHealth::take_news`]).
     news_taken: bool,
+    /// This silence already woke the node's database at its threshold (see
+    /// [`NodeHealth::take_threshold`]).
+    threshold_taken: bool,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -94,6 +97,7 @@ impl NodeHealth {
             renewed_at: now,
             flaps: 0,
             news_taken: false,
+            threshold_taken: false,
         });
         if entry.renew.as_deref() != renew {
             if now.saturating_duration_since(entry.renewed_at) >= min {
@@ -102,22 +106,47 @@ impl NodeHealth {
             entry.renew = renew.map(str::to_string);
             entry.renewed_at = now;
             entry.news_taken = false;
+            entry.threshold_taken = false;
         }
     }
 
     /// True once per silence of `node`, when it first becomes news: the moment to ask EC2
     /// whether the instance is gone (that proof needs no threshold).
     pub fn take_news(&self, node: &str, now: Instant) -> bool {
-        let half = self.lease_duration / 2;
+        self.take_once(node, self.lease_duration / 2, now, |s| &mut s.news_taken)
+    }
+
+    /// True once per silence of `node`, when it has lasted `threshold`: the moment to wake its
+    /// database, which then looks again by itself while its failover is held back.
+    pub fn take_threshold(&self, node: &str, threshold: Duration, now: Instant) -> bool {
+        self.take_once(node, threshold, now, |s| &mut s.threshold_taken)
+    }
+
+    /// True the first time in this silence of `node` that it has lasted `after` (`taken` is
+    /// the silence's flag for it).
+    fn take_once(
+        &self,
+        node: &str,
+        after: Duration,
+        now: Instant,
+        taken: impl Fn(&mut Seen) -> &mut bool,
+    ) -> bool {
         let mut seen = self.lock();
         let Some(s) = seen.get_mut(node) else {
             return false;
         };
-        let news = !s.news_taken && now.saturating_duration_since(s.renewed_at) >= half;
-        if news {
-            s.news_taken = true;
+        let long_enough = now.saturating_duration_since(s.renewed_at) >= after;
+        let flag = taken(s);
+        let first = long_enough && !*flag;
+        if first {
+            *flag = true;
         }
-        news
+        first
+    }
+
+    /// Whether the operator has seen `node`'s Lease renewed (without cloning the renewTime).
+    pub fn has_renewed(&self, node: &str) -> bool {
+        self.lock().get(node).is_some_and(|s| s.renew.is_some())
     }
 
     /// How long `node`'s Lease has been silent once that is news (half the Lease duration:
@@ -187,8 +216,12 @@ impl NodeHealth {
             .retain(|k, _| keep(k));
     }
 
-    pub fn set_breaker(&self, open: bool) {
-        *self.breaker.lock().unwrap_or_else(|p| p.into_inner()) = open;
+    /// Sets the breaker; true when this closes it (held-back failovers may go now).
+    pub fn set_breaker(&self, open: bool) -> bool {
+        let mut breaker = self.breaker.lock().unwrap_or_else(|p| p.into_inner());
+        let closed = *breaker && !open;
+        *breaker = open;
+        closed
     }
 
     pub fn breaker_open(&self) -> bool {
@@ -240,6 +273,30 @@ mod tests {
         assert!(!h.take_news("n", t0 + secs(31)));
         assert!(h.take_news("n", t0 + secs(50)));
         assert!(!h.take_news("unknown", t0 + secs(50)));
+    }
+
+    #[test]
+    fn a_silence_wakes_the_database_once_at_its_threshold_until_the_node_renews() {
+        let h = NodeHealth::new(secs(40));
+        let t0 = Instant::now();
+        h.observe("n", Some("r1"), t0);
+        assert!(!h.take_threshold("n", secs(60), t0 + secs(59)));
+        assert!(h.take_threshold("n", secs(60), t0 + secs(60)));
+        assert!(!h.take_threshold("n", secs(60), t0 + secs(61)));
+        h.observe("n", Some("r2"), t0 + secs(70));
+        assert!(!h.take_threshold("n", secs(60), t0 + secs(71)));
+        assert!(h.take_threshold("n", secs(60), t0 + secs(130)));
+        assert!(!h.take_threshold("unknown", secs(60), t0 + secs(130)));
+    }
+
+    #[test]
+    fn closing_the_breaker_is_said_once() {
+        let h = NodeHealth::new(secs(40));
+        assert!(!h.set_breaker(false));
+        assert!(!h.set_breaker(true));
+        assert!(!h.set_breaker(true));
+        assert!(h.set_breaker(false));
+        assert!(!h.set_breaker(false));
     }
 
     #[test]

@@ -148,7 +148,12 @@ pub async fn reconcile(
         }
         Start::Go => {
             let Some(reason) = confirm(ctx, cloud, &symptom, &id).await? else {
-                return Ok(Some(Turn::settled(armed(qdb, cloud)).sooner(look_again)));
+                // The live read saw the node after all. Node health wakes a database once
+                // per silence, so a node that falls silent again before its renewal reaches
+                // the cache is looked at again here.
+                return Ok(Some(
+                    Turn::settled(armed(qdb, cloud)).sooner(Some(GONE_POLL)),
+                ));
             };
             let next_generation = status.node_generation.unwrap_or(1) + 1;
             let record = FailoverStatus {
