@@ -113,7 +113,11 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     )
     .await?;
     opts.cloud = built.map(|b| b.cloud);
-    manager::run_with(opts, config, shutdown_on_signal(), handle).await
+    let shutdown = shutdown_on_signal();
+    // The process's heap is the binary's to manage, not each manager's (tests run several
+    // managers in one process).
+    tokio::spawn(crate::runtime::heap::trim_until(shutdown.clone()));
+    manager::run_with(opts, config, shutdown, handle).await
 }
 
 /// The node bootstrap used when `--node-user-data-template` is not given.

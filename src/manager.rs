@@ -168,8 +168,6 @@ pub async fn run_with(
         }
         readiness.set_ready();
         info!("caches synced");
-        // The caches' first lists are the heap's peak: what they freed goes back now.
-        tokio::spawn(crate::runtime::heap::trim_until(caches_token.clone()));
         let shared = Shared {
             client: &client,
             opts: &opts,
