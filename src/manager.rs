@@ -38,6 +38,7 @@ use crate::http_server::{self, Readiness};
 use crate::ilp_auth;
 use crate::metrics::{ControllerMetrics, Metrics, ReconcileOutcome};
 use crate::runtime::in_flight::InFlight;
+use crate::runtime::stopping::{until_stopped, Parts};
 
 /// Everything `run` needs besides the cluster connection.
 #[derive(Clone, Debug)]
@@ -89,6 +90,8 @@ pub struct ManagerHandle {
     pub metrics: Arc<Metrics>,
     pub readiness: Readiness,
     pub in_flight: Arc<InFlight>,
+    /// The parts not stopped yet (a test that waited too long for a shutdown names them).
+    pub stopping: Parts,
 }
 
 impl Default for ManagerHandle {
@@ -97,6 +100,7 @@ impl Default for ManagerHandle {
             metrics: Metrics::new(),
             readiness: Readiness::default(),
             in_flight: Arc::default(),
+            stopping: Parts::default(),
         }
     }
 }
@@ -120,6 +124,7 @@ pub async fn run_with(
         metrics,
         readiness,
         in_flight,
+        stopping,
     } = handle;
     let client = crate::metrics::instrumented_client(config, metrics.clone())
         .context("building the Kubernetes client")?;
@@ -174,6 +179,7 @@ pub async fn run_with(
             metrics: &metrics,
             in_flight: &in_flight,
             caches: &caches,
+            stopping: &stopping,
         };
         match &opts.leader_election {
             None => {
@@ -186,15 +192,32 @@ pub async fn run_with(
     .await;
 
     caches_token.cancel();
-    for t in cache_tasks {
-        let _ = t.await;
-    }
-    shutdown.cancel();
-    for s in servers {
-        let _ = s.await;
+    let rest = async {
+        stopping
+            .run("caches", async {
+                for t in cache_tasks {
+                    let _ = t.await;
+                }
+            })
+            .await;
+        shutdown.cancel();
+        stopping
+            .run("http servers", async {
+                for s in servers {
+                    let _ = s.await;
+                }
+            })
+            .await;
+    };
+    tokio::select! {
+        () = rest => {}
+        () = stopping.report_while_stopping(&caches_token, STOPPING_REPORT_EVERY) => {}
     }
     result
 }
+
+/// How often a manager that is slow to stop says what it still waits for.
+const STOPPING_REPORT_EVERY: Duration = Duration::from_secs(10);
 
 /// Reconcile requests, forwarded from the reflector streams after each event reached its cache:
 /// a QuestDB's own changes, and the changes and deletions of its children and key Secrets.
@@ -673,6 +696,7 @@ struct Shared<'a> {
     metrics: &'a Arc<Metrics>,
     in_flight: &'a Arc<InFlight>,
     caches: &'a Caches,
+    stopping: &'a Parts,
 }
 
 async fn run_as_leader(
@@ -782,6 +806,7 @@ async fn run_controllers(shared: &Shared<'_>, subs: Subscriptions, token: Cancel
         metrics,
         in_flight,
         caches,
+        stopping,
     } = *shared;
     let recorder = Recorder::new(client.clone(), MANAGER, std::env::var("POD_NAME").ok());
     let ctrl_metrics =
@@ -833,14 +858,23 @@ async fn run_controllers(shared: &Shared<'_>, subs: Subscriptions, token: Cancel
     let counted = ctrl_metrics.clone();
     let triggers = triggers.inspect(move |_| counted.observe_trigger());
     let controller = questdb_controller(triggers, caches, opts.questdb_concurrency)
-        .graceful_shutdown_on(token.cancelled_owned());
-    tokio::join!(
-        run_questdb_controller(controller, ctx, ctrl_metrics, in_flight.clone()),
-        sweeper,
-        health,
-        backups,
-        write_health
-    );
+        .graceful_shutdown_on(token.clone().cancelled_owned());
+    let all = async {
+        tokio::join!(
+            stopping.run(
+                "questdb controller",
+                run_questdb_controller(controller, ctx, ctrl_metrics, in_flight.clone())
+            ),
+            stopping.run("orphan sweep", sweeper),
+            stopping.run("node-health controller", health),
+            stopping.run("backup controllers", backups),
+            stopping.run("write-health poll", write_health)
+        )
+    };
+    tokio::select! {
+        _ = all => {}
+        () = stopping.report_while_stopping(&token, STOPPING_REPORT_EVERY) => {}
+    }
 }
 
 /// The backup controller: one reconcile per QuestDBBackup, on its own watch. Off (one error
@@ -870,7 +904,11 @@ async fn run_backups(
         .graceful_shutdown_on(token.clone().cancelled_owned());
     let store = controller.store();
     let schedules = run_schedules(opts, metrics, ctx.clone(), store.clone(), token.clone());
-    let bctx = Arc::new(backup::BackupContext::new(ctx, store, opts.backup_timeouts));
+    let bctx = Arc::new(backup::BackupContext::new(
+        ctx,
+        store.clone(),
+        opts.backup_timeouts,
+    ));
     let backups = drive(
         controller,
         m,
@@ -879,6 +917,7 @@ async fn run_backups(
         bctx,
         backup::reconcile,
     );
+    let backups = until_stopped(backup::CONTROLLER_NAME, backups, &store, &token);
     tokio::join!(backups, schedules);
 }
 
@@ -906,17 +945,18 @@ async fn run_schedules(
             watcher::Config::default().labels(crate::api::SCHEDULE_LABEL),
         )
         .with_config(ControllerConfig::default().concurrency(concurrency))
-        .graceful_shutdown_on(token.cancelled_owned());
+        .graceful_shutdown_on(token.clone().cancelled_owned());
+    let store = controller.store();
     let sctx = Arc::new(schedule::ScheduleContext { ctx, backups });
-    drive(
+    let schedules = drive(
         controller,
         m,
         schedule::CONTROLLER_NAME,
         metrics.clone(),
         sctx,
         schedule::reconcile,
-    )
-    .await;
+    );
+    until_stopped(schedule::CONTROLLER_NAME, schedules, &store, &token).await;
 }
 
 /// Runs `controller` with a span and metrics around every reconcile; a failed one is

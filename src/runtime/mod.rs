@@ -5,3 +5,4 @@ pub mod clock;
 pub mod events;
 pub mod heap;
 pub mod in_flight;
+pub mod stopping;

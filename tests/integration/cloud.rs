@@ -178,7 +178,7 @@ impl CloudEnv {
     async fn stop_manager(&mut self) {
         if let Some((token, task)) = self.manager.take() {
             token.cancel();
-            let _ = tokio::time::timeout(crate::harness::TIMEOUT, task).await;
+            let _ = crate::harness::stopped_in_time(task, &self.handle).await;
         }
     }
 

@@ -39,6 +39,20 @@ pub async fn control_plane() -> (ControlPlane, Client) {
     control_plane_with(cluster()).await
 }
 
+/// Waits for a manager told to stop; past the timeout, fails naming what had not stopped.
+pub async fn stopped_in_time(
+    task: tokio::task::JoinHandle<anyhow::Result<()>>,
+    handle: &ManagerHandle,
+) -> anyhow::Result<()> {
+    match tokio::time::timeout(TIMEOUT, task).await {
+        Ok(joined) => joined.expect("manager task does not panic"),
+        Err(_) => panic!(
+            "the manager did not stop within {TIMEOUT:?}; still running: {:?}",
+            handle.stopping.running()
+        ),
+    }
+}
+
 /// [`control_plane`] with options of the test's choosing (real databases, say).
 pub async fn control_plane_with(options: ControlPlaneOptions) -> (ControlPlane, Client) {
     init_tracing();
@@ -119,10 +133,7 @@ impl Env {
     pub async fn stop_manager(&mut self) -> anyhow::Result<()> {
         self.shutdown.cancel();
         match self.task.take() {
-            Some(t) => tokio::time::timeout(TIMEOUT, t)
-                .await
-                .expect("manager stops within the timeout")
-                .expect("manager task does not panic"),
+            Some(t) => stopped_in_time(t, &self.handle).await,
             None => Ok(()),
         }
     }

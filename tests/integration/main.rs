@@ -17,3 +17,4 @@ mod metrics;
 mod namespaced;
 mod pod_fields;
 mod questdb;
+mod shutdown;
