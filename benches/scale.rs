@@ -221,10 +221,15 @@ struct Figures {
     provision_busy_secs: f64,
     /// Requests the apiserver answered 409 Conflict (stale cache or resourceVersion).
     provision_conflicts: f64,
+    /// Started, caches synced, no QuestDB yet.
+    empty: Memory,
     at_rest: Memory,
     rest_was_quiet: bool,
     cut: Requests,
     cut_reconciles: f64,
+    /// Requests the watches handed the controller during the cut (the rest of
+    /// `cut_reconciles` is the periodic resync of converged QuestDBs).
+    cut_triggers: f64,
     resync: Requests,
     resync_secs: f64,
     resync_reconciles: f64,
@@ -331,9 +336,14 @@ impl Figures {
             "watch_cut_reads": self.cut.gets(),
             "watch_cut_lists": self.cut.lists(),
             "watch_cut_reconciles": self.cut_reconciles,
+            "watch_cut_triggers": self.cut_triggers,
             "rss_mib_peak": mib(self.at_rest.hwm_kib),
             "rss_mib_rest": mib(self.at_rest.rss_kib),
             "rss_mib_after_restart": mib(self.after_resync.rss_kib),
+            "rss_mib_empty": mib(self.empty.rss_kib),
+            "rss_mib_rest_anon": mib(self.at_rest.anon_kib),
+            "rss_mib_rest_file": mib(self.at_rest.file_kib),
+            "rss_mib_empty_anon": mib(self.empty.anon_kib),
             "reconcile_p50_ms": self.provisioning_latency.p50_ms.map(|v| round(v, 1)),
             "reconcile_p99_ms": self.provisioning_latency.p99_ms.map(|v| round(v, 1)),
             "resync_reconcile_p99_ms": self.resync_latency.p99_ms.map(|v| round(v, 1)),
@@ -343,6 +353,7 @@ impl Figures {
     }
 
     fn print_details(&self) {
+        let mib = |kib: u64| kib as f64 / 1024.0;
         println!();
         println!(
             "concurrency {}: {} QuestDBs on {} worker nodes",
@@ -359,6 +370,20 @@ impl Figures {
             } else {
                 "; the operator never went quiet, rest figures taken anyway"
             }
+        );
+        println!(
+            "  operator RSS (MiB): empty {:.1} (heap {:.1}, mapped files {:.1}); at rest with {} \
+             QuestDBs {:.1} (heap {:.1}, mapped files {:.1}), {:.1} KiB of heap per QuestDB; \
+             after a restart's resync {:.1}",
+            mib(self.empty.rss_kib),
+            mib(self.empty.anon_kib),
+            mib(self.empty.file_kib),
+            self.questdbs,
+            mib(self.at_rest.rss_kib),
+            mib(self.at_rest.anon_kib),
+            mib(self.at_rest.file_kib),
+            self.at_rest.anon_kib.saturating_sub(self.empty.anon_kib) as f64 / self.questdbs as f64,
+            mib(self.after_resync.rss_kib),
         );
         println!(
             "  until Ready: {:.2} reconciles and {:.2} 409 answers per QuestDB, {:.1} s inside \
@@ -382,8 +407,9 @@ impl Figures {
             println!("    {line}");
         }
         println!(
-            "  watch cut: {} reconciles, {} writes, {} GETs, {} lists, {} watches",
+            "  watch cut: {} reconciles ({} from watch events, the rest periodic resyncs), {} writes, {} GETs, {} lists, {} watches",
             self.cut_reconciles,
+            self.cut_triggers,
             self.cut.writes(),
             self.cut.gets(),
             self.cut.lists(),
@@ -536,26 +562,22 @@ async fn latency(addr: SocketAddr) -> anyhow::Result<Latency> {
     })
 }
 
-/// Waits until the operator has started no reconcile for [`QUIET_FOR`] and has none running.
+/// Waits until, for [`QUIET_FOR`], the watches handed the controller nothing and the operator
+/// wrote nothing. The periodic resync of converged QuestDBs (one each per 5 minutes, 3 a second
+/// at 1,000) goes on meanwhile: it reconciles without writing, so it is not counted as work.
 /// Returns false when it never settles within [`QUIET_TIMEOUT`] (figures are taken anyway).
 async fn wait_quiet(operator: &mut Operator, metrics: SocketAddr) -> anyhow::Result<bool> {
     let deadline = Instant::now() + QUIET_TIMEOUT;
-    let mut last = (f64::NAN, Instant::now());
+    let mut last = ((f64::NAN, f64::NAN), Instant::now());
     loop {
         operator.ensure_running()?;
         let m = prom::scrape(metrics).await?;
-        let total = m.sum(
-            "controller_runtime_reconcile_total",
-            "controller",
-            CONTROLLER,
+        let now = (
+            m.sum("questdb_operator_triggers_total", "controller", CONTROLLER),
+            operator_writes(&m),
         );
-        let busy = m.sum(
-            "controller_runtime_active_workers",
-            "controller",
-            CONTROLLER,
-        ) > 0.0;
-        if total != last.0 || busy {
-            last = (total, Instant::now());
+        if now != last.0 {
+            last = (now, Instant::now());
         } else if last.1.elapsed() >= QUIET_FOR {
             return Ok(true);
         }
@@ -564,6 +586,21 @@ async fn wait_quiet(operator: &mut Operator, metrics: SocketAddr) -> anyhow::Res
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// The operator's writes so far, by its own client's count (every verb that changes state).
+fn operator_writes(m: &prom::Metrics) -> f64 {
+    ["POST", "PUT", "PATCH", "DELETE"]
+        .iter()
+        .map(|verb| m.sum("rest_client_requests_total", "method", verb))
+        .sum()
+}
+
+/// Requests the watches handed the QuestDB controller so far.
+async fn triggers(addr: SocketAddr) -> anyhow::Result<f64> {
+    Ok(prom::scrape(addr)
+        .await?
+        .sum("questdb_operator_triggers_total", "controller", CONTROLLER))
 }
 
 fn is_ready(q: &QuestDB) -> bool {
@@ -742,6 +779,8 @@ async fn run_one(
         op.pid(),
         op.log().display()
     );
+    // What the operator costs before any QuestDB: its code, its runtime, empty caches.
+    let empty = op.memory_at_rest().await?;
     let startup = Requests(sim.request_counts());
     sim.reset_request_counts();
     let cpu = CpuMark::take(op.pid(), &sim)?;
@@ -774,6 +813,7 @@ async fn run_one(
     let mut watched = startup.watched_resources();
     watched.extend(provisioning.watched_resources());
     let before_cut = reconciles(args.metrics).await?;
+    let triggers_before_cut = triggers(args.metrics).await?;
     sim.reset_request_counts();
     sim.cut_watches();
     wait::until("every watch resumed", STEP_TIMEOUT, &mut op, || {
@@ -785,6 +825,7 @@ async fn run_one(
     wait_quiet(&mut op, args.metrics).await?;
     let cut = Requests(sim.request_counts());
     let cut_reconciles = reconciles(args.metrics).await? - before_cut;
+    let cut_triggers = triggers(args.metrics).await? - triggers_before_cut;
 
     // 3. Full resync: a restarted operator lists everything and reconciles every QuestDB.
     drop(op);
@@ -836,10 +877,12 @@ async fn run_one(
             provision_reconciles,
             provision_busy_secs,
             provision_conflicts,
+            empty,
             at_rest,
             rest_was_quiet,
             cut,
             cut_reconciles,
+            cut_triggers,
             resync,
             resync_secs,
             resync_reconciles,

@@ -430,7 +430,13 @@ fn start_caches(
         watcher::Config::default(),
         false,
         |q: &GuardedQuestDB| Some(ObjectRef::from_obj(q)),
-        |_: &mut GuardedQuestDB| {},
+        // kubectl's copy of the whole object, a few KiB each, is never read (children drop it
+        // too), and the status is written with a PUT to /status, which ignores metadata.
+        |q: &mut GuardedQuestDB| {
+            if let Some(a) = q.meta_mut().annotations.as_mut() {
+                a.remove(crate::desired::labels::LAST_APPLIED);
+            }
+        },
         Some(owner_index.changes())
     );
     let statefulsets = child!(StatefulSet, api_for::<StatefulSet>(client, ns));
@@ -484,7 +490,7 @@ fn start_caches(
     if watch_nodes {
         let node_stream = watcher(Api::<Node>::all(client.clone()), watcher::Config::default())
             .default_backoff()
-            .modify(|n: &mut Node| n.metadata.managed_fields = None)
+            .modify(trim_node)
             .reflect(node_writer)
             .inspect({
                 let node_tx = node_tx.clone();
@@ -642,6 +648,20 @@ fn trim_pod(pod: &mut Pod) {
         };
     }
     pod.metadata.annotations = None;
+}
+
+/// Keeps what the operator reads of a Node: its metadata and spec (the pin, providerID,
+/// taints), its conditions and addresses. A real kubelet's status also lists every image on the
+/// node, tens of KiB on a busy one, which a cache of 1,000 nodes would hold for nothing.
+fn trim_node(node: &mut Node) {
+    node.metadata.managed_fields = None;
+    if let Some(status) = node.status.as_mut() {
+        *status = k8s_openapi::api::core::v1::NodeStatus {
+            conditions: status.conditions.take(),
+            addresses: status.addresses.take(),
+            ..Default::default()
+        };
+    }
 }
 
 fn spawn_drain<S, T>(
@@ -1158,4 +1178,44 @@ fn error_policy(obj: Arc<GuardedQuestDB>, err: &Error, ctx: Arc<Context>) -> Act
         *n
     };
     Action::requeue(retry_delay(attempt - 1, err.is_transient_conflict()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_nodes_image_list_never_reaches_the_cache_but_what_failover_reads_does() {
+        let mut node: Node = serde_json::from_value(json!({
+            "metadata": {"name": "n1", "labels": {"crd.questdb.io/instance-id": "i-1"},
+                         "managedFields": [{"manager": "kubelet"}]},
+            "spec": {"providerID": "aws:///sim-zone-a/i-1",
+                     "taints": [{"key": "crd.questdb.io/dedicated", "effect": "NoSchedule"}]},
+            "status": {
+                "conditions": [{"type": "Ready", "status": "True"}],
+                "addresses": [{"type": "InternalIP", "address": "10.0.0.7"}],
+                "images": [{"names": ["registry/questdb:9.0"], "sizeBytes": 1}],
+                "nodeInfo": {"machineID": "m", "systemUUID": "s", "bootID": "b",
+                             "kernelVersion": "k", "osImage": "o", "containerRuntimeVersion": "c",
+                             "kubeletVersion": "v", "kubeProxyVersion": "", "operatingSystem": "linux",
+                             "architecture": "amd64"}
+            }
+        }))
+        .unwrap();
+        let before = node.clone();
+        trim_node(&mut node);
+        let status = node.status.as_ref().unwrap();
+        assert!(status.images.is_none() && status.node_info.is_none());
+        assert!(node.metadata.managed_fields.is_none());
+        assert_eq!(
+            status.conditions,
+            before.status.as_ref().unwrap().conditions
+        );
+        assert_eq!(status.addresses, before.status.as_ref().unwrap().addresses);
+        assert_eq!(
+            (node.spec, node.metadata.labels),
+            (before.spec, before.metadata.labels)
+        );
+    }
 }

@@ -194,6 +194,10 @@ pub struct Memory {
     pub rss_kib: u64,
     /// VmHWM: the peak resident size since the process started.
     pub hwm_kib: u64,
+    /// RssAnon: the resident heap, stacks and other anonymous memory (what the caches cost).
+    pub anon_kib: u64,
+    /// RssFile: resident pages of mapped files, mostly the binary's own code and data.
+    pub file_kib: u64,
 }
 
 impl Memory {
@@ -210,6 +214,8 @@ impl Memory {
         Ok(Memory {
             rss_kib: field("VmRSS:")?,
             hwm_kib: field("VmHWM:")?,
+            anon_kib: field("RssAnon:")?,
+            file_kib: field("RssFile:")?,
         })
     }
 }

@@ -9,7 +9,7 @@ use crate::api::{labels, QuestDB};
 
 /// kubectl's copy of the whole applied object: copying it onto children would be wrong (it
 /// describes the QuestDB) and large.
-const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+pub const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 
 /// The operator's own labels, the only ones in selectors. Selectors are immutable, so they must
 /// never include anything a user can edit.
