@@ -30,7 +30,8 @@ impl Metrics {
                 Value::Counter(v) | Value::Gauge(v) | Value::Untyped(v) => v,
                 _ => 0.0,
             })
-            .sum()
+            // Not `sum()`: a float sum of no series is -0.0, printed "-0.00".
+            .fold(0.0, |a, v| a + v)
     }
 
     /// The sum of a counter or gauge over all its series, whatever their labels.
@@ -43,7 +44,8 @@ impl Metrics {
                 Value::Counter(v) | Value::Gauge(v) | Value::Untyped(v) => v,
                 _ => 0.0,
             })
-            .sum()
+            // Not `sum()`: a float sum of no series is -0.0, printed "-0.00".
+            .fold(0.0, |a, v| a + v)
     }
 
     /// A histogram's cumulative buckets summed over all series whose `label` has `value`,
