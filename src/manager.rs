@@ -920,24 +920,19 @@ async fn run_backups(
     let concurrency = opts.backup_concurrency;
     let m = metrics.controller(backup::CONTROLLER_NAME, concurrency as usize);
     let controller = Controller::new(api, watcher::Config::default())
-        .with_config(ControllerConfig::default().concurrency(concurrency))
-        .graceful_shutdown_on(token.clone().cancelled_owned());
+        .with_config(ControllerConfig::default().concurrency(concurrency));
     let store = controller.store();
     let schedules = run_schedules(opts, metrics, ctx.clone(), store.clone(), token.clone());
-    let bctx = Arc::new(backup::BackupContext::new(
-        ctx,
-        store.clone(),
-        opts.backup_timeouts,
-    ));
+    let bctx = Arc::new(backup::BackupContext::new(ctx, store, opts.backup_timeouts));
     let backups = drive(
         controller,
+        &token,
         m,
         backup::CONTROLLER_NAME,
         metrics.clone(),
         bctx,
         backup::reconcile,
     );
-    let backups = until_stopped(backup::CONTROLLER_NAME, backups, &store, &token);
     tokio::join!(backups, schedules);
 }
 
@@ -964,25 +959,26 @@ async fn run_schedules(
             owned,
             watcher::Config::default().labels(crate::api::SCHEDULE_LABEL),
         )
-        .with_config(ControllerConfig::default().concurrency(concurrency))
-        .graceful_shutdown_on(token.clone().cancelled_owned());
-    let store = controller.store();
+        .with_config(ControllerConfig::default().concurrency(concurrency));
     let sctx = Arc::new(schedule::ScheduleContext { ctx, backups });
-    let schedules = drive(
+    drive(
         controller,
+        &token,
         m,
         schedule::CONTROLLER_NAME,
         metrics.clone(),
         sctx,
         schedule::reconcile,
-    );
-    until_stopped(schedule::CONTROLLER_NAME, schedules, &store, &token).await;
+    )
+    .await;
 }
 
 /// Runs `controller` with a span and metrics around every reconcile; a failed one is
-/// counted by reason and retried with backoff (conflicts sooner).
+/// counted by reason and retried with backoff (conflicts sooner). Stops when `token` is
+/// cancelled: gracefully, or at once while its own cache never listed ([`until_stopped`]).
 async fn drive<K, C, Fut>(
     controller: Controller<K>,
+    token: &CancellationToken,
     m: ControllerMetrics,
     name: &'static str,
     metrics: Arc<Metrics>,
@@ -1015,14 +1011,16 @@ async fn drive<K, C, Fut>(
             result.map(Next::action)
         }
     };
-    controller
+    let store = controller.store();
+    let running = controller
+        .graceful_shutdown_on(token.clone().cancelled_owned())
         .run(
             run_one,
             |_, e: &Error, _| Action::requeue(retry_delay(2, e.is_transient_conflict())),
             ctx,
         )
-        .for_each(|_| async {})
-        .await;
+        .for_each(|_| async {});
+    until_stopped(name, running, &store, token).await;
 }
 
 /// The node-health controller: one reconcile per dedicated Node when it or its kubelet's

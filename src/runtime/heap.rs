@@ -2,8 +2,8 @@
 //! freed (a full resync's pages of lists, the JSON of a thousand watch events) in its arenas,
 //! one per thread that ever allocated, up to eight per core: the process then stays at its
 //! peak although the caches it keeps are far smaller. Two arenas and a trim every ten seconds
-//! (the caches' first lists are the heap's peak) return that memory; `malloc_trim` gives back whole free pages
-//! anywhere in the heap (glibc 2.8 and later), not only its top.
+//! (the caches' first lists are the heap's peak) return that memory; `malloc_trim` gives back
+//! whole free pages anywhere in the heap (glibc 2.8 and later), not only its top.
 
 use std::time::Duration;
 
