@@ -480,7 +480,19 @@ fn start_caches(
             )
             .default_backoff()
             .map_ok(|ev| project(ev, refusals::Refusal::from_event))
-            .reflect(writer);
+            .reflect(writer)
+            .inspect({
+                // A refusal wakes its database, which would otherwise poll for it; events
+                // about another application's objects wake nothing.
+                let (tx, questdbs) = (tx.clone(), questdbs.clone());
+                move |ev| {
+                    forward(ev, &tx, false, |r: &refusals::Refusal| {
+                        let key = ObjectRef::new(r.questdb_name()?)
+                            .within(r.metadata.namespace.as_deref()?);
+                        questdbs.get(&key).map(|_| key)
+                    })
+                }
+            });
             tasks.push(spawn_drain(stream, token.clone(), "Event"));
             reader
         })

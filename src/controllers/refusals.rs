@@ -38,6 +38,16 @@ pub struct Refusal {
 }
 
 impl Refusal {
+    /// The name of the QuestDB this refusal would be about, if the refused object is one the
+    /// operator names: a StatefulSet is named after its QuestDB, a claim `<name>-data`.
+    pub fn questdb_name(&self) -> Option<&str> {
+        match self.kind.as_str() {
+            "StatefulSet" => Some(self.name.as_str()),
+            "PersistentVolumeClaim" => crate::desired::names::questdb_of_pvc(&self.name),
+            _ => None,
+        }
+    }
+
     pub fn from_event(e: Event) -> Self {
         let at = e
             .series

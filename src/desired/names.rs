@@ -53,6 +53,11 @@ pub fn pvc(qdb: &QuestDB) -> String {
     format!("{}-data", qdb.name_any())
 }
 
+/// The QuestDB a claim named by [`pvc`] belongs to.
+pub fn questdb_of_pvc(claim: &str) -> Option<&str> {
+    claim.strip_suffix("-data").filter(|n| !n.is_empty())
+}
+
 /// The database pod: the StatefulSet's only ordinal.
 pub fn pod(qdb: &QuestDB) -> String {
     format!("{}-0", statefulset(qdb))

@@ -23,7 +23,7 @@ use std::sync::Arc;
 
 use crate::api::{EventReason, ReadyReason};
 use crate::controllers::Next;
-use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, PostParams};
@@ -183,9 +183,11 @@ pub async fn reconcile(qdb: Arc<QuestDB>, ctx: Arc<Context>) -> Result<Next, Err
     let next = if converged && !pod_missing && !volume_waits && !refusal_ripens {
         RESYNC
     } else if converged {
-        // No event reaches the operator while the StatefulSet controller retries a refused
-        // pod, or the volume controller a claim: look again soon, for the refusal or the pod.
-        POD_MISSING_POLL
+        // The pod, the claim and the refusal events that say why either is missing all wake
+        // the database; only time does not: a refusal counts once the database (or the
+        // scheduler's refusal) has waited its grace. Look again then, and at worst later.
+        refusals_ripen_in(&qdb, pod.as_deref(), Timestamp::now())
+            .map_or(WAITING_BACKSTOP, |d| d.min(WAITING_BACKSTOP))
     } else {
         // Our own writes come back as watch events, and a blocking child usually belongs to a
         // predecessor of the same name that garbage collection is about to remove; this is only
@@ -226,8 +228,46 @@ fn waited_long_enough(qdb: &QuestDB, now: Timestamp) -> bool {
             >= LOOK_FOR_REFUSALS_AFTER.as_secs() as i64
 }
 
-/// How often a StatefulSet that should have a pod and has none is looked at again.
-const POD_MISSING_POLL: std::time::Duration = std::time::Duration::from_secs(5);
+/// How long a database waiting for its pod or volume goes without a look when no event
+/// comes: a backstop, since the events that would change its status all wake it.
+const WAITING_BACKSTOP: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// When the next grace a refusal waits out ends, if one is still running: the database's
+/// [`LOOK_FOR_REFUSALS_AFTER`] since `Ready` went False, the scheduler's
+/// [`container_state::SCHEDULER_RETRY_GRACE`] since `PodScheduled` did. Timestamps are whole
+/// seconds, so a little is added to land after the second the grace ends.
+fn refusals_ripen_in(
+    qdb: &QuestDB,
+    pod: Option<&Pod>,
+    now: Timestamp,
+) -> Option<std::time::Duration> {
+    let ready = qdb.status.as_ref().and_then(|s| {
+        s.conditions
+            .iter()
+            .find(|c| c.type_ == crate::api::conditions::READY && c.status != "True")
+            .map(|c| (c.last_transition_time.0, LOOK_FOR_REFUSALS_AFTER))
+    });
+    let scheduled = pod
+        .and_then(|p| p.status.as_ref()?.conditions.as_ref())
+        .and_then(|cs| {
+            cs.iter()
+                .find(|c| c.type_ == "PodScheduled" && c.status == "False")
+        })
+        .and_then(|c| c.last_transition_time.as_ref())
+        .map(|t| (t.0, container_state::SCHEDULER_RETRY_GRACE));
+    [ready, scheduled]
+        .into_iter()
+        .flatten()
+        .filter_map(|(since, grace)| {
+            let waited = now.duration_since(since).as_secs();
+            let left = grace.as_secs() as i64 - waited;
+            (left > 0).then(|| std::time::Duration::from_secs(left as u64) + RIPEN_MARGIN)
+        })
+        .min()
+}
+
+/// Added to a grace's end: past the whole second it ends in.
+const RIPEN_MARGIN: std::time::Duration = std::time::Duration::from_millis(200);
 
 /// How recent a `FailedCreate` event must be to explain a missing pod (events live an hour; an
 /// old refusal since resolved must not explain a pod that is merely being replaced).

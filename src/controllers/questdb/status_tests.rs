@@ -760,3 +760,86 @@ fn a_node_upgrade_condition_left_by_an_earlier_operator_is_dropped() {
     assert!(!types.contains(&"NodeUpgrade"), "{types:?}");
     assert!(types.contains(&"Ready"), "{types:?}");
 }
+
+/// A waiting database is woken by its pod's, claim's and refusals' events; only a grace
+/// running out comes without one, so it is looked at again just after that, and not before.
+#[test]
+fn a_waiting_database_is_looked_at_again_when_a_refusals_grace_ends() {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+    use std::time::Duration;
+    let t = now().as_second();
+    let at = |s: i64| Time(Timestamp::from_second(s).unwrap());
+    let mut q = testing::questdb("db", "ns");
+    q.status = Some(crate::api::QuestDBStatus {
+        conditions: vec![Condition {
+            type_: "Ready".into(),
+            status: "False".into(),
+            reason: "PodNotReady".into(),
+            message: String::new(),
+            last_transition_time: at(t - 1),
+            observed_generation: None,
+        }],
+        ..Default::default()
+    });
+    let ripen = |q: &QuestDB, pod: Option<&Pod>| {
+        crate::controllers::questdb::refusals_ripen_in(q, pod, now())
+    };
+    // Ready False for 1 s of its 3: 2 s left, and a little.
+    let left = ripen(&q, None).expect("a grace runs");
+    assert!(
+        left > Duration::from_secs(2) && left < Duration::from_secs(3),
+        "{left:?}"
+    );
+
+    // The scheduler refused the pod this second: its 3 s grace ends later than Ready's.
+    let mut unscheduled = pod(false, "");
+    unscheduled.status.as_mut().unwrap().conditions = Some(vec![PodCondition {
+        type_: "PodScheduled".into(),
+        status: "False".into(),
+        reason: Some("Unschedulable".into()),
+        last_transition_time: Some(at(t)),
+        ..Default::default()
+    }]);
+    let left = ripen(&q, Some(&unscheduled)).expect("two graces run");
+    assert!(left < Duration::from_secs(3), "the sooner one: {left:?}");
+
+    // Both graces over: nothing to wait for but events (and the backstop).
+    q.status.as_mut().unwrap().conditions[0].last_transition_time = at(t - 60);
+    unscheduled
+        .status
+        .as_mut()
+        .unwrap()
+        .conditions
+        .as_mut()
+        .unwrap()[0]
+        .last_transition_time = Some(at(t - 60));
+    assert_eq!(ripen(&q, Some(&unscheduled)), None);
+    // A Ready database waits out no grace.
+    q.status.as_mut().unwrap().conditions[0].status = "True".into();
+    q.status.as_mut().unwrap().conditions[0].last_transition_time = at(t);
+    assert_eq!(ripen(&q, None), None);
+}
+
+#[test]
+fn a_refusal_names_its_questdb_only_for_objects_the_operator_names() {
+    use crate::controllers::refusals::Refusal;
+    let refusal = |kind: &str, name: &str| Refusal {
+        kind: kind.into(),
+        name: name.into(),
+        ..Default::default()
+    };
+    assert_eq!(refusal("StatefulSet", "db1").questdb_name(), Some("db1"));
+    assert_eq!(
+        refusal("PersistentVolumeClaim", "db1-data").questdb_name(),
+        Some("db1")
+    );
+    assert_eq!(
+        refusal("PersistentVolumeClaim", "logs").questdb_name(),
+        None
+    );
+    assert_eq!(
+        refusal("PersistentVolumeClaim", "-data").questdb_name(),
+        None
+    );
+    assert_eq!(refusal("Deployment", "db1").questdb_name(), None);
+}
