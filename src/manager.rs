@@ -28,6 +28,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
 use crate::api::{labels, QuestDB, QuestDBBackup, QuestDBBackupSchedule, MANAGER};
+use crate::controllers::cached_pod::CachedPod;
 use crate::controllers::cloud_runtime::CloudRuntime;
 pub use crate::controllers::cloud_runtime::{Cloud, CloudSettings};
 use crate::controllers::context::{Caches, Context, GuardedQuestDB};
@@ -447,16 +448,21 @@ fn start_caches(
         api_for::<PersistentVolumeClaim>(client, ns),
         managed_selector(),
         true,
-        |o: &PersistentVolumeClaim| questdb_of(o.meta())
+        |o: &PersistentVolumeClaim| questdb_of(o.meta()),
+        trim_pvc
     );
-    let pods = cached!(
-        Pod,
-        api_for::<Pod>(client, ns),
-        managed_selector(),
-        true,
-        |o: &Pod| questdb_of(o.meta()),
-        trim_pod
-    );
+    // Held as `CachedPod`: the pod spec never reaches the cache.
+    let pods = {
+        let (reader, writer) = reflector::store::<CachedPod>();
+        let tx = tx.clone();
+        let stream = watcher(api_for::<Pod>(client, ns), managed_selector())
+            .default_backoff()
+            .map_ok(|ev| project(ev, CachedPod::from))
+            .reflect(writer)
+            .inspect(move |ev| forward(ev, &tx, true, |o: &CachedPod| questdb_of(o.meta())));
+        tasks.push(spawn_drain(stream, token.clone(), "Pod"));
+        reader
+    };
 
     let network_policies = child!(NetworkPolicy, api_for::<NetworkPolicy>(client, ns));
 
@@ -586,6 +592,7 @@ fn start_caches(
         // the cluster holds thousands of unrelated Secrets.
         s.metadata.managed_fields = None;
         s.metadata.labels = None;
+        s.types = None;
         if let Some(a) = s.metadata.annotations.as_mut() {
             a.retain(|k, _| {
                 k == crate::api::SECRET_QUESTDB_ANNOTATION
@@ -633,33 +640,17 @@ fn start_caches(
     )
 }
 
-/// The controller reads a pod's node, Ready condition and the state of a container that
-/// cannot run; the rest (the whole container spec, healthy containers' statuses) is most of a
-/// pod's size, dropped before it reaches the cache.
-fn trim_pod(pod: &mut Pod) {
-    if let Some(spec) = pod.spec.as_mut() {
-        *spec = k8s_openapi::api::core::v1::PodSpec {
-            node_name: spec.node_name.take(),
-            ..Default::default()
-        };
+/// The volume machinery's annotations on a claim (binding, provisioner, selected node) are
+/// most of a bound claim's metadata; the operator never reads them and never sets them
+/// (`labels::child_annotations` leaves them out), so dropping them cannot make a claim look
+/// different from the one desired.
+fn trim_pvc(pvc: &mut PersistentVolumeClaim) {
+    if let Some(a) = pvc.metadata.annotations.as_mut() {
+        a.retain(|k, _| !crate::desired::labels::set_by_volume_machinery(k));
+        if a.is_empty() {
+            pvc.metadata.annotations = None;
+        }
     }
-    if let Some(status) = pod.status.as_mut() {
-        *status = k8s_openapi::api::core::v1::PodStatus {
-            phase: status.phase.take(),
-            conditions: status.conditions.take(),
-            host_ip: status.host_ip.take(),
-            // Where the write-health poll reaches the database's HTTP port.
-            pod_ip: status.pod_ip.take(),
-            container_statuses: crate::controllers::questdb::container_state::for_cache(
-                status.container_statuses.take(),
-            ),
-            init_container_statuses: crate::controllers::questdb::container_state::for_cache(
-                status.init_container_statuses.take(),
-            ),
-            ..Default::default()
-        };
-    }
-    pod.metadata.annotations = None;
 }
 
 /// Keeps what the operator reads of a Node: its metadata and spec (the pin, providerID,
@@ -1194,6 +1185,33 @@ fn error_policy(obj: Arc<GuardedQuestDB>, err: &Error, ctx: Arc<Context>) -> Act
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn a_bound_claim_in_the_cache_still_matches_the_claim_desired() {
+        use crate::desired::diff::needs_update;
+        use crate::desired::{pvc_with_ownership, testing::questdb, PvcOwnership};
+        let mut qdb = questdb("db1", "tenant-a");
+        qdb.metadata.annotations = Some(std::collections::BTreeMap::from([(
+            "owner".to_string(),
+            "alice".to_string(),
+        )]));
+        let desired = pvc_with_ownership(&qdb, PvcOwnership::Owned);
+        let mut stored = desired.clone();
+        stored.metadata.annotations.get_or_insert_default().extend([
+            ("pv.kubernetes.io/bind-completed".into(), "yes".into()),
+            ("volume.kubernetes.io/selected-node".into(), "node-a".into()),
+            (
+                "volume.beta.kubernetes.io/storage-provisioner".into(),
+                "ebs.csi.aws.com".into(),
+            ),
+        ]);
+        trim_pvc(&mut stored);
+        assert_eq!(
+            stored.metadata.annotations, desired.metadata.annotations,
+            "the user's annotation kept, the volume machinery's dropped"
+        );
+        assert!(!needs_update(&desired, &stored));
+    }
 
     #[test]
     fn a_nodes_image_list_never_reaches_the_cache_but_what_failover_reads_does() {

@@ -49,7 +49,7 @@ pub struct PodOptions {
     /// Scheduling constraints. With a dedicated node (`spec.node`) only pod (anti-)affinity may
     /// be set: the pod is pinned to its instance.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub affinity: Option<Affinity>,
+    pub affinity: Option<Box<Affinity>>,
     /// Tolerations. Not with a dedicated node, and never one that tolerates the dedicated
     /// nodes' taint (`crd.questdb.io/dedicated`, or a wildcard): those nodes belong to one
     /// database each.
@@ -68,11 +68,11 @@ pub struct PodOptions {
     /// user 10001, `fsGroup` 10001, seccomp `RuntimeDefault`), which meet the `restricted` Pod
     /// Security level.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub security_context: Option<PodSecurityContext>,
+    pub security_context: Option<Box<PodSecurityContext>>,
     /// The database container's security context. Fields left unset keep the operator's
     /// defaults (no privilege escalation, every capability dropped).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub container_security_context: Option<SecurityContext>,
+    pub container_security_context: Option<Box<SecurityContext>>,
     /// Secrets of this namespace that hold credentials for a private registry.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(transform = max_items)]
@@ -291,10 +291,10 @@ mod tests {
             ),
             (
                 PodOptions {
-                    affinity: Some(Affinity {
+                    affinity: Some(Box::new(Affinity {
                         node_affinity: Some(NodeAffinity::default()),
                         ..Default::default()
-                    }),
+                    })),
                     ..Default::default()
                 },
                 "pod.affinity.nodeAffinity cannot be set on a database with a dedicated node",
@@ -310,10 +310,10 @@ mod tests {
         }
         // Pod (anti-)affinity cannot move the pod: accepted.
         let anti = dedicated(PodOptions {
-            affinity: Some(Affinity {
+            affinity: Some(Box::new(Affinity {
                 pod_affinity: Some(PodAffinity::default()),
                 ..Default::default()
-            }),
+            })),
             ..Default::default()
         });
         assert_eq!(errors(&anti), Vec::<String>::new());

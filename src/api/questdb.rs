@@ -41,11 +41,14 @@ use serde::{Deserialize, Serialize};
 )]
 #[serde(rename_all = "camelCase")]
 // A dedicated database's pod is pinned to its instance: nothing may widen or move its
-// placement, and a toleration could keep it on a node fenced for failover.
+// placement, and a toleration could keep it on a node fenced for failover. A record without a
+// dedicated node would wait forever for an address, and one left behind when `node` is removed
+// would keep pointing at a terminated instance's IP, which EC2 hands to someone else.
 #[x_kube(
     validation = Rule::new("!has(self.node) || !has(self.pod) || !has(self.pod.tolerations)").message("pod.tolerations cannot be set on a database with a dedicated node (spec.node): the node is its own"),
     validation = Rule::new("!has(self.node) || !has(self.pod) || !has(self.pod.nodeSelector)").message("pod.nodeSelector cannot be set on a database with a dedicated node (spec.node): the pod is pinned to its instance"),
-    validation = Rule::new("!has(self.node) || !has(self.pod) || !has(self.pod.affinity) || !has(self.pod.affinity.nodeAffinity)").message("pod.affinity.nodeAffinity cannot be set on a database with a dedicated node (spec.node): the pod is pinned to its instance")
+    validation = Rule::new("!has(self.node) || !has(self.pod) || !has(self.pod.affinity) || !has(self.pod.affinity.nodeAffinity)").message("pod.affinity.nodeAffinity cannot be set on a database with a dedicated node (spec.node): the pod is pinned to its instance"),
+    validation = Rule::new("!has(self.dns) || has(self.node)").message("dns needs a dedicated node (spec.node): the record points at that node's address; remove dns with node")
 )]
 pub struct QuestDBSpec {
     /// Container image of the database, e.g. `questdb/questdb:9.0.0`. Its tag is the version.
@@ -923,6 +926,22 @@ mod tests {
                 "{ttl}"
             );
         }
+    }
+
+    #[test]
+    fn a_dns_record_without_a_dedicated_node_to_point_at_is_rejected() {
+        let mut qdb = good();
+        qdb.spec.dns = Some(DnsSpec {
+            name: "db.example.com".into(),
+            ttl: 60,
+            public: false,
+        });
+        assert!(create_errors(&qdb).is_empty());
+        qdb.spec.node = None;
+        assert_eq!(
+            create_errors(&qdb),
+            vec!["dns needs a dedicated node (spec.node): the record points at that node's address; remove dns with node"]
+        );
     }
 
     #[test]

@@ -150,11 +150,7 @@ pub enum Applied {
     Stale,
 }
 
-/// Annotation holding a hash of the desired object the operator last applied. A field the
-/// operator stops setting (a removed `spec.node`, env var or resource limit) is invisible to
-/// the "desired ⊆ existing" comparison; it changes the hash, so the child is applied again and
-/// server-side apply removes the field.
-pub const APPLIED_HASH_ANNOTATION: &str = "crd.questdb.io/applied-hash";
+pub use crate::desired::diff::APPLIED_HASH_ANNOTATION;
 
 /// Adds [`APPLIED_HASH_ANNOTATION`] to `desired`: a hash of everything else in it.
 pub fn stamp_applied_hash<K: Resource + Serialize>(desired: &mut K) {

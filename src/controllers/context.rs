@@ -7,7 +7,7 @@ use crate::api::WriteHealthReason;
 use crate::runtime::events::Recorder;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{
-    ConfigMap, Node, ObjectReference, PersistentVolumeClaim, Pod, Secret, Service,
+    ConfigMap, Node, ObjectReference, PersistentVolumeClaim, Secret, Service,
 };
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
@@ -38,7 +38,7 @@ pub struct Caches {
     pub configmaps: Store<Cached<ConfigMap>>,
     pub services: Store<Cached<Service>>,
     pub pvcs: Store<PersistentVolumeClaim>,
-    pub pods: Store<Pod>,
+    pub pods: Store<crate::controllers::cached_pod::CachedPod>,
     pub network_policies: Store<Cached<NetworkPolicy>>,
     pub pdbs: Store<Cached<k8s_openapi::api::policy::v1::PodDisruptionBudget>>,
     pub nodes: Store<Node>,

@@ -3,6 +3,7 @@
 //! apply -> update status.
 
 pub mod backup;
+pub mod cached_pod;
 pub mod children;
 pub mod cloud_runtime;
 pub mod context;

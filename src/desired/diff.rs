@@ -18,6 +18,28 @@ use serde::Serialize;
 use serde_json::Value;
 
 use super::quantity::parse_quantity;
+use super::shared_text::Templated;
+
+/// Annotation holding a hash of the desired object the operator last applied. A field the
+/// operator stops setting (a removed `spec.node`, env var or resource limit) is invisible to
+/// the "desired ⊆ existing" comparison; it changes the hash, so the child is applied again and
+/// server-side apply removes the field.
+pub const APPLIED_HASH_ANNOTATION: &str = "crd.questdb.io/applied-hash";
+
+/// An annotation of a child as the caches hold it.
+pub trait CachedAnnotations {
+    fn annotation(&self, key: &str) -> Option<&str>;
+}
+
+impl CachedAnnotations for PersistentVolumeClaim {
+    fn annotation(&self, key: &str) -> Option<&str> {
+        self.metadata
+            .annotations
+            .as_ref()?
+            .get(key)
+            .map(String::as_str)
+    }
+}
 
 /// A child kind the operator builds, with its own notion of "already as desired".
 pub trait OwnedChild: Resource<DynamicType = ()> + Sized {
@@ -29,6 +51,7 @@ pub trait OwnedChild: Resource<DynamicType = ()> + Sized {
     /// What the caches hold of an existing child: the child itself, or a [`Compacted`] form
     /// of its own type (never the Kubernetes type with fields silently emptied).
     type Cached: Resource<DynamicType = (), Scope = Self::Scope>
+        + CachedAnnotations
         + Clone
         + std::fmt::Debug
         + Send
@@ -50,18 +73,44 @@ pub trait OwnedChild: Resource<DynamicType = ()> + Sized {
 /// is no empty pod template to be misled by.
 #[derive(Clone, Debug)]
 pub struct Compacted<K, E = ()> {
+    /// Without [`APPLIED_HASH_ANNOTATION`], which is `applied_hash`: read it with
+    /// [`CachedAnnotations::annotation`].
     pub metadata: ObjectMeta,
+    /// The applied hash, out of the annotations: it is most often their only entry, and an
+    /// annotation map costs half a KiB before its first entry (six children per QuestDB).
+    applied_hash: Option<Box<str>>,
     /// What [`OwnedChild::spec_matches`] compares.
-    compared: String,
+    compared: Compared,
     /// The typed fields kept.
     pub kept: E,
     kind: std::marker::PhantomData<fn() -> K>,
 }
 
+#[derive(Clone, Debug)]
+enum Compared {
+    /// Canonical JSON, shared with the same child of every QuestDB made from the same spec.
+    Json(Templated),
+    /// SHA-256.
+    Digest([u8; 32]),
+}
+
 impl<K, E> Compacted<K, E> {
-    fn new(metadata: ObjectMeta, compared: String, kept: E) -> Self {
+    fn new(mut metadata: ObjectMeta, compared: Compared, kept: E) -> Self {
+        let applied_hash = metadata
+            .annotations
+            .as_mut()
+            .and_then(|a| a.remove(APPLIED_HASH_ANNOTATION))
+            .map(Box::from);
+        if metadata
+            .annotations
+            .as_ref()
+            .is_some_and(BTreeMap::is_empty)
+        {
+            metadata.annotations = None;
+        }
         Self {
             metadata,
+            applied_hash,
             compared,
             kept,
             kind: std::marker::PhantomData,
@@ -70,7 +119,30 @@ impl<K, E> Compacted<K, E> {
 
     /// The compared part as JSON.
     fn compared_json(&self) -> Value {
-        serde_json::from_str(&self.compared).unwrap_or(Value::Null)
+        match &self.compared {
+            Compared::Json(text) => serde_json::from_str(&text.text()).unwrap_or(Value::Null),
+            Compared::Digest(_) => Value::Null,
+        }
+    }
+
+    fn compared_digest(&self) -> Option<&[u8; 32]> {
+        match &self.compared {
+            Compared::Digest(d) => Some(d),
+            Compared::Json(_) => None,
+        }
+    }
+}
+
+impl<K, E> CachedAnnotations for Compacted<K, E> {
+    fn annotation(&self, key: &str) -> Option<&str> {
+        if key == APPLIED_HASH_ANNOTATION {
+            return self.applied_hash.as_deref();
+        }
+        self.metadata
+            .annotations
+            .as_ref()?
+            .get(key)
+            .map(String::as_str)
     }
 }
 
@@ -125,9 +197,9 @@ fn canonical<T: Serialize>(spec: &T) -> Value {
     v
 }
 
-fn digest(value: &impl Serialize) -> String {
+fn digest(value: &impl Serialize) -> [u8; 32] {
     use sha2::{Digest, Sha256};
-    hex::encode(Sha256::digest(to_json(value).to_string().as_bytes()))
+    Sha256::digest(to_json(value).to_string().as_bytes()).into()
 }
 
 /// Whether `existing` must be written to become `desired`: the operator's labels and
@@ -135,12 +207,17 @@ fn digest(value: &impl Serialize) -> String {
 /// retained PVC), a missing non-controller owner reference, or [`OwnedChild::spec_matches`] false.
 /// Labels and annotations a user added to the child by hand are left alone.
 pub fn needs_update<T: OwnedChild>(desired: &T, existing: &T::Cached) -> bool {
-    !(meta_matches(desired.meta(), existing.meta()) && T::spec_matches(desired, existing))
+    !(meta_matches(desired.meta(), existing) && T::spec_matches(desired, existing))
 }
 
-fn meta_matches(desired: &ObjectMeta, existing: &ObjectMeta) -> bool {
+fn meta_matches(desired: &ObjectMeta, cached: &(impl Resource + CachedAnnotations)) -> bool {
+    let existing = cached.meta();
     map_subset(desired.labels.as_ref(), existing.labels.as_ref())
-        && map_subset(desired.annotations.as_ref(), existing.annotations.as_ref())
+        && desired
+            .annotations
+            .iter()
+            .flatten()
+            .all(|(k, v)| cached.annotation(k) == Some(v.as_str()))
         && controller_ref(desired) == controller_ref(existing)
         && owner_refs(desired)
             .filter(|r| !is_controller(r))
@@ -231,9 +308,50 @@ fn spec_subset<K, E, T: Serialize>(desired: &T, existing: &Compacted<K, E>) -> b
     json_subset(&canonical(desired), &existing.compared_json())
 }
 
-/// The compacted form of a child whose compared part is its spec.
-fn compact_spec<K, E, T: Serialize>(metadata: ObjectMeta, spec: &T, kept: E) -> Compacted<K, E> {
-    Compacted::new(metadata, canonical(spec).to_string(), kept)
+/// The compacted form of a child whose compared part is its spec, shared between databases
+/// with the tokens that differ from one to the next cut out: its QuestDB's name (claim, config
+/// map and service names, selector labels) and `tokens`.
+fn compact_spec<K, E, T: Serialize>(
+    metadata: ObjectMeta,
+    spec: &T,
+    kept: E,
+    tokens: &[&str],
+) -> Compacted<K, E> {
+    let text = {
+        let questdb = metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(crate::api::labels::INSTANCE))
+            .map(String::as_str);
+        let mut all: Vec<&str> = questdb.into_iter().collect();
+        all.extend_from_slice(tokens);
+        Templated::new(&canonical(spec).to_string(), all)
+    };
+    Compacted::new(metadata, Compared::Json(text), kept)
+}
+
+/// What differs between the StatefulSets of two databases made from one spec besides their
+/// names: the hashes of their config and credentials, and the instance a dedicated pod is
+/// pinned to.
+fn statefulset_tokens(spec: Option<&k8s_openapi::api::apps::v1::StatefulSetSpec>) -> Vec<&str> {
+    let Some(template) = spec.map(|s| &s.template) else {
+        return Vec::new();
+    };
+    let annotations = template
+        .metadata
+        .as_ref()
+        .and_then(|m| m.annotations.as_ref());
+    let hashes = [
+        super::CONFIG_HASH_ANNOTATION,
+        super::credentials::CREDENTIALS_HASH_ANNOTATION,
+    ]
+    .into_iter()
+    .filter_map(|k| annotations?.get(k));
+    let pin = template
+        .spec
+        .as_ref()
+        .and_then(|s| s.node_selector.as_ref()?.get(super::PIN_LABEL_KEY));
+    hashes.chain(pin).map(String::as_str).collect()
 }
 
 impl OwnedChild for StatefulSet {
@@ -246,7 +364,8 @@ impl OwnedChild for StatefulSet {
             replicas: existing.spec.as_ref().and_then(|s| s.replicas),
             status: existing.status,
         };
-        compact_spec(existing.metadata, &existing.spec, kept)
+        let tokens = statefulset_tokens(existing.spec.as_ref());
+        compact_spec(existing.metadata, &existing.spec, kept, &tokens)
     }
 
     fn spec_matches(desired: &Self, existing: &Self::Cached) -> bool {
@@ -259,7 +378,7 @@ impl OwnedChild for PodDisruptionBudget {
     type Cached = Compacted<PodDisruptionBudget>;
 
     fn to_cached(existing: Self) -> Self::Cached {
-        compact_spec(existing.metadata, &existing.spec, ())
+        compact_spec(existing.metadata, &existing.spec, (), &[])
     }
 
     fn spec_matches(desired: &Self, existing: &Self::Cached) -> bool {
@@ -271,7 +390,7 @@ impl OwnedChild for NetworkPolicy {
     type Cached = Compacted<NetworkPolicy>;
 
     fn to_cached(existing: Self) -> Self::Cached {
-        compact_spec(existing.metadata, &existing.spec, ())
+        compact_spec(existing.metadata, &existing.spec, (), &[])
     }
 
     fn spec_matches(desired: &Self, existing: &Self::Cached) -> bool {
@@ -285,21 +404,23 @@ impl OwnedChild for ConfigMap {
 
     fn to_cached(existing: Self) -> Self::Cached {
         let data = existing.data.unwrap_or_default();
-        Compacted::new(existing.metadata, digest(&data), ())
+        Compacted::new(existing.metadata, Compared::Digest(digest(&data)), ())
     }
 
     /// The files must be exactly the built ones: a stray key would be mounted nowhere, but a
     /// changed one would be served to QuestDB.
     fn spec_matches(desired: &Self, existing: &Self::Cached) -> bool {
-        digest(&desired.data.clone().unwrap_or_default()) == existing.compared
+        existing.compared_digest() == Some(&digest(&desired.data.clone().unwrap_or_default()))
     }
 }
 
 impl OwnedChild for Service {
     type Cached = Compacted<Service>;
 
+    /// The cluster IP the apiserver allocated is the one token of a Service besides its name.
     fn to_cached(existing: Self) -> Self::Cached {
-        compact_spec(existing.metadata, &existing.spec, ())
+        let ip = existing.spec.as_ref().and_then(|s| s.cluster_ip.as_deref());
+        compact_spec(existing.metadata, &existing.spec, (), &Vec::from_iter(ip))
     }
 
     /// Ports and type as a subset (the server fills in clusterIP, nodePorts, policies), but the
@@ -375,9 +496,62 @@ mod tests {
         assert_eq!(cached.kept.status, existing.status);
         assert_eq!(cached.metadata, existing.metadata);
         assert!(!needs_update(&sts(&qdb), &cached));
+        let Compared::Json(text) = &cached.compared else {
+            panic!("a StatefulSet compares its spec")
+        };
         assert!(
-            cached.compared.len() < serde_json::to_string(&existing).unwrap().len(),
+            text.text().len() < serde_json::to_string(&existing).unwrap().len(),
             "smaller than the object"
+        );
+    }
+
+    /// The applied hash is held apart from the annotations, and still decides.
+    #[test]
+    fn the_applied_hash_is_kept_apart_and_still_decides_a_write() {
+        let qdb = questdb("db1", "tenant-a");
+        let stamped = |hash: &str| {
+            let mut cm = config_map(&qdb, true);
+            cm.metadata
+                .annotations
+                .get_or_insert_default()
+                .insert(APPLIED_HASH_ANNOTATION.into(), hash.into());
+            cm
+        };
+        let cached = ConfigMap::to_cached(stamped("h1"));
+        assert_eq!(cached.annotation(APPLIED_HASH_ANNOTATION), Some("h1"));
+        assert_eq!(
+            cached.metadata.annotations, None,
+            "no map for the hash alone"
+        );
+        assert!(!needs_update(&stamped("h1"), &cached));
+        assert!(needs_update(&stamped("h2"), &cached));
+    }
+
+    /// The cached spec is shared between databases with its QuestDB's name cut out: each must
+    /// still match only its own desired spec, or a database would never get its own fixed.
+    #[test]
+    fn databases_made_from_one_spec_share_the_cached_text_and_each_matches_only_its_own() {
+        let (one, two) = (
+            questdb("payments", "tenant-a"),
+            questdb("orders", "tenant-a"),
+        );
+        let cached = |q: &QuestDB| StatefulSet::to_cached(defaulted_sts(&sts(q)));
+        let (c1, c2) = (cached(&one), cached(&two));
+        let (Compared::Json(t1), Compared::Json(t2)) = (&c1.compared, &c2.compared) else {
+            panic!("StatefulSets compare their specs")
+        };
+        assert_eq!(
+            t1.text(),
+            canonical(&defaulted_sts(&sts(&one)).spec).to_string()
+        );
+        assert!(t1.shares_with(t2), "one text for both");
+        assert!(!needs_update(&sts(&one), &c1));
+        assert!(!needs_update(&sts(&two), &c2));
+        let mut two_as_one = sts(&one);
+        two_as_one.metadata = sts(&two).metadata;
+        assert!(
+            needs_update(&two_as_one, &c2),
+            "orders' spec naming payments' volume"
         );
     }
 

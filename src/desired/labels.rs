@@ -46,12 +46,27 @@ pub fn child_labels(qdb: &QuestDB) -> BTreeMap<String, String> {
     out
 }
 
-/// The user's annotations, minus kubectl's last-applied copy of the QuestDB and the operator's
-/// own keys.
+/// Prefixes of the annotations Kubernetes' volume machinery writes on a claim (binding,
+/// provisioner, the node a volume waits for). They are its own: one copied from a QuestDB onto
+/// the claim could pin the volume to a node, and the PVC cache drops them (a few hundred bytes
+/// a claim, never read).
+const VOLUME_MACHINERY: [&str; 3] = [
+    "pv.kubernetes.io/",
+    "volume.kubernetes.io/",
+    "volume.beta.kubernetes.io/",
+];
+
+/// Whether `key` is an annotation Kubernetes' volume machinery owns.
+pub fn set_by_volume_machinery(key: &str) -> bool {
+    VOLUME_MACHINERY.iter().any(|p| key.starts_with(p))
+}
+
+/// The user's annotations, minus kubectl's last-applied copy of the QuestDB, the operator's
+/// own keys and the volume machinery's.
 pub fn child_annotations(qdb: &QuestDB) -> BTreeMap<String, String> {
     qdb.annotations()
         .iter()
-        .filter(|(k, _)| k.as_str() != LAST_APPLIED && users(k))
+        .filter(|(k, _)| k.as_str() != LAST_APPLIED && users(k) && !set_by_volume_machinery(k))
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect()
 }
@@ -108,6 +123,28 @@ mod tests {
             (LAST_APPLIED.to_string(), "{\"huge\":true}".to_string()),
         ]));
         qdb
+    }
+
+    #[test]
+    fn a_volume_annotation_on_a_questdb_never_reaches_its_children() {
+        let mut qdb = labelled();
+        qdb.metadata
+            .annotations
+            .get_or_insert_with(BTreeMap::new)
+            .extend([
+                (
+                    "volume.kubernetes.io/selected-node".to_string(),
+                    "node-a".to_string(),
+                ),
+                (
+                    "pv.kubernetes.io/bind-completed".to_string(),
+                    "yes".to_string(),
+                ),
+            ]);
+        assert_eq!(
+            child_annotations(&qdb).into_keys().collect::<Vec<_>>(),
+            vec!["owner".to_string()]
+        );
     }
 
     #[test]

@@ -18,6 +18,7 @@ pub mod pod_options;
 pub mod pvc;
 pub mod quantity;
 pub mod service;
+pub mod shared_text;
 pub mod statefulset;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;

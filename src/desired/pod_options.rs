@@ -56,10 +56,10 @@ mod tests {
             labels: map(&[("team", "payments")]),
             annotations: map(&[("sidecar.istio.io/inject", "false")]),
             stateful_set_annotations: map(&[("backup.velero.io/backup-volumes", "data")]),
-            affinity: Some(Affinity {
+            affinity: Some(Box::new(Affinity {
                 pod_anti_affinity: Some(PodAntiAffinity::default()),
                 ..Default::default()
-            }),
+            })),
             tolerations: vec![Toleration {
                 key: Some("spot".into()),
                 operator: Some("Exists".into()),
@@ -72,14 +72,14 @@ mod tests {
                 when_unsatisfiable: "ScheduleAnyway".into(),
                 ..Default::default()
             }],
-            security_context: Some(PodSecurityContext {
+            security_context: Some(Box::new(PodSecurityContext {
                 supplemental_groups: Some(vec![2000]),
                 ..Default::default()
-            }),
-            container_security_context: Some(SecurityContext {
+            })),
+            container_security_context: Some(Box::new(SecurityContext {
                 read_only_root_filesystem: Some(true),
                 ..Default::default()
-            }),
+            })),
             image_pull_secrets: vec![LocalObjectReference {
                 name: "registry".into(),
             }],
@@ -154,17 +154,17 @@ mod tests {
     #[test]
     fn a_users_security_context_keeps_the_restricted_defaults_it_does_not_name() {
         let mut qdb = questdb("db1", "ns");
-        qdb.spec.pod.security_context = Some(PodSecurityContext {
+        qdb.spec.pod.security_context = Some(Box::new(PodSecurityContext {
             run_as_user: Some(4242),
             ..Default::default()
-        });
-        qdb.spec.pod.container_security_context = Some(SecurityContext {
+        }));
+        qdb.spec.pod.container_security_context = Some(Box::new(SecurityContext {
             capabilities: Some(Capabilities {
                 add: Some(vec!["NET_BIND_SERVICE".into()]),
                 drop: Some(vec!["ALL".into()]),
             }),
             ..Default::default()
-        });
+        }));
         let p = pod(&build(&qdb, None));
         let s = p.security_context.unwrap();
         assert_eq!(s.run_as_user, Some(4242));

@@ -257,13 +257,13 @@ fn pod_spec(qdb: &QuestDB, ilp_auth_enabled: bool, dedicated: Option<&DedicatedN
                 }),
                 ..PodSecurityContext::default()
             },
-            options.security_context.as_ref(),
+            options.security_context.as_deref(),
         )),
         termination_grace_period_seconds: Some(termination_grace_seconds(qdb)),
         image_pull_secrets: non_empty_vec(options.image_pull_secrets.clone()),
         priority_class_name: options.priority_class_name.clone(),
         topology_spread_constraints: non_empty_vec(options.topology_spread_constraints.clone()),
-        affinity: options.affinity.clone(),
+        affinity: options.affinity.as_deref().cloned(),
         // QuestDB reads every QDB_* variable as a config override, and service links would
         // inject QDB_SERVICE_HOST and friends for any Service named `qdb` in the namespace.
         enable_service_links: Some(false),
@@ -451,7 +451,7 @@ fn container_security(qdb: &QuestDB) -> SecurityContext {
             }),
             ..SecurityContext::default()
         },
-        qdb.spec.pod.container_security_context.as_ref(),
+        qdb.spec.pod.container_security_context.as_deref(),
     )
 }
 

@@ -1169,7 +1169,7 @@ async fn failing_status_writes_after_a_launch_never_yield_a_second_instance() {
 
 /// Removing `spec.node` must unpin the pod (a merge patch used to leave the nodeSelector
 /// naming a node about to be terminated: an outage), and the node goes only once the pod has
-/// left it.
+/// left it. Its DNS record must go with it: the apiserver refuses a removal that keeps it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn removing_spec_node_unpins_the_pod_and_then_releases_the_node() {
     let env = CloudEnv::start(settings()).await;
@@ -1182,12 +1182,27 @@ async fn removing_spec_node_unpins_the_pod_and_then_releases_the_node() {
         .and_then(|s| s.node_name.clone())
         .expect("node");
 
+    // Removing only the node would leave the record pointing at an address EC2 reuses.
+    let refused = env
+        .qdbs()
+        .patch(
+            "un",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"node": null}})),
+        )
+        .await
+        .expect_err("the apiserver refuses a record without a node");
+    assert!(
+        refused.to_string().contains("dns needs a dedicated node"),
+        "{refused}"
+    );
+
     let pod_at_termination = pod_at_first_termination(&env, names::pod(&q));
     env.qdbs()
         .patch(
             "un",
             &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"node": null}})),
+            &Patch::Merge(json!({"spec": {"node": null, "dns": null}})),
         )
         .await
         .expect("remove spec.node");

@@ -716,7 +716,7 @@ async fn removing_the_node_of_a_database_whose_node_died_fences_it_and_runs_the_
         .patch(
             "db1",
             &kube::api::PatchParams::default(),
-            &kube::api::Patch::Merge(serde_json::json!({"spec": {"node": null}})),
+            &kube::api::Patch::Merge(serde_json::json!({"spec": {"node": null, "dns": null}})),
         )
         .await
         .expect("spec.node removed");

@@ -12,7 +12,7 @@
 //! between two renewals plus jitter and watch lag.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
@@ -53,6 +53,8 @@ pub struct NodeHealth {
     /// operator's clock), by instance id.
     missing: Mutex<HashMap<String, NodeOf>>,
     breaker: Mutex<bool>,
+    /// The last count of the fleet and when it was taken.
+    fleet: Mutex<Option<(Instant, Arc<super::Fleet>)>>,
     lease_duration: Duration,
 }
 
@@ -70,6 +72,7 @@ impl NodeHealth {
             seen: Mutex::default(),
             missing: Mutex::default(),
             breaker: Mutex::default(),
+            fleet: Mutex::default(),
             lease_duration,
         }
     }
@@ -222,6 +225,25 @@ impl NodeHealth {
         let closed = *breaker && !open;
         *breaker = open;
         closed
+    }
+
+    /// The fleet as counted at most `reuse` before `now`, or as `count` says now. Counted
+    /// under the lock: reconciles that come together share one count.
+    pub(super) fn fleet(
+        &self,
+        reuse: Duration,
+        now: Instant,
+        count: impl FnOnce() -> super::Fleet,
+    ) -> Arc<super::Fleet> {
+        let mut last = self.fleet.lock().unwrap_or_else(|p| p.into_inner());
+        match last.as_ref() {
+            Some((at, fleet)) if now.saturating_duration_since(*at) < reuse => fleet.clone(),
+            _ => {
+                let fleet = Arc::new(count());
+                *last = Some((now, fleet.clone()));
+                fleet
+            }
+        }
     }
 
     pub fn breaker_open(&self) -> bool {

@@ -4,8 +4,10 @@
 //! missing credentials Secret or key). The on-call engineer reads the cause in `Ready`'s
 //! message instead of the pod's events.
 
-use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
+use k8s_openapi::api::core::v1::ContainerStatus;
 use k8s_openapi::jiff::Timestamp;
+
+use crate::controllers::cached_pod::CachedPod;
 
 use crate::api::{EventReason, ReadyReason};
 use crate::desired::CONTAINER_NAME;
@@ -63,7 +65,7 @@ pub fn event_reason(reason: ReadyReason) -> Option<EventReason> {
 /// attempt routinely fails for a claim not bound yet ("pod has unbound immediate
 /// PersistentVolumeClaims") and succeeds a moment later, and reporting that costs a status
 /// write and says nothing a user should act on.
-pub fn unschedulable(pod: &Pod, now: Timestamp) -> Option<Trouble> {
+pub fn unschedulable(pod: &CachedPod, now: Timestamp) -> Option<Trouble> {
     let condition = pod
         .status
         .as_ref()?
@@ -103,7 +105,7 @@ pub fn volume_pending(message: &str) -> Trouble {
 }
 
 /// The trouble of the database container (or of the init container before it), if any.
-pub fn trouble(pod: &Pod) -> Option<Trouble> {
+pub fn trouble(pod: &CachedPod) -> Option<Trouble> {
     let status = pod.status.as_ref()?;
     let init = status.init_container_statuses.iter().flatten();
     let main = status
@@ -239,8 +241,11 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn pod(statuses: serde_json::Value) -> Pod {
-        serde_json::from_value(json!({"metadata": {"name": "db-0"}, "status": statuses})).unwrap()
+    fn pod(statuses: serde_json::Value) -> CachedPod {
+        let pod: k8s_openapi::api::core::v1::Pod =
+            serde_json::from_value(json!({"metadata": {"name": "db-0"}, "status": statuses}))
+                .unwrap();
+        pod.into()
     }
 
     fn questdb(state: serde_json::Value, last: serde_json::Value) -> serde_json::Value {

@@ -393,7 +393,7 @@ async fn symptom(
             .caches
             .pods
             .get(&ObjectRef::new(&names::pod(qdb)).within(&ns))?;
-        let bound = pod.spec.as_ref()?.node_name.clone()?;
+        let bound = pod.node_name.clone()?;
         let gone = !nodes
             .iter()
             .any(|n| n.metadata.name.as_deref() == Some(bound.as_str()));
@@ -772,7 +772,7 @@ async fn force_delete_pod_on(qdb: &QuestDB, ctx: &Context, node: &str) -> Result
     let Some(pod) = ctx.caches.pods.get(&ObjectRef::new(&name).within(&ns)) else {
         return Ok(());
     };
-    if pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) != Some(node) {
+    if pod.node_name.as_deref() != Some(node) {
         return Ok(());
     }
     let params = DeleteParams {

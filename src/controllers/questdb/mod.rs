@@ -23,7 +23,9 @@ use std::sync::Arc;
 
 use crate::api::{EventReason, ReadyReason};
 use crate::controllers::Next;
-use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use k8s_openapi::api::core::v1::ConfigMap;
+
+use crate::controllers::cached_pod::CachedPod;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, PostParams};
@@ -123,7 +125,7 @@ pub async fn reconcile(qdb: Arc<QuestDB>, ctx: Arc<Context>) -> Result<Next, Err
         .get(&ObjectRef::new(&desired::names::pod(&qdb)).within(&ns));
     let node = pod
         .as_ref()
-        .and_then(|p| p.spec.as_ref()?.node_name.clone())
+        .and_then(|p| p.node_name.clone())
         .and_then(|n| c.nodes.get(&ObjectRef::new(&n)));
     let converged = report.changed.is_empty() && report.blocked.is_empty();
     // Without a pod, the StatefulSet controller may have been refused one: only its events say.
@@ -135,12 +137,7 @@ pub async fn reconcile(qdb: Arc<QuestDB>, ctx: Arc<Context>) -> Result<Next, Err
         Some(sts) if pod_missing && waited => pod_refusal(&ctx, &ns, &sts.name_any()),
         _ => None,
     };
-    let unscheduled = pod.as_ref().is_some_and(|p| {
-        p.spec
-            .as_ref()
-            .and_then(|s| s.node_name.as_deref())
-            .is_none()
-    });
+    let unscheduled = pod.as_ref().is_some_and(|p| p.node_name.is_none());
     // The scheduler's refusal counts only once it has lasted a while, and no event says when
     // that is: look again (a dedicated node's pod waits for its node, which the node's own
     // events report).
@@ -238,7 +235,7 @@ const WAITING_BACKSTOP: std::time::Duration = std::time::Duration::from_secs(30)
 /// seconds, so a little is added to land after the second the grace ends.
 fn refusals_ripen_in(
     qdb: &QuestDB,
-    pod: Option<&Pod>,
+    pod: Option<&CachedPod>,
     now: Timestamp,
 ) -> Option<std::time::Duration> {
     let ready = qdb.status.as_ref().and_then(|s| {

@@ -72,7 +72,7 @@ pub fn database_pod(
     qdb: &QuestDB,
     ctx: &Context,
 ) -> (
-    Option<std::sync::Arc<k8s_openapi::api::core::v1::Pod>>,
+    Option<std::sync::Arc<crate::controllers::cached_pod::CachedPod>>,
     Option<String>,
 ) {
     let ns = qdb.namespace().unwrap_or_default();
@@ -80,8 +80,6 @@ pub fn database_pod(
         .caches
         .pods
         .get(&ObjectRef::new(&names::pod(qdb)).within(&ns));
-    let node = pod
-        .as_ref()
-        .and_then(|p| p.spec.as_ref()?.node_name.clone());
+    let node = pod.as_ref().and_then(|p| p.node_name.clone());
     (pod, node)
 }

@@ -1,7 +1,9 @@
 //! Pure status computation: what the QuestDB's status must say, given what was observed.
 
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::jiff::Timestamp;
+
+use crate::controllers::cached_pod::CachedPod;
 
 use crate::api::{conditions, Phase, QuestDB, QuestDBStatus};
 use crate::api::{
@@ -22,7 +24,7 @@ use super::container_state;
 #[derive(Default)]
 pub struct StatusInputs<'a> {
     pub statefulset: Option<&'a CachedStatefulSet>,
-    pub pod: Option<&'a Pod>,
+    pub pod: Option<&'a CachedPod>,
     /// No pod, and the StatefulSet controller was just refused its creation, with this message.
     pub pod_refused: Option<String>,
     /// The pod is not scheduled and its volume claim is unbound, with this message from the
@@ -49,7 +51,7 @@ pub struct StatusInputs<'a> {
     pub cloud: Option<&'a CloudOutcome>,
 }
 
-pub(super) fn pod_ready(pod: &Pod) -> bool {
+pub(super) fn pod_ready(pod: &CachedPod) -> bool {
     pod.status
         .as_ref()
         .and_then(|s| s.conditions.as_ref())
@@ -97,7 +99,7 @@ fn rolls_out(sts: &CachedStatefulSet, obs: &StatusInputs) -> bool {
 }
 
 /// Whether the StatefulSet has only ever had one revision, and the pod (if any) is of it.
-fn first_revision(sts: &CachedStatefulSet, pod: Option<&Pod>) -> bool {
+fn first_revision(sts: &CachedStatefulSet, pod: Option<&CachedPod>) -> bool {
     let status = sts.kept.status.as_ref();
     let current = status.and_then(|s| s.current_revision.as_deref());
     let update = status.and_then(|s| s.update_revision.as_deref());
@@ -276,11 +278,9 @@ pub fn compute(qdb: &QuestDB, obs: &StatusInputs, now: Timestamp) -> QuestDBStat
     let pod_node = if spec.paused {
         None
     } else {
-        dedicated.and_then(|n| n.metadata.name.clone()).or_else(|| {
-            obs.pod
-                .and_then(|p| p.spec.as_ref())
-                .and_then(|s| s.node_name.clone())
-        })
+        dedicated
+            .and_then(|n| n.metadata.name.clone())
+            .or_else(|| obs.pod.and_then(|p| p.node_name.clone()))
     };
 
     QuestDBStatus {
@@ -395,18 +395,15 @@ fn without_stale_cloud_conditions(
 }
 
 /// Whether the scheduler has placed the pod.
-fn is_scheduled(pod: &Pod) -> bool {
-    pod.spec
-        .as_ref()
-        .and_then(|s| s.node_name.as_deref())
-        .is_some_and(|n| !n.is_empty())
+fn is_scheduled(pod: &CachedPod) -> bool {
+    pod.node_name.as_deref().is_some_and(|n| !n.is_empty())
 }
 
 /// The phase while the StatefulSet is not done: `Running` as long as the pod still answers
 /// (a change rolling out), `Unavailable` once a database that ran does not (a not-ready node,
 /// a restart), `Pending` for one that never ran. The phase column must not say `Running` for a
 /// database that does not answer.
-fn not_answering(existing: &QuestDBStatus, pod: Option<&Pod>) -> Phase {
+fn not_answering(existing: &QuestDBStatus, pod: Option<&CachedPod>) -> Phase {
     let ran = matches!(existing.phase, Some(Phase::Running | Phase::Unavailable));
     match (pod.is_some_and(pod_ready), ran) {
         (true, true) => Phase::Running,

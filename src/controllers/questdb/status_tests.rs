@@ -5,13 +5,14 @@ use crate::api::{
 };
 use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetSpec, StatefulSetStatus};
 use k8s_openapi::api::core::v1::{
-    Node, NodeAddress, NodeCondition, NodeStatus, Pod, PodCondition, PodSpec, PodStatus,
+    Node, NodeAddress, NodeCondition, NodeStatus, PodCondition, PodStatus,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
 
 use super::{compute, StatusInputs};
 use crate::api::{FailoverPhase, Phase, QuestDB};
+use crate::controllers::cached_pod::CachedPod;
 use crate::controllers::questdb::apply::Report;
 use crate::desired::{testing, CachedStatefulSet, OwnedChild};
 use crate::plan::conditions::Verdict;
@@ -42,12 +43,9 @@ fn sts(ready: i32, rolled: bool) -> CachedStatefulSet {
     })
 }
 
-fn pod(ready: bool, node: &str) -> Pod {
-    Pod {
-        spec: Some(PodSpec {
-            node_name: Some(node.into()),
-            ..Default::default()
-        }),
+fn pod(ready: bool, node: &str) -> CachedPod {
+    CachedPod {
+        node_name: Some(node.into()),
         status: Some(PodStatus {
             conditions: Some(vec![PodCondition {
                 type_: "Ready".into(),
@@ -176,7 +174,7 @@ fn a_new_database_waits_for_its_pod_in_the_same_words_until_it_runs() {
         now(),
     );
     let mut unscheduled = pod(false, "");
-    unscheduled.spec.as_mut().unwrap().node_name = None;
+    unscheduled.node_name = None;
     let mut on_its_way = sts(0, true);
     on_its_way.kept.status.as_mut().unwrap().updated_replicas = Some(1);
     let ready = |st: &crate::api::QuestDBStatus| {
@@ -198,7 +196,12 @@ fn a_new_database_waits_for_its_pod_in_the_same_words_until_it_runs() {
             },
             now(),
         );
-        assert_eq!(ready(&later), ready(&first), "pod {:?}", p.map(|p| &p.spec));
+        assert_eq!(
+            ready(&later),
+            ready(&first),
+            "pod {:?}",
+            p.map(|p| &p.node_name)
+        );
     }
     assert_eq!(ready(&first).2, "PodNotReady");
 }
@@ -597,7 +600,7 @@ fn an_unbound_volume_is_reported_in_the_volume_controllers_words_while_the_pod_w
     let q = testing::questdb("db", "ns");
     let s = sts(1, false);
     let mut waiting = pod(false, "");
-    waiting.spec.as_mut().unwrap().node_name = None;
+    waiting.node_name = None;
     let why = "no persistent volumes available for this claim and no storage class is set";
     let obs = StatusInputs {
         statefulset: Some(&s),
@@ -781,7 +784,7 @@ fn a_waiting_database_is_looked_at_again_when_a_refusals_grace_ends() {
         }],
         ..Default::default()
     });
-    let ripen = |q: &QuestDB, pod: Option<&Pod>| {
+    let ripen = |q: &QuestDB, pod: Option<&CachedPod>| {
         crate::controllers::questdb::refusals_ripen_in(q, pod, now())
     };
     // Ready False for 1 s of its 3: 2 s left, and a little.

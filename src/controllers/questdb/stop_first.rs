@@ -44,9 +44,10 @@ pub fn pod_on_recorded_node(qdb: &QuestDB, caches: &Caches) -> bool {
     };
     let ns = qdb.namespace().unwrap_or_default();
     let pod = ObjectRef::new(&desired::names::pod(qdb)).within(&ns);
-    caches.pods.get(&pod).is_some_and(|p| {
-        p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == node.metadata.name.as_deref()
-    })
+    caches
+        .pods
+        .get(&pod)
+        .is_some_and(|p| p.node_name.as_deref() == node.metadata.name.as_deref())
 }
 
 fn scaled_to_zero(sts: &CachedStatefulSet) -> bool {

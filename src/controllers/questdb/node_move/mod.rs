@@ -291,9 +291,7 @@ fn pod_ready_on(qdb: &QuestDB, ctx: &Context, instance: Option<&str>) -> bool {
         .get(&ObjectRef::new(&names::pod(qdb)).within(&ns))
         .is_some_and(|p| {
             // A pod on its way out answers for seconds more; it is not the database's home.
-            p.metadata.deletion_timestamp.is_none()
-                && p.spec.as_ref().and_then(|s| s.node_name.clone()) == node
-                && pod_ready(&p)
+            p.metadata.deletion_timestamp.is_none() && p.node_name == node && pod_ready(&p)
         })
 }
 
