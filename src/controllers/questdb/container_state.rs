@@ -66,13 +66,7 @@ pub fn event_reason(reason: ReadyReason) -> Option<EventReason> {
 /// PersistentVolumeClaims") and succeeds a moment later, and reporting that costs a status
 /// write and says nothing a user should act on.
 pub fn unschedulable(pod: &CachedPod, now: Timestamp) -> Option<Trouble> {
-    let condition = pod
-        .status
-        .as_ref()?
-        .conditions
-        .as_ref()?
-        .iter()
-        .find(|c| c.type_ == "PodScheduled" && c.status == "False")?;
+    let condition = not_scheduled(pod)?;
     let fresh = condition.last_transition_time.as_ref().is_some_and(|t| {
         now.duration_since(t.0).as_secs() < SCHEDULER_RETRY_GRACE.as_secs() as i64
     });
@@ -83,6 +77,16 @@ pub fn unschedulable(pod: &CachedPod, now: Timestamp) -> Option<Trouble> {
             condition.message.as_deref().unwrap_or("no reason given")
         ),
     })
+}
+
+/// The pod's `PodScheduled=False` condition, while the scheduler has not placed it.
+pub fn not_scheduled(pod: &CachedPod) -> Option<&k8s_openapi::api::core::v1::PodCondition> {
+    pod.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == "PodScheduled" && c.status == "False")
 }
 
 /// The StatefulSet controller's last refusal to create the pod (its `FailedCreate` event),

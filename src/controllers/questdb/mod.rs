@@ -245,11 +245,7 @@ fn refusals_ripen_in(
             .map(|c| (c.last_transition_time.0, LOOK_FOR_REFUSALS_AFTER))
     });
     let scheduled = pod
-        .and_then(|p| p.status.as_ref()?.conditions.as_ref())
-        .and_then(|cs| {
-            cs.iter()
-                .find(|c| c.type_ == "PodScheduled" && c.status == "False")
-        })
+        .and_then(container_state::not_scheduled)
         .and_then(|c| c.last_transition_time.as_ref())
         .map(|t| (t.0, container_state::SCHEDULER_RETRY_GRACE));
     [ready, scheduled]
