@@ -388,6 +388,11 @@ struct NodeState {
     /// What the kubelet reports in `volumesInUse`: every volume a pod scheduled here wants,
     /// from before it is attached, so the attach-detach controller leaves it attached.
     volumes_in_use: Mutex<BTreeSet<String>>,
+    /// The `volumesInUse` of the newest node status the API accepted. The kubelet mounts a
+    /// volume only once it is reported here: the attach-detach controller checks
+    /// `volumesInUse` after it has taken the volume out of `volumesAttached` and before it
+    /// detaches, so between the two flags a detach and a mount never both go ahead.
+    reported_in_use: Mutex<BTreeSet<String>>,
     /// What the node's OS has mounted: only volumes attached for a pod (the kubelet mounts
     /// once `volumesAttached` lists a volume). Unlike `volumes_in_use`, a volume merely
     /// wanted is not mounted, and detaches (a detach the controller decided before a new
@@ -591,6 +596,7 @@ impl Kubelets {
             databases: self.databases.clone(),
             loopback,
             volumes_in_use: Mutex::default(),
+            reported_in_use: Mutex::default(),
             mounts: Mutex::default(),
             stops_take_grace: Default::default(),
             unmounts_fail: Default::default(),
@@ -949,6 +955,7 @@ async fn heartbeat(client: Client, state: Arc<NodeState>) {
         {
             Ok(_) => {
                 posted_ready = ready;
+                *state.reported_in_use.lock().unwrap() = volumes.clone();
                 posted_volumes = Some(volumes);
                 last_status = Instant::now();
                 was_faulted = false;
@@ -1000,6 +1007,35 @@ struct PodRun {
     /// The API has shown the pod Ready as this kubelet posted it: a later not-ready is
     /// someone else's word, not this kubelet's own post still on its way to the cache.
     seen_ready: bool,
+    /// Its wait for volumes to attach has been logged.
+    waits_logged: bool,
+}
+
+/// Whether the Node as the API holds it now lists every one of `volumes` in
+/// `volumesAttached`: the kubelet's check before it mounts a controller-attached volume (a
+/// live GET of the Node, `GenerateVerifyControllerAttachedVolumeFunc` in
+/// pkg/volume/util/operationexecutor/operation_generator.go, which also refuses a volume not
+/// yet reported in `volumesInUse`).
+async fn attached_now(client: &Client, node: &str, volumes: &[String]) -> bool {
+    if volumes.is_empty() {
+        return true;
+    }
+    let Ok(Some(n)) = Api::<Node>::all(client.clone()).get_opt(node).await else {
+        return false;
+    };
+    let attached: BTreeSet<String> = n
+        .status
+        .and_then(|s| s.volumes_attached)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|v| v.name)
+        .collect();
+    volumes.iter().all(|v| attached.contains(v))
+}
+
+/// `namespace/name` of a pod, for the debug lines.
+fn pod_key(pod: &Pod) -> String {
+    format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any())
 }
 
 impl PodRun {
@@ -1053,7 +1089,8 @@ async fn run_pods(k: Kubelets) {
                 .filter_map(|u| r.remove(&u).map(|run| (u, run)))
                 .collect()
         };
-        for (_, run) in gone {
+        for (uid, run) in gone {
+            debug!(%uid, node = %run.node, volumes = ?run.volumes, "kubelet: pod gone from the API; unmounting");
             if let Some(h) = k.get(&run.node) {
                 if h.healthy() && !h.state.unmounts_fail.load(Ordering::Relaxed) {
                     unmount(&h, &run.volumes, &runs, &k.csi);
@@ -1072,14 +1109,18 @@ async fn run_pods(k: Kubelets) {
             }
             let uid = pod.uid().unwrap_or_default();
             let mut r = runs.lock().unwrap();
-            let run = r.entry(uid.clone()).or_insert_with(|| PodRun {
-                node: node_name.clone(),
-                volumes: vec![],
-                phase: PodPhase::Starting,
-                mounted: false,
-                busy: false,
-                db: None,
-                seen_ready: false,
+            let run = r.entry(uid.clone()).or_insert_with(|| {
+                debug!(pod = %pod_key(pod), %uid, node = %node_name, "kubelet: pod admitted");
+                PodRun {
+                    node: node_name.clone(),
+                    volumes: vec![],
+                    phase: PodPhase::Starting,
+                    mounted: false,
+                    busy: false,
+                    db: None,
+                    seen_ready: false,
+                    waits_logged: false,
+                }
             });
             if run.busy {
                 continue;
@@ -1122,7 +1163,10 @@ async fn run_pods(k: Kubelets) {
                         });
                     }
                     PodPhase::Stopping(_) => {}
-                    _ => run.phase = PodPhase::Stopping(Instant::now()),
+                    _ => {
+                        debug!(pod = %pod_key(pod), %uid, "kubelet: stopping the pod's containers");
+                        run.phase = PodPhase::Stopping(Instant::now())
+                    }
                 }
                 continue;
             }
@@ -1148,13 +1192,46 @@ async fn run_pods(k: Kubelets) {
                         .into_iter()
                         .map(|v| v.name)
                         .collect();
-                    if volumes.iter().all(|v| attached.contains(v)) {
-                        let mut mounts = handle.state.mounts.lock().unwrap();
-                        mounts.extend(volumes.iter().cloned());
-                        k.csi.set_mounted(&node_name, &mounts);
-                        run.mounted = true;
-                        run.phase = PodPhase::Attached(Instant::now());
+                    let reported = handle.state.reported_in_use.lock().unwrap().clone();
+                    if !volumes
+                        .iter()
+                        .all(|v| attached.contains(v) && reported.contains(v))
+                    {
+                        if !run.waits_logged {
+                            run.waits_logged = true;
+                            debug!(pod = %pod_key(pod), %uid, ?volumes, ?attached, ?reported, "kubelet: waiting for the pod's volumes to be reported in use and attached");
+                        }
+                        continue;
                     }
+                    // The cache may still list a volume the controller has since taken out of
+                    // `volumesAttached` to detach it: like the kubelet, ask the API itself.
+                    run.busy = true;
+                    drop(r);
+                    let (client, runs, done, csi, handle, pod_name) = (
+                        k.client.clone(),
+                        runs.clone(),
+                        done_tx.clone(),
+                        k.csi.clone(),
+                        handle.clone(),
+                        pod_key(pod),
+                    );
+                    tokio::spawn(async move {
+                        let attached = attached_now(&client, &node_name, &volumes).await;
+                        let mut r = runs.lock().unwrap();
+                        if let Some(run) = r.get_mut(&uid) {
+                            run.busy = false;
+                            if attached && matches!(run.phase, PodPhase::Starting) {
+                                debug!(pod = %pod_name, %uid, "kubelet: volumes attached and mounted");
+                                let mut mounts = handle.state.mounts.lock().unwrap();
+                                mounts.extend(volumes.iter().cloned());
+                                csi.set_mounted(&node_name, &mounts);
+                                run.mounted = true;
+                                run.phase = PodPhase::Attached(Instant::now());
+                            }
+                        }
+                        drop(r);
+                        let _ = done.send(());
+                    });
                 }
                 PodPhase::Attached(since) if since.elapsed() >= timings::CONTAINER_START => {
                     if let (Some(rt), Some(_)) = (&k.databases, database::database_container(pod)) {
@@ -1178,6 +1255,7 @@ async fn run_pods(k: Kubelets) {
                         (k.client.clone(), pod.clone(), runs.clone(), done_tx.clone());
                     tokio::spawn(async move {
                         let ok = start_pod(&client, &pod, &ip).await;
+                        debug!(pod = %pod_key(&pod), %uid, ok, "kubelet: containers started");
                         if let Some(run) = runs.lock().unwrap().get_mut(&uid) {
                             run.busy = false;
                             if ok {

@@ -242,7 +242,7 @@ async fn install(client: &Client, crd: &CustomResourceDefinition) {
 /// Waits (watch-based) until `cond` holds for the named object.
 pub async fn wait_for<K>(api: &Api<K>, name: &str, what: &str, cond: impl Condition<K>) -> K
 where
-    K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
+    K: Resource + Clone + DeserializeOwned + serde::Serialize + Debug + Send + 'static,
 {
     wait_for_within(api, name, what, TIMEOUT, cond).await
 }
@@ -257,7 +257,7 @@ pub async fn wait_for_within<K>(
     cond: impl Condition<K>,
 ) -> K
 where
-    K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
+    K: Resource + Clone + DeserializeOwned + serde::Serialize + Debug + Send + 'static,
 {
     match tokio::time::timeout(timeout, await_condition(api.clone(), name, cond)).await {
         Ok(Ok(Some(obj))) => obj,
@@ -265,9 +265,149 @@ where
         Ok(Err(e)) => panic!("{what}: watch failed: {e}"),
         Err(_) => {
             let now = api.get_opt(name).await.ok().flatten();
-            panic!("{what}: timed out after {timeout:?}; object is now {now:#?}")
+            let scene = match now.as_ref().and_then(|o| o.meta().namespace.clone()) {
+                Some(ns) => scene(&api.clone().into_client(), &ns).await,
+                None => String::new(),
+            };
+            let ns = now
+                .as_ref()
+                .and_then(|o| o.meta().namespace.clone())
+                .unwrap_or_default();
+            let said = crate::log_capture::recent_about(&[name], 80).join("\n");
+            // The stand-in kubelets and CSI driver name pods and volumes, not QuestDBs; other
+            // tests' lines mix in.
+            let agents = crate::log_capture::recent_about(&["questdb_testenv"], 40).join("\n");
+            // Compact first: a CI log keeps the start and the end of a failure's output.
+            let json = now
+                .as_ref()
+                .and_then(|o| serde_json::to_value(o).ok())
+                .map(|mut v| {
+                    if let Some(m) = v.get_mut("metadata").and_then(|m| m.as_object_mut()) {
+                        m.remove("managedFields");
+                    }
+                    v.to_string()
+                })
+                .unwrap_or_default();
+            panic!(
+                "{what}: timed out after {timeout:?}; object is now {json}\n{scene}\n\
+                 --- the newest lines naming {name} (namespace {ns}):\n{said}\n\
+                 --- the agents' newest lines (every test's):\n{agents}"
+            )
         }
     }
+}
+
+/// Every object `api` lists, or none if the list fails (a diagnostic never fails the test
+/// twice).
+async fn listed<K>(api: Api<K>) -> Vec<K>
+where
+    K: Resource + Clone + DeserializeOwned + Debug,
+{
+    api.list(&kube::api::ListParams::default())
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default()
+}
+
+/// What a timed-out wait saw around its object, compactly (a CI log keeps only so much): the
+/// namespace's pods, StatefulSets and newest events.
+async fn scene(client: &Client, ns: &str) -> String {
+    use k8s_openapi::api::apps::v1::StatefulSet;
+    use k8s_openapi::api::core::v1::{Event, Pod};
+    use std::fmt::Write;
+    let mut out = format!(
+        "--- namespace {ns} at {}\n",
+        k8s_openapi::jiff::Timestamp::now()
+    );
+    let mut nodes = std::collections::BTreeSet::new();
+    for p in listed(Api::<Pod>::namespaced(client.clone(), ns)).await {
+        nodes.extend(p.spec.as_ref().and_then(|s| s.node_name.clone()));
+        let status = p.status.unwrap_or_default();
+        let conditions: Vec<String> = status
+            .conditions
+            .unwrap_or_default()
+            .into_iter()
+            .map(|c| format!("{}={}", c.type_, c.status))
+            .collect();
+        let _ = writeln!(
+            out,
+            "pod {} uid={} node={:?} phase={:?} {:?} revision={:?} deleting={:?}",
+            p.metadata.name.unwrap_or_default(),
+            p.metadata.uid.unwrap_or_default(),
+            p.spec.and_then(|s| s.node_name),
+            status.phase,
+            conditions,
+            p.metadata
+                .labels
+                .unwrap_or_default()
+                .get("controller-revision-hash"),
+            p.metadata.deletion_timestamp.map(|t| t.0.to_string()),
+        );
+    }
+    for s in listed(Api::<StatefulSet>::namespaced(client.clone(), ns)).await {
+        let _ = writeln!(
+            out,
+            "statefulset {} generation={:?} status={}",
+            s.metadata.name.unwrap_or_default(),
+            s.metadata.generation,
+            serde_json::to_string(&s.status).unwrap_or_default()
+        );
+    }
+    for n in nodes {
+        if let Ok(Some(node)) = Api::<k8s_openapi::api::core::v1::Node>::all(client.clone())
+            .get_opt(&n)
+            .await
+        {
+            let status = node.status.unwrap_or_default();
+            let _ = writeln!(
+                out,
+                "node {n} inUse={:?} attached={:?}",
+                status.volumes_in_use.unwrap_or_default(),
+                status
+                    .volumes_attached
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|v| v.name)
+                    .collect::<Vec<_>>()
+            );
+        }
+    }
+    for va in listed(Api::<k8s_openapi::api::storage::v1::VolumeAttachment>::all(
+        client.clone(),
+    ))
+    .await
+    {
+        let _ = writeln!(
+            out,
+            "volumeattachment {} node={} pv={:?} attached={:?} deleting={}",
+            va.metadata.name.unwrap_or_default(),
+            va.spec.node_name,
+            va.spec.source.persistent_volume_name,
+            va.status.map(|s| s.attached),
+            va.metadata.deletion_timestamp.is_some()
+        );
+    }
+    let mut events = listed(Api::<Event>::namespaced(client.clone(), ns)).await;
+    let at = |e: &Event| {
+        e.last_timestamp
+            .as_ref()
+            .map(|t| t.0)
+            .or(e.event_time.as_ref().map(|t| t.0))
+    };
+    events.sort_by_key(at);
+    for e in events.iter().rev().take(20).rev() {
+        let _ = writeln!(
+            out,
+            "event {} {}/{} {:?} x{:?}: {}",
+            at(e).map(|t| t.to_string()).unwrap_or_default(),
+            e.involved_object.kind.as_deref().unwrap_or(""),
+            e.involved_object.name.as_deref().unwrap_or(""),
+            e.reason,
+            e.count,
+            e.message.as_deref().unwrap_or("")
+        );
+    }
+    out
 }
 
 /// Polls `probe` until it returns true (for facts no single watch can express).

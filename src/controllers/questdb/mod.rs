@@ -192,6 +192,20 @@ pub async fn reconcile(qdb: Arc<QuestDB>, ctx: Arc<Context>) -> Result<Next, Err
         std::time::Duration::from_secs(30)
     };
     let next = deferred.map_or(next, |d| d.min(next));
+    debug!(
+        questdb = %qdb.name_any(),
+        pod_ready = pod.as_deref().map(status::pod_ready),
+        pod_revision = pod
+            .as_ref()
+            .and_then(|p| p.metadata.labels.as_ref()?.get("controller-revision-hash").cloned()),
+        revisions = ?sts.as_ref().and_then(|s| s.kept.status.as_ref()).map(|s| {
+            (s.current_revision.clone(), s.update_revision.clone(), s.updated_replicas)
+        }),
+        changed = inputs.children.changed.len(),
+        status_held = ?deferred,
+        next = ?next,
+        "reconciled"
+    );
     Ok(Next::RequeueAfter(
         cloud_out.requeue.map_or(next, |r| r.min(next)),
     ))
