@@ -6,10 +6,10 @@ use k8s_openapi::api::core::v1::{Pod, PodStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Resource;
 
-use crate::controllers::questdb::container_state;
-
 /// What the controllers read of a pod: its metadata, the node it is bound to and a trimmed
-/// status (phase, conditions, addresses, and the state of a container that cannot run). The
+/// status (phase, conditions, addresses, and the state of a container that cannot run). Made
+/// `From<Pod>` in `questdb::container_state`, which decides which container statuses to keep
+/// and reads them back. The
 /// pod spec (containers, volumes) is most of a pod's size and never read from the cache; it is
 /// not here to be read empty. At 1,000 QuestDBs the typed `Pod` with only its node name kept
 /// cost 2.2 KiB each before its strings.
@@ -19,28 +19,6 @@ pub struct CachedPod {
     /// `spec.nodeName`: where the scheduler bound the pod.
     pub node_name: Option<String>,
     pub status: Option<PodStatus>,
-}
-
-impl From<Pod> for CachedPod {
-    fn from(pod: Pod) -> Self {
-        let mut metadata = pod.metadata;
-        metadata.managed_fields = None;
-        metadata.annotations = None;
-        Self {
-            metadata,
-            node_name: pod.spec.and_then(|s| s.node_name),
-            status: pod.status.map(|status| PodStatus {
-                phase: status.phase,
-                conditions: status.conditions,
-                host_ip: status.host_ip,
-                // Where the write-health poll reaches the database's HTTP port.
-                pod_ip: status.pod_ip,
-                container_statuses: container_state::for_cache(status.container_statuses),
-                init_container_statuses: container_state::for_cache(status.init_container_statuses),
-                ..Default::default()
-            }),
-        }
-    }
 }
 
 impl Resource for CachedPod {

@@ -4,7 +4,7 @@
 //! missing credentials Secret or key). The on-call engineer reads the cause in `Ready`'s
 //! message instead of the pod's events.
 
-use k8s_openapi::api::core::v1::ContainerStatus;
+use k8s_openapi::api::core::v1::{ContainerStatus, Pod, PodStatus};
 use k8s_openapi::jiff::Timestamp;
 
 use crate::controllers::cached_pod::CachedPod;
@@ -118,6 +118,30 @@ pub fn trouble(pod: &CachedPod) -> Option<Trouble> {
         .flatten()
         .filter(|c| c.name == CONTAINER_NAME);
     init.chain(main).find_map(of_container)
+}
+
+/// The pod as the cache holds it; here because which container statuses it keeps is what
+/// [`trouble`] reads.
+impl From<Pod> for CachedPod {
+    fn from(pod: Pod) -> Self {
+        let mut metadata = pod.metadata;
+        metadata.managed_fields = None;
+        metadata.annotations = None;
+        Self {
+            metadata,
+            node_name: pod.spec.and_then(|s| s.node_name),
+            status: pod.status.map(|status| PodStatus {
+                phase: status.phase,
+                conditions: status.conditions,
+                host_ip: status.host_ip,
+                // Where the write-health poll reaches the database's HTTP port.
+                pod_ip: status.pod_ip,
+                container_statuses: for_cache(status.container_statuses),
+                init_container_statuses: for_cache(status.init_container_statuses),
+                ..Default::default()
+            }),
+        }
+    }
 }
 
 /// What the pod cache keeps of container statuses: only those [`trouble`] may read (a
