@@ -7,12 +7,11 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Resource;
 
 /// What the controllers read of a pod: its metadata, the node it is bound to and a trimmed
-/// status (phase, conditions, addresses, and the state of a container that cannot run). Made
-/// `From<Pod>` in `questdb::container_state`, which decides which container statuses to keep
-/// and reads them back. The
+/// status (phase, conditions, addresses, and the state of a container that cannot run). The
 /// pod spec (containers, volumes) is most of a pod's size and never read from the cache; it is
 /// not here to be read empty. At 1,000 QuestDBs the typed `Pod` with only its node name kept
-/// cost 2.2 KiB each before its strings.
+/// cost 2.2 KiB each before its strings. Made `From<Pod>` in `questdb::container_state`,
+/// which decides which container statuses to keep and reads them back.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct CachedPod {
     pub metadata: ObjectMeta,

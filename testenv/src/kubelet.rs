@@ -1023,14 +1023,18 @@ async fn attached_now(client: &Client, node: &str, volumes: &[String]) -> bool {
     let Ok(Some(n)) = Api::<Node>::all(client.clone()).get_opt(node).await else {
         return false;
     };
-    let attached: BTreeSet<String> = n
-        .status
+    let attached = attached_volumes(n.status);
+    volumes.iter().all(|v| attached.contains(v))
+}
+
+/// The volumes a Node's status lists in `volumesAttached`.
+fn attached_volumes(status: Option<k8s_openapi::api::core::v1::NodeStatus>) -> BTreeSet<String> {
+    status
         .and_then(|s| s.volumes_attached)
         .unwrap_or_default()
         .into_iter()
         .map(|v| v.name)
-        .collect();
-    volumes.iter().all(|v| attached.contains(v))
+        .collect()
 }
 
 /// `namespace/name` of a pod, for the debug lines.
@@ -1184,14 +1188,11 @@ async fn run_pods(k: Kubelets) {
                             handle.state.changed.notify_one();
                         }
                     }
-                    let attached: BTreeSet<String> = nodes
-                        .get(&ObjectRef::new(&node_name))
-                        .and_then(|n| n.status.clone())
-                        .and_then(|s| s.volumes_attached)
-                        .unwrap_or_default()
-                        .into_iter()
-                        .map(|v| v.name)
-                        .collect();
+                    let attached = attached_volumes(
+                        nodes
+                            .get(&ObjectRef::new(&node_name))
+                            .and_then(|n| n.status.clone()),
+                    );
                     let reported = handle.state.reported_in_use.lock().unwrap().clone();
                     if !volumes
                         .iter()

@@ -265,14 +265,14 @@ where
         Ok(Err(e)) => panic!("{what}: watch failed: {e}"),
         Err(_) => {
             let now = api.get_opt(name).await.ok().flatten();
-            let scene = match now.as_ref().and_then(|o| o.meta().namespace.clone()) {
-                Some(ns) => scene(&api.clone().into_client(), &ns).await,
-                None => String::new(),
-            };
             let ns = now
                 .as_ref()
                 .and_then(|o| o.meta().namespace.clone())
                 .unwrap_or_default();
+            let scene = match ns.as_str() {
+                "" => String::new(),
+                ns => scene(&api.clone().into_client(), ns).await,
+            };
             let said = crate::log_capture::recent_about(&[name], 80).join("\n");
             // The stand-in kubelets and CSI driver name pods and volumes, not QuestDBs; other
             // tests' lines mix in.

@@ -100,7 +100,11 @@ where
         id: &tracing::span::Id,
         ctx: Context<'_, S>,
     ) {
-        remember_fields(attrs, id, &ctx);
+        if let Some(span) = ctx.span(id) {
+            let mut text = Text::default();
+            attrs.record(&mut text);
+            span.extensions_mut().insert(SpanFields(text.0));
+        }
     }
 
     fn on_event(&self, event: &Event<'_>, ctx: Context<'_, S>) {
@@ -121,20 +125,6 @@ where
 /// The operator's and the test environment's own lines.
 fn ours(m: &tracing::Metadata<'_>) -> bool {
     m.target().starts_with("questdb_operator") || m.target().starts_with("questdb_testenv")
-}
-
-fn remember_fields<S>(
-    attrs: &tracing::span::Attributes<'_>,
-    id: &tracing::span::Id,
-    ctx: &Context<'_, S>,
-) where
-    S: Subscriber + for<'a> LookupSpan<'a>,
-{
-    if let Some(span) = ctx.span(id) {
-        let mut text = Text::default();
-        attrs.record(&mut text);
-        span.extensions_mut().insert(SpanFields(text.0));
-    }
 }
 
 /// An event as one line: level, target, fields, then each enclosing span with its fields.

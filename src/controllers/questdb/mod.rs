@@ -195,9 +195,7 @@ pub async fn reconcile(qdb: Arc<QuestDB>, ctx: Arc<Context>) -> Result<Next, Err
     debug!(
         questdb = %qdb.name_any(),
         pod_ready = pod.as_deref().map(status::pod_ready),
-        pod_revision = pod
-            .as_ref()
-            .and_then(|p| p.metadata.labels.as_ref()?.get("controller-revision-hash").cloned()),
+        pod_revision = pod.as_deref().and_then(status::pod_revision),
         revisions = ?sts.as_ref().and_then(|s| s.kept.status.as_ref()).map(|s| {
             (s.current_revision.clone(), s.update_revision.clone(), s.updated_replicas)
         }),

@@ -58,6 +58,15 @@ pub(super) fn pod_ready(pod: &CachedPod) -> bool {
         .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
+/// The StatefulSet revision the pod was made from (its `controller-revision-hash` label).
+pub(super) fn pod_revision(pod: &CachedPod) -> Option<&str> {
+    pod.metadata
+        .labels
+        .as_ref()?
+        .get("controller-revision-hash")
+        .map(String::as_str)
+}
+
 fn node_internal_ip(node: &Node) -> Option<String> {
     node.status
         .as_ref()?
@@ -103,11 +112,8 @@ fn first_revision(sts: &CachedStatefulSet, pod: Option<&CachedPod>) -> bool {
     let status = sts.kept.status.as_ref();
     let current = status.and_then(|s| s.current_revision.as_deref());
     let update = status.and_then(|s| s.update_revision.as_deref());
-    let pod_revision = pod
-        .and_then(|p| p.metadata.labels.as_ref())
-        .and_then(|l| l.get("controller-revision-hash"))
-        .map(String::as_str);
-    current == update && pod_revision.is_none_or(|r| Some(r) == update || update.is_none())
+    let of_pod = pod.and_then(pod_revision);
+    current == update && of_pod.is_none_or(|r| Some(r) == update || update.is_none())
 }
 
 /// Computes the full status. Conditions keep their `lastTransitionTime` unless they flip, so the
