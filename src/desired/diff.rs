@@ -331,12 +331,20 @@ fn compact_spec<K, E, T: Serialize>(
 }
 
 /// What differs between the StatefulSets of two databases made from one spec besides their
-/// names: the hashes of their config and credentials, and the instance a dedicated pod is
-/// pinned to.
+/// names: the hashes of their config and credentials, the instance a dedicated pod is pinned
+/// to, and the uid of the volume (QuestDB's snapshot instance id).
 fn statefulset_tokens(spec: Option<&k8s_openapi::api::apps::v1::StatefulSetSpec>) -> Vec<&str> {
     let Some(template) = spec.map(|s| &s.template) else {
         return Vec::new();
     };
+    let volume_uid = template
+        .spec
+        .iter()
+        .flat_map(|s| &s.containers)
+        .filter(|c| c.name == super::CONTAINER_NAME)
+        .flat_map(|c| c.env.iter().flatten())
+        .find(|e| e.name == super::statefulset::SNAPSHOT_INSTANCE_ID_ENV)
+        .and_then(|e| e.value.as_ref());
     let annotations = template
         .metadata
         .as_ref()
@@ -351,7 +359,11 @@ fn statefulset_tokens(spec: Option<&k8s_openapi::api::apps::v1::StatefulSetSpec>
         .spec
         .as_ref()
         .and_then(|s| s.node_selector.as_ref()?.get(super::PIN_LABEL_KEY));
-    hashes.chain(pin).map(String::as_str).collect()
+    hashes
+        .chain(pin)
+        .chain(volume_uid)
+        .map(String::as_str)
+        .collect()
 }
 
 impl OwnedChild for StatefulSet {
@@ -535,20 +547,28 @@ mod tests {
             questdb("payments", "tenant-a"),
             questdb("orders", "tenant-a"),
         );
-        let cached = |q: &QuestDB| StatefulSet::to_cached(defaulted_sts(&sts(q)));
+        // As the controller builds them: each on its own volume, whose uid the pod is told.
+        let built = |q: &QuestDB| {
+            let uid = format!(
+                "0b7c{}-5d2e-4f51-9a8e-1c2d3e4f5a6b",
+                q.metadata.name.as_deref().unwrap_or_default().len()
+            );
+            crate::desired::statefulset::with_volume_instance_id(sts(q), &uid)
+        };
+        let cached = |q: &QuestDB| StatefulSet::to_cached(defaulted_sts(&built(q)));
         let (c1, c2) = (cached(&one), cached(&two));
         let (Compared::Json(t1), Compared::Json(t2)) = (&c1.compared, &c2.compared) else {
             panic!("StatefulSets compare their specs")
         };
         assert_eq!(
             t1.text(),
-            canonical(&defaulted_sts(&sts(&one)).spec).to_string()
+            canonical(&defaulted_sts(&built(&one)).spec).to_string()
         );
         assert!(t1.shares_with(t2), "one text for both");
-        assert!(!needs_update(&sts(&one), &c1));
-        assert!(!needs_update(&sts(&two), &c2));
-        let mut two_as_one = sts(&one);
-        two_as_one.metadata = sts(&two).metadata;
+        assert!(!needs_update(&built(&one), &c1));
+        assert!(!needs_update(&built(&two), &c2));
+        let mut two_as_one = built(&one);
+        two_as_one.metadata = built(&two).metadata;
         assert!(
             needs_update(&two_as_one, &c2),
             "orders' spec naming payments' volume"
