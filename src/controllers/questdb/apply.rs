@@ -1,6 +1,6 @@
-//! Applies desired children one at a time, each read from its own cache, and reports what it
-//! did: created, adopted, updated, or blocked by another owner. Only a child that differs is
-//! written; one event per kind of change goes out at the end of the reconcile.
+//! Applies desired children, each read from its own cache, and reports what it did: created,
+//! adopted, updated, or blocked by another owner. Only a child that differs is written; one
+//! event per kind of change goes out at the end of the reconcile.
 
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Service};
@@ -96,6 +96,24 @@ pub fn described<K: Resource<DynamicType = ()>>(name: &str) -> String {
     format!("{} {name}", K::kind(&()))
 }
 
+/// What one write of a child did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Written {
+    Unchanged,
+    /// Controlled by another object (`by`): left alone.
+    Blocked {
+        what: String,
+        by: String,
+    },
+    /// Created, adopted or updated.
+    Applied {
+        reason: EventReason,
+        what: String,
+    },
+    /// Deleted: switched off in the spec.
+    Removed(String),
+}
+
 /// Applies the children of one QuestDB.
 pub struct Applier<'a> {
     ctx: &'a Context,
@@ -127,7 +145,16 @@ impl<'a> Applier<'a> {
     }
 
     /// Brings one child in line with `desired`.
-    pub async fn apply<K: Child>(&mut self, mut desired: K) -> Result<(), Error> {
+    pub async fn apply<K: Child>(&mut self, desired: K) -> Result<(), Error> {
+        let written = self.write(desired).await?;
+        self.record(written).await;
+        Ok(())
+    }
+
+    /// Brings one child in line with `desired` and says what it did, for [`Self::record`]:
+    /// independent children are written at once, each reconcile of a new database being
+    /// otherwise a chain of round trips to the apiserver.
+    pub async fn write<K: Child>(&self, mut desired: K) -> Result<Written, Error> {
         let name = desired.name_any();
         let what = described::<K>(&name);
         if K::SERVER_SIDE_APPLY {
@@ -149,11 +176,8 @@ impl<'a> Applier<'a> {
             applied = children::apply(&api, &desired, live.as_ref(), &action).await;
         }
         match applied {
-            Ok(Applied::Unchanged) => Ok(()),
-            Ok(Applied::Blocked(by)) => {
-                self.blocked(what, by).await;
-                Ok(())
-            }
+            Ok(Applied::Unchanged) => Ok(Written::Unchanged),
+            Ok(Applied::Blocked(by)) => Ok(Written::Blocked { what, by }),
             Ok(Applied::Stale) => {
                 debug!(child = %what, "cache behind the apiserver; will retry");
                 Err(Error::StaleCache(what))
@@ -165,9 +189,7 @@ impl<'a> Applier<'a> {
                     _ => (EventReason::Updated, "updated"),
                 };
                 info!(questdb = %self.qdb.name_any(), child = %what, "{verb}");
-                self.report.applied.push((reason, what.clone()));
-                self.report.changed.push(what);
-                Ok(())
+                Ok(Written::Applied { reason, what })
             }
             Err(e) => {
                 let note = format!(
@@ -189,13 +211,13 @@ impl<'a> Applier<'a> {
     }
 
     /// Deletes the child `name` when this QuestDB controls it (never one it does not), `why`
-    /// for the log.
-    pub async fn remove<K: Child>(&mut self, name: &str, why: &str) -> Result<(), Error> {
+    /// for the log, and says what it did for [`Self::record`].
+    pub async fn remove<K: Child>(&self, name: &str, why: &str) -> Result<Written, Error> {
         let Some(existing) = self
             .cached::<K>(name)
             .filter(|o| children::controlled_by(o.as_ref(), &self.uid))
         else {
-            return Ok(());
+            return Ok(Written::Unchanged);
         };
         let api: Api<K> = Api::namespaced(self.ctx.client.clone(), &self.ns);
         children::delete_owned(&api, existing.as_ref())
@@ -203,8 +225,21 @@ impl<'a> Applier<'a> {
             .map_err(Error::Kube)?;
         let what = described::<K>(name);
         info!(questdb = %self.qdb.name_any(), child = %what, "deleted ({why})");
-        self.report.changed.push(what);
-        Ok(())
+        Ok(Written::Removed(what))
+    }
+
+    /// Adds what a write did to the report, in the order the caller records them (the events
+    /// and the status name children in that order), and warns of a conflict.
+    pub async fn record(&mut self, written: Written) {
+        match written {
+            Written::Unchanged => {}
+            Written::Blocked { what, by } => self.blocked(what, by).await,
+            Written::Applied { reason, what } => {
+                self.report.applied.push((reason, what.clone()));
+                self.report.changed.push(what);
+            }
+            Written::Removed(what) => self.report.changed.push(what),
+        }
     }
 
     /// One Warning per distinct conflict: the status already names reported ones.

@@ -370,46 +370,67 @@ async fn cloud_step(qdb: &mut QuestDB, ctx: &Context) -> Result<cloud::CloudOutc
     Ok(out)
 }
 
-/// Every child but the PVC, in order; what is switched off goes (only if it is ours).
+/// Every child but the PVC; what is switched off goes (only if it is ours). The children the
+/// pod reads are written at once (each a round trip to the apiserver, eight in a row for a new
+/// database before), then the StatefulSet, which must not run a pod before they are there.
 async fn children_step(
     applier: &mut Applier<'_>,
     qdb: &QuestDB,
     wanted: desired::Children,
     volume_known: bool,
 ) -> Result<(), Error> {
-    applier.apply(wanted.config).await?;
-    match wanted.ilp_auth {
-        Some(auth) => applier.apply(auth).await?,
-        None => {
-            let name = desired::names::ilp_auth_config_map(qdb);
-            applier
-                .remove::<ConfigMap>(&name, "ILP auth disabled")
-                .await?
+    let ilp_auth = desired::names::ilp_auth_config_map(qdb);
+    let network_policy = desired::names::network_policy(qdb);
+    let budget = desired::names::pod_disruption_budget(qdb);
+    let first = {
+        let a: &Applier<'_> = applier;
+        let (config, auth, np, pdb, headless, client) = futures::join!(
+            a.write(wanted.config),
+            async {
+                match wanted.ilp_auth {
+                    Some(auth) => a.write(auth).await,
+                    None => a.remove::<ConfigMap>(&ilp_auth, "ILP auth disabled").await,
+                }
+            },
+            async {
+                match wanted.network_policy {
+                    Some(np) => a.write(np).await,
+                    None => {
+                        a.remove::<NetworkPolicy>(&network_policy, "network policy off")
+                            .await
+                    }
+                }
+            },
+            async {
+                match wanted.pod_disruption_budget {
+                    Some(pdb) => a.write(pdb).await,
+                    None => {
+                        a.remove::<k8s_openapi::api::policy::v1::PodDisruptionBudget>(
+                            &budget,
+                            "no dedicated node",
+                        )
+                        .await
+                    }
+                }
+            },
+            a.write(wanted.headless_service),
+            a.write(wanted.client_service),
+        );
+        [config, auth, np, pdb, headless, client]
+    };
+    // Every write that went through is reported, whichever failed.
+    let mut failed = None;
+    for written in first {
+        match written {
+            Ok(w) => applier.record(w).await,
+            Err(e) => {
+                failed.get_or_insert(e);
+            }
         }
     }
-    match wanted.network_policy {
-        Some(np) => applier.apply(np).await?,
-        None => {
-            let name = desired::names::network_policy(qdb);
-            applier
-                .remove::<NetworkPolicy>(&name, "network policy off")
-                .await?
-        }
+    if let Some(e) = failed {
+        return Err(e);
     }
-    match wanted.pod_disruption_budget {
-        Some(pdb) => applier.apply(pdb).await?,
-        None => {
-            let name = desired::names::pod_disruption_budget(qdb);
-            applier
-                .remove::<k8s_openapi::api::policy::v1::PodDisruptionBudget>(
-                    &name,
-                    "no dedicated node",
-                )
-                .await?
-        }
-    }
-    applier.apply(wanted.headless_service).await?;
-    applier.apply(wanted.client_service).await?;
     // A blocked child (another application's PVC or ConfigMap with a colliding name) is never
     // mounted: the StatefulSet waits until the conflict is resolved.
     if applier.report.blocked.is_empty() && volume_known {
