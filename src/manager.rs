@@ -21,7 +21,7 @@ use kube::api::{Api, ListParams};
 use kube::core::PartialObjectMeta;
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
 use kube::runtime::events::EventType;
-use kube::runtime::reflector::{self, ObjectRef};
+use kube::runtime::reflector::{self, Lookup, ObjectRef};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Client, Resource};
 use tokio_util::sync::CancellationToken;
@@ -34,6 +34,7 @@ pub use crate::controllers::cloud_runtime::{Cloud, CloudSettings};
 use crate::controllers::context::{Caches, Context, GuardedQuestDB};
 use crate::controllers::refusals;
 use crate::controllers::{backup, node_health, questdb, retry_delay, schedule, sweep, Error, Next};
+use crate::desired::diff::CachedMeta;
 use crate::desired::OwnedChild;
 use crate::http_server::{self, Readiness};
 use crate::ilp_auth;
@@ -300,6 +301,26 @@ fn questdb_of(
     Some(ObjectRef::new(name).within(meta.namespace.as_deref()?))
 }
 
+/// [`questdb_of`] for a child in its cached form.
+fn questdb_of_cached<C: CachedMeta + Lookup>(o: &C) -> Option<ObjectRef<GuardedQuestDB>> {
+    let name = o.label(labels::INSTANCE)?;
+    Some(ObjectRef::new(name).within(&Lookup::namespace(o)?))
+}
+
+/// What `reflect` does, for a cached form that is a [`Lookup`] but not a `Resource` (its
+/// labels are not in an `ObjectMeta`): each event reaches the store before it goes on.
+fn reflect_into<C>(
+    mut writer: reflector::store::Writer<C>,
+) -> impl FnMut(watcher::Event<C>) -> watcher::Event<C>
+where
+    C: Lookup<DynamicType = ()> + Clone + 'static,
+{
+    move |event| {
+        writer.apply_watcher_event(&event);
+        event
+    }
+}
+
 /// The controller's key for a QuestDB found by name.
 fn guarded(r: ObjectRef<QuestDB>) -> ObjectRef<GuardedQuestDB> {
     let key = ObjectRef::new(&r.name);
@@ -417,8 +438,8 @@ fn start_caches(
                         <$k as OwnedChild>::to_cached(o)
                     })
                 })
-                .reflect(writer)
-                .inspect(move |ev| forward(ev, &tx, true, |o: &C| questdb_of(o.meta())));
+                .map_ok(reflect_into(writer))
+                .inspect(move |ev| forward(ev, &tx, true, |o: &C| questdb_of_cached(o)));
             tasks.push(spawn_drain(stream, token.clone(), stringify!($k)));
             reader
         }};

@@ -5,14 +5,17 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
     FieldsV1, ManagedFieldsEntry, ObjectMeta, OwnerReference,
 };
 use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::runtime::reflector::Lookup;
 use kube::{Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::json;
 use sha2::{Digest, Sha256};
+use std::borrow::Cow;
 use std::fmt::Debug;
 
 use crate::api::{labels, ADOPT_ANNOTATION, MANAGER};
+use crate::desired::diff::CachedMeta;
 use crate::desired::{needs_update, OwnedChild};
 
 /// What to do with one child object.
@@ -32,13 +35,9 @@ pub enum ChildAction {
     Blocked(String),
 }
 
-/// Who controls an existing object, relative to `owner_uid`.
-fn controller_of(meta: &ObjectMeta) -> Option<&OwnerReference> {
-    meta.owner_references
-        .as_deref()
-        .unwrap_or_default()
-        .iter()
-        .find(|r| r.controller == Some(true))
+/// Who controls an object, of its owner references.
+fn controller_of(owners: &[OwnerReference]) -> Option<&OwnerReference> {
+    owners.iter().find(|r| r.controller == Some(true))
 }
 
 /// Decides what `desired` needs given the cached `existing` object. Pure.
@@ -52,7 +51,7 @@ where
     let Some(existing) = existing else {
         return ChildAction::Create;
     };
-    match controller_of(existing.meta()) {
+    match controller_of(existing.owners()) {
         Some(c) if c.uid != owner_uid => {
             return ChildAction::Blocked(format!("{} {}", c.kind, c.name));
         }
@@ -61,7 +60,7 @@ where
                 "nobody (it lacks this QuestDB's labels; annotate it {ADOPT_ANNOTATION}=true to hand it over)"
             ));
         }
-        None if controller_of(desired.meta()).is_some() => return ChildAction::Adopt,
+        None if controller_of(desired.owner_references()).is_some() => return ChildAction::Adopt,
         _ => {}
     }
     if needs_update(desired, existing) {
@@ -74,22 +73,18 @@ where
 /// An object without a controller is ours only when it carries the operator's labels for the
 /// same QuestDB (a retained PVC, a child whose owner reference was removed) or the user's
 /// adoption annotation. Another application's PVC with a colliding name is neither.
-fn provably_ours<K: Resource, E: Resource>(desired: &K, existing: &E) -> bool {
-    let l = existing.labels();
-    let ours = l.get(labels::MANAGED_BY).map(String::as_str) == Some(labels::MANAGED_BY_VALUE)
-        && l.get(labels::NAME).map(String::as_str) == Some(labels::NAME_VALUE)
-        && l.get(labels::INSTANCE).is_some()
-        && l.get(labels::INSTANCE) == desired.labels().get(labels::INSTANCE);
-    ours || existing
-        .annotations()
-        .get(ADOPT_ANNOTATION)
-        .map(String::as_str)
-        == Some("true")
+fn provably_ours<K: Resource, E: CachedMeta>(desired: &K, existing: &E) -> bool {
+    let ours = existing.label(labels::MANAGED_BY) == Some(labels::MANAGED_BY_VALUE)
+        && existing.label(labels::NAME) == Some(labels::NAME_VALUE)
+        && existing.label(labels::INSTANCE).is_some()
+        && existing.label(labels::INSTANCE)
+            == desired.labels().get(labels::INSTANCE).map(String::as_str);
+    ours || existing.annotation(ADOPT_ANNOTATION) == Some("true")
 }
 
 /// Whether `obj`'s controller is the QuestDB with `uid`.
-pub fn controlled_by<K: Resource>(obj: &K, uid: &str) -> bool {
-    controller_of(obj.meta()).is_some_and(|c| c.uid == uid)
+pub fn controlled_by<K: CachedMeta>(obj: &K, uid: &str) -> bool {
+    controller_of(obj.owners()).is_some_and(|c| c.uid == uid)
 }
 
 /// Deletes a child the operator controls and no longer wants; the uid precondition makes sure
@@ -97,16 +92,17 @@ pub fn controlled_by<K: Resource>(obj: &K, uid: &str) -> bool {
 pub async fn delete_owned<K, O>(api: &Api<K>, obj: &O) -> kube::Result<()>
 where
     K: Resource + Clone + DeserializeOwned + Debug,
-    O: Resource,
+    O: Lookup,
 {
     let dp = kube::api::DeleteParams {
         preconditions: Some(kube::api::Preconditions {
-            uid: obj.meta().uid.clone(),
+            uid: obj.uid().map(Cow::into_owned),
             resource_version: None,
         }),
         ..Default::default()
     };
-    match api.delete(&obj.name_any(), &dp).await {
+    let name = obj.name().unwrap_or_default();
+    match api.delete(&name, &dp).await {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(()),
         Err(e) => Err(e),
@@ -114,13 +110,13 @@ where
 }
 
 /// Keeps the non-controller owner references an adopted object already had.
-pub fn merge_owner_references<K: Resource, E: Resource>(desired: &mut K, existing: Option<&E>) {
+pub fn merge_owner_references<K: Resource, E: CachedMeta>(desired: &mut K, existing: Option<&E>) {
     let Some(existing) = existing else { return };
     let ours: Vec<OwnerReference> = desired.owner_references().to_vec();
     if ours.is_empty() && desired.meta().owner_references.is_some() {
         // An explicit empty list means "release": drop only our own references.
         let keep: Vec<OwnerReference> = existing
-            .owner_references()
+            .owners()
             .iter()
             .filter(|r| r.controller != Some(true))
             .cloned()
@@ -129,7 +125,7 @@ pub fn merge_owner_references<K: Resource, E: Resource>(desired: &mut K, existin
         return;
     }
     let mut merged = ours.clone();
-    for r in existing.owner_references() {
+    for r in existing.owners() {
         if r.controller != Some(true) && !ours.iter().any(|o| o.uid == r.uid) {
             merged.push(r.clone());
         }
@@ -235,7 +231,9 @@ where
 {
     let mut body = desired.clone();
     merge_owner_references(&mut body, existing);
-    body.meta_mut().resource_version = existing.and_then(|e| e.meta().resource_version.clone());
+    body.meta_mut().resource_version = existing
+        .and_then(|e| e.resource_version())
+        .map(Cow::into_owned);
     let pp = PatchParams {
         field_manager: Some(MANAGER.into()),
         ..Default::default()
@@ -259,8 +257,8 @@ where
     let Some(live) = api.get_opt(&desired.name_any()).await? else {
         return Ok(false);
     };
-    let decided_on = existing.and_then(|e| e.meta().resource_version.as_deref());
-    if decided_on.is_some() && live.meta().resource_version.as_deref() != decided_on {
+    let decided_on = existing.and_then(|e| e.resource_version());
+    if decided_on.is_some() && live.meta().resource_version.as_deref() != decided_on.as_deref() {
         return Ok(false);
     }
     let live = match upgrade_managed_fields(api, &live).await? {

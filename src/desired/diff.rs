@@ -13,10 +13,15 @@ use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use kube::runtime::reflector::Lookup;
 use kube::Resource;
+use kube::ResourceExt;
 use serde::Serialize;
 use serde_json::Value;
+use std::borrow::Cow;
+use std::sync::{Arc, LazyLock};
 
+use super::interned::Table;
 use super::quantity::parse_quantity;
 use super::shared_text::Templated;
 
@@ -26,18 +31,28 @@ use super::shared_text::Templated;
 /// server-side apply removes the field.
 pub const APPLIED_HASH_ANNOTATION: &str = "crd.questdb.io/applied-hash";
 
-/// An annotation of a child as the caches hold it.
-pub trait CachedAnnotations {
+/// The metadata of a child as the caches hold it, read the same way whatever the form: a
+/// child kept whole, or a [`Compacted`] one whose labels and owner references are shared.
+pub trait CachedMeta {
     fn annotation(&self, key: &str) -> Option<&str>;
+    fn label_map(&self) -> &BTreeMap<String, String>;
+    fn owners(&self) -> &[OwnerReference];
+
+    fn label(&self, key: &str) -> Option<&str> {
+        self.label_map().get(key).map(String::as_str)
+    }
 }
 
-impl CachedAnnotations for PersistentVolumeClaim {
+/// A child kept whole (the PVC) and any object read live.
+impl<K: Resource> CachedMeta for K {
     fn annotation(&self, key: &str) -> Option<&str> {
-        self.metadata
-            .annotations
-            .as_ref()?
-            .get(key)
-            .map(String::as_str)
+        self.annotations().get(key).map(String::as_str)
+    }
+    fn label_map(&self) -> &BTreeMap<String, String> {
+        self.labels()
+    }
+    fn owners(&self) -> &[OwnerReference] {
+        self.owner_references()
     }
 }
 
@@ -50,8 +65,8 @@ pub trait OwnedChild: Resource<DynamicType = ()> + Sized {
 
     /// What the caches hold of an existing child: the child itself, or a [`Compacted`] form
     /// of its own type (never the Kubernetes type with fields silently emptied).
-    type Cached: Resource<DynamicType = (), Scope = Self::Scope>
-        + CachedAnnotations
+    type Cached: Lookup<DynamicType = ()>
+        + CachedMeta
         + Clone
         + std::fmt::Debug
         + Send
@@ -73,9 +88,11 @@ pub trait OwnedChild: Resource<DynamicType = ()> + Sized {
 /// is no empty pod template to be misled by.
 #[derive(Clone, Debug)]
 pub struct Compacted<K, E = ()> {
-    /// Without [`APPLIED_HASH_ANNOTATION`], which is `applied_hash`: read it with
-    /// [`CachedAnnotations::annotation`].
-    pub metadata: ObjectMeta,
+    /// Without labels, owner references and [`APPLIED_HASH_ANNOTATION`], held apart: read
+    /// them through [`CachedMeta`]. Private, so no reader finds the fields empty.
+    metadata: ObjectMeta,
+    /// The labels and owner references, one copy for every child of a QuestDB.
+    kin: Arc<Kin>,
     /// The applied hash, out of the annotations: it is most often their only entry, and an
     /// annotation map costs half a KiB before its first entry (six children per QuestDB).
     applied_hash: Option<Box<str>>,
@@ -85,6 +102,29 @@ pub struct Compacted<K, E = ()> {
     pub kept: E,
     kind: std::marker::PhantomData<fn() -> K>,
 }
+
+/// A child's labels and owner references: every child of one QuestDB carries the same ones
+/// (its selector labels and the user's, the controller reference to it), half a KiB a map
+/// and a few hundred bytes a reference, held once for all of them.
+#[derive(Clone, Debug, Default, PartialEq)]
+struct Kin {
+    labels: BTreeMap<String, String>,
+    owners: Vec<OwnerReference>,
+}
+
+impl Eq for Kin {}
+
+impl std::hash::Hash for Kin {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.labels.hash(state);
+        for o in &self.owners {
+            (&o.api_version, &o.kind, &o.name, &o.uid).hash(state);
+            (o.controller, o.block_owner_deletion).hash(state);
+        }
+    }
+}
+
+static KIN: LazyLock<Table<Kin>> = LazyLock::new(Table::default);
 
 #[derive(Clone, Debug)]
 enum Compared {
@@ -96,6 +136,10 @@ enum Compared {
 
 impl<K, E> Compacted<K, E> {
     fn new(mut metadata: ObjectMeta, compared: Compared, kept: E) -> Self {
+        let kin = KIN.intern(Kin {
+            labels: metadata.labels.take().unwrap_or_default(),
+            owners: metadata.owner_references.take().unwrap_or_default(),
+        });
         let applied_hash = metadata
             .annotations
             .as_mut()
@@ -110,6 +154,7 @@ impl<K, E> Compacted<K, E> {
         }
         Self {
             metadata,
+            kin,
             applied_hash,
             compared,
             kept,
@@ -133,7 +178,7 @@ impl<K, E> Compacted<K, E> {
     }
 }
 
-impl<K, E> CachedAnnotations for Compacted<K, E> {
+impl<K, E> CachedMeta for Compacted<K, E> {
     fn annotation(&self, key: &str) -> Option<&str> {
         if key == APPLIED_HASH_ANNOTATION {
             return self.applied_hash.as_deref();
@@ -144,32 +189,69 @@ impl<K, E> CachedAnnotations for Compacted<K, E> {
             .get(key)
             .map(String::as_str)
     }
+    fn label_map(&self) -> &BTreeMap<String, String> {
+        &self.kin.labels
+    }
+    fn owners(&self) -> &[OwnerReference] {
+        &self.kin.owners
+    }
 }
 
-impl<K, E> Resource for Compacted<K, E>
+impl<K, E> Compacted<K, E> {
+    pub fn name_any(&self) -> String {
+        self.metadata.name.clone().unwrap_or_default()
+    }
+    pub fn namespace(&self) -> Option<String> {
+        self.metadata.namespace.clone()
+    }
+    pub fn uid(&self) -> Option<String> {
+        self.metadata.uid.clone()
+    }
+    pub fn resource_version(&self) -> Option<String> {
+        self.metadata.resource_version.clone()
+    }
+    /// `metadata.generation`: what a controller's `observedGeneration` is compared with.
+    pub fn generation(&self) -> Option<i64> {
+        self.metadata.generation
+    }
+    /// Set once the child is being deleted.
+    pub fn deletion_timestamp(
+        &self,
+    ) -> Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::Time> {
+        self.metadata.deletion_timestamp.as_ref()
+    }
+}
+
+/// The caches' key: a [`Compacted`] is stored and looked up as the kind it was made from.
+impl<K, E> Lookup for Compacted<K, E>
 where
     K: Resource<DynamicType = ()>,
 {
     type DynamicType = ();
-    type Scope = K::Scope;
 
-    fn kind(dt: &()) -> std::borrow::Cow<'_, str> {
+    fn kind(dt: &()) -> Cow<'_, str> {
         K::kind(dt)
     }
-    fn group(dt: &()) -> std::borrow::Cow<'_, str> {
+    fn group(dt: &()) -> Cow<'_, str> {
         K::group(dt)
     }
-    fn version(dt: &()) -> std::borrow::Cow<'_, str> {
+    fn version(dt: &()) -> Cow<'_, str> {
         K::version(dt)
     }
-    fn plural(dt: &()) -> std::borrow::Cow<'_, str> {
+    fn plural(dt: &()) -> Cow<'_, str> {
         K::plural(dt)
     }
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
+    fn name(&self) -> Option<Cow<'_, str>> {
+        self.metadata.name.as_deref().map(Cow::Borrowed)
     }
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
+    fn namespace(&self) -> Option<Cow<'_, str>> {
+        self.metadata.namespace.as_deref().map(Cow::Borrowed)
+    }
+    fn resource_version(&self) -> Option<Cow<'_, str>> {
+        self.metadata.resource_version.as_deref().map(Cow::Borrowed)
+    }
+    fn uid(&self) -> Option<Cow<'_, str>> {
+        self.metadata.uid.as_deref().map(Cow::Borrowed)
     }
 }
 
@@ -210,18 +292,18 @@ pub fn needs_update<T: OwnedChild>(desired: &T, existing: &T::Cached) -> bool {
     !(meta_matches(desired.meta(), existing) && T::spec_matches(desired, existing))
 }
 
-fn meta_matches(desired: &ObjectMeta, cached: &(impl Resource + CachedAnnotations)) -> bool {
-    let existing = cached.meta();
-    map_subset(desired.labels.as_ref(), existing.labels.as_ref())
+fn meta_matches(desired: &ObjectMeta, cached: &impl CachedMeta) -> bool {
+    let existing = cached.owners();
+    map_subset(desired.labels.as_ref(), Some(cached.label_map()))
         && desired
             .annotations
             .iter()
             .flatten()
             .all(|(k, v)| cached.annotation(k) == Some(v.as_str()))
-        && controller_ref(desired) == controller_ref(existing)
+        && controller_ref(desired) == existing.iter().find(|r| is_controller(r))
         && owner_refs(desired)
             .filter(|r| !is_controller(r))
-            .all(|r| owner_refs(existing).any(|e| e == r))
+            .all(|r| existing.contains(r))
 }
 
 fn map_subset(
@@ -506,7 +588,14 @@ mod tests {
         let cached = StatefulSet::to_cached(existing.clone());
         assert_eq!(cached.replicas(), 0);
         assert_eq!(cached.kept.status, existing.status);
-        assert_eq!(cached.metadata, existing.metadata);
+        assert_eq!(cached.label_map(), existing.labels());
+        assert_eq!(cached.owners(), existing.owner_references());
+        let rest = ObjectMeta {
+            labels: None,
+            owner_references: None,
+            ..existing.metadata.clone()
+        };
+        assert_eq!(cached.metadata, rest);
         assert!(!needs_update(&sts(&qdb), &cached));
         let Compared::Json(text) = &cached.compared else {
             panic!("a StatefulSet compares its spec")
@@ -537,6 +626,35 @@ mod tests {
         );
         assert!(!needs_update(&stamped("h1"), &cached));
         assert!(needs_update(&stamped("h2"), &cached));
+    }
+
+    /// Every child of one database carries the same labels and owner reference: the caches
+    /// hold them once for all of its children, and apart from any other database's.
+    #[test]
+    fn the_children_of_one_database_share_their_labels_and_owner_and_no_other_does() {
+        let (one, two) = (
+            questdb("payments", "tenant-a"),
+            questdb("orders", "tenant-a"),
+        );
+        let sts_of = |q: &QuestDB| StatefulSet::to_cached(sts(q));
+        let cm_of = |q: &QuestDB| ConfigMap::to_cached(config_map(q, true));
+        let svc_of = |q: &QuestDB| Service::to_cached(headless_service(q));
+        let (s1, c1, v1, s2) = (sts_of(&one), cm_of(&one), svc_of(&one), sts_of(&two));
+        assert_eq!(s1.kin, c1.kin);
+        assert_eq!(s1.kin, v1.kin);
+        assert!(Arc::ptr_eq(&s1.kin, &c1.kin) && Arc::ptr_eq(&s1.kin, &v1.kin));
+        assert!(!Arc::ptr_eq(&s1.kin, &s2.kin));
+        assert_eq!(s1.label(crate::api::labels::INSTANCE), Some("payments"));
+        assert_eq!(s2.label(crate::api::labels::INSTANCE), Some("orders"));
+        assert_eq!(s1.owners(), sts(&one).owner_references());
+        assert_eq!(s2.owners(), sts(&two).owner_references());
+        assert!(!needs_update(&sts(&one), &s1));
+        let mut two_as_one = sts(&one);
+        two_as_one.metadata.owner_references = sts(&two).metadata.owner_references;
+        assert!(
+            needs_update(&two_as_one, &s1),
+            "a StatefulSet of payments controlled by orders"
+        );
     }
 
     /// The cached spec is shared between databases with its QuestDB's name cut out: each must

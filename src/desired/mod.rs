@@ -11,6 +11,7 @@ pub mod diff;
 pub mod disruption_budget;
 pub mod endpoints;
 pub mod image_ref;
+pub mod interned;
 pub mod labels;
 pub mod names;
 pub mod network_policy;

@@ -7,8 +7,7 @@
 //! interned, a thousand StatefulSets made from one spec cost one copy instead of a thousand.
 
 use std::borrow::Cow;
-use std::collections::HashSet;
-use std::sync::{Arc, LazyLock, Mutex};
+use std::sync::{Arc, LazyLock};
 
 /// What stands for the i-th token in a template. serde_json escapes control characters inside
 /// strings and writes none outside them, so a JSON text holds none of these and the cut is
@@ -83,49 +82,7 @@ fn plain(c: char) -> bool {
 
 static SHARED: LazyLock<Table> = LazyLock::new(Table::default);
 
-/// Texts no longer held by any cached child are dropped when the table has doubled since its
-/// last sweep, so it never holds more than twice what is alive (and at least this many).
-const MIN_SWEEP_AT: usize = 64;
-
-#[derive(Debug)]
-struct Table(Mutex<Interned>);
-
-#[derive(Debug)]
-struct Interned {
-    texts: HashSet<Arc<str>>,
-    sweep_at: usize,
-}
-
-impl Default for Table {
-    fn default() -> Self {
-        Self(Mutex::new(Interned {
-            texts: HashSet::new(),
-            sweep_at: MIN_SWEEP_AT,
-        }))
-    }
-}
-
-impl Table {
-    fn intern(&self, text: String) -> Arc<str> {
-        // A panic elsewhere while holding the lock cannot leave the set half-written.
-        let mut t = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(shared) = t.texts.get(text.as_str()) {
-            return shared.clone();
-        }
-        let shared: Arc<str> = Arc::from(text);
-        t.texts.insert(shared.clone());
-        if t.texts.len() >= t.sweep_at {
-            t.texts.retain(|s| Arc::strong_count(s) > 1);
-            t.sweep_at = (2 * t.texts.len()).max(MIN_SWEEP_AT);
-        }
-        shared
-    }
-
-    #[cfg(test)]
-    fn len(&self) -> usize {
-        self.0.lock().unwrap().texts.len()
-    }
-}
+type Table = super::interned::Table<str>;
 
 #[cfg(test)]
 mod tests {
@@ -168,21 +125,6 @@ mod tests {
         assert!(one.shares_with(&two));
         assert_eq!(one.text(), spec("payments", "9f86d0"));
         assert_eq!(two.text(), spec("orders", "60303a"));
-        assert_eq!(table.len(), 1);
-    }
-
-    #[test]
-    fn texts_no_child_holds_are_swept_and_the_table_stays_bounded() {
-        let table = Table::default();
-        let kept: Vec<_> = (0..10)
-            .map(|i| Templated::in_table(&table, &format!("kept {i}"), []))
-            .collect();
-        for i in 0..10 * MIN_SWEEP_AT {
-            drop(Templated::in_table(&table, &format!("gone {i}"), []));
-            assert!(table.len() <= 2 * MIN_SWEEP_AT, "{} texts", table.len());
-        }
-        for (i, k) in kept.iter().enumerate() {
-            assert_eq!(k.text(), format!("kept {i}"));
-        }
+        assert_eq!(table.held(), 1);
     }
 }

@@ -18,6 +18,7 @@ use crate::api::{CredentialsReason, EventReason, QuestDB, MANAGER};
 use crate::controllers::context::Context;
 use crate::controllers::Error;
 use crate::desired::credentials::{self, Check};
+use crate::desired::diff::CachedMeta;
 use crate::desired::owner_references;
 use crate::plan::conditions::Verdict;
 
@@ -76,11 +77,7 @@ fn seen_by_statefulset(qdb: &QuestDB, ctx: &Context) -> Option<(String, String)>
         .caches
         .statefulsets
         .get(&ObjectRef::new(&crate::desired::names::statefulset(qdb)).within(&ns))?;
-    let value = sts
-        .metadata
-        .annotations
-        .as_ref()?
-        .get(credentials::CREDENTIALS_SEEN_ANNOTATION)?;
+    let value = sts.annotation(credentials::CREDENTIALS_SEEN_ANNOTATION)?;
     let seen = credentials::Seen::parse(value)?;
     Some((seen.version.to_string(), seen.digest.to_string()))
 }

@@ -80,7 +80,7 @@ fn node_internal_ip(node: &Node) -> Option<String> {
 /// True once the StatefulSet controller has rolled the current template out (whether or not
 /// the pod is Ready: a pod on a dead node is not a rollout).
 fn rolled_out(sts: &CachedStatefulSet) -> bool {
-    let generation = sts.metadata.generation;
+    let generation = sts.generation();
     let Some(st) = sts.kept.status.as_ref() else {
         return false;
     };

@@ -69,10 +69,8 @@ pub async fn scale_to_zero(
     if sts.kept.replicas == Some(0) {
         return Ok(());
     }
-    let owned = sts
-        .owner_references()
-        .iter()
-        .any(|o| o.controller == Some(true) && Some(&o.uid) == qdb.metadata.uid.as_ref());
+    let owned =
+        crate::controllers::children::controlled_by(sts.as_ref(), &qdb.uid().unwrap_or_default());
     if !owned {
         return Ok(());
     }
