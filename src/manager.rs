@@ -293,16 +293,9 @@ fn credentials_users(
 }
 
 /// The QuestDB a child belongs to, by the operator's instance label (pods are owned by the
-/// StatefulSet and retained PVCs by nobody, but every child carries the label).
-fn questdb_of(
-    meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
-) -> Option<ObjectRef<GuardedQuestDB>> {
-    let name = meta.labels.as_ref()?.get(labels::INSTANCE)?;
-    Some(ObjectRef::new(name).within(meta.namespace.as_deref()?))
-}
-
-/// [`questdb_of`] for a child in its cached form.
-fn questdb_of_cached<C: CachedMeta + Lookup>(o: &C) -> Option<ObjectRef<GuardedQuestDB>> {
+/// StatefulSet and retained PVCs by nobody, but every child carries the label), whatever form
+/// its cache holds.
+fn questdb_of<C: CachedMeta + Lookup>(o: &C) -> Option<ObjectRef<GuardedQuestDB>> {
     let name = o.label(labels::INSTANCE)?;
     Some(ObjectRef::new(name).within(&Lookup::namespace(o)?))
 }
@@ -439,7 +432,7 @@ fn start_caches(
                     })
                 })
                 .map_ok(reflect_into(writer))
-                .inspect(move |ev| forward(ev, &tx, true, |o: &C| questdb_of_cached(o)));
+                .inspect(move |ev| forward(ev, &tx, true, questdb_of::<C>));
             tasks.push(spawn_drain(stream, token.clone(), stringify!($k)));
             reader
         }};
@@ -469,7 +462,7 @@ fn start_caches(
         api_for::<PersistentVolumeClaim>(client, ns),
         managed_selector(),
         true,
-        |o: &PersistentVolumeClaim| questdb_of(o.meta()),
+        questdb_of::<PersistentVolumeClaim>,
         trim_pvc
     );
     // Held as `CachedPod`: the pod spec never reaches the cache.
@@ -480,7 +473,7 @@ fn start_caches(
             .default_backoff()
             .map_ok(|ev| project(ev, CachedPod::from))
             .reflect(writer)
-            .inspect(move |ev| forward(ev, &tx, true, |o: &CachedPod| questdb_of(o.meta())));
+            .inspect(move |ev| forward(ev, &tx, true, questdb_of::<CachedPod>));
         tasks.push(spawn_drain(stream, token.clone(), "Pod"));
         reader
     };

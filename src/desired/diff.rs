@@ -201,24 +201,9 @@ impl<K, E> Compacted<K, E> {
     pub fn name_any(&self) -> String {
         self.metadata.name.clone().unwrap_or_default()
     }
-    pub fn namespace(&self) -> Option<String> {
-        self.metadata.namespace.clone()
-    }
-    pub fn uid(&self) -> Option<String> {
-        self.metadata.uid.clone()
-    }
-    pub fn resource_version(&self) -> Option<String> {
-        self.metadata.resource_version.clone()
-    }
     /// `metadata.generation`: what a controller's `observedGeneration` is compared with.
     pub fn generation(&self) -> Option<i64> {
         self.metadata.generation
-    }
-    /// Set once the child is being deleted.
-    pub fn deletion_timestamp(
-        &self,
-    ) -> Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::Time> {
-        self.metadata.deletion_timestamp.as_ref()
     }
 }
 
