@@ -253,6 +253,10 @@ pub fn cloud_settings(args: &CloudArgs) -> CloudSettings {
         upgrade_node_timeout: args.upgrade_node_timeout,
         node_join_timeout: args.node_join_timeout,
         upgrade_step_timeout: args.upgrade_step_timeout,
+        escalation: crate::plan::failover::Escalation {
+            stop: args.fence_stop_escalation,
+            detach: args.fence_detach_escalation,
+        },
         csi_driver: Some(args.csi_driver.trim().to_string()).filter(|d| !d.is_empty()),
         upgrade_concurrency: usize::from(args.upgrade_concurrency),
         node_lease_duration: args

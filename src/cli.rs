@@ -292,6 +292,16 @@ pub struct CloudArgs {
     #[arg(long, env = "UPGRADE_CONCURRENCY", default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..))]
     pub upgrade_concurrency: u16,
 
+    /// A fence's stop of a dedicated instance still under way after this long is forced again
+    /// (then once per period): a stop can hang on a host problem or a stuck detach.
+    #[arg(long, env = "FENCE_STOP_ESCALATION", default_value = "60s", value_parser = parse_duration)]
+    pub fence_stop_escalation: Duration,
+
+    /// A volume still attached to a fenced (stopped) instance this long after its pod is gone
+    /// is stuck detaching: the fenced instance is terminated, which detaches it.
+    #[arg(long, env = "FENCE_DETACH_ESCALATION", default_value = "120s", value_parser = parse_duration)]
+    pub fence_detach_escalation: Duration,
+
     /// Maximum age of the shared DescribeInstances answer for converged databases.
     #[arg(long, env = "INSTANCE_SYNC_INTERVAL", default_value = "30s", value_parser = parse_duration)]
     pub instance_sync_interval: Duration,

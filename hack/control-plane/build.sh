@@ -8,7 +8,8 @@ set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 k8s_version="$(awk '$1=="k8s.io/kubernetes" {print $2}' "$here/go.mod" | head -1)"
 etcd_version="$(awk '$1=="go.etcd.io/etcd/server/v3" && $2 ~ /^v/ {print $2}' "$here/go.mod" | head -1)"
-key="kubernetes-${k8s_version}-etcd-${etcd_version}-$(sha256sum "$here/go.sum" | cut -c1-12)"
+# go.sum and the kube-controller-manager wrapper (a test flag for the attach-detach timer).
+key="kubernetes-${k8s_version}-etcd-${etcd_version}-$(cat "$here/go.sum" "$here/kube-controller-manager/main.go" | sha256sum | cut -c1-12)"
 root="${QDB_CONTROL_PLANE_CACHE:-$HOME/.cache/qdb-control-plane}"
 out="$root/$key"
 bins=(etcd kube-apiserver kube-controller-manager kube-scheduler)
@@ -66,7 +67,7 @@ mkdir -p "$tmp"
 trap 'rm -rf "$tmp"' EXIT
 echo "control plane: building etcd ${etcd_version} and Kubernetes ${k8s_version} into $out (first time only; about 10-25 min on 2 cores; log: $log)" >&2
 started=$(date +%s)
-cmds=(k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kube-scheduler)
+cmds=(k8s.io/kubernetes/cmd/kube-apiserver ./kube-controller-manager k8s.io/kubernetes/cmd/kube-scheduler)
 (
   cd "$here"
   export CGO_ENABLED=0 GOFLAGS="-buildvcs=false -mod=mod"

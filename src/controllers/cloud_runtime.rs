@@ -57,6 +57,9 @@ pub struct CloudSettings {
     /// `--dns-namespace-suffix`: a QuestDB's DNS name must lie under `<namespace>.<suffix>`,
     /// so one namespace can never name (and take clients meant for) another's databases.
     pub dns_namespace_suffix: Option<String>,
+    /// `--fence-stop-escalation`, `--fence-detach-escalation`: when a hanging stop is forced
+    /// again and a volume stuck on a fenced node has its instance terminated.
+    pub escalation: crate::plan::failover::Escalation,
 }
 
 impl Default for CloudSettings {
@@ -72,6 +75,7 @@ impl Default for CloudSettings {
             upgrade_step_timeout: Duration::from_secs(600),
             upgrade_concurrency: 2,
             dns_namespace_suffix: None,
+            escalation: crate::plan::failover::Escalation::DEFAULT,
             node_lease_duration:
                 crate::controllers::node_health::tracker::DEFAULT_NODE_LEASE_DURATION,
         }

@@ -69,13 +69,39 @@ pub const OUT_OF_SERVICE_EFFECT: &str = "NoExecute";
 /// that dies at once is a pattern for a person, not a loop.
 pub const MIN_INTERVAL: Duration = Duration::from_secs(600);
 
-/// A stop still under way after this long is forced again.
-pub const STOP_ESCALATION: Duration = Duration::from_secs(60);
+/// How long a fence's side effects may hang before the operator escalates them
+/// (`--fence-stop-escalation`, `--fence-detach-escalation`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Escalation {
+    /// A stop still under way after this long is forced again, and again once per period.
+    pub stop: Duration,
+    /// A volume still attached to the fenced node this long into Releasing, with its pod gone,
+    /// is stuck detaching (EBS can leave a volume `detaching`): the fenced instance, already
+    /// stopped, is terminated, and EC2 detaches a terminated instance's volumes.
+    pub detach: Duration,
+}
 
-/// A volume still attached to the fenced node this long into Releasing, with its pod gone, is
-/// stuck detaching (EBS can leave a volume `detaching`): the fenced instance, already stopped,
-/// is terminated, and EC2 detaches a terminated instance's volumes.
-pub const DETACH_ESCALATION: Duration = Duration::from_secs(120);
+impl Escalation {
+    /// A minute for a stop, two for a detach: a healthy EC2 stop takes seconds to a minute.
+    pub const DEFAULT: Escalation = Escalation {
+        stop: Duration::from_secs(60),
+        detach: Duration::from_secs(120),
+    };
+}
+
+impl Default for Escalation {
+    fn default() -> Self {
+        Self::DEFAULT
+    }
+}
+
+/// Whether `elapsed` is at or past `period` and within the first 5 s of a period: an
+/// escalation goes out once per period, not at every poll, and needs nothing recorded (a
+/// restart changes nothing). Periods under 10 s are taken as 10 s.
+fn escalation_due(elapsed: Duration, period: Duration) -> bool {
+    let period = period.as_secs().max(10);
+    elapsed.as_secs() >= period && elapsed.as_secs() % period < 5
+}
 
 /// How long each step may take before the QuestDB reports `FailoverStuck` (it keeps waiting;
 /// every step's wait is a watch event or a slow requeue, never a busy loop).
@@ -252,6 +278,7 @@ pub struct StepView<'a> {
     pub dns_ttl: Duration,
     /// Time in the current step.
     pub in_step_for: Duration,
+    pub escalation: Escalation,
 }
 
 /// The next step of a failover under way.
@@ -289,10 +316,7 @@ pub fn next_step(v: &StepView) -> Step {
             }
             // A stop under way can hang for minutes (a stuck EBS detach, a host problem): a
             // forced stop again is AWS's remedy and idempotent. Once a minute, not every poll.
-            Some(InstanceState::Stopping)
-                if v.in_step_for >= STOP_ESCALATION
-                    && v.in_step_for.as_secs() % STOP_ESCALATION.as_secs() < 5 =>
-            {
+            Some(InstanceState::Stopping) if escalation_due(v.in_step_for, v.escalation.stop) => {
                 Step::Fence(old)
             }
             // Stopping or shutting down: EC2 has the request; waiting is enough at first.
@@ -310,9 +334,7 @@ pub fn next_step(v: &StepView) -> Step {
                 Step::TaintOutOfService(node)
             } else if v.old_node_holds_pod {
                 Step::ForceDeletePod
-            } else if v.old_node_holds_volume
-                && v.in_step_for >= DETACH_ESCALATION
-                && v.in_step_for.as_secs() % DETACH_ESCALATION.as_secs() < 5
+            } else if v.old_node_holds_volume && escalation_due(v.in_step_for, v.escalation.detach)
             {
                 // Once per escalation period, not every poll: terminate is idempotent.
                 Step::TerminateFenced(old)
@@ -373,6 +395,7 @@ pub struct ReleaseView<'a> {
     /// EC2's state of the instance (`None`: long gone).
     pub instance_state: Option<InstanceState>,
     pub node_tainted: bool,
+    pub escalation: Escalation,
 }
 
 /// The next step of a release whose pod sits on a dead node.
@@ -409,10 +432,9 @@ pub fn release_fence(v: &ReleaseView) -> ReleaseFence {
         // again, forced, as the failover's fence does: once a minute past the first minute,
         // counted from the threshold, so nothing needs recording and a restart changes nothing.
         Some(InstanceState::Stopping)
-            if v.silent_for.is_some_and(|s| {
-                let since = s.saturating_sub(v.threshold);
-                since >= STOP_ESCALATION && since.as_secs() % STOP_ESCALATION.as_secs() < 5
-            }) =>
+            if v
+                .silent_for
+                .is_some_and(|s| escalation_due(s.saturating_sub(v.threshold), v.escalation.stop)) =>
         {
             ReleaseFence::Stop(v.instance.to_string())
         }

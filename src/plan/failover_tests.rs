@@ -191,6 +191,7 @@ fn view(f: &FailoverStatus) -> StepView<'_> {
         dns_follows: false,
         dns_ttl: Duration::from_secs(60),
         in_step_for: Duration::ZERO,
+        escalation: Escalation::DEFAULT,
     }
 }
 
@@ -383,6 +384,7 @@ fn a_release_waiting_on_a_dead_node_fences_and_taints_it_but_never_a_live_one() 
         breaker_open: false,
         instance_state: state,
         node_tainted: tainted,
+        escalation: Escalation::DEFAULT,
     };
     let running = Some(InstanceState::Running);
     // A live kubelet stops the pod gracefully; a short silence is not death.
@@ -466,4 +468,46 @@ fn a_detach_that_sticks_after_the_fence_terminates_the_fenced_instance() {
     );
     assert!(matches!(next_step(&stuck(150)), Step::Wait(_)));
     assert!(matches!(next_step(&stuck(241)), Step::TerminateFenced(_)));
+}
+
+/// The escalations follow the operator's settings (`--fence-stop-escalation`,
+/// `--fence-detach-escalation`), and a period too short to poll within is taken as 10 s, so
+/// an escalation is never sent at every poll.
+#[test]
+fn escalations_follow_their_settings_and_never_fire_at_every_poll() {
+    let quick = Escalation {
+        stop: Duration::from_secs(15),
+        detach: Duration::from_secs(30),
+    };
+    let fencing = failover(FailoverPhase::Fencing);
+    let hung = |secs: u64, escalation: Escalation| StepView {
+        old_instance: Some(InstanceState::Stopping),
+        in_step_for: Duration::from_secs(secs),
+        escalation,
+        ..view(&fencing)
+    };
+    assert!(matches!(next_step(&hung(14, quick)), Step::Wait(_)));
+    assert_eq!(next_step(&hung(16, quick)), Step::Fence("i-old".into()));
+    assert!(matches!(
+        next_step(&hung(16, Escalation::DEFAULT)),
+        Step::Wait(_)
+    ));
+    let releasing = failover(FailoverPhase::Releasing);
+    let stuck = |secs: u64| StepView {
+        old_node_tainted: true,
+        old_node_holds_pod: false,
+        in_step_for: Duration::from_secs(secs),
+        escalation: quick,
+        ..view(&releasing)
+    };
+    assert!(matches!(next_step(&stuck(29)), Step::Wait(_)));
+    assert!(matches!(next_step(&stuck(31)), Step::TerminateFenced(_)));
+    let tiny = Escalation {
+        stop: Duration::from_secs(1),
+        detach: Duration::from_secs(1),
+    };
+    let fired: Vec<u64> = (0..30)
+        .filter(|s| next_step(&hung(*s, tiny)) == Step::Fence("i-old".into()))
+        .collect();
+    assert_eq!(fired, vec![10, 11, 12, 13, 14, 20, 21, 22, 23, 24]);
 }

@@ -51,6 +51,11 @@ pub struct ControlPlaneOptions {
     /// Whether database pods run a real QuestDB ([`Databases::Real`], needs Java) or are only
     /// reported running ([`Databases::Fake`], the default).
     pub databases: Databases,
+    /// The attach-detach controller's longest wait for a volume to be unmounted from a node
+    /// before it detaches it anyway (`--attach-detach-max-wait-for-unmount`, a flag of
+    /// hack/control-plane's kube-controller-manager wrapper); `None`: upstream's 6 minutes.
+    /// Upstream's own integration tests shorten it the same way.
+    pub attach_detach_max_wait_for_unmount: Option<Duration>,
 }
 
 impl ControlPlaneOptions {
@@ -64,6 +69,7 @@ impl ControlPlaneOptions {
             ],
             rbac: rbac::Install::ClusterWide,
             databases: Databases::Fake,
+            attach_detach_max_wait_for_unmount: None,
         }
     }
 
@@ -73,6 +79,16 @@ impl ControlPlaneOptions {
             nodes: vec![],
             rbac: rbac::Install::ClusterWide,
             databases: Databases::Fake,
+            attach_detach_max_wait_for_unmount: None,
+        }
+    }
+
+    /// The same, with the attach-detach controller's force detach after `wait` instead of 6
+    /// minutes.
+    pub fn with_force_detach_after(self, wait: Duration) -> Self {
+        Self {
+            attach_detach_max_wait_for_unmount: Some(wait),
+            ..self
         }
     }
 
@@ -365,6 +381,12 @@ impl ControlPlane {
                 "--v=1".into(),
             ];
             args.extend(timings::controller_manager_flags());
+            if let Some(wait) = opts.attach_detach_max_wait_for_unmount {
+                args.push(format!(
+                    "--attach-detach-max-wait-for-unmount={}ms",
+                    wait.as_millis()
+                ));
+            }
             args
         };
         let spawn_kcm = |port: u16| {

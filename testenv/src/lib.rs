@@ -26,4 +26,4 @@ pub use instances::{
     join_ec2_instances, node_name_for_instance, spawn_instance_join, InstanceChange,
 };
 pub use kubelet::{Fault as NodeFault, NodeHandle, NodeRegistration};
-pub use proxy::{Fault, FaultId, RequestCounts, Verb};
+pub use proxy::{Fault, FaultId, Held, RequestCounts, Verb};

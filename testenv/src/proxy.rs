@@ -142,6 +142,40 @@ enum Action {
     Latency(Duration),
     /// The connection is closed without a response.
     Cut,
+    /// Forwarded; the answer waits for the test (see [`Fault::hold`]).
+    Hold(HoldSink),
+}
+
+#[derive(Clone)]
+struct HoldSink(tokio::sync::mpsc::UnboundedSender<Held>);
+
+impl std::fmt::Debug for HoldSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("HoldSink")
+    }
+}
+
+/// A request the apiserver has answered, whose answer the client has not had yet: the test
+/// reads what was written, then [`Held::release`]s it, or drops it, and the client never hears
+/// back (its connection is cut, as a crash right after the write would leave it).
+pub struct Held {
+    /// The request's body (the object written).
+    pub body: Bytes,
+    /// The apiserver's answer's status code.
+    pub status: u16,
+    release: tokio::sync::oneshot::Sender<()>,
+}
+
+impl Held {
+    /// The request's body as `T` (`None` when it is not).
+    pub fn json<T: serde::de::DeserializeOwned>(&self) -> Option<T> {
+        serde_json::from_slice(&self.body).ok()
+    }
+
+    /// Lets the answer go to the client.
+    pub fn release(self) {
+        let _ = self.release.send(());
+    }
 }
 
 /// A rule that fails, delays or cuts matching requests.
@@ -168,6 +202,14 @@ impl Fault {
     /// Closes the connection without answering (a network cut).
     pub fn cut() -> Self {
         Self::new(Action::Cut)
+    }
+
+    /// Forwards each matching request and holds its answer until the test, which receives it
+    /// from the returned channel, releases it: the write is in etcd and its writer still waits.
+    /// A test kills the writer at a point of its choosing, right after a write, this way.
+    pub fn hold() -> (Self, tokio::sync::mpsc::UnboundedReceiver<Held>) {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        (Self::new(Action::Hold(HoldSink(tx))), rx)
     }
 
     fn new(action: Action) -> Self {
@@ -415,6 +457,10 @@ async fn handle(
             }
             Some(Action::Latency(d)) => tokio::time::sleep(d).await,
             Some(Action::Cut) => return Err("connection cut by the test proxy".into()),
+            Some(Action::Hold(sink)) => {
+                let info = Some(info.clone());
+                return forward(upstream, state, info, req, Some(sink)).await;
+            }
             None => {}
         }
         if info.verb == Verb::Watch
@@ -430,7 +476,7 @@ async fn handle(
             return Ok(full(StatusCode::OK, format!("{event}\n")));
         }
     }
-    forward(upstream, state, info, req).await
+    forward(upstream, state, info, req, None).await
 }
 
 async fn forward(
@@ -438,6 +484,7 @@ async fn forward(
     state: Arc<State>,
     info: Option<RequestInfo>,
     req: Request<Incoming>,
+    hold: Option<HoldSink>,
 ) -> Result<Response<ProxyBody>, BoxError> {
     let (parts, body) = req.into_parts();
     let bytes = body.collect().await?.to_bytes();
@@ -461,6 +508,7 @@ async fn forward(
             out = out.header(http::header::AUTHORIZATION, auth);
         }
     }
+    let request_body = bytes.clone();
     let out = out.body(kube::client::Body::from(bytes))?;
     let resp = match upstream.send(out).await {
         Ok(r) => r,
@@ -479,6 +527,22 @@ async fn forward(
     rparts.headers.remove(http::header::CONNECTION);
     rparts.headers.remove(http::header::TRANSFER_ENCODING);
     let is_watch = info.as_ref().is_some_and(|i| i.verb == Verb::Watch);
+    if let Some(HoldSink(sink)) = hold.filter(|_| !is_watch) {
+        let answer = rbody.collect().await?.to_bytes();
+        let (release, released) = tokio::sync::oneshot::channel();
+        let held = Held {
+            body: request_body,
+            status: rparts.status.as_u16(),
+            release,
+        };
+        if sink.send(held).is_ok() && released.await.is_err() {
+            return Err("answer held and dropped by the test proxy".into());
+        }
+        let body = Full::new(answer)
+            .map_err(|never| match never {})
+            .boxed_unsync();
+        return Ok(Response::from_parts(rparts, body));
+    }
     let body: ProxyBody = if is_watch {
         let cut = state.watches.lock().unwrap().clone();
         let key = watch_key(&parts.uri);

@@ -3,13 +3,27 @@
 
 use std::time::Duration;
 
-/// `QDB_TESTENV_TIMINGS=kubelet` runs node health at a real kubelet's and
-/// kube-controller-manager's defaults (40 s Lease renewed every 10 s, 5 s monitor period, 50 s
-/// grace, 300 s tolerations): for benchmarks that must show what a real cluster's failover
-/// takes. Anything else: the shortened timings below.
+/// Whether this process runs node health at a real kubelet's timings; chosen once per process.
+static REAL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+
+/// `QDB_TESTENV_TIMINGS=kubelet` (or [`choose_real_node_timings`]) runs node health at a real
+/// kubelet's and kube-controller-manager's defaults (40 s Lease renewed every 10 s, 5 s monitor
+/// period, 50 s grace, 300 s tolerations): for the tests and benchmarks that must show what a
+/// real cluster's failover takes. Anything else: the shortened timings below.
 pub fn real_node_timings() -> bool {
-    static REAL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *REAL.get_or_init(|| std::env::var("QDB_TESTENV_TIMINGS").is_ok_and(|v| v == "kubelet"))
+}
+
+/// Chooses a real kubelet's timings for this process, before anything has read them: what a
+/// test that needs them calls first. Every control plane and CRD of the process then uses them,
+/// so the test must have the process to itself, as nextest gives every test (`.ci/test`).
+/// Panics when the process already runs on the shortened timings.
+pub fn choose_real_node_timings() {
+    assert!(
+        *REAL.get_or_init(|| true),
+        "this process already runs on the shortened node timings: run the test in a process of \
+         its own (cargo nextest run), or with QDB_TESTENV_TIMINGS=kubelet"
+    );
 }
 
 /// kubelet: Lease `spec.leaseDurationSeconds` (real: 40 s). The operator is told the same

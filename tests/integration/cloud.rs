@@ -160,12 +160,15 @@ impl CloudEnv {
             ..ManagerHandle::default()
         };
         let token = CancellationToken::new();
-        let task = tokio::spawn(manager::run_with(
-            self.options(),
-            self.cp.operator_config().await,
+        let task = crate::harness::spawn_manager(
             token.clone(),
-            self.handle.clone(),
-        ));
+            manager::run_with(
+                self.options(),
+                self.cp.operator_config().await,
+                token.clone(),
+                self.handle.clone(),
+            ),
+        );
         self.manager = Some((token, task));
         let r = self.handle.readiness.clone();
         wait_until("manager caches synced", || {
@@ -178,7 +181,9 @@ impl CloudEnv {
     async fn stop_manager(&mut self) {
         if let Some((token, task)) = self.manager.take() {
             token.cancel();
-            let _ = crate::harness::stopped_in_time(task, &self.handle).await;
+            crate::harness::stopped_in_time(task, &self.handle)
+                .await
+                .expect("the manager stopped cleanly");
         }
     }
 
@@ -299,9 +304,12 @@ impl CloudEnv {
         assert_eq!(records[0].ips, vec![ip], "DNS follows the database");
     }
 
-    /// Kills the manager (its future dropped wherever it is) and starts it again the first time
-    /// `db1` is seen in each step `phase` reports, until it reports `done`; a step in `failed`
-    /// fails the test. Returns the steps it was killed in.
+    /// Kills the manager right after it records each new step of `db1` (the step `phase` reads
+    /// from the status it writes), before the step's side effect: the status write reaches the
+    /// apiserver, its answer is held (the proxy's [`Fault::hold`]) and never given, and the
+    /// manager is killed (its future dropped in that request) and started again. Goes on until
+    /// a status that reports `done`; a step in `failed` fails the test. Every step the machine
+    /// records is a kill: returns them.
     async fn kill_at_every_step(
         &mut self,
         phase: fn(&QuestDB) -> Option<String>,
@@ -309,30 +317,52 @@ impl CloudEnv {
         failed: &[&str],
         timeout: Duration,
     ) -> std::collections::BTreeSet<String> {
-        use futures::StreamExt;
-        use kube::runtime::{watcher, WatchStreamExt};
+        use questdb_testenv::{Fault, Verb};
+        let (hold, mut held) = Fault::hold();
+        let hold = hold.on_resource("questdbs/status").named("db1");
+        let holds = [
+            self.cp.inject_fault(hold.clone().on_verb(Verb::Update)),
+            self.cp.inject_fault(hold.on_verb(Verb::Patch)),
+        ];
         let mut killed = std::collections::BTreeSet::new();
-        let cfg = watcher::Config::default().fields("metadata.name=db1");
-        let mut events = std::pin::pin!(watcher(self.qdbs(), cfg).applied_objects());
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
-            let q = tokio::time::timeout_at(deadline, events.next())
+            let write = tokio::time::timeout_at(deadline, held.recv())
                 .await
                 .unwrap_or_else(|_| panic!("{done} in time; killed in {killed:?}"))
-                .expect("watch open")
-                .expect("watch event");
-            match phase(&q) {
-                Some(step) if step == done => return killed,
+                .expect("the proxy holds status writes");
+            // A refused write (a conflict) recorded nothing.
+            let step = write
+                .json::<QuestDB>()
+                .filter(|_| write.status < 300)
+                .as_ref()
+                .and_then(phase);
+            match step {
+                Some(step) if step == done => {
+                    write.release();
+                    break;
+                }
                 Some(step) if failed.contains(&step.as_str()) => {
-                    panic!("{step}: {:?}", q.status)
+                    write.release();
+                    panic!("{step}; killed in {killed:?}");
                 }
                 Some(step) if killed.insert(step.clone()) => {
+                    eprintln!("killing the manager right after it recorded {step}");
+                    drop(write);
                     self.kill_manager().await;
                     self.start_manager().await;
                 }
-                _ => {}
+                _ => write.release(),
             }
         }
+        for id in holds {
+            self.cp.remove_fault(id);
+        }
+        // Writes held after `done` (none are expected) go on.
+        while let Ok(write) = held.try_recv() {
+            write.release();
+        }
+        killed
     }
 
     fn aws_calls(&self) -> usize {
@@ -387,6 +417,11 @@ fn settings() -> CloudSettings {
         node_lease_duration: questdb_testenv::timings::node_lease_duration(),
         dns_namespace_suffix: None,
         csi_driver: Some(questdb_testenv::csi::DRIVER.into()),
+        // Scaled down as the cluster's own timers are (a minute and two by default).
+        escalation: questdb_operator::plan::failover::Escalation {
+            stop: Duration::from_secs(15),
+            detach: Duration::from_secs(30),
+        },
     }
 }
 

@@ -39,6 +39,30 @@ pub async fn control_plane() -> (ControlPlane, Client) {
     control_plane_with(cluster()).await
 }
 
+/// Runs a manager. One that ends before `token` told it to stop (its error, or a panic) is a
+/// failed test at once: under nextest (one process per test) the process exits, instead of the
+/// test waiting out every timeout for a manager that is gone.
+pub fn spawn_manager(
+    token: CancellationToken,
+    run: impl Future<Output = anyhow::Result<()>> + Send + 'static,
+) -> JoinHandle<anyhow::Result<()>> {
+    use futures::FutureExt;
+    // One task, so that aborting it (a crash, in `kill_and_restart_manager`) drops the manager.
+    tokio::spawn(async move {
+        let result = std::panic::AssertUnwindSafe(run)
+            .catch_unwind()
+            .await
+            .unwrap_or_else(|_| Err(anyhow::anyhow!("the manager panicked")));
+        if !token.is_cancelled() {
+            eprintln!("the manager ended before the test told it to stop: {result:?}");
+            if std::env::var_os("NEXTEST").is_some() {
+                std::process::exit(101);
+            }
+        }
+        result
+    })
+}
+
 /// Waits for a manager told to stop; past the timeout, fails naming what had not stopped.
 pub async fn stopped_in_time(
     task: tokio::task::JoinHandle<anyhow::Result<()>>,
@@ -126,7 +150,10 @@ impl Env {
         let config = self.cp.operator_config().await;
         let token = self.shutdown.clone();
         let handle = self.handle.clone();
-        self.task = Some(tokio::spawn(manager::run_with(opts, config, token, handle)));
+        self.task = Some(spawn_manager(
+            token.clone(),
+            manager::run_with(opts, config, token, handle),
+        ));
     }
 
     /// Stops the manager (graceful shutdown) and returns what `run` returned.
@@ -167,8 +194,11 @@ impl Env {
         self.start_manager(opts).await;
     }
 
+    /// Stops the manager; a manager that fails to stop cleanly fails the test.
     pub async fn stop(mut self) {
-        let _ = self.stop_manager().await;
+        self.stop_manager()
+            .await
+            .expect("the manager stopped cleanly");
     }
 
     pub fn api<K>(&self, ns: &str) -> Api<K>
@@ -431,15 +461,17 @@ where
     }
 }
 
-/// Waits until a whole second passes without any write through the proxy (in-flight
-/// reconciles of the last status writes have finished).
+/// Waits until no write has gone through the proxy for longer than the operator holds back a
+/// status write ([`STATUS_SETTLE`](questdb_operator::controllers::context::STATUS_SETTLE)):
+/// in-flight reconciles have finished and no held progress is still to come.
 pub async fn writes_settle(cp: &ControlPlane) {
     use std::sync::atomic::{AtomicU64, Ordering};
+    let quiet = questdb_operator::controllers::context::STATUS_SETTLE + Duration::from_secs(1);
     let last = std::sync::Arc::new(AtomicU64::new(cp.request_counts().writes()));
     wait_until("writes settle", || {
         let last = last.clone();
         async move {
-            tokio::time::sleep(Duration::from_secs(1)).await;
+            tokio::time::sleep(quiet).await;
             let now = cp.request_counts().writes();
             last.swap(now, Ordering::SeqCst) == now
         }

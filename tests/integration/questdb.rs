@@ -585,8 +585,8 @@ async fn a_no_op_resync_of_50_questdbs_makes_zero_writes_and_logs_no_warning() {
             wait_for(&qdbs, &name(i), "QuestDB Ready", is_ready()).await;
         }
     }
-    // Let in-flight reconciles triggered by the last status writes finish: wait until a full
-    // second passes with no write at all.
+    // Let in-flight reconciles triggered by the last status writes finish: wait until no write
+    // comes for longer than the operator holds a status write back.
     crate::harness::writes_settle(&env.cp).await;
 
     env.cp.reset_request_counts();

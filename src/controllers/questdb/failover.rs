@@ -31,8 +31,8 @@ use crate::desired::names;
 use crate::metrics::FailoverResult;
 use crate::plan::conditions::Verdict;
 use crate::plan::failover::{
-    self, ReleaseFence, ReleaseView, Start, StartView, Step, StepView, OUT_OF_SERVICE_EFFECT,
-    OUT_OF_SERVICE_TAINT, OUT_OF_SERVICE_VALUE, SKIP_ANNOTATION,
+    self, Escalation, ReleaseFence, ReleaseView, Start, StartView, Step, StepView,
+    OUT_OF_SERVICE_EFFECT, OUT_OF_SERVICE_TAINT, OUT_OF_SERVICE_VALUE, SKIP_ANNOTATION,
 };
 use crate::plan::node::node_for;
 use crate::plan::node_move;
@@ -270,6 +270,7 @@ pub async fn fence_dead_node(
         breaker_open: !stuck && cloud.health.breaker_open(),
         instance_state: Some(InstanceState::Running),
         node_tainted: has_out_of_service(node),
+        escalation: cloud.settings.escalation,
     };
     // EC2 is asked only once the caches say the release is stuck on a dead node.
     if failover::release_fence(&view) == ReleaseFence::None {
@@ -486,7 +487,7 @@ impl StateMachine for Failover<'_> {
     }
 
     fn decide(&self, facts: &Facts) -> Step {
-        failover::next_step(&facts.view(&self.record))
+        failover::next_step(&facts.view(&self.record, self.cloud.settings.escalation))
     }
 
     async fn perform(&mut self, step: Step, _: Facts) -> Result<Turn<FailoverReason>, Error> {
@@ -564,7 +565,7 @@ async fn perform(
             }
             let note = format!(
                 "the volume has not detached from fenced instance {old} after {}s: terminating it (EC2 detaches a terminated instance's volumes)",
-                failover::DETACH_ESCALATION.as_secs()
+                cloud.settings.escalation.detach.as_secs()
             );
             warn!(questdb = %qdb.name_any(), "{note}");
             ctx.event(
@@ -691,7 +692,7 @@ struct Facts {
 }
 
 impl Facts {
-    fn view<'a>(&self, failover: &'a FailoverStatus) -> StepView<'a> {
+    fn view<'a>(&self, failover: &'a FailoverStatus, escalation: Escalation) -> StepView<'a> {
         StepView {
             failover,
             old_instance: self.old_instance,
@@ -704,6 +705,7 @@ impl Facts {
             dns_follows: self.dns_follows,
             dns_ttl: self.dns_ttl,
             in_step_for: since(failover.phase_started_at.as_ref()).unwrap_or_default(),
+            escalation,
         }
     }
 }
