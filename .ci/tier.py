@@ -68,10 +68,9 @@ def nextest_test(binary, test):
     return f"(binary(={binary}) & test(={test}))"
 
 
-def filter_for(tier):
-    config = load()
-    if tier == "full":
-        return "all()", []
+def selection(config):
+    """The full-tier tests this submission takes: (binary, test) -> why (a rotating slice, or
+    its area changed)."""
     full = full_tier(config)
     ordered = sorted(full)
     slices = int(config["slices"])
@@ -92,7 +91,14 @@ def filter_for(tier):
             for key, name in full.items():
                 if name == area["name"]:
                     pulled.setdefault(key, f"area {name} changed ({hits[0]})")
-    excluded = [nextest_test(b, t) for (b, t) in ordered if (b, t) not in pulled]
+    return full, pulled
+
+
+def filter_for(tier):
+    if tier == "full":
+        return "all()", []
+    full, pulled = selection(load())
+    excluded = [nextest_test(b, t) for (b, t) in sorted(full) if (b, t) not in pulled]
     expr = "all()" if not excluded else "not (" + " | ".join(excluded) + ")"
     notes = [f"{b} {t}: {why}" for (b, t), why in sorted(pulled.items())]
     return expr, notes
@@ -143,17 +149,32 @@ def report(junit, tier):
         print(f"grew: {b} {t}: {s:.0f} s, {was:.0f} s in .ci/test-times.tsv")
     for b, t, s in new:
         print(f"new and slow: {b} {t}: {s:.0f} s (not in .ci/test-times.tsv)")
+    if tier == "full":
+        listed = full_tier(config)
+        names = {(b, t) for b, t, _, _ in cases}
+        for b, t in sorted(set(listed) - names):
+            print(f"stale: .ci/tiers.toml lists {b} {t}, which no longer exists")
+        return 0
     if tier != "submission":
         return 0
-    budget = float(config["budget"]["submission_tests_seconds"])
-    if wall > budget:
+    # The tier's own tests, without those pulled in because their area changed: a change to
+    # failover code runs every failover test, and that is not the tier growing.
+    _, pulled = selection(config)
+    by_area = {k for k, why in pulled.items() if why.startswith("area ")}
+    own = sum(s for b, t, s, _ in ran if (b, t) not in by_area)
+    pulled_seconds = sum(s for b, t, s, _ in ran if (b, t) in by_area)
+    budget = float(config["budget"]["submission_test_seconds"])
+    print(
+        f"the tier's own tests: {own:.0f} test-seconds (budget {budget:.0f}); pulled in by the "
+        f"areas changed: {pulled_seconds:.0f} test-seconds"
+    )
+    if own > budget:
         print(
-            f"FAIL: the per-submission tier's tests took {wall:.0f} s, over their budget of "
-            f"{budget:.0f} s (.ci/tiers.toml): move a slow test to the full tier (listing it in "
-            "an area) or make it faster; the lines above name the tests that grew"
+            f"FAIL: the per-submission tier's tests took {own:.0f} test-seconds, over their "
+            f"budget of {budget:.0f} (.ci/tiers.toml): move a slow test to the full tier "
+            "(listing it in an area) or make it faster; the lines above name the tests that grew"
         )
         return 1
-    print(f"within the per-submission budget of {budget:.0f} s")
     return 0
 
 

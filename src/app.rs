@@ -10,12 +10,11 @@ use tracing::{error, info};
 use tracing_subscriber::EnvFilter;
 
 use crate::cli::{parse_subnets, Cli, CloudArgs, CloudProvider, Command, LogFormat, RunArgs};
-use crate::cloud::aws::AwsCloud;
 #[cfg(feature = "memory-cloud")]
 use crate::cloud::memory::{MemoryCloud, MemoryEc2, MemoryEc2Options, MemoryRoute53};
-use crate::cloud::{
-    user_data, CloudConfig, DnsProvider, EksCluster, NodeProvider as _, NodeVolumes, SharedObserver,
-};
+#[cfg(feature = "aws")]
+use crate::cloud::{aws::AwsCloud, NodeProvider as _};
+use crate::cloud::{user_data, CloudConfig, DnsProvider, EksCluster, NodeVolumes, SharedObserver};
 use crate::http_server::parse_bind_address;
 use crate::manager::{self, Cloud, CloudSettings, LeaderElection, ManagerHandle, ManagerOptions};
 
@@ -316,6 +315,12 @@ pub async fn build_cloud_with(
                 memory: Some((m.ec2.clone(), m.route53.clone())),
             }
         }
+        #[cfg(not(feature = "aws"))]
+        CloudProvider::Aws => {
+            let _ = (config, settings, observer);
+            anyhow::bail!("this build has no AWS provider (built without the `aws` feature)")
+        }
+        #[cfg(feature = "aws")]
         CloudProvider::Aws => {
             let aws = AwsCloud::connect(config, observer)
                 .await
@@ -351,6 +356,7 @@ pub fn options_from(args: &RunArgs) -> anyhow::Result<ManagerOptions> {
         backup_timeouts: crate::controllers::backup::plan::Timeouts {
             cut: std::time::Duration::from_secs(args.backup_checkpoint_timeout),
             upload: std::time::Duration::from_secs(args.backup_upload_timeout),
+            create: std::time::Duration::from_secs(args.backup_checkpoint_create_timeout),
         },
         leader_election: args.leader_elect.then(|| LeaderElection {
             lease_name: args.leader_election_id.clone(),

@@ -118,6 +118,11 @@ pub struct RunArgs {
     #[arg(long, env = "BACKUP_CHECKPOINT_TIMEOUT", default_value_t = 600)]
     pub backup_checkpoint_timeout: u64,
 
+    /// Seconds `CHECKPOINT CREATE` may take to answer (it syncs the database's files first):
+    /// an unanswered CREATE is settled by asking the database, never assumed complete.
+    #[arg(long, env = "BACKUP_CHECKPOINT_CREATE_TIMEOUT", default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..))]
+    pub backup_checkpoint_create_timeout: u64,
+
     /// Seconds a cut snapshot may take to become ready to use (an EBS snapshot's upload)
     /// before the backup fails.
     #[arg(long, env = "BACKUP_UPLOAD_TIMEOUT", default_value_t = 21600)]

@@ -126,10 +126,16 @@ impl Database {
 
     /// Runs one statement or query through `/exec`.
     pub async fn exec(&self, query: &str) -> Result<Rows, QueryError> {
+        self.exec_within(query, REQUEST_TIMEOUT).await
+    }
+
+    /// [`Database::exec`] with a time limit of the caller's choosing (a statement that syncs
+    /// the database's files takes longer than a query).
+    pub async fn exec_within(&self, query: &str, limit: Duration) -> Result<Rows, QueryError> {
         let request = self.request(query);
-        let (status, body) = tokio::time::timeout(REQUEST_TIMEOUT, self.send(request))
+        let (status, body) = tokio::time::timeout(limit, self.send(request))
             .await
-            .map_err(|_| QueryError::Timeout(REQUEST_TIMEOUT))??;
+            .map_err(|_| QueryError::Timeout(limit))??;
         if status == 401 || status == 403 {
             return Err(QueryError::Unauthorized(status));
         }
@@ -188,9 +194,11 @@ impl Database {
         result
     }
 
-    /// `CHECKPOINT CREATE`. QuestDB refuses a second one until RELEASE.
-    pub async fn checkpoint_create(&self) -> Result<(), QueryError> {
-        self.exec("CHECKPOINT CREATE").await.map(drop)
+    /// `CHECKPOINT CREATE`, waiting up to `limit` for its answer (it syncs the database's
+    /// files first). QuestDB refuses a second one until RELEASE. Only its successful answer says
+    /// the checkpoint is complete: `checkpoint_status()` reports it from its start.
+    pub async fn checkpoint_create(&self, limit: Duration) -> Result<(), QueryError> {
+        self.exec_within("CHECKPOINT CREATE", limit).await.map(drop)
     }
 
     /// `CHECKPOINT RELEASE`; a release without an open checkpoint is accepted.
@@ -198,17 +206,37 @@ impl Database {
         self.exec("CHECKPOINT RELEASE").await.map(drop)
     }
 
-    /// Whether a checkpoint is open, from `checkpoint_status()`.
-    pub async fn checkpoint_in_progress(&self) -> Result<bool, QueryError> {
+    /// The open checkpoint's `started_at` (the database's clock, as it reports it), or `None`
+    /// when none is open, from `checkpoint_status()`: the only thing that tells one checkpoint
+    /// from another.
+    pub async fn checkpoint_started_at(&self) -> Result<Option<String>, QueryError> {
         let rows = self
-            .exec("select in_progress from checkpoint_status()")
+            .exec("select in_progress, started_at from checkpoint_status()")
             .await?;
-        Ok(rows
+        let row = rows.dataset.first();
+        let open = row
+            .and_then(|r| r.first())
+            .and_then(serde_json::Value::as_bool)
+            .unwrap_or(false);
+        Ok(open.then(|| {
+            row.and_then(|r| r.get(1))
+                .and_then(|v| v.as_str())
+                .unwrap_or("")
+                .to_string()
+        }))
+    }
+
+    /// The QuestDB version the database reports (`build()`: "Build Information: QuestDB 9.2.0,
+    /// JDK ..."), `None` when its answer names none.
+    pub async fn version(&self) -> Result<Option<String>, QueryError> {
+        let rows = self.exec("select build()").await?;
+        let text = rows
             .dataset
             .first()
             .and_then(|r| r.first())
-            .and_then(serde_json::Value::as_bool)
-            .unwrap_or(false))
+            .and_then(|v| v.as_str())
+            .unwrap_or("");
+        Ok(parse_version(text))
     }
 
     /// Row count and newest designated timestamp of each table (the first
@@ -252,6 +280,16 @@ impl Database {
     }
 }
 
+/// The version in `build()`'s answer: the word after "QuestDB", up to a comma or space.
+fn parse_version(build: &str) -> Option<String> {
+    let rest = build.split("QuestDB ").nth(1)?;
+    let version: String = rest
+        .chars()
+        .take_while(|c| c.is_ascii_alphanumeric() || *c == '.' || *c == '-')
+        .collect();
+    (!version.is_empty()).then_some(version)
+}
+
 /// A double-quoted identifier (QuestDB doubles an embedded quote).
 fn quote_ident(name: &str) -> String {
     format!("\"{}\"", name.replace('"', "\"\""))
@@ -273,6 +311,20 @@ fn percent_encode(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_version_is_read_from_builds_answer() {
+        assert_eq!(
+            parse_version("Build Information: QuestDB 9.2.0, JDK 17.0.15, Commit Hash abc")
+                .as_deref(),
+            Some("9.2.0")
+        );
+        assert_eq!(
+            parse_version("Build Information: QuestDB 9.3.0-SNAPSHOT").as_deref(),
+            Some("9.3.0-SNAPSHOT")
+        );
+        assert_eq!(parse_version("something else"), None);
+    }
 
     #[test]
     fn queries_survive_the_url_whatever_they_hold() {

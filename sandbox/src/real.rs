@@ -11,8 +11,7 @@ use questdb_operator::cloud::memory::{InstanceEvent, MemoryEc2, MemoryEc2Options
 use questdb_operator::http_server::parse_bind_address;
 use questdb_operator::manager::{self, ManagerHandle, ManagerOptions};
 use questdb_testenv::{
-    join_ec2_instances, spawn_instance_join, ControlPlane, ControlPlaneOptions, Databases,
-    InstanceChange,
+    spawn_instance_join, ControlPlane, ControlPlaneOptions, Databases, InstanceChange,
 };
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
@@ -21,6 +20,9 @@ use crate::SandboxArgs;
 
 pub async fn run(mut args: SandboxArgs, shutdown: CancellationToken) -> anyhow::Result<()> {
     let aws = args.cloud.cloud_provider == Some(CloudProvider::Aws);
+    if aws && !cfg!(feature = "moto") {
+        bail!("--cloud-provider aws needs the sandbox built with the moto feature: cargo run -p questdb-sandbox --features moto -- --cloud-provider aws --aws-endpoint-url ...");
+    }
     if aws && args.cloud.aws_endpoint_url.is_none() {
         bail!("--cloud-provider aws needs --aws-endpoint-url (moto on 127.0.0.1): the sandbox's nodes are local processes and cannot join a cluster from real EC2 instances");
     }
@@ -76,6 +78,7 @@ pub async fn run(mut args: SandboxArgs, shutdown: CancellationToken) -> anyhow::
                 join_token.clone(),
             )
         });
+    #[cfg(feature = "moto")]
     let ec2_join = match &built {
         Some(b) if aws && b.memory.is_none() => {
             info!("EC2 endpoint: each running instance it reports boots from its user data and joins as a Node");
@@ -83,7 +86,7 @@ pub async fn run(mut args: SandboxArgs, shutdown: CancellationToken) -> anyhow::
             let sdk = questdb_operator::cloud::aws::sdk_config_loader(&config)
                 .load()
                 .await;
-            Some(join_ec2_instances(
+            Some(questdb_testenv::join_ec2_instances(
                 cp.kubelets().clone(),
                 aws_sdk_ec2::Client::new(&sdk),
                 join_token.clone(),
@@ -91,6 +94,8 @@ pub async fn run(mut args: SandboxArgs, shutdown: CancellationToken) -> anyhow::
         }
         _ => None,
     };
+    #[cfg(not(feature = "moto"))]
+    let ec2_join: Option<tokio::task::JoinHandle<anyhow::Result<()>>> = None;
     let faults = crate::faults::spawn(&cp, client.clone(), join_token.clone());
     let opts = ManagerOptions {
         questdb_concurrency: args.questdb_concurrency,

@@ -141,9 +141,23 @@ pub struct QuestDBBackupStatus {
     /// When the backup began.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub started_at: Option<Time>,
+    /// When the backup last sent `CHECKPOINT CREATE` (recorded before it is sent): a checkpoint
+    /// found open after a crash whose `started_at` is no earlier is the one it sent, anything
+    /// else is not the backup's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint_requested_at: Option<Time>,
+    /// The checkpoint's `started_at` as the database reports it (`checkpoint_status()`), read
+    /// once `CHECKPOINT CREATE` returned: the backup's own checkpoint is the open one with this
+    /// `started_at`, at the cut and at the release.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint_started_at: Option<String>,
     /// When `CHECKPOINT CREATE` returned.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpoint_at: Option<Time>,
+    /// The QuestDB version the database reported at the checkpoint (`build()`): a restore into
+    /// an older version would open data it may not read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub questdb_version: Option<String>,
     /// When the checkpoint was released (the snapshot's upload runs on from there).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub released_at: Option<Time>,

@@ -8,7 +8,9 @@ mod reason;
 
 pub use backup::*;
 pub use backup_schedule::*;
-pub use pod::{PodOptions, RESERVED_VOLUMES};
+pub use pod::{
+    reserved_mount_message, reserved_mount_path, PodOptions, RESERVED_MOUNT_DIRS, RESERVED_VOLUMES,
+};
 pub use questdb::*;
 pub use reason::*;
 

@@ -174,15 +174,39 @@ fn extra_volumes_schema(schema: &mut schemars::Schema) {
     );
 }
 
+/// Under the database's root, the directories a mount may not cover: the operator's files, the
+/// tables (a mount there puts them on a volume no backup snapshots) and the checkpoint.
+pub const RESERVED_MOUNT_DIRS: &[&str] = &["conf", "db", ".checkpoint"];
+
+/// Whether an extra mount at `path` would cover the root or one of [`RESERVED_MOUNT_DIRS`]
+/// (the operator's own check, beside the schema's rule).
+pub fn reserved_mount_path(path: &str) -> bool {
+    path.trim_end_matches('/') == ROOT_DIR
+        || RESERVED_MOUNT_DIRS
+            .iter()
+            .any(|d| path.starts_with(&format!("{ROOT_DIR}/{d}")))
+}
+
+pub fn reserved_mount_message() -> String {
+    format!(
+        "pod.extraVolumeMounts: {ROOT_DIR} and its {} are the operator's (a mount over the tables or the checkpoint hides them from every backup)",
+        RESERVED_MOUNT_DIRS.join(", ")
+    )
+}
+
 fn extra_volume_mounts_schema(schema: &mut schemars::Schema) {
     max_items(schema);
     bound_item_string(schema, "name", 63);
     bound_item_string(schema, "mountPath", 1024);
+    let dirs: Vec<String> = RESERVED_MOUNT_DIRS
+        .iter()
+        .map(|d| format!(" && !m.mountPath.startsWith('{ROOT_DIR}/{d}')"))
+        .collect();
     insert_rules(
         schema,
         json!([{
-            "rule": format!("self.all(m, m.mountPath != '{ROOT_DIR}' && m.mountPath != '{ROOT_DIR}/' && !m.mountPath.startsWith('{ROOT_DIR}/conf'))"),
-            "message": format!("pod.extraVolumeMounts: {ROOT_DIR} and {ROOT_DIR}/conf are the operator's"),
+            "rule": format!("self.all(m, m.mountPath != '{ROOT_DIR}' && m.mountPath != '{ROOT_DIR}/'{})", dirs.concat()),
+            "message": reserved_mount_message(),
         }]),
     );
 }
@@ -382,7 +406,7 @@ mod tests {
                     extra_volume_mounts: vec![mount("x", "/var/lib/questdb")],
                     ..Default::default()
                 },
-                "pod.extraVolumeMounts: /var/lib/questdb and /var/lib/questdb/conf are the operator's",
+                "pod.extraVolumeMounts: /var/lib/questdb and its conf, db, .checkpoint are the operator's (a mount over the tables or the checkpoint hides them from every backup)",
             ),
             (
                 PodOptions {
@@ -390,7 +414,23 @@ mod tests {
                     extra_volume_mounts: vec![mount("x", "/var/lib/questdb/conf/server.conf")],
                     ..Default::default()
                 },
-                "pod.extraVolumeMounts: /var/lib/questdb and /var/lib/questdb/conf are the operator's",
+                "pod.extraVolumeMounts: /var/lib/questdb and its conf, db, .checkpoint are the operator's (a mount over the tables or the checkpoint hides them from every backup)",
+            ),
+            (
+                PodOptions {
+                    extra_volumes: vec![scratch("x")],
+                    extra_volume_mounts: vec![mount("x", "/var/lib/questdb/db")],
+                    ..Default::default()
+                },
+                "pod.extraVolumeMounts: /var/lib/questdb and its conf, db, .checkpoint are the operator's (a mount over the tables or the checkpoint hides them from every backup)",
+            ),
+            (
+                PodOptions {
+                    extra_volumes: vec![scratch("x")],
+                    extra_volume_mounts: vec![mount("x", "/var/lib/questdb/.checkpoint")],
+                    ..Default::default()
+                },
+                "pod.extraVolumeMounts: /var/lib/questdb and its conf, db, .checkpoint are the operator's (a mount over the tables or the checkpoint hides them from every backup)",
             ),
             (
                 PodOptions {

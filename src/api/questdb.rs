@@ -352,6 +352,12 @@ pub const RESERVED_SERVER_KEYS: &[&str] = &[
     "http.health.check.authentication.required",
     // The volume claim's uid: a restored volume (a new claim) recovers its checkpoint.
     "cairo.snapshot.instance.id",
+    // A restore recovers the backup's checkpoint only with these on (QuestDB's defaults): off,
+    // a restored volume starts with whatever the snapshot caught, torn writes included.
+    "cairo.checkpoint.recovery.enabled",
+    "cairo.snapshot.recovery.enabled",
+    // Tables placed on other volumes are in no snapshot of the database's volume.
+    "cairo.volumes",
 ];
 
 /// The environment variables QuestDB maps onto [`RESERVED_SERVER_KEYS`].

@@ -23,6 +23,7 @@ mod retry;
 mod tags;
 pub mod user_data;
 
+#[cfg(feature = "aws")]
 pub mod aws;
 #[cfg(any(test, feature = "memory-cloud"))]
 pub mod memory;

@@ -40,6 +40,8 @@ pub enum SpecProblem {
     InvalidEnvName(String),
     /// `spec.failover.unhealthyAfterSeconds` below [`MIN_UNHEALTHY_AFTER_SECONDS`].
     UnhealthyAfterTooShort(i64),
+    /// A `spec.pod.extraVolumeMounts` path over the database's root, tables or checkpoint.
+    ReservedMountPath(String),
 }
 
 impl fmt::Display for SpecProblem {
@@ -73,6 +75,11 @@ impl fmt::Display for SpecProblem {
             Self::UnhealthyAfterTooShort(s) => write!(
                 f,
                 "spec.failover.unhealthyAfterSeconds is {s}; it must be at least {MIN_UNHEALTHY_AFTER_SECONDS}"
+            ),
+            Self::ReservedMountPath(p) => write!(
+                f,
+                "mount path {p:?}: {}",
+                crate::api::reserved_mount_message()
             ),
         }
     }
@@ -116,6 +123,11 @@ pub fn validate(qdb: &QuestDB) -> Result<(), Vec<SpecProblem>> {
             problems.push(SpecProblem::ReservedEnvVar(var.name.clone()));
         } else if !is_env_name(&var.name) {
             problems.push(SpecProblem::InvalidEnvName(var.name.clone()));
+        }
+    }
+    for m in &spec.pod.extra_volume_mounts {
+        if crate::api::reserved_mount_path(&m.mount_path) {
+            problems.push(SpecProblem::ReservedMountPath(m.mount_path.clone()));
         }
     }
     if spec.failover.unhealthy_after_seconds < MIN_UNHEALTHY_AFTER_SECONDS {

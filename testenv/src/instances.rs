@@ -2,8 +2,6 @@
 //! from its user data and its kubelet registers (or fails to, and the node never joins); a
 //! terminated instance's kubelet stops and the cloud controller deletes its Node.
 
-use std::collections::BTreeMap;
-
 use futures::{Stream, StreamExt};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -74,6 +72,7 @@ pub fn spawn_instance_join(
     })
 }
 
+#[cfg(feature = "moto")]
 /// Joins every instance an EC2 endpoint (moto) runs under its private DNS name, from the user
 /// data the endpoint holds, and stops a terminated one's kubelet, polling every second until
 /// `stop`. EC2 has no event stream, so this is how a cloud controller sees it too. The task ends
@@ -84,7 +83,7 @@ pub fn join_ec2_instances(
     stop: CancellationToken,
 ) -> JoinHandle<anyhow::Result<()>> {
     tokio::spawn(async move {
-        let mut joined: BTreeMap<String, String> = BTreeMap::new();
+        let mut joined: std::collections::BTreeMap<String, String> = Default::default();
         loop {
             match ec2.describe_instances().send().await {
                 Ok(out) => {

@@ -22,8 +22,8 @@ pub mod timings;
 
 pub use control_plane::{ControlPlane, ControlPlaneOptions};
 pub use database::{DatabaseExit, DatabaseProcess, Databases};
-pub use instances::{
-    join_ec2_instances, node_name_for_instance, spawn_instance_join, InstanceChange,
-};
+#[cfg(feature = "moto")]
+pub use instances::join_ec2_instances;
+pub use instances::{node_name_for_instance, spawn_instance_join, InstanceChange};
 pub use kubelet::{Fault as NodeFault, NodeHandle, NodeRegistration};
 pub use proxy::{Fault, FaultId, Held, RequestCounts, Verb};

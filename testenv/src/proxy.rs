@@ -144,6 +144,8 @@ enum Action {
     Cut,
     /// Forwarded; the answer waits for the test (see [`Fault::hold`]).
     Hold(HoldSink),
+    /// Waits for the test before it is forwarded (see [`Fault::hold_before`]).
+    HoldBefore(HoldSink),
 }
 
 #[derive(Clone)]
@@ -155,13 +157,15 @@ impl std::fmt::Debug for HoldSink {
     }
 }
 
-/// A request the apiserver has answered, whose answer the client has not had yet: the test
-/// reads what was written, then [`Held::release`]s it, or drops it, and the client never hears
-/// back (its connection is cut, as a crash right after the write would leave it).
+/// A request held by the proxy. After the apiserver answered ([`Fault::hold`]): the test reads
+/// what was written, then [`Held::release`]s the answer, or drops it, and the client never
+/// hears back (its connection is cut, as a crash right after the write would leave it). Before
+/// it is forwarded ([`Fault::hold_before`]): released, it goes on to the apiserver; dropped,
+/// it never reaches it (as a crash right before the write would leave it).
 pub struct Held {
     /// The request's body (the object written).
     pub body: Bytes,
-    /// The apiserver's answer's status code.
+    /// The apiserver's answer's status code (0 while the request was not forwarded yet).
     pub status: u16,
     release: tokio::sync::oneshot::Sender<()>,
 }
@@ -210,6 +214,14 @@ impl Fault {
     pub fn hold() -> (Self, tokio::sync::mpsc::UnboundedReceiver<Held>) {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         (Self::new(Action::Hold(HoldSink(tx))), rx)
+    }
+
+    /// Holds each matching request before it is forwarded, until the test, which receives it
+    /// from the returned channel, releases it (then it is forwarded) or drops it (then it never
+    /// reaches the apiserver). A test kills the writer right before a write this way.
+    pub fn hold_before() -> (Self, tokio::sync::mpsc::UnboundedReceiver<Held>) {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        (Self::new(Action::HoldBefore(HoldSink(tx))), rx)
     }
 
     fn new(action: Action) -> Self {
@@ -459,7 +471,11 @@ async fn handle(
             Some(Action::Cut) => return Err("connection cut by the test proxy".into()),
             Some(Action::Hold(sink)) => {
                 let info = Some(info.clone());
-                return forward(upstream, state, info, req, Some(sink)).await;
+                return forward(upstream, state, info, req, Some(Hold::After(sink))).await;
+            }
+            Some(Action::HoldBefore(sink)) => {
+                let info = Some(info.clone());
+                return forward(upstream, state, info, req, Some(Hold::Before(sink))).await;
             }
             None => {}
         }
@@ -479,15 +495,37 @@ async fn handle(
     forward(upstream, state, info, req, None).await
 }
 
+/// Where a held request waits for the test.
+enum Hold {
+    Before(HoldSink),
+    After(HoldSink),
+}
+
 async fn forward(
     upstream: kube::Client,
     state: Arc<State>,
     info: Option<RequestInfo>,
     req: Request<Incoming>,
-    hold: Option<HoldSink>,
+    hold: Option<Hold>,
 ) -> Result<Response<ProxyBody>, BoxError> {
     let (parts, body) = req.into_parts();
     let bytes = body.collect().await?.to_bytes();
+    let hold = match hold {
+        Some(Hold::Before(HoldSink(sink))) => {
+            let (release, released) = tokio::sync::oneshot::channel();
+            let held = Held {
+                body: bytes.clone(),
+                status: 0,
+                release,
+            };
+            if sink.send(held).is_ok() && released.await.is_err() {
+                return Err("request held and dropped by the test proxy".into());
+            }
+            None
+        }
+        Some(Hold::After(sink)) => Some(sink),
+        None => None,
+    };
     let path = parts
         .uri
         .path_and_query()

@@ -260,6 +260,45 @@ async fn restoring_over_an_existing_volume_is_refused_and_the_database_never_sta
     .await;
     let claim: Option<PersistentVolumeClaim> = env.api(NS).get_opt("db4-data").await.unwrap();
     assert!(claim.is_none(), "no empty volume is made in its place");
+
+    // A name reused for a second restore drill: the first drill's retained claim was made from
+    // Monday's snapshot, and this restore asks for Friday's. Serving Monday's data as Friday's
+    // restore is refused, naming both.
+    let monday: PersistentVolumeClaim = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "db5-data"},
+        "spec": {
+            "accessModes": ["ReadWriteOnce"],
+            "resources": {"requests": {"storage": "1Gi"}},
+            "dataSource": {"apiGroup": "snapshot.storage.k8s.io", "kind": "VolumeSnapshot", "name": "monday"},
+        },
+    }))
+    .unwrap();
+    env.api::<PersistentVolumeClaim>(NS)
+        .create(&PostParams::default(), &monday)
+        .await
+        .unwrap();
+    env.create_questdb(NS, "db5", |q| {
+        real(q);
+        q.spec.volume.restore_from = Some(RestoreSource {
+            backup: None,
+            volume_snapshot: Some("friday".into()),
+        });
+    })
+    .await;
+    let q = wait_for(
+        &env.api::<QuestDB>(NS),
+        "db5",
+        "VolumeRestored=False RestoreRefused for another snapshot's volume",
+        has_condition("VolumeRestored", "RestoreRefused"),
+    )
+    .await;
+    let message = crate::harness::condition_message(&q, "VolumeRestored");
+    assert!(
+        message.contains("monday") && message.contains("friday"),
+        "{message}"
+    );
+    let sts: Option<StatefulSet> = env.api(NS).get_opt("db5").await.unwrap();
+    assert!(sts.is_none(), "no database runs on another backup's data");
 }
 
 #[tokio::test]
@@ -527,4 +566,77 @@ async fn a_recreated_database_on_a_retained_volume_never_rolls_back_to_a_checkpo
         .cp
         .database_log_lines(NS, "db1-0", "checkpoint recovery");
     assert!(recovered.is_empty(), "{recovered:?}");
+}
+
+/// The harm (tried by hand): a backup said Succeeded and restored 5,000 of 8,000 acknowledged
+/// rows, because it took a checkpoint a user had opened by hand before the last 3,000 as its
+/// own. A backup never takes over a checkpoint it did not open: it waits, saying whose it is
+/// not and since when, and once the user releases it the backup opens its own and its restore
+/// counts every row acknowledged before it.
+#[tokio::test]
+async fn a_checkpoint_opened_by_hand_is_never_taken_over_and_the_backup_holds_every_row() {
+    let env = env().await;
+    let (http, creds) = database_with_rows(&env, "db1", 5000).await;
+    let (code, body) = exec(&http, "CHECKPOINT CREATE", creds.http())
+        .await
+        .unwrap();
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(
+        ilp_http(&http, &lines("trades", 3000), creds.http())
+            .await
+            .unwrap(),
+        204
+    );
+    rows_become(&env, &http, "trades", 8000, creds.http()).await;
+
+    create_backup(&env, "b1", "db1").await;
+    let waiting = wait_for_within(
+        &env.api::<QuestDBBackup>(NS),
+        "b1",
+        "backup b1 waits on the checkpoint it did not open",
+        BACKUP_TIMEOUT,
+        |b: Option<&QuestDBBackup>| {
+            b.and_then(|b| b.status.as_ref()?.reason.clone()).as_deref()
+                == Some("ForeignCheckpoint")
+        },
+    )
+    .await;
+    let status = waiting.status.unwrap_or_default();
+    assert_eq!(status.step, Some(BackupStep::Pending), "{status:?}");
+    assert!(
+        status
+            .message
+            .as_deref()
+            .is_some_and(|m| m.contains("did not open")),
+        "{status:?}"
+    );
+    assert!(env.cp.ebs_snapshots().is_empty(), "nothing was cut");
+    assert!(
+        checkpoint_open(&http, creds.http()).await,
+        "the user's checkpoint is theirs: the backup left it open"
+    );
+
+    let (code, body) = exec(&http, "CHECKPOINT RELEASE", creds.http())
+        .await
+        .unwrap();
+    assert_eq!(code, 200, "{body}");
+    let b = backup_reaches(&env, "b1", BackupStep::Succeeded).await;
+    let status = b.status.unwrap_or_default();
+    let trades = status.tables.iter().find(|t| t.name == "trades");
+    assert_eq!(trades.map(|t| t.rows), Some(8000), "{:?}", status.tables);
+    assert!(status.checkpoint_started_at.is_some(), "{status:?}");
+    assert!(!checkpoint_open(&http, creds.http()).await);
+
+    env.create_questdb(NS, "db2", |q| {
+        real(q);
+        q.spec.volume.restore_from = Some(RestoreSource {
+            backup: Some("b1".into()),
+            volume_snapshot: None,
+        });
+    })
+    .await;
+    ready(&env, "db2").await;
+    let creds2 = Credentials::of(&env, "db2-credentials").await;
+    let http2 = format!("{}:9000", pod_ip(&env, "db2").await);
+    rows_become(&env, &http2, "trades", 8000, creds2.http()).await;
 }

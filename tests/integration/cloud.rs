@@ -317,8 +317,43 @@ impl CloudEnv {
         failed: &[&str],
         timeout: Duration,
     ) -> std::collections::BTreeSet<String> {
-        use questdb_testenv::{Fault, Verb};
-        let (hold, mut held) = Fault::hold();
+        self.kill_at_every(questdb_testenv::Fault::hold(), phase, done, failed, timeout)
+            .await
+    }
+
+    /// Kills the manager right before it records each new step of `db1`: after the last
+    /// step's side effects, before the record of the next (the write is held before the
+    /// apiserver sees it and never forwarded). The restarted manager must find where it was
+    /// from what it had recorded and redo nothing twice. Returns the steps whose first record
+    /// was dropped.
+    async fn kill_before_every_step(
+        &mut self,
+        phase: fn(&QuestDB) -> Option<String>,
+        done: &str,
+        timeout: Duration,
+    ) -> std::collections::BTreeSet<String> {
+        self.kill_at_every(
+            questdb_testenv::Fault::hold_before(),
+            phase,
+            done,
+            &[],
+            timeout,
+        )
+        .await
+    }
+
+    async fn kill_at_every(
+        &mut self,
+        (hold, mut held): (
+            questdb_testenv::Fault,
+            tokio::sync::mpsc::UnboundedReceiver<questdb_testenv::Held>,
+        ),
+        phase: fn(&QuestDB) -> Option<String>,
+        done: &str,
+        failed: &[&str],
+        timeout: Duration,
+    ) -> std::collections::BTreeSet<String> {
+        use questdb_testenv::Verb;
         let hold = hold.on_resource("questdbs/status").named("db1");
         let holds = [
             self.cp.inject_fault(hold.clone().on_verb(Verb::Update)),
@@ -331,7 +366,7 @@ impl CloudEnv {
                 .await
                 .unwrap_or_else(|_| panic!("{done} in time; killed in {killed:?}"))
                 .expect("the proxy holds status writes");
-            // A refused write (a conflict) recorded nothing.
+            // A refused write (a conflict) recorded nothing; one not forwarded yet (0) may.
             let step = write
                 .json::<QuestDB>()
                 .filter(|_| write.status < 300)
@@ -347,7 +382,7 @@ impl CloudEnv {
                     panic!("{step}; killed in {killed:?}");
                 }
                 Some(step) if killed.insert(step.clone()) => {
-                    eprintln!("killing the manager right after it recorded {step}");
+                    eprintln!("killing the manager at its record of {step}");
                     drop(write);
                     self.kill_manager().await;
                     self.start_manager().await;

@@ -843,14 +843,34 @@ async fn killing_the_manager_at_every_failover_step_still_ends_with_one_of_every
     let killed = env
         .kill_at_every_step(failover_phase, "Healthy", &[], FAILOVER_TIMEOUT)
         .await;
-    assert!(killed.len() >= 3, "killed at {killed:?}");
+    assert_killed_at(&killed, FAILOVER_STEPS);
     assert_one_of_everything(&env, &uid, &old_id, &pvc_uid).await;
     env.stop().await;
 }
 
-/// The same, killed in the middle of each step: after the step's side effect and before the
+/// Every step a failover records on its way to `Healthy`.
+const FAILOVER_STEPS: &[&str] = &[
+    "Fencing",
+    "Releasing",
+    "Reattaching",
+    "Recovering",
+    "Draining",
+];
+
+/// The manager was killed right after recording each of `steps` (kill-at-every-step kills at
+/// every step the machine records: a step missing here was never recorded, or skipped).
+fn assert_killed_at(killed: &std::collections::BTreeSet<String>, steps: &[&str]) {
+    let missing: Vec<&&str> = steps.iter().filter(|s| !killed.contains(**s)).collect();
+    assert!(
+        missing.is_empty(),
+        "never killed at {missing:?}; killed at {killed:?}"
+    );
+}
+
+/// The same, killed in the middle of each step: after the step's side effects and before the
 /// record of the next one (the stop sent, the out-of-service taint set, the pod placed on the
-/// new node, the pod running but not yet verified).
+/// new node, the pod running but not yet verified): the record of each new step is held before
+/// the apiserver sees it and dropped, and the manager killed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killing_the_manager_in_the_middle_of_every_failover_step_still_ends_with_one_of_everything(
 ) {
@@ -863,62 +883,10 @@ async fn killing_the_manager_in_the_middle_of_every_failover_step_still_ends_wit
     } = running_database(&env).await;
     env.cp.node(&old_node).expect("kubelet").partition();
 
-    let mut killed = std::collections::BTreeSet::new();
-    let nodes = Api::<k8s_openapi::api::core::v1::Node>::all(env.client.clone());
-    let pods = Api::<Pod>::namespaced(env.client.clone(), NS);
-    let deadline = tokio::time::Instant::now() + FAILOVER_TIMEOUT;
-    loop {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "failover finishes in time; killed in {killed:?}"
-        );
-        let q = env.qdbs().get("db1").await.expect("db1");
-        let phase = failover_phase(&q);
-        if phase.as_deref() == Some("Healthy") {
-            break;
-        }
-        let new_node = q
-            .status
-            .as_ref()
-            .and_then(|s| s.failover.as_ref()?.new_instance_id.clone())
-            .map(|id| node_name_for(&id));
-        let pod = pods.get_opt("db1-0").await.expect("pod read");
-        let pod_on_new = pod
-            .as_ref()
-            .and_then(|p| p.spec.as_ref()?.node_name.clone())
-            .is_some_and(|n| Some(n) == new_node);
-        let pod_running = pod
-            .as_ref()
-            .and_then(|p| p.status.as_ref()?.phase.clone())
-            .is_some_and(|p| p == "Running");
-        let tainted = nodes
-            .get_opt(&old_node)
-            .await
-            .expect("node read")
-            .and_then(|n| n.spec?.taints)
-            .is_some_and(|ts| {
-                ts.iter()
-                    .any(|t| t.key == "node.kubernetes.io/out-of-service")
-            });
-        let mid = match phase.as_deref() {
-            Some("Fencing") if env.cloud.ec2.call_count("StopInstances") > 0 => Some("Fencing"),
-            Some("Releasing") if tainted => Some("Releasing"),
-            Some("Reattaching") if pod_on_new => Some("Reattaching"),
-            Some("Recovering") if pod_on_new && pod_running => Some("Recovering"),
-            _ => None,
-        };
-        if let Some(step) = mid.filter(|s| killed.insert(*s)) {
-            eprintln!("killing the manager in the middle of {step}");
-            env.kill_manager().await;
-            env.start_manager().await;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    // Fencing and Reattaching can be over within one poll; Releasing lasts the pod GC period.
-    assert!(
-        killed.contains("Releasing") && killed.len() >= 2,
-        "killed in {killed:?}"
-    );
+    let killed = env
+        .kill_before_every_step(failover_phase, "Healthy", FAILOVER_TIMEOUT)
+        .await;
+    assert_killed_at(&killed, FAILOVER_STEPS);
     assert_one_of_everything(&env, &uid, &old_id, &pvc_uid).await;
     env.stop().await;
 }
@@ -1344,7 +1312,10 @@ async fn killing_the_manager_at_every_step_of_a_move_whose_old_node_dies_complet
         )
         .await;
     stop.cancel();
-    assert!(killed.len() >= 2, "killed at {killed:?}");
+    assert_killed_at(
+        &killed,
+        &["NodeReady", "Stopping", "Moving", "Verifying", "Retaining"],
+    );
     let v = violations.lock().unwrap().clone();
     assert!(v.is_empty(), "two writers possible: {v:?}");
     env.wait_terminated(&old_id, "the dead old node is terminated")
@@ -1385,7 +1356,7 @@ async fn killing_the_manager_at_every_step_of_a_terminated_instances_failover_st
     let killed = env
         .kill_at_every_step(failover_phase, "Healthy", &[], FAILOVER_TIMEOUT)
         .await;
-    assert!(killed.len() >= 3, "killed at {killed:?}");
+    assert_killed_at(&killed, FAILOVER_STEPS);
     assert_one_of_everything(&env, &uid, &old_id, &pvc_uid).await;
     let q = env.qdbs().get("db1").await.expect("db1");
     let failover = q.status.and_then(|s| s.failover).expect("failover record");
@@ -1492,7 +1463,16 @@ async fn killing_the_manager_at_every_step_of_a_move_whose_new_node_dies_ends_on
             FAILOVER_TIMEOUT,
         )
         .await;
-    assert!(killed.len() >= 2, "killed at {killed:?}");
+    assert_killed_at(
+        &killed,
+        &[
+            "Stopping",
+            "Moving",
+            "Stopping (back)",
+            "Moving (back)",
+            "Verifying (back)",
+        ],
+    );
     env.wait_terminated(&new_id, "the dead new node is terminated")
         .await;
     env.assert_runs_on(&old_id, &pvc_uid).await;

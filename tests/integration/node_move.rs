@@ -384,7 +384,20 @@ async fn killing_the_manager_at_every_move_step_leaves_one_instance_and_one_pod(
             MOVE_TIMEOUT,
         )
         .await;
-    assert!(killed.len() >= 3, "killed at {killed:?}");
+    let steps = [
+        "Validating",
+        "Provisioning",
+        "NodeReady",
+        "Stopping",
+        "Moving",
+        "Verifying",
+        "Retaining",
+    ];
+    let missing: Vec<&str> = steps.into_iter().filter(|s| !killed.contains(*s)).collect();
+    assert!(
+        missing.is_empty(),
+        "never killed at {missing:?}; killed at {killed:?}"
+    );
     let q = wait_for(&env.qdbs(), "db1", "Ready after the move", is_ready()).await;
     let new_id = q.status.and_then(|s| s.instance_id).expect("instance");
     wait_until("only the new instance lives", || {

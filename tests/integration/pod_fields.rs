@@ -246,7 +246,14 @@ async fn the_apiserver_refuses_pod_fields_that_would_override_the_operator() {
         (
             json!({"extraVolumes": [{"name": "x", "emptyDir": {}}],
                    "extraVolumeMounts": [{"name": "x", "mountPath": "/var/lib/questdb/conf"}]}),
-            "/var/lib/questdb and /var/lib/questdb/conf are the operator's",
+            "/var/lib/questdb and its conf, db, .checkpoint are the operator's",
+        ),
+        // A mount over the tables (an emptyDir there) would make every table absent from
+        // every backup, and every restore empty.
+        (
+            json!({"extraVolumes": [{"name": "x", "emptyDir": {}}],
+                   "extraVolumeMounts": [{"name": "x", "mountPath": "/var/lib/questdb/db"}]}),
+            "a mount over the tables or the checkpoint hides them from every backup",
         ),
         (
             json!({"extraVolumeMounts": [{"name": "nowhere", "mountPath": "/mnt"}]}),
@@ -287,6 +294,31 @@ async fn the_apiserver_refuses_pod_fields_that_would_override_the_operator() {
             && text.contains("pod.nodeSelector cannot be set on a database with a dedicated node"),
         "{text}"
     );
+
+    // The settings that would make a restore start from whatever the snapshot caught (torn
+    // writes included), or put tables outside the snapshotted volume.
+    for key in [
+        "cairo.checkpoint.recovery.enabled",
+        "cairo.snapshot.recovery.enabled",
+        "cairo.volumes",
+    ] {
+        let mut q = questdb_operator::desired::testing::questdb("recovery", NS);
+        q.metadata = ObjectMeta {
+            name: Some("recovery".into()),
+            ..Default::default()
+        };
+        q.spec.config.server.insert(key.into(), "false".into());
+        let err = env
+            .api::<QuestDB>(NS)
+            .create(&PostParams::default(), &q)
+            .await
+            .expect_err("refused");
+        assert!(
+            err.to_string()
+                .contains(&format!("server.conf key {key} is managed by the operator")),
+            "{key}: {err}"
+        );
+    }
     env.stop().await;
 }
 

@@ -1048,10 +1048,12 @@ async fn a_volume_without_a_storage_class_says_why_instead_of_waiting_forever() 
 /// thousand databases a few extra per database are thousands. Counted at the apiserver (the
 /// proxy in front of every client), events apart: eight objects (StatefulSet, two Services,
 /// two ConfigMaps, NetworkPolicy, credentials Secret, PVC) and one status are the minimum of
-/// nine; at most two more are allowed (the status transitions a user can see: created, placed
-/// on a node, running).
+/// nine; ten are reached (a second status write: created, then running), and 10.0 to 10.3 were
+/// measured with four tests at once on two cores (a database whose progress lands outside the
+/// operator's hold window costs a third status write). Half a write more on average is allowed,
+/// not two.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_new_database_costs_at_most_two_writes_beyond_its_objects_and_status() {
+async fn new_databases_cost_ten_writes_each_and_at_most_half_a_write_more_on_average() {
     const N: u64 = 10;
     let env = Env::start().await;
     env.namespace(NS).await;
@@ -1089,8 +1091,8 @@ async fn a_new_database_costs_at_most_two_writes_beyond_its_objects_and_status()
         events as f64 / N as f64
     );
     assert!(
-        operator_writes <= N * (9 + 2),
-        "{operator_writes} writes for {N} new databases, more than 11 each: {by_kind:?}"
+        operator_writes * 2 <= N * 21,
+        "{operator_writes} writes for {N} new databases, more than 10.5 each: {by_kind:?}"
     );
     env.stop().await;
 }

@@ -125,6 +125,10 @@ pub enum BackupReason {
     DatabaseBusy,
     /// Waiting: another backup of the same database holds its checkpoint.
     AnotherBackupRunning,
+    /// Waiting: a checkpoint this backup did not open is open in the database (a user's, or
+    /// another tool's): a backup never takes over a checkpoint it did not open, whose point in
+    /// time it does not know.
+    ForeignCheckpoint,
     /// The VolumeSnapshot API (the CSI snapshot CRDs) is not installed.
     SnapshotApiMissing,
     /// `CHECKPOINT CREATE` (or a query around it) failed.

@@ -1,8 +1,9 @@
 //! The backup controller: one reconcile per `QuestDBBackup`, walking its steps (see
 //! [`plan`]). Each step is recorded in status before its side effect; every side effect is
-//! idempotent (a checkpoint found open is taken as ours, a snapshot is created under the
-//! backup's name once, a release without a checkpoint is accepted), so a manager killed at any
-//! line finds its way on. A finalizer holds the backup while its checkpoint may be open.
+//! idempotent or checked (a checkpoint is the backup's only by the `started_at` it recorded, a
+//! snapshot is created under the backup's name once, only the backup's own checkpoint is ever
+//! released), so a manager killed at any line finds its way on. A finalizer holds the backup
+//! while its checkpoint may be open.
 
 pub mod plan;
 pub mod snapshot;
@@ -30,7 +31,7 @@ use crate::desired;
 use crate::questdb_http::{Database as Db, Login, QueryError};
 use crate::runtime::clock;
 
-use plan::{Database, Decision, Observed, Snapshot, Timeouts};
+use plan::{Database, Decision, Observed, OpenCheckpoint, ReleaseAction, Snapshot, Timeouts};
 
 pub const CONTROLLER_NAME: &str = "questdbbackup";
 
@@ -138,15 +139,21 @@ pub async fn reconcile(
                 let Some(db) = obs.db else {
                     return Ok(Next::RequeueAfter(Duration::from_secs(2)));
                 };
-                match checkpoint(&db, &status).await {
-                    Ok(tables) => {
-                        let mut s = status.clone();
+                // Recorded before CREATE is sent: a checkpoint found open after a crash is this
+                // backup's only if it started after this.
+                let mut s = status.clone();
+                s.checkpoint_requested_at = Some(clock::now());
+                s.checkpoint_started_at = None;
+                write_status(&api, &mut current, s).await?;
+                match checkpoint(&db, bctx.timeouts).await {
+                    Ok((tables, started_at, version)) => {
+                        let mut s = current.status.clone().unwrap_or_default();
                         s.step = Some(BackupStep::Snapshotting);
+                        s.questdb_version = version;
+                        s.checkpoint_started_at = Some(started_at);
                         s.checkpoint_at = Some(clock::now());
                         s.snapshot_name = Some(current.name_any());
-                        if let Some(tables) = tables {
-                            s.tables = tables;
-                        }
+                        s.tables = tables;
                         write_status(&api, &mut current, s).await?;
                         event(
                             ctx,
@@ -160,14 +167,8 @@ pub async fn reconcile(
                             .await
                             .map_err(Error::Kube)?;
                     }
-                    // Refused or unauthorized will not change by retrying; anything else
-                    // is retried until the cut-off.
-                    Err(e)
-                        if matches!(
-                            e,
-                            QueryError::Refused { .. } | QueryError::Unauthorized(_)
-                        ) || timed_out(&status, bctx.timeouts.cut) =>
-                    {
+                    // Refused or unauthorized will not change by retrying.
+                    Err(e @ (QueryError::Refused { .. } | QueryError::Unauthorized(_))) => {
                         begin_release(
                             &api,
                             &mut current,
@@ -176,11 +177,23 @@ pub async fn reconcile(
                         )
                         .await?;
                     }
+                    // Unanswered (a timeout, a cut connection): the next pass asks the database
+                    // what is open, and releases the backup's own unconfirmed checkpoint.
                     Err(e) => {
-                        warn!(backup = %current.name_any(), error = %e, "cannot reach the database for its checkpoint; retrying");
+                        warn!(backup = %current.name_any(), error = %e, "CHECKPOINT CREATE went unanswered; asking the database what is open");
                         return Ok(Next::RequeueAfter(Duration::from_secs(5)));
                     }
                 }
+            }
+            Decision::ReleaseOwn => {
+                let Some(db) = obs.db else {
+                    return Ok(Next::RequeueAfter(Duration::from_secs(2)));
+                };
+                if let Err(e) = db.checkpoint_release().await {
+                    warn!(backup = %current.name_any(), error = %e, "CHECKPOINT RELEASE of the backup's unconfirmed checkpoint failed; retrying");
+                    return Ok(Next::RequeueAfter(Duration::from_secs(5)));
+                }
+                info!(backup = %current.name_any(), "released the backup's own checkpoint, whose CREATE was never confirmed; opening a new one");
             }
             Decision::CreateSnapshot => {
                 snapshot::create(&ctx.client, &current, &obs.pvc)
@@ -200,13 +213,8 @@ pub async fn reconcile(
                 write_status(&api, &mut current, s).await?;
             }
             Decision::FinishRelease => {
-                if let (Some(db), Database::Ready(holder)) = (&obs.db, &obs.plan.database) {
-                    if Some(holder) == status.checkpoint.as_ref() {
-                        if let Err(e) = db.checkpoint_release().await {
-                            warn!(backup = %current.name_any(), error = %e, "CHECKPOINT RELEASE failed; retrying");
-                            return Ok(Next::RequeueAfter(Duration::from_secs(5)));
-                        }
-                    }
+                if let Some(retry) = release_own(&current, &obs, bctx.timeouts).await {
+                    return Ok(retry);
                 }
                 release_claim(&bctx, &current);
                 if status.failed {
@@ -270,6 +278,7 @@ pub async fn reconcile(
 /// What one pass observed: the plan's view, the database client and the volume's name.
 struct Observation {
     plan: Observed,
+    /// A client for the database's process while its pod runs (Ready or not).
     db: Option<Db>,
     pvc: String,
 }
@@ -285,12 +294,29 @@ async fn observe(backup: &QuestDBBackup, bctx: &BackupContext) -> Result<Observa
         .get(&ObjectRef::new(&backup.spec.questdb_name).within(&ns))
         .and_then(|g| g.0.as_ref().ok().cloned());
     let pvc = qdb.as_ref().map(desired::names::pvc).unwrap_or_default();
-    let (database, db) = match &qdb {
-        None => (Database::Missing, None),
+    let live = match &qdb {
+        None => Live::default(),
         Some(q) => database_view(q, ctx, step).await?,
     };
+    // Asked of a Ready database before a checkpoint is opened, and of the process that may
+    // hold the backup's, ready or not, once one may be open.
+    let ask = match step {
+        BackupStep::Pending => matches!(live.database, Database::Ready(_)),
+        s => BackupStep::holds_checkpoint(s),
+    };
+    let checkpoint = match (&live.db, ask) {
+        (Some(db), true) => match db.checkpoint_started_at().await {
+            Ok(Some(started_at)) => OpenCheckpoint::Open { started_at },
+            Ok(None) => OpenCheckpoint::None,
+            Err(e) => {
+                debug!(backup = %backup.name_any(), error = %e, "checkpoint_status() unanswered");
+                OpenCheckpoint::Unknown
+            }
+        },
+        _ => OpenCheckpoint::Unknown,
+    };
     let snapshot = match step {
-        BackupStep::Pending if matches!(database, Database::Ready(_)) => {
+        BackupStep::Pending if matches!(live.database, Database::Ready(_)) => {
             match snapshot::api_served(&ctx.client, &ns).await {
                 Ok(true) => Snapshot::Absent,
                 Ok(false) => Snapshot::ApiMissing,
@@ -303,48 +329,65 @@ async fn observe(backup: &QuestDBBackup, bctx: &BackupContext) -> Result<Observa
         _ => Snapshot::Absent,
     };
     let plan = Observed {
-        database,
+        database: live.database,
         other_backup: other_backup(backup, bctx),
+        checkpoint,
+        holder: live.holder.clone(),
         snapshot,
         since_checkpoint: clock::since(status.checkpoint_at.as_ref()),
         since_release: clock::since(status.released_at.as_ref()),
     };
-    Ok(Observation { plan, db, pvc })
+    Ok(Observation {
+        plan,
+        db: live.db,
+        pvc,
+    })
 }
 
-/// The database as a backup sees it, and a client for it when it is Running. The pod is read
+/// The database as a backup sees it, and the process in its pod.
+struct Live {
+    database: Database,
+    db: Option<Db>,
+    holder: Option<CheckpointHolder>,
+}
+
+impl Default for Live {
+    fn default() -> Self {
+        Self {
+            database: Database::Missing,
+            db: None,
+            holder: None,
+        }
+    }
+}
+
+/// The database as a backup sees it, and a client for the process in its pod. The pod is read
 /// from the apiserver (its address and restart count are not cached), only on the way to and
-/// while holding a checkpoint.
-async fn database_view(
-    qdb: &QuestDB,
-    ctx: &Context,
-    step: BackupStep,
-) -> Result<(Database, Option<Db>), Error> {
-    if qdb.metadata.deletion_timestamp.is_some() {
-        return Ok((Database::Deleting, None));
-    }
+/// while a checkpoint may be open; the client is there whenever the pod runs, Ready or not (a
+/// checkpoint is released by asking the process that holds it, not by its readiness).
+async fn database_view(qdb: &QuestDB, ctx: &Context, step: BackupStep) -> Result<Live, Error> {
     let status = qdb.status.clone().unwrap_or_default();
-    if crate::plan::failover::in_progress(&status) {
-        return Ok((Database::Busy("a failover is under way".into()), None));
-    }
-    if crate::plan::node_move::in_progress(&status) {
-        return Ok((Database::Busy("a node move is under way".into()), None));
-    }
-    if status.phase != Some(Phase::Running) {
+    let database = if qdb.metadata.deletion_timestamp.is_some() {
+        Some(Database::Deleting)
+    } else if crate::plan::failover::in_progress(&status) {
+        Some(Database::Busy("a failover is under way".into()))
+    } else if crate::plan::node_move::in_progress(&status) {
+        Some(Database::Busy("a node move is under way".into()))
+    } else if status.phase != Some(Phase::Running) {
         let phase = status.phase.map(|p| p.as_str()).unwrap_or("unknown");
-        return Ok((
-            Database::NotRunning(format!("the QuestDB is {phase}, not Running")),
-            None,
-        ));
-    }
-    if !matches!(
-        step,
-        BackupStep::Pending
-            | BackupStep::Checkpointing
-            | BackupStep::Snapshotting
-            | BackupStep::Releasing
-    ) {
-        return Ok((Database::NotRunning("not needed".into()), None));
+        Some(Database::NotRunning(format!(
+            "the QuestDB is {phase}, not Running"
+        )))
+    } else {
+        None
+    };
+    let may_hold = BackupStep::holds_checkpoint(step);
+    if !(may_hold || (step == BackupStep::Pending && database.is_none())) {
+        let database = database.unwrap_or_else(|| Database::NotRunning("not needed".into()));
+        return Ok(Live {
+            database,
+            ..Live::default()
+        });
     }
     let ns = qdb.namespace().unwrap_or_default();
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
@@ -353,10 +396,11 @@ async fn database_view(
         .await
         .map_err(Error::Kube)?
     else {
-        return Ok((
-            Database::NotRunning("the database pod does not exist".into()),
-            None,
-        ));
+        return Ok(Live {
+            database: database
+                .unwrap_or_else(|| Database::NotRunning("the database pod does not exist".into())),
+            ..Live::default()
+        });
     };
     let pod_status = pod.status.clone().unwrap_or_default();
     let ready = pod_status
@@ -364,13 +408,7 @@ async fn database_view(
         .iter()
         .flatten()
         .any(|c| c.type_ == "Ready" && c.status == "True");
-    let ip = pod_status.pod_ip.as_deref().and_then(|ip| ip.parse().ok());
-    let (true, Some(ip), None) = (ready, ip, pod.metadata.deletion_timestamp.as_ref()) else {
-        return Ok((
-            Database::NotRunning("the database pod is not Ready".into()),
-            None,
-        ));
-    };
+    let ip: Option<std::net::IpAddr> = pod_status.pod_ip.as_deref().and_then(|ip| ip.parse().ok());
     let restart_count = pod_status
         .container_statuses
         .iter()
@@ -381,21 +419,41 @@ async fn database_view(
         pod_uid: pod.uid().unwrap_or_default(),
         restart_count,
     };
+    let Some(ip) = ip else {
+        return Ok(Live {
+            database: database
+                .unwrap_or_else(|| Database::NotRunning("the database pod is not Ready".into())),
+            ..Live::default()
+        });
+    };
     let login = match http_login(qdb, ctx).await {
         Ok(login) => login,
         Err(message) => {
-            return Ok((
-                Database::NotRunning(format!(
-                    "{}: {message}",
-                    BackupReason::CredentialsUnavailable
-                )),
-                None,
-            ))
+            return Ok(Live {
+                database: database.unwrap_or_else(|| {
+                    Database::NotRunning(format!(
+                        "{}: {message}",
+                        BackupReason::CredentialsUnavailable
+                    ))
+                }),
+                db: None,
+                holder: Some(holder),
+            })
         }
     };
-    let addr = SocketAddr::new(ip, desired::HTTP_PORT as u16);
-    let db = Db::at(addr, Some(&login));
-    Ok((Database::Ready(holder), Some(db)))
+    let db = Db::at(SocketAddr::new(ip, desired::HTTP_PORT as u16), Some(&login));
+    let database = match database {
+        Some(d) => d,
+        None if ready && pod.metadata.deletion_timestamp.is_none() => {
+            Database::Ready(holder.clone())
+        }
+        None => Database::NotRunning("the database pod is not Ready".into()),
+    };
+    Ok(Live {
+        database,
+        db: Some(db),
+        holder: Some(holder),
+    })
 }
 
 /// The HTTP login from the database's credentials Secret (never logged).
@@ -416,22 +474,51 @@ async fn http_login(qdb: &QuestDB, ctx: &Context) -> Result<Login, String> {
     Login::from_secret(&secret).ok_or_else(|| format!("Secret {name} lacks the HTTP credentials"))
 }
 
-/// Opens the checkpoint, or finds it open (a crash after CREATE). The tables are counted just
-/// before CREATE; `None` when the checkpoint was already open (the earlier count stands).
+/// Counts the tables, opens the checkpoint and reads its `started_at`. The tables are counted
+/// just before CREATE, so the backup holds at least these rows (writes go on meanwhile).
 async fn checkpoint(
     db: &Db,
-    status: &QuestDBBackupStatus,
-) -> Result<Option<Vec<crate::api::TableFacts>>, QueryError> {
-    if db.checkpoint_in_progress().await? {
-        return Ok((!status.tables.is_empty()).then(|| status.tables.clone()));
-    }
+    timeouts: Timeouts,
+) -> Result<(Vec<crate::api::TableFacts>, String, Option<String>), QueryError> {
+    let version = db.version().await?;
     let tables = db.table_facts().await?;
-    db.checkpoint_create().await?;
-    Ok(Some(tables))
+    db.checkpoint_create(timeouts.create).await?;
+    match db.checkpoint_started_at().await? {
+        Some(started_at) => Ok((tables, started_at, version)),
+        None => Err(QueryError::Unexpected {
+            status: 200,
+            body: "CHECKPOINT CREATE answered, but checkpoint_status() shows no checkpoint open"
+                .into(),
+        }),
+    }
 }
 
-fn timed_out(status: &QuestDBBackupStatus, limit: Duration) -> bool {
-    clock::since(status.started_at.as_ref()).is_some_and(|d| d > limit)
+/// Releases the backup's own checkpoint if it is open (never anyone else's: RELEASE closes
+/// whatever is open). `Some(next)`: the process holding it runs but did not answer, or the
+/// release failed; ask again then, since a checkpoint left open fills the disk.
+async fn release_own(
+    backup: &QuestDBBackup,
+    obs: &Observation,
+    timeouts: Timeouts,
+) -> Option<Next> {
+    let status = backup.status.clone().unwrap_or_default();
+    let holder_runs = obs.plan.holder.is_some() && obs.plan.holder == status.checkpoint;
+    match plan::release_action(&status, &obs.plan.checkpoint, holder_runs, timeouts) {
+        ReleaseAction::Nothing => None,
+        ReleaseAction::Retry => {
+            warn!(backup = %backup.name_any(), "the database holding the backup's checkpoint does not answer; asking again to release it");
+            Some(Next::RequeueAfter(Duration::from_secs(5)))
+        }
+        ReleaseAction::Release => {
+            let db = obs.db.as_ref()?;
+            if let Err(e) = db.checkpoint_release().await {
+                warn!(backup = %backup.name_any(), error = %e, "CHECKPOINT RELEASE failed; retrying");
+                return Some(Next::RequeueAfter(Duration::from_secs(5)));
+            }
+            info!(backup = %backup.name_any(), "released the backup's checkpoint");
+            None
+        }
+    }
 }
 
 /// Another backup of the same database that may hold its checkpoint (from the cache, and the
@@ -545,14 +632,8 @@ async fn finalize(backup: &mut QuestDBBackup, bctx: &BackupContext) -> Result<Ne
     let status = backup.status.clone().unwrap_or_default();
     if status.step.is_some_and(BackupStep::holds_checkpoint) {
         let obs = observe(backup, bctx).await?;
-        if let (Some(db), Database::Ready(holder)) = (&obs.db, &obs.plan.database) {
-            if Some(holder) == status.checkpoint.as_ref() {
-                if let Err(e) = db.checkpoint_release().await {
-                    warn!(backup = %backup.name_any(), error = %e, "CHECKPOINT RELEASE for a deleted backup failed; retrying");
-                    return Ok(Next::RequeueAfter(Duration::from_secs(5)));
-                }
-                info!(backup = %backup.name_any(), "released the checkpoint of a deleted backup");
-            }
+        if let Some(retry) = release_own(backup, &obs, bctx.timeouts).await {
+            return Ok(retry);
         }
     }
     let ns = backup.namespace().unwrap_or_default();

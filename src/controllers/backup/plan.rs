@@ -7,8 +7,16 @@
 //! (`status.creationTime`); the checkpoint must still be open in the same process then (a
 //! restart leaves a stale `.checkpoint` a restore would silently roll back to); then
 //! `CHECKPOINT RELEASE`; the backup succeeds only once the storage says the snapshot is ready.
+//!
+//! A backup owns its checkpoint or has none: one open before it asked (a user's `CHECKPOINT
+//! CREATE`, another tool's) is never taken over, because its point in time is not the
+//! backup's. The database's `checkpoint_status()` tells checkpoints apart only by `started_at`:
+//! the backup records when it sends CREATE (before sending it) and the `started_at` its CREATE
+//! got (once CREATE answered); the cut and the release check that same `started_at` is open.
 
 use std::time::Duration;
+
+use k8s_openapi::jiff::Timestamp;
 
 use crate::api::{BackupReason, BackupStep, CheckpointHolder, QuestDBBackupStatus};
 
@@ -19,6 +27,9 @@ pub struct Timeouts {
     pub cut: Duration,
     /// From the cut until the snapshot is ready to use.
     pub upload: Duration,
+    /// How long `CHECKPOINT CREATE` may take to answer: it syncs the database's files, which on
+    /// a large database or a slow volume takes minutes.
+    pub create: Duration,
 }
 
 impl Default for Timeouts {
@@ -26,7 +37,88 @@ impl Default for Timeouts {
         Self {
             cut: Duration::from_secs(10 * 60),
             upload: Duration::from_secs(6 * 3600),
+            create: Duration::from_secs(5 * 60),
         }
+    }
+}
+
+/// How far the database's clock (`started_at`) and the operator's (`checkpointRequestedAt`) may
+/// disagree: machines of one cluster keep time by NTP.
+pub const CLOCK_SKEW: Duration = Duration::from_secs(5);
+
+/// The database's checkpoint, from `checkpoint_status()`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum OpenCheckpoint {
+    /// Not asked, or the database did not answer.
+    Unknown,
+    /// None is open.
+    None,
+    /// One is open since `started_at` (the database's clock, as it reports it).
+    Open { started_at: String },
+}
+
+/// Whose an open checkpoint is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Owner {
+    /// This backup's: CREATE answered and got this `started_at`.
+    Ours,
+    /// Started within the CREATE this backup sent last, whose answer it never had (a crash, a
+    /// timeout): its own, but not known to be complete.
+    Sent,
+    /// Anyone else's.
+    Foreign,
+}
+
+pub fn owner(status: &QuestDBBackupStatus, started_at: &str, timeouts: Timeouts) -> Owner {
+    if status.checkpoint_started_at.as_deref() == Some(started_at) {
+        return Owner::Ours;
+    }
+    let (Some(requested), Ok(started)) = (
+        status.checkpoint_requested_at.as_ref(),
+        started_at.parse::<Timestamp>(),
+    ) else {
+        return Owner::Foreign;
+    };
+    let after = started.duration_since(requested.0);
+    let skew = k8s_openapi::jiff::SignedDuration::try_from(CLOCK_SKEW).unwrap_or_default();
+    let window = k8s_openapi::jiff::SignedDuration::try_from(timeouts.create + CLOCK_SKEW)
+        .unwrap_or_default();
+    if after >= -skew && after <= window {
+        Owner::Sent
+    } else {
+        Owner::Foreign
+    }
+}
+
+/// What a release does with the database's checkpoint.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ReleaseAction {
+    /// `CHECKPOINT RELEASE`: the open checkpoint is the backup's.
+    Release,
+    /// Nothing of the backup's is open (none, another's, or the process that held it is gone).
+    Nothing,
+    /// The process that holds the backup's checkpoint still runs but did not answer: ask again
+    /// (a checkpoint left open keeps WAL segments and old partitions until the disk fills).
+    Retry,
+}
+
+/// `holder_runs`: the process the checkpoint was opened in still runs (its pod and container,
+/// ready or not).
+pub fn release_action(
+    status: &QuestDBBackupStatus,
+    checkpoint: &OpenCheckpoint,
+    holder_runs: bool,
+    timeouts: Timeouts,
+) -> ReleaseAction {
+    match checkpoint {
+        OpenCheckpoint::Open { started_at }
+            if owner(status, started_at, timeouts) != Owner::Foreign =>
+        {
+            ReleaseAction::Release
+        }
+        OpenCheckpoint::Open { .. } | OpenCheckpoint::None => ReleaseAction::Nothing,
+        OpenCheckpoint::Unknown if holder_runs => ReleaseAction::Retry,
+        OpenCheckpoint::Unknown => ReleaseAction::Nothing,
     }
 }
 
@@ -41,6 +133,12 @@ pub enum Database {
     Busy(String),
     /// Running; the process that would hold a checkpoint.
     Ready(CheckpointHolder),
+}
+
+fn foreign_checkpoint(started_at: &str) -> String {
+    format!(
+        "a checkpoint this backup did not open has been open since {started_at} (a manual CHECKPOINT CREATE, or another tool's): the backup waits for it to be released (CHECKPOINT RELEASE) and never takes it over"
+    )
 }
 
 /// The backup's VolumeSnapshot.
@@ -65,6 +163,10 @@ pub struct Observed {
     pub database: Database,
     /// Another backup of the same database that may hold its checkpoint.
     pub other_backup: Option<String>,
+    /// The database's checkpoint (asked while the database is Ready, in the steps that need it).
+    pub checkpoint: OpenCheckpoint,
+    /// The process running in the database's pod, Ready or not (`None`: no pod runs).
+    pub holder: Option<CheckpointHolder>,
     pub snapshot: Snapshot,
     /// Time since the checkpoint was created (`status.checkpointAt`).
     pub since_checkpoint: Option<Duration>,
@@ -82,8 +184,13 @@ pub enum Decision {
     },
     /// Record `Checkpointing` with this holder, then open the checkpoint.
     StartCheckpoint(CheckpointHolder),
-    /// In `Checkpointing`: open the checkpoint (or find it open), then record `Snapshotting`.
+    /// In `Checkpointing`, none open: record when CREATE is sent, send it, and once it answers
+    /// record `Snapshotting` with the checkpoint's `started_at`.
     Checkpoint,
+    /// The backup's own checkpoint is open but not known to be complete (its CREATE's answer was
+    /// lost), or left from an attempt that went back to waiting: release it; the next pass opens
+    /// a new one.
+    ReleaseOwn,
     /// In `Snapshotting`: ask for the VolumeSnapshot.
     CreateSnapshot,
     /// Look again after this long.
@@ -113,20 +220,44 @@ pub fn decide(status: &QuestDBBackupStatus, obs: &Observed, timeouts: Timeouts) 
     let step = status.step.unwrap_or(BackupStep::Pending);
     match step {
         BackupStep::Succeeded | BackupStep::Failed => Decision::Done,
-        BackupStep::Pending => pending(obs),
+        BackupStep::Pending => pending(status, obs, timeouts),
         BackupStep::Checkpointing => match &obs.database {
             Database::Ready(holder) if Some(holder) != status.checkpoint.as_ref() => {
                 // The process changed before the snapshot was asked for: nothing of the old
                 // one is in any snapshot, so a checkpoint in the new one is as good.
                 Decision::StartCheckpoint(holder.clone())
             }
-            Database::Ready(_) => Decision::Checkpoint,
+            Database::Ready(_) => match &obs.checkpoint {
+                OpenCheckpoint::None => Decision::Checkpoint,
+                OpenCheckpoint::Open { started_at } => {
+                    match owner(status, started_at, timeouts) {
+                        Owner::Ours | Owner::Sent => Decision::ReleaseOwn,
+                        Owner::Foreign => Decision::Wait {
+                            reason: BackupReason::ForeignCheckpoint,
+                            message: foreign_checkpoint(started_at),
+                            requeue: WAIT_POLL,
+                        },
+                    }
+                }
+                // The database did not say: ask again, within the checkpoint's time limit.
+                OpenCheckpoint::Unknown if since_request(status).is_some_and(|d| d > timeouts.cut) => {
+                    Decision::Fail {
+                        reason: BackupReason::CheckpointFailed,
+                        message: format!(
+                            "the database did not answer checkpoint_status() within {}s of the checkpoint's request",
+                            timeouts.cut.as_secs()
+                        ),
+                    }
+                }
+                OpenCheckpoint::Unknown => Decision::Poll(Duration::from_secs(5)),
+            },
             Database::Missing | Database::Deleting => Decision::Fail {
                 reason: BackupReason::QuestDBDeleted,
                 message: "the QuestDB was deleted during the backup".into(),
             },
-            // Unreachable for now (moving, restarting): the checkpoint, if any, went with it.
-            Database::NotRunning(_) | Database::Busy(_) => pending(obs),
+            // Unreachable for now (moving, restarting): the checkpoint, if any, went with it, or
+            // is released as the backup's own once the database is back.
+            Database::NotRunning(_) | Database::Busy(_) => pending(status, obs, timeouts),
         },
         BackupStep::Snapshotting => snapshotting(status, obs, timeouts),
         BackupStep::Releasing => Decision::FinishRelease,
@@ -134,7 +265,12 @@ pub fn decide(status: &QuestDBBackupStatus, obs: &Observed, timeouts: Timeouts) 
     }
 }
 
-fn pending(obs: &Observed) -> Decision {
+/// Time since the backup last sent (or was about to send) `CHECKPOINT CREATE`.
+fn since_request(status: &QuestDBBackupStatus) -> Option<Duration> {
+    crate::runtime::clock::since(status.checkpoint_requested_at.as_ref())
+}
+
+fn pending(status: &QuestDBBackupStatus, obs: &Observed, timeouts: Timeouts) -> Decision {
     let wait = |reason, message: String, requeue| Decision::Wait {
         reason,
         message,
@@ -165,7 +301,24 @@ fn pending(obs: &Observed) -> Decision {
             ),
             WAIT_POLL,
         ),
-        Database::Ready(holder) => Decision::StartCheckpoint(holder.clone()),
+        Database::Ready(_) if matches!(obs.checkpoint, OpenCheckpoint::Unknown) => wait(
+            BackupReason::DatabaseNotRunning,
+            "the database did not answer checkpoint_status()".into(),
+            WAIT_POLL,
+        ),
+        Database::Ready(holder) => match &obs.checkpoint {
+            OpenCheckpoint::Open { started_at } => match owner(status, started_at, timeouts) {
+                // Left open by this backup's own earlier attempt (the database went away
+                // meanwhile, and came back in the same process).
+                Owner::Ours | Owner::Sent => Decision::ReleaseOwn,
+                Owner::Foreign => wait(
+                    BackupReason::ForeignCheckpoint,
+                    foreign_checkpoint(started_at),
+                    WAIT_POLL,
+                ),
+            },
+            _ => Decision::StartCheckpoint(holder.clone()),
+        },
     }
 }
 
@@ -175,10 +328,9 @@ fn snapshotting(status: &QuestDBBackupStatus, obs: &Observed, timeouts: Timeouts
     let fail = |reason, message: String| Decision::Release {
         failure: Some((reason, message)),
     };
-    let held_by_same_process = match &obs.database {
-        Database::Ready(holder) => Some(holder) == status.checkpoint.as_ref(),
-        _ => false,
-    };
+    // The process, not its readiness: a pod briefly not Ready still holds the checkpoint, and
+    // the cut below asks the database itself.
+    let held_by_same_process = obs.holder.is_some() && obs.holder == status.checkpoint;
     match &obs.snapshot {
         Snapshot::ApiMissing => fail(BackupReason::SnapshotApiMissing, SNAPSHOT_API_MISSING.into()),
         Snapshot::NotOurs => fail(
@@ -191,7 +343,32 @@ fn snapshotting(status: &QuestDBBackupStatus, obs: &Observed, timeouts: Timeouts
             "the database restarted or moved while its checkpoint was open; the snapshot could restore to a stale checkpoint".into(),
         ),
         Snapshot::Absent => Decision::CreateSnapshot,
-        Snapshot::Pending { cut: true } | Snapshot::Ready { .. } => Decision::Release { failure: None },
+        // The cut: the snapshot holds the checkpoint only if that same checkpoint is still open.
+        Snapshot::Pending { cut: true } | Snapshot::Ready { .. } => match &obs.checkpoint {
+            OpenCheckpoint::Open { started_at }
+                if status.checkpoint_started_at.as_deref() == Some(started_at.as_str()) =>
+            {
+                Decision::Release { failure: None }
+            }
+            OpenCheckpoint::Unknown if !obs.since_checkpoint.is_some_and(|d| d > timeouts.cut) => {
+                Decision::Poll(SNAPSHOT_POLL)
+            }
+            OpenCheckpoint::Unknown => fail(
+                BackupReason::CheckpointLost,
+                "the database did not say whether the backup's checkpoint was still open at the cut".into(),
+            ),
+            OpenCheckpoint::None => fail(
+                BackupReason::CheckpointLost,
+                "the backup's checkpoint was no longer open when the snapshot was cut (released by someone else?)".into(),
+            ),
+            OpenCheckpoint::Open { started_at } => fail(
+                BackupReason::CheckpointLost,
+                format!(
+                    "at the cut the open checkpoint started at {started_at}, not the backup's ({}): released and replaced by someone else",
+                    status.checkpoint_started_at.as_deref().unwrap_or("unknown")
+                ),
+            ),
+        },
         Snapshot::Pending { cut: false }
             if obs.since_checkpoint.is_some_and(|d| d > timeouts.cut) =>
         {
@@ -236,6 +413,7 @@ fn uploading(obs: &Observed, timeouts: Timeouts) -> Decision {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
     fn holder(uid: &str, restarts: i32) -> CheckpointHolder {
         CheckpointHolder {
@@ -244,21 +422,52 @@ mod tests {
         }
     }
 
+    /// When the backup sent CREATE (operator's clock) and when its checkpoint started
+    /// (database's clock, a second later).
+    const REQUESTED: &str = "2026-11-28T08:00:00Z";
+    const STARTED: &str = "2026-11-28T08:00:01.123456Z";
+
     fn status(step: BackupStep) -> QuestDBBackupStatus {
         QuestDBBackupStatus {
             step: Some(step),
             checkpoint: Some(holder("pod-1", 0)),
+            checkpoint_requested_at: Some(Time(REQUESTED.parse().unwrap())),
+            checkpoint_started_at: matches!(
+                step,
+                BackupStep::Snapshotting | BackupStep::Releasing | BackupStep::Uploading
+            )
+            .then(|| STARTED.to_string()),
             ..Default::default()
         }
     }
 
+    fn open(started_at: &str) -> OpenCheckpoint {
+        OpenCheckpoint::Open {
+            started_at: started_at.into(),
+        }
+    }
+
     fn observed(database: Database, snapshot: Snapshot) -> Observed {
+        let holder = match &database {
+            Database::Ready(h) => Some(h.clone()),
+            _ => None,
+        };
         Observed {
             database,
             other_backup: None,
+            checkpoint: OpenCheckpoint::None,
+            holder,
             snapshot,
             since_checkpoint: Some(Duration::from_secs(1)),
             since_release: Some(Duration::from_secs(1)),
+        }
+    }
+
+    /// At the cut, with the backup's own checkpoint still open.
+    fn cut(database: Database, snapshot: Snapshot) -> Observed {
+        Observed {
+            checkpoint: open(STARTED),
+            ..observed(database, snapshot)
         }
     }
 
@@ -351,7 +560,7 @@ mod tests {
             Decision::Poll(SNAPSHOT_POLL)
         );
         assert_eq!(
-            decide(&s, &observed(ready(), Snapshot::Pending { cut: true }), t),
+            decide(&s, &cut(ready(), Snapshot::Pending { cut: true }), t),
             Decision::Release { failure: None }
         );
     }
@@ -371,7 +580,7 @@ mod tests {
                 Snapshot::Ready { restore_size: None },
             ] {
                 assert_eq!(
-                    failure(decide(&s, &observed(db.clone(), snap), t)),
+                    failure(decide(&s, &cut(db.clone(), snap), t)),
                     Some(BackupReason::CheckpointLost),
                     "{db:?}"
                 );
@@ -445,6 +654,174 @@ mod tests {
         assert_eq!(
             failure(decide(&s, &slow, t)),
             Some(BackupReason::SnapshotTimeout)
+        );
+    }
+
+    /// The harm this prevents: a backup that said Succeeded and restored 5,000 of 8,000
+    /// acknowledged rows, because it took over a checkpoint a user had opened by hand earlier.
+    #[test]
+    fn a_checkpoint_the_backup_did_not_open_is_never_taken_over() {
+        let t = Timeouts::default();
+        let foreign = "2026-11-28T07:00:00Z";
+        let waits_on_it = |d: Decision| matches!(d, Decision::Wait { reason: BackupReason::ForeignCheckpoint, ref message, .. } if message.contains(foreign));
+        let new = QuestDBBackupStatus::default();
+        let obs = Observed {
+            checkpoint: open(foreign),
+            ..observed(ready(), Snapshot::Absent)
+        };
+        assert!(waits_on_it(decide(&new, &obs, t)));
+        // Recorded Checkpointing, then found one open that started before its CREATE was sent.
+        let s = status(BackupStep::Checkpointing);
+        assert!(waits_on_it(decide(&s, &obs, t)));
+        // Nor one that started long after (the backup's CREATE never reached the database).
+        let late = Observed {
+            checkpoint: open("2026-11-28T09:00:00Z"),
+            ..observed(ready(), Snapshot::Absent)
+        };
+        assert!(matches!(
+            decide(&s, &late, t),
+            Decision::Wait {
+                reason: BackupReason::ForeignCheckpoint,
+                ..
+            }
+        ));
+        // Once it is released, the backup opens its own.
+        assert_eq!(
+            decide(&new, &observed(ready(), Snapshot::Absent), t),
+            Decision::StartCheckpoint(holder("pod-1", 0))
+        );
+    }
+
+    #[test]
+    fn a_checkpoint_is_the_backups_by_its_recorded_start_or_within_its_own_create() {
+        let t = Timeouts::default();
+        let mut s = status(BackupStep::Checkpointing);
+        assert_eq!(owner(&s, STARTED, t), Owner::Sent);
+        // The clocks may disagree by a few seconds.
+        assert_eq!(owner(&s, "2026-11-28T07:59:57Z", t), Owner::Sent);
+        assert_eq!(owner(&s, "2026-11-28T07:59:50Z", t), Owner::Foreign);
+        assert_eq!(owner(&s, "2026-11-28T08:04:59Z", t), Owner::Sent);
+        assert_eq!(owner(&s, "2026-11-28T08:10:00Z", t), Owner::Foreign);
+        assert_eq!(owner(&s, "not a time", t), Owner::Foreign);
+        s.checkpoint_started_at = Some(STARTED.into());
+        assert_eq!(owner(&s, STARTED, t), Owner::Ours);
+        assert_eq!(
+            owner(&QuestDBBackupStatus::default(), STARTED, t),
+            Owner::Foreign
+        );
+    }
+
+    /// CREATE's answer lost (a crash, a timeout): the checkpoint is the backup's, but whether it
+    /// completed its sync is unknown, so it is released and opened again, never cut.
+    #[test]
+    fn a_create_whose_answer_was_lost_is_released_and_opened_again() {
+        let t = Timeouts::default();
+        let sent = Observed {
+            checkpoint: open(STARTED),
+            ..observed(ready(), Snapshot::Absent)
+        };
+        assert_eq!(
+            decide(&status(BackupStep::Checkpointing), &sent, t),
+            Decision::ReleaseOwn
+        );
+        // Left open by an attempt that went back to waiting: released before anything else.
+        let mut waiting = status(BackupStep::Checkpointing);
+        waiting.step = Some(BackupStep::Pending);
+        assert_eq!(decide(&waiting, &sent, t), Decision::ReleaseOwn);
+        // The database did not answer: asked again, then the backup fails.
+        let mut unknown = Observed {
+            checkpoint: OpenCheckpoint::Unknown,
+            ..observed(ready(), Snapshot::Absent)
+        };
+        let mut recent = status(BackupStep::Checkpointing);
+        recent.checkpoint_requested_at = Some(crate::runtime::clock::now());
+        assert!(matches!(decide(&recent, &unknown, t), Decision::Poll(_)));
+        assert_eq!(
+            failure(decide(&status(BackupStep::Checkpointing), &unknown, t)),
+            Some(BackupReason::CheckpointFailed)
+        );
+        unknown.database = Database::NotRunning("x".into());
+        assert!(matches!(
+            decide(&recent, &unknown, t),
+            Decision::Wait { .. }
+        ));
+    }
+
+    #[test]
+    fn the_cut_holds_only_the_backups_own_checkpoint_still_open() {
+        let t = Timeouts::default();
+        let s = status(BackupStep::Snapshotting);
+        let at_cut = |checkpoint| Observed {
+            checkpoint,
+            ..observed(ready(), Snapshot::Pending { cut: true })
+        };
+        assert_eq!(
+            decide(&s, &at_cut(open(STARTED)), t),
+            Decision::Release { failure: None }
+        );
+        for lost in [open("2026-11-28T08:01:00Z"), OpenCheckpoint::None] {
+            assert_eq!(
+                failure(decide(&s, &at_cut(lost.clone()), t)),
+                Some(BackupReason::CheckpointLost),
+                "{lost:?}"
+            );
+        }
+        assert!(matches!(
+            decide(&s, &at_cut(OpenCheckpoint::Unknown), t),
+            Decision::Poll(_)
+        ));
+        let mut late = at_cut(OpenCheckpoint::Unknown);
+        late.since_checkpoint = Some(t.cut + Duration::from_secs(1));
+        assert_eq!(
+            failure(decide(&s, &late, t)),
+            Some(BackupReason::CheckpointLost)
+        );
+        // A pod briefly not Ready still runs the process holding the checkpoint.
+        let not_ready = Observed {
+            holder: Some(holder("pod-1", 0)),
+            ..at_cut(open(STARTED))
+        };
+        let not_ready = Observed {
+            database: Database::NotRunning("the database pod is not Ready".into()),
+            ..not_ready
+        };
+        assert_eq!(
+            decide(&s, &not_ready, t),
+            Decision::Release { failure: None }
+        );
+    }
+
+    /// RELEASE closes whatever checkpoint is open: only the backup's own is released, and one
+    /// whose process still runs but does not answer is asked again, never forgotten.
+    #[test]
+    fn a_release_closes_only_the_backups_own_checkpoint_and_never_gives_up_on_a_live_one() {
+        let t = Timeouts::default();
+        let s = status(BackupStep::Releasing);
+        assert_eq!(
+            release_action(&s, &open(STARTED), true, t),
+            ReleaseAction::Release
+        );
+        let mut sent = status(BackupStep::Checkpointing);
+        sent.step = Some(BackupStep::Releasing);
+        assert_eq!(
+            release_action(&sent, &open(STARTED), true, t),
+            ReleaseAction::Release
+        );
+        assert_eq!(
+            release_action(&s, &open("2026-11-28T07:00:00Z"), true, t),
+            ReleaseAction::Nothing
+        );
+        assert_eq!(
+            release_action(&s, &OpenCheckpoint::None, true, t),
+            ReleaseAction::Nothing
+        );
+        assert_eq!(
+            release_action(&s, &OpenCheckpoint::Unknown, true, t),
+            ReleaseAction::Retry
+        );
+        assert_eq!(
+            release_action(&s, &OpenCheckpoint::Unknown, false, t),
+            ReleaseAction::Nothing
         );
     }
 

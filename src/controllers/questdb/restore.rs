@@ -38,13 +38,13 @@ pub async fn gate(qdb: &QuestDB, ctx: &Context) -> Result<Gate, Error> {
     let pvc_name = desired::names::pvc(qdb);
     let pvc = ctx.caches.pvcs.get(&ObjectRef::new(&pvc_name).within(&ns));
     if let Some(pvc) = pvc {
-        return Ok(existing(&pvc, &pvc_name));
+        return Ok(existing(&pvc, &pvc_name, source));
     }
     // The cache holds only the operator's claims: someone else's of that name is read live,
     // and only until the restored claim exists.
     let live: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &ns);
     if let Some(pvc) = live.get_opt(&pvc_name).await.map_err(Error::Kube)? {
-        return Ok(existing(&pvc, &pvc_name));
+        return Ok(existing(&pvc, &pvc_name, source));
     }
     let (snapshot, what) = match source {
         RestoreSource {
@@ -121,19 +121,44 @@ pub async fn gate(qdb: &QuestDB, ctx: &Context) -> Result<Gate, Error> {
     Ok(Gate::Create { snapshot, verdict })
 }
 
-/// A claim that exists: restored (it was created from a VolumeSnapshot) or in the way.
-fn existing(pvc: &PersistentVolumeClaim, name: &str) -> Gate {
+/// The VolumeSnapshot `source` names: a backup's snapshot carries the backup's name (the
+/// backup controller creates it so).
+fn source_snapshot(source: &RestoreSource) -> Option<&str> {
+    source
+        .backup
+        .as_deref()
+        .or(source.volume_snapshot.as_deref())
+}
+
+/// A claim that exists: restored from the snapshot `source` names, or in the way (made from
+/// nothing, or from another snapshot: a name reused for a second restore drill keeps the first
+/// drill's retained volume, which would serve the other backup's data).
+fn existing(pvc: &PersistentVolumeClaim, name: &str, source: &RestoreSource) -> Gate {
     let spec = pvc.spec.as_ref();
-    let source = spec
+    let made_from = spec
         .and_then(|s| s.data_source.as_ref())
         .filter(|d| d.kind == "VolumeSnapshot")
         .map(|d| d.name.clone());
-    match source {
-        Some(snapshot) => Gate::Open(Some(Verdict::new(
+    let wanted = source_snapshot(source);
+    let what = match (&source.backup, &source.volume_snapshot) {
+        (Some(b), _) => format!("backup {b}"),
+        (None, Some(v)) => format!("VolumeSnapshot {v}"),
+        (None, None) => "nothing".into(),
+    };
+    match made_from {
+        Some(snapshot) if wanted.is_none_or(|w| w == snapshot) => Gate::Open(Some(Verdict::new(
             true,
             RestoreReason::Restored,
             format!("volume {name} was created from VolumeSnapshot {snapshot}"),
         ))),
+        Some(snapshot) => Gate::Blocked(
+            Verdict::new(
+                false,
+                RestoreReason::RestoreRefused,
+                format!("volume {name} already exists and was restored from VolumeSnapshot {snapshot}, not from {what} (VolumeSnapshot {}): it is never overwritten; delete it (its data goes with it) to restore {what}", wanted.unwrap_or_default()),
+            ),
+            None,
+        ),
         None => Gate::Blocked(
             Verdict::new(
                 false,
@@ -171,18 +196,58 @@ mod tests {
         }
     }
 
+    fn from_backup(name: &str) -> RestoreSource {
+        RestoreSource {
+            backup: Some(name.into()),
+            volume_snapshot: None,
+        }
+    }
+
     #[test]
     fn an_existing_volume_not_made_from_a_snapshot_is_never_restored_over() {
-        match existing(&claim(None), "prod-data") {
+        match existing(&claim(None), "prod-data", &from_backup("nightly")) {
             Gate::Blocked(v, None) => {
                 assert_eq!(v.reason, RestoreReason::RestoreRefused);
                 assert!(!v.status);
             }
             other => panic!("{other:?}"),
         }
-        match existing(&claim(Some("nightly")), "prod-data") {
+        match existing(
+            &claim(Some("nightly")),
+            "prod-data",
+            &from_backup("nightly"),
+        ) {
             Gate::Open(Some(v)) => assert!(v.status && v.message.contains("nightly")),
             other => panic!("{other:?}"),
         }
+    }
+
+    /// The harm: restoring `r` from Friday's backup after an earlier drill of `r` from Monday's
+    /// (whose claim was retained) would serve Monday's data, Ready and `VolumeRestored=True`.
+    #[test]
+    fn a_volume_restored_from_another_snapshot_is_refused_naming_both() {
+        match existing(&claim(Some("monday")), "r-data", &from_backup("friday")) {
+            Gate::Blocked(v, None) => {
+                assert_eq!(v.reason, RestoreReason::RestoreRefused);
+                assert!(
+                    v.message.contains("monday") && v.message.contains("friday"),
+                    "{}",
+                    v.message
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        let snapshot = RestoreSource {
+            backup: None,
+            volume_snapshot: Some("friday".into()),
+        };
+        assert!(matches!(
+            existing(&claim(Some("friday")), "r-data", &snapshot),
+            Gate::Open(Some(_))
+        ));
+        assert!(matches!(
+            existing(&claim(Some("monday")), "r-data", &snapshot),
+            Gate::Blocked(_, None)
+        ));
     }
 }
