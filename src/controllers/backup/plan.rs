@@ -350,7 +350,7 @@ fn snapshotting(status: &QuestDBBackupStatus, obs: &Observed, timeouts: Timeouts
             {
                 Decision::Release { failure: None }
             }
-            OpenCheckpoint::Unknown if !obs.since_checkpoint.is_some_and(|d| d > timeouts.cut) => {
+            OpenCheckpoint::Unknown if obs.since_checkpoint.is_none_or(|d| d <= timeouts.cut) => {
                 Decision::Poll(SNAPSHOT_POLL)
             }
             OpenCheckpoint::Unknown => fail(
