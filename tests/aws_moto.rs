@@ -45,6 +45,10 @@ fn base_config_at(endpoint: String) -> CloudConfig {
         max_delay: Duration::from_millis(200),
         max_retries: 2,
         eventual_consistency_window: Duration::from_secs(1),
+        // moto is a Python process answering beside four tests that start control planes on two
+        // cores: its first answer (the default VPC built lazily) took over 5 s there. AWS's
+        // own latency is what the 5 s default is for.
+        attempt_timeout: Duration::from_secs(30),
         ..RetryPolicy::default()
     };
     config.rate_limit = RateLimit {

@@ -402,38 +402,6 @@ mod tests {
             ),
             (
                 PodOptions {
-                    extra_volumes: vec![scratch("x")],
-                    extra_volume_mounts: vec![mount("x", "/var/lib/questdb")],
-                    ..Default::default()
-                },
-                "pod.extraVolumeMounts: /var/lib/questdb and its conf, db, .checkpoint are the operator's (a mount over the tables or the checkpoint hides them from every backup)",
-            ),
-            (
-                PodOptions {
-                    extra_volumes: vec![scratch("x")],
-                    extra_volume_mounts: vec![mount("x", "/var/lib/questdb/conf/server.conf")],
-                    ..Default::default()
-                },
-                "pod.extraVolumeMounts: /var/lib/questdb and its conf, db, .checkpoint are the operator's (a mount over the tables or the checkpoint hides them from every backup)",
-            ),
-            (
-                PodOptions {
-                    extra_volumes: vec![scratch("x")],
-                    extra_volume_mounts: vec![mount("x", "/var/lib/questdb/db")],
-                    ..Default::default()
-                },
-                "pod.extraVolumeMounts: /var/lib/questdb and its conf, db, .checkpoint are the operator's (a mount over the tables or the checkpoint hides them from every backup)",
-            ),
-            (
-                PodOptions {
-                    extra_volumes: vec![scratch("x")],
-                    extra_volume_mounts: vec![mount("x", "/var/lib/questdb/.checkpoint")],
-                    ..Default::default()
-                },
-                "pod.extraVolumeMounts: /var/lib/questdb and its conf, db, .checkpoint are the operator's (a mount over the tables or the checkpoint hides them from every backup)",
-            ),
-            (
-                PodOptions {
                     extra_volume_mounts: vec![mount("missing", "/mnt/x")],
                     ..Default::default()
                 },
@@ -450,5 +418,31 @@ mod tests {
         for (pod, message) in refused {
             assert_eq!(errors(&with_pod(pod.clone())), vec![message], "{pod:?}");
         }
+        // The root, its conf (the operator's files), db (the tables: a mount there hides them
+        // from every backup) and the checkpoint.
+        for path in [
+            "/var/lib/questdb",
+            "/var/lib/questdb/",
+            "/var/lib/questdb/conf/server.conf",
+            "/var/lib/questdb/db",
+            "/var/lib/questdb/db/trades",
+            "/var/lib/questdb/.checkpoint",
+        ] {
+            let pod = PodOptions {
+                extra_volumes: vec![scratch("x")],
+                extra_volume_mounts: vec![mount("x", path)],
+                ..Default::default()
+            };
+            assert_eq!(
+                errors(&with_pod(pod)),
+                vec!["pod.extraVolumeMounts: /var/lib/questdb and its conf, db, .checkpoint are the operator's (a mount over the tables or the checkpoint hides them from every backup)"],
+                "{path}"
+            );
+            assert!(
+                reserved_mount_path(path),
+                "the operator's own check: {path}"
+            );
+        }
+        assert!(!reserved_mount_path("/var/lib/questdb/import"));
     }
 }

@@ -74,6 +74,42 @@ async fn database_with_rows(env: &Env, name: &str, rows: usize) -> (String, Cred
     (http, creds)
 }
 
+/// A `CHECKPOINT CREATE` by hand (as a user preparing a manual copy might), then `more`
+/// acknowledged rows, `total` in all.
+async fn checkpoint_by_hand_then_rows(
+    env: &Env,
+    http: &str,
+    creds: &Credentials,
+    more: usize,
+    total: i64,
+) {
+    let (code, body) = exec(http, "CHECKPOINT CREATE", creds.http()).await.unwrap();
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(
+        ilp_http(http, &lines("trades", more), creds.http())
+            .await
+            .unwrap(),
+        204
+    );
+    rows_become(env, http, "trades", total, creds.http()).await;
+}
+
+/// A new QuestDB `name` restored from `backup`, Ready; its HTTP address and credentials.
+async fn restored_from(env: &Env, backup: &str, name: &str) -> (QuestDB, String, Credentials) {
+    env.create_questdb(NS, name, |q| {
+        real(q);
+        q.spec.volume.restore_from = Some(RestoreSource {
+            backup: Some(backup.into()),
+            volume_snapshot: None,
+        });
+    })
+    .await;
+    let restored = ready(env, name).await;
+    let creds = Credentials::of(env, &format!("{name}-credentials")).await;
+    let http = format!("{}:9000", pod_ip(env, name).await);
+    (restored, http, creds)
+}
+
 #[tokio::test]
 async fn a_restored_backup_holds_exactly_the_rows_acknowledged_before_it_and_none_after() {
     let env = env().await;
@@ -101,18 +137,8 @@ async fn a_restored_backup_holds_exactly_the_rows_acknowledged_before_it_and_non
     );
     rows_become(&env, &http, "trades", 1500, creds.http()).await;
 
-    env.create_questdb(NS, "db2", |q| {
-        real(q);
-        q.spec.volume.restore_from = Some(RestoreSource {
-            backup: Some("b1".into()),
-            volume_snapshot: None,
-        });
-    })
-    .await;
-    let restored = ready(&env, "db2").await;
+    let (restored, http2, creds2) = restored_from(&env, "b1", "db2").await;
     assert!(has_condition("VolumeRestored", "Restored").matches_object(Some(&restored)));
-    let creds2 = Credentials::of(&env, "db2-credentials").await;
-    let http2 = format!("{}:9000", pod_ip(&env, "db2").await);
     wait_until("the restored database counts the backup's rows", || {
         let http2 = http2.clone();
         let login = creds2.http().map(|(u, p)| (u.to_string(), p.to_string()));
@@ -535,17 +561,7 @@ async fn a_backup_taken_under_write_load_restores_whole_batches_and_writable_tab
 async fn a_recreated_database_on_a_retained_volume_never_rolls_back_to_a_checkpoint_left_open() {
     let env = env().await;
     let (http, creds) = database_with_rows(&env, "db1", 300).await;
-    let (code, body) = exec(&http, "CHECKPOINT CREATE", creds.http())
-        .await
-        .unwrap();
-    assert_eq!(code, 200, "{body}");
-    assert_eq!(
-        ilp_http(&http, &lines("trades", 200), creds.http())
-            .await
-            .unwrap(),
-        204
-    );
-    rows_become(&env, &http, "trades", 500, creds.http()).await;
+    checkpoint_by_hand_then_rows(&env, &http, &creds, 200, 500).await;
 
     let qdbs = env.api::<QuestDB>(NS);
     qdbs.delete("db1", &DeleteParams::default()).await.unwrap();
@@ -577,17 +593,7 @@ async fn a_recreated_database_on_a_retained_volume_never_rolls_back_to_a_checkpo
 async fn a_checkpoint_opened_by_hand_is_never_taken_over_and_the_backup_holds_every_row() {
     let env = env().await;
     let (http, creds) = database_with_rows(&env, "db1", 5000).await;
-    let (code, body) = exec(&http, "CHECKPOINT CREATE", creds.http())
-        .await
-        .unwrap();
-    assert_eq!(code, 200, "{body}");
-    assert_eq!(
-        ilp_http(&http, &lines("trades", 3000), creds.http())
-            .await
-            .unwrap(),
-        204
-    );
-    rows_become(&env, &http, "trades", 8000, creds.http()).await;
+    checkpoint_by_hand_then_rows(&env, &http, &creds, 3000, 8000).await;
 
     create_backup(&env, "b1", "db1").await;
     let waiting = wait_for_within(
@@ -627,16 +633,6 @@ async fn a_checkpoint_opened_by_hand_is_never_taken_over_and_the_backup_holds_ev
     assert!(status.checkpoint_started_at.is_some(), "{status:?}");
     assert!(!checkpoint_open(&http, creds.http()).await);
 
-    env.create_questdb(NS, "db2", |q| {
-        real(q);
-        q.spec.volume.restore_from = Some(RestoreSource {
-            backup: Some("b1".into()),
-            volume_snapshot: None,
-        });
-    })
-    .await;
-    ready(&env, "db2").await;
-    let creds2 = Credentials::of(&env, "db2-credentials").await;
-    let http2 = format!("{}:9000", pod_ip(&env, "db2").await);
+    let (_, http2, creds2) = restored_from(&env, "b1", "db2").await;
     rows_become(&env, &http2, "trades", 8000, creds2.http()).await;
 }

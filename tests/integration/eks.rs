@@ -45,6 +45,9 @@ struct AwsSide {
 async fn aws_side(moto: &Moto) -> AwsSide {
     let mut config = questdb_operator::cloud::CloudConfig::new("orders-eks", REGION);
     config.endpoint_url = Some(moto.endpoint());
+    // moto's first answer (its default VPC, built lazily) can take over AWS's 5 s beside other
+    // tests on two cores.
+    config.retry.attempt_timeout = std::time::Duration::from_secs(30);
     let sdk = sdk_config_loader(&config)
         .credentials_provider(Credentials::new("testing", "testing", None, None, "eks"))
         .load()
