@@ -357,6 +357,7 @@ pub fn options_from(args: &RunArgs) -> anyhow::Result<ManagerOptions> {
             cut: std::time::Duration::from_secs(args.backup_checkpoint_timeout),
             upload: std::time::Duration::from_secs(args.backup_upload_timeout),
             create: std::time::Duration::from_secs(args.backup_checkpoint_create_timeout),
+            ..Default::default()
         },
         leader_election: args.leader_elect.then(|| LeaderElection {
             lease_name: args.leader_election_id.clone(),

@@ -608,10 +608,7 @@ fn start_caches(
         s.metadata.labels = None;
         s.types = None;
         if let Some(a) = s.metadata.annotations.as_mut() {
-            a.retain(|k, _| {
-                k == crate::api::SECRET_QUESTDB_ANNOTATION
-                    || k == crate::desired::credentials::GENERATED_FOR_ANNOTATION
-            });
+            a.retain(|k, v| kept_secret_annotation(k, v));
         }
     })
     .reflect(secret_writer)
@@ -870,6 +867,8 @@ async fn run_controllers(shared: &Shared<'_>, subs: Subscriptions, token: Cancel
             .ok()
             .filter(|n| !n.is_empty()),
         write_health: Default::default(),
+        checkpoints: Default::default(),
+        backups: Default::default(),
         status_writes: Default::default(),
     });
     let sweeper = sweep::run(ctx.clone(), opts.namespace.clone(), token.clone());
@@ -890,6 +889,7 @@ async fn run_controllers(shared: &Shared<'_>, subs: Subscriptions, token: Cancel
     let write_health = crate::controllers::write_health::run(
         ctx.clone(),
         opts.write_health_interval,
+        opts.backup_timeouts,
         token.clone(),
     );
     let counted = ctrl_metrics.clone();
@@ -939,6 +939,7 @@ async fn run_backups(
     let controller = Controller::new(api, watcher::Config::default())
         .with_config(ControllerConfig::default().concurrency(concurrency));
     let store = controller.store();
+    let _ = ctx.backups.set(store.clone());
     let schedules = run_schedules(opts, metrics, ctx.clone(), store.clone(), token.clone());
     let bctx = Arc::new(backup::BackupContext::new(ctx, store, opts.backup_timeouts));
     let backups = drive(
@@ -971,10 +972,20 @@ async fn run_schedules(
     let concurrency = opts.backup_schedule_concurrency;
     let m = metrics.controller(schedule::CONTROLLER_NAME, concurrency as usize);
     let owned: Api<QuestDBBackup> = api_for(&ctx.client, opts.namespace.as_deref());
+    // Its backups carry its name in a label (they are not owned: deleting a schedule keeps
+    // them).
     let controller = Controller::new(api, watcher::Config::default())
-        .owns(
+        .watches(
             owned,
             watcher::Config::default().labels(crate::api::SCHEDULE_LABEL),
+            |b: QuestDBBackup| {
+                let schedule = kube::ResourceExt::labels(&b)
+                    .get(crate::api::SCHEDULE_LABEL)?
+                    .clone();
+                Some(
+                    reflector::ObjectRef::new(&schedule).within(&kube::ResourceExt::namespace(&b)?),
+                )
+            },
         )
         .with_config(ControllerConfig::default().concurrency(concurrency));
     let sctx = Arc::new(schedule::ScheduleContext { ctx, backups });
@@ -1195,8 +1206,47 @@ fn error_policy(obj: Arc<GuardedQuestDB>, err: &Error, ctx: Arc<Context>) -> Act
     Action::requeue(retry_delay(attempt - 1, err.is_transient_conflict()))
 }
 
+/// Which annotations of a Secret the cluster-wide metadata cache keeps: only the operator's
+/// two, and only with a value they can hold (a QuestDB name, a uid). Any namespace's user can
+/// annotate a Secret, and a megabyte of annotation value kept for each of thousands of Secrets
+/// would be the operator's memory, not theirs.
+pub fn kept_secret_annotation(key: &str, value: &str) -> bool {
+    let label = |v: &str| {
+        !v.is_empty()
+            && v.len() <= 63
+            && v.chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+    };
+    match key {
+        crate::api::SECRET_QUESTDB_ANNOTATION => label(value),
+        crate::desired::credentials::GENERATED_FOR_ANNOTATION => {
+            value.len() <= 36 && value.chars().all(|c| c.is_ascii_hexdigit() || c == '-')
+        }
+        _ => false,
+    }
+}
+
 #[cfg(test)]
 mod tests {
+
+    /// The harm: any user who may annotate a Secret growing the operator's memory.
+    #[test]
+    fn only_the_operators_secret_annotations_with_plausible_values_are_cached() {
+        use super::kept_secret_annotation as kept;
+        assert!(kept("crd.questdb.io/name", "prod-db"));
+        assert!(!kept("crd.questdb.io/name", &"a".repeat(64)));
+        assert!(!kept("crd.questdb.io/name", &"x".repeat(1 << 20)));
+        assert!(!kept("crd.questdb.io/name", "Prod"));
+        assert!(kept(
+            "crd.questdb.io/generated-for",
+            "2f0c3a4e-1b2c-4d5e-8f90-123456789abc"
+        ));
+        assert!(!kept("crd.questdb.io/generated-for", &"0".repeat(37)));
+        assert!(!kept(
+            "kubectl.kubernetes.io/last-applied-configuration",
+            "{}"
+        ));
+    }
     use super::*;
     use serde_json::json;
 

@@ -16,8 +16,14 @@ use serde::Deserialize;
 
 use crate::api::TableFacts;
 
-/// How long one request may take, connect included.
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long one request may take, connect included. QuestDB answers the operator's queries
+/// (metadata, counts on the designated timestamp, checkpoint status) in milliseconds; a
+/// database that takes longer is slow or hostile, and the operator's workers are shared.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// The largest answer read: the operator's queries return a row per table at most. A database
+/// (any image a tenant chose) answering with an endless body is cut off here, never buffered
+/// into the operator's memory.
+pub const MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
 /// At most this many tables are counted for a backup's record.
 pub const MAX_TABLES_RECORDED: usize = 64;
 
@@ -53,6 +59,8 @@ pub enum QueryError {
     Unauthorized(u16),
     #[error("the database refused `{query}`: {message}")]
     Refused { query: String, message: String },
+    #[error("the database's answer is larger than {MAX_BODY_BYTES} bytes")]
+    TooLarge,
     #[error("unexpected answer from the database (HTTP {status}): {body}")]
     Unexpected { status: u16, body: String },
 }
@@ -181,11 +189,16 @@ impl Database {
                 .await
                 .map_err(|e| QueryError::Http(e.to_string()))?;
             let status = response.status().as_u16();
-            let body = response
-                .into_body()
+            let body = http_body_util::Limited::new(response.into_body(), MAX_BODY_BYTES)
                 .collect()
                 .await
-                .map_err(|e| QueryError::Http(e.to_string()))?
+                .map_err(|e| {
+                    if e.is::<http_body_util::LengthLimitError>() {
+                        QueryError::TooLarge
+                    } else {
+                        QueryError::Http(e.to_string())
+                    }
+                })?
                 .to_bytes();
             Ok((status, body))
         }
@@ -242,41 +255,56 @@ impl Database {
     /// Row count and newest designated timestamp of each table (the first
     /// [`MAX_TABLES_RECORDED`] by name).
     pub async fn table_facts(&self) -> Result<Vec<TableFacts>, QueryError> {
+        let mut facts = Vec::new();
+        for (name, ts) in self.tables().await?.into_iter().take(MAX_TABLES_RECORDED) {
+            facts.push(self.table_fact(&name, ts.as_deref()).await?);
+        }
+        Ok(facts)
+    }
+
+    /// Every table's name and designated timestamp column, by name.
+    pub async fn tables(&self) -> Result<Vec<(String, Option<String>)>, QueryError> {
         let tables = self
             .exec("select table_name, designatedTimestamp from tables() order by table_name")
             .await?;
-        let mut facts = Vec::new();
-        for row in tables.dataset.iter().take(MAX_TABLES_RECORDED) {
-            let Some(name) = row.first().and_then(|v| v.as_str()) else {
-                continue;
-            };
-            let ts = row
-                .get(1)
-                .and_then(|v| v.as_str())
-                .filter(|s| !s.is_empty());
-            let query = match ts {
-                Some(ts) => format!(
-                    "select count(), max({}) from {}",
-                    quote_ident(ts),
-                    quote_ident(name)
-                ),
-                None => format!("select count() from {}", quote_ident(name)),
-            };
-            let rows = self.exec(&query).await?;
-            let first = rows.dataset.first();
-            facts.push(TableFacts {
-                name: name.to_string(),
-                rows: first
-                    .and_then(|r| r.first())
-                    .and_then(serde_json::Value::as_i64)
-                    .unwrap_or(0),
-                max_timestamp: first
-                    .and_then(|r| r.get(1))
+        Ok(tables
+            .dataset
+            .iter()
+            .filter_map(|row| {
+                let name = row.first()?.as_str()?.to_string();
+                let ts = row
+                    .get(1)
                     .and_then(|v| v.as_str())
-                    .map(str::to_string),
-            });
-        }
-        Ok(facts)
+                    .filter(|s| !s.is_empty())
+                    .map(str::to_string);
+                Some((name, ts))
+            })
+            .collect())
+    }
+
+    /// One table's row count and newest designated timestamp (`ts`: its column).
+    pub async fn table_fact(&self, name: &str, ts: Option<&str>) -> Result<TableFacts, QueryError> {
+        let query = match ts {
+            Some(ts) => format!(
+                "select count(), max({}) from {}",
+                quote_ident(ts),
+                quote_ident(name)
+            ),
+            None => format!("select count() from {}", quote_ident(name)),
+        };
+        let rows = self.exec(&query).await?;
+        let first = rows.dataset.first();
+        Ok(TableFacts {
+            name: name.to_string(),
+            rows: first
+                .and_then(|r| r.first())
+                .and_then(serde_json::Value::as_i64)
+                .unwrap_or(0),
+            max_timestamp: first
+                .and_then(|r| r.get(1))
+                .and_then(|v| v.as_str())
+                .map(str::to_string),
+        })
     }
 }
 
@@ -345,5 +373,60 @@ mod tests {
         let db = Database::new("127.0.0.1:9000".parse().unwrap(), Some(("admin", "s3cret")));
         let shown = format!("{db:?}");
         assert!(!shown.contains("s3cret") && !shown.contains("YWRtaW46czNjcmV0"));
+    }
+
+    /// A database server that answers every request with `answer` (raw HTTP), at `addr`.
+    async fn hostile(answer: &'static [u8], endless: bool) -> SocketAddr {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let mut request = [0u8; 4096];
+                    let _ = socket.read(&mut request).await;
+                    let _ = socket.write_all(answer).await;
+                    // An endless chunked body: a chunk of 64 KiB, forever.
+                    let chunk = format!("10000\r\n{}\r\n", "x".repeat(0x10000));
+                    while endless && socket.write_all(chunk.as_bytes()).await.is_ok() {}
+                    // Silent: the connection stays open, unanswered.
+                    let _held = socket;
+                    std::future::pending::<()>().await
+                });
+            }
+        });
+        addr
+    }
+
+    /// The harm: one tenant's image answering `/exec` with an endless body gets the operator
+    /// OOM-killed, and with it every database's failover, move, backup and checkpoint release.
+    #[tokio::test]
+    async fn an_endless_answer_is_cut_off_at_the_body_limit() {
+        let addr = hostile(
+            b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n",
+            true,
+        )
+        .await;
+        let db = Database::new(addr, None);
+        let started = std::time::Instant::now();
+        let err = db.exec("select 1").await.expect_err("cut off");
+        assert!(matches!(err, QueryError::TooLarge), "{err}");
+        assert!(
+            started.elapsed() < REQUEST_TIMEOUT,
+            "cut at the limit, not the timeout"
+        );
+    }
+
+    /// The harm: a database that never answers holding a shared worker; it is given up after
+    /// the request time limit.
+    #[tokio::test(start_paused = true)]
+    async fn a_silent_database_is_given_up_after_the_request_limit() {
+        let addr = hostile(b"", false).await;
+        let db = Database::new(addr, None);
+        let err = db.exec("select 1").await.expect_err("given up");
+        assert!(
+            matches!(err, QueryError::Timeout(d) if d == REQUEST_TIMEOUT),
+            "{err}"
+        );
     }
 }

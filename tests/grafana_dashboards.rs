@@ -234,6 +234,8 @@ fn exposition_after_one_of_everything() -> String {
     metrics.reconcile_error("questdb", "CloudApiError");
     metrics.backup_finished(true, Some(Duration::from_secs(40)));
     metrics.last_successful_backup("team-a", "prod", 1_800_000_000);
+    metrics.last_verified_backup("team-a", "prod", 1_800_000_000);
+    metrics.set_checkpoint_open_seconds("team-a", "prod", 120);
     metrics.render()
 }
 

@@ -926,3 +926,22 @@ fn kustomize_reading_of_deploy_is_what_kubectl_kustomize_builds() {
         }
     }
 }
+
+/// The harm: a backup or snapshot object deleted by mistake (or with its namespace) taking the
+/// EBS snapshot with it. The chart can install a class whose snapshots are retained.
+#[test]
+fn the_chart_installs_a_retaining_volume_snapshot_class_only_when_asked() {
+    let none = render(&[]);
+    assert!(
+        !none.iter().any(|o| o["kind"] == "VolumeSnapshotClass"),
+        "not by default: the snapshot CRDs may not be installed"
+    );
+    let objects = render(&["-f", &format!("{CHART}/ci/all-values.yaml")]);
+    let class = find(&objects, "VolumeSnapshotClass", "ebs-retain");
+    assert_eq!(class["deletionPolicy"], "Retain");
+    assert_eq!(class["driver"], "ebs.csi.aws.com");
+    assert_eq!(
+        class["metadata"]["annotations"]["snapshot.storage.kubernetes.io/is-default-class"],
+        "true"
+    );
+}

@@ -27,9 +27,14 @@ fn e2e_scenarios_pass_against_the_sandbox() {
         out.status.success() && stdout.contains("e2e: all scenarios passed"),
         "e2e scenarios failed\n--- stdout\n{stdout}\n--- stderr\n{stderr}"
     );
-    // The sandbox-only scenario ran, not skipped.
+    // The sandbox-only scenario and the backup one (the sandbox serves snapshots) ran, not
+    // skipped.
     assert!(
         stdout.contains("ok: node faults"),
         "the node-fault scenario did not run\n--- stdout\n{stdout}"
+    );
+    assert!(
+        stdout.contains("ok: backup, verify, restore"),
+        "the backup scenario did not run\n--- stdout\n{stdout}"
     );
 }

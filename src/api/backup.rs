@@ -25,6 +25,7 @@ use serde::{Deserialize, Serialize};
     printcolumn = r#"{"name":"Reason","type":"string","jsonPath":".status.reason"}"#,
     printcolumn = r#"{"name":"Snapshot","type":"string","jsonPath":".status.snapshotName"}"#,
     printcolumn = r#"{"name":"Size","type":"string","jsonPath":".status.restoreSize"}"#,
+    printcolumn = r#"{"name":"Verified","type":"string","jsonPath":".status.conditions[?(@.type==\"Verified\")].status"}"#,
     printcolumn = r#"{"name":"Duration","type":"integer","priority":1,"jsonPath":".status.durationSeconds"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
@@ -38,17 +39,26 @@ pub struct QuestDBBackupSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("self.size() > 0 && self.size() <= 253").message("volumeSnapshotClassName must be a VolumeSnapshotClass name"))]
     pub volume_snapshot_class_name: Option<String>,
-    /// What happens to the VolumeSnapshot when this backup is deleted: `Delete` (the
-    /// default) deletes it with the backup; `Retain` keeps it.
+    /// What happens to the VolumeSnapshot when this backup is deleted: `Retain` (the default)
+    /// keeps it, so deleting the backup object by mistake loses no data; `Delete` deletes it
+    /// with the backup. (A schedule's backups are made with the schedule's own policy.)
     #[serde(default)]
     pub deletion_policy: BackupDeletionPolicy,
+    /// Prove the backup by restoring it: once it succeeds, its snapshot is restored into a
+    /// throwaway QuestDB of the same image (`verify-<backup>`: no dedicated node, no DNS, its
+    /// own credentials, reachable by the operator only), which is opened (QuestDB's checkpoint
+    /// recovery), every table recorded at the checkpoint counted again, then deleted with its
+    /// volume. Condition `Verified` says the result, naming the tables that differ. It needs
+    /// room for one more database of the source's size while it runs (minutes).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub verify: bool,
 }
 
 /// Whether a backup's VolumeSnapshot goes with it.
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum BackupDeletionPolicy {
-    #[default]
     Delete,
+    #[default]
     Retain,
 }
 
@@ -166,6 +176,41 @@ pub struct QuestDBBackupStatus {
     pub finished_at: Option<Time>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub duration_seconds: Option<i64>,
+    /// The verification (`spec.verify`) under way or done.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verification: Option<Verification>,
+    /// `Verified`: True once a restore of the backup held every table recorded at its
+    /// checkpoint with at least its rows and newest timestamp; False naming what differs.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>,
+}
+
+/// The steps of a verification, each recorded before its side effect.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum VerifyStep {
+    /// The throwaway QuestDB restoring the snapshot is being created, or starting.
+    Restoring,
+    /// The result is recorded; the throwaway QuestDB (and its volume) is being deleted.
+    CleaningUp,
+    /// Nothing of the verification is left.
+    Done,
+}
+
+/// A backup's verification.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct Verification {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step: Option<VerifyStep>,
+    /// The throwaway QuestDB (owned by the backup).
+    pub database: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<Time>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<Time>,
+    /// The tables compared.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tables_checked: Option<i32>,
 }
 
 /// Which process held the checkpoint.

@@ -1,5 +1,8 @@
 //! The `QuestDBBackupSchedule` custom resource: `QuestDBBackup`s of one database made on a
-//! cron schedule, the last `retention` successful ones kept. Like a CronJob: UTC, a missed run
+//! cron schedule, the last `retention` successful ones kept (and none older than
+//! `retentionDays` but the newest success). The backups are not owned by the schedule:
+//! deleting a schedule stops new runs and keeps every backup it made, because a schedule
+//! deleted by mistake (or by a GitOps prune) must not take the backups with it. Like a CronJob: UTC, a missed run
 //! is made late only within `startingDeadlineSeconds`, and never two at once.
 
 use kube::{CustomResource, KubeSchema};
@@ -38,6 +41,12 @@ pub struct QuestDBBackupScheduleSpec {
     #[serde(default = "default_retention")]
     #[x_kube(validation = Rule::new("self >= 1 && self <= 1000").message("retention must be between 1 and 1000"))]
     pub retention: i32,
+    /// Also delete backups older than this many days (by creation), beside `retention`'s
+    /// count; the newest successful backup is always kept, however old, so a schedule whose
+    /// runs fail never ends with none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self >= 1 && self <= 3650").message("retentionDays must be between 1 and 3650"))]
+    pub retention_days: Option<i32>,
     /// No new backups while true; retention still applies.
     #[serde(default)]
     pub suspend: bool,
@@ -50,9 +59,20 @@ pub struct QuestDBBackupScheduleSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub volume_snapshot_class_name: Option<String>,
     /// `deletionPolicy` of the backups made (what happens to a snapshot when retention
-    /// deletes its backup).
-    #[serde(default)]
+    /// deletes its backup): `Delete` by default, so retention frees the snapshots it drops.
+    /// Deleting the schedule deletes none of its backups: they stay (labelled
+    /// `crd.questdb.io/schedule`) until deleted by hand.
+    #[serde(default = "delete_snapshots")]
     pub deletion_policy: BackupDeletionPolicy,
+    /// Verify every Nth backup made (`spec.verify` on it): 1 verifies each, 7 one a week of a
+    /// daily schedule. Unset: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self >= 1 && self <= 1000").message("verifyEvery must be between 1 and 1000"))]
+    pub verify_every: Option<i32>,
+}
+
+fn delete_snapshots() -> BackupDeletionPolicy {
+    BackupDeletionPolicy::Delete
 }
 
 fn default_retention() -> i32 {

@@ -9,7 +9,8 @@ mod reason;
 pub use backup::*;
 pub use backup_schedule::*;
 pub use pod::{
-    reserved_mount_message, reserved_mount_path, PodOptions, RESERVED_MOUNT_DIRS, RESERVED_VOLUMES,
+    reserved_mount_message, reserved_mount_path, restricted_problems, PodOptions,
+    RESERVED_MOUNT_DIRS, RESERVED_VOLUMES,
 };
 pub use questdb::*;
 pub use reason::*;
@@ -27,6 +28,8 @@ pub const BACKUP_FINALIZER: &str = "crd.questdb.io/checkpoint";
 pub const BACKUP_LABEL: &str = "crd.questdb.io/backup";
 /// Label on a backup made by a `QuestDBBackupSchedule`: the schedule's name.
 pub const SCHEDULE_LABEL: &str = "crd.questdb.io/schedule";
+/// On a throwaway QuestDB a backup's verification restores into: the backup's name.
+pub const VERIFIES_LABEL: &str = "crd.questdb.io/verifies";
 /// Annotation a user puts on an existing object (a PVC, ConfigMap or Service with a colliding
 /// name, e.g. from a migration) to hand it over to the QuestDB of that name. Without it, only
 /// objects carrying the operator's labels for that QuestDB are ever adopted.
@@ -73,4 +76,12 @@ pub mod conditions {
     /// The database's own view of its writes (`wal_tables()`): False with the suspended or
     /// lagging tables named. Absent until the first poll of a Running database.
     pub const WRITE_HEALTHY: &str = "WriteHealthy";
+    /// Whether a checkpoint is left open (`checkpoint_status()`, asked with `WriteHealthy`):
+    /// False with reason `CheckpointLeftOpen` when one is open past the backup checkpoint
+    /// limit with no backup cutting it. Absent until the first poll of a Running database.
+    pub const CHECKPOINT_RELEASED: &str = "CheckpointReleased";
+    /// The newest verification of the database's backups (`QuestDBBackup` `spec.verify`):
+    /// True naming the newest backup proven by restoring it and when it was taken, False
+    /// when the newest verification failed. Absent until a backup of it is verified.
+    pub const BACKUP_VERIFIED: &str = "BackupVerified";
 }

@@ -30,8 +30,29 @@ const MAX_LIST_ITEMS: i64 = 16;
 #[serde(rename_all = "camelCase")]
 // A mount of a volume the pod does not have would be refused only when the StatefulSet is
 // written, far from the user's edit.
+// The restricted Pod Security Standard, whatever the namespace's label says: a tenant who may
+// edit QuestDBs must not get a privileged pod, the node's root user, or an unconfined kernel
+// interface (the operator checks the same in `restricted_problems`, for objects stored before
+// these rules).
 #[x_kube(
-    validation = Rule::new("!has(self.extraVolumeMounts) || self.extraVolumeMounts.all(m, has(self.extraVolumes) && self.extraVolumes.exists(v, v.name == m.name))").message("pod.extraVolumeMounts: every mount names one of pod.extraVolumes")
+    validation = Rule::new("!has(self.extraVolumeMounts) || self.extraVolumeMounts.all(m, has(self.extraVolumes) && self.extraVolumes.exists(v, v.name == m.name))").message("pod.extraVolumeMounts: every mount names one of pod.extraVolumes"),
+    validation = Rule::new("!has(self.containerSecurityContext) || !has(self.containerSecurityContext.privileged) || !self.containerSecurityContext.privileged").message("pod.containerSecurityContext.privileged: a privileged container is root on the node (restricted Pod Security)"),
+    validation = Rule::new("!has(self.containerSecurityContext) || !has(self.containerSecurityContext.allowPrivilegeEscalation) || !self.containerSecurityContext.allowPrivilegeEscalation").message("pod.containerSecurityContext.allowPrivilegeEscalation must be false (restricted Pod Security)"),
+    validation = Rule::new("!has(self.containerSecurityContext) || !has(self.containerSecurityContext.capabilities) || !has(self.containerSecurityContext.capabilities.add) || size(self.containerSecurityContext.capabilities.add) == 0 || (size(self.containerSecurityContext.capabilities.add) == 1 && self.containerSecurityContext.capabilities.add[0] == 'NET_BIND_SERVICE')").message("pod.containerSecurityContext.capabilities.add: NET_BIND_SERVICE at most; every other capability is dropped (restricted Pod Security)"),
+    validation = Rule::new("!has(self.containerSecurityContext) || !has(self.containerSecurityContext.runAsUser) || self.containerSecurityContext.runAsUser != 0").message("pod.containerSecurityContext.runAsUser: 0 is root (restricted Pod Security)"),
+    validation = Rule::new("!has(self.containerSecurityContext) || !has(self.containerSecurityContext.runAsNonRoot) || self.containerSecurityContext.runAsNonRoot").message("pod.containerSecurityContext.runAsNonRoot cannot be false (restricted Pod Security)"),
+    validation = Rule::new("!has(self.containerSecurityContext) || !has(self.containerSecurityContext.seccompProfile) || self.containerSecurityContext.seccompProfile.type != 'Unconfined'").message("pod.containerSecurityContext.seccompProfile: Unconfined is refused (restricted Pod Security)"),
+    validation = Rule::new("!has(self.containerSecurityContext) || !has(self.containerSecurityContext.appArmorProfile) || self.containerSecurityContext.appArmorProfile.type != 'Unconfined'").message("pod.containerSecurityContext.appArmorProfile: Unconfined is refused (restricted Pod Security)"),
+    validation = Rule::new("!has(self.containerSecurityContext) || !has(self.containerSecurityContext.procMount) || self.containerSecurityContext.procMount == 'Default'").message("pod.containerSecurityContext.procMount must be Default (restricted Pod Security)"),
+    validation = Rule::new("!has(self.containerSecurityContext) || !has(self.containerSecurityContext.windowsOptions) || !has(self.containerSecurityContext.windowsOptions.hostProcess) || !self.containerSecurityContext.windowsOptions.hostProcess").message("pod.containerSecurityContext.windowsOptions.hostProcess is refused (restricted Pod Security)"),
+    validation = Rule::new("!has(self.containerSecurityContext) || !has(self.containerSecurityContext.seLinuxOptions) || (!has(self.containerSecurityContext.seLinuxOptions.user) && !has(self.containerSecurityContext.seLinuxOptions.role) && (!has(self.containerSecurityContext.seLinuxOptions.type) || self.containerSecurityContext.seLinuxOptions.type in ['container_t', 'container_init_t', 'container_kvm_t', 'container_engine_t']))").message("pod.containerSecurityContext.seLinuxOptions: no user or role, and a container type only (restricted Pod Security)"),
+    validation = Rule::new("!has(self.securityContext) || !has(self.securityContext.runAsUser) || self.securityContext.runAsUser != 0").message("pod.securityContext.runAsUser: 0 is root (restricted Pod Security)"),
+    validation = Rule::new("!has(self.securityContext) || !has(self.securityContext.runAsNonRoot) || self.securityContext.runAsNonRoot").message("pod.securityContext.runAsNonRoot cannot be false (restricted Pod Security)"),
+    validation = Rule::new("!has(self.securityContext) || !has(self.securityContext.seccompProfile) || self.securityContext.seccompProfile.type != 'Unconfined'").message("pod.securityContext.seccompProfile: Unconfined is refused (restricted Pod Security)"),
+    validation = Rule::new("!has(self.securityContext) || !has(self.securityContext.appArmorProfile) || self.securityContext.appArmorProfile.type != 'Unconfined'").message("pod.securityContext.appArmorProfile: Unconfined is refused (restricted Pod Security)"),
+    validation = Rule::new("!has(self.securityContext) || !has(self.securityContext.sysctls) || size(self.securityContext.sysctls) == 0").message("pod.securityContext.sysctls: kernel parameters are the node's (restricted Pod Security)"),
+    validation = Rule::new("!has(self.securityContext) || !has(self.securityContext.windowsOptions) || !has(self.securityContext.windowsOptions.hostProcess) || !self.securityContext.windowsOptions.hostProcess").message("pod.securityContext.windowsOptions.hostProcess is refused (restricted Pod Security)"),
+    validation = Rule::new("!has(self.securityContext) || !has(self.securityContext.seLinuxOptions) || (!has(self.securityContext.seLinuxOptions.user) && !has(self.securityContext.seLinuxOptions.role) && (!has(self.securityContext.seLinuxOptions.type) || self.securityContext.seLinuxOptions.type in ['container_t', 'container_init_t', 'container_kvm_t', 'container_engine_t']))").message("pod.securityContext.seLinuxOptions: no user or role, and a container type only (restricted Pod Security)")
 )]
 pub struct PodOptions {
     /// Labels of the pod (not of the StatefulSet's selector).
@@ -161,17 +182,187 @@ fn tolerations_schema(schema: &mut schemars::Schema) {
     );
 }
 
+/// The volume types the restricted Pod Security Standard allows (a `hostPath`, an `nfs` share
+/// or an inline cloud disk reaches past the database's own namespace).
+pub const ALLOWED_VOLUME_TYPES: &[&str] = &[
+    "emptyDir",
+    "configMap",
+    "secret",
+    "projected",
+    "downwardAPI",
+    "csi",
+    "persistentVolumeClaim",
+    "ephemeral",
+];
+
+pub fn volume_types_message() -> String {
+    format!(
+        "pod.extraVolumes: only {} volumes (restricted Pod Security; a projected volume without service account tokens, an ephemeral one without a data source)",
+        ALLOWED_VOLUME_TYPES.join(", ")
+    )
+}
+
+/// Why `volume` is refused, if it is: a type outside [`ALLOWED_VOLUME_TYPES`], a projected
+/// service account token (the pod runs with none), an ephemeral claim made from a data source.
+pub fn volume_problem(volume: &Volume) -> Option<String> {
+    let v = volume;
+    let allowed = v.empty_dir.is_some()
+        || v.config_map.is_some()
+        || v.secret.is_some()
+        || v.projected.is_some()
+        || v.downward_api.is_some()
+        || v.csi.is_some()
+        || v.persistent_volume_claim.is_some()
+        || v.ephemeral.is_some();
+    let token = v
+        .projected
+        .as_ref()
+        .and_then(|p| p.sources.as_ref())
+        .is_some_and(|s| s.iter().any(|s| s.service_account_token.is_some()));
+    let sourced = v
+        .ephemeral
+        .as_ref()
+        .and_then(|e| e.volume_claim_template.as_ref())
+        .is_some_and(|t| t.spec.data_source.is_some() || t.spec.data_source_ref.is_some());
+    (!allowed || token || sourced)
+        .then(|| format!("volume {:?}: {}", v.name, volume_types_message()))
+}
+
 fn extra_volumes_schema(schema: &mut schemars::Schema) {
     max_items(schema);
     bound_item_string(schema, "name", 63);
+    // The projected sources are iterated by a rule: bounded, as the apiserver requires.
+    if let Some(sources) = schema
+        .get_mut("items")
+        .and_then(|i| i.get_mut("properties"))
+        .and_then(|p| p.get_mut("projected"))
+        .and_then(|p| p.get_mut("properties"))
+        .and_then(|p| p.get_mut("sources"))
+        .and_then(|f| f.as_object_mut())
+    {
+        sources.insert("maxItems".into(), MAX_LIST_ITEMS.into());
+    }
     let names: Vec<String> = RESERVED_VOLUMES.iter().map(|n| format!("'{n}'")).collect();
+    let types: Vec<String> = ALLOWED_VOLUME_TYPES
+        .iter()
+        .map(|t| format!("has(v.{t})"))
+        .collect();
     insert_rules(
         schema,
         json!([{
             "rule": format!("self.all(v, !(v.name in [{}]))", names.join(", ")),
             "message": format!("pod.extraVolumes: the volume names {} are the operator's", RESERVED_VOLUMES.join(", ")),
+        }, {
+            "rule": format!("self.all(v, {})", types.join(" || ")),
+            "message": volume_types_message(),
+        }, {
+            "rule": "self.all(v, !has(v.projected) || !has(v.projected.sources) || v.projected.sources.all(s, !has(s.serviceAccountToken)))",
+            "message": "pod.extraVolumes: a projected volume may not carry a service account token (the database pod runs with none)",
+        }, {
+            "rule": "self.all(v, !has(v.ephemeral) || !has(v.ephemeral.volumeClaimTemplate) || (!has(v.ephemeral.volumeClaimTemplate.spec.dataSource) && !has(v.ephemeral.volumeClaimTemplate.spec.dataSourceRef)))",
+            "message": "pod.extraVolumes: an ephemeral volume may not be made from a data source",
         }]),
     );
+}
+
+/// What in `pod` the restricted Pod Security Standard refuses, each naming its field: the
+/// operator's own check, beside the schema's rules (a QuestDB stored before them is refused
+/// here, never built).
+pub fn restricted_problems(pod: &PodOptions) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut refuse = |field: &str, why: &str| out.push(format!("{field}: {why}"));
+    let unconfined = |t: Option<&str>| t == Some("Unconfined");
+    let selinux_ok = |o: Option<&k8s_openapi::api::core::v1::SELinuxOptions>| {
+        o.is_none_or(|o| {
+            o.user.is_none()
+                && o.role.is_none()
+                && o.type_.as_deref().is_none_or(|t| {
+                    [
+                        "container_t",
+                        "container_init_t",
+                        "container_kvm_t",
+                        "container_engine_t",
+                    ]
+                    .contains(&t)
+                })
+        })
+    };
+    if let Some(c) = pod.container_security_context.as_deref() {
+        let f = "pod.containerSecurityContext";
+        if c.privileged == Some(true) {
+            refuse(
+                &format!("{f}.privileged"),
+                "a privileged container is root on the node",
+            );
+        }
+        if c.allow_privilege_escalation == Some(true) {
+            refuse(&format!("{f}.allowPrivilegeEscalation"), "must be false");
+        }
+        let added = c.capabilities.as_ref().and_then(|c| c.add.as_ref());
+        if added.is_some_and(|a| a.len() > 1 || a.iter().any(|c| c != "NET_BIND_SERVICE")) {
+            refuse(
+                &format!("{f}.capabilities.add"),
+                "NET_BIND_SERVICE at most; every other capability is dropped",
+            );
+        }
+        if c.run_as_user == Some(0) {
+            refuse(&format!("{f}.runAsUser"), "0 is root");
+        }
+        if c.run_as_non_root == Some(false) {
+            refuse(&format!("{f}.runAsNonRoot"), "cannot be false");
+        }
+        if unconfined(c.seccomp_profile.as_ref().map(|p| p.type_.as_str())) {
+            refuse(&format!("{f}.seccompProfile"), "Unconfined is refused");
+        }
+        if unconfined(c.app_armor_profile.as_ref().map(|p| p.type_.as_str())) {
+            refuse(&format!("{f}.appArmorProfile"), "Unconfined is refused");
+        }
+        if c.proc_mount.as_deref().is_some_and(|m| m != "Default") {
+            refuse(&format!("{f}.procMount"), "must be Default");
+        }
+        if c.windows_options.as_ref().and_then(|w| w.host_process) == Some(true) {
+            refuse(&format!("{f}.windowsOptions.hostProcess"), "is refused");
+        }
+        if !selinux_ok(c.se_linux_options.as_ref()) {
+            refuse(
+                &format!("{f}.seLinuxOptions"),
+                "no user or role, and a container type only",
+            );
+        }
+    }
+    if let Some(p) = pod.security_context.as_deref() {
+        let f = "pod.securityContext";
+        if p.run_as_user == Some(0) {
+            refuse(&format!("{f}.runAsUser"), "0 is root");
+        }
+        if p.run_as_non_root == Some(false) {
+            refuse(&format!("{f}.runAsNonRoot"), "cannot be false");
+        }
+        if unconfined(p.seccomp_profile.as_ref().map(|p| p.type_.as_str())) {
+            refuse(&format!("{f}.seccompProfile"), "Unconfined is refused");
+        }
+        if unconfined(p.app_armor_profile.as_ref().map(|p| p.type_.as_str())) {
+            refuse(&format!("{f}.appArmorProfile"), "Unconfined is refused");
+        }
+        if p.sysctls.as_ref().is_some_and(|s| !s.is_empty()) {
+            refuse(&format!("{f}.sysctls"), "kernel parameters are the node's");
+        }
+        if p.windows_options.as_ref().and_then(|w| w.host_process) == Some(true) {
+            refuse(&format!("{f}.windowsOptions.hostProcess"), "is refused");
+        }
+        if !selinux_ok(p.se_linux_options.as_ref()) {
+            refuse(
+                &format!("{f}.seLinuxOptions"),
+                "no user or role, and a container type only",
+            );
+        }
+    }
+    for v in &pod.extra_volumes {
+        if let Some(problem) = volume_problem(v) {
+            out.push(problem);
+        }
+    }
+    out
 }
 
 /// Under the database's root, the directories a mount may not cover: the operator's files, the
@@ -444,5 +635,163 @@ mod tests {
             );
         }
         assert!(!reserved_mount_path("/var/lib/questdb/import"));
+    }
+
+    /// The harm: a tenant who may edit QuestDBs getting a root shell on a node. Each setting
+    /// the restricted Pod Security Standard refuses is refused by the schema's rules and by
+    /// the operator's own check, naming its field.
+    #[test]
+    fn every_setting_restricted_pod_security_refuses_is_refused_by_both_naming_the_field() {
+        use k8s_openapi::api::core::v1::{
+            Capabilities, HostPathVolumeSource, NFSVolumeSource, ProjectedVolumeSource,
+            SeccompProfile, ServiceAccountTokenProjection, Sysctl, VolumeProjection,
+        };
+        let container = |c: SecurityContext| PodOptions {
+            container_security_context: Some(Box::new(c)),
+            ..Default::default()
+        };
+        let pod_level = |p: PodSecurityContext| PodOptions {
+            security_context: Some(Box::new(p)),
+            ..Default::default()
+        };
+        let volume = |v: Volume| PodOptions {
+            extra_volumes: vec![v],
+            ..Default::default()
+        };
+        let cases: Vec<(&str, PodOptions)> = vec![
+            (
+                "privileged",
+                container(SecurityContext {
+                    privileged: Some(true),
+                    ..Default::default()
+                }),
+            ),
+            (
+                "allowPrivilegeEscalation",
+                container(SecurityContext {
+                    allow_privilege_escalation: Some(true),
+                    ..Default::default()
+                }),
+            ),
+            (
+                "capabilities.add",
+                container(SecurityContext {
+                    capabilities: Some(Capabilities {
+                        add: Some(vec!["SYS_ADMIN".into()]),
+                        drop: None,
+                    }),
+                    ..Default::default()
+                }),
+            ),
+            (
+                "containerSecurityContext.runAsUser",
+                container(SecurityContext {
+                    run_as_user: Some(0),
+                    ..Default::default()
+                }),
+            ),
+            (
+                "securityContext.runAsUser",
+                pod_level(PodSecurityContext {
+                    run_as_user: Some(0),
+                    ..Default::default()
+                }),
+            ),
+            (
+                "securityContext.runAsNonRoot",
+                pod_level(PodSecurityContext {
+                    run_as_non_root: Some(false),
+                    ..Default::default()
+                }),
+            ),
+            (
+                "seccompProfile",
+                pod_level(PodSecurityContext {
+                    seccomp_profile: Some(SeccompProfile {
+                        type_: "Unconfined".into(),
+                        localhost_profile: None,
+                    }),
+                    ..Default::default()
+                }),
+            ),
+            (
+                "sysctls",
+                pod_level(PodSecurityContext {
+                    sysctls: Some(vec![Sysctl {
+                        name: "kernel.shm_rmid_forced".into(),
+                        value: "1".into(),
+                    }]),
+                    ..Default::default()
+                }),
+            ),
+            (
+                "extraVolumes",
+                volume(Volume {
+                    name: "host".into(),
+                    host_path: Some(HostPathVolumeSource {
+                        path: "/".into(),
+                        type_: None,
+                    }),
+                    ..Default::default()
+                }),
+            ),
+            (
+                "extraVolumes",
+                volume(Volume {
+                    name: "share".into(),
+                    nfs: Some(NFSVolumeSource {
+                        path: "/".into(),
+                        server: "10.0.0.1".into(),
+                        read_only: None,
+                    }),
+                    ..Default::default()
+                }),
+            ),
+            (
+                "service account token",
+                volume(Volume {
+                    name: "token".into(),
+                    projected: Some(ProjectedVolumeSource {
+                        sources: Some(vec![VolumeProjection {
+                            service_account_token: Some(ServiceAccountTokenProjection {
+                                path: "token".into(),
+                                ..Default::default()
+                            }),
+                            ..Default::default()
+                        }]),
+                        default_mode: None,
+                    }),
+                    ..Default::default()
+                }),
+            ),
+        ];
+        for (field, pod) in cases {
+            let rust = restricted_problems(&pod);
+            assert!(
+                rust.len() == 1 && rust[0].contains(field),
+                "{field}: the operator's check says {rust:?}"
+            );
+            let cel = errors(&with_pod(pod));
+            assert!(
+                cel.len() == 1 && cel[0].contains(field),
+                "{field}: the schema says {cel:?}"
+            );
+        }
+        // What the defaults and a platform team's ordinary choices look like passes both.
+        let fine = PodOptions {
+            security_context: Some(Box::new(PodSecurityContext {
+                run_as_user: Some(20000),
+                fs_group: Some(20000),
+                ..Default::default()
+            })),
+            container_security_context: Some(Box::new(SecurityContext {
+                read_only_root_filesystem: Some(true),
+                ..Default::default()
+            })),
+            extra_volumes: vec![scratch("import")],
+            ..Default::default()
+        };
+        assert_eq!(restricted_problems(&fine), Vec::<String>::new());
+        assert_eq!(errors(&with_pod(fine)), Vec::<String>::new());
     }
 }

@@ -98,6 +98,13 @@ pub struct QuestDBSpec {
     #[serde(default)]
     pub paused: bool,
 
+    /// Run `image` even when it is an older QuestDB version than the one the data last ran
+    /// with (`status.dataVersion`), and restore a backup taken on a newer version. QuestDB does
+    /// not support downgrades: an older version may not read what a newer one wrote. Without
+    /// this, such an image or restore is refused and the database keeps running as it was.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub allow_version_downgrade: bool,
+
     /// Who may reach the database ports (a NetworkPolicy per QuestDB, on by default).
     #[serde(default)]
     pub network_policy: NetworkPolicySpec,
@@ -211,8 +218,10 @@ pub struct ConfigSpec {
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     #[schemars(transform = server_schema)]
     pub server: BTreeMap<String, String>,
-    /// Raw `log.conf`. Logs go to stdout when absent.
+    /// Raw `log.conf` (at most 64 KiB: it is kept in the operator's cache with every QuestDB).
+    /// Logs go to stdout when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 65536))]
     pub log: Option<String>,
 }
 
@@ -447,6 +456,10 @@ pub struct QuestDBStatus {
     /// QuestDB version (the image tag) that is running or being rolled out.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub version: Option<String>,
+    /// The QuestDB version (image tag) the data last ran with, recorded while the database is
+    /// Running: an image older than this is refused unless `spec.allowVersionDowngrade`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_version: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_name: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

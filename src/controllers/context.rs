@@ -66,6 +66,14 @@ pub type CredentialsCache =
 pub type WriteHealth =
     Mutex<HashMap<ObjectRef<GuardedQuestDB>, crate::plan::conditions::Verdict<WriteHealthReason>>>;
 
+/// The newest `CheckpointReleased` verdict per QuestDB, written by the same poll.
+pub type CheckpointWatch = Mutex<
+    HashMap<
+        ObjectRef<GuardedQuestDB>,
+        crate::plan::conditions::Verdict<crate::api::CheckpointReason>,
+    >,
+>;
+
 pub struct Context {
     pub client: Client,
     /// One recorder for the whole manager so its event series cache is shared.
@@ -86,6 +94,11 @@ pub struct Context {
     pub operator_namespace: Option<String>,
     /// The newest `WriteHealthy` verdict per QuestDB (see `write_health`).
     pub write_health: WriteHealth,
+    /// The newest `CheckpointReleased` verdict per QuestDB (see `checkpoint_watch`).
+    pub checkpoints: CheckpointWatch,
+    /// The backup controller's cache of QuestDBBackups, once it runs (the checkpoint watchdog
+    /// reads which backup opened a checkpoint).
+    pub backups: std::sync::OnceLock<Store<crate::api::QuestDBBackup>>,
     /// When each QuestDB's status was last written and since when progress waits, for those
     /// whose window or settle still runs ([`StatusWrite::live`]): progress within a phase
     /// waits out [`StatusWrite::wait`].

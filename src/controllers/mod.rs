@@ -4,6 +4,7 @@
 
 pub mod backup;
 pub mod cached_pod;
+pub mod checkpoint_watch;
 pub mod children;
 pub mod cloud_runtime;
 pub mod context;

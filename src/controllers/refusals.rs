@@ -65,10 +65,26 @@ impl Refusal {
             kind: e.involved_object.kind.unwrap_or_default(),
             name: e.involved_object.name.unwrap_or_default(),
             reason: e.reason.unwrap_or_default(),
-            message: e.message.unwrap_or_default(),
+            message: truncated(e.message.unwrap_or_default()),
             at,
         }
     }
+}
+
+/// The most of a refusal's message a cache keeps and a condition shows: Events are written by
+/// anyone who may create them in a namespace, and the cache is the operator's memory.
+pub const MAX_MESSAGE_BYTES: usize = 1024;
+
+fn truncated(mut message: String) -> String {
+    if message.len() > MAX_MESSAGE_BYTES {
+        let mut end = MAX_MESSAGE_BYTES;
+        while !message.is_char_boundary(end) {
+            end -= 1;
+        }
+        message.truncate(end);
+        message.push_str(" [...]");
+    }
+    message
 }
 
 impl Resource for Refusal {
@@ -143,6 +159,16 @@ pub fn newest_cached(
 
 #[cfg(test)]
 mod tests {
+    /// The harm: a megabyte of event message from any namespace's user kept in the operator.
+    #[test]
+    fn a_long_refusal_message_is_kept_to_its_first_kilobyte_on_a_char_boundary() {
+        let long = "é".repeat(2000);
+        let kept = super::truncated(long);
+        assert!(kept.len() <= super::MAX_MESSAGE_BYTES + 6, "{}", kept.len());
+        assert!(kept.ends_with(" [...]"));
+        assert_eq!(super::truncated("short".into()), "short");
+    }
+
     use super::*;
 
     fn refusal(ns: &str, kind: &str, name: &str, reason: &str, msg: &str, at: i64) -> Refusal {

@@ -2,12 +2,14 @@
 //! table takes no more writes until someone resumes it; a writer far behind its sequencer
 //! serves stale reads). Polled at a modest interval, only for Running databases, over the same
 //! authenticated HTTP channel as backups; the QuestDB reconcile only reads the last answer.
+//! The same poll asks each database's checkpoint ([`checkpoint_watch`]).
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::Api;
 use kube::runtime::reflector::ObjectRef;
@@ -16,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
 use crate::api::{Phase, QuestDB, WriteHealthReason};
+use crate::controllers::checkpoint_watch;
 use crate::controllers::context::{questdb_ref, Context};
 use crate::desired;
 use crate::plan::conditions::Verdict;
@@ -76,9 +79,15 @@ pub fn verdict(rows: &Rows) -> Verdict<WriteHealthReason> {
     )
 }
 
-/// Polls every Running QuestDB each `interval` until `token` is cancelled; a changed verdict
-/// wakes that QuestDB's reconcile.
-pub async fn run(ctx: Arc<Context>, interval: Duration, token: CancellationToken) {
+/// Polls every Running QuestDB each `interval` until `token` is cancelled: its WAL tables and
+/// its checkpoint (the watchdog, with the backups' checkpoint limit from `timeouts`); a
+/// changed verdict wakes that QuestDB's reconcile.
+pub async fn run(
+    ctx: Arc<Context>,
+    interval: Duration,
+    timeouts: crate::controllers::backup::plan::Timeouts,
+    token: CancellationToken,
+) {
     let mut logins = Logins::new();
     loop {
         tokio::select! {
@@ -95,46 +104,81 @@ pub async fn run(ctx: Arc<Context>, interval: Duration, token: CancellationToken
             .cloned()
             .collect();
         let mut seen = Vec::new();
+        let mut polls = Vec::new();
         for qdb in running {
             let Some(key) = questdb_ref(&qdb) else {
                 continue;
             };
             seen.push(key.clone());
-            let Some(verdict) = poll(&ctx, &qdb, &mut logins).await else {
-                continue;
-            };
-            let suspended = if verdict.reason == WriteHealthReason::TablesSuspended {
-                1
-            } else {
-                0
-            };
-            ctx.metrics.set_suspended_wal_tables(
-                &qdb.namespace().unwrap_or_default(),
-                &qdb.name_any(),
-                suspended,
-            );
-            let changed = {
-                let mut map = ctx.write_health.lock().expect("write health lock");
-                map.insert(key.clone(), verdict.clone()) != Some(verdict)
-            };
-            if changed {
-                if let Some(wake) = &ctx.wake {
-                    let _ = wake.unbounded_send(key);
-                }
+            if let Some(db) = connect(&ctx, &qdb, &mut logins).await {
+                polls.push((key, qdb, db));
             }
         }
+        // A few databases at a time, each within its budget: one slow or hostile database
+        // delays only its own verdicts, never the others' (their last verdict stands).
+        futures::stream::iter(polls)
+            .for_each_concurrent(POLL_PARALLELISM, |(key, qdb, db)| {
+                let ctx = ctx.clone();
+                async move {
+                    let poll = poll_one(&ctx, key, &qdb, &db, timeouts);
+                    if tokio::time::timeout(POLL_BUDGET, poll).await.is_err() {
+                        debug!(questdb = %qdb.name_any(), "write health poll over its budget; the last verdict stands");
+                    }
+                }
+            })
+            .await;
         ctx.write_health
             .lock()
             .expect("write health lock")
             .retain(|k, _| seen.contains(k));
+        ctx.checkpoints
+            .lock()
+            .expect("checkpoint watch lock")
+            .retain(|k, _| seen.contains(k));
     }
 }
 
-async fn poll(
+/// How many databases are polled at once.
+const POLL_PARALLELISM: usize = 8;
+/// How long one database's poll may take in all (its WAL tables and its checkpoint).
+const POLL_BUDGET: Duration = Duration::from_secs(15);
+
+/// One database's verdicts; a changed one wakes its reconcile.
+async fn poll_one(
     ctx: &Context,
+    key: ObjectRef<crate::controllers::context::GuardedQuestDB>,
     qdb: &QuestDB,
-    logins: &mut Logins,
-) -> Option<Verdict<WriteHealthReason>> {
+    db: &Database,
+    timeouts: crate::controllers::backup::plan::Timeouts,
+) {
+    let mut changed = false;
+    if let Some(verdict) = wal_verdict(qdb, db).await {
+        let suspended = if verdict.reason == WriteHealthReason::TablesSuspended {
+            1
+        } else {
+            0
+        };
+        ctx.metrics.set_suspended_wal_tables(
+            &qdb.namespace().unwrap_or_default(),
+            &qdb.name_any(),
+            suspended,
+        );
+        let mut map = ctx.write_health.lock().expect("write health lock");
+        changed |= map.insert(key.clone(), verdict.clone()) != Some(verdict);
+    }
+    if let Some(verdict) = checkpoint_watch::check(ctx, qdb, db, timeouts).await {
+        let mut map = ctx.checkpoints.lock().expect("checkpoint watch lock");
+        changed |= map.insert(key.clone(), verdict.clone()) != Some(verdict);
+    }
+    if changed {
+        if let Some(wake) = &ctx.wake {
+            let _ = wake.unbounded_send(key);
+        }
+    }
+}
+
+/// A client for the database's HTTP port with its credentials, while its pod has an address.
+async fn connect(ctx: &Context, qdb: &QuestDB, logins: &mut Logins) -> Option<Database> {
     let ns = qdb.namespace()?;
     let pod = ctx
         .caches
@@ -158,10 +202,13 @@ async fn poll(
         logins.insert(secret_ref.clone(), (version, login));
     }
     let login = logins.get(&secret_ref).and_then(|(_, l)| l.clone());
-    let db = Database::at(
+    Some(Database::at(
         SocketAddr::new(ip, desired::HTTP_PORT as u16),
         login.as_ref(),
-    );
+    ))
+}
+
+async fn wal_verdict(qdb: &QuestDB, db: &Database) -> Option<Verdict<WriteHealthReason>> {
     match db
         .exec("select name, suspended, writerTxn, sequencerTxn from wal_tables()")
         .await

@@ -24,6 +24,7 @@ pub mod statefulset;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod validate;
+pub mod version;
 
 pub use children::{children, Children};
 pub use config::{config_hash, config_map, ilp_auth_config_map, log_conf, server_conf};

@@ -442,7 +442,7 @@ fn status_probe(period_seconds: i32, timeout_seconds: i32, failure_threshold: i3
 /// `containerSecurityContext` (the init container runs as the database does, so the directory
 /// it makes is the database's).
 fn container_security(qdb: &QuestDB) -> SecurityContext {
-    overlay(
+    let mut sc = overlay(
         SecurityContext {
             allow_privilege_escalation: Some(false),
             capabilities: Some(Capabilities {
@@ -452,7 +452,24 @@ fn container_security(qdb: &QuestDB) -> SecurityContext {
             ..SecurityContext::default()
         },
         qdb.spec.pod.container_security_context.as_deref(),
-    )
+    );
+    // Whatever `capabilities` the user set: every one is dropped and at most
+    // NET_BIND_SERVICE added back, as the restricted Pod Security Standard requires
+    // (validation refuses the rest; this holds for objects stored before it did).
+    let add: Vec<String> = sc
+        .capabilities
+        .as_ref()
+        .and_then(|c| c.add.clone())
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|c| c == "NET_BIND_SERVICE")
+        .take(1)
+        .collect();
+    sc.capabilities = Some(Capabilities {
+        drop: Some(vec!["ALL".to_string()]),
+        add: (!add.is_empty()).then_some(add),
+    });
+    sc
 }
 
 #[cfg(test)]

@@ -46,6 +46,7 @@ pub fn spec() -> QuestDBSpec {
         dns: None,
         ilp_auth: IlpAuthSpec::default(),
         paused: false,
+        allow_version_downgrade: false,
         network_policy: NetworkPolicySpec::default(),
         credentials: Default::default(),
         pod: Default::default(),

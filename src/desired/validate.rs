@@ -42,6 +42,10 @@ pub enum SpecProblem {
     UnhealthyAfterTooShort(i64),
     /// A `spec.pod.extraVolumeMounts` path over the database's root, tables or checkpoint.
     ReservedMountPath(String),
+    /// A `spec.pod` field the restricted Pod Security Standard refuses (the message names it).
+    NotRestricted(String),
+    /// `spec.image` is an older QuestDB version than the one the data last ran with.
+    VersionDowngrade { image: String, data_version: String },
 }
 
 impl fmt::Display for SpecProblem {
@@ -81,11 +85,33 @@ impl fmt::Display for SpecProblem {
                 "mount path {p:?}: {}",
                 crate::api::reserved_mount_message()
             ),
+            Self::NotRestricted(problem) => {
+                write!(f, "{problem} (restricted Pod Security, enforced by the operator)")
+            }
+            Self::VersionDowngrade { image, data_version } => write!(
+                f,
+                "spec.image {image:?} is older than QuestDB {data_version}, the version this database's data last ran with (status.dataVersion): QuestDB does not support downgrades, an older version may not read what a newer one wrote; the database keeps running as it was. Set spec.allowVersionDowngrade: true to run it anyway, or restore a backup taken on that version into a new QuestDB"
+            ),
         }
     }
 }
 
 impl std::error::Error for SpecProblem {}
+
+/// An image older than the version the data last ran with, unless acknowledged.
+fn downgrade(qdb: &QuestDB) -> Option<SpecProblem> {
+    if qdb.spec.allow_version_downgrade {
+        return None;
+    }
+    let data_version = qdb.status.as_ref()?.data_version.clone()?;
+    let image_version = crate::desired::version_of(&qdb.spec.image)?;
+    crate::desired::version::older(&image_version, &data_version).then(|| {
+        SpecProblem::VersionDowngrade {
+            image: qdb.spec.image.clone(),
+            data_version,
+        }
+    })
+}
 
 /// Every problem in `qdb`'s spec (and name), or `Ok` when the builders can act on it.
 pub fn validate(qdb: &QuestDB) -> Result<(), Vec<SpecProblem>> {
@@ -129,6 +155,14 @@ pub fn validate(qdb: &QuestDB) -> Result<(), Vec<SpecProblem>> {
         if crate::api::reserved_mount_path(&m.mount_path) {
             problems.push(SpecProblem::ReservedMountPath(m.mount_path.clone()));
         }
+    }
+    problems.extend(
+        crate::api::restricted_problems(&spec.pod)
+            .into_iter()
+            .map(SpecProblem::NotRestricted),
+    );
+    if let Some(problem) = downgrade(qdb) {
+        problems.push(problem);
     }
     if spec.failover.unhealthy_after_seconds < MIN_UNHEALTHY_AFTER_SECONDS {
         problems.push(SpecProblem::UnhealthyAfterTooShort(
@@ -207,6 +241,58 @@ mod tests {
         let message = found[0].to_string();
         assert!(message.contains("questdb/QuestDB:9.0.0"), "{message}");
         assert!(message.contains("not a valid repository"), "{message}");
+    }
+
+    /// The harm: QuestDB 9.1 opening tables 9.2 wrote (no downgrade is supported).
+    #[test]
+    fn an_image_older_than_the_data_is_refused_unless_acknowledged() {
+        let mut qdb = questdb("db1", "tenant-a");
+        qdb.status = Some(crate::api::QuestDBStatus {
+            data_version: Some("9.2.0".into()),
+            ..Default::default()
+        });
+        qdb.spec.image = "questdb/questdb:9.1.0".into();
+        let found = problems(&qdb);
+        assert!(
+            matches!(found.as_slice(), [SpecProblem::VersionDowngrade { .. }]),
+            "{found:?}"
+        );
+        let message = found[0].to_string();
+        assert!(
+            message.contains("9.1.0")
+                && message.contains("9.2.0")
+                && message.contains("allowVersionDowngrade"),
+            "{message}"
+        );
+        qdb.spec.allow_version_downgrade = true;
+        assert_eq!(validate(&qdb), Ok(()));
+        qdb.spec.allow_version_downgrade = false;
+        for fine in [
+            "questdb/questdb:9.2.0",
+            "questdb/questdb:9.3.1",
+            "questdb/questdb:latest",
+        ] {
+            qdb.spec.image = fine.into();
+            assert_eq!(validate(&qdb), Ok(()), "{fine}");
+        }
+    }
+
+    /// A QuestDB stored before the schema refused it (or past a webhook-less apiserver) is
+    /// never built with a privileged pod: the operator's own check refuses it.
+    #[test]
+    fn a_pod_restricted_pod_security_refuses_is_an_invalid_spec() {
+        let mut qdb = questdb("db1", "tenant-a");
+        qdb.spec.pod.container_security_context =
+            Some(Box::new(k8s_openapi::api::core::v1::SecurityContext {
+                privileged: Some(true),
+                ..Default::default()
+            }));
+        let found = problems(&qdb);
+        assert!(
+            matches!(found.as_slice(), [SpecProblem::NotRestricted(m)] if m.contains("privileged")),
+            "{found:?}"
+        );
+        assert!(found[0].to_string().contains("restricted Pod Security"));
     }
 
     #[test]

@@ -73,6 +73,8 @@ pub(super) struct Families {
     pub backup_duration: Histogram,
     pub last_successful_backup: IntGaugeVec,
     pub suspended_wal_tables: IntGaugeVec,
+    pub checkpoint_open: IntGaugeVec,
+    pub last_verified_backup: IntGaugeVec,
 }
 
 /// A backup takes seconds (a small volume) to hours (an EBS snapshot's first upload).
@@ -254,9 +256,19 @@ impl Families {
                 "1 while a QuestDB reports a suspended WAL table (WriteHealthy=False), else 0",
                 &["namespace", "questdb"],
             ),
+            checkpoint_open: r.gauge_vec(
+                "questdb_operator_checkpoint_open_seconds",
+                "Seconds the QuestDB's checkpoint has been open (0: none), from checkpoint_status() on the write-health poll",
+                &["namespace", "questdb"],
+            ),
+            last_verified_backup: r.gauge_vec(
+                "questdb_operator_last_verified_backup_timestamp_seconds",
+                "Unix time the newest backup of each QuestDB proven by restoring it was taken (its checkpoint); the QuestDB's creation until one is",
+                &["namespace", "questdb"],
+            ),
             last_successful_backup: r.gauge_vec(
                 "questdb_operator_last_successful_backup_timestamp_seconds",
-                "Unix time the newest successful backup of each QuestDB finished",
+                "Unix time the newest successful backup of each QuestDB finished; the QuestDB's creation until one does",
                 &["namespace", "questdb"],
             ),
             node_move_steps: r.histogram_vec(

@@ -277,6 +277,26 @@ impl Metrics {
         }
     }
 
+    /// The newest backup of a QuestDB proven by restoring it was taken at `unix_seconds`
+    /// (never moves back).
+    pub fn last_verified_backup(&self, namespace: &str, questdb: &str, unix_seconds: i64) {
+        let g = self
+            .families
+            .last_verified_backup
+            .with_label_values(&[namespace, questdb]);
+        if unix_seconds > g.get() {
+            g.set(unix_seconds);
+        }
+    }
+
+    /// How long a QuestDB's checkpoint has been open (0: none).
+    pub fn set_checkpoint_open_seconds(&self, namespace: &str, questdb: &str, seconds: i64) {
+        self.families
+            .checkpoint_open
+            .with_label_values(&[namespace, questdb])
+            .set(seconds);
+    }
+
     /// Whether a QuestDB reports a suspended WAL table.
     pub fn set_suspended_wal_tables(&self, namespace: &str, questdb: &str, suspended: i64) {
         self.families

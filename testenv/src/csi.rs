@@ -94,6 +94,12 @@ pub struct Switches {
     pub fail_snapshot: AtomicBool,
     /// Snapshots are created but stay `pending`: never `readyToUse`.
     pub stall_snapshot: AtomicBool,
+    /// CreateSnapshot is not called while set (the snapshot is not cut yet): a test holds a
+    /// backup between `CHECKPOINT CREATE` and the cut.
+    pub hold_cut: AtomicBool,
+    /// Snapshots taken while set hold this QuestDB table with every file truncated to zero
+    /// bytes (`db/<table>~<id>/`): a snapshot damaged in storage, which only a restore finds.
+    pub corrupt_table_in_snapshots: Mutex<Option<String>>,
 }
 
 impl Switches {
@@ -810,6 +816,7 @@ impl Snapshots {
         content: &str,
         size_bytes: u64,
         volumes: Option<&Runtime>,
+        corrupt_table: Option<String>,
     ) -> anyhow::Result<()> {
         if self.get(handle).is_some() {
             return Ok(());
@@ -824,6 +831,9 @@ impl Snapshots {
                 let copied = tokio::task::spawn_blocking(move || {
                     let _ = std::fs::remove_dir_all(&tmp);
                     copy_tree(&from, &tmp)?;
+                    if let Some(table) = &corrupt_table {
+                        truncate_table(&tmp, table)?;
+                    }
                     std::fs::rename(&tmp, &to)?;
                     Ok::<_, std::io::Error>(to)
                 });
@@ -881,6 +891,36 @@ impl Snapshots {
         }
         Ok(())
     }
+}
+
+/// Truncates every file of QuestDB table `table` under the volume copy `root` (its directory is
+/// `db/<table>~<id>`) to zero bytes.
+fn truncate_table(root: &Path, table: &str) -> std::io::Result<()> {
+    let db = root.join("db");
+    let prefix = format!("{table}~");
+    for entry in std::fs::read_dir(&db)? {
+        let entry = entry?;
+        // The table's directory; beside it QuestDB keeps files of the same prefix (locks).
+        if entry.file_name().to_string_lossy().starts_with(&prefix) && entry.file_type()?.is_dir() {
+            truncate_tree(&entry.path())?;
+        }
+    }
+    Ok(())
+}
+
+fn truncate_tree(dir: &Path) -> std::io::Result<()> {
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        if entry.file_type()?.is_dir() {
+            truncate_tree(&entry.path())?;
+        } else if entry.file_type()?.is_file() {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(entry.path())?
+                .set_len(0)?;
+        }
+    }
+    Ok(())
 }
 
 /// Copies the tree `from` into `to` (made if missing). Files a writer removes meanwhile are
@@ -1045,6 +1085,7 @@ fn snapshot_work(
     // Pre-provisioned contents (spec.source.snapshotHandle) are not served.
     let volume = spec["source"]["volumeHandle"].as_str()?;
     match handle {
+        None if switches.hold_cut.load(Ordering::Relaxed) => None,
         None if switches.fail_snapshot.load(Ordering::Relaxed) => {
             let failed = status["error"]["message"]
                 .as_str()
@@ -1148,8 +1189,9 @@ async fn act_snapshot(
                     "rpc error: code = Internal desc = Could not create snapshot: {INJECTED_SNAPSHOT_FAILURE}"
                 ))
             } else {
+                let corrupt = switches.corrupt_table_in_snapshots.lock().unwrap().clone();
                 snapshots
-                    .create(&handle, &volume, name, size, volumes)
+                    .create(&handle, &volume, name, size, volumes, corrupt)
                     .await
             };
             if let Err(e) = created {

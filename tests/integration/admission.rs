@@ -87,6 +87,41 @@ async fn the_operators_token_writes_nothing_it_does_not_own() {
         .await
         .expect("a labelled ConfigMap");
 
+    // A QuestDB: only a backup verification's throwaway database (a token that could create
+    // any QuestDB could create a privileged database in any namespace... the schema refuses
+    // that too, but the operator has no business making tenants' databases).
+    let qdb = |name: &str, verifies: bool| {
+        let mut q = questdb_operator::desired::testing::questdb(name, "tenant-a");
+        q.metadata.uid = None;
+        q.metadata.resource_version = None;
+        q.metadata.labels = Some(
+            [(
+                "app.kubernetes.io/managed-by".to_string(),
+                "questdb-operator".to_string(),
+            )]
+            .into_iter()
+            .chain(verifies.then(|| ("crd.questdb.io/verifies".to_string(), "b1".to_string())))
+            .collect(),
+        );
+        q
+    };
+    let qdbs = Api::<questdb_operator::api::QuestDB>::namespaced(operator.clone(), "tenant-a");
+    match qdbs
+        .create(&PostParams::default(), &qdb("anything", false))
+        .await
+    {
+        Err(kube::Error::Api(e)) if e.code == 403 || e.code == 422 => assert!(
+            e.message
+                .contains("only creates and deletes the QuestDBs a backup's verification"),
+            "{}",
+            e.message
+        ),
+        other => panic!("a QuestDB that verifies nothing: refused, not {other:?}"),
+    }
+    qdbs.create(&PostParams::default(), &qdb("verify-b1", true))
+        .await
+        .expect("a verification's throwaway database");
+
     // A node that is no database's.
     let nodes = Api::<Node>::all(operator.clone());
     let label = Patch::Merge(serde_json::json!({"metadata": {"labels": {"x": "y"}}}));

@@ -10,25 +10,40 @@ use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::api::{DeleteParams, PostParams};
 use kube::runtime::wait::Condition;
 use questdb_operator::api::{
-    BackupReason, BackupStep, QuestDB, QuestDBBackup, QuestDBBackupSpec, RestoreSource,
+    BackupDeletionPolicy, BackupReason, BackupStep, QuestDB, QuestDBBackup, QuestDBBackupSpec,
+    RestoreSource, VerifyStep,
 };
 use questdb_operator::controllers::backup::snapshot;
 
 use crate::database::{env, lines, pod_ip, ready, real, rows_become, Credentials, NS};
 use crate::db_client::{exec, ilp_http, Login};
-use crate::harness::{has_condition, wait_for, wait_for_within, wait_until, Env};
+use crate::harness::{
+    condition_message, has_condition, wait_for, wait_for_within, wait_until, Env,
+};
+use questdb_testenv::{ControlPlaneOptions, Databases};
 
 const BACKUP_TIMEOUT: Duration = Duration::from_secs(120);
+/// A backup, then a restore of it: a second real QuestDB starting.
+const VERIFY_TIMEOUT: Duration = Duration::from_secs(240);
 
 async fn create_backup(env: &Env, name: &str, questdb: &str) -> QuestDBBackup {
-    let b = QuestDBBackup::new(
-        name,
-        QuestDBBackupSpec {
-            questdb_name: questdb.into(),
-            volume_snapshot_class_name: None,
-            deletion_policy: Default::default(),
-        },
-    );
+    create_backup_with(env, name, questdb, |_| {}).await
+}
+
+async fn create_backup_with(
+    env: &Env,
+    name: &str,
+    questdb: &str,
+    edit: impl FnOnce(&mut QuestDBBackupSpec),
+) -> QuestDBBackup {
+    let mut spec = QuestDBBackupSpec {
+        questdb_name: questdb.into(),
+        volume_snapshot_class_name: None,
+        deletion_policy: Default::default(),
+        verify: false,
+    };
+    edit(&mut spec);
+    let b = QuestDBBackup::new(name, spec);
     env.api::<QuestDBBackup>(NS)
         .create(&PostParams::default(), &b)
         .await
@@ -167,7 +182,10 @@ async fn a_backup_goes_on_after_a_manager_restart_and_deleting_it_takes_its_snap
     let (http, creds) = database_with_rows(&env, "db1", 100).await;
     env.cp.csi.stall_snapshot.store(true, Ordering::SeqCst);
 
-    create_backup(&env, "stuck", "db1").await;
+    create_backup_with(&env, "stuck", "db1", |s| {
+        s.deletion_policy = BackupDeletionPolicy::Delete
+    })
+    .await;
     // The stalled snapshot is cut (EBS: pending, point in time fixed) but never ready.
     backup_reaches(&env, "stuck", BackupStep::Uploading).await;
     assert!(
@@ -202,6 +220,24 @@ async fn a_backup_goes_on_after_a_manager_restart_and_deleting_it_takes_its_snap
         async move { n == 1 }
     })
     .await;
+
+    // A backup made by hand keeps its snapshot by default: deleting the object by mistake
+    // loses no data, and the snapshot still restores (restoreFrom.volumeSnapshot).
+    env.api::<QuestDBBackup>(NS)
+        .delete("second", &DeleteParams::default())
+        .await
+        .expect("deleted");
+    wait_until("the backup is gone", || {
+        let api = env.api::<QuestDBBackup>(NS);
+        async move { api.get_opt("second").await.ok().flatten().is_none() }
+    })
+    .await;
+    let kept = snapshot::api(&env.cp.direct_client(), NS)
+        .get_opt("second")
+        .await
+        .expect("read the snapshot");
+    assert!(kept.is_some(), "a retained backup's snapshot outlives it");
+    assert_eq!(env.cp.ebs_snapshots().len(), 1, "its EBS snapshot too");
 }
 
 #[tokio::test]
@@ -338,10 +374,12 @@ async fn a_schedule_every_minute_keeps_exactly_its_two_newest_successful_backups
             questdb_name: "db1".into(),
             schedule: "* * * * *".into(),
             retention: 2,
+            retention_days: None,
             suspend: false,
             starting_deadline_seconds: None,
             volume_snapshot_class_name: None,
-            deletion_policy: Default::default(),
+            deletion_policy: BackupDeletionPolicy::Delete,
+            verify_every: None,
         },
     );
     env.api::<QuestDBBackupSchedule>(NS)
@@ -390,6 +428,28 @@ async fn a_schedule_every_minute_keeps_exactly_its_two_newest_successful_backups
         async move { n == 2 }
     })
     .await;
+
+    // Deleting the schedule (by mistake, or a GitOps prune) keeps the backups it made.
+    env.api::<QuestDBBackupSchedule>(NS)
+        .delete("every-minute", &DeleteParams::default())
+        .await
+        .expect("schedule deleted");
+    wait_until("the schedule is gone", || {
+        let api = env.api::<QuestDBBackupSchedule>(NS);
+        async move { api.get_opt("every-minute").await.ok().flatten().is_none() }
+    })
+    .await;
+    // The garbage collector deletes only what names the schedule as its owner: no backup
+    // does (the check that fails on the old code), so none goes, now or later.
+    let after = api.list(&lp).await.expect("list backups").items;
+    assert_eq!(after.len(), 2, "the schedule's backups outlive it");
+    assert!(
+        after
+            .iter()
+            .all(|b| kube::ResourceExt::owner_references(b).is_empty()),
+        "no backup is owned by the schedule"
+    );
+    assert_eq!(env.cp.ebs_snapshots().len(), 2);
 }
 
 #[tokio::test]
@@ -635,4 +695,421 @@ async fn a_checkpoint_opened_by_hand_is_never_taken_over_and_the_backup_holds_ev
 
     let (_, http2, creds2) = restored_from(&env, "b1", "db2").await;
     rows_become(&env, &http2, "trades", 8000, creds2.http()).await;
+}
+
+fn verified(b: Option<&QuestDBBackup>) -> Option<(String, String)> {
+    let s = b?.status.as_ref()?;
+    let done = s.verification.as_ref()?.step == Some(VerifyStep::Done);
+    let c = s.conditions.iter().find(|c| c.type_ == "Verified")?;
+    done.then(|| (c.status.clone(), c.message.clone()))
+}
+
+/// The harm: a backup that says Succeeded but does not restore (its snapshot damaged in
+/// storage, a table left out) is found at the disaster, not before. A verified backup is
+/// restored into a throwaway database, its tables counted against what was recorded at the
+/// checkpoint, and the throwaway removed; a snapshot with one table's files truncated is
+/// `Verified=False` naming that table, and the database's `BackupVerified` says so.
+#[tokio::test]
+async fn a_verified_backup_is_proven_by_restoring_it_and_a_damaged_one_names_its_table() {
+    let env = env().await;
+    let (http, creds) = database_with_rows(&env, "db1", 300).await;
+    assert_eq!(
+        ilp_http(&http, &lines("quotes", 40), creds.http())
+            .await
+            .unwrap(),
+        204
+    );
+    rows_become(&env, &http, "quotes", 40, creds.http()).await;
+    let backups = env.api::<QuestDBBackup>(NS);
+
+    create_backup_with(&env, "good", "db1", |s| s.verify = true).await;
+    let good = wait_for_within(
+        &backups,
+        "good",
+        "good verified",
+        VERIFY_TIMEOUT,
+        |b: Option<&QuestDBBackup>| verified(b).is_some(),
+    )
+    .await;
+    let (status, message) = verified(Some(&good)).unwrap();
+    assert_eq!(status, "True", "{message}");
+    let checked = good.status.as_ref().and_then(|s| s.verification.clone());
+    assert_eq!(checked.and_then(|v| v.tables_checked), Some(2));
+    let q = wait_for(
+        &env.api::<QuestDB>(NS),
+        "db1",
+        "BackupVerified=True",
+        has_condition("BackupVerified", "BackupVerified"),
+    )
+    .await;
+    assert!(condition_message(&q, "BackupVerified").contains("good"));
+    wait_until("the throwaway database and its volume are gone", || {
+        let (qdbs, pvcs) = (env.api::<QuestDB>(NS), env.api::<PersistentVolumeClaim>(NS));
+        async move {
+            qdbs.get_opt("verify-good").await.ok().flatten().is_none()
+                && pvcs
+                    .get_opt("verify-good-data")
+                    .await
+                    .ok()
+                    .flatten()
+                    .is_none()
+        }
+    })
+    .await;
+
+    *env.cp.csi.corrupt_table_in_snapshots.lock().unwrap() = Some("quotes".into());
+    create_backup_with(&env, "damaged", "db1", |s| s.verify = true).await;
+    let damaged = wait_for_within(
+        &backups,
+        "damaged",
+        "damaged verified",
+        VERIFY_TIMEOUT,
+        |b: Option<&QuestDBBackup>| verified(b).is_some(),
+    )
+    .await;
+    let (status, message) = verified(Some(&damaged)).unwrap();
+    assert_eq!(status, "False", "{message}");
+    assert!(message.contains("quotes"), "{message}");
+    assert!(
+        !message.contains("trades:"),
+        "the whole table is fine: {message}"
+    );
+    let q = wait_for(
+        &env.api::<QuestDB>(NS),
+        "db1",
+        "BackupVerified=False",
+        has_condition("BackupVerified", "VerificationFailed"),
+    )
+    .await;
+    let message = condition_message(&q, "BackupVerified");
+    assert!(
+        message.contains("damaged") && message.contains("good"),
+        "names the failed one and the newest proven: {message}"
+    );
+}
+
+/// The harm: a checkpoint left open keeps every WAL segment and old partition until the disk
+/// fills. One a person opened is reported and never released by the operator; one the
+/// operator's own backup left (its status names its `started_at`) is released.
+#[tokio::test]
+async fn a_checkpoint_left_open_is_reported_and_released_only_when_the_operators() {
+    use questdb_operator::controllers::backup::plan::Timeouts;
+    use questdb_operator::manager::ManagerOptions;
+    let options = ControlPlaneOptions {
+        databases: Databases::Real,
+        ..crate::harness::cluster()
+    };
+    let metrics_addr = crate::metrics::free_port();
+    let opts = ManagerOptions {
+        metrics_addr: Some(metrics_addr),
+        write_health_interval: Duration::from_secs(1),
+        backup_timeouts: Timeouts {
+            cut: Duration::from_secs(3),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let env = Env::start_on(options, opts, crate::harness::questdb_crd()).await;
+    env.namespace(NS).await;
+    let (http, creds) = database_with_rows(&env, "db1", 10).await;
+
+    let (code, body) = exec(&http, "CHECKPOINT CREATE", creds.http())
+        .await
+        .unwrap();
+    assert_eq!(code, 200, "{body}");
+    let q = wait_for(
+        &env.api::<QuestDB>(NS),
+        "db1",
+        "CheckpointReleased=False",
+        has_condition("CheckpointReleased", "CheckpointLeftOpen"),
+    )
+    .await;
+    assert!(
+        condition_message(&q, "CheckpointReleased").contains("CHECKPOINT RELEASE"),
+        "{}",
+        condition_message(&q, "CheckpointReleased")
+    );
+    let (_, scrape) = crate::metrics::get(metrics_addr, "/metrics").await;
+    let open_seconds = scrape
+        .lines()
+        .find(|l| {
+            l.starts_with("questdb_operator_checkpoint_open_seconds{")
+                && l.contains("questdb=\"db1\"")
+        })
+        .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok());
+    assert!(open_seconds.is_some_and(|s| s >= 3.0), "{open_seconds:?}");
+    assert!(
+        checkpoint_open(&http, creds.http()).await,
+        "a person's checkpoint is never released by the operator"
+    );
+
+    // The operator's own: a backup that failed with its checkpoint recorded as open.
+    let (_, body) = exec(
+        &http,
+        "select started_at from checkpoint_status()",
+        creds.http(),
+    )
+    .await
+    .unwrap();
+    let started_at: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let started_at = started_at["dataset"][0][0].as_str().unwrap().to_string();
+    create_backup(&env, "lost", "db1").await;
+    wait_for_within(
+        &env.api::<QuestDBBackup>(NS),
+        "lost",
+        "lost waits",
+        BACKUP_TIMEOUT,
+        |b: Option<&QuestDBBackup>| {
+            b.and_then(|b| b.status.as_ref()?.reason.clone()).as_deref()
+                == Some("ForeignCheckpoint")
+        },
+    )
+    .await;
+    let patch = serde_json::json!({"status": {
+        "step": "Failed",
+        "reason": "CheckpointLost",
+        "checkpointStartedAt": started_at,
+    }});
+    env.api::<QuestDBBackup>(NS)
+        .patch_status(
+            "lost",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&patch),
+        )
+        .await
+        .expect("status patched");
+    wait_until("the operator releases its own checkpoint", || {
+        let (http, creds) = (http.clone(), creds.http());
+        async move { !checkpoint_open(&http, creds).await }
+    })
+    .await;
+    wait_for(
+        &env.api::<QuestDB>(NS),
+        "db1",
+        "CheckpointReleased=True",
+        has_condition("CheckpointReleased", "NoCheckpointOpen"),
+    )
+    .await;
+}
+
+/// The harm: QuestDB 9.1 opening data 9.2 wrote (QuestDB supports no downgrade). An image
+/// older than the data's version is refused and the database keeps running as it was; a
+/// restore of a 9.2 backup into 9.1 is refused naming both versions.
+#[tokio::test]
+async fn an_image_downgrade_and_a_restore_into_an_older_version_are_refused() {
+    let env = env().await;
+    let (http, creds) = database_with_rows(&env, "db1", 20).await;
+    let q = wait_for(
+        &env.api::<QuestDB>(NS),
+        "db1",
+        "dataVersion",
+        |q: Option<&QuestDB>| {
+            q.and_then(|q| q.status.as_ref()?.data_version.clone())
+                .is_some()
+        },
+    )
+    .await;
+    let version = q.status.unwrap().data_version.unwrap();
+    assert_eq!(version, crate::database::VERSION);
+
+    env.api::<QuestDB>(NS)
+        .patch(
+            "db1",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(
+                serde_json::json!({"spec": {"image": "questdb/questdb:9.1.0"}}),
+            ),
+        )
+        .await
+        .expect("patched");
+    let q = wait_for(
+        &env.api::<QuestDB>(NS),
+        "db1",
+        "SpecValid=False",
+        |q: Option<&QuestDB>| {
+            q.and_then(|q| q.status.as_ref()).is_some_and(|s| {
+                s.conditions
+                    .iter()
+                    .any(|c| c.type_ == "SpecValid" && c.status == "False")
+            })
+        },
+    )
+    .await;
+    let message = condition_message(&q, "SpecValid");
+    assert!(
+        message.contains("9.1.0") && message.contains(&version),
+        "{message}"
+    );
+    let sts: StatefulSet = env.api(NS).get("db1").await.unwrap();
+    let image = sts.spec.unwrap().template.spec.unwrap().containers[0]
+        .image
+        .clone();
+    assert_eq!(
+        image.as_deref(),
+        Some(format!("questdb/questdb:{version}").as_str())
+    );
+    rows_become(&env, &http, "trades", 20, creds.http()).await;
+
+    create_backup(&env, "b1", "db1").await;
+    let b = backup_reaches(&env, "b1", BackupStep::Succeeded).await;
+    assert_eq!(
+        b.status.unwrap().questdb_version.as_deref(),
+        Some(version.as_str())
+    );
+    env.create_questdb(NS, "older", |q| {
+        q.spec.image = "questdb/questdb:9.1.0".into();
+        q.spec.volume.restore_from = Some(RestoreSource {
+            backup: Some("b1".into()),
+            volume_snapshot: None,
+        });
+    })
+    .await;
+    let q = wait_for(
+        &env.api::<QuestDB>(NS),
+        "older",
+        "RestoreRefused",
+        has_condition("VolumeRestored", "RestoreRefused"),
+    )
+    .await;
+    let message = condition_message(&q, "VolumeRestored");
+    assert!(
+        message.contains("9.1.0") && message.contains(&version),
+        "{message}"
+    );
+    let pvc: Option<PersistentVolumeClaim> = env.api(NS).get_opt("older-data").await.unwrap();
+    assert!(pvc.is_none(), "no volume is made for a refused restore");
+}
+
+/// The harm: a snapshot cut after the database restarted holds a `.checkpoint` no process
+/// holds any more, which a restore would silently roll back to. A restart between `CHECKPOINT
+/// CREATE` and the cut fails the backup (`CheckpointLost`), leaves no checkpoint open in the
+/// new process and no snapshot behind.
+#[tokio::test]
+async fn a_restart_between_the_checkpoint_and_the_cut_fails_the_backup_and_leaves_nothing() {
+    let env = env().await;
+    database_with_rows(&env, "db1", 50).await;
+    env.cp.csi.hold_cut.store(true, Ordering::SeqCst);
+    create_backup_with(&env, "b1", "db1", |s| {
+        s.deletion_policy = BackupDeletionPolicy::Retain
+    })
+    .await;
+    backup_reaches(&env, "b1", BackupStep::Snapshotting).await;
+
+    let pods = env.api::<k8s_openapi::api::core::v1::Pod>(NS);
+    let old = pods.get("db1-0").await.unwrap();
+    pods.delete("db1-0", &DeleteParams::default())
+        .await
+        .expect("pod deleted");
+    wait_until("a new database process", || {
+        let pods = pods.clone();
+        let old_uid = old.metadata.uid.clone();
+        async move {
+            pods.get_opt("db1-0")
+                .await
+                .ok()
+                .flatten()
+                .is_some_and(|p| p.metadata.uid != old_uid)
+        }
+    })
+    .await;
+    ready(&env, "db1").await;
+    env.cp.csi.hold_cut.store(false, Ordering::SeqCst);
+
+    let b = backup_reaches(&env, "b1", BackupStep::Failed).await;
+    let status = b.status.unwrap_or_default();
+    assert_eq!(
+        status.reason.as_deref(),
+        Some("CheckpointLost"),
+        "{status:?}"
+    );
+    let creds = Credentials::of(&env, "db1-credentials").await;
+    let http = format!("{}:9000", pod_ip(&env, "db1").await);
+    assert!(!checkpoint_open(&http, creds.http()).await);
+    wait_until("no snapshot is left, even with Retain", || {
+        let api = snapshot::api(&env.cp.direct_client(), NS);
+        async move { api.get_opt("b1").await.ok().flatten().is_none() }
+    })
+    .await;
+    assert!(env.cp.ebs_snapshots().is_empty(), "nothing was cut");
+}
+
+/// The harm: a checkpoint left open because the database only looked unavailable (its pod
+/// not Ready while its node reports NotReady, the process still running): QuestDB then purges
+/// nothing until the disk fills. The release asks the process, not the pod's readiness, so a
+/// minute after the fault heals no checkpoint is open.
+#[tokio::test]
+async fn a_database_not_ready_at_the_cut_still_has_its_checkpoint_released() {
+    let env = env().await;
+    let (http, creds) = database_with_rows(&env, "db1", 50).await;
+    env.cp.csi.hold_cut.store(true, Ordering::SeqCst);
+    create_backup(&env, "b1", "db1").await;
+    backup_reaches(&env, "b1", BackupStep::Snapshotting).await;
+    assert!(checkpoint_open(&http, creds.http()).await);
+
+    let pods = env.api::<k8s_openapi::api::core::v1::Pod>(NS);
+    let node = pods
+        .get("db1-0")
+        .await
+        .unwrap()
+        .spec
+        .and_then(|s| s.node_name)
+        .expect("scheduled");
+    let kubelet = env.cp.node(&node).expect("kubelet");
+    kubelet.set_fault(questdb_testenv::NodeFault::NotReady);
+    // A NotReady node's pods are evicted by its NoExecute taint (15 s here); its kubelet skips
+    // pod syncs, so the process runs on in a pod that looks gone.
+    wait_for(
+        &pods,
+        "db1-0",
+        "the database pod not Ready or being evicted",
+        |p: Option<&k8s_openapi::api::core::v1::Pod>| {
+            p.is_some_and(|p| {
+                p.metadata.deletion_timestamp.is_some()
+                    || p.status
+                        .as_ref()
+                        .and_then(|s| s.conditions.as_ref())
+                        .is_some_and(|cs| {
+                            cs.iter().any(|c| c.type_ == "Ready" && c.status == "False")
+                        })
+            })
+        },
+    )
+    .await;
+    env.cp.csi.hold_cut.store(false, Ordering::SeqCst);
+    wait_until("the backup is past its checkpoint", || {
+        let api = env.api::<QuestDBBackup>(NS);
+        async move {
+            api.get_opt("b1")
+                .await
+                .ok()
+                .flatten()
+                .and_then(|b| b.status?.step)
+                .is_some_and(|s| !s.holds_checkpoint() && s != BackupStep::Pending)
+        }
+    })
+    .await;
+    // Released while the pod is still not Ready: the backup asked the process itself.
+    assert!(
+        !checkpoint_open(&http, creds.http()).await,
+        "the checkpoint was released while the pod was not Ready"
+    );
+    kubelet.set_fault(questdb_testenv::NodeFault::None);
+    let b = wait_for_within(
+        &env.api::<QuestDBBackup>(NS),
+        "b1",
+        "b1 final",
+        BACKUP_TIMEOUT,
+        |b: Option<&QuestDBBackup>| {
+            b.and_then(|b| b.status.as_ref()?.step)
+                .is_some_and(BackupStep::is_final)
+        },
+    )
+    .await;
+    assert_eq!(
+        b.status.and_then(|s| s.step),
+        Some(BackupStep::Succeeded),
+        "the same process held its checkpoint through the cut"
+    );
+    // (Once the fault heals the kubelet carries out the taint's eviction: the process that
+    // held the checkpoint ends, so there is nothing left to ask.)
 }

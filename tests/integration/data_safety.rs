@@ -382,6 +382,7 @@ async fn a_backup_asked_for_during_a_node_move_waits_for_it_and_then_succeeds() 
             questdb_name: "db1".into(),
             volume_snapshot_class_name: None,
             deletion_policy: Default::default(),
+            verify: false,
         },
     );
     backups

@@ -12,13 +12,13 @@ use crate::harness::{has_condition, is_ready, wait_for, wait_until, Env};
 
 const NS: &str = "metrics";
 
-fn free_port() -> SocketAddr {
+pub(crate) fn free_port() -> SocketAddr {
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     l.local_addr().unwrap()
 }
 
 /// A plain HTTP/1.0 GET, the way a scraper does it.
-async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
+pub(crate) async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
     let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
     s.write_all(format!("GET {path} HTTP/1.0\r\nHost: test\r\n\r\n").as_bytes())
         .await

@@ -375,10 +375,8 @@ async fn a_database_pod_no_node_can_take_says_why_instead_of_pending_silently() 
     env.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_database_runs_where_restricted_pod_security_is_enforced() {
-    let env = Env::start().await;
-    let ns = "restricted";
+/// A namespace whose Pod Security admission enforces `level`.
+async fn namespace_enforcing(env: &Env, ns: &str, level: &str) {
     Api::<Namespace>::all(env.client.clone())
         .create(
             &PostParams::default(),
@@ -387,7 +385,7 @@ async fn a_database_runs_where_restricted_pod_security_is_enforced() {
                     name: Some(ns.into()),
                     labels: Some(BTreeMap::from([(
                         "pod-security.kubernetes.io/enforce".to_string(),
-                        "restricted".to_string(),
+                        level.to_string(),
                     )])),
                     ..Default::default()
                 },
@@ -396,6 +394,13 @@ async fn a_database_runs_where_restricted_pod_security_is_enforced() {
         )
         .await
         .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_runs_where_restricted_pod_security_is_enforced() {
+    let env = Env::start().await;
+    let ns = "restricted";
+    namespace_enforcing(&env, ns, "restricted").await;
     // The apiserver does enforce it here: a pod that asks for root is refused.
     let pods: Api<Pod> = env.api(ns);
     let root: Pod = serde_json::from_value(json!({
@@ -411,5 +416,173 @@ async fn a_database_runs_where_restricted_pod_security_is_enforced() {
 
     env.create_questdb(ns, "db1", |_| {}).await;
     wait_for(&env.api::<QuestDB>(ns), "db1", "QuestDB Ready", is_ready()).await;
+    env.stop().await;
+}
+
+/// The harm (from a security review): a tenant who may only edit QuestDBs, in a namespace
+/// labelled `privileged` (a dedicated database's host ports need it) or not labelled at all,
+/// asks for a privileged pod with the node's filesystem and gets a root shell on the node.
+/// The apiserver refuses each such setting by the QuestDB schema itself, whatever the
+/// namespace's Pod Security label, naming the field.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_privileged_or_host_reaching_pod_is_refused_whatever_the_namespace_allows() {
+    let env = Env::start().await;
+    let ns = "privileged";
+    namespace_enforcing(&env, ns, "privileged").await;
+    let refused = [
+        (
+            json!({"containerSecurityContext": {"privileged": true}}),
+            "pod.containerSecurityContext.privileged",
+        ),
+        (
+            json!({"containerSecurityContext": {"allowPrivilegeEscalation": true}}),
+            "pod.containerSecurityContext.allowPrivilegeEscalation",
+        ),
+        (
+            json!({"containerSecurityContext": {"capabilities": {"add": ["SYS_ADMIN"]}}}),
+            "pod.containerSecurityContext.capabilities.add",
+        ),
+        (
+            json!({"securityContext": {"runAsUser": 0}}),
+            "pod.securityContext.runAsUser",
+        ),
+        (
+            json!({"containerSecurityContext": {"runAsNonRoot": false}}),
+            "pod.containerSecurityContext.runAsNonRoot",
+        ),
+        (
+            json!({"securityContext": {"seccompProfile": {"type": "Unconfined"}}}),
+            "pod.securityContext.seccompProfile",
+        ),
+        (
+            json!({"securityContext": {"sysctls": [{"name": "kernel.msgmax", "value": "1"}]}}),
+            "pod.securityContext.sysctls",
+        ),
+        (
+            json!({"extraVolumes": [{"name": "host", "hostPath": {"path": "/"}}]}),
+            "pod.extraVolumes: only emptyDir",
+        ),
+        (
+            json!({"extraVolumes": [{"name": "share", "nfs": {"server": "10.0.0.1", "path": "/"}}]}),
+            "pod.extraVolumes: only emptyDir",
+        ),
+        (
+            json!({"extraVolumes": [{"name": "disk", "awsElasticBlockStore": {"volumeID": "vol-0123456789abcdef0"}}]}),
+            "pod.extraVolumes: only emptyDir",
+        ),
+        (
+            json!({"extraVolumes": [{"name": "t", "projected": {"sources": [{"serviceAccountToken": {"path": "token"}}]}}]}),
+            "may not carry a service account token",
+        ),
+    ];
+    for (i, (pod, message)) in refused.into_iter().enumerate() {
+        let err = create(&env, ns, &format!("bad{i}"), pod.clone())
+            .await
+            .expect_err("refused");
+        assert!(err.to_string().contains(message), "{pod}: {err}");
+    }
+    // What a platform team ordinarily sets is accepted.
+    create(
+        &env,
+        ns,
+        "fine",
+        json!({"securityContext": {"runAsUser": 20000, "fsGroup": 20000},
+               "containerSecurityContext": {"readOnlyRootFilesystem": true,
+                                            "capabilities": {"add": ["NET_BIND_SERVICE"]}},
+               "extraVolumes": [{"name": "import", "emptyDir": {}},
+                                {"name": "cfg", "configMap": {"name": "x"}}]}),
+    )
+    .await
+    .expect("a restricted pod is accepted");
+    env.stop().await;
+}
+
+/// The harm: a tenant, through the role the project ships for tenants, turning a QuestDB edit
+/// into a root shell on a node, or forging the operator's records in status. Acting as that
+/// tenant (the apiserver's own authentication, authorization and admission), a privileged pod
+/// and a host volume are refused naming the field, an ordinary database is accepted, and its
+/// status cannot be written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_with_the_shipped_role_gets_a_database_not_a_host_nor_its_status() {
+    use k8s_openapi::api::rbac::v1::{ClusterRole, RoleBinding};
+    let env = Env::start().await;
+    let ns = "team-a";
+    namespace_enforcing(&env, ns, "privileged").await;
+    let role: ClusterRole = serde_yaml_ng::from_str(
+        &std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/deploy/tenant/clusterrole.yaml"
+        ))
+        .unwrap(),
+    )
+    .unwrap();
+    Api::<ClusterRole>::all(env.client.clone())
+        .create(&PostParams::default(), &role)
+        .await
+        .expect("the tenant role installs");
+    let binding: RoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": "alice-questdb", "namespace": ns},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "questdb-tenant"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "alice"}],
+    }))
+    .unwrap();
+    Api::<RoleBinding>::namespaced(env.client.clone(), ns)
+        .create(&PostParams::default(), &binding)
+        .await
+        .unwrap();
+    let mut config = env.cp.client_config().await;
+    config.auth_info.impersonate = Some("alice".into());
+    config.auth_info.impersonate_groups = Some(vec!["system:authenticated".into()]);
+    let alice = kube::Client::try_from(config).unwrap();
+    let qdbs = Api::<QuestDB>::namespaced(alice, ns);
+
+    let as_alice = |name: &str, pod: serde_json::Value| {
+        let mut q = questdb_operator::desired::testing::questdb(name, ns);
+        q.metadata = ObjectMeta {
+            name: Some(name.into()),
+            ..Default::default()
+        };
+        let mut value = serde_json::to_value(&q).unwrap();
+        value["spec"]["pod"] = pod;
+        serde_json::from_value::<QuestDB>(value).unwrap()
+    };
+    for (pod, field) in [
+        (
+            json!({"containerSecurityContext": {"privileged": true}}),
+            "pod.containerSecurityContext.privileged",
+        ),
+        (
+            json!({"extraVolumes": [{"name": "host", "hostPath": {"path": "/"}}]}),
+            "pod.extraVolumes: only emptyDir",
+        ),
+        (
+            json!({"securityContext": {"runAsUser": 0}}),
+            "pod.securityContext.runAsUser",
+        ),
+    ] {
+        let err = qdbs
+            .create(&PostParams::default(), &as_alice("bad", pod.clone()))
+            .await
+            .expect_err("refused");
+        assert!(err.to_string().contains(field), "{pod}: {err}");
+    }
+    let mine = qdbs
+        .create(&PostParams::default(), &as_alice("mine", json!({})))
+        .await
+        .expect("alice creates a database");
+    let forged = json!({"status": {"instanceID": "i-0123456789abcdef0"}});
+    let err = qdbs
+        .patch_status(
+            "mine",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&forged),
+        )
+        .await
+        .expect_err("status is the operator's");
+    assert!(
+        matches!(&err, kube::Error::Api(s) if s.code == 403),
+        "{err}"
+    );
+    drop(mine);
     env.stop().await;
 }

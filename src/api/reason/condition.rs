@@ -228,6 +228,28 @@ pub enum WriteHealthReason {
     WalApplyLagging,
 }
 
+/// `CheckpointReleased`: whether a checkpoint is left open (see the checkpoint watchdog).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Display, IntoStaticStr, EnumIter, EnumString)]
+pub enum CheckpointReason {
+    NoCheckpointOpen,
+    /// A backup of the operator's holds it on its way to the snapshot's cut.
+    HeldByBackup,
+    /// Open for less than the checkpoint limit.
+    CheckpointWithinLimit,
+    /// Open past the limit with no backup cutting it: released when the operator's, reported
+    /// either way.
+    CheckpointLeftOpen,
+}
+
+/// `BackupVerified`: the newest verification of one of the database's backups.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Display, IntoStaticStr, EnumIter, EnumString)]
+pub enum BackupVerifiedReason {
+    /// The newest verified backup restored every recorded table.
+    BackupVerified,
+    /// The newest verification failed (the message names the backup and what differs).
+    VerificationFailed,
+}
+
 macro_rules! condition_of {
     ($($t:ty => $condition:expr),* $(,)?) => {$(
         impl ConditionReason for $t {
@@ -248,6 +270,8 @@ condition_of! {
     NodeMoveReason => conditions::NODE_MOVE,
     RestoreReason => conditions::VOLUME_RESTORED,
     WriteHealthReason => conditions::WRITE_HEALTHY,
+    CheckpointReason => conditions::CHECKPOINT_RELEASED,
+    BackupVerifiedReason => conditions::BACKUP_VERIFIED,
 }
 
 reason_text!(
@@ -262,6 +286,8 @@ reason_text!(
     NodeMoveReason,
     RestoreReason,
     WriteHealthReason,
+    CheckpointReason,
+    BackupVerifiedReason,
 );
 
 /// Every condition's reasons, for the tests that check them all.
@@ -282,6 +308,8 @@ pub fn every_condition_reason() -> Vec<(&'static str, &'static str)> {
         of::<NodeMoveReason>(),
         of::<RestoreReason>(),
         of::<WriteHealthReason>(),
+        of::<CheckpointReason>(),
+        of::<BackupVerifiedReason>(),
     ]
     .concat()
 }

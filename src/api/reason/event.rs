@@ -95,10 +95,18 @@ pub enum EventReason {
     BackupCheckpointed,
     BackupSucceeded,
     BackupFailed,
+    /// A restore of the backup held every table recorded at its checkpoint.
+    BackupVerified,
+    /// A restore of the backup differs from what was recorded, or could not be made (Warning).
+    BackupVerificationFailed,
     /// A schedule made a backup.
     BackupScheduled,
     /// A schedule skipped a run (past its starting deadline).
     BackupSkipped,
+    /// A checkpoint is open past the checkpoint limit with no backup cutting it (Warning).
+    CheckpointLeftOpen,
+    /// The operator released a checkpoint its own backup left open.
+    CheckpointReleased,
 
     // Orphaned instances (on the Node).
     OrphanSweepHeldBack,

@@ -62,6 +62,8 @@ fn every_condition_reason_text_is_pinned_so_a_rename_cannot_break_alerts() {
         ("NodeMove", "UpToDate Moving Retaining Waiting Aborted RolledBack InvalidNode LaunchFailed InstanceGone NodeNeverJoined NodeNeverReady Superseded Preempted MoveFailed Reverted TargetNodeFailed NodesFailed NodeMoveStuck InstanceNotOwned NotConfigured"),
         ("VolumeRestored", "Restored RestoreSourceNotFound RestoreSourceNotReady RestoreRefused"),
         ("WriteHealthy", "WalHealthy TablesSuspended WalApplyLagging"),
+        ("CheckpointReleased", "NoCheckpointOpen HeldByBackup CheckpointWithinLimit CheckpointLeftOpen"),
+        ("BackupVerified", "BackupVerified VerificationFailed"),
     ];
     let all = every_condition_reason();
     for (condition, reasons) in expect {

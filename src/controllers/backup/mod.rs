@@ -7,6 +7,7 @@
 
 pub mod plan;
 pub mod snapshot;
+pub mod verify;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -22,8 +23,8 @@ use serde_json::json;
 use tracing::{debug, info, warn};
 
 use crate::api::{
-    BackupDeletionPolicy, BackupReason, BackupStep, CheckpointHolder, EventReason, Phase, QuestDB,
-    QuestDBBackup, QuestDBBackupStatus, BACKUP_FINALIZER,
+    BackupReason, BackupStep, CheckpointHolder, EventReason, Phase, QuestDB, QuestDBBackup,
+    QuestDBBackupStatus, BACKUP_FINALIZER,
 };
 use crate::controllers::context::Context;
 use crate::controllers::{Error, Next};
@@ -34,6 +35,10 @@ use crate::runtime::clock;
 use plan::{Database, Decision, Observed, OpenCheckpoint, ReleaseAction, Snapshot, Timeouts};
 
 pub const CONTROLLER_NAME: &str = "questdbbackup";
+
+/// How long counting every recorded table may take in all (at the checkpoint, and again in a
+/// verification's restore).
+pub const TABLE_FACTS_BUDGET: Duration = Duration::from_secs(60);
 
 /// What the backup reconciles share beyond the manager's context.
 pub struct BackupContext {
@@ -76,6 +81,9 @@ pub async fn reconcile(
         release_claim(&bctx, &current);
         if has_finalizer(&current) {
             set_finalizer(&api, &mut current, false).await?;
+        }
+        if step == Some(BackupStep::Succeeded) && current.spec.verify {
+            return verify::step(&mut current, &bctx).await;
         }
         return Ok(Next::AwaitChange);
     }
@@ -336,6 +344,7 @@ async fn observe(backup: &QuestDBBackup, bctx: &BackupContext) -> Result<Observa
         snapshot,
         since_checkpoint: clock::since(status.checkpoint_at.as_ref()),
         since_release: clock::since(status.released_at.as_ref()),
+        since_start: clock::since(status.started_at.as_ref()),
     };
     Ok(Observation {
         plan,
@@ -481,7 +490,11 @@ async fn checkpoint(
     timeouts: Timeouts,
 ) -> Result<(Vec<crate::api::TableFacts>, String, Option<String>), QueryError> {
     let version = db.version().await?;
-    let tables = db.table_facts().await?;
+    // One request per table: a budget for all of them, so a slow database holds a backup
+    // worker for a minute, not a request limit per table.
+    let tables = tokio::time::timeout(TABLE_FACTS_BUDGET, db.table_facts())
+        .await
+        .map_err(|_| QueryError::Timeout(TABLE_FACTS_BUDGET))??;
     db.checkpoint_create(timeouts.create).await?;
     match db.checkpoint_started_at().await? {
         Some(started_at) => Ok((tables, started_at, version)),
@@ -584,8 +597,8 @@ async fn begin_release(
     write_status(api, backup, s).await
 }
 
-/// Records `Failed` (nothing is held any more), removes the snapshot unless it is to be kept,
-/// and lets the backup go.
+/// Records `Failed` (nothing is held any more), removes the backup's snapshot, and lets the
+/// backup go.
 async fn fail(
     api: &Api<QuestDBBackup>,
     backup: &mut QuestDBBackup,
@@ -594,11 +607,11 @@ async fn fail(
     message: String,
 ) -> Result<(), Error> {
     let ctx = &bctx.ctx;
-    if backup.spec.deletion_policy == BackupDeletionPolicy::Delete {
-        snapshot::delete(&ctx.client, backup)
-            .await
-            .map_err(Error::Kube)?;
-    }
+    // Whatever the policy: a failed backup's snapshot holds no checkpoint it can vouch for,
+    // and a retained one nobody owns would only cost money and mislead a restore.
+    snapshot::delete(&ctx.client, backup)
+        .await
+        .map_err(Error::Kube)?;
     let mut s = backup.status.clone().unwrap_or_default();
     let now = clock::now();
     s.step = Some(BackupStep::Failed);
@@ -642,9 +655,17 @@ async fn finalize(backup: &mut QuestDBBackup, bctx: &BackupContext) -> Result<Ne
     Ok(Next::AwaitChange)
 }
 
-/// The last-successful-backup gauge, also rebuilt from the backups a new leader finds.
+/// The last-successful and last-verified backup gauges, also rebuilt from the backups a new
+/// leader finds.
 fn note_final(backup: &QuestDBBackup, ctx: &Context) {
     let Some(s) = &backup.status else { return };
+    if let Some(at) = verify::verified_at(backup) {
+        ctx.metrics.last_verified_backup(
+            &backup.namespace().unwrap_or_default(),
+            &backup.spec.questdb_name,
+            at,
+        );
+    }
     if s.step != Some(BackupStep::Succeeded) {
         return;
     }

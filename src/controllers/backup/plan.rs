@@ -30,6 +30,9 @@ pub struct Timeouts {
     /// How long `CHECKPOINT CREATE` may take to answer: it syncs the database's files, which on
     /// a large database or a slow volume takes minutes.
     pub create: Duration,
+    /// How long a backup waits for its QuestDB to exist (a typo in `questdbName`, or a database
+    /// deleted before the backup began) before it fails `QuestDBNotFound`.
+    pub missing: Duration,
 }
 
 impl Default for Timeouts {
@@ -38,6 +41,7 @@ impl Default for Timeouts {
             cut: Duration::from_secs(10 * 60),
             upload: Duration::from_secs(6 * 3600),
             create: Duration::from_secs(5 * 60),
+            missing: Duration::from_secs(10 * 60),
         }
     }
 }
@@ -172,6 +176,8 @@ pub struct Observed {
     pub since_checkpoint: Option<Duration>,
     /// Time since the backup left `Releasing` (the upload's start is the release).
     pub since_release: Option<Duration>,
+    /// Time since the backup began (`status.startedAt`).
+    pub since_start: Option<Duration>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -277,6 +283,15 @@ fn pending(status: &QuestDBBackupStatus, obs: &Observed, timeouts: Timeouts) -> 
         requeue,
     };
     match &obs.database {
+        Database::Missing if obs.since_start.is_some_and(|d| d > timeouts.missing) => {
+            Decision::Fail {
+                reason: BackupReason::QuestDBNotFound,
+                message: format!(
+                    "the QuestDB did not exist within {}s of the backup's start",
+                    timeouts.missing.as_secs()
+                ),
+            }
+        }
         Database::Missing => wait(
             BackupReason::QuestDBNotFound,
             "the QuestDB does not exist".into(),
@@ -460,6 +475,7 @@ mod tests {
             snapshot,
             since_checkpoint: Some(Duration::from_secs(1)),
             since_release: Some(Duration::from_secs(1)),
+            since_start: Some(Duration::from_secs(1)),
         }
     }
 
@@ -524,6 +540,13 @@ mod tests {
             decide(&new, &obs, t),
             Decision::Wait { reason: BackupReason::SnapshotApiMissing, ref message, .. } if message.contains("snapshot-controller")
         ));
+        // A backup of a database that never appears ends instead of waiting forever.
+        let mut never = observed(Database::Missing, Snapshot::Absent);
+        never.since_start = Some(t.missing + Duration::from_secs(1));
+        assert_eq!(
+            failure(decide(&new, &never, t)),
+            Some(BackupReason::QuestDBNotFound)
+        );
         let obs = observed(Database::Deleting, Snapshot::Absent);
         assert_eq!(
             failure(decide(&new, &obs, t)),

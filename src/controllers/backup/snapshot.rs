@@ -169,6 +169,7 @@ mod tests {
                 questdb_name: "prod".into(),
                 volume_snapshot_class_name: Some("ebs".into()),
                 deletion_policy: policy,
+                verify: false,
             },
         );
         b.metadata.namespace = Some("team-a".into());

@@ -188,6 +188,8 @@ mod tests {
             wake: None,
             operator_namespace: None,
             write_health: Default::default(),
+            checkpoints: Default::default(),
+            backups: Default::default(),
             status_writes: Default::default(),
         };
         (ctx, writer)

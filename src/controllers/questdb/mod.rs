@@ -48,6 +48,39 @@ pub const CONTROLLER_NAME: &str = "questdb";
 /// missed events; it makes no write when nothing changed).
 const RESYNC: std::time::Duration = std::time::Duration::from_secs(300);
 
+/// Every database's backup-age gauges exist from its first reconcile, at its creation: a
+/// database never backed up (or never verified) is as old to the alerts as its age, instead
+/// of having no series at all. A backup's own time only ever raises them.
+fn backup_age_series(qdb: &QuestDB, ctx: &Context) {
+    let Some(created) = qdb.metadata.creation_timestamp.as_ref() else {
+        return;
+    };
+    // A backup's throwaway verification database is nobody's database to back up.
+    if qdb.labels().contains_key(crate::api::VERIFIES_LABEL) {
+        return;
+    }
+    let (ns, name) = (qdb.namespace().unwrap_or_default(), qdb.name_any());
+    let at = created.0.as_second();
+    ctx.metrics.last_successful_backup(&ns, &name, at);
+    ctx.metrics.last_verified_backup(&ns, &name, at);
+}
+
+/// `BackupVerified`, from the backup controller's cache (absent until it runs).
+fn backup_verified(
+    qdb: &QuestDB,
+    ctx: &Context,
+) -> Option<crate::plan::conditions::Verdict<crate::api::BackupVerifiedReason>> {
+    let ns = qdb.namespace()?;
+    let backups = ctx.backups.get()?.state();
+    let mine: Vec<&crate::api::QuestDBBackup> = backups
+        .iter()
+        .map(|b| b.as_ref())
+        .filter(|b| b.namespace().as_deref() == Some(ns.as_str()))
+        .filter(|b| b.spec.questdb_name == qdb.name_any())
+        .collect();
+    crate::controllers::backup::verify::database_verdict(&mine)
+}
+
 /// One reconcile, as named steps: validate, finalizer, volume, cloud (node, DNS, failover,
 /// moves), ILP auth, children, status. Each step reads what the ones before it produced; the
 /// QuestDB flows down them once (the cloud step returns it with its own status records).
@@ -57,6 +90,7 @@ pub async fn reconcile(qdb: Arc<QuestDB>, ctx: Arc<Context>) -> Result<Next, Err
         return finalize(qdb, &ctx).await;
     }
     qdb.uid().ok_or(Error::MissingUid)?;
+    backup_age_series(&qdb, &ctx);
     if let Err(problems) = desired::validate(&qdb) {
         return invalid_spec(&qdb, &ctx, &problems).await;
     }
@@ -170,6 +204,14 @@ pub async fn reconcile(qdb: Arc<QuestDB>, ctx: Arc<Context>) -> Result<Next, Err
             ctx.write_health
                 .lock()
                 .expect("write health lock")
+                .get(&k)
+                .cloned()
+        }),
+        backup_verified: backup_verified(&qdb, &ctx),
+        checkpoint: crate::controllers::context::questdb_ref(&qdb).and_then(|k| {
+            ctx.checkpoints
+                .lock()
+                .expect("checkpoint watch lock")
                 .get(&k)
                 .cloned()
         }),

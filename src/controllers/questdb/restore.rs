@@ -59,6 +59,9 @@ pub async fn gate(qdb: &QuestDB, ctx: &Context) -> Result<Gate, Error> {
                 ));
             };
             let status = backup.status.unwrap_or_default();
+            if let Some(refused) = newer_backup(qdb, name, status.questdb_version.as_deref()) {
+                return Ok(Gate::Blocked(refused, None));
+            }
             match (status.step, status.snapshot_name) {
                 (Some(BackupStep::Succeeded), Some(snap)) => (snap, format!("backup {name}")),
                 (step, _) => {
@@ -170,6 +173,29 @@ fn existing(pvc: &PersistentVolumeClaim, name: &str, source: &RestoreSource) -> 
     }
 }
 
+/// A backup taken on a newer QuestDB than the image restores into: refused (QuestDB supports
+/// no downgrade), unless the spec acknowledges it.
+fn newer_backup(
+    qdb: &QuestDB,
+    backup: &str,
+    backup_version: Option<&str>,
+) -> Option<Verdict<RestoreReason>> {
+    let backup_version = backup_version?;
+    let image_version = desired::version_of(&qdb.spec.image)?;
+    if qdb.spec.allow_version_downgrade || !desired::version::older(&image_version, backup_version)
+    {
+        return None;
+    }
+    Some(Verdict::new(
+        false,
+        RestoreReason::RestoreRefused,
+        format!(
+            "backup {backup} was taken from QuestDB {backup_version}, newer than the image {} ({image_version}): QuestDB does not support downgrades, an older version may not read its data; restore into an image of {backup_version} or later, or set spec.allowVersionDowngrade: true",
+            qdb.spec.image
+        ),
+    ))
+}
+
 fn blocked(reason: RestoreReason, message: String, retry_seconds: u64) -> Gate {
     Gate::Blocked(
         Verdict::new(false, reason, message),
@@ -220,6 +246,25 @@ mod tests {
             Gate::Open(Some(v)) => assert!(v.status && v.message.contains("nightly")),
             other => panic!("{other:?}"),
         }
+    }
+
+    /// The harm: QuestDB 9.1 opening a backup 9.2 wrote.
+    #[test]
+    fn a_backup_of_a_newer_version_is_refused_naming_both_versions() {
+        let mut qdb = crate::desired::testing::questdb("r", "ns");
+        qdb.spec.image = "questdb/questdb:9.1.0".into();
+        let refused = newer_backup(&qdb, "friday", Some("9.2.0")).expect("refused");
+        assert_eq!(refused.reason, RestoreReason::RestoreRefused);
+        assert!(
+            refused.message.contains("9.1.0") && refused.message.contains("9.2.0"),
+            "{}",
+            refused.message
+        );
+        assert_eq!(newer_backup(&qdb, "friday", Some("9.1.0")), None);
+        assert_eq!(newer_backup(&qdb, "friday", Some("9.0.2")), None);
+        assert_eq!(newer_backup(&qdb, "friday", None), None);
+        qdb.spec.allow_version_downgrade = true;
+        assert_eq!(newer_backup(&qdb, "friday", Some("9.2.0")), None);
     }
 
     /// The harm: restoring `r` from Friday's backup after an earlier drill of `r` from Monday's

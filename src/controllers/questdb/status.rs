@@ -47,6 +47,10 @@ pub struct StatusInputs<'a> {
     pub restore: Option<Verdict<RestoreReason>>,
     /// `WriteHealthy`, from the newest poll of a Running database.
     pub write_health: Option<Verdict<WriteHealthReason>>,
+    /// `BackupVerified`, from the database's backups.
+    pub backup_verified: Option<Verdict<crate::api::BackupVerifiedReason>>,
+    /// `CheckpointReleased`, from the same poll.
+    pub checkpoint: Option<Verdict<crate::api::CheckpointReason>>,
     /// The dedicated node and DNS record, when the cloud part ran.
     pub cloud: Option<&'a CloudOutcome>,
 }
@@ -248,6 +252,8 @@ pub fn compute(qdb: &QuestDB, obs: &StatusInputs, now: Timestamp) -> QuestDBStat
     desired.extend(obs.volume_size.as_ref().map(Verdict::desired));
     desired.extend(obs.restore.as_ref().map(Verdict::desired));
     desired.extend(obs.write_health.as_ref().map(Verdict::desired));
+    desired.extend(obs.checkpoint.as_ref().map(Verdict::desired));
+    desired.extend(obs.backup_verified.as_ref().map(Verdict::desired));
     let cloud = obs.cloud.filter(|_| obs.invalid.is_empty());
     if let Some(c) = cloud {
         desired.extend(c.node_condition.as_ref().map(Verdict::desired));
@@ -293,6 +299,12 @@ pub fn compute(qdb: &QuestDB, obs: &StatusInputs, now: Timestamp) -> QuestDBStat
         phase: Some(phase),
         observed_generation: generation,
         version: desired::version_of(&spec.image),
+        // Running means the pod of this spec's image is ready on the data.
+        data_version: if phase == Phase::Running {
+            desired::version_of(&spec.image).or(existing.data_version.clone())
+        } else {
+            existing.data_version.clone()
+        },
         node_name: pod_node,
         node_ready: node.map(node_is_ready),
         node_ip: match node {

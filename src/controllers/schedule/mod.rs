@@ -1,5 +1,6 @@
 //! The backup-schedule controller: one reconcile per `QuestDBBackupSchedule`, woken by its own
-//! changes, by its backups' (it owns them) and by its next scheduled minute.
+//! changes, by its backups' (labelled with its name) and by its next scheduled minute. Its
+//! backups are not owned by it: deleting a schedule keeps them (see the API's docs).
 
 pub mod cron;
 pub mod plan;
@@ -38,7 +39,7 @@ pub async fn reconcile(
     sctx: Arc<ScheduleContext>,
 ) -> Result<Next, Error> {
     if schedule.metadata.deletion_timestamp.is_some() {
-        // Its backups go through garbage collection (owner references).
+        // Its backups stay: none is owned by it (older ones are released below while it lives).
         return Ok(Next::AwaitChange);
     }
     let ctx = &sctx.ctx;
@@ -71,12 +72,20 @@ pub async fn reconcile(
         }
     };
 
-    let owned: Vec<Owned> = sctx
+    let mine: Vec<Arc<QuestDBBackup>> = sctx
         .backups
         .state()
-        .iter()
+        .into_iter()
         .filter(|b| b.namespace().as_deref() == Some(ns.as_str()))
-        .filter(|b| b.owner_references().iter().any(|o| o.uid == uid))
+        .filter(|b| made_by(b, &schedule))
+        .collect();
+    // Backups made before schedules stopped owning them: the garbage collector would delete
+    // them with the schedule. Released once each (their label keeps them the schedule's).
+    for b in mine.iter().filter(|b| owned_by(b, &uid)) {
+        release_ownership(&backups, b, &uid).await?;
+    }
+    let owned: Vec<Owned> = mine
+        .iter()
         .map(|b| Owned {
             name: b.name_any(),
             created: b
@@ -85,6 +94,7 @@ pub async fn reconcile(
                 .as_ref()
                 .map_or(Timestamp::UNIX_EPOCH, |t| t.0),
             step: b.status.as_ref().and_then(|s| s.step),
+            verify: b.spec.verify,
         })
         .collect();
     let now = Timestamp::now();
@@ -103,6 +113,10 @@ pub async fn reconcile(
         cron: &cron,
         suspend: schedule.spec.suspend,
         retention: schedule.spec.retention.max(1) as usize,
+        max_age: schedule
+            .spec
+            .retention_days
+            .map(|d| Duration::from_secs(d.max(1) as u64 * 86_400)),
         starting_deadline: schedule
             .spec
             .starting_deadline_seconds
@@ -110,6 +124,7 @@ pub async fn reconcile(
         last,
         now,
         owned: &owned,
+        verify_every: schedule.spec.verify_every.map(|n| n.max(1) as usize),
     });
     debug!(schedule = %name, ?p, "backup schedule");
 
@@ -118,7 +133,10 @@ pub async fn reconcile(
         // Made first, recorded after: a crash in between makes the same name again, which
         // the apiserver refuses.
         match backups
-            .create(&PostParams::default(), &backup_for(&schedule, run))
+            .create(
+                &PostParams::default(),
+                &backup_for(&schedule, run, p.verify),
+            )
             .await
         {
             Ok(_) => {
@@ -219,15 +237,65 @@ fn successful_time(store: &Store<QuestDBBackup>, ns: &str, name: &str) -> Option
         .and_then(|b| Some(b.status.as_ref()?.finished_at.as_ref()?.0.to_string()))
 }
 
-/// A backup of the schedule's database, owned by the schedule (it goes when the schedule
-/// goes, unless deleted with `--cascade=orphan`).
-fn backup_for(schedule: &QuestDBBackupSchedule, name: &str) -> QuestDBBackup {
+/// Whether `backup` is one of `schedule`'s: its label names the schedule and it backs up the
+/// schedule's database (a label alone, copied onto a hand-made backup of another database,
+/// does not put that backup under this schedule's retention).
+fn made_by(backup: &QuestDBBackup, schedule: &QuestDBBackupSchedule) -> bool {
+    backup.labels().get(SCHEDULE_LABEL) == Some(&schedule.name_any())
+        && backup.spec.questdb_name == schedule.spec.questdb_name
+}
+
+fn owned_by(backup: &QuestDBBackup, schedule_uid: &str) -> bool {
+    backup
+        .owner_references()
+        .iter()
+        .any(|o| o.uid == schedule_uid)
+}
+
+/// Drops the schedule's owner reference from `backup` (a merge patch carrying the
+/// resourceVersion read, so a list changed meanwhile is a conflict, never overwritten).
+async fn release_ownership(
+    api: &Api<QuestDBBackup>,
+    backup: &QuestDBBackup,
+    schedule_uid: &str,
+) -> Result<(), Error> {
+    let kept: Vec<_> = backup
+        .owner_references()
+        .iter()
+        .filter(|o| o.uid != schedule_uid)
+        .cloned()
+        .collect();
+    let patch = serde_json::json!({"metadata": {
+        "ownerReferences": kept,
+        "resourceVersion": backup.resource_version(),
+    }});
+    match api
+        .patch(
+            &backup.name_any(),
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&patch),
+        )
+        .await
+    {
+        Ok(_) => {
+            info!(backup = %backup.name_any(), "released a scheduled backup from its schedule's ownership: deleting the schedule keeps it");
+            Ok(())
+        }
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(e) => Err(Error::from_status_write(e)),
+    }
+}
+
+/// A backup of the schedule's database, labelled with the schedule's name and not owned by
+/// it: deleting the schedule keeps every backup it made.
+fn backup_for(schedule: &QuestDBBackupSchedule, name: &str, verify: bool) -> QuestDBBackup {
     let mut b = QuestDBBackup::new(
         name,
         QuestDBBackupSpec {
             questdb_name: schedule.spec.questdb_name.clone(),
             volume_snapshot_class_name: schedule.spec.volume_snapshot_class_name.clone(),
             deletion_policy: schedule.spec.deletion_policy,
+            verify,
         },
     );
     b.metadata.namespace = schedule.namespace();
@@ -241,7 +309,6 @@ fn backup_for(schedule: &QuestDBBackupSchedule, name: &str) -> QuestDBBackup {
         .map(|(k, v)| (k.to_string(), v))
         .collect(),
     );
-    b.metadata.owner_references = schedule.controller_owner_ref(&()).map(|o| vec![o]);
     b
 }
 

@@ -15,6 +15,8 @@ pub struct Owned {
     pub name: String,
     pub created: Timestamp,
     pub step: Option<BackupStep>,
+    /// Made with `spec.verify`.
+    pub verify: bool,
 }
 
 impl Owned {
@@ -28,17 +30,23 @@ pub struct Inputs<'a> {
     pub cron: &'a Cron,
     pub suspend: bool,
     pub retention: usize,
+    /// Finished backups older than this go too (but the newest success).
+    pub max_age: Option<Duration>,
     pub starting_deadline: Option<Duration>,
     /// The scheduled time of the newest run made, or the schedule's creation.
     pub last: Timestamp,
     pub now: Timestamp,
     pub owned: &'a [Owned],
+    /// Verify every Nth backup made.
+    pub verify_every: Option<usize>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Plan {
     /// Make this backup (name, scheduled time).
     pub create: Option<(String, Timestamp)>,
+    /// Make it with `spec.verify`: none of the newest `verifyEvery - 1` backups was.
+    pub verify: bool,
     /// The scheduled time to record as the newest run handled (made or skipped for good).
     pub record: Option<Timestamp>,
     pub delete: Vec<String>,
@@ -56,7 +64,7 @@ pub fn plan(i: &Inputs) -> Plan {
         .map(|b| b.name.clone());
     let mut p = Plan {
         active: active.clone(),
-        delete: retention(&newest_first, i.retention),
+        delete: retention(&newest_first, i.retention, i.max_age, i.now),
         next: i.cron.next_after(i.now),
         ..Plan::default()
     };
@@ -78,6 +86,12 @@ pub fn plan(i: &Inputs) -> Plan {
         ));
     } else {
         p.create = Some((run_name(i.schedule_name, due), due));
+        p.verify = i.verify_every.is_some_and(|n| {
+            newest_first
+                .iter()
+                .take(n.saturating_sub(1))
+                .all(|b| !b.verify)
+        });
         p.record = Some(due);
     }
     p
@@ -89,14 +103,23 @@ pub fn run_name(schedule: &str, due: Timestamp) -> String {
     format!("{schedule}-{}", due.as_second() / 60)
 }
 
-/// The finished backups to delete: everything older than the `keep`-th newest success, and
-/// failures beyond the newest `keep`.
-fn retention(newest_first: &[&Owned], keep: usize) -> Vec<String> {
+/// The finished backups to delete: everything older than the `keep`-th newest success,
+/// failures beyond the newest `keep`, and anything created more than `max_age` before `now`
+/// except the newest success (a schedule whose runs fail keeps its last good backup).
+fn retention(
+    newest_first: &[&Owned],
+    keep: usize,
+    max_age: Option<Duration>,
+    now: Timestamp,
+) -> Vec<String> {
     let mut delete = Vec::new();
     let (mut succeeded, mut failed) = (0, 0);
     for b in newest_first.iter().filter(|b| b.finished()) {
         let ok = b.step == Some(BackupStep::Succeeded);
-        let beyond = succeeded >= keep || (!ok && failed >= keep);
+        let age = Duration::try_from(now.duration_since(b.created)).unwrap_or_default();
+        let newest_success = ok && succeeded == 0;
+        let too_old = max_age.is_some_and(|m| age > m) && !newest_success;
+        let beyond = succeeded >= keep || (!ok && failed >= keep) || too_old;
         if ok {
             succeeded += 1;
         } else {
@@ -122,6 +145,7 @@ mod tests {
             name: name.into(),
             created: at(created),
             step,
+            verify: false,
         }
     }
 
@@ -131,10 +155,12 @@ mod tests {
             cron,
             suspend: false,
             retention: 2,
+            max_age: None,
             starting_deadline: None,
             last: at("2026-11-24T08:00:00Z"),
             now: at("2026-11-24T08:03:30Z"),
             owned,
+            verify_every: None,
         }
     }
 
@@ -153,6 +179,34 @@ mod tests {
             None,
             "nothing new until the next minute"
         );
+    }
+
+    /// The harm: a schedule asked to prove its backups proving none, or paying for a restore
+    /// of every one when asked for one in N.
+    #[test]
+    fn every_nth_backup_made_is_verified() {
+        let c: Cron = "* * * * *".parse().unwrap();
+        let ok = Some(BackupStep::Succeeded);
+        let mut made: Vec<Owned> = Vec::new();
+        let mut verified = Vec::new();
+        for minute in 0..9 {
+            let mut i = inputs(&c, &made);
+            i.verify_every = Some(3);
+            let p = plan(&i);
+            let (name, _) = p.create.clone().expect("a run is due");
+            verified.push(p.verify);
+            let mut b = owned(&name, &format!("2026-11-24T08:0{minute}:00Z"), ok);
+            b.verify = p.verify;
+            made.push(b);
+        }
+        assert_eq!(
+            verified,
+            [true, false, false, true, false, false, true, false, false]
+        );
+        let mut every = inputs(&c, &made);
+        every.verify_every = Some(1);
+        assert!(plan(&every).verify);
+        assert!(!plan(&inputs(&c, &made)).verify, "unset: none");
     }
 
     #[test]
@@ -206,5 +260,31 @@ mod tests {
             .collect();
         let p = plan(&inputs(&c, &failures));
         assert_eq!(p.delete, vec!["f2", "f1", "f0"]);
+    }
+
+    /// The harm: a schedule whose runs have failed for longer than its age limit deleting its
+    /// last good backup, leaving none.
+    #[test]
+    fn retention_by_age_drops_old_backups_but_never_the_newest_success() {
+        let c: Cron = "0 0 1 1 *".parse().unwrap();
+        let ok = Some(BackupStep::Succeeded);
+        let bad = Some(BackupStep::Failed);
+        let backups = [
+            owned("fail-new", "2026-11-24T07:00:00Z", bad),
+            owned("ok-old", "2026-11-10T00:00:00Z", ok),
+            owned("fail-old", "2026-11-09T00:00:00Z", bad),
+        ];
+        let mut i = inputs(&c, &backups);
+        i.retention = 10;
+        i.max_age = Some(Duration::from_secs(7 * 86_400));
+        assert_eq!(plan(&i).delete, vec!["fail-old"]);
+        let more = [
+            owned("ok-new", "2026-11-24T07:00:00Z", ok),
+            owned("ok-old", "2026-11-10T00:00:00Z", ok),
+        ];
+        let mut i = inputs(&c, &more);
+        i.retention = 10;
+        i.max_age = Some(Duration::from_secs(7 * 86_400));
+        assert_eq!(plan(&i).delete, vec!["ok-old"]);
     }
 }

@@ -73,16 +73,37 @@ pub fn java_available() -> bool {
     })
 }
 
-/// A loopback network `127.a.b.0/24` for a node's real databases, unique in this process
-/// (several control planes run in one test binary) and, by `a`, likely distinct from other
-/// processes' (a sandbox beside a test run): QuestDB binds its ports on its pod's address.
-/// `a` stays below [`CLOUD_LOOPBACK_FIRST`]: the cloud's instances take addresses above it.
+/// A loopback network `127.a.b.0/24` for a node's real databases, unique on this machine:
+/// QuestDB binds its ports on its pod's address, and a network two processes shared (two tests
+/// under nextest, a sandbox beside a test run) let one test's probes and queries reach the
+/// other's database: Ready on a database that never started, 401 from another's credentials.
+/// A network is reserved by a listener on its `.1` address at [`RESERVATION_PORT`], held for
+/// the process's life (the kernel frees it when the process ends, however it ends); the first
+/// candidate is spread by the process id. `a` stays below [`CLOUD_LOOPBACK_FIRST`]: the cloud's
+/// instances take addresses above it.
 pub(crate) fn node_network() -> (u8, u8) {
     static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let a = 10 + (std::process::id() + n / 256) % (CLOUD_LOOPBACK_FIRST - 10);
-    (a as u8, (n % 256) as u8)
+    static HELD: std::sync::Mutex<Vec<std::net::TcpListener>> = std::sync::Mutex::new(Vec::new());
+    let networks = (CLOUD_LOOPBACK_FIRST - 10) * 256;
+    let start = (std::process::id() % (CLOUD_LOOPBACK_FIRST - 10)) * 256;
+    loop {
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        assert!(
+            n < networks,
+            "every loopback network for databases is taken"
+        );
+        let k = (start + n) % networks;
+        let (a, b) = ((10 + k / 256) as u8, (k % 256) as u8);
+        let at = std::net::SocketAddr::from(([127, a, b, 1], RESERVATION_PORT));
+        if let Ok(listener) = std::net::TcpListener::bind(at) {
+            HELD.lock().unwrap().push(listener);
+            return (a, b);
+        }
+    }
 }
+
+/// The port a process holds on a node network's `.1` address while the network is its own.
+const RESERVATION_PORT: u16 = 47_999;
 
 /// First second octet of the loopback range left to a cloud's instance addresses
 /// (`127.200.0.0` to `127.254.255.255`): instance nodes keep the address their cloud gave, and
@@ -284,7 +305,24 @@ impl Runtime {
 
 #[cfg(test)]
 mod tests {
-    use super::questdb_version;
+
+    /// The harm: two tests on one machine given the same pod addresses, so one's probes and
+    /// queries reach the other's database. A network is held while this process runs: no
+    /// other process (nor this one) can take it.
+    #[test]
+    fn a_node_network_is_reserved_for_the_life_of_the_process() {
+        let first = node_network();
+        let second = node_network();
+        assert_ne!(first, second);
+        for (a, b) in [first, second] {
+            let again = std::net::TcpListener::bind(std::net::SocketAddr::from((
+                [127, a, b, 1],
+                RESERVATION_PORT,
+            )));
+            assert!(again.is_err(), "127.{a}.{b}.0/24 is held");
+        }
+    }
+    use super::{node_network, questdb_version, RESERVATION_PORT};
 
     #[test]
     fn the_tag_of_a_questdb_image_is_its_version_wherever_it_is_pulled_from() {
