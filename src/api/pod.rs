@@ -372,15 +372,26 @@ pub const RESERVED_MOUNT_DIRS: &[&str] = &["conf", "db", ".checkpoint"];
 /// Whether an extra mount at `path` would cover the root or one of [`RESERVED_MOUNT_DIRS`]
 /// (the operator's own check, beside the schema's rule).
 pub fn reserved_mount_path(path: &str) -> bool {
-    path.trim_end_matches('/') == ROOT_DIR
+    unclean_mount_path(path)
+        || path.trim_end_matches('/') == ROOT_DIR
         || RESERVED_MOUNT_DIRS
             .iter()
             .any(|d| path.starts_with(&format!("{ROOT_DIR}/{d}")))
 }
 
+/// A mount path with `//`, `.` or `..` segments: `/var/lib/questdb//conf` or
+/// `/var/lib/questdb/x/../db` names a reserved directory that a prefix check would not see.
+pub fn unclean_mount_path(path: &str) -> bool {
+    path.contains("//")
+        || path.contains("/./")
+        || path.contains("/../")
+        || path.ends_with("/.")
+        || path.ends_with("/..")
+}
+
 pub fn reserved_mount_message() -> String {
     format!(
-        "pod.extraVolumeMounts: {ROOT_DIR} and its {} are the operator's (a mount over the tables or the checkpoint hides them from every backup)",
+        "pod.extraVolumeMounts: {ROOT_DIR} and its {} are the operator's (a mount over the tables or the checkpoint hides them from every backup), and a mount path is written plainly (no //, . or .. segments)",
         RESERVED_MOUNT_DIRS.join(", ")
     )
 }
@@ -397,6 +408,9 @@ fn extra_volume_mounts_schema(schema: &mut schemars::Schema) {
         schema,
         json!([{
             "rule": format!("self.all(m, m.mountPath != '{ROOT_DIR}' && m.mountPath != '{ROOT_DIR}/'{})", dirs.concat()),
+            "message": reserved_mount_message(),
+        }, {
+            "rule": "self.all(m, !m.mountPath.contains('//') && !m.mountPath.contains('/./') && !m.mountPath.contains('/../') && !m.mountPath.endsWith('/.') && !m.mountPath.endsWith('/..'))",
             "message": reserved_mount_message(),
         }]),
     );
@@ -618,6 +632,10 @@ mod tests {
             "/var/lib/questdb/db",
             "/var/lib/questdb/db/trades",
             "/var/lib/questdb/.checkpoint",
+            // Reserved directories named around a prefix check.
+            "/var/lib/questdb//conf",
+            "/var/lib/questdb/import/../db",
+            "/var/lib/questdb/./db",
         ] {
             let pod = PodOptions {
                 extra_volumes: vec![scratch("x")],
@@ -626,7 +644,7 @@ mod tests {
             };
             assert_eq!(
                 errors(&with_pod(pod)),
-                vec!["pod.extraVolumeMounts: /var/lib/questdb and its conf, db, .checkpoint are the operator's (a mount over the tables or the checkpoint hides them from every backup)"],
+                vec![reserved_mount_message()],
                 "{path}"
             );
             assert!(

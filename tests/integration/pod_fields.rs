@@ -259,6 +259,12 @@ async fn the_apiserver_refuses_pod_fields_that_would_override_the_operator() {
             json!({"extraVolumeMounts": [{"name": "nowhere", "mountPath": "/mnt"}]}),
             "every mount names one of pod.extraVolumes",
         ),
+        // The tables, named around the prefix check.
+        (
+            json!({"extraVolumes": [{"name": "x", "emptyDir": {}}],
+                   "extraVolumeMounts": [{"name": "x", "mountPath": "/var/lib/questdb//db"}]}),
+            "a mount path is written plainly",
+        ),
     ];
     for (i, (pod, message)) in refused.into_iter().enumerate() {
         let err = create(&env, NS, &format!("bad{i}"), pod.clone())
