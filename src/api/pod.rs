@@ -265,15 +265,37 @@ fn extra_volumes_schema(schema: &mut schemars::Schema) {
     );
 }
 
-/// What in `pod` the restricted Pod Security Standard refuses, each naming its field: the
-/// operator's own check, beside the schema's rules (a QuestDB stored before them is refused
-/// here, never built).
-pub fn restricted_problems(pod: &PodOptions) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut refuse = |field: &str, why: &str| out.push(format!("{field}: {why}"));
-    let unconfined = |t: Option<&str>| t == Some("Unconfined");
-    let selinux_ok = |o: Option<&k8s_openapi::api::core::v1::SELinuxOptions>| {
-        o.is_none_or(|o| {
+/// The fields the pod's and the container's security contexts share, as the restricted Pod
+/// Security Standard reads them.
+struct SharedSecurity<'a> {
+    run_as_user: Option<i64>,
+    run_as_non_root: Option<bool>,
+    seccomp: Option<&'a str>,
+    app_armor: Option<&'a str>,
+    host_process: Option<bool>,
+    se_linux: Option<&'a k8s_openapi::api::core::v1::SELinuxOptions>,
+}
+
+impl SharedSecurity<'_> {
+    /// Each refused field, named under `f`.
+    fn problems(&self, f: &str, out: &mut Vec<String>) {
+        let mut refuse = |field: &str, why: &str| out.push(format!("{f}.{field}: {why}"));
+        if self.run_as_user == Some(0) {
+            refuse("runAsUser", "0 is root");
+        }
+        if self.run_as_non_root == Some(false) {
+            refuse("runAsNonRoot", "cannot be false");
+        }
+        if self.seccomp == Some("Unconfined") {
+            refuse("seccompProfile", "Unconfined is refused");
+        }
+        if self.app_armor == Some("Unconfined") {
+            refuse("appArmorProfile", "Unconfined is refused");
+        }
+        if self.host_process == Some(true) {
+            refuse("windowsOptions.hostProcess", "is refused");
+        }
+        let se_linux_ok = self.se_linux.is_none_or(|o| {
             o.user.is_none()
                 && o.role.is_none()
                 && o.type_.as_deref().is_none_or(|t| {
@@ -285,83 +307,66 @@ pub fn restricted_problems(pod: &PodOptions) -> Vec<String> {
                     ]
                     .contains(&t)
                 })
-        })
-    };
+        });
+        if !se_linux_ok {
+            refuse(
+                "seLinuxOptions",
+                "no user or role, and a container type only",
+            );
+        }
+    }
+}
+
+/// What in `pod` the restricted Pod Security Standard refuses, each naming its field: the
+/// operator's own check, beside the schema's rules (a QuestDB stored before them is refused
+/// here, never built).
+pub fn restricted_problems(pod: &PodOptions) -> Vec<String> {
+    let mut out = Vec::new();
     if let Some(c) = pod.container_security_context.as_deref() {
         let f = "pod.containerSecurityContext";
         if c.privileged == Some(true) {
-            refuse(
-                &format!("{f}.privileged"),
-                "a privileged container is root on the node",
-            );
+            out.push(format!(
+                "{f}.privileged: a privileged container is root on the node"
+            ));
         }
         if c.allow_privilege_escalation == Some(true) {
-            refuse(&format!("{f}.allowPrivilegeEscalation"), "must be false");
+            out.push(format!("{f}.allowPrivilegeEscalation: must be false"));
         }
         let added = c.capabilities.as_ref().and_then(|c| c.add.as_ref());
         if added.is_some_and(|a| a.len() > 1 || a.iter().any(|c| c != "NET_BIND_SERVICE")) {
-            refuse(
-                &format!("{f}.capabilities.add"),
-                "NET_BIND_SERVICE at most; every other capability is dropped",
-            );
-        }
-        if c.run_as_user == Some(0) {
-            refuse(&format!("{f}.runAsUser"), "0 is root");
-        }
-        if c.run_as_non_root == Some(false) {
-            refuse(&format!("{f}.runAsNonRoot"), "cannot be false");
-        }
-        if unconfined(c.seccomp_profile.as_ref().map(|p| p.type_.as_str())) {
-            refuse(&format!("{f}.seccompProfile"), "Unconfined is refused");
-        }
-        if unconfined(c.app_armor_profile.as_ref().map(|p| p.type_.as_str())) {
-            refuse(&format!("{f}.appArmorProfile"), "Unconfined is refused");
+            out.push(format!(
+                "{f}.capabilities.add: NET_BIND_SERVICE at most; every other capability is dropped"
+            ));
         }
         if c.proc_mount.as_deref().is_some_and(|m| m != "Default") {
-            refuse(&format!("{f}.procMount"), "must be Default");
+            out.push(format!("{f}.procMount: must be Default"));
         }
-        if c.windows_options.as_ref().and_then(|w| w.host_process) == Some(true) {
-            refuse(&format!("{f}.windowsOptions.hostProcess"), "is refused");
+        SharedSecurity {
+            run_as_user: c.run_as_user,
+            run_as_non_root: c.run_as_non_root,
+            seccomp: c.seccomp_profile.as_ref().map(|p| p.type_.as_str()),
+            app_armor: c.app_armor_profile.as_ref().map(|p| p.type_.as_str()),
+            host_process: c.windows_options.as_ref().and_then(|w| w.host_process),
+            se_linux: c.se_linux_options.as_ref(),
         }
-        if !selinux_ok(c.se_linux_options.as_ref()) {
-            refuse(
-                &format!("{f}.seLinuxOptions"),
-                "no user or role, and a container type only",
-            );
-        }
+        .problems(f, &mut out);
     }
     if let Some(p) = pod.security_context.as_deref() {
         let f = "pod.securityContext";
-        if p.run_as_user == Some(0) {
-            refuse(&format!("{f}.runAsUser"), "0 is root");
-        }
-        if p.run_as_non_root == Some(false) {
-            refuse(&format!("{f}.runAsNonRoot"), "cannot be false");
-        }
-        if unconfined(p.seccomp_profile.as_ref().map(|p| p.type_.as_str())) {
-            refuse(&format!("{f}.seccompProfile"), "Unconfined is refused");
-        }
-        if unconfined(p.app_armor_profile.as_ref().map(|p| p.type_.as_str())) {
-            refuse(&format!("{f}.appArmorProfile"), "Unconfined is refused");
-        }
         if p.sysctls.as_ref().is_some_and(|s| !s.is_empty()) {
-            refuse(&format!("{f}.sysctls"), "kernel parameters are the node's");
+            out.push(format!("{f}.sysctls: kernel parameters are the node's"));
         }
-        if p.windows_options.as_ref().and_then(|w| w.host_process) == Some(true) {
-            refuse(&format!("{f}.windowsOptions.hostProcess"), "is refused");
+        SharedSecurity {
+            run_as_user: p.run_as_user,
+            run_as_non_root: p.run_as_non_root,
+            seccomp: p.seccomp_profile.as_ref().map(|p| p.type_.as_str()),
+            app_armor: p.app_armor_profile.as_ref().map(|p| p.type_.as_str()),
+            host_process: p.windows_options.as_ref().and_then(|w| w.host_process),
+            se_linux: p.se_linux_options.as_ref(),
         }
-        if !selinux_ok(p.se_linux_options.as_ref()) {
-            refuse(
-                &format!("{f}.seLinuxOptions"),
-                "no user or role, and a container type only",
-            );
-        }
+        .problems(f, &mut out);
     }
-    for v in &pod.extra_volumes {
-        if let Some(problem) = volume_problem(v) {
-            out.push(problem);
-        }
-    }
+    out.extend(pod.extra_volumes.iter().filter_map(volume_problem));
     out
 }
 

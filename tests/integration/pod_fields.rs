@@ -31,8 +31,8 @@ async fn database_pod(env: &Env, ns: &str, name: &str) -> Pod {
     pods.list(&list).await.unwrap().items.remove(0)
 }
 
-/// The QuestDB `spec` JSON with `pod` set, through the apiserver's own validation.
-async fn create(env: &Env, ns: &str, name: &str, pod: serde_json::Value) -> kube::Result<QuestDB> {
+/// A new QuestDB `name` whose `spec.pod` is the JSON `pod` (as a user would write it).
+fn with_pod(ns: &str, name: &str, pod: serde_json::Value) -> QuestDB {
     let mut q = questdb_operator::desired::testing::questdb(name, ns);
     q.metadata = ObjectMeta {
         name: Some(name.into()),
@@ -40,9 +40,13 @@ async fn create(env: &Env, ns: &str, name: &str, pod: serde_json::Value) -> kube
     };
     let mut value = serde_json::to_value(&q).unwrap();
     value["spec"]["pod"] = pod;
-    let q: QuestDB = serde_json::from_value(value).unwrap();
+    serde_json::from_value(value).unwrap()
+}
+
+/// The QuestDB `spec` JSON with `pod` set, through the apiserver's own validation.
+async fn create(env: &Env, ns: &str, name: &str, pod: serde_json::Value) -> kube::Result<QuestDB> {
     env.api::<QuestDB>(ns)
-        .create(&PostParams::default(), &q)
+        .create(&PostParams::default(), &with_pod(ns, name, pod))
         .await
 }
 
@@ -542,16 +546,6 @@ async fn a_tenant_with_the_shipped_role_gets_a_database_not_a_host_nor_its_statu
     let alice = kube::Client::try_from(config).unwrap();
     let qdbs = Api::<QuestDB>::namespaced(alice, ns);
 
-    let as_alice = |name: &str, pod: serde_json::Value| {
-        let mut q = questdb_operator::desired::testing::questdb(name, ns);
-        q.metadata = ObjectMeta {
-            name: Some(name.into()),
-            ..Default::default()
-        };
-        let mut value = serde_json::to_value(&q).unwrap();
-        value["spec"]["pod"] = pod;
-        serde_json::from_value::<QuestDB>(value).unwrap()
-    };
     for (pod, field) in [
         (
             json!({"containerSecurityContext": {"privileged": true}}),
@@ -567,13 +561,12 @@ async fn a_tenant_with_the_shipped_role_gets_a_database_not_a_host_nor_its_statu
         ),
     ] {
         let err = qdbs
-            .create(&PostParams::default(), &as_alice("bad", pod.clone()))
+            .create(&PostParams::default(), &with_pod(ns, "bad", pod.clone()))
             .await
             .expect_err("refused");
         assert!(err.to_string().contains(field), "{pod}: {err}");
     }
-    let mine = qdbs
-        .create(&PostParams::default(), &as_alice("mine", json!({})))
+    qdbs.create(&PostParams::default(), &with_pod(ns, "mine", json!({})))
         .await
         .expect("alice creates a database");
     let forged = json!({"status": {"instanceID": "i-0123456789abcdef0"}});
@@ -589,6 +582,5 @@ async fn a_tenant_with_the_shipped_role_gets_a_database_not_a_host_nor_its_statu
         matches!(&err, kube::Error::Api(s) if s.code == 403),
         "{err}"
     );
-    drop(mine);
     env.stop().await;
 }

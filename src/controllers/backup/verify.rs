@@ -251,9 +251,8 @@ pub async fn step(backup: &mut QuestDBBackup, bctx: &BackupContext) -> Result<Ne
         Some(VerifyStep::Restoring) => {
             let existing = qdbs.get_opt(&v.database).await.map_err(Error::Kube)?;
             let elapsed = clock::since(v.started_at.as_ref()).unwrap_or_default();
-            let finish = |ok: bool, reason: VerifyReason, message: String| (ok, reason, message);
             let result = match existing {
-                Some(q) if !ours(&q, backup) => Some(finish(
+                Some(q) if !ours(&q, backup) => Some((
                     false,
                     VerifyReason::VerifyFailed,
                     format!(
@@ -278,16 +277,14 @@ pub async fn step(backup: &mut QuestDBBackup, bctx: &BackupContext) -> Result<Ne
                             }
                             // Made by an earlier pass: found by name on the next.
                             Err(kube::Error::Api(s)) if s.code == 409 => None,
-                            Err(kube::Error::Api(s)) if s.code == 422 || s.code == 400 => {
-                                Some(finish(
-                                    false,
-                                    VerifyReason::VerifyFailed,
-                                    format!("the throwaway QuestDB was refused: {}", s.message),
-                                ))
-                            }
+                            Err(kube::Error::Api(s)) if s.code == 422 || s.code == 400 => Some((
+                                false,
+                                VerifyReason::VerifyFailed,
+                                format!("the throwaway QuestDB was refused: {}", s.message),
+                            )),
                             Err(e) => return Err(Error::Kube(e)),
                         },
-                        Err(message) => Some(finish(false, VerifyReason::VerifyFailed, message)),
+                        Err(message) => Some((false, VerifyReason::VerifyFailed, message)),
                     }
                 }
                 // QuestDB refuses to start on data it cannot open (it exits; the pod crash-loops):
@@ -299,7 +296,7 @@ pub async fn step(backup: &mut QuestDBBackup, bctx: &BackupContext) -> Result<Ne
                         .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"))
                         .map(|c| format!("{}: {}", c.reason, c.message))
                         .unwrap_or_default();
-                    Some(finish(
+                    Some((
                         false,
                         VerifyReason::VerifyFailed,
                         format!(
@@ -309,7 +306,7 @@ pub async fn step(backup: &mut QuestDBBackup, bctx: &BackupContext) -> Result<Ne
                         ),
                     ))
                 }
-                Some(_) if elapsed > VERIFY_TIMEOUT => Some(finish(
+                Some(_) if elapsed > VERIFY_TIMEOUT => Some((
                     false,
                     VerifyReason::VerifyFailed,
                     format!(
@@ -378,10 +375,14 @@ pub async fn step(backup: &mut QuestDBBackup, bctx: &BackupContext) -> Result<Ne
             Ok(Next::RequeueAfter(Duration::from_secs(1)))
         }
         Some(VerifyStep::CleaningUp) => {
-            if let Some(q) = qdbs.get_opt(&v.database).await.map_err(Error::Kube)? {
-                if !ours(&q, backup) {
-                    // Never ours to delete.
-                } else if q.metadata.deletion_timestamp.is_none() {
+            // A QuestDB of that name that is not the backup's is never ours to delete.
+            let throwaway = qdbs
+                .get_opt(&v.database)
+                .await
+                .map_err(Error::Kube)?
+                .filter(|q| ours(q, backup));
+            if let Some(q) = throwaway {
+                if q.metadata.deletion_timestamp.is_none() {
                     let dp = DeleteParams {
                         preconditions: Some(Preconditions {
                             uid: q.uid(),
