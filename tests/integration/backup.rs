@@ -786,6 +786,34 @@ async fn a_verified_backup_is_proven_by_restoring_it_and_a_damaged_one_names_its
         message.contains("damaged") && message.contains("good"),
         "names the failed one and the newest proven: {message}"
     );
+
+    // A colliding name: a user's own QuestDB already called `verify-<backup>` is never taken
+    // over nor deleted; the verification fails saying so.
+    *env.cp.csi.corrupt_table_in_snapshots.lock().unwrap() = None;
+    env.create_questdb(NS, "verify-clash", |q| {
+        real(q);
+        q.spec.paused = true;
+    })
+    .await;
+    let users = env.api::<QuestDB>(NS).get("verify-clash").await.unwrap();
+    create_backup_with(&env, "clash", "db1", |s| s.verify = true).await;
+    let clash = wait_for_within(
+        &backups,
+        "clash",
+        "clash verified",
+        VERIFY_TIMEOUT,
+        |b: Option<&QuestDBBackup>| verified(b).is_some(),
+    )
+    .await;
+    let (status, message) = verified(Some(&clash)).unwrap();
+    assert_eq!(status, "False", "{message}");
+    assert!(message.contains("not this backup's"), "{message}");
+    let still = env.api::<QuestDB>(NS).get("verify-clash").await.unwrap();
+    assert_eq!(
+        still.metadata.uid, users.metadata.uid,
+        "the user's QuestDB is left alone"
+    );
+    assert!(still.metadata.deletion_timestamp.is_none());
 }
 
 /// The harm: a checkpoint left open keeps every WAL segment and old partition until the disk
