@@ -290,6 +290,9 @@ fn forward_instance_events(cloud: &MemoryCloud) {
                     "private_ip": i.private_ip,
                     "at": unix_secs(),
                 }),
+                Ok(InstanceEvent::Stopping { id, graceful }) => {
+                    json!({"kind": "stopping", "id": id, "graceful": graceful, "at": unix_secs()})
+                }
                 Ok(InstanceEvent::Stopped(id)) => {
                     json!({"kind": "stopped", "id": id, "at": unix_secs()})
                 }
@@ -354,6 +357,10 @@ fn join_instances(
                     InstanceChange::Stopped { id: text("id") }
                 }
                 Some("terminated") => InstanceChange::Terminated { id: text("id") },
+                Some("stopping") => InstanceChange::Stopping {
+                    id: text("id"),
+                    graceful: v["graceful"].as_bool().unwrap_or_default(),
+                },
                 _ => continue,
             };
             if tx.send(change).is_err() {

@@ -253,6 +253,7 @@ pub fn cloud_settings(args: &CloudArgs) -> CloudSettings {
         node_join_timeout: args.node_join_timeout,
         upgrade_step_timeout: args.upgrade_step_timeout,
         escalation: crate::plan::failover::Escalation {
+            graceful_stop: args.fence_graceful_stop_timeout,
             stop: args.fence_stop_escalation,
             detach: args.fence_detach_escalation,
         },

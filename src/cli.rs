@@ -297,7 +297,14 @@ pub struct CloudArgs {
     #[arg(long, env = "UPGRADE_CONCURRENCY", default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..))]
     pub upgrade_concurrency: u16,
 
-    /// A fence's stop of a dedicated instance still under way after this long is forced again
+    /// A fence first stops a dedicated instance normally (the OS shuts down: QuestDB gets
+    /// SIGTERM and the kernel writes back what it held); a normal stop not ended after this
+    /// long is forced (the power is cut: what QuestDB did not sync is lost). Every second of
+    /// it is downtime when the node is really dead.
+    #[arg(long, env = "FENCE_GRACEFUL_STOP_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
+    pub fence_graceful_stop_timeout: Duration,
+
+    /// A fence's forced stop of a dedicated instance still under way after this long is forced again
     /// (then once per period): a stop can hang on a host problem or a stuck detach.
     #[arg(long, env = "FENCE_STOP_ESCALATION", default_value = "60s", value_parser = parse_duration)]
     pub fence_stop_escalation: Duration,

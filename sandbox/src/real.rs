@@ -72,6 +72,11 @@ pub async fn run(mut args: SandboxArgs, shutdown: CancellationToken) -> anyhow::
             info!(
                 "memory cloud: each running instance boots from its user data and joins as a Node"
             );
+            let halted = ec2.clone();
+            cp.kubelets().on_os_halted(move |node| {
+                // Node names are `<instance id>.<region>.compute.internal`.
+                halted.os_halted(node.split('.').next().unwrap_or_default());
+            });
             spawn_instance_join(
                 cp.kubelets().clone(),
                 instance_changes(ec2.clone()),
@@ -166,6 +171,9 @@ pub fn instance_changes(
                         zone: i.zone,
                         private_ip: i.private_ip,
                     },
+                    Ok(InstanceEvent::Stopping { id, graceful }) => {
+                        InstanceChange::Stopping { id, graceful }
+                    }
                     Ok(InstanceEvent::Stopped(id)) => InstanceChange::Stopped { id },
                     Ok(InstanceEvent::Terminated(id)) => InstanceChange::Terminated { id },
                     Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,

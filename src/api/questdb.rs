@@ -501,6 +501,10 @@ pub struct QuestDBStatus {
     pub conditions: Vec<Condition>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failover: Option<FailoverStatus>,
+    /// The last stop of a dead or stuck node's instance that a release or a node move asked
+    /// for (a failover records its own in `failover.fenceStop`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fence_stop: Option<FenceStop>,
     /// The node move under way, or the last one (the stored field keeps its first name).
     #[serde(default, skip_serializing_if = "Option::is_none", rename = "upgrade")]
     pub node_move: Option<NodeMoveStatus>,
@@ -572,7 +576,8 @@ pub struct Endpoints {
     strum::EnumIter,
 )]
 pub enum FailoverPhase {
-    /// The old instance is stopped (forced) until EC2 reports it stopped or terminated.
+    /// The old instance is stopped (normally, forced once that has not ended in time) until
+    /// EC2 reports it stopped or terminated.
     #[default]
     Fencing,
     /// The old Node is tainted out-of-service so its pod and volume let go.
@@ -652,6 +657,23 @@ pub struct FailoverStatus {
     pub new_instance_id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    /// The stop of the old instance the fence asked for last (phase `Fencing`), recorded
+    /// before it is sent: a normal stop first, which lets the OS flush what the database
+    /// wrote, forced once it has not ended within `--fence-graceful-stop-timeout`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fence_stop: Option<FenceStop>,
+}
+
+/// A stop a fence asked EC2 for.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct FenceStop {
+    /// The instance stopped.
+    #[serde(rename = "instanceID")]
+    pub instance: String,
+    pub mode: crate::cloud::StopMode,
+    /// When it was recorded, just before StopInstances was first sent with this mode.
+    pub requested_at: Time,
 }
 
 /// The steps of a node move, as `status.upgrade.phase` records them, in order; the last

@@ -64,8 +64,9 @@ pub trait Ec2Api: Send + Sync {
         next_token: Option<&str>,
     ) -> Result<Page<Instance>, ApiError>;
     async fn terminate_instances(&self, ids: &[String]) -> Result<(), ApiError>;
-    /// `StopInstances` with `Force` (a hung instance must still be stopped: it is a fence).
-    async fn stop_instances(&self, ids: &[String]) -> Result<(), ApiError>;
+    /// `StopInstances`, normal (`force` false: the OS shuts down and flushes its caches) or
+    /// with `Force` (a hung instance must still be stopped: it is a fence).
+    async fn stop_instances(&self, ids: &[String], force: bool) -> Result<(), ApiError>;
     /// `DescribeSubnets`: each subnet's availability zone and VPC.
     async fn describe_subnets(&self, ids: &[String]) -> Result<Vec<Subnet>, ApiError>;
     /// `DescribeSecurityGroups`: each group's VPC. An unknown id fails the call

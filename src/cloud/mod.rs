@@ -87,10 +87,11 @@ pub trait NodeProvider: Send + Sync {
     /// reaches another team's instance.
     async fn terminate(&self, id: &str, owner: &str) -> Result<(), CloudError>;
 
-    /// Stop with force: the fence of a failover (an instance that may still write must be
-    /// down before its volume moves). A stopped, terminating or unknown instance is `Ok`; one
-    /// that is not `owner`'s is refused, as for [`NodeProvider::terminate`].
-    async fn stop(&self, id: &str, owner: &str) -> Result<(), CloudError>;
+    /// Stop: the fence of a failover (an instance that may still write must be down before
+    /// its volume moves), normal first, forced once a normal stop has not ended in time. A
+    /// stopped, terminating or unknown instance is `Ok`; one that is not `owner`'s is
+    /// refused, as for [`NodeProvider::terminate`].
+    async fn stop(&self, id: &str, owner: &str, mode: StopMode) -> Result<(), CloudError>;
 
     /// Start-up check of `--aws-subnets`, `--aws-public-subnets` and
     /// `--aws-security-group-ids`: every subnet exists and lies in the zone it is mapped to (a
@@ -107,6 +108,20 @@ pub trait NodeProvider: Send + Sync {
         instance_type: &str,
         zone: &str,
     ) -> Result<NodeFacts, CloudError>;
+}
+
+/// How an instance is stopped (`StopInstances` and its `Force`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize, schemars::JsonSchema, strum::Display)]
+pub enum StopMode {
+    /// The OS shuts down: containers get their termination signal and its grace period, and
+    /// the kernel writes its file system caches to the volumes. What a database acknowledged
+    /// is kept even when it never synced (QuestDB's default `nosync`).
+    Graceful,
+    /// `Force`: "the instances do not have an opportunity to flush file system caches or file
+    /// system metadata" (EC2 API reference, StopInstances, in the wording of most SDKs; the
+    /// newest says a forced stop first tries a graceful shutdown within a timeout). Taken as
+    /// a power cut: what the database wrote and did not sync is lost.
+    Forced,
 }
 
 /// DNS A records in the operator's hosted zone. Names are fully qualified, with or without

@@ -17,7 +17,7 @@ use super::retry::{CallRunner, NotFound};
 use super::{
     client_token, desired_instance_tags, fallback_client_token, identity_tags, pick_subnet,
     user_data, ApiError, CloudConfig, CloudError, ImageFacts, ImageVerdict, Instance,
-    LaunchRequest, NodeFacts, NodeProvider, SharedObserver, TAG_CLUSTER, TAG_UID,
+    LaunchRequest, NodeFacts, NodeProvider, SharedObserver, StopMode, TAG_CLUSTER, TAG_UID,
 };
 
 /// The code of the refusal to stop or terminate an instance that is not provably the
@@ -509,13 +509,14 @@ impl<A: Ec2Api + 'static> NodeProvider for Ec2NodeProvider<A> {
         })
     }
 
-    async fn stop(&self, id: &str, owner: &str) -> Result<(), CloudError> {
+    async fn stop(&self, id: &str, owner: &str, mode: StopMode) -> Result<(), CloudError> {
         self.check_owner("StopInstances", id, owner).await?;
         let ids = [id.to_string()];
+        let force = mode == StopMode::Forced;
         match self
             .calls
             .call("StopInstances", NotFound::Return, || {
-                self.api.stop_instances(&ids)
+                self.api.stop_instances(&ids, force)
             })
             .await
         {

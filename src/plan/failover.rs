@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use crate::api::{EventReason, FailoverReason, SuppressionReason};
 use crate::api::{FailoverPhase, FailoverSpec, FailoverStatus, QuestDBStatus};
-use crate::cloud::InstanceState;
+use crate::cloud::{InstanceState, StopMode};
 use crate::plan::conditions::Verdict;
 /// `spec.failover.unhealthyAfterSeconds`, but never under the kubelets' Lease duration.
 pub fn effective_threshold(unhealthy_after_seconds: i64, lease_duration: Duration) -> Duration {
@@ -73,7 +73,9 @@ pub const MIN_INTERVAL: Duration = Duration::from_secs(600);
 /// (`--fence-stop-escalation`, `--fence-detach-escalation`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Escalation {
-    /// A stop still under way after this long is forced again, and again once per period.
+    /// A normal stop (the OS shuts down and flushes) not ended after this long is forced.
+    pub graceful_stop: Duration,
+    /// A forced stop still under way after this long is forced again, once per period.
     pub stop: Duration,
     /// A volume still attached to the fenced node this long into Releasing, with its pod gone,
     /// is stuck detaching (EBS can leave a volume `detaching`): the fenced instance, already
@@ -82,8 +84,10 @@ pub struct Escalation {
 }
 
 impl Escalation {
-    /// A minute for a stop, two for a detach: a healthy EC2 stop takes seconds to a minute.
+    /// Half a minute for a normal stop, a minute for a forced one, two for a detach: a healthy
+    /// EC2 stop takes seconds to a minute, and a normal one waits for the OS to shut down.
     pub const DEFAULT: Escalation = Escalation {
+        graceful_stop: Duration::from_secs(30),
         stop: Duration::from_secs(60),
         detach: Duration::from_secs(120),
     };
@@ -278,14 +282,18 @@ pub struct StepView<'a> {
     pub dns_ttl: Duration,
     /// Time in the current step.
     pub in_step_for: Duration,
+    /// Time since `failover.fenceStop` was recorded.
+    pub fence_stop_for: Duration,
     pub escalation: Escalation,
 }
 
 /// The next step of a failover under way.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Step {
-    /// Stop the old instance (force); repeated until EC2 reports it stopped or terminated.
-    Fence(String),
+    /// Record that the fence now stops the old instance this way (before it is sent).
+    RecordStop(StopMode),
+    /// Stop the old instance; repeated until EC2 reports it stopped or terminated.
+    Fence(String, StopMode),
     /// Record the next phase (before the side effect that belongs to it).
     Advance(FailoverPhase),
     /// Taint the old Node out-of-service.
@@ -310,21 +318,7 @@ pub fn next_step(v: &StepView) -> Step {
     let f = v.failover;
     let old = f.old_instance_id.clone().unwrap_or_default();
     match f.phase {
-        FailoverPhase::Fencing => match v.old_instance {
-            Some(InstanceState::Stopped | InstanceState::Terminated) | None => {
-                Step::Advance(FailoverPhase::Releasing)
-            }
-            // A stop under way can hang for minutes (a stuck EBS detach, a host problem): a
-            // forced stop again is AWS's remedy and idempotent. Once a minute, not every poll.
-            Some(InstanceState::Stopping) if escalation_due(v.in_step_for, v.escalation.stop) => {
-                Step::Fence(old)
-            }
-            // Stopping or shutting down: EC2 has the request; waiting is enough at first.
-            Some(InstanceState::Stopping | InstanceState::ShuttingDown) => {
-                Step::Wait(format!("instance {old} is being stopped"))
-            }
-            Some(InstanceState::Pending | InstanceState::Running) => Step::Fence(old),
-        },
+        FailoverPhase::Fencing => fence(v, old),
         FailoverPhase::Releasing => {
             let node = f.old_node.clone().unwrap_or_default();
             if v.old_node_exists
@@ -381,6 +375,46 @@ pub fn next_step(v: &StepView) -> Step {
     }
 }
 
+/// The fence: a normal stop first, so that an instance that still runs (a partitioned kubelet,
+/// a deleted Node) shuts its database down and flushes what it wrote; forced once that has
+/// not ended within `escalation.graceful_stop` (a dead host never shuts down); a forced stop
+/// that hangs is forced again once per `escalation.stop`. Each mode is recorded before it is
+/// sent, so a restart resumes the same stop with the same clock.
+fn fence(v: &StepView, old: String) -> Step {
+    use InstanceState::*;
+    let Some(state) = v.old_instance.filter(|s| !matches!(s, Stopped | Terminated)) else {
+        return Step::Advance(FailoverPhase::Releasing);
+    };
+    let Some(stop) = v.failover.fence_stop.as_ref().filter(|s| s.instance == old) else {
+        // Shutting down is a termination under way: nothing stops it faster.
+        return if state == ShuttingDown {
+            Step::Wait(format!("instance {old} is shutting down"))
+        } else {
+            Step::RecordStop(StopMode::Graceful)
+        };
+    };
+    let age = v.fence_stop_for;
+    match (stop.mode, state) {
+        (StopMode::Graceful, _) if age >= v.escalation.graceful_stop => {
+            Step::RecordStop(StopMode::Forced)
+        }
+        // Sent again while EC2 still says running: its reads lag, and a restart may have
+        // come between the record and the call. Idempotent.
+        (mode, Pending | Running) => Step::Fence(old, mode),
+        // A forced stop can hang for minutes (a stuck EBS detach, a host problem): a forced
+        // stop again is AWS's remedy. Once per period, not every poll.
+        (StopMode::Forced, Stopping) if escalation_due(age, v.escalation.stop) => {
+            Step::Fence(old, StopMode::Forced)
+        }
+        (StopMode::Graceful, _) => Step::Wait(format!(
+            "instance {old} is shutting down normally, so the database flushes what it wrote ({}s of {}s before the stop is forced)",
+            age.as_secs(),
+            v.escalation.graceful_stop.as_secs()
+        )),
+        (StopMode::Forced, _) => Step::Wait(format!("instance {old} is being stopped (forced)")),
+    }
+}
+
 /// What a release (pause, deletion, `spec.node` removed) looks at when the database pod has
 /// not left the dedicated node.
 pub struct ReleaseView<'a> {
@@ -395,6 +429,8 @@ pub struct ReleaseView<'a> {
     /// EC2's state of the instance (`None`: long gone).
     pub instance_state: Option<InstanceState>,
     pub node_tainted: bool,
+    /// The stop recorded for this instance (`status.fenceStop`) and its age.
+    pub stop: Option<(StopMode, Duration)>,
     pub escalation: Escalation,
 }
 
@@ -403,8 +439,10 @@ pub struct ReleaseView<'a> {
 pub enum ReleaseFence {
     /// Nothing to do: the pod stops by itself (a live kubelet stops it gracefully).
     None,
-    /// Stop (force) the instance: a silent kubelet never confirms the pod's end.
-    Stop(String),
+    /// Record that the instance is now stopped this way (before it is sent).
+    RecordStop(StopMode),
+    /// Stop the instance: a silent kubelet never confirms the pod's end.
+    Stop(String, StopMode),
     /// The instance is down: the out-of-service taint lets the pod and volume go.
     Taint(String),
     Wait(String),
@@ -424,23 +462,33 @@ pub fn release_fence(v: &ReleaseView) -> ReleaseFence {
             v.node
         ));
     }
-    match v.instance_state {
-        Some(InstanceState::Running | InstanceState::Pending) => {
-            ReleaseFence::Stop(v.instance.to_string())
+    use InstanceState::*;
+    // As the failover's fence: a normal stop first, forced once it has not ended in time,
+    // forced again once per period while it hangs; each mode recorded before it is sent.
+    let instance = v.instance.to_string();
+    match (v.instance_state, v.stop) {
+        (Some(ShuttingDown), _) => {
+            ReleaseFence::Wait(format!("instance {instance} is shutting down"))
         }
-        // The stop went out when the silence crossed the threshold; a stop that hangs is sent
-        // again, forced, as the failover's fence does: once a minute past the first minute,
-        // counted from the threshold, so nothing needs recording and a restart changes nothing.
-        Some(InstanceState::Stopping)
-            if v
-                .silent_for
-                .is_some_and(|s| escalation_due(s.saturating_sub(v.threshold), v.escalation.stop)) =>
+        (Some(Running | Pending | Stopping), None) => ReleaseFence::RecordStop(StopMode::Graceful),
+        (Some(Running | Pending | Stopping), Some((StopMode::Graceful, age)))
+            if age >= v.escalation.graceful_stop =>
         {
-            ReleaseFence::Stop(v.instance.to_string())
+            ReleaseFence::RecordStop(StopMode::Forced)
         }
-        Some(InstanceState::Stopping | InstanceState::ShuttingDown) => ReleaseFence::Wait(
-            format!("instance {} is being stopped", v.instance),
-        ),
+        (Some(Running | Pending), Some((mode, _))) => ReleaseFence::Stop(instance, mode),
+        (Some(Stopping), Some((StopMode::Forced, age)))
+            if escalation_due(age, v.escalation.stop) =>
+        {
+            ReleaseFence::Stop(instance, StopMode::Forced)
+        }
+        (Some(Stopping), Some((mode, _))) => ReleaseFence::Wait(format!(
+            "instance {instance} is being stopped ({})",
+            match mode {
+                StopMode::Graceful => "normally: the database flushes what it wrote",
+                StopMode::Forced => "forced",
+            }
+        )),
         _ if !v.node_tainted => ReleaseFence::Taint(v.node.to_string()),
         _ => ReleaseFence::Wait(format!(
             "node {} is fenced and tainted out-of-service: waiting for Kubernetes to remove the pod",

@@ -191,7 +191,20 @@ fn view(f: &FailoverStatus) -> StepView<'_> {
         dns_follows: false,
         dns_ttl: Duration::from_secs(60),
         in_step_for: Duration::ZERO,
+        fence_stop_for: Duration::ZERO,
         escalation: Escalation::DEFAULT,
+    }
+}
+
+/// A failover in `Fencing` whose stop of the old instance was recorded in `mode`.
+fn fencing_with(mode: StopMode) -> FailoverStatus {
+    FailoverStatus {
+        fence_stop: Some(crate::api::FenceStop {
+            instance: "i-old".into(),
+            mode,
+            requested_at: crate::runtime::clock::now(),
+        }),
+        ..failover(FailoverPhase::Fencing)
     }
 }
 
@@ -200,30 +213,50 @@ fn view(f: &FailoverStatus) -> StepView<'_> {
 #[test]
 fn nothing_releases_the_volume_before_the_old_instance_is_fenced() {
     let f = failover(FailoverPhase::Fencing);
+    // The stop is recorded before it is sent, normal first.
+    for state in [
+        InstanceState::Running,
+        InstanceState::Pending,
+        InstanceState::Stopping,
+    ] {
+        let v = StepView {
+            old_instance: Some(state),
+            ..view(&f)
+        };
+        assert_eq!(next_step(&v), Step::RecordStop(StopMode::Graceful));
+    }
+    let shutting_down = StepView {
+        old_instance: Some(InstanceState::ShuttingDown),
+        ..view(&f)
+    };
+    assert!(matches!(next_step(&shutting_down), Step::Wait(_)));
+    let forced = fencing_with(StopMode::Forced);
     for state in [InstanceState::Running, InstanceState::Pending] {
         let v = StepView {
             old_instance: Some(state),
-            ..view(&f)
+            ..view(&forced)
         };
-        assert_eq!(next_step(&v), Step::Fence("i-old".into()));
+        assert_eq!(
+            next_step(&v),
+            Step::Fence("i-old".into(), StopMode::Forced)
+        );
     }
-    for state in [InstanceState::Stopping, InstanceState::ShuttingDown] {
-        let v = StepView {
-            old_instance: Some(state),
-            ..view(&f)
-        };
-        assert!(matches!(next_step(&v), Step::Wait(_)));
-    }
-    // A stop that hangs is forced again, about once a minute.
+    // A forced stop that hangs is forced again, about once a minute.
     let hung = |secs: u64| StepView {
         old_instance: Some(InstanceState::Stopping),
-        in_step_for: Duration::from_secs(secs),
-        ..view(&f)
+        fence_stop_for: Duration::from_secs(secs),
+        ..view(&forced)
     };
     assert!(matches!(next_step(&hung(59)), Step::Wait(_)));
-    assert_eq!(next_step(&hung(61)), Step::Fence("i-old".into()));
+    assert_eq!(
+        next_step(&hung(61)),
+        Step::Fence("i-old".into(), StopMode::Forced)
+    );
     assert!(matches!(next_step(&hung(90)), Step::Wait(_)));
-    assert_eq!(next_step(&hung(122)), Step::Fence("i-old".into()));
+    assert_eq!(
+        next_step(&hung(122)),
+        Step::Fence("i-old".into(), StopMode::Forced)
+    );
     for state in [
         Some(InstanceState::Stopped),
         Some(InstanceState::Terminated),
@@ -235,6 +268,57 @@ fn nothing_releases_the_volume_before_the_old_instance_is_fenced() {
         };
         assert_eq!(next_step(&v), Step::Advance(FailoverPhase::Releasing));
     }
+}
+
+/// A partitioned or deleted-but-running node is alive: a normal stop lets its OS stop QuestDB
+/// and write back what it held, so no acknowledged row is lost even under `nosync`. The stop
+/// is forced only once the normal one has had `graceful_stop` (a dead host never shuts down),
+/// and a stop recorded for another instance (an earlier failover's) does not count.
+#[test]
+fn the_fence_stops_normally_first_and_forces_only_after_the_graceful_timeout() {
+    let graceful = fencing_with(StopMode::Graceful);
+    let at = |secs: u64, state: InstanceState| StepView {
+        old_instance: Some(state),
+        fence_stop_for: Duration::from_secs(secs),
+        ..view(&graceful)
+    };
+    assert_eq!(
+        next_step(&at(0, InstanceState::Running)),
+        Step::Fence("i-old".into(), StopMode::Graceful)
+    );
+    assert!(
+        matches!(next_step(&at(10, InstanceState::Stopping)), Step::Wait(m) if m.contains("normally")),
+        "a normal stop under way is waited for"
+    );
+    assert_eq!(
+        next_step(&at(29, InstanceState::Running)),
+        Step::Fence("i-old".into(), StopMode::Graceful)
+    );
+    for state in [InstanceState::Running, InstanceState::Stopping] {
+        assert_eq!(
+            next_step(&at(30, state)),
+            Step::RecordStop(StopMode::Forced)
+        );
+    }
+    assert_eq!(
+        next_step(&at(45, InstanceState::Stopped)),
+        Step::Advance(FailoverPhase::Releasing)
+    );
+    let mut other = fencing_with(StopMode::Forced);
+    other.fence_stop.as_mut().unwrap().instance = "i-earlier".into();
+    assert_eq!(
+        next_step(&view(&other)),
+        Step::RecordStop(StopMode::Graceful)
+    );
+    let quick = Escalation {
+        graceful_stop: Duration::from_secs(5),
+        ..Escalation::DEFAULT
+    };
+    let v = StepView {
+        escalation: quick,
+        ..at(6, InstanceState::Stopping)
+    };
+    assert_eq!(next_step(&v), Step::RecordStop(StopMode::Forced));
 }
 
 #[test]
@@ -384,6 +468,7 @@ fn a_release_waiting_on_a_dead_node_fences_and_taints_it_but_never_a_live_one() 
         breaker_open: false,
         instance_state: state,
         node_tainted: tainted,
+        stop: None,
         escalation: Escalation::DEFAULT,
     };
     let running = Some(InstanceState::Running);
@@ -398,12 +483,24 @@ fn a_release_waiting_on_a_dead_node_fences_and_taints_it_but_never_a_live_one() 
     );
     assert_eq!(
         release_fence(&view(Some(30), running, false)),
-        ReleaseFence::Stop("i-old".into())
+        ReleaseFence::RecordStop(StopMode::Graceful)
+    );
+    let recorded = |mode: StopMode, age: u64, state: Option<InstanceState>| ReleaseView {
+        stop: Some((mode, Duration::from_secs(age))),
+        ..view(Some(40), state, false)
+    };
+    assert_eq!(
+        release_fence(&recorded(StopMode::Graceful, 1, running)),
+        ReleaseFence::Stop("i-old".into(), StopMode::Graceful)
     );
     assert!(matches!(
-        release_fence(&view(Some(40), Some(InstanceState::Stopping), false)),
+        release_fence(&recorded(StopMode::Graceful, 10, Some(InstanceState::Stopping))),
         ReleaseFence::Wait(_)
     ));
+    assert_eq!(
+        release_fence(&recorded(StopMode::Graceful, 30, Some(InstanceState::Stopping))),
+        ReleaseFence::RecordStop(StopMode::Forced)
+    );
     // Only once EC2 says the instance is down does anything let the pod go.
     for down in [
         Some(InstanceState::Stopped),
@@ -419,23 +516,23 @@ fn a_release_waiting_on_a_dead_node_fences_and_taints_it_but_never_a_live_one() 
             ReleaseFence::Wait(_)
         ));
     }
-    // A stop that hangs is forced again a minute after the threshold, once per minute.
+    // A forced stop that hangs is forced again a minute after it was recorded, once a minute.
     let stopping = Some(InstanceState::Stopping);
     assert!(matches!(
-        release_fence(&view(Some(89), stopping, false)),
+        release_fence(&recorded(StopMode::Forced, 59, stopping)),
         ReleaseFence::Wait(_)
     ));
     assert_eq!(
-        release_fence(&view(Some(91), stopping, false)),
-        ReleaseFence::Stop("i-old".into())
+        release_fence(&recorded(StopMode::Forced, 61, stopping)),
+        ReleaseFence::Stop("i-old".into(), StopMode::Forced)
     );
     assert!(matches!(
-        release_fence(&view(Some(100), stopping, false)),
+        release_fence(&recorded(StopMode::Forced, 70, stopping)),
         ReleaseFence::Wait(_)
     ));
     assert_eq!(
-        release_fence(&view(Some(152), stopping, false)),
-        ReleaseFence::Stop("i-old".into())
+        release_fence(&recorded(StopMode::Forced, 122, stopping)),
+        ReleaseFence::Stop("i-old".into(), StopMode::Forced)
     );
     let outage = ReleaseView {
         breaker_open: true,
@@ -476,18 +573,22 @@ fn a_detach_that_sticks_after_the_fence_terminates_the_fenced_instance() {
 #[test]
 fn escalations_follow_their_settings_and_never_fire_at_every_poll() {
     let quick = Escalation {
+        graceful_stop: Duration::from_secs(10),
         stop: Duration::from_secs(15),
         detach: Duration::from_secs(30),
     };
-    let fencing = failover(FailoverPhase::Fencing);
+    let fencing = fencing_with(StopMode::Forced);
     let hung = |secs: u64, escalation: Escalation| StepView {
         old_instance: Some(InstanceState::Stopping),
-        in_step_for: Duration::from_secs(secs),
+        fence_stop_for: Duration::from_secs(secs),
         escalation,
         ..view(&fencing)
     };
     assert!(matches!(next_step(&hung(14, quick)), Step::Wait(_)));
-    assert_eq!(next_step(&hung(16, quick)), Step::Fence("i-old".into()));
+    assert_eq!(
+        next_step(&hung(16, quick)),
+        Step::Fence("i-old".into(), StopMode::Forced)
+    );
     assert!(matches!(
         next_step(&hung(16, Escalation::DEFAULT)),
         Step::Wait(_)
@@ -503,11 +604,12 @@ fn escalations_follow_their_settings_and_never_fire_at_every_poll() {
     assert!(matches!(next_step(&stuck(29)), Step::Wait(_)));
     assert!(matches!(next_step(&stuck(31)), Step::TerminateFenced(_)));
     let tiny = Escalation {
+        graceful_stop: Duration::from_secs(1),
         stop: Duration::from_secs(1),
         detach: Duration::from_secs(1),
     };
     let fired: Vec<u64> = (0..30)
-        .filter(|s| next_step(&hung(*s, tiny)) == Step::Fence("i-old".into()))
+        .filter(|s| next_step(&hung(*s, tiny)) == Step::Fence("i-old".into(), StopMode::Forced))
         .collect();
     assert_eq!(fired, vec![10, 11, 12, 13, 14, 20, 21, 22, 23, 24]);
 }

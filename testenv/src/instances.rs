@@ -19,6 +19,12 @@ pub enum InstanceChange {
         /// As RunInstances received it (base64 or plain).
         user_data: String,
     },
+    /// EC2 began to stop (or terminate) it: normally, the OS shuts down and flushes
+    /// (`graceful`), or forced, the power goes.
+    Stopping {
+        id: String,
+        graceful: bool,
+    },
     /// Stopped: the kubelet is gone, the Node stays (tainted by the cloud controller).
     Stopped {
         id: String,
@@ -60,6 +66,9 @@ pub fn spawn_instance_join(
                     {
                         warn!(instance = %id, error = format!("{e:#}"), "node join failed");
                     }
+                }
+                InstanceChange::Stopping { id, graceful } => {
+                    kubelets.instance_stopping(&node_name_for_instance(&id), graceful)
                 }
                 InstanceChange::Stopped { id } => {
                     kubelets.instance_stopped(&node_name_for_instance(&id))

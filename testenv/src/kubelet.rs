@@ -373,6 +373,10 @@ pub enum Fault {
     /// pod syncs (kubelet.go `syncLoop`: "skipping pod synchronization"), and its containers
     /// keep running.
     NotReady,
+    /// The instance's OS shuts down normally (StopInstances without `Force`): no heartbeat
+    /// from now on; every container gets SIGTERM and its grace period, then the volumes are
+    /// unmounted cleanly, so the kernel writes back everything it held.
+    ShuttingDown,
 }
 
 struct NodeState {
@@ -448,6 +452,11 @@ impl NodeHandle {
 
     pub fn partition(&self) {
         self.set_fault(Fault::Partition)
+    }
+
+    /// A normal OS shutdown (see [`Fault::ShuttingDown`]).
+    pub fn shut_down(&self) {
+        self.set_fault(Fault::ShuttingDown)
     }
 
     pub fn heal(&self) {
@@ -550,7 +559,13 @@ pub struct Kubelets {
     databases: Option<Arc<Runtime>>,
     /// The fake EBS: a terminated instance's stuck detaches complete.
     csi: Arc<crate::csi::Switches>,
+    /// Told the Node name once a node's OS has halted after a normal stop (its databases
+    /// stopped, its volumes unmounted): the cloud then reports the instance stopped.
+    on_halted: Arc<Mutex<Option<HaltedHook>>>,
 }
+
+/// See [`Kubelets::on_os_halted`].
+pub type HaltedHook = Arc<dyn Fn(&str) + Send + Sync>;
 
 impl Kubelets {
     /// `databases`: run real QuestDB for database pods (else they are only reported running).
@@ -567,9 +582,16 @@ impl Kubelets {
             stop,
             databases,
             csi,
+            on_halted: Arc::default(),
         };
         tokio::spawn(run_pods(k.clone()));
         k
+    }
+
+    /// `hook(node name)` runs when a node's normal shutdown is done (every database process
+    /// on it ended, every volume unmounted), as EC2 learns that an instance's OS halted.
+    pub fn on_os_halted(&self, hook: impl Fn(&str) + Send + Sync + 'static) {
+        *self.on_halted.lock().unwrap() = Some(Arc::new(hook));
     }
 
     pub fn get(&self, name: &str) -> Option<NodeHandle> {
@@ -662,6 +684,44 @@ impl Kubelets {
         self.once_not_ready(node_name, |nodes, node| async move {
             let name = node.name_any();
             nodes.delete(&name, &DeleteParams::default()).await.is_ok()
+        });
+    }
+
+    /// EC2 has begun to stop the instance: normally (`graceful`: the OS shuts down, see
+    /// [`Fault::ShuttingDown`]) or forced (the power goes at once: what the node's kernel had
+    /// not written back is lost). A node already off stays as it is.
+    pub fn instance_stopping(&self, node_name: &str, graceful: bool) {
+        let Some(node) = self.nodes.lock().unwrap().get(node_name).cloned() else {
+            return;
+        };
+        match (node.fault(), graceful) {
+            (Fault::PowerOff, _) => {}
+            (_, false) => node.power_off(),
+            (Fault::ShuttingDown, true) => {}
+            (_, true) => node.shut_down(),
+        }
+        if !graceful {
+            return;
+        }
+        let Some(hook) = self.on_halted.lock().unwrap().clone() else {
+            return;
+        };
+        let (name, databases, index) = (
+            node_name.to_string(),
+            self.databases.clone(),
+            node.index(),
+        );
+        tokio::spawn(async move {
+            // An OS that does not halt is stopped by EC2 after its own timeout.
+            let deadline = tokio::time::Instant::now() + timings::DATABASE_STOP_MAX * 2;
+            while databases.as_ref().is_some_and(|d| !d.node_quiet(index))
+                && tokio::time::Instant::now() < deadline
+            {
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+            if databases.as_ref().is_none_or(|d| d.node_quiet(index)) {
+                hook(&name);
+            }
         });
     }
 
@@ -913,7 +973,10 @@ async fn heartbeat(client: Client, state: Arc<NodeState>) {
             _ = state.changed.notified() => {}
         }
         let fault = *state.fault.lock().unwrap();
-        if matches!(fault, Fault::PowerOff | Fault::Partition) {
+        if matches!(
+            fault,
+            Fault::PowerOff | Fault::Partition | Fault::ShuttingDown
+        ) {
             was_faulted = true;
             continue;
         }

@@ -416,6 +416,7 @@ fn spawn_node_join(
     ec2: Arc<MemoryEc2>,
     stop: CancellationToken,
 ) -> JoinHandle<()> {
+    let ec2_for_halts = ec2.clone();
     let changes = futures::stream::unfold(ec2.subscribe(), move |mut rx| {
         let ec2 = ec2.clone();
         async move {
@@ -427,6 +428,9 @@ fn spawn_node_join(
                         zone: i.zone,
                         private_ip: i.private_ip,
                     },
+                    Ok(InstanceEvent::Stopping { id, graceful }) => {
+                        InstanceChange::Stopping { id, graceful }
+                    }
                     Ok(InstanceEvent::Stopped(id)) => InstanceChange::Stopped { id },
                     Ok(InstanceEvent::Terminated(id)) => InstanceChange::Terminated { id },
                     Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
@@ -435,6 +439,11 @@ fn spawn_node_join(
                 return Some((change, rx));
             }
         }
+    });
+    let halted = ec2_for_halts;
+    cp.kubelets().on_os_halted(move |node| {
+        // Node names are `<instance id>.<region>.compute.internal`.
+        halted.os_halted(node.split('.').next().unwrap_or_default());
     });
     spawn_instance_join(cp.kubelets().clone(), changes, stop)
 }
@@ -454,6 +463,7 @@ fn settings() -> CloudSettings {
         csi_driver: Some(questdb_testenv::csi::DRIVER.into()),
         // Scaled down as the cluster's own timers are (a minute and two by default).
         escalation: questdb_operator::plan::failover::Escalation {
+            graceful_stop: Duration::from_secs(10),
             stop: Duration::from_secs(15),
             detach: Duration::from_secs(30),
         },

@@ -72,6 +72,9 @@ pub enum EventReason {
     FailoverHealthy,
     FailoverSucceeded,
     FailoverStuck,
+    /// A fence's normal stop did not end in time: the stop is forced (a power cut for what
+    /// the database had not synced).
+    FenceForced,
     /// A release waited on a pod stuck on a dead node: the node was fenced instead.
     ReleaseFenced,
 

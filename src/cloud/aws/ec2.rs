@@ -326,11 +326,11 @@ impl Ec2Api for AwsEc2 {
         }))
     }
 
-    async fn stop_instances(&self, ids: &[String]) -> Result<(), ApiError> {
+    async fn stop_instances(&self, ids: &[String], force: bool) -> Result<(), ApiError> {
         self.client
             .stop_instances()
             .set_instance_ids(Some(ids.to_vec()))
-            .force(true)
+            .force(force)
             .send()
             .await
             .map_err(api_error)?;

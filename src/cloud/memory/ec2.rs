@@ -21,6 +21,11 @@ const SANDBOX_VPC: &str = "vpc-sandbox";
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum InstanceEvent {
     Running(Box<Instance>),
+    /// StopInstances began: `graceful`, the OS shuts down (containers get their termination
+    /// signal, the kernel writes its cache back) and EC2 reports `stopped` once it has halted
+    /// ([`MemoryEc2::os_halted`]) or [`MemoryEc2Options::os_shutdown`] has passed; forced,
+    /// the instance loses power at once (what was not on its volumes is lost).
+    Stopping { id: String, graceful: bool },
     /// Stopped (by StopInstances or a power loss): the kubelet is gone, the Node stays.
     Stopped(String),
     Terminated(String),
@@ -62,6 +67,9 @@ pub struct MemoryEc2Options {
     /// A stop hangs in `stopping` (a stuck EBS detach, a host problem) until StopInstances is
     /// sent again while it is `stopping`, as AWS advises for an instance stuck stopping.
     pub hang_stops: bool,
+    /// How long a normal stop (no `Force`) waits for the OS to halt before EC2 stops the
+    /// instance anyway (a hard stop, as AWS describes for a shutdown that does not complete).
+    pub os_shutdown: Duration,
 }
 
 impl Default for MemoryEc2Options {
@@ -99,6 +107,7 @@ impl Default for MemoryEc2Options {
             shutting_down_to_terminated: Duration::from_millis(100),
             never_join_images: ["ami-0000000000000dead".to_string()].into(),
             hang_stops: false,
+            os_shutdown: Duration::from_secs(30),
         }
     }
 }
@@ -112,8 +121,10 @@ struct Record {
     user_data_base64: String,
     /// Remaining describes that do not see this instance yet (eventual consistency).
     hidden_for: u32,
-    /// Its stop hangs in `stopping` until StopInstances is sent again.
+    /// Its stop hangs in `stopping` until StopInstances is sent again with `Force`.
     stop_hung: bool,
+    /// A normal stop is under way: the OS is shutting down.
+    os_stopping: bool,
 }
 
 #[derive(Debug, Default)]
@@ -290,6 +301,26 @@ impl MemoryEc2 {
         stopped
     }
 
+    /// The OS of an instance that is being stopped normally has halted: EC2 reports it
+    /// `stopped` now. Returns whether it was such an instance.
+    pub fn os_halted(&self, id: &str) -> bool {
+        let halted = {
+            let mut state = self.lock();
+            match state.records.get_mut(id) {
+                Some(r) if r.instance.state == InstanceState::Stopping && r.os_stopping => {
+                    r.instance.state = InstanceState::Stopped;
+                    r.os_stopping = false;
+                    true
+                }
+                _ => false,
+            }
+        };
+        if halted {
+            let _ = self.events.send(InstanceEvent::Stopped(id.to_string()));
+        }
+        halted
+    }
+
     /// Every instance ever launched, whatever its state, ignoring eventual consistency.
     pub fn instances(&self) -> Vec<Instance> {
         self.lock()
@@ -406,6 +437,7 @@ impl MemoryEc2 {
                 user_data_base64: spec.user_data_base64.clone(),
                 hidden_for: state.faults.hide_new_instances_for,
                 stop_hung: false,
+                os_stopping: false,
             },
         );
         instance
@@ -433,6 +465,7 @@ impl MemoryEc2 {
                     return;
                 }
                 record.instance.state = to;
+                record.os_stopping = false;
                 match to {
                     InstanceState::Running if never_join.contains(&record.instance.image) => return,
                     InstanceState::Running => {
@@ -644,9 +677,12 @@ impl Ec2Api for MemoryEc2 {
         }))
     }
 
-    /// StopInstances with Force: `running`/`pending` → `stopping` → `stopped`; stopped or gone
-    /// instances are left as they are (EC2 answers with their current state, no error).
-    async fn stop_instances(&self, ids: &[String]) -> Result<(), ApiError> {
+    /// StopInstances: `running`/`pending` → `stopping` → `stopped`; stopped or gone instances
+    /// are left as they are (EC2 answers with their current state, no error). Without `force`
+    /// the OS shuts down first ([`InstanceEvent::Stopping`]); with it the power goes, also
+    /// for an instance whose normal stop is under way or hung.
+    async fn stop_instances(&self, ids: &[String], force: bool) -> Result<(), ApiError> {
+        let mut events = Vec::new();
         let (to_schedule, delay) = {
             let mut state = self.lock();
             Self::begin(&mut state, "StopInstances")?;
@@ -657,29 +693,45 @@ impl Ec2Api for MemoryEc2 {
                 ));
             }
             let hang = state.options.hang_stops;
+            let delay = if force {
+                state.options.shutting_down_to_terminated
+            } else {
+                state.options.os_shutdown
+            };
             let mut to_schedule = Vec::new();
             for id in ids {
-                if let Some(record) = state.records.get_mut(id) {
-                    match record.instance.state {
-                        InstanceState::Running | InstanceState::Pending => {
-                            record.instance.state = InstanceState::Stopping;
-                            if hang {
-                                record.stop_hung = true;
-                            } else {
-                                to_schedule.push(id.clone());
-                            }
-                        }
-                        // A forced stop again gets a hung stop going.
-                        InstanceState::Stopping if record.stop_hung => {
-                            record.stop_hung = false;
-                            to_schedule.push(id.clone());
-                        }
-                        _ => {}
+                let Some(record) = state.records.get_mut(id) else {
+                    continue;
+                };
+                let begins = match record.instance.state {
+                    InstanceState::Running | InstanceState::Pending => {
+                        record.instance.state = InstanceState::Stopping;
+                        record.stop_hung = hang;
+                        !hang
                     }
+                    // A forced stop gets a hung stop going, and cuts a normal one short.
+                    InstanceState::Stopping
+                        if force && (record.stop_hung || record.os_stopping) =>
+                    {
+                        record.stop_hung = false;
+                        true
+                    }
+                    _ => false,
+                };
+                if begins {
+                    record.os_stopping = !force;
+                    events.push(InstanceEvent::Stopping {
+                        id: id.clone(),
+                        graceful: !force,
+                    });
+                    to_schedule.push(id.clone());
                 }
             }
-            (to_schedule, state.options.shutting_down_to_terminated)
+            (to_schedule, delay)
         };
+        for event in events {
+            let _ = self.events.send(event);
+        }
         for id in to_schedule {
             self.schedule_transition(id, InstanceState::Stopping, InstanceState::Stopped, delay);
         }

@@ -22,7 +22,7 @@ use super::record::{advance, already_reported, persist};
 use super::status::pod_ready;
 use crate::api::{EventReason, FailoverReason};
 use crate::api::{FailoverCause, FailoverPhase, FailoverStatus, QuestDB, QuestDBStatus};
-use crate::cloud::{CloudError, InstanceState};
+use crate::cloud::{CloudError, InstanceState, StopMode};
 use crate::controllers::cloud_runtime::CloudRuntime;
 use crate::controllers::context::Context;
 use crate::controllers::node_health::tracker::NODE_LEASE_NAMESPACE;
@@ -223,7 +223,7 @@ fn armed(qdb: &QuestDB, cloud: &CloudRuntime) -> Verdict<FailoverReason> {
 /// stopped renewing its Lease past the failover threshold: the pod would never go, so the node
 /// is fenced and tainted out-of-service as a failover does (see
 /// [`failover::release_fence`]). `Some(what it waits for)` while that is under way.
-pub async fn fence_for_release(qdb: &QuestDB, ctx: &Context) -> Result<Option<String>, Error> {
+pub async fn fence_for_release(qdb: &mut QuestDB, ctx: &Context) -> Result<Option<String>, Error> {
     let Some(id) = qdb.status.as_ref().and_then(|s| s.instance_id.clone()) else {
         return Ok(None);
     };
@@ -238,7 +238,7 @@ pub async fn fence_for_release(qdb: &QuestDB, ctx: &Context) -> Result<Option<St
 /// answers but will not let the pod or volume go; it is fenced as a dead one is, whatever
 /// its Lease and the breaker say (a node that answers is no sign of an outage).
 pub async fn fence_dead_node(
-    qdb: &QuestDB,
+    qdb: &mut QuestDB,
     ctx: &Context,
     id: &str,
     holds: bool,
@@ -270,6 +270,12 @@ pub async fn fence_dead_node(
         breaker_open: !stuck && cloud.health.breaker_open(),
         instance_state: Some(InstanceState::Running),
         node_tainted: has_out_of_service(node),
+        stop: qdb
+            .status
+            .as_ref()
+            .and_then(|s| s.fence_stop.as_ref())
+            .filter(|s| s.instance == id)
+            .map(|s| (s.mode, since(Some(&s.requested_at)).unwrap_or_default())),
         escalation: cloud.settings.escalation,
     };
     // EC2 is asked only once the caches say the release is stuck on a dead node.
@@ -282,31 +288,58 @@ pub async fn fence_dead_node(
         .await
         .map_err(Error::Cloud)?
         .map(|i| i.state);
+    let owner = owner_uid(qdb);
+    let stop = |instance: String, mode: StopMode| {
+        let owner = owner.clone();
+        async move {
+        match cloud.nodes.stop(&instance, &owner, mode).await {
+            Ok(()) | Err(CloudError::Throttled { .. } | CloudError::Transient { .. }) => Ok(()),
+            Err(e) => Err(Error::Cloud(e)),
+        }
+        }
+    };
     match failover::release_fence(&view) {
         ReleaseFence::None => Ok(None),
-        ReleaseFence::Stop(instance) => {
-            match cloud.nodes.stop(&instance, &owner_uid(qdb)).await {
-                Ok(()) | Err(CloudError::Throttled { .. } | CloudError::Transient { .. }) => {}
-                Err(e) => return Err(Error::Cloud(e)),
-            }
-            let note = if stuck {
-                format!("node {name} holds the database's pod or volume while the database is {during}: stopping instance {instance} so they can go")
+        ReleaseFence::RecordStop(mode) => {
+            let requested_at = crate::runtime::clock::now();
+            persist(qdb, ctx, |s| {
+                s.fence_stop = Some(crate::api::FenceStop {
+                    instance: id.clone(),
+                    mode,
+                    requested_at: requested_at.clone(),
+                })
+            })
+            .await?;
+            let why = if stuck {
+                format!("node {name} holds the database's pod or volume while the database is {during}")
             } else {
                 format!(
-                    "node {name} has not renewed its Lease for {}s while the database is {during}: stopping instance {instance} so its pod can go",
+                    "node {name} has not renewed its Lease for {}s while the database is {during}",
                     silent_for.unwrap_or_default().as_secs()
                 )
             };
+            let (reason, note) = match mode {
+                StopMode::Graceful => (
+                    EventReason::ReleaseFenced,
+                    format!("{why}: stopping instance {id} (normally, so the database flushes what it wrote) so its pod and volume can go"),
+                ),
+                StopMode::Forced => (
+                    EventReason::FenceForced,
+                    format!(
+                        "{why}: instance {id} did not shut down within {}s of a normal stop: forcing the stop (what the database had not synced is lost)",
+                        cloud.settings.escalation.graceful_stop.as_secs()
+                    ),
+                ),
+            };
             warn!(questdb = %qdb.name_any(), "{note}");
-            ctx.event(
-                qdb,
-                EventType::Warning,
-                EventReason::ReleaseFenced,
-                "Release",
-                note.clone(),
-            )
-            .await;
+            ctx.event(qdb, EventType::Warning, reason, "Release", note.clone())
+                .await;
+            stop(id.clone(), mode).await?;
             Ok(Some(note))
+        }
+        ReleaseFence::Stop(instance, mode) => {
+            stop(instance.clone(), mode).await?;
+            Ok(Some(format!("stopping instance {instance} ({mode})")))
         }
         ReleaseFence::Taint(node) => {
             taint_out_of_service(ctx, &node).await?;
@@ -531,10 +564,44 @@ async fn perform(
     step: Step,
 ) -> Result<Turn<FailoverReason>, Error> {
     match step {
-        Step::Fence(id) => {
-            match cloud.nodes.stop(&id, &owner_uid(qdb)).await {
+        Step::RecordStop(mode) => {
+            let requested_at = crate::runtime::clock::now();
+            super::record::persist(qdb, ctx, |s| {
+                if let Some(r) = s.failover.as_mut() {
+                    r.fence_stop = Some(crate::api::FenceStop {
+                        instance: r.old_instance_id.clone().unwrap_or_default(),
+                        mode,
+                        requested_at: requested_at.clone(),
+                    });
+                }
+            })
+            .await?;
+            if mode == StopMode::Forced {
+                let note = format!(
+                    "instance {} did not shut down within {}s of a normal stop: forcing the stop (what the database had not synced is lost)",
+                    f.old_instance_id.as_deref().unwrap_or_default(),
+                    cloud.settings.escalation.graceful_stop.as_secs()
+                );
+                warn!(questdb = %qdb.name_any(), "{note}");
+                ctx.event(
+                    qdb,
+                    EventType::Warning,
+                    EventReason::FenceForced,
+                    "Failover",
+                    note,
+                )
+                .await;
+            }
+            let recorded = qdb.status.as_ref().and_then(|s| s.failover.clone());
+            Ok(Turn::again_within(
+                in_progress(recorded.as_ref().unwrap_or(f)),
+                Duration::ZERO,
+            ))
+        }
+        Step::Fence(id, mode) => {
+            match cloud.nodes.stop(&id, &owner_uid(qdb), mode).await {
                 Ok(()) => {
-                    info!(questdb = %qdb.name_any(), instance = %id, "fencing: stop requested")
+                    info!(questdb = %qdb.name_any(), instance = %id, %mode, "fencing: stop requested")
                 }
                 Err(e) if super::not_owned(&e) => {
                     let refusal = refused(qdb, ctx, status, &e).await;
@@ -705,6 +772,8 @@ impl Facts {
             dns_follows: self.dns_follows,
             dns_ttl: self.dns_ttl,
             in_step_for: since(failover.phase_started_at.as_ref()).unwrap_or_default(),
+            fence_stop_for: since(failover.fence_stop.as_ref().map(|s| &s.requested_at))
+                .unwrap_or_default(),
             escalation,
         }
     }

@@ -514,7 +514,7 @@ async fn release_and_unblock(qdb: Arc<QuestDB>, ctx: &Context) -> Result<Next, E
     }
     if !stop_first::database_stopped(&current, &ctx.caches) {
         stop_first::scale_to_zero(&current, &ctx.caches, &ctx.client).await?;
-        if let Some(fencing) = failover::fence_for_release(&current, ctx).await? {
+        if let Some(fencing) = failover::fence_for_release(&mut current, ctx).await? {
             debug!(questdb = %current.name_any(), "deletion waits on a dead node: {fencing}");
             return Ok(Next::RequeueAfter(std::time::Duration::from_secs(2)));
         }

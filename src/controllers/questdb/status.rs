@@ -317,6 +317,7 @@ pub fn compute(qdb: &QuestDB, obs: &StatusInputs, now: Timestamp) -> QuestDBStat
             None => None,
         },
         instance_id: existing.instance_id.clone(),
+        fence_stop: existing.fence_stop.clone(),
         node_image: existing.node_image.clone(),
         node_instance_type: existing.node_instance_type.clone(),
         previous_node_image: existing.previous_node_image.clone(),

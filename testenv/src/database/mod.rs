@@ -20,7 +20,7 @@ mod runner;
 mod status;
 mod watcher;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -52,6 +52,20 @@ impl Databases {
             Databases::Real
         } else {
             Databases::Fake
+        }
+    }
+}
+
+/// Set (to anything) for plain volume directories instead of lossy layers: durability
+/// assertions then prove only that a process crash loses nothing.
+pub const PLAIN_VOLUMES_ENV: &str = "QDB_TEST_PLAIN_VOLUMES";
+
+impl VolumeLayer {
+    fn from_env() -> VolumeLayer {
+        if std::env::var_os(PLAIN_VOLUMES_ENV).is_some_and(|v| !v.is_empty()) {
+            VolumeLayer::Plain
+        } else {
+            VolumeLayer::Lossy
         }
     }
 }
@@ -159,6 +173,29 @@ pub struct Runtime {
     stop: CancellationToken,
     /// Volumes whose PV is deleted; their directories go once no process holds them.
     released: Mutex<BTreeSet<String>>,
+    /// Where the volume layers of each node are mounted.
+    mounts: PathBuf,
+    /// The volumes mounted on a node now, by (node index, volume handle): each a lossy layer
+    /// over the volume's directory, so that a power cut loses what the node's kernel had not
+    /// written back, as a disk does (see [`VolumeLayer`]).
+    layers: Mutex<BTreeMap<(u32, String), lossyfs::LossyVolume>>,
+    layer: VolumeLayer,
+}
+
+/// How a database pod sees its PersistentVolume.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum VolumeLayer {
+    /// Through a FUSE layer with the kernel's writeback cache (`lossyfs`): what QuestDB wrote
+    /// sits in the node's page cache until the kernel writes it back (`dirty_expire`, 30 s by
+    /// default) or QuestDB syncs it (fsync, msync, sync); a power cut throws that away and
+    /// keeps what reached the volume's directory, which is what an EBS volume keeps. A clean
+    /// shutdown (the pod stopped, the instance stopped normally) writes everything back.
+    #[default]
+    Lossy,
+    /// The volume's directory itself: the host's page cache keeps everything at a "power cut"
+    /// (only a process crash is modelled). For tests that assert nothing about durability and
+    /// must not depend on FUSE.
+    Plain,
 }
 
 impl Runtime {
@@ -175,8 +212,11 @@ impl Runtime {
             registry: watcher::Registry::default(),
             stop,
             released: Mutex::default(),
+            mounts: dir.join("node-mounts"),
+            layers: Mutex::default(),
+            layer: VolumeLayer::from_env(),
         };
-        for d in [&rt.volumes, &rt.logs, &rt.rootfs] {
+        for d in [&rt.volumes, &rt.logs, &rt.rootfs, &rt.mounts] {
             std::fs::create_dir_all(d)?;
         }
         Ok(Arc::new(rt))
@@ -216,15 +256,112 @@ impl Runtime {
         });
     }
 
-    /// SIGKILL every QuestDB of one node (its power went, its instance stopped).
+    /// The node's power goes: its volume layers are cut first (from then on nothing more
+    /// reaches a volume), then every QuestDB on it is SIGKILLed. In that order because a
+    /// process that exits closes its files, and a close writes dirty pages back.
     pub(crate) fn kill_node(&self, node_index: u32) {
+        self.cut_node(node_index);
         self.registry.kill(|p| p.node_index == node_index);
     }
 
-    /// SIGKILL every QuestDB (the control plane stops).
+    /// Cuts every volume layer mounted on the node (see [`Runtime::kill_node`]).
+    pub(crate) fn cut_node(&self, node_index: u32) {
+        for ((node, _), layer) in self.layers.lock().unwrap().iter() {
+            if *node == node_index {
+                layer.cut();
+            }
+        }
+    }
+
+    /// SIGKILL every QuestDB (the control plane stops); what they wrote no longer matters.
     pub(crate) fn kill_all(&self) {
+        for layer in self.layers.lock().unwrap().values() {
+            layer.cut();
+        }
         self.registry.kill(|_| true);
         self.registry.reap_killed();
+        let layers = std::mem::take(&mut *self.layers.lock().unwrap());
+        drop(layers);
+    }
+
+    /// Nothing of a database runs or is mounted on the node.
+    pub(crate) fn node_quiet(&self, node_index: u32) -> bool {
+        !self.registry.live().iter().any(|p| p.node_index == node_index)
+            && !self
+                .layers
+                .lock()
+                .unwrap()
+                .keys()
+                .any(|(node, _)| *node == node_index)
+    }
+
+    /// Mounts the volume `handle` on the node for a pod (idempotent: a layer mounted and not
+    /// cut is reused; a cut one, from before a power cut, is replaced). Returns the directory
+    /// the pod sees.
+    pub(crate) async fn mount_volume(
+        self: &Arc<Self>,
+        node_index: u32,
+        handle: &str,
+    ) -> std::io::Result<PathBuf> {
+        let backing = self.volume_dir(handle);
+        if self.layer == VolumeLayer::Plain {
+            return Ok(backing);
+        }
+        let key = (node_index, handle.to_string());
+        let stale = {
+            let mut layers = self.layers.lock().unwrap();
+            match layers.get(&key) {
+                Some(l) if !l.is_cut() => return Ok(l.mountpoint().to_path_buf()),
+                Some(_) => layers.remove(&key),
+                None => None,
+            }
+        };
+        let mountpoint = self
+            .mounts
+            .join(format!("node-{node_index}"))
+            .join(handle.replace(['/', '\\'], "_"));
+        let mounted = tokio::task::spawn_blocking(move || {
+            drop(stale);
+            lossyfs::LossyVolume::mount(&backing, &mountpoint)
+        })
+        .await
+        .map_err(std::io::Error::other)?
+        .map_err(|e| {
+            std::io::Error::new(
+                e.kind(),
+                format!(
+                    "mounting the volume's lossy layer (set {PLAIN_VOLUMES_ENV}=1 for plain directories): {e}; {}",
+                    lossyfs::available().err().unwrap_or_default()
+                ),
+            )
+        })?;
+        let dir = mounted.mountpoint().to_path_buf();
+        self.layers.lock().unwrap().insert(key, mounted);
+        Ok(dir)
+    }
+
+    /// The pod no longer uses the volume on this node: a clean unmount writes back what the
+    /// kernel holds, unless the layer was cut.
+    pub(crate) async fn unmount_volume(&self, node_index: u32, handle: &str) {
+        let layer = self
+            .layers
+            .lock()
+            .unwrap()
+            .remove(&(node_index, handle.to_string()));
+        if let Some(layer) = layer {
+            let _ = tokio::task::spawn_blocking(move || layer.unmount()).await;
+        }
+    }
+
+    /// The volume directory behind a path a pod sees (its QuestDB root), so that two
+    /// processes on two nodes' layers over one volume are known to share it.
+    pub(crate) fn backing_of(&self, seen: &Path) -> PathBuf {
+        for layer in self.layers.lock().unwrap().values() {
+            if let Ok(rest) = seen.strip_prefix(layer.mountpoint()) {
+                return layer.backing().join(rest);
+            }
+        }
+        seen.to_path_buf()
     }
 
     /// Each time a second live QuestDB was started on a directory that already had one.

@@ -109,10 +109,8 @@ pub(crate) fn start(
         name: pod.name_any(),
         model: Model::new(&pod, &container.name, &pod_ip, &host_ip),
         version: questdb_version(&image).unwrap_or_else(|| Err("not a QuestDB image".into())),
-        claims: claims
-            .iter()
-            .map(|(v, h)| (v.clone(), rt.volume_dir(h)))
-            .collect(),
+        claim_handles: claims,
+        claims: BTreeMap::new(),
         pod_dir: rt.rootfs.join(&uid),
         uid,
         image,
@@ -156,6 +154,8 @@ enum End {
     PowerLost,
     /// Its node's kubelet (the instance) is gone for good.
     NodeGone,
+    /// Its node's OS shut down normally (SIGTERM and the grace period).
+    ShutDown,
 }
 
 struct Runner {
@@ -171,6 +171,9 @@ struct Runner {
     node: NodeHandle,
     pod_ip: String,
     host_ip: String,
+    /// The pod's PVC volume names → volume handles.
+    claim_handles: BTreeMap<String, String>,
+    /// The pod's PVC volume names → the directories mounted for them on this node.
     claims: BTreeMap<String, PathBuf>,
     pod_dir: PathBuf,
     model: Model,
@@ -201,6 +204,15 @@ impl Runner {
     }
 
     async fn run(mut self) {
+        self.run_until_stopped().await;
+        // The kubelet unmounts a pod's volumes once its containers are gone: a clean unmount
+        // writes back what the node's kernel holds (unless the power went first).
+        for handle in self.claim_handles.values() {
+            self.rt.unmount_volume(self.node.index(), handle).await;
+        }
+    }
+
+    async fn run_until_stopped(&mut self) {
         self.post().await;
         let Some(jar) = self.pull().await else { return };
         self.forward_host_ports();
@@ -274,7 +286,7 @@ impl Runner {
                 uid: self.uid.clone(),
                 node: self.node.name.clone(),
                 pid,
-                dir: root.clone(),
+                dir: self.rt.backing_of(&root),
                 started: SystemTime::now(),
                 node_index: self.node.index(),
             });
@@ -314,6 +326,15 @@ impl Runner {
                     return;
                 }
                 End::NodeGone => return,
+                End::ShutDown => {
+                    // The OS stopped the container and unmounts its volumes cleanly; the node
+                    // reports nothing more until its instance is gone.
+                    for handle in self.claim_handles.values() {
+                        self.rt.unmount_volume(self.node.index(), handle).await;
+                    }
+                    until_stopped(self.stop_rx.clone(), self.node_stopped.clone()).await;
+                    return;
+                }
                 End::PowerLost => {
                     // After a reboot the runtime has lost the container: the kubelet reports
                     // it Unknown (kuberuntime_manager.go, containers not found after restart).
@@ -423,6 +444,15 @@ impl Runner {
                 format!("preparing the container's directories: {e}"),
             )
         };
+        self.claims.clear();
+        for (volume, handle) in &self.claim_handles {
+            let dir = self
+                .rt
+                .mount_volume(self.node.index(), handle)
+                .await
+                .map_err(|e| ("CreateContainerError", e.to_string()))?;
+            self.claims.insert(volume.clone(), dir);
+        }
         mounts::run_init(&self.pod, &self.claims, &self.pod_dir).map_err(failed)?;
         self.model.initialized();
         let table = MountTable::of(&self.pod, &self.container, &self.claims, &self.pod_dir);
@@ -501,12 +531,19 @@ impl Runner {
                     return (terminate(child, pid, grace).await, End::Stopped);
                 }
                 _ = self.faults.changed() => {
-                    if *self.faults.borrow() == Fault::PowerOff {
+                    let fault = *self.faults.borrow();
+                    if fault == Fault::PowerOff {
+                        // The node has cut its volume layers already (`Runtime::kill_node`).
                         process::signal(pid, libc::SIGKILL);
                         return (wait(child).await, End::PowerLost);
                     }
+                    if fault == Fault::ShuttingDown {
+                        return (terminate(child, pid, self.grace).await, End::ShutDown);
+                    }
                 }
                 _ = self.node_stopped.cancelled() => {
+                    // The instance went without a normal shutdown: a power cut.
+                    self.rt.cut_node(self.node.index());
                     process::signal(pid, libc::SIGKILL);
                     return (wait(child).await, End::NodeGone);
                 }
@@ -553,7 +590,7 @@ impl Runner {
             if self.stopping() {
                 return false;
             }
-            if *self.faults.borrow() != Fault::PowerOff {
+            if !matches!(*self.faults.borrow(), Fault::PowerOff | Fault::ShuttingDown) {
                 return true;
             }
             tokio::select! {
