@@ -15,11 +15,10 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use fuser::{
-    AccessFlags, CopyFileRangeFlags, Errno, FileAttr, FileHandle, FileType, Filesystem,
-    FopenFlags, Generation, INodeNo, InitFlags, IoctlFlags, KernelConfig, LockOwner, OpenFlags,
-    RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry,
-    ReplyIoctl, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow,
-    WriteFlags,
+    AccessFlags, CopyFileRangeFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags,
+    Generation, INodeNo, InitFlags, IoctlFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags,
+    ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyIoctl,
+    ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 
 /// How long the kernel may cache attributes and names: only this mount changes the backing
@@ -152,7 +151,11 @@ pub(crate) struct LossyFs {
 }
 
 fn last_errno() -> Errno {
-    Errno::from_i32(io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO))
+    Errno::from_i32(
+        io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::EIO),
+    )
 }
 
 fn check(ret: libc::c_int) -> Result<libc::c_int, Errno> {
@@ -998,10 +1001,7 @@ impl Filesystem for LossyFs {
             }
             std::mem::forget(fd);
             let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
-            lock(&self.dirs).insert(
-                fh,
-                Arc::new(Mutex::new(DirStream { dir, pos: Some(0) })),
-            );
+            lock(&self.dirs).insert(fh, Arc::new(Mutex::new(DirStream { dir, pos: Some(0) })));
             Ok(fh)
         })();
         answer!(reply, res, |fh| reply

@@ -111,7 +111,17 @@ pub trait NodeProvider: Send + Sync {
 }
 
 /// How an instance is stopped (`StopInstances` and its `Force`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize, schemars::JsonSchema, strum::Display)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    serde::Serialize,
+    serde::Deserialize,
+    schemars::JsonSchema,
+    strum::Display,
+)]
 pub enum StopMode {
     /// The OS shuts down: containers get their termination signal and its grace period, and
     /// the kernel writes its file system caches to the volumes. What a database acknowledged

@@ -382,7 +382,10 @@ pub fn next_step(v: &StepView) -> Step {
 /// sent, so a restart resumes the same stop with the same clock.
 fn fence(v: &StepView, old: String) -> Step {
     use InstanceState::*;
-    let Some(state) = v.old_instance.filter(|s| !matches!(s, Stopped | Terminated)) else {
+    let Some(state) = v
+        .old_instance
+        .filter(|s| !matches!(s, Stopped | Terminated))
+    else {
         return Step::Advance(FailoverPhase::Releasing);
     };
     let Some(stop) = v.failover.fence_stop.as_ref().filter(|s| s.instance == old) else {

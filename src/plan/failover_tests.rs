@@ -236,10 +236,7 @@ fn nothing_releases_the_volume_before_the_old_instance_is_fenced() {
             old_instance: Some(state),
             ..view(&forced)
         };
-        assert_eq!(
-            next_step(&v),
-            Step::Fence("i-old".into(), StopMode::Forced)
-        );
+        assert_eq!(next_step(&v), Step::Fence("i-old".into(), StopMode::Forced));
     }
     // A forced stop that hangs is forced again, about once a minute.
     let hung = |secs: u64| StepView {
@@ -494,11 +491,19 @@ fn a_release_waiting_on_a_dead_node_fences_and_taints_it_but_never_a_live_one() 
         ReleaseFence::Stop("i-old".into(), StopMode::Graceful)
     );
     assert!(matches!(
-        release_fence(&recorded(StopMode::Graceful, 10, Some(InstanceState::Stopping))),
+        release_fence(&recorded(
+            StopMode::Graceful,
+            10,
+            Some(InstanceState::Stopping)
+        )),
         ReleaseFence::Wait(_)
     ));
     assert_eq!(
-        release_fence(&recorded(StopMode::Graceful, 30, Some(InstanceState::Stopping))),
+        release_fence(&recorded(
+            StopMode::Graceful,
+            30,
+            Some(InstanceState::Stopping)
+        )),
         ReleaseFence::RecordStop(StopMode::Forced)
     );
     // Only once EC2 says the instance is down does anything let the pod go.

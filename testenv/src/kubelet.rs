@@ -706,11 +706,8 @@ impl Kubelets {
         let Some(hook) = self.on_halted.lock().unwrap().clone() else {
             return;
         };
-        let (name, databases, index) = (
-            node_name.to_string(),
-            self.databases.clone(),
-            node.index(),
-        );
+        let (name, databases, index) =
+            (node_name.to_string(), self.databases.clone(), node.index());
         tokio::spawn(async move {
             // An OS that does not halt is stopped by EC2 after its own timeout.
             let deadline = tokio::time::Instant::now() + timings::DATABASE_STOP_MAX * 2;

@@ -25,7 +25,10 @@ pub enum InstanceEvent {
     /// signal, the kernel writes its cache back) and EC2 reports `stopped` once it has halted
     /// ([`MemoryEc2::os_halted`]) or [`MemoryEc2Options::os_shutdown`] has passed; forced,
     /// the instance loses power at once (what was not on its volumes is lost).
-    Stopping { id: String, graceful: bool },
+    Stopping {
+        id: String,
+        graceful: bool,
+    },
     /// Stopped (by StopInstances or a power loss): the kubelet is gone, the Node stays.
     Stopped(String),
     Terminated(String),

@@ -395,7 +395,10 @@ async fn an_instance_that_is_not_the_callers_is_never_stopped_or_terminated() {
     let (cloud, _) = cloud();
     let victim = cloud.nodes.launch(&request("uid-victim", 1)).await.unwrap();
     for refused in [
-        cloud.nodes.stop(&victim.id, "uid-attacker", StopMode::Forced).await,
+        cloud
+            .nodes
+            .stop(&victim.id, "uid-attacker", StopMode::Forced)
+            .await,
         cloud.nodes.terminate(&victim.id, "uid-attacker").await,
     ] {
         match refused {
@@ -420,7 +423,11 @@ async fn an_instance_that_is_not_the_callers_is_never_stopped_or_terminated() {
     assert_eq!(live_instances_of(&cloud.ec2, "uid-victim", 1).len(), 1);
 
     // Its owner stops it.
-    cloud.nodes.stop(&victim.id, "uid-victim", StopMode::Graceful).await.unwrap();
+    cloud
+        .nodes
+        .stop(&victim.id, "uid-victim", StopMode::Graceful)
+        .await
+        .unwrap();
     assert_eq!(cloud.ec2.call_count("StopInstances"), 1);
 }
 
@@ -739,7 +746,11 @@ async fn an_instance_a_filter_leaves_out_is_still_found_by_id_and_only_not_found
         None
     );
     // The ownership check before a stop asks by id too: the stop reaches the instance.
-    cloud.nodes.stop(&launched.id, "uid-1", StopMode::Forced).await.unwrap();
+    cloud
+        .nodes
+        .stop(&launched.id, "uid-1", StopMode::Forced)
+        .await
+        .unwrap();
     let state = cloud
         .nodes
         .look_up(&launched.id)
@@ -772,15 +783,27 @@ async fn a_normal_stop_waits_for_the_os_and_a_forced_one_cuts_it_short() {
                 .map(|i| i.state)
         }
     };
-    cloud.nodes.stop(&a.id, "uid-1", StopMode::Graceful).await.unwrap();
-    cloud.nodes.stop(&b.id, "uid-2", StopMode::Graceful).await.unwrap();
+    cloud
+        .nodes
+        .stop(&a.id, "uid-1", StopMode::Graceful)
+        .await
+        .unwrap();
+    cloud
+        .nodes
+        .stop(&b.id, "uid-2", StopMode::Graceful)
+        .await
+        .unwrap();
     tokio::time::sleep(Duration::from_secs(5)).await;
     assert_eq!(state(a.id.clone()).await, Some(InstanceState::Stopping));
     // The OS of `a` halts: stopped at once.
     assert!(cloud.ec2.os_halted(&a.id));
     assert_eq!(state(a.id.clone()).await, Some(InstanceState::Stopped));
     // `b` hangs in its shutdown: the fence forces it.
-    cloud.nodes.stop(&b.id, "uid-2", StopMode::Forced).await.unwrap();
+    cloud
+        .nodes
+        .stop(&b.id, "uid-2", StopMode::Forced)
+        .await
+        .unwrap();
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(state(b.id.clone()).await, Some(InstanceState::Stopped));
     let mut stopping = vec![];
@@ -800,7 +823,11 @@ async fn a_normal_stop_waits_for_the_os_and_a_forced_one_cuts_it_short() {
     // A normal stop nobody reports halted ends after the OS timeout.
     let c = cloud.nodes.launch(&request("uid-3", 1)).await.unwrap();
     tokio::time::sleep(Duration::from_secs(1)).await;
-    cloud.nodes.stop(&c.id, "uid-3", StopMode::Graceful).await.unwrap();
+    cloud
+        .nodes
+        .stop(&c.id, "uid-3", StopMode::Graceful)
+        .await
+        .unwrap();
     tokio::time::sleep(Duration::from_secs(31)).await;
     assert_eq!(state(c.id.clone()).await, Some(InstanceState::Stopped));
 }

@@ -292,10 +292,10 @@ pub async fn fence_dead_node(
     let stop = |instance: String, mode: StopMode| {
         let owner = owner.clone();
         async move {
-        match cloud.nodes.stop(&instance, &owner, mode).await {
-            Ok(()) | Err(CloudError::Throttled { .. } | CloudError::Transient { .. }) => Ok(()),
-            Err(e) => Err(Error::Cloud(e)),
-        }
+            match cloud.nodes.stop(&instance, &owner, mode).await {
+                Ok(()) | Err(CloudError::Throttled { .. } | CloudError::Transient { .. }) => Ok(()),
+                Err(e) => Err(Error::Cloud(e)),
+            }
         }
     };
     match failover::release_fence(&view) {
@@ -311,7 +311,9 @@ pub async fn fence_dead_node(
             })
             .await?;
             let why = if stuck {
-                format!("node {name} holds the database's pod or volume while the database is {during}")
+                format!(
+                    "node {name} holds the database's pod or volume while the database is {during}"
+                )
             } else {
                 format!(
                     "node {name} has not renewed its Lease for {}s while the database is {during}",

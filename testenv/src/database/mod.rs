@@ -286,7 +286,11 @@ impl Runtime {
 
     /// Nothing of a database runs or is mounted on the node.
     pub(crate) fn node_quiet(&self, node_index: u32) -> bool {
-        !self.registry.live().iter().any(|p| p.node_index == node_index)
+        !self
+            .registry
+            .live()
+            .iter()
+            .any(|p| p.node_index == node_index)
             && !self
                 .layers
                 .lock()
