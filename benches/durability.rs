@@ -295,14 +295,21 @@ async fn post(addr: &str, path: &str, body: &str) -> anyhow::Result<(u16, String
         body.len()
     );
     stream.write_all(request.as_bytes()).await?;
-    let mut answer = String::new();
-    tokio::time::timeout(Duration::from_secs(30), stream.read_to_string(&mut answer)).await??;
-    let code = answer
+    // The status line is the acknowledgement; QuestDB may keep the connection open after it.
+    let mut answer = Vec::new();
+    let mut chunk = [0u8; 4096];
+    while !answer.windows(4).any(|w| w == b"\r\n\r\n") {
+        let n = tokio::time::timeout(Duration::from_secs(30), stream.read(&mut chunk)).await??;
+        anyhow::ensure!(n > 0, "connection closed before an answer");
+        answer.extend_from_slice(&chunk[..n]);
+    }
+    let text = String::from_utf8_lossy(&answer).into_owned();
+    let code = text
         .split_whitespace()
         .nth(1)
         .and_then(|c| c.parse().ok())
         .unwrap_or_default();
-    Ok((code, answer))
+    Ok((code, text))
 }
 
 async fn exec(addr: &str, query: &str) -> anyhow::Result<Value> {

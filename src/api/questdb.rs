@@ -223,6 +223,30 @@ pub struct ConfigSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 65536))]
     pub log: Option<String>,
+    /// When QuestDB's writes reach the disk (`cairo.commit.mode`). `sync` (the default): every
+    /// commit (an ILP/HTTP request, a pgwire INSERT) is fsynced before it is acknowledged, so
+    /// no acknowledged row is lost when the node loses power; it costs write throughput (the
+    /// README's durability table: about half of ILP/HTTP's rows per second for one client).
+    /// `nosync` (QuestDB's own default) and `async` acknowledge rows the kernel has not
+    /// written back yet: a process crash or a clean stop loses nothing, a power loss or a
+    /// kernel crash loses the last seconds of acknowledged rows (measured in the README).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub commit_mode: Option<CommitMode>,
+}
+
+/// QuestDB's `cairo.commit.mode`, spelt as QuestDB spells it.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, strum::Display, strum::IntoStaticStr)]
+#[serde(rename_all = "lowercase")]
+#[strum(serialize_all = "lowercase")]
+pub enum CommitMode {
+    /// Commits are fsynced before they are acknowledged.
+    #[default]
+    Sync,
+    /// Commits start the write-back (`msync(MS_ASYNC)`) without waiting for it; on Linux that
+    /// waits for nothing, so a power cut loses what `nosync` loses.
+    Async,
+    /// Commits leave the write-back to the kernel (up to 30 s later by default).
+    Nosync,
 }
 
 /// A dedicated EC2 node for one database.
@@ -367,6 +391,8 @@ pub const RESERVED_SERVER_KEYS: &[&str] = &[
     "cairo.snapshot.recovery.enabled",
     // Tables placed on other volumes are in no snapshot of the database's volume.
     "cairo.volumes",
+    // Durability is `spec.config.commitMode`, typed, with its trade-off in its description.
+    "cairo.commit.mode",
 ];
 
 /// The environment variables QuestDB maps onto [`RESERVED_SERVER_KEYS`].

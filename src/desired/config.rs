@@ -64,6 +64,8 @@ pub fn server_conf(qdb: &QuestDB, ilp_auth_enabled: bool) -> String {
     for (key, value) in &reserved {
         push_property(&mut out, key, value);
     }
+    let commit_mode = qdb.spec.config.commit_mode.unwrap_or_default();
+    push_property(&mut out, "cairo.commit.mode", commit_mode.into());
     for (key, value) in DEFAULT_SERVER_PROPERTIES {
         if !qdb.spec.config.server.contains_key(*key) {
             push_property(&mut out, key, value);

@@ -823,6 +823,8 @@ impl Snapshots {
         }
         let dir = match (volumes, &self.dir) {
             (Some(rt), Some(root)) => {
+                // What reached the volume: the layer's unflushed pages are not in it.
+                rt.settle_volume(volume_handle);
                 let (from, to) = (rt.volume_dir(volume_handle), root.join(handle));
                 if !from.is_dir() {
                     bail!("InvalidVolume.NotFound: the volume '{volume_handle}' does not exist");
