@@ -218,9 +218,33 @@ mod tests {
                 "line.tcp.net.bind.to=0.0.0.0:9009",
                 "pg.net.bind.to=0.0.0.0:8812",
                 "pg.readonly.user.enabled=true",
+                "cairo.commit.mode=sync",
                 "metrics.enabled=true",
             ]
         );
+    }
+
+    /// An acknowledged row must survive a power loss unless the user chose otherwise: every
+    /// commit is synced by default; `nosync` and `async` are the user's typed choice, and the
+    /// raw key cannot bring them in around it (reserved, also as `QDB_CAIRO_COMMIT_MODE`).
+    #[test]
+    fn commits_are_synced_unless_the_user_chose_a_weaker_mode() {
+        let mut qdb = questdb("db1", "tenant-a");
+        assert!(server_conf(&qdb, false).contains("\ncairo.commit.mode=sync\n"));
+        for (mode, text) in [
+            (crate::api::CommitMode::Nosync, "nosync"),
+            (crate::api::CommitMode::Async, "async"),
+        ] {
+            qdb.spec.config.commit_mode = Some(mode);
+            let conf = server_conf(&qdb, false);
+            assert!(
+                conf.contains(&format!("\ncairo.commit.mode={text}\n")),
+                "{conf}"
+            );
+            assert_eq!(conf.matches("cairo.commit.mode").count(), 1);
+        }
+        assert!(crate::api::RESERVED_SERVER_KEYS.contains(&"cairo.commit.mode"));
+        assert!(crate::api::reserved_env_vars().contains(&"QDB_CAIRO_COMMIT_MODE".to_string()));
     }
 
     #[test]
@@ -243,6 +267,7 @@ mod tests {
         assert!(props[..user_start].iter().all(|p| p.starts_with("http.")
             || p.starts_with("pg.")
             || p.starts_with("line.")
+            || p.starts_with("cairo.commit.mode=")
             || p.starts_with("metrics.")));
     }
 

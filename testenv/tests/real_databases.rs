@@ -367,7 +367,14 @@ async fn a_power_off_kills_questdb_at_once_while_a_partition_leaves_it_running_a
     let client = cp.client().await;
     let ns = "faults";
     namespace(&client, ns).await;
-    config(&client, ns, SERVER_CONF).await;
+    // Synced commits: the volume layer keeps only what reached it, and the rows are counted
+    // after the power cut (QuestDB's default, nosync, can lose them: benches/durability.rs).
+    config(
+        &client,
+        ns,
+        &format!("{SERVER_CONF}cairo.commit.mode=sync\n"),
+    )
+    .await;
     claim(&client, ns).await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
     create::<Pod>(&client, ns, database_pod("worker-a1", IMAGE)).await;
