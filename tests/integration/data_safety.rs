@@ -127,10 +127,18 @@ async fn writing(
     env: &CloudEnv,
     commit_mode: Option<CommitMode>,
 ) -> (Writer, String, (String, String)) {
-    env.create("db1", |q| {
+    writing_with(env, move |q| q.spec.config.commit_mode = commit_mode).await
+}
+
+/// [`writing`] with `edit` applied to the QuestDB it creates.
+async fn writing_with(
+    env: &CloudEnv,
+    edit: impl FnOnce(&mut QuestDB) + Send + 'static,
+) -> (Writer, String, (String, String)) {
+    env.create("db1", move |q| {
         crate::database::real(q);
         q.spec.failover.unhealthy_after_seconds = 10;
-        q.spec.config.commit_mode = commit_mode;
+        edit(q);
     })
     .await;
     let q = wait_for_within(&env.qdbs(), "db1", "Running", TIMEOUT, is_running()).await;
@@ -327,7 +335,8 @@ const NEW_AMI: &str = "ami-0fedcba9876543210";
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_acknowledged_row_survives_a_node_image_move_and_the_move_back() {
     let env = CloudEnv::start_with_real_databases(settings()).await;
-    let (writer, old, login) = writing(&env, None).await;
+    // nosync: only a stop that lets the old node write back keeps the rows.
+    let (writer, old, login) = writing(&env, Some(CommitMode::Nosync)).await;
     let moved_from = old.clone();
     move_node(
         &env,
@@ -361,7 +370,9 @@ async fn every_acknowledged_row_survives_a_node_image_move_and_the_move_back() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_acknowledged_row_survives_an_instance_type_move() {
     let env = CloudEnv::start_with_real_databases(settings()).await;
-    let (writer, old, login) = writing(&env, None).await;
+    // nosync, and the old node terminated at once (no rollback window): the volume leaves it
+    // only after a clean unmount, or the rows not yet written back would be lost with it.
+    let (writer, old, login) = writing(&env, Some(CommitMode::Nosync)).await;
     move_node(
         &env,
         serde_json::json!({"instanceType": "m6i.xlarge", "rollbackWindow": "0s"}),
@@ -374,6 +385,116 @@ async fn every_acknowledged_row_survives_an_instance_type_move() {
     )
     .await;
     assert_no_acknowledged_row_lost(&env, writer, &login, "instance type move").await;
+    env.stop().await;
+}
+
+/// The pids of the QuestDB processes that run now.
+fn questdb_pids(env: &CloudEnv) -> Vec<u32> {
+    env.cp.database_processes().iter().map(|p| p.pid).collect()
+}
+
+/// Patches `db1`'s spec with `patch` and waits until a new QuestDB process (not one of those
+/// running before) serves it, the database is Running with `arrived` true of its status, and
+/// new writes are acknowledged.
+async fn change_under_load(
+    env: &CloudEnv,
+    writer: &Writer,
+    patch: serde_json::Value,
+    arrived: impl Fn(&questdb_operator::api::QuestDBStatus) -> bool + Send + 'static,
+    what: &str,
+) {
+    let before = questdb_pids(env);
+    env.qdbs()
+        .patch("db1", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect("spec changed");
+    wait_until(&format!("{what}: QuestDB restarted"), || {
+        let now = questdb_pids(env);
+        let before = &before;
+        async move { now.len() == 1 && !before.contains(&now[0]) }
+    })
+    .await;
+    wait_for_within(
+        &env.qdbs(),
+        "db1",
+        what,
+        TIMEOUT,
+        move |q: Option<&QuestDB>| {
+            is_running().matches_object(q)
+                && q.and_then(|q| q.status.as_ref()).is_some_and(&arrived)
+        },
+    )
+    .await;
+    let acked = writer.acked();
+    wait_until(&format!("{what}: writes acknowledged again"), || {
+        let now = writer.acked();
+        async move { now >= acked + 3 * BATCH }
+    })
+    .await;
+}
+
+/// The changes that stop QuestDB on purpose, one after another while a client writes under
+/// `nosync` on a dedicated node: a config roll, a version upgrade, and a pause and unpause.
+/// Each stops QuestDB with SIGTERM and unmounts the volume cleanly before anything else
+/// happens to its node; a stop that cut the volume instead would lose the rows the kernel had
+/// not written back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_acknowledged_row_survives_a_config_roll_an_upgrade_and_a_pause_under_nosync() {
+    let env = CloudEnv::start_with_real_databases(settings()).await;
+    let (writer, _old, login) = writing_with(&env, |q| {
+        q.spec.image = "questdb/questdb:9.1.0".into();
+        q.spec.config.commit_mode = Some(CommitMode::Nosync);
+    })
+    .await;
+    change_under_load(
+        &env,
+        &writer,
+        serde_json::json!({"spec": {"config": {"server": {"cairo.max.uncommitted.rows": "100000"}}}}),
+        |_| true,
+        "config roll",
+    )
+    .await;
+    change_under_load(
+        &env,
+        &writer,
+        serde_json::json!({"spec": {"image": format!("questdb/questdb:{}", crate::database::VERSION)}}),
+        |s| s.version.as_deref() == Some(crate::database::VERSION),
+        "version upgrade",
+    )
+    .await;
+    env.qdbs()
+        .patch(
+            "db1",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"paused": true}})),
+        )
+        .await
+        .expect("paused");
+    wait_for_within(
+        &env.qdbs(),
+        "db1",
+        "paused",
+        TIMEOUT,
+        |q: Option<&QuestDB>| {
+            q.and_then(|q| q.status.as_ref())
+                .is_some_and(|s| s.phase.is_some_and(|p| p.as_str() == "Paused"))
+        },
+    )
+    .await;
+    wait_until("paused: no QuestDB runs", || {
+        let none = questdb_pids(&env).is_empty();
+        async move { none }
+    })
+    .await;
+    change_under_load(
+        &env,
+        &writer,
+        serde_json::json!({"spec": {"paused": false}}),
+        |s| s.instance_id.is_some(),
+        "unpause",
+    )
+    .await;
+    assert_no_acknowledged_row_lost(&env, writer, &login, "config roll, upgrade, pause").await;
     env.stop().await;
 }
 
