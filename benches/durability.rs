@@ -6,7 +6,13 @@
 //! ```text
 //! cargo bench --profile dev --bench durability                    # 5 runs per mode and protocol
 //! cargo bench --profile dev --bench durability -- --runs 2 --write 6
+//! cargo bench --profile dev --bench durability -- --mode nosync --protocol ilp-http
+//! QDB_TEST_PLAIN_VOLUMES=1 cargo bench --profile dev --bench durability -- ...  # the layer's cost
 //! ```
+//!
+//! With `QDB_TEST_PLAIN_VOLUMES=1` the volumes are plain directories: nothing is lost at the
+//! cut (the host's page cache keeps it), which is what the layer's cost is measured against
+//! (each run's line also gives QuestDB's first start to Ready).
 //!
 //! Each run: a QuestDB 9.2.0 pod on one node (the operator's pod shape, the mode in its
 //! `server.conf`), a WAL table, one client that sends a batch, waits for the answer, and sends
@@ -40,6 +46,8 @@ struct Args {
     runs: usize,
     write: Duration,
     batch: i64,
+    modes: Vec<&'static str>,
+    protocols: Vec<&'static str>,
 }
 
 fn args() -> Args {
@@ -47,6 +55,8 @@ fn args() -> Args {
         runs: 5,
         write: Duration::from_secs(8),
         batch: 100,
+        modes: MODES.to_vec(),
+        protocols: PROTOCOLS.to_vec(),
     };
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
@@ -56,6 +66,14 @@ fn args() -> Args {
             "--runs" => a.runs = next().expect("--runs N") as usize,
             "--write" => a.write = Duration::from_secs(next().expect("--write SECONDS")),
             "--batch" => a.batch = next().expect("--batch ROWS") as i64,
+            "--mode" => {
+                let m = argv.get(i + 1).expect("--mode nosync|async|sync");
+                a.modes = MODES.into_iter().filter(|x| x == m).collect();
+            }
+            "--protocol" => {
+                let p = argv.get(i + 1).expect("--protocol ilp-http|pgwire");
+                a.protocols = PROTOCOLS.into_iter().filter(|x| x == p).collect();
+            }
             _ => {}
         }
         i += 1;
@@ -70,6 +88,8 @@ struct Run {
     acknowledged: i64,
     kept: i64,
     rows_per_second: f64,
+    /// From the pod's creation to Ready on an empty volume.
+    first_start: Duration,
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -83,17 +103,18 @@ async fn main() -> anyhow::Result<()> {
     .await?;
     let client = cp.client().await;
     let mut runs = vec![];
-    for mode in MODES {
-        for protocol in PROTOCOLS {
+    for mode in args.modes.clone() {
+        for protocol in args.protocols.clone() {
             for n in 0..args.runs {
                 let ns = format!("{mode}-{protocol}-{n}");
                 let run = one_run(&cp, &client, &ns, mode, protocol, &args).await?;
                 println!(
-                    "run {mode:>6} {protocol:>8} #{n}: {} acknowledged, {} kept, {} lost, {:.0} rows/s",
+                    "run {mode:>6} {protocol:>8} #{n}: {} acknowledged, {} kept, {} lost, {:.0} rows/s, first start to Ready {:.1} s",
                     run.acknowledged,
                     run.kept,
                     run.acknowledged - run.kept,
-                    run.rows_per_second
+                    run.rows_per_second,
+                    run.first_start.as_secs_f64()
                 );
                 runs.push(run);
             }
@@ -103,8 +124,8 @@ async fn main() -> anyhow::Result<()> {
     println!("| commit mode | protocol | runs | rows acknowledged | rows lost at the cut (min / median / max) | rows per second (median) |");
     println!("|---|---|---|---|---|---|");
     let mut summary = vec![];
-    for mode in MODES {
-        for protocol in PROTOCOLS {
+    for mode in args.modes.clone() {
+        for protocol in args.protocols.clone() {
             let of: Vec<&Run> = runs
                 .iter()
                 .filter(|r| r.mode == mode && r.protocol == protocol)
@@ -160,9 +181,11 @@ async fn one_run(
             "storageClassName": "gp3", "resources": {"requests": {"storage": "1Gi"}}}}),
     )
     .await?;
+    let created = Instant::now();
     create::<Pod>(client, Some(ns), database_pod()).await?;
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
     let pod = ready(cp, &pods, ns, 0).await?;
+    let first_start = created.elapsed();
     let ip = pod
         .status
         .as_ref()
@@ -218,6 +241,7 @@ async fn one_run(
         acknowledged,
         kept,
         rows_per_second: acknowledged as f64 / wrote_for.as_secs_f64(),
+        first_start,
     })
 }
 

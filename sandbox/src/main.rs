@@ -61,8 +61,11 @@ pub struct SandboxArgs {
 fn main() -> ExitCode {
     let args = SandboxArgs::parse();
     questdb_operator::metrics::install_crypto_provider();
+    // fuser (the test volumes' FUSE layer) logs an ERROR for every answer to a request the
+    // kernel has already dropped (ENOENT: the process that asked was killed, as a power-off
+    // or a container stop does): expected, not news for a sandbox user.
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,fuser::reply=off"));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

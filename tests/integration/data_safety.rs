@@ -214,6 +214,8 @@ fn downtime(q: &QuestDB) -> Option<i64> {
 enum NodeFailure {
     PowerLoss,
     Partition,
+    /// `kubectl delete node` while the instance and its QuestDB run on.
+    NodeDeleted,
 }
 
 /// The node of `db1` fails while a client writes; failover runs to the end; every acknowledged
@@ -223,10 +225,29 @@ async fn failover_keeps_every_acknowledged_row(
     commit_mode: Option<CommitMode>,
     what: &str,
 ) {
-    let env = CloudEnv::start_with_real_databases(settings()).await;
+    let env = match failure {
+        // A deleted Node takes no out-of-service taint: its volume waits for the
+        // attach-detach controller's force detach, shortened as upstream's own tests do.
+        NodeFailure::NodeDeleted => {
+            let mut cluster = crate::harness::cluster().with_real_databases();
+            cluster.attach_detach_max_wait_for_unmount = Some(Duration::from_secs(30));
+            let ec2 = questdb_operator::cloud::memory::MemoryEc2Options {
+                private_ip_prefix: super::loopback_prefix(),
+                ..Default::default()
+            };
+            CloudEnv::start_on(settings(), cluster, ec2).await
+        }
+        _ => CloudEnv::start_with_real_databases(settings()).await,
+    };
     let (writer, old, login) = writing(&env, commit_mode).await;
     let kubelet = env.cp.node(&node_name_for(&old)).expect("kubelet");
     match failure {
+        NodeFailure::NodeDeleted => {
+            Api::<k8s_openapi::api::core::v1::Node>::all(env.client.clone())
+                .delete(&node_name_for(&old), &Default::default())
+                .await
+                .expect("kubectl delete node");
+        }
         // A hardware failure: the kubelet and QuestDB die at once while EC2 still reports the
         // instance `running` (failed status checks, not a stopped state), so the failover
         // stops it itself before the volume moves.
@@ -254,7 +275,7 @@ async fn failover_keeps_every_acknowledged_row(
         "data-safety figure ({what}): status downtimeSeconds {:?}",
         downtime(&q)
     );
-    if matches!(failure, NodeFailure::Partition) {
+    if matches!(failure, NodeFailure::Partition | NodeFailure::NodeDeleted) {
         // The node was alive: its fence was a normal stop, which ends QuestDB with SIGTERM.
         let killed: Vec<_> = env
             .cp
@@ -275,6 +296,20 @@ async fn failover_keeps_every_acknowledged_row(
 async fn every_acknowledged_row_survives_a_failover_after_power_loss() {
     // The default commit mode (sync): the volume layer loses what was not synced at the cut.
     failover_keeps_every_acknowledged_row(NodeFailure::PowerLoss, None, "power loss").await;
+}
+
+/// A Node deleted by hand while its instance runs: the instance is alive, so the fence's
+/// normal stop lets QuestDB stop and the kernel write back, and even under `nosync` no
+/// acknowledged row is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_acknowledged_row_survives_the_failover_of_a_deleted_node_that_still_runs_under_nosync(
+) {
+    failover_keeps_every_acknowledged_row(
+        NodeFailure::NodeDeleted,
+        Some(CommitMode::Nosync),
+        "deleted node, nosync",
+    )
+    .await;
 }
 
 /// The dangerous case: the old QuestDB keeps running and writing while its kubelet is cut

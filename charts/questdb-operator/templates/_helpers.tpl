@@ -145,6 +145,7 @@ list is joined with commas (the operator's value delimiter); a number is printed
   (list "orphan-grace-period" $nodes.orphanGracePeriod)
   (list "instance-sync-interval" $nodes.instanceSyncInterval)
   (list "node-join-timeout" $nodes.joinTimeout)
+  (list "fence-graceful-stop-timeout" $nodes.fence.gracefulStopTimeout)
   (list "fence-stop-escalation" $nodes.fence.stopEscalation)
   (list "fence-detach-escalation" $nodes.fence.detachEscalation)
   (list "upgrade-node-timeout" $nodes.upgrade.nodeTimeout)
