@@ -999,10 +999,7 @@ impl Filesystem for LossyFs {
             }
             Ok(())
         })();
-        match res {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+        answer!(reply, res, |_| reply.ok());
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {

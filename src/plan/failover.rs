@@ -418,6 +418,14 @@ fn fence(v: &StepView, old: String) -> Step {
     }
 }
 
+/// The note of a fence that forces the stop of `instance` after its normal stop ran out.
+pub fn forced_stop_note(instance: &str, graceful_stop: Duration) -> String {
+    format!(
+        "instance {instance} did not shut down within {}s of a normal stop: forcing the stop (what the database had not synced is lost)",
+        graceful_stop.as_secs()
+    )
+}
+
 /// What a release (pause, deletion, `spec.node` removed) looks at when the database pod has
 /// not left the dedicated node.
 pub struct ReleaseView<'a> {

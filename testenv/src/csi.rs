@@ -824,13 +824,16 @@ impl Snapshots {
         let dir = match (volumes, &self.dir) {
             (Some(rt), Some(root)) => {
                 // What reached the volume: the layer's unflushed pages are not in it.
-                rt.settle_volume(volume_handle);
+                let layers = rt.volume_layers(volume_handle);
                 let (from, to) = (rt.volume_dir(volume_handle), root.join(handle));
                 if !from.is_dir() {
                     bail!("InvalidVolume.NotFound: the volume '{volume_handle}' does not exist");
                 }
                 let tmp = root.join(format!("{handle}.partial"));
                 let copied = tokio::task::spawn_blocking(move || {
+                    for layer in layers {
+                        layer.settle(std::time::Duration::from_secs(10));
+                    }
                     let _ = std::fs::remove_dir_all(&tmp);
                     copy_tree(&from, &tmp)?;
                     if let Some(table) = &corrupt_table {

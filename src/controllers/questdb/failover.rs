@@ -328,8 +328,8 @@ pub async fn fence_dead_node(
                 StopMode::Forced => (
                     EventReason::FenceForced,
                     format!(
-                        "{why}: instance {id} did not shut down within {}s of a normal stop: forcing the stop (what the database had not synced is lost)",
-                        cloud.settings.escalation.graceful_stop.as_secs()
+                        "{why}: {}",
+                        failover::forced_stop_note(&id, cloud.settings.escalation.graceful_stop)
                     ),
                 ),
             };
@@ -579,10 +579,9 @@ async fn perform(
             })
             .await?;
             if mode == StopMode::Forced {
-                let note = format!(
-                    "instance {} did not shut down within {}s of a normal stop: forcing the stop (what the database had not synced is lost)",
+                let note = failover::forced_stop_note(
                     f.old_instance_id.as_deref().unwrap_or_default(),
-                    cloud.settings.escalation.graceful_stop.as_secs()
+                    cloud.settings.escalation.graceful_stop,
                 );
                 warn!(questdb = %qdb.name_any(), "{note}");
                 ctx.event(

@@ -284,22 +284,18 @@ impl Runtime {
         drop(layers);
     }
 
-    /// Waits (bounded) until the write-back already started on every layer of the volume has
-    /// reached it. A `sync()` (QuestDB's CHECKPOINT CREATE calls it) waits for that on a
-    /// disk's file system; on this kernel it does not wait for a FUSE mount's, so a snapshot
-    /// cut right after a checkpoint waits here instead, as it would have in `sync()`.
-    pub(crate) fn settle_volume(&self, handle: &str) {
-        let cutters: Vec<lossyfs::Cutter> = self
-            .layers
+    /// The cut handles of every layer of the volume, to settle them: a `sync()` (QuestDB's
+    /// CHECKPOINT CREATE calls it) waits on a disk's file system for the write-back it started;
+    /// on this kernel it does not wait for a FUSE mount's, so a snapshot cut right after a
+    /// checkpoint settles these first (`Cutter::settle`, blocking), as `sync()` would have.
+    pub(crate) fn volume_layers(&self, handle: &str) -> Vec<lossyfs::Cutter> {
+        self.layers
             .lock()
             .unwrap()
             .iter()
             .filter(|((_, h), _)| h == handle)
             .map(|(_, l)| l.cutter())
-            .collect();
-        for c in cutters {
-            c.settle(std::time::Duration::from_secs(10));
-        }
+            .collect()
     }
 
     /// Nothing of a database runs or is mounted on the node.
