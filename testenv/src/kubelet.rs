@@ -459,8 +459,12 @@ impl NodeHandle {
         self.set_fault(Fault::ShuttingDown)
     }
 
+    /// The network (or the power) comes back. An OS shutdown under way goes on: a partition
+    /// that heals does not undo a StopInstances the instance already received.
     pub fn heal(&self) {
-        self.set_fault(Fault::None)
+        if self.fault() != Fault::ShuttingDown {
+            self.set_fault(Fault::None)
+        }
     }
 
     /// The kubelet restarts (a kubelet upgrade, a crash that systemd restarts): for `down` it

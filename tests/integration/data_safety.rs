@@ -216,6 +216,9 @@ enum NodeFailure {
     Partition,
     /// `kubectl delete node` while the instance and its QuestDB run on.
     NodeDeleted,
+    /// A partition that heals while the fence's normal stop is under way (a second event in
+    /// the middle of the first).
+    PartitionHealedMidFence,
 }
 
 /// The node of `db1` fails while a client writes; failover runs to the end; every acknowledged
@@ -253,6 +256,21 @@ async fn failover_keeps_every_acknowledged_row(
         // stops it itself before the volume moves.
         NodeFailure::PowerLoss => kubelet.power_off(),
         NodeFailure::Partition => kubelet.partition(),
+        NodeFailure::PartitionHealedMidFence => {
+            kubelet.partition();
+            wait_for_within(
+                &env.qdbs(),
+                "db1",
+                "the fence's normal stop recorded",
+                TIMEOUT,
+                |q: Option<&QuestDB>| {
+                    q.and_then(|q| q.status.as_ref()?.failover.as_ref()?.fence_stop.as_ref())
+                        .is_some()
+                },
+            )
+            .await;
+            kubelet.heal();
+        }
     }
     let q = wait_for_within(
         &env.qdbs(),
@@ -275,7 +293,10 @@ async fn failover_keeps_every_acknowledged_row(
         "data-safety figure ({what}): status downtimeSeconds {:?}",
         downtime(&q)
     );
-    if matches!(failure, NodeFailure::Partition | NodeFailure::NodeDeleted) {
+    if matches!(
+        failure,
+        NodeFailure::Partition | NodeFailure::NodeDeleted | NodeFailure::PartitionHealedMidFence
+    ) {
         // The node was alive: its fence was a normal stop, which ends QuestDB with SIGTERM.
         let killed: Vec<_> = env
             .cp
@@ -308,6 +329,18 @@ async fn every_acknowledged_row_survives_the_failover_of_a_deleted_node_that_sti
         NodeFailure::NodeDeleted,
         Some(CommitMode::Nosync),
         "deleted node, nosync",
+    )
+    .await;
+}
+
+/// The partition heals while the node is being stopped normally: the stop goes on (EC2 has it,
+/// the OS is shutting down), the database moves, and under `nosync` no acknowledged row is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partition_that_heals_during_the_graceful_fence_loses_no_acknowledged_row_under_nosync() {
+    failover_keeps_every_acknowledged_row(
+        NodeFailure::PartitionHealedMidFence,
+        Some(CommitMode::Nosync),
+        "partition healed mid-fence, nosync",
     )
     .await;
 }
