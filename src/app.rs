@@ -371,6 +371,11 @@ pub fn options_from(args: &RunArgs) -> anyhow::Result<ManagerOptions> {
         health_addr: parse_bind_address(&args.health_probe_bind_address)?,
         // Built by the caller: the providers need the manager's metrics.
         cloud: None,
+        tenancy: crate::desired::TenancyPolicy {
+            allowed_image_registries: args.allowed_image_registries.clone(),
+            allowed_priority_classes: args.allowed_priority_classes.clone(),
+            allowed_toleration_keys: args.allowed_toleration_keys.clone(),
+        },
     })
 }
 

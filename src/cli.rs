@@ -132,6 +132,23 @@ pub struct RunArgs {
     #[arg(long, env = "WRITE_HEALTH_INTERVAL", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
     pub write_health_interval: u64,
 
+    /// Registries or repository prefixes a QuestDB's `spec.image` must come from (comma
+    /// separated, by whole path segments: `docker.io/questdb`,
+    /// `123456789012.dkr.ecr.us-east-1.amazonaws.com`). Unset: any image.
+    #[arg(long, env = "ALLOWED_IMAGE_REGISTRIES", value_delimiter = ',')]
+    pub allowed_image_registries: Vec<String>,
+
+    /// PriorityClasses a QuestDB's `spec.pod.priorityClassName` may name (comma separated).
+    /// Unset: any but the cluster's own `system-` classes, which the schema refuses.
+    #[arg(long, env = "ALLOWED_PRIORITY_CLASSES", value_delimiter = ',')]
+    pub allowed_priority_classes: Vec<String>,
+
+    /// Taint keys a QuestDB's `spec.pod.tolerations` may tolerate (comma separated). Unset: any
+    /// but the operator's, the control plane's, a cordon's and a fence's, which the schema
+    /// refuses.
+    #[arg(long, env = "ALLOWED_TOLERATION_KEYS", value_delimiter = ',')]
+    pub allowed_toleration_keys: Vec<String>,
+
     #[command(flatten)]
     pub cloud: CloudArgs,
 }

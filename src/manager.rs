@@ -64,6 +64,8 @@ pub struct ManagerOptions {
     /// report `NotConfigured`). Build the providers with `ManagerHandle::metrics`'s
     /// `aws_observer()` so every AWS call shows up in /metrics.
     pub cloud: Option<Cloud>,
+    /// The allow-lists a tenant's QuestDB must meet beyond the schema.
+    pub tenancy: crate::desired::TenancyPolicy,
 }
 
 pub use crate::leadership::LeaderElection;
@@ -82,6 +84,7 @@ impl Default for ManagerOptions {
             metrics_addr: None,
             health_addr: None,
             cloud: None,
+            tenancy: Default::default(),
         }
     }
 }
@@ -870,6 +873,7 @@ async fn run_controllers(shared: &Shared<'_>, subs: Subscriptions, token: Cancel
         checkpoints: Default::default(),
         backups: Default::default(),
         status_writes: Default::default(),
+        tenancy: opts.tenancy.clone(),
     });
     let sweeper = sweep::run(ctx.clone(), opts.namespace.clone(), token.clone());
     let Subscriptions {

@@ -702,6 +702,15 @@ fn every_flag_the_chart_renders_is_accepted_by_the_operator() {
     assert_eq!(run.metrics_bind_address, ":9090");
     assert_eq!(run.questdb_concurrency, 8);
     assert_eq!(
+        run.allowed_image_registries,
+        [
+            "docker.io/questdb",
+            "123456789012.dkr.ecr.eu-west-1.amazonaws.com"
+        ]
+    );
+    assert_eq!(run.allowed_priority_classes, ["databases"]);
+    assert_eq!(run.allowed_toleration_keys, ["spot", "gpu"]);
+    assert_eq!(
         run.backup_upload_timeout, 1_000_000,
         "a big number must not render as 1e+06"
     );

@@ -68,12 +68,16 @@ pub struct PodOptions {
     #[schemars(transform = operator_keys_refused("pod.statefulSetAnnotations", &[]))]
     pub stateful_set_annotations: BTreeMap<String, String>,
     /// Scheduling constraints. With a dedicated node (`spec.node`) only pod (anti-)affinity may
-    /// be set: the pod is pinned to its instance.
+    /// be set: the pod is pinned to its instance. Pod (anti-)affinity terms look at the
+    /// database's own namespace only (no `namespaces`, no `namespaceSelector`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(transform = affinity_schema)]
     pub affinity: Option<Box<Affinity>>,
     /// Tolerations. Not with a dedicated node, and never one that tolerates the dedicated
-    /// nodes' taint (`crd.questdb.io/dedicated`, or a wildcard): those nodes belong to one
-    /// database each.
+    /// nodes' taint (any key under `crd.questdb.io/`, or a wildcard: those nodes belong to one
+    /// database each), the control plane's (`node-role.kubernetes.io/`), a cordon
+    /// (`node.kubernetes.io/unschedulable`) or a fence (`node.kubernetes.io/out-of-service`).
+    /// The operator's `--allowed-toleration-keys` may narrow the rest.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(transform = tolerations_schema)]
     pub tolerations: Vec<Toleration>,
@@ -98,9 +102,12 @@ pub struct PodOptions {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(transform = max_items)]
     pub image_pull_secrets: Vec<LocalObjectReference>,
-    /// The pod's PriorityClass.
+    /// The pod's PriorityClass. Never one of the cluster's own `system-` classes (they preempt
+    /// other tenants' pods and outrank the node's daemons); the operator's
+    /// `--allowed-priority-classes` may narrow the rest.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 253))]
+    #[x_kube(validation = Rule::new("!self.startsWith('system-')").message("pod.priorityClassName: the system- classes are the cluster's own (they preempt other tenants' pods)"))]
     pub priority_class_name: Option<String>,
     /// Seconds the database gets to flush and close its tables when stopped (default 60).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -170,16 +177,124 @@ fn bound_item_string(schema: &mut schemars::Schema, field: &str, max: i64) {
     }
 }
 
+/// Taint keys no tenant's pod may tolerate, by prefix: the dedicated nodes' (each belongs to
+/// one database) and the control plane's.
+pub const REFUSED_TOLERATION_PREFIXES: &[&str] = &[OPERATOR_PREFIX, "node-role.kubernetes.io/"];
+/// Taint keys no tenant's pod may tolerate: a cordoned node's and a fenced one's (a pod that
+/// tolerates the out-of-service taint stays bound to a node the failover has fenced).
+pub const REFUSED_TOLERATION_KEYS: &[&str] = &[
+    "node.kubernetes.io/unschedulable",
+    "node.kubernetes.io/out-of-service",
+];
+
+pub fn toleration_message() -> String {
+    format!(
+        "pod.tolerations: a toleration needs a key, and keys under {} and the keys {} are refused (they reach other databases' or the cluster's own nodes, or keep the pod on a fenced node)",
+        REFUSED_TOLERATION_PREFIXES.join(", "),
+        REFUSED_TOLERATION_KEYS.join(", ")
+    )
+}
+
+/// Whether a tenant may tolerate `key` (`None` or empty: a wildcard, refused).
+pub fn toleration_key_refused(key: Option<&str>) -> bool {
+    match key {
+        None | Some("") => true,
+        Some(k) => {
+            REFUSED_TOLERATION_PREFIXES.iter().any(|p| k.starts_with(p))
+                || REFUSED_TOLERATION_KEYS.contains(&k)
+        }
+    }
+}
+
 fn tolerations_schema(schema: &mut schemars::Schema) {
     max_items(schema);
     bound_item_string(schema, "key", 317);
+    let prefixes: Vec<String> = REFUSED_TOLERATION_PREFIXES
+        .iter()
+        .map(|p| format!("!t.key.startsWith('{p}')"))
+        .collect();
+    let keys: Vec<String> = REFUSED_TOLERATION_KEYS
+        .iter()
+        .map(|k| format!("'{k}'"))
+        .collect();
     insert_rules(
         schema,
         json!([{
-            "rule": "self.all(t, has(t.key) && t.key != '' && t.key != 'crd.questdb.io/dedicated')",
-            "message": "pod.tolerations: a toleration needs a key, and crd.questdb.io/dedicated is the operator's (a dedicated node belongs to one database)",
+            "rule": format!(
+                "self.all(t, has(t.key) && t.key != '' && {} && !(t.key in [{}]))",
+                prefixes.join(" && "),
+                keys.join(", ")
+            ),
+            "message": toleration_message(),
         }]),
     );
+}
+
+pub const CROSS_NAMESPACE_AFFINITY_MESSAGE: &str = "pod.affinity: pod (anti-)affinity terms look at the database's own namespace only (no namespaces, no namespaceSelector): another tenant's pods are not a scheduling input";
+
+/// Bounds the pod (anti-)affinity term lists (the apiserver prices a rule by its lists' sizes)
+/// and refuses terms that select pods of other namespaces: a tenant could otherwise follow
+/// another tenant's database onto its node, or learn where it runs.
+fn affinity_schema(schema: &mut schemars::Schema) {
+    for kind in ["podAffinity", "podAntiAffinity"] {
+        let Some(props) = schema
+            .get_mut("properties")
+            .and_then(|p| p.get_mut(kind))
+            .and_then(|k| k.get_mut("properties"))
+            .and_then(|p| p.as_object_mut())
+        else {
+            continue;
+        };
+        for list in [
+            "requiredDuringSchedulingIgnoredDuringExecution",
+            "preferredDuringSchedulingIgnoredDuringExecution",
+        ] {
+            if let Some(l) = props.get_mut(list).and_then(|l| l.as_object_mut()) {
+                l.insert("maxItems".into(), MAX_LIST_ITEMS.into());
+            }
+        }
+    }
+    let own = |term: &str| format!("!has({term}.namespaces) && !has({term}.namespaceSelector)");
+    let terms = |kind: &str| {
+        format!(
+            "(!has(self.{kind}) || ((!has(self.{kind}.requiredDuringSchedulingIgnoredDuringExecution) || self.{kind}.requiredDuringSchedulingIgnoredDuringExecution.all(t, {})) && (!has(self.{kind}.preferredDuringSchedulingIgnoredDuringExecution) || self.{kind}.preferredDuringSchedulingIgnoredDuringExecution.all(w, {}))))",
+            own("t"),
+            own("w.podAffinityTerm")
+        )
+    };
+    insert_rules(
+        schema,
+        json!([{
+            "rule": format!("{} && {}", terms("podAffinity"), terms("podAntiAffinity")),
+            "message": CROSS_NAMESPACE_AFFINITY_MESSAGE,
+        }]),
+    );
+}
+
+/// Whether any pod (anti-)affinity term of `affinity` selects pods of other namespaces.
+pub fn affinity_crosses_namespaces(affinity: &Affinity) -> bool {
+    use k8s_openapi::api::core::v1::PodAffinityTerm;
+    let crosses =
+        |t: &PodAffinityTerm| t.namespaces.is_some() || t.namespace_selector.is_some();
+    let pod_affinity = affinity.pod_affinity.as_ref().map(|a| {
+        (
+            &a.required_during_scheduling_ignored_during_execution,
+            &a.preferred_during_scheduling_ignored_during_execution,
+        )
+    });
+    let anti = affinity.pod_anti_affinity.as_ref().map(|a| {
+        (
+            &a.required_during_scheduling_ignored_during_execution,
+            &a.preferred_during_scheduling_ignored_during_execution,
+        )
+    });
+    [pod_affinity, anti].into_iter().flatten().any(|(required, preferred)| {
+        required.iter().flatten().any(crosses)
+            || preferred
+                .iter()
+                .flatten()
+                .any(|w| crosses(&w.pod_affinity_term))
+    })
 }
 
 /// The volume types the restricted Pod Security Standard allows (a `hostPath`, an `nfs` share
@@ -367,6 +482,27 @@ pub fn restricted_problems(pod: &PodOptions) -> Vec<String> {
         .problems(f, &mut out);
     }
     out.extend(pod.extra_volumes.iter().filter_map(volume_problem));
+    if pod
+        .tolerations
+        .iter()
+        .any(|t| toleration_key_refused(t.key.as_deref()))
+    {
+        out.push(toleration_message());
+    }
+    if pod
+        .priority_class_name
+        .as_deref()
+        .is_some_and(|p| p.starts_with("system-"))
+    {
+        out.push("pod.priorityClassName: the system- classes are the cluster's own".to_string());
+    }
+    if pod
+        .affinity
+        .as_deref()
+        .is_some_and(affinity_crosses_namespaces)
+    {
+        out.push(CROSS_NAMESPACE_AFFINITY_MESSAGE.to_string());
+    }
     out
 }
 
@@ -566,7 +702,7 @@ mod tests {
             });
             assert_eq!(
                 errors(&qdb),
-                vec!["pod.tolerations: a toleration needs a key, and crd.questdb.io/dedicated is the operator's (a dedicated node belongs to one database)"],
+                vec![toleration_message()],
                 "{t:?}"
             );
         }

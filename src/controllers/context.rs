@@ -103,6 +103,8 @@ pub struct Context {
     /// whose window or settle still runs ([`StatusWrite::live`]): progress within a phase
     /// waits out [`StatusWrite::wait`].
     pub status_writes: Mutex<HashMap<ObjectRef<GuardedQuestDB>, StatusWrite>>,
+    /// The platform team's allow-lists for images, priority classes and tolerations.
+    pub tenancy: crate::desired::TenancyPolicy,
 }
 
 /// A database on its way (a pod created, then placed once the scheduler's retry finds its

@@ -21,6 +21,7 @@ pub mod quantity;
 pub mod service;
 pub mod shared_text;
 pub mod statefulset;
+pub mod tenancy;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod validate;
@@ -42,7 +43,8 @@ pub use statefulset::{
     DedicatedNode, DEDICATED_LABEL_KEY, DEDICATED_TAINT_EFFECT, DEDICATED_TAINT_KEY,
     PIN_AWAITING_INSTANCE, PIN_LABEL_KEY,
 };
-pub use validate::{validate, SpecProblem};
+pub use tenancy::TenancyPolicy;
+pub use validate::{validate, validate_with, SpecProblem};
 
 /// QuestDB's HTTP server (REST API and web console): `http.net.bind.to`.
 pub const HTTP_PORT: i32 = 9000;

@@ -1,8 +1,9 @@
 //! The operator's writes, confined by the apiserver (`deploy/admission/`): what the token may
 //! do is what the operator owns, whatever its RBAC grants.
 
-use k8s_openapi::api::core::v1::{ConfigMap, Node};
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Secret};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 
 use crate::harness::{wait_until, Env};
 
@@ -81,11 +82,146 @@ async fn the_operators_token_writes_nothing_it_does_not_own() {
             .create(&PostParams::default(), &cm("new", false))
             .await,
     );
+    // Deleting what is not its own: judged on the object as it is, not as the request says.
+    match tenant.delete("theirs", &DeleteParams::default()).await {
+        Err(kube::Error::Api(e)) if e.code == 403 || e.code == 422 => assert!(
+            e.message.contains("only writes objects it manages"),
+            "{}",
+            e.message
+        ),
+        other => panic!("deleting an unlabelled ConfigMap: refused, not {other:?}"),
+    }
     // Its own kind of object it may write.
     tenant
         .create(&PostParams::default(), &cm("ours", true))
         .await
         .expect("a labelled ConfigMap");
+
+    // Secrets: a database's Opaque credentials only. A service-account-token Secret, even
+    // labelled as the operator's, would be a token of whichever ServiceAccount it names.
+    let secret = |name: &str, type_: &str| -> Secret {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {
+                "name": name,
+                "labels": {"app.kubernetes.io/managed-by": "questdb-operator"},
+                "annotations": {"kubernetes.io/service-account.name": "default"},
+            },
+            "type": type_,
+        }))
+        .unwrap()
+    };
+    let secrets = Api::<Secret>::namespaced(operator.clone(), "tenant-a");
+    for (name, type_) in [
+        ("stolen-token", "kubernetes.io/service-account-token"),
+        ("db1-credentials", "kubernetes.io/service-account-token"),
+        ("anything", "Opaque"),
+    ] {
+        match secrets.create(&PostParams::default(), &secret(name, type_)).await {
+            Err(kube::Error::Api(e)) if e.code == 403 || e.code == 422 => assert!(
+                e.message.contains("only creates Secrets of type Opaque"),
+                "{name}: {}",
+                e.message
+            ),
+            other => panic!("a {type_} Secret named {name}: refused, not {other:?}"),
+        }
+    }
+    secrets
+        .create(
+            &PostParams::default(),
+            &secret("db1-credentials", "Opaque"),
+        )
+        .await
+        .expect("a database's credentials");
+
+    // StatefulSets: a labelled one still runs as no other ServiceAccount, never privileged,
+    // never on the host's network or filesystem.
+    let statefulset = |name: &str, pod: serde_json::Value| -> StatefulSet {
+        let mut spec = serde_json::json!({
+            "automountServiceAccountToken": false,
+            "containers": [{"name": "c", "image": "questdb/questdb:9.2.0"}],
+        });
+        for (k, v) in pod.as_object().unwrap() {
+            spec[k] = v.clone();
+        }
+        serde_json::from_value(serde_json::json!({
+            "metadata": {
+                "name": name,
+                "labels": {"app.kubernetes.io/managed-by": "questdb-operator"},
+            },
+            "spec": {
+                "serviceName": name,
+                "selector": {"matchLabels": {"app": name}},
+                "template": {"metadata": {"labels": {"app": name}}, "spec": spec},
+            },
+        }))
+        .unwrap()
+    };
+    let statefulsets = Api::<StatefulSet>::namespaced(operator.clone(), "tenant-a");
+    for (name, pod, refusal) in [
+        (
+            "as-admin",
+            serde_json::json!({"serviceAccountName": "cluster-admin-sa"}),
+            "run as the default ServiceAccount",
+        ),
+        (
+            "with-token",
+            serde_json::json!({"automountServiceAccountToken": true}),
+            "run as the default ServiceAccount",
+        ),
+        (
+            "privileged",
+            serde_json::json!({"containers": [{"name": "c", "image": "questdb/questdb:9.2.0",
+                "securityContext": {"privileged": true}}]}),
+            "never run privileged",
+        ),
+        (
+            "host-network",
+            serde_json::json!({"hostNetwork": true}),
+            "never run privileged",
+        ),
+        (
+            "host-root",
+            serde_json::json!({"volumes": [{"name": "root", "hostPath": {"path": "/"}}]}),
+            "never run privileged",
+        ),
+    ] {
+        match statefulsets
+            .create(&PostParams::default(), &statefulset(name, pod))
+            .await
+        {
+            Err(kube::Error::Api(e)) if e.code == 403 || e.code == 422 => assert!(
+                e.message.contains(refusal),
+                "{name}: {}",
+                e.message
+            ),
+            other => panic!("a StatefulSet {name}: refused, not {other:?}"),
+        }
+    }
+    let ours = statefulsets
+        .create(
+            &PostParams::default(),
+            &statefulset("plain", serde_json::json!({})),
+        )
+        .await
+        .expect("a StatefulSet as the operator builds them");
+    // An update is judged on what it leaves: turning its own StatefulSet privileged is refused.
+    let escalate = Patch::Merge(serde_json::json!({"spec": {"template": {"spec": {
+        "serviceAccountName": "cluster-admin-sa"}}}}));
+    match statefulsets
+        .patch(
+            ours.metadata.name.as_deref().unwrap(),
+            &PatchParams::default(),
+            &escalate,
+        )
+        .await
+    {
+        Err(kube::Error::Api(e)) if e.code == 403 || e.code == 422 => assert!(
+            e.message.contains("run as the default ServiceAccount"),
+            "{}",
+            e.message
+        ),
+        other => panic!("an update naming a ServiceAccount: refused, not {other:?}"),
+    }
 
     // A QuestDB: only a backup verification's throwaway database (a token that could create
     // any QuestDB could create a privileged database in any namespace... the schema refuses

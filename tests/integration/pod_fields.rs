@@ -509,9 +509,11 @@ async fn a_privileged_or_host_reaching_pod_is_refused_whatever_the_namespace_all
 
 /// The harm: a tenant, through the role the project ships for tenants, turning a QuestDB edit
 /// into a root shell on a node, or forging the operator's records in status. Acting as that
-/// tenant (the apiserver's own authentication, authorization and admission), a privileged pod
-/// and a host volume are refused naming the field, an ordinary database is accepted, and its
-/// status cannot be written.
+/// tenant (the apiserver's own authentication, authorization and admission), a privileged pod,
+/// a host or NFS volume, a root user, the cluster's critical priority classes, tolerations of
+/// the control plane's or a fenced node's taint and affinity to other namespaces' pods are
+/// refused naming the field, an ordinary database is accepted, and its status cannot be
+/// written.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenant_with_the_shipped_role_gets_a_database_not_a_host_nor_its_status() {
     use k8s_openapi::api::rbac::v1::{ClusterRole, RoleBinding};
@@ -559,6 +561,43 @@ async fn a_tenant_with_the_shipped_role_gets_a_database_not_a_host_nor_its_statu
             json!({"securityContext": {"runAsUser": 0}}),
             "pod.securityContext.runAsUser",
         ),
+        (
+            json!({"extraVolumes": [{"name": "share", "nfs": {"server": "10.0.0.2", "path": "/"}}]}),
+            "pod.extraVolumes: only emptyDir",
+        ),
+        // Preempts other tenants' pods and outranks the node's own daemons.
+        (
+            json!({"priorityClassName": "system-node-critical"}),
+            "pod.priorityClassName",
+        ),
+        // Onto the control plane's nodes, or kept on a node the failover has fenced.
+        (
+            json!({"tolerations": [{"key": "node-role.kubernetes.io/control-plane", "operator": "Exists"}]}),
+            "pod.tolerations",
+        ),
+        (
+            json!({"tolerations": [{"key": "node.kubernetes.io/out-of-service", "operator": "Exists"}]}),
+            "pod.tolerations",
+        ),
+        // Following another tenant's database onto its node.
+        (
+            json!({"affinity": {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
+                "topologyKey": "kubernetes.io/hostname",
+                "labelSelector": {"matchLabels": {"app.kubernetes.io/instance": "theirs"}},
+                "namespaceSelector": {},
+            }]}}}),
+            "pod.affinity",
+        ),
+        (
+            json!({"affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{
+                "weight": 1,
+                "podAffinityTerm": {
+                    "topologyKey": "kubernetes.io/hostname",
+                    "namespaces": ["team-b"],
+                },
+            }]}}}),
+            "pod.affinity",
+        ),
     ] {
         let err = qdbs
             .create(&PostParams::default(), &with_pod(ns, "bad", pod.clone()))
@@ -566,7 +605,20 @@ async fn a_tenant_with_the_shipped_role_gets_a_database_not_a_host_nor_its_statu
             .expect_err("refused");
         assert!(err.to_string().contains(field), "{pod}: {err}");
     }
-    qdbs.create(&PostParams::default(), &with_pod(ns, "mine", json!({})))
+    // What a tenant legitimately asks for: its own priority class and taint, spreading from
+    // its own pods.
+    let legitimate = json!({
+        "priorityClassName": "databases",
+        "tolerations": [{"key": "spot", "operator": "Exists"}],
+        "affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{
+            "weight": 1,
+            "podAffinityTerm": {
+                "topologyKey": "kubernetes.io/hostname",
+                "labelSelector": {"matchLabels": {"app.kubernetes.io/name": "questdb"}},
+            },
+        }]}},
+    });
+    qdbs.create(&PostParams::default(), &with_pod(ns, "mine", legitimate))
         .await
         .expect("alice creates a database");
     let forged = json!({"status": {"instanceID": "i-0123456789abcdef0"}});

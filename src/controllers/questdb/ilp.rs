@@ -191,6 +191,7 @@ mod tests {
             checkpoints: Default::default(),
             backups: Default::default(),
             status_writes: Default::default(),
+            tenancy: Default::default(),
         };
         (ctx, writer)
     }

@@ -91,7 +91,7 @@ pub async fn reconcile(qdb: Arc<QuestDB>, ctx: Arc<Context>) -> Result<Next, Err
     }
     qdb.uid().ok_or(Error::MissingUid)?;
     backup_age_series(&qdb, &ctx);
-    if let Err(problems) = desired::validate(&qdb) {
+    if let Err(problems) = desired::validate_with(&qdb, &ctx.tenancy) {
         return invalid_spec(&qdb, &ctx, &problems).await;
     }
     // Cloud steps write status (intent before side effects), so they work on an owned copy
