@@ -274,8 +274,7 @@ fn affinity_schema(schema: &mut schemars::Schema) {
 /// Whether any pod (anti-)affinity term of `affinity` selects pods of other namespaces.
 pub fn affinity_crosses_namespaces(affinity: &Affinity) -> bool {
     use k8s_openapi::api::core::v1::PodAffinityTerm;
-    let crosses =
-        |t: &PodAffinityTerm| t.namespaces.is_some() || t.namespace_selector.is_some();
+    let crosses = |t: &PodAffinityTerm| t.namespaces.is_some() || t.namespace_selector.is_some();
     let pod_affinity = affinity.pod_affinity.as_ref().map(|a| {
         (
             &a.required_during_scheduling_ignored_during_execution,
@@ -288,13 +287,16 @@ pub fn affinity_crosses_namespaces(affinity: &Affinity) -> bool {
             &a.preferred_during_scheduling_ignored_during_execution,
         )
     });
-    [pod_affinity, anti].into_iter().flatten().any(|(required, preferred)| {
-        required.iter().flatten().any(crosses)
-            || preferred
-                .iter()
-                .flatten()
-                .any(|w| crosses(&w.pod_affinity_term))
-    })
+    [pod_affinity, anti]
+        .into_iter()
+        .flatten()
+        .any(|(required, preferred)| {
+            required.iter().flatten().any(crosses)
+                || preferred
+                    .iter()
+                    .flatten()
+                    .any(|w| crosses(&w.pod_affinity_term))
+        })
 }
 
 /// The volume types the restricted Pod Security Standard allows (a `hostPath`, an `nfs` share
@@ -700,11 +702,7 @@ mod tests {
                 tolerations: vec![t.clone()],
                 ..Default::default()
             });
-            assert_eq!(
-                errors(&qdb),
-                vec![toleration_message()],
-                "{t:?}"
-            );
+            assert_eq!(errors(&qdb), vec![toleration_message()], "{t:?}");
         }
     }
 
@@ -952,5 +950,108 @@ mod tests {
         };
         assert_eq!(restricted_problems(&fine), Vec::<String>::new());
         assert_eq!(errors(&with_pod(fine)), Vec::<String>::new());
+    }
+
+    #[test]
+    fn no_placement_reaches_the_clusters_own_nodes_a_fenced_node_or_another_namespace() {
+        use k8s_openapi::api::core::v1::{
+            PodAffinityTerm, PodAntiAffinity, WeightedPodAffinityTerm,
+        };
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+        let term =
+            |namespaces: Option<Vec<String>>, selector: Option<LabelSelector>| PodAffinityTerm {
+                topology_key: "kubernetes.io/hostname".into(),
+                namespaces,
+                namespace_selector: selector,
+                ..Default::default()
+            };
+        let following = |t: PodAffinityTerm| PodOptions {
+            affinity: Some(Box::new(Affinity {
+                pod_affinity: Some(PodAffinity {
+                    required_during_scheduling_ignored_during_execution: Some(vec![t]),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            })),
+            ..Default::default()
+        };
+        let avoiding = |t: PodAffinityTerm| PodOptions {
+            affinity: Some(Box::new(Affinity {
+                pod_anti_affinity: Some(PodAntiAffinity {
+                    preferred_during_scheduling_ignored_during_execution: Some(vec![
+                        WeightedPodAffinityTerm {
+                            weight: 1,
+                            pod_affinity_term: t,
+                        },
+                    ]),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            })),
+            ..Default::default()
+        };
+        let tolerating = |key: &str| PodOptions {
+            tolerations: vec![toleration(Some(key))],
+            ..Default::default()
+        };
+        let cases: Vec<(&str, PodOptions)> = vec![
+            (
+                "pod.priorityClassName",
+                PodOptions {
+                    priority_class_name: Some("system-cluster-critical".into()),
+                    ..Default::default()
+                },
+            ),
+            (
+                "pod.tolerations",
+                tolerating("node-role.kubernetes.io/control-plane"),
+            ),
+            (
+                "pod.tolerations",
+                tolerating("node.kubernetes.io/out-of-service"),
+            ),
+            (
+                "pod.tolerations",
+                tolerating("node.kubernetes.io/unschedulable"),
+            ),
+            ("pod.tolerations", tolerating("crd.questdb.io/anything")),
+            (
+                "pod.affinity",
+                following(term(Some(vec!["team-b".into()]), None)),
+            ),
+            (
+                "pod.affinity",
+                following(term(None, Some(LabelSelector::default()))),
+            ),
+            (
+                "pod.affinity",
+                avoiding(term(Some(vec!["team-b".into()]), None)),
+            ),
+        ];
+        for (field, pod) in cases {
+            let rust = restricted_problems(&pod);
+            assert!(
+                rust.len() == 1 && rust[0].starts_with(field),
+                "{field}: the operator's check says {rust:?}"
+            );
+            let cel = errors(&with_pod(pod));
+            assert!(
+                cel.len() == 1 && cel[0].starts_with(field),
+                "{field}: the schema says {cel:?}"
+            );
+        }
+        // Their own namespace's pods, an ordinary taint and class: accepted by both.
+        for pod in [
+            following(term(None, None)),
+            avoiding(term(None, None)),
+            tolerating("node.kubernetes.io/not-ready"),
+            PodOptions {
+                priority_class_name: Some("databases".into()),
+                ..Default::default()
+            },
+        ] {
+            assert_eq!(restricted_problems(&pod), Vec::<String>::new(), "{pod:?}");
+            assert_eq!(errors(&with_pod(pod)), Vec::<String>::new());
+        }
     }
 }

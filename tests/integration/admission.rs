@@ -116,7 +116,10 @@ async fn the_operators_token_writes_nothing_it_does_not_own() {
         ("db1-credentials", "kubernetes.io/service-account-token"),
         ("anything", "Opaque"),
     ] {
-        match secrets.create(&PostParams::default(), &secret(name, type_)).await {
+        match secrets
+            .create(&PostParams::default(), &secret(name, type_))
+            .await
+        {
             Err(kube::Error::Api(e)) if e.code == 403 || e.code == 422 => assert!(
                 e.message.contains("only creates Secrets of type Opaque"),
                 "{name}: {}",
@@ -126,10 +129,7 @@ async fn the_operators_token_writes_nothing_it_does_not_own() {
         }
     }
     secrets
-        .create(
-            &PostParams::default(),
-            &secret("db1-credentials", "Opaque"),
-        )
+        .create(&PostParams::default(), &secret("db1-credentials", "Opaque"))
         .await
         .expect("a database's credentials");
 
@@ -189,11 +189,9 @@ async fn the_operators_token_writes_nothing_it_does_not_own() {
             .create(&PostParams::default(), &statefulset(name, pod))
             .await
         {
-            Err(kube::Error::Api(e)) if e.code == 403 || e.code == 422 => assert!(
-                e.message.contains(refusal),
-                "{name}: {}",
-                e.message
-            ),
+            Err(kube::Error::Api(e)) if e.code == 403 || e.code == 422 => {
+                assert!(e.message.contains(refusal), "{name}: {}", e.message)
+            }
             other => panic!("a StatefulSet {name}: refused, not {other:?}"),
         }
     }
