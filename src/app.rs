@@ -259,6 +259,7 @@ pub fn cloud_settings(args: &CloudArgs) -> CloudSettings {
         },
         csi_driver: Some(args.csi_driver.trim().to_string()).filter(|d| !d.is_empty()),
         upgrade_concurrency: usize::from(args.upgrade_concurrency),
+        upgrade_concurrency_per_namespace: usize::from(args.upgrade_concurrency_per_namespace),
         node_lease_duration: args
             .node_lease_duration
             .unwrap_or(crate::controllers::node_health::tracker::DEFAULT_NODE_LEASE_DURATION),
@@ -375,6 +376,7 @@ pub fn options_from(args: &RunArgs) -> anyhow::Result<ManagerOptions> {
             allowed_image_registries: args.allowed_image_registries.clone(),
             allowed_priority_classes: args.allowed_priority_classes.clone(),
             allowed_toleration_keys: args.allowed_toleration_keys.clone(),
+            secret_namespaces: args.secret_namespaces.clone(),
         },
     })
 }

@@ -149,6 +149,13 @@ pub struct RunArgs {
     #[arg(long, env = "ALLOWED_TOLERATION_KEYS", value_delimiter = ',')]
     pub allowed_toleration_keys: Vec<String>,
 
+    /// Read Secrets only in these namespaces (comma separated), one watch each, so the
+    /// operator needs no cluster-wide Secret read (the chart's `rbac.secretNamespaces` grants
+    /// exactly these). A QuestDB in another namespace is refused (`SpecValid=False`). Unset:
+    /// every namespace watched.
+    #[arg(long, env = "SECRET_NAMESPACES", value_delimiter = ',')]
+    pub secret_namespaces: Vec<String>,
+
     #[command(flatten)]
     pub cloud: CloudArgs,
 }
@@ -313,6 +320,11 @@ pub struct CloudArgs {
     /// Node moves (image or instance type changes) under way at once, across all QuestDBs.
     #[arg(long, env = "UPGRADE_CONCURRENCY", default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..))]
     pub upgrade_concurrency: u16,
+
+    /// Node moves under way at once in one namespace, so one tenant's moves (stuck ones
+    /// included) never hold every slot of `--upgrade-concurrency`.
+    #[arg(long, env = "UPGRADE_CONCURRENCY_PER_NAMESPACE", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
+    pub upgrade_concurrency_per_namespace: u16,
 
     /// A fence first stops a dedicated instance normally (the OS shuts down: QuestDB gets
     /// SIGTERM and the kernel writes back what it held); a normal stop not ended after this

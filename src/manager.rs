@@ -31,7 +31,7 @@ use crate::api::{labels, QuestDB, QuestDBBackup, QuestDBBackupSchedule, MANAGER}
 use crate::controllers::cached_pod::CachedPod;
 use crate::controllers::cloud_runtime::CloudRuntime;
 pub use crate::controllers::cloud_runtime::{Cloud, CloudSettings};
-use crate::controllers::context::{Caches, Context, GuardedQuestDB};
+use crate::controllers::context::{Caches, Context, GuardedQuestDB, SecretIndex};
 use crate::controllers::refusals;
 use crate::controllers::{backup, node_health, questdb, retry_delay, schedule, sweep, Error, Next};
 use crate::desired::diff::CachedMeta;
@@ -156,6 +156,7 @@ pub async fn run_with(
     let (caches, subs, cache_tasks) = start_caches(
         &client,
         opts.namespace.as_deref(),
+        &opts.tenancy.secret_namespaces,
         watches_nodes(&opts),
         opts.cloud.is_some(),
         &caches_token,
@@ -380,6 +381,7 @@ pub fn watches_nodes(opts: &ManagerOptions) -> bool {
 fn start_caches(
     client: &Client,
     ns: Option<&str>,
+    secret_namespaces: &[String],
     watch_nodes: bool,
     watch_leases: bool,
     token: &CancellationToken,
@@ -598,35 +600,56 @@ fn start_caches(
         lease_writer.apply_watcher_event(&watcher::Event::InitDone);
     }
 
-    let (secrets, secret_writer) = reflector::store::<PartialObjectMeta<Secret>>();
-    let secret_stream = watcher(
-        api_for::<PartialObjectMeta<Secret>>(client, ns),
-        watcher::Config::default(),
-    )
-    .default_backoff()
-    .modify(|s: &mut PartialObjectMeta<Secret>| {
-        // Only the mapping annotation matters; drop the rest to keep the cache small when
-        // the cluster holds thousands of unrelated Secrets.
-        s.metadata.managed_fields = None;
-        s.metadata.labels = None;
-        s.types = None;
-        if let Some(a) = s.metadata.annotations.as_mut() {
-            a.retain(|k, v| kept_secret_annotation(k, v));
-        }
-    })
-    .reflect(secret_writer)
-    .inspect({
-        let questdbs = questdbs.clone();
-        move |ev| {
-            forward(ev, &tx, true, |s: &PartialObjectMeta<Secret>| {
-                ilp_auth::questdb_for_secret(&s.metadata).map(guarded)
-            });
-            for r in credentials_users(ev, &questdbs) {
-                let _ = tx.unbounded_send(r);
+    // One watch of every Secret it may list, or one per namespace of --secret-namespaces (an
+    // install that grants Secret reads only there).
+    let secret_namespaces: Vec<Option<&str>> = if secret_namespaces.is_empty() {
+        vec![ns]
+    } else {
+        secret_namespaces.iter().map(|n| Some(n.as_str())).collect()
+    };
+    let mut secret_stores = Vec::new();
+    for secret_ns in secret_namespaces {
+        let (store, secret_writer) = reflector::store::<PartialObjectMeta<Secret>>();
+        let secret_stream = watcher(
+            api_for::<PartialObjectMeta<Secret>>(client, secret_ns),
+            watcher::Config::default(),
+        )
+        .default_backoff()
+        .modify(|s: &mut PartialObjectMeta<Secret>| {
+            // Only the mapping annotation matters; drop the rest to keep the cache small when
+            // the cluster holds thousands of unrelated Secrets.
+            s.metadata.managed_fields = None;
+            s.metadata.labels = None;
+            s.types = None;
+            if let Some(a) = s.metadata.annotations.as_mut() {
+                a.retain(|k, v| kept_secret_annotation(k, v));
             }
-        }
-    });
-    tasks.push(spawn_drain(secret_stream, token.clone(), "Secret"));
+        })
+        .reflect(secret_writer)
+        .inspect({
+            let questdbs = questdbs.clone();
+            let tx = tx.clone();
+            move |ev| {
+                forward(ev, &tx, true, |s: &PartialObjectMeta<Secret>| {
+                    ilp_auth::questdb_for_secret(&s.metadata).map(guarded)
+                });
+                for r in credentials_users(ev, &questdbs) {
+                    let _ = tx.unbounded_send(r);
+                }
+            }
+        });
+        tasks.push(spawn_drain(secret_stream, token.clone(), "Secret"));
+        secret_stores.push((secret_ns.map(str::to_string), store));
+    }
+    let secrets = match secret_stores.as_slice() {
+        [(None, store)] => SecretIndex::single(store.clone()),
+        _ => SecretIndex::per_namespace(
+            secret_stores
+                .into_iter()
+                .map(|(ns, store)| (ns.unwrap_or_default(), store))
+                .collect(),
+        ),
+    };
 
     let caches = Caches {
         questdbs,

@@ -710,6 +710,31 @@ fn every_flag_the_chart_renders_is_accepted_by_the_operator() {
     );
     assert_eq!(run.allowed_priority_classes, ["databases"]);
     assert_eq!(run.allowed_toleration_keys, ["spot", "gpu"]);
+    assert_eq!(run.secret_namespaces, ["team-a", "team-b"]);
+    // Secrets are granted in those namespaces only, never cluster-wide.
+    let cluster_role = find(&objects, "ClusterRole", "qdb-operator");
+    assert!(
+        !rules(cluster_role).iter().any(|r| r["resources"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("secrets"))),
+        "rbac.secretNamespaces: no cluster-wide Secrets rule"
+    );
+    for ns in ["team-a", "team-b"] {
+        let role = objects
+            .iter()
+            .find(|o| {
+                kind(o) == "Role"
+                    && o["metadata"]["name"] == "qdb-operator-secrets"
+                    && o["metadata"]["namespace"] == ns
+            })
+            .unwrap_or_else(|| panic!("a Secrets Role in {ns}"));
+        assert_eq!(rules(role)[0]["resources"], json!(["secrets"]));
+        assert!(objects.iter().any(|o| kind(o) == "RoleBinding"
+            && o["metadata"]["namespace"] == ns
+            && o["roleRef"]["name"] == "qdb-operator-secrets"
+            && o["subjects"][0]["name"] == "qdb-operator-sa"));
+    }
     assert_eq!(
         run.backup_upload_timeout, 1_000_000,
         "a big number must not render as 1e+06"
@@ -737,6 +762,7 @@ fn every_flag_the_chart_renders_is_accepted_by_the_operator() {
     assert_eq!(cloud.node_data_volume_gib, Some(80));
     assert_eq!(cloud.orphan_grace_period.as_secs(), 3600);
     assert_eq!(cloud.upgrade_concurrency, 3);
+    assert_eq!(cloud.upgrade_concurrency_per_namespace, 2);
     assert_eq!(cloud.node_join_timeout.as_secs(), 1200);
     assert_eq!(
         questdb_operator::cloud::parse_node_tags(&cloud.node_tags).unwrap()["cost-center"],

@@ -48,6 +48,9 @@ pub struct CloudSettings {
     pub upgrade_step_timeout: Duration,
     /// Node moves under way at once, across all QuestDBs (`--upgrade-concurrency`).
     pub upgrade_concurrency: usize,
+    /// Node moves under way at once in one namespace (`--upgrade-concurrency-per-namespace`):
+    /// one tenant's stuck moves never hold every slot.
+    pub upgrade_concurrency_per_namespace: usize,
     /// `--csi-driver`: a node is dedicated (and so takes its database) only once this driver
     /// is registered on it.
     pub csi_driver: Option<String>,
@@ -74,6 +77,7 @@ impl Default for CloudSettings {
             csi_driver: Some("ebs.csi.aws.com".into()),
             upgrade_step_timeout: Duration::from_secs(600),
             upgrade_concurrency: 2,
+            upgrade_concurrency_per_namespace: 2,
             dns_namespace_suffix: None,
             escalation: crate::plan::failover::Escalation::DEFAULT,
             node_lease_duration:

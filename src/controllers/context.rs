@@ -47,9 +47,66 @@ pub struct Caches {
     /// The refusal events that say why a database waits, one cache per reason watched.
     pub refusals: Vec<Store<crate::controllers::refusals::Refusal>>,
     /// Secrets, metadata only: Secret data of the whole cluster is never cached.
-    pub secrets: Store<PartialObjectMeta<Secret>>,
+    pub secrets: SecretIndex,
     /// Dedicated instances by the QuestDB they serve, rebuilt when the QuestDB cache changes.
     pub owner_index: crate::controllers::node_health::owners::OwnerIndexCache,
+}
+
+/// The Secrets' metadata: one cache of every Secret the operator may list (the cluster's, or
+/// the watched namespace's), or one per namespace of `--secret-namespaces`, so an install
+/// grants Secret reads only in the namespaces its databases live in.
+#[derive(Clone)]
+pub struct SecretIndex {
+    /// Each cache with the namespace it holds (`None`: every namespace it may list).
+    stores: Vec<(Option<String>, Store<PartialObjectMeta<Secret>>)>,
+}
+
+impl SecretIndex {
+    /// One cache of every Secret the operator lists.
+    pub fn single(store: Store<PartialObjectMeta<Secret>>) -> Self {
+        Self {
+            stores: vec![(None, store)],
+        }
+    }
+
+    /// One cache per namespace.
+    pub fn per_namespace(stores: Vec<(String, Store<PartialObjectMeta<Secret>>)>) -> Self {
+        Self {
+            stores: stores.into_iter().map(|(ns, s)| (Some(ns), s)).collect(),
+        }
+    }
+
+    fn store_of(&self, ns: &str) -> Option<&Store<PartialObjectMeta<Secret>>> {
+        self.stores
+            .iter()
+            .find(|(held, _)| held.as_deref().is_none_or(|h| h == ns))
+            .map(|(_, s)| s)
+    }
+
+    /// The Secret `r` names, when it is cached (never when its namespace is not read).
+    pub fn get(
+        &self,
+        r: &ObjectRef<PartialObjectMeta<Secret>>,
+    ) -> Option<Arc<PartialObjectMeta<Secret>>> {
+        self.store_of(r.namespace.as_deref()?)?.get(r)
+    }
+
+    /// Every cached Secret of namespace `ns`.
+    pub fn in_namespace(&self, ns: &str) -> Vec<Arc<PartialObjectMeta<Secret>>> {
+        self.store_of(ns).map_or_else(Vec::new, |s| {
+            s.state()
+                .into_iter()
+                .filter(|m| m.metadata.namespace.as_deref() == Some(ns))
+                .collect()
+        })
+    }
+
+    /// Once every cache has listed its Secrets.
+    pub async fn wait_until_ready(&self) {
+        for (_, store) in &self.stores {
+            let _ = store.wait_until_ready().await;
+        }
+    }
 }
 
 /// Parsed public keys by Secret and resourceVersion, so a resync reads no Secret again. Holds

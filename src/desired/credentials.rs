@@ -114,13 +114,13 @@ pub fn generated_secret(qdb: &QuestDB, rng: &mut impl Rng) -> Secret {
     if qdb.spec.volume.retain_on_delete {
         metadata.owner_references = None;
     }
-    metadata
-        .annotations
-        .get_or_insert_with(BTreeMap::new)
-        .insert(
-            GENERATED_FOR_ANNOTATION.to_string(),
-            qdb.uid().unwrap_or_default(),
-        );
+    // The operator's annotation only, never the QuestDB's: other controllers act on a
+    // Secret's annotations (a service-account token controller, replicators, external-secrets
+    // pushers), and a tenant must not steer them at the database's passwords.
+    metadata.annotations = Some(BTreeMap::from([(
+        GENERATED_FOR_ANNOTATION.to_string(),
+        qdb.uid().unwrap_or_default(),
+    )]));
     let mut password = || Alphanumeric.sample_string(rng, PASSWORD_LENGTH);
     let data = BTreeMap::from([
         (PG_USER, GENERATED_PG_USER.to_string()),

@@ -51,6 +51,10 @@ pub fn pvc_with_ownership(qdb: &QuestDB, ownership: PvcOwnership) -> PersistentV
     if ownership == PvcOwnership::Detached {
         metadata.owner_references = None;
     }
+    // None of the QuestDB's annotations: the volume machinery and backup tools act on a claim's
+    // (a provisioner's selected node, a CSI driver's parameters, a backup tool's hooks), and a
+    // tenant must not steer them at the database's volume.
+    metadata.annotations = None;
     PersistentVolumeClaim {
         metadata,
         spec: Some(PersistentVolumeClaimSpec {
@@ -164,6 +168,40 @@ mod tests {
     use super::*;
     use crate::desired::labels::{child_labels, owner_references};
     use crate::desired::testing::questdb;
+
+    #[test]
+    fn a_tenants_annotations_never_reach_the_claim_or_the_generated_secret() {
+        let mut qdb = questdb("db1", "tenant-a");
+        qdb.metadata.annotations = Some(BTreeMap::from([
+            (
+                "volume.kubernetes.io/selected-node".to_string(),
+                "someone-elses-node".to_string(),
+            ),
+            (
+                "backup.velero.io/backup-volumes".to_string(),
+                "data".to_string(),
+            ),
+            ("team".to_string(), "payments".to_string()),
+        ]));
+        assert_eq!(pvc(&qdb).metadata.annotations, None);
+        let secret = crate::desired::credentials::generated_secret(
+            &qdb,
+            &mut <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(1),
+        );
+        let keys: Vec<_> = secret.metadata.annotations.unwrap().into_keys().collect();
+        assert_eq!(
+            keys,
+            vec![crate::desired::credentials::GENERATED_FOR_ANNOTATION.to_string()]
+        );
+        // The other children still carry them (cost and ownership tools read those).
+        assert_eq!(
+            crate::desired::config_map(&qdb, false)
+                .metadata
+                .annotations
+                .unwrap()["team"],
+            "payments"
+        );
+    }
 
     #[test]
     fn a_volume_never_shrinks_and_a_fixed_class_is_reported_not_retried() {

@@ -21,6 +21,9 @@ pub struct TenancyPolicy {
     pub allowed_priority_classes: Vec<String>,
     /// Taint keys `spec.pod.tolerations` may tolerate.
     pub allowed_toleration_keys: Vec<String>,
+    /// The namespaces whose Secrets the operator may read (one watch each, no cluster-wide
+    /// read): a QuestDB elsewhere could get neither credentials nor ILP keys.
+    pub secret_namespaces: Vec<String>,
 }
 
 impl TenancyPolicy {
@@ -28,6 +31,15 @@ impl TenancyPolicy {
     pub fn problems(&self, qdb: &QuestDB) -> Vec<SpecProblem> {
         let mut out = Vec::new();
         let spec = &qdb.spec;
+        let ns = qdb.metadata.namespace.clone().unwrap_or_default();
+        if !self.secret_namespaces.is_empty() && !self.secret_namespaces.contains(&ns) {
+            out.push(SpecProblem::NotAllowed {
+                field: "metadata.namespace".to_string(),
+                value: ns,
+                flag: "--secret-namespaces",
+                allowed: self.secret_namespaces.join(", "),
+            });
+        }
         if !self.allowed_image_registries.is_empty() {
             // An unparsable image is validate's to report.
             if let Ok(image) = ImageRef::parse(&spec.image) {
@@ -104,6 +116,7 @@ mod tests {
             ],
             allowed_priority_classes: vec!["databases".into()],
             allowed_toleration_keys: vec!["spot".into()],
+            secret_namespaces: vec![],
         }
     }
 
@@ -171,5 +184,21 @@ mod tests {
         );
         // Empty lists allow whatever the schema allows.
         assert_eq!(TenancyPolicy::default().problems(&qdb), vec![]);
+    }
+
+    #[test]
+    fn a_database_in_a_namespace_whose_secrets_the_operator_may_not_read_is_refused() {
+        let policy = TenancyPolicy {
+            secret_namespaces: vec!["team-a".into(), "team-b".into()],
+            ..Default::default()
+        };
+        assert_eq!(policy.problems(&questdb("db1", "team-b")), vec![]);
+        let problems = policy.problems(&questdb("db1", "team-c"));
+        assert_eq!(fields(&problems), vec!["metadata.namespace"]);
+        let message = problems[0].to_string();
+        assert!(
+            message.contains("--secret-namespaces") && message.contains("team-a, team-b"),
+            "{message}"
+        );
     }
 }

@@ -150,7 +150,7 @@ fn pin_of(node: &Node) -> Option<&str> {
 /// Why a Node that claims `instance` is not trusted with a database, if it is not: another
 /// Node claims the same instance, or its name is not the instance's private DNS name (the name
 /// a kubelet on that instance registers under).
-fn untrusted(claimants: &[&Node], node: &Node, instance: &Instance) -> Option<String> {
+pub fn untrusted(claimants: &[&Node], node: &Node, instance: &Instance) -> Option<String> {
     let name = node.metadata.name.clone().unwrap_or_default();
     if claimants.len() > 1 {
         let names: Vec<String> = claimants

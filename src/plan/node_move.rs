@@ -135,6 +135,9 @@ pub struct StartView<'a> {
     /// Moves of other QuestDBs under way, and how many may run at once.
     pub moves_elsewhere: usize,
     pub concurrency: usize,
+    /// Of those, the ones in this QuestDB's namespace, and how many may run at once there.
+    pub moves_in_namespace: usize,
+    pub namespace_concurrency: usize,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -199,6 +202,15 @@ pub fn should_start(v: &StartView) -> Start {
             }
             Err(e) => return waiting(e, Duration::from_secs(3600)),
         }
+    }
+    if v.moves_in_namespace >= v.namespace_concurrency {
+        return waiting(
+            format!(
+                "{} other node move(s) of this namespace under way; at most {} at once per namespace (--upgrade-concurrency-per-namespace)",
+                v.moves_in_namespace, v.namespace_concurrency
+            ),
+            Duration::from_secs(10),
+        );
     }
     if v.moves_elsewhere >= v.concurrency {
         return waiting(
@@ -270,6 +282,10 @@ pub struct StepView<'a> {
     /// The new instance's Node: registered, dedicated (labels, taint, pin), Ready.
     pub new_node: Option<String>,
     pub new_node_dedicated: bool,
+    /// Why the Nodes that claim the new instance are not trusted with the database (two claim
+    /// it, or its name is not the instance's private DNS name), as at first provisioning: a
+    /// kubelet sets its own providerID, so a compromised node could claim the move's target.
+    pub new_node_distrusted: Option<String>,
     pub new_node_ready: bool,
     /// Cordoned (a retained node the database moves back to).
     pub new_node_cordoned: bool,
@@ -462,6 +478,14 @@ pub fn next_step(v: &StepView) -> Step {
                 );
             }
             match (&v.new_node, v.new_node_dedicated) {
+                (_, false) if v.new_node_distrusted.is_some() => {
+                    let why = v.new_node_distrusted.clone().unwrap_or_default();
+                    if v.in_phase_for > v.node_timeout {
+                        abort(NodeMoveReason::NodeNeverJoined, why)
+                    } else {
+                        Step::Wait(why)
+                    }
+                }
                 (Some(node), false) => Step::Dedicate {
                     node: node.clone(),
                     instance: i.id.clone(),

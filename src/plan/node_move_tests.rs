@@ -46,7 +46,34 @@ fn start_view<'a>(spec: &'a NodeSpec, status: &'a QuestDBStatus) -> StartView<'a
         now: "2026-11-23T12:00:00Z".parse().unwrap(),
         moves_elsewhere: 0,
         concurrency: 2,
+        moves_in_namespace: 0,
+        namespace_concurrency: 1,
     }
+}
+
+/// One tenant's moves (stuck ones included) never hold every slot: a second move of the same
+/// namespace waits while another namespace's starts.
+#[test]
+fn one_namespaces_moves_never_hold_every_slot() {
+    let s = spec("ami-2");
+    let st = running_on("ami-1");
+    let same_tenant = StartView {
+        moves_elsewhere: 1,
+        moves_in_namespace: 1,
+        ..start_view(&s, &st)
+    };
+    match should_start(&same_tenant) {
+        Start::Waiting { why, .. } => {
+            assert!(why.contains("--upgrade-concurrency-per-namespace"), "{why}")
+        }
+        other => panic!("waits, not {other:?}"),
+    }
+    let other_tenant = StartView {
+        moves_elsewhere: 1,
+        moves_in_namespace: 0,
+        ..start_view(&s, &st)
+    };
+    assert_eq!(should_start(&other_tenant), Start::Go);
 }
 
 fn start(spec: &NodeSpec, status: &QuestDBStatus, ready: bool) -> Start {
@@ -107,6 +134,7 @@ fn view<'a>(u: &'a NodeMoveStatus, spec: &'a NodeSpec, new: Option<&'a Instance>
         launch_error: None,
         new_node: None,
         new_node_dedicated: false,
+        new_node_distrusted: None,
         new_node_ready: false,
         new_node_cordoned: false,
         validation: None,
@@ -232,6 +260,30 @@ fn the_move_walks_launch_dedicate_ready_switch_stop_move_verify_finish() {
             node: "n2".into(),
             instance: "i-2".into()
         }
+    );
+    // A Node whose name is not the new instance's private DNS name (or a second claimant) is
+    // never dedicated: the move waits, then aborts, and the database stays where it runs.
+    let liar = StepView {
+        new_node_distrusted: Some("Node evil claims instance i-2 whose private DNS name is ip-10-0-0-2: not trusted with the database".into()),
+        ..view(&u, &s, Some(&new))
+    };
+    let liar = StepView {
+        new_node: Some("evil".into()),
+        ..liar
+    };
+    assert!(
+        matches!(next_step(&liar), Step::Wait(ref why) if why.contains("not trusted")),
+        "{:?}",
+        next_step(&liar)
+    );
+    let too_long = StepView {
+        in_phase_for: Duration::from_secs(601),
+        ..liar
+    };
+    assert!(
+        matches!(next_step(&too_long), Step::Abort { .. }),
+        "{:?}",
+        next_step(&too_long)
     );
     let dedicated = StepView {
         new_node_dedicated: true,

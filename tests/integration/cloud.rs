@@ -457,6 +457,9 @@ fn settings() -> CloudSettings {
         node_join_timeout: Duration::from_secs(20),
         upgrade_step_timeout: Duration::from_secs(30),
         upgrade_concurrency: 2,
+        // The tests' databases share a namespace or two: the per-namespace share is the
+        // global one unless a test is about it.
+        upgrade_concurrency_per_namespace: 2,
         // The test kubelets' Lease: renewed every quarter of it, as a real kubelet does.
         node_lease_duration: questdb_testenv::timings::node_lease_duration(),
         dns_namespace_suffix: None,

@@ -121,3 +121,82 @@ async fn helm_install_alone_grants_the_operator_what_it_needs_to_run_a_database(
     .await;
     env.stop().await;
 }
+
+/// The harm: a stolen operator token reading every Secret of the cluster (other tenants'
+/// credentials, service-account tokens). Installed with `rbac.secretNamespaces`, the
+/// operator's identity lists Secrets in those namespaces only, still runs a database there with
+/// its generated credentials and ILP keys, and refuses a database elsewhere naming the flag
+/// instead of waiting on a Secret it cannot read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_install_with_secret_namespaces_reads_no_other_namespaces_secrets() {
+    use k8s_openapi::api::core::v1::Secret;
+    use questdb_operator::api::QuestDB;
+    use questdb_operator::desired::TenancyPolicy;
+
+    let mut env = env_for_the_chart().await;
+    env.namespace(NS).await;
+    let elsewhere = "tenant-elsewhere";
+    env.namespace(elsewhere).await;
+    let values = env.cp.dir().join("secret-namespaces.yaml");
+    std::fs::write(&values, format!("rbac:\n  secretNamespaces: [{NS}]\n")).unwrap();
+    helm_install(&env, &[&values]).await;
+
+    let operator = kube::Client::try_from(env.cp.operator_config().await).unwrap();
+    let forbidden = |what: &str, r: kube::Result<kube::core::ObjectList<Secret>>| match r {
+        Err(kube::Error::Api(e)) if e.code == 403 => {}
+        other => panic!("{what}: forbidden, not {:?}", other.map(|l| l.items.len())),
+    };
+    forbidden(
+        "every Secret of the cluster",
+        Api::<Secret>::all(operator.clone())
+            .list(&Default::default())
+            .await,
+    );
+    forbidden(
+        "another namespace's Secrets",
+        Api::<Secret>::namespaced(operator.clone(), elsewhere)
+            .list(&Default::default())
+            .await,
+    );
+    forbidden(
+        "kube-system's Secrets",
+        Api::<Secret>::namespaced(operator.clone(), "kube-system")
+            .list(&Default::default())
+            .await,
+    );
+    Api::<Secret>::namespaced(operator, NS)
+        .list(&Default::default())
+        .await
+        .expect("its databases' namespace");
+
+    env.start_synced_manager(ManagerOptions {
+        tenancy: TenancyPolicy {
+            secret_namespaces: vec![NS.to_string()],
+            ..Default::default()
+        },
+        ..ManagerOptions::default()
+    })
+    .await;
+    env.create_questdb(NS, "db1", |_| {}).await;
+    env.create_questdb(elsewhere, "db2", |_| {}).await;
+    wait_for(
+        &env.api::<QuestDB>(NS),
+        "db1",
+        "db1 Ready with its Secrets read in its namespace only",
+        is_ready(),
+    )
+    .await;
+    let refused = wait_for(
+        &env.api::<QuestDB>(elsewhere),
+        "db2",
+        "db2 refused: the operator may not read its namespace's Secrets",
+        crate::harness::has_condition("SpecValid", "InvalidSpec"),
+    )
+    .await;
+    let message = crate::harness::condition_message(&refused, "SpecValid");
+    assert!(
+        message.contains("--secret-namespaces") && message.contains(NS),
+        "{message}"
+    );
+    env.stop().await;
+}

@@ -428,6 +428,7 @@ async fn fifty_databases_upgraded_one_edit_after_another_never_exceed_the_concur
     const CONCURRENCY: usize = 4;
     let mut fleet_settings = settings();
     fleet_settings.upgrade_concurrency = CONCURRENCY;
+    fleet_settings.upgrade_concurrency_per_namespace = CONCURRENCY;
     let env = CloudEnv::start(fleet_settings).await;
     let names: Vec<String> = (0..FLEET).map(|i| format!("db{i:02}")).collect();
     for name in &names {

@@ -132,6 +132,7 @@ list is joined with commas (the operator's value delimiter); a number is printed
   (list "allowed-image-registries" $v.tenancy.allowedImageRegistries)
   (list "allowed-priority-classes" $v.tenancy.allowedPriorityClasses)
   (list "allowed-toleration-keys" $v.tenancy.allowedTolerationKeys)
+  (list "secret-namespaces" (ternary $v.rbac.secretNamespaces (list) (eq $v.rbac.scope "cluster")))
   (list "eks-api-endpoint" $aws.eks.apiEndpoint)
   (list "eks-certificate-authority" $aws.eks.certificateAuthority)
   (list "eks-service-cidr" $aws.eks.serviceCidr)
@@ -154,6 +155,7 @@ list is joined with commas (the operator's value delimiter); a number is printed
   (list "upgrade-node-timeout" $nodes.upgrade.nodeTimeout)
   (list "upgrade-step-timeout" $nodes.upgrade.stepTimeout)
   (list "upgrade-concurrency" $nodes.upgrade.concurrency)
+  (list "upgrade-concurrency-per-namespace" $nodes.upgrade.concurrencyPerNamespace)
 }}
 {{- range $flags }}
 {{- $flag := index . 0 }}

@@ -41,7 +41,7 @@ pub async fn resolve(qdb: &QuestDB, ctx: &Context) -> Result<Resolution, Error> 
     let mut mine: Vec<_> = ctx
         .caches
         .secrets
-        .state()
+        .in_namespace(&ns)
         .into_iter()
         .filter(|s| {
             ilp_auth::questdb_for_secret(&s.metadata)
@@ -173,7 +173,7 @@ mod tests {
             nodes: reflector::store().0,
             leases: reflector::store().0,
             refusals: Vec::new(),
-            secrets,
+            secrets: crate::controllers::context::SecretIndex::single(secrets),
             owner_index: Default::default(),
         };
         let ctx = Context {

@@ -192,14 +192,18 @@ fn decide(
         .filter(|(_, at)| at.elapsed() < CLAIM_TTL)
         .map(|(uid, _)| uid.clone())
         .collect();
+    let others = moves_elsewhere(ctx, &claims, &ended, &uid);
+    let namespace = qdb.namespace();
     let decision = node_move::should_start(&StartView {
         spec,
         status,
         database_ready: pod_ready_on(qdb, ctx, status.instance_id.as_deref()),
         failover_in_progress: false,
         now: Timestamp::now(),
-        moves_elsewhere: moves_elsewhere(ctx, &claims, &ended, &uid),
+        moves_elsewhere: others.len(),
         concurrency: cloud.settings.upgrade_concurrency,
+        moves_in_namespace: others.iter().filter(|(_, ns)| *ns == namespace).count(),
+        namespace_concurrency: cloud.settings.upgrade_concurrency_per_namespace,
     });
     if decision == Start::Go {
         claims.insert(uid.clone(), Instant::now());
@@ -258,16 +262,21 @@ const CLAIM_TTL: Duration = Duration::from_secs(30);
 
 /// Moves of other QuestDBs under way: persisted ones (the cache) and ones this process
 /// started moments ago (the claims).
+/// The other QuestDBs whose moves are under way (recorded in status, or claimed by a
+/// reconcile whose record is not in the cache yet), each with its namespace.
 fn moves_elsewhere(
     ctx: &Context,
     claims: &HashMap<String, Instant>,
     ended: &HashSet<String>,
     uid: &str,
-) -> usize {
-    let mut uids: HashSet<String> = ctx
-        .caches
-        .questdbs
-        .state()
+) -> Vec<(String, Option<String>)> {
+    let questdbs = ctx.caches.questdbs.state();
+    let namespace_of: HashMap<&str, Option<String>> = questdbs
+        .iter()
+        .filter_map(|g| g.0.as_ref().ok())
+        .filter_map(|q| Some((q.metadata.uid.as_deref()?, q.namespace())))
+        .collect();
+    let mut uids: HashSet<String> = questdbs
         .iter()
         .filter_map(|g| g.0.as_ref().ok())
         .filter(|q| q.status.as_ref().is_some_and(node_move::in_progress))
@@ -276,7 +285,12 @@ fn moves_elsewhere(
         .collect();
     uids.extend(claims.keys().cloned());
     uids.remove(uid);
-    uids.len()
+    uids.into_iter()
+        .map(|u| {
+            let ns = namespace_of.get(u.as_str()).cloned().flatten();
+            (u, ns)
+        })
+        .collect()
 }
 
 fn pod_ready_on(qdb: &QuestDB, ctx: &Context, instance: Option<&str>) -> bool {

@@ -157,6 +157,15 @@ fn step_view<'a>(m: &'a NodeMove<'_>, seen: &'a Observed) -> StepView<'a> {
             (Some(n), Some(id)) => is_dedicated(n, &seen.dedicated, id),
             _ => false,
         },
+        new_node_distrusted: match (new_id, seen.new_instance.as_ref()) {
+            (Some(id), Some(instance)) => {
+                let claimants = crate::plan::node::claimants(&nodes, id);
+                claimants
+                    .first()
+                    .and_then(|n| crate::plan::node::untrusted(&claimants, n, instance))
+            }
+            _ => None,
+        },
         new_node_ready: new_node.is_some_and(node_is_ready),
         new_node_cordoned: new_node.is_some_and(is_cordoned),
         in_phase_for: since(u.phase_started_at.as_ref()).unwrap_or_default(),
