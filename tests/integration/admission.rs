@@ -7,6 +7,14 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 
 use crate::harness::{wait_until, Env};
 
+/// The apiserver's refusal of `what` (its message), failing the test when it was not refused.
+fn refusal<T: std::fmt::Debug>(what: &str, result: kube::Result<T>) -> String {
+    match result {
+        Err(kube::Error::Api(e)) if e.code == 403 || e.code == 422 => e.message,
+        other => panic!("{what}: refused, not {other:?}"),
+    }
+}
+
 /// A stolen operator token (or a bug) writes nothing the operator does not own: the apiserver's
 /// admission policy (`deploy/admission/`) refuses, whatever the ClusterRole grants. Every other
 /// test runs the operator under the same policy, so what it does still works.
@@ -35,10 +43,6 @@ async fn the_operators_token_writes_nothing_it_does_not_own() {
         .await
         .unwrap();
     let operator = kube::Client::try_from(env.cp.operator_config().await).unwrap();
-    let refused = |what: &str, result: kube::Result<ConfigMap>| match result {
-        Err(kube::Error::Api(e)) if e.code == 403 || e.code == 422 => e.message,
-        other => panic!("{what}: refused, not {other:?}"),
-    };
     let patch = Patch::Merge(serde_json::json!({"data": {"mapRoles": "- rolearn: attacker"}}));
     // The policy is enforced once the apiserver has loaded it: wait for its first refusal
     // (a loaded apiserver's timeout or 500 is an error too, but not the policy's answer).
@@ -57,7 +61,7 @@ async fn the_operators_token_writes_nothing_it_does_not_own() {
         },
     )
     .await;
-    let message = refused(
+    let message = refusal(
         "kube-system/aws-auth",
         system
             .patch("aws-auth", &PatchParams::default(), &patch)
@@ -66,7 +70,7 @@ async fn the_operators_token_writes_nothing_it_does_not_own() {
     assert!(message.contains("never writes in kube-system"), "{message}");
 
     let tenant = Api::<ConfigMap>::namespaced(operator.clone(), "tenant-a");
-    let message = refused(
+    let message = refusal(
         "an unlabelled ConfigMap",
         tenant
             .patch("theirs", &PatchParams::default(), &patch)
@@ -76,21 +80,21 @@ async fn the_operators_token_writes_nothing_it_does_not_own() {
         message.contains("only writes objects it manages"),
         "{message}"
     );
-    refused(
+    refusal(
         "creating an unlabelled ConfigMap",
         tenant
             .create(&PostParams::default(), &cm("new", false))
             .await,
     );
     // Deleting what is not its own: judged on the object as it is, not as the request says.
-    match tenant.delete("theirs", &DeleteParams::default()).await {
-        Err(kube::Error::Api(e)) if e.code == 403 || e.code == 422 => assert!(
-            e.message.contains("only writes objects it manages"),
-            "{}",
-            e.message
-        ),
-        other => panic!("deleting an unlabelled ConfigMap: refused, not {other:?}"),
-    }
+    let message = refusal(
+        "deleting an unlabelled ConfigMap",
+        tenant.delete("theirs", &DeleteParams::default()).await,
+    );
+    assert!(
+        message.contains("only writes objects it manages"),
+        "{message}"
+    );
     // Its own kind of object it may write.
     tenant
         .create(&PostParams::default(), &cm("ours", true))
@@ -116,17 +120,16 @@ async fn the_operators_token_writes_nothing_it_does_not_own() {
         ("db1-credentials", "kubernetes.io/service-account-token"),
         ("anything", "Opaque"),
     ] {
-        match secrets
-            .create(&PostParams::default(), &secret(name, type_))
-            .await
-        {
-            Err(kube::Error::Api(e)) if e.code == 403 || e.code == 422 => assert!(
-                e.message.contains("only creates Secrets of type Opaque"),
-                "{name}: {}",
-                e.message
-            ),
-            other => panic!("a {type_} Secret named {name}: refused, not {other:?}"),
-        }
+        let message = refusal(
+            &format!("a {type_} Secret named {name}"),
+            secrets
+                .create(&PostParams::default(), &secret(name, type_))
+                .await,
+        );
+        assert!(
+            message.contains("only creates Secrets of type Opaque"),
+            "{message}"
+        );
     }
     secrets
         .create(&PostParams::default(), &secret("db1-credentials", "Opaque"))
@@ -157,7 +160,7 @@ async fn the_operators_token_writes_nothing_it_does_not_own() {
         .unwrap()
     };
     let statefulsets = Api::<StatefulSet>::namespaced(operator.clone(), "tenant-a");
-    for (name, pod, refusal) in [
+    for (name, pod, expected) in [
         (
             "as-admin",
             serde_json::json!({"serviceAccountName": "cluster-admin-sa"}),
@@ -185,15 +188,13 @@ async fn the_operators_token_writes_nothing_it_does_not_own() {
             "never run privileged",
         ),
     ] {
-        match statefulsets
-            .create(&PostParams::default(), &statefulset(name, pod))
-            .await
-        {
-            Err(kube::Error::Api(e)) if e.code == 403 || e.code == 422 => {
-                assert!(e.message.contains(refusal), "{name}: {}", e.message)
-            }
-            other => panic!("a StatefulSet {name}: refused, not {other:?}"),
-        }
+        let message = refusal(
+            &format!("a StatefulSet {name}"),
+            statefulsets
+                .create(&PostParams::default(), &statefulset(name, pod))
+                .await,
+        );
+        assert!(message.contains(expected), "{name}: {message}");
     }
     let ours = statefulsets
         .create(
@@ -205,21 +206,20 @@ async fn the_operators_token_writes_nothing_it_does_not_own() {
     // An update is judged on what it leaves: turning its own StatefulSet privileged is refused.
     let escalate = Patch::Merge(serde_json::json!({"spec": {"template": {"spec": {
         "serviceAccountName": "cluster-admin-sa"}}}}));
-    match statefulsets
-        .patch(
-            ours.metadata.name.as_deref().unwrap(),
-            &PatchParams::default(),
-            &escalate,
-        )
-        .await
-    {
-        Err(kube::Error::Api(e)) if e.code == 403 || e.code == 422 => assert!(
-            e.message.contains("run as the default ServiceAccount"),
-            "{}",
-            e.message
-        ),
-        other => panic!("an update naming a ServiceAccount: refused, not {other:?}"),
-    }
+    let message = refusal(
+        "an update naming a ServiceAccount",
+        statefulsets
+            .patch(
+                ours.metadata.name.as_deref().unwrap(),
+                &PatchParams::default(),
+                &escalate,
+            )
+            .await,
+    );
+    assert!(
+        message.contains("run as the default ServiceAccount"),
+        "{message}"
+    );
 
     // A QuestDB: only a backup verification's throwaway database (a token that could create
     // any QuestDB could create a privileged database in any namespace... the schema refuses
