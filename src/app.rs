@@ -260,6 +260,8 @@ pub fn cloud_settings(args: &CloudArgs) -> CloudSettings {
         csi_driver: Some(args.csi_driver.trim().to_string()).filter(|d| !d.is_empty()),
         upgrade_concurrency: usize::from(args.upgrade_concurrency),
         upgrade_concurrency_per_namespace: usize::from(args.upgrade_concurrency_per_namespace),
+        max_dedicated_nodes_per_namespace: Some(args.max_dedicated_nodes_per_namespace as usize)
+            .filter(|n| *n > 0),
         node_lease_duration: args
             .node_lease_duration
             .unwrap_or(crate::controllers::node_health::tracker::DEFAULT_NODE_LEASE_DURATION),
@@ -268,6 +270,7 @@ pub fn cloud_settings(args: &CloudArgs) -> CloudSettings {
             .as_deref()
             .map(|s| s.trim_matches('.').to_ascii_lowercase())
             .filter(|s| !s.is_empty()),
+        dns_names_first_come: args.dns_names_first_come,
     }
 }
 
@@ -377,6 +380,10 @@ pub fn options_from(args: &RunArgs) -> anyhow::Result<ManagerOptions> {
             allowed_priority_classes: args.allowed_priority_classes.clone(),
             allowed_toleration_keys: args.allowed_toleration_keys.clone(),
             secret_namespaces: args.secret_namespaces.clone(),
+            backup_schedules: crate::desired::tenancy::ScheduleLimits {
+                min_interval: Some(args.backup_schedule_min_interval).filter(|d| !d.is_zero()),
+                max_retention: Some(args.backup_retention_max),
+            },
         },
     })
 }

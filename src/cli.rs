@@ -156,6 +156,16 @@ pub struct RunArgs {
     #[arg(long, env = "SECRET_NAMESPACES", value_delimiter = ',')]
     pub secret_namespaces: Vec<String>,
 
+    /// The shortest time a QuestDBBackupSchedule may leave between two backups (e.g. `15m`;
+    /// `0s`: no limit). A denser schedule makes no backup and says why in its status.
+    #[arg(long, env = "BACKUP_SCHEDULE_MIN_INTERVAL", default_value = "10m", value_parser = parse_duration)]
+    pub backup_schedule_min_interval: std::time::Duration,
+
+    /// The most backups a QuestDBBackupSchedule may keep (`retention`): each is a volume
+    /// snapshot in the account's quota.
+    #[arg(long, env = "BACKUP_RETENTION_MAX", default_value_t = 200, value_parser = clap::value_parser!(i32).range(1..=1000))]
+    pub backup_retention_max: i32,
+
     #[command(flatten)]
     pub cloud: CloudArgs,
 }
@@ -218,10 +228,17 @@ pub struct CloudArgs {
     pub aws_instance_profile: Option<String>,
 
     /// A QuestDB's `spec.dns.name` must lie under `<its namespace>.<this suffix>` (e.g.
-    /// `db.example.com`: team-a's databases are `*.team-a.db.example.com`). Unset: any name in
-    /// the hosted zone, first come first served.
+    /// `db.example.com`: team-a's databases are `*.team-a.db.example.com`). Unset: the name's
+    /// second label must be its namespace (`<name>.<namespace>.<zone>`), unless
+    /// `--dns-names-first-come`.
     #[arg(long, env = "DNS_NAMESPACE_SUFFIX")]
     pub dns_namespace_suffix: Option<String>,
+
+    /// Without `--dns-namespace-suffix`, let a QuestDB take any name in the hosted zone, first
+    /// come first served (before this flag existed, the only behaviour): one namespace can then
+    /// take a name another namespace's clients use. For a single-tenant cluster.
+    #[arg(long, env = "DNS_NAMES_FIRST_COME", default_value_t = false, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    pub dns_names_first_come: bool,
 
     /// AMI ids a QuestDB's `spec.node.image` may name (comma separated). With
     /// `--allowed-node-image-owners` too, an image passes if either allows it. Unset with no
@@ -325,6 +342,12 @@ pub struct CloudArgs {
     /// included) never hold every slot of `--upgrade-concurrency`.
     #[arg(long, env = "UPGRADE_CONCURRENCY_PER_NAMESPACE", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
     pub upgrade_concurrency_per_namespace: u16,
+
+    /// Databases of one namespace that may run on dedicated nodes at once (a first launch
+    /// waits at the cap, `NodeReady=False, NamespaceQuota`; replacements never do), so one
+    /// tenant cannot take the account's whole vCPU quota. `0`: no cap.
+    #[arg(long, env = "MAX_DEDICATED_NODES_PER_NAMESPACE", default_value_t = 20)]
+    pub max_dedicated_nodes_per_namespace: u32,
 
     /// A fence first stops a dedicated instance normally (the OS shuts down: QuestDB gets
     /// SIGTERM and the kernel writes back what it held); a normal stop not ended after this

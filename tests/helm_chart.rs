@@ -711,6 +711,8 @@ fn every_flag_the_chart_renders_is_accepted_by_the_operator() {
     assert_eq!(run.allowed_priority_classes, ["databases"]);
     assert_eq!(run.allowed_toleration_keys, ["spot", "gpu"]);
     assert_eq!(run.secret_namespaces, ["team-a", "team-b"]);
+    assert_eq!(run.backup_schedule_min_interval.as_secs(), 1800);
+    assert_eq!(run.backup_retention_max, 50);
     // Secrets are granted in those namespaces only, never cluster-wide.
     let cluster_role = find(&objects, "ClusterRole", "qdb-operator");
     assert!(
@@ -763,6 +765,8 @@ fn every_flag_the_chart_renders_is_accepted_by_the_operator() {
     assert_eq!(cloud.orphan_grace_period.as_secs(), 3600);
     assert_eq!(cloud.upgrade_concurrency, 3);
     assert_eq!(cloud.upgrade_concurrency_per_namespace, 2);
+    assert_eq!(cloud.max_dedicated_nodes_per_namespace, 12);
+    assert!(cloud.dns_names_first_come);
     assert_eq!(cloud.node_join_timeout.as_secs(), 1200);
     assert_eq!(
         questdb_operator::cloud::parse_node_tags(&cloud.node_tags).unwrap()["cost-center"],

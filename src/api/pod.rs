@@ -166,7 +166,7 @@ fn max_items(schema: &mut schemars::Schema) {
 
 /// Bounds a string field of the list's items: the apiserver refuses a CRD whose rules it
 /// cannot prove cheap, and an unbounded string makes every comparison of it unbounded.
-fn bound_item_string(schema: &mut schemars::Schema, field: &str, max: i64) {
+pub(super) fn bound_item_string(schema: &mut schemars::Schema, field: &str, max: i64) {
     if let Some(f) = schema
         .get_mut("items")
         .and_then(|i| i.get_mut("properties"))

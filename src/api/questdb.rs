@@ -53,6 +53,7 @@ use serde::{Deserialize, Serialize};
 pub struct QuestDBSpec {
     /// Container image of the database, e.g. `questdb/questdb:9.0.0`. Its tag is the version.
     #[x_kube(validation = Rule::new("self.size() > 0").message("image must not be empty"))]
+    #[schemars(length(max = 512))]
     pub image: String,
 
     /// Image pull policy of the database container (Always, IfNotPresent, Never).
@@ -154,6 +155,7 @@ pub struct NetworkPolicySpec {
     /// (`podSelector`, `namespaceSelector`, `ipBlock`). Empty: every pod of this namespace.
     /// Clients outside the cluster reaching a dedicated node's address need an `ipBlock`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(transform = peers_schema)]
     pub from: Vec<NetworkPolicyPeer>,
 }
 
@@ -425,6 +427,10 @@ pub fn env_name_for(key: &str) -> String {
 /// budget"), as the real kube-apiserver did.
 pub const MAX_ENV_VARS: u64 = 64;
 pub const MAX_ENV_NAME_LENGTH: u64 = 256;
+/// An env value: a JVM option string, a URL; not a file (a ConfigMap volume carries those).
+pub const MAX_ENV_VALUE_LENGTH: u64 = 16 * 1024;
+/// NetworkPolicy peers of `spec.networkPolicy.from`.
+pub const MAX_PEERS: u64 = 32;
 pub const MAX_SERVER_PROPERTIES: u64 = 256;
 pub const MAX_SERVER_VALUE_LENGTH: u64 = 4096;
 
@@ -448,14 +454,10 @@ fn reserved_rules(
 
 fn env_schema(schema: &mut schemars::Schema) {
     schema.insert("maxItems".into(), MAX_ENV_VARS.into());
-    if let Some(name) = schema
-        .get_mut("items")
-        .and_then(|i| i.get_mut("properties"))
-        .and_then(|p| p.get_mut("name"))
-        .and_then(|n| n.as_object_mut())
-    {
-        name.insert("maxLength".into(), MAX_ENV_NAME_LENGTH.into());
-    }
+    super::pod::bound_item_string(schema, "name", MAX_ENV_NAME_LENGTH as i64);
+    // Every QuestDB sits in the operator's cache: a value of up to etcd's 1.5 MiB per object,
+    // times many objects, would be the operator's memory to hold.
+    super::pod::bound_item_string(schema, "value", MAX_ENV_VALUE_LENGTH as i64);
     schema.insert(
         "x-kubernetes-validations".into(),
         reserved_rules(
@@ -464,6 +466,11 @@ fn env_schema(schema: &mut schemars::Schema) {
             &reserved_env_vars(),
         ),
     );
+}
+
+/// At most [`MAX_PEERS`] peers (each a selector or a CIDR block): the same cache bound.
+fn peers_schema(schema: &mut schemars::Schema) {
+    schema.insert("maxItems".into(), MAX_PEERS.into());
 }
 
 fn server_schema(schema: &mut schemars::Schema) {
@@ -837,6 +844,26 @@ mod tests {
     use super::*;
     use crate::desired::testing::questdb;
     use k8s_openapi::api::core::v1::EnvVar;
+
+    /// The harm: a tenant filling the operator's memory through the QuestDB cache (every
+    /// object up to etcd's 1.5 MiB). The free-text fields a tenant fills have bounds.
+    #[test]
+    fn the_fields_a_tenant_fills_are_bounded_in_the_schema() {
+        use kube::CustomResourceExt;
+        let crd = serde_json::to_value(QuestDB::crd()).unwrap();
+        let spec = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+            ["properties"];
+        assert_eq!(spec["image"]["maxLength"], 512);
+        assert_eq!(spec["env"]["maxItems"], MAX_ENV_VARS);
+        assert_eq!(
+            spec["env"]["items"]["properties"]["value"]["maxLength"],
+            MAX_ENV_VALUE_LENGTH
+        );
+        assert_eq!(
+            spec["networkPolicy"]["properties"]["from"]["maxItems"],
+            MAX_PEERS
+        );
+    }
 
     fn node(zone: &str) -> NodeSpec {
         NodeSpec {

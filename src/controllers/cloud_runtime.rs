@@ -51,6 +51,9 @@ pub struct CloudSettings {
     /// Node moves under way at once in one namespace (`--upgrade-concurrency-per-namespace`):
     /// one tenant's stuck moves never hold every slot.
     pub upgrade_concurrency_per_namespace: usize,
+    /// `--max-dedicated-nodes-per-namespace`: databases of one namespace on nodes of their own
+    /// (a first launch waits at the cap); `None`: no cap.
+    pub max_dedicated_nodes_per_namespace: Option<usize>,
     /// `--csi-driver`: a node is dedicated (and so takes its database) only once this driver
     /// is registered on it.
     pub csi_driver: Option<String>,
@@ -60,6 +63,9 @@ pub struct CloudSettings {
     /// `--dns-namespace-suffix`: a QuestDB's DNS name must lie under `<namespace>.<suffix>`,
     /// so one namespace can never name (and take clients meant for) another's databases.
     pub dns_namespace_suffix: Option<String>,
+    /// `--dns-names-first-come`: without a suffix, any name in the zone (the default is
+    /// `<name>.<namespace>.<zone>`).
+    pub dns_names_first_come: bool,
     /// `--fence-stop-escalation`, `--fence-detach-escalation`: when a hanging stop is forced
     /// again and a volume stuck on a fenced node has its instance terminated.
     pub escalation: crate::plan::failover::Escalation,
@@ -78,7 +84,9 @@ impl Default for CloudSettings {
             upgrade_step_timeout: Duration::from_secs(600),
             upgrade_concurrency: 2,
             upgrade_concurrency_per_namespace: 2,
+            max_dedicated_nodes_per_namespace: None,
             dns_namespace_suffix: None,
+            dns_names_first_come: false,
             escalation: crate::plan::failover::Escalation::DEFAULT,
             node_lease_duration:
                 crate::controllers::node_health::tracker::DEFAULT_NODE_LEASE_DURATION,

@@ -4,12 +4,32 @@
 //! `--allowed-priority-classes` and `--allowed-toleration-keys`). A QuestDB outside them is
 //! `SpecValid=False` naming the field and the flag, and nothing is built for it.
 
+use std::fmt;
+
 use super::image_ref::ImageRef;
-use super::validate::SpecProblem;
 use crate::api::QuestDB;
 
 /// The registry a reference without one is pulled from (container runtimes' default).
 const DEFAULT_REGISTRY: &str = "docker.io";
+
+/// A field outside one of the allow-lists.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NotAllowed {
+    pub field: String,
+    pub value: String,
+    pub flag: &'static str,
+    pub allowed: String,
+}
+
+impl fmt::Display for NotAllowed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} {:?} is not allowed by the operator's {} ({}); ask the platform team or pick an allowed one",
+            self.field, self.value, self.flag, self.allowed
+        )
+    }
+}
 
 /// The allow-lists; an empty list allows whatever the schema allows.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -24,16 +44,52 @@ pub struct TenancyPolicy {
     /// The namespaces whose Secrets the operator may read (one watch each, no cluster-wide
     /// read): a QuestDB elsewhere could get neither credentials nor ILP keys.
     pub secret_namespaces: Vec<String>,
+    /// The shortest time between two runs of a backup schedule, and the most backups one
+    /// keeps: each backup is a volume snapshot in the account's quota, shared by every tenant.
+    pub backup_schedules: ScheduleLimits,
+}
+
+/// `--backup-schedule-min-interval`, `--backup-retention-max`; `None` is no limit.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ScheduleLimits {
+    pub min_interval: Option<std::time::Duration>,
+    pub max_retention: Option<i32>,
+}
+
+impl ScheduleLimits {
+    /// Why a schedule that runs at most every `shortest_gap` and keeps `retention` backups is
+    /// refused, if it is.
+    pub fn refusal(
+        &self,
+        shortest_gap: Option<std::time::Duration>,
+        retention: i32,
+    ) -> Option<String> {
+        if let (Some(min), Some(gap)) = (self.min_interval, shortest_gap) {
+            if gap < min {
+                return Some(format!(
+                    "schedule runs {}s apart at its closest; at most one backup every {}s is allowed here (--backup-schedule-min-interval)",
+                    gap.as_secs(),
+                    min.as_secs()
+                ));
+            }
+        }
+        match self.max_retention {
+            Some(max) if retention > max => Some(format!(
+                "retention {retention} keeps more backups than the {max} allowed here (--backup-retention-max)"
+            )),
+            _ => None,
+        }
+    }
 }
 
 impl TenancyPolicy {
     /// Every field of `qdb` outside the allow-lists.
-    pub fn problems(&self, qdb: &QuestDB) -> Vec<SpecProblem> {
+    pub fn problems(&self, qdb: &QuestDB) -> Vec<NotAllowed> {
         let mut out = Vec::new();
         let spec = &qdb.spec;
         let ns = qdb.metadata.namespace.clone().unwrap_or_default();
         if !self.secret_namespaces.is_empty() && !self.secret_namespaces.contains(&ns) {
-            out.push(SpecProblem::NotAllowed {
+            out.push(NotAllowed {
                 field: "metadata.namespace".to_string(),
                 value: ns,
                 flag: "--secret-namespaces",
@@ -53,7 +109,7 @@ impl TenancyPolicy {
                     .iter()
                     .any(|allowed| under(&name, allowed))
                 {
-                    out.push(SpecProblem::NotAllowed {
+                    out.push(NotAllowed {
                         field: "spec.image".to_string(),
                         value: spec.image.clone(),
                         flag: "--allowed-image-registries",
@@ -66,7 +122,7 @@ impl TenancyPolicy {
             if !self.allowed_priority_classes.is_empty()
                 && !self.allowed_priority_classes.contains(class)
             {
-                out.push(SpecProblem::NotAllowed {
+                out.push(NotAllowed {
                     field: "spec.pod.priorityClassName".to_string(),
                     value: class.clone(),
                     flag: "--allowed-priority-classes",
@@ -78,7 +134,7 @@ impl TenancyPolicy {
             for (i, t) in spec.pod.tolerations.iter().enumerate() {
                 let key = t.key.clone().unwrap_or_default();
                 if !self.allowed_toleration_keys.contains(&key) {
-                    out.push(SpecProblem::NotAllowed {
+                    out.push(NotAllowed {
                         field: format!("spec.pod.tolerations[{i}].key"),
                         value: key,
                         flag: "--allowed-toleration-keys",
@@ -117,17 +173,12 @@ mod tests {
             allowed_priority_classes: vec!["databases".into()],
             allowed_toleration_keys: vec!["spot".into()],
             secret_namespaces: vec![],
+            backup_schedules: ScheduleLimits::default(),
         }
     }
 
-    fn fields(problems: &[SpecProblem]) -> Vec<String> {
-        problems
-            .iter()
-            .map(|p| match p {
-                SpecProblem::NotAllowed { field, .. } => field.clone(),
-                other => panic!("{other:?}"),
-            })
-            .collect()
+    fn fields(problems: &[NotAllowed]) -> Vec<String> {
+        problems.iter().map(|p| p.field.clone()).collect()
     }
 
     #[test]
@@ -184,6 +235,22 @@ mod tests {
         );
         // Empty lists allow whatever the schema allows.
         assert_eq!(TenancyPolicy::default().problems(&qdb), vec![]);
+    }
+
+    #[test]
+    fn a_schedule_denser_or_longer_kept_than_the_platform_allows_is_refused() {
+        let limits = ScheduleLimits {
+            min_interval: Some(std::time::Duration::from_secs(600)),
+            max_retention: Some(100),
+        };
+        let minutes = |m: u64| Some(std::time::Duration::from_secs(m * 60));
+        assert_eq!(limits.refusal(minutes(10), 100), None);
+        assert_eq!(limits.refusal(None, 1), None);
+        let dense = limits.refusal(minutes(1), 7).unwrap();
+        assert!(dense.contains("--backup-schedule-min-interval"), "{dense}");
+        let hoarding = limits.refusal(minutes(60), 1000).unwrap();
+        assert!(hoarding.contains("--backup-retention-max"), "{hoarding}");
+        assert_eq!(ScheduleLimits::default().refusal(minutes(1), 1000), None);
     }
 
     #[test]

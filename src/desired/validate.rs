@@ -8,7 +8,7 @@ use kube::ResourceExt;
 
 use super::image_ref::{ImageRef, ImageRefError};
 use super::quantity::parse_quantity;
-use super::tenancy::TenancyPolicy;
+use super::tenancy::{NotAllowed, TenancyPolicy};
 use crate::api::{reserved_env_vars, QuestDB, RESERVED_SERVER_KEYS};
 
 /// The longest QuestDB name: the StatefulSet controller labels each pod revision
@@ -48,12 +48,7 @@ pub enum SpecProblem {
     /// `spec.image` is an older QuestDB version than the one the data last ran with.
     VersionDowngrade { image: String, data_version: String },
     /// A field outside one of the platform team's allow-lists (`TenancyPolicy`).
-    NotAllowed {
-        field: String,
-        value: String,
-        flag: &'static str,
-        allowed: String,
-    },
+    NotAllowed(NotAllowed),
 }
 
 impl fmt::Display for SpecProblem {
@@ -100,15 +95,7 @@ impl fmt::Display for SpecProblem {
                 f,
                 "spec.image {image:?} is older than QuestDB {data_version}, the version this database's data last ran with (status.dataVersion): QuestDB does not support downgrades, an older version may not read what a newer one wrote; the database keeps running as it was. Set spec.allowVersionDowngrade: true to run it anyway, or restore a backup taken on that version into a new QuestDB"
             ),
-            Self::NotAllowed {
-                field,
-                value,
-                flag,
-                allowed,
-            } => write!(
-                f,
-                "{field} {value:?} is not allowed by the operator's {flag} ({allowed}); ask the platform team or pick an allowed one"
-            ),
+            Self::NotAllowed(n) => write!(f, "{n}"),
         }
     }
 }
@@ -183,7 +170,12 @@ pub fn validate_with(qdb: &QuestDB, tenancy: &TenancyPolicy) -> Result<(), Vec<S
             .into_iter()
             .map(SpecProblem::NotRestricted),
     );
-    problems.extend(tenancy.problems(qdb));
+    problems.extend(
+        tenancy
+            .problems(qdb)
+            .into_iter()
+            .map(SpecProblem::NotAllowed),
+    );
     if let Some(problem) = downgrade(qdb) {
         problems.push(problem);
     }

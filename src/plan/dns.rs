@@ -99,23 +99,44 @@ pub fn plan(v: &DnsView) -> DnsStep {
     }
 }
 
-/// The refusal of a DNS name outside `<namespace>.<suffix>` (`--dns-namespace-suffix`).
+/// Which DNS names a namespace's databases may take in the shared hosted zone.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DnsNames<'a> {
+    /// The default: the name's second label is the namespace (`<db>.<namespace>.<zone>`), so
+    /// each name belongs to exactly one namespace and no tenant can take (or squat, during
+    /// another's restore) a name meant for another namespace's clients.
+    Namespaced,
+    /// Under `<namespace>.<suffix>` (`--dns-namespace-suffix`).
+    UnderSuffix(&'a str),
+    /// Any name in the zone, first come first served (`--dns-names-first-come`).
+    FirstCome,
+}
+
+/// The refusal of a DNS name the namespace may not take, if it may not.
 pub fn outside_namespace(
     name: &str,
     namespace: &str,
-    suffix: Option<&str>,
+    names: DnsNames,
 ) -> Option<Verdict<DnsReason>> {
-    let suffix = suffix?;
-    let zone = format!("{namespace}.{suffix}");
     let name = display_name(name);
-    if name.ends_with(&format!(".{zone}")) {
-        return None;
+    let refuse = |why: String| Some(Verdict::new(false, DnsReason::DnsRejected, why));
+    match names {
+        DnsNames::FirstCome => None,
+        DnsNames::UnderSuffix(suffix) => {
+            let zone = format!("{namespace}.{suffix}");
+            if name.ends_with(&format!(".{zone}")) {
+                return None;
+            }
+            refuse(format!("{name} is not under {zone}: this namespace's databases are named *.{zone} (--dns-namespace-suffix)"))
+        }
+        DnsNames::Namespaced => {
+            let labels: Vec<&str> = name.split('.').collect();
+            if labels.len() >= 3 && labels[1] == namespace && !labels[0].is_empty() {
+                return None;
+            }
+            refuse(format!("{name}: this namespace's databases are named <name>.{namespace}.<zone> (the second label is the namespace, so no other namespace can take the name; the operator's --dns-names-first-come lifts this)"))
+        }
     }
-    Some(Verdict::new(
-        false,
-        DnsReason::DnsRejected,
-        format!("{name} is not under {zone}: this namespace's databases are named *.{zone} (--dns-namespace-suffix)"),
-    ))
 }
 
 /// `DnsReady` of a paused QuestDB whose name stays its own.
@@ -274,7 +295,7 @@ mod tests {
 
     #[test]
     fn a_name_outside_the_namespaces_suffix_is_refused() {
-        let suffix = Some("db.example.com");
+        let suffix = DnsNames::UnderSuffix("db.example.com");
         assert_eq!(
             outside_namespace("db1.team-a.db.example.com.", "team-a", suffix),
             None
@@ -292,9 +313,39 @@ mod tests {
             );
         }
         assert_eq!(
-            outside_namespace("anything.example.com", "team-a", None),
+            outside_namespace("anything.example.com", "team-a", DnsNames::FirstCome),
             None
         );
+    }
+
+    /// By default every name belongs to exactly one namespace: its second label.
+    #[test]
+    fn by_default_a_name_is_the_namespace_its_second_label_names() {
+        let names = DnsNames::Namespaced;
+        for name in [
+            "orders.team-a.db.example.com",
+            "orders.team-a.example.com.",
+            "orders.team-a.com",
+        ] {
+            assert_eq!(outside_namespace(name, "team-a", names), None, "{name}");
+        }
+        for name in [
+            // Another namespace's, however it is dressed up.
+            "orders.team-b.db.example.com",
+            "team-a.orders.example.com",
+            // Too short to carry a namespace.
+            "team-a.com",
+            "orders",
+            ".team-a.example.com",
+        ] {
+            let refused = outside_namespace(name, "team-a", names).expect(name);
+            assert_eq!(refused.reason, DnsReason::DnsRejected);
+            assert!(
+                refused.message.contains("<name>.team-a.<zone>"),
+                "{}",
+                refused.message
+            );
+        }
     }
 
     #[test]

@@ -259,6 +259,18 @@ pub fn breaker_open(unhealthy: usize, managed: usize) -> bool {
     unhealthy > (managed / 5).max(1)
 }
 
+/// The unhealthy nodes the breaker counts, from each namespace's `(unhealthy, managed)`: a
+/// namespace counts at most one more than its own breaker allows, so alone it trips the
+/// breaker only when it is (nearly) the whole fleet. One tenant whose nodes never come up (a
+/// broken image, on purpose or not) cannot hold every other tenant's failovers back; an outage
+/// that takes nodes of many namespaces still trips it.
+pub fn breaker_count(by_namespace: impl IntoIterator<Item = (usize, usize)>) -> usize {
+    by_namespace
+        .into_iter()
+        .map(|(unhealthy, managed)| unhealthy.min((managed / 5).max(1) + 1))
+        .sum()
+}
+
 /// What the steps look at.
 pub struct StepView<'a> {
     pub failover: &'a FailoverStatus,

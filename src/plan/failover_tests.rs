@@ -618,3 +618,20 @@ fn escalations_follow_their_settings_and_never_fire_at_every_poll() {
         .collect();
     assert_eq!(fired, vec![10, 11, 12, 13, 14, 20, 21, 22, 23, 24]);
 }
+
+/// The harm: one tenant whose dedicated nodes all go silent (a broken image) holding back every
+/// other tenant's failover. Alone it counts for little unless it is the whole fleet; silent
+/// nodes of many namespaces (an outage) still trip the breaker.
+#[test]
+fn one_namespace_alone_cannot_trip_the_breaker_for_everyone() {
+    // 50 nodes: team-a's 20 all silent, 30 healthy elsewhere.
+    let counted = breaker_count([(20, 20), (0, 10), (0, 10), (0, 10)]);
+    assert_eq!(counted, 5);
+    assert!(!breaker_open(counted, 50));
+    // An outage: a third of every namespace's nodes silent.
+    let outage = breaker_count([(7, 20), (4, 10), (4, 10), (4, 10)]);
+    assert!(breaker_open(outage, 50));
+    // One namespace that is the whole fleet keeps its breaker.
+    assert!(breaker_open(breaker_count([(3, 10)]), 10));
+    assert!(!breaker_open(breaker_count([(2, 10)]), 10));
+}

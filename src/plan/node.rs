@@ -47,6 +47,11 @@ pub struct NodeView<'a> {
     /// `spec.failover.enabled`: failover fences and replaces an instance that never joined;
     /// without it the node's own steps terminate it and launch another.
     pub failover_replaces: bool,
+    /// Other databases of this namespace holding a dedicated node, and how many one namespace
+    /// may hold (`--max-dedicated-nodes-per-namespace`): a first launch waits at the cap, a
+    /// replacement never does (the database already counts).
+    pub namespace_nodes: usize,
+    pub namespace_node_cap: Option<usize>,
 }
 
 /// What keeps a kubelet from registering, in the order an EKS user meets them.
@@ -270,7 +275,16 @@ pub fn plan(v: &NodeView) -> NodeStep {
                         NodeReadyReason::LaunchFailed,
                         message,
                     )),
-                    None => NodeStep::Launch(generation),
+                    None => match v.namespace_node_cap {
+                        Some(cap) if generation == 1 && v.namespace_nodes >= cap => waiting(
+                            NodeReadyReason::NamespaceQuota,
+                            format!(
+                                "this namespace already has {} databases on dedicated nodes, the most one namespace may have (--max-dedicated-nodes-per-namespace {cap}); the node is launched once one goes",
+                                v.namespace_nodes
+                            ),
+                        ),
+                        _ => NodeStep::Launch(generation),
+                    },
                 },
             };
         }

@@ -107,6 +107,8 @@ struct Case {
     nodes: Vec<Arc<Node>>,
     failure: Option<&'static str>,
     failover: bool,
+    /// Other databases of the namespace on nodes of their own, and the cap.
+    namespace: (usize, Option<usize>),
 }
 
 impl Case {
@@ -119,6 +121,7 @@ impl Case {
             nodes: vec![],
             failure: None,
             failover: true,
+            namespace: (0, None),
         }
     }
     fn plan(&self) -> NodeStep {
@@ -135,8 +138,35 @@ impl Case {
             join_timeout: JOIN_TIMEOUT,
             now: now(),
             failover_replaces: self.failover,
+            namespace_nodes: self.namespace.0,
+            namespace_node_cap: self.namespace.1,
         })
     }
+}
+
+/// One tenant cannot take the account's whole vCPU quota: at the namespace's cap a first node
+/// waits, saying why; a replacement of a database that already had one never waits.
+#[test]
+fn a_namespace_at_its_node_cap_launches_no_first_node_but_still_replaces_one() {
+    let mut first = Case::new(status(Some(1), None));
+    first.namespace = (3, Some(3));
+    match first.plan() {
+        NodeStep::Wait(v) => {
+            assert_eq!(v.reason, NodeReadyReason::NamespaceQuota);
+            assert!(
+                v.message.contains("--max-dedicated-nodes-per-namespace"),
+                "{}",
+                v.message
+            );
+        }
+        other => panic!("waits at the cap, not {other:?}"),
+    }
+    first.namespace = (2, Some(3));
+    assert_eq!(first.plan(), NodeStep::Launch(1));
+    // The second generation replaces a node the database had.
+    let mut replacement = Case::new(status(Some(2), None));
+    replacement.namespace = (3, Some(3));
+    assert_eq!(replacement.plan(), NodeStep::Launch(2));
 }
 
 fn reason(step: &NodeStep) -> Option<NodeReadyReason> {

@@ -232,7 +232,7 @@ impl CloudEnv {
         });
         // A short TTL: a failover keeps the fenced instance that long after DNS follows.
         q.spec.dns = Some(DnsSpec {
-            name: format!("{name}.db.example.com"),
+            name: format!("{name}.{NS}.db.example.com"),
             ttl: 5,
             public: false,
         });
@@ -460,9 +460,11 @@ fn settings() -> CloudSettings {
         // The tests' databases share a namespace or two: the per-namespace share is the
         // global one unless a test is about it.
         upgrade_concurrency_per_namespace: 2,
+        max_dedicated_nodes_per_namespace: None,
         // The test kubelets' Lease: renewed every quarter of it, as a real kubelet does.
         node_lease_duration: questdb_testenv::timings::node_lease_duration(),
         dns_namespace_suffix: None,
+        dns_names_first_come: false,
         csi_driver: Some(questdb_testenv::csi::DRIVER.into()),
         // Scaled down as the cluster's own timers are (a minute and two by default).
         escalation: questdb_operator::plan::failover::Escalation {
@@ -500,7 +502,10 @@ async fn a_questdb_with_a_node_gets_its_own_instance_node_and_dns_and_releases_t
     assert_eq!(status.node_name.as_deref(), Some(node_name.as_str()));
     assert_eq!(status.node_ready, Some(true));
     assert_eq!(status.node_ip, instance.private_ip);
-    assert_eq!(status.dns_name.as_deref(), Some("db1.db.example.com"));
+    assert_eq!(
+        status.dns_name.as_deref(),
+        Some(format!("db1.{NS}.db.example.com").as_str())
+    );
     for (type_, reason) in [("NodeReady", "Ready"), ("DnsReady", "Published")] {
         assert!(
             status
@@ -530,7 +535,7 @@ async fn a_questdb_with_a_node_gets_its_own_instance_node_and_dns_and_releases_t
     // DNS points at the node's private IP, where the database's ports are bound.
     let records = env.cloud.route53.records();
     assert_eq!(records.len(), 1, "{records:?}");
-    assert_eq!(records[0].name, "db1.db.example.com");
+    assert_eq!(records[0].name, format!("db1.{NS}.db.example.com"));
     assert_eq!(Some(&records[0].ips[0]), instance.private_ip.as_ref());
     let pod = Api::<Pod>::namespaced(env.client.clone(), NS)
         .get(&names::pod(&q))
@@ -1317,7 +1322,7 @@ async fn removing_spec_node_unpins_the_pod_and_then_releases_the_node() {
 async fn a_second_questdb_cannot_take_or_delete_another_ones_dns_record() {
     let env = CloudEnv::start(settings()).await;
     let shared = |q: &mut QuestDB| {
-        q.spec.dns.as_mut().expect("dns").name = "shared.db.example.com".into();
+        q.spec.dns.as_mut().expect("dns").name = format!("shared.{NS}.db.example.com");
     };
     env.create("first", shared).await;
     let first = wait_for(&env.qdbs(), "first", "first Ready", is_ready()).await;
@@ -1377,15 +1382,15 @@ async fn a_second_questdb_cannot_take_or_delete_another_ones_dns_record() {
 async fn a_forged_status_record_never_stops_another_questdbs_instance() {
     let env = CloudEnv::start(settings()).await;
     env.create("victim", |q| {
-        q.spec.dns.as_mut().expect("dns").name = "victim.db.example.com".into();
+        q.spec.dns.as_mut().expect("dns").name = format!("victim.{NS}.db.example.com");
     })
     .await;
     env.create("attacker", |q| {
-        q.spec.dns.as_mut().expect("dns").name = "attacker.db.example.com".into();
+        q.spec.dns.as_mut().expect("dns").name = format!("attacker.{NS}.db.example.com");
     })
     .await;
     env.create("mover", |q| {
-        q.spec.dns.as_mut().expect("dns").name = "mover.db.example.com".into();
+        q.spec.dns.as_mut().expect("dns").name = format!("mover.{NS}.db.example.com");
     })
     .await;
     let victim = wait_for(&env.qdbs(), "victim", "victim Ready", is_ready()).await;
@@ -1645,6 +1650,36 @@ async fn a_dns_name_outside_the_namespaces_zone_is_never_written() {
     let records = env.cloud.route53.records();
     assert_eq!(records.len(), 1, "{records:?}");
     assert_eq!(records[0].name, inside);
+    env.stop().await;
+}
+
+/// The harm: one tenant taking the DNS name another namespace's clients connect to (or
+/// squatting it while that database is deleted and restored). By default a name's second label
+/// is its namespace: another namespace's name is never written, the database's own is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn by_default_a_namespace_cannot_take_another_namespaces_dns_name() {
+    let env = CloudEnv::start(settings()).await;
+    env.create("squatter", |q| {
+        q.spec.dns.as_mut().expect("dns").name = "payments.team-b.db.example.com".into();
+    })
+    .await;
+    env.create("own", |_| {}).await;
+    let refused = wait_for(
+        &env.qdbs(),
+        "squatter",
+        "DnsReady=False DnsRejected",
+        has_condition("DnsReady", "DnsRejected"),
+    )
+    .await;
+    let message = crate::harness::condition_message(&refused, "DnsReady");
+    assert!(
+        message.contains(&format!("<name>.{NS}.<zone>")),
+        "{message}"
+    );
+    wait_for(&env.qdbs(), "own", "own Ready", is_ready()).await;
+    let records = env.cloud.route53.records();
+    assert_eq!(records.len(), 1, "{records:?}");
+    assert_eq!(records[0].name, format!("own.{NS}.db.example.com"));
     env.stop().await;
 }
 

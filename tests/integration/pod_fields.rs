@@ -233,7 +233,7 @@ async fn the_apiserver_refuses_pod_fields_that_would_override_the_operator() {
         ),
         (
             json!({"tolerations": [{"key": "crd.questdb.io/dedicated", "operator": "Exists"}]}),
-            "crd.questdb.io/dedicated is the operator's",
+            "keys under crd.questdb.io/",
         ),
         (
             json!({"labels": {"app.kubernetes.io/instance": "other"}}),

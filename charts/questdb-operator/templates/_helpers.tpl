@@ -117,6 +117,8 @@ list is joined with commas (the operator's value delimiter); a number is printed
   (list "backup-checkpoint-timeout" $v.backup.checkpointTimeoutSeconds)
   (list "backup-checkpoint-create-timeout" $v.backup.checkpointCreateTimeoutSeconds)
   (list "backup-upload-timeout" $v.backup.uploadTimeoutSeconds)
+  (list "backup-schedule-min-interval" $v.backup.scheduleMinInterval)
+  (list "backup-retention-max" $v.backup.retentionMax)
   (list "write-health-interval" $v.writeHealthIntervalSeconds)
   (list "cloud-provider" (ternary "" $v.cloudProvider (eq $v.cloudProvider "none")))
   (list "cluster-name" $aws.clusterName)
@@ -129,6 +131,7 @@ list is joined with commas (the operator's value delimiter); a number is printed
   (list "node-tags" $nodes.tags)
   (list "route53-hosted-zone-id" $aws.route53HostedZoneId)
   (list "dns-namespace-suffix" $aws.dnsNamespaceSuffix)
+  (list "dns-names-first-come" (ternary "true" "" $aws.dnsNamesFirstCome))
   (list "allowed-image-registries" $v.tenancy.allowedImageRegistries)
   (list "allowed-priority-classes" $v.tenancy.allowedPriorityClasses)
   (list "allowed-toleration-keys" $v.tenancy.allowedTolerationKeys)
@@ -156,6 +159,7 @@ list is joined with commas (the operator's value delimiter); a number is printed
   (list "upgrade-step-timeout" $nodes.upgrade.stepTimeout)
   (list "upgrade-concurrency" $nodes.upgrade.concurrency)
   (list "upgrade-concurrency-per-namespace" $nodes.upgrade.concurrencyPerNamespace)
+  (list "max-dedicated-nodes-per-namespace" $nodes.maxPerNamespace)
 }}
 {{- range $flags }}
 {{- $flag := index . 0 }}

@@ -116,6 +116,9 @@ pub enum NodeReadyReason {
     MovingOff,
     /// The operator runs without the cloud provider this needs.
     NotConfigured,
+    /// The namespace already has `--max-dedicated-nodes-per-namespace` databases with a node
+    /// of their own: no first node is launched until one goes.
+    NamespaceQuota,
 }
 
 /// `DnsReady`.

@@ -98,6 +98,22 @@ pub async fn reconcile(
         write_status(&api, &mut current, s).await?;
     }
 
+    // Queued behind another backup of the same database: decided from the caches alone, so
+    // a tenant's hundreds of pending backups cost the shared workers no database or API call
+    // (each would otherwise ask its database and the snapshot API every poll) and another
+    // tenant's backup is not queued behind them.
+    if current.status.as_ref().and_then(|s| s.step) == Some(BackupStep::Pending) {
+        if let Some(holder) = other_backup(&current, &bctx) {
+            let status = current.status.clone().unwrap_or_default();
+            let mut s = status.clone();
+            s.reason = Some(BackupReason::AnotherBackupRunning.to_string());
+            s.message = Some(format!("backup {holder} holds the database's checkpoint"));
+            if s != status {
+                write_status(&api, &mut current, s).await?;
+            }
+            return Ok(Next::RequeueAfter(plan::WAIT_POLL));
+        }
+    }
     // At most a few decisions per reconcile: each recorded step goes straight on to its effect.
     for _ in 0..4 {
         let obs = observe(&current, &bctx).await?;

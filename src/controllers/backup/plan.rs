@@ -218,7 +218,7 @@ pub enum Decision {
     Done,
 }
 
-const WAIT_POLL: Duration = Duration::from_secs(10);
+pub const WAIT_POLL: Duration = Duration::from_secs(10);
 const SNAPSHOT_POLL: Duration = Duration::from_secs(2);
 const UPLOAD_POLL: Duration = Duration::from_secs(10);
 

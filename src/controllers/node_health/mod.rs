@@ -15,7 +15,7 @@ use tokio::time::Instant;
 
 use crate::controllers::context::{Context, GuardedQuestDB};
 use crate::controllers::{Error, Next};
-use crate::plan::failover::breaker_open;
+use crate::plan::failover::{breaker_count, breaker_open};
 use crate::plan::node::node_is_ready;
 use owners::OwnerIndex;
 pub use tracker::{pinned_instance, NodeHealth, NODE_LEASE_NAMESPACE};
@@ -43,6 +43,7 @@ pub(crate) const FLEET_COUNT_REUSE: Duration = Duration::from_millis(250);
 pub struct Fleet {
     managed: usize,
     unhealthy: usize,
+    /// Suspects as the breaker counts them: each namespace's capped ([`breaker_count`]).
     suspects: usize,
     /// Every node with a Lease the operator has seen, dedicated or not, and how many of them
     /// are silent past half the Lease duration: an outage between the kubelets and the
@@ -60,6 +61,9 @@ fn count_fleet(ctx: &Context, health: &NodeHealth, index: &OwnerIndex, now: Inst
     let nodes = ctx.caches.nodes.state();
     let mut out = Fleet::default();
     let mut present = std::collections::HashSet::new();
+    // (suspects, managed) per namespace.
+    let mut by_namespace: std::collections::HashMap<Option<String>, (usize, usize)> =
+        Default::default();
     for n in &nodes {
         let Some(name) = n.metadata.name.as_deref() else {
             continue;
@@ -78,6 +82,10 @@ fn count_fleet(ctx: &Context, health: &NodeHealth, index: &OwnerIndex, now: Inst
         };
         let threshold = &owner.threshold;
         out.managed += 1;
+        let share = by_namespace
+            .entry(owner.questdb.namespace.clone())
+            .or_default();
+        share.1 += 1;
         let Some(silent) = health.unhealthy_for(name, now) else {
             continue;
         };
@@ -88,12 +96,13 @@ fn count_fleet(ctx: &Context, health: &NodeHealth, index: &OwnerIndex, now: Inst
         // are all well past that when the first reaches its threshold, whatever the kubelets'
         // renewal phase (10 s apart at most on a real cluster).
         if silent >= *threshold / 2 {
-            out.suspects += 1;
+            share.0 += 1;
         }
         if silent >= *threshold {
             out.past_threshold.push(owner.questdb.clone());
         }
     }
+    out.suspects = breaker_count(by_namespace.into_values());
     health.retain(|n| present.contains(n));
     health.retain_instances(|i| index.owners.contains_key(i));
     out

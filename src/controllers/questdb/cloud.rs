@@ -287,11 +287,15 @@ async fn dns_step(
     // A name outside this namespace's zone is not wanted: never written (and a recorded one
     // of an earlier spec is deleted as for any rename).
     let refusal = qdb.spec.dns.as_ref().and_then(|d| {
-        dns::outside_namespace(
-            &d.name,
-            &qdb.namespace().unwrap_or_default(),
+        let names = match (
             cloud.settings.dns_namespace_suffix.as_deref(),
-        )
+            cloud.settings.dns_names_first_come,
+        ) {
+            (Some(suffix), _) => dns::DnsNames::UnderSuffix(suffix),
+            (None, true) => dns::DnsNames::FirstCome,
+            (None, false) => dns::DnsNames::Namespaced,
+        };
+        dns::outside_namespace(&d.name, &qdb.namespace().unwrap_or_default(), names)
     });
     if let Some(c) = &refusal {
         if !already_reported(&status, c) {

@@ -243,14 +243,34 @@ fn exited(c: &ContainerStatus) -> Trouble {
     }
 }
 
-/// The end of the log, at most [`LOG_TAIL_MAX`] bytes on line boundaries. A line that mentions
-/// a password is withheld: status is readable by everyone who may read the QuestDB.
+/// Words of a log line that may carry a credential: QuestDB's `*.password` settings, a
+/// user's env or sidecar secrets and tokens, an HTTP Authorization header, a PEM block and a
+/// JWK's private part (`"d":`, the ILP auth key a user may paste into the wrong place).
+const SENSITIVE: &[&str] = &[
+    "password",
+    "passwd",
+    "pwd",
+    "secret",
+    "token",
+    "credential",
+    "private",
+    "authorization",
+    "bearer",
+    "-----begin",
+    "\"d\":",
+    "\"d\" :",
+];
+
+/// The end of the log, at most [`LOG_TAIL_MAX`] bytes on line boundaries. A line that may
+/// carry a credential ([`SENSITIVE`]) is withheld: status is readable by everyone who may read
+/// the QuestDB.
 fn log_tail(log: &str) -> String {
     let mut kept: Vec<&str> = vec![];
     let mut size = 0;
     for line in log.trim_end().lines().rev() {
-        let line = if line.to_ascii_lowercase().contains("password") {
-            "[a line mentioning a password, withheld]"
+        let lower = line.to_ascii_lowercase();
+        let line = if SENSITIVE.iter().any(|word| lower.contains(word)) {
+            "[a line that may hold a credential, withheld]"
         } else {
             line
         };
@@ -439,11 +459,26 @@ mod tests {
     }
 
     #[test]
-    fn log_lines_that_mention_a_password_never_reach_status() {
-        let log = "a\nusing pg.password=hunter2\nb\n";
-        let tail = log_tail(log);
-        assert!(!tail.contains("hunter2"));
-        assert!(tail.starts_with("a\n") && tail.ends_with("\nb"));
+    fn log_lines_that_may_hold_a_credential_never_reach_status() {
+        for leak in [
+            "using pg.password=hunter2",
+            "QDB_PG_PASSWD=hunter2",
+            "export AWS_SECRET_ACCESS_KEY=hunter2",
+            "github_token: hunter2",
+            "Authorization: Basic aHVudGVyMg== hunter2",
+            "curl -H 'bearer hunter2'",
+            "-----BEGIN PRIVATE KEY----- hunter2",
+            r#"{"kty":"EC","d":"hunter2","x":"..."}"#,
+            "db credentials: admin/hunter2",
+        ] {
+            let log = format!("a\n{leak}\nb\n");
+            let tail = log_tail(&log);
+            assert!(!tail.contains("hunter2"), "{leak}: {tail}");
+            assert!(tail.starts_with("a\n") && tail.ends_with("\nb"), "{tail}");
+        }
+        // An ordinary error line stays.
+        let log = "java.lang.OutOfMemoryError: Java heap space\n";
+        assert_eq!(log_tail(log), "java.lang.OutOfMemoryError: Java heap space");
     }
 
     #[test]

@@ -146,6 +146,8 @@ impl StateMachine for NodeRun<'_> {
             join_timeout: self.cloud.settings.node_join_timeout,
             now: std::time::SystemTime::now(),
             failover_replaces: self.qdb.spec.failover.enabled,
+            namespace_nodes: self.namespace_nodes(),
+            namespace_node_cap: self.cloud.settings.max_dedicated_nodes_per_namespace,
         })
     }
 
@@ -297,6 +299,23 @@ struct NodeRun<'a> {
 }
 
 impl NodeRun<'_> {
+    /// The other databases of this QuestDB's namespace that hold a dedicated node.
+    fn namespace_nodes(&self) -> usize {
+        let ns = self.qdb.metadata.namespace.as_deref();
+        self.ctx
+            .caches
+            .questdbs
+            .state()
+            .iter()
+            .filter_map(|g| g.0.as_ref().ok())
+            .filter(|q| q.metadata.namespace.as_deref() == ns)
+            .filter(|q| q.metadata.uid.as_deref() != Some(self.uid.as_str()))
+            .filter(|q| {
+                q.spec.node.is_some() && q.status.as_ref().is_some_and(|s| s.instance_id.is_some())
+            })
+            .count()
+    }
+
     fn instances(&self, cached: &[Instance]) -> Vec<Instance> {
         cached
             .iter()

@@ -154,6 +154,26 @@ impl Cron {
         None
     }
 
+    /// The shortest time between two runs over the year after `from` (at most 3,000 runs
+    /// looked at: a schedule that dense has shown its shortest gap long before), `None` for a
+    /// schedule that runs once or never in that year.
+    pub fn shortest_gap(&self, from: Timestamp) -> Option<std::time::Duration> {
+        let end = from
+            .checked_add(k8s_openapi::jiff::SignedDuration::from_hours(24 * 366))
+            .ok()?;
+        let mut shortest: Option<std::time::Duration> = None;
+        let mut previous = self.next_after(from)?;
+        for _ in 0..3_000 {
+            let Some(next) = self.next_after(previous).filter(|n| *n <= end) else {
+                break;
+            };
+            let gap = std::time::Duration::try_from(next.duration_since(previous)).ok()?;
+            shortest = Some(shortest.map_or(gap, |s| s.min(gap)));
+            previous = next;
+        }
+        shortest
+    }
+
     /// The newest scheduled minute in `(after, now]`, if any.
     pub fn latest_between(&self, after: Timestamp, now: Timestamp) -> Option<Timestamp> {
         // Far behind (an old lastScheduleTime): a frequent schedule has its newest run in the
@@ -190,6 +210,20 @@ mod tests {
 
     fn at(s: &str) -> Timestamp {
         s.parse().unwrap()
+    }
+
+    #[test]
+    fn the_shortest_gap_between_runs_is_found_wherever_it_falls() {
+        let from = at("2026-11-24T08:07:30Z");
+        let minutes = |m: u64| Some(std::time::Duration::from_secs(m * 60));
+        assert_eq!(cron("* * * * *").shortest_gap(from), minutes(1));
+        assert_eq!(cron("*/15 * * * *").shortest_gap(from), minutes(15));
+        // Uneven minutes: the short gap is the one that counts.
+        assert_eq!(cron("0,5 * * * *").shortest_gap(from), minutes(5));
+        assert_eq!(cron("0 2 * * *").shortest_gap(from), minutes(24 * 60));
+        // Only at the turn of a month: the 31st, then the 1st.
+        assert_eq!(cron("0 0 1,31 * *").shortest_gap(from), minutes(24 * 60));
+        assert_eq!(cron("0 0 30 2 *").shortest_gap(from), None);
     }
 
     fn cron(s: &str) -> Cron {

@@ -50,10 +50,25 @@ pub async fn reconcile(
     let backups: Api<QuestDBBackup> = Api::namespaced(ctx.client.clone(), &ns);
     let status = schedule.status.clone().unwrap_or_default();
 
-    let cron: cron::Cron = match schedule.spec.schedule.parse() {
+    let parsed = schedule
+        .spec
+        .schedule
+        .parse::<cron::Cron>()
+        .map_err(|e| format!("invalid schedule: {e}"))
+        .and_then(|c| {
+            let gap = c.shortest_gap(Timestamp::now());
+            match ctx
+                .tenancy
+                .backup_schedules
+                .refusal(gap, schedule.spec.retention)
+            {
+                Some(why) => Err(why),
+                None => Ok(c),
+            }
+        });
+    let cron: cron::Cron = match parsed {
         Ok(c) => c,
-        Err(e) => {
-            let message = format!("invalid schedule: {e}");
+        Err(message) => {
             if status.message.as_deref() != Some(message.as_str()) {
                 event(
                     ctx,

@@ -413,13 +413,14 @@ async fn roll_back(
 async fn retain(
     qdb: &mut QuestDB,
     ctx: &Context,
+    cloud: &CloudRuntime,
     u: &NodeMoveStatus,
     spec: &crate::api::NodeSpec,
     old_node: Option<&str>,
 ) -> Result<(), Error> {
     let window = node_move::rollback_window(spec);
-    if let Some(node) = old_node {
-        if !window.is_zero() {
+    if let (Some(node), Some(instance)) = (old_node, u.old_instance_id.as_deref()) {
+        if !window.is_zero() && ec2_says_ours(qdb, cloud, instance).await? {
             set_unschedulable(ctx, node, true).await?;
         }
     }
@@ -465,6 +466,24 @@ async fn retain(
     )
     .await;
     Ok(())
+}
+
+/// Whether EC2 (the cluster's instance snapshot, refreshed within the sync interval) shows
+/// `instance` tagged as this QuestDB's. A Node is cordoned or uncordoned for a database only
+/// then: a record forged through the status subresource never reaches another database's node.
+async fn ec2_says_ours(qdb: &QuestDB, cloud: &CloudRuntime, instance: &str) -> Result<bool, Error> {
+    let instances = cloud
+        .instances
+        .get_within(cloud.nodes.as_ref(), cloud.settings.instance_sync_interval)
+        .await
+        .map_err(Error::Cloud)?;
+    let ours = crate::plan::node::owned_by(&instances, &owner_uid(qdb))
+        .iter()
+        .any(|i| i.id == instance);
+    if !ours {
+        warn!(questdb = %qdb.name_any(), %instance, "instance is not this QuestDB's in EC2's view: its Node is not written");
+    }
+    Ok(ours)
 }
 
 /// Cordons (or uncordons) a Node: `spec.unschedulable`, as `kubectl cordon` sets it.

@@ -226,6 +226,16 @@ async fn act(
             return Ok(Turn::again_within(moving(u), STEP_POLL));
         }
         Step::Uncordon { node } => {
+            let target = u.new_instance_id.as_deref().unwrap_or_default();
+            if !ec2_says_ours(qdb, cloud, target).await? {
+                return waiting_with(
+                    qdb,
+                    ctx,
+                    u,
+                    format!("instance {target} is not this QuestDB's in EC2's view: node {node} is not uncordoned"),
+                )
+                .await;
+            }
             set_unschedulable(ctx, &node, false).await?;
             return Ok(Turn::again_within(moving(u), STEP_POLL));
         }
@@ -275,7 +285,7 @@ async fn act(
             .map(Turn::settled);
         }
         Step::RollBack { reason, message } => roll_back(qdb, ctx, u, reason, message).await?,
-        Step::Retain => retain(qdb, ctx, u, spec, seen.old_node.as_deref()).await?,
+        Step::Retain => retain(qdb, ctx, cloud, u, spec, seen.old_node.as_deref()).await?,
         Step::FinishRollback => {
             return finish_rollback(qdb, ctx, cloud, status, u)
                 .await
