@@ -1321,6 +1321,14 @@ async fn run_pods(k: Kubelets) {
                     tokio::spawn(async move {
                         let ok = start_pod(&client, &pod, &ip).await;
                         debug!(pod = %pod_key(&pod), %uid, ok, "kubelet: containers started");
+                        let endless = pod.spec.as_ref().is_some_and(|s| {
+                            s.containers
+                                .iter()
+                                .any(|c| c.image.as_deref().is_some_and(crate::hostile::is_endless))
+                        });
+                        if ok && endless {
+                            crate::hostile::serve(&ip);
+                        }
                         if let Some(run) = runs.lock().unwrap().get_mut(&uid) {
                             run.busy = false;
                             if ok {

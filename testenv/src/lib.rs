@@ -12,6 +12,7 @@ mod cache;
 pub mod control_plane;
 pub mod csi;
 pub mod database;
+pub mod hostile;
 pub mod instances;
 pub mod kubelet;
 pub mod moto;

@@ -41,6 +41,8 @@ struct CloudEnv {
     settings: CloudSettings,
     manager: Option<(CancellationToken, JoinHandle<anyhow::Result<()>>)>,
     bridge: (CancellationToken, JoinHandle<()>),
+    /// `ManagerOptions::write_health_interval` of the next manager started.
+    write_health_interval: Duration,
 }
 
 /// The groups a kubelet's identity carries.
@@ -137,6 +139,7 @@ impl CloudEnv {
             settings,
             manager: None,
             bridge: (stop, bridge),
+            write_health_interval: ManagerOptions::default().write_health_interval,
         };
         env.namespace().await;
         env.start_manager().await;
@@ -150,6 +153,7 @@ impl CloudEnv {
                 dns: Some(self.cloud.dns.clone()),
                 settings: self.settings.clone(),
             }),
+            write_health_interval: self.write_health_interval,
             ..ManagerOptions::default()
         }
     }

@@ -1957,3 +1957,108 @@ async fn a_silent_node_with_failover_off_shows_its_database_unavailable_until_it
     assert_eq!(q.status.and_then(|s| s.instance_id), Some(id));
     env.stop().await;
 }
+
+/// The process's resident memory, from /proc.
+fn rss_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kib| kib.parse::<u64>().ok())
+        })
+        .map_or(0, |kib| kib * 1024)
+}
+
+/// The harm: one tenant's image turning its database's answers against the operator. An
+/// endless body read into memory would get the leader OOM-killed, then the standby, and
+/// nobody's failover, move or backup would progress. A database in another namespace answers
+/// every request on its HTTP port without end; the operator hangs up on each at its cap, its
+/// memory stays bounded, and a dedicated node that loses power meanwhile is still replaced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_that_answers_without_end_neither_exhausts_the_operator_nor_holds_back_a_failover(
+) {
+    use k8s_openapi::api::core::v1::Namespace;
+    use kube::api::PostParams;
+    use questdb_testenv::hostile;
+    let mut env = CloudEnv::start(settings()).await;
+    // Polled every 2 s rather than every minute: the endless answers come while the failover
+    // runs.
+    env.stop_manager().await;
+    env.write_health_interval = Duration::from_secs(2);
+    env.start_manager().await;
+
+    let ns = "hostile";
+    let namespace: Namespace =
+        serde_json::from_value(serde_json::json!({"metadata": {"name": ns}})).unwrap();
+    Api::<Namespace>::all(env.client.clone())
+        .create(&PostParams::default(), &namespace)
+        .await
+        .expect("namespace");
+    let mut endless = questdb_operator::desired::testing::questdb("endless", ns);
+    endless.metadata.uid = None;
+    endless.metadata.resource_version = None;
+    endless.metadata.generation = None;
+    endless.spec.image = format!("{}:9.2.0", hostile::ENDLESS_ANSWER_IMAGE);
+    let hostile_qdbs = Api::<QuestDB>::namespaced(env.client.clone(), ns);
+    hostile_qdbs
+        .create(&PostParams::default(), &endless)
+        .await
+        .expect("the endless database");
+    wait_for(
+        &hostile_qdbs,
+        "endless",
+        "the endless database runs",
+        is_running(),
+    )
+    .await;
+
+    let Running {
+        instance: old_id,
+        node: old_node,
+        pvc_uid,
+        ..
+    } = running_database(&env).await;
+    wait_until("the operator asked the endless database", || async {
+        hostile::requests_answered() >= 3
+    })
+    .await;
+    let rss_before = rss_bytes();
+    let (asked_before, sent_before) = (hostile::requests_answered(), hostile::bytes_sent());
+
+    env.cp
+        .node(&old_node)
+        .expect("kubelet of the dedicated node")
+        .power_off();
+    assert_moved(&env, &old_id, &pvc_uid).await;
+
+    let asked = hostile::requests_answered() - asked_before;
+    let sent = hostile::bytes_sent() - sent_before;
+    let growth = rss_bytes().saturating_sub(rss_before);
+    eprintln!(
+        "endless answers during the failover: {asked} requests, {} MiB sent in all, {} MiB per request; resident memory {} MiB -> growth {} MiB",
+        sent >> 20,
+        (sent / asked.max(1)) >> 20,
+        rss_before >> 20,
+        growth >> 20
+    );
+    assert!(
+        asked >= 3,
+        "the operator went on polling the endless database during the failover ({asked} requests)"
+    );
+    // The operator reads at most 4 MiB of an answer and hangs up: what was sent per request is
+    // that plus the sockets' buffers. A client without the cap reads for the whole request
+    // limit (10 s of loopback: gigabytes each).
+    assert!(
+        sent / asked < 32 << 20,
+        "{} MiB sent per request: the operator read on past its cap",
+        (sent / asked) >> 20
+    );
+    assert!(
+        growth < 256 << 20,
+        "resident memory grew {} MiB while the endless database was polled",
+        growth >> 20
+    );
+    env.stop().await;
+}
