@@ -112,6 +112,21 @@ pub enum DnsNames<'a> {
     FirstCome,
 }
 
+/// The refusal of `name` for a QuestDB of `namespace` that holds `recorded` (`status.dnsName`),
+/// if it is refused: a name it already holds is kept whatever the rule says now (a rule
+/// tightened by an operator upgrade or a new flag must not delete the records its clients use).
+pub fn refusal(
+    name: &str,
+    namespace: &str,
+    names: DnsNames,
+    recorded: Option<&str>,
+) -> Option<Verdict<DnsReason>> {
+    if recorded == Some(display_name(name).as_str()) {
+        return None;
+    }
+    outside_namespace(name, namespace, names)
+}
+
 /// The refusal of a DNS name the namespace may not take, if it may not.
 pub fn outside_namespace(
     name: &str,
@@ -316,6 +331,31 @@ mod tests {
             outside_namespace("anything.example.com", "team-a", DnsNames::FirstCome),
             None
         );
+    }
+
+    /// The harm: an operator upgrade (or a new flag) that tightens the rule deleting the records
+    /// existing clients resolve. A name the QuestDB already holds stays its own.
+    #[test]
+    fn a_name_already_held_is_kept_when_the_rule_tightens() {
+        let names = DnsNames::Namespaced;
+        assert_eq!(
+            refusal(
+                "db1.db.example.com",
+                "team-a",
+                names,
+                Some("db1.db.example.com")
+            ),
+            None
+        );
+        assert!(refusal("db1.db.example.com", "team-a", names, None).is_some());
+        // Another name than the one it holds follows the rule.
+        assert!(refusal(
+            "db2.db.example.com",
+            "team-a",
+            names,
+            Some("db1.db.example.com")
+        )
+        .is_some());
     }
 
     /// By default every name belongs to exactly one namespace: its second label.

@@ -1687,6 +1687,68 @@ async fn by_default_a_namespace_cannot_take_another_namespaces_dns_name() {
     env.stop().await;
 }
 
+/// The harm: an operator upgrade that tightens the DNS rule deleting the records clients
+/// resolve. A database holding a name under the first-come rule keeps its record when the
+/// operator restarts with the namespaced default; a new database asking for such a name is
+/// refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_name_held_before_the_namespaced_rule_keeps_its_record_after_the_upgrade() {
+    let mut env = CloudEnv::start(CloudSettings {
+        dns_names_first_come: true,
+        ..settings()
+    })
+    .await;
+    env.create("legacy", |q| {
+        q.spec.dns.as_mut().expect("dns").name = "legacy.db.example.com".into();
+    })
+    .await;
+    wait_for(&env.qdbs(), "legacy", "legacy Ready", is_ready()).await;
+    let names = |env: &CloudEnv| -> Vec<String> {
+        env.cloud
+            .route53
+            .records()
+            .into_iter()
+            .map(|r| r.name)
+            .collect()
+    };
+    assert_eq!(names(&env), ["legacy.db.example.com"]);
+
+    env.stop_manager().await;
+    env.settings.dns_names_first_come = false;
+    let before = reconciles(&env.handle.metrics.render());
+    env.start_manager().await;
+    let metrics = env.handle.metrics.clone();
+    wait_until("the upgraded operator reconciled legacy", || {
+        let metrics = metrics.clone();
+        async move { reconciles(&metrics.render()) > before }
+    })
+    .await;
+    let legacy = env.qdbs().get("legacy").await.expect("legacy");
+    assert!(
+        legacy.status.as_ref().is_some_and(|s| s
+            .conditions
+            .iter()
+            .any(|c| c.type_ == "DnsReady" && c.status == "True")),
+        "{:?}",
+        legacy.status.map(|s| s.conditions)
+    );
+    assert_eq!(names(&env), ["legacy.db.example.com"]);
+
+    env.create("newcomer", |q| {
+        q.spec.dns.as_mut().expect("dns").name = "newcomer.db.example.com".into();
+    })
+    .await;
+    wait_for(
+        &env.qdbs(),
+        "newcomer",
+        "DnsReady=False DnsRejected",
+        has_condition("DnsReady", "DnsRejected"),
+    )
+    .await;
+    assert_eq!(names(&env), ["legacy.db.example.com"]);
+    env.stop().await;
+}
+
 #[path = "failover.rs"]
 mod failover;
 

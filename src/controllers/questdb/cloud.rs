@@ -285,7 +285,8 @@ async fn dns_step(
     let deleting = qdb.metadata.deletion_timestamp.is_some();
     let release = qdb.spec.paused || deleting;
     // A name outside this namespace's zone is not wanted: never written (and a recorded one
-    // of an earlier spec is deleted as for any rename).
+    // of an earlier spec is deleted as for any rename). A name this QuestDB already holds is
+    // kept: a rule tightened by an upgrade or a flag never deletes records clients use.
     let refusal = qdb.spec.dns.as_ref().and_then(|d| {
         let names = match (
             cloud.settings.dns_namespace_suffix.as_deref(),
@@ -295,7 +296,12 @@ async fn dns_step(
             (None, true) => dns::DnsNames::FirstCome,
             (None, false) => dns::DnsNames::Namespaced,
         };
-        dns::outside_namespace(&d.name, &qdb.namespace().unwrap_or_default(), names)
+        dns::refusal(
+            &d.name,
+            &qdb.namespace().unwrap_or_default(),
+            names,
+            status.dns_name.as_deref(),
+        )
     });
     if let Some(c) = &refusal {
         if !already_reported(&status, c) {
