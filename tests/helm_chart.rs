@@ -488,6 +488,8 @@ fn missing_or_mistyped_values_are_refused_at_helm_install_not_at_start_up() {
         &aws("aws.securityGroupIds"),
         &["/aws/securityGroupIds"],
     );
+    // Without a subnet nothing could ever be launched: every dedicated database would wait.
+    refused("no-subnets.yaml", &aws("aws.subnets"), &["/aws/subnets"]);
     refused(
         "no-eks-endpoint.yaml",
         &aws("aws.eks.apiEndpoint"),
