@@ -71,6 +71,21 @@ pub fn child_annotations(qdb: &QuestDB) -> BTreeMap<String, String> {
         .collect()
 }
 
+/// Annotation prefixes a QuestDB's annotations reach its Services under: monitoring's
+/// discovery only. Controllers act on a Service's other annotations (external-dns publishes a
+/// `hostname` outside the operator's namespaced DNS rule, cloud load-balancer controllers open
+/// ports), so a tenant's QuestDB must not steer them.
+pub const SERVICE_ANNOTATION_PREFIXES: &[&str] = &["prometheus.io/", "ad.datadoghq.com/"];
+
+/// The user's annotations a Service carries: [`child_annotations`] under
+/// [`SERVICE_ANNOTATION_PREFIXES`].
+pub fn service_annotations(qdb: &QuestDB) -> BTreeMap<String, String> {
+    child_annotations(qdb)
+        .into_iter()
+        .filter(|(k, _)| SERVICE_ANNOTATION_PREFIXES.iter().any(|p| k.starts_with(p)))
+        .collect()
+}
+
 /// The controller reference to the QuestDB (`controller` and `blockOwnerDeletion` set, so
 /// foreground deletion waits for children). Empty only for a QuestDB that never came from the
 /// API server (no uid), which the controller never sees.

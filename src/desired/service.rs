@@ -4,16 +4,28 @@
 use k8s_openapi::api::core::v1::{Service, ServicePort, ServiceSpec};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-use super::labels::{child_meta, selector_labels};
+use super::labels::{child_meta, selector_labels, service_annotations};
 use super::{names, port_names, HEALTH_PORT, HTTP_PORT, ILP_PORT, PGWIRE_PORT};
 use crate::api::QuestDB;
+
+/// A Service's metadata: as every child's, with only the annotations monitoring reads.
+fn service_meta(
+    qdb: &QuestDB,
+    name: String,
+) -> k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+    let annotations = service_annotations(qdb);
+    k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+        annotations: (!annotations.is_empty()).then_some(annotations),
+        ..child_meta(qdb, name)
+    }
+}
 
 /// `<name>-headless`: the StatefulSet's governing Service. It publishes the pod before it is
 /// Ready so the pod's DNS name resolves during a long startup (WAL replay), and carries the
 /// health port so monitoring can reach `/status` through it.
 pub fn headless_service(qdb: &QuestDB) -> Service {
     Service {
-        metadata: child_meta(qdb, names::headless_service(qdb)),
+        metadata: service_meta(qdb, names::headless_service(qdb)),
         spec: Some(ServiceSpec {
             cluster_ip: Some("None".to_string()),
             publish_not_ready_addresses: Some(true),
@@ -34,7 +46,7 @@ pub fn headless_service(qdb: &QuestDB) -> Service {
 /// a Ready pod behind it.
 pub fn client_service(qdb: &QuestDB) -> Service {
     Service {
-        metadata: child_meta(qdb, names::client_service(qdb)),
+        metadata: service_meta(qdb, names::client_service(qdb)),
         spec: Some(ServiceSpec {
             type_: Some("ClusterIP".to_string()),
             selector: Some(selector_labels(qdb)),
@@ -66,6 +78,48 @@ mod tests {
     use super::*;
     use crate::desired::labels::{child_labels, owner_references};
     use crate::desired::testing::questdb;
+
+    /// The harm: a tenant publishing a DNS name outside the namespaced rule (external-dns
+    /// reads a Service's hostname annotation) or opening a cloud load balancer through the
+    /// operator's Services. Only monitoring's annotations reach them.
+    #[test]
+    fn a_tenants_annotations_reach_the_services_only_for_monitoring() {
+        let mut qdb = questdb("db1", "tenant-a");
+        qdb.metadata.annotations = Some(
+            [
+                (
+                    "external-dns.alpha.kubernetes.io/hostname",
+                    "bank.example.com",
+                ),
+                (
+                    "service.beta.kubernetes.io/aws-load-balancer-type",
+                    "external",
+                ),
+                ("prometheus.io/scrape", "true"),
+                ("team", "payments"),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        );
+        for svc in [headless_service(&qdb), client_service(&qdb)] {
+            let keys: Vec<String> = svc
+                .metadata
+                .annotations
+                .clone()
+                .unwrap_or_default()
+                .into_keys()
+                .collect();
+            assert_eq!(keys, ["prometheus.io/scrape"], "{:?}", svc.metadata.name);
+        }
+        // Without any, no annotations at all (server-side apply then owns none).
+        assert_eq!(
+            client_service(&questdb("db1", "tenant-a"))
+                .metadata
+                .annotations,
+            None
+        );
+    }
 
     fn ports(svc: &Service) -> Vec<(String, i32, Option<IntOrString>)> {
         svc.spec
