@@ -47,7 +47,8 @@ pub async fn run(mut args: SandboxArgs, shutdown: CancellationToken) -> anyhow::
     // forward to them, so `status.nodeIP` (the DNS target) answers from this machine.
     let memory = MemoryEc2Options {
         private_ip_prefix: match databases {
-            Databases::Real => format!("127.{}", questdb_testenv::database::CLOUD_LOOPBACK_FIRST),
+            // A prefix of its own on this machine: a test run beside the sandbox draws others.
+            Databases::Real => questdb_testenv::database::cloud_loopback_prefix(),
             Databases::Fake => MemoryEc2Options::default().private_ip_prefix,
         },
         ..MemoryEc2Options::default()

@@ -76,13 +76,10 @@ fn cloud_config() -> CloudConfig {
     config
 }
 
-/// A loopback /16 per real-database cloud of this test process, so instances of tests that
+/// A loopback /16 per real-database cloud, unique on this machine, so instances of tests that
 /// run side by side never share an address (their host ports are bound on it).
 fn loopback_prefix() -> String {
-    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let first = questdb_testenv::database::CLOUD_LOOPBACK_FIRST;
-    format!("127.{}", first + (std::process::id() + n) % (255 - first))
+    questdb_testenv::database::cloud_loopback_prefix()
 }
 
 impl CloudEnv {

@@ -119,6 +119,29 @@ pub(crate) fn node_network() -> (u8, u8) {
 /// The port a process holds on a node network's `.1` address while the network is its own.
 const RESERVATION_PORT: u16 = 47_999;
 
+/// A loopback `/16` prefix (`127.a`, `a` from [`CLOUD_LOOPBACK_FIRST`] to 254) for one
+/// real-database cloud's instance addresses, unique on this machine as [`node_network`]'s are:
+/// the instances' host ports are bound on those addresses, and two tests that drew the same
+/// prefix (by process id) fought over them ("address already in use": one database never
+/// reachable through its node). Reserved by a listener on `127.a.0.1` at [`RESERVATION_PORT`]
+/// for the process's life.
+pub fn cloud_loopback_prefix() -> String {
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    static HELD: std::sync::Mutex<Vec<std::net::TcpListener>> = std::sync::Mutex::new(Vec::new());
+    let prefixes = 255 - CLOUD_LOOPBACK_FIRST;
+    let start = std::process::id() % prefixes;
+    loop {
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        assert!(n < prefixes, "every loopback prefix for clouds is taken");
+        let a = (CLOUD_LOOPBACK_FIRST + (start + n) % prefixes) as u8;
+        let at = std::net::SocketAddr::from(([127, a, 0, 1], RESERVATION_PORT));
+        if let Ok(listener) = std::net::TcpListener::bind(at) {
+            HELD.lock().unwrap().push(listener);
+            return format!("127.{a}");
+        }
+    }
+}
+
 /// First second octet of the loopback range left to a cloud's instance addresses
 /// (`127.200.0.0` to `127.254.255.255`): instance nodes keep the address their cloud gave, and
 /// it must never be a pod's or a worker's.
@@ -477,7 +500,28 @@ mod tests {
             assert!(again.is_err(), "127.{a}.{b}.0/24 is held");
         }
     }
-    use super::{node_network, questdb_version, RESERVATION_PORT};
+    use super::{cloud_loopback_prefix, node_network, questdb_version, RESERVATION_PORT};
+
+    /// The harm: two tests' clouds on one prefix, one's host ports taken by the other's
+    /// ("address already in use": a database never reachable through its node).
+    #[test]
+    fn a_cloud_loopback_prefix_is_reserved_for_the_life_of_the_process() {
+        let first = cloud_loopback_prefix();
+        let second = cloud_loopback_prefix();
+        assert_ne!(first, second);
+        for prefix in [first, second] {
+            let a: u8 = prefix.strip_prefix("127.").unwrap().parse().unwrap();
+            assert!(
+                u32::from(a) >= super::CLOUD_LOOPBACK_FIRST && a < 255,
+                "{prefix}"
+            );
+            let again = std::net::TcpListener::bind(std::net::SocketAddr::from((
+                [127, a, 0, 1],
+                RESERVATION_PORT,
+            )));
+            assert!(again.is_err(), "{prefix}.0.0/16 is held");
+        }
+    }
 
     #[test]
     fn the_tag_of_a_questdb_image_is_its_version_wherever_it_is_pulled_from() {
