@@ -107,7 +107,7 @@ pub async fn reconcile(
             let status = current.status.clone().unwrap_or_default();
             let mut s = status.clone();
             s.reason = Some(BackupReason::AnotherBackupRunning.to_string());
-            s.message = Some(format!("backup {holder} holds the database's checkpoint"));
+            s.message = Some(plan::queued_behind(&holder));
             if s != status {
                 write_status(&api, &mut current, s).await?;
             }

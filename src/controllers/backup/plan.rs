@@ -218,6 +218,11 @@ pub enum Decision {
     Done,
 }
 
+/// Why a backup waits while `holder`, another backup of its database, may hold the checkpoint.
+pub fn queued_behind(holder: &str) -> String {
+    format!("backup {holder} holds the database's checkpoint")
+}
+
 pub const WAIT_POLL: Duration = Duration::from_secs(10);
 const SNAPSHOT_POLL: Duration = Duration::from_secs(2);
 const UPLOAD_POLL: Duration = Duration::from_secs(10);
@@ -310,10 +315,7 @@ fn pending(status: &QuestDBBackupStatus, obs: &Observed, timeouts: Timeouts) -> 
         ),
         Database::Ready(_) if obs.other_backup.is_some() => wait(
             BackupReason::AnotherBackupRunning,
-            format!(
-                "backup {} holds the database's checkpoint",
-                obs.other_backup.as_deref().unwrap_or_default()
-            ),
+            queued_behind(obs.other_backup.as_deref().unwrap_or_default()),
             WAIT_POLL,
         ),
         Database::Ready(_) if matches!(obs.checkpoint, OpenCheckpoint::Unknown) => wait(

@@ -146,7 +146,14 @@ impl StateMachine for NodeRun<'_> {
             join_timeout: self.cloud.settings.node_join_timeout,
             now: std::time::SystemTime::now(),
             failover_replaces: self.qdb.spec.failover.enabled,
-            namespace_nodes: self.namespace_nodes(),
+            // Only a first launch is capped: no scan of every QuestDB on other reconciles.
+            namespace_nodes: if o.status.instance_id.is_none()
+                && o.status.node_generation == Some(1)
+            {
+                self.namespace_nodes()
+            } else {
+                0
+            },
             namespace_node_cap: self.cloud.settings.max_dedicated_nodes_per_namespace,
         })
     }

@@ -97,21 +97,40 @@ pub fn java_available() -> bool {
 /// instances take addresses above it.
 pub(crate) fn node_network() -> (u8, u8) {
     static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-    static HELD: std::sync::Mutex<Vec<std::net::TcpListener>> = std::sync::Mutex::new(Vec::new());
     let networks = (CLOUD_LOOPBACK_FIRST - 10) * 256;
+    let at = |k: u32| ((10 + k / 256) as u8, (k % 256) as u8);
     let start = (std::process::id() % (CLOUD_LOOPBACK_FIRST - 10)) * 256;
+    let (a, b) = at(reserve(
+        &NEXT,
+        networks,
+        start,
+        "network for databases",
+        |k| {
+            let (a, b) = at(k);
+            [127, a, b, 1]
+        },
+    ));
+    (a, b)
+}
+
+/// The first of `count` candidates from `start` on (spread by the process id), whose
+/// `address(k)` this process can hold at [`RESERVATION_PORT`] (the listener kept for its life).
+fn reserve(
+    next: &std::sync::atomic::AtomicU32,
+    count: u32,
+    start: u32,
+    what: &str,
+    address: impl Fn(u32) -> [u8; 4],
+) -> u32 {
+    static HELD: std::sync::Mutex<Vec<std::net::TcpListener>> = std::sync::Mutex::new(Vec::new());
     loop {
-        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        assert!(
-            n < networks,
-            "every loopback network for databases is taken"
-        );
-        let k = (start + n) % networks;
-        let (a, b) = ((10 + k / 256) as u8, (k % 256) as u8);
-        let at = std::net::SocketAddr::from(([127, a, b, 1], RESERVATION_PORT));
+        let n = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        assert!(n < count, "every loopback {what} is taken");
+        let k = (start + n) % count;
+        let at = std::net::SocketAddr::from((address(k), RESERVATION_PORT));
         if let Ok(listener) = std::net::TcpListener::bind(at) {
             HELD.lock().unwrap().push(listener);
-            return (a, b);
+            return k;
         }
     }
 }
@@ -127,19 +146,13 @@ const RESERVATION_PORT: u16 = 47_999;
 /// for the process's life.
 pub fn cloud_loopback_prefix() -> String {
     static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-    static HELD: std::sync::Mutex<Vec<std::net::TcpListener>> = std::sync::Mutex::new(Vec::new());
+    let a = |k: u32| (CLOUD_LOOPBACK_FIRST + k) as u8;
     let prefixes = 255 - CLOUD_LOOPBACK_FIRST;
     let start = std::process::id() % prefixes;
-    loop {
-        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        assert!(n < prefixes, "every loopback prefix for clouds is taken");
-        let a = (CLOUD_LOOPBACK_FIRST + (start + n) % prefixes) as u8;
-        let at = std::net::SocketAddr::from(([127, a, 0, 1], RESERVATION_PORT));
-        if let Ok(listener) = std::net::TcpListener::bind(at) {
-            HELD.lock().unwrap().push(listener);
-            return format!("127.{a}");
-        }
-    }
+    let k = reserve(&NEXT, prefixes, start, "prefix for clouds", |k| {
+        [127, a(k), 0, 1]
+    });
+    format!("127.{}", a(k))
 }
 
 /// First second octet of the loopback range left to a cloud's instance addresses
