@@ -132,7 +132,13 @@ async fn report_progress(
             last = line;
         }
         if ready.is_some_and(|c| c.status == "True") {
-            let ip = status.node_ip.clone().unwrap_or_default();
+            // Where clients connect: the record's address (the pod's, or the node's with host
+            // ports); the node's without a record.
+            let ip = status
+                .dns_ip
+                .clone()
+                .or(status.node_ip.clone())
+                .unwrap_or_default();
             println!(
                 "{ns}/{name} is Ready: node {} ({ip}), instance {}, DNS {}, version {}",
                 status.node_name.unwrap_or_default(),

@@ -43,8 +43,8 @@ pub async fn run(mut args: SandboxArgs, shutdown: CancellationToken) -> anyhow::
     crate::progress::install_crd(&client).await?;
 
     let handle = ManagerHandle::default();
-    // Real databases listen on loopback addresses: so do the instances' nodes, whose host ports
-    // forward to them, so `status.nodeIP` (the DNS target) answers from this machine.
+    // Real databases listen on loopback addresses (the pods', which the DNS record names): so
+    // do the instances' nodes, whose host ports (when a database binds them) forward to them.
     let memory = MemoryEc2Options {
         private_ip_prefix: match databases {
             // A prefix of its own on this machine: a test run beside the sandbox draws others.
@@ -73,10 +73,15 @@ pub async fn run(mut args: SandboxArgs, shutdown: CancellationToken) -> anyhow::
             info!(
                 "memory cloud: each running instance boots from its user data and joins as a Node"
             );
-            let halted = ec2.clone();
+            let (halted, ipamd) = (ec2.clone(), ec2.clone());
+            // Node names are `<instance id>.<region>.compute.internal`.
             cp.kubelets().on_os_halted(move |node| {
-                // Node names are `<instance id>.<region>.compute.internal`.
                 halted.os_halted(node.split('.').next().unwrap_or_default());
+            });
+            // The VPC CNI's address pool: a pod's address is one EC2 shows on its instance.
+            cp.kubelets().on_pod_addresses(move |node, blocks| {
+                ipamd.assign_ipv4_prefixes(node.split('.').next().unwrap_or_default(), &blocks);
+                Box::pin(async {})
             });
             spawn_instance_join(
                 cp.kubelets().clone(),

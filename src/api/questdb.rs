@@ -48,7 +48,8 @@ use serde::{Deserialize, Serialize};
     validation = Rule::new("!has(self.node) || !has(self.pod) || !has(self.pod.tolerations)").message("pod.tolerations cannot be set on a database with a dedicated node (spec.node): the node is its own"),
     validation = Rule::new("!has(self.node) || !has(self.pod) || !has(self.pod.nodeSelector)").message("pod.nodeSelector cannot be set on a database with a dedicated node (spec.node): the pod is pinned to its instance"),
     validation = Rule::new("!has(self.node) || !has(self.pod) || !has(self.pod.affinity) || !has(self.pod.affinity.nodeAffinity)").message("pod.affinity.nodeAffinity cannot be set on a database with a dedicated node (spec.node): the pod is pinned to its instance"),
-    validation = Rule::new("!has(self.dns) || has(self.node)").message("dns needs a dedicated node (spec.node): the record points at that node's address; remove dns with node")
+    validation = Rule::new("!has(self.dns) || has(self.node)").message("dns needs a dedicated node (spec.node): the record points at that node's address; remove dns with node"),
+    validation = Rule::new("!has(self.dns) || !has(self.dns.public) || !self.dns.public || !has(self.node) || !has(self.node.hostPorts) || self.node.hostPorts").message("node.hostPorts cannot be false with dns.public: a public address reaches the node, never a pod")
 )]
 pub struct QuestDBSpec {
     /// Container image of the database, e.g. `questdb/questdb:9.0.0`. Its tag is the version.
@@ -86,7 +87,8 @@ pub struct QuestDBSpec {
     #[serde(default)]
     pub failover: FailoverSpec,
 
-    /// A DNS record that follows the database's node.
+    /// A DNS record that follows the database: its pod's VPC address, or its node's when the
+    /// database binds host ports (see `node.hostPorts`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dns: Option<DnsSpec>,
 
@@ -289,6 +291,14 @@ pub struct NodeSpec {
     /// When a node move may start (UTC). Without it, a move starts as soon as the spec changes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub maintenance_window: Option<MaintenanceWindow>,
+    /// Bind the database's ports (9000, 8812, 9009) on the node's address too. Unset: only
+    /// when `dns.public` needs them (a public address reaches the node, never a pod) or the
+    /// database already runs with them (an operator upgrade restarts nothing). Without host
+    /// ports the private record names the pod's own VPC address, which EC2 must show assigned
+    /// to the instance, and the namespace may enforce the `restricted` Pod Security Standard
+    /// (host ports need `privileged`). `false` with `dns.public` is refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_ports: Option<bool>,
 }
 
 /// A weekly window in UTC in which node moves may start (a started move runs to its end).
@@ -1047,6 +1057,29 @@ mod tests {
         assert_eq!(
             create_errors(&qdb),
             vec!["dns needs a dedicated node (spec.node): the record points at that node's address; remove dns with node"]
+        );
+    }
+
+    #[test]
+    fn a_public_record_without_host_ports_is_rejected() {
+        let mut qdb = good();
+        qdb.spec.dns = Some(DnsSpec {
+            name: "db.example.com".into(),
+            ttl: 60,
+            public: true,
+        });
+        for (host_ports, accepted) in [(None, true), (Some(true), true), (Some(false), false)] {
+            qdb.spec.node.as_mut().expect("node").host_ports = host_ports;
+            let errors = create_errors(&qdb);
+            assert_eq!(errors.is_empty(), accepted, "{host_ports:?}: {errors:?}");
+            if !accepted {
+                assert_eq!(errors, vec!["node.hostPorts cannot be false with dns.public: a public address reaches the node, never a pod"]);
+            }
+        }
+        qdb.spec.dns.as_mut().expect("dns").public = false;
+        assert!(
+            create_errors(&qdb).is_empty(),
+            "a private record names the pod"
         );
     }
 

@@ -39,7 +39,7 @@ pub use dns::{Route53DnsProvider, OWNED_ELSEWHERE};
 pub use error::{classify, ApiError, CloudError, ErrorClass};
 pub use model::{
     display_name, fqdn, ARecord, ImageDevice, ImageFacts, Instance, InstanceState,
-    InstanceTypeFacts, LaunchRequest, NodeFacts, Taint,
+    InstanceTypeFacts, LaunchRequest, NodeFacts, PodAddresses, Taint,
 };
 pub use node_volumes::{block_devices, BlockDevice, NodeVolumes, DEFAULT_ROOT_DEVICE};
 pub use nodes::{Ec2NodeProvider, INSTANCE_NOT_OWNED, LAUNCH_NOT_ALLOWED};

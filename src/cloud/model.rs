@@ -157,6 +157,44 @@ pub struct Instance {
     /// EC2's private DNS name (`PrivateDnsName`): the name the node's kubelet registers under
     /// on EKS, so a Node that claims this instance by providerID must also bear it.
     pub private_dns_name: Option<String>,
+    /// The secondary private IPv4 addresses and delegated /28 prefixes of its network
+    /// interfaces (`NetworkInterfaces[].PrivateIpAddresses[]` not `Primary`, and
+    /// `Ipv4Prefixes[]`): where the VPC CNI's ipamd draws pod addresses from, so a pod address
+    /// EC2 does not show here is not one of this instance's pods.
+    pub pod_addresses: PodAddresses,
+}
+
+/// The addresses EC2 has assigned an instance for its pods (see [`Instance::pod_addresses`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PodAddresses {
+    pub secondary_ips: Vec<String>,
+    /// CIDR blocks, e.g. `10.0.3.16/28`.
+    pub prefixes: Vec<String>,
+}
+
+impl PodAddresses {
+    /// `ip` is one of the secondary addresses or inside one of the prefixes.
+    pub fn contains(&self, ip: &str) -> bool {
+        let Ok(addr) = ip.parse::<std::net::Ipv4Addr>() else {
+            return false;
+        };
+        self.secondary_ips.iter().any(|s| s.parse() == Ok(addr))
+            || self.prefixes.iter().any(|p| in_prefix(addr, p))
+    }
+}
+
+fn in_prefix(addr: std::net::Ipv4Addr, cidr: &str) -> bool {
+    let Some((net, len)) = cidr.split_once('/') else {
+        return false;
+    };
+    let (Ok(net), Ok(len)) = (net.parse::<std::net::Ipv4Addr>(), len.parse::<u32>()) else {
+        return false;
+    };
+    if len > 32 {
+        return false;
+    }
+    let mask = u32::MAX.checked_shl(32 - len).unwrap_or(0);
+    u32::from(addr) & mask == u32::from(net) & mask
 }
 
 impl Instance {

@@ -549,6 +549,7 @@ mod tests {
             launched_at: Some(SystemTime::UNIX_EPOCH + Duration::from_secs(launched_secs)),
             state_reason: None,
             private_dns_name: None,
+            pod_addresses: Default::default(),
         }
     }
 

@@ -304,6 +304,7 @@ mod tests {
             launched_at: None,
             state_reason: None,
             private_dns_name: None,
+            pod_addresses: Default::default(),
         }
     }
 

@@ -246,6 +246,9 @@ where
 pub struct StatefulSetKept {
     pub replicas: Option<i32>,
     pub status: Option<StatefulSetStatus>,
+    /// A container of the pod template binds a host port (see
+    /// [`crate::desired::statefulset::binds_host_ports`]).
+    pub host_ports: bool,
 }
 
 /// A StatefulSet as the caches hold it.
@@ -439,9 +442,20 @@ impl OwnedChild for StatefulSet {
     type Cached = CachedStatefulSet;
 
     fn to_cached(existing: Self) -> Self::Cached {
+        let host_ports = existing
+            .spec
+            .as_ref()
+            .and_then(|s| s.template.spec.as_ref())
+            .is_some_and(|p| {
+                p.containers
+                    .iter()
+                    .flat_map(|c| c.ports.iter().flatten())
+                    .any(|p| p.host_port.is_some_and(|h| h > 0))
+            });
         let kept = StatefulSetKept {
             replicas: existing.spec.as_ref().and_then(|s| s.replicas),
             status: existing.status,
+            host_ports,
         };
         let tokens = statefulset_tokens(existing.spec.as_ref());
         compact_spec(existing.metadata, &existing.spec, kept, &tokens)

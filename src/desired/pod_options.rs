@@ -187,6 +187,7 @@ mod tests {
         let node = DedicatedNode {
             label_value: "ns.db1".into(),
             instance: Some("i-0abc".into()),
+            host_ports: true,
         };
         let p = pod(&build(&qdb, Some(&node)));
         let selector = p.node_selector.unwrap();

@@ -60,6 +60,8 @@ pub struct DedicatedNode {
     pub label_value: String,
     /// The instance in `status.instanceId`; `None` while there is none.
     pub instance: Option<String>,
+    /// The database's ports are bound on the node's address too ([`binds_host_ports`]).
+    pub host_ports: bool,
 }
 
 impl DedicatedNode {
@@ -69,12 +71,38 @@ impl DedicatedNode {
         Self {
             label_value: dedicated_label_value(qdb),
             instance: qdb.status.as_ref().and_then(|s| s.instance_id.clone()),
+            host_ports: binds_host_ports(qdb, None),
         }
+    }
+
+    /// With host ports as [`binds_host_ports`] decides for a StatefulSet whose template binds
+    /// them now (`running`), if there is one.
+    pub fn running_with_host_ports(mut self, qdb: &QuestDB, running: Option<bool>) -> Self {
+        self.host_ports = binds_host_ports(qdb, running);
+        self
     }
 
     /// The value of [`PIN_LABEL_KEY`] the pod selects.
     pub fn pin_value(&self) -> &str {
         self.instance.as_deref().unwrap_or(PIN_AWAITING_INSTANCE)
+    }
+}
+
+/// Whether a dedicated database binds its ports on its node's address (`spec.node.hostPorts`).
+/// Unset, only when `dns.public` needs it (a public address reaches the node, never a pod) or
+/// the StatefulSet's template binds them now (`running`): an operator upgrade that dropped
+/// them would restart every database at once, and move its clients' address. Without host
+/// ports the pod needs no `privileged` namespace and the record names the pod's address.
+pub fn binds_host_ports(qdb: &QuestDB, running: Option<bool>) -> bool {
+    let Some(node) = &qdb.spec.node else {
+        return false;
+    };
+    let public = qdb.spec.dns.as_ref().is_some_and(|d| d.public);
+    match node.host_ports {
+        // `false` with `dns.public` is refused by the schema; an object stored before keeps
+        // the record reachable.
+        Some(explicit) => explicit || public,
+        None => public || running == Some(true),
     }
 }
 
@@ -240,7 +268,7 @@ fn pod_spec(qdb: &QuestDB, ilp_auth_enabled: bool, dedicated: Option<&DedicatedN
         containers: vec![questdb_container(
             qdb,
             ilp_auth_enabled,
-            dedicated.is_some(),
+            dedicated.is_some_and(|d| d.host_ports),
         )],
         volumes: Some(volumes),
         security_context: Some(overlay(
@@ -833,7 +861,7 @@ mod tests {
         assert!(!out_of_service, "a fenced node must still evict the pod");
     }
 
-    fn host_ports(pod: &PodSpec) -> Vec<(String, Option<i32>)> {
+    fn host_ports_of(pod: &PodSpec) -> Vec<(String, Option<i32>)> {
         pod.containers[0]
             .ports
             .iter()
@@ -842,23 +870,67 @@ mod tests {
             .collect()
     }
 
-    /// The DNS record names the dedicated node's address: the database must answer there.
+    /// Host ports need a `privileged` namespace: a new dedicated database binds none unless a
+    /// public record needs the node's address or it is asked for, and a database that runs
+    /// with them keeps them (an operator upgrade that dropped them would restart every
+    /// database at once and move its clients' address).
     #[test]
-    fn on_a_dedicated_node_the_database_ports_answer_at_the_node_address() {
-        let qdb = questdb("db1", "tenant-a");
-        let node = DedicatedNode::for_questdb(&qdb);
-        let pod = pod(&statefulset(&qdb, HASH, None, true, Some(&node)));
-        assert_eq!(
-            host_ports(&pod),
-            vec![
-                ("http".to_string(), Some(9000)),
-                ("pgwire".to_string(), Some(8812)),
-                ("ilp".to_string(), Some(9009)),
-                ("health".to_string(), None),
-            ]
-        );
-        let shared = pod_of_shared(&qdb);
-        assert!(host_ports(&shared).iter().all(|(_, h)| h.is_none()));
+    fn a_dedicated_database_binds_host_ports_only_when_public_asked_or_already_bound() {
+        let bound = vec![
+            ("http".to_string(), Some(9000)),
+            ("pgwire".to_string(), Some(8812)),
+            ("ilp".to_string(), Some(9009)),
+            ("health".to_string(), None),
+        ];
+        let unbound: Vec<(String, Option<i32>)> =
+            bound.iter().map(|(n, _)| (n.clone(), None)).collect();
+        let with = |host_ports: Option<bool>, public: bool| {
+            let mut qdb = questdb("db1", "tenant-a");
+            let node = qdb.spec.node.get_or_insert_with(Default::default);
+            node.host_ports = host_ports;
+            if public {
+                qdb.spec.dns = Some(crate::api::DnsSpec {
+                    name: "db1.tenant-a.example.com".into(),
+                    ttl: 5,
+                    public: true,
+                });
+            }
+            qdb
+        };
+        // (spec.node.hostPorts, dns.public, what the running StatefulSet binds) -> bound?
+        for (host_ports, public, running, want) in [
+            (None, false, None, false),
+            (None, false, Some(false), false),
+            (None, false, Some(true), true),
+            (None, true, None, true),
+            (Some(true), false, None, true),
+            (Some(false), false, Some(true), false),
+            (Some(false), true, None, true),
+        ] {
+            let qdb = with(host_ports, public);
+            let node = DedicatedNode::for_questdb(&qdb).running_with_host_ports(&qdb, running);
+            let pod = pod(&statefulset(&qdb, HASH, None, true, Some(&node)));
+            assert_eq!(
+                host_ports_of(&pod),
+                if want { bound.clone() } else { unbound.clone() },
+                "hostPorts {host_ports:?}, public {public}, running {running:?}"
+            );
+        }
+        let shared = pod_of_shared(&questdb("db1", "tenant-a"));
+        assert!(host_ports_of(&shared).iter().all(|(_, h)| h.is_none()));
+        // What the cache keeps of a StatefulSet says which it runs with.
+        use crate::desired::diff::OwnedChild;
+        for bind in [true, false] {
+            let qdb = with(Some(bind), false);
+            let sts = statefulset(
+                &qdb,
+                HASH,
+                None,
+                true,
+                Some(&DedicatedNode::for_questdb(&qdb)),
+            );
+            assert_eq!(StatefulSet::to_cached(sts).kept.host_ports, bind);
+        }
     }
 
     fn pod_of_shared(qdb: &QuestDB) -> PodSpec {

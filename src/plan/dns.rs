@@ -34,10 +34,43 @@ pub struct DnsView<'a> {
     /// Being deleted (a pause keeps the name reserved; only deletion frees it).
     pub deleting: bool,
     pub status: &'a QuestDBStatus,
-    /// The dedicated instance's private and public IPs, once known.
+    /// The private address the record may name (the instance's, or its pod's: `pod_addressed`)
+    /// and the instance's public one, once known.
     pub private_ip: Option<&'a str>,
     pub public_ip: Option<&'a str>,
+    /// The database binds no host ports: the private record names the pod's address.
+    pub pod_addressed: bool,
     pub provider_configured: bool,
+}
+
+/// The pod address a private record may name for a database without host ports.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PodAddress {
+    /// The pod runs on the dedicated instance's Node and EC2 shows the address assigned to
+    /// that instance.
+    Verified(String),
+    /// The pod reports an address EC2 has not assigned the instance: a kubelet may report any
+    /// address, so the record never moves there (on-call hears of it).
+    Unassigned(String),
+    /// No pod on the instance's Node with an address yet.
+    NotYet,
+}
+
+/// `pod_ip` as its kubelet reports it, `on_instance_node` when the pod is bound to the Node of
+/// the instance EC2 describes with `assigned` addresses. The VPC CNI gives pods addresses
+/// from the node's network interfaces (secondary IPs, or /28 prefixes with prefix
+/// delegation), which EC2 reports: an address outside them is not one of this instance's
+/// pods, whatever the pod status says.
+pub fn pod_address(
+    pod_ip: Option<&str>,
+    on_instance_node: bool,
+    assigned: &crate::cloud::PodAddresses,
+) -> PodAddress {
+    match pod_ip.filter(|_| on_instance_node) {
+        None => PodAddress::NotYet,
+        Some(ip) if assigned.contains(ip) => PodAddress::Verified(ip.to_string()),
+        Some(ip) => PodAddress::Unassigned(ip.to_string()),
+    }
 }
 
 pub fn plan(v: &DnsView) -> DnsStep {
@@ -81,12 +114,14 @@ pub fn plan(v: &DnsView) -> DnsStep {
         v.private_ip
     };
     let Some(ip) = ip else {
-        let which = if dns.public { "public" } else { "private" };
-        return DnsStep::Blocked(Verdict::new(
-            false,
-            DnsReason::WaitingForNode,
-            format!("waiting for the dedicated node's {which} IP"),
-        ));
+        let waiting = if dns.public {
+            "waiting for the dedicated node's public IP"
+        } else if v.pod_addressed {
+            "waiting for the database pod's address on its dedicated node, as EC2 assigns it to the instance"
+        } else {
+            "waiting for the dedicated node's private IP"
+        };
+        return DnsStep::Blocked(Verdict::new(false, DnsReason::WaitingForNode, waiting));
     };
     let name = display_name(&dns.name);
     if recorded == Some(name.as_str()) && v.status.dns_ip.as_deref() == Some(ip) {
@@ -203,6 +238,7 @@ mod tests {
             status,
             private_ip: Some("10.0.0.4"),
             public_ip: Some("203.0.113.9"),
+            pod_addressed: false,
             provider_configured: true,
         }
     }
@@ -306,6 +342,56 @@ mod tests {
         let mut v = view(Some(&d), &s);
         v.provider_configured = false;
         assert!(matches!(plan(&v), DnsStep::Blocked(c) if c.reason == DnsReason::NotConfigured));
+    }
+
+    #[test]
+    fn a_pod_address_moves_the_record_only_once_ec2_shows_it_assigned_to_the_instance() {
+        let assigned = crate::cloud::PodAddresses {
+            secondary_ips: vec!["10.0.3.21".into()],
+            prefixes: vec!["10.0.4.16/28".into()],
+        };
+        assert_eq!(
+            pod_address(Some("10.0.3.21"), true, &assigned),
+            PodAddress::Verified("10.0.3.21".into())
+        );
+        assert_eq!(
+            pod_address(Some("10.0.4.31"), true, &assigned),
+            PodAddress::Verified("10.0.4.31".into()),
+            "inside a delegated /28"
+        );
+        for forged in ["10.0.4.32", "10.0.3.22", "169.254.169.254", "not-an-ip"] {
+            assert_eq!(
+                pod_address(Some(forged), true, &assigned),
+                PodAddress::Unassigned(forged.into()),
+                "{forged}"
+            );
+        }
+        // A pod still bound to another Node (the old one during a failover) is not the
+        // instance's, whatever address it has.
+        assert_eq!(
+            pod_address(Some("10.0.3.21"), false, &assigned),
+            PodAddress::NotYet
+        );
+        assert_eq!(pod_address(None, true, &assigned), PodAddress::NotYet);
+    }
+
+    #[test]
+    fn a_pod_addressed_record_says_it_waits_for_the_pod() {
+        let d = dns("db1.example.com", false);
+        let s = status(None, None);
+        let mut v = view(Some(&d), &s);
+        v.private_ip = None;
+        v.pod_addressed = true;
+        assert!(matches!(plan(&v), DnsStep::Blocked(c) if c.message.contains("pod's address")));
+        v.private_ip = Some("10.0.3.21");
+        assert_eq!(
+            plan(&v),
+            DnsStep::Upsert {
+                name: "db1.example.com".into(),
+                ip: "10.0.3.21".into(),
+                ttl: 60
+            }
+        );
     }
 
     #[test]

@@ -68,7 +68,7 @@ pub enum NodeStep {
     Launch(i64),
     /// The instance of this generation exists but status does not name it yet (just launched,
     /// or found again after a crash): record it.
-    RecordInstance(Instance),
+    RecordInstance(Box<Instance>),
     /// Status names an instance the cache does not hold: ask EC2 about that id directly.
     LookUp(String),
     /// The instance has run past `--node-join-timeout` without a Node, and failover is off:
@@ -268,7 +268,7 @@ pub fn plan(v: &NodeView) -> NodeStep {
                     gone: i.id.clone(),
                     reason: i.state_reason.clone(),
                 },
-                Some(i) => NodeStep::RecordInstance((*i).clone()),
+                Some(i) => NodeStep::RecordInstance(Box::new((*i).clone())),
                 None => match v.recent_permanent_failure {
                     Some(message) => NodeStep::Failed(Verdict::new(
                         false,

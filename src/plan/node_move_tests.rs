@@ -24,6 +24,7 @@ fn instance(id: &str, image: &str, state: InstanceState) -> Instance {
         launched_at: None,
         state_reason: None,
         private_dns_name: None,
+        pod_addresses: Default::default(),
     }
 }
 

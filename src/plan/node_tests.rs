@@ -30,6 +30,7 @@ fn dedicated() -> DedicatedNode {
     DedicatedNode {
         label_value: "ns.db".into(),
         instance: None,
+        host_ports: false,
     }
 }
 
@@ -46,6 +47,7 @@ fn instance(id: &str, generation: i64, state: InstanceState) -> Instance {
         launched_at: None,
         state_reason: None,
         private_dns_name: None,
+        pod_addresses: Default::default(),
     }
 }
 
@@ -196,7 +198,7 @@ fn after_a_crash_the_instance_of_the_generation_is_recorded_not_launched_again()
     let mut c = Case::new(status(Some(2), None));
     let live = instance("i-2", 2, InstanceState::Pending);
     c.instances = vec![instance("i-1", 1, InstanceState::Terminated), live.clone()];
-    assert_eq!(c.plan(), NodeStep::RecordInstance(live));
+    assert_eq!(c.plan(), NodeStep::RecordInstance(Box::new(live)));
 }
 
 #[test]

@@ -91,6 +91,10 @@ pub fn join_ec2_instances(
     ec2: aws_sdk_ec2::Client,
     stop: CancellationToken,
 ) -> JoinHandle<anyhow::Result<()>> {
+    let ipamd = ec2.clone();
+    kubelets.on_pod_addresses(move |node, blocks| {
+        Box::pin(assign_pod_addresses(ipamd.clone(), node, blocks))
+    });
     tokio::spawn(async move {
         let mut joined: std::collections::BTreeMap<String, String> = Default::default();
         loop {
@@ -146,4 +150,47 @@ pub fn join_ec2_instances(
             }
         }
     })
+}
+
+#[cfg(feature = "moto")]
+/// The VPC CNI's ipamd at a node's start: the pod addresses `blocks` assigned to the primary
+/// network interface of the instance named `node` (its private DNS name). moto has no prefix
+/// delegation, so each address goes as a secondary private IP (`AssignPrivateIpAddresses`),
+/// as ipamd assigns them without it.
+async fn assign_pod_addresses(ec2: aws_sdk_ec2::Client, node: String, blocks: Vec<String>) {
+    let filter = aws_sdk_ec2::types::Filter::builder()
+        .name("private-dns-name")
+        .values(node.clone())
+        .build();
+    let eni = match ec2.describe_instances().filters(filter).send().await {
+        Ok(out) => out
+            .reservations()
+            .iter()
+            .flat_map(|r| r.instances())
+            .flat_map(|i| i.network_interfaces())
+            .min_by_key(|n| n.attachment().and_then(|a| a.device_index()).unwrap_or(0))
+            .and_then(|n| n.network_interface_id().map(str::to_string)),
+        Err(e) => {
+            warn!(%node, error = %aws_sdk_ec2::error::DisplayErrorContext(&e), "describing the instance for its pod addresses failed");
+            None
+        }
+    };
+    let Some(eni) = eni else {
+        warn!(%node, "no network interface to assign pod addresses to");
+        return;
+    };
+    let addresses: Vec<String> = blocks
+        .iter()
+        .filter_map(|b| b.strip_suffix(".0/24"))
+        .flat_map(|net| (1..=254).map(move |h| format!("{net}.{h}")))
+        .collect();
+    if let Err(e) = ec2
+        .assign_private_ip_addresses()
+        .network_interface_id(eni)
+        .set_private_ip_addresses(Some(addresses))
+        .send()
+        .await
+    {
+        warn!(%node, error = %aws_sdk_ec2::error::DisplayErrorContext(&e), "assigning pod addresses failed");
+    }
 }

@@ -566,10 +566,16 @@ pub struct Kubelets {
     /// Told the Node name once a node's OS has halted after a normal stop (its databases
     /// stopped, its volumes unmounted): the cloud then reports the instance stopped.
     on_halted: Arc<Mutex<Option<HaltedHook>>>,
+    /// See [`Kubelets::on_pod_addresses`].
+    on_pod_addresses: Arc<Mutex<Option<PodAddressHook>>>,
 }
 
 /// See [`Kubelets::on_os_halted`].
 pub type HaltedHook = Arc<dyn Fn(&str) + Send + Sync>;
+
+/// See [`Kubelets::on_pod_addresses`].
+pub type PodAddressHook =
+    Arc<dyn Fn(String, Vec<String>) -> futures::future::BoxFuture<'static, ()> + Send + Sync>;
 
 impl Kubelets {
     /// `databases`: run real QuestDB for database pods (else they are only reported running).
@@ -587,6 +593,7 @@ impl Kubelets {
             databases,
             csi,
             on_halted: Arc::default(),
+            on_pod_addresses: Arc::default(),
         };
         tokio::spawn(run_pods(k.clone()));
         k
@@ -596,6 +603,23 @@ impl Kubelets {
     /// on it ended, every volume unmounted), as EC2 learns that an instance's OS halted.
     pub fn on_os_halted(&self, hook: impl Fn(&str) + Send + Sync + 'static) {
         *self.on_halted.lock().unwrap() = Some(Arc::new(hook));
+    }
+
+    /// `hook(node name, CIDR blocks)` runs when a node joins, before it registers: the
+    /// addresses its pods will get, as the VPC CNI's ipamd assigns them to the instance's
+    /// network interface ahead of any pod (its warm pool; with prefix delegation, /28
+    /// prefixes: `AssignPrivateIpAddresses --ipv4-prefix-count`). The stand-in hands out each
+    /// node's pod addresses from two loopback /24s (real database pods, reported pods), so it
+    /// assigns those two blocks: EC2 then shows every address a pod of the node can report, and
+    /// none of another node's.
+    pub fn on_pod_addresses(
+        &self,
+        hook: impl Fn(String, Vec<String>) -> futures::future::BoxFuture<'static, ()>
+            + Send
+            + Sync
+            + 'static,
+    ) {
+        *self.on_pod_addresses.lock().unwrap() = Some(Arc::new(hook));
     }
 
     pub fn get(&self, name: &str) -> Option<NodeHandle> {
@@ -635,6 +659,14 @@ impl Kubelets {
             name: reg.name.clone(),
             state: state.clone(),
         };
+        let hook = self.on_pod_addresses.lock().unwrap().clone();
+        if let Some(hook) = hook {
+            let blocks = vec![
+                format!("127.{}.{}.0/24", loopback.0, loopback.1),
+                format!("127.{FAKE_POD_OCTET}.{}.0/24", index % 256),
+            ];
+            hook(reg.name.clone(), blocks).await;
+        }
         register(&self.client, &state)
             .await
             .with_context(|| format!("registering node {}", reg.name))?;

@@ -1141,3 +1141,81 @@ async fn a_database_not_ready_at_the_cut_still_has_its_checkpoint_released() {
     // (Once the fault heals the kubelet carries out the taint's eviction: the process that
     // held the checkpoint ends, so there is nothing left to ask.)
 }
+
+/// A backup of `questdb` in [`NS`], from its creation to `Succeeded`: how long it took.
+async fn timed_backup(env: &Env, name: &str, questdb: &str) -> Duration {
+    let started = std::time::Instant::now();
+    create_backup(env, name, questdb).await;
+    backup_reaches(env, name, BackupStep::Succeeded).await;
+    started.elapsed()
+}
+
+/// The backup workers are shared by every tenant: one tenant's 500 backups that cannot run
+/// (its database is paused, so each waits and is looked at again every poll) must not hold
+/// back another tenant's backup beyond twice its normal time.
+#[tokio::test]
+async fn five_hundred_waiting_backups_of_one_tenant_do_not_hold_back_another_tenants_backup() {
+    use futures::StreamExt;
+    const NOISY: &str = "tenant-noisy";
+    const WAITING: usize = 500;
+    let env = env().await;
+    database_with_rows(&env, "db1", 10).await;
+    // Normal: the faster of two (the first pays for warming the caches and the snapshot class).
+    let normal = timed_backup(&env, "normal-1", "db1")
+        .await
+        .min(timed_backup(&env, "normal-2", "db1").await);
+
+    env.namespace(NOISY).await;
+    env.create_questdb(NOISY, "hog", |q| {
+        real(q);
+        q.spec.paused = true;
+    })
+    .await;
+    let api = env.api::<QuestDBBackup>(NOISY);
+    let created = futures::stream::iter(0..WAITING)
+        .map(|i| {
+            let api = api.clone();
+            async move {
+                let spec = QuestDBBackupSpec {
+                    questdb_name: "hog".into(),
+                    volume_snapshot_class_name: None,
+                    deletion_policy: Default::default(),
+                    verify: false,
+                };
+                api.create(
+                    &PostParams::default(),
+                    &QuestDBBackup::new(&format!("hog-{i:03}"), spec),
+                )
+                .await
+                .is_ok()
+            }
+        })
+        .buffer_unordered(16)
+        .filter(|ok| futures::future::ready(*ok))
+        .count()
+        .await;
+    assert_eq!(created, WAITING);
+    // Measured while the operator takes in the 500 (their first status writes) and after.
+    let loaded = timed_backup(&env, "loaded", "db1").await;
+    let waiting = api
+        .list(&Default::default())
+        .await
+        .expect("noisy backups")
+        .items
+        .iter()
+        .filter(|b| b.status.as_ref().and_then(|s| s.step) == Some(BackupStep::Pending))
+        .count();
+    eprintln!(
+        "another tenant's backup: normal {:.1}s, beside {WAITING} waiting backups {:.1}s ({waiting} Pending at its end)",
+        normal.as_secs_f64(),
+        loaded.as_secs_f64()
+    );
+    assert!(
+        waiting > WAITING / 2,
+        "the noisy tenant's backups were waiting meanwhile: {waiting}"
+    );
+    assert!(
+        loaded <= normal * 2,
+        "{loaded:?} beside {WAITING} waiting backups, {normal:?} normally"
+    );
+}

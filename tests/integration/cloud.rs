@@ -292,17 +292,22 @@ impl CloudEnv {
             .await
             .expect("pvc");
         assert_eq!(pvc.uid().as_deref(), Some(pvc_uid), "the same volume");
-        let ip = self
+        let pod_ip = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.pod_ip.clone())
+            .expect("pod address");
+        let assigned = self
             .cloud
             .ec2
             .instances()
             .into_iter()
             .find(|i| i.id == instance)
-            .and_then(|i| i.private_ip)
-            .expect("new ip");
+            .is_some_and(|i| i.pod_addresses.contains(&pod_ip));
+        assert!(assigned, "{pod_ip} is an address of instance {instance}");
         let records = self.cloud.route53.records();
         assert_eq!(records.len(), 1, "{records:?}");
-        assert_eq!(records[0].ips, vec![ip], "DNS follows the database");
+        assert_eq!(records[0].ips, vec![pod_ip], "DNS follows the database");
     }
 
     /// Kills the manager right after it records each new step of `db1` (the step `phase` reads
@@ -441,10 +446,14 @@ fn spawn_node_join(
             }
         }
     });
-    let halted = ec2_for_halts;
+    let (halted, ipamd) = (ec2_for_halts.clone(), ec2_for_halts);
+    // Node names are `<instance id>.<region>.compute.internal`.
     cp.kubelets().on_os_halted(move |node| {
-        // Node names are `<instance id>.<region>.compute.internal`.
         halted.os_halted(node.split('.').next().unwrap_or_default());
+    });
+    cp.kubelets().on_pod_addresses(move |node, blocks| {
+        ipamd.assign_ipv4_prefixes(node.split('.').next().unwrap_or_default(), &blocks);
+        Box::pin(async {})
     });
     spawn_instance_join(cp.kubelets().clone(), changes, stop)
 }
@@ -533,19 +542,24 @@ async fn a_questdb_with_a_node_gets_its_own_instance_node_and_dns_and_releases_t
         .expect("node");
     assert_dedicated(&node);
 
-    // DNS points at the node's private IP, where the database's ports are bound.
+    // DNS names the pod's own address, one EC2 shows on the instance (the VPC CNI's), and no
+    // port is bound on the node: the namespace needs no `privileged` Pod Security level.
     let records = env.cloud.route53.records();
     assert_eq!(records.len(), 1, "{records:?}");
     assert_eq!(records[0].name, format!("db1.{NS}.db.example.com"));
-    assert_eq!(Some(&records[0].ips[0]), instance.private_ip.as_ref());
     let pod = Api::<Pod>::namespaced(env.client.clone(), NS)
         .get(&names::pod(&q))
         .await
         .expect("pod");
     assert_eq!(
-        pod.status.as_ref().and_then(|s| s.host_ip.as_ref()),
+        pod.status.as_ref().and_then(|s| s.pod_ip.as_ref()),
         Some(&records[0].ips[0]),
-        "the record names the address of the pod's node"
+        "the record names the database pod's address"
+    );
+    assert!(
+        instance.pod_addresses.contains(&records[0].ips[0]),
+        "an address EC2 gives the instance: {:?}",
+        instance.pod_addresses
     );
     let host_ports: Vec<i32> = pod
         .spec
@@ -556,11 +570,7 @@ async fn a_questdb_with_a_node_gets_its_own_instance_node_and_dns_and_releases_t
         .iter()
         .filter_map(|p| p.host_port)
         .collect();
-    assert_eq!(
-        host_ports,
-        vec![9000, 8812, 9009],
-        "HTTP, pgwire, ILP on the node address"
-    );
+    assert_eq!(host_ports, Vec::<i32>::new(), "no port on the node address");
     assert_eq!(records[0].ttl, 5);
     let provisioning = env.aws_calls();
     eprintln!(
@@ -708,7 +718,11 @@ async fn a_pod_the_apiserver_refuses_is_reported_in_the_apiservers_words() {
         }
     };
     enforce("baseline").await;
-    env.create("db1", |_| {}).await;
+    // Host ports asked for: Pod Security's baseline level refuses them.
+    env.create("db1", |q| {
+        q.spec.node.as_mut().expect("node").host_ports = Some(true);
+    })
+    .await;
     let q = wait_for(
         &env.qdbs(),
         "db1",
@@ -728,6 +742,56 @@ async fn a_pod_the_apiserver_refuses_is_reported_in_the_apiservers_words() {
 
     enforce("privileged").await;
     wait_for(&env.qdbs(), "db1", "Ready once allowed", is_ready()).await;
+    env.stop().await;
+}
+
+/// Host ports need a `privileged` namespace, where any pod a tenant may create could be
+/// privileged too. A dedicated database runs where Pod Security enforces `restricted`, and its
+/// clients reach it at the record's address (the pod's, which EC2 gives the instance).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dedicated_database_needs_no_namespace_that_allows_privileged_pods() {
+    let env = CloudEnv::start_with_real_databases(settings()).await;
+    let restricted = json!({"metadata": {"labels": {
+        "pod-security.kubernetes.io/enforce": "restricted",
+        "pod-security.kubernetes.io/enforce-version": "latest",
+    }}});
+    Api::<k8s_openapi::api::core::v1::Namespace>::all(env.client.clone())
+        .patch(NS, &PatchParams::default(), &Patch::Merge(restricted))
+        .await
+        .expect("namespace labelled");
+    env.create("db1", crate::database::real).await;
+    let q = wait_for(&env.qdbs(), "db1", "Ready under restricted", is_ready()).await;
+    let records = env.cloud.route53.records();
+    assert_eq!(records.len(), 1, "{records:?}");
+    let address = records[0].ips[0].clone();
+    assert_eq!(
+        q.status.as_ref().and_then(|s| s.dns_ip.clone()),
+        Some(address.clone())
+    );
+    let secret: k8s_openapi::api::core::v1::Secret = Api::namespaced(env.client.clone(), NS)
+        .get("db1-credentials")
+        .await
+        .expect("credentials Secret");
+    let data = secret.data.unwrap_or_default();
+    let text = |k: &str| String::from_utf8(data[k].0.clone()).expect("utf-8");
+    let (user, password) = (
+        text(questdb_operator::desired::credentials::HTTP_USER),
+        text(questdb_operator::desired::credentials::HTTP_PASSWORD),
+    );
+    let login = Some((user.as_str(), password.as_str()));
+    let at_record = format!("{address}:9000");
+    let status = crate::db_client::ilp_http(&at_record, "ticks v=1i\nticks v=2i\n", login)
+        .await
+        .expect("the database answers at the record's address");
+    assert_eq!(status, 204, "rows committed through the record's address");
+    wait_until("the rows are visible at the record's address", || {
+        let at_record = at_record.clone();
+        let (user, password) = (user.clone(), password.clone());
+        async move {
+            crate::db_client::count(&at_record, "ticks", Some((&user, &password))).await == Some(2)
+        }
+    })
+    .await;
     env.stop().await;
 }
 
@@ -1548,6 +1612,51 @@ async fn a_nodes_forged_address_never_reaches_route53() {
         }
     })
     .await;
+    let records = env.cloud.route53.records();
+    assert_eq!(records.len(), 1, "{records:?}");
+    assert_eq!(records[0].ips, vec![published.clone()]);
+    let q = env.qdbs().get("db1").await.expect("db1");
+    assert_eq!(q.status.and_then(|s| s.dns_ip), Some(published));
+    env.stop().await;
+}
+
+/// A compromised dedicated node rewrites its database pod's address (its kubelet may write the
+/// status of pods bound to it). The record names only an address EC2 shows assigned to the
+/// instance, so it stays where it was, and a Warning says the pod's report is not trusted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pods_forged_address_never_reaches_route53() {
+    let env = CloudEnv::start(settings()).await;
+    env.create("db1", |_| {}).await;
+    let q = wait_for(&env.qdbs(), "db1", "Ready", is_ready()).await;
+    let status = q.status.clone().expect("status");
+    let published = status.dns_ip.clone().expect("published");
+    let node = status.node_name.clone().expect("node");
+    let pods: Api<Pod> = Api::namespaced(
+        env.client_as(&format!("system:node:{node}"), NODE_GROUPS)
+            .await,
+        NS,
+    );
+    let forged = json!({"status": {"podIP": "10.66.66.67", "podIPs": [{"ip": "10.66.66.67"}]}});
+    pods.patch_status(
+        &names::pod(&q),
+        &PatchParams::default(),
+        &Patch::Merge(&forged),
+    )
+    .await
+    .expect("the node rewrites its pod's address");
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(env.client.clone(), NS);
+    let event = wait_until("a Warning that the pod's address is not trusted", || {
+        let events = events.clone();
+        async move {
+            events.list(&Default::default()).await.is_ok_and(|l| {
+                l.items.iter().any(|e| {
+                    e.reason.as_deref() == Some("NodeAddressUntrusted")
+                        && e.note.as_deref().is_some_and(|n| n.contains("10.66.66.67"))
+                })
+            })
+        }
+    });
+    event.await;
     let records = env.cloud.route53.records();
     assert_eq!(records.len(), 1, "{records:?}");
     assert_eq!(records[0].ips, vec![published.clone()]);

@@ -1,5 +1,5 @@
-//! Data safety counted in rows, on a real QuestDB: a client writes through the database's node
-//! address (`status.nodeIP`, the DNS target) with ILP over HTTP the whole time, counting the rows
+//! Data safety counted in rows, on a real QuestDB: a client writes through the database's
+//! address (`status.dnsIP`, the DNS target) with ILP over HTTP the whole time, counting the rows
 //! QuestDB acknowledged (204), while the node loses power, is cut off, or the database moves to
 //! a node of another image. Every acknowledged row must be there afterwards, and no two QuestDB
 //! processes may ever hold the volume's directory at once. The gap the client saw is printed.
@@ -22,9 +22,10 @@ const TIMEOUT: Duration = Duration::from_secs(300);
 const TABLE: &str = "ticks";
 const BATCH: i64 = 50;
 
-/// The node address status names now.
-async fn node_ip(qdbs: &Api<QuestDB>) -> Option<String> {
-    qdbs.get_opt("db1").await.ok().flatten()?.status?.node_ip
+/// The address the database's DNS record names now (as status reports it): where its
+/// clients connect.
+async fn record_ip(qdbs: &Api<QuestDB>) -> Option<String> {
+    qdbs.get_opt("db1").await.ok().flatten()?.status?.dns_ip
 }
 
 async fn http_login(env: &CloudEnv) -> (String, String) {
@@ -67,7 +68,7 @@ impl Writer {
             let mut ip = None;
             while !s.load(Ordering::Relaxed) {
                 if ip.is_none() {
-                    ip = node_ip(&qdbs).await;
+                    ip = record_ip(&qdbs).await;
                 }
                 if let Some(addr) = ip.as_ref().map(|ip| format!("{ip}:9000")) {
                     let first = n.fetch_add(BATCH, Ordering::Relaxed);
@@ -171,7 +172,7 @@ async fn assert_no_acknowledged_row_lost(
     })
     .await;
     let (acked, sent, gap) = writer.finish().await;
-    let ip = node_ip(&env.qdbs()).await.expect("node address");
+    let ip = record_ip(&env.qdbs()).await.expect("record address");
     let addr = format!("{ip}:9000");
     let l = Some((login.0.as_str(), login.1.as_str()));
     // Rows sent but unanswered may or may not be there; acknowledged ones must be.

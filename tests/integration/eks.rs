@@ -234,8 +234,20 @@ async fn the_readmes_eks_path_ends_with_a_ready_database_on_its_own_node_and_rec
     );
     env.start_synced_manager(options).await;
 
-    // Step 5, the example: a namespace that allows host ports, then the QuestDB.
+    // Step 5, the example: a namespace that enforces the restricted Pod Security level (a
+    // dedicated database binds no host port), then the QuestDB.
     env.namespace(NS).await;
+    let restricted = serde_json::json!({"metadata": {"labels": {
+        "pod-security.kubernetes.io/enforce": "restricted",
+    }}});
+    Api::<k8s_openapi::api::core::v1::Namespace>::all(env.client.clone())
+        .patch(
+            NS,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(restricted),
+        )
+        .await
+        .expect("namespace labelled");
     let q = filled_example(&aws);
     env.api::<QuestDB>(NS)
         .create(&PostParams::default(), &q)
@@ -271,7 +283,27 @@ async fn the_readmes_eks_path_ends_with_a_ready_database_on_its_own_node_and_rec
             .map(|t| t.as_str()),
         Some("required")
     );
-    let private_ip = instance.private_ip_address().expect("ip").to_string();
+    // The record names the pod's address, a secondary one of the instance's network
+    // interface (the VPC CNI's), not the node's: no host port, no privileged namespace.
+    let pod_ip = env
+        .api::<k8s_openapi::api::core::v1::Pod>(NS)
+        .get("orders-0")
+        .await
+        .expect("database pod")
+        .status
+        .and_then(|s| s.pod_ip)
+        .expect("pod address");
+    let secondary: Vec<&str> = instance
+        .network_interfaces()
+        .iter()
+        .flat_map(|n| n.private_ip_addresses())
+        .filter(|a| a.primary() != Some(true))
+        .filter_map(|a| a.private_ip_address())
+        .collect();
+    assert!(
+        secondary.contains(&pod_ip.as_str()),
+        "{pod_ip} is one of the instance's addresses"
+    );
     let record = format!("orders.{NS}.{HOSTED_ZONE}");
     assert_eq!(status.dns_name.as_deref(), Some(record.as_str()));
     let dns = cloud.dns.clone().expect("DNS provider");
@@ -280,7 +312,7 @@ async fn the_readmes_eks_path_ends_with_a_ready_database_on_its_own_node_and_rec
         .await
         .expect("record read")
         .expect("record");
-    assert_eq!(a.ips, [private_ip]);
+    assert_eq!(a.ips, [pod_ip]);
 
     // Deleting the QuestDB gives the instance and the record back; the data stays (retainOnDelete).
     env.api::<QuestDB>(NS)

@@ -693,3 +693,115 @@ async fn a_node_whose_unmount_fails_is_fenced_and_the_move_goes_on() {
     );
     env.stop().await;
 }
+
+/// `name`'s node image set to `image` in `ns`.
+async fn set_image_of(env: &CloudEnv, ns: &str, name: &str, image: &str) {
+    Api::<QuestDB>::namespaced(env.client.clone(), ns)
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"node": {"image": image}}})),
+        )
+        .await
+        .expect("patch spec.node.image");
+}
+
+/// `name`'s move to `image`, from the edit until the database runs on the new node.
+async fn timed_move(env: &CloudEnv, name: &str, image: &'static str) -> Duration {
+    let started = std::time::Instant::now();
+    set_image_of(env, NS, name, image).await;
+    wait_for_within(
+        &env.qdbs(),
+        name,
+        &format!("{name} moved to {image}"),
+        MOVE_TIMEOUT,
+        move |q: Option<&QuestDB>| {
+            q.and_then(|q| q.status.as_ref()?.node_move.clone())
+                .is_some_and(|u| u.phase == "Retaining" && u.to_image.as_deref() == Some(image))
+        },
+    )
+    .await;
+    started.elapsed()
+}
+
+/// Node moves share a global concurrency: one tenant whose moves cannot work (their nodes
+/// never join, each waits out the join timeout before it aborts) must not hold back another
+/// tenant's move beyond twice its normal time. Production's defaults: two moves at once, one
+/// per namespace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_tenants_stuck_moves_do_not_hold_back_another_tenants_move() {
+    const NOISY: &str = "tenant-noisy";
+    let mut cloud = settings();
+    cloud.upgrade_concurrency = 2;
+    cloud.upgrade_concurrency_per_namespace = 1;
+    let env = CloudEnv::start(cloud).await;
+    let quick = |q: &mut QuestDB| {
+        q.spec.node.as_mut().expect("node").rollback_window = Some("0s".into());
+    };
+    env.create("quiet-a", quick).await;
+    env.create("quiet-b", quick).await;
+    Api::<k8s_openapi::api::core::v1::Namespace>::all(env.client.clone())
+        .create(
+            &Default::default(),
+            &serde_json::from_value(json!({"metadata": {"name": NOISY}})).expect("namespace"),
+        )
+        .await
+        .expect("noisy namespace");
+    let noisy = Api::<QuestDB>::namespaced(env.client.clone(), NOISY);
+    let hogs = ["hog-1", "hog-2", "hog-3"];
+    for hog in hogs {
+        let mut q = questdb_operator::desired::testing::questdb(hog, NOISY);
+        q.metadata.uid = None;
+        q.metadata.resource_version = None;
+        q.metadata.generation = None;
+        q.spec.node = env.qdbs().get("quiet-a").await.expect("quiet-a").spec.node;
+        noisy
+            .create(&Default::default(), &q)
+            .await
+            .expect("hog created");
+    }
+    for (api, name) in [(&env.qdbs(), "quiet-a"), (&env.qdbs(), "quiet-b")]
+        .into_iter()
+        .chain(hogs.iter().map(|h| (&noisy, *h)))
+    {
+        wait_for(api, name, &format!("{name} Ready"), is_ready()).await;
+    }
+
+    let normal = timed_move(&env, "quiet-a", NEW_AMI).await;
+    // Its slot is free again before the noise starts (quiet-b is in the same namespace).
+    wait_for_within(
+        &env.qdbs(),
+        "quiet-a",
+        "quiet-a's move completed",
+        MOVE_TIMEOUT,
+        |q: Option<&QuestDB>| {
+            q.and_then(|q| q.status.as_ref()?.node_move.clone())
+                .is_some_and(|u| u.phase == "Completed")
+        },
+    )
+    .await;
+    for hog in hogs {
+        set_image_of(&env, NOISY, hog, NEVER_JOINS).await;
+    }
+    wait_for(
+        &noisy,
+        "hog-1",
+        "a noisy move under way",
+        |q: Option<&QuestDB>| {
+            q.and_then(|q| q.status.as_ref()?.node_move.clone())
+                .is_some_and(|u| u.phase == "Provisioning")
+        },
+    )
+    .await;
+    let loaded = timed_move(&env, "quiet-b", NEW_AMI).await;
+    eprintln!(
+        "another tenant's move: normal {:.1}s, beside three stuck moves {:.1}s",
+        normal.as_secs_f64(),
+        loaded.as_secs_f64()
+    );
+    assert!(
+        loaded <= normal * 2,
+        "{loaded:?} beside stuck moves, {normal:?} normally"
+    );
+    env.stop().await;
+}

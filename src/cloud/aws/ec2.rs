@@ -15,7 +15,7 @@ use aws_sdk_ec2::Client;
 
 use super::api_error;
 use crate::cloud::backend::{Ec2Api, InstanceQuery, Page, RunSpec};
-use crate::cloud::{ApiError, Instance, InstanceState};
+use crate::cloud::{ApiError, Instance, InstanceState, PodAddresses};
 
 /// The EC2 client.
 #[derive(Clone, Debug)]
@@ -91,6 +91,21 @@ fn convert(i: &aws_sdk_ec2::types::Instance) -> Option<Instance> {
             .filter(|n| !n.is_empty())
             .map(str::to_string),
         public_ip: i.public_ip_address().map(str::to_string),
+        pod_addresses: PodAddresses {
+            secondary_ips: i
+                .network_interfaces()
+                .iter()
+                .flat_map(|n| n.private_ip_addresses())
+                .filter(|a| a.primary() != Some(true))
+                .filter_map(|a| a.private_ip_address().map(str::to_string))
+                .collect(),
+            prefixes: i
+                .network_interfaces()
+                .iter()
+                .flat_map(|n| n.ipv4_prefixes())
+                .filter_map(|p| p.ipv4_prefix().map(str::to_string))
+                .collect(),
+        },
         tags: i
             .tags()
             .iter()

@@ -324,6 +324,38 @@ impl MemoryEc2 {
         halted
     }
 
+    /// `AssignPrivateIpAddresses` on the instance's primary network interface, as the VPC
+    /// CNI's ipamd calls it on its node to fill its pool of pod addresses (the stand-in
+    /// kubelets do it before a pod gets an address). Returns whether the instance exists.
+    pub fn assign_private_ip(&self, id: &str, ip: &str) -> bool {
+        let mut state = self.lock();
+        let Some(r) = state.records.get_mut(id) else {
+            return false;
+        };
+        let ips = &mut r.instance.pod_addresses.secondary_ips;
+        if !ips.iter().any(|i| i == ip) {
+            ips.push(ip.to_string());
+        }
+        true
+    }
+
+    /// `AssignPrivateIpAddresses --ipv4-prefixes` on the instance's primary network interface:
+    /// the blocks the VPC CNI's ipamd draws pod addresses from (prefix delegation). Returns
+    /// whether the instance exists.
+    pub fn assign_ipv4_prefixes(&self, id: &str, prefixes: &[String]) -> bool {
+        let mut state = self.lock();
+        let Some(r) = state.records.get_mut(id) else {
+            return false;
+        };
+        let held = &mut r.instance.pod_addresses.prefixes;
+        for p in prefixes {
+            if !held.contains(p) {
+                held.push(p.clone());
+            }
+        }
+        true
+    }
+
     /// Every instance ever launched, whatever its state, ignoring eventual consistency.
     pub fn instances(&self) -> Vec<Instance> {
         self.lock()
@@ -427,6 +459,7 @@ impl MemoryEc2 {
                 "i-{serial:017x}.{}.compute.internal",
                 state.options.region
             )),
+            pod_addresses: Default::default(),
         };
         state
             .by_token

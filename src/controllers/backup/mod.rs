@@ -87,15 +87,19 @@ pub async fn reconcile(
         }
         return Ok(Next::AwaitChange);
     }
-    if !has_finalizer(&current) {
-        // Before anything could open a checkpoint: a deletion then always releases it.
+    // A waiting backup holds nothing a deletion must release: the finalizer is added right
+    // before the checkpoint is claimed (below), and a backup past that step always has it.
+    // So a tenant's hundreds of waiting backups cost the shared workers one status write each.
+    if step.is_some_and(|s| s != BackupStep::Pending) && !has_finalizer(&current) {
         set_finalizer(&api, &mut current, true).await?;
     }
     if step.is_none() {
+        // Recorded with the first decision's own status write (its wait reason, or the
+        // checkpoint step), not in a write of its own.
         let mut s = status.clone();
         s.step = Some(BackupStep::Pending);
         s.started_at = Some(clock::now());
-        write_status(&api, &mut current, s).await?;
+        current.status = Some(s);
     }
 
     // Queued behind another backup of the same database: decided from the caches alone, so
@@ -140,6 +144,14 @@ pub async fn reconcile(
             Decision::StartCheckpoint(holder) => {
                 if !claim(&bctx, &current) {
                     return Ok(Next::RequeueAfter(Duration::from_secs(2)));
+                }
+                if !has_finalizer(&current) {
+                    // Before anything could open a checkpoint: a deletion then always
+                    // releases it.
+                    let status = current.status.clone();
+                    set_finalizer(&api, &mut current, true).await?;
+                    // The patch answers with the stored status; the step decided on stays.
+                    current.status = status;
                 }
                 let mut s = status.clone();
                 s.step = Some(BackupStep::Checkpointing);

@@ -19,6 +19,7 @@ use serde_json::json;
 use tracing::{info, warn};
 
 pub use super::outcome::CloudOutcome;
+use super::placement;
 use super::provision::{cloud_error, node_steps, ready_condition};
 use super::record::{already_reported, persist};
 use crate::api::{ConditionReason, DnsReason, EventReason, NodeReadyReason};
@@ -29,7 +30,7 @@ use crate::controllers::context::Context;
 use crate::controllers::Error;
 use crate::desired::DedicatedNode;
 use crate::plan::conditions::Verdict;
-use crate::plan::dns::{self, DnsStep, DnsView};
+use crate::plan::dns::{self, DnsStep, DnsView, PodAddress};
 use crate::plan::node;
 
 pub use super::provision::WAITING_SYNC;
@@ -109,7 +110,7 @@ pub async fn reconcile(
     out.failover_condition = failover.map(|turn| out.absorb(turn));
     let node_move = super::node_move::reconcile(qdb, ctx, cloud).await?;
     out.node_move_condition = node_move.map(|turn| out.absorb(turn));
-    let dedicated = DedicatedNode::for_questdb(qdb);
+    let dedicated = placement::dedicated_node(qdb, ctx);
 
     if !release {
         if let Some(fast) = steady_state(qdb, ctx, &dedicated) {
@@ -148,13 +149,24 @@ pub async fn reconcile(
         out.released = true;
         None
     };
-    let ips = current
-        .map(|i| Ips {
+    let node_ip = current.as_ref().and_then(|i| i.private_ip.clone());
+    report_untrusted_address(qdb, ctx, out.node.as_deref(), node_ip.as_deref()).await;
+    let ips = match current {
+        Some(i) if !dedicated.host_ports => Ips {
+            private: pod_address(qdb, ctx, cloud, out.node.as_deref(), &i).await?,
+            public: i.public_ip,
+            pod_addressed: true,
+        },
+        Some(i) => Ips {
             private: i.private_ip,
             public: i.public_ip,
-        })
-        .unwrap_or_default();
-    report_untrusted_address(qdb, ctx, out.node.as_deref(), &ips).await;
+            pod_addressed: false,
+        },
+        None => Ips {
+            pod_addressed: !dedicated.host_ports,
+            ..Ips::default()
+        },
+    };
     out.dns_condition = match dns_step(qdb, ctx, cloud, &ips, false).await? {
         DnsDecision::Decided(c) => c,
         DnsDecision::Undecided => None,
@@ -163,15 +175,18 @@ pub async fn reconcile(
     out.released = out.released && !dns_left;
     // Read again: the node steps may have recorded (or forgotten) the instance the pod pins.
     if qdb.spec.node.is_some() {
-        out.dedicated = Some(DedicatedNode::for_questdb(qdb));
+        out.dedicated = Some(placement::dedicated_node(qdb, ctx));
     }
     Ok(out)
 }
 
+/// The addresses a record may name: the private one is the instance's, or its database pod's
+/// (`pod_addressed`: no host ports).
 #[derive(Default)]
 struct Ips {
     private: Option<String>,
     public: Option<String>,
+    pod_addressed: bool,
 }
 
 /// The dedicated node as the Node cache shows it.
@@ -193,8 +208,13 @@ fn node_address(node: &Node, kind: &str) -> Option<String> {
 
 /// A dedicated Node that reports a private address EC2 does not give its instance: DNS keeps
 /// EC2's, and on-call hears of it (a misconfigured or compromised node).
-async fn report_untrusted_address(qdb: &QuestDB, ctx: &Context, node: Option<&Node>, ips: &Ips) {
-    let (Some(node), Some(ec2)) = (node, ips.private.as_deref()) else {
+async fn report_untrusted_address(
+    qdb: &QuestDB,
+    ctx: &Context,
+    node: Option<&Node>,
+    ec2: Option<&str>,
+) {
+    let (Some(node), Some(ec2)) = (node, ec2) else {
         return;
     };
     let Some(reported) = node_address(node, "InternalIP").filter(|r| r != ec2) else {
@@ -204,6 +224,12 @@ async fn report_untrusted_address(qdb: &QuestDB, ctx: &Context, node: Option<&No
         "node {} reports address {reported}, but EC2 gives its instance {ec2}: DNS follows EC2, never the node's report",
         node.name_any()
     );
+    address_untrusted(qdb, ctx, note).await;
+}
+
+/// A kubelet's report of an address EC2 does not give the instance: one log line and one
+/// Warning event (a misconfigured or compromised node); the record does not move there.
+async fn address_untrusted(qdb: &QuestDB, ctx: &Context, note: String) {
     warn!(questdb = %qdb.name_any(), "{note}");
     ctx.event(
         qdb,
@@ -213,6 +239,49 @@ async fn report_untrusted_address(qdb: &QuestDB, ctx: &Context, node: Option<&No
         note,
     )
     .await;
+}
+
+/// The database pod's address on `node` when EC2 shows it assigned to `instance` (see
+/// [`dns::pod_address`]); an address EC2 does not show is reported, never published.
+async fn pod_address(
+    qdb: &QuestDB,
+    ctx: &Context,
+    cloud: &CloudRuntime,
+    node: Option<&Node>,
+    instance: &crate::cloud::Instance,
+) -> Result<Option<String>, Error> {
+    let Some(node) = node else {
+        return Ok(None);
+    };
+    let reported = placement::pod_ip_on(qdb, ctx, &node.name_any());
+    match dns::pod_address(reported.as_deref(), true, &instance.pod_addresses) {
+        PodAddress::Verified(ip) => Ok(Some(ip)),
+        PodAddress::NotYet => Ok(None),
+        PodAddress::Unassigned(ip) => {
+            // The shared snapshot may predate the address (ipamd assigns more when its warm
+            // pool runs low): EC2 is asked again, at most once per WAITING_SYNC for the whole
+            // operator, before the address is called one EC2 does not give the instance.
+            let fresh = cloud
+                .instances
+                .get_within(cloud.nodes.as_ref(), WAITING_SYNC)
+                .await
+                .map_err(cloud_error)?;
+            if fresh
+                .iter()
+                .any(|i| i.id == instance.id && i.pod_addresses.contains(&ip))
+            {
+                return Ok(Some(ip));
+            }
+            let note = format!(
+                "pod {} on node {} reports address {ip}, but EC2 has not assigned it to instance {}: DNS never names an address EC2 does not give the instance",
+                crate::desired::names::pod(qdb),
+                node.name_any(),
+                instance.id
+            );
+            address_untrusted(qdb, ctx, note).await;
+            Ok(None)
+        }
+    }
 }
 
 /// A converged QuestDB: instance recorded, its Node registered, dedicated and Ready.
@@ -230,9 +299,15 @@ fn steady_state(qdb: &QuestDB, ctx: &Context, dedicated: &DedicatedNode) -> Opti
         .clone();
     Some(SteadyNode {
         name: node.metadata.name.clone().unwrap_or_default(),
+        // What the kubelet reports: enough to confirm the record, never to move it.
         ips: Ips {
-            private: node_address(node, "InternalIP"),
+            private: if dedicated.host_ports {
+                node_address(node, "InternalIP")
+            } else {
+                placement::pod_ip_on(qdb, ctx, &node.name_any())
+            },
             public: node_address(node, "ExternalIP"),
+            pod_addressed: !dedicated.host_ports,
         },
         node: found,
     })
@@ -323,6 +398,7 @@ async fn dns_step(
         status: &status,
         private_ip: ips.private.as_deref(),
         public_ip: ips.public.as_deref(),
+        pod_addressed: ips.pod_addressed,
         provider_configured: cloud.dns.is_some(),
     });
     let Some(provider) = cloud.dns.as_ref() else {

@@ -822,7 +822,7 @@ async fn observe(
         .and_then(|p| p.status.as_ref()?.phase.clone())
         .is_some_and(|p| p == "Running");
     let ready = pod.as_deref().is_some_and(pod_ready);
-    let dns_follows = dns_follows(qdb, cloud, status, new_node);
+    let dns_follows = dns_follows(qdb, ctx, cloud, status, new_node);
     Ok(Facts {
         old_instance,
         old_node_exists: old.is_some(),

@@ -11,7 +11,7 @@ use crate::api::{QuestDB, QuestDBStatus};
 use crate::controllers::cloud_runtime::CloudRuntime;
 use crate::controllers::context::Context;
 use crate::controllers::Error;
-use crate::desired::names;
+use crate::desired::{names, DedicatedNode};
 
 /// The DNS record's TTL (zero without `spec.dns`): how long resolvers may still send clients
 /// to an address the record no longer names.
@@ -19,26 +19,59 @@ pub fn dns_ttl(qdb: &QuestDB) -> std::time::Duration {
     std::time::Duration::from_secs(qdb.spec.dns.as_ref().map_or(0, |d| d.ttl.max(0) as u64))
 }
 
-/// `spec.dns` is unset (or cannot be served), or the record names `node`'s address.
+/// The dedicated node the pod is pinned to, binding host ports as
+/// [`crate::desired::statefulset::binds_host_ports`] decides for the StatefulSet that runs now.
+pub fn dedicated_node(qdb: &QuestDB, ctx: &Context) -> DedicatedNode {
+    let running = ctx
+        .caches
+        .statefulsets
+        .get(&ObjectRef::new(&names::statefulset(qdb)).within(&qdb.namespace().unwrap_or_default()))
+        .map(|s| s.kept.host_ports);
+    DedicatedNode::for_questdb(qdb).running_with_host_ports(qdb, running)
+}
+
+/// The database pod's address as its kubelet reports it, when the pod is bound to `node`.
+pub fn pod_ip_on(qdb: &QuestDB, ctx: &Context, node: &str) -> Option<String> {
+    let pod = ctx
+        .caches
+        .pods
+        .get(&ObjectRef::new(&names::pod(qdb)).within(&qdb.namespace().unwrap_or_default()))?;
+    if pod.node_name.as_deref() != Some(node) {
+        return None;
+    }
+    pod.status
+        .as_ref()?
+        .pod_ip
+        .clone()
+        .filter(|ip| !ip.is_empty())
+}
+
+/// `spec.dns` is unset (or cannot be served), or the record names `node`'s address (the
+/// database pod's on it, without host ports). The DNS step writes a pod's address only once
+/// EC2 shows it assigned to the instance, so a record equal to it is a verified one.
 pub fn dns_follows(
     qdb: &QuestDB,
+    ctx: &Context,
     cloud: &CloudRuntime,
     status: &QuestDBStatus,
     node: Option<&Node>,
 ) -> bool {
     match (&qdb.spec.dns, cloud.dns.as_ref(), node) {
         (Some(dns), Some(_), Some(n)) => {
-            let kind = if dns.public {
-                "ExternalIP"
+            let want = if !dns.public && !dedicated_node(qdb, ctx).host_ports {
+                pod_ip_on(qdb, ctx, &n.name_any())
             } else {
-                "InternalIP"
+                let kind = if dns.public {
+                    "ExternalIP"
+                } else {
+                    "InternalIP"
+                };
+                n.status
+                    .as_ref()
+                    .and_then(|s| s.addresses.as_ref())
+                    .and_then(|a| a.iter().find(|a| a.type_ == kind))
+                    .map(|a| a.address.clone())
             };
-            let want = n
-                .status
-                .as_ref()
-                .and_then(|s| s.addresses.as_ref())
-                .and_then(|a| a.iter().find(|a| a.type_ == kind))
-                .map(|a| a.address.clone());
             want.is_some() && status.dns_ip == want
         }
         (Some(_), Some(_), None) => false,

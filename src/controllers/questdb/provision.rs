@@ -176,7 +176,7 @@ impl StateMachine for NodeRun<'_> {
                 Flow::Stepped(launching("launching a dedicated node".into()))
             }
             NodeStep::Launch(g) => self.launch(g).await?,
-            NodeStep::RecordInstance(instance) => self.record_instance(instance).await?,
+            NodeStep::RecordInstance(instance) => self.record_instance(*instance).await?,
             NodeStep::LookUp(id) => {
                 // Cannot follow a look-up of the same id: it is learnt, or forgotten as terminated.
                 warn!(questdb = %self.qdb.name_any(), instance = %id, "instance still unknown after a look-up by id");
@@ -584,6 +584,7 @@ fn forgotten(qdb: &QuestDB, uid: &str, id: &str, generation: Option<i64>) -> Ins
         launched_at: None,
         state_reason: None,
         private_dns_name: None,
+        pod_addresses: Default::default(),
     }
 }
 

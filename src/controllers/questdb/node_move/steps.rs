@@ -122,8 +122,8 @@ async fn observe(
         launch_error,
         old_node,
         dedicated: DedicatedNode {
-            label_value: DedicatedNode::for_questdb(qdb).label_value,
             instance: u.new_instance_id.clone(),
+            ..DedicatedNode::for_questdb(qdb)
         },
         retain_until: (u.phase == NodeMovePhase::Retaining)
             .then(|| node_move::retention_end(u, spec, dns_ttl(qdb)))
@@ -178,7 +178,7 @@ fn step_view<'a>(m: &'a NodeMove<'_>, seen: &'a Observed) -> StepView<'a> {
         volume_on_old_node: seen.volume_on_old_node,
         pod_running_on_new_node: on_new && running,
         pod_ready: on_new && pod_ready_on(qdb, ctx, new_id),
-        dns_follows: dns_follows(qdb, cloud, status, new_node),
+        dns_follows: dns_follows(qdb, ctx, cloud, status, new_node),
         retention_over: seen.retain_until.is_none_or(|t| t <= Timestamp::now()),
         dns_ttl_over: since(u.phase_started_at.as_ref()).is_none_or(|d| d >= dns_ttl(qdb)),
         old_node_dead: node_dead(qdb, cloud, old_node),
