@@ -174,6 +174,15 @@ pub fn cloud_config(args: &CloudArgs, provider: CloudProvider) -> anyhow::Result
         certificate_authority: args.eks_certificate_authority.clone(),
         service_cidr: args.eks_service_cidr.clone(),
     };
+    if let Some(cidr) = config.eks.service_cidr.as_deref() {
+        // Said here, naming the flag: otherwise the first launch fails on a template
+        // placeholder left without a value.
+        if user_data::cluster_dns_ip(cidr).is_none() {
+            anyhow::bail!(
+                "--eks-service-cidr {cidr}: an IPv4 CIDR of at most /28 is needed (`kubernetesNetworkConfig.serviceIpv4Cidr`); IPv6 clusters are not supported: the operator's records are A records and a node's bootstrap takes the IPv4 service range"
+            );
+        }
+    }
     config.volumes = NodeVolumes {
         root_device_name: args
             .node_root_device_name

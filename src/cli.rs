@@ -496,6 +496,17 @@ mod tests {
             "--eks-service-cidr",
             "172.20.0.0/16",
         ];
+        let ipv6 = [
+            &with_sg[..],
+            &eks[..4],
+            &["--eks-service-cidr", "fd00:10:96::/112"],
+        ]
+        .concat();
+        let err = parse(&ipv6).unwrap_err().to_string();
+        assert!(
+            err.contains("--eks-service-cidr") && err.contains("IPv6"),
+            "{err}"
+        );
         let ok = parse(&[&with_sg[..], &eks[..]].concat()).unwrap();
         assert_eq!(ok.cluster_name, "prod-eu");
         assert_eq!(

@@ -30,7 +30,8 @@ fn template() -> Value {
 /// them, so that the two documents compare equal when they grant the same.
 fn resolve(v: &Value, condition: &dyn Fn(&str) -> bool) -> Option<Value> {
     let placeholders = [
-        ("${AWS::Partition}", "aws"),
+        ("${AWS::Partition}", "REPLACE_PARTITION"),
+        ("${AWS::URLSuffix}", "REPLACE_URL_SUFFIX"),
         ("${AWS::Region}", "REPLACE_REGION"),
         ("${AWS::AccountId}", "REPLACE_ACCOUNT_ID"),
         ("${ClusterName}", "REPLACE_CLUSTER_NAME"),
@@ -57,7 +58,7 @@ fn resolve(v: &Value, condition: &dyn Fn(&str) -> bool) -> Option<Value> {
             Some(match m["Ref"].as_str().unwrap() {
                 "AWS::NoValue" => return None,
                 "AllowedInstanceTypes" => json!(["REPLACE_ALLOWED_INSTANCE_TYPES"]),
-                "AllowedImageOwner" => json!("REPLACE_ALLOWED_IMAGE_OWNER"),
+                "AllowedImageOwners" => json!(["REPLACE_ALLOWED_IMAGE_OWNERS"]),
                 "RootVolumeKmsKeyArn" => json!("REPLACE_KMS_KEY_ARN"),
                 other => panic!("Ref {other} has no placeholder in iam-policy.json"),
             })
@@ -78,7 +79,6 @@ fn resolve(v: &Value, condition: &dyn Fn(&str) -> bool) -> Option<Value> {
         )),
         Value::Array(a) => {
             let items: Vec<Value> = a.iter().filter_map(|v| resolve(v, condition)).collect();
-            // `[{"Ref": "AllowedImageOwner"}]` is the policy's one-element list.
             Some(Value::Array(items))
         }
         other => Some(other.clone()),
@@ -132,7 +132,8 @@ fn a_customer_key_adds_exactly_the_kms_calls_ebs_makes_on_the_operators_behalf()
         ])
     );
     assert_eq!(
-        kms[0]["Condition"]["StringEquals"]["kms:ViaService"], "ec2.REPLACE_REGION.amazonaws.com",
+        kms[0]["Condition"]["StringEquals"]["kms:ViaService"],
+        "ec2.REPLACE_REGION.REPLACE_URL_SUFFIX",
         "only through EC2"
     );
 }
@@ -145,9 +146,15 @@ fn only_the_operators_service_account_can_assume_its_role() {
     let t = template();
     let trust = &t["Resources"]["OperatorRole"]["Properties"]["AssumeRolePolicyDocument"]["Fn::If"];
     assert_eq!(trust[0], "UsesPodIdentity");
+    // Partition-neutral: `amazonaws.com` is the commercial partition's suffix only.
     assert_eq!(
         trust[1]["Statement"][0]["Principal"]["Service"],
-        "pods.eks.amazonaws.com"
+        json!({"Fn::Sub": "pods.eks.${AWS::URLSuffix}"})
+    );
+    let text = template().to_string();
+    assert!(
+        !text.contains("arn:aws:") && !text.contains("\"ec2.amazonaws.com\""),
+        "a partition-specific name in the stack"
     );
     assert_eq!(
         trust[1]["Statement"][0]["Action"],
@@ -206,7 +213,7 @@ fn the_node_role_can_join_the_cluster_and_pull_images() {
         .unwrap();
     assert_eq!(
         pass["Resource"],
-        "arn:aws:iam::REPLACE_ACCOUNT_ID:role/REPLACE_NODE_ROLE_NAME"
+        "arn:REPLACE_PARTITION:iam::REPLACE_ACCOUNT_ID:role/REPLACE_NODE_ROLE_NAME"
     );
 }
 
@@ -302,6 +309,24 @@ fn the_storage_class_makes_encrypted_volumes_in_the_zone_the_pod_lands_in() {
     let params = class.parameters.unwrap_or_default();
     assert_eq!(params.get("type").map(String::as_str), Some("gp3"));
     assert_eq!(params.get("encrypted").map(String::as_str), Some("true"));
+    let annotations = class.metadata.annotations.unwrap_or_default();
+    assert!(
+        !annotations.contains_key("storageclass.kubernetes.io/is-default-class"),
+        "the class does not make itself every workload's default"
+    );
+}
+
+/// Backups need a VolumeSnapshotClass of the EBS driver; the one shipped is that driver's
+/// default, so a QuestDBBackup names none.
+#[test]
+fn the_snapshot_class_takes_ebs_snapshots_by_default() {
+    let class: Value = yaml_file("deploy/aws/volumesnapshotclass.yaml");
+    assert_eq!(class["apiVersion"], "snapshot.storage.k8s.io/v1");
+    assert_eq!(class["driver"], "ebs.csi.aws.com");
+    assert_eq!(
+        class["metadata"]["annotations"]["snapshot.storage.kubernetes.io/is-default-class"],
+        "true"
+    );
 }
 
 /// The image ships what was reviewed: every base image of the Dockerfile is pinned by digest,
@@ -325,4 +350,80 @@ fn every_base_image_of_the_container_build_is_pinned_by_digest() {
             "not pinned by digest: {from}"
         );
     }
+}
+
+/// The README's fenced block that starts with `first_line`.
+fn readme_block(first_line: &str) -> String {
+    let readme = std::fs::read_to_string(repo("README.md")).expect("README");
+    let start = readme
+        .find(first_line)
+        .unwrap_or_else(|| panic!("no README block starting {first_line:?}"));
+    let body = &readme[start..];
+    body[..body.find("```").expect("the block ends")].to_string()
+}
+
+/// A `Key='a,b'` parameter override of the README's stack command, as a list.
+fn stack_override(command: &str, key: &str) -> Vec<String> {
+    let start = command
+        .find(&format!("{key}='"))
+        .unwrap_or_else(|| panic!("the stack command sets no {key}"));
+    let value = &command[start + key.len() + 2..];
+    value[..value.find('\'').expect("quoted")]
+        .split(',')
+        .map(str::to_string)
+        .collect()
+}
+
+fn as_strings(v: &Value) -> Vec<String> {
+    v.as_array()
+        .expect("a list")
+        .iter()
+        .map(|s| s.as_str().expect("a string").to_string())
+        .collect()
+}
+
+/// One instance-type list and one image-owner rule on the EKS path: the stack's defaults, the
+/// README's stack command (the IAM policy) and Helm values (the operator's allow-list) agree,
+/// and the EKS example asks for a type they allow. Three lists that disagreed made the
+/// operator refuse the example's type, or IAM refuse what the operator allowed.
+#[test]
+fn the_eks_path_names_one_instance_type_list_and_one_image_owner_rule() {
+    let command = readme_block("aws cloudformation deploy --stack-name questdb-operator");
+    let values: Value = serde_yaml_ng::from_str(&readme_block("# eks-values.yaml")).unwrap();
+    let params = &template()["Parameters"];
+    let default = |key: &str| -> Vec<String> {
+        params[key]["Default"]
+            .as_str()
+            .expect("a default")
+            .split(',')
+            .map(str::to_string)
+            .collect()
+    };
+    let types = stack_override(&command, "AllowedInstanceTypes");
+    assert_eq!(types, default("AllowedInstanceTypes"));
+    assert_eq!(types, as_strings(&values["nodes"]["allowedInstanceTypes"]));
+    let owners = stack_override(&command, "AllowedImageOwners");
+    assert_eq!(owners, default("AllowedImageOwners"));
+    assert_eq!(owners, as_strings(&values["nodes"]["allowedImageOwners"]));
+    assert!(
+        owners.iter().any(|o| o == "amazon"),
+        "IAM's ec2:Owner names Amazon's own images by the alias: {owners:?}"
+    );
+    let example: Value = yaml_file("examples/eks-questdb.yaml");
+    let asked = example["spec"]["node"]["instanceType"].as_str().unwrap();
+    let allow = questdb_operator::cloud::LaunchAllowList {
+        instance_types: types.clone(),
+        ..Default::default()
+    };
+    assert_eq!(
+        allow.refuse_instance_type(asked),
+        None,
+        "{asked} in {types:?}"
+    );
+    // One identity story: the stack's default is Pod Identity, so the values set no IRSA role.
+    assert_eq!(params["Identity"]["Default"], "PodIdentity");
+    assert!(
+        values["serviceAccount"]["annotations"]["eks.amazonaws.com/role-arn"].is_null(),
+        "an IRSA annotation beside a Pod Identity association"
+    );
 }

@@ -60,12 +60,32 @@ fn helm() -> &'static Path {
     })
 }
 
+/// The image every render names unless the test is about `image.repository` itself: the chart
+/// has no default (none is published), so every install names one.
+const TEST_IMAGE: &str = "registry.example.com/questdb/questdb-operator";
+
+/// The image name deploy/ gives the Deployment, for the tests that compare the two installs.
+const DEPLOY_IMAGE: &str = "image.repository=questdb-operator";
+
 /// Runs helm in the repository root, with its config, cache and data directories out of the
-/// user's home (nothing there must change a render).
+/// user's home (nothing there must change a render), naming [`TEST_IMAGE`] in every render,
+/// lint and install whose arguments do not set `image.repository` themselves.
 fn run_helm(args: &[&str]) -> Output {
     let home = Path::new(env!("CARGO_TARGET_TMPDIR")).join("helm-home");
+    let renders = matches!(
+        args.first(),
+        Some(&("template" | "lint" | "install" | "upgrade"))
+    );
+    let image = format!("image.repository={TEST_IMAGE}");
+    let default_image: Vec<&str> =
+        if renders && !args.iter().any(|a| a.contains("image.repository")) {
+            vec!["--set", &image]
+        } else {
+            Vec::new()
+        };
     Command::new(helm())
         .args(args)
+        .args(&default_image)
         .current_dir(root())
         .env("HELM_CONFIG_HOME", home.join("config"))
         .env("HELM_CACHE_HOME", home.join("cache"))
@@ -534,7 +554,8 @@ fn missing_or_mistyped_values_are_refused_at_helm_install_not_at_start_up() {
 #[test]
 fn default_install_is_deploys_kustomize_install_object_for_object() {
     let deploy = kustomize(&root().join("deploy"));
-    let chart = render(&[]);
+    // deploy/'s image name (its kustomization's `images:` is where a user sets theirs).
+    let chart = render(&["--set", DEPLOY_IMAGE]);
     let extra = assert_same_objects(deploy, chart);
     assert!(
         extra.is_empty(),
@@ -581,7 +602,7 @@ fn chart_grants_exactly_deploys_cluster_rbac() {
 #[test]
 fn namespaced_install_is_deploy_namespaced_and_grants_exactly_its_role() {
     let deploy = kustomize(&root().join("deploy/namespaced"));
-    let chart = render(&["--set", "rbac.scope=namespace"]);
+    let chart = render(&["--set", "rbac.scope=namespace", "--set", DEPLOY_IMAGE]);
     let role = read_documents(&root().join("deploy/namespaced/role.yaml"));
     assert_same_rules(
         find(&chart, "Role", "questdb-operator"),
@@ -899,7 +920,14 @@ fn chart_installs_the_operator_version_of_this_crate() {
         .clone();
     assert_eq!(
         image,
-        json!(format!("questdb-operator:{}", env!("CARGO_PKG_VERSION")))
+        json!(format!("{TEST_IMAGE}:{}", env!("CARGO_PKG_VERSION")))
+    );
+    // No default image: an install without one is refused, saying where the image comes from.
+    let out = run_helm(&["template", RELEASE, CHART, "--set", "image.repository="]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("image.repository is required"),
+        "{stderr}"
     );
 }
 

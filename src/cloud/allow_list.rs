@@ -12,8 +12,10 @@ use super::ImageFacts;
 pub struct LaunchAllowList {
     /// AMI ids that may be launched.
     pub images: Vec<String>,
-    /// AWS account ids whose images may be launched (DescribeImages' `OwnerId`), e.g. the
-    /// account that publishes the EKS-optimised AMIs, or your own image pipeline's.
+    /// Whose images may be launched: AWS account ids (DescribeImages' `OwnerId`, e.g. the
+    /// account that publishes the EKS-optimised AMIs, or your own image pipeline's) or an
+    /// owner alias (`ImageOwnerAlias`: `amazon`), as IAM's `ec2:Owner` condition takes them,
+    /// so one list serves both.
     pub image_owners: Vec<String>,
     /// Instance types, exact (`m6i.large`) or with one trailing `*` (`m6i.*`, `r7g.*`).
     pub instance_types: Vec<String>,
@@ -69,7 +71,14 @@ impl LaunchAllowList {
     /// The image check once DescribeImages answered (`None`: EC2 does not know the image).
     pub fn image_owned(&self, image: &str, facts: Option<&ImageFacts>) -> Option<String> {
         match facts {
-            Some(f) if self.image_owners.iter().any(|o| o == &f.owner) => None,
+            Some(f)
+                if self
+                    .image_owners
+                    .iter()
+                    .any(|o| o == &f.owner || f.owner_alias.as_ref() == Some(o)) =>
+            {
+                None
+            }
             Some(f) => Some(format!(
                 "image {image} belongs to account {}, which --allowed-node-image-owners ({}) does not name{}",
                 if f.owner.is_empty() { "unknown" } else { &f.owner },
@@ -111,6 +120,7 @@ mod tests {
             root_device_name: Some("/dev/xvda".into()),
             ebs_devices: Vec::new(),
             owner: owner.into(),
+            owner_alias: None,
         }
     }
 
@@ -161,6 +171,19 @@ mod tests {
             owners.image_owned("ami-eks", Some(&facts("602401143452"))),
             None
         );
+        // The alias IAM's `ec2:Owner` takes for Amazon's images is an owner here too.
+        let amazon = LaunchAllowList {
+            image_owners: vec!["amazon".into()],
+            ..Default::default()
+        };
+        let aliased = ImageFacts {
+            owner_alias: Some("amazon".into()),
+            ..facts("137112412989")
+        };
+        assert_eq!(amazon.image_owned("ami-al2023", Some(&aliased)), None);
+        assert!(amazon
+            .image_owned("ami-lookalike", Some(&facts("137112412989")))
+            .is_some());
         let refused = owners
             .image_owned("ami-built-by-a-tenant", Some(&facts("111122223333")))
             .expect("refused");

@@ -48,6 +48,9 @@ pub struct ImageFacts {
     pub ebs_devices: Vec<ImageDevice>,
     /// The AWS account that owns the image (`OwnerId`).
     pub owner: String,
+    /// DescribeImages' `ImageOwnerAlias` (`amazon`, `aws-marketplace`), when the image has one:
+    /// what IAM's `ec2:Owner` condition compares for Amazon-owned images.
+    pub owner_alias: Option<String>,
 }
 
 /// One EBS device of an image.

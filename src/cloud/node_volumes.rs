@@ -109,6 +109,7 @@ mod tests {
                 })
                 .collect(),
             owner: "602401143452".into(),
+            owner_alias: None,
         }
     }
 

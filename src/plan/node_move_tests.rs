@@ -403,6 +403,7 @@ fn facts(arch: &str, kind_arch: &str) -> NodeFacts {
             root_device_name: Some("/dev/xvda".into()),
             ebs_devices: Vec::new(),
             owner: "602401143452".into(),
+            owner_alias: None,
         }),
         instance_type: Some(crate::cloud::InstanceTypeFacts {
             name: "m6i.large".into(),

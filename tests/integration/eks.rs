@@ -101,30 +101,75 @@ async fn aws_side(moto: &Moto) -> AwsSide {
     }
 }
 
-/// The values a user writes after step 1 (README "Install with Helm"), for moto.
+/// Step 1's instance profile, which the stack makes: EC2 (and moto) refuse a RunInstances
+/// that names a profile IAM does not have. Through moto's IAM query API (no IAM SDK here);
+/// moto routes by the credential scope and checks no signature.
+async fn create_instance_profile(moto: &Moto, name: &str) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let endpoint = moto.endpoint();
+    let addr = endpoint.trim_start_matches("http://").trim_end_matches('/');
+    let body =
+        format!("Action=CreateInstanceProfile&InstanceProfileName={name}&Version=2010-05-08");
+    let request = format!(
+        "POST / HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/x-www-form-urlencoded\r\nAuthorization: AWS4-HMAC-SHA256 Credential=testing/20260101/{REGION}/iam/aws4_request, SignedHeaders=host, Signature=0\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("moto");
+    stream.write_all(request.as_bytes()).await.expect("sent");
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).await.expect("answer");
+    assert!(
+        answer.starts_with("HTTP/1.1 200"),
+        "CreateInstanceProfile: {answer}"
+    );
+}
+
+/// The README's `eks-values.yaml` block as written (README "Install with Helm").
+fn readme_values() -> serde_json::Value {
+    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md"))
+        .expect("README");
+    let start = readme
+        .find("```yaml\n# eks-values.yaml\n")
+        .expect("the README's eks-values.yaml block");
+    let body = &readme[start + "```yaml\n".len()..];
+    let end = body.find("```").expect("the block ends");
+    serde_yaml_ng::from_str(&body[..end]).expect("the README's values are YAML")
+}
+
+/// The values a user writes after step 1: the README's block with what only moto (and the
+/// cluster) can say filled in (its region, subnets, security group, hosted zone, endpoint, the
+/// cluster's endpoint and CA). The launch
+/// allow-list stays the README's, so a README whose lists refuse its own example fails here;
+/// moto's AMI owner stands in for the EKS account (moto's images carry no `amazon` alias).
 fn values(aws: &AwsSide, moto: &Moto) -> serde_json::Value {
-    serde_json::json!({
-        "cloudProvider": "aws",
-        "aws": {
-            "clusterName": "orders-eks",
-            "region": REGION,
-            "endpointUrl": moto.endpoint(),
-            "subnets": aws.subnets,
-            "securityGroupIds": [aws.security_group],
-            "route53HostedZoneId": aws.hosted_zone,
-            "eks": {
-                "apiEndpoint": "https://ABCDEF.gr7.us-east-1.eks.amazonaws.com",
-                "certificateAuthority": "LS0tLS1CRUdJTiBDRVJUSUZJQ0FURS0tLS0tCg==",
-                "serviceCidr": "172.20.0.0/16",
-            },
-        },
-        "nodes": {
-            "allowedImageOwners": [aws.ami_owner],
-            "allowedInstanceTypes": ["m7i.*"],
-            // The test kubelets' Lease (the chart says: set it when yours differs).
-            "leaseDuration": format!("{}s", questdb_testenv::timings::node_lease_duration().as_secs()),
-        },
-    })
+    let mut v = readme_values();
+    let a = &mut v["aws"];
+    a["region"] = REGION.into();
+    a["endpointUrl"] = moto.endpoint().into();
+    a["subnets"] = serde_json::json!(aws.subnets);
+    a["publicSubnets"] = serde_json::json!({});
+    a["securityGroupIds"] = serde_json::json!([aws.security_group]);
+    a["route53HostedZoneId"] = aws.hosted_zone.clone().into();
+    // `aws eks describe-cluster`'s answer for this cluster (the README shows it elided).
+    a["eks"]["apiEndpoint"] = "https://ABCDEF.gr7.us-east-1.eks.amazonaws.com".into();
+    a["eks"]["certificateAuthority"] = "LS0tLS1CRUdJTiBDRVJUSUZJQ0FURS0tLS0tCg==".into();
+    let owners = v["nodes"]["allowedImageOwners"]
+        .as_array()
+        .expect("the README lists image owners")
+        .iter()
+        .map(|o| match o.as_str() {
+            Some("602401143452") => serde_json::Value::from(aws.ami_owner.clone()),
+            _ => o.clone(),
+        })
+        .collect::<Vec<_>>();
+    v["nodes"]["allowedImageOwners"] = owners.into();
+    // The test kubelets' Lease (the chart says: set it when yours differs).
+    v["nodes"]["leaseDuration"] = format!(
+        "{}s",
+        questdb_testenv::timings::node_lease_duration().as_secs()
+    )
+    .into();
+    v
 }
 
 /// examples/eks-questdb.yaml with every `<...>` filled in as its comments say.
@@ -190,6 +235,13 @@ async fn the_readmes_eks_path_ends_with_a_ready_database_on_its_own_node_and_rec
         .create(&PostParams::default(), &class)
         .await
         .expect("StorageClass applied");
+
+    // Step 1 made the nodes' instance profile the values name.
+    let profile = readme_values()["aws"]["instanceProfile"]
+        .as_str()
+        .expect("the README's values name the instance profile")
+        .to_string();
+    create_instance_profile(&moto, &profile).await;
 
     // Step 5: helm install with the AWS side as values.
     let dir = tempfile::tempdir().expect("tempdir");

@@ -51,6 +51,11 @@ pub(crate) async fn env_for_the_chart() -> Env {
 /// `helm install questdb-operator charts/questdb-operator` into the operator's namespace with
 /// `extra` arguments (values files), the CRD left to the test cluster; fails the test on error.
 pub(crate) async fn helm_install(env: &Env, extra: &[&Path]) {
+    helm_install_with(env, extra, false).await
+}
+
+/// [`helm_install`], with the chart's CRDs (`crds`: as a first install on a cluster does).
+async fn helm_install_with(env: &Env, extra: &[&Path], crds: bool) {
     let kubeconfig = env.cp.dir().join("admin.kubeconfig");
     std::fs::write(&kubeconfig, env.cp.kubeconfig_yaml()).expect("kubeconfig written");
     let chart = Path::new(env!("CARGO_MANIFEST_DIR")).join("charts/questdb-operator");
@@ -64,10 +69,16 @@ pub(crate) async fn helm_install(env: &Env, extra: &[&Path]) {
                 "--namespace",
                 OPERATOR_NAMESPACE,
                 "--create-namespace",
-                "--skip-crds",
+                // The chart has no default image (none is published); the tests run the
+                // operator in-process, so any name serves.
+                "--set",
+                "image.repository=registry.example.com/questdb/questdb-operator",
                 "--kubeconfig",
             ])
             .arg(&kubeconfig);
+        if !crds {
+            cmd.arg("--skip-crds");
+        }
         for file in &values {
             cmd.arg("-f").arg(file);
         }
@@ -199,4 +210,97 @@ async fn an_install_with_secret_namespaces_reads_no_other_namespaces_secrets() {
         "{message}"
     );
     env.stop().await;
+}
+
+/// The README's CRD upgrade after a Helm install: Helm created the CRD, so its field manager
+/// owns the CRD's fields, and a server-side apply of a newer CRD is refused with a conflict
+/// unless it forces, as the README's command does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_readmes_crd_upgrade_applies_after_a_helm_install() {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    const CRD: &str = "questdbs.crd.questdb.io";
+    let env = env_for_the_chart().await;
+    let crds: Api<CustomResourceDefinition> = Api::all(env.client.clone());
+    crds.delete(CRD, &Default::default())
+        .await
+        .expect("the test cluster's CRD deleted");
+    crate::harness::wait_until("the test cluster's CRD is gone", || {
+        let crds = crds.clone();
+        async move { crds.get_opt(CRD).await.is_ok_and(|c| c.is_none()) }
+    })
+    .await;
+    helm_install_with(&env, &[], true).await;
+
+    // The next chart version's CRD: this one with a changed description.
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let chart_crd = "charts/questdb-operator/crds/questdb.yaml";
+    let text = std::fs::read_to_string(root.join(chart_crd)).unwrap();
+    let newer: Vec<String> = serde_yaml_ng::Deserializer::from_str(&text)
+        .map(|doc| {
+            use serde::Deserialize;
+            let mut crd = serde_json::Value::deserialize(doc).expect("a CRD");
+            if crd["metadata"]["name"] == CRD {
+                crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["description"] =
+                    "A QuestDB database (the next chart version).".into();
+            }
+            serde_yaml_ng::to_string(&crd).unwrap()
+        })
+        .collect();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let newer_file = dir.path().join("questdb.yaml");
+    std::fs::write(&newer_file, newer.join("---\n")).unwrap();
+    let kubeconfig = env.cp.dir().join("admin.kubeconfig");
+    let kubectl = |args: Vec<String>| {
+        let out = Command::new("kubectl")
+            .args(&args)
+            .arg("--kubeconfig")
+            .arg(&kubeconfig)
+            .output()
+            .expect("kubectl on the PATH (.ci/test builds it when it is missing)");
+        (
+            out.status.success(),
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+        )
+    };
+    let plain = ["apply", "--server-side", "-f"]
+        .iter()
+        .map(|a| a.to_string())
+        .chain([newer_file.display().to_string()])
+        .collect();
+    let (ok, said) = kubectl(plain);
+    assert!(!ok && said.contains("conflict"), "without forcing: {said}");
+
+    // The README's command, on the newer file.
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let command = readme
+        .split('`')
+        .find(|c| c.starts_with("kubectl apply --server-side") && c.ends_with(chart_crd))
+        .expect("the README's CRD upgrade command");
+    let args: Vec<String> = command
+        .split_whitespace()
+        .skip(1)
+        .map(|a| {
+            if a == chart_crd {
+                newer_file.display().to_string()
+            } else {
+                a.to_string()
+            }
+        })
+        .collect();
+    let (ok, said) = kubectl(args);
+    assert!(ok, "{command}: {said}");
+    let applied = crds.get(CRD).await.expect("CRD");
+    let description = applied.spec.versions[0]
+        .schema
+        .as_ref()
+        .and_then(|s| s.open_api_v3_schema.as_ref())
+        .and_then(|s| s.description.clone());
+    assert_eq!(
+        description.as_deref(),
+        Some("A QuestDB database (the next chart version).")
+    );
 }

@@ -287,6 +287,7 @@ impl Ec2Api for AwsEc2 {
                     })
                     .collect(),
                 owner: i.owner_id().unwrap_or_default().to_string(),
+                owner_alias: i.image_owner_alias().map(str::to_string),
             })
         }))
     }

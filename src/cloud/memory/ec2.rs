@@ -687,6 +687,8 @@ impl Ec2Api for MemoryEc2 {
                     .get(id)
                     .cloned()
                     .unwrap_or_else(|| IMAGE_OWNER.to_string()),
+                // The memory cloud's images name their owner account only.
+                owner_alias: None,
             }))
     }
 
