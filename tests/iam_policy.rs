@@ -134,7 +134,7 @@ fn launches_are_confined_to_allowed_images_and_instance_types() {
     let image = launching(":image/");
     assert_eq!(
         image["Condition"]["StringEquals"]["ec2:Owner"][0],
-        "REPLACE_ALLOWED_IMAGE_OWNER"
+        "REPLACE_ALLOWED_IMAGE_OWNERS"
     );
     let instance = launching(":instance/");
     assert_eq!(
