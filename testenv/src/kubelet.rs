@@ -540,8 +540,7 @@ impl NodeHandle {
     /// A loopback address of its own for a real database pod, in the node's network.
     pub(crate) fn next_pod_ip(&self) -> String {
         let n = self.state.pods_started.fetch_add(1, Ordering::Relaxed);
-        let (a, b) = self.state.loopback;
-        format!("127.{a}.{b}.{}", 2 + n % 253)
+        format!("{}.{}", real_pod_net(self.state.loopback), 2 + n % 253)
     }
 }
 
@@ -662,8 +661,8 @@ impl Kubelets {
         let hook = self.on_pod_addresses.lock().unwrap().clone();
         if let Some(hook) = hook {
             let blocks = vec![
-                format!("127.{}.{}.0/24", loopback.0, loopback.1),
-                format!("127.{FAKE_POD_OCTET}.{}.0/24", index % 256),
+                format!("{}.0/24", real_pod_net(loopback)),
+                format!("{}.0/24", fake_pod_net(index)),
             ];
             hook(reg.name.clone(), blocks).await;
         }
@@ -1545,11 +1544,18 @@ fn pod_ip(handle: &NodeHandle, pod: &Pod) -> String {
         .unwrap_or_default()
         .bytes()
         .fold(0u32, |a, b| a.wrapping_mul(31).wrapping_add(b as u32));
-    format!(
-        "127.{FAKE_POD_OCTET}.{}.{}",
-        handle.state.index % 256,
-        n % 250 + 2
-    )
+    format!("{}.{}", fake_pod_net(handle.state.index), n % 250 + 2)
+}
+
+/// The first three octets of a node's real database pods' addresses (its loopback network):
+/// what the node's ipamd hook assigns to the instance, and where `next_pod_ip` draws from.
+fn real_pod_net(loopback: (u8, u8)) -> String {
+    format!("127.{}.{}", loopback.0, loopback.1)
+}
+
+/// The first three octets of a node's reported (fake) pods' addresses, as [`real_pod_net`].
+fn fake_pod_net(index: u32) -> String {
+    format!("127.{FAKE_POD_OCTET}.{}", index % 256)
 }
 
 /// Second octet of the fake pods' addresses: loopback, so an operator that connects to a pod

@@ -1530,23 +1530,16 @@ async fn a_forged_status_record_never_stops_another_questdbs_instance() {
     )
     .await;
 
-    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(env.client.clone(), NS);
-    wait_until(
+    crate::harness::wait_for_event_in(
+        &env.client,
+        NS,
         "a Warning event says the instance is not the attacker's",
-        || {
-            let events = events.clone();
-            let victim_instance = victim_instance.clone();
-            async move {
-                events.list(&Default::default()).await.is_ok_and(|l| {
-                    l.items.iter().any(|e| {
-                        e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("attacker")
-                            && e.reason.as_deref() == Some("InstanceNotOwned")
-                            && e.note.as_deref().is_some_and(|n| {
-                                n.contains(&victim_instance) && n.contains("is not this QuestDB's")
-                            })
-                    })
+        |e| {
+            e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("attacker")
+                && e.reason.as_deref() == Some("InstanceNotOwned")
+                && e.note.as_deref().is_some_and(|n| {
+                    n.contains(&victim_instance) && n.contains("is not this QuestDB's")
                 })
-            }
         },
     )
     .await;
@@ -1568,30 +1561,25 @@ async fn a_forged_status_record_never_stops_another_questdbs_instance() {
     env.stop().await;
 }
 
-/// A compromised dedicated node rewrites the addresses in its own Node status (its kubelet may:
-/// NodeRestriction lets a node write its own status). The DNS record keeps EC2's address for
-/// the instance, and a Warning says the node's report is not trusted.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_nodes_forged_address_never_reaches_route53() {
+/// `db1` Ready, then `forge` writes, as its dedicated node's own identity (NodeRestriction lets a
+/// kubelet write its Node's status and its pods'), a report naming `forged`. A Warning names the
+/// address as not trusted, and the record keeps the address it was published with.
+async fn a_forged_report_leaves_the_record<F, Fut>(forged: &str, forge: F)
+where
+    F: FnOnce(Client, String, QuestDB) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
     let env = CloudEnv::start(settings()).await;
     env.create("db1", |_| {}).await;
     let q = wait_for(&env.qdbs(), "db1", "Ready", is_ready()).await;
     let status = q.status.clone().expect("status");
     let published = status.dns_ip.clone().expect("published");
     let node = status.node_name.clone().expect("node");
-    // The node's own identity, under NodeRestriction, as a compromised kubelet would write.
-    let nodes: Api<Node> = Api::all(
-        env.client_as(&format!("system:node:{node}"), NODE_GROUPS)
-            .await,
-    );
-    let forged = json!({"status": {"addresses": [
-        {"type": "InternalIP", "address": "10.66.66.66"},
-        {"type": "Hostname", "address": node},
-    ]}});
-    nodes
-        .patch_status(&node, &PatchParams::default(), &Patch::Merge(&forged))
-        .await
-        .expect("the node rewrites its own addresses");
+    let as_node = env
+        .client_as(&format!("system:node:{node}"), NODE_GROUPS)
+        .await;
+    forge(as_node, node, q).await;
+    // A Node's status is not a QuestDB event: the reconcile is asked for.
     env.qdbs()
         .patch(
             "db1",
@@ -1600,17 +1588,15 @@ async fn a_nodes_forged_address_never_reaches_route53() {
         )
         .await
         .expect("poke");
-    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(env.client.clone(), NS);
-    wait_until("a Warning that the node's address is not trusted", || {
-        let events = events.clone();
-        async move {
-            events.list(&Default::default()).await.is_ok_and(|l| {
-                l.items
-                    .iter()
-                    .any(|e| e.reason.as_deref() == Some("NodeAddressUntrusted"))
-            })
-        }
-    })
+    crate::harness::wait_for_event_in(
+        &env.client,
+        NS,
+        "a Warning that the reported address is not trusted",
+        |e| {
+            e.reason.as_deref() == Some("NodeAddressUntrusted")
+                && e.note.as_deref().is_some_and(|n| n.contains(forged))
+        },
+    )
     .await;
     let records = env.cloud.route53.records();
     assert_eq!(records.len(), 1, "{records:?}");
@@ -1620,49 +1606,39 @@ async fn a_nodes_forged_address_never_reaches_route53() {
     env.stop().await;
 }
 
-/// A compromised dedicated node rewrites its database pod's address (its kubelet may write the
-/// status of pods bound to it). The record names only an address EC2 shows assigned to the
-/// instance, so it stays where it was, and a Warning says the pod's report is not trusted.
+/// A compromised dedicated node rewrites the addresses in its own Node status. DNS follows EC2's
+/// word for the instance, never the node's report.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nodes_forged_address_never_reaches_route53() {
+    a_forged_report_leaves_the_record("10.66.66.66", |as_node, node, _| async move {
+        let forged = json!({"status": {"addresses": [
+            {"type": "InternalIP", "address": "10.66.66.66"},
+            {"type": "Hostname", "address": node},
+        ]}});
+        Api::<Node>::all(as_node)
+            .patch_status(&node, &PatchParams::default(), &Patch::Merge(&forged))
+            .await
+            .expect("the node rewrites its own addresses");
+    })
+    .await;
+}
+
+/// A compromised dedicated node rewrites its database pod's address. The record names only an
+/// address EC2 shows assigned to the instance.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pods_forged_address_never_reaches_route53() {
-    let env = CloudEnv::start(settings()).await;
-    env.create("db1", |_| {}).await;
-    let q = wait_for(&env.qdbs(), "db1", "Ready", is_ready()).await;
-    let status = q.status.clone().expect("status");
-    let published = status.dns_ip.clone().expect("published");
-    let node = status.node_name.clone().expect("node");
-    let pods: Api<Pod> = Api::namespaced(
-        env.client_as(&format!("system:node:{node}"), NODE_GROUPS)
-            .await,
-        NS,
-    );
-    let forged = json!({"status": {"podIP": "10.66.66.67", "podIPs": [{"ip": "10.66.66.67"}]}});
-    pods.patch_status(
-        &names::pod(&q),
-        &PatchParams::default(),
-        &Patch::Merge(&forged),
-    )
-    .await
-    .expect("the node rewrites its pod's address");
-    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(env.client.clone(), NS);
-    let event = wait_until("a Warning that the pod's address is not trusted", || {
-        let events = events.clone();
-        async move {
-            events.list(&Default::default()).await.is_ok_and(|l| {
-                l.items.iter().any(|e| {
-                    e.reason.as_deref() == Some("NodeAddressUntrusted")
-                        && e.note.as_deref().is_some_and(|n| n.contains("10.66.66.67"))
-                })
-            })
-        }
-    });
-    event.await;
-    let records = env.cloud.route53.records();
-    assert_eq!(records.len(), 1, "{records:?}");
-    assert_eq!(records[0].ips, vec![published.clone()]);
-    let q = env.qdbs().get("db1").await.expect("db1");
-    assert_eq!(q.status.and_then(|s| s.dns_ip), Some(published));
-    env.stop().await;
+    a_forged_report_leaves_the_record("10.66.66.67", |as_node, _, q| async move {
+        let forged = json!({"status": {"podIP": "10.66.66.67", "podIPs": [{"ip": "10.66.66.67"}]}});
+        Api::<Pod>::namespaced(as_node, NS)
+            .patch_status(
+                &names::pod(&q),
+                &PatchParams::default(),
+                &Patch::Merge(&forged),
+            )
+            .await
+            .expect("the node rewrites its pod's address");
+    })
+    .await;
 }
 
 /// A compromised machine joins as a node (its own identity, `system:node:evil`, under

@@ -486,7 +486,17 @@ pub async fn wait_for_event(
     what: &str,
     matches: impl Fn(&k8s_openapi::api::events::v1::Event) -> bool,
 ) {
-    let events: Api<k8s_openapi::api::events::v1::Event> = env.api(ns);
+    wait_for_event_in(&env.client, ns, what, matches).await
+}
+
+/// [`wait_for_event`] through any client (a cloud test's environment is not an [`Env`]).
+pub async fn wait_for_event_in(
+    client: &Client,
+    ns: &str,
+    what: &str,
+    matches: impl Fn(&k8s_openapi::api::events::v1::Event) -> bool,
+) {
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client.clone(), ns);
     let matches = &matches;
     wait_until(what, || {
         let events = events.clone();

@@ -21,14 +21,7 @@ const UNKNOWN: &str = "ami-00000000000000bad";
 const MOVE_TIMEOUT: Duration = Duration::from_secs(240);
 
 async fn set_image(env: &CloudEnv, image: &str) {
-    env.qdbs()
-        .patch(
-            "db1",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"node": {"image": image}}})),
-        )
-        .await
-        .expect("patch spec.node.image");
+    set_image_of(env, NS, "db1", image).await
 }
 
 async fn pod_uid(env: &CloudEnv) -> String {
@@ -111,9 +104,20 @@ async fn wait_move(
     phase: &'static str,
     image: &'static str,
 ) -> QuestDB {
+    wait_move_of(env, "db1", what, phase, image).await
+}
+
+/// [`wait_move`] for the QuestDB `name` in [`NS`].
+async fn wait_move_of(
+    env: &CloudEnv,
+    name: &str,
+    what: &str,
+    phase: &'static str,
+    image: &'static str,
+) -> QuestDB {
     wait_for_within(
         &env.qdbs(),
-        "db1",
+        name,
         what,
         MOVE_TIMEOUT,
         move |q: Option<&QuestDB>| {
@@ -710,17 +714,7 @@ async fn set_image_of(env: &CloudEnv, ns: &str, name: &str, image: &str) {
 async fn timed_move(env: &CloudEnv, name: &str, image: &'static str) -> Duration {
     let started = std::time::Instant::now();
     set_image_of(env, NS, name, image).await;
-    wait_for_within(
-        &env.qdbs(),
-        name,
-        &format!("{name} moved to {image}"),
-        MOVE_TIMEOUT,
-        move |q: Option<&QuestDB>| {
-            q.and_then(|q| q.status.as_ref()?.node_move.clone())
-                .is_some_and(|u| u.phase == "Retaining" && u.to_image.as_deref() == Some(image))
-        },
-    )
-    .await;
+    wait_move_of(env, name, &format!("{name} moved"), "Retaining", image).await;
     started.elapsed()
 }
 
@@ -769,15 +763,12 @@ async fn one_tenants_stuck_moves_do_not_hold_back_another_tenants_move() {
 
     let normal = timed_move(&env, "quiet-a", NEW_AMI).await;
     // Its slot is free again before the noise starts (quiet-b is in the same namespace).
-    wait_for_within(
-        &env.qdbs(),
+    wait_move_of(
+        &env,
         "quiet-a",
         "quiet-a's move completed",
-        MOVE_TIMEOUT,
-        |q: Option<&QuestDB>| {
-            q.and_then(|q| q.status.as_ref()?.node_move.clone())
-                .is_some_and(|u| u.phase == "Completed")
-        },
+        "Completed",
+        NEW_AMI,
     )
     .await;
     for hog in hogs {

@@ -324,21 +324,6 @@ impl MemoryEc2 {
         halted
     }
 
-    /// `AssignPrivateIpAddresses` on the instance's primary network interface, as the VPC
-    /// CNI's ipamd calls it on its node to fill its pool of pod addresses (the stand-in
-    /// kubelets do it before a pod gets an address). Returns whether the instance exists.
-    pub fn assign_private_ip(&self, id: &str, ip: &str) -> bool {
-        let mut state = self.lock();
-        let Some(r) = state.records.get_mut(id) else {
-            return false;
-        };
-        let ips = &mut r.instance.pod_addresses.secondary_ips;
-        if !ips.iter().any(|i| i == ip) {
-            ips.push(ip.to_string());
-        }
-        true
-    }
-
     /// `AssignPrivateIpAddresses --ipv4-prefixes` on the instance's primary network interface:
     /// the blocks the VPC CNI's ipamd draws pod addresses from (prefix delegation). Returns
     /// whether the instance exists.

@@ -253,8 +253,13 @@ async fn pod_address(
     let Some(node) = node else {
         return Ok(None);
     };
-    let reported = placement::pod_ip_on(qdb, ctx, &node.name_any());
-    match dns::pod_address(reported.as_deref(), true, &instance.pod_addresses) {
+    let (bound_to, reported) = placement::pod_placement(qdb, ctx);
+    let on_instance_node = bound_to.as_deref() == Some(node.name_any().as_str());
+    match dns::pod_address(
+        reported.as_deref(),
+        on_instance_node,
+        &instance.pod_addresses,
+    ) {
         PodAddress::Verified(ip) => Ok(Some(ip)),
         PodAddress::NotYet => Ok(None),
         PodAddress::Unassigned(ip) => {

@@ -30,20 +30,29 @@ pub fn dedicated_node(qdb: &QuestDB, ctx: &Context) -> DedicatedNode {
     DedicatedNode::for_questdb(qdb).running_with_host_ports(qdb, running)
 }
 
-/// The database pod's address as its kubelet reports it, when the pod is bound to `node`.
-pub fn pod_ip_on(qdb: &QuestDB, ctx: &Context, node: &str) -> Option<String> {
-    let pod = ctx
+/// The database pod's Node and address, as the scheduler bound it and its kubelet reports it.
+pub fn pod_placement(qdb: &QuestDB, ctx: &Context) -> (Option<String>, Option<String>) {
+    let Some(pod) = ctx
         .caches
         .pods
-        .get(&ObjectRef::new(&names::pod(qdb)).within(&qdb.namespace().unwrap_or_default()))?;
-    if pod.node_name.as_deref() != Some(node) {
-        return None;
+        .get(&ObjectRef::new(&names::pod(qdb)).within(&qdb.namespace().unwrap_or_default()))
+    else {
+        return (None, None);
+    };
+    let ip = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.pod_ip.clone())
+        .filter(|ip| !ip.is_empty());
+    (pod.node_name.clone(), ip)
+}
+
+/// The database pod's address as its kubelet reports it, when the pod is bound to `node`.
+pub fn pod_ip_on(qdb: &QuestDB, ctx: &Context, node: &str) -> Option<String> {
+    match pod_placement(qdb, ctx) {
+        (Some(bound), ip) if bound == node => ip,
+        _ => None,
     }
-    pod.status
-        .as_ref()?
-        .pod_ip
-        .clone()
-        .filter(|ip| !ip.is_empty())
 }
 
 /// `spec.dns` is unset (or cannot be served), or the record names `node`'s address (the
