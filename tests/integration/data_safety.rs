@@ -571,7 +571,7 @@ async fn every_acknowledged_row_survives_a_config_roll_an_upgrade_and_a_pause_un
 /// of checkpointing a process about to stop, then succeeds on the new node.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_backup_asked_for_during_a_node_move_waits_for_it_and_then_succeeds() {
-    use questdb_operator::api::{BackupStep, QuestDBBackup, QuestDBBackupSpec};
+    use questdb_operator::api::{BackupStep, QuestDBBackup};
     let env = CloudEnv::start_with_real_databases(settings()).await;
     let (writer, old, _login) = writing(&env, None).await;
     env.qdbs()
@@ -596,15 +596,7 @@ async fn a_backup_asked_for_during_a_node_move_waits_for_it_and_then_succeeds() 
     )
     .await;
     let backups: Api<QuestDBBackup> = Api::namespaced(env.client.clone(), NS);
-    let b = QuestDBBackup::new(
-        "during-move",
-        QuestDBBackupSpec {
-            questdb_name: "db1".into(),
-            volume_snapshot_class_name: None,
-            deletion_policy: Default::default(),
-            verify: false,
-        },
-    );
+    let b = QuestDBBackup::new("during-move", crate::backup::backup_spec("db1"));
     backups
         .create(&Default::default(), &b)
         .await
