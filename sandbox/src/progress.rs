@@ -140,7 +140,7 @@ async fn report_progress(
                 .or(status.node_ip.clone())
                 .unwrap_or_default();
             println!(
-                "{ns}/{name} is Ready: node {} ({ip}), instance {}, DNS {}, version {}",
+                "{ns}/{name} is Ready at {ip}: node {}, instance {}, DNS {}, version {}",
                 status.node_name.unwrap_or_default(),
                 status.instance_id.as_deref().unwrap_or("-"),
                 status.dns_name.as_deref().unwrap_or("-"),
