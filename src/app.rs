@@ -10,10 +10,10 @@ use tracing::{error, info};
 use tracing_subscriber::EnvFilter;
 
 use crate::cli::{parse_subnets, Cli, CloudArgs, CloudProvider, Command, LogFormat, RunArgs};
+#[cfg(feature = "aws")]
+use crate::cloud::aws::AwsCloud;
 #[cfg(feature = "memory-cloud")]
 use crate::cloud::memory::{MemoryCloud, MemoryEc2, MemoryEc2Options, MemoryRoute53};
-#[cfg(feature = "aws")]
-use crate::cloud::{aws::AwsCloud, NodeProvider as _};
 use crate::cloud::{user_data, CloudConfig, DnsProvider, EksCluster, NodeVolumes, SharedObserver};
 use crate::http_server::parse_bind_address;
 use crate::manager::{self, Cloud, CloudSettings, LeaderElection, ManagerHandle, ManagerOptions};
@@ -336,13 +336,12 @@ pub async fn build_cloud_with(
         }
         #[cfg(feature = "aws")]
         CloudProvider::Aws => {
+            // The subnets and security groups are checked by the preflight once the operator
+            // runs: a mistake is named in a line, an Event and a metric, and holds launches
+            // back, instead of a crash loop that also stops every other database's care.
             let aws = AwsCloud::connect(config, observer)
                 .await
                 .context("connecting to AWS")?;
-            aws.nodes
-                .check_network()
-                .await
-                .context("checking the subnets and security groups against EC2")?;
             BuiltCloud {
                 cloud: Cloud {
                     nodes: aws.nodes.clone(),
@@ -384,6 +383,7 @@ pub fn options_from(args: &RunArgs) -> anyhow::Result<ManagerOptions> {
         health_addr: parse_bind_address(&args.health_probe_bind_address)?,
         // Built by the caller: the providers need the manager's metrics.
         cloud: None,
+        operator_pod: crate::controllers::preflight::operator_pod_from_env(),
         tenancy: crate::desired::TenancyPolicy {
             allowed_image_registries: args.allowed_image_registries.clone(),
             allowed_priority_classes: args.allowed_priority_classes.clone(),

@@ -66,6 +66,9 @@ pub struct ManagerOptions {
     pub cloud: Option<Cloud>,
     /// The allow-lists a tenant's QuestDB must meet beyond the schema.
     pub tenancy: crate::desired::TenancyPolicy,
+    /// The operator's own Pod: what its preflight Events are about (`None`: outside a pod, the
+    /// preflight logs and counts only).
+    pub operator_pod: Option<k8s_openapi::api::core::v1::ObjectReference>,
 }
 
 pub use crate::leadership::LeaderElection;
@@ -85,6 +88,7 @@ impl Default for ManagerOptions {
             health_addr: None,
             cloud: None,
             tenancy: Default::default(),
+            operator_pod: None,
         }
     }
 }
@@ -897,6 +901,7 @@ async fn run_controllers(shared: &Shared<'_>, subs: Subscriptions, token: Cancel
         backups: Default::default(),
         status_writes: Default::default(),
         tenancy: opts.tenancy.clone(),
+        preflight: Default::default(),
     });
     let sweeper = sweep::run(ctx.clone(), opts.namespace.clone(), token.clone());
     let Subscriptions {
@@ -912,15 +917,36 @@ async fn run_controllers(shared: &Shared<'_>, subs: Subscriptions, token: Cancel
         ctx.clone(),
         token.clone(),
     );
-    let backups = run_backups(opts, metrics, ctx.clone(), token.clone());
+    // Every QuestDB trigger is also offered to the backup controller: a change of a database
+    // wakes the backups waiting for it (they are not polled).
+    let (questdb_changes, questdb_changed) =
+        futures::channel::mpsc::unbounded::<ObjectRef<GuardedQuestDB>>();
+    let backups = run_backups(opts, metrics, ctx.clone(), questdb_changed, token.clone());
     let write_health = crate::controllers::write_health::run(
         ctx.clone(),
         opts.write_health_interval,
         opts.backup_timeouts,
         token.clone(),
     );
+    // Where the snapshot API is asked for: the operator's own namespace, else the one it
+    // watches (a namespaced install may list nothing elsewhere).
+    let snapshot_namespace = ctx
+        .operator_namespace
+        .clone()
+        .or_else(|| opts.namespace.clone())
+        .unwrap_or_else(|| "default".into());
+    let preflight = crate::controllers::preflight::run(
+        ctx.clone(),
+        opts.operator_pod.clone(),
+        snapshot_namespace,
+        token.clone(),
+    );
     let counted = ctrl_metrics.clone();
-    let triggers = triggers.inspect(move |_| counted.observe_trigger());
+    let triggers = triggers.inspect(move |r| {
+        counted.observe_trigger();
+        // Dropped (an error) once the backup controller is off: nothing queues up.
+        let _ = questdb_changes.unbounded_send(r.clone());
+    });
     let controller = questdb_controller(triggers, caches, opts.questdb_concurrency)
         .graceful_shutdown_on(token.clone().cancelled_owned());
     let all = async {
@@ -932,7 +958,8 @@ async fn run_controllers(shared: &Shared<'_>, subs: Subscriptions, token: Cancel
             stopping.run("orphan sweep", sweeper),
             stopping.run("node-health controller", health),
             stopping.run("backup controllers", backups),
-            stopping.run("write-health poll", write_health)
+            stopping.run("write-health poll", write_health),
+            stopping.run("preflight", preflight)
         )
     };
     tokio::select! {
@@ -947,6 +974,7 @@ async fn run_backups(
     opts: &ManagerOptions,
     metrics: &Arc<Metrics>,
     ctx: Arc<Context>,
+    questdb_changed: futures::channel::mpsc::UnboundedReceiver<ObjectRef<GuardedQuestDB>>,
     token: CancellationToken,
 ) {
     let api: Api<QuestDBBackup> = api_for(&ctx.client, opts.namespace.as_deref());
@@ -966,9 +994,21 @@ async fn run_backups(
     let controller = Controller::new(api, watcher::Config::default())
         .with_config(ControllerConfig::default().concurrency(concurrency));
     let store = controller.store();
+    let (wake, woken) = futures::channel::mpsc::unbounded();
+    let by_questdb = {
+        let store = store.clone();
+        questdb_changed
+            .flat_map(move |q| futures::stream::iter(backup::woken_by_questdb(&store, &q)))
+    };
+    let controller = controller.reconcile_on(futures::stream::select(by_questdb, woken));
     let _ = ctx.backups.set(store.clone());
     let schedules = run_schedules(opts, metrics, ctx.clone(), store.clone(), token.clone());
-    let bctx = Arc::new(backup::BackupContext::new(ctx, store, opts.backup_timeouts));
+    let bctx = Arc::new(backup::BackupContext::new(
+        ctx,
+        store,
+        opts.backup_timeouts,
+        wake,
+    ));
     let backups = drive(
         controller,
         &token,

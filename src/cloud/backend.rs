@@ -67,10 +67,11 @@ pub trait Ec2Api: Send + Sync {
     /// `StopInstances`, normal (`force` false: the OS shuts down and flushes its caches) or
     /// with `Force` (a hung instance must still be stopped: it is a fence).
     async fn stop_instances(&self, ids: &[String], force: bool) -> Result<(), ApiError>;
-    /// `DescribeSubnets`: each subnet's availability zone and VPC.
+    /// `DescribeSubnets` with a `subnet-id` filter: each subnet's availability zone and VPC;
+    /// an unknown id is absent, not an error.
     async fn describe_subnets(&self, ids: &[String]) -> Result<Vec<Subnet>, ApiError>;
-    /// `DescribeSecurityGroups`: each group's VPC. An unknown id fails the call
-    /// (`InvalidGroup.NotFound`), as EC2 does.
+    /// `DescribeSecurityGroups` with a `group-id` filter: each group's VPC; an unknown id is
+    /// absent, not an error.
     async fn security_group_vpcs(&self, ids: &[String]) -> Result<Vec<(String, String)>, ApiError>;
     /// `DescribeImages` with an `image-id` filter: an unknown id is absent, not an error.
     async fn describe_image(&self, id: &str) -> Result<Option<super::ImageFacts>, ApiError>;

@@ -195,6 +195,10 @@ impl<A: Route53Api + 'static> DnsProvider for Route53DnsProvider<A> {
     async fn withdraw_a(&self, name: &str, owner: &DnsOwner) -> Result<(), CloudError> {
         self.remove(name, owner, true).await
     }
+
+    fn zone_id(&self) -> String {
+        self.zone_id.clone()
+    }
 }
 
 impl<A: Route53Api> Route53DnsProvider<A> {

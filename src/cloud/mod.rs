@@ -100,6 +100,20 @@ pub trait NodeProvider: Send + Sync {
     /// networks).
     async fn check_network(&self) -> Result<(), CloudError>;
 
+    /// What EC2 knows of `instance_type` in `zone`; `None` for a type EC2 does not know (the
+    /// preflight checks the allow-list's types).
+    async fn instance_type_facts(
+        &self,
+        instance_type: &str,
+        zone: &str,
+    ) -> Result<Option<InstanceTypeFacts>, CloudError>;
+
+    /// The zones `--aws-subnets` maps to a subnet.
+    fn zones(&self) -> Vec<String>;
+
+    /// The exact types and family patterns of `--allowed-node-instance-types`.
+    fn allowed_instance_types(&self) -> Vec<String>;
+
     /// What EC2 knows of `image` and of `instance_type` in `zone` (a node move checks them
     /// before it launches anything).
     async fn node_facts(
@@ -157,6 +171,8 @@ pub trait DnsProvider: Send + Sync {
     /// points nowhere but stays reserved, so no other QuestDB (another namespace's, say) can
     /// claim it and receive the clients, and their credentials, meant for this one.
     async fn withdraw_a(&self, name: &str, owner: &DnsOwner) -> Result<(), CloudError>;
+    /// The hosted zone's id.
+    fn zone_id(&self) -> String;
 }
 
 /// Who may write a DNS name: one QuestDB (of the provider's cluster).

@@ -17,7 +17,8 @@ use super::retry::{CallRunner, NotFound};
 use super::{
     client_token, desired_instance_tags, fallback_client_token, identity_tags, pick_subnet,
     user_data, ApiError, CloudConfig, CloudError, ImageFacts, ImageVerdict, Instance,
-    LaunchRequest, NodeFacts, NodeProvider, SharedObserver, StopMode, TAG_CLUSTER, TAG_UID,
+    InstanceTypeFacts, LaunchRequest, NodeFacts, NodeProvider, SharedObserver, StopMode,
+    TAG_CLUSTER, TAG_UID,
 };
 
 /// The code of the refusal to stop or terminate an instance that is not provably the
@@ -483,6 +484,27 @@ impl<A: Ec2Api + 'static> NodeProvider for Ec2NodeProvider<A> {
         }
     }
 
+    async fn instance_type_facts(
+        &self,
+        instance_type: &str,
+        zone: &str,
+    ) -> Result<Option<InstanceTypeFacts>, CloudError> {
+        self.calls
+            .call("DescribeInstanceTypes", NotFound::Return, || {
+                self.api.describe_instance_type(instance_type, zone)
+            })
+            .await
+            .map_err(|e| CloudError::from_api("DescribeInstanceTypes", e))
+    }
+
+    fn zones(&self) -> Vec<String> {
+        self.config.subnets_by_zone.keys().cloned().collect()
+    }
+
+    fn allowed_instance_types(&self) -> Vec<String> {
+        self.config.allow_list.instance_types.clone()
+    }
+
     async fn node_facts(
         &self,
         image: &str,
@@ -496,13 +518,7 @@ impl<A: Ec2Api + 'static> NodeProvider for Ec2NodeProvider<A> {
             })
             .await
             .map_err(|e| CloudError::from_api("DescribeImages", e))?;
-        let instance_type = self
-            .calls
-            .call("DescribeInstanceTypes", NotFound::Return, || {
-                self.api.describe_instance_type(instance_type, zone)
-            })
-            .await
-            .map_err(|e| CloudError::from_api("DescribeInstanceTypes", e))?;
+        let instance_type = self.instance_type_facts(instance_type, zone).await?;
         Ok(NodeFacts {
             image,
             instance_type,

@@ -162,6 +162,8 @@ pub struct Context {
     pub status_writes: Mutex<HashMap<ObjectRef<GuardedQuestDB>, StatusWrite>>,
     /// The platform team's allow-lists for images, priority classes and tolerations.
     pub tenancy: crate::desired::TenancyPolicy,
+    /// What the newest preflight found wrong (see [`crate::controllers::preflight`]).
+    pub preflight: crate::plan::preflight::PreflightState,
 }
 
 /// A database on its way (a pod created, then placed once the scheduler's retry finds its

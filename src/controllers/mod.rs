@@ -10,6 +10,7 @@ pub mod cloud_runtime;
 pub mod context;
 pub mod keys;
 pub mod node_health;
+pub mod preflight;
 pub mod questdb;
 pub mod refusals;
 pub mod schedule;

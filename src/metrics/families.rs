@@ -75,6 +75,7 @@ pub(super) struct Families {
     pub suspended_wal_tables: IntGaugeVec,
     pub checkpoint_open: IntGaugeVec,
     pub last_verified_backup: IntGaugeVec,
+    pub preflight_failures: IntGaugeVec,
 }
 
 /// A backup takes seconds (a small volume) to hours (an EBS snapshot's first upload).
@@ -260,6 +261,11 @@ impl Families {
                 "questdb_operator_checkpoint_open_seconds",
                 "Seconds the QuestDB's checkpoint has been open (0: none), from checkpoint_status() on the write-health poll",
                 &["namespace", "questdb"],
+            ),
+            preflight_failures: r.gauge_vec(
+                "questdb_operator_preflight_failures",
+                "What the newest preflight found wrong, per check (network, instance-types, hosted-zone, snapshot-api): 0 when it passes",
+                &["check"],
             ),
             last_verified_backup: r.gauge_vec(
                 "questdb_operator_last_verified_backup_timestamp_seconds",

@@ -297,6 +297,14 @@ impl Metrics {
             .set(seconds);
     }
 
+    /// How many findings the newest preflight has for `check` (0: it passes).
+    pub fn set_preflight_failures(&self, check: &str, findings: i64) {
+        self.families
+            .preflight_failures
+            .with_label_values(&[check])
+            .set(findings);
+    }
+
     /// Whether a QuestDB reports a suspended WAL table.
     pub fn set_suspended_wal_tables(&self, namespace: &str, questdb: &str, suspended: i64) {
         self.families

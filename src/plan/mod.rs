@@ -15,3 +15,4 @@ pub mod failover;
 pub mod maintenance;
 pub mod node;
 pub mod node_move;
+pub mod preflight;

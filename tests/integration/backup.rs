@@ -13,7 +13,7 @@ use questdb_operator::api::{
     BackupDeletionPolicy, BackupReason, BackupStep, QuestDB, QuestDBBackup, QuestDBBackupSpec,
     RestoreSource, VerifyStep,
 };
-use questdb_operator::controllers::backup::snapshot;
+use questdb_operator::controllers::backup::{self, plan, snapshot};
 
 use crate::database::{env, lines, pod_ip, ready, real, rows_become, Credentials, NS};
 use crate::db_client::{exec, ilp_http, Login};
@@ -1212,11 +1212,16 @@ async fn five_hundred_waiting_backups_of_one_tenant_do_not_hold_back_another_ten
         }
     })
     .await;
-    // The tenant holding its 500 waiting backups, each looked at again every poll.
+    // The tenant holding its 500 waiting backups. What they cost the shared workers meanwhile
+    // is counted in reconciles (a 10 s poll of each cost about 50 a second: about 150 in a
+    // 3 s backup); the time it takes is printed (on two loaded cores it varies with whatever
+    // else runs, so it is a figure, not the assertion).
+    let reconciles_before = backup_reconciles(&env);
     let held = timed_backup(&env, "loaded", "db1").await;
+    let reconciles_during = backup_reconciles(&env) - reconciles_before;
     let still = pending(&api.list(&Default::default()).await.expect("noisy backups"));
     eprintln!(
-        "another tenant's backup: normal {:.1}s, during the intake of {WAITING} backups {:.1}s, beside {WAITING} waiting {:.1}s",
+        "another tenant's backup: normal {:.1}s, during the intake of {WAITING} backups {:.1}s, beside {WAITING} waiting {:.1}s ({reconciles_during} backup reconciles meanwhile, its own included)",
         normal.as_secs_f64(),
         during_intake.as_secs_f64(),
         held.as_secs_f64()
@@ -1225,8 +1230,81 @@ async fn five_hundred_waiting_backups_of_one_tenant_do_not_hold_back_another_ten
         still, WAITING,
         "the noisy tenant's backups waited meanwhile"
     );
+    // The other tenant's backup takes about five of its own (one per step and snapshot poll).
     assert!(
-        held <= normal * 2,
-        "{held:?} beside {WAITING} waiting backups, {normal:?} normally"
+        reconciles_during < 40,
+        "{reconciles_during} backup reconciles while another tenant's backup ran beside {WAITING} waiting ones: the waiting ones are being polled"
     );
+}
+
+/// How many reconciles the backup controller has run.
+fn backup_reconciles(env: &Env) -> u64 {
+    env.handle
+        .metrics
+        .render()
+        .lines()
+        .filter(|l| l.starts_with("controller_runtime_reconcile_total{"))
+        .filter(|l| l.contains(&format!("controller=\"{}\"", backup::CONTROLLER_NAME)))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
+
+/// The harm: a backup asked for while its database was paused, or queued behind another
+/// backup of it, sits until a poll minutes away. Waiting backups are not polled (a tenant's
+/// hundreds would keep the shared workers busy): the database's return wakes those waiting for
+/// it, and the end of each backup wakes the next one queued.
+#[tokio::test]
+async fn backups_waiting_for_a_paused_database_run_one_after_another_once_it_returns() {
+    let env = env().await;
+    database_with_rows(&env, "db1", 10).await;
+    let qdbs = env.api::<QuestDB>(NS);
+    let pause = |paused: bool| crate::database::set_paused(&env, "db1", paused);
+    pause(true).await;
+    wait_for(&qdbs, "db1", "paused", |q: Option<&QuestDB>| {
+        q.and_then(|q| q.status.as_ref()?.phase) == Some(questdb_operator::api::Phase::Paused)
+    })
+    .await;
+    const NAMES: [&str; 3] = ["first", "second", "third"];
+    for name in NAMES {
+        create_backup(&env, name, "db1").await;
+    }
+    let backups = env.api::<QuestDBBackup>(NS);
+    for name in NAMES {
+        wait_for(
+            &backups,
+            name,
+            "waiting for the paused database",
+            |b: Option<&QuestDBBackup>| {
+                b.and_then(|b| b.status.as_ref()?.reason.clone()).as_deref()
+                    == Some("DatabaseNotRunning")
+            },
+        )
+        .await;
+    }
+    pause(false).await;
+    // Well inside the fallback poll: only the wake-ups can get all three done in time.
+    let within = plan::WOKEN_WAIT_FALLBACK / 2;
+    let mut held = Vec::new();
+    for name in NAMES {
+        let b = wait_for_within(
+            &backups,
+            name,
+            &format!("backup {name} Succeeded"),
+            within,
+            step_is(BackupStep::Succeeded),
+        )
+        .await;
+        let s = b.status.expect("status");
+        held.push((s.checkpoint_at, s.released_at, name));
+    }
+    // One after another: no two held the database's checkpoint at once.
+    held.sort();
+    for pair in held.windows(2) {
+        assert!(
+            pair[0].1 <= pair[1].0,
+            "{} checkpointed before {} released its checkpoint",
+            pair[1].2,
+            pair[0].2
+        );
+    }
 }

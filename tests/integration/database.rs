@@ -73,6 +73,18 @@ impl Credentials {
 }
 
 /// The database pod's address (its own loopback address in the test environment).
+/// Pauses or unpauses the QuestDB `name` in [`NS`].
+pub(crate) async fn set_paused(env: &Env, name: &str, paused: bool) {
+    env.api::<QuestDB>(NS)
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"paused": paused}})),
+        )
+        .await
+        .expect("paused changed");
+}
+
 pub(crate) async fn pod_ip(env: &Env, name: &str) -> String {
     let pod: Pod = env.api(NS).get(&format!("{name}-0")).await.expect("pod");
     pod.status
@@ -594,18 +606,7 @@ async fn every_acknowledged_row_survives_pause_unpause_and_delete_with_retained_
     write_acked(&http, "kept", 300, &creds).await;
 
     let qdbs: Api<QuestDB> = env.api(NS);
-    let pause = |paused: bool| {
-        let qdbs = qdbs.clone();
-        async move {
-            qdbs.patch(
-                "db1",
-                &PatchParams::default(),
-                &Patch::Merge(serde_json::json!({"spec": {"paused": paused}})),
-            )
-            .await
-            .expect("paused changed");
-        }
-    };
+    let pause = |paused: bool| set_paused(&env, "db1", paused);
     pause(true).await;
     wait_for(&qdbs, "db1", "Paused", has_condition("Ready", "Paused")).await;
     no_database_process(&env).await;

@@ -33,16 +33,16 @@ const HOSTED_ZONE: &str = "db.example.com";
 
 /// What the README's CloudFormation stack and `aws eks describe-cluster` hand the user, made in
 /// moto: subnets of the default VPC, a security group, an AMI, the hosted zone.
-struct AwsSide {
-    sdk: aws_config::SdkConfig,
-    subnets: BTreeMap<String, String>,
-    security_group: String,
-    ami: String,
-    ami_owner: String,
-    hosted_zone: String,
+pub(crate) struct AwsSide {
+    pub(crate) sdk: aws_config::SdkConfig,
+    pub(crate) subnets: BTreeMap<String, String>,
+    pub(crate) security_group: String,
+    pub(crate) ami: String,
+    pub(crate) ami_owner: String,
+    pub(crate) hosted_zone: String,
 }
 
-async fn aws_side(moto: &Moto) -> AwsSide {
+pub(crate) async fn aws_side(moto: &Moto) -> AwsSide {
     let mut config = questdb_operator::cloud::CloudConfig::new("orders-eks", REGION);
     config.endpoint_url = Some(moto.endpoint());
     // moto's first answer (its default VPC, built lazily) can take over AWS's 5 s beside other
@@ -285,6 +285,23 @@ async fn the_readmes_eks_path_ends_with_a_ready_database_on_its_own_node_and_rec
         stop.clone(),
     );
     env.start_synced_manager(options).await;
+
+    // The preflight finds nothing wrong with the README's install (the snapshot API is there:
+    // the control plane runs the snapshot-controller, as the README's add-on step installs).
+    let metrics = env.handle.metrics.clone();
+    wait_until("the preflight ran", || {
+        let scrape = metrics.render();
+        async move { crate::preflight::failures(&scrape, "network").is_some() }
+    })
+    .await;
+    let scrape = env.handle.metrics.render();
+    for check in ["network", "instance-types", "hosted-zone", "snapshot-api"] {
+        assert_eq!(
+            crate::preflight::failures(&scrape, check),
+            Some(0),
+            "the preflight's {check} check fails on the README's install"
+        );
+    }
 
     // Step 5, the example: a namespace that enforces the restricted Pod Security level (a
     // dedicated database binds no host port), then the QuestDB.

@@ -16,5 +16,6 @@ mod log_capture;
 mod metrics;
 mod namespaced;
 mod pod_fields;
+mod preflight;
 mod questdb;
 mod shutdown;

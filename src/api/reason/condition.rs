@@ -101,6 +101,9 @@ pub enum NodeReadyReason {
     NodeNotReady,
     InstanceStopped,
     LaunchFailed,
+    /// The operator's preflight found a network mistake EC2 would refuse every launch for:
+    /// nothing is launched until it is fixed.
+    PreflightFailed,
     RelaunchBackoff,
     RelaunchCapped,
     /// An instance was launched and never joined: it is terminated and replaced.

@@ -50,6 +50,8 @@ pub enum EventReason {
     NodeIdentityConflict,
     NodeNeverJoined,
     LaunchFailed,
+    /// A preflight check of what the operator needs failed (on the operator's own Pod).
+    PreflightFailed,
     RelaunchBackoff,
     RelaunchCapped,
     NodeGone,

@@ -56,7 +56,7 @@ fn every_condition_reason_text_is_pinned_so_a_rename_cannot_break_alerts() {
         ("IlpAuthReady", "Disabled KeysLoaded NoKeys InvalidSecret DuplicateKid"),
         ("CredentialsReady", "CredentialsFound SecretNotFound MissingKeys DefaultPassword"),
         ("VolumeSizeReady", "AsRequested Expanding NotExpandable Larger"),
-        ("NodeReady", "Ready Launching WaitingForCsiDriver WaitingForNode NodeNotReady InstanceStopped LaunchFailed RelaunchBackoff RelaunchCapped NodeNeverJoined NodeIdentityConflict Releasing Released MovingOff NotConfigured NamespaceQuota"),
+        ("NodeReady", "Ready Launching WaitingForCsiDriver WaitingForNode NodeNotReady InstanceStopped LaunchFailed PreflightFailed RelaunchBackoff RelaunchCapped NodeNeverJoined NodeIdentityConflict Releasing Released MovingOff NotConfigured NamespaceQuota"),
         ("DnsReady", "Published WaitingForNode Removed RecordOwnedElsewhere DnsRejected NotConfigured"),
         ("Failover", "Armed Disabled InProgress Recovered FailoverSuppressed FailoverStuck InstanceNotOwned NotConfigured"),
         ("NodeMove", "UpToDate Moving Retaining Waiting Aborted RolledBack InvalidNode LaunchFailed InstanceGone NodeNeverJoined NodeNeverReady Superseded Preempted MoveFailed Reverted TargetNodeFailed NodesFailed NodeMoveStuck InstanceNotOwned NotConfigured"),

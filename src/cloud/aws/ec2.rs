@@ -225,10 +225,13 @@ impl Ec2Api for AwsEc2 {
         &self,
         ids: &[String],
     ) -> Result<Vec<crate::cloud::Subnet>, ApiError> {
+        // A filter, not `SubnetIds`: EC2 answers an id it does not know in `SubnetIds` with
+        // InvalidSubnetID.NotFound for the whole call (naming one), where a filter leaves it
+        // out, so every missing subnet is named at once beside the rest of the check.
         let out = self
             .client
             .describe_subnets()
-            .set_subnet_ids(Some(ids.to_vec()))
+            .filters(filter("subnet-id", ids.to_vec()))
             .send()
             .await
             .map_err(api_error)?;
@@ -249,7 +252,8 @@ impl Ec2Api for AwsEc2 {
         let out = self
             .client
             .describe_security_groups()
-            .set_group_ids(Some(ids.to_vec()))
+            // As for subnets: a filter leaves an unknown group out instead of failing the call.
+            .filters(filter("group-id", ids.to_vec()))
             .send()
             .await
             .map_err(api_error)?;

@@ -613,34 +613,30 @@ impl Ec2Api for MemoryEc2 {
     ) -> Result<Vec<crate::cloud::Subnet>, ApiError> {
         let mut state = self.lock();
         Self::begin(&mut state, "DescribeSubnets")?;
-        ids.iter()
-            .map(|id| match id.strip_prefix("subnet-") {
-                Some(zone) => Ok(crate::cloud::Subnet {
+        // As EC2 answers a `subnet-id` filter: an id it does not know is left out.
+        Ok(ids
+            .iter()
+            .filter_map(|id| {
+                let zone = id.strip_prefix("subnet-")?;
+                Some(crate::cloud::Subnet {
                     id: id.clone(),
                     zone: zone.to_string(),
                     vpc_id: SANDBOX_VPC.to_string(),
-                }),
-                None => Err(ApiError::new(
-                    "InvalidSubnetID.NotFound",
-                    format!("The subnet ID '{id}' does not exist"),
-                )),
+                })
             })
-            .collect()
+            .collect())
     }
 
     /// Any `sg-` id is a group of the sandbox's VPC.
     async fn security_group_vpcs(&self, ids: &[String]) -> Result<Vec<(String, String)>, ApiError> {
         let mut state = self.lock();
         Self::begin(&mut state, "DescribeSecurityGroups")?;
-        ids.iter()
-            .map(|id| match id.starts_with("sg-") {
-                true => Ok((id.clone(), SANDBOX_VPC.to_string())),
-                false => Err(ApiError::new(
-                    "InvalidGroup.NotFound",
-                    format!("The security group '{id}' does not exist"),
-                )),
-            })
-            .collect()
+        // As EC2 answers a `group-id` filter: an id it does not know is left out.
+        Ok(ids
+            .iter()
+            .filter(|id| id.starts_with("sg-"))
+            .map(|id| (id.clone(), SANDBOX_VPC.to_string()))
+            .collect())
     }
 
     async fn describe_image(&self, id: &str) -> Result<Option<crate::cloud::ImageFacts>, ApiError> {

@@ -49,16 +49,50 @@ pub struct BackupContext {
     /// Database (namespace/name) -> the backup that claimed its checkpoint in this process: two
     /// backups reconciled at once must not both see the database free.
     claims: Mutex<HashMap<(String, String), String>>,
+    /// Reconcile requests for backups a change elsewhere lets go on (see [`plan::next_in_queue`]).
+    wake: Wake,
 }
 
+/// Sends reconcile requests to the backup controller.
+pub type Wake = futures::channel::mpsc::UnboundedSender<ObjectRef<QuestDBBackup>>;
+
 impl BackupContext {
-    pub fn new(ctx: Arc<Context>, backups: Store<QuestDBBackup>, timeouts: Timeouts) -> Self {
+    pub fn new(
+        ctx: Arc<Context>,
+        backups: Store<QuestDBBackup>,
+        timeouts: Timeouts,
+        wake: Wake,
+    ) -> Self {
         Self {
             ctx,
             backups,
             timeouts,
             claims: Mutex::default(),
+            wake,
         }
+    }
+}
+
+/// The waiting backups a change of the QuestDB `questdb` wakes (see
+/// [`plan::waiting_on_database`]).
+pub fn woken_by_questdb(
+    backups: &Store<QuestDBBackup>,
+    questdb: &ObjectRef<crate::controllers::keys::GuardedQuestDB>,
+) -> Vec<ObjectRef<QuestDBBackup>> {
+    let Some(ns) = questdb.namespace.as_deref() else {
+        return vec![];
+    };
+    plan::waiting_on_database(&backups.state(), ns, &questdb.name)
+        .map(|b| ObjectRef::from_obj(&**b))
+        .collect()
+}
+
+/// `backup` ended or went away: the oldest backup queued behind it goes next.
+fn wake_next(bctx: &BackupContext, backup: &QuestDBBackup) {
+    let ns = backup.namespace().unwrap_or_default();
+    let state = bctx.backups.state();
+    if let Some(next) = plan::next_in_queue(&state, &ns, &backup.spec.questdb_name) {
+        let _ = bctx.wake.unbounded_send(ObjectRef::from_obj(&**next));
     }
 }
 
@@ -79,6 +113,7 @@ pub async fn reconcile(
     if step.is_some_and(BackupStep::is_final) {
         note_final(&current, ctx);
         release_claim(&bctx, &current);
+        wake_next(&bctx, &current);
         if has_finalizer(&current) {
             set_finalizer(&api, &mut current, false).await?;
         }
@@ -115,7 +150,8 @@ pub async fn reconcile(
             if s != status {
                 write_status(&api, &mut current, s).await?;
             }
-            return Ok(Next::RequeueAfter(plan::WAIT_POLL));
+            // The end of the backup ahead wakes the oldest queued (`wake_next`).
+            return Ok(Next::RequeueAfter(plan::WOKEN_WAIT_FALLBACK));
         }
     }
     // At most a few decisions per reconcile: each recorded step goes straight on to its effect.
@@ -412,7 +448,7 @@ async fn database_view(qdb: &QuestDB, ctx: &Context, step: BackupStep) -> Result
         Some(Database::Busy("a node move is under way".into()))
     } else if status.phase != Some(Phase::Running) {
         let phase = status.phase.map(|p| p.as_str()).unwrap_or("unknown");
-        Some(Database::NotRunning(format!(
+        Some(Database::Stopped(format!(
             "the QuestDB is {phase}, not Running"
         )))
     } else {
@@ -668,6 +704,7 @@ async fn fail(
 async fn finalize(backup: &mut QuestDBBackup, bctx: &BackupContext) -> Result<Next, Error> {
     release_claim(bctx, backup);
     if !has_finalizer(backup) {
+        wake_next(bctx, backup);
         return Ok(Next::AwaitChange);
     }
     let status = backup.status.clone().unwrap_or_default();
@@ -680,6 +717,7 @@ async fn finalize(backup: &mut QuestDBBackup, bctx: &BackupContext) -> Result<Ne
     let ns = backup.namespace().unwrap_or_default();
     let api: Api<QuestDBBackup> = Api::namespaced(bctx.ctx.client.clone(), &ns);
     set_finalizer(&api, backup, false).await?;
+    wake_next(bctx, backup);
     Ok(Next::AwaitChange)
 }
 

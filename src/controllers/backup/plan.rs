@@ -14,11 +14,12 @@
 //! the backup records when it sends CREATE (before sending it) and the `started_at` its CREATE
 //! got (once CREATE answered); the cut and the release check that same `started_at` is open.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::jiff::Timestamp;
 
-use crate::api::{BackupReason, BackupStep, CheckpointHolder, QuestDBBackupStatus};
+use crate::api::{BackupReason, BackupStep, CheckpointHolder, QuestDBBackup, QuestDBBackupStatus};
 
 /// How long each wait may last before the backup fails.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -131,9 +132,14 @@ pub fn release_action(
 pub enum Database {
     Missing,
     Deleting,
-    /// Not Running, or its pod is not Ready (the message says which).
+    /// The QuestDB's own status says it is not Running (paused, pending, failed): only a change
+    /// of the QuestDB ends the wait, and that change wakes the backup.
+    Stopped(String),
+    /// Running, but its pod is missing or not Ready, or its process did not answer (the message
+    /// says which): looked at again every [`WAIT_POLL`].
     NotRunning(String),
-    /// A failover or node move is under way (the message says which).
+    /// A failover or node move is under way (the message says which); it ends with a change of
+    /// the QuestDB, which wakes the backup.
     Busy(String),
     /// Running; the process that would hold a checkpoint.
     Ready(CheckpointHolder),
@@ -224,8 +230,71 @@ pub fn queued_behind(holder: &str) -> String {
 }
 
 pub const WAIT_POLL: Duration = Duration::from_secs(10);
+/// A wait that a change of the QuestDB (or the end of the backup ahead of it) ends is woken by
+/// that change ([`crate::controllers::backup::wakes`]); this is only the fallback. A tenant's
+/// hundreds of waiting backups so cost the shared workers nothing while nothing changes, where a
+/// 10 s poll of each kept them busy and held back every other tenant's backup.
+pub const WOKEN_WAIT_FALLBACK: Duration = Duration::from_secs(300);
 const SNAPSHOT_POLL: Duration = Duration::from_secs(2);
+/// The longest wait between two looks at a snapshot being uploaded.
 const UPLOAD_POLL: Duration = Duration::from_secs(10);
+
+/// How long to wait before looking at an uploading snapshot again: as long as it has been
+/// uploading, from 1 s up to [`UPLOAD_POLL`]. A small snapshot is usually ready within a second
+/// or two of its cut, and a flat 10 s poll made such a backup take four times as long as it
+/// needed; a large one is looked at every 10 s as before.
+fn upload_poll(since_release: Option<Duration>) -> Duration {
+    since_release
+        .unwrap_or_default()
+        .clamp(Duration::from_secs(1), UPLOAD_POLL)
+}
+
+/// Whether `backup` waits in `Pending` queued behind another backup of its database.
+fn queued(backup: &QuestDBBackup) -> bool {
+    backup.status.as_ref().is_some_and(|s| {
+        s.step == Some(BackupStep::Pending)
+            && s.reason.as_deref() == Some(<&str>::from(BackupReason::AnotherBackupRunning))
+    })
+}
+
+/// The backups of QuestDB `questdb` in `namespace` that a change of it wakes: those waiting in
+/// `Pending` for the database itself. Those queued behind another backup of it are woken one
+/// at a time by the end of the backup ahead ([`next_in_queue`]), so a change of a database with
+/// hundreds queued costs one reconcile, not hundreds.
+pub fn waiting_on_database<'a>(
+    backups: &'a [Arc<QuestDBBackup>],
+    namespace: &'a str,
+    questdb: &'a str,
+) -> impl Iterator<Item = &'a Arc<QuestDBBackup>> + 'a {
+    backups.iter().filter(move |b| {
+        of(b, namespace, questdb)
+            && b.status.as_ref().and_then(|s| s.step) == Some(BackupStep::Pending)
+            && !queued(b)
+    })
+}
+
+/// The backup of QuestDB `questdb` in `namespace` to wake when the one ahead of it ends: the
+/// oldest queued (by creation, then name), so queued backups run in the order they were asked
+/// for.
+pub fn next_in_queue<'a>(
+    backups: &'a [Arc<QuestDBBackup>],
+    namespace: &str,
+    questdb: &str,
+) -> Option<&'a Arc<QuestDBBackup>> {
+    backups
+        .iter()
+        .filter(|b| of(b, namespace, questdb) && queued(b))
+        .min_by(|a, b| {
+            let created = |b: &QuestDBBackup| b.metadata.creation_timestamp.clone().map(|t| t.0);
+            created(a)
+                .cmp(&created(b))
+                .then_with(|| a.metadata.name.cmp(&b.metadata.name))
+        })
+}
+
+fn of(backup: &QuestDBBackup, namespace: &str, questdb: &str) -> bool {
+    backup.metadata.namespace.as_deref() == Some(namespace) && backup.spec.questdb_name == questdb
+}
 
 pub fn decide(status: &QuestDBBackupStatus, obs: &Observed, timeouts: Timeouts) -> Decision {
     let step = status.step.unwrap_or(BackupStep::Pending);
@@ -268,7 +337,9 @@ pub fn decide(status: &QuestDBBackupStatus, obs: &Observed, timeouts: Timeouts) 
             },
             // Unreachable for now (moving, restarting): the checkpoint, if any, went with it, or
             // is released as the backup's own once the database is back.
-            Database::NotRunning(_) | Database::Busy(_) => pending(status, obs, timeouts),
+            Database::Stopped(_) | Database::NotRunning(_) | Database::Busy(_) => {
+                pending(status, obs, timeouts)
+            }
         },
         BackupStep::Snapshotting => snapshotting(status, obs, timeouts),
         BackupStep::Releasing => Decision::FinishRelease,
@@ -306,8 +377,13 @@ fn pending(status: &QuestDBBackupStatus, obs: &Observed, timeouts: Timeouts) -> 
             reason: BackupReason::QuestDBDeleted,
             message: "the QuestDB is being deleted".into(),
         },
+        Database::Stopped(why) => wait(
+            BackupReason::DatabaseNotRunning,
+            why.clone(),
+            WOKEN_WAIT_FALLBACK,
+        ),
         Database::NotRunning(why) => wait(BackupReason::DatabaseNotRunning, why.clone(), WAIT_POLL),
-        Database::Busy(why) => wait(BackupReason::DatabaseBusy, why.clone(), WAIT_POLL),
+        Database::Busy(why) => wait(BackupReason::DatabaseBusy, why.clone(), WOKEN_WAIT_FALLBACK),
         Database::Ready(_) if matches!(obs.snapshot, Snapshot::ApiMissing) => wait(
             BackupReason::SnapshotApiMissing,
             SNAPSHOT_API_MISSING.into(),
@@ -316,7 +392,7 @@ fn pending(status: &QuestDBBackupStatus, obs: &Observed, timeouts: Timeouts) -> 
         Database::Ready(_) if obs.other_backup.is_some() => wait(
             BackupReason::AnotherBackupRunning,
             queued_behind(obs.other_backup.as_deref().unwrap_or_default()),
-            WAIT_POLL,
+            WOKEN_WAIT_FALLBACK,
         ),
         Database::Ready(_) if matches!(obs.checkpoint, OpenCheckpoint::Unknown) => wait(
             BackupReason::DatabaseNotRunning,
@@ -423,7 +499,7 @@ fn uploading(obs: &Observed, timeouts: Timeouts) -> Decision {
                 ),
             }
         }
-        Snapshot::Pending { .. } => Decision::Poll(UPLOAD_POLL),
+        Snapshot::Pending { .. } => Decision::Poll(upload_poll(obs.since_release)),
     }
 }
 
@@ -503,6 +579,117 @@ mod tests {
         }
     }
 
+    fn backup_of(
+        ns: &str,
+        questdb: &str,
+        name: &str,
+        created: i64,
+        reason: Option<BackupReason>,
+        step: Option<BackupStep>,
+    ) -> Arc<QuestDBBackup> {
+        let mut b = QuestDBBackup::new(
+            name,
+            crate::api::QuestDBBackupSpec {
+                questdb_name: questdb.into(),
+                volume_snapshot_class_name: None,
+                deletion_policy: Default::default(),
+                verify: false,
+            },
+        );
+        b.metadata.namespace = Some(ns.into());
+        b.metadata.creation_timestamp = Some(Time(Timestamp::from_second(created).unwrap()));
+        b.status = Some(QuestDBBackupStatus {
+            step,
+            reason: reason.map(|r| r.to_string()),
+            ..Default::default()
+        });
+        Arc::new(b)
+    }
+
+    /// A change of a database wakes the backups waiting for it, never those of another
+    /// database or tenant, nor those queued behind a backup of it (the end of that one wakes
+    /// the oldest queued: they run in the order asked for).
+    #[test]
+    fn a_change_wakes_only_the_backups_that_wait_for_it_and_the_queue_goes_oldest_first() {
+        let pending = Some(BackupStep::Pending);
+        let queued = Some(BackupReason::AnotherBackupRunning);
+        let stopped = Some(BackupReason::DatabaseNotRunning);
+        let all = vec![
+            backup_of("a", "db", "waits", 10, stopped, pending),
+            backup_of("a", "db", "queued-later", 30, queued, pending),
+            backup_of("a", "db", "queued-first", 20, queued, pending),
+            backup_of("a", "db", "queued-same-time-b", 25, queued, pending),
+            backup_of(
+                "a",
+                "db",
+                "running",
+                5,
+                None,
+                Some(BackupStep::Snapshotting),
+            ),
+            backup_of("a", "db", "done", 1, None, Some(BackupStep::Succeeded)),
+            backup_of("a", "other", "other-db", 1, stopped, pending),
+            backup_of("b", "db", "other-tenant", 1, stopped, pending),
+        ];
+        let names = |it: Vec<&Arc<QuestDBBackup>>| {
+            it.iter()
+                .map(|b| b.metadata.name.clone().unwrap())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            names(waiting_on_database(&all, "a", "db").collect()),
+            ["waits"]
+        );
+        assert_eq!(
+            names(next_in_queue(&all, "a", "db").into_iter().collect()),
+            ["queued-first"]
+        );
+        let mut tied = all.clone();
+        tied.push(backup_of("a", "db", "queued-a", 20, queued, pending));
+        assert_eq!(
+            names(next_in_queue(&tied, "a", "db").into_iter().collect()),
+            ["queued-a"],
+            "same creation second: by name"
+        );
+        assert!(next_in_queue(&all, "b", "db").is_none());
+    }
+
+    /// A waiting backup is looked at again by a timer only when nothing it waits for sends a
+    /// change: a tenant's hundreds of paused-database or queued backups must not keep the
+    /// shared workers busy.
+    #[test]
+    fn only_waits_no_change_ends_are_polled() {
+        let new = QuestDBBackupStatus::default();
+        let t = Timeouts::default();
+        let requeue = |obs: &Observed| match decide(&new, obs, t) {
+            Decision::Wait { requeue, .. } => requeue,
+            other => panic!("not a wait: {other:?}"),
+        };
+        for db in [
+            Database::Stopped("the QuestDB is Paused, not Running".into()),
+            Database::Busy("a failover is under way".into()),
+        ] {
+            assert_eq!(
+                requeue(&observed(db, Snapshot::Absent)),
+                WOKEN_WAIT_FALLBACK
+            );
+        }
+        let mut queued = observed(ready(), Snapshot::Absent);
+        queued.other_backup = Some("nightly-1".into());
+        assert_eq!(requeue(&queued), WOKEN_WAIT_FALLBACK);
+        // The pod's readiness and a foreign checkpoint send the backup nothing: polled.
+        let pod = observed(
+            Database::NotRunning("the database pod is not Ready".into()),
+            Snapshot::Absent,
+        );
+        assert_eq!(requeue(&pod), WAIT_POLL);
+        let mut foreign = observed(ready(), Snapshot::Absent);
+        foreign.checkpoint = OpenCheckpoint::Open {
+            started_at: "2026-01-01T00:00:00Z".into(),
+        };
+        assert_eq!(requeue(&foreign), WAIT_POLL);
+    }
+
     #[test]
     fn a_new_backup_checkpoints_only_a_running_database_no_other_backup_holds() {
         let new = QuestDBBackupStatus::default();
@@ -524,6 +711,10 @@ mod tests {
             (Database::Missing, BackupReason::QuestDBNotFound),
             (
                 Database::NotRunning("x".into()),
+                BackupReason::DatabaseNotRunning,
+            ),
+            (
+                Database::Stopped("paused".into()),
                 BackupReason::DatabaseNotRunning,
             ),
             (
@@ -656,10 +847,19 @@ mod tests {
     fn the_backup_succeeds_only_when_the_storage_says_the_snapshot_is_ready() {
         let t = Timeouts::default();
         let s = status(BackupStep::Uploading);
+        let mut uploading = observed(ready(), Snapshot::Pending { cut: true });
         assert_eq!(
-            decide(&s, &observed(ready(), Snapshot::Pending { cut: true }), t),
-            Decision::Poll(UPLOAD_POLL)
+            decide(&s, &uploading, t),
+            Decision::Poll(Duration::from_secs(1)),
+            "just released: looked at again soon"
         );
+        uploading.since_release = Some(Duration::from_secs(4));
+        assert_eq!(
+            decide(&s, &uploading, t),
+            Decision::Poll(Duration::from_secs(4))
+        );
+        uploading.since_release = Some(Duration::from_secs(600));
+        assert_eq!(decide(&s, &uploading, t), Decision::Poll(UPLOAD_POLL));
         let done = Snapshot::Ready {
             restore_size: Some("1Gi".into()),
         };

@@ -192,6 +192,7 @@ mod tests {
             backups: Default::default(),
             status_writes: Default::default(),
             tenancy: Default::default(),
+            preflight: Default::default(),
         };
         (ctx, writer)
     }

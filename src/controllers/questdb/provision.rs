@@ -336,6 +336,18 @@ impl NodeRun<'_> {
         let Some(mut req) = launch_request(self.qdb, &self.uid, generation, self.dedicated) else {
             return Ok(Flow::Stop);
         };
+        // EC2 would refuse the launch (or the node could not reach the cluster): said in the
+        // database's condition, with the fix, until the preflight sees it fixed (which wakes it).
+        if let Some(finding) = self.ctx.preflight.blocking_launch() {
+            self.turn.condition = Some(Verdict::new(
+                false,
+                NodeReadyReason::PreflightFailed,
+                format!("no node is launched: {}", finding.line()),
+            ));
+            self.turn
+                .requeue_within(crate::controllers::preflight::AGAIN_WHILE_FAILING);
+            return Ok(Flow::Stop);
+        }
         req.cluster_id = self.cloud.cluster_id.clone();
         match self.cloud.nodes.launch(&req).await {
             Ok(instance) => {

@@ -1,0 +1,162 @@
+//! The preflight: what the operator will need, checked as the cloud and the cluster can answer
+//! without side effects, so a wrong subnet or a missing API is named once, with its fix,
+//! instead of every database waiting on a launch or a backup that cannot work.
+//!
+//! Each failure is one log line, a Warning Event on the operator's own Pod (when it runs in
+//! one: `POD_NAME` and `POD_NAMESPACE`), and the `questdb_operator_preflight_failures{check}`
+//! gauge. A certain network mistake (EC2 says the subnet does not exist, or lies in another
+//! zone, or a security group is in another VPC) also holds every launch back: the databases
+//! that would need a node say so in `NodeReady` (`PreflightFailed`) instead of waiting. A
+//! check that could not be asked (throttled, denied, unreachable) is reported and holds nothing
+//! back. The checks run when the leader starts, again every minute while one fails, and every
+//! ten minutes otherwise; a fix is seen within a minute.
+//!
+//! Not checked, because EC2 cannot answer it without launching: the instance profile and the
+//! IAM permissions of RunInstances (a DryRun answers for the caller's permissions only, and
+//! moto, which the tests run against, enforces no IAM). Those still fail the launch, named in
+//! `NodeReady` (`LaunchFailed`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::runtime::events::EventType;
+use kube::runtime::reflector::ObjectRef;
+use tokio_util::sync::CancellationToken;
+use tracing::{error, info};
+
+use crate::api::EventReason;
+use crate::controllers::context::Context;
+use crate::plan::preflight::{
+    blocks_launches, hosted_zone, instance_type, network, snapshot_api, Check, Finding,
+};
+
+/// Every finding of one preflight run, checks in their order.
+pub async fn run_checks(ctx: &Context, snapshot_namespace: &str) -> Vec<Finding> {
+    let mut findings = Vec::new();
+    if let Some(cloud) = &ctx.cloud {
+        findings.extend(network(cloud.nodes.check_network().await));
+        let zones: Vec<String> = cloud.nodes.zones();
+        for name in cloud
+            .nodes
+            .allowed_instance_types()
+            .iter()
+            .filter(|t| !t.contains('*'))
+        {
+            let mut answers = Vec::new();
+            for zone in &zones {
+                answers.push((
+                    zone.clone(),
+                    cloud.nodes.instance_type_facts(name, zone).await,
+                ));
+            }
+            findings.extend(instance_type(name, &answers));
+        }
+        if let Some(dns) = &cloud.dns {
+            // A name no record has: the read answers empty when the zone is readable.
+            let read = dns
+                .read_a("questdb-operator-preflight.invalid")
+                .await
+                .map(|_| ());
+            findings.extend(hosted_zone(&dns.zone_id(), read));
+        }
+    }
+    findings.extend(snapshot_api(
+        crate::controllers::backup::snapshot::api_served(&ctx.client, snapshot_namespace).await,
+    ));
+    findings
+}
+
+/// How often the checks run while one fails, and while none does.
+pub const AGAIN_WHILE_FAILING: Duration = Duration::from_secs(60);
+pub const AGAIN_WHILE_PASSING: Duration = Duration::from_secs(600);
+
+/// Runs the checks until `token` is cancelled, reporting each change (see the module doc).
+pub async fn run(
+    ctx: Arc<Context>,
+    operator_pod: Option<ObjectReference>,
+    snapshot_namespace: String,
+    token: CancellationToken,
+) {
+    loop {
+        let found = tokio::select! {
+            () = token.cancelled() => return,
+            found = run_checks(&ctx, &snapshot_namespace) => found,
+        };
+        let failing = !found.is_empty();
+        report(&ctx, operator_pod.as_ref(), found).await;
+        let again = if failing {
+            AGAIN_WHILE_FAILING
+        } else {
+            AGAIN_WHILE_PASSING
+        };
+        tokio::select! {
+            () = token.cancelled() => return,
+            () = tokio::time::sleep(again) => {}
+        }
+    }
+}
+
+/// Publishes what changed since the last run: a line, an Event and the gauge per new finding;
+/// a line per check that passes again; the databases a lifted launch hold waits on are woken.
+async fn report(ctx: &Context, operator_pod: Option<&ObjectReference>, found: Vec<Finding>) {
+    use strum::IntoEnumIterator;
+    for check in Check::iter() {
+        let n = found.iter().filter(|f| f.check == check).count();
+        ctx.metrics.set_preflight_failures(check.into(), n as i64);
+    }
+    let before = ctx.preflight.replace(found.clone());
+    for f in found.iter().filter(|f| !before.contains(f)) {
+        error!(check = %f.check, fix = %f.fix, "preflight: {}", f.problem);
+        if let Some(pod) = operator_pod {
+            // An action per check: the recorder folds events of one object, reason and action
+            // into one series, which would keep only the first check's note.
+            ctx.event_for(
+                pod,
+                EventType::Warning,
+                EventReason::PreflightFailed,
+                &format!("Preflight:{}", f.check),
+                f.line(),
+            )
+            .await;
+        }
+    }
+    for check in Check::iter() {
+        let failed = |fs: &[Finding]| fs.iter().any(|f| f.check == check);
+        if failed(&before) && !failed(&found) {
+            info!(check = %check, "preflight: passes now");
+        }
+    }
+    if blocks_launches(&before).is_some() && blocks_launches(&found).is_none() {
+        wake_waiting_for_a_node(ctx);
+    }
+}
+
+/// Asks for a reconcile of every QuestDB that wants a dedicated node and has none yet.
+fn wake_waiting_for_a_node(ctx: &Context) {
+    let Some(wake) = &ctx.wake else { return };
+    for q in ctx.caches.questdbs.state() {
+        let Ok(qdb) = q.0.as_ref() else { continue };
+        let wants =
+            qdb.spec.node.is_some() && qdb.status.as_ref().is_none_or(|s| s.instance_id.is_none());
+        if wants {
+            let _ = wake.unbounded_send(ObjectRef::from_obj(&*q));
+        }
+    }
+}
+
+/// The operator's own Pod, from the downward API's `POD_NAME` and `POD_NAMESPACE`: what its
+/// preflight Events are about. `None` outside a pod.
+pub fn operator_pod_from_env() -> Option<ObjectReference> {
+    let name = std::env::var("POD_NAME").ok().filter(|n| !n.is_empty())?;
+    let namespace = std::env::var("POD_NAMESPACE")
+        .ok()
+        .filter(|n| !n.is_empty())?;
+    Some(ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Pod".into()),
+        name: Some(name),
+        namespace: Some(namespace),
+        ..Default::default()
+    })
+}

@@ -1,0 +1,250 @@
+//! The preflight's findings (see [`crate::controllers::preflight`]): what each check's answer
+//! means, and which finding holds launches back. Pure.
+
+use std::sync::{Arc, Mutex};
+
+use crate::cloud::CloudError;
+
+/// What a preflight check looks at.
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    strum::Display,
+    strum::IntoStaticStr,
+    strum::EnumIter,
+)]
+#[strum(serialize_all = "kebab-case")]
+pub enum Check {
+    /// `--aws-subnets`, `--aws-public-subnets` and `--aws-security-group-ids` against EC2.
+    Network,
+    /// Every exact type of `--allowed-node-instance-types` is known to EC2 and offered in a
+    /// zone of `--aws-subnets` (a family pattern such as `m7i.*` is not checked).
+    InstanceTypes,
+    /// The hosted zone of `--route53-hosted-zone-id` can be read.
+    HostedZone,
+    /// The VolumeSnapshot API (the CSI snapshot CRDs) is served: backups need it.
+    SnapshotApi,
+}
+
+/// One thing the preflight found wrong.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Finding {
+    pub check: Check,
+    /// What is wrong, naming the resource.
+    pub problem: String,
+    /// What to do about it.
+    pub fix: String,
+    /// The answer is certain (EC2 said so), not a failure to ask: only a certain network
+    /// mistake holds launches back.
+    pub certain: bool,
+}
+
+impl Finding {
+    /// The finding in one line: check, problem, fix.
+    pub fn line(&self) -> String {
+        format!("{}: {} (fix: {})", self.check, self.problem, self.fix)
+    }
+}
+
+/// The newest findings, shared by the controllers.
+#[derive(Default)]
+pub struct PreflightState {
+    findings: Mutex<Arc<[Finding]>>,
+}
+
+impl PreflightState {
+    pub fn findings(&self) -> Arc<[Finding]> {
+        self.findings.lock().expect("preflight lock").clone()
+    }
+
+    /// The finding that holds every launch back, if any (see [`blocks_launches`]).
+    pub fn blocking_launch(&self) -> Option<Finding> {
+        blocks_launches(&self.findings()).cloned()
+    }
+
+    /// Keeps `findings` as the newest; returns the ones they replace.
+    pub fn replace(&self, findings: Vec<Finding>) -> Arc<[Finding]> {
+        let new: Arc<[Finding]> = findings.into();
+        std::mem::replace(&mut *self.findings.lock().expect("preflight lock"), new)
+    }
+}
+
+/// The finding that stops a dedicated node from being launched: a certain network mistake
+/// (EC2 would refuse the launch, or the node could not reach the cluster).
+pub fn blocks_launches(findings: &[Finding]) -> Option<&Finding> {
+    findings
+        .iter()
+        .find(|f| f.check == Check::Network && f.certain)
+}
+
+/// The findings of `check_network`'s answer.
+pub fn network(answer: Result<(), CloudError>) -> Vec<Finding> {
+    match answer {
+        Ok(()) => vec![],
+        Err(CloudError::Config(problem)) => vec![Finding {
+            check: Check::Network,
+            problem,
+            fix: "correct the operator's AWS network settings (the chart's aws.subnets, aws.publicSubnets, aws.securityGroupIds) to subnets of one VPC, each in the zone it is mapped to, and security groups of that VPC".into(),
+            certain: true,
+        }],
+        Err(e) => vec![unanswered(Check::Network, "DescribeSubnets/DescribeSecurityGroups", &e)],
+    }
+}
+
+/// The findings for one exact instance type of the allow-list, from what EC2 says of it in
+/// each configured zone (`None`: EC2 does not know the type).
+pub fn instance_type(
+    name: &str,
+    zones: &[(
+        String,
+        Result<Option<crate::cloud::InstanceTypeFacts>, CloudError>,
+    )],
+) -> Vec<Finding> {
+    if let Some((_, Err(e))) = zones.iter().find(|(_, a)| a.is_err()) {
+        return vec![unanswered(Check::InstanceTypes, "DescribeInstanceTypes", e)];
+    }
+    let known: Vec<&crate::cloud::InstanceTypeFacts> = zones
+        .iter()
+        .filter_map(|(_, a)| a.as_ref().ok().and_then(Option::as_ref))
+        .collect();
+    let zone_list = zones
+        .iter()
+        .map(|(z, _)| z.as_str())
+        .collect::<Vec<_>>()
+        .join(", ");
+    if known.is_empty() {
+        return vec![Finding {
+            check: Check::InstanceTypes,
+            problem: format!("the allowed instance type {name} is not an EC2 instance type"),
+            fix: "correct --allowed-node-instance-types (the chart's aws.allowedInstanceTypes)"
+                .into(),
+            certain: true,
+        }];
+    }
+    if !known.iter().any(|f| f.offered_in_zone) {
+        return vec![Finding {
+            check: Check::InstanceTypes,
+            problem: format!(
+                "the allowed instance type {name} is offered in none of the subnets' zones ({zone_list})"
+            ),
+            fix: "allow a type offered there, or add a subnet in a zone that offers it".into(),
+            certain: true,
+        }];
+    }
+    vec![]
+}
+
+/// The findings of a read of the hosted zone.
+pub fn hosted_zone(zone_id: &str, answer: Result<(), CloudError>) -> Vec<Finding> {
+    match answer {
+        Ok(()) => vec![],
+        Err(e) => vec![Finding {
+            check: Check::HostedZone,
+            problem: format!("the hosted zone {zone_id} cannot be read: {e}"),
+            fix: "name an existing hosted zone (the chart's aws.hostedZoneId) and allow route53:ListResourceRecordSets on it".into(),
+            certain: matches!(e, CloudError::Permanent { .. } | CloudError::Config(_)),
+        }],
+    }
+}
+
+/// The findings of asking whether the VolumeSnapshot API is served.
+pub fn snapshot_api(answer: kube::Result<bool>) -> Vec<Finding> {
+    match answer {
+        Ok(true) => vec![],
+        Ok(false) => vec![Finding {
+            check: Check::SnapshotApi,
+            problem: "the VolumeSnapshot API (snapshot.storage.k8s.io/v1) is not served: backups wait with SnapshotApiMissing".into(),
+            fix: "install the CSI snapshot CRDs and snapshot-controller (kubernetes-csi/external-snapshotter), or the EKS snapshot-controller add-on".into(),
+            certain: true,
+        }],
+        Err(e) => vec![Finding {
+            check: Check::SnapshotApi,
+            problem: format!("could not ask whether the VolumeSnapshot API is served: {e}"),
+            fix: "allow the operator to list volumesnapshots".into(),
+            certain: false,
+        }],
+    }
+}
+
+fn unanswered(check: Check, operation: &str, e: &CloudError) -> Finding {
+    Finding {
+        check,
+        problem: format!("could not check ({operation}): {e}"),
+        fix: "allow the operator's role this call, or wait for AWS to answer".into(),
+        certain: false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cloud::InstanceTypeFacts;
+
+    fn facts(offered: bool) -> Option<InstanceTypeFacts> {
+        Some(InstanceTypeFacts {
+            name: "m7i.xlarge".into(),
+            architectures: vec!["x86_64".into()],
+            offered_in_zone: offered,
+        })
+    }
+
+    /// Only a certain network mistake holds launches back: a check EC2 did not answer
+    /// (throttled, denied) must never stop a failover's replacement from launching.
+    #[test]
+    fn only_a_certain_network_mistake_holds_launches_back() {
+        let wrong = network(Err(CloudError::Config(
+            "--aws-subnets: subnet-dead does not exist".into(),
+        )));
+        assert!(blocks_launches(&wrong).is_some());
+        assert!(
+            wrong[0].line().contains("subnet-dead"),
+            "{}",
+            wrong[0].line()
+        );
+        let unanswered = network(Err(CloudError::Transient {
+            operation: "DescribeSubnets".into(),
+            code: "RequestLimitExceeded".into(),
+            message: "slow down".into(),
+        }));
+        assert_eq!(unanswered.len(), 1);
+        assert!(blocks_launches(&unanswered).is_none());
+        assert!(network(Ok(())).is_empty());
+        let type_unknown = instance_type("m9z.huge", &[("us-east-1a".into(), Ok(None))]);
+        assert!(blocks_launches(&type_unknown).is_none());
+    }
+
+    /// An allowed type EC2 does not know, or offers in none of the subnets' zones, is named;
+    /// one offered in any of them passes.
+    #[test]
+    fn an_allowed_instance_type_must_exist_and_be_offered_in_a_configured_zone() {
+        let zones = |a: Option<InstanceTypeFacts>, b: Option<InstanceTypeFacts>| {
+            vec![
+                ("us-east-1a".to_string(), Ok(a)),
+                ("us-east-1b".to_string(), Ok(b)),
+            ]
+        };
+        assert!(instance_type("m7i.xlarge", &zones(facts(false), facts(true))).is_empty());
+        let nowhere = instance_type("m7i.xlarge", &zones(facts(false), facts(false)));
+        assert!(
+            nowhere[0].problem.contains("us-east-1a, us-east-1b"),
+            "{}",
+            nowhere[0].problem
+        );
+        let unknown = instance_type("m9z.huge", &zones(None, None));
+        assert!(unknown[0].problem.contains("m9z.huge") && unknown[0].certain);
+    }
+
+    #[test]
+    fn a_missing_snapshot_api_is_named_with_its_fix() {
+        let missing = snapshot_api(Ok(false));
+        assert_eq!(missing[0].check, Check::SnapshotApi);
+        assert!(missing[0].fix.contains("snapshot-controller"));
+        assert!(snapshot_api(Ok(true)).is_empty());
+    }
+}
