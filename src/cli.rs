@@ -195,7 +195,8 @@ pub struct CloudArgs {
     #[arg(long, env = "CLUSTER_NAME")]
     pub cluster_name: Option<String>,
 
-    /// AWS region (otherwise the SDK's chain: AWS_REGION, profile, instance metadata).
+    /// AWS region. Required with `--cloud-provider aws` (this flag or AWS_REGION; the SDK's
+    /// profile and instance metadata are not asked).
     #[arg(long, env = "AWS_REGION")]
     pub aws_region: Option<String>,
 
@@ -203,7 +204,9 @@ pub struct CloudArgs {
     #[arg(long, env = "AWS_ENDPOINT_URL")]
     pub aws_endpoint_url: Option<String>,
 
-    /// Subnet per availability zone: `zone=subnet-id,zone=subnet-id`.
+    /// Subnet per availability zone: `zone=subnet-id,zone=subnet-id`. Required with
+    /// `--cloud-provider aws`: at start every subnet is checked against EC2, and without one
+    /// the operator does not start (no node could be launched).
     #[arg(long, env = "AWS_SUBNETS", default_value = "")]
     pub aws_subnets: String,
 
@@ -246,8 +249,11 @@ pub struct CloudArgs {
     #[arg(long, env = "ALLOWED_NODE_IMAGES", value_delimiter = ',')]
     pub allowed_node_images: Vec<String>,
 
-    /// AWS account ids whose images may be launched (checked with DescribeImages), e.g. the
-    /// account that publishes the EKS-optimised AMIs.
+    /// Whose images may be launched (checked with DescribeImages; comma separated): AWS
+    /// account ids (`OwnerId`) or the owner alias `amazon` (`ImageOwnerAlias`), as IAM's
+    /// `ec2:Owner` takes them. `amazon` covers the EKS-optimised AL2023 and the Bottlerocket
+    /// AMIs. With `--allowed-node-images` too, an image passes if either allows it. Unset with
+    /// no images: any image.
     #[arg(long, env = "ALLOWED_NODE_IMAGE_OWNERS", value_delimiter = ',')]
     pub allowed_node_image_owners: Vec<String>,
 
