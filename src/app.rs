@@ -229,6 +229,11 @@ pub fn cloud_config(args: &CloudArgs, provider: CloudProvider) -> anyhow::Result
             .with_context(|| format!("reading the user-data template {}", path.display()))?,
         None => DEFAULT_USER_DATA_TEMPLATE.to_string(),
     };
+    if provider == CloudProvider::Aws && config.subnets_by_zone.is_empty() {
+        anyhow::bail!(
+            "--aws-subnets is required with --cloud-provider aws: no node can be launched without a subnet"
+        );
+    }
     #[cfg(feature = "memory-cloud")]
     if provider == CloudProvider::Memory {
         if config.subnets_by_zone.is_empty() {

@@ -205,8 +205,8 @@ pub struct CloudArgs {
     pub aws_endpoint_url: Option<String>,
 
     /// Subnet per availability zone: `zone=subnet-id,zone=subnet-id`. Required with
-    /// `--cloud-provider aws`: at start every subnet is checked against EC2, and without one
-    /// the operator does not start (no node could be launched).
+    /// `--cloud-provider aws`: without one the operator does not start (no node could be
+    /// launched); the preflight checks every subnet against EC2 (see the README).
     #[arg(long, env = "AWS_SUBNETS", default_value = "")]
     pub aws_subnets: String,
 
@@ -471,7 +471,7 @@ mod tests {
     }
 
     #[test]
-    fn aws_without_cluster_name_security_groups_instance_profile_or_eks_endpoint_is_refused_at_start_up(
+    fn aws_without_cluster_name_security_groups_instance_profile_subnets_or_eks_endpoint_is_refused_at_start_up(
     ) {
         let parse = |extra: &[&str]| {
             let mut argv = vec!["questdb-operator", "run", "--cloud-provider", "aws"];
@@ -491,7 +491,10 @@ mod tests {
         let sg_only = [&base[..], &["--aws-security-group-ids", "sg-1"]].concat();
         let err = parse(&sg_only).unwrap_err().to_string();
         assert!(err.contains("--aws-instance-profile"), "{err}");
-        let with_sg = [&sg_only[..], &["--aws-instance-profile", "questdb-node"]].concat();
+        let with_profile = [&sg_only[..], &["--aws-instance-profile", "questdb-node"]].concat();
+        let err = parse(&with_profile).unwrap_err().to_string();
+        assert!(err.contains("--aws-subnets"), "{err}");
+        let with_sg = [&with_profile[..], &["--aws-subnets", "us-east-1a=subnet-1"]].concat();
         let err = parse(&with_sg).unwrap_err().to_string();
         assert!(err.contains("--eks-api-endpoint"), "{err}");
         let eks = [
