@@ -389,6 +389,8 @@ pub fn options_from(args: &RunArgs) -> anyhow::Result<ManagerOptions> {
         // Built by the caller: the providers need the manager's metrics.
         cloud: None,
         operator_pod: crate::controllers::preflight::operator_pod_from_env(),
+        operator_version: env!("CARGO_PKG_VERSION").into(),
+        max_concurrent_operator_rollouts: usize::from(args.max_concurrent_operator_rollouts),
         tenancy: crate::desired::TenancyPolicy {
             allowed_image_registries: args.allowed_image_registries.clone(),
             allowed_priority_classes: args.allowed_priority_classes.clone(),

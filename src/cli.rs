@@ -113,6 +113,12 @@ pub struct RunArgs {
     #[arg(long, env = "BACKUP_SCHEDULE_CONCURRENCY", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
     pub backup_schedule_concurrency: u16,
 
+    /// Databases an operator upgrade restarts at once when the new version builds a different
+    /// pod template (a database with a maintenance window restarts in it). The user's own
+    /// changes, failovers and node moves are never held.
+    #[arg(long, env = "MAX_CONCURRENT_OPERATOR_ROLLOUTS", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
+    pub max_concurrent_operator_rollouts: u16,
+
     /// Seconds a backup may hold the database's checkpoint open before its snapshot is cut;
     /// then it fails and releases the checkpoint.
     #[arg(long, env = "BACKUP_CHECKPOINT_TIMEOUT", default_value_t = 600)]

@@ -69,6 +69,10 @@ pub struct ManagerOptions {
     /// The operator's own Pod: what its preflight Events are about (`None`: outside a pod, the
     /// preflight logs and counts only).
     pub operator_pod: Option<k8s_openapi::api::core::v1::ObjectReference>,
+    /// Recorded on every StatefulSet this operator writes: a pod template change made by a new
+    /// version (not by the user) rolls at most `max_concurrent_operator_rollouts` databases at once.
+    pub operator_version: String,
+    pub max_concurrent_operator_rollouts: usize,
 }
 
 pub use crate::leadership::LeaderElection;
@@ -89,6 +93,8 @@ impl Default for ManagerOptions {
             cloud: None,
             tenancy: Default::default(),
             operator_pod: None,
+            operator_version: env!("CARGO_PKG_VERSION").into(),
+            max_concurrent_operator_rollouts: 1,
         }
     }
 }
@@ -902,6 +908,10 @@ async fn run_controllers(shared: &Shared<'_>, subs: Subscriptions, token: Cancel
         status_writes: Default::default(),
         tenancy: opts.tenancy.clone(),
         preflight: Default::default(),
+        rolls: crate::plan::operator_rollout::OperatorRollouts::new(
+            opts.operator_version.clone(),
+            opts.max_concurrent_operator_rollouts,
+        ),
     });
     let sweeper = sweep::run(ctx.clone(), opts.namespace.clone(), token.clone());
     let Subscriptions {

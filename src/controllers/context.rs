@@ -164,6 +164,8 @@ pub struct Context {
     pub tenancy: crate::desired::TenancyPolicy,
     /// What the newest preflight found wrong (see [`crate::controllers::preflight`]).
     pub preflight: crate::plan::preflight::PreflightState,
+    /// Operator upgrades at a bounded rate (see [`crate::plan::operator_rollout`]).
+    pub rolls: crate::plan::operator_rollout::OperatorRollouts,
 }
 
 /// A database on its way (a pod created, then placed once the scheduler's retry finds its

@@ -15,4 +15,5 @@ pub mod failover;
 pub mod maintenance;
 pub mod node;
 pub mod node_move;
+pub mod operator_rollout;
 pub mod preflight;

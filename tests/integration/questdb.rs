@@ -1096,3 +1096,107 @@ async fn new_databases_cost_ten_writes_each_and_at_most_half_a_write_more_on_ave
     );
     env.stop().await;
 }
+
+/// Whether a StatefulSet is rolling: its change not yet seen by the StatefulSet controller, or
+/// its pod not yet replaced and Ready.
+fn rolling(sts: &StatefulSet) -> bool {
+    let Some(s) = &sts.status else { return true };
+    s.observed_generation.unwrap_or(0) < sts.metadata.generation.unwrap_or(0)
+        || s.current_revision != s.update_revision
+        || s.ready_replicas.unwrap_or(0) < 1
+}
+
+fn grace(sts: &StatefulSet) -> Option<i64> {
+    sts.spec
+        .as_ref()?
+        .template
+        .spec
+        .as_ref()?
+        .termination_grace_period_seconds
+}
+
+/// The harm: a new operator version whose pod template differs (here, its grace period)
+/// restarts every database at once the moment it starts. The databases restart one at a time
+/// (`--max-concurrent-operator-rollouts`, 1 by default), the others told why they wait, and all
+/// end on the new template.
+#[tokio::test]
+async fn an_operator_upgrade_that_changes_the_pod_template_restarts_one_database_at_a_time() {
+    use questdb_operator::controllers::questdb::operator_rollout::OPERATOR_VERSION_ANNOTATION;
+    const DATABASES: [&str; 4] = ["db1", "db2", "db3", "db4"];
+    let mut env = Env::start().await;
+    env.namespace(NS).await;
+    for name in DATABASES {
+        env.create_questdb(NS, name, |_| {}).await;
+    }
+    for name in DATABASES {
+        wait_for(&env.api::<QuestDB>(NS), name, "Ready", is_ready()).await;
+    }
+    // What the previous version left behind: its own template (a shorter grace period) under
+    // its version, each pod already rolled onto it.
+    env.stop_manager().await.expect("manager stops");
+    let sets = env.api::<StatefulSet>(NS);
+    for name in DATABASES {
+        sets.patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({
+                "metadata": {"annotations": {OPERATOR_VERSION_ANNOTATION: "0.0.1"}},
+                "spec": {"template": {"spec": {"terminationGracePeriodSeconds": 45}}},
+            })),
+        )
+        .await
+        .expect("the previous version's template");
+    }
+    wait_until("every pod on the previous version's template", || {
+        let sets = sets.clone();
+        async move {
+            sets.list(&ListParams::default()).await.is_ok_and(|l| {
+                l.items.len() == DATABASES.len()
+                    && l.items.iter().all(|s| !rolling(s) && grace(s) == Some(45))
+            })
+        }
+    })
+    .await;
+
+    // The new version starts: at most one database restarting at any moment.
+    env.restart_manager(ManagerOptions::default()).await;
+    let mut most_at_once = 0;
+    let started = std::time::Instant::now();
+    loop {
+        let list = sets
+            .list(&ListParams::default())
+            .await
+            .expect("StatefulSets");
+        let at_once = list.items.iter().filter(|s| rolling(s)).count();
+        most_at_once = most_at_once.max(at_once);
+        let done = list
+            .items
+            .iter()
+            .all(|s| !rolling(s) && grace(s) == Some(60));
+        if done {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(240),
+            "the upgrade did not finish: {:?}",
+            list.items
+                .iter()
+                .map(|s| (s.name_any(), grace(s), rolling(s)))
+                .collect::<Vec<_>>()
+        );
+        // Polled, not waited on: what is measured is every moment in between.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(most_at_once, 1, "databases restarting at once");
+    wait_for_event(&env, NS, "a database told why its restart waits", |e| {
+        e.reason.as_deref() == Some("OperatorRolloutHeld")
+            && e.note
+                .as_deref()
+                .is_some_and(|n| n.contains("upgrade slot"))
+    })
+    .await;
+    for name in DATABASES {
+        wait_for(&env.api::<QuestDB>(NS), name, "Ready", is_ready()).await;
+    }
+    env.stop().await;
+}

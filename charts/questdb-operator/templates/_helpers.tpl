@@ -115,6 +115,7 @@ list is joined with commas (the operator's value delimiter); a number is printed
   (list "node-health-concurrency" $v.concurrency.nodeHealth)
   (list "backup-concurrency" $v.concurrency.backup)
   (list "backup-schedule-concurrency" $v.concurrency.backupSchedule)
+  (list "max-concurrent-operator-rollouts" $v.concurrency.operatorRollouts)
   (list "backup-checkpoint-timeout" $v.backup.checkpointTimeoutSeconds)
   (list "backup-checkpoint-create-timeout" $v.backup.checkpointCreateTimeoutSeconds)
   (list "backup-upload-timeout" $v.backup.uploadTimeoutSeconds)

@@ -50,6 +50,9 @@ pub enum EventReason {
     NodeIdentityConflict,
     NodeNeverJoined,
     LaunchFailed,
+    /// A new operator version builds a different pod template: the restart waits for an
+    /// upgrade slot or the maintenance window.
+    OperatorRolloutHeld,
     /// A preflight check of what the operator needs failed (on the operator's own Pod).
     PreflightFailed,
     RelaunchBackoff,

@@ -193,6 +193,7 @@ mod tests {
             status_writes: Default::default(),
             tenancy: Default::default(),
             preflight: Default::default(),
+            rolls: Default::default(),
         };
         (ctx, writer)
     }

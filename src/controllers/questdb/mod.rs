@@ -10,6 +10,7 @@ mod ilp;
 mod machine;
 mod node_marks;
 pub mod node_move;
+pub mod operator_rollout;
 pub mod outcome;
 mod placement;
 mod provision;
@@ -145,7 +146,7 @@ pub async fn reconcile(qdb: Arc<QuestDB>, ctx: Arc<Context>) -> Result<Next, Err
             .map(|np| desired::network_policy::admit_operator(np, ns));
     }
     let mut applier = Applier::new(&ctx, &qdb, report)?;
-    children_step(&mut applier, &qdb, wanted, volume_known).await?;
+    let roll_held = children_step(&mut applier, &qdb, wanted, volume_known).await?;
     let report = applier.report;
 
     report.publish(&qdb, &ctx).await;
@@ -234,6 +235,7 @@ pub async fn reconcile(qdb: Arc<QuestDB>, ctx: Arc<Context>) -> Result<Next, Err
         std::time::Duration::from_secs(30)
     };
     let next = deferred.map_or(next, |d| d.min(next));
+    let next = roll_held.map_or(next, |d| d.min(next));
     debug!(
         questdb = %qdb.name_any(),
         pod_ready = pod.as_deref().map(status::pod_ready),
@@ -415,12 +417,14 @@ async fn cloud_step(qdb: &mut QuestDB, ctx: &Context) -> Result<cloud::CloudOutc
 /// Every child but the PVC; what is switched off goes (only if it is ours). The children the
 /// pod reads are written at once (each a round trip to the apiserver, eight in a row for a new
 /// database before), then the StatefulSet, which must not run a pod before they are there.
+/// Applies the children; `Some`: the StatefulSet is held for an upgrade slot, look again
+/// within that long.
 async fn children_step(
     applier: &mut Applier<'_>,
     qdb: &QuestDB,
     wanted: desired::Children,
     volume_known: bool,
-) -> Result<(), Error> {
+) -> Result<Option<std::time::Duration>, Error> {
     let ilp_auth = desired::names::ilp_auth_config_map(qdb);
     let network_policy = desired::names::network_policy(qdb);
     let budget = desired::names::pod_disruption_budget(qdb);
@@ -476,9 +480,16 @@ async fn children_step(
     // A blocked child (another application's PVC or ConfigMap with a colliding name) is never
     // mounted: the StatefulSet waits until the conflict is resolved.
     if applier.report.blocked.is_empty() && volume_known {
-        applier.apply(wanted.statefulset).await?;
+        let ctx = applier.context();
+        let mut sts = wanted.statefulset;
+        operator_rollout::stamp_version(&mut sts, &ctx.rolls.version);
+        // A new operator version's own template change waits for an upgrade slot.
+        if let Some(again) = operator_rollout::hold(ctx, qdb, &sts).await {
+            return Ok(Some(again));
+        }
+        applier.apply(sts).await?;
     }
-    Ok(())
+    Ok(None)
 }
 
 /// Deletion: release the node and the DNS record, then let the QuestDB go. Children carry
