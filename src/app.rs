@@ -54,7 +54,39 @@ async fn dispatch(command: Command) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Run(args) => run(*args).await,
+        Command::Inventory(args) => inventory(*args).await,
     }
+}
+
+async fn kube_config(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<kube::Config> {
+    Ok(match kubeconfig {
+        Some(path) => {
+            let kc = kube::config::Kubeconfig::read_from(path)
+                .with_context(|| format!("reading kubeconfig {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?
+        }
+        None => kube::Config::infer().await?,
+    })
+}
+
+async fn inventory(args: crate::cli::InventoryArgs) -> anyhow::Result<()> {
+    let client = kube::Client::try_from(kube_config(args.kubeconfig.as_deref()).await?)?;
+    let built = build_cloud(
+        &args.cloud,
+        CloudProvider::None,
+        crate::metrics::Metrics::new().aws_observer(),
+    )
+    .await?;
+    let cloud = built.map(|b| b.cloud);
+    let found = crate::inventory::collect(
+        &client,
+        args.namespace.as_deref(),
+        cloud.as_ref().map(|c| c.nodes.as_ref()),
+        cloud.as_ref().and_then(|c| c.dns.as_deref()),
+    )
+    .await?;
+    print!("{}", found.render());
+    Ok(())
 }
 
 fn init_logging(format: LogFormat) {
@@ -94,14 +126,7 @@ pub fn shutdown_on_signal() -> CancellationToken {
 }
 
 async fn run(args: RunArgs) -> anyhow::Result<()> {
-    let config = match &args.kubeconfig {
-        Some(path) => {
-            let kc = kube::config::Kubeconfig::read_from(path)
-                .with_context(|| format!("reading kubeconfig {}", path.display()))?;
-            kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?
-        }
-        None => kube::Config::infer().await?,
-    };
+    let config = kube_config(args.kubeconfig.as_deref()).await?;
     let mut opts = options_from(&args)?;
     // The metrics exist before the providers so every AWS call is counted in /metrics.
     let handle = ManagerHandle::default();

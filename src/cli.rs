@@ -26,8 +26,27 @@ pub enum Command {
     Run(Box<RunArgs>),
     /// Print the QuestDB CustomResourceDefinitions as YAML.
     Crd(CrdArgs),
+    /// List what the operator owns that costs money or holds data (QuestDBs, instances,
+    /// records, volume claims, snapshots): what an uninstall would leave behind. Reads only.
+    Inventory(Box<InventoryArgs>),
     /// Print the version.
     Version,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct InventoryArgs {
+    /// Path to a kubeconfig; otherwise KUBECONFIG, ~/.kube/config or the in-cluster config.
+    #[arg(long, env = "KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+
+    /// Only this namespace; all when unset.
+    #[arg(long)]
+    pub namespace: Option<String>,
+
+    /// The operator's cloud settings, as given to `run` (the chart's values): without them
+    /// only the cluster's objects are listed, not EC2's instances nor Route53's records.
+    #[command(flatten)]
+    pub cloud: CloudArgs,
 }
 
 #[derive(Args, Debug, Clone)]

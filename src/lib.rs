@@ -9,6 +9,7 @@ pub mod crd;
 pub mod desired;
 pub mod http_server;
 pub mod ilp_auth;
+pub mod inventory;
 pub mod leadership;
 pub mod manager;
 pub mod metrics;

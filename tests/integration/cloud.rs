@@ -485,6 +485,14 @@ fn settings() -> CloudSettings {
     }
 }
 
+/// AWS calls made inside reconciles, every controller's.
+fn aws_calls_in_reconciles(text: &str) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with("questdb_operator_reconcile_aws_calls_sum{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
 fn reconciles(text: &str) -> f64 {
     text.lines()
         .filter(|l| l.starts_with("controller_runtime_reconcile_total{") && l.contains("questdb"))
@@ -572,9 +580,20 @@ async fn a_questdb_with_a_node_gets_its_own_instance_node_and_dns_and_releases_t
         .collect();
     assert_eq!(host_ports, Vec::<i32>::new(), "no port on the node address");
     assert_eq!(records[0].ttl, 5);
-    let provisioning = env.aws_calls();
+    // The preflight's own questions (the subnets, the hosted zone: once per start, whatever
+    // the number of databases) are not the database's.
+    let preflight = [
+        "DescribeSubnets",
+        "DescribeSecurityGroups",
+        "DescribeInstanceTypes",
+    ]
+    .iter()
+    .map(|op| env.cloud.ec2.call_count(op))
+    .sum::<usize>()
+        + 1;
+    let provisioning = env.aws_calls() - preflight;
     eprintln!(
-        "AWS calls to provision one QuestDB: {provisioning} (DescribeInstances {}, RunInstances {}, ListResourceRecordSets {}, ChangeResourceRecordSets {})",
+        "AWS calls to provision one QuestDB: {provisioning}, and {preflight} of the preflight (DescribeInstances {}, RunInstances {}, ListResourceRecordSets {}, ChangeResourceRecordSets {})",
         env.cloud.ec2.call_count("DescribeInstances"),
         env.cloud.ec2.call_count("RunInstances"),
         env.cloud.route53.call_count("ListResourceRecordSets"),
@@ -592,6 +611,7 @@ async fn a_questdb_with_a_node_gets_its_own_instance_node_and_dns_and_releases_t
     writes_settle(&env.cp).await;
     env.cp.reset_request_counts();
     let aws_before = env.aws_calls();
+    let in_reconciles_before = aws_calls_in_reconciles(&env.handle.metrics.render());
     env.stop_manager().await;
     let before = reconciles(&env.handle.metrics.render());
     env.start_manager().await;
@@ -608,14 +628,60 @@ async fn a_questdb_with_a_node_gets_its_own_instance_node_and_dns_and_releases_t
         0,
         "a no-op resync writes nothing: {counts:?}"
     );
+    // Counted in the reconciles: the new leader's preflight asks AWS a few questions of its
+    // own (the subnets, the hosted zone), once per start, whatever the number of databases.
     assert_eq!(
-        env.aws_calls() - aws_before,
-        0,
-        "a converged QuestDB costs no AWS call"
+        aws_calls_in_reconciles(&env.handle.metrics.render()) - in_reconciles_before,
+        0.0,
+        "a converged QuestDB costs no AWS call ({} in all, the preflight's included)",
+        env.aws_calls() - aws_before
+    );
+
+    // What an uninstall would leave now: `questdb-operator inventory` names the QuestDB, its
+    // instance, record and claim, and says to delete the QuestDBs first.
+    let pvc_name = names::pvc(&q);
+    let inventory = || async {
+        questdb_operator::inventory::collect(
+            &env.client,
+            None,
+            Some(env.cloud.nodes.as_ref()),
+            Some(env.cloud.dns.as_ref()),
+        )
+        .await
+        .expect("inventory")
+    };
+    let before = inventory().await;
+    let listed = |inv: &questdb_operator::inventory::Inventory| {
+        inv.items
+            .iter()
+            .map(|i| (i.kind, i.name.clone()))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        listed(&before),
+        [
+            ("QuestDB", format!("{NS}/db1")),
+            ("instance", instance.id.clone()),
+            ("record", format!("db1.{NS}.db.example.com")),
+            ("claim", format!("{NS}/{pvc_name}")),
+        ],
+        "{}",
+        before.render()
+    );
+    assert!(
+        before.items[1]
+            .detail
+            .contains(&format!("QuestDB {NS}/db1")),
+        "the instance's owner: {}",
+        before.render()
+    );
+    assert!(
+        before.render().contains("delete the QuestDBs first"),
+        "{}",
+        before.render()
     );
 
     // Delete: instance terminated, record gone, Node gone, PVC kept, QuestDB gone.
-    let pvc_name = names::pvc(&q);
     env.qdbs()
         .delete("db1", &DeleteParams::default())
         .await
@@ -635,6 +701,20 @@ async fn a_questdb_with_a_node_gets_its_own_instance_node_and_dns_and_releases_t
     assert!(
         pvcs.get_opt(&pvc_name).await.expect("get").is_some(),
         "PVC kept"
+    );
+    // Only the retained claim would remain, and the inventory says it outlives its QuestDB.
+    let after = inventory().await;
+    assert_eq!(
+        listed(&after),
+        [("claim", format!("{NS}/{pvc_name}"))],
+        "{}",
+        after.render()
+    );
+    assert!(
+        after.items[0].detail.contains("retained")
+            && after.render().contains("1 item(s) would remain"),
+        "{}",
+        after.render()
     );
     let nodes: Api<Node> = Api::all(env.client.clone());
     wait_until("the terminated instance's Node is gone", || {
