@@ -10,7 +10,8 @@
 
 The per-submission tier (what .ci/run runs on every submission) is every test except the ones
 .ci/tiers.toml lists as full-tier, plus:
-  - a rotating slice of the full tier: its tests sorted by name, dealt into `slices` piles, pile
+  - a rotating slice of the full tier: its tests dealt into `slices` piles of about equal time
+    (see `deal`), pile
     (number of commits on main) mod `slices`: every full-tier test runs at least every `slices`
     submissions;
   - the full-tier tests of every area whose paths the submission changed (the commits of the
@@ -68,17 +69,32 @@ def nextest_test(binary, test):
     return f"(binary(={binary}) & test(={test}))"
 
 
+def deal(full, slices):
+    """(binary, test) -> pile: the full-tier tests dealt into `slices` piles of about equal
+    time (longest first, each to the lightest pile, times from .ci/test-times.tsv, ties by
+    name), so no submission's slice is much heavier than another's: dealt by name, one pile
+    held the 409 s force-detach test and 1,253 test-seconds where another held 696."""
+    times = read_times()
+    ordered = sorted(full, key=lambda k: (-times.get(k, 0.0), k))
+    sums = [0.0] * slices
+    piles = {}
+    for key in ordered:
+        lightest = min(range(slices), key=lambda i: (sums[i], i))
+        piles[key] = lightest
+        sums[lightest] += times.get(key, 0.0)
+    return piles
+
+
 def selection(config):
     """The full-tier tests this submission takes: (binary, test) -> why (a rotating slice, or
     its area changed)."""
     full = full_tier(config)
-    ordered = sorted(full)
     slices = int(config["slices"])
     commits = int(git("rev-list", "--count", "HEAD") or "0")
     pile = commits % slices
     pulled = {}
-    for i, key in enumerate(ordered):
-        if i % slices == pile:
+    for key, dealt in deal(full, slices).items():
+        if dealt == pile:
             pulled[key] = f"rotating slice {pile + 1} of {slices}"
     paths = changed_paths()
     for area in config["area"]:
