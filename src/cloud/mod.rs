@@ -2,7 +2,7 @@
 //! records) behind small object-safe traits, with two backends:
 //!
 //! - [`aws`]: the AWS SDK (standard credential chain, optional endpoint override for moto);
-//! - [`memory`]: an in-process fake for the sandbox and fast tests that models the failure
+//! - `memory` (the `memory-cloud` feature): an in-process fake for the sandbox and fast tests that models the failure
 //!   modes moto cannot (ClientToken idempotency, throttling, capacity, eventual consistency).
 //!
 //! Both backends share the policy layer ([`Ec2NodeProvider`], [`Route53DnsProvider`]):

@@ -22,7 +22,7 @@ use super::{
 };
 
 /// The code of the refusal to stop or terminate an instance that is not provably the
-/// caller's ([`Ec2NodeProvider::check_owner`]).
+/// caller's (`Ec2NodeProvider::check_owner`).
 pub const INSTANCE_NOT_OWNED: &str = "InstanceNotOwned";
 
 /// The code of a launch the allow-list refuses ([`super::LaunchAllowList`]).

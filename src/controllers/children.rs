@@ -299,7 +299,7 @@ fn is_legacy_entry(m: &ManagedFieldsEntry) -> bool {
         && m.subresource.as_deref().unwrap_or_default().is_empty()
 }
 
-/// The patch that [`upgrade_managed_fields`] sends, if one is needed. Pure.
+/// The patch that `upgrade_managed_fields` sends, if one is needed. Pure.
 pub fn managed_fields_upgrade(meta: &ObjectMeta) -> Option<serde_json::Value> {
     let entries = meta.managed_fields.as_deref().unwrap_or_default();
     let legacy = entries.iter().position(is_legacy_entry)?;

@@ -55,7 +55,7 @@ pub const DEFAULT_SERVER_PROPERTIES: &[(&str, &str)] = &[("metrics.enabled", "tr
 /// the user's `spec.config.server`,
 /// each block sorted by key, so the same spec always renders byte-for-byte the same file (and
 /// the same [`config_hash`]). A user key that collides with a reserved one is dropped here as
-/// defence in depth; the schema and [`super::validate`] reject it first.
+/// defence in depth; the schema and [`super::validate()`] reject it first.
 pub fn server_conf(qdb: &QuestDB, ilp_auth_enabled: bool) -> String {
     let reserved = reserved_server_properties(ilp_auth_enabled);
     let mut out = String::new();

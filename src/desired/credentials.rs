@@ -51,7 +51,7 @@ const PASSWORD_LENGTH: usize = 32;
 /// ever changes (the owner reference of) a Secret that carries it.
 pub const GENERATED_FOR_ANNOTATION: &str = "crd.questdb.io/generated-for";
 
-/// Pod-template annotation carrying [`digest`] of the credentials Secret, so a changed
+/// Pod-template annotation carrying the digest ([`check`]) of the credentials Secret, so a changed
 /// password restarts the database (QuestDB reads its env at start only).
 pub const CREDENTIALS_HASH_ANNOTATION: &str = "crd.questdb.io/credentials-hash";
 

@@ -1,4 +1,4 @@
-//! How `spec.pod` reaches the database pod: the builders in [`super::statefulset`] take each
+//! How `spec.pod` reaches the database pod: the builders in [`mod@super::statefulset`] take each
 //! field from it; what is here is the merge of the user's security contexts over the
 //! operator's restricted defaults, and the tests of the whole path.
 

@@ -36,7 +36,7 @@ pub const DEDICATED_TAINT_EFFECT: &str = "NoSchedule";
 /// still registered while it terminates, nor on a node of an earlier QuestDB of the same name.
 /// NodeRestriction forbids kubelets to set `node-restriction.kubernetes.io/` labels on their
 /// own Node, so a compromised node cannot attract a database by labelling itself
-/// (https://kubernetes.io/docs/reference/access-authn-authz/admission-controllers/#noderestriction).
+/// (<https://kubernetes.io/docs/reference/access-authn-authz/admission-controllers/#noderestriction>).
 pub const PIN_LABEL_KEY: &str = "node-restriction.kubernetes.io/questdb-instance";
 /// Pin value while no instance is recorded: no node carries it, so the pod waits in Pending.
 pub const PIN_AWAITING_INSTANCE: &str = "awaiting-instance";

@@ -205,7 +205,7 @@ impl Metrics {
     }
 
     /// One AWS API attempt. `outcome` is `ok`, `throttled` or `error:<code>` (see
-    /// [`crate::cloud::observer::AwsCallObserver`]). Also counted in the current reconcile's
+    /// [`crate::cloud::AwsCallObserver`]). Also counted in the current reconcile's
     /// `questdb_operator_reconcile_aws_calls`.
     pub fn aws_call(&self, service: &str, operation: &str, outcome: &str) {
         self.families

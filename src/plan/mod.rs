@@ -5,7 +5,7 @@
 //! - [`node`]: the dedicated node (launch, pin, release);
 //! - [`dns`]: the Route53 record that follows it;
 //! - [`failover`]: when a silent node is fenced and replaced, and the breaker that holds back;
-//! - [`upgrade`]: the node move (a new image or instance type, and its rollback);
+//! - [`node_move`]: the node move (a new image or instance type, and its rollback);
 //! - [`maintenance`]: the windows a move waits for;
 //! - [`conditions`]: status conditions as verdicts, merged with their transition times kept.
 

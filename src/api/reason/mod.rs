@@ -16,7 +16,7 @@ mod event;
 pub use condition::*;
 pub use event::*;
 
-/// A reason of one condition type: [`crate::plan::conditions::Verdict::of`] takes the type
+/// A reason of one condition type: [`crate::plan::conditions::Verdict::new`] takes the type
 /// from here.
 pub trait ConditionReason: Copy + Into<&'static str> + std::fmt::Display {
     const CONDITION: &'static str;

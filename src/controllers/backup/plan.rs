@@ -231,7 +231,7 @@ pub fn queued_behind(holder: &str) -> String {
 
 pub const WAIT_POLL: Duration = Duration::from_secs(10);
 /// A wait that a change of the QuestDB (or the end of the backup ahead of it) ends is woken by
-/// that change ([`crate::controllers::backup::wakes`]); this is only the fallback. A tenant's
+/// that change ([`crate::controllers::backup::woken_by_questdb`], and the end of the backup ahead); this is only the fallback. A tenant's
 /// hundreds of waiting backups so cost the shared workers nothing while nothing changes, where a
 /// 10 s poll of each kept them busy and held back every other tenant's backup.
 pub const WOKEN_WAIT_FALLBACK: Duration = Duration::from_secs(300);
