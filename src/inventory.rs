@@ -32,6 +32,8 @@ pub struct Item {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Inventory {
     pub items: Vec<Item>,
+    /// EC2 and Route53 were not asked (no cloud flags): instances and records are not listed.
+    pub cloud_not_asked: bool,
 }
 
 impl Inventory {
@@ -43,6 +45,9 @@ impl Inventory {
     /// The inventory as a person reads it: one line per item, then what to do.
     pub fn render(&self) -> String {
         let mut out = String::new();
+        if self.cloud_not_asked {
+            out.push_str("EC2 and Route53 were not asked (no --cloud-provider and its flags, as given to run): instances and records are not listed\n");
+        }
         let width = self.items.iter().map(|i| i.name.len()).max().unwrap_or(0);
         for i in &self.items {
             out.push_str(&format!("{:<9} {:<width$}  {}\n", i.kind, i.name, i.detail));
@@ -207,7 +212,10 @@ pub async fn collect(
             remains: true,
         });
     }
-    Ok(Inventory { items })
+    Ok(Inventory {
+        items,
+        cloud_not_asked: nodes.is_none() && dns.is_none(),
+    })
 }
 
 fn display(o: &impl ResourceExt) -> String {
@@ -232,11 +240,18 @@ mod tests {
     fn the_inventory_says_what_to_delete_first() {
         let empty = Inventory::default().render();
         assert!(empty.contains("nothing would remain"), "{empty}");
+        let blind = Inventory {
+            cloud_not_asked: true,
+            ..Default::default()
+        }
+        .render();
+        assert!(blind.contains("EC2 and Route53 were not asked"), "{blind}");
         let with_db = Inventory {
             items: vec![
                 item("QuestDB", "orders/db", false),
                 item("instance", "i-1", true),
             ],
+            ..Default::default()
         }
         .render();
         assert!(
@@ -245,6 +260,7 @@ mod tests {
         );
         let retained = Inventory {
             items: vec![item("claim", "orders/data-db-0", true)],
+            ..Default::default()
         }
         .render();
         assert!(retained.contains("1 item(s) would remain"), "{retained}");
