@@ -189,25 +189,11 @@ pub fn cloud_config(args: &CloudArgs, provider: CloudProvider) -> anyhow::Result
     config.public_subnets_by_zone = parse_subnets(&args.aws_public_subnets)
         .map_err(|e| anyhow::anyhow!("--aws-public-subnets: {e}"))?;
     config.security_group_ids = args.aws_security_group_ids.clone();
-    if provider == CloudProvider::Aws && config.security_group_ids.is_empty() {
-        anyhow::bail!(
-            "--aws-security-group-ids (or AWS_SECURITY_GROUP_IDS) is required with --cloud-provider aws: without it EC2 gives nodes the VPC's default group, which does not let them reach the cluster"
-        );
-    }
     config.eks = EksCluster {
         api_endpoint: args.eks_api_endpoint.clone(),
         certificate_authority: args.eks_certificate_authority.clone(),
         service_cidr: args.eks_service_cidr.clone(),
     };
-    if let Some(cidr) = config.eks.service_cidr.as_deref() {
-        // Said here, naming the flag: otherwise the first launch fails on a template
-        // placeholder left without a value.
-        if user_data::cluster_dns_ip(cidr).is_none() {
-            anyhow::bail!(
-                "--eks-service-cidr {cidr}: an IPv4 CIDR of at most /28 is needed (`kubernetesNetworkConfig.serviceIpv4Cidr`); IPv6 clusters are not supported: the operator's records are A records and a node's bootstrap takes the IPv4 service range"
-            );
-        }
-    }
     config.volumes = NodeVolumes {
         root_device_name: args
             .node_root_device_name
@@ -219,20 +205,16 @@ pub fn cloud_config(args: &CloudArgs, provider: CloudProvider) -> anyhow::Result
         data_size_gib: args.node_data_volume_gib,
         kms_key_id: args.node_root_volume_kms_key_id.clone(),
     };
-    config.instance_profile = args.aws_instance_profile.clone();
+    // Unset: the one the CloudFormation stack makes for this cluster.
+    config.instance_profile = match (&args.aws_instance_profile, provider) {
+        (Some(p), _) => Some(p.clone()),
+        (None, CloudProvider::Aws) => Some(crate::cloud::discovery::default_instance_profile(
+            &config.cluster_name,
+        )),
+        (None, _) => None,
+    };
     config.node_tags =
         crate::cloud::parse_node_tags(&args.node_tags).map_err(anyhow::Error::msg)?;
-    // Without a profile the kubelet has no credentials for its EKS access entry or the image
-    // registry: the node never registers and the database waits for it. An endpoint override
-    // (moto, LocalStack) has no IAM to speak of.
-    if provider == CloudProvider::Aws
-        && config.instance_profile.is_none()
-        && args.aws_endpoint_url.is_none()
-    {
-        anyhow::bail!(
-            "--aws-instance-profile (or AWS_INSTANCE_PROFILE) is required with --cloud-provider aws: a node launched without one has no credentials to join the cluster (the node role with its EC2_LINUX access entry)"
-        );
-    }
     let listed = |v: &[String]| -> Vec<String> {
         v.iter()
             .map(|s| s.trim().to_string())
@@ -254,11 +236,6 @@ pub fn cloud_config(args: &CloudArgs, provider: CloudProvider) -> anyhow::Result
             .with_context(|| format!("reading the user-data template {}", path.display()))?,
         None => DEFAULT_USER_DATA_TEMPLATE.to_string(),
     };
-    if provider == CloudProvider::Aws && config.subnets_by_zone.is_empty() {
-        anyhow::bail!(
-            "--aws-subnets is required with --cloud-provider aws: no node can be launched without a subnet"
-        );
-    }
     #[cfg(feature = "memory-cloud")]
     if provider == CloudProvider::Memory {
         if config.subnets_by_zone.is_empty() {
@@ -279,7 +256,64 @@ pub fn cloud_config(args: &CloudArgs, provider: CloudProvider) -> anyhow::Result
         eks.service_cidr
             .get_or_insert_with(|| SANDBOX_SERVICE_CIDR.to_string());
     }
-    user_data::check_template(&config).map_err(|e| anyhow::anyhow!("{e}"))?;
+    Ok(config)
+}
+
+/// What the operator cannot start without, once the flags (and, on AWS, the EKS cluster:
+/// [`crate::cloud::aws::discover`]) have said all they will: subnets, security groups, a
+/// bootstrap whose every placeholder has a value, an IPv4 service range.
+pub fn check_cloud_config(config: &CloudConfig, provider: CloudProvider) -> anyhow::Result<()> {
+    if provider == CloudProvider::Aws {
+        let missing = crate::cloud::discovery::still_missing(config, None);
+        if !missing.is_empty() {
+            anyhow::bail!(
+                "required with --cloud-provider aws (the EKS cluster was not asked): {}",
+                missing.join("; ")
+            );
+        }
+    }
+    if let Some(cidr) = config.eks.service_cidr.as_deref() {
+        // Said here, naming the flag: otherwise the first launch fails on a template
+        // placeholder left without a value.
+        if user_data::cluster_dns_ip(cidr).is_none() {
+            anyhow::bail!(
+                "--eks-service-cidr {cidr}: an IPv4 CIDR of at most /28 is needed (`kubernetesNetworkConfig.serviceIpv4Cidr`); IPv6 clusters are not supported: the operator's records are A records and a node's bootstrap takes the IPv4 service range"
+            );
+        }
+    }
+    user_data::check_template(config).map_err(|e| anyhow::anyhow!("{e}"))
+}
+
+/// [`cloud_config`] and [`check_cloud_config`] without asking AWS: the flags alone must say
+/// everything (offline checks, tests of the flags).
+pub fn checked_cloud_config(
+    args: &CloudArgs,
+    provider: CloudProvider,
+) -> anyhow::Result<CloudConfig> {
+    let config = cloud_config(args, provider)?;
+    check_cloud_config(&config, provider)?;
+    Ok(config)
+}
+
+/// On AWS, the configuration the operator runs with: the flags, then what they left out read
+/// from the EKS cluster ([`crate::cloud::aws::discover`]), then checked.
+#[cfg(feature = "aws")]
+pub async fn aws_cloud_config(
+    args: &CloudArgs,
+    sdk: &aws_config::SdkConfig,
+) -> anyhow::Result<CloudConfig> {
+    let mut config = cloud_config(args, CloudProvider::Aws)?;
+    let taken = crate::cloud::aws::discover(sdk, &mut config)
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    if !taken.is_empty() {
+        info!(
+            cluster = %config.cluster_name,
+            "read from the EKS cluster (the flags left them out): {}",
+            taken.join("; ")
+        );
+    }
+    check_cloud_config(&config, CloudProvider::Aws)?;
     Ok(config)
 }
 
@@ -348,6 +382,7 @@ pub async fn build_cloud_with(
         CloudProvider::None => return Ok(None),
         #[cfg(feature = "memory-cloud")]
         CloudProvider::Memory => {
+            check_cloud_config(&config, provider)?;
             let m =
                 MemoryCloud::new(config, memory, observer).context("building the memory cloud")?;
             BuiltCloud {
@@ -369,9 +404,10 @@ pub async fn build_cloud_with(
             // The subnets and security groups are checked by the preflight once the operator
             // runs: a mistake is named in a line, an Event and a metric, and holds launches
             // back, instead of a crash loop that also stops every other database's care.
-            let aws = AwsCloud::connect(config, observer)
-                .await
-                .context("connecting to AWS")?;
+            let sdk = crate::cloud::aws::sdk_config_loader(&config).load().await;
+            let config = aws_cloud_config(args, &sdk).await?;
+            let aws =
+                AwsCloud::from_sdk_config(&sdk, config, observer).context("connecting to AWS")?;
             BuiltCloud {
                 cloud: Cloud {
                     nodes: aws.nodes.clone(),

@@ -229,19 +229,22 @@ pub struct CloudArgs {
     #[arg(long, env = "AWS_ENDPOINT_URL")]
     pub aws_endpoint_url: Option<String>,
 
-    /// Subnet per availability zone: `zone=subnet-id,zone=subnet-id`. Required with
-    /// `--cloud-provider aws`: without one the operator does not start (no node could be
-    /// launched); the preflight checks every subnet against EC2 (see the README).
+    /// Subnet per availability zone: `zone=subnet-id,zone=subnet-id`. Unset with
+    /// `--cloud-provider aws`: per zone, the private subnet of the EKS cluster (DescribeCluster)
+    /// with the most free addresses; the preflight checks every subnet against EC2.
     #[arg(long, env = "AWS_SUBNETS", default_value = "")]
     pub aws_subnets: String,
 
     /// Subnet per availability zone for the nodes of public databases (`spec.dns.public`),
     /// when they must not share the private databases' subnets: `zone=subnet-id,...`. Unset:
-    /// every database is launched into `--aws-subnets`.
+    /// the EKS cluster's public subnets (tagged `kubernetes.io/role/elb`, or giving public
+    /// addresses) when `--aws-subnets` is unset too; otherwise `--aws-subnets`.
     #[arg(long, env = "AWS_PUBLIC_SUBNETS", default_value = "")]
     pub aws_public_subnets: String,
 
-    /// Security groups of every dedicated node (comma separated).
+    /// Security groups of every dedicated node (comma separated). Unset: the EKS cluster's
+    /// security group and the groups tagged `questdb.io/cluster=<cluster>` (the stack's
+    /// database group).
     #[arg(long, env = "AWS_SECURITY_GROUP_IDS", value_delimiter = ',')]
     pub aws_security_group_ids: Vec<String>,
 
@@ -251,7 +254,8 @@ pub struct CloudArgs {
     #[arg(long, env = "NODE_TAGS", value_delimiter = ',')]
     pub node_tags: Vec<String>,
 
-    /// Instance profile (name or ARN) of every dedicated node.
+    /// Instance profile (name or ARN) of every dedicated node. Unset: `<cluster>-questdb-node`,
+    /// the one the CloudFormation stack makes.
     #[arg(long, env = "AWS_INSTANCE_PROFILE")]
     pub aws_instance_profile: Option<String>,
 
@@ -289,19 +293,23 @@ pub struct CloudArgs {
 
     /// User-data template that joins a node to the cluster; `{{node_labels}}` and
     /// `{{node_taints}}` must reach the kubelet. Unset: the built-in Amazon Linux 2023 `nodeadm`
-    /// NodeConfig, which needs the three `--eks-*` flags.
+    /// NodeConfig, which needs the EKS cluster's endpoint, CA and service range (the three
+    /// `--eks-*` flags, or read from the cluster).
     #[arg(long, env = "NODE_USER_DATA_TEMPLATE")]
     pub node_user_data_template: Option<PathBuf>,
 
-    /// The EKS cluster's API server endpoint (`aws eks describe-cluster` → `endpoint`).
+    /// The EKS cluster's API server endpoint (`aws eks describe-cluster` → `endpoint`). Unset:
+    /// the operator asks `eks:DescribeCluster` for the cluster `--cluster-name` names.
     #[arg(long, env = "EKS_API_ENDPOINT")]
     pub eks_api_endpoint: Option<String>,
 
-    /// The EKS cluster's CA bundle, base64 (`certificateAuthority.data`).
+    /// The EKS cluster's CA bundle, base64 (`certificateAuthority.data`). Unset: read from
+    /// the cluster.
     #[arg(long, env = "EKS_CERTIFICATE_AUTHORITY")]
     pub eks_certificate_authority: Option<String>,
 
-    /// The EKS cluster's service CIDR (`kubernetesNetworkConfig.serviceIpv4Cidr`).
+    /// The EKS cluster's service CIDR (`kubernetesNetworkConfig.serviceIpv4Cidr`). Unset: read
+    /// from the cluster.
     #[arg(long, env = "EKS_SERVICE_CIDR")]
     pub eks_service_cidr: Option<String>,
 
@@ -496,30 +504,37 @@ mod tests {
     }
 
     #[test]
-    fn aws_without_cluster_name_security_groups_instance_profile_subnets_or_eks_endpoint_is_refused_at_start_up(
-    ) {
+    fn aws_without_cluster_name_or_the_network_values_is_refused_at_start_up_naming_the_flags() {
         let parse = |extra: &[&str]| {
             let mut argv = vec!["questdb-operator", "run", "--cloud-provider", "aws"];
             argv.extend_from_slice(extra);
             let Command::Run(args) = Cli::try_parse_from(argv).unwrap().command else {
                 panic!("expected run")
             };
-            crate::app::cloud_config(&args.cloud, CloudProvider::Aws)
+            crate::app::checked_cloud_config(&args.cloud, CloudProvider::Aws)
         };
         let err = parse(&["--aws-region", "us-east-1"])
             .unwrap_err()
             .to_string();
         assert!(err.contains("--cluster-name"), "{err}");
         let base = ["--aws-region", "us-east-1", "--cluster-name", "prod-eu"];
+        // Without the EKS cluster's answer (the operator asks it at start: aws::discover),
+        // the flags must say where nodes go, all missing ones named at once.
         let err = parse(&base).unwrap_err().to_string();
-        assert!(err.contains("--aws-security-group-ids"), "{err}");
-        let sg_only = [&base[..], &["--aws-security-group-ids", "sg-1"]].concat();
-        let err = parse(&sg_only).unwrap_err().to_string();
-        assert!(err.contains("--aws-instance-profile"), "{err}");
-        let with_profile = [&sg_only[..], &["--aws-instance-profile", "questdb-node"]].concat();
-        let err = parse(&with_profile).unwrap_err().to_string();
-        assert!(err.contains("--aws-subnets"), "{err}");
-        let with_sg = [&with_profile[..], &["--aws-subnets", "us-east-1a=subnet-1"]].concat();
+        assert!(
+            err.contains("--aws-subnets") && err.contains("--aws-security-group-ids"),
+            "{err}"
+        );
+        let with_sg = [
+            &base[..],
+            &[
+                "--aws-security-group-ids",
+                "sg-1",
+                "--aws-subnets",
+                "us-east-1a=subnet-1",
+            ],
+        ]
+        .concat();
         let err = parse(&with_sg).unwrap_err().to_string();
         assert!(err.contains("--eks-api-endpoint"), "{err}");
         let eks = [
@@ -543,6 +558,11 @@ mod tests {
         );
         let ok = parse(&[&with_sg[..], &eks[..]].concat()).unwrap();
         assert_eq!(ok.cluster_name, "prod-eu");
+        assert_eq!(
+            ok.instance_profile.as_deref(),
+            Some("prod-eu-questdb-node"),
+            "unset: the instance profile the stack makes for the cluster"
+        );
         assert_eq!(
             ok.volumes.root_device_name, "",
             "unset: the image's own root device, read at launch"

@@ -811,3 +811,43 @@ async fn aws_error_bodies_drive_retries_and_permanent_errors() {
         assert!(run.contains(field), "{field} missing: {run}");
     }
 }
+
+/// The harm: an install that names no network and runs against a cluster AWS does not know
+/// (a typo in `aws.clusterName`, another region) would otherwise start and leave every
+/// database waiting for a node it cannot launch. It stops at start, naming the cluster, the
+/// region and the flags that make the question unnecessary; given those flags, the cluster
+/// is never asked.
+#[tokio::test]
+async fn a_cluster_name_eks_does_not_know_stops_the_start_naming_it_and_the_flags() {
+    let Some(moto) = start_moto().await else {
+        return;
+    };
+    let mut config = base_config(&moto);
+    config.user_data_template =
+        questdb_operator::cloud::user_data::AL2023_NODECONFIG_TEMPLATE.into();
+    let sdk = sdk(&config).await;
+    let err = questdb_operator::cloud::aws::discover(&sdk, &mut config)
+        .await
+        .expect_err("no EKS cluster is called moto-test")
+        .to_string();
+    for needle in [
+        "no EKS cluster is named moto-test in us-east-1",
+        "--cluster-name",
+        "--aws-subnets",
+        "--aws-security-group-ids",
+        "--eks-api-endpoint",
+    ] {
+        assert!(err.contains(needle), "{needle:?} not in: {err}");
+    }
+    config.subnets_by_zone = default_subnets(&sdk).await;
+    config.security_group_ids = vec![default_security_group(&sdk).await];
+    config.eks.api_endpoint = Some("https://example.eks.amazonaws.com".into());
+    config.eks.certificate_authority = Some("Y2E=".into());
+    config.eks.service_cidr = Some("172.20.0.0/16".into());
+    let before = config.clone();
+    let taken = questdb_operator::cloud::aws::discover(&sdk, &mut config)
+        .await
+        .expect("every value given: nothing asked, nothing to fail");
+    assert!(taken.is_empty());
+    assert_eq!(config, before);
+}

@@ -427,3 +427,26 @@ fn the_eks_path_names_one_instance_type_list_and_one_image_owner_rule() {
         "an IRSA annotation beside a Pod Identity association"
     );
 }
+
+#[test]
+fn the_operator_finds_the_stacks_instance_profile_and_database_group_without_values() {
+    let t = template();
+    let profile = t["Resources"]["NodeInstanceProfile"]["Properties"]["InstanceProfileName"]
+        ["Fn::Sub"]
+        .as_str()
+        .expect("the stack names the instance profile");
+    assert_eq!(
+        profile.replace("${ClusterName}", "prod-eu"),
+        questdb_operator::cloud::discovery::default_instance_profile("prod-eu"),
+        "the operator's default --aws-instance-profile is the stack's profile"
+    );
+    let tags = t["Resources"]["DatabaseSecurityGroup"]["Properties"]["Tags"]
+        .as_array()
+        .expect("tags");
+    assert!(
+        tags.iter()
+            .any(|tag| tag["Key"] == questdb_operator::cloud::TAG_CLUSTER
+                && tag["Value"]["Ref"] == "ClusterName"),
+        "the database group carries the tag the operator's discovery looks for: {tags:?}"
+    );
+}

@@ -499,23 +499,6 @@ fn missing_or_mistyped_values_are_refused_at_helm_install_not_at_start_up() {
     );
     refused("no-region.yaml", &aws("aws.region"), &["/aws/region"]);
     refused(
-        "no-instance-profile.yaml",
-        &aws("aws.instanceProfile"),
-        &["/aws/instanceProfile"],
-    );
-    refused(
-        "no-security-groups.yaml",
-        &aws("aws.securityGroupIds"),
-        &["/aws/securityGroupIds"],
-    );
-    // Without a subnet nothing could ever be launched: every dedicated database would wait.
-    refused("no-subnets.yaml", &aws("aws.subnets"), &["/aws/subnets"]);
-    refused(
-        "no-eks-endpoint.yaml",
-        &aws("aws.eks.apiEndpoint"),
-        &["/aws/eks/apiEndpoint"],
-    );
-    refused(
         "replicas-two.yaml",
         "replicas: \"two\"\n",
         &["/replicas", "want integer"],
@@ -542,13 +525,15 @@ fn missing_or_mistyped_values_are_refused_at_helm_install_not_at_start_up() {
         &["/aws/securityGroupIds/0"],
     );
 
-    // A user-data template of one's own replaces the EKS settings the built-in one needs.
-    let own_template = format!(
-        "{}nodes:\n  userDataTemplate:\n    configMap: bottlerocket\n",
-        aws("aws.eks")
-    );
-    let path = values_file("own-user-data.yaml", &own_template);
-    helm_ok(&["template", RELEASE, CHART, "-f", path.to_str().unwrap()]);
+    // A first install on EKS names the cluster and its region, nothing of its network: the
+    // operator reads the rest from the cluster (tests/integration/eks.rs).
+    helm_ok(&[
+        "template",
+        RELEASE,
+        CHART,
+        "-f",
+        &format!("{CHART}/ci/aws-values.yaml"),
+    ]);
 }
 
 #[test]
@@ -860,6 +845,17 @@ fn aws_values_the_schema_accepts_start_the_operator() {
     let config = questdb_operator::app::cloud_config(&run.cloud, CloudProvider::Aws)
         .unwrap_or_else(|e| panic!("the operator refuses ci/aws-values.yaml's flags: {e:#}"));
     assert_eq!(config.cluster_name, "prod-eu");
+    // What the values leave out is what the operator asks the EKS cluster for at start.
+    let wanted = questdb_operator::cloud::discovery::wanted(&config);
+    assert!(
+        wanted.eks && wanted.subnets && wanted.public_subnets && wanted.security_groups,
+        "{wanted:?}"
+    );
+    assert_eq!(
+        config.instance_profile.as_deref(),
+        Some("prod-eu-questdb-node"),
+        "the stack's instance profile"
+    );
     let sa = find(&objects, "ServiceAccount", "questdb-operator");
     assert!(sa["metadata"]["annotations"]["eks.amazonaws.com/role-arn"].is_string());
 }

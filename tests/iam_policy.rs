@@ -67,6 +67,8 @@ fn policy_actions() -> BTreeSet<String> {
 fn the_shipped_iam_policy_grants_exactly_the_calls_the_operator_makes() {
     let mut called = operations_called("src/cloud/aws/ec2.rs", "ec2");
     called.extend(operations_called("src/cloud/aws/route53.rs", "route53"));
+    called.extend(operations_called("src/cloud/aws/eks.rs", "eks"));
+    assert!(called.contains("eks:DescribeCluster"), "{called:?}");
     assert!(called.contains("ec2:RunInstances"), "{called:?}");
     // Implied by RunInstances' arguments: tags at launch, and the node's instance profile.
     called.insert("ec2:CreateTags".into());

@@ -12,6 +12,7 @@
 mod allow_list;
 mod backend;
 mod config;
+pub mod discovery;
 mod dns;
 mod error;
 mod model;

@@ -16,7 +16,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{Api, DeleteParams, PostParams};
 use questdb_operator::api::QuestDB;
-use questdb_operator::cli::{Cli, CloudProvider, Command as CliCommand, RunArgs};
+use questdb_operator::cli::{Cli, Command as CliCommand, RunArgs};
 use questdb_operator::cloud::aws::{sdk_config_loader, AwsCloud};
 use questdb_operator::cloud::{DnsProvider, NodeProvider as _};
 use questdb_operator::manager::{Cloud, ManagerOptions};
@@ -31,19 +31,57 @@ const ZONE: &str = "us-east-1a";
 const NS: &str = "orders-team";
 const HOSTED_ZONE: &str = "db.example.com";
 
-/// What the README's CloudFormation stack and `aws eks describe-cluster` hand the user, made in
-/// moto: subnets of the default VPC, a security group, an AMI, the hosted zone.
+/// The AWS side made in moto: the EKS cluster (with a private subnet of its own and a public
+/// one of the default VPC, and its cluster security group), the stack's database security
+/// group (tagged with the cluster), an AMI, the hosted zone. The operator is told none of the
+/// network ids: it reads them from the cluster, as on EKS.
 pub(crate) struct AwsSide {
     pub(crate) sdk: aws_config::SdkConfig,
+    /// The default VPC's subnets by zone.
     pub(crate) subnets: BTreeMap<String, String>,
-    pub(crate) security_group: String,
+    /// The cluster's private subnet, in [`ZONE`]: where a private database's node must go.
+    pub(crate) private_subnet: String,
+    /// The cluster security group and the database group: what every node must carry.
+    pub(crate) security_groups: Vec<String>,
     pub(crate) ami: String,
     pub(crate) ami_owner: String,
     pub(crate) hosted_zone: String,
+    /// `eks:DescribeCluster`'s endpoint: what the node's bootstrap must name.
+    pub(crate) cluster_endpoint: String,
+}
+
+pub(crate) const CLUSTER: &str = "orders-eks";
+
+/// One request to moto outside the SDKs the tests link (IAM's query API, EKS's REST API):
+/// moto routes by the credential scope's service and checks no signature.
+async fn moto_request(
+    moto: &Moto,
+    service: &str,
+    method: &str,
+    path: &str,
+    content_type: &str,
+    body: &str,
+) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let endpoint = moto.endpoint();
+    let addr = endpoint.trim_start_matches("http://").trim_end_matches('/');
+    let request = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: {content_type}\r\nAuthorization: AWS4-HMAC-SHA256 Credential=testing/20260101/{REGION}/{service}/aws4_request, SignedHeaders=host, Signature=0\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("moto");
+    stream.write_all(request.as_bytes()).await.expect("sent");
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).await.expect("answer");
+    assert!(
+        answer.starts_with("HTTP/1.1 200"),
+        "{service} {method} {path}: {answer}"
+    );
+    answer
 }
 
 pub(crate) async fn aws_side(moto: &Moto) -> AwsSide {
-    let mut config = questdb_operator::cloud::CloudConfig::new("orders-eks", REGION);
+    let mut config = questdb_operator::cloud::CloudConfig::new(CLUSTER, REGION);
     config.endpoint_url = Some(moto.endpoint());
     // moto's first answer (its default VPC, built lazily) can take over AWS's 5 s beside other
     // tests on two cores.
@@ -53,29 +91,104 @@ pub(crate) async fn aws_side(moto: &Moto) -> AwsSide {
         .load()
         .await;
     let ec2 = aws_sdk_ec2::Client::new(&sdk);
-    let subnets = ec2
-        .describe_subnets()
+    let subnets = ec2.describe_subnets().send().await.expect("subnets");
+    let default_subnet = |zone: &str| {
+        subnets
+            .subnets()
+            .iter()
+            .find(|s| s.availability_zone() == Some(zone))
+            .expect("a default subnet in the zone")
+            .clone()
+    };
+    let vpc = default_subnet(ZONE).vpc_id().expect("vpc").to_string();
+    // The default VPC's subnets give public addresses; a cluster's nodes usually sit in a
+    // private subnet of their own, tagged as EKS documents it.
+    let private = ec2
+        .create_subnet()
+        .vpc_id(&vpc)
+        .availability_zone(ZONE)
+        .cidr_block("172.31.96.0/20")
+        .tag_specifications(
+            aws_sdk_ec2::types::TagSpecification::builder()
+                .resource_type(aws_sdk_ec2::types::ResourceType::Subnet)
+                .tags(
+                    aws_sdk_ec2::types::Tag::builder()
+                        .key("kubernetes.io/role/internal-elb")
+                        .value("1")
+                        .build(),
+                )
+                .build(),
+        )
         .send()
         .await
-        .expect("subnets")
-        .subnets()
-        .iter()
-        .filter_map(|s| {
-            Some((
-                s.availability_zone()?.to_string(),
-                s.subnet_id()?.to_string(),
-            ))
-        })
-        .collect();
-    let security_group = ec2
+        .expect("private subnet")
+        .subnet()
+        .and_then(|s| s.subnet_id())
+        .expect("subnet id")
+        .to_string();
+    let public = default_subnet("us-east-1b")
+        .subnet_id()
+        .expect("id")
+        .to_string();
+    let cluster_group = ec2
         .describe_security_groups()
         .send()
         .await
         .expect("security groups")
-        .security_groups()[0]
+        .security_groups()
+        .iter()
+        .find(|g| g.vpc_id() == Some(vpc.as_str()) && g.group_name() == Some("default"))
+        .and_then(|g| g.group_id())
+        .expect("the VPC's default group stands in for the cluster security group")
+        .to_string();
+    // The stack's DatabaseSecurityGroup, tagged as the stack tags it.
+    let database_group = ec2
+        .create_security_group()
+        .group_name("orders-eks-questdb")
+        .description("QuestDB database ports")
+        .vpc_id(&vpc)
+        .tag_specifications(
+            aws_sdk_ec2::types::TagSpecification::builder()
+                .resource_type(aws_sdk_ec2::types::ResourceType::SecurityGroup)
+                .tags(
+                    aws_sdk_ec2::types::Tag::builder()
+                        .key(questdb_operator::cloud::TAG_CLUSTER)
+                        .value(CLUSTER)
+                        .build(),
+                )
+                .build(),
+        )
+        .send()
+        .await
+        .expect("database group")
         .group_id()
         .expect("group id")
         .to_string();
+    // The EKS cluster, as DescribeCluster documents it (`resourcesVpcConfig` with the
+    // `clusterSecurityGroupId` EKS creates; moto keeps what it is given).
+    let created = moto_request(
+        moto,
+        "eks",
+        "POST",
+        "/clusters",
+        "application/json",
+        &serde_json::json!({
+            "name": CLUSTER,
+            "roleArn": "arn:aws:iam::123456789012:role/eks-cluster",
+            "resourcesVpcConfig": {
+                "subnetIds": [private, public],
+                "clusterSecurityGroupId": cluster_group,
+                "vpcId": vpc,
+            },
+            "kubernetesNetworkConfig": {"serviceIpv4Cidr": "172.20.0.0/16"},
+        })
+        .to_string(),
+    )
+    .await;
+    let body = &created[created.find("\r\n\r\n").expect("a body") + 4..];
+    let cluster: serde_json::Value =
+        serde_json::from_str(&body[body.find('{').expect("JSON")..=body.rfind('}').expect("JSON")])
+            .expect("CreateCluster's answer");
     let images = ec2.describe_images().send().await.expect("images");
     let image = &images.images()[0];
     let route53 = aws_sdk_route53::Client::new(&sdk);
@@ -87,8 +200,18 @@ pub(crate) async fn aws_side(moto: &Moto) -> AwsSide {
         .await
         .expect("hosted zone");
     AwsSide {
-        subnets,
-        security_group,
+        subnets: subnets
+            .subnets()
+            .iter()
+            .filter_map(|s| {
+                Some((
+                    s.availability_zone()?.to_string(),
+                    s.subnet_id()?.to_string(),
+                ))
+            })
+            .collect(),
+        private_subnet: private,
+        security_groups: vec![cluster_group, database_group],
         ami: image.image_id().expect("ami").to_string(),
         ami_owner: image.owner_id().expect("owner").to_string(),
         hosted_zone: zone
@@ -97,31 +220,29 @@ pub(crate) async fn aws_side(moto: &Moto) -> AwsSide {
             .id()
             .trim_start_matches("/hostedzone/")
             .to_string(),
+        cluster_endpoint: cluster["cluster"]["endpoint"]
+            .as_str()
+            .expect("endpoint")
+            .trim_end_matches('/')
+            .to_string(),
         sdk,
     }
 }
 
-/// Step 1's instance profile, which the stack makes: EC2 (and moto) refuse a RunInstances
-/// that names a profile IAM does not have. Through moto's IAM query API (no IAM SDK here);
-/// moto routes by the credential scope and checks no signature.
+/// Step 1's instance profile, which the stack makes (`<cluster>-questdb-node`): EC2 (and
+/// moto) refuse a RunInstances that names a profile IAM does not have.
 async fn create_instance_profile(moto: &Moto, name: &str) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let endpoint = moto.endpoint();
-    let addr = endpoint.trim_start_matches("http://").trim_end_matches('/');
     let body =
         format!("Action=CreateInstanceProfile&InstanceProfileName={name}&Version=2010-05-08");
-    let request = format!(
-        "POST / HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/x-www-form-urlencoded\r\nAuthorization: AWS4-HMAC-SHA256 Credential=testing/20260101/{REGION}/iam/aws4_request, SignedHeaders=host, Signature=0\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("moto");
-    stream.write_all(request.as_bytes()).await.expect("sent");
-    let mut answer = String::new();
-    stream.read_to_string(&mut answer).await.expect("answer");
-    assert!(
-        answer.starts_with("HTTP/1.1 200"),
-        "CreateInstanceProfile: {answer}"
-    );
+    moto_request(
+        moto,
+        "iam",
+        "POST",
+        "/",
+        "application/x-www-form-urlencoded",
+        &body,
+    )
+    .await;
 }
 
 /// The README's `eks-values.yaml` block as written (README "Install with Helm").
@@ -136,23 +257,24 @@ fn readme_values() -> serde_json::Value {
     serde_yaml_ng::from_str(&body[..end]).expect("the README's values are YAML")
 }
 
-/// The values a user writes after step 1: the README's block with what only moto (and the
-/// cluster) can say filled in (its region, subnets, security group, hosted zone, endpoint, the
-/// cluster's endpoint and CA). The launch
+/// The values a user writes after step 1: the README's block with what only moto can say
+/// filled in (the cluster's name and region as moto has them, its endpoint, the hosted zone).
+/// Nothing of the cluster's network: the operator reads it from the cluster. The launch
 /// allow-list stays the README's, so a README whose lists refuse its own example fails here;
 /// moto's AMI owner stands in for the EKS account (moto's images carry no `amazon` alias).
 fn values(aws: &AwsSide, moto: &Moto) -> serde_json::Value {
     let mut v = readme_values();
     let a = &mut v["aws"];
+    for given in ["subnets", "securityGroupIds", "instanceProfile", "eks"] {
+        assert!(
+            a.get(given).is_none(),
+            "the README's first install sets aws.{given}, which the operator reads from the cluster"
+        );
+    }
+    a["clusterName"] = CLUSTER.into();
     a["region"] = REGION.into();
     a["endpointUrl"] = moto.endpoint().into();
-    a["subnets"] = serde_json::json!(aws.subnets);
-    a["publicSubnets"] = serde_json::json!({});
-    a["securityGroupIds"] = serde_json::json!([aws.security_group]);
     a["route53HostedZoneId"] = aws.hosted_zone.clone().into();
-    // `aws eks describe-cluster`'s answer for this cluster (the README shows it elided).
-    a["eks"]["apiEndpoint"] = "https://ABCDEF.gr7.us-east-1.eks.amazonaws.com".into();
-    a["eks"]["certificateAuthority"] = "LS0tLS1CRUdJTiBDRVJUSUZJQ0FURS0tLS0tCg==".into();
     let owners = v["nodes"]["allowedImageOwners"]
         .as_array()
         .expect("the README lists image owners")
@@ -236,12 +358,12 @@ async fn the_readmes_eks_path_ends_with_a_ready_database_on_its_own_node_and_rec
         .await
         .expect("StorageClass applied");
 
-    // Step 1 made the nodes' instance profile the values name.
-    let profile = readme_values()["aws"]["instanceProfile"]
-        .as_str()
-        .expect("the README's values name the instance profile")
-        .to_string();
-    create_instance_profile(&moto, &profile).await;
+    // Step 1 made the nodes' instance profile, under the name the operator assumes.
+    create_instance_profile(
+        &moto,
+        &questdb_operator::cloud::discovery::default_instance_profile(CLUSTER),
+    )
+    .await;
 
     // Step 5: helm install with the AWS side as values.
     let dir = tempfile::tempdir().expect("tempdir");
@@ -255,8 +377,16 @@ async fn the_readmes_eks_path_ends_with_a_ready_database_on_its_own_node_and_rec
 
     // The operator with the chart's flags: its cloud is built as `run` builds it.
     let run = chart_run_args(&env).await;
-    let config = questdb_operator::app::cloud_config(&run.cloud, CloudProvider::Aws)
-        .expect("the chart's AWS flags are a valid configuration");
+    // As `run` starts: the flags, then what they left out read from the EKS cluster.
+    let config = questdb_operator::app::aws_cloud_config(&run.cloud, &aws.sdk)
+        .await
+        .expect("the chart's AWS flags and the cluster's answer are a valid configuration");
+    assert_eq!(
+        config.subnets_by_zone,
+        BTreeMap::from([(ZONE.to_string(), aws.private_subnet.clone())]),
+        "a private database's node goes in the cluster's private subnet"
+    );
+    assert_eq!(config.security_group_ids, aws.security_groups);
     let cloud = AwsCloud::from_sdk_config(&aws.sdk, config, env.handle.metrics.aws_observer())
         .expect("AWS cloud");
     cloud
@@ -341,6 +471,41 @@ async fn the_readmes_eks_path_ends_with_a_ready_database_on_its_own_node_and_rec
         .await
         .expect("instance");
     let instance = &out.reservations()[0].instances()[0];
+    // In the cluster's private subnet, with the cluster's and the database's groups, and a
+    // bootstrap naming the endpoint the cluster gave: none of them typed by the user.
+    assert_eq!(instance.subnet_id(), Some(aws.private_subnet.as_str()));
+    let mut groups: Vec<&str> = instance
+        .security_groups()
+        .iter()
+        .filter_map(|g| g.group_id())
+        .collect();
+    groups.sort();
+    let mut expected: Vec<&str> = aws.security_groups.iter().map(String::as_str).collect();
+    expected.sort();
+    assert_eq!(groups, expected);
+    let user_data = ec2
+        .describe_instance_attribute()
+        .instance_id(&instance_id)
+        .attribute(aws_sdk_ec2::types::InstanceAttributeName::UserData)
+        .send()
+        .await
+        .expect("user data")
+        .user_data()
+        .and_then(|u| u.value())
+        .map(str::to_string)
+        .expect("the instance has user data");
+    use base64::Engine as _;
+    let user_data = String::from_utf8(
+        base64::engine::general_purpose::STANDARD
+            .decode(user_data)
+            .expect("base64 user data"),
+    )
+    .expect("text");
+    assert!(
+        user_data.contains(&format!("apiServerEndpoint: \"{}\"", aws.cluster_endpoint)),
+        "the bootstrap names the cluster's endpoint {}: {user_data}",
+        aws.cluster_endpoint
+    );
     assert_eq!(
         instance.placement().and_then(|p| p.availability_zone()),
         Some(ZONE)

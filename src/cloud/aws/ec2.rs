@@ -225,18 +225,9 @@ impl Ec2Api for AwsEc2 {
         &self,
         ids: &[String],
     ) -> Result<Vec<crate::cloud::Subnet>, ApiError> {
-        // A filter, not `SubnetIds`: EC2 answers an id it does not know in `SubnetIds` with
-        // InvalidSubnetID.NotFound for the whole call (naming one), where a filter leaves it
-        // out, so every missing subnet is named at once beside the rest of the check.
-        let out = self
-            .client
-            .describe_subnets()
-            .filters(filter("subnet-id", ids.to_vec()))
-            .send()
-            .await
-            .map_err(api_error)?;
-        Ok(out
-            .subnets()
+        Ok(self
+            .subnets_by_id(ids)
+            .await?
             .iter()
             .filter_map(|s| {
                 Some(crate::cloud::Subnet {
@@ -365,5 +356,77 @@ impl Ec2Api for AwsEc2 {
             .await
             .map_err(api_error)?;
         Ok(())
+    }
+}
+
+/// Start-up discovery's questions (`cloud::discovery`): not part of [`Ec2Api`], asked once
+/// before the providers exist.
+impl AwsEc2 {
+    /// DescribeSubnets of these ids. A filter, not `SubnetIds`: EC2 answers an id it does not
+    /// know in `SubnetIds` with InvalidSubnetID.NotFound for the whole call (naming one), where
+    /// a filter leaves it out, so every missing subnet is named at once beside the rest.
+    async fn subnets_by_id(
+        &self,
+        ids: &[String],
+    ) -> Result<Vec<aws_sdk_ec2::types::Subnet>, ApiError> {
+        let out = self
+            .client
+            .describe_subnets()
+            .filters(filter("subnet-id", ids.to_vec()))
+            .send()
+            .await
+            .map_err(api_error)?;
+        Ok(out.subnets().to_vec())
+    }
+
+    /// The cluster's subnets, each told private or public.
+    pub async fn cluster_subnets(
+        &self,
+        ids: &[String],
+    ) -> Result<Vec<crate::cloud::discovery::ClusterSubnet>, ApiError> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        Ok(self
+            .subnets_by_id(ids)
+            .await?
+            .iter()
+            .filter_map(|s| {
+                let tags = s
+                    .tags()
+                    .iter()
+                    .filter_map(|t| Some((t.key()?.to_string(), t.value()?.to_string())))
+                    .collect();
+                Some(crate::cloud::discovery::ClusterSubnet::classify(
+                    s.subnet_id()?.to_string(),
+                    s.availability_zone()?.to_string(),
+                    &tags,
+                    s.map_public_ip_on_launch().unwrap_or(false),
+                    s.available_ip_address_count().unwrap_or(0),
+                ))
+            })
+            .collect())
+    }
+
+    /// Ids of the security groups carrying `key=value`.
+    pub async fn security_groups_tagged(
+        &self,
+        key: &str,
+        value: &str,
+    ) -> Result<Vec<String>, ApiError> {
+        let out = self
+            .client
+            .describe_security_groups()
+            .filters(filter(format!("tag:{key}"), vec![value.to_string()]))
+            .send()
+            .await
+            .map_err(api_error)?;
+        let mut ids: Vec<String> = out
+            .security_groups()
+            .iter()
+            .filter_map(|g| g.group_id().map(str::to_string))
+            .collect();
+        ids.sort();
+        Ok(ids)
     }
 }

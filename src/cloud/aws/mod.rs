@@ -1,10 +1,12 @@
-//! The AWS backend: EC2 and Route53 through the official SDK.
+//! The AWS backend: EC2 and Route53 through the official SDK (and EKS, once, for what the
+//! flags left out: [`discover`]).
 //!
 //! Credentials and region come from aws-config's standard chain (env, profile, web identity /
 //! IRSA, instance metadata); `CloudConfig::region` wins over the chain's region and
 //! `CloudConfig::endpoint_url` points both clients elsewhere (moto, the sandbox).
 
 mod ec2;
+mod eks;
 mod route53;
 
 use std::sync::Arc;
@@ -15,6 +17,7 @@ use aws_config::{BehaviorVersion, ConfigLoader, Region, SdkConfig};
 use aws_sdk_ec2::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
 
 pub use ec2::AwsEc2;
+pub use eks::{discover, AwsEks};
 pub use route53::AwsRoute53;
 
 use super::{
@@ -50,17 +53,8 @@ pub struct AwsCloud {
 }
 
 impl AwsCloud {
-    /// Resolve credentials through the standard chain and build both providers.
-    pub async fn connect(
-        config: CloudConfig,
-        observer: SharedObserver,
-    ) -> Result<Self, CloudError> {
-        let sdk = sdk_config_loader(&config).load().await;
-        Self::from_sdk_config(&sdk, config, observer)
-    }
-
-    /// Build both providers from an already loaded SDK configuration (tests pass one with
-    /// dummy credentials, see [`sdk_config_loader`]).
+    /// Build both providers from a loaded SDK configuration ([`sdk_config_loader`]; tests pass
+    /// one with dummy credentials) and a configuration already completed by [`discover`].
     pub fn from_sdk_config(
         sdk: &SdkConfig,
         config: CloudConfig,
