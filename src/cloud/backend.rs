@@ -26,7 +26,18 @@ pub struct RunSpec {
     pub kms_key_id: Option<String>,
     /// A public IPv4 address on the primary interface.
     pub public_ip: bool,
+    /// Ask EC2 whether it would launch, launching nothing: the answer is always an error,
+    /// [`DRY_RUN_PASSED`] when the caller may make this launch (the preflight's launch check).
+    pub dry_run: bool,
 }
+
+/// The error code of a dry run EC2 would have carried out ("Request would have succeeded, but
+/// DryRun flag is set": EC2 API reference, common parameters, `DryRun`).
+pub const DRY_RUN_PASSED: &str = "DryRunOperation";
+
+/// How a dry-run RunInstances is named in the AWS call metrics and counts: apart from the
+/// launches.
+pub const DRY_RUN_OPERATION: &str = "RunInstances(DryRun)";
 
 /// What `DescribeSubnets` says of one subnet.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -109,6 +109,13 @@ pub trait NodeProvider: Send + Sync {
         zone: &str,
     ) -> Result<Option<InstanceTypeFacts>, CloudError>;
 
+    /// Whether EC2 would carry out `req`'s launch, launching nothing: the same RunInstances a
+    /// launch makes (subnet, groups, instance profile, tags, IMDSv2, volumes) with `DryRun`.
+    /// EC2 checks the caller's permissions, `iam:PassRole` of the profile included, and answers
+    /// UnauthorizedOperation when the policy denies it. `Ok` too when the launch allow-list
+    /// refuses `req` (the QuestDB's own condition says so, and nothing is asked).
+    async fn check_launch(&self, req: &LaunchRequest) -> Result<(), CloudError>;
+
     /// The zones `--aws-subnets` maps to a subnet.
     fn zones(&self) -> Vec<String>;
 

@@ -11,10 +11,12 @@
 //! back. The checks run when the leader starts, again every minute while one fails, and every
 //! ten minutes otherwise; a fix is seen within a minute.
 //!
-//! Not checked, because EC2 cannot answer it without launching: the instance profile and the
-//! IAM permissions of RunInstances (a DryRun answers for the caller's permissions only, and
-//! moto, which the tests run against, enforces no IAM). Those still fail the launch, named in
-//! `NodeReady` (`LaunchFailed`).
+//! The launch check dry-runs the RunInstances a launch would make (`DryRun`: EC2 checks the
+//! operator's permissions, `iam:PassRole` of the instance profile included, and answers
+//! UnauthorizedOperation when its policy denies the launch) for each image, instance type and
+//! zone the QuestDBs ask for, at most [`LAUNCH_SAMPLES`] a run; with no QuestDB on a dedicated
+//! node it has nothing to ask. moto, which the tests run against, enforces no IAM: it checks
+//! the instance profile exists, which the tests see.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,14 +24,62 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
+use kube::ResourceExt;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info};
 
 use crate::api::EventReason;
 use crate::controllers::context::Context;
 use crate::plan::preflight::{
-    blocks_launches, hosted_zone, instance_type, network, snapshot_api, Check, Finding,
+    blocks_launches, hosted_zone, instance_type, launch, network, snapshot_api, Check, Finding,
 };
+
+/// At most this many distinct launches (image, instance type, zone, public address) are
+/// dry-run per preflight run.
+pub const LAUNCH_SAMPLES: usize = 8;
+
+/// The distinct launches the QuestDBs ask for, each with words for the finding.
+fn launch_samples(ctx: &Context) -> Vec<(String, crate::cloud::LaunchRequest)> {
+    let mut seen = std::collections::BTreeSet::new();
+    let mut out = Vec::new();
+    for q in ctx.caches.questdbs.state() {
+        let Ok(qdb) = q.0.as_ref() else { continue };
+        let Some(node) = &qdb.spec.node else { continue };
+        let public = qdb.spec.dns.as_ref().is_some_and(|d| d.public);
+        let key = (
+            node.image.clone(),
+            node.instance_type.clone(),
+            node.zone.clone(),
+            public,
+        );
+        if !seen.insert(key) {
+            continue;
+        }
+        let dedicated = crate::desired::DedicatedNode::for_questdb(qdb);
+        let Some(mut req) = crate::plan::node::launch_request(qdb, "preflight", 0, &dedicated)
+        else {
+            continue;
+        };
+        // The dry run carries the tags a launch carries (the IAM policy requires them), under
+        // an identity no instance has.
+        req.uid = "questdb-operator-preflight".into();
+        req.fallback_instance_types.clear();
+        let what = format!(
+            "{} from {} in {}{} (as {}/{} asks)",
+            node.instance_type,
+            node.image,
+            node.zone,
+            if public { " with a public address" } else { "" },
+            qdb.namespace().unwrap_or_default(),
+            qdb.name_any()
+        );
+        out.push((what, req));
+        if out.len() == LAUNCH_SAMPLES {
+            break;
+        }
+    }
+    out
+}
 
 /// Every finding of one preflight run, checks in their order.
 pub async fn run_checks(ctx: &Context, snapshot_namespace: &str) -> Vec<Finding> {
@@ -51,6 +101,9 @@ pub async fn run_checks(ctx: &Context, snapshot_namespace: &str) -> Vec<Finding>
                 ));
             }
             findings.extend(instance_type(name, &answers));
+        }
+        for (what, req) in launch_samples(ctx) {
+            findings.extend(launch(&what, cloud.nodes.check_launch(&req).await));
         }
         if let Some(dns) = &cloud.dns {
             // A name no record has: the read answers empty when the zone is readable.
@@ -78,6 +131,11 @@ pub async fn run(
     snapshot_namespace: String,
     token: CancellationToken,
 ) {
+    // The launch check reads the QuestDBs from the caches.
+    tokio::select! {
+        () = token.cancelled() => return,
+        _ = ctx.caches.questdbs.wait_until_ready() => {}
+    }
     loop {
         let found = tokio::select! {
             () = token.cancelled() => return,

@@ -30,6 +30,10 @@ pub enum Check {
     HostedZone,
     /// The VolumeSnapshot API (the CSI snapshot CRDs) is served: backups need it.
     SnapshotApi,
+    /// EC2 would launch the nodes the QuestDBs ask for: a dry-run RunInstances of each image,
+    /// instance type and zone in use (the operator's permissions, `iam:PassRole` of the
+    /// instance profile, the profile itself).
+    Launch,
 }
 
 /// One thing the preflight found wrong.
@@ -172,6 +176,36 @@ pub fn snapshot_api(answer: kube::Result<bool>) -> Vec<Finding> {
     }
 }
 
+/// What one dry-run launch of `what` (image, type and zone, in words) means.
+pub fn launch(what: &str, answer: Result<(), CloudError>) -> Vec<Finding> {
+    let Err(e) = answer else {
+        return vec![];
+    };
+    let text = e.to_string();
+    // Named by its message whatever the code's class: EC2 says InvalidParameterValue, an
+    // emulator IAM's NoSuchEntity.
+    let profile = text.to_ascii_lowercase().contains("instance profile")
+        || text.contains("iamInstanceProfile");
+    let fix = if profile {
+        "the instance profile the message names does not exist or cannot be used: create it (the stack's NodeInstanceProfile, `<cluster>-questdb-node`) or name an existing one (--aws-instance-profile, the chart's aws.instanceProfile)".to_string()
+    } else if matches!(
+        e,
+        CloudError::Throttled { .. } | CloudError::Transient { .. }
+    ) {
+        return vec![unanswered(Check::Launch, "RunInstances with DryRun", &e)];
+    } else if e.code() == Some("UnauthorizedOperation") {
+        "the operator's role may not make this launch: its policy is deploy/aws/iam-policy.json (the stack's AllowedInstanceTypes and AllowedImageOwners must allow the type and the image's owner, and iam:PassRole the instance profile's role); `aws sts decode-authorization-message --encoded-message <message>` names the denied action and condition".to_string()
+    } else {
+        "EC2 refuses this launch as configured: correct what the message names (the operator's AWS settings, or the QuestDB's spec.node)".to_string()
+    };
+    vec![Finding {
+        check: Check::Launch,
+        problem: format!("EC2 would refuse to launch {what}: {text}"),
+        fix,
+        certain: true,
+    }]
+}
+
 fn unanswered(check: Check, operation: &str, e: &CloudError) -> Finding {
     Finding {
         check,
@@ -238,6 +272,56 @@ mod tests {
         );
         let unknown = instance_type("m9z.huge", &zones(None, None));
         assert!(unknown[0].problem.contains("m9z.huge") && unknown[0].certain);
+    }
+
+    /// A launch IAM would deny, or naming an instance profile that does not exist, is named
+    /// with the policy or the profile to fix, before a database waits on a refused launch; an
+    /// unanswered dry run is not a certain finding.
+    #[test]
+    fn a_launch_ec2_would_refuse_names_the_permission_or_the_profile() {
+        let what = "m7i.xlarge from ami-1 in us-east-1a";
+        assert!(launch(what, Ok(())).is_empty());
+        let denied = launch(
+            what,
+            Err(CloudError::Permanent {
+                operation: "RunInstances".into(),
+                code: "UnauthorizedOperation".into(),
+                message: "You are not authorized to perform this operation. Encoded authorization failure message: abc".into(),
+            }),
+        );
+        assert!(denied[0].certain && denied[0].fix.contains("iam-policy.json"));
+        assert!(denied[0].problem.contains(what), "{}", denied[0].problem);
+        let no_profile = launch(
+            what,
+            Err(CloudError::Permanent {
+                operation: "RunInstances".into(),
+                code: "InvalidParameterValue".into(),
+                message: "Value (prod-eu-questdb-node) for parameter iamInstanceProfile.name is invalid. Invalid IAM Instance Profile name".into(),
+            }),
+        );
+        let unknown_class = launch(
+            what,
+            Err(CloudError::Transient {
+                operation: "RunInstances".into(),
+                code: "NoSuchEntity".into(),
+                message: "Instance profile prod-eu-questdb-node not found".into(),
+            }),
+        );
+        assert!(unknown_class[0].certain, "{:?}", unknown_class[0]);
+        assert!(
+            no_profile[0].problem.contains("prod-eu-questdb-node")
+                && no_profile[0].fix.contains("aws.instanceProfile"),
+            "{}",
+            no_profile[0].fix
+        );
+        let slow = launch(
+            what,
+            Err(CloudError::Throttled {
+                operation: "RunInstances".into(),
+                message: "slow down".into(),
+            }),
+        );
+        assert!(!slow[0].certain);
     }
 
     #[test]

@@ -414,26 +414,8 @@ async fn the_readmes_eks_path_ends_with_a_ready_database_on_its_own_node_and_rec
         aws_sdk_ec2::Client::new(&aws.sdk),
         stop.clone(),
     );
-    env.start_synced_manager(options).await;
-
-    // The preflight finds nothing wrong with the README's install (the snapshot API is there:
-    // the control plane runs the snapshot-controller, as the README's add-on step installs).
-    let metrics = env.handle.metrics.clone();
-    wait_until("the preflight ran", || {
-        let scrape = metrics.render();
-        async move { crate::preflight::failures(&scrape, "network").is_some() }
-    })
-    .await;
-    let scrape = env.handle.metrics.render();
-    for check in ["network", "instance-types", "hosted-zone", "snapshot-api"] {
-        assert_eq!(
-            crate::preflight::failures(&scrape, check),
-            Some(0),
-            "the preflight's {check} check fails on the README's install"
-        );
-    }
-
-    // Step 5, the example: a namespace that enforces the restricted Pod Security level (a
+    // Step 5, the example (applied before the operator starts, so its first preflight
+    // dry-runs the launch the example asks for): a namespace that enforces the restricted Pod Security level (a
     // dedicated database binds no host port), then the QuestDB.
     env.namespace(NS).await;
     let restricted = serde_json::json!({"metadata": {"labels": {
@@ -452,6 +434,31 @@ async fn the_readmes_eks_path_ends_with_a_ready_database_on_its_own_node_and_rec
         .create(&PostParams::default(), &q)
         .await
         .expect("the example applied");
+    env.start_synced_manager(options).await;
+
+    // The preflight finds nothing wrong with the README's install (the snapshot API is there:
+    // the control plane runs the snapshot-controller, as the README's add-on step installs).
+    let metrics = env.handle.metrics.clone();
+    wait_until("the preflight ran", || {
+        let scrape = metrics.render();
+        async move { crate::preflight::failures(&scrape, "network").is_some() }
+    })
+    .await;
+    let scrape = env.handle.metrics.render();
+    for check in [
+        "network",
+        "instance-types",
+        "hosted-zone",
+        "snapshot-api",
+        "launch",
+    ] {
+        assert_eq!(
+            crate::preflight::failures(&scrape, check),
+            Some(0),
+            "the preflight's {check} check fails on the README's install"
+        );
+    }
+
     let ready = wait_for(
         &env.api::<QuestDB>(NS),
         "orders",

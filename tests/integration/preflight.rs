@@ -32,7 +32,8 @@ pub(crate) fn failures(scrape: &str, check: &str) -> Option<i64> {
 }
 
 /// The harm: an install with a subnet that does not exist, a security group of another VPC,
-/// an allowed instance type EC2 does not have and no snapshot API starts, and every database
+/// an allowed instance type EC2 does not have, no snapshot API and an instance profile no one
+/// made (a launch EC2 refuses) starts, and every database
 /// waits (a launch refused and retried every ten minutes, backups pending) with nothing that
 /// names the mistake. Each is named once, with its fix, and a database that needs a node says
 /// why none is launched.
@@ -122,6 +123,18 @@ async fn a_missing_subnet_a_foreign_group_an_unknown_type_and_no_snapshot_api_ar
         }),
         ..Default::default()
     };
+    // A database on a dedicated node, there before the operator starts: the first preflight
+    // dry-runs its launch, which names the instance profile no one made.
+    env.namespace(NS).await;
+    env.create_questdb(NS, "orders", |q| {
+        q.spec.node = Some(NodeSpec {
+            image: aws.ami.clone(),
+            instance_type: "m7i.xlarge".into(),
+            zone: other_zone.clone(),
+            ..Default::default()
+        });
+    })
+    .await;
     let mark = crate::log_capture::mark();
     env.start_synced_manager(options).await;
 
@@ -137,6 +150,7 @@ async fn a_missing_subnet_a_foreign_group_an_unknown_type_and_no_snapshot_api_ar
         ("network", 1),
         ("instance-types", 1),
         ("snapshot-api", 1),
+        ("launch", 1),
         ("hosted-zone", 0),
     ] {
         assert_eq!(failures(&scrape, check), Some(expected), "{check}");
@@ -157,6 +171,10 @@ async fn a_missing_subnet_a_foreign_group_an_unknown_type_and_no_snapshot_api_ar
             "the missing snapshot API",
             vec!["VolumeSnapshot API", "snapshot-controller"],
         ),
+        (
+            "the launch EC2 would refuse: no such instance profile",
+            vec!["m7i.xlarge", "questdb-nodes", "aws.instanceProfile"],
+        ),
     ] {
         wait_for_event(&env, OPERATOR_NAMESPACE, what, |e| {
             e.reason.as_deref() == Some("PreflightFailed")
@@ -170,7 +188,12 @@ async fn a_missing_subnet_a_foreign_group_an_unknown_type_and_no_snapshot_api_ar
 
     // One log line per finding.
     let lines = crate::log_capture::warnings_since(mark, "preflight");
-    for needle in ["subnet-0000000000000dead", "m9z.huge", "VolumeSnapshot API"] {
+    for needle in [
+        "subnet-0000000000000dead",
+        "m9z.huge",
+        "VolumeSnapshot API",
+        "Instance profile questdb-nodes",
+    ] {
         assert_eq!(
             lines.iter().filter(|l| l.contains(needle)).count(),
             1,
@@ -178,21 +201,13 @@ async fn a_missing_subnet_a_foreign_group_an_unknown_type_and_no_snapshot_api_ar
         );
     }
     assert!(
-        !lines.iter().any(|l| l.contains("m7i.xlarge")),
+        !lines
+            .iter()
+            .any(|l| l.contains("m7i.xlarge") && l.contains("check=instance-types")),
         "a type EC2 offers is not reported: {lines:#?}"
     );
 
     // A database that needs a node says why none is launched, and nothing is launched.
-    env.namespace(NS).await;
-    env.create_questdb(NS, "orders", |q| {
-        q.spec.node = Some(NodeSpec {
-            image: aws.ami.clone(),
-            instance_type: "m7i.xlarge".into(),
-            zone: zone.clone(),
-            ..Default::default()
-        });
-    })
-    .await;
     let q = wait_for(
         &env.api::<QuestDB>(NS),
         "orders",

@@ -136,6 +136,7 @@ impl Ec2Api for AwsEc2 {
             .max_count(1)
             .user_data(&spec.user_data_base64)
             .client_token(&spec.client_token)
+            .set_dry_run(spec.dry_run.then_some(true))
             .tag_specifications(tag_spec(ResourceType::Instance, &spec.tags))
             .tag_specifications(tag_spec(ResourceType::Volume, &spec.tags))
             .tag_specifications(tag_spec(ResourceType::NetworkInterface, &spec.tags))

@@ -514,7 +514,16 @@ impl Ec2Api for MemoryEc2 {
     async fn run_instance(&self, spec: &RunSpec) -> Result<Instance, ApiError> {
         let (instance, latency, created) = {
             let mut state = self.lock();
-            Self::begin(&mut state, "RunInstances")?;
+            // A dry run is counted apart: it launches nothing, and a test counting launches
+            // must not see the preflight's.
+            Self::begin(
+                &mut state,
+                if spec.dry_run {
+                    crate::cloud::backend::DRY_RUN_OPERATION
+                } else {
+                    "RunInstances"
+                },
+            )?;
             // Like EC2: the ClientToken is checked first, so a retry gets the original answer
             // even if capacity or the AMI went away since.
             if let Some(id) = state.by_token.get(&spec.client_token).cloned() {
@@ -532,6 +541,12 @@ impl Ec2Api for MemoryEc2 {
                 (record.instance.clone(), state.options.launch_latency, false)
             } else {
                 Self::validate(&state, spec)?;
+                if spec.dry_run {
+                    return Err(ApiError::new(
+                        crate::cloud::backend::DRY_RUN_PASSED,
+                        "Request would have succeeded, but DryRun flag is set.",
+                    ));
+                }
                 let instance = Self::create(&mut state, spec);
                 (instance, state.options.launch_latency, true)
             }
