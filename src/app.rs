@@ -55,6 +55,7 @@ async fn dispatch(command: Command) -> anyhow::Result<()> {
         }
         Command::Run(args) => run(*args).await,
         Command::Inventory(args) => inventory(*args).await,
+        Command::Preflight(args) => preflight(*args).await,
     }
 }
 
@@ -87,6 +88,66 @@ async fn inventory(args: crate::cli::InventoryArgs) -> anyhow::Result<()> {
     .await?;
     print!("{}", found.render());
     Ok(())
+}
+
+/// `questdb-operator preflight`: the checks once, each finding on a line; an error (exit 1)
+/// when one fails.
+async fn preflight(args: crate::cli::PreflightArgs) -> anyhow::Result<()> {
+    let run = args.run;
+    let client = kube::Client::try_from(kube_config(run.kubeconfig.as_deref()).await?)?;
+    let built = build_cloud(
+        &run.cloud,
+        CloudProvider::None,
+        crate::metrics::Metrics::new().aws_observer(),
+    )
+    .await?;
+    let cloud = built.map(|b| b.cloud);
+    // As the operator reads them: the watched namespace, a QuestDB it cannot parse skipped.
+    let api: kube::Api<crate::controllers::keys::GuardedQuestDB> = if run.namespace.is_empty() {
+        kube::Api::all(client.clone())
+    } else {
+        kube::Api::namespaced(client.clone(), &run.namespace)
+    };
+    let questdbs: Vec<crate::api::QuestDB> = api
+        .list(&Default::default())
+        .await
+        .context("listing QuestDBs (the launches they ask for are dry-run)")?
+        .items
+        .into_iter()
+        .filter_map(|q| q.0.ok())
+        .collect();
+    // Where the running operator asks for the snapshot API: its own namespace, else the
+    // watched one.
+    let snapshot_namespace = std::env::var("POD_NAMESPACE")
+        .ok()
+        .filter(|n| !n.is_empty())
+        .or_else(|| Some(run.namespace.clone()).filter(|n| !n.is_empty()))
+        .unwrap_or_else(|| "default".into());
+    let findings = crate::controllers::preflight::check(
+        cloud.as_ref().map(|c| c.nodes.as_ref()),
+        cloud.as_ref().and_then(|c| c.dns.as_deref()),
+        &client,
+        &snapshot_namespace,
+        &questdbs,
+    )
+    .await;
+    for f in &findings {
+        println!("FAIL {}", f.line());
+    }
+    if findings.is_empty() {
+        println!(
+            "preflight passed: {} ({} QuestDBs read)",
+            if cloud.is_some() {
+                "network, instance types, launches, hosted zone, snapshot API"
+            } else {
+                "snapshot API (no cloud provider)"
+            },
+            questdbs.len()
+        );
+        Ok(())
+    } else {
+        anyhow::bail!("the preflight found {} problem(s)", findings.len())
+    }
 }
 
 fn init_logging(format: LogFormat) {

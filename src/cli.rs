@@ -29,6 +29,10 @@ pub enum Command {
     /// List what the operator owns that costs money or holds data (QuestDBs, instances,
     /// records, volume claims, snapshots): what an uninstall would leave behind. Reads only.
     Inventory(Box<InventoryArgs>),
+    /// Run the preflight once (what the operator checks at start: the network, the allowed
+    /// instance types, the QuestDBs' launches as a dry run, the hosted zone, the snapshot API),
+    /// print each finding with its fix, and exit 1 if there is one. The chart's `helm test`.
+    Preflight(Box<PreflightArgs>),
     /// Print the version.
     Version,
 }
@@ -47,6 +51,14 @@ pub struct InventoryArgs {
     /// only the cluster's objects are listed, not EC2's instances nor Route53's records.
     #[command(flatten)]
     pub cloud: CloudArgs,
+}
+
+/// `preflight` takes exactly `run`'s flags (the chart's `helm test` Pod runs the Deployment's
+/// arguments with `preflight` for `run`), so it checks the configuration the operator runs with.
+#[derive(Args, Debug, Clone)]
+pub struct PreflightArgs {
+    #[command(flatten)]
+    pub run: RunArgs,
 }
 
 #[derive(Args, Debug, Clone)]

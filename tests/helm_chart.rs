@@ -146,6 +146,15 @@ fn render(extra: &[&str]) -> Vec<Value> {
     documents(&helm_ok(&args))
 }
 
+/// What `helm install` creates: the rendering without its hooks (the `helm test` Pod is made
+/// by `helm test` only).
+fn installed(objects: Vec<Value>) -> Vec<Value> {
+    objects
+        .into_iter()
+        .filter(|o| o["metadata"]["annotations"]["helm.sh/hook"].is_null())
+        .collect()
+}
+
 fn kind(o: &Value) -> &str {
     o["kind"].as_str().unwrap_or_default()
 }
@@ -540,7 +549,7 @@ fn missing_or_mistyped_values_are_refused_at_helm_install_not_at_start_up() {
 fn default_install_is_deploys_kustomize_install_object_for_object() {
     let deploy = kustomize(&root().join("deploy"));
     // deploy/'s image name (its kustomization's `images:` is where a user sets theirs).
-    let chart = render(&["--set", DEPLOY_IMAGE]);
+    let chart = installed(render(&["--set", DEPLOY_IMAGE]));
     let extra = assert_same_objects(deploy, chart);
     assert!(
         extra.is_empty(),
@@ -587,7 +596,12 @@ fn chart_grants_exactly_deploys_cluster_rbac() {
 #[test]
 fn namespaced_install_is_deploy_namespaced_and_grants_exactly_its_role() {
     let deploy = kustomize(&root().join("deploy/namespaced"));
-    let chart = render(&["--set", "rbac.scope=namespace", "--set", DEPLOY_IMAGE]);
+    let chart = installed(render(&[
+        "--set",
+        "rbac.scope=namespace",
+        "--set",
+        DEPLOY_IMAGE,
+    ]));
     let role = read_documents(&root().join("deploy/namespaced/role.yaml"));
     assert_same_rules(
         find(&chart, "Role", "questdb-operator"),
@@ -1009,4 +1023,62 @@ fn the_chart_installs_a_retaining_volume_snapshot_class_only_when_asked() {
         class["metadata"]["annotations"]["snapshot.storage.kubernetes.io/is-default-class"],
         "true"
     );
+}
+
+/// `helm test` runs the operator's preflight with exactly the flags the Deployment runs with
+/// (for every value set: `ci/all-values.yaml`), its ServiceAccount (its AWS identity) and its
+/// image: a test that checked another configuration than the one running would pass a broken
+/// install. What the preflight finds is tested where it runs (tests/integration/eks.rs runs
+/// this Pod's command against the control plane and moto).
+#[test]
+fn helm_test_runs_the_preflight_with_the_deployments_own_flags() {
+    for extra in [
+        vec!["--set", DEPLOY_IMAGE],
+        vec![
+            "-f",
+            &format!("{CHART}/ci/aws-values.yaml"),
+            "--set",
+            DEPLOY_IMAGE,
+        ],
+        vec!["-f", &format!("{CHART}/ci/all-values.yaml")],
+    ] {
+        let objects = render(&extra);
+        let deployment = objects
+            .iter()
+            .find(|o| kind(o) == "Deployment")
+            .expect("a Deployment");
+        let name = deployment["metadata"]["name"].as_str().unwrap().to_string();
+        let run_args = deployment_args(&objects, &name);
+        let pod = find(&objects, "Pod", &format!("{name}-preflight"));
+        assert_eq!(pod["metadata"]["annotations"]["helm.sh/hook"], "test");
+        let spec = &pod["spec"];
+        let template = &deployment["spec"]["template"]["spec"];
+        assert_eq!(spec["serviceAccountName"], template["serviceAccountName"]);
+        let container = &spec["containers"][0];
+        assert_eq!(container["image"], template["containers"][0]["image"]);
+        let args: Vec<String> = container["args"]
+            .as_array()
+            .expect("args")
+            .iter()
+            .map(|a| a.as_str().unwrap().to_string())
+            .collect();
+        assert_eq!(args[0], "preflight");
+        assert_eq!(
+            args[1..],
+            run_args[1..],
+            "the Deployment's flags, {extra:?}"
+        );
+        let argv = std::iter::once("questdb-operator".to_string()).chain(args.iter().cloned());
+        match Cli::try_parse_from(argv) {
+            Ok(Cli {
+                command: CliCommand::Preflight(p),
+                ..
+            }) => assert_eq!(
+                format!("{:?}", p.run),
+                format!("{:?}", parse_run(&run_args)),
+                "preflight reads the flags as run does"
+            ),
+            other => panic!("the operator refuses the helm test's arguments {args:?}: {other:?}"),
+        }
+    }
 }

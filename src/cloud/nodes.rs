@@ -523,13 +523,17 @@ impl<A: Ec2Api + 'static> NodeProvider for Ec2NodeProvider<A> {
         spec.client_token = format!("dry-run-{}", spec.client_token);
         let answer = self
             .calls
-            .call(super::backend::DRY_RUN_OPERATION, NotFound::Return, || async {
-                match self.api.run_instance(&spec).await {
-                    Err(e) if e.code == super::backend::DRY_RUN_PASSED => Ok(None),
-                    Err(e) => Err(e),
-                    Ok(instance) => Ok(Some(instance)),
-                }
-            })
+            .call(
+                super::backend::DRY_RUN_OPERATION,
+                NotFound::Return,
+                || async {
+                    match self.api.run_instance(&spec).await {
+                        Err(e) if e.code == super::backend::DRY_RUN_PASSED => Ok(None),
+                        Err(e) => Err(e),
+                        Ok(instance) => Ok(Some(instance)),
+                    }
+                },
+            )
             .await
             .map_err(|e| CloudError::from_api(super::backend::DRY_RUN_OPERATION, e))?;
         if let Some(instance) = answer {

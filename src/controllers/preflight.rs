@@ -28,7 +28,7 @@ use kube::ResourceExt;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info};
 
-use crate::api::EventReason;
+use crate::api::{EventReason, QuestDB};
 use crate::controllers::context::Context;
 use crate::plan::preflight::{
     blocks_launches, hosted_zone, instance_type, launch, network, snapshot_api, Check, Finding,
@@ -39,11 +39,10 @@ use crate::plan::preflight::{
 pub const LAUNCH_SAMPLES: usize = 8;
 
 /// The distinct launches the QuestDBs ask for, each with words for the finding.
-fn launch_samples(ctx: &Context) -> Vec<(String, crate::cloud::LaunchRequest)> {
+fn launch_samples(questdbs: &[QuestDB]) -> Vec<(String, crate::cloud::LaunchRequest)> {
     let mut seen = std::collections::BTreeSet::new();
     let mut out = Vec::new();
-    for q in ctx.caches.questdbs.state() {
-        let Ok(qdb) = q.0.as_ref() else { continue };
+    for qdb in questdbs {
         let Some(node) = &qdb.spec.node else { continue };
         let public = qdb.spec.dns.as_ref().is_some_and(|d| d.public);
         let key = (
@@ -83,29 +82,51 @@ fn launch_samples(ctx: &Context) -> Vec<(String, crate::cloud::LaunchRequest)> {
 
 /// Every finding of one preflight run, checks in their order.
 pub async fn run_checks(ctx: &Context, snapshot_namespace: &str) -> Vec<Finding> {
+    let questdbs: Vec<QuestDB> = ctx
+        .caches
+        .questdbs
+        .state()
+        .iter()
+        .filter_map(|q| q.0.as_ref().ok().cloned())
+        .collect();
+    check(
+        ctx.cloud.as_ref().map(|c| c.nodes.as_ref()),
+        ctx.cloud.as_ref().and_then(|c| c.dns.as_deref()),
+        &ctx.client,
+        snapshot_namespace,
+        &questdbs,
+    )
+    .await
+}
+
+/// The checks themselves, on what they need: the running operator's caches
+/// ([`run_checks`]), or `questdb-operator preflight`'s one-off reads (the chart's `helm test`).
+pub async fn check(
+    nodes: Option<&dyn crate::cloud::NodeProvider>,
+    dns: Option<&dyn crate::cloud::DnsProvider>,
+    client: &kube::Client,
+    snapshot_namespace: &str,
+    questdbs: &[QuestDB],
+) -> Vec<Finding> {
     let mut findings = Vec::new();
-    if let Some(cloud) = &ctx.cloud {
-        findings.extend(network(cloud.nodes.check_network().await));
-        let zones: Vec<String> = cloud.nodes.zones();
-        for name in cloud
-            .nodes
+    if let Some(nodes) = nodes {
+        findings.extend(network(nodes.check_network().await));
+        let zones: Vec<String> = nodes.zones();
+        for name in nodes
             .allowed_instance_types()
             .iter()
             .filter(|t| !t.contains('*'))
         {
             let mut answers = Vec::new();
             for zone in &zones {
-                answers.push((
-                    zone.clone(),
-                    cloud.nodes.instance_type_facts(name, zone).await,
-                ));
+                answers.push((zone.clone(), nodes.instance_type_facts(name, zone).await));
             }
             findings.extend(instance_type(name, &answers));
         }
-        for (what, req) in launch_samples(ctx) {
-            findings.extend(launch(&what, cloud.nodes.check_launch(&req).await));
+        for (what, req) in launch_samples(questdbs) {
+            findings.extend(launch(&what, nodes.check_launch(&req).await));
         }
-        if let Some(dns) = &cloud.dns {
+        if let Some(dns) = dns {
             // A name no record has: the read answers empty when the zone is readable.
             let read = dns
                 .read_a("questdb-operator-preflight.invalid")
@@ -115,7 +136,7 @@ pub async fn run_checks(ctx: &Context, snapshot_namespace: &str) -> Vec<Finding>
         }
     }
     findings.extend(snapshot_api(
-        crate::controllers::backup::snapshot::api_served(&ctx.client, snapshot_namespace).await,
+        crate::controllers::backup::snapshot::api_served(client, snapshot_namespace).await,
     ));
     findings
 }

@@ -315,18 +315,55 @@ fn filled_example(aws: &AwsSide) -> QuestDB {
     serde_yaml_ng::from_str(&text).expect("the example is a QuestDB")
 }
 
-/// The flags the chart gave the operator's Deployment, as the operator parses them.
-async fn chart_run_args(env: &Env) -> RunArgs {
+/// The arguments the chart gave the operator's Deployment.
+async fn chart_args(env: &Env) -> Vec<String> {
     let deployment = Api::<Deployment>::namespaced(env.client.clone(), OPERATOR_NAMESPACE)
         .get("questdb-operator")
         .await
         .expect("the chart's Deployment");
-    let args = deployment
+    deployment
         .spec
         .and_then(|s| s.template.spec)
         .and_then(|s| s.containers.into_iter().next())
         .and_then(|c| c.args)
-        .expect("container args");
+        .expect("container args")
+}
+
+/// `helm test`'s command (the chart's test Pod: the Deployment's flags with `preflight` for
+/// `run`, tests/helm_chart.rs keeps the two equal), run as the operator's binary against the
+/// control plane and moto (the chart's endpoint flag), with `extra` flags after the chart's. Its exit status and output.
+async fn helm_test_preflight(env: &Env, extra: &[&str]) -> (bool, String) {
+    let mut args = chart_args(env).await;
+    assert_eq!(args[0], "run");
+    args[0] = "preflight".into();
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(&kubeconfig, env.cp.kubeconfig_yaml()).expect("kubeconfig");
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_questdb-operator"))
+        .args(&args)
+        .env("KUBECONFIG", &kubeconfig)
+        .env("POD_NAMESPACE", OPERATOR_NAMESPACE)
+        .env("AWS_ACCESS_KEY_ID", "testing")
+        .env("AWS_SECRET_ACCESS_KEY", "testing")
+        .env_remove("AWS_PROFILE")
+        .kill_on_drop(true)
+        .output()
+        .await
+        .expect("the operator binary runs");
+    (
+        out.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+/// The flags the chart gave the operator's Deployment, as the operator parses them.
+async fn chart_run_args(env: &Env) -> RunArgs {
+    let args = chart_args(env).await;
     let argv = std::iter::once("questdb-operator".to_string()).chain(args);
     match Cli::try_parse_from(argv).expect("the operator accepts the chart's flags") {
         Cli {
@@ -545,6 +582,17 @@ async fn the_readmes_eks_path_ends_with_a_ready_database_on_its_own_node_and_rec
         secondary.contains(&pod_ip.as_str()),
         "{pod_ip} is one of the instance's addresses"
     );
+    // `helm test`: the preflight passes on the README's install, the example's launch
+    // dry-run included; with an instance profile no one made it fails, naming it.
+    let (passed, output) = helm_test_preflight(&env, &[]).await;
+    assert!(passed && output.contains("preflight passed"), "{output}");
+    let (passed, output) =
+        helm_test_preflight(&env, &["--aws-instance-profile=nobody-made-this"]).await;
+    assert!(
+        !passed && output.contains("FAIL launch") && output.contains("nobody-made-this"),
+        "{output}"
+    );
+
     let record = format!("orders.{NS}.{HOSTED_ZONE}");
     assert_eq!(status.dns_name.as_deref(), Some(record.as_str()));
     let dns = cloud.dns.clone().expect("DNS provider");
