@@ -450,3 +450,145 @@ fn the_operator_finds_the_stacks_instance_profile_and_database_group_without_val
         "the database group carries the tag the operator's discovery looks for: {tags:?}"
     );
 }
+
+/// These machines run no container builder, so the image is checked as far as it can be
+/// without one. The harm each check prevents: an image that builds another binary or crate
+/// than the one tested (or one without the AWS provider, which the sandbox builds without),
+/// copies a path the build never wrote, starts something else than `questdb-operator run`, or
+/// links a library its distroless base does not have (it would die at exec on the cluster).
+#[test]
+fn the_image_ships_the_tested_operator_binary_with_its_aws_provider_on_a_base_that_can_run_it() {
+    let dockerfile = std::fs::read_to_string(repo("Dockerfile")).expect("Dockerfile");
+    // Continuation lines joined: one instruction per line.
+    let instructions: Vec<String> = dockerfile
+        .replace("\\\n", " ")
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(str::to_string)
+        .collect();
+    let build = instructions
+        .iter()
+        .find(|l| l.contains("cargo build"))
+        .expect("the builder stage runs cargo build");
+    for flag in [
+        "--release",
+        "--locked",
+        "-p questdb-operator",
+        "--bin questdb-operator",
+    ] {
+        assert!(
+            build.contains(flag),
+            "the image's build lacks {flag}: {build}"
+        );
+    }
+    assert!(
+        !build.contains("--no-default-features") && !build.contains("--features"),
+        "the image builds the default features, which are the shipped ones: {build}"
+    );
+    let manifest: toml::Value =
+        toml::from_str(&std::fs::read_to_string(repo("Cargo.toml")).unwrap()).expect("Cargo.toml");
+    let default: Vec<&str> = manifest["features"]["default"]
+        .as_array()
+        .expect("default features")
+        .iter()
+        .filter_map(|f| f.as_str())
+        .collect();
+    assert_eq!(
+        default,
+        ["aws"],
+        "the shipped binary has the AWS provider and neither the memory cloud nor the test fixtures"
+    );
+    let bins: Vec<&str> = manifest["bin"]
+        .as_array()
+        .expect("[[bin]]")
+        .iter()
+        .filter_map(|b| b["name"].as_str())
+        .collect();
+    assert!(bins.contains(&"questdb-operator"), "{bins:?}");
+    // The binary the build writes is the one copied out, into the final stage, and started.
+    let out = build
+        .split("install ")
+        .nth(1)
+        .expect("the build copies the binary out of the cache mount");
+    let parts: Vec<&str> = out.split_whitespace().collect();
+    assert_eq!(
+        parts[parts.len() - 2],
+        "target/release/questdb-operator",
+        "{build}"
+    );
+    let written = parts[parts.len() - 1];
+    let copy = instructions
+        .iter()
+        .find(|l| l.starts_with("COPY --from=builder"))
+        .expect("the final stage copies from the builder");
+    let copy: Vec<&str> = copy.split_whitespace().collect();
+    assert_eq!(
+        copy[2], written,
+        "the final stage copies what the build wrote"
+    );
+    let entrypoint = instructions
+        .iter()
+        .find(|l| l.starts_with("ENTRYPOINT"))
+        .expect("ENTRYPOINT");
+    assert_eq!(
+        entrypoint,
+        &format!("ENTRYPOINT [\"{}\"]", copy[3]),
+        "exec form, the copied binary: no shell in distroless"
+    );
+    assert!(instructions.iter().any(|l| l == "CMD [\"run\"]"));
+    let user = instructions
+        .iter()
+        .find(|l| l.starts_with("USER"))
+        .expect("USER");
+    assert_eq!(user, "USER 65532:65532", "numeric, for runAsNonRoot");
+    // Builder and base from one Debian release: the binary's glibc symbols are the base's.
+    let froms: Vec<&String> = instructions
+        .iter()
+        .filter(|l| l.starts_with("FROM"))
+        .collect();
+    assert!(froms[0].contains("-bookworm@"), "{}", froms[0]);
+    assert!(froms[1].contains("distroless/cc-debian12"), "{}", froms[1]);
+    // The binary links only what distroless/cc has (glibc, libgcc_s): OpenSSL or another
+    // library would be missing at exec. Read from the same crate's binary the tests run.
+    let elf = std::process::Command::new("readelf")
+        .args(["-d", env!("CARGO_BIN_EXE_questdb-operator")])
+        .output()
+        .expect("readelf (binutils) reads the binary's dynamic section");
+    let needed: Vec<String> = String::from_utf8_lossy(&elf.stdout)
+        .lines()
+        .filter(|l| l.contains("(NEEDED)"))
+        .filter_map(|l| Some(l.split('[').nth(1)?.trim_end_matches(']').to_string()))
+        .collect();
+    assert!(!needed.is_empty(), "a dynamically linked binary");
+    for lib in &needed {
+        assert!(
+            [
+                "libc.so.6",
+                "libm.so.6",
+                "libgcc_s.so.1",
+                "libpthread.so.0",
+                "libdl.so.2",
+                "librt.so.1"
+            ]
+            .contains(&lib.as_str())
+                || lib.starts_with("ld-linux"),
+            "{lib} is not in distroless/cc: {needed:?}"
+        );
+    }
+    // And it starts: the image's `run`, and the helm test's `preflight`.
+    for sub in ["run", "preflight"] {
+        let help = std::process::Command::new(env!("CARGO_BIN_EXE_questdb-operator"))
+            .args([sub, "--help"])
+            .output()
+            .expect("the binary runs");
+        assert!(help.status.success(), "{sub} --help: {help:?}");
+    }
+    let ignore = std::fs::read_to_string(repo(".dockerignore")).expect(".dockerignore");
+    for kept_out in ["target/", ".venv/", ".git/"] {
+        assert!(
+            ignore.lines().any(|l| l.trim() == kept_out),
+            "{kept_out} stays out of the build context"
+        );
+    }
+}
