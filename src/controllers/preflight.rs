@@ -22,8 +22,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::api::storage::v1::StorageClass;
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
+use kube::Api;
 use kube::ResourceExt;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info};
@@ -31,7 +33,8 @@ use tracing::{error, info};
 use crate::api::{EventReason, QuestDB};
 use crate::controllers::context::Context;
 use crate::plan::preflight::{
-    blocks_launches, hosted_zone, instance_type, launch, network, snapshot_api, Check, Finding,
+    blocks_launches, hosted_zone, instance_type, launch, network, snapshot_api, storage_class,
+    Check, Finding,
 };
 
 /// At most this many distinct launches (image, instance type, zone, public address) are
@@ -135,10 +138,38 @@ pub async fn check(
             findings.extend(hosted_zone(&dns.zone_id(), read));
         }
     }
+    let classes = Api::<StorageClass>::all(client.clone());
+    for (name, asked_by) in storage_classes(questdbs) {
+        let exists = classes.get_opt(&name).await.map(|c| c.is_some());
+        findings.extend(storage_class(&name, &asked_by, exists));
+    }
     findings.extend(snapshot_api(
         crate::controllers::backup::snapshot::api_served(client, snapshot_namespace).await,
     ));
     findings
+}
+
+/// The distinct StorageClasses the QuestDBs name (at most [`LAUNCH_SAMPLES`]), each with the
+/// first QuestDB naming it. One that names none gets the cluster's default class, which the
+/// operator may not list (`get` only).
+fn storage_classes(questdbs: &[QuestDB]) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = Vec::new();
+    for qdb in questdbs {
+        let Some(name) = &qdb.spec.volume.storage_class_name else {
+            continue;
+        };
+        if out.iter().any(|(n, _)| n == name) {
+            continue;
+        }
+        out.push((
+            name.clone(),
+            format!("{}/{}", qdb.namespace().unwrap_or_default(), qdb.name_any()),
+        ));
+        if out.len() == LAUNCH_SAMPLES {
+            break;
+        }
+    }
+    out
 }
 
 /// How often the checks run while one fails, and while none does.

@@ -30,6 +30,9 @@ pub enum Check {
     HostedZone,
     /// The VolumeSnapshot API (the CSI snapshot CRDs) is served: backups need it.
     SnapshotApi,
+    /// Every StorageClass a QuestDB names exists (a claim of a missing class stays Pending,
+    /// and its database with it).
+    StorageClass,
     /// EC2 would launch the nodes the QuestDBs ask for: a dry-run RunInstances of each image,
     /// instance type and zone in use (the operator's permissions, `iam:PassRole` of the
     /// instance profile, the profile itself).
@@ -171,6 +174,29 @@ pub fn snapshot_api(answer: kube::Result<bool>) -> Vec<Finding> {
             check: Check::SnapshotApi,
             problem: format!("could not ask whether the VolumeSnapshot API is served: {e}"),
             fix: "allow the operator to list volumesnapshots".into(),
+            certain: false,
+        }],
+    }
+}
+
+/// The findings of reading StorageClass `name`, which `asked_by` (a QuestDB, in words) names.
+pub fn storage_class(name: &str, asked_by: &str, answer: kube::Result<bool>) -> Vec<Finding> {
+    match answer {
+        Ok(true) => vec![],
+        Ok(false) => vec![Finding {
+            check: Check::StorageClass,
+            problem: format!(
+                "the StorageClass {name} ({asked_by} names it) does not exist: its volume claim stays Pending and the database never starts"
+            ),
+            fix: format!(
+                "create {name} (on EKS: kubectl apply -f deploy/aws/storageclass.yaml makes questdb-gp3), or name an existing class in spec.volume.storageClassName"
+            ),
+            certain: true,
+        }],
+        Err(e) => vec![Finding {
+            check: Check::StorageClass,
+            problem: format!("could not read the StorageClass {name} ({asked_by} names it): {e}"),
+            fix: "allow the operator to get storageclasses (a namespaced install has no such right: the check is then only reported)".into(),
             certain: false,
         }],
     }
@@ -322,6 +348,15 @@ mod tests {
             }),
         );
         assert!(!slow[0].certain);
+    }
+
+    #[test]
+    fn a_storage_class_no_one_made_is_named_with_the_class_the_stack_ships() {
+        assert!(storage_class("questdb-gp3", "team-a/orders", Ok(true)).is_empty());
+        let missing = storage_class("questdb-gp3", "team-a/orders", Ok(false));
+        assert!(missing[0].certain);
+        assert!(missing[0].problem.contains("team-a/orders"));
+        assert!(missing[0].fix.contains("deploy/aws/storageclass.yaml"));
     }
 
     #[test]

@@ -488,6 +488,7 @@ async fn the_readmes_eks_path_ends_with_a_ready_database_on_its_own_node_and_rec
         "hosted-zone",
         "snapshot-api",
         "launch",
+        "storage-class",
     ] {
         assert_eq!(
             crate::preflight::failures(&scrape, check),

@@ -133,6 +133,8 @@ async fn a_missing_subnet_a_foreign_group_an_unknown_type_and_no_snapshot_api_ar
             zone: other_zone.clone(),
             ..Default::default()
         });
+        // A class no one made here (the README's step 2 makes it on EKS).
+        q.spec.volume.storage_class_name = Some("questdb-gp3".into());
     })
     .await;
     let mark = crate::log_capture::mark();
@@ -151,6 +153,7 @@ async fn a_missing_subnet_a_foreign_group_an_unknown_type_and_no_snapshot_api_ar
         ("instance-types", 1),
         ("snapshot-api", 1),
         ("launch", 1),
+        ("storage-class", 1),
         ("hosted-zone", 0),
     ] {
         assert_eq!(failures(&scrape, check), Some(expected), "{check}");
@@ -170,6 +173,14 @@ async fn a_missing_subnet_a_foreign_group_an_unknown_type_and_no_snapshot_api_ar
         (
             "the missing snapshot API",
             vec!["VolumeSnapshot API", "snapshot-controller"],
+        ),
+        (
+            "the StorageClass no one made",
+            vec![
+                "questdb-gp3",
+                "orders-team/orders",
+                "deploy/aws/storageclass.yaml",
+            ],
         ),
         (
             "the launch EC2 would refuse: no such instance profile",
