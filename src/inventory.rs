@@ -1,5 +1,5 @@
 //! `questdb-operator inventory`: what the operator owns that costs money or holds data, listed
-//! before an uninstall (README, "Uninstalling without leaving anything billed"): the
+//! before an uninstall (docs/operations/eks.md, "Uninstalling without leaving anything billed"): the
 //! QuestDBs (each one's finalizer gives its instance and record back), the dedicated instances
 //! EC2 runs for this cluster (by its tag, whatever the QuestDBs say), the DNS records the
 //! QuestDBs published, the operator's volume claims (a retained one outlives its QuestDB) and
@@ -57,7 +57,7 @@ impl Inventory {
         out.push_str(&match (questdbs, remaining) {
             (0, 0) => "nothing would remain: the chart can be uninstalled\n".to_string(),
             (0, n) => format!(
-                "{n} item(s) would remain after helm uninstall: delete the ones you do not keep (README, Uninstalling)\n"
+                "{n} item(s) would remain after helm uninstall: delete the ones you do not keep (docs/operations/eks.md, Uninstalling)\n"
             ),
             (q, n) => format!(
                 "{q} QuestDB(s) still exist and {n} item(s) would remain: delete the QuestDBs first (kubectl delete qdb --all -A) while the operator runs; it gives their instances and records back\n"

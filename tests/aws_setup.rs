@@ -108,7 +108,7 @@ fn without_a_hosted_zone_the_operator_gets_no_dns_permission() {
     assert!(text.contains("ec2:RunInstances"), "{text}");
 }
 
-/// README: a customer-managed key for the nodes' volumes needs these on that key, and nothing
+/// docs/operations/eks.md: a customer-managed key for the nodes' volumes needs these on that key, and nothing
 /// else does; `kms:ReEncrypt*` is spelled out so that no action is a wildcard.
 #[test]
 fn a_customer_key_adds_exactly_the_kms_calls_ebs_makes_on_the_operators_behalf() {
@@ -352,17 +352,17 @@ fn every_base_image_of_the_container_build_is_pinned_by_digest() {
     }
 }
 
-/// The README's fenced block that starts with `first_line`.
-fn readme_block(first_line: &str) -> String {
-    let readme = std::fs::read_to_string(repo("README.md")).expect("README");
+/// The fenced block of the documentation page `page` that starts with `first_line`.
+fn doc_block(page: &str, first_line: &str) -> String {
+    let readme = std::fs::read_to_string(repo(page)).expect(page);
     let start = readme
         .find(first_line)
-        .unwrap_or_else(|| panic!("no README block starting {first_line:?}"));
+        .unwrap_or_else(|| panic!("no block in {page} starting {first_line:?}"));
     let body = &readme[start..];
     body[..body.find("```").expect("the block ends")].to_string()
 }
 
-/// A `Key='a,b'` parameter override of the README's stack command, as a list.
+/// A `Key='a,b'` parameter override of the documented stack command, as a list.
 fn stack_override(command: &str, key: &str) -> Vec<String> {
     let start = command
         .find(&format!("{key}='"))
@@ -383,13 +383,18 @@ fn as_strings(v: &Value) -> Vec<String> {
 }
 
 /// One instance-type list and one image-owner rule on the EKS path: the stack's defaults, the
-/// README's stack command (the IAM policy) and Helm values (the operator's allow-list) agree,
+/// documented stack command (the IAM policy) and Helm values (the operator's allow-list) agree,
 /// and the EKS example asks for a type they allow. Three lists that disagreed made the
 /// operator refuse the example's type, or IAM refuse what the operator allowed.
 #[test]
 fn the_eks_path_names_one_instance_type_list_and_one_image_owner_rule() {
-    let command = readme_block("aws cloudformation deploy --stack-name questdb-operator");
-    let values: Value = serde_yaml_ng::from_str(&readme_block("# eks-values.yaml")).unwrap();
+    let command = doc_block(
+        "docs/operations/eks.md",
+        "aws cloudformation deploy --stack-name questdb-operator",
+    );
+    let values: Value =
+        serde_yaml_ng::from_str(&doc_block("docs/operations/install.md", "# eks-values.yaml"))
+            .unwrap();
     let params = &template()["Parameters"];
     let default = |key: &str| -> Vec<String> {
         params[key]["Default"]

@@ -230,10 +230,10 @@ pub struct ConfigSpec {
     /// When QuestDB's writes reach the disk (`cairo.commit.mode`). `sync` (the default): every
     /// commit (an ILP/HTTP request, a pgwire INSERT) is fsynced before it is acknowledged, so
     /// no acknowledged row is lost when the node loses power; it costs write throughput (the
-    /// README's durability table: about half of ILP/HTTP's rows per second for one client).
+    /// durability table in docs/user-guide/questdb-resource.md: about half of ILP/HTTP's rows per second for one client).
     /// `nosync` (QuestDB's own default) and `async` acknowledge rows the kernel has not
     /// written back yet: a process crash or a clean stop loses nothing, a power loss or a
-    /// kernel crash loses the last seconds of acknowledged rows (measured in the README).
+    /// kernel crash loses the last seconds of acknowledged rows (measured there).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub commit_mode: Option<CommitMode>,
 }

@@ -350,7 +350,7 @@ async fn a_partition_that_heals_during_the_graceful_fence_loses_no_acknowledged_
 /// off. Its volume must not reach the replacement while it can still write.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_acknowledged_row_survives_a_failover_of_a_partitioned_node_and_never_two_writers() {
-    // Under `nosync`, which a power cut punishes (the README's durability table): the
+    // Under `nosync`, which a power cut punishes (docs/user-guide/questdb-resource.md's durability table): the
     // fence's normal stop lets the partitioned node's OS stop QuestDB (SIGTERM) and write
     // back what its kernel held, so nothing acknowledged is lost.
     failover_keeps_every_acknowledged_row(

@@ -1,9 +1,9 @@
-//! The README's "Deploy on EKS", step by step with the commands it gives, against moto's EC2
+//! docs/operations/eks.md ("Deploy on EKS"), step by step with the commands it gives, against moto's EC2
 //! and Route53 (AWS's APIs through the real SDK) and the real control plane: the StorageClass
 //! of deploy/aws, the chart installed with `cloudProvider: aws` and the AWS side as values,
 //! the operator run with exactly the flags the chart renders, and examples/eks-questdb.yaml
 //! filled in. The test kubelet joins each instance moto runs from the user data moto holds,
-//! as nodeadm would, under the instance's private DNS name. A step of the README that does not
+//! as nodeadm would, under the instance's private DNS name. A step of that page that does not
 //! lead to a Ready database on its own node, with its record, fails here.
 
 use std::collections::BTreeMap;
@@ -245,22 +245,25 @@ async fn create_instance_profile(moto: &Moto, name: &str) {
     .await;
 }
 
-/// The README's `eks-values.yaml` block as written (README "Install with Helm").
+/// The documented `eks-values.yaml` block as written (docs/operations/install.md, "Install
+/// with Helm").
 fn readme_values() -> serde_json::Value {
-    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md"))
-        .expect("README");
+    let readme = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/operations/install.md"),
+    )
+    .expect("docs/operations/install.md");
     let start = readme
         .find("```yaml\n# eks-values.yaml\n")
-        .expect("the README's eks-values.yaml block");
+        .expect("the documented eks-values.yaml block");
     let body = &readme[start + "```yaml\n".len()..];
     let end = body.find("```").expect("the block ends");
-    serde_yaml_ng::from_str(&body[..end]).expect("the README's values are YAML")
+    serde_yaml_ng::from_str(&body[..end]).expect("the documented values are YAML")
 }
 
-/// The values a user writes after step 1: the README's block with what only moto can say
+/// The values a user writes after step 1: the documented block with what only moto can say
 /// filled in (the cluster's name and region as moto has them, its endpoint, the hosted zone).
 /// Nothing of the cluster's network: the operator reads it from the cluster. The launch
-/// allow-list stays the README's, so a README whose lists refuse its own example fails here;
+/// allow-list stays the page's, so a page whose lists refuse its own example fails here;
 /// moto's AMI owner stands in for the EKS account (moto's images carry no `amazon` alias).
 fn values(aws: &AwsSide, moto: &Moto) -> serde_json::Value {
     let mut v = readme_values();
@@ -268,7 +271,7 @@ fn values(aws: &AwsSide, moto: &Moto) -> serde_json::Value {
     for given in ["subnets", "securityGroupIds", "instanceProfile", "eks"] {
         assert!(
             a.get(given).is_none(),
-            "the README's first install sets aws.{given}, which the operator reads from the cluster"
+            "the documented first install sets aws.{given}, which the operator reads from the cluster"
         );
     }
     a["clusterName"] = CLUSTER.into();
@@ -277,7 +280,7 @@ fn values(aws: &AwsSide, moto: &Moto) -> serde_json::Value {
     a["route53HostedZoneId"] = aws.hosted_zone.clone().into();
     let owners = v["nodes"]["allowedImageOwners"]
         .as_array()
-        .expect("the README lists image owners")
+        .expect("the documented values list image owners")
         .iter()
         .map(|o| match o.as_str() {
             Some("602401143452") => serde_json::Value::from(aws.ami_owner.clone()),
@@ -473,8 +476,8 @@ async fn the_readmes_eks_path_ends_with_a_ready_database_on_its_own_node_and_rec
         .expect("the example applied");
     env.start_synced_manager(options).await;
 
-    // The preflight finds nothing wrong with the README's install (the snapshot API is there:
-    // the control plane runs the snapshot-controller, as the README's add-on step installs).
+    // The preflight finds nothing wrong with the documented install (the snapshot API is there:
+    // the control plane runs the snapshot-controller, as the documented add-on step installs).
     let metrics = env.handle.metrics.clone();
     wait_until("the preflight ran", || {
         let scrape = metrics.render();
@@ -493,7 +496,7 @@ async fn the_readmes_eks_path_ends_with_a_ready_database_on_its_own_node_and_rec
         assert_eq!(
             crate::preflight::failures(&scrape, check),
             Some(0),
-            "the preflight's {check} check fails on the README's install"
+            "the preflight's {check} check fails on the documented install"
         );
     }
 
@@ -583,7 +586,7 @@ async fn the_readmes_eks_path_ends_with_a_ready_database_on_its_own_node_and_rec
         secondary.contains(&pod_ip.as_str()),
         "{pod_ip} is one of the instance's addresses"
     );
-    // `helm test`: the preflight passes on the README's install, the example's launch
+    // `helm test`: the preflight passes on the documented install, the example's launch
     // dry-run included; with an instance profile no one made it fails, naming it.
     let (passed, output) = helm_test_preflight(&env, &[]).await;
     assert!(passed && output.contains("preflight passed"), "{output}");

@@ -274,12 +274,12 @@ async fn the_readmes_crd_upgrade_applies_after_a_helm_install() {
     let (ok, said) = kubectl(plain);
     assert!(!ok && said.contains("conflict"), "without forcing: {said}");
 
-    // The README's command, on the newer file.
-    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
-    let command = readme
+    // The documented command (docs/operations/install.md, "Upgrades"), on the newer file.
+    let install = std::fs::read_to_string(root.join("docs/operations/install.md")).unwrap();
+    let command = install
         .split('`')
         .find(|c| c.starts_with("kubectl apply --server-side") && c.ends_with(chart_crd))
-        .expect("the README's CRD upgrade command");
+        .expect("the documented CRD upgrade command");
     let args: Vec<String> = command
         .split_whitespace()
         .skip(1)

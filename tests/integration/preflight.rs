@@ -133,7 +133,7 @@ async fn a_missing_subnet_a_foreign_group_an_unknown_type_and_no_snapshot_api_ar
             zone: other_zone.clone(),
             ..Default::default()
         });
-        // A class no one made here (the README's step 2 makes it on EKS).
+        // A class no one made here (docs/operations/eks.md's step 2 makes it on EKS).
         q.spec.volume.storage_class_name = Some("questdb-gp3".into());
     })
     .await;

@@ -70,7 +70,7 @@ app.kubernetes.io/component: controller
 {{- end }}
 
 {{- define "questdb-operator.image" -}}
-{{- $_ := required "image.repository is required: the registry path you pushed the operator image to (README: Build and push the image); no image is published for you" .Values.image.repository }}
+{{- $_ := required "image.repository is required: the registry path you pushed the operator image to (docs/operations/install.md: the image, built and pushed); no image is published for you" .Values.image.repository }}
 {{- if .Values.image.digest }}
 {{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
 {{- else }}

@@ -101,3 +101,25 @@ fn a_reason_recorded_before_the_node_move_rename_still_reads() {
         serde_json::json!("NodeMoveStuck")
     );
 }
+
+/// The runbook (docs/operations/runbook.md) explains every reason a condition can carry, under
+/// that condition's heading: a reason added to the code and not to the page fails here, so an
+/// on-call engineer never meets one it does not explain.
+#[test]
+fn the_runbook_explains_every_condition_reason() {
+    let runbook = include_str!("../../../docs/operations/runbook.md");
+    let mut missing = Vec::new();
+    for (condition, reason) in every_condition_reason() {
+        let heading = format!("\n## `{condition}`\n");
+        let Some(start) = runbook.find(&heading) else {
+            missing.push(format!("{condition} (no section)"));
+            continue;
+        };
+        let section = &runbook[start + heading.len()..];
+        let section = &section[..section.find("\n## ").unwrap_or(section.len())];
+        if !section.contains(&format!("\n| `{reason}` | ")) {
+            missing.push(format!("{condition}/{reason}"));
+        }
+    }
+    assert!(missing.is_empty(), "not in the runbook: {missing:?}");
+}
