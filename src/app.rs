@@ -266,12 +266,13 @@ pub fn cloud_config(args: &CloudArgs, provider: CloudProvider) -> anyhow::Result
         data_size_gib: args.node_data_volume_gib,
         kms_key_id: args.node_root_volume_kms_key_id.clone(),
     };
-    // Unset: the one the CloudFormation stack makes for this cluster.
+    // Unset: the one the CloudFormation stack makes for this cluster. Not with an endpoint
+    // override (moto, LocalStack: an emulator has no stack), as before the default.
     config.instance_profile = match (&args.aws_instance_profile, provider) {
         (Some(p), _) => Some(p.clone()),
-        (None, CloudProvider::Aws) => Some(crate::cloud::discovery::default_instance_profile(
-            &config.cluster_name,
-        )),
+        (None, CloudProvider::Aws) if args.aws_endpoint_url.is_none() => Some(
+            crate::cloud::discovery::default_instance_profile(&config.cluster_name),
+        ),
         (None, _) => None,
     };
     config.node_tags =

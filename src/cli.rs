@@ -267,7 +267,7 @@ pub struct CloudArgs {
     pub node_tags: Vec<String>,
 
     /// Instance profile (name or ARN) of every dedicated node. Unset: `<cluster>-questdb-node`,
-    /// the one the CloudFormation stack makes.
+    /// the one the CloudFormation stack makes (none with `--aws-endpoint-url`, an emulator).
     #[arg(long, env = "AWS_INSTANCE_PROFILE")]
     pub aws_instance_profile: Option<String>,
 

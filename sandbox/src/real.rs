@@ -26,6 +26,20 @@ pub async fn run(mut args: SandboxArgs, shutdown: CancellationToken) -> anyhow::
     if aws && args.cloud.aws_endpoint_url.is_none() {
         bail!("--cloud-provider aws needs --aws-endpoint-url (moto on 127.0.0.1): the sandbox's nodes are local processes and cannot join a cluster from real EC2 instances");
     }
+    if aws {
+        // The cluster the instances join is the sandbox's, which moto's EKS does not know:
+        // its bootstrap values are the sandbox's own, as with the in-memory cloud.
+        let cloud = &mut args.cloud;
+        cloud
+            .eks_api_endpoint
+            .get_or_insert_with(|| questdb_operator::app::SANDBOX_EKS_ENDPOINT.to_string());
+        cloud
+            .eks_certificate_authority
+            .get_or_insert_with(|| questdb_operator::app::SANDBOX_EKS_CA.to_string());
+        cloud
+            .eks_service_cidr
+            .get_or_insert_with(|| questdb_operator::app::SANDBOX_SERVICE_CIDR.to_string());
+    }
     let databases = databases(&args.databases)?;
     eprintln!("sandbox: starting a real control plane (kube-apiserver, kube-controller-manager, kube-scheduler, etcd)");
     let options = ControlPlaneOptions {

@@ -229,22 +229,6 @@ pub(crate) async fn aws_side(moto: &Moto) -> AwsSide {
     }
 }
 
-/// Step 1's instance profile, which the stack makes (`<cluster>-questdb-node`): EC2 (and
-/// moto) refuse a RunInstances that names a profile IAM does not have.
-async fn create_instance_profile(moto: &Moto, name: &str) {
-    let body =
-        format!("Action=CreateInstanceProfile&InstanceProfileName={name}&Version=2010-05-08");
-    moto_request(
-        moto,
-        "iam",
-        "POST",
-        "/",
-        "application/x-www-form-urlencoded",
-        &body,
-    )
-    .await;
-}
-
 /// The documented `eks-values.yaml` block as written (docs/operations/install.md, "Install
 /// with Helm").
 fn readme_values() -> serde_json::Value {
@@ -398,12 +382,8 @@ async fn the_readmes_eks_path_ends_with_a_ready_database_on_its_own_node_and_rec
         .await
         .expect("StorageClass applied");
 
-    // Step 1 made the nodes' instance profile, under the name the operator assumes.
-    create_instance_profile(
-        &moto,
-        &questdb_operator::cloud::discovery::default_instance_profile(CLUSTER),
-    )
-    .await;
+    // Step 1's instance profile is not named: the operator assumes the stack's name on AWS,
+    // and none with an emulator's endpoint (tests/aws_setup.rs keeps the names equal).
 
     // Step 5: helm install with the AWS side as values.
     let dir = tempfile::tempdir().expect("tempdir");
