@@ -19,9 +19,16 @@ use crate::http_server::parse_bind_address;
 use crate::manager::{self, Cloud, CloudSettings, LeaderElection, ManagerHandle, ManagerOptions};
 
 pub fn main() -> ExitCode {
+    let deprecated = crate::cli::adopt_deprecated_env();
     let cli = Cli::parse();
     crate::metrics::install_crypto_provider();
     init_logging(cli.log.log_format);
+    for old in deprecated {
+        tracing::warn!(
+            variable = old,
+            "deprecated: {old} is read for one more release; node moves' settings are NODE_MOVE_* now"
+        );
+    }
     crate::runtime::heap::limit_arenas();
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
@@ -384,17 +391,17 @@ pub fn cloud_settings(args: &CloudArgs) -> CloudSettings {
         instance_sync_interval: args.instance_sync_interval,
         orphan_sweep_interval: args.orphan_sweep_interval,
         orphan_grace_period: args.orphan_grace_period,
-        upgrade_node_timeout: args.upgrade_node_timeout,
+        node_move_join_timeout: args.node_move_join_timeout,
         node_join_timeout: args.node_join_timeout,
-        upgrade_step_timeout: args.upgrade_step_timeout,
+        node_move_step_timeout: args.node_move_step_timeout,
         escalation: crate::plan::failover::Escalation {
             graceful_stop: args.fence_graceful_stop_timeout,
             stop: args.fence_stop_escalation,
             detach: args.fence_detach_escalation,
         },
         csi_driver: Some(args.csi_driver.trim().to_string()).filter(|d| !d.is_empty()),
-        upgrade_concurrency: usize::from(args.upgrade_concurrency),
-        upgrade_concurrency_per_namespace: usize::from(args.upgrade_concurrency_per_namespace),
+        node_move_concurrency: usize::from(args.node_move_concurrency),
+        node_move_concurrency_per_namespace: usize::from(args.node_move_concurrency_per_namespace),
         max_dedicated_nodes_per_namespace: Some(args.max_dedicated_nodes_per_namespace as usize)
             .filter(|n| *n > 0),
         node_lease_duration: args

@@ -377,22 +377,22 @@ pub struct CloudArgs {
     pub node_join_timeout: Duration,
 
     /// How long a node-image move waits for the new node to join and be Ready before aborting.
-    #[arg(long, env = "UPGRADE_NODE_TIMEOUT", default_value = "10m", value_parser = parse_duration)]
-    pub upgrade_node_timeout: Duration,
+    #[arg(long, alias = "upgrade-node-timeout", env = "NODE_MOVE_JOIN_TIMEOUT", default_value = "10m", value_parser = parse_duration)]
+    pub node_move_join_timeout: Duration,
 
     /// How long each node-move step after the database stopped (stop, move, verify) may take
     /// before the database goes back to its old node.
-    #[arg(long, env = "UPGRADE_STEP_TIMEOUT", default_value = "10m", value_parser = parse_duration)]
-    pub upgrade_step_timeout: Duration,
+    #[arg(long, alias = "upgrade-step-timeout", env = "NODE_MOVE_STEP_TIMEOUT", default_value = "10m", value_parser = parse_duration)]
+    pub node_move_step_timeout: Duration,
 
     /// Node moves (image or instance type changes) under way at once, across all QuestDBs.
-    #[arg(long, env = "UPGRADE_CONCURRENCY", default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..))]
-    pub upgrade_concurrency: u16,
+    #[arg(long, alias = "upgrade-concurrency", env = "NODE_MOVE_CONCURRENCY", default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..))]
+    pub node_move_concurrency: u16,
 
     /// Node moves under way at once in one namespace, so one tenant's moves (stuck ones
-    /// included) never hold every slot of `--upgrade-concurrency`.
-    #[arg(long, env = "UPGRADE_CONCURRENCY_PER_NAMESPACE", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
-    pub upgrade_concurrency_per_namespace: u16,
+    /// included) never hold every slot of `--node-move-concurrency`.
+    #[arg(long, alias = "upgrade-concurrency-per-namespace", env = "NODE_MOVE_CONCURRENCY_PER_NAMESPACE", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
+    pub node_move_concurrency_per_namespace: u16,
 
     /// Databases of one namespace that may run on dedicated nodes at once (a first launch
     /// waits at the cap, `NodeReady=False, NamespaceQuota`; replacements never do), so one
@@ -423,6 +423,30 @@ pub struct CloudArgs {
 }
 
 /// `90s`, `5m`, `1h` or a plain number of seconds.
+/// The node-move flags' names before they were node moves (`--upgrade-*`, `UPGRADE_*`): the
+/// flags are hidden aliases, and each old environment variable is read when its new one is
+/// unset, for one release. Returns the old names found, for a deprecation line.
+pub const DEPRECATED_ENV: [(&str, &str); 4] = [
+    ("UPGRADE_NODE_TIMEOUT", "NODE_MOVE_JOIN_TIMEOUT"),
+    ("UPGRADE_STEP_TIMEOUT", "NODE_MOVE_STEP_TIMEOUT"),
+    ("UPGRADE_CONCURRENCY", "NODE_MOVE_CONCURRENCY"),
+    ("UPGRADE_CONCURRENCY_PER_NAMESPACE", "NODE_MOVE_CONCURRENCY_PER_NAMESPACE"),
+];
+
+/// Copies each deprecated variable to its new name when only the old one is set; call before
+/// parsing, while the process is single-threaded. Returns the old names it copied.
+pub fn adopt_deprecated_env() -> Vec<&'static str> {
+    let mut adopted = Vec::new();
+    for (old, new) in DEPRECATED_ENV {
+        if let (Some(value), None) = (std::env::var_os(old), std::env::var_os(new)) {
+            // At the top of main, before any thread starts.
+            std::env::set_var(new, value);
+            adopted.push(old);
+        }
+    }
+    adopted
+}
+
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let text = text.trim();
     let (number, unit) = match text.find(|c: char| !c.is_ascii_digit()) {
@@ -578,6 +602,40 @@ mod tests {
         assert_eq!(
             ok.volumes.root_device_name, "",
             "unset: the image's own root device, read at launch"
+        );
+    }
+
+    /// A deployment written before node moves were called so keeps its settings for one
+    /// release: the old flags are hidden aliases of the new.
+    #[test]
+    fn the_node_move_flags_old_upgrade_names_still_set_them() {
+        let Command::Run(args) = Cli::try_parse_from([
+            "questdb-operator",
+            "run",
+            "--upgrade-concurrency",
+            "5",
+            "--upgrade-concurrency-per-namespace=3",
+            "--upgrade-node-timeout",
+            "7m",
+            "--upgrade-step-timeout=9m",
+        ])
+        .unwrap()
+        .command
+        else {
+            panic!("expected run")
+        };
+        assert_eq!(args.cloud.node_move_concurrency, 5);
+        assert_eq!(args.cloud.node_move_concurrency_per_namespace, 3);
+        assert_eq!(args.cloud.node_move_join_timeout, Duration::from_secs(420));
+        assert_eq!(args.cloud.node_move_step_timeout, Duration::from_secs(540));
+        let help = Cli::command()
+            .find_subcommand_mut("run")
+            .expect("run")
+            .render_long_help()
+            .to_string();
+        assert!(
+            help.contains("--node-move-concurrency") && !help.contains("--upgrade-"),
+            "the help shows the new names only"
         );
     }
 

@@ -785,8 +785,8 @@ fn every_flag_the_chart_renders_is_accepted_by_the_operator() {
     assert_eq!(cloud.node_root_volume_gib, 40);
     assert_eq!(cloud.node_data_volume_gib, Some(80));
     assert_eq!(cloud.orphan_grace_period.as_secs(), 3600);
-    assert_eq!(cloud.upgrade_concurrency, 3);
-    assert_eq!(cloud.upgrade_concurrency_per_namespace, 2);
+    assert_eq!(cloud.node_move_concurrency, 3);
+    assert_eq!(cloud.node_move_concurrency_per_namespace, 2);
     assert_eq!(cloud.max_dedicated_nodes_per_namespace, 12);
     assert!(cloud.dns_names_first_come);
     assert_eq!(cloud.node_join_timeout.as_secs(), 1200);
@@ -1081,4 +1081,18 @@ fn helm_test_runs_the_preflight_with_the_deployments_own_flags() {
             other => panic!("the operator refuses the helm test's arguments {args:?}: {other:?}"),
         }
     }
+}
+
+/// Values written before node moves were called so (`nodes.upgrade.*`) still set the node-move
+/// flags for one release, and `nodes.move.*` wins where both are set.
+#[test]
+fn values_under_the_old_upgrade_name_still_set_the_node_move_flags() {
+    let path = values_file(
+        "old-upgrade-values.yaml",
+        "nodes:\n  upgrade:\n    nodeTimeout: 7m\n    concurrency: 5\n  move:\n    concurrency: 4\n",
+    );
+    let objects = render(&["--set", DEPLOY_IMAGE, "-f", path.to_str().unwrap()]);
+    let run = parse_run(&deployment_args(&objects, "questdb-operator"));
+    assert_eq!(run.cloud.node_move_join_timeout.as_secs(), 420);
+    assert_eq!(run.cloud.node_move_concurrency, 4, "nodes.move wins");
 }

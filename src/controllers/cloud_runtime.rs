@@ -42,15 +42,15 @@ pub struct CloudSettings {
     pub node_join_timeout: Duration,
     /// How long a node-image move waits for the new node to join and become Ready before it
     /// aborts (the database is never stopped before that).
-    pub upgrade_node_timeout: Duration,
+    pub node_move_join_timeout: Duration,
     /// How long each node-move step after the database stopped may take before the database
     /// goes back to its old node.
-    pub upgrade_step_timeout: Duration,
-    /// Node moves under way at once, across all QuestDBs (`--upgrade-concurrency`).
-    pub upgrade_concurrency: usize,
-    /// Node moves under way at once in one namespace (`--upgrade-concurrency-per-namespace`):
+    pub node_move_step_timeout: Duration,
+    /// Node moves under way at once, across all QuestDBs (`--node-move-concurrency`).
+    pub node_move_concurrency: usize,
+    /// Node moves under way at once in one namespace (`--node-move-concurrency-per-namespace`):
     /// one tenant's stuck moves never hold every slot.
-    pub upgrade_concurrency_per_namespace: usize,
+    pub node_move_concurrency_per_namespace: usize,
     /// `--max-dedicated-nodes-per-namespace`: databases of one namespace on nodes of their own
     /// (a first launch waits at the cap); `None`: no cap.
     pub max_dedicated_nodes_per_namespace: Option<usize>,
@@ -77,13 +77,13 @@ impl Default for CloudSettings {
             instance_sync_interval: Duration::from_secs(30),
             orphan_sweep_interval: Duration::from_secs(300),
             orphan_grace_period: Duration::from_secs(600),
-            upgrade_node_timeout: Duration::from_secs(600),
+            node_move_join_timeout: Duration::from_secs(600),
             // Karpenter's registration TTL: long enough for a slow image pull and nodeadm.
             node_join_timeout: Duration::from_secs(900),
             csi_driver: Some("ebs.csi.aws.com".into()),
-            upgrade_step_timeout: Duration::from_secs(600),
-            upgrade_concurrency: 2,
-            upgrade_concurrency_per_namespace: 2,
+            node_move_step_timeout: Duration::from_secs(600),
+            node_move_concurrency: 2,
+            node_move_concurrency_per_namespace: 2,
             max_dedicated_nodes_per_namespace: None,
             dns_namespace_suffix: None,
             dns_names_first_come: false,

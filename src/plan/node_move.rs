@@ -206,7 +206,7 @@ pub fn should_start(v: &StartView) -> Start {
     if v.moves_in_namespace >= v.namespace_concurrency {
         return waiting(
             format!(
-                "{} other node move(s) of this namespace under way; at most {} at once per namespace (--upgrade-concurrency-per-namespace)",
+                "{} other node move(s) of this namespace under way; at most {} at once per namespace (--node-move-concurrency-per-namespace)",
                 v.moves_in_namespace, v.namespace_concurrency
             ),
             Duration::from_secs(10),
@@ -215,7 +215,7 @@ pub fn should_start(v: &StartView) -> Start {
     if v.moves_elsewhere >= v.concurrency {
         return waiting(
             format!(
-                "{} other node move(s) under way; at most {} at once (--upgrade-concurrency)",
+                "{} other node move(s) under way; at most {} at once (--node-move-concurrency)",
                 v.moves_elsewhere, v.concurrency
             ),
             Duration::from_secs(10),

@@ -463,13 +463,13 @@ fn settings() -> CloudSettings {
         instance_sync_interval: Duration::from_secs(30),
         orphan_sweep_interval: Duration::from_secs(3600),
         orphan_grace_period: Duration::from_secs(3600),
-        upgrade_node_timeout: Duration::from_secs(20),
+        node_move_join_timeout: Duration::from_secs(20),
         node_join_timeout: Duration::from_secs(20),
-        upgrade_step_timeout: Duration::from_secs(30),
-        upgrade_concurrency: 2,
+        node_move_step_timeout: Duration::from_secs(30),
+        node_move_concurrency: 2,
         // The tests' databases share a namespace or two: the per-namespace share is the
         // global one unless a test is about it.
-        upgrade_concurrency_per_namespace: 2,
+        node_move_concurrency_per_namespace: 2,
         max_dedicated_nodes_per_namespace: None,
         // The test kubelets' Lease: renewed every quarter of it, as a real kubelet does.
         node_lease_duration: questdb_testenv::timings::node_lease_duration(),

@@ -420,7 +420,7 @@ async fn killing_the_manager_at_every_move_step_leaves_one_instance_and_one_pod(
 }
 
 /// A fleet rollout: 50 QuestDBs, their specs edited one after another. Moves queue behind
-/// `--upgrade-concurrency` (a watch over every QuestDB fails the test the moment more are under
+/// `--node-move-concurrency` (a watch over every QuestDB fails the test the moment more are under
 /// way), every database ends on a node of its own built from the new image, and no instance
 /// is ever recorded by two QuestDBs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -431,8 +431,8 @@ async fn fifty_databases_upgraded_one_edit_after_another_never_exceed_the_concur
     const FLEET: usize = 50;
     const CONCURRENCY: usize = 4;
     let mut fleet_settings = settings();
-    fleet_settings.upgrade_concurrency = CONCURRENCY;
-    fleet_settings.upgrade_concurrency_per_namespace = CONCURRENCY;
+    fleet_settings.node_move_concurrency = CONCURRENCY;
+    fleet_settings.node_move_concurrency_per_namespace = CONCURRENCY;
     let env = CloudEnv::start(fleet_settings).await;
     let names: Vec<String> = (0..FLEET).map(|i| format!("db{i:02}")).collect();
     for name in &names {
@@ -726,8 +726,8 @@ async fn timed_move(env: &CloudEnv, name: &str, image: &'static str) -> Duration
 async fn one_tenants_stuck_moves_do_not_hold_back_another_tenants_move() {
     const NOISY: &str = "tenant-noisy";
     let mut cloud = settings();
-    cloud.upgrade_concurrency = 2;
-    cloud.upgrade_concurrency_per_namespace = 1;
+    cloud.node_move_concurrency = 2;
+    cloud.node_move_concurrency_per_namespace = 1;
     let env = CloudEnv::start(cloud).await;
     let quick = |q: &mut QuestDB| {
         q.spec.node.as_mut().expect("node").rollback_window = Some("0s".into());

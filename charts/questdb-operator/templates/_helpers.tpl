@@ -88,6 +88,9 @@ list is joined with commas (the operator's value delimiter); a number is printed
 {{- $v := .Values }}
 {{- $aws := $v.aws }}
 {{- $nodes := $v.nodes }}
+{{- /* nodes.upgrade is nodes.move's name before node moves were called so: read for one release. */}}
+{{- $move := $nodes.move | default dict }}
+{{- $old := $nodes.upgrade | default dict }}
 {{- $args := list "run" }}
 {{- if $v.leaderElection.enabled }}
 {{- $args = append $args "--leader-elect" }}
@@ -157,10 +160,10 @@ list is joined with commas (the operator's value delimiter); a number is printed
   (list "fence-graceful-stop-timeout" $nodes.fence.gracefulStopTimeout)
   (list "fence-stop-escalation" $nodes.fence.stopEscalation)
   (list "fence-detach-escalation" $nodes.fence.detachEscalation)
-  (list "upgrade-node-timeout" $nodes.upgrade.nodeTimeout)
-  (list "upgrade-step-timeout" $nodes.upgrade.stepTimeout)
-  (list "upgrade-concurrency" $nodes.upgrade.concurrency)
-  (list "upgrade-concurrency-per-namespace" $nodes.upgrade.concurrencyPerNamespace)
+  (list "node-move-join-timeout" (coalesce $move.joinTimeout $old.nodeTimeout))
+  (list "node-move-step-timeout" (coalesce $move.stepTimeout $old.stepTimeout))
+  (list "node-move-concurrency" (coalesce $move.concurrency $old.concurrency))
+  (list "node-move-concurrency-per-namespace" (coalesce $move.concurrencyPerNamespace $old.concurrencyPerNamespace))
   (list "max-dedicated-nodes-per-namespace" $nodes.maxPerNamespace)
 }}
 {{- range $flags }}

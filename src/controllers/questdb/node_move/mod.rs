@@ -169,7 +169,7 @@ pub async fn reconcile(
     }
 }
 
-/// Whether a move starts now, claiming a slot of `--upgrade-concurrency` when it does (under
+/// Whether a move starts now, claiming a slot of `--node-move-concurrency` when it does (under
 /// the claims lock, so two reconciles cannot both take the last slot).
 fn decide(
     qdb: &QuestDB,
@@ -201,9 +201,9 @@ fn decide(
         failover_in_progress: false,
         now: Timestamp::now(),
         moves_elsewhere: others.len(),
-        concurrency: cloud.settings.upgrade_concurrency,
+        concurrency: cloud.settings.node_move_concurrency,
         moves_in_namespace: others.iter().filter(|(_, ns)| *ns == namespace).count(),
-        namespace_concurrency: cloud.settings.upgrade_concurrency_per_namespace,
+        namespace_concurrency: cloud.settings.node_move_concurrency_per_namespace,
     });
     if decision == Start::Go {
         claims.insert(uid.clone(), Instant::now());

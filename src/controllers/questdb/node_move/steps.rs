@@ -169,8 +169,8 @@ fn step_view<'a>(m: &'a NodeMove<'_>, seen: &'a Observed) -> StepView<'a> {
         new_node_ready: new_node.is_some_and(node_is_ready),
         new_node_cordoned: new_node.is_some_and(is_cordoned),
         in_phase_for: since(u.phase_started_at.as_ref()).unwrap_or_default(),
-        node_timeout: cloud.settings.upgrade_node_timeout,
-        move_timeout: cloud.settings.upgrade_step_timeout,
+        node_timeout: cloud.settings.node_move_join_timeout,
+        move_timeout: cloud.settings.node_move_step_timeout,
         stop_grace: Duration::from_secs(
             crate::desired::termination_grace_seconds(qdb).max(0) as u64
         ),
