@@ -430,7 +430,10 @@ pub const DEPRECATED_ENV: [(&str, &str); 4] = [
     ("UPGRADE_NODE_TIMEOUT", "NODE_MOVE_JOIN_TIMEOUT"),
     ("UPGRADE_STEP_TIMEOUT", "NODE_MOVE_STEP_TIMEOUT"),
     ("UPGRADE_CONCURRENCY", "NODE_MOVE_CONCURRENCY"),
-    ("UPGRADE_CONCURRENCY_PER_NAMESPACE", "NODE_MOVE_CONCURRENCY_PER_NAMESPACE"),
+    (
+        "UPGRADE_CONCURRENCY_PER_NAMESPACE",
+        "NODE_MOVE_CONCURRENCY_PER_NAMESPACE",
+    ),
 ];
 
 /// Copies each deprecated variable to its new name when only the old one is set; call before

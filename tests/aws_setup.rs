@@ -392,9 +392,11 @@ fn the_eks_path_names_one_instance_type_list_and_one_image_owner_rule() {
         "docs/operations/eks.md",
         "aws cloudformation deploy --stack-name questdb-operator",
     );
-    let values: Value =
-        serde_yaml_ng::from_str(&doc_block("docs/operations/install.md", "# eks-values.yaml"))
-            .unwrap();
+    let values: Value = serde_yaml_ng::from_str(&doc_block(
+        "docs/operations/install.md",
+        "# eks-values.yaml",
+    ))
+    .unwrap();
     let params = &template()["Parameters"];
     let default = |key: &str| -> Vec<String> {
         params[key]["Default"]

@@ -118,7 +118,10 @@ fn every_documentation_link_leads_to_a_page_and_heading_that_exist() {
 fn the_readme_is_an_entry_point_and_links_every_documentation_page() {
     let readme = std::fs::read_to_string(repo().join("README.md")).expect("README");
     let lines = readme.lines().count();
-    assert!(lines <= 200, "README.md has {lines} lines: move detail to docs/");
+    assert!(
+        lines <= 200,
+        "README.md has {lines} lines: move detail to docs/"
+    );
     let index = std::fs::read_to_string(repo().join("docs/README.md")).expect("docs/README.md");
     for page in markdown_files() {
         let Ok(rel) = page.strip_prefix(repo().join("docs")) else {
@@ -143,9 +146,7 @@ fn the_flags_reference_lists_exactly_runs_flags_and_their_environment_variables(
     use clap::CommandFactory;
     let page = std::fs::read_to_string(repo().join("docs/reference/flags.md")).expect("flags.md");
     // The `run` table: from its heading line to the next blank line after the table.
-    let start = page
-        .find("`questdb-operator run`:")
-        .expect("the run table");
+    let start = page.find("`questdb-operator run`:").expect("the run table");
     let table: Vec<&str> = page[start..]
         .lines()
         .skip_while(|l| !l.starts_with('|'))
@@ -156,14 +157,23 @@ fn the_flags_reference_lists_exactly_runs_flags_and_their_environment_variables(
         .filter_map(|row| {
             let cells: Vec<&str> = row.split('|').map(str::trim).collect();
             let flag = cells.get(1)?.trim_matches('`').strip_prefix("--")?;
-            Some((flag.to_string(), cells.get(2)?.trim_matches('`').to_string()))
+            // The header's separator row (`|---|`) is not a flag.
+            if !flag.starts_with(|c: char| c.is_ascii_alphabetic()) {
+                return None;
+            }
+            Some((
+                flag.to_string(),
+                cells.get(2)?.trim_matches('`').to_string(),
+            ))
         })
         .collect();
     let cli = questdb_operator::cli::Cli::command();
     let run = cli.find_subcommand("run").expect("run");
+    let cli = &cli;
     let mut problems = Vec::new();
     let mut flags = std::collections::BTreeSet::new();
-    for arg in run.get_arguments() {
+    // `run`'s own flags and the global ones (`--log-format`), which `run` takes too.
+    for arg in run.get_arguments().chain(cli.get_arguments()) {
         let (Some(long), false) = (arg.get_long(), arg.is_hide_set()) else {
             continue;
         };
@@ -177,7 +187,9 @@ fn the_flags_reference_lists_exactly_runs_flags_and_their_environment_variables(
             .unwrap_or_default();
         match documented.get(long) {
             None => problems.push(format!("--{long}: no row")),
-            Some(e) if *e != env => problems.push(format!("--{long}: env {e:?}, the code's {env:?}")),
+            Some(e) if *e != env => {
+                problems.push(format!("--{long}: env {e:?}, the code's {env:?}"))
+            }
             Some(_) => {}
         }
     }
@@ -186,5 +198,9 @@ fn the_flags_reference_lists_exactly_runs_flags_and_their_environment_variables(
             problems.push(format!("--{flag}: a row for a flag `run` does not have"));
         }
     }
-    assert!(problems.is_empty(), "docs/reference/flags.md drifted:\n{}", problems.join("\n"));
+    assert!(
+        problems.is_empty(),
+        "docs/reference/flags.md drifted:\n{}",
+        problems.join("\n")
+    );
 }

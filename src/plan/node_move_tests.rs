@@ -65,7 +65,10 @@ fn one_namespaces_moves_never_hold_every_slot() {
     };
     match should_start(&same_tenant) {
         Start::Waiting { why, .. } => {
-            assert!(why.contains("--node-move-concurrency-per-namespace"), "{why}")
+            assert!(
+                why.contains("--node-move-concurrency-per-namespace"),
+                "{why}"
+            )
         }
         other => panic!("waits, not {other:?}"),
     }
