@@ -123,3 +123,16 @@ fn the_runbook_explains_every_condition_reason() {
     }
     assert!(missing.is_empty(), "not in the runbook: {missing:?}");
 }
+
+/// The runbook's event table names every event reason the operator publishes.
+#[test]
+fn the_runbook_explains_every_event_reason() {
+    let runbook = include_str!("../../../docs/operations/runbook.md");
+    let start = runbook.find("\n## Events\n").expect("an Events section");
+    let events = &runbook[start..];
+    let missing: Vec<&str> = EventReason::all()
+        .map(EventReason::as_str)
+        .filter(|r| !events.contains(&format!("\n| `{r}` | ")))
+        .collect();
+    assert!(missing.is_empty(), "events not in the runbook: {missing:?}");
+}
