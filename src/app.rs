@@ -77,15 +77,24 @@ async fn kube_config(kubeconfig: Option<&std::path::Path>) -> anyhow::Result<kub
     })
 }
 
-async fn inventory(args: crate::cli::InventoryArgs) -> anyhow::Result<()> {
-    let client = kube::Client::try_from(kube_config(args.kubeconfig.as_deref()).await?)?;
+/// The cluster client and the cloud providers of a one-off command (`inventory`,
+/// `preflight`), from the same flags `run` takes.
+async fn one_off_client_and_cloud(
+    kubeconfig: Option<&std::path::Path>,
+    cloud: &CloudArgs,
+) -> anyhow::Result<(kube::Client, Option<Cloud>)> {
+    let client = kube::Client::try_from(kube_config(kubeconfig).await?)?;
     let built = build_cloud(
-        &args.cloud,
+        cloud,
         CloudProvider::None,
         crate::metrics::Metrics::new().aws_observer(),
     )
     .await?;
-    let cloud = built.map(|b| b.cloud);
+    Ok((client, built.map(|b| b.cloud)))
+}
+
+async fn inventory(args: crate::cli::InventoryArgs) -> anyhow::Result<()> {
+    let (client, cloud) = one_off_client_and_cloud(args.kubeconfig.as_deref(), &args.cloud).await?;
     let found = crate::inventory::collect(
         &client,
         args.namespace.as_deref(),
@@ -101,14 +110,7 @@ async fn inventory(args: crate::cli::InventoryArgs) -> anyhow::Result<()> {
 /// when one fails.
 async fn preflight(args: crate::cli::PreflightArgs) -> anyhow::Result<()> {
     let run = args.run;
-    let client = kube::Client::try_from(kube_config(run.kubeconfig.as_deref()).await?)?;
-    let built = build_cloud(
-        &run.cloud,
-        CloudProvider::None,
-        crate::metrics::Metrics::new().aws_observer(),
-    )
-    .await?;
-    let cloud = built.map(|b| b.cloud);
+    let (client, cloud) = one_off_client_and_cloud(run.kubeconfig.as_deref(), &run.cloud).await?;
     // As the operator reads them: the watched namespace, a QuestDB it cannot parse skipped.
     let api: kube::Api<crate::controllers::keys::GuardedQuestDB> = if run.namespace.is_empty() {
         kube::Api::all(client.clone())
@@ -135,7 +137,7 @@ async fn preflight(args: crate::cli::PreflightArgs) -> anyhow::Result<()> {
         cloud.as_ref().and_then(|c| c.dns.as_deref()),
         &client,
         &snapshot_namespace,
-        &questdbs,
+        &questdbs.iter().collect::<Vec<_>>(),
     )
     .await;
     for f in &findings {
@@ -364,14 +366,14 @@ pub fn checked_cloud_config(
     Ok(config)
 }
 
-/// On AWS, the configuration the operator runs with: the flags, then what they left out read
-/// from the EKS cluster ([`crate::cloud::aws::discover`]), then checked.
+/// On AWS, the configuration the operator runs with: `config` (the flags, [`cloud_config`]),
+/// then what they left out read from the EKS cluster ([`crate::cloud::aws::discover`]), then
+/// checked.
 #[cfg(feature = "aws")]
 pub async fn aws_cloud_config(
-    args: &CloudArgs,
+    mut config: CloudConfig,
     sdk: &aws_config::SdkConfig,
 ) -> anyhow::Result<CloudConfig> {
-    let mut config = cloud_config(args, CloudProvider::Aws)?;
     let taken = crate::cloud::aws::discover(sdk, &mut config)
         .await
         .map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -474,7 +476,7 @@ pub async fn build_cloud_with(
             // runs: a mistake is named in a line, an Event and a metric, and holds launches
             // back, instead of a crash loop that also stops every other database's care.
             let sdk = crate::cloud::aws::sdk_config_loader(&config).load().await;
-            let config = aws_cloud_config(args, &sdk).await?;
+            let config = aws_cloud_config(config, &sdk).await?;
             let aws =
                 AwsCloud::from_sdk_config(&sdk, config, observer).context("connecting to AWS")?;
             BuiltCloud {

@@ -42,10 +42,10 @@ use crate::plan::preflight::{
 pub const LAUNCH_SAMPLES: usize = 8;
 
 /// The distinct launches the QuestDBs ask for, each with words for the finding.
-fn launch_samples(questdbs: &[QuestDB]) -> Vec<(String, crate::cloud::LaunchRequest)> {
+fn launch_samples(questdbs: &[&QuestDB]) -> Vec<(String, crate::cloud::LaunchRequest)> {
     let mut seen = std::collections::BTreeSet::new();
     let mut out = Vec::new();
-    for qdb in questdbs {
+    for &qdb in questdbs {
         let Some(node) = &qdb.spec.node else { continue };
         let public = qdb.spec.dns.as_ref().is_some_and(|d| d.public);
         let key = (
@@ -58,13 +58,13 @@ fn launch_samples(questdbs: &[QuestDB]) -> Vec<(String, crate::cloud::LaunchRequ
             continue;
         }
         let dedicated = crate::desired::DedicatedNode::for_questdb(qdb);
-        let Some(mut req) = crate::plan::node::launch_request(qdb, "preflight", 0, &dedicated)
+        // The dry run carries the tags a launch carries (the IAM policy requires them), under
+        // an identity no instance has.
+        let Some(mut req) =
+            crate::plan::node::launch_request(qdb, "questdb-operator-preflight", 0, &dedicated)
         else {
             continue;
         };
-        // The dry run carries the tags a launch carries (the IAM policy requires them), under
-        // an identity no instance has.
-        req.uid = "questdb-operator-preflight".into();
         req.fallback_instance_types.clear();
         let what = format!(
             "{} from {} in {}{} (as {}/{} asks)",
@@ -85,13 +85,9 @@ fn launch_samples(questdbs: &[QuestDB]) -> Vec<(String, crate::cloud::LaunchRequ
 
 /// Every finding of one preflight run, checks in their order.
 pub async fn run_checks(ctx: &Context, snapshot_namespace: &str) -> Vec<Finding> {
-    let questdbs: Vec<QuestDB> = ctx
-        .caches
-        .questdbs
-        .state()
-        .iter()
-        .filter_map(|q| q.0.as_ref().ok().cloned())
-        .collect();
+    // Borrowed from the cache, not copied: the checks read a few fields of each.
+    let cached = ctx.caches.questdbs.state();
+    let questdbs: Vec<&QuestDB> = cached.iter().filter_map(|q| q.0.as_ref().ok()).collect();
     check(
         ctx.cloud.as_ref().map(|c| c.nodes.as_ref()),
         ctx.cloud.as_ref().and_then(|c| c.dns.as_deref()),
@@ -109,7 +105,7 @@ pub async fn check(
     dns: Option<&dyn crate::cloud::DnsProvider>,
     client: &kube::Client,
     snapshot_namespace: &str,
-    questdbs: &[QuestDB],
+    questdbs: &[&QuestDB],
 ) -> Vec<Finding> {
     let mut findings = Vec::new();
     if let Some(nodes) = nodes {
@@ -152,7 +148,7 @@ pub async fn check(
 /// The distinct StorageClasses the QuestDBs name (at most [`LAUNCH_SAMPLES`]), each with the
 /// first QuestDB naming it. One that names none gets the cluster's default class, which the
 /// operator may not list (`get` only).
-fn storage_classes(questdbs: &[QuestDB]) -> Vec<(String, String)> {
+fn storage_classes(questdbs: &[&QuestDB]) -> Vec<(String, String)> {
     let mut out: Vec<(String, String)> = Vec::new();
     for qdb in questdbs {
         let Some(name) = &qdb.spec.volume.storage_class_name else {

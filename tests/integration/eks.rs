@@ -16,7 +16,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{Api, DeleteParams, PostParams};
 use questdb_operator::api::QuestDB;
-use questdb_operator::cli::{Cli, Command as CliCommand, RunArgs};
+use questdb_operator::cli::{Cli, CloudProvider, Command as CliCommand, RunArgs};
 use questdb_operator::cloud::aws::{sdk_config_loader, AwsCloud};
 use questdb_operator::cloud::{DnsProvider, NodeProvider as _};
 use questdb_operator::manager::{Cloud, ManagerOptions};
@@ -398,7 +398,9 @@ async fn the_readmes_eks_path_ends_with_a_ready_database_on_its_own_node_and_rec
     // The operator with the chart's flags: its cloud is built as `run` builds it.
     let run = chart_run_args(&env).await;
     // As `run` starts: the flags, then what they left out read from the EKS cluster.
-    let config = questdb_operator::app::aws_cloud_config(&run.cloud, &aws.sdk)
+    let flags = questdb_operator::app::cloud_config(&run.cloud, CloudProvider::Aws)
+        .expect("the chart's AWS flags parse");
+    let config = questdb_operator::app::aws_cloud_config(flags, &aws.sdk)
         .await
         .expect("the chart's AWS flags and the cluster's answer are a valid configuration");
     assert_eq!(
