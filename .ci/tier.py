@@ -198,7 +198,7 @@ def baseline(junit):
     cases, wall = read_junit(junit)
     full = full_tier(load())
     lines = [
-        "# Each test's wall time in a full run (.ci/full: four at once on the 2-core machine),",
+        "# Each test's wall time in a full run (.ci/full: six at once on the 2-core machine),",
         "# seconds, and the tier that runs it.",
         "# Written by `python3 .ci/tier.py baseline JUNIT`; .ci/tier.py report names the tests",
         "# that grew past 1.5 x this + 15 s.",
