@@ -717,6 +717,35 @@ pub struct FailoverStatus {
     /// wrote, forced once it has not ended within `--fence-graceful-stop-timeout`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fence_stop: Option<FenceStop>,
+    /// Which replacement this failover is on: absent or 1 for the first, one more each time a
+    /// replacement died, stopped or never joined before the failover ended (at most
+    /// `plan::failover::MAX_ATTEMPTS`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempt: Option<i64>,
+    /// Instances earlier attempts of this failover fenced (stopped, kept until the end like
+    /// `oldInstanceID`, then terminated with it).
+    #[serde(
+        default,
+        skip_serializing_if = "Vec::is_empty",
+        rename = "fencedInstanceIDs"
+    )]
+    pub fenced_instance_ids: Vec<String>,
+}
+
+impl FailoverStatus {
+    /// The attempt this failover is on (1 for the first replacement).
+    pub fn attempt(&self) -> u32 {
+        self.attempt.unwrap_or(1).clamp(1, i64::from(u32::MAX)) as u32
+    }
+
+    /// Every instance this failover fenced and still has to terminate at its end: the earlier
+    /// attempts' and the current one's.
+    pub fn fenced(&self) -> impl Iterator<Item = &str> {
+        self.fenced_instance_ids
+            .iter()
+            .map(String::as_str)
+            .chain(self.old_instance_id.as_deref())
+    }
 }
 
 /// A stop a fence asked EC2 for.

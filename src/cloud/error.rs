@@ -70,6 +70,9 @@ const PERMANENT_CODES: &[&str] = &[
     "InsufficientReservedInstanceCapacity",
     "InstanceLimitExceeded",
     "VcpuLimitExceeded",
+    // A full subnet stays full until someone frees addresses or adds a subnet: asking again
+    // at once cannot help, and as a transient error it would be retried in a tight loop.
+    "InsufficientFreeAddressesInSubnet",
     "InvalidParameterValue",
     "InvalidParameterCombination",
     "InvalidParameter",
@@ -205,6 +208,7 @@ mod tests {
             "Unsupported",
             "InsufficientInstanceCapacity",
             "InvalidInstanceType.NotFound",
+            "InsufficientFreeAddressesInSubnet",
         ] {
             let e = ApiError::new(code, format!("the {code} message"));
             assert_eq!(

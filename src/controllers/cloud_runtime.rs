@@ -265,6 +265,8 @@ pub struct LaunchFailure {
     pub node_generation: i64,
     pub at: tokio::time::Instant,
     pub message: String,
+    /// How long it stands before the launch is tried again ([`crate::plan::node::launch_retry`]).
+    pub retry_after: std::time::Duration,
 }
 
 pub type LaunchFailures = std::sync::Mutex<HashMap<String, LaunchFailure>>;

@@ -52,6 +52,9 @@ impl Claim {
         ]
         .into_iter()
         .flatten()
+        // The instances earlier attempts of a failover fenced: kept stopped, holding their
+        // addresses, until the failover terminates them itself.
+        .chain(f.into_iter().flat_map(|f| f.fenced_instance_ids.iter()))
         .cloned()
         .collect();
         Self {
@@ -328,6 +331,7 @@ mod tests {
             node_generation: Some(3),
             failover: Some(crate::api::FailoverStatus {
                 old_instance_id: Some("i-fenced".into()),
+                fenced_instance_ids: vec!["i-fenced-first".into()],
                 ..Default::default()
             }),
             ..Default::default()
@@ -336,6 +340,8 @@ mod tests {
         let instances = vec![
             generation(instance("i-current", "db", InstanceState::Running), 3),
             generation(instance("i-fenced", "db", InstanceState::Stopped), 2),
+            // An earlier attempt's fenced instance, kept until the failover ends.
+            generation(instance("i-fenced-first", "db", InstanceState::Stopped), 1),
             generation(instance("i-leaked", "db", InstanceState::Running), 2),
             generation(instance("i-launching", "db", InstanceState::Pending), 4),
             {

@@ -19,9 +19,10 @@
 use std::time::Duration;
 
 use crate::api::{EventReason, FailoverReason, SuppressionReason};
-use crate::api::{FailoverPhase, FailoverSpec, FailoverStatus, QuestDBStatus};
+use crate::api::{FailoverCause, FailoverPhase, FailoverSpec, FailoverStatus, QuestDBStatus};
 use crate::cloud::{InstanceState, StopMode};
 use crate::plan::conditions::Verdict;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 /// `spec.failover.unhealthyAfterSeconds`, but never under the kubelets' Lease duration.
 pub fn effective_threshold(unhealthy_after_seconds: i64, lease_duration: Duration) -> Duration {
     Duration::from_secs(unhealthy_after_seconds.max(0) as u64).max(lease_duration)
@@ -42,11 +43,12 @@ pub fn step_reason(phase: FailoverPhase) -> EventReason {
 /// `metadata.annotations` key that turns failover off for one QuestDB (maintenance).
 /// Every reason a due failover can be held back for (the label values of
 /// `questdb_operator_failovers_suppressed_total`).
-pub const SUPPRESSION_REASONS: [SuppressionReason; 4] = [
+pub const SUPPRESSION_REASONS: [SuppressionReason; 5] = [
     SuppressionReason::Disabled,
     SuppressionReason::SkipAnnotation,
     SuppressionReason::RecentFailover,
     SuppressionReason::TooManyUnhealthyNodes,
+    SuppressionReason::AttemptsExhausted,
 ];
 
 /// The steps whose durations `questdb_operator_failover_step_duration_seconds` records.
@@ -68,6 +70,11 @@ pub const OUT_OF_SERVICE_EFFECT: &str = "NoExecute";
 /// A failover does not start again within this long of the last one's start: a replacement
 /// that dies at once is a pattern for a person, not a loop.
 pub const MIN_INTERVAL: Duration = Duration::from_secs(600);
+
+/// How long `Recovering` waits for the DNS record to follow a database that answers again:
+/// Route53 applies a change within about a minute; past this the failover goes on and
+/// `DnsReady` keeps reporting and retrying the record.
+pub const DNS_FOLLOW_WAIT: Duration = Duration::from_secs(180);
 
 /// How long a fence's side effects may hang before the operator escalates them
 /// (`--fence-stop-escalation`, `--fence-detach-escalation`).
@@ -177,7 +184,6 @@ pub fn should_start(v: &StartView) -> Start {
         return Start::No;
     }
     let node = v.status.node_name.as_deref().unwrap_or("its node");
-    let suppressed = |reason, message: String| Start::Suppressed { reason, message };
     // The words stay the same while the silence lasts (the condition's lastTransitionTime says
     // since when): a message counting its seconds is news at every look, and each look would
     // write status, send an event and count one more suppression.
@@ -185,34 +191,147 @@ pub fn should_start(v: &StartView) -> Start {
         "{node} has been unhealthy past its {}s threshold",
         threshold.as_secs()
     );
-    if !v.spec.enabled {
+    if let Some(held) = held_back(v.spec, v.skip_annotation, v.breaker_open, &past) {
+        return held;
+    }
+    if v.since_last_start.is_some_and(|d| d < MIN_INTERVAL) {
+        return Start::Suppressed {
+            reason: SuppressionReason::RecentFailover,
+            message: format!(
+                "{past}; the last failover started less than {} minutes ago",
+                MIN_INTERVAL.as_secs() / 60
+            ),
+        };
+    }
+    Start::Go
+}
+
+/// The safety rules that hold back a due fence, whether it starts a failover or replaces a
+/// failed replacement: the spec, the annotation, the breaker. `past` says what is due.
+fn held_back(
+    spec: &FailoverSpec,
+    skip_annotation: bool,
+    breaker_open: bool,
+    past: &str,
+) -> Option<Start> {
+    let suppressed = |reason, message: String| Some(Start::Suppressed { reason, message });
+    if !spec.enabled {
         return suppressed(
             SuppressionReason::Disabled,
             format!("{past}; spec.failover.enabled is false"),
         );
     }
-    if v.skip_annotation {
+    if skip_annotation {
         return suppressed(
             SuppressionReason::SkipAnnotation,
             format!("{past}; {SKIP_ANNOTATION} is set"),
         );
     }
-    if v.breaker_open {
+    if breaker_open {
         return suppressed(
             SuppressionReason::TooManyUnhealthyNodes,
             format!("{past}, but so are too many other dedicated nodes: that looks like a partition or an outage, not a dead node"),
         );
     }
-    if v.since_last_start.is_some_and(|d| d < MIN_INTERVAL) {
-        return suppressed(
-            SuppressionReason::RecentFailover,
-            format!(
-                "{past}; the last failover started less than {} minutes ago",
-                MIN_INTERVAL.as_secs() / 60
+    None
+}
+
+/// How many replacements one failover launches. A replacement that dies, stops or never
+/// joins before the failover ends is fenced and replaced in turn, up to this many in all: a
+/// third death in a row is a pattern for a person (an image that never joins, a zone that
+/// kills its nodes), not a loop.
+pub const MAX_ATTEMPTS: u32 = 3;
+
+/// What decides whether a failover under way gives up on its replacement.
+pub struct AgainView<'a> {
+    pub spec: &'a FailoverSpec,
+    pub skip_annotation: bool,
+    pub status: &'a QuestDBStatus,
+    /// How long the replacement's node (the instance in `status.instanceId`) has been silent,
+    /// missing or never joined, as for [`StartView::unhealthy_for`].
+    pub unhealthy_for: Option<Duration>,
+    pub lease_duration: Duration,
+    pub breaker_open: bool,
+}
+
+/// Whether the replacement of a failover under way may be judged at all: only once the old
+/// node has let the volume go (the replacement's death before that is seen when the failover
+/// gets there, so two fences never overlap), and never when status still names the instance
+/// fenced.
+pub fn replacement_judged(status: &QuestDBStatus) -> Option<&str> {
+    let f = status.failover.as_ref()?;
+    if !matches!(
+        f.phase,
+        FailoverPhase::Reattaching | FailoverPhase::Recovering | FailoverPhase::Draining
+    ) {
+        return None;
+    }
+    let id = status.instance_id.as_deref()?;
+    (!f.fenced().any(|fenced| fenced == id)).then_some(id)
+}
+
+/// A failover's replacement that failed the way a node fails (silent, missing, never joined,
+/// stopped past the threshold) is fenced and replaced as the first node was, under the same
+/// safety rules but not the interval between failovers (it is the same failover); after
+/// [`MAX_ATTEMPTS`] replacements the failover stays where it is and says what a person must do.
+pub fn replace_again(v: &AgainView) -> Start {
+    let (Some(unhealthy), Some(id), Some(f)) = (
+        v.unhealthy_for,
+        replacement_judged(v.status),
+        v.status.failover.as_ref(),
+    ) else {
+        return Start::No;
+    };
+    let threshold = effective_threshold(v.spec.unhealthy_after_seconds, v.lease_duration);
+    if unhealthy < threshold {
+        return Start::No;
+    }
+    let past = format!(
+        "the replacement instance {id} has been unhealthy past its {}s threshold",
+        threshold.as_secs()
+    );
+    if let Some(held) = held_back(v.spec, v.skip_annotation, v.breaker_open, &past) {
+        return held;
+    }
+    if f.attempt() >= MAX_ATTEMPTS {
+        return Start::Suppressed {
+            reason: SuppressionReason::AttemptsExhausted,
+            message: format!(
+                "{past}; it is this failover's {}th replacement, the most one failover launches: check spec.node's image and instance type and the zone's health, then pause and unpause the database to start over",
+                f.attempt()
             ),
-        );
+        };
     }
     Start::Go
+}
+
+/// The record of the next attempt: the failed replacement `instance` (on `node`) is fenced as
+/// the first node was, the instances fenced so far are kept to be terminated at the end, and
+/// the downtime still counts from the first fence.
+pub fn next_attempt(
+    f: &FailoverStatus,
+    cause: FailoverCause,
+    instance: &str,
+    node: &str,
+    now: Time,
+) -> FailoverStatus {
+    let mut fenced = f.fenced_instance_ids.clone();
+    fenced.extend(f.old_instance_id.clone());
+    FailoverStatus {
+        phase: FailoverPhase::Fencing,
+        reason: Some(cause),
+        started_at: f.started_at.clone(),
+        phase_started_at: Some(now),
+        old_node: Some(node.to_string()).filter(|n| !n.is_empty()),
+        old_instance_id: Some(instance.to_string()),
+        message: Some(format!(
+            "fencing replacement instance {instance} (attempt {} of {MAX_ATTEMPTS})",
+            f.attempt() + 1
+        )),
+        attempt: Some(i64::from(f.attempt()) + 1),
+        fenced_instance_ids: fenced,
+        ..Default::default()
+    }
 }
 
 /// The Failover condition of a database with no failover under way and a healthy node:
@@ -269,6 +388,39 @@ pub fn breaker_count(by_namespace: impl IntoIterator<Item = (usize, usize)>) -> 
         .into_iter()
         .map(|(unhealthy, managed)| unhealthy.min((managed / 5).max(1) + 1))
         .sum()
+}
+
+/// The most silences that began together, within `window` of one another, each group weighed
+/// by `weigh` over how many of its silences each key (a namespace, or nothing) has. An outage
+/// silences its nodes at once (a renewal interval and the watch's lag apart); a node that died
+/// long before (an unrelated worker left powered off, a node whose database's failover is off)
+/// is alone in its group and no longer adds to a later, lone death. `silences` are how long
+/// each node has been silent: two began within `window` when those differ by at most that.
+pub fn together<K: Clone + Eq + std::hash::Hash>(
+    silences: &[(Duration, K)],
+    window: Duration,
+    weigh: impl Fn(&std::collections::HashMap<K, usize>) -> usize,
+) -> usize {
+    let mut sorted: Vec<&(Duration, K)> = silences.iter().collect();
+    sorted.sort_by_key(|(silent, _)| *silent);
+    let mut counts: std::collections::HashMap<K, usize> = Default::default();
+    let (mut best, mut first) = (0, 0);
+    for (last, (silent, key)) in sorted.iter().enumerate() {
+        *counts.entry(key.clone()).or_default() += 1;
+        while silent.saturating_sub(sorted[first].0) > window {
+            let key = &sorted[first].1;
+            if let Some(n) = counts.get_mut(key) {
+                *n -= 1;
+                if *n == 0 {
+                    counts.remove(key);
+                }
+            }
+            first += 1;
+        }
+        debug_assert!(first <= last);
+        best = best.max(weigh(&counts));
+    }
+    best
 }
 
 /// What the steps look at.
@@ -365,12 +517,18 @@ pub fn next_step(v: &StepView) -> Step {
             }
         }
         FailoverPhase::Recovering => {
-            if v.pod_ready && v.dns_follows {
+            if v.pod_ready && (v.dns_follows || v.in_step_for >= DNS_FOLLOW_WAIT) {
+                // A record Route53 refuses (or keeps failing) is `DnsReady`'s to report and
+                // retry; the failover, which holds back backups, moves and the next failover,
+                // does not wait on it for ever once the database answers.
                 Step::Advance(FailoverPhase::Draining)
             } else if !v.pod_ready {
                 Step::Wait("waiting for the database to answer its health check".into())
             } else {
-                Step::Wait("waiting for the DNS record to follow the database".into())
+                Step::Wait(format!(
+                    "waiting for the DNS record to follow the database (at most {}s into this step; DnsReady says why it does not)",
+                    DNS_FOLLOW_WAIT.as_secs()
+                ))
             }
         }
         FailoverPhase::Draining => {

@@ -386,6 +386,34 @@ fn recovery_ends_when_the_database_answers_and_dns_follows() {
     assert_eq!(next_step(&done), Step::Advance(FailoverPhase::Draining));
 }
 
+/// A record Route53 refuses kept the failover in `Recovering` for ever, holding back backups,
+/// moves and the next failover of a database that answered: past the wait it goes on, and the
+/// record is `DnsReady`'s to retry.
+#[test]
+fn a_dns_record_that_never_follows_holds_the_failover_only_for_a_bounded_wait() {
+    let f = failover(FailoverPhase::Recovering);
+    let answering = |secs: u64| StepView {
+        pod_running_on_new_node: true,
+        pod_ready: true,
+        dns_follows: false,
+        in_step_for: Duration::from_secs(secs),
+        ..view(&f)
+    };
+    assert!(
+        matches!(next_step(&answering(DNS_FOLLOW_WAIT.as_secs() - 1)), Step::Wait(m) if m.contains("DnsReady"))
+    );
+    assert_eq!(
+        next_step(&answering(DNS_FOLLOW_WAIT.as_secs())),
+        Step::Advance(FailoverPhase::Draining)
+    );
+    // Never before the database answers.
+    let silent = StepView {
+        pod_ready: false,
+        ..answering(3600)
+    };
+    assert!(matches!(next_step(&silent), Step::Wait(_)));
+}
+
 /// A terminated instance's private address can go to another instance at once, while
 /// resolvers still send clients there for the record's TTL: the fenced instance keeps it.
 #[test]
@@ -634,4 +662,210 @@ fn one_namespace_alone_cannot_trip_the_breaker_for_everyone() {
     // One namespace that is the whole fleet keeps its breaker.
     assert!(breaker_open(breaker_count([(3, 10)]), 10));
     assert!(!breaker_open(breaker_count([(2, 10)]), 10));
+}
+
+/// A failover on its replacement `i-new`, in `phase`, on attempt `attempt`.
+fn on_replacement(phase: FailoverPhase, attempt: u32) -> QuestDBStatus {
+    QuestDBStatus {
+        instance_id: Some("i-new".into()),
+        node_generation: Some(2),
+        failover: Some(FailoverStatus {
+            attempt: Some(attempt.into()),
+            ..failover(phase)
+        }),
+        ..Default::default()
+    }
+}
+
+fn again(status: &QuestDBStatus, unhealthy: Option<u64>, breaker: bool) -> Start {
+    replace_again(&AgainView {
+        spec: &spec(),
+        skip_annotation: false,
+        status,
+        unhealthy_for: unhealthy.map(Duration::from_secs),
+        lease_duration: Duration::from_secs(10),
+        breaker_open: breaker,
+    })
+}
+
+/// The stranded failover of the sandbox: a replacement that died once the old node had let the
+/// volume go was waited for for ever. Now it is fenced and replaced in turn, in every step
+/// after the old node's release, under the same threshold, and not before it (two fences of
+/// one failover never overlap).
+#[test]
+fn a_replacement_that_dies_after_the_old_node_let_go_is_replaced_in_turn() {
+    use FailoverPhase::*;
+    for phase in [Reattaching, Recovering, Draining] {
+        let status = on_replacement(phase, 1);
+        assert_eq!(again(&status, Some(31), false), Start::Go, "{phase}");
+        assert_eq!(again(&status, Some(29), false), Start::No, "{phase}");
+        assert_eq!(again(&status, None, false), Start::No, "{phase}");
+    }
+    for phase in [Fencing, Releasing, Healthy] {
+        let status = on_replacement(phase, 1);
+        assert_eq!(again(&status, Some(600), false), Start::No, "{phase}");
+    }
+    // The instance fenced is never judged as the replacement.
+    let mut fenced = on_replacement(Reattaching, 2);
+    fenced.instance_id = Some("i-old".into());
+    assert_eq!(again(&fenced, Some(600), false), Start::No);
+    fenced.failover.as_mut().unwrap().fenced_instance_ids = vec!["i-first".into()];
+    fenced.instance_id = Some("i-first".into());
+    assert_eq!(again(&fenced, Some(600), false), Start::No);
+    // No replacement launched yet: nothing to judge.
+    let mut none = on_replacement(Reattaching, 1);
+    none.instance_id = None;
+    assert_eq!(again(&none, Some(600), false), Start::No);
+}
+
+#[test]
+fn a_replacement_is_replaced_under_the_breaker_and_the_spec_but_not_the_interval() {
+    let status = on_replacement(FailoverPhase::Recovering, 1);
+    assert!(matches!(
+        again(&status, Some(31), true),
+        Start::Suppressed {
+            reason: SuppressionReason::TooManyUnhealthyNodes,
+            ..
+        }
+    ));
+    let mut off = spec();
+    off.enabled = false;
+    let view = AgainView {
+        spec: &off,
+        skip_annotation: false,
+        status: &status,
+        unhealthy_for: Some(Duration::from_secs(31)),
+        lease_duration: Duration::from_secs(10),
+        breaker_open: false,
+    };
+    assert!(matches!(
+        replace_again(&view),
+        Start::Suppressed {
+            reason: SuppressionReason::Disabled,
+            ..
+        }
+    ));
+    // Started a minute ago: the interval between failovers does not hold back its own
+    // replacement's replacement.
+    let mut recent = status.clone();
+    recent.failover.as_mut().unwrap().started_at = Some(crate::runtime::clock::now());
+    assert_eq!(again(&recent, Some(31), false), Start::Go);
+}
+
+#[test]
+fn the_third_failed_replacement_stops_the_loop_and_says_what_to_do() {
+    assert_eq!(
+        again(
+            &on_replacement(FailoverPhase::Reattaching, 2),
+            Some(31),
+            false
+        ),
+        Start::Go
+    );
+    match again(
+        &on_replacement(FailoverPhase::Reattaching, MAX_ATTEMPTS),
+        Some(31),
+        false,
+    ) {
+        Start::Suppressed { reason, message } => {
+            assert_eq!(reason, SuppressionReason::AttemptsExhausted);
+            assert!(message.contains("i-new"), "{message}");
+            assert!(message.contains("pause and unpause"), "{message}");
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+/// The next attempt fences the replacement, keeps every instance fenced so far for the end,
+/// and counts the downtime from the first fence.
+#[test]
+fn the_next_attempt_keeps_every_fenced_instance_and_the_first_start() {
+    let first_start = crate::runtime::clock::now();
+    let first = FailoverStatus {
+        started_at: Some(first_start.clone()),
+        ..failover(FailoverPhase::Recovering)
+    };
+    let second = next_attempt(
+        &first,
+        FailoverCause::NodeLeaseExpired,
+        "i-new",
+        "node-new",
+        crate::runtime::clock::now(),
+    );
+    assert_eq!(second.phase, FailoverPhase::Fencing);
+    assert_eq!(second.old_instance_id.as_deref(), Some("i-new"));
+    assert_eq!(second.old_node.as_deref(), Some("node-new"));
+    assert_eq!(second.started_at, Some(first_start));
+    assert_eq!(second.attempt(), 2);
+    assert_eq!(second.fenced().collect::<Vec<_>>(), ["i-old", "i-new"]);
+    assert!(
+        second.fence_stop.is_none(),
+        "a fresh stop for the new instance"
+    );
+    let third = next_attempt(
+        &second,
+        FailoverCause::NodeNeverJoined,
+        "i-third",
+        "",
+        crate::runtime::clock::now(),
+    );
+    assert_eq!(
+        third.old_node, None,
+        "a replacement that never joined has no Node"
+    );
+    assert_eq!(
+        third.fenced().collect::<Vec<_>>(),
+        ["i-old", "i-new", "i-third"]
+    );
+    assert_eq!(third.attempt(), 3);
+}
+
+fn secs(s: u64) -> Duration {
+    Duration::from_secs(s)
+}
+
+/// The sandbox's poisoned breaker: an unrelated worker dead for two minutes plus one real death
+/// counted as an outage, and the database stayed down for as long as the worker did. Silences
+/// count together only when they began together.
+#[test]
+fn only_silences_that_began_together_count_as_an_outage() {
+    let total = |c: &std::collections::HashMap<(), usize>| c.values().sum();
+    let window = secs(40);
+    // A worker silent for two minutes, a dedicated node for 50 s: two groups of one.
+    assert_eq!(
+        together(&[(secs(120), ()), (secs(50), ())], window, total),
+        1
+    );
+    // Two deaths a renewal apart (10 s): one group.
+    assert_eq!(
+        together(&[(secs(60), ()), (secs(50), ())], window, total),
+        2
+    );
+    // A rolling group: 0-40 s and 40-80 s overlap in the middle only.
+    let rolling = [
+        (secs(80), ()),
+        (secs(60), ()),
+        (secs(41), ()),
+        (secs(20), ()),
+    ];
+    assert_eq!(together(&rolling, window, total), 3);
+    assert_eq!(together::<()>(&[], window, total), 0);
+}
+
+#[test]
+fn a_namespaces_share_is_still_capped_within_one_group() {
+    // Three silent nodes of a namespace of five (cap 2) and one of another (cap 2), all at once;
+    // a fourth of the first namespace long dead.
+    let managed: std::collections::HashMap<&str, usize> = [("a", 5), ("b", 5)].into();
+    let weigh = |c: &std::collections::HashMap<&str, usize>| {
+        breaker_count(c.iter().map(|(k, n)| (*n, managed[k])))
+    };
+    let silences = [
+        (secs(30), "a"),
+        (secs(31), "a"),
+        (secs(32), "a"),
+        (secs(33), "b"),
+        (secs(900), "a"),
+    ];
+    assert_eq!(together(&silences, secs(40), weigh), 3);
 }

@@ -25,6 +25,30 @@ use crate::plan::conditions::Verdict;
 /// launch is tried again: slow on purpose, no retry storm against a request that cannot work.
 pub const PERMANENT_FAILURE_RETRY: Duration = Duration::from_secs(600);
 
+/// How soon a launch EC2 refused for want of capacity is tried again. A shortage is AWS's,
+/// usually over in minutes, and a failover's database is down while it lasts: well under
+/// [`PERMANENT_FAILURE_RETRY`], still far from a retry storm (one RunInstances per database
+/// per this long, after every fallback type of the spec was tried).
+pub const CAPACITY_RETRY: Duration = Duration::from_secs(90);
+
+/// The launch errors that name a shortage of AWS's capacity rather than a mistake in the
+/// request.
+pub const CAPACITY_CODES: [&str; 4] = [
+    "InsufficientInstanceCapacity",
+    "InsufficientHostCapacity",
+    "InsufficientCapacity",
+    "InsufficientReservedInstanceCapacity",
+];
+
+/// How long a permanent launch error (by EC2's code) is shown before the launch is tried again.
+pub fn launch_retry(code: Option<&str>) -> Duration {
+    if code.is_some_and(|c| CAPACITY_CODES.contains(&c)) {
+        CAPACITY_RETRY
+    } else {
+        PERMANENT_FAILURE_RETRY
+    }
+}
+
 /// What the planner looks at.
 pub struct NodeView<'a> {
     pub uid: &'a str,
@@ -415,6 +439,29 @@ mod tests;
 /// provider) read to leave a node out of load balancer targets.
 pub const EXCLUDE_FROM_LOAD_BALANCERS: &str =
     "node.kubernetes.io/exclude-from-external-load-balancers";
+
+/// A failover's replacement is launched with the image and instance type of the node the
+/// database last ran on (`status.nodeImage`, `status.nodeInstanceType`, kept through the
+/// failover), not with `spec.node` as it stands: a spec that names an untried target (a move
+/// still waiting for its window) or a refused one (a move that aborted on an unknown image or
+/// type) would leave the database with no node at all when its only good one died. The move
+/// to the spec's target is still the node move's to make, from a running database.
+pub fn for_failover(mut req: LaunchRequest, status: &QuestDBStatus) -> LaunchRequest {
+    if !crate::plan::failover::in_progress(status) {
+        return req;
+    }
+    if let Some(image) = status.node_image.as_deref().filter(|i| !i.is_empty()) {
+        req.image = image.to_string();
+    }
+    if let Some(kind) = status
+        .node_instance_type
+        .as_deref()
+        .filter(|t| !t.is_empty())
+    {
+        req.instance_type = kind.to_string();
+    }
+    req
+}
 
 pub fn launch_request(
     qdb: &QuestDB,

@@ -567,3 +567,62 @@ fn a_late_impostor_never_displaces_the_pinned_node() {
         Some("node-i-1")
     );
 }
+
+/// The replacement of a failover gets the image and type the database last ran on, whatever
+/// `spec.node` names now; any other launch (a first node, a replacement outside a failover)
+/// gets the spec's.
+#[test]
+fn a_failovers_replacement_is_launched_as_the_node_that_last_worked_not_as_the_spec_says() {
+    let mut qdb = crate::desired::testing::questdb("db", "ns");
+    qdb.spec.node = Some(NodeSpec {
+        image: "ami-refused".into(),
+        instance_type: "m9z.huge".into(),
+        ..spec()
+    });
+    let req = launch_request(&qdb, "uid", 2, &dedicated()).expect("request");
+    let mut ran = status(Some(2), None);
+    ran.node_image = Some("ami-1".into());
+    ran.node_instance_type = Some("m6i.large".into());
+    // No failover: the spec decides (a first launch, a node move's target).
+    let plain = for_failover(req.clone(), &ran);
+    assert_eq!(
+        (plain.image.as_str(), plain.instance_type.as_str()),
+        ("ami-refused", "m9z.huge")
+    );
+    ran.failover = Some(crate::api::FailoverStatus {
+        phase: crate::api::FailoverPhase::Fencing,
+        ..Default::default()
+    });
+    let replacement = for_failover(req.clone(), &ran);
+    assert_eq!(
+        (
+            replacement.image.as_str(),
+            replacement.instance_type.as_str()
+        ),
+        ("ami-1", "m6i.large")
+    );
+    assert_eq!(replacement.node_generation, 2, "nothing else changes");
+    assert_eq!(replacement.zone, req.zone);
+    // An instance type not recorded (an older operator's record) keeps the spec's.
+    ran.node_instance_type = None;
+    assert_eq!(for_failover(req, &ran).instance_type, "m9z.huge");
+}
+
+/// A failover's replacement that EC2 refuses for want of capacity waited ten minutes a try,
+/// the database down meanwhile: a shortage is tried again within a minute and a half, any
+/// other refusal of the request still after ten.
+#[test]
+fn a_capacity_shortage_is_tried_again_within_minutes_and_a_bad_request_after_ten() {
+    for code in CAPACITY_CODES {
+        assert_eq!(launch_retry(Some(code)), CAPACITY_RETRY, "{code}");
+    }
+    assert!(CAPACITY_RETRY <= Duration::from_secs(120));
+    for code in [
+        Some("InvalidAMIID.NotFound"),
+        Some("InsufficientFreeAddressesInSubnet"),
+        Some("UnauthorizedOperation"),
+        None,
+    ] {
+        assert_eq!(launch_retry(code), PERMANENT_FAILURE_RETRY, "{code:?}");
+    }
+}

@@ -705,6 +705,275 @@ async fn deleting_a_database_whose_node_died_fences_the_node_and_the_finalizer_g
     assert_fenced_and_released(env, &uid).await;
 }
 
+/// The failover the sandbox stranded: the first node loses power, and its replacement is cut
+/// off as soon as it registers. The replacement is fenced in turn once the first node has let
+/// the volume go, and the database reaches a third node on the same volume; the volume is
+/// never attached elsewhere while either fenced instance could still write, and both are
+/// terminated at the end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replacement_cut_off_mid_failover_is_fenced_in_turn_and_the_database_reaches_a_third_node(
+) {
+    let env = CloudEnv::start(settings()).await;
+    let Running {
+        uid,
+        instance: first,
+        node: first_node,
+        pvc_uid,
+    } = running_database(&env).await;
+    let stop = CancellationToken::new();
+    let first_watch = two_writer_watch(&env, first_node.clone(), first.clone(), stop.clone());
+    env.cp.node(&first_node).expect("kubelet").power_off();
+    let replaced = first.clone();
+    let q = wait_for_within(
+        &env.qdbs(),
+        "db1",
+        "a replacement launched",
+        FAILOVER_TIMEOUT,
+        move |q: Option<&QuestDB>| {
+            q.and_then(|q| q.status.as_ref()).is_some_and(|s| {
+                s.failover.is_some() && s.instance_id.as_deref().is_some_and(|i| i != replaced)
+            })
+        },
+    )
+    .await;
+    let second = q.status.and_then(|s| s.instance_id).expect("replacement");
+    let second_node = node_name_for(&second);
+    wait_until("the replacement's kubelet registered", || {
+        let up = env.cp.node(&second_node).is_some();
+        async move { up }
+    })
+    .await;
+    let second_watch = two_writer_watch(&env, second_node.clone(), second.clone(), stop.clone());
+    env.cp.node(&second_node).expect("kubelet").partition();
+    let q = wait_for_within(
+        &env.qdbs(),
+        "db1",
+        "the failover finished on its second replacement",
+        FAILOVER_TIMEOUT * 2,
+        |q: Option<&QuestDB>| {
+            q.and_then(|q| q.status.as_ref())
+                .and_then(|s| s.failover.as_ref())
+                .is_some_and(|f| {
+                    f.attempt() == 2 && f.phase == questdb_operator::api::FailoverPhase::Healthy
+                })
+        },
+    )
+    .await;
+    let status = q.status.expect("status");
+    let third = status.instance_id.clone().expect("third instance");
+    assert!(third != first && third != second, "{third}");
+    let record = status.failover.expect("record");
+    assert_eq!(record.fenced_instance_ids, vec![first.clone()]);
+    assert_eq!(record.old_instance_id.as_deref(), Some(second.as_str()));
+    assert_eq!(record.new_instance_id.as_deref(), Some(third.as_str()));
+    env.assert_runs_on(&third, &pvc_uid).await;
+    env.wait_terminated(&first, "the first fenced instance terminated")
+        .await;
+    env.wait_terminated(&second, "the fenced replacement terminated")
+        .await;
+    stop.cancel();
+    for watch in [first_watch, second_watch] {
+        let v = watch.lock().unwrap().clone();
+        assert!(v.is_empty(), "two writers possible: {v:?}");
+    }
+    assert_eq!(env.live_instances_of(&uid), vec![third]);
+    env.stop().await;
+}
+
+/// A move to an image EC2 does not know aborts and leaves the database where it runs, with
+/// that image still in the spec. When its node later dies, the replacement is launched with
+/// the image the database last ran on, not the refused one: launched from the spec, no
+/// replacement could ever start and the database would stay down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_an_aborted_move_a_dead_node_is_replaced_with_the_image_that_last_worked() {
+    let env = CloudEnv::start(settings()).await;
+    let Running {
+        instance: old_id,
+        node: old_node,
+        pvc_uid,
+        ..
+    } = running_database(&env).await;
+    let worked = env
+        .cloud
+        .ec2
+        .instances()
+        .into_iter()
+        .find(|i| i.id == old_id)
+        .expect("instance")
+        .image;
+    env.qdbs()
+        .patch(
+            "db1",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(
+                serde_json::json!({"spec": {"node": {"image": "ami-00000000000000bad"}}}),
+            ),
+        )
+        .await
+        .expect("image edit");
+    wait_for(
+        &env.qdbs(),
+        "db1",
+        "the move to an unknown image aborted",
+        crate::harness::has_condition("NodeMove", "InvalidNode"),
+    )
+    .await;
+    env.cp.node(&old_node).expect("kubelet").power_off();
+    assert_moved(&env, &old_id, &pvc_uid).await;
+    let q = env.qdbs().get("db1").await.expect("db1");
+    let new_id = q.status.and_then(|s| s.instance_id).expect("instance");
+    let replacement = env
+        .cloud
+        .ec2
+        .instances()
+        .into_iter()
+        .find(|i| i.id == new_id)
+        .expect("replacement");
+    assert_eq!(replacement.image, worked, "the image that last worked");
+    env.stop().await;
+}
+
+/// The breaker the sandbox poisoned: a worker powered off minutes before a dedicated node died
+/// was counted with it as an outage (two of four nodes silent), and the database stayed down for
+/// as long as the worker did. Silences that did not begin together are not one outage: the
+/// dead dedicated node is replaced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_dead_for_minutes_does_not_hold_back_the_failover_of_a_later_lone_death() {
+    use questdb_testenv::timings;
+    let env = CloudEnv::start(settings()).await;
+    let Running {
+        instance,
+        node,
+        pvc_uid,
+        ..
+    } = running_database(&env).await;
+    env.cp.node("worker-a2").expect("worker").power_off();
+    let leases = Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(
+        env.client.clone(),
+        "kube-node-lease",
+    );
+    // Dead for three Lease durations: no outage silences its nodes that far apart.
+    let long_dead = timings::node_lease_duration().as_millis() as i64 * 3;
+    wait_until(
+        "the worker's Lease silent for three Lease durations",
+        || {
+            let leases = leases.clone();
+            async move {
+                leases
+                    .get("worker-a2")
+                    .await
+                    .ok()
+                    .and_then(|l| l.spec?.renew_time)
+                    .is_some_and(|t| {
+                        k8s_openapi::jiff::Timestamp::now().as_millisecond() - t.0.as_millisecond()
+                            > long_dead
+                    })
+            }
+        },
+    )
+    .await;
+    env.cp.node(&node).expect("kubelet").power_off();
+    assert_moved(&env, &instance, &pvc_uid).await;
+    env.stop().await;
+}
+
+/// `db1`'s node cut off with every stop hanging until it is forced again, so the failover sits
+/// in `Fencing`; returns once it does, with the uid and the fenced instance.
+async fn failover_held_in_fencing() -> (CloudEnv, String, String) {
+    let env = CloudEnv::start(settings()).await;
+    let Running {
+        uid,
+        instance,
+        node,
+        ..
+    } = running_database(&env).await;
+    env.cloud.ec2.set_hang_stops(true);
+    env.cp.node(&node).expect("kubelet").partition();
+    wait_for_within(
+        &env.qdbs(),
+        "db1",
+        "failover fencing, its stop sent",
+        FAILOVER_TIMEOUT,
+        |q: Option<&QuestDB>| {
+            q.and_then(|q| q.status.as_ref())
+                .and_then(|s| s.failover.as_ref())
+                .is_some_and(|f| {
+                    f.phase == questdb_operator::api::FailoverPhase::Fencing
+                        && f.fence_stop.is_some()
+                })
+        },
+    )
+    .await;
+    (env, uid, instance)
+}
+
+/// A pause that lands while a failover is still stopping a partitioned node used to end the
+/// failover's steps there: the old instance was never stopped and kept serving, and the pause
+/// waited for ever on a pod its kubelet could not stop. The fence finishes first, then the
+/// failover ends, every instance it fenced is terminated, and the pause releases the rest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pause_during_fencing_finishes_the_fence_and_releases_everything() {
+    let (env, uid, old) = failover_held_in_fencing().await;
+    pause_until_released(&env, FAILOVER_TIMEOUT).await;
+    let q = wait_for_within(
+        &env.qdbs(),
+        "db1",
+        "the failover ended by the pause",
+        FAILOVER_TIMEOUT,
+        |q: Option<&QuestDB>| q.and_then(failover_phase).as_deref() == Some("Healthy"),
+    )
+    .await;
+    let record = q.status.and_then(|s| s.failover).expect("record");
+    assert!(
+        record
+            .message
+            .as_deref()
+            .is_some_and(|m| m.contains("paused")),
+        "{record:?}"
+    );
+    env.wait_terminated(&old, "the fenced instance terminated")
+        .await;
+    assert!(
+        env.cloud.ec2.call_count("StopInstances") >= 2,
+        "the hung stop was forced again: the fence finished"
+    );
+    wait_until("nothing of the database left running", || {
+        let live = env.live_instances_of(&uid);
+        async move { live.is_empty() }
+    })
+    .await;
+    env.stop().await;
+}
+
+/// The same for a deletion: its finalizer used to wait for ever; now the fence finishes, and
+/// the QuestDB goes with every instance it had.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deletion_during_fencing_finishes_the_fence_and_the_finalizer_goes() {
+    let (env, uid, old) = failover_held_in_fencing().await;
+    env.qdbs()
+        .delete("db1", &Default::default())
+        .await
+        .expect("delete");
+    let qdbs = env.qdbs();
+    wait_until("QuestDB gone", || {
+        let qdbs = qdbs.clone();
+        async move { qdbs.get_opt("db1").await.is_ok_and(|q| q.is_none()) }
+    })
+    .await;
+    env.wait_terminated(&old, "the fenced instance terminated")
+        .await;
+    assert!(
+        env.cloud.ec2.call_count("StopInstances") >= 2,
+        "the hung stop was forced again: the fence finished"
+    );
+    wait_until("nothing of the database left running", || {
+        let live = env.live_instances_of(&uid);
+        async move { live.is_empty() }
+    })
+    .await;
+    env.stop().await;
+}
+
 /// Pauses `db1` and waits until its node is released.
 async fn pause_until_released(env: &CloudEnv, timeout: Duration) {
     env.qdbs()

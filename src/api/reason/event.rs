@@ -77,6 +77,12 @@ pub enum EventReason {
     FailoverHealthy,
     FailoverSucceeded,
     FailoverStuck,
+    /// A failover's replacement died, stopped or never joined before the failover ended: it
+    /// is fenced and replaced in turn.
+    ReplacementFailed,
+    /// A pause, deletion or node removal ended a failover once its fence and release were
+    /// done: the fenced instances are terminated, and the release goes on.
+    FailoverEnded,
     /// A fence's normal stop did not end in time: the stop is forced (a power cut for what
     /// the database had not synced).
     FenceForced,
@@ -177,6 +183,8 @@ pub enum SuppressionReason {
     RecentFailover,
     /// Too many dedicated nodes are unhealthy at once (the circuit breaker).
     TooManyUnhealthyNodes,
+    /// The replacement failed too, as many times as one failover replaces it.
+    AttemptsExhausted,
 }
 
 reason_text!(EventReason, BackupReason, SuppressionReason);

@@ -442,7 +442,9 @@ async fn database_view(qdb: &QuestDB, ctx: &Context, step: BackupStep) -> Result
     let status = qdb.status.clone().unwrap_or_default();
     let database = if qdb.metadata.deletion_timestamp.is_some() {
         Some(Database::Deleting)
-    } else if crate::plan::failover::in_progress(&status) {
+    } else if crate::plan::failover::database_down(&status) {
+        // Draining (the database answers; the fenced instance waits out the old record's
+        // TTL, up to days) holds back nothing but that instance's termination.
         Some(Database::Busy("a failover is under way".into()))
     } else if crate::plan::node_move::in_progress(&status) {
         Some(Database::Busy("a node move is under way".into()))

@@ -15,7 +15,7 @@ use tokio::time::Instant;
 
 use crate::controllers::context::{Context, GuardedQuestDB};
 use crate::controllers::{Error, Next};
-use crate::plan::failover::{breaker_count, breaker_open};
+use crate::plan::failover::{breaker_count, breaker_open, together};
 use crate::plan::node::node_is_ready;
 use owners::OwnerIndex;
 pub use tracker::{pinned_instance, NodeHealth, NODE_LEASE_NAMESPACE};
@@ -61,18 +61,24 @@ fn count_fleet(ctx: &Context, health: &NodeHealth, index: &OwnerIndex, now: Inst
     let nodes = ctx.caches.nodes.state();
     let mut out = Fleet::default();
     let mut present = std::collections::HashSet::new();
-    // (suspects, managed) per namespace.
-    let mut by_namespace: std::collections::HashMap<Option<String>, (usize, usize)> =
-        Default::default();
+    // Managed dedicated nodes per namespace, and the silences of the suspects and of the
+    // cluster's nodes: counted by when they began (`together`), not all at once.
+    let mut managed: std::collections::HashMap<Option<String>, usize> = Default::default();
+    let mut suspects: Vec<(Duration, Option<String>)> = Vec::new();
+    let mut cluster_silences: Vec<(Duration, ())> = Vec::new();
     for n in &nodes {
         let Some(name) = n.metadata.name.as_deref() else {
             continue;
         };
         present.insert(name);
+        // A node fenced and tainted out-of-service is down on purpose: no sign of an outage.
+        if out_of_service(n) {
+            continue;
+        }
         if health.has_renewed(name) {
             out.cluster += 1;
-            if health.unhealthy_for(name, now).is_some() {
-                out.cluster_silent += 1;
+            if let Some(silent) = health.unhealthy_for(name, now) {
+                cluster_silences.push((silent, ()));
             }
         }
         // A node no QuestDB runs on any more (fenced, being replaced, upgraded away) is not a
@@ -82,10 +88,7 @@ fn count_fleet(ctx: &Context, health: &NodeHealth, index: &OwnerIndex, now: Inst
         };
         let threshold = &owner.threshold;
         out.managed += 1;
-        let share = by_namespace
-            .entry(owner.questdb.namespace.clone())
-            .or_default();
-        share.1 += 1;
+        *managed.entry(owner.questdb.namespace.clone()).or_default() += 1;
         let Some(silent) = health.unhealthy_for(name, now) else {
             continue;
         };
@@ -96,16 +99,38 @@ fn count_fleet(ctx: &Context, health: &NodeHealth, index: &OwnerIndex, now: Inst
         // are all well past that when the first reaches its threshold, whatever the kubelets'
         // renewal phase (10 s apart at most on a real cluster).
         if silent >= *threshold / 2 {
-            share.0 += 1;
+            suspects.push((silent, owner.questdb.namespace.clone()));
         }
         if silent >= *threshold {
             out.past_threshold.push(owner.questdb.clone());
         }
     }
-    out.suspects = breaker_count(by_namespace.into_values());
+    // Nodes that die together stop renewing within a renewal interval and the watch's lag of
+    // one another: a Lease duration covers both.
+    let window = health.min_unhealthy();
+    out.suspects = together(&suspects, window, |group| {
+        breaker_count(
+            group
+                .iter()
+                .map(|(ns, n)| (*n, managed.get(ns).copied().unwrap_or(*n))),
+        )
+    });
+    out.cluster_silent = together(&cluster_silences, window, |group| group.values().sum());
     health.retain(|n| present.contains(n));
     health.retain_instances(|i| index.owners.contains_key(i));
     out
+}
+
+/// Whether `node` carries the out-of-service taint a fence puts on it.
+fn out_of_service(node: &Node) -> bool {
+    node.spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .is_some_and(|taints| {
+            taints
+                .iter()
+                .any(|t| t.key == crate::plan::failover::OUT_OF_SERVICE_TAINT)
+        })
 }
 
 /// The database `node` serves, its threshold and the node readiness its status last recorded;

@@ -66,11 +66,19 @@ pub async fn reconcile(
     ctx: &Context,
     cloud: &CloudRuntime,
 ) -> Result<Option<Turn<FailoverReason>>, Error> {
-    if qdb.spec.node.is_none() || qdb.spec.paused || qdb.metadata.deletion_timestamp.is_some() {
-        return Ok(None);
-    }
     let status = qdb.status.clone().unwrap_or_default();
+    if qdb.spec.node.is_none() || qdb.spec.paused || qdb.metadata.deletion_timestamp.is_some() {
+        // A failover under way is finished or ended by `during_release`; this shows where.
+        return Ok(status
+            .failover
+            .as_ref()
+            .filter(|_| failover::in_progress(&status))
+            .map(|f| Turn::again_within(in_progress(f), STEP_POLL)));
+    }
     if failover::in_progress(&status) {
+        if let Some(turn) = replace_failed_replacement(qdb, ctx, cloud, &status).await? {
+            return Ok(Some(turn));
+        }
         return steps(qdb, ctx, cloud).await.map(Some);
     }
     let Some(id) = status.instance_id.clone() else {
@@ -83,29 +91,15 @@ pub async fn reconcile(
             "a node move is switching nodes: it fences a node that dies and returns the database to the live one itself".into(),
         ))));
     }
-    let Some(symptom) = symptom(qdb, ctx, cloud, &id, tokio::time::Instant::now()).await? else {
+    let Some(Judged {
+        symptom,
+        unhealthy_for,
+        look_again,
+    }) = judge(qdb, ctx, cloud, &id).await?
+    else {
         return Ok(Some(Turn::settled(armed(qdb, cloud))));
     };
-    let threshold = cloud
-        .health
-        .threshold(qdb.spec.failover.unhealthy_after_seconds);
-    let mut symptom = symptom;
-    let mut look_again = None;
-    // Before the threshold, only EC2's word that the instance is gone starts a failover: then
-    // the Node still exists to take the out-of-service taint (the cloud controller deletes it
-    // once NotReady), so the volume need not wait for the 6-minute force detach.
-    if symptom.for_ < threshold {
-        symptom.terminated = instance_gone(cloud, &id).await;
-        if !symptom.terminated {
-            look_again = Some(threshold.saturating_sub(symptom.for_).min(GONE_POLL));
-        }
-    }
-    let for_ = if symptom.terminated {
-        symptom.for_.max(threshold)
-    } else {
-        symptom.for_
-    };
-    let (node, unhealthy_for) = (symptom.node.clone(), Some(for_));
+    let (node, unhealthy_for) = (symptom.node.clone(), Some(unhealthy_for));
     let since_last_start = status
         .failover
         .as_ref()
@@ -125,23 +119,7 @@ pub async fn reconcile(
     match decision {
         Start::No => Ok(Some(Turn::settled(armed(qdb, cloud)).sooner(look_again))),
         Start::Suppressed { reason, message } => {
-            let c = condition(
-                false,
-                FailoverReason::FailoverSuppressed,
-                format!("{reason}: {message}"),
-            );
-            if !already_reported(&status, &c) {
-                warn!(questdb = %qdb.name_any(), %node, %reason, "failover suppressed: {message}");
-                ctx.metrics.failover_suppressed(reason.as_str());
-                ctx.event(
-                    qdb,
-                    EventType::Warning,
-                    EventReason::FailoverSuppressed,
-                    "Failover",
-                    c.message.clone(),
-                )
-                .await;
-            }
+            let c = suppressed(qdb, ctx, &status, reason, message, &node).await;
             Ok(Some(
                 Turn::again_within(c, Duration::from_secs(5)).sooner(look_again),
             ))
@@ -174,6 +152,9 @@ pub async fn reconcile(
             })
             .await?;
             if let Some(u) = unhealthy_for {
+                let threshold = cloud
+                    .health
+                    .threshold(qdb.spec.failover.unhealthy_after_seconds);
                 ctx.metrics.failover_detected(u.saturating_sub(threshold));
             }
             let note = if reason == FailoverCause::InstanceTerminated {
@@ -213,10 +194,231 @@ pub async fn reconcile(
     }
 }
 
+/// A failover whose replacement died, stopped or never joined would wait for it for ever
+/// (and hold back backups, moves and later failovers with it): past the same threshold as
+/// any dedicated node, the replacement is fenced and replaced in turn, the failover going
+/// back to `Fencing` with the instances fenced so far kept to be terminated at its end.
+/// `None`: the replacement is fine (or not judged yet), and the failover's steps go on.
+async fn replace_failed_replacement(
+    qdb: &mut QuestDB,
+    ctx: &Context,
+    cloud: &CloudRuntime,
+    status: &QuestDBStatus,
+) -> Result<Option<Turn<FailoverReason>>, Error> {
+    let (Some(id), Some(record)) = (
+        failover::replacement_judged(status).map(str::to_string),
+        status.failover.clone(),
+    ) else {
+        return Ok(None);
+    };
+    let Some(Judged {
+        symptom,
+        unhealthy_for,
+        ..
+    }) = judge(qdb, ctx, cloud, &id).await?
+    else {
+        return Ok(None);
+    };
+    let decision = failover::replace_again(&failover::AgainView {
+        spec: &qdb.spec.failover,
+        skip_annotation: qdb
+            .annotations()
+            .get(SKIP_ANNOTATION)
+            .is_some_and(|v| v == "true"),
+        status,
+        unhealthy_for: Some(unhealthy_for),
+        lease_duration: cloud.health.min_unhealthy(),
+        breaker_open: cloud.health.breaker_open(),
+    });
+    match decision {
+        Start::No => Ok(None),
+        Start::Suppressed { reason, message } => {
+            let c = suppressed(qdb, ctx, status, reason, message, &id).await;
+            Ok(Some(Turn::again_within(c, Duration::from_secs(5))))
+        }
+        Start::Go => {
+            let Some(cause) = confirm(ctx, cloud, &symptom, &id).await? else {
+                return Ok(None);
+            };
+            let next = failover::next_attempt(&record, cause, &id, &symptom.node, now());
+            let next_generation = status.node_generation.unwrap_or(1) + 1;
+            // Intent first, as at the start: the next generation and the instance to fence.
+            persist(qdb, ctx, |s| {
+                s.failover = Some(next.clone());
+                s.instance_id = None;
+                s.node_generation = Some(next_generation);
+            })
+            .await?;
+            let note = format!(
+                "the replacement instance {id} ({}) failed before the failover ended ({cause}, {}s): fencing it and launching another (attempt {} of {})",
+                if symptom.node.is_empty() { "no Node" } else { symptom.node.as_str() },
+                symptom.for_.as_secs(),
+                next.attempt(),
+                failover::MAX_ATTEMPTS
+            );
+            warn!(questdb = %qdb.name_any(), "{note}");
+            ctx.event(
+                qdb,
+                EventType::Warning,
+                EventReason::ReplacementFailed,
+                "Failover",
+                note,
+            )
+            .await;
+            Ok(Some(Turn::again_within(in_progress(&next), STEP_POLL)))
+        }
+    }
+}
+
+/// A node's symptom as a failover judges it.
+struct Judged {
+    symptom: Symptom,
+    /// How long it counts as unhealthy: EC2's word that the instance is gone counts as the
+    /// whole threshold.
+    unhealthy_for: Duration,
+    /// How soon to ask EC2 again while the silence is under the threshold.
+    look_again: Option<Duration>,
+}
+
+/// What is wrong with the node of `id`, if anything. Before the threshold, only EC2's word
+/// that the instance is gone starts a failover: then the Node still exists to take the
+/// out-of-service taint (the cloud controller deletes it once NotReady), so the volume need
+/// not wait for the 6-minute force detach.
+async fn judge(
+    qdb: &QuestDB,
+    ctx: &Context,
+    cloud: &CloudRuntime,
+    id: &str,
+) -> Result<Option<Judged>, Error> {
+    let Some(mut symptom) = symptom(qdb, ctx, cloud, id, tokio::time::Instant::now()).await? else {
+        return Ok(None);
+    };
+    let threshold = cloud
+        .health
+        .threshold(qdb.spec.failover.unhealthy_after_seconds);
+    let mut look_again = None;
+    if symptom.for_ < threshold {
+        symptom.terminated = instance_gone(cloud, id).await;
+        if !symptom.terminated {
+            look_again = Some(threshold.saturating_sub(symptom.for_).min(GONE_POLL));
+        }
+    }
+    let unhealthy_for = if symptom.terminated {
+        symptom.for_.max(threshold)
+    } else {
+        symptom.for_
+    };
+    Ok(Some(Judged {
+        symptom,
+        unhealthy_for,
+        look_again,
+    }))
+}
+
+/// A due fence held back (of `what`: a node, or a replacement instance): the condition, and
+/// once per change of it a log line, an event and the suppression counted.
+async fn suppressed(
+    qdb: &QuestDB,
+    ctx: &Context,
+    status: &QuestDBStatus,
+    reason: crate::api::SuppressionReason,
+    message: String,
+    what: &str,
+) -> Verdict<FailoverReason> {
+    let c = condition(
+        false,
+        FailoverReason::FailoverSuppressed,
+        format!("{reason}: {message}"),
+    );
+    if !already_reported(status, &c) {
+        warn!(questdb = %qdb.name_any(), node = %what, %reason, "failover suppressed: {message}");
+        ctx.metrics.failover_suppressed(reason.as_str());
+        ctx.event(
+            qdb,
+            EventType::Warning,
+            EventReason::FailoverSuppressed,
+            "Failover",
+            c.message.clone(),
+        )
+        .await;
+    }
+    c
+}
+
 fn armed(qdb: &QuestDB, cloud: &CloudRuntime) -> Verdict<FailoverReason> {
     let (status, reason, message) =
         failover::idle_condition(&qdb.spec.failover, cloud.health.min_unhealthy());
     condition(status, reason, message)
+}
+
+/// A pause, deletion or removal of `spec.node` during a failover. The fence and the release
+/// of the old node finish first, whatever the spec says now: a partitioned old instance that
+/// nothing stops keeps serving, and its pod, on a kubelet that no longer answers, never lets
+/// the release go on. Once the volume has left the old node the failover ends here: every
+/// instance it fenced is terminated and the record says why; the release then lets the
+/// replacement go as it would any node, and nothing resumes later with the ids of terminated
+/// instances. `Some(what it waits for)` while the fence or the old node's release is under way.
+pub async fn during_release(qdb: &mut QuestDB, ctx: &Context) -> Result<Option<String>, Error> {
+    let Some(cloud) = ctx.cloud.as_deref() else {
+        return Ok(None);
+    };
+    let status = qdb.status.clone().unwrap_or_default();
+    let Some(record) = status
+        .failover
+        .clone()
+        .filter(|_| failover::in_progress(&status))
+    else {
+        return Ok(None);
+    };
+    if matches!(
+        record.phase,
+        FailoverPhase::Fencing | FailoverPhase::Releasing
+    ) {
+        let turn = steps(qdb, ctx, cloud).await?;
+        return Ok(Some(turn.condition.message));
+    }
+    let owner = owner_uid(qdb);
+    for fenced in record.fenced() {
+        match cloud.nodes.terminate(fenced, &owner).await {
+            Ok(()) => {}
+            Err(e) if super::not_owned(&e) => {
+                let refusal = refused(qdb, ctx, &status, &e).await;
+                return Ok(Some(refusal.message));
+            }
+            Err(e) => return Err(Error::Cloud(e)),
+        }
+    }
+    let why = if qdb.metadata.deletion_timestamp.is_some() {
+        "the database is being deleted"
+    } else if qdb.spec.paused {
+        "the database was paused"
+    } else {
+        "spec.node was removed"
+    };
+    let terminated = record.fenced().collect::<Vec<_>>().join(", ");
+    let note = format!(
+        "failover ended in step {}: {why} once the old node had let the volume go; fenced instance {terminated} terminated",
+        record.phase
+    );
+    persist(qdb, ctx, |s| {
+        if let Some(f) = s.failover.as_mut() {
+            f.phase = FailoverPhase::Healthy;
+            f.phase_started_at = Some(now());
+            f.finished_at = Some(now());
+            f.message = Some(note.clone());
+        }
+    })
+    .await?;
+    info!(questdb = %qdb.name_any(), "{note}");
+    ctx.event(
+        qdb,
+        EventType::Normal,
+        EventReason::FailoverEnded,
+        "Failover",
+        note,
+    )
+    .await;
+    Ok(None)
 }
 
 /// A release (pause, deletion, `spec.node` removed) whose database pod sits on a node that
@@ -685,13 +887,16 @@ async fn perform(
             Ok(Turn::again_within(condition, STEP_POLL))
         }
         Step::Finish(old) => {
-            match cloud.nodes.terminate(&old, &owner_uid(qdb)).await {
-                Ok(()) => {}
-                Err(e) if super::not_owned(&e) => {
-                    let refusal = refused(qdb, ctx, status, &e).await;
-                    return Ok(Turn::again_within(refusal, Duration::from_secs(60)));
+            // Every instance this failover fenced, the earlier attempts' too.
+            for fenced in f.fenced_instance_ids.iter().chain([&old]) {
+                match cloud.nodes.terminate(fenced, &owner_uid(qdb)).await {
+                    Ok(()) => {}
+                    Err(e) if super::not_owned(&e) => {
+                        let refusal = refused(qdb, ctx, status, &e).await;
+                        return Ok(Turn::again_within(refusal, Duration::from_secs(60)));
+                    }
+                    Err(e) => return Err(Error::Cloud(e)),
                 }
-                Err(e) => return Err(Error::Cloud(e)),
             }
             // Downtime ends when the database answered again (Draining began), not when
             // the fenced instance is let go.

@@ -401,8 +401,16 @@ async fn cloud_step(qdb: &mut QuestDB, ctx: &Context) -> Result<cloud::CloudOutc
     let hold = qdb.spec.node.is_none()
         && !qdb.spec.paused
         && stop_first::pod_on_recorded_node(qdb, &ctx.caches);
+    // A failover under way finishes its fence first (or ends, once the old node let go).
+    let failover_fence = if qdb.spec.paused || qdb.spec.node.is_none() {
+        failover::during_release(qdb, ctx).await?
+    } else {
+        None
+    };
     // Either waits for the pod to leave the node: a dead node never lets it.
-    let fencing = if (qdb.spec.paused && !stopped) || hold {
+    let fencing = if failover_fence.is_some() {
+        failover_fence
+    } else if (qdb.spec.paused && !stopped) || hold {
         failover::fence_for_release(qdb, ctx).await?
     } else {
         None
@@ -523,8 +531,17 @@ async fn release_and_unblock(qdb: Arc<QuestDB>, ctx: &Context) -> Result<Next, E
             volume::step(&mut applier, &current, None).await?;
         }
     }
-    if !stop_first::database_stopped(&current, &ctx.caches) {
+    let stopped = stop_first::database_stopped(&current, &ctx.caches);
+    if !stopped {
         stop_first::scale_to_zero(&current, &ctx.caches, &ctx.client).await?;
+    }
+    // A failover under way fences its old node first: the finalizer never goes while an
+    // instance that may still write runs unfenced.
+    if let Some(fencing) = failover::during_release(&mut current, ctx).await? {
+        debug!(questdb = %current.name_any(), "deletion waits on a failover's fence: {fencing}");
+        return Ok(Next::RequeueAfter(std::time::Duration::from_secs(2)));
+    }
+    if !stopped {
         if let Some(fencing) = failover::fence_for_release(&mut current, ctx).await? {
             debug!(questdb = %current.name_any(), "deletion waits on a dead node: {fencing}");
             return Ok(Next::RequeueAfter(std::time::Duration::from_secs(2)));

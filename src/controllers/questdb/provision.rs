@@ -254,7 +254,7 @@ impl StateMachine for NodeRun<'_> {
             NodeStep::Failed(condition) => {
                 self.turn.condition = Some(condition);
                 let left = o.failure.as_ref().map_or(PERMANENT_FAILURE_RETRY, |f| {
-                    PERMANENT_FAILURE_RETRY.saturating_sub(f.at.elapsed())
+                    f.retry_after.saturating_sub(f.at.elapsed())
                 });
                 self.turn.requeue_within(left.max(Duration::from_secs(1)));
                 Flow::Stop
@@ -333,9 +333,11 @@ impl NodeRun<'_> {
     }
 
     async fn launch(&mut self, generation: i64) -> Result<Flow, Error> {
-        let Some(mut req) = launch_request(self.qdb, &self.uid, generation, self.dedicated) else {
+        let Some(req) = launch_request(self.qdb, &self.uid, generation, self.dedicated) else {
             return Ok(Flow::Stop);
         };
+        let status = self.qdb.status.clone().unwrap_or_default();
+        let mut req = crate::plan::node::for_failover(req, &status);
         // EC2 would refuse the launch (or the node could not reach the cluster): said in the
         // database's condition, with the fix, until the preflight sees it fixed (which wakes it).
         if let Some(finding) = self.ctx.preflight.blocking_launch() {
@@ -364,7 +366,14 @@ impl NodeRun<'_> {
                 self.record_instance(instance).await
             }
             Err(e) if e.is_permanent() => {
-                let message = e.to_string();
+                let message = match e.code() {
+                    Some("InsufficientFreeAddressesInSubnet") => format!(
+                        "{e} (the subnet of zone {} has no free address: free some, or map the zone to another subnet in --aws-subnets; the launch is tried again every {} minutes and at once on an edit of the QuestDB)",
+                        req.zone,
+                        PERMANENT_FAILURE_RETRY.as_secs() / 60
+                    ),
+                    _ => e.to_string(),
+                };
                 warn!(questdb = %self.qdb.name_any(), error = %message, "launch failed permanently");
                 self.ctx
                     .event(
@@ -375,16 +384,17 @@ impl NodeRun<'_> {
                         message.clone(),
                     )
                     .await;
+                let retry_after = node::launch_retry(e.code());
                 remember_failure(
                     self.cloud,
                     &self.uid,
-                    self.qdb.metadata.generation,
-                    generation,
+                    (self.qdb.metadata.generation, generation),
                     message.clone(),
+                    retry_after,
                 );
                 self.turn.condition =
                     Some(Verdict::new(false, NodeReadyReason::LaunchFailed, message));
-                self.turn.requeue_within(PERMANENT_FAILURE_RETRY);
+                self.turn.requeue_within(retry_after);
                 Ok(Flow::Stop)
             }
             Err(e) => Err(cloud_error(e)),
@@ -613,16 +623,16 @@ fn recent_failure(
     failures.get(uid).cloned().filter(|f| {
         f.spec_generation == spec_generation
             && Some(f.node_generation) == node_generation
-            && f.at.elapsed() < PERMANENT_FAILURE_RETRY
+            && f.at.elapsed() < f.retry_after
     })
 }
 
 fn remember_failure(
     cloud: &CloudRuntime,
     uid: &str,
-    spec_generation: Option<i64>,
-    g: i64,
+    (spec_generation, node_generation): (Option<i64>, i64),
     message: String,
+    retry_after: Duration,
 ) {
     cloud
         .launch_failures
@@ -632,9 +642,10 @@ fn remember_failure(
             uid.to_string(),
             LaunchFailure {
                 spec_generation,
-                node_generation: g,
+                node_generation,
                 at: tokio::time::Instant::now(),
                 message,
+                retry_after,
             },
         );
 }
