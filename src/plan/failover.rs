@@ -155,8 +155,9 @@ pub struct StartView<'a> {
     pub unhealthy_for: Option<Duration>,
     /// The kubelets' Lease duration: no threshold is shorter (`--node-lease-duration`).
     pub lease_duration: Duration,
-    /// Too many dedicated nodes are unhealthy at once: a partition or an outage, not a node.
-    pub breaker_open: bool,
+    /// Where too many nodes are unhealthy at once (a zone, or the cluster): a partition or an
+    /// outage there, not a dead node. `None`: the breaker of the node's zone is closed.
+    pub breaker: Option<String>,
     /// Seconds since the last failover started (from `status.failover.startedAt`).
     pub since_last_start: Option<Duration>,
 }
@@ -191,7 +192,7 @@ pub fn should_start(v: &StartView) -> Start {
         "{node} has been unhealthy past its {}s threshold",
         threshold.as_secs()
     );
-    if let Some(held) = held_back(v.spec, v.skip_annotation, v.breaker_open, &past) {
+    if let Some(held) = held_back(v.spec, v.skip_annotation, v.breaker.as_deref(), &past) {
         return held;
     }
     if v.since_last_start.is_some_and(|d| d < MIN_INTERVAL) {
@@ -211,7 +212,7 @@ pub fn should_start(v: &StartView) -> Start {
 fn held_back(
     spec: &FailoverSpec,
     skip_annotation: bool,
-    breaker_open: bool,
+    breaker: Option<&str>,
     past: &str,
 ) -> Option<Start> {
     let suppressed = |reason, message: String| Some(Start::Suppressed { reason, message });
@@ -227,10 +228,10 @@ fn held_back(
             format!("{past}; {SKIP_ANNOTATION} is set"),
         );
     }
-    if breaker_open {
+    if let Some(place) = breaker {
         return suppressed(
             SuppressionReason::TooManyUnhealthyNodes,
-            format!("{past}, but so are too many other dedicated nodes: that looks like a partition or an outage, not a dead node"),
+            format!("{past}, but so are too many other nodes in {place}: that looks like a partition or an outage there, not a dead node"),
         );
     }
     None
@@ -251,7 +252,8 @@ pub struct AgainView<'a> {
     /// missing or never joined, as for [`StartView::unhealthy_for`].
     pub unhealthy_for: Option<Duration>,
     pub lease_duration: Duration,
-    pub breaker_open: bool,
+    /// As [`StartView::breaker`].
+    pub breaker: Option<String>,
 }
 
 /// Whether the replacement of a failover under way may be judged at all: only once the old
@@ -290,7 +292,7 @@ pub fn replace_again(v: &AgainView) -> Start {
         "the replacement instance {id} has been unhealthy past its {}s threshold",
         threshold.as_secs()
     );
-    if let Some(held) = held_back(v.spec, v.skip_annotation, v.breaker_open, &past) {
+    if let Some(held) = held_back(v.spec, v.skip_annotation, v.breaker.as_deref(), &past) {
         return held;
     }
     if f.attempt() >= MAX_ATTEMPTS {

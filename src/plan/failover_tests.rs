@@ -29,7 +29,7 @@ fn start(
         status,
         unhealthy_for: unhealthy.map(Duration::from_secs),
         lease_duration: Duration::from_secs(10),
-        breaker_open: breaker,
+        breaker: breaker.then(|| "zone z-a".to_string()),
         since_last_start: None,
     })
 }
@@ -53,7 +53,7 @@ fn a_threshold_under_the_kubelets_lease_waits_out_the_lease() {
         status: &status,
         unhealthy_for: Some(Duration::from_secs(silent)),
         lease_duration: Duration::from_secs(40),
-        breaker_open: false,
+        breaker: None,
         since_last_start: None,
     };
     // A real kubelet renews every 10 s: 10-39 s of silence is a late renewal, not a dead node.
@@ -125,7 +125,7 @@ fn disabled_skipped_or_recently_failed_over_databases_are_held_back_with_a_reaso
         status: &status,
         unhealthy_for: Some(Duration::from_secs(60)),
         lease_duration: Duration::from_secs(10),
-        breaker_open: false,
+        breaker: None,
         since_last_start: None,
     });
     assert!(matches!(
@@ -141,7 +141,7 @@ fn disabled_skipped_or_recently_failed_over_databases_are_held_back_with_a_reaso
         status: &status,
         unhealthy_for: Some(Duration::from_secs(60)),
         lease_duration: Duration::from_secs(10),
-        breaker_open: false,
+        breaker: None,
         since_last_start: Some(Duration::from_secs(60)),
     });
     assert!(matches!(
@@ -684,7 +684,7 @@ fn again(status: &QuestDBStatus, unhealthy: Option<u64>, breaker: bool) -> Start
         status,
         unhealthy_for: unhealthy.map(Duration::from_secs),
         lease_duration: Duration::from_secs(10),
-        breaker_open: breaker,
+        breaker: breaker.then(|| "zone z-a".to_string()),
     })
 }
 
@@ -736,7 +736,7 @@ fn a_replacement_is_replaced_under_the_breaker_and_the_spec_but_not_the_interval
         status: &status,
         unhealthy_for: Some(Duration::from_secs(31)),
         lease_duration: Duration::from_secs(10),
-        breaker_open: false,
+        breaker: None,
     };
     assert!(matches!(
         replace_again(&view),

@@ -11,6 +11,7 @@ use std::time::Duration;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
 use kube::runtime::reflector::ObjectRef;
+use kube::ResourceExt;
 use tokio::time::Instant;
 
 use crate::controllers::context::{Context, GuardedQuestDB};
@@ -18,7 +19,10 @@ use crate::controllers::{Error, Next};
 use crate::plan::failover::{breaker_count, breaker_open, together};
 use crate::plan::node::node_is_ready;
 use owners::OwnerIndex;
-pub use tracker::{pinned_instance, NodeHealth, NODE_LEASE_NAMESPACE};
+pub use tracker::{pinned_instance, Breaker, NodeHealth, NODE_LEASE_NAMESPACE};
+
+/// The well-known label of a Node's zone.
+pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
 
 /// Name of the node-health controller in metrics and logs.
 pub const CONTROLLER_NAME: &str = "node-health";
@@ -41,10 +45,10 @@ pub(crate) const FLEET_COUNT_REUSE: Duration = Duration::from_millis(250);
 /// cache.
 #[derive(Debug, Default)]
 pub struct Fleet {
-    managed: usize,
     unhealthy: usize,
-    /// Suspects as the breaker counts them: each namespace's capped ([`breaker_count`]).
-    suspects: usize,
+    /// Per zone: the managed dedicated nodes, and the suspects as the breaker counts them
+    /// (each namespace's capped, [`breaker_count`], among silences that began together).
+    zones: std::collections::BTreeMap<String, (usize, usize)>,
     /// Every node with a Lease the operator has seen, dedicated or not, and how many of them
     /// are silent past half the Lease duration: an outage between the kubelets and the
     /// apiserver silences them all, which a lone dedicated node cannot tell from its own death.
@@ -61,10 +65,13 @@ fn count_fleet(ctx: &Context, health: &NodeHealth, index: &OwnerIndex, now: Inst
     let nodes = ctx.caches.nodes.state();
     let mut out = Fleet::default();
     let mut present = std::collections::HashSet::new();
-    // Managed dedicated nodes per namespace, and the silences of the suspects and of the
-    // cluster's nodes: counted by when they began (`together`), not all at once.
-    let mut managed: std::collections::HashMap<Option<String>, usize> = Default::default();
-    let mut suspects: Vec<(Duration, Option<String>)> = Vec::new();
+    // Per zone: managed dedicated nodes per namespace and the suspects' silences; and the
+    // silences of the cluster's nodes: counted by when they began (`together`), not all at once.
+    type Zone = (
+        std::collections::HashMap<Option<String>, usize>,
+        Vec<(Duration, Option<String>)>,
+    );
+    let mut zones: std::collections::BTreeMap<String, Zone> = Default::default();
     let mut cluster_silences: Vec<(Duration, ())> = Vec::new();
     for n in &nodes {
         let Some(name) = n.metadata.name.as_deref() else {
@@ -87,7 +94,10 @@ fn count_fleet(ctx: &Context, health: &NodeHealth, index: &OwnerIndex, now: Inst
             continue;
         };
         let threshold = &owner.threshold;
-        out.managed += 1;
+        // A zone's nodes go silent together when the zone's network does; the breaker of
+        // one zone holds back only that zone's fences.
+        let zone = n.labels().get(ZONE_LABEL).cloned().unwrap_or_default();
+        let (managed, suspects) = zones.entry(zone).or_default();
         *managed.entry(owner.questdb.namespace.clone()).or_default() += 1;
         let Some(silent) = health.unhealthy_for(name, now) else {
             continue;
@@ -108,13 +118,16 @@ fn count_fleet(ctx: &Context, health: &NodeHealth, index: &OwnerIndex, now: Inst
     // Nodes that die together stop renewing within a renewal interval and the watch's lag of
     // one another: a Lease duration covers both.
     let window = health.min_unhealthy();
-    out.suspects = together(&suspects, window, |group| {
-        breaker_count(
-            group
-                .iter()
-                .map(|(ns, n)| (*n, managed.get(ns).copied().unwrap_or(*n))),
-        )
-    });
+    for (zone, (managed, suspects)) in zones {
+        let counted = together(&suspects, window, |group| {
+            breaker_count(
+                group
+                    .iter()
+                    .map(|(ns, n)| (*n, managed.get(ns).copied().unwrap_or(*n))),
+            )
+        });
+        out.zones.insert(zone, (managed.values().sum(), counted));
+    }
     out.cluster_silent = together(&cluster_silences, window, |group| group.values().sum());
     health.retain(|n| present.contains(n));
     health.retain_instances(|i| index.owners.contains_key(i));
@@ -180,10 +193,15 @@ pub async fn reconcile(node: Arc<Node>, ctx: Arc<Context>) -> Result<Next, Error
     let fleet = cloud.health.fleet(FLEET_COUNT_REUSE, now, || {
         count_fleet(&ctx, &cloud.health, &index, now)
     });
-    let closed = cloud.health.set_breaker(
-        breaker_open(fleet.suspects, fleet.managed)
-            || breaker_open(fleet.cluster_silent, fleet.cluster),
-    );
+    let closed = cloud.health.set_breaker(Breaker {
+        cluster: breaker_open(fleet.cluster_silent, fleet.cluster),
+        zones: fleet
+            .zones
+            .iter()
+            .filter(|(_, (managed, suspects))| breaker_open(*suspects, *managed))
+            .map(|(zone, _)| zone.clone())
+            .collect(),
+    });
     ctx.metrics.set_unhealthy_dedicated_nodes(fleet.unhealthy);
     if closed {
         // The failovers it held back may go now, at once rather than at their next look.
@@ -262,11 +280,11 @@ mod tests {
             h.fleet(FLEET_COUNT_REUSE, at, || {
                 counts.set(counts.get() + 1);
                 Fleet {
-                    managed: counts.get(),
+                    cluster: counts.get(),
                     ..Fleet::default()
                 }
             })
-            .managed
+            .cluster
         };
         assert_eq!(count(t0), 1);
         assert_eq!(count(t0 + FLEET_COUNT_REUSE / 2), 1, "reused");

@@ -52,7 +52,7 @@ pub struct NodeHealth {
     /// The Node of each database's instance as last seen, and since when it is missing (the
     /// operator's clock), by instance id.
     missing: Mutex<HashMap<String, NodeOf>>,
-    breaker: Mutex<bool>,
+    breaker: Mutex<Breaker>,
     /// The last count of the fleet and when it was taken.
     fleet: Mutex<Option<(Instant, Arc<super::Fleet>)>>,
     lease_duration: Duration,
@@ -219,10 +219,11 @@ impl NodeHealth {
             .retain(|k, _| keep(k));
     }
 
-    /// Sets the breaker; true when this closes it (held-back failovers may go now).
-    pub fn set_breaker(&self, open: bool) -> bool {
+    /// Sets the breaker; true when this closes it anywhere (held-back failovers may go now).
+    pub fn set_breaker(&self, open: Breaker) -> bool {
         let mut breaker = self.breaker.lock().unwrap_or_else(|p| p.into_inner());
-        let closed = *breaker && !open;
+        let closed = (breaker.cluster && !open.cluster)
+            || breaker.zones.iter().any(|z| !open.zones.contains(z));
         *breaker = open;
         closed
     }
@@ -246,9 +247,24 @@ impl NodeHealth {
         }
     }
 
-    pub fn breaker_open(&self) -> bool {
-        *self.breaker.lock().unwrap_or_else(|p| p.into_inner())
+    /// Where the breaker holds back the fence of a node in `zone`: the cluster (most of its
+    /// kubelets silent at once: the operator's own partition), or that zone. `None`: closed.
+    pub fn breaker_for(&self, zone: Option<&str>) -> Option<String> {
+        let breaker = self.breaker.lock().unwrap_or_else(|p| p.into_inner());
+        if breaker.cluster {
+            return Some("the cluster".into());
+        }
+        let zone = zone?;
+        breaker.zones.contains(zone).then(|| format!("zone {zone}"))
     }
+}
+
+/// Where the breaker is open: silences that began together in too many of a zone's dedicated
+/// nodes hold back that zone's fences; in too many of all the cluster's nodes, every fence.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Breaker {
+    pub cluster: bool,
+    pub zones: std::collections::BTreeSet<String>,
 }
 
 /// The instance a dedicated node is pinned to (the operator's pin label), if it is one.
@@ -314,11 +330,29 @@ mod tests {
     #[test]
     fn closing_the_breaker_is_said_once() {
         let h = NodeHealth::new(secs(40));
-        assert!(!h.set_breaker(false));
-        assert!(!h.set_breaker(true));
-        assert!(!h.set_breaker(true));
-        assert!(h.set_breaker(false));
-        assert!(!h.set_breaker(false));
+        let closed = Breaker::default();
+        let cluster = Breaker {
+            cluster: true,
+            ..Default::default()
+        };
+        let zone = |z: &str| Breaker {
+            zones: [z.to_string()].into(),
+            ..Default::default()
+        };
+        assert!(!h.set_breaker(closed.clone()));
+        assert!(!h.set_breaker(cluster.clone()));
+        assert!(!h.set_breaker(cluster.clone()));
+        assert_eq!(h.breaker_for(Some("z-a")).as_deref(), Some("the cluster"));
+        assert_eq!(h.breaker_for(None).as_deref(), Some("the cluster"));
+        assert!(h.set_breaker(closed.clone()));
+        assert!(!h.set_breaker(closed.clone()));
+        // A zone's breaker holds back that zone only.
+        assert!(!h.set_breaker(zone("z-a")));
+        assert_eq!(h.breaker_for(Some("z-a")).as_deref(), Some("zone z-a"));
+        assert_eq!(h.breaker_for(Some("z-b")), None);
+        assert_eq!(h.breaker_for(None), None);
+        // Another zone opening while the first closes: the first's held-back failovers go.
+        assert!(h.set_breaker(zone("z-b")));
     }
 
     #[test]

@@ -113,7 +113,7 @@ pub async fn reconcile(
         status: &status,
         unhealthy_for,
         lease_duration: cloud.health.min_unhealthy(),
-        breaker_open: cloud.health.breaker_open(),
+        breaker: cloud.health.breaker_for(zone_of(qdb)),
         since_last_start,
     });
     match decision {
@@ -228,7 +228,7 @@ async fn replace_failed_replacement(
         status,
         unhealthy_for: Some(unhealthy_for),
         lease_duration: cloud.health.min_unhealthy(),
-        breaker_open: cloud.health.breaker_open(),
+        breaker: cloud.health.breaker_for(zone_of(qdb)),
     });
     match decision {
         Start::No => Ok(None),
@@ -343,6 +343,11 @@ async fn suppressed(
         .await;
     }
     c
+}
+
+/// The zone of the database's dedicated node (its volume's): whose breaker holds its fence.
+pub fn zone_of(qdb: &QuestDB) -> Option<&str> {
+    qdb.spec.node.as_ref().map(|n| n.zone.as_str())
 }
 
 fn armed(qdb: &QuestDB, cloud: &CloudRuntime) -> Verdict<FailoverReason> {
@@ -469,7 +474,7 @@ pub async fn fence_dead_node(
         pod_on_node,
         silent_for: if stuck { Some(threshold) } else { silent_for },
         threshold,
-        breaker_open: !stuck && cloud.health.breaker_open(),
+        breaker_open: !stuck && cloud.health.breaker_for(zone_of(qdb)).is_some(),
         instance_state: Some(InstanceState::Running),
         node_tainted: has_out_of_service(node),
         stop: qdb
@@ -617,7 +622,9 @@ async fn symptom(
         .await
         .map_err(Error::Cloud)?
         .iter()
-        .find(|i| i.id == instance)
+        // A pending instance is still booting (EC2 can take minutes): not one that never
+        // joined, whatever its launch time says.
+        .find(|i| i.id == instance && i.state == InstanceState::Running)
         .and_then(|i| i.launched_at)
         .and_then(|t| t.elapsed().ok())
         .is_some_and(|age| age > cloud.settings.node_join_timeout);

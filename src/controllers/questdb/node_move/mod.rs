@@ -337,7 +337,8 @@ fn node_dead(qdb: &QuestDB, cloud: &CloudRuntime, node: Option<&str>) -> bool {
         .annotations()
         .get(failover::SKIP_ANNOTATION)
         .is_some_and(|v| v == "true");
-    if !qdb.spec.failover.enabled || skip || cloud.health.breaker_open() {
+    let breaker = cloud.health.breaker_for(super::failover::zone_of(qdb));
+    if !qdb.spec.failover.enabled || skip || breaker.is_some() {
         return false;
     }
     let threshold = cloud
