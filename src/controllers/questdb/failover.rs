@@ -918,19 +918,23 @@ async fn perform(
                     f.finished_at = Some(now());
                     f.downtime_seconds = downtime.map(|d| d.as_secs() as i64);
                     f.new_instance_id = s.instance_id.clone();
-                    f.message = Some(format!("fenced instance {old} terminated"));
+                    f.message = Some(format!(
+                        "fenced instance {} terminated",
+                        f.fenced().collect::<Vec<_>>().join(", ")
+                    ));
                 }
             })
             .await?;
             ctx.metrics
                 .failover_finished(FailoverResult::Succeeded, downtime);
             let note = format!(
-                "the database answers again on instance {} after {}s; instance {old} terminated",
+                "the database answers again on instance {} after {}s; instance {} terminated",
                 qdb.status
                     .as_ref()
                     .and_then(|s| s.instance_id.clone())
                     .unwrap_or_default(),
-                downtime.unwrap_or_default().as_secs()
+                downtime.unwrap_or_default().as_secs(),
+                f.fenced().collect::<Vec<_>>().join(", ")
             );
             info!(questdb = %qdb.name_any(), "failover done: {note}");
             ctx.event(
