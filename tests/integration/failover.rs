@@ -2274,6 +2274,30 @@ async fn a_partitioned_zone_fences_nothing_in_it_while_a_lone_death_in_another_z
         0,
         "nothing fenced"
     );
+    // The lone death comes well after the zone went silent: silences that begin within a Lease
+    // duration of one another are one outage for the cluster-wide rule too, and would hold it
+    // back (the safe side). Three Lease durations apart, it is a death of its own.
+    let leases = Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(
+        env.client.clone(),
+        "kube-node-lease",
+    );
+    let long_ago = questdb_testenv::timings::node_lease_duration().as_millis() as i64 * 3;
+    let zone_node = node_name_for(&ids[1]);
+    wait_until("the zone silent for three Lease durations", || {
+        let (leases, zone_node) = (leases.clone(), zone_node.clone());
+        async move {
+            leases
+                .get(&zone_node)
+                .await
+                .ok()
+                .and_then(|l| l.spec?.renew_time)
+                .is_some_and(|t| {
+                    k8s_openapi::jiff::Timestamp::now().as_millisecond() - t.0.as_millisecond()
+                        > long_ago
+                })
+        }
+    })
+    .await;
     env.cp
         .node(&node_name_for(&ids[2]))
         .expect("kubelet")
