@@ -243,19 +243,6 @@ fn held_back(
 /// kills its nodes), not a loop.
 pub const MAX_ATTEMPTS: u32 = 3;
 
-/// What decides whether a failover under way gives up on its replacement.
-pub struct AgainView<'a> {
-    pub spec: &'a FailoverSpec,
-    pub skip_annotation: bool,
-    pub status: &'a QuestDBStatus,
-    /// How long the replacement's node (the instance in `status.instanceId`) has been silent,
-    /// missing or never joined, as for [`StartView::unhealthy_for`].
-    pub unhealthy_for: Option<Duration>,
-    pub lease_duration: Duration,
-    /// As [`StartView::breaker`].
-    pub breaker: Option<String>,
-}
-
 /// Whether the replacement of a failover under way may be judged at all: only once the old
 /// node has let the volume go (the replacement's death before that is seen when the failover
 /// gets there, so two fences never overlap), and never when status still names the instance
@@ -274,9 +261,11 @@ pub fn replacement_judged(status: &QuestDBStatus) -> Option<&str> {
 
 /// A failover's replacement that failed the way a node fails (silent, missing, never joined,
 /// stopped past the threshold) is fenced and replaced as the first node was, under the same
-/// safety rules but not the interval between failovers (it is the same failover); after
-/// [`MAX_ATTEMPTS`] replacements the failover stays where it is and says what a person must do.
-pub fn replace_again(v: &AgainView) -> Start {
+/// safety rules but not the interval between failovers (it is the same failover, so
+/// `since_last_start` is not read); `unhealthy_for` is the replacement's, the instance in
+/// `status.instanceId`. After [`MAX_ATTEMPTS`] replacements the failover stays where it is and
+/// says what a person must do.
+pub fn replace_again(v: &StartView) -> Start {
     let (Some(unhealthy), Some(id), Some(f)) = (
         v.unhealthy_for,
         replacement_judged(v.status),

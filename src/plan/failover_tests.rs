@@ -678,13 +678,14 @@ fn on_replacement(phase: FailoverPhase, attempt: u32) -> QuestDBStatus {
 }
 
 fn again(status: &QuestDBStatus, unhealthy: Option<u64>, breaker: bool) -> Start {
-    replace_again(&AgainView {
+    replace_again(&StartView {
         spec: &spec(),
         skip_annotation: false,
         status,
         unhealthy_for: unhealthy.map(Duration::from_secs),
         lease_duration: Duration::from_secs(10),
         breaker: breaker.then(|| "zone z-a".to_string()),
+        since_last_start: None,
     })
 }
 
@@ -730,13 +731,14 @@ fn a_replacement_is_replaced_under_the_breaker_and_the_spec_but_not_the_interval
     ));
     let mut off = spec();
     off.enabled = false;
-    let view = AgainView {
+    let view = StartView {
         spec: &off,
         skip_annotation: false,
         status: &status,
         unhealthy_for: Some(Duration::from_secs(31)),
         lease_duration: Duration::from_secs(10),
         breaker: None,
+        since_last_start: None,
     };
     assert!(matches!(
         replace_again(&view),

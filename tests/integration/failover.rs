@@ -839,7 +839,6 @@ async fn after_an_aborted_move_a_dead_node_is_replaced_with_the_image_that_last_
 /// dead dedicated node is replaced.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_dead_for_minutes_does_not_hold_back_the_failover_of_a_later_lone_death() {
-    use questdb_testenv::timings;
     let env = CloudEnv::start(settings()).await;
     let Running {
         instance,
@@ -848,30 +847,8 @@ async fn a_worker_dead_for_minutes_does_not_hold_back_the_failover_of_a_later_lo
         ..
     } = running_database(&env).await;
     env.cp.node("worker-a2").expect("worker").power_off();
-    let leases = Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(
-        env.client.clone(),
-        "kube-node-lease",
-    );
     // Dead for three Lease durations: no outage silences its nodes that far apart.
-    let long_dead = timings::node_lease_duration().as_millis() as i64 * 3;
-    wait_until(
-        "the worker's Lease silent for three Lease durations",
-        || {
-            let leases = leases.clone();
-            async move {
-                leases
-                    .get("worker-a2")
-                    .await
-                    .ok()
-                    .and_then(|l| l.spec?.renew_time)
-                    .is_some_and(|t| {
-                        k8s_openapi::jiff::Timestamp::now().as_millisecond() - t.0.as_millisecond()
-                            > long_dead
-                    })
-            }
-        },
-    )
-    .await;
+    lease_silent_for(&env, "worker-a2", 3).await;
     env.cp.node(&node).expect("kubelet").power_off();
     assert_moved(&env, &instance, &pvc_uid).await;
     env.stop().await;
@@ -2277,27 +2254,7 @@ async fn a_partitioned_zone_fences_nothing_in_it_while_a_lone_death_in_another_z
     // The lone death comes well after the zone went silent: silences that begin within a Lease
     // duration of one another are one outage for the cluster-wide rule too, and would hold it
     // back (the safe side). Three Lease durations apart, it is a death of its own.
-    let leases = Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(
-        env.client.clone(),
-        "kube-node-lease",
-    );
-    let long_ago = questdb_testenv::timings::node_lease_duration().as_millis() as i64 * 3;
-    let zone_node = node_name_for(&ids[1]);
-    wait_until("the zone silent for three Lease durations", || {
-        let (leases, zone_node) = (leases.clone(), zone_node.clone());
-        async move {
-            leases
-                .get(&zone_node)
-                .await
-                .ok()
-                .and_then(|l| l.spec?.renew_time)
-                .is_some_and(|t| {
-                    k8s_openapi::jiff::Timestamp::now().as_millisecond() - t.0.as_millisecond()
-                        > long_ago
-                })
-        }
-    })
-    .await;
+    lease_silent_for(&env, &node_name_for(&ids[1]), 3).await;
     env.cp
         .node(&node_name_for(&ids[2]))
         .expect("kubelet")
@@ -2326,6 +2283,33 @@ async fn a_partitioned_zone_fences_nothing_in_it_while_a_lone_death_in_another_z
         assert_eq!(state, Some(InstanceState::Running), "{name} never fenced");
     }
     env.stop().await;
+}
+
+/// Waits until `node`'s Lease has not been renewed for `leases` Lease durations (by the
+/// apiserver's record of its last renewal).
+async fn lease_silent_for(env: &CloudEnv, node: &str, leases: i64) {
+    let api = Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(
+        env.client.clone(),
+        "kube-node-lease",
+    );
+    let silent_ms = questdb_testenv::timings::node_lease_duration().as_millis() as i64 * leases;
+    wait_until(
+        &format!("{node}'s Lease silent for {leases} Lease durations"),
+        || {
+            let api = api.clone();
+            async move {
+                api.get(node)
+                    .await
+                    .ok()
+                    .and_then(|l| l.spec?.renew_time)
+                    .is_some_and(|t| {
+                        k8s_openapi::jiff::Timestamp::now().as_millisecond() - t.0.as_millisecond()
+                            > silent_ms
+                    })
+            }
+        },
+    )
+    .await;
 }
 
 /// The usual cluster with `n` more shared workers: a larger cluster's breaker lets two

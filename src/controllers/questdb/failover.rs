@@ -104,18 +104,13 @@ pub async fn reconcile(
         .failover
         .as_ref()
         .and_then(|f| since(f.started_at.as_ref()));
-    let decision = failover::should_start(&StartView {
-        spec: &qdb.spec.failover,
-        skip_annotation: qdb
-            .annotations()
-            .get(SKIP_ANNOTATION)
-            .is_some_and(|v| v == "true"),
-        status: &status,
+    let decision = failover::should_start(&start_view(
+        qdb,
+        cloud,
+        &status,
         unhealthy_for,
-        lease_duration: cloud.health.min_unhealthy(),
-        breaker: cloud.health.breaker_for(zone_of(qdb)),
         since_last_start,
-    });
+    ));
     match decision {
         Start::No => Ok(Some(Turn::settled(armed(qdb, cloud)).sooner(look_again))),
         Start::Suppressed { reason, message } => {
@@ -219,17 +214,8 @@ async fn replace_failed_replacement(
     else {
         return Ok(None);
     };
-    let decision = failover::replace_again(&failover::AgainView {
-        spec: &qdb.spec.failover,
-        skip_annotation: qdb
-            .annotations()
-            .get(SKIP_ANNOTATION)
-            .is_some_and(|v| v == "true"),
-        status,
-        unhealthy_for: Some(unhealthy_for),
-        lease_duration: cloud.health.min_unhealthy(),
-        breaker: cloud.health.breaker_for(zone_of(qdb)),
-    });
+    let decision =
+        failover::replace_again(&start_view(qdb, cloud, status, Some(unhealthy_for), None));
     match decision {
         Start::No => Ok(None),
         Start::Suppressed { reason, message } => {
@@ -345,6 +331,56 @@ async fn suppressed(
     c
 }
 
+/// What a fence is decided on, for the node of `status.instanceId` silent `unhealthy_for`:
+/// the spec, the skip annotation, the breaker of the database's zone.
+fn start_view<'a>(
+    qdb: &'a QuestDB,
+    cloud: &CloudRuntime,
+    status: &'a QuestDBStatus,
+    unhealthy_for: Option<Duration>,
+    since_last_start: Option<Duration>,
+) -> StartView<'a> {
+    StartView {
+        spec: &qdb.spec.failover,
+        skip_annotation: skip_requested(qdb),
+        status,
+        unhealthy_for,
+        lease_duration: cloud.health.min_unhealthy(),
+        breaker: cloud.health.breaker_for(zone_of(qdb)),
+        since_last_start,
+    }
+}
+
+/// Whether the QuestDB carries the annotation that turns its failover off.
+pub fn skip_requested(qdb: &QuestDB) -> bool {
+    qdb.annotations()
+        .get(SKIP_ANNOTATION)
+        .is_some_and(|v| v == "true")
+}
+
+/// Terminates every instance the failover `record` fenced (the earlier attempts' too).
+/// `Some(refusal)`: one of them is not this QuestDB's (a forged record), and nothing more is
+/// terminated.
+async fn terminate_fenced(
+    qdb: &QuestDB,
+    ctx: &Context,
+    cloud: &CloudRuntime,
+    status: &QuestDBStatus,
+    record: &FailoverStatus,
+) -> Result<Option<Verdict<FailoverReason>>, Error> {
+    let owner = owner_uid(qdb);
+    for fenced in record.fenced() {
+        match cloud.nodes.terminate(fenced, &owner).await {
+            Ok(()) => {}
+            Err(e) if super::not_owned(&e) => {
+                return Ok(Some(refused(qdb, ctx, status, &e).await));
+            }
+            Err(e) => return Err(Error::Cloud(e)),
+        }
+    }
+    Ok(None)
+}
+
 /// The zone of the database's dedicated node (its volume's): whose breaker holds its fence.
 pub fn zone_of(qdb: &QuestDB) -> Option<&str> {
     qdb.spec.node.as_ref().map(|n| n.zone.as_str())
@@ -382,16 +418,8 @@ pub async fn during_release(qdb: &mut QuestDB, ctx: &Context) -> Result<Option<S
         let turn = steps(qdb, ctx, cloud).await?;
         return Ok(Some(turn.condition.message));
     }
-    let owner = owner_uid(qdb);
-    for fenced in record.fenced() {
-        match cloud.nodes.terminate(fenced, &owner).await {
-            Ok(()) => {}
-            Err(e) if super::not_owned(&e) => {
-                let refusal = refused(qdb, ctx, &status, &e).await;
-                return Ok(Some(refusal.message));
-            }
-            Err(e) => return Err(Error::Cloud(e)),
-        }
+    if let Some(refusal) = terminate_fenced(qdb, ctx, cloud, &status, &record).await? {
+        return Ok(Some(refusal.message));
     }
     let why = if qdb.metadata.deletion_timestamp.is_some() {
         "the database is being deleted"
@@ -893,17 +921,10 @@ async fn perform(
             };
             Ok(Turn::again_within(condition, STEP_POLL))
         }
-        Step::Finish(old) => {
-            // Every instance this failover fenced, the earlier attempts' too.
-            for fenced in f.fenced_instance_ids.iter().chain([&old]) {
-                match cloud.nodes.terminate(fenced, &owner_uid(qdb)).await {
-                    Ok(()) => {}
-                    Err(e) if super::not_owned(&e) => {
-                        let refusal = refused(qdb, ctx, status, &e).await;
-                        return Ok(Turn::again_within(refusal, Duration::from_secs(60)));
-                    }
-                    Err(e) => return Err(Error::Cloud(e)),
-                }
+        // The planner's instance is the record's `oldInstanceID`, among those `fenced()` lists.
+        Step::Finish(_) => {
+            if let Some(refusal) = terminate_fenced(qdb, ctx, cloud, status, f).await? {
+                return Ok(Turn::again_within(refusal, Duration::from_secs(60)));
             }
             // Downtime ends when the database answered again (Draining began), not when
             // the fenced instance is let go.

@@ -333,10 +333,7 @@ fn node_dead(qdb: &QuestDB, cloud: &CloudRuntime, node: Option<&str>) -> bool {
     let Some(node) = node else {
         return false;
     };
-    let skip = qdb
-        .annotations()
-        .get(failover::SKIP_ANNOTATION)
-        .is_some_and(|v| v == "true");
+    let skip = super::failover::skip_requested(qdb);
     let breaker = cloud.health.breaker_for(super::failover::zone_of(qdb));
     if !qdb.spec.failover.enabled || skip || breaker.is_some() {
         return false;
