@@ -20,12 +20,16 @@ for _ in $(seq 1 600); do
     kill -0 $PID 2>/dev/null || { cat "$WORK/sandbox.log"; exit 1; }
     sleep 0.2
 done
-# `kubectl wait` fails at once on an object that does not exist yet, and the sandbox installs the
-# CRD a moment after the apiserver answers /readyz: wait for it to exist first.
-for _ in $(seq 1 300); do
-    kubectl get crd/questdbs.crd.questdb.io >/dev/null 2>&1 && break
+# The sandbox installs the CRD a moment after the apiserver answers /readyz. `kubectl wait` cannot
+# wait for it: it fails at once on an object that does not exist yet, and on a CRD just created,
+# whose `status.conditions` is null until the apiserver's establishing controller fills it in
+# (seen in CI: "accessor error: <nil> is of the type <nil>"). Poll the condition instead.
+ESTABLISHED='{.status.conditions[?(@.type=="Established")].status}'
+for _ in $(seq 1 600); do
+    [ "$(kubectl get crd/questdbs.crd.questdb.io -o "jsonpath=$ESTABLISHED" 2>/dev/null)" = True ] && break
     kill -0 $PID 2>/dev/null || { cat "$WORK/sandbox.log"; exit 1; }
     sleep 0.2
 done
-kubectl wait --for=condition=Established crd/questdbs.crd.questdb.io --timeout=60s >/dev/null
+[ "$(kubectl get crd/questdbs.crd.questdb.io -o "jsonpath=$ESTABLISHED")" = True ] ||
+    { echo "the QuestDB CRD was never Established"; tail -50 "$WORK/sandbox.log"; exit 1; }
 E2E_SANDBOX=1 bash "$ROOT/e2e/run.sh" || { echo "--- sandbox log (tail)"; tail -50 "$WORK/sandbox.log"; exit 1; }
