@@ -352,7 +352,15 @@ pub fn check_cloud_config(config: &CloudConfig, provider: CloudProvider) -> anyh
             );
         }
     }
-    user_data::check_template(config).map_err(|e| anyhow::anyhow!("{e}"))
+    user_data::check_template(config).map_err(|e| anyhow::anyhow!("{e}"))?;
+    if !user_data::sets_kernel_limits(&config.user_data_template) {
+        // Allowed: the image may set them. Said once, where the operator's start is read.
+        tracing::warn!(
+            limit = user_data::KERNEL_LIMIT,
+            "the node user-data template does not set both vm.max_map_count and the open-file limit QuestDB's docs ask for; unless the node image sets them, a database with many tables or partitions fails to map or open its files (docs/user-guide/dedicated-nodes.md#kernel-limits)"
+        );
+    }
+    Ok(())
 }
 
 /// [`cloud_config`] and [`check_cloud_config`] without asking AWS: the flags alone must say

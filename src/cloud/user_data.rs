@@ -16,6 +16,14 @@ use super::{CloudConfig, CloudError, LaunchRequest, Taint};
 /// (awslabs.github.io/amazon-eks-ami/nodeadm: "the minimum required parameters"); AL2's
 /// `/etc/eks/bootstrap.sh` does not exist on AL2023, and AL2 has no AMIs for Kubernetes 1.33+.
 /// The kubelet flags are quoted: a taint's `key=value:Effect` must stay one YAML string.
+///
+/// It also sets the kernel limits QuestDB's docs ask for ([`KERNEL_LIMIT`], capacity
+/// planning, "OS configuration"): the open-file limit of every container through containerd's
+/// base OCI runtime spec (`spec.containerd.baseRuntimeSpec`, merged by nodeadm into the
+/// default spec, whose own limit is containerd's 1,024), and `vm.max_map_count` (the kernel's
+/// default is 65,530; nodeadm has no sysctl field) by a shell-script part, which cloud-init
+/// runs at first boot. A dedicated node runs nothing else, so node-wide limits are the
+/// database's.
 pub const AL2023_NODECONFIG_TEMPLATE: &str = r#"MIME-Version: 1.0
 Content-Type: multipart/mixed; boundary="//"
 
@@ -35,9 +43,41 @@ spec:
     flags:
       - "--node-labels={{node_labels}}"
       - "--register-with-taints={{node_taints}}"
+  containerd:
+    baseRuntimeSpec:
+      process:
+        rlimits:
+          - type: RLIMIT_NOFILE
+            soft: 1048576
+            hard: 1048576
+
+--//
+Content-Type: text/x-shellscript; charset="us-ascii"
+
+#!/bin/bash
+# QuestDB maps many files: its docs ask for vm.max_map_count=1048576.
+echo "vm.max_map_count = 1048576" > /etc/sysctl.d/90-questdb.conf
+sysctl --load /etc/sysctl.d/90-questdb.conf
 
 --//--
 "#;
+
+/// The open-file limit and `vm.max_map_count` QuestDB's documentation asks for (capacity
+/// planning, "OS configuration": 1,048,576 for both), which the default template and the
+/// Bottlerocket example set on every dedicated node.
+pub const KERNEL_LIMIT: u64 = 1_048_576;
+
+/// Whether `template` sets the kernel limits QuestDB needs ([`KERNEL_LIMIT`]), in any of the
+/// bootstrap formats the operator ships: a custom template that does not is allowed (the image
+/// may set them), and the operator warns at start-up.
+pub fn sets_kernel_limits(template: &str) -> bool {
+    let value = KERNEL_LIMIT.to_string();
+    let map_count = template
+        .lines()
+        .any(|l| l.contains("vm.max_map_count") && l.contains(&value));
+    let open_files = template.contains("RLIMIT_NOFILE") || template.contains("max-open-files");
+    map_count && open_files
+}
 
 /// What a template must hand to the kubelet; without either, the Node is born undedicated or
 /// untainted.
@@ -346,7 +386,7 @@ mod tests {
         let yaml = rendered
             .split("---\n")
             .nth(1)
-            .and_then(|rest| rest.split("\n--//--").next())
+            .and_then(|rest| rest.split("\n--//").next())
             .unwrap();
         let doc: serde_json::Value = serde_yaml_ng::from_str(yaml).unwrap();
         assert_eq!(doc["apiVersion"], "node.eks.aws/v1alpha1");
@@ -432,6 +472,43 @@ mod tests {
         assert_eq!(
             taints["questdb.io/bootstrapping"].as_array().unwrap()[0].as_str(),
             Some(":NoExecute")
+        );
+    }
+
+    /// Read back as a node would (the test environment's nodeadm and Bottlerocket parsers):
+    /// both shipped bootstraps give the database the open files and memory maps QuestDB's
+    /// docs ask for, and a template that sets neither leaves the defaults a real node has.
+    #[test]
+    fn both_shipped_bootstraps_give_the_database_the_kernel_limits_questdb_asks_for() {
+        let mut config = eks_config();
+        let expected = questdb_testenv::kubelet::KernelLimits {
+            max_map_count: KERNEL_LIMIT,
+            open_files: KERNEL_LIMIT,
+        };
+        for template in [
+            AL2023_NODECONFIG_TEMPLATE,
+            include_str!("../../examples/bottlerocket-user-data.toml"),
+        ] {
+            config.user_data_template = template.into();
+            check_template(&config).unwrap();
+            assert!(sets_kernel_limits(template));
+            let rendered = user_data_for(&request(), &config).unwrap();
+            let node =
+                questdb_testenv::NodeRegistration::from_user_data("n", "z", "i-1", None, &rendered)
+                    .unwrap_or_else(|e| panic!("{e:#}\n{rendered}"));
+            assert_eq!(node.kernel, expected, "{rendered}");
+        }
+        let bare = "#!/bin/bash\nkubelet --node-labels={{node_labels}} \
+                    --register-with-taints={{node_taints}}\n";
+        assert!(!sets_kernel_limits(bare));
+        config.user_data_template = bare.into();
+        let rendered = user_data_for(&request(), &config).unwrap();
+        let node =
+            questdb_testenv::NodeRegistration::from_user_data("n", "z", "i-1", None, &rendered)
+                .unwrap();
+        assert_eq!(
+            node.kernel,
+            questdb_testenv::kubelet::KernelLimits::UNCONFIGURED
         );
     }
 

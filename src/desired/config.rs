@@ -71,6 +71,14 @@ pub fn server_conf(qdb: &QuestDB, ilp_auth_enabled: bool) -> String {
             push_property(&mut out, key, value);
         }
     }
+    // Sized from the pod's memory limit unless the user sizes it (`super::memory`).
+    if let Some(native) = super::memory::ram_usage_limit(qdb) {
+        push_property(
+            &mut out,
+            super::memory::RAM_USAGE_LIMIT_KEY,
+            &native.to_string(),
+        );
+    }
     let user: Vec<_> = qdb
         .spec
         .config

@@ -13,6 +13,7 @@ pub mod endpoints;
 pub mod image_ref;
 pub mod interned;
 pub mod labels;
+pub mod memory;
 pub mod names;
 pub mod network_policy;
 pub mod pod_options;

@@ -378,6 +378,7 @@ fn questdb_container(qdb: &QuestDB, ilp_auth_enabled: bool, on_dedicated_node: b
         env: non_empty_vec(
             credentials::env(qdb)
                 .into_iter()
+                .chain(super::memory::env(qdb))
                 .chain(qdb.spec.env.iter().cloned())
                 .collect(),
         ),
@@ -619,10 +620,13 @@ mod tests {
         assert_eq!(c.resources, Some(resources));
         let env = c.env.clone().unwrap_or_default();
         assert_eq!(env[..6], credentials::env(&qdb)[..]);
+        // The heap sized from the memory request, then the user's env.
+        assert_eq!(env[6].name, crate::desired::memory::JVM_OPTIONS_ENV);
+        assert_eq!(env[6].value.as_deref(), Some("-Xmx1024m"));
         assert_eq!(
-            env[6..],
+            env[7..],
             qdb.spec.env[..],
-            "the user's env follows the credentials"
+            "the user's env follows the credentials and the heap"
         );
         let keyed = with_volume_instance_id(statefulset(&qdb, HASH, None, true, None), "pvc-uid");
         let env = container(&keyed).env.clone().unwrap_or_default();
@@ -632,7 +636,8 @@ mod tests {
             Some("pvc-uid"),
             "keyed on the volume"
         );
-        assert_eq!(env[7..], qdb.spec.env[..]);
+        assert_eq!(env[7].name, crate::desired::memory::JVM_OPTIONS_ENV);
+        assert_eq!(env[8..], qdb.spec.env[..]);
         let again = with_volume_instance_id(keyed, "pvc-uid-2");
         let env = container(&again).env.clone().unwrap_or_default();
         assert_eq!(

@@ -433,8 +433,9 @@ fn resize(
     });
 }
 
-/// Bytes of a binary-suffixed quantity (enough for storage sizes).
-fn bytes(q: &str) -> u128 {
+/// Bytes of a binary-suffixed quantity (enough for storage and memory sizes); 0 when it is
+/// not one.
+pub(crate) fn bytes(q: &str) -> u128 {
     let (num, mult) = [
         ("Ki", 1u128 << 10),
         ("Mi", 1 << 20),

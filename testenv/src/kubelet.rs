@@ -54,6 +54,27 @@ pub struct NodeRegistration {
     pub cpu: String,
     pub memory: String,
     pub ready_after: Duration,
+    /// What the node's bootstrap set of the kernel limits QuestDB needs.
+    pub kernel: KernelLimits,
+}
+
+/// The kernel limits a node's containers run under: what its user data set, else the
+/// defaults of a node nobody configured.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KernelLimits {
+    /// `vm.max_map_count`: the kernel's default is 65,530 (`DEFAULT_MAX_MAP_COUNT`,
+    /// include/linux/mm.h).
+    pub max_map_count: u64,
+    /// A container's `RLIMIT_NOFILE`: containerd's default OCI spec gives 1,024
+    /// (`oci.populateDefaultUnixSpec`).
+    pub open_files: u64,
+}
+
+impl KernelLimits {
+    pub const UNCONFIGURED: KernelLimits = KernelLimits {
+        max_map_count: 65_530,
+        open_files: 1_024,
+    };
 }
 
 impl NodeRegistration {
@@ -70,6 +91,7 @@ impl NodeRegistration {
             cpu: "16".into(),
             memory: "64Gi".into(),
             ready_after: timings::NODE_READY_DELAY,
+            kernel: KernelLimits::UNCONFIGURED,
         }
     }
 
@@ -106,8 +128,92 @@ impl NodeRegistration {
         reg.memory = "8Gi".into();
         reg.labels = parse_labels(&labels_flag)?;
         reg.taints = parse_taints(&taints_flag)?;
+        reg.kernel = kernel_limits(&text)?;
         Ok(reg)
     }
+}
+
+/// The kernel limits the user data sets, read as the node would: nodeadm merges
+/// `spec.containerd.baseRuntimeSpec` into containerd's default OCI spec (its
+/// `process.rlimits` entry of type `RLIMIT_NOFILE`), cloud-init runs a `text/x-shellscript`
+/// part (a line that writes `vm.max_map_count = N` to a sysctl file and loads it, or runs
+/// `sysctl -w vm.max_map_count=N`), and Bottlerocket applies `settings.kernel.sysctl` and
+/// `settings.oci-defaults.resource-limits.max-open-files`. What is not set keeps the
+/// defaults; a value that is not a number fails, as nodeadm and Bottlerocket refuse it.
+fn kernel_limits(text: &str) -> anyhow::Result<KernelLimits> {
+    let mut limits = KernelLimits::UNCONFIGURED;
+    if text.contains("application/node.eks.aws") {
+        if let Some(body) = nodeconfig_body(text) {
+            let doc: serde_json::Value = serde_yaml_ng::from_str(body)
+                .context("nodeadm user data: NodeConfig is not YAML")?;
+            let rlimits = &doc["spec"]["containerd"]["baseRuntimeSpec"]["process"]["rlimits"];
+            for r in rlimits.as_array().into_iter().flatten() {
+                if r["type"] == "RLIMIT_NOFILE" {
+                    limits.open_files = r["soft"].as_u64().context(
+                        "nodeadm user data: an RLIMIT_NOFILE without a numeric soft limit",
+                    )?;
+                }
+            }
+        }
+        for line in text.lines() {
+            if let Some(n) = shell_max_map_count(line) {
+                limits.max_map_count = n?;
+            }
+        }
+    } else if text.contains("[settings.") {
+        let doc: toml::Table = text
+            .parse()
+            .context("Bottlerocket user data is not valid TOML")?;
+        let settings = doc.get("settings");
+        if let Some(v) = settings
+            .and_then(|s| s.get("kernel"))
+            .and_then(|k| k.get("sysctl"))
+            .and_then(|s| s.get("vm.max_map_count"))
+        {
+            limits.max_map_count = v
+                .as_str()
+                .and_then(|v| v.parse().ok())
+                .context("Bottlerocket user data: vm.max_map_count is not a quoted number")?;
+        }
+        if let Some(v) = settings
+            .and_then(|s| s.get("oci-defaults"))
+            .and_then(|o| o.get("resource-limits"))
+            .and_then(|r| r.get("max-open-files"))
+            .and_then(|m| m.get("soft-limit"))
+        {
+            limits.open_files = v
+                .as_integer()
+                .and_then(|v| u64::try_from(v).ok())
+                .context("Bottlerocket user data: max-open-files soft-limit is not a number")?;
+        }
+    }
+    Ok(limits)
+}
+
+/// The body of the `application/node.eks.aws` part.
+fn nodeconfig_body(text: &str) -> Option<&str> {
+    let start = text.find("Content-Type: application/node.eks.aws")?;
+    let body = text[start..].split_once("\n\n")?.1;
+    Some(body.split("\n--").next().unwrap_or(body))
+}
+
+/// `vm.max_map_count` as a shell line of user data sets it (`echo "vm.max_map_count = N" >`
+/// a sysctl file, or `sysctl -w vm.max_map_count=N`); `None` for any other line.
+fn shell_max_map_count(line: &str) -> Option<anyhow::Result<u64>> {
+    if line.trim_start().starts_with('#') {
+        return None;
+    }
+    let rest = line.split("vm.max_map_count").nth(1)?;
+    let value: String = rest
+        .trim_start_matches([' ', '=', '\t'])
+        .chars()
+        .take_while(|c| c.is_ascii_digit())
+        .collect();
+    Some(
+        value
+            .parse()
+            .with_context(|| format!("user data: vm.max_map_count in {line:?} is not a number")),
+    )
 }
 
 /// AL2023's `nodeadm`: user data that is a MIME multi-part document is searched for a part of

@@ -107,6 +107,10 @@ pub const DATABASE_STOP_MAX: Duration = Duration::from_secs(10);
 /// Real databases: probes run at the pod's `periodSeconds` but at least this often
 /// (the operator's readiness probe: every 5 s).
 pub const PROBE_PERIOD_MAX: Duration = Duration::from_secs(1);
+
+/// How often the stand-in's OOM killer compares a database's resident memory with its
+/// container's limit (a real kernel acts at the allocation that crosses it).
+pub const MEMORY_CHECK_PERIOD: Duration = Duration::from_millis(250);
 /// Real databases: an unpullable image shows `ErrImagePull` this long before
 /// `ImagePullBackOff` (kubelet: the image back-off, 10 s at first).
 pub const IMAGE_PULL_BACKOFF: Duration = Duration::from_secs(1);

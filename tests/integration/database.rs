@@ -357,6 +357,119 @@ async fn the_configuration_in_the_spec_is_the_one_questdb_runs_with() {
     env.stop().await;
 }
 
+/// `resources.limits.memory` of the database container.
+fn memory_limit(q: &mut QuestDB, limit: &str) {
+    q.spec.resources = Some(k8s_openapi::api::core::v1::ResourceRequirements {
+        limits: Some(BTreeMap::from([(
+            "memory".to_string(),
+            k8s_openapi::apimachinery::pkg::api::resource::Quantity(limit.into()),
+        )])),
+        ..Default::default()
+    });
+}
+
+/// Without a cap of its own QuestDB would allocate up to 90% of the node's memory and be
+/// OOMKilled at the container's limit: the cap QuestDB runs with is the one sized from the
+/// limit, and the JVM runs with the heap sized from it.
+#[tokio::test]
+async fn a_database_is_sized_to_its_memory_limit_as_questdb_itself_reports() {
+    use questdb_operator::desired::memory::MemorySplit;
+    let env = env().await;
+    env.create_questdb(NS, "db1", |q| {
+        real(q);
+        memory_limit(q, "1536Mi");
+    })
+    .await;
+    ready(&env, "db1").await;
+    let split = MemorySplit::of(1536 << 20);
+    assert_eq!(split.heap, 384 << 20, "{split:?}");
+    let creds = Credentials::of(&env, "db1-credentials").await;
+    let http = format!("{}:9000", pod_ip(&env, "db1").await);
+    assert_eq!(
+        parameter(&http, "ram.usage.limit.bytes", creds.http()).await,
+        Some((split.native.to_string(), "conf".into()))
+    );
+    // The JVM takes the last -Xmx on its command line: the image's entrypoint puts
+    // JVM_PREPEND after its own flags.
+    let pids: Vec<u32> = env.cp.database_processes().iter().map(|p| p.pid).collect();
+    assert_eq!(pids.len(), 1, "one database process: {pids:?}");
+    let cmdline = std::fs::read(format!("/proc/{}/cmdline", pids[0])).expect("cmdline");
+    let heaps: Vec<String> = cmdline
+        .split(|b| *b == 0)
+        .filter_map(|a| std::str::from_utf8(a).ok())
+        .filter(|a| a.starts_with("-Xmx"))
+        .map(str::to_string)
+        .collect();
+    assert_eq!(
+        heaps.last().map(String::as_str),
+        Some("-Xmx384m"),
+        "{heaps:?}"
+    );
+    env.stop().await;
+}
+
+/// A database the kernel kills for memory restarts on its own and may look healthy between
+/// kills: `Ready` names the kill, the limit and how it is shared out, and one Warning event
+/// says it, so the engineer knows what to raise.
+#[tokio::test]
+async fn a_database_killed_for_memory_says_so_with_its_limit_and_one_event() {
+    let env = env().await;
+    env.create_questdb(NS, "db1", |q| {
+        real(q);
+        memory_limit(q, "1Gi");
+        // A heap as large as the whole limit, touched at start: past the limit at once, as
+        // a real node's cgroup would see it.
+        q.spec.env.push(k8s_openapi::api::core::v1::EnvVar {
+            name: "JVM_PREPEND".into(),
+            value: Some("-Xms1g -Xmx1g -XX:+AlwaysPreTouch".into()),
+            ..Default::default()
+        });
+    })
+    .await;
+    let q = wait_for(
+        &env.api(NS),
+        "db1",
+        "Ready=False OutOfMemory",
+        has_condition("Ready", "OutOfMemory"),
+    )
+    .await;
+    let ready_condition = q
+        .status
+        .unwrap_or_default()
+        .conditions
+        .into_iter()
+        .find(|c| c.type_ == "Ready")
+        .expect("Ready");
+    for words in [
+        "OOMKilled",
+        "its limit is 1024 MiB",
+        "the JVM heap spec.env JVM_PREPEND sets",
+        "raise resources.limits.memory",
+    ] {
+        assert!(
+            ready_condition.message.contains(words),
+            "{words:?} in {}",
+            ready_condition.message
+        );
+    }
+    wait_for_event(&env, NS, "an OutOfMemory Warning", |e| {
+        e.reason.as_deref() == Some("OutOfMemory") && e.type_.as_deref() == Some("Warning")
+    })
+    .await;
+
+    // Its own heap option taken out, the operator's sizing fits: it runs.
+    env.api::<QuestDB>(NS)
+        .patch(
+            "db1",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"env": null}})),
+        )
+        .await
+        .unwrap();
+    ready(&env, "db1").await;
+    env.stop().await;
+}
+
 #[tokio::test]
 async fn a_database_that_cannot_start_says_why_in_status_and_one_event() {
     let env = env().await;

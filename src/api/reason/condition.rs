@@ -27,6 +27,9 @@ pub enum ReadyReason {
     NodeNotReady,
     /// QuestDB exits at start and is restarted with back-off.
     CrashLoop,
+    /// The kernel killed QuestDB for using more memory than its container's limit
+    /// (`OOMKilled`); it is restarted.
+    OutOfMemory,
     /// The image (the QuestDB version) cannot be pulled.
     ImagePullFailed,
     /// The kubelet cannot build the container (a missing Secret or key in its env).

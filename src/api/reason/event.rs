@@ -36,6 +36,7 @@ pub enum EventReason {
 
     // The database container: `Ready`'s reason, said once per cause.
     CrashLoop,
+    OutOfMemory,
     ImagePullFailed,
     ContainerConfigError,
     Unschedulable,

@@ -51,7 +51,7 @@ fn every_other_reason_is_valid_reads_back_and_is_spelt_once() {
 #[test]
 fn every_condition_reason_text_is_pinned_so_a_rename_cannot_break_alerts() {
     let expect = [
-        ("Ready", "Creating RollingOut PodNotReady Running Paused InvalidSpec ChildConflict NodeNotReady CrashLoop ImagePullFailed ContainerConfigError Unschedulable PodRefused VolumePending RestoreSourceNotFound RestoreSourceNotReady RestoreRefused"),
+        ("Ready", "Creating RollingOut PodNotReady Running Paused InvalidSpec ChildConflict NodeNotReady CrashLoop OutOfMemory ImagePullFailed ContainerConfigError Unschedulable PodRefused VolumePending RestoreSourceNotFound RestoreSourceNotReady RestoreRefused"),
         ("SpecValid", "Valid InvalidSpec"),
         ("IlpAuthReady", "Disabled KeysLoaded NoKeys InvalidSecret DuplicateKid"),
         ("CredentialsReady", "CredentialsFound SecretNotFound MissingKeys DefaultPassword"),

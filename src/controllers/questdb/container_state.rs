@@ -40,6 +40,7 @@ impl Trouble {
 pub fn event_reason(reason: ReadyReason) -> Option<EventReason> {
     Some(match reason {
         ReadyReason::CrashLoop => EventReason::CrashLoop,
+        ReadyReason::OutOfMemory => EventReason::OutOfMemory,
         ReadyReason::ImagePullFailed => EventReason::ImagePullFailed,
         ReadyReason::ContainerConfigError => EventReason::ContainerConfigError,
         ReadyReason::Unschedulable => EventReason::Unschedulable,
@@ -215,12 +216,27 @@ fn exited_before(c: &ContainerStatus) -> Trouble {
     })
 }
 
+/// The kubelet's reason for a container the kernel's OOM killer ended.
+const OOM_KILLED: &str = "OOMKilled";
+
 fn exited(c: &ContainerStatus) -> Trouble {
     let last = c
         .state
         .as_ref()
         .and_then(|s| s.terminated.as_ref())
         .or_else(|| c.last_state.as_ref().and_then(|s| s.terminated.as_ref()));
+    if last.is_some_and(|t| t.reason.as_deref() == Some(OOM_KILLED)) {
+        // No log tail: the process was killed mid-stride and its last lines say nothing of
+        // why; the limit and how it is shared out do ([`with_memory_split`]).
+        return Trouble {
+            reason: ReadyReason::OutOfMemory,
+            message: format!(
+                "container {} used more memory than its limit and was killed (OOMKilled); it is \
+                 restarted",
+                c.name
+            ),
+        };
+    }
     let (code, log) = match last {
         Some(t) => (
             t.exit_code.to_string(),
@@ -240,6 +256,41 @@ fn exited(c: &ContainerStatus) -> Trouble {
     Trouble {
         reason: ReadyReason::CrashLoop,
         message,
+    }
+}
+
+/// An out-of-memory trouble with the limit it crossed and how the operator shares it out, so
+/// the engineer reading `Ready` knows what to raise; any other trouble as it is.
+pub fn with_memory_split(trouble: Trouble, spec: &crate::api::QuestDBSpec) -> Trouble {
+    if trouble.reason != ReadyReason::OutOfMemory {
+        return trouble;
+    }
+    use crate::desired::memory;
+    let detail = match memory::split(spec) {
+        Some(split) => {
+            let heap = if memory::heap_from_user(spec) {
+                "the JVM heap spec.env JVM_PREPEND sets".to_string()
+            } else {
+                format!("a JVM heap of {} MiB", split.heap >> 20)
+            };
+            let native = if memory::native_from_user(spec) {
+                "the native memory spec.config.server ram.usage.limit.* allows".to_string()
+            } else {
+                format!("{} MiB of native memory for QuestDB", split.native >> 20)
+            };
+            format!(
+                "\nits limit is {} MiB, with {heap} and {native}: raise \
+                 resources.limits.memory",
+                split.limit >> 20
+            )
+        }
+        None => "\nthe container has no memory size the operator could fit QuestDB to: set \
+                 resources.limits.memory"
+            .to_string(),
+    };
+    Trouble {
+        message: trouble.message + &detail,
+        ..trouble
     }
 }
 
@@ -351,6 +402,70 @@ mod tests {
             Trouble::cause(&t.message),
             "container questdb exits at start with code 55 and is restarted with back-off; last log lines:"
         );
+    }
+
+    #[test]
+    fn a_database_the_kernel_killed_for_memory_names_its_limit_and_how_it_is_shared() {
+        let oom = json!({"terminated": {"exitCode": 137, "reason": "OOMKilled",
+            "message": "2026-11-29T10:00:00Z I i.q.c.TableWriter committing\n"}});
+        // Waiting out its back-off, and running again but not ready yet: the same cause.
+        let waiting = pod(questdb(
+            json!({"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 10s"}}),
+            oom.clone(),
+        ));
+        let restarted = pod(questdb(
+            json!({"running": {"startedAt": "2026-11-29T10:00:12Z"}}),
+            oom.clone(),
+        ));
+        let mut spec = crate::desired::testing::questdb("db1", "tenant-a").spec;
+        spec.resources = Some(k8s_openapi::api::core::v1::ResourceRequirements {
+            limits: Some(std::collections::BTreeMap::from([(
+                "memory".to_string(),
+                k8s_openapi::apimachinery::pkg::api::resource::Quantity("4Gi".into()),
+            )])),
+            ..Default::default()
+        });
+        for p in [&waiting, &restarted] {
+            let t = with_memory_split(trouble(p).expect("an OOM kill is trouble"), &spec);
+            assert_eq!(t.reason, ReadyReason::OutOfMemory);
+            assert_eq!(
+                Trouble::cause(&t.message),
+                "container questdb used more memory than its limit and was killed (OOMKilled); it is restarted"
+            );
+            assert!(
+                t.message.contains("its limit is 4096 MiB, with a JVM heap of 1024 MiB and 2406 MiB of native memory"),
+                "{}",
+                t.message
+            );
+            assert_eq!(event_reason(t.reason), Some(EventReason::OutOfMemory));
+        }
+        // The user's own heap is named as theirs.
+        spec.env.push(k8s_openapi::api::core::v1::EnvVar {
+            name: "JVM_PREPEND".into(),
+            value: Some("-Xmx3g".into()),
+            ..Default::default()
+        });
+        let t = with_memory_split(trouble(&waiting).unwrap(), &spec);
+        assert!(
+            t.message.contains("the JVM heap spec.env JVM_PREPEND sets"),
+            "{}",
+            t.message
+        );
+        // Without a size: what to set.
+        spec.resources = None;
+        let t = with_memory_split(trouble(&waiting).unwrap(), &spec);
+        assert!(
+            t.message.contains("set resources.limits.memory"),
+            "{}",
+            t.message
+        );
+        // Any other exit is still a crash loop, untouched.
+        let crash = pod(questdb(
+            json!({"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 10s"}}),
+            json!({"terminated": {"exitCode": 55, "reason": "Error"}}),
+        ));
+        let t = trouble(&crash).unwrap();
+        assert_eq!(with_memory_split(t.clone(), &spec), t);
     }
 
     #[test]

@@ -158,6 +158,7 @@ pub fn compute(qdb: &QuestDB, obs: &StatusInputs, now: Timestamp) -> QuestDBStat
         let trouble = obs
             .pod
             .and_then(container_state::trouble)
+            .map(|t| container_state::with_memory_split(t, spec))
             // Before the scheduler's word: its "unbound PersistentVolumeClaims" does not say why.
             .or_else(|| {
                 obs.volume_pending

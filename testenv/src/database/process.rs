@@ -18,6 +18,10 @@ const JVM_FLAGS: &[&str] = &[
     "-XX:+UseSerialGC",
 ];
 
+/// The official image's variable for extra JVM options (questdb/questdb
+/// `docker/docker-entrypoint.sh`).
+pub(crate) const JVM_OPTIONS_ENV: &str = "JVM_PREPEND";
+
 /// Environment defaults of a test-sized QuestDB, unless the pod sets them. The native memory
 /// limit is a cap, not a reservation.
 pub(crate) const SMALL_DEFAULTS: &[(&str, &str)] = &[
@@ -58,7 +62,15 @@ pub(crate) fn spawn(
         .nth(4)
         .map_or_else(|| root.to_path_buf(), |d| d.join("java-tmp"));
     std::fs::create_dir_all(&tmp)?;
+    // The official image's entrypoint puts `JVM_PREPEND`'s words on the java command line,
+    // after its own flags; the JVM takes the last `-Xmx` it is given.
+    let prepended = env
+        .iter()
+        .find(|(k, _)| k == JVM_OPTIONS_ENV)
+        .map(|(_, v)| v.split_whitespace().map(str::to_string).collect::<Vec<_>>())
+        .unwrap_or_default();
     cmd.args(JVM_FLAGS)
+        .args(prepended)
         .arg(format!("-Djava.io.tmpdir={}", tmp.display()))
         .arg("-p")
         .arg(jar)
@@ -101,4 +113,14 @@ pub(crate) fn exit_code(status: std::process::ExitStatus) -> i32 {
         .code()
         .or_else(|| status.signal().map(|s| 128 + s))
         .unwrap_or(-1)
+}
+
+/// The memory `pid` holds resident (`VmRSS` of `/proc/<pid>/status`). A container's cgroup is
+/// charged this and the page cache of the files it writes: the stand-in's OOM killer counts
+/// the resident memory only, so it kills no sooner than a real node would.
+pub(crate) fn resident_bytes(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
 }

@@ -156,6 +156,8 @@ enum End {
     NodeGone,
     /// Its node's OS shut down normally (SIGTERM and the grace period).
     ShutDown,
+    /// It used more memory than its container's limit, and the kernel's OOM killer ended it.
+    OomKilled,
 }
 
 struct Runner {
@@ -313,7 +315,10 @@ impl Runner {
                 && self.container.termination_message_policy.as_deref()
                     == Some("FallbackToLogsOnError"))
             .then(|| termination_log(&log));
-            let term = status::terminated(code, &started_at, message, Some(&id));
+            let mut term = status::terminated(code, &started_at, message, Some(&id));
+            if matches!(end, End::OomKilled) {
+                term["reason"] = json!("OOMKilled");
+            }
             {
                 let db = self.model.db();
                 db.ready = false;
@@ -349,7 +354,7 @@ impl Runner {
                     };
                     power_lost = true;
                 }
-                End::Exited => {
+                End::Exited | End::OomKilled => {
                     if !self.restart_after(code, term, since).await {
                         return;
                     }
@@ -473,8 +478,15 @@ impl Runner {
         .map_err(|m| ("CreateContainerConfigError", m))?;
         let root = table.map(QUESTDB_ROOT);
         std::fs::create_dir_all(&root).map_err(failed)?;
+        // The defaults stand for the small machine a test runs on; a pod that sizes QuestDB's
+        // native memory in its server.conf keeps its own size (QuestDB's env would win).
+        let conf = std::fs::read_to_string(root.join("conf/server.conf")).unwrap_or_default();
+        let sized_in_conf = conf
+            .lines()
+            .any(|l| l.trim_start().starts_with("ram.usage.limit."));
         for (k, v) in process::SMALL_DEFAULTS {
-            if !env.iter().any(|(n, _)| n == k) {
+            let sized = sized_in_conf && k.starts_with("QDB_RAM_USAGE_LIMIT_");
+            if !sized && !env.iter().any(|(n, _)| n == k) {
                 env.push((k.to_string(), v.to_string()));
             }
         }
@@ -513,9 +525,21 @@ impl Runner {
         }
         self.post().await;
         let mut tick = tokio::time::interval(timings::PROBE_PERIOD_MAX);
+        let memory_limit = memory_limit(&self.container);
+        let mut memory_tick = tokio::time::interval(timings::MEMORY_CHECK_PERIOD);
         let mut stop = self.stop_rx.clone();
         loop {
             tokio::select! {
+                _ = memory_tick.tick(), if memory_limit.is_some() => {
+                    let limit = memory_limit.unwrap_or(u64::MAX);
+                    if let Some(used) = process::resident_bytes(pid).filter(|used| *used > limit) {
+                        // The cgroup's OOM killer: SIGKILL to the container's processes, and
+                        // the kubelet reports OOMKilled with 137.
+                        info!(pod = %self.name, used, limit, "QuestDB used more memory than its limit: OOM-killed");
+                        process::signal(pid, libc::SIGKILL);
+                        return (wait(child).await, End::OomKilled);
+                    }
+                }
                 status = child.wait() => {
                     let status = status.unwrap_or_else(|_| std::os::unix::process::ExitStatusExt::from_raw(255 << 8));
                     let end = if self.node_stopped.is_cancelled() {
@@ -761,6 +785,19 @@ fn properties(text: &str) -> BTreeMap<String, String> {
         .filter_map(|l| l.split_once(['=', ':']))
         .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
         .collect()
+}
+
+/// The container's memory limit in bytes, when it has one the stand-in can read.
+fn memory_limit(container: &k8s_openapi::api::core::v1::Container) -> Option<u64> {
+    let q = container
+        .resources
+        .as_ref()?
+        .limits
+        .as_ref()?
+        .get("memory")?;
+    u64::try_from(crate::csi::bytes(&q.0))
+        .ok()
+        .filter(|b| *b > 0)
 }
 
 #[cfg(test)]
