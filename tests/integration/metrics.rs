@@ -181,3 +181,133 @@ async fn scrape_after_a_known_sequence_of_reconciles() {
         .any(|s| s.metric.starts_with("process_")));
     env.stop().await;
 }
+
+/// The metric names in a PromQL expression that belong to `prefix` (quoted label values, such
+/// as `"$questdb-data"`, left out).
+fn series_names(expr: &str, prefix: &str) -> std::collections::BTreeSet<String> {
+    let mut unquoted = String::new();
+    let mut quoted = false;
+    for c in expr.chars() {
+        if c == '"' {
+            quoted = !quoted;
+        } else if !quoted {
+            unquoted.push(c);
+        }
+    }
+    unquoted
+        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == ':'))
+        .filter(|w| w.starts_with(prefix) && !w.starts_with("questdb_operator_"))
+        .map(str::to_string)
+        .collect()
+}
+
+/// Every `expr` and variable query of a dashboard.
+fn dashboard_queries(value: &serde_json::Value, out: &mut Vec<String>) {
+    match value {
+        serde_json::Value::Object(map) => {
+            for (key, child) in map {
+                match (key.as_str(), child) {
+                    ("expr" | "definition", serde_json::Value::String(q)) => out.push(q.clone()),
+                    _ => dashboard_queries(child, out),
+                }
+            }
+        }
+        serde_json::Value::Array(items) => items.iter().for_each(|i| dashboard_queries(i, out)),
+        _ => {}
+    }
+}
+
+/// The database dashboard and the `questdb-databases` alerts read QuestDB's own series, as the
+/// PodMonitor scrapes them from the health port without the HTTP password and labels them with
+/// the pod's `app.kubernetes.io/instance`: a series QuestDB renamed or never had would blank a
+/// panel, and an alert on it would never fire. Checked against a real QuestDB 9.2.0 run by the
+/// operator.
+#[tokio::test]
+async fn every_database_series_the_alerts_and_dashboard_read_is_one_questdb_exposes() {
+    use crate::database::{pod_ip, ready, real, NS as DB_NS};
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut queries = Vec::new();
+    let dashboard: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(root.join("grafana/questdb-databases.json")).unwrap(),
+    )
+    .unwrap();
+    dashboard_queries(&dashboard, &mut queries);
+    let rules: serde_json::Value = serde_yaml_ng::from_str(
+        &std::fs::read_to_string(root.join("deploy/prometheusrule/prometheusrule.yaml")).unwrap(),
+    )
+    .unwrap();
+    let group = rules["spec"]["groups"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|g| g["name"] == "questdb-databases")
+        .expect("the questdb-databases rule group");
+    queries.extend(
+        group["rules"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|r| r["expr"].as_str().map(str::to_string)),
+    );
+    let wanted: std::collections::BTreeSet<String> = queries
+        .iter()
+        .flat_map(|q| series_names(q, "questdb_"))
+        .collect();
+    assert!(wanted.len() >= 15, "{wanted:?}");
+    // The kubelet's volume statistics (kubelet `/metrics`, labelled namespace and
+    // persistentvolumeclaim), which no test here scrapes: the two the rules and panels read.
+    let kubelet: std::collections::BTreeSet<String> = queries
+        .iter()
+        .flat_map(|q| series_names(q, "kubelet_"))
+        .collect();
+    assert_eq!(
+        kubelet,
+        [
+            "kubelet_volume_stats_capacity_bytes",
+            "kubelet_volume_stats_used_bytes"
+        ]
+        .map(String::from)
+        .into()
+    );
+
+    let env = crate::database::env().await;
+    env.create_questdb(DB_NS, "db1", real).await;
+    ready(&env, "db1").await;
+    let pod: k8s_openapi::api::core::v1::Pod = env.api(DB_NS).get("db1-0").await.unwrap();
+    assert_eq!(
+        pod.metadata
+            .labels
+            .unwrap_or_default()
+            .get("app.kubernetes.io/instance")
+            .map(String::as_str),
+        Some("db1"),
+        "the PodMonitor's `questdb` label comes from this pod label"
+    );
+    // As Prometheus scrapes it: HTTP/1.1, the body chunked.
+    let health = format!("{}:9003", pod_ip(&env, "db1").await);
+    let (code, exposition) = questdb_testenv::database::http_get(
+        &health,
+        "/metrics",
+        std::time::Duration::from_secs(30),
+    )
+    .await
+    .expect("GET /metrics on the health port");
+    assert_eq!(
+        code, 200,
+        "the health port serves /metrics without the password"
+    );
+    let exposed: std::collections::BTreeSet<&str> = exposition
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    let missing: Vec<&String> = wanted
+        .iter()
+        .filter(|w| !exposed.contains(w.as_str()))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "QuestDB does not expose {missing:?}; it exposes {exposed:?}"
+    );
+    env.stop().await;
+}
