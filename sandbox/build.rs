@@ -3,8 +3,10 @@
 //! while the Rust dependencies compile instead of after them. Measured on 2 cores from cold: the
 //! Rust build and the control plane's Go build one after the other take about 1,105 s (645 s +
 //! 460 s); overlapped, both are done in 788 s. The sandbox, when it starts, finds a build under
-//! way (each build.sh takes a lock) and waits for it with progress lines. Nothing is started
-//! when the binaries are cached, when QDB_CONTROL_PLANE_BIN names them, or without Go.
+//! way (each build.sh takes a lock) and waits for the control plane's with progress lines; the
+//! snapshot-controller's it does not wait for (only backups need it): the control plane starts
+//! without it and adds it once its build ends. Nothing is started when the binaries are
+//! cached, when QDB_CONTROL_PLANE_BIN names them, or without Go.
 
 use std::path::Path;
 use std::process::{Command, Stdio};

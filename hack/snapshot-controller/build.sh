@@ -26,6 +26,9 @@ if complete; then
   echo "$out"
   exit 0
 fi
+# --if-built: only say whether it is built (the sandbox starts without it when it is not, and
+# adds it once its build ends); exit 3, building nothing, when it is not.
+[[ "${1:-}" == "--if-built" ]] && exit 3
 
 # --background: started by the sandbox's cargo build script while Rust compiles; nothing to
 # print to (its output goes nowhere), and if another build holds the lock there is nothing to do.

@@ -128,6 +128,35 @@ fn raise_nofile_limit() {
     }
 }
 
+/// Mounts the FUSE control file system on `/sys/fs/fuse/connections` when nothing has: a
+/// mount's `abort` and `waiting` files are there (the cut and [`LossyVolume::settle`] need
+/// them). systemd mounts it at boot (`sys-fs-fuse-connections.mount`); a machine or container
+/// without systemd may not (seen: a fresh CI machine, where every settle then failed at once).
+/// Best effort, once: root's, like the FUSE mount itself.
+fn ensure_fusectl() {
+    static DONE: std::sync::Once = std::sync::Once::new();
+    DONE.call_once(|| {
+        let dir = Path::new("/sys/fs/fuse/connections");
+        let mounted = std::fs::read_to_string("/proc/self/mounts").is_ok_and(|m| {
+            m.lines()
+                .any(|l| l.split_whitespace().nth(2) == Some("fusectl"))
+        });
+        if mounted || !dir.is_dir() {
+            return;
+        }
+        // SAFETY: valid C strings; no data argument.
+        unsafe {
+            libc::mount(
+                c"fusectl".as_ptr(),
+                c"/sys/fs/fuse/connections".as_ptr(),
+                c"fusectl".as_ptr(),
+                0,
+                std::ptr::null(),
+            )
+        };
+    });
+}
+
 /// Lets the mount hold as many dirty pages as a disk's file system would. The kernel gives a
 /// FUSE mount's writeback 1% of the dirty-page limits and a strict limit: past about 1% of
 /// `vm.dirty_ratio` of memory (45 MiB here) unsynced data is written back at once, not after
@@ -227,6 +256,7 @@ impl LossyVolume {
             abort: None,
             conn: None,
         };
+        ensure_fusectl();
         // The connection's name in fusectl is the kernel's dev_t of the mount.
         let dev = std::fs::metadata(&volume.mountpoint)?.dev();
         let kdev = (libc::major(dev) << 20) | libc::minor(dev);

@@ -44,6 +44,9 @@ pub async fn run(mut args: SandboxArgs, shutdown: CancellationToken) -> anyhow::
     eprintln!("sandbox: starting a real control plane (kube-apiserver, kube-controller-manager, kube-scheduler, etcd)");
     let options = ControlPlaneOptions {
         databases,
+        // A first sandbox is Ready without waiting for the snapshot-controller's build, which
+        // only backups need: it joins once built.
+        snapshot_controller_when_built: true,
         ..ControlPlaneOptions::sandbox()
     };
     let cp = ControlPlane::start(options)

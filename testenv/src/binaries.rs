@@ -49,6 +49,30 @@ pub fn snapshot_dir() -> anyhow::Result<PathBuf> {
     .map_err(anyhow::Error::msg)
 }
 
+/// The directory of the CSI snapshot-controller when it is built already (or given), without
+/// building it: `None` while its first build has not ended.
+pub fn snapshot_dir_if_built() -> Option<PathBuf> {
+    if let Some(dir) = std::env::var_os(SNAPSHOT_DIR_ENV) {
+        return Some(PathBuf::from(dir));
+    }
+    let out = Command::new("bash")
+        .arg(snapshot_build_script())
+        .arg("--if-built")
+        .stderr(std::process::Stdio::null())
+        .output()
+        .ok()?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let dir = stdout
+        .lines()
+        .last()
+        .map(str::trim)
+        .filter(|l| !l.is_empty());
+    out.status
+        .success()
+        .then(|| dir.map(PathBuf::from))
+        .flatten()
+}
+
 fn locate(env: &str, script: &Path, what: &str) -> anyhow::Result<PathBuf> {
     if let Some(dir) = std::env::var_os(env) {
         return Ok(PathBuf::from(dir));

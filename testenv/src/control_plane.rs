@@ -14,6 +14,7 @@ use kube::api::Api;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
 use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
 
 use crate::database::{self, DatabaseExit, DatabaseProcess, Databases};
 use crate::kubelet::{Kubelets, NodeHandle, NodeRegistration};
@@ -56,6 +57,11 @@ pub struct ControlPlaneOptions {
     /// hack/control-plane's kube-controller-manager wrapper); `None`: upstream's 6 minutes.
     /// Upstream's own integration tests shorten it the same way.
     pub attach_detach_max_wait_for_unmount: Option<Duration>,
+    /// Start without the CSI snapshot-controller while its first build is still under way, and
+    /// add it (its CRDs, the VolumeSnapshotClass, the controller) once the build ends: a
+    /// newcomer's first sandbox is Ready without waiting for a build only backups need. When
+    /// it is built already it starts with the rest, as always.
+    pub snapshot_controller_when_built: bool,
 }
 
 impl ControlPlaneOptions {
@@ -70,6 +76,7 @@ impl ControlPlaneOptions {
             rbac: rbac::Install::ClusterWide,
             databases: Databases::Fake,
             attach_detach_max_wait_for_unmount: None,
+            snapshot_controller_when_built: false,
         }
     }
 
@@ -80,6 +87,7 @@ impl ControlPlaneOptions {
             rbac: rbac::Install::ClusterWide,
             databases: Databases::Fake,
             attach_detach_max_wait_for_unmount: None,
+            snapshot_controller_when_built: false,
         }
     }
 
@@ -114,7 +122,9 @@ pub struct ControlPlane {
     kubelets: Kubelets,
     databases: Option<Arc<database::Runtime>>,
     proxy: ApiProxy,
-    snapshot_controller: Component,
+    /// `None` until it runs: started later when its build was still under way
+    /// ([`ControlPlaneOptions::snapshot_controller_when_built`]).
+    snapshot_controller: Arc<std::sync::Mutex<Option<Component>>>,
     scheduler: Component,
     controller_manager: Component,
     apiserver: Component,
@@ -242,6 +252,36 @@ async fn etcd_healthy(port: u16) -> bool {
     buf.contains("\"health\":\"true\"")
 }
 
+/// The VolumeSnapshot CRDs, the VolumeSnapshotClass and the CSI snapshot-controller from
+/// `snapshot_bin`. No readiness to wait for: it serves no port, and its informers catch up
+/// with whatever a test creates before they sync.
+async fn start_snapshot_controller(
+    admin: &Client,
+    snapshot_bin: &std::path::Path,
+    admin_kubeconfig: &std::path::Path,
+    dir: &std::path::Path,
+) -> anyhow::Result<Component> {
+    csi::apply_snapshot_crds(admin, snapshot_bin)
+        .await
+        .context("applying the VolumeSnapshot CRDs")?;
+    csi::install_snapshot_class(admin, Duration::from_secs(30))
+        .await
+        .context("installing the VolumeSnapshotClass")?;
+    Component::spawn(
+        "snapshot-controller",
+        &snapshot_bin.join("snapshot-controller"),
+        &[
+            format!("--kubeconfig={}", admin_kubeconfig.display()),
+            "--leader-election=false".into(),
+            // The group-snapshot CRDs are not installed: without this it waits for them for
+            // --retry-crd-interval-max (30 s) before starting.
+            "--feature-gates=CSIVolumeGroupSnapshot=false".into(),
+            "--v=2".into(),
+        ],
+        dir,
+    )
+}
+
 impl ControlPlane {
     pub async fn start(opts: ControlPlaneOptions) -> anyhow::Result<ControlPlane> {
         // kube uses ring; a workspace build also links aws-lc-rs (the AWS SDK), so rustls
@@ -252,7 +292,11 @@ impl ControlPlane {
             bail!("{}", database::NEEDS_JAVA);
         }
         let bin = binaries::dir()?;
-        let snapshot_bin = binaries::snapshot_dir()?;
+        let snapshot_bin = if opts.snapshot_controller_when_built {
+            binaries::snapshot_dir_if_built()
+        } else {
+            Some(binaries::snapshot_dir()?)
+        };
         let dir = tempfile::Builder::new()
             .prefix("qdb-control-plane-")
             .tempdir()
@@ -417,9 +461,11 @@ impl ControlPlane {
         let sched_port = free_port()?;
         let scheduler = spawn_scheduler(sched_port)?;
         // While the controllers start (Established by the time they are ready).
-        csi::apply_snapshot_crds(&admin, &snapshot_bin)
-            .await
-            .context("applying the VolumeSnapshot CRDs")?;
+        if let Some(snapshot_bin) = &snapshot_bin {
+            csi::apply_snapshot_crds(&admin, snapshot_bin)
+                .await
+                .context("applying the VolumeSnapshot CRDs")?;
+        }
         let (mut controller_manager, _) = ready_on_a_free_port(
             controller_manager,
             kcm_port,
@@ -444,24 +490,49 @@ impl ControlPlane {
             },
         )
         .await?;
-        csi::install_snapshot_class(&admin, Duration::from_secs(30))
-            .await
-            .context("installing the VolumeSnapshotClass")?;
-        // No readiness to wait for: it serves no port, and its informers catch up with
-        // whatever a test creates before they sync.
-        let snapshot_controller = Component::spawn(
-            "snapshot-controller",
-            &snapshot_bin.join("snapshot-controller"),
-            &[
-                format!("--kubeconfig={}", admin_kubeconfig.display()),
-                "--leader-election=false".into(),
-                // The group-snapshot CRDs are not installed: without this it waits for them
-                // for --retry-crd-interval-max (30 s) before starting.
-                "--feature-gates=CSIVolumeGroupSnapshot=false".into(),
-                "--v=2".into(),
-            ],
-            d,
-        )?;
+        let stop = CancellationToken::new();
+        // A start that fails from here on stops what it started in the background.
+        let stop_on_error = stop.clone().drop_guard();
+        let snapshot_controller = Arc::new(std::sync::Mutex::new(None));
+        match &snapshot_bin {
+            Some(snapshot_bin) => {
+                let started =
+                    start_snapshot_controller(&admin, snapshot_bin, &admin_kubeconfig, d).await?;
+                *snapshot_controller.lock().unwrap() = Some(started);
+            }
+            None => {
+                info!("the CSI snapshot-controller is still being built: the control plane starts without it, and backups wait until it runs");
+                let (admin, kubeconfig, dir) =
+                    (admin.clone(), admin_kubeconfig.clone(), d.to_path_buf());
+                let (slot, stop) = (snapshot_controller.clone(), stop.clone());
+                tokio::spawn(async move {
+                    let built = tokio::select! {
+                        _ = stop.cancelled() => return,
+                        b = tokio::task::spawn_blocking(binaries::snapshot_dir) => b,
+                    };
+                    let snapshot_bin = match built {
+                        Ok(Ok(dir)) => dir,
+                        Ok(Err(e)) => {
+                            return warn!(error = %format!("{e:#}"), "the CSI snapshot-controller could not be built: backups stay unavailable")
+                        }
+                        Err(e) => return warn!(error = %e, "building the CSI snapshot-controller"),
+                    };
+                    if stop.is_cancelled() {
+                        return;
+                    }
+                    match start_snapshot_controller(&admin, &snapshot_bin, &kubeconfig, &dir).await
+                    {
+                        Ok(c) => {
+                            info!("the CSI snapshot-controller is built and running: backups can be taken");
+                            *slot.lock().unwrap() = Some(c);
+                        }
+                        Err(e) => {
+                            warn!(error = %format!("{e:#}"), "starting the CSI snapshot-controller")
+                        }
+                    }
+                });
+            }
+        }
         // The serviceaccount controller is running once `default` has its ServiceAccount;
         // pods cannot be admitted before.
         let sas: Api<ServiceAccount> = Api::namespaced(admin.clone(), "default");
@@ -475,7 +546,6 @@ impl ControlPlane {
         rbac::install(&admin, opts.rbac)
             .await
             .context("installing deploy/'s RBAC")?;
-        let stop = CancellationToken::new();
         let databases = match opts.databases {
             Databases::Real => Some(
                 database::Runtime::new(d, admin.clone(), stop.clone())
@@ -518,6 +588,7 @@ impl ControlPlane {
             started_in.as_secs_f64(),
             d.display()
         );
+        stop_on_error.disarm();
         Ok(ControlPlane {
             stop,
             kubelets,
@@ -700,27 +771,34 @@ impl ControlPlane {
 
     /// Process ids, for the benchmarks' memory figures.
     pub fn pids(&self) -> Vec<(&'static str, u32)> {
-        [
+        let mut pids: Vec<(&'static str, u32)> = [
             &self.etcd,
             &self.apiserver,
             &self.controller_manager,
             &self.scheduler,
-            &self.snapshot_controller,
         ]
         .iter()
         .map(|c| (c.name, c.pid()))
-        .collect()
+        .collect();
+        if let Some(c) = self.snapshot_controller.lock().unwrap().as_ref() {
+            pids.push((c.name, c.pid()));
+        }
+        pids
     }
 
     /// Fails when a component has exited.
     pub fn check_alive(&mut self) -> anyhow::Result<()> {
+        let mut snapshot_controller = self.snapshot_controller.lock().unwrap();
         for c in [
-            &mut self.etcd,
-            &mut self.apiserver,
-            &mut self.controller_manager,
-            &mut self.scheduler,
-            &mut self.snapshot_controller,
-        ] {
+            Some(&mut self.etcd),
+            Some(&mut self.apiserver),
+            Some(&mut self.controller_manager),
+            Some(&mut self.scheduler),
+            snapshot_controller.as_mut(),
+        ]
+        .into_iter()
+        .flatten()
+        {
             if !c.is_running() {
                 bail!(
                     "{} exited; log {}:\n{}",
@@ -734,16 +812,19 @@ impl ControlPlane {
     }
 
     fn logs(&self) -> Vec<(&'static str, PathBuf)> {
-        [
+        let mut logs: Vec<(&'static str, PathBuf)> = [
             &self.etcd,
             &self.apiserver,
             &self.controller_manager,
             &self.scheduler,
-            &self.snapshot_controller,
         ]
         .iter()
         .map(|c| (c.name, c.log.clone()))
-        .collect()
+        .collect();
+        if let Some(c) = self.snapshot_controller.lock().unwrap().as_ref() {
+            logs.push((c.name, c.log.clone()));
+        }
+        logs
     }
 }
 
