@@ -251,6 +251,13 @@ fn exited(c: &ContainerStatus) -> Trouble {
     let tail = log_tail(&log);
     if !tail.is_empty() {
         message.push_str("; last log lines:\n");
+        // The error that stopped it, when its stack trace and the shutdown lines after it
+        // pushed it out of the tail (seen: "SymbolMap is too short: .../quotes~9/src.o" lost
+        // behind the trace, the table it names with it).
+        if let Some(error) = last_error(&log).filter(|e| !tail.contains(e.as_str())) {
+            message.push_str(&error);
+            message.push_str("\n...\n");
+        }
         message.push_str(&tail);
     }
     Trouble {
@@ -292,6 +299,28 @@ pub fn with_memory_split(trouble: Trouble, spec: &crate::api::QuestDBSpec) -> Tr
         message: trouble.message + &detail,
         ..trouble
     }
+}
+
+/// The most an error line brought back before the tail keeps.
+const ERROR_LINE_MAX: usize = 400;
+
+/// The log's last error: an exception's message (`io.questdb.cairo.CairoException: ...`) or a
+/// QuestDB log line at level `E` or `C` (`2026-11-29T12:21:22.385346Z E i.q.c...`), cut to
+/// [`ERROR_LINE_MAX`] bytes and withheld like any line that may carry a credential.
+fn last_error(log: &str) -> Option<String> {
+    let line = log.lines().rev().find(|l| {
+        let level = l.split_whitespace().nth(1);
+        l.contains("Exception: ") || matches!(level, Some("E" | "C"))
+    })?;
+    let lower = line.to_ascii_lowercase();
+    if SENSITIVE.iter().any(|word| lower.contains(word)) {
+        return Some("[a line that may hold a credential, withheld]".to_string());
+    }
+    let mut end = line.len().min(ERROR_LINE_MAX);
+    while !line.is_char_boundary(end) {
+        end -= 1;
+    }
+    Some(line[..end].to_string())
 }
 
 /// Words of a log line that may carry a credential: QuestDB's `*.password` settings, a
@@ -401,6 +430,47 @@ mod tests {
         assert_eq!(
             Trouble::cause(&t.message),
             "container questdb exits at start with code 55 and is restarted with back-off; last log lines:"
+        );
+    }
+
+    #[test]
+    fn the_error_that_stopped_the_database_is_kept_when_its_stack_trace_fills_the_tail() {
+        let mut log = String::from(
+            "2026-11-29T12:21:22.3Z I i.q.c.p.ReaderPool closed\n\
+             io.questdb.cairo.CairoException: [0] SymbolMap is too short: /var/lib/questdb/db/quotes~9/src.o\n",
+        );
+        for i in 0..60 {
+            log.push_str(&format!(
+                "\tat io.questdb@9.2.0/io.questdb.cairo.Frame{i}.call(Frame{i}.java:{i})\n"
+            ));
+        }
+        let p = pod(questdb(
+            json!({"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 40s"}}),
+            json!({"terminated": {"exitCode": 55, "reason": "Error", "message": log}}),
+        ));
+        let t = trouble(&p).unwrap();
+        assert!(
+            t.message
+                .contains("SymbolMap is too short: /var/lib/questdb/db/quotes~9/src.o"),
+            "{}",
+            t.message
+        );
+        assert_eq!(
+            Trouble::cause(&t.message),
+            "container questdb exits at start with code 55 and is restarted with back-off; last log lines:"
+        );
+        // Within the tail already: not said twice.
+        let short = pod(questdb(
+            json!({"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 40s"}}),
+            json!({"terminated": {"exitCode": 55, "reason": "Error",
+                "message": "2026-11-29T12:00:00Z E server-main invalid configuration value\n"}}),
+        ));
+        let t = trouble(&short).unwrap();
+        assert_eq!(t.message.matches("invalid configuration value").count(), 1);
+        // An error line with a credential is withheld like any other.
+        assert_eq!(
+            last_error("x\n2026-11-29T12:00:00Z E pg.password=hunter2 refused\nok\n").as_deref(),
+            Some("[a line that may hold a credential, withheld]")
         );
     }
 
