@@ -61,16 +61,20 @@ pub fn snapshot_dir_if_built() -> Option<PathBuf> {
         .stderr(std::process::Stdio::null())
         .output()
         .ok()?;
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let dir = stdout
+    out.status
+        .success()
+        .then(|| printed_dir(&out.stdout))
+        .flatten()
+}
+
+/// The directory a build script prints on its last line.
+fn printed_dir(stdout: &[u8]) -> Option<PathBuf> {
+    String::from_utf8_lossy(stdout)
         .lines()
         .last()
         .map(str::trim)
-        .filter(|l| !l.is_empty());
-    out.status
-        .success()
-        .then(|| dir.map(PathBuf::from))
-        .flatten()
+        .filter(|l| !l.is_empty())
+        .map(PathBuf::from)
 }
 
 fn locate(env: &str, script: &Path, what: &str) -> anyhow::Result<PathBuf> {
@@ -89,14 +93,8 @@ fn locate(env: &str, script: &Path, what: &str) -> anyhow::Result<PathBuf> {
             out.status
         );
     }
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let dir = stdout
-        .lines()
-        .last()
-        .map(str::trim)
-        .filter(|l| !l.is_empty())
-        .with_context(|| format!("{what}: {} printed no directory", script.display()))?;
-    Ok(PathBuf::from(dir))
+    printed_dir(&out.stdout)
+        .with_context(|| format!("{what}: {} printed no directory", script.display()))
 }
 
 /// Whether a Go toolchain is on the PATH, or both sets of binaries are given: the sandbox needs

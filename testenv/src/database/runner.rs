@@ -478,19 +478,18 @@ impl Runner {
         .map_err(|m| ("CreateContainerConfigError", m))?;
         let root = table.map(QUESTDB_ROOT);
         std::fs::create_dir_all(&root).map_err(failed)?;
+        let conf =
+            properties(&std::fs::read_to_string(root.join("conf/server.conf")).unwrap_or_default());
         // The defaults stand for the small machine a test runs on; a pod that sizes QuestDB's
         // native memory in its server.conf keeps its own size (QuestDB's env would win).
-        let conf = std::fs::read_to_string(root.join("conf/server.conf")).unwrap_or_default();
-        let sized_in_conf = conf
-            .lines()
-            .any(|l| l.trim_start().starts_with("ram.usage.limit."));
+        let sized_in_conf = conf.keys().any(|k| k.starts_with("ram.usage.limit."));
         for (k, v) in process::SMALL_DEFAULTS {
             let sized = sized_in_conf && k.starts_with("QDB_RAM_USAGE_LIMIT_");
             if !sized && !env.iter().any(|(n, _)| n == k) {
                 env.push((k.to_string(), v.to_string()));
             }
         }
-        bind_to_pod_ip(&mut env, &root.join("conf/server.conf"), &self.pod_ip);
+        bind_to_pod_ip(&mut env, &conf, &self.pod_ip);
         Ok((env, root))
     }
 
@@ -750,9 +749,8 @@ fn go_duration(d: Duration) -> String {
 }
 
 /// Adds `QDB_<KEY>=<pod ip>:<port>` for each listener bound to `0.0.0.0` (by the pod's own
-/// environment, `server.conf`, or QuestDB's default).
-fn bind_to_pod_ip(env: &mut Vec<(String, String)>, server_conf: &Path, pod_ip: &str) {
-    let conf = properties(&std::fs::read_to_string(server_conf).unwrap_or_default());
+/// environment, `server.conf` (`conf`, its [`properties`]), or QuestDB's default).
+fn bind_to_pod_ip(env: &mut Vec<(String, String)>, conf: &BTreeMap<String, String>, pod_ip: &str) {
     for (key, alias, port) in BINDS {
         let name = env_name(key);
         let current = env
@@ -806,9 +804,9 @@ mod tests {
 
     #[test]
     fn binds_to_all_addresses_are_narrowed_to_the_pod_address() {
-        let dir = tempfile::tempdir().unwrap();
-        let conf = dir.path().join("server.conf");
-        std::fs::write(&conf, "http.net.bind.to=0.0.0.0:9000\npg.net.bind.to=127.0.0.1:8812\n# line.tcp.net.bind.to=x\n").unwrap();
+        let conf = properties(
+            "http.net.bind.to=0.0.0.0:9000\npg.net.bind.to=127.0.0.1:8812\n# line.tcp.net.bind.to=x\n",
+        );
         let mut env = vec![(
             "QDB_HTTP_MIN_NET_BIND_TO".to_string(),
             "0.0.0.0:9103".to_string(),
