@@ -30,6 +30,8 @@ for v in "${VERSIONS[@]}"; do
     fi
     started=$(date +%s)
     echo "questdb $v: fetching org.questdb:questdb:$v from Maven Central (~29 MB, once)"
-    mvn -q -B dependency:get -Dartifact="org.questdb:questdb:$v" -Dtransitive=false
+    # The local repository named: Java takes user.home from the passwd entry, not $HOME.
+    mvn -q -B dependency:get -Dmaven.repo.local="$HOME/.m2/repository" \
+        -Dartifact="org.questdb:questdb:$v" -Dtransitive=false
     echo "questdb $v: fetched in $(($(date +%s) - started)) s"
 done

@@ -33,11 +33,16 @@ pub(crate) async fn resolve(version: &str) -> Outcome {
     .clone()
 }
 
-fn repository() -> PathBuf {
+/// `~/.m2/repository`, from $HOME.
+fn local_repository() -> PathBuf {
     let home = std::env::var_os("HOME")
         .map(PathBuf::from)
         .unwrap_or_default();
-    home.join(".m2/repository/org/questdb/questdb")
+    home.join(".m2/repository")
+}
+
+fn repository() -> PathBuf {
+    local_repository().join("org/questdb/questdb")
 }
 
 fn jar_path(version: &str) -> PathBuf {
@@ -79,8 +84,13 @@ fn fetch(version: &str) -> Outcome {
     eprintln!(
         "questdb-testenv: fetching QuestDB {version} (org.questdb:questdb:{version}) with Maven, once per machine"
     );
+    // Maven's local repository named, not left to Maven: Java takes `user.home` from the
+    // passwd entry, not from $HOME, so where the two differ (a CI container, an isolated
+    // home) Maven would fetch into one directory while this reads the other.
+    let local = local_repository();
     let out = Command::new("mvn")
         .args(["-B", "-q", "dependency:get", "-Dtransitive=false"])
+        .arg(format!("-Dmaven.repo.local={}", local.display()))
         .arg(format!("-Dartifact=org.questdb:questdb:{version}"))
         .stdin(Stdio::null())
         .output()
