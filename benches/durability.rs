@@ -25,6 +25,8 @@
 //!
 //! Prints a line per run, then a table per mode and protocol, then one JSON line.
 
+mod support;
+
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
@@ -420,40 +422,5 @@ where
 
 /// The operator's pod shape (src/desired/statefulset.rs), pinned to the node.
 fn database_pod() -> Value {
-    let probe = |period: i32, failures: i32| {
-        json!({"httpGet": {"path": "/status", "port": "health"}, "periodSeconds": period,
-               "timeoutSeconds": 5, "failureThreshold": failures})
-    };
-    json!({
-        "metadata": {"name": "db-0", "labels": {"app": "db"}},
-        "spec": {
-            "nodeSelector": {"kubernetes.io/hostname": NODE},
-            "automountServiceAccountToken": false,
-            "enableServiceLinks": false,
-            "terminationGracePeriodSeconds": 60,
-            "initContainers": [{"name": "init-conf", "image": IMAGE,
-                "command": ["mkdir", "-p", "/var/lib/questdb/conf"],
-                "volumeMounts": [{"name": "data", "mountPath": "/var/lib/questdb"}]}],
-            "containers": [{
-                "name": "questdb", "image": IMAGE,
-                "ports": [
-                    {"name": "http", "containerPort": 9000, "protocol": "TCP"},
-                    {"name": "pgwire", "containerPort": 8812, "protocol": "TCP"},
-                    {"name": "health", "containerPort": 9003, "protocol": "TCP"},
-                ],
-                "volumeMounts": [
-                    {"name": "data", "mountPath": "/var/lib/questdb"},
-                    {"name": "config", "mountPath": "/var/lib/questdb/conf/server.conf",
-                     "subPath": "server.conf", "readOnly": true},
-                ],
-                "startupProbe": probe(2, 120),
-                "readinessProbe": probe(2, 3),
-                "terminationMessagePolicy": "FallbackToLogsOnError",
-            }],
-            "volumes": [
-                {"name": "data", "persistentVolumeClaim": {"claimName": "db-data"}},
-                {"name": "config", "configMap": {"name": "db"}},
-            ],
-        },
-    })
+    support::pod::database_pod(IMAGE, NODE, json!([]), json!({}))
 }

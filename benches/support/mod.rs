@@ -9,5 +9,6 @@ pub mod args;
 pub mod cluster;
 pub mod control_plane;
 pub mod operator;
+pub mod pod;
 pub mod prom;
 pub mod wait;
