@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # A dedicated node's kubelet that reports NotReady while it renews its Lease (a container
-# runtime or CNI restart) is not a dead node: nothing is fenced or evicted. A power blip shorter
+# runtime or CNI restart) is not a dead node: nothing is fenced or evicted. Nor is one cut off
+# from the API server whose database still answers. A power blip shorter
 # than the failover threshold is the power coming back: the database returns on the same
 # instance. Sandbox only: the faults are the sandbox's `sandbox.questdb.io/fault` annotation.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -39,6 +40,31 @@ same_database 50
 kubectl annotate node "$node" sandbox.questdb.io/fault- >/dev/null
 wait_jsonpath qdb/e2e-node '{.status.nodeReady}' true
 wait_ready e2e-node
+
+# answers: the database answers its HTTP port with its own credentials (a real QuestDB; the
+# sandbox's fake databases answer nothing).
+answers() {
+    local ip user password
+    ip="$(k get pod e2e-node-0 -o jsonpath='{.status.podIP}')"
+    user="$(k get secret e2e-node-credentials -o jsonpath='{.data.QDB_HTTP_USER}' | base64 -d)"
+    password="$(k get secret e2e-node-credentials -o jsonpath='{.data.QDB_HTTP_PASSWORD}' | base64 -d)"
+    curl -fsS -m 3 -u "$user:$password" -G "http://$ip:9000/exec" --data-urlencode "query=select 1" >/dev/null 2>&1
+}
+
+if answers; then
+    say "node $node's kubelet cut off from the API server past the threshold, its database answering: not fenced"
+    kubectl annotate node "$node" sandbox.questdb.io/fault=kubelet-cut-off --overwrite >/dev/null
+    wait_jsonpath qdb/e2e-node '{.status.conditions[?(@.type=="Failover")].reason}' FailoverSuppressed
+    message="$(k get qdb e2e-node -o jsonpath='{.status.conditions[?(@.type=="Failover")].message}')"
+    case "$message" in DatabaseAnswers*) ;; *) fail "held back for another reason: $message" ;; esac
+    answers || fail "the database stopped answering"
+    same_database 10
+    kubectl annotate node "$node" sandbox.questdb.io/fault- >/dev/null
+    wait_jsonpath qdb/e2e-node '{.status.nodeReady}' true
+    wait_ready e2e-node
+else
+    say "skipped the kubelet cut off: the sandbox's databases are fake (they answer nothing)"
+fi
 
 say "a power blip on $node, shorter than the threshold: the database comes back where it was"
 kubectl annotate node "$node" sandbox.questdb.io/fault=power-off --overwrite >/dev/null

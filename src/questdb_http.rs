@@ -132,6 +132,11 @@ impl Database {
         }
     }
 
+    /// Where it is asked.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
     /// Runs one statement or query through `/exec`.
     pub async fn exec(&self, query: &str) -> Result<Rows, QueryError> {
         self.exec_within(query, REQUEST_TIMEOUT).await

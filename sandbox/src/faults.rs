@@ -1,8 +1,9 @@
 //! Pulling the plug from kubectl: annotating a Node `sandbox.questdb.io/fault=power-off` kills
 //! its kubelet and databases while EC2 still reports the instance `running`, as it does for a
-//! hardware failure (failed status checks, not a stopped state); `partition` stops only the
-//! kubelet's heartbeats and pod updates while the instance keeps running and writing;
-//! `not-ready` keeps the Lease renewing while the kubelet reports `Ready=False` (PLEG is not
+//! hardware failure (failed status checks, not a stopped state); `partition` cuts the node off:
+//! its kubelet's heartbeats and pod updates stop and nothing outside reaches its databases,
+//! while the instance keeps running; `kubelet-cut-off` stops only the kubelet's heartbeats and
+//! pod updates, its databases still answer (the operator does not fence those); `not-ready` keeps the Lease renewing while the kubelet reports `Ready=False` (PLEG is not
 //! healthy) and its databases keep running. Removing the annotation heals the kubelet: after a
 //! power-off that is the power coming back (the kubelet restarts its pods as after a reboot),
 //! unless the operator fenced the instance meanwhile.
@@ -40,6 +41,7 @@ pub fn spawn(cp: &ControlPlane, client: kube::Client, stop: CancellationToken) -
             let wanted = match node.annotations().get(FAULT_ANNOTATION).map(String::as_str) {
                 Some("power-off") => NodeFault::PowerOff,
                 Some("partition") => NodeFault::Partition,
+                Some("kubelet-cut-off") => NodeFault::KubeletCutOff,
                 Some("not-ready") => NodeFault::NotReady,
                 _ => NodeFault::None,
             };

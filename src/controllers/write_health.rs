@@ -28,7 +28,7 @@ use crate::questdb_http::{Database, Login, Rows};
 pub const LAG_TXNS: i64 = 10_000;
 
 /// Logins by credentials Secret, with the resourceVersion they were read at.
-type Logins = HashMap<ObjectRef<Secret>, (String, Option<Login>)>;
+pub(crate) type Logins = HashMap<ObjectRef<Secret>, (String, Option<Login>)>;
 
 /// The verdict `wal_tables()` (columns name, suspended, writerTxn, sequencerTxn) gives.
 pub fn verdict(rows: &Rows) -> Verdict<WriteHealthReason> {
@@ -110,7 +110,7 @@ pub async fn run(
                 continue;
             };
             seen.push(key.clone());
-            if let Some(db) = connect(&ctx, &qdb, &mut logins).await {
+            if let Some(db) = connect(&ctx, &qdb, None, &mut logins).await {
                 polls.push((key, qdb, db));
             }
         }
@@ -177,13 +177,22 @@ async fn poll_one(
     }
 }
 
-/// A client for the database's HTTP port with its credentials, while its pod has an address.
-async fn connect(ctx: &Context, qdb: &QuestDB, logins: &mut Logins) -> Option<Database> {
+/// A client for the database's HTTP port with its credentials, while its pod has an address
+/// (and runs on `on_node`, when given).
+pub(crate) async fn connect(
+    ctx: &Context,
+    qdb: &QuestDB,
+    on_node: Option<&str>,
+    logins: &mut Logins,
+) -> Option<Database> {
     let ns = qdb.namespace()?;
     let pod = ctx
         .caches
         .pods
         .get(&ObjectRef::new(&desired::names::pod(qdb)).within(&ns))?;
+    if on_node.is_some_and(|n| pod.node_name.as_deref() != Some(n)) {
+        return None;
+    }
     let ip = pod.status.as_ref()?.pod_ip.as_deref()?.parse().ok()?;
     let secret_name = desired::credentials::secret_name(qdb);
     let secret_ref = ObjectRef::<Secret>::new(&secret_name).within(&ns);

@@ -43,12 +43,13 @@ pub fn step_reason(phase: FailoverPhase) -> EventReason {
 /// `metadata.annotations` key that turns failover off for one QuestDB (maintenance).
 /// Every reason a due failover can be held back for (the label values of
 /// `questdb_operator_failovers_suppressed_total`).
-pub const SUPPRESSION_REASONS: [SuppressionReason; 5] = [
+pub const SUPPRESSION_REASONS: [SuppressionReason; 6] = [
     SuppressionReason::Disabled,
     SuppressionReason::SkipAnnotation,
     SuppressionReason::RecentFailover,
     SuppressionReason::TooManyUnhealthyNodes,
     SuppressionReason::AttemptsExhausted,
+    SuppressionReason::DatabaseAnswers,
 ];
 
 /// The steps whose durations `questdb_operator_failover_step_duration_seconds` records.
@@ -294,6 +295,35 @@ pub fn replace_again(v: &StartView) -> Start {
         };
     }
     Start::Go
+}
+
+/// What the database said when the operator asked it, over its HTTP channel, right before a
+/// fence.
+#[derive(Clone, Debug, PartialEq)]
+pub enum DatabaseWord {
+    /// It answered a query behind its login (rows, or a refused query: a live database) at
+    /// this address.
+    Answered { at: String },
+    /// No answer: no pod address on the silent node, a refused or timed-out connection, a
+    /// refused login (not proof that it is this database), a broken answer.
+    Silent,
+}
+
+/// The database's own word on a due fence (after [`should_start`] or [`replace_again`] said
+/// `Go`; EC2's word that the instance is terminated leaves nothing to ask): a database that answers is not fenced, since fencing it
+/// would stop a database its clients still reach, for a fault of the kubelet's link to the API
+/// server (an access entry, a certificate, a security group, a saturated network). It is asked
+/// again at every look, and fenced once it stops answering. `node` is the silent node.
+pub fn heed_the_database(word: &DatabaseWord, node: &str) -> Start {
+    match word {
+        DatabaseWord::Silent => Start::Go,
+        DatabaseWord::Answered { at } => Start::Suppressed {
+            reason: SuppressionReason::DatabaseAnswers,
+            message: format!(
+                "{node} is silent past its threshold, but its database still answers at {at}: the kubelet has lost the API server, the database is not down; it is fenced once it stops answering (check the node's network path to the API server, its access entry and certificate)"
+            ),
+        },
+    }
 }
 
 /// The record of the next attempt: the failed replacement `instance` (on `node`) is fenced as

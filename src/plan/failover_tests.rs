@@ -871,3 +871,36 @@ fn a_namespaces_share_is_still_capped_within_one_group() {
     ];
     assert_eq!(together(&silences, secs(40), weigh), 3);
 }
+
+#[test]
+fn a_silent_node_whose_database_still_answers_is_not_fenced() {
+    // A due fence, as should_start decides it; the database's word comes last.
+    assert_eq!(
+        start(&spec(), &running_status(), Some(31), false),
+        Start::Go
+    );
+    let answered = DatabaseWord::Answered {
+        at: "10.0.1.17:9000".into(),
+    };
+    match heed_the_database(&answered, "node-old") {
+        Start::Suppressed { reason, message } => {
+            assert_eq!(reason, SuppressionReason::DatabaseAnswers);
+            assert!(message.contains("node-old"), "{message}");
+            assert!(message.contains("10.0.1.17:9000"), "{message}");
+            assert!(
+                message.contains("fenced once it stops answering"),
+                "{message}"
+            );
+            // The same words at every look while it lasts (no write, no event per look).
+            assert_eq!(
+                heed_the_database(&answered, "node-old"),
+                Start::Suppressed { reason, message }
+            );
+        }
+        other => panic!("a database that answers must not be fenced: {other:?}"),
+    }
+    assert_eq!(
+        heed_the_database(&DatabaseWord::Silent, "node-old"),
+        Start::Go
+    );
+}

@@ -315,6 +315,11 @@ pub struct StepView<'a> {
     /// The node the database leaves renews its Lease: it answers. Only such a node is fenced
     /// for a stop that does not end; a silent one is the dead-node rule's, breaker included.
     pub old_node_renews: bool,
+    /// A backup of this database that holds its checkpoint now (`Checkpointing`,
+    /// `Snapshotting`, `Releasing`): the switch stops the database, which would lose the
+    /// checkpoint and fail the backup, so the switch waits for it. A backup `Uploading` no
+    /// longer needs the database (its snapshot is cut): it holds nothing back.
+    pub backup_holding_checkpoint: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -504,7 +509,14 @@ pub fn next_step(v: &StepView) -> Step {
         }
         NodeMovePhase::NodeReady => match &v.new_node {
             Some(node) if v.new_node_cordoned => Step::Uncordon { node: node.clone() },
-            Some(_) if v.new_node_ready => Step::Switch,
+            Some(_) if v.new_node_ready => match &v.backup_holding_checkpoint {
+                // No timeout of its own: the backup's steps have theirs, and the database
+                // runs on where it is meanwhile.
+                Some(backup) => Step::Wait(format!(
+                    "the switch waits for backup {backup}, which holds the database's checkpoint: stopping the database now would fail it"
+                )),
+                None => Step::Switch,
+            },
             _ if v.in_phase_for > v.node_timeout => abort(
                 NodeMoveReason::NodeNeverReady,
                 format!(

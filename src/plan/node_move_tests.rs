@@ -156,6 +156,7 @@ fn view<'a>(u: &'a NodeMoveStatus, spec: &'a NodeSpec, new: Option<&'a Instance>
         old_node_dead: false,
         new_node_dead: false,
         old_node_renews: true,
+        backup_holding_checkpoint: None,
     }
 }
 
@@ -813,4 +814,35 @@ fn the_move_owns_the_database_only_between_the_switch_and_the_answer() {
         };
         assert_eq!(owns_the_database(&status), owns, "{p}");
     }
+}
+
+/// The switch stops the database: a backup that holds its checkpoint then would fail
+/// (`CheckpointLost`), so a move whose new node is Ready waits for it, however long past the
+/// node timeout, and switches once the checkpoint is released. A backup only uploading its
+/// cut snapshot holds nothing back.
+#[test]
+fn the_switch_waits_for_a_backup_that_holds_the_checkpoint() {
+    let s = spec("ami-2");
+    let new = instance("i-2", "ami-2", InstanceState::Running);
+    let u = upgrade(NodeMovePhase::NodeReady);
+    let ready = StepView {
+        new_node: Some("n2".into()),
+        new_node_dedicated: true,
+        new_node_ready: true,
+        ..view(&u, &s, Some(&new))
+    };
+    let held = StepView {
+        backup_holding_checkpoint: Some("nightly-1".into()),
+        in_phase_for: Duration::from_secs(3600),
+        ..ready
+    };
+    match next_step(&held) {
+        Step::Wait(message) => assert!(message.contains("backup nightly-1"), "{message}"),
+        other => panic!("the switch went ahead of the backup: {other:?}"),
+    }
+    let released = StepView {
+        backup_holding_checkpoint: None,
+        ..held
+    };
+    assert_eq!(next_step(&released), Step::Switch);
 }

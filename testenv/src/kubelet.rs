@@ -2,12 +2,14 @@
 //! instance's user data for cloud nodes), renew the node Lease, post NodeStatus (Ready,
 //! `volumesInUse`), and run pods: wait until their volumes are attached, report them Running
 //! and Ready, and on deletion stop them, unmount, and delete the pod object. A node can be
-//! powered off (heartbeats and pods stop) or partitioned (the same, seen from the cluster;
-//! the instance keeps its volume) and healed.
+//! powered off (heartbeats and pods stop), partitioned (the same, seen from the cluster; the
+//! instance keeps its volume, its databases run but nothing outside reaches them), its kubelet
+//! alone cut off from the API server (its databases still answer), and healed.
 //! With [`Databases::Real`](crate::database::Databases) a database pod runs a real QuestDB
 //! (`crate::database`): it is Running once the process starts, Ready when its readiness probe
 //! answers, and its volumes are unmounted only after the process has exited. A power-off or a
-//! stopped instance SIGKILLs the node's databases; a partition leaves them running.
+//! stopped instance SIGKILLs the node's databases; a partition pauses them, a kubelet cut off
+//! leaves them running.
 //! Sources: pkg/kubelet/nodelease, kubelet_node_status.go, volumemanager (volumesInUse is
 //! reported before mount and dropped after unmount), status_manager.go (the kubelet deletes a
 //! terminated pod with grace 0 once its volumes are unmounted).
@@ -471,9 +473,17 @@ pub enum Fault {
     None,
     /// The instance is off: no heartbeat, no pod changes.
     PowerOff,
-    /// Cut off from the apiserver: no heartbeat, no pod changes; the instance (and whatever it
-    /// mounted) keeps running.
+    /// The node's network is cut: no heartbeat, no pod changes, and nothing outside the node
+    /// (the operator, the database's clients) reaches its databases; the instance (and
+    /// whatever it mounted) keeps running. The databases' processes are paused (SIGSTOP) for
+    /// as long as it lasts: from outside, a connection that never answers, as a partitioned
+    /// address's does. Unlike a real partition, their own timers pause too (and the local
+    /// probes are not run), which no test relies on.
     Partition,
+    /// Only the kubelet has lost the API server (an access entry or certificate gone, a
+    /// security group, a saturated link): no heartbeat, no pod changes, but the databases run
+    /// on and answer their clients and the operator, as under a kubelet restart.
+    KubeletCutOff,
     /// Alive but NotReady, as a kubelet whose container runtime or CNI restarts is: it renews
     /// its Lease and reports `Ready=False` (`PLEG is not healthy`) on every status post, skips
     /// pod syncs (kubelet.go `syncLoop`: "skipping pod synchronization"), and its containers
@@ -560,6 +570,11 @@ impl NodeHandle {
         self.set_fault(Fault::Partition)
     }
 
+    /// The kubelet alone loses the API server (see [`Fault::KubeletCutOff`]).
+    pub fn cut_kubelet_off(&self) {
+        self.set_fault(Fault::KubeletCutOff)
+    }
+
     /// A normal OS shutdown (see [`Fault::ShuttingDown`]).
     pub fn shut_down(&self) {
         self.set_fault(Fault::ShuttingDown)
@@ -574,12 +589,12 @@ impl NodeHandle {
     }
 
     /// The kubelet restarts (a kubelet upgrade, a crash that systemd restarts): for `down` it
-    /// renews nothing and reports nothing, as a partition; started again, it reports NotReady
+    /// renews nothing and reports nothing, as when cut off; started again, it reports NotReady
     /// until its first PLEG relist ([`timings::KUBELET_START`]), then Ready. Its containers
     /// run on throughout: they belong to the container runtime, not to the kubelet. Returns
     /// once the kubelet is back.
     pub async fn restart(&self, down: Duration) {
-        self.partition();
+        self.cut_kubelet_off();
         tokio::time::sleep(down).await;
         self.set_fault(Fault::NotReady);
         tokio::time::sleep(timings::KUBELET_START).await;
@@ -1113,7 +1128,7 @@ async fn heartbeat(client: Client, state: Arc<NodeState>) {
         let fault = *state.fault.lock().unwrap();
         if matches!(
             fault,
-            Fault::PowerOff | Fault::Partition | Fault::ShuttingDown
+            Fault::PowerOff | Fault::Partition | Fault::KubeletCutOff | Fault::ShuttingDown
         ) {
             was_faulted = true;
             continue;

@@ -362,7 +362,8 @@ async fn a_config_value_questdb_rejects_shows_exit_55_and_crash_loop_with_the_lo
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_power_off_kills_questdb_at_once_while_a_partition_leaves_it_running_and_writing() {
+async fn a_power_off_kills_questdb_at_once_a_cut_off_kubelet_leaves_it_writing_and_a_partition_unreachable(
+) {
     let cp = start().await;
     let client = cp.client().await;
     let ns = "faults";
@@ -389,8 +390,9 @@ async fn a_power_off_kills_questdb_at_once_while_a_partition_leaves_it_running_a
     let node = cp.node("worker-a1").unwrap();
     let pid = cp.database_processes()[0].pid;
 
-    // Partitioned: the kubelet is silent, but the database goes on serving and writing.
-    node.partition();
+    // The kubelet cut off from the API server: it is silent, but the database goes on serving
+    // and writing.
+    node.cut_kubelet_off();
     exec(
         &http,
         "insert into t select x, timestamp_sequence(0, 1000) from long_sequence(500)",
@@ -409,6 +411,29 @@ async fn a_power_off_kills_questdb_at_once_while_a_partition_leaves_it_running_a
     assert_eq!(live.len(), 1);
     assert_eq!(live[0].pid, pid, "the same process, never restarted");
     node.heal();
+
+    // Partitioned: nothing outside the node reaches the database (a connection that never
+    // answers) until the partition heals; the process is the same throughout.
+    node.partition();
+    let unanswered = http_get(&http, "/exec?query=select%201", Duration::from_secs(3)).await;
+    assert!(
+        unanswered.is_err(),
+        "a partitioned database answered: {unanswered:?}"
+    );
+    node.heal();
+    wait_for(
+        &cp,
+        (ns, "db-0"),
+        "the database answering again after the partition healed",
+        TIMEOUT,
+        || async { (count(&http).await == Some(500)).then_some(()) },
+    )
+    .await;
+    assert_eq!(
+        cp.database_processes()[0].pid,
+        pid,
+        "the same process after the partition"
+    );
 
     // Powered off: the process dies at once, without a chance to shut down.
     node.power_off();

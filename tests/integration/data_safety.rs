@@ -346,8 +346,8 @@ async fn a_partition_that_heals_during_the_graceful_fence_loses_no_acknowledged_
     .await;
 }
 
-/// The dangerous case: the old QuestDB keeps running and writing while its kubelet is cut
-/// off. Its volume must not reach the replacement while it can still write.
+/// The dangerous case: the old QuestDB keeps running and writing while its node is cut off.
+/// Its volume must not reach the replacement while it can still write.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_acknowledged_row_survives_a_failover_of_a_partitioned_node_and_never_two_writers() {
     // Under `nosync`, which a power cut punishes (docs/user-guide/questdb-resource.md's durability table): the
@@ -359,6 +359,75 @@ async fn every_acknowledged_row_survives_a_failover_of_a_partitioned_node_and_ne
         "partition, nosync",
     )
     .await;
+}
+
+/// A kubelet that loses the API server while its database serves (a certificate, an access
+/// entry, a security group) is no reason to stop a database its clients still reach: past the
+/// threshold, and long after, the database answers the operator, so nothing is fenced and the
+/// client keeps writing. Then a second fault, the node's power: the database stops answering,
+/// the failover runs, and every acknowledged row is there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_that_still_answers_is_not_fenced_for_its_kubelets_silence_until_it_stops() {
+    let env = CloudEnv::start_with_real_databases(settings()).await;
+    let (writer, old, login) = writing(&env, None).await;
+    let kubelet = env.cp.node(&node_name_for(&old)).expect("kubelet");
+    kubelet.cut_kubelet_off();
+    let q = wait_for_within(
+        &env.qdbs(),
+        "db1",
+        "failover held back: the database answers",
+        TIMEOUT,
+        crate::harness::has_condition("Failover", "FailoverSuppressed"),
+    )
+    .await;
+    let message = crate::harness::condition_message(&q, "Failover");
+    assert!(message.starts_with("DatabaseAnswers"), "{message}");
+    crate::harness::wait_for_event_in(
+        &env.client,
+        NS,
+        "a FailoverSuppressed event naming the database's answer",
+        |e| {
+            e.reason.as_deref() == Some("FailoverSuppressed")
+                && e.note
+                    .as_deref()
+                    .is_some_and(|n| n.contains("DatabaseAnswers"))
+        },
+    )
+    .await;
+    // Well past the 10 s threshold: the client still writes, nothing was stopped.
+    let acked = writer.acked();
+    wait_until("writes acknowledged while the kubelet is cut off", || {
+        let now = writer.acked();
+        async move { now >= acked + 20 * BATCH }
+    })
+    .await;
+    let q = env.qdbs().get("db1").await.expect("db1");
+    let status = q.status.expect("status");
+    assert_eq!(status.instance_id.as_deref(), Some(old.as_str()));
+    assert_eq!(status.failover, None, "no failover started");
+    assert_eq!(env.cloud.ec2.call_count("StopInstances"), 0);
+
+    // The second fault: the node loses power, the database stops answering.
+    kubelet.power_off();
+    wait_for_within(
+        &env.qdbs(),
+        "db1",
+        "failover done after the power loss",
+        TIMEOUT,
+        |q: Option<&QuestDB>| {
+            q.and_then(|q| {
+                q.status
+                    .as_ref()?
+                    .failover
+                    .as_ref()
+                    .map(|f| f.phase == "Healthy")
+            })
+            .unwrap_or(false)
+        },
+    )
+    .await;
+    assert_no_acknowledged_row_lost(&env, writer, &login, "kubelet cut off, then power loss").await;
+    env.stop().await;
 }
 
 /// Patches `spec.node` of `db1` and waits until the move's record says `phase` for a node as
@@ -398,6 +467,20 @@ async fn move_node(
 }
 
 const NEW_AMI: &str = "ami-0fedcba9876543210";
+
+/// Changes `db1`'s node image to [`NEW_AMI`], with no rollback window: a node move begins.
+async fn move_to_new_image(env: &CloudEnv) {
+    env.qdbs()
+        .patch(
+            "db1",
+            &PatchParams::default(),
+            &Patch::Merge(
+                serde_json::json!({"spec": {"node": {"image": NEW_AMI, "rollbackWindow": "0s"}}}),
+            ),
+        )
+        .await
+        .expect("spec.node changed");
+}
 
 /// A move to a node of a new image, then back (the image set back within the rollback window
 /// returns to the retained node): every row acknowledged on either node is there.
@@ -574,16 +657,7 @@ async fn a_backup_asked_for_during_a_node_move_waits_for_it_and_then_succeeds() 
     use questdb_operator::api::{BackupStep, QuestDBBackup};
     let env = CloudEnv::start_with_real_databases(settings()).await;
     let (writer, old, _login) = writing(&env, None).await;
-    env.qdbs()
-        .patch(
-            "db1",
-            &PatchParams::default(),
-            &Patch::Merge(
-                serde_json::json!({"spec": {"node": {"image": NEW_AMI, "rollbackWindow": "0s"}}}),
-            ),
-        )
-        .await
-        .expect("spec.node changed");
+    move_to_new_image(&env).await;
     wait_for_within(
         &env.qdbs(),
         "db1",
@@ -635,5 +709,90 @@ async fn a_backup_asked_for_during_a_node_move_waits_for_it_and_then_succeeds() 
         "the checkpoint was taken on the moved database"
     );
     writer.finish().await;
+    env.stop().await;
+}
+
+/// A backup that holds the database's checkpoint when a node move reaches its switch (here:
+/// its snapshot not cut yet) would fail if the move stopped the database: the move waits at
+/// `NodeReady` and says why, the backup succeeds, then the move switches, and every
+/// acknowledged row is there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_move_reaching_its_switch_waits_for_a_backup_that_holds_the_checkpoint() {
+    use questdb_operator::api::{BackupStep, QuestDBBackup};
+    use std::sync::atomic::Ordering;
+    let env = CloudEnv::start_with_real_databases(settings()).await;
+    let (writer, old, login) = writing(&env, None).await;
+    env.cp.csi.hold_cut.store(true, Ordering::SeqCst);
+    let backups: Api<QuestDBBackup> = Api::namespaced(env.client.clone(), NS);
+    let b = QuestDBBackup::new("before-move", crate::backup::backup_spec("db1"));
+    backups
+        .create(&Default::default(), &b)
+        .await
+        .expect("backup created");
+    let step_is = |step: BackupStep| {
+        move |b: Option<&QuestDBBackup>| b.and_then(|b| b.status.as_ref()?.step) == Some(step)
+    };
+    wait_for_within(
+        &backups,
+        "before-move",
+        "the backup holding the checkpoint, its snapshot not cut",
+        TIMEOUT,
+        step_is(BackupStep::Snapshotting),
+    )
+    .await;
+    move_to_new_image(&env).await;
+    let held = wait_for_within(
+        &env.qdbs(),
+        "db1",
+        "the switch held for the backup",
+        TIMEOUT,
+        |q: Option<&QuestDB>| {
+            q.and_then(|q| q.status.as_ref()?.node_move.as_ref()?.message.clone())
+                .is_some_and(|m| m.contains("waits for backup before-move"))
+        },
+    )
+    .await;
+    let status = held.status.expect("status");
+    assert!(
+        status
+            .node_move
+            .as_ref()
+            .is_some_and(|u| u.phase == "NodeReady"),
+        "held before the stop: {:?}",
+        status.node_move
+    );
+    assert_eq!(status.instance_id.as_deref(), Some(old.as_str()));
+    let b = backups.get("before-move").await.expect("backup");
+    assert_eq!(
+        b.status.and_then(|s| s.step),
+        Some(BackupStep::Snapshotting)
+    );
+
+    // The snapshot is cut: the backup releases the checkpoint and succeeds, then the move
+    // switches.
+    env.cp.csi.hold_cut.store(false, Ordering::SeqCst);
+    wait_for_within(
+        &backups,
+        "before-move",
+        "the backup Succeeded",
+        TIMEOUT,
+        step_is(BackupStep::Succeeded),
+    )
+    .await;
+    wait_for_within(
+        &env.qdbs(),
+        "db1",
+        "moved to the new node, Running",
+        TIMEOUT,
+        |q: Option<&QuestDB>| {
+            is_running().matches_object(q)
+                && q.and_then(|q| q.status.as_ref()).is_some_and(|s| {
+                    s.instance_id.as_deref() != Some(old.as_str())
+                        && !questdb_operator::plan::node_move::in_progress(s)
+                })
+        },
+    )
+    .await;
+    assert_no_acknowledged_row_lost(&env, writer, &login, "a move held for a backup").await;
     env.stop().await;
 }

@@ -2482,3 +2482,56 @@ async fn a_database_that_answers_without_end_neither_exhausts_the_operator_nor_h
     );
     env.stop().await;
 }
+
+/// The silence tracker lives in the operator's memory: an operator restarted more often than
+/// the failover threshold (a crash loop, an upgrade, leadership moving between replicas) met
+/// every node anew and counted its silence from zero each time, so a dead node was never
+/// failed over. A restarted operator counts a Lease's silence from its renewTime, less one
+/// Lease duration for the kubelet's clock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_restarted_faster_than_the_threshold_still_fails_over_a_dead_node() {
+    let mut env = CloudEnv::start(settings()).await;
+    env.create("db1", |q| q.spec.failover.unhealthy_after_seconds = 30)
+        .await;
+    let q = wait_for(&env.qdbs(), "db1", "QuestDB Ready", is_ready()).await;
+    let id = q.status.and_then(|s| s.instance_id).expect("instance");
+    env.cp
+        .node(&node_name_for(&id))
+        .expect("kubelet")
+        .power_off();
+    let powered_off = std::time::Instant::now();
+    // The fault: a restart every 12 s, well under the 30 s threshold, for as long as no
+    // failover has started (the schedule of the restarts, not a wait for a state).
+    let restart_every = Duration::from_secs(12);
+    let started = loop {
+        tokio::time::sleep(restart_every).await;
+        let q = env.qdbs().get("db1").await.expect("db1");
+        if q.status
+            .as_ref()
+            .and_then(|s| s.failover.as_ref())
+            .is_some()
+        {
+            break powered_off.elapsed();
+        }
+        assert!(
+            powered_off.elapsed() < Duration::from_secs(150),
+            "no failover 150 s after the power-off: the operator restarted every {restart_every:?} counted the silence from zero each time"
+        );
+        env.kill_manager().await;
+        env.start_manager().await;
+    };
+    eprintln!(
+        "failover started {:.0} s after the power-off, the operator restarted every {} s (threshold 30 s)",
+        started.as_secs_f64(),
+        restart_every.as_secs()
+    );
+    wait_for_within(
+        &env.qdbs(),
+        "db1",
+        "failover done",
+        FAILOVER_TIMEOUT,
+        |q: Option<&QuestDB>| q.and_then(failover_phase).as_deref() == Some("Healthy"),
+    )
+    .await;
+    env.stop().await;
+}

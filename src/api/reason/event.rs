@@ -186,6 +186,9 @@ pub enum SuppressionReason {
     TooManyUnhealthyNodes,
     /// The replacement failed too, as many times as one failover replaces it.
     AttemptsExhausted,
+    /// The node is silent but its database still answers the operator over its HTTP channel:
+    /// a kubelet cut off from the API server, not a dead node.
+    DatabaseAnswers,
 }
 
 reason_text!(EventReason, BackupReason, SuppressionReason);

@@ -434,6 +434,15 @@ impl Default for Live {
     }
 }
 
+/// A node move that has not stopped the database yet (validating, launching, waiting for the
+/// new node).
+fn move_before_its_switch(status: &crate::api::QuestDBStatus) -> bool {
+    status
+        .node_move
+        .as_ref()
+        .is_some_and(|u| crate::plan::node_move::before_stopping(u.phase))
+}
+
 /// The database as a backup sees it, and a client for the process in its pod. The pod is read
 /// from the apiserver (its address and restart count are not cached), only on the way to and
 /// while a checkpoint may be open; the client is there whenever the pod runs, Ready or not (a
@@ -446,7 +455,12 @@ async fn database_view(qdb: &QuestDB, ctx: &Context, step: BackupStep) -> Result
         // Draining (the database answers; the fenced instance waits out the old record's
         // TTL, up to days) holds back nothing but that instance's termination.
         Some(Database::Busy("a failover is under way".into()))
-    } else if crate::plan::node_move::in_progress(&status) {
+    } else if crate::plan::node_move::in_progress(&status)
+        && (step == BackupStep::Pending || !move_before_its_switch(&status))
+    {
+        // A backup already past Pending when a move began goes on: the move holds its switch
+        // while the backup holds the checkpoint (`plan::node_move`), and the database runs
+        // where it was until then.
         Some(Database::Busy("a node move is under way".into()))
     } else if status.phase != Some(Phase::Running) {
         let phase = status.phase.map(|p| p.as_str()).unwrap_or("unknown");

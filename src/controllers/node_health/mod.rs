@@ -180,11 +180,16 @@ pub async fn reconcile(node: Arc<Node>, ctx: Arc<Context>) -> Result<Next, Error
             .caches
             .leases
             .get(&ObjectRef::<Lease>::new(name).within(NODE_LEASE_NAMESPACE));
-        let renew = lease
+        let renew_time = lease
             .as_ref()
-            .and_then(|l| l.spec.as_ref()?.renew_time.as_ref())
-            .map(|t| t.0.to_string());
-        cloud.health.observe(name, renew.as_deref(), now);
+            .and_then(|l| l.spec.as_ref()?.renew_time.as_ref());
+        let renew = renew_time.map(|t| t.0.to_string());
+        // Read by the tracker only the first time it meets the node (see `seeded_silence`).
+        let renew_age = renew_time.and_then(|t| {
+            let age = k8s_openapi::jiff::Timestamp::now().as_millisecond() - t.0.as_millisecond();
+            u64::try_from(age).ok().map(Duration::from_millis)
+        });
+        cloud.health.observe(name, renew.as_deref(), renew_age, now);
     }
     let index = ctx
         .caches
@@ -299,7 +304,7 @@ mod tests {
     fn a_silent_node_is_looked_at_when_its_next_mark_comes_not_every_second() {
         let h = NodeHealth::new(secs(40));
         let t0 = Instant::now();
-        h.observe("n", Some("r1"), t0);
+        h.observe("n", Some("r1"), None, t0);
         let look = |at: u64| next_look(&h, "n", secs(60), t0 + secs(at));
         assert_eq!(look(0), secs(20));
         assert_eq!(look(19), secs(1));

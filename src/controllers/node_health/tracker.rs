@@ -21,6 +21,18 @@ use tokio::time::Instant;
 use crate::desired::PIN_LABEL_KEY;
 use crate::plan::failover::effective_threshold;
 
+/// The silence a tracker that meets a node for the first time (a restarted operator, a new
+/// leader) counts as already past: how old the Lease's `renewTime` looks on the operator's
+/// wall clock, less one Lease duration. Without it, an operator restarted more often than a
+/// database's threshold (a crash loop, an upgrade, leadership moving) counts every silence
+/// from zero again and never fails over. The allowance keeps a kubelet whose clock runs up to
+/// a Lease duration behind from looking silent; beyond that, its next renewal (a quarter of
+/// the Lease duration later) resets the count, the live read before a fence sees it, and the
+/// database's own word is asked before any fence.
+pub fn seeded_silence(renew_age: Duration, lease_duration: Duration) -> Duration {
+    renew_age.saturating_sub(lease_duration)
+}
+
 /// The namespace of the kubelets' Leases.
 pub const NODE_LEASE_NAMESPACE: &str = "kube-node-lease";
 
@@ -91,13 +103,24 @@ impl NodeHealth {
         self.seen.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Records what the caches say about `node`'s Lease at `now`.
-    pub fn observe(&self, node: &str, renew: Option<&str>, now: Instant) {
+    /// Records what the caches say about `node`'s Lease at `now`. `renew_age` is how old its
+    /// `renewTime` looks on the operator's wall clock: read only the first time the node is
+    /// seen (see [`seeded_silence`]).
+    pub fn observe(
+        &self,
+        node: &str,
+        renew: Option<&str>,
+        renew_age: Option<Duration>,
+        now: Instant,
+    ) {
         let min = self.lease_duration;
         let mut seen = self.lock();
         let entry = seen.entry(node.to_string()).or_insert_with(|| Seen {
             renew: renew.map(str::to_string),
-            renewed_at: now,
+            renewed_at: renew
+                .and(renew_age)
+                .and_then(|age| now.checked_sub(seeded_silence(age, min)))
+                .unwrap_or(now),
             flaps: 0,
             news_taken: false,
             threshold_taken: false,
@@ -288,10 +311,10 @@ mod tests {
     fn silence_is_measured_from_when_the_operator_saw_the_last_renewal() {
         let h = NodeHealth::default();
         let t0 = Instant::now();
-        h.observe("n", Some("10:00:00"), t0);
+        h.observe("n", Some("10:00:00"), None, t0);
         assert_eq!(h.unhealthy_for("n", t0 + secs(4)), None);
         // A renewTime far in the past (a skewed node clock) changes nothing: only change counts.
-        h.observe("n", Some("09:00:00"), t0 + secs(5));
+        h.observe("n", Some("09:00:00"), None, t0 + secs(5));
         assert_eq!(h.unhealthy_for("n", t0 + secs(9)), None);
         let later = t0 + secs(5 + 30);
         assert_eq!(h.unhealthy_for("n", later), Some(secs(30)));
@@ -303,11 +326,11 @@ mod tests {
     fn a_silence_is_news_once_until_the_node_renews() {
         let h = NodeHealth::default();
         let t0 = Instant::now();
-        h.observe("n", Some("a"), t0);
+        h.observe("n", Some("a"), None, t0);
         assert!(!h.take_news("n", t0 + secs(19)));
         assert!(h.take_news("n", t0 + secs(20)));
         assert!(!h.take_news("n", t0 + secs(21)));
-        h.observe("n", Some("b"), t0 + secs(30));
+        h.observe("n", Some("b"), None, t0 + secs(30));
         assert!(!h.take_news("n", t0 + secs(31)));
         assert!(h.take_news("n", t0 + secs(50)));
         assert!(!h.take_news("unknown", t0 + secs(50)));
@@ -317,11 +340,11 @@ mod tests {
     fn a_silence_wakes_the_database_once_at_its_threshold_until_the_node_renews() {
         let h = NodeHealth::new(secs(40));
         let t0 = Instant::now();
-        h.observe("n", Some("r1"), t0);
+        h.observe("n", Some("r1"), None, t0);
         assert!(!h.take_threshold("n", secs(60), t0 + secs(59)));
         assert!(h.take_threshold("n", secs(60), t0 + secs(60)));
         assert!(!h.take_threshold("n", secs(60), t0 + secs(61)));
-        h.observe("n", Some("r2"), t0 + secs(70));
+        h.observe("n", Some("r2"), None, t0 + secs(70));
         assert!(!h.take_threshold("n", secs(60), t0 + secs(71)));
         assert!(h.take_threshold("n", secs(60), t0 + secs(130)));
         assert!(!h.take_threshold("unknown", secs(60), t0 + secs(130)));
@@ -362,7 +385,7 @@ mod tests {
         // 10 s renewals, each up to 4 s late (jitter plus a lagging watch).
         let mut t = t0;
         for i in 0..30u64 {
-            h.observe("n", Some(&i.to_string()), t);
+            h.observe("n", Some(&i.to_string()), None, t);
             let next = t + secs(10 + i % 5);
             for probe in [t + secs(1), next - secs(1)] {
                 assert_eq!(h.unhealthy_for("n", probe), None, "renewal {i}");
@@ -376,12 +399,12 @@ mod tests {
     fn a_heartbeat_that_returns_after_the_lease_expired_resets_the_clock_and_counts_a_flap() {
         let h = NodeHealth::default();
         let t0 = Instant::now();
-        h.observe("n", Some("a"), t0);
-        h.observe("n", Some("a"), t0 + secs(45));
+        h.observe("n", Some("a"), None, t0);
+        h.observe("n", Some("a"), None, t0 + secs(45));
         assert!(h
             .unhealthy_for("n", t0 + secs(45))
             .is_some_and(|d| d >= h.min_unhealthy()));
-        h.observe("n", Some("b"), t0 + secs(46));
+        h.observe("n", Some("b"), None, t0 + secs(46));
         assert_eq!(h.unhealthy_for("n", t0 + secs(47)), None);
         assert_eq!(h.flaps("n"), 1);
     }
@@ -424,5 +447,33 @@ mod tests {
         );
         h.retain_instances(|i| i != "i-1");
         assert_eq!(h.node_missing("i-1", false, t0), None);
+    }
+
+    /// A restarted operator (or a new leader) meets every node for the first time: a Lease
+    /// already silent for minutes counts as silent that long, less one Lease duration for the
+    /// kubelet's clock, so restarts faster than the threshold no longer defer a failover for
+    /// good; a fresh renewal counts nothing, and the next renewal resets a seeded silence.
+    #[test]
+    fn a_restarted_operator_counts_a_silence_that_began_before_it_less_a_lease_duration() {
+        let lease = secs(40);
+        let t0 = Instant::now() + secs(3600);
+        let h = NodeHealth::new(lease);
+        h.observe("dead", Some("r-old"), Some(secs(300)), t0);
+        assert_eq!(h.unhealthy_for("dead", t0), Some(secs(260)));
+        // Read only the first time: a later look at the same renewTime changes nothing.
+        h.observe("dead", Some("r-old"), Some(secs(900)), t0 + secs(5));
+        assert_eq!(h.unhealthy_for("dead", t0 + secs(5)), Some(secs(265)));
+        // A kubelet whose clock is behind by less than a Lease duration looks renewing.
+        h.observe("skewed", Some("r"), Some(secs(35)), t0);
+        assert_eq!(h.unhealthy_for("skewed", t0), None);
+        // One behind by more is taken for silent, until its next renewal.
+        h.observe("far", Some("r1"), Some(secs(120)), t0);
+        assert_eq!(h.unhealthy_for("far", t0), Some(secs(80)));
+        h.observe("far", Some("r2"), Some(secs(120)), t0 + secs(10));
+        assert_eq!(h.unhealthy_for("far", t0 + secs(10)), None);
+        // A Lease without a renewTime seeds nothing.
+        h.observe("blank", None, Some(secs(300)), t0);
+        assert_eq!(h.unhealthy_for("blank", t0), None);
+        assert_eq!(seeded_silence(secs(10), lease), Duration::ZERO);
     }
 }

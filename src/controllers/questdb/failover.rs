@@ -26,16 +26,18 @@ use crate::cloud::{CloudError, InstanceState, StopMode};
 use crate::controllers::cloud_runtime::CloudRuntime;
 use crate::controllers::context::Context;
 use crate::controllers::node_health::tracker::NODE_LEASE_NAMESPACE;
+use crate::controllers::write_health::{self, Logins};
 use crate::controllers::Error;
 use crate::desired::names;
 use crate::metrics::FailoverResult;
 use crate::plan::conditions::Verdict;
 use crate::plan::failover::{
-    self, Escalation, ReleaseFence, ReleaseView, Start, StartView, Step, StepView,
+    self, DatabaseWord, Escalation, ReleaseFence, ReleaseView, Start, StartView, Step, StepView,
     OUT_OF_SERVICE_EFFECT, OUT_OF_SERVICE_TAINT, OUT_OF_SERVICE_VALUE, SKIP_ANNOTATION,
 };
 use crate::plan::node::node_for;
 use crate::plan::node_move;
+use crate::questdb_http::QueryError;
 use crate::runtime::clock::{between, now, since};
 
 /// Watch events drive most waits; this is how soon a wait on something unwatched (EC2, a
@@ -120,6 +122,11 @@ pub async fn reconcile(
             ))
         }
         Start::Go => {
+            if let Some(held) = database_answers(qdb, ctx, &status, &symptom).await {
+                return Ok(Some(
+                    Turn::again_within(held, DATABASE_ASKED_AGAIN).sooner(look_again),
+                ));
+            }
             let Some(reason) = confirm(ctx, cloud, &symptom, &id).await? else {
                 // The live read saw the node after all. Node health wakes a database once
                 // per silence, so a node that falls silent again before its renewal reaches
@@ -223,6 +230,9 @@ async fn replace_failed_replacement(
             Ok(Some(Turn::again_within(c, Duration::from_secs(5))))
         }
         Start::Go => {
+            if let Some(held) = database_answers(qdb, ctx, status, &symptom).await {
+                return Ok(Some(Turn::again_within(held, DATABASE_ASKED_AGAIN)));
+            }
             let Some(cause) = confirm(ctx, cloud, &symptom, &id).await? else {
                 return Ok(None);
             };
@@ -252,6 +262,52 @@ async fn replace_failed_replacement(
             )
             .await;
             Ok(Some(Turn::again_within(in_progress(&next), STEP_POLL)))
+        }
+    }
+}
+
+/// How long the database has to answer before a fence: QuestDB answers `select 1` in
+/// milliseconds; a database that cannot within this is not serving its clients either.
+const DATABASE_ASK_TIMEOUT: Duration = Duration::from_secs(3);
+/// How soon a database that answered is asked again while its node stays silent.
+const DATABASE_ASKED_AGAIN: Duration = Duration::from_secs(5);
+
+/// The database's own word before a due fence ([`failover::heed_the_database`]): the held
+/// condition (reported once per change) when it answers on the silent node. Not asked when EC2
+/// says the instance is terminated: nothing runs there.
+async fn database_answers(
+    qdb: &QuestDB,
+    ctx: &Context,
+    status: &QuestDBStatus,
+    symptom: &Symptom,
+) -> Option<Verdict<FailoverReason>> {
+    if symptom.terminated || symptom.node.is_empty() {
+        return None;
+    }
+    let word = ask_the_database(ctx, qdb, &symptom.node).await;
+    match failover::heed_the_database(&word, &symptom.node) {
+        Start::Suppressed { reason, message } => {
+            Some(suppressed(qdb, ctx, status, reason, message, &symptom.node).await)
+        }
+        Start::No | Start::Go => None,
+    }
+}
+
+/// Asks the database whose pod runs on `node` one query over its HTTP channel, with its
+/// credentials. An answer behind its login (rows, or a refused query) is this database alive;
+/// a refused login is not proof that it is this database.
+async fn ask_the_database(ctx: &Context, qdb: &QuestDB, node: &str) -> DatabaseWord {
+    let mut logins = Logins::new();
+    let Some(db) = write_health::connect(ctx, qdb, Some(node), &mut logins).await else {
+        return DatabaseWord::Silent;
+    };
+    match db.exec_within("select 1", DATABASE_ASK_TIMEOUT).await {
+        Ok(_) | Err(QueryError::Refused { .. }) => DatabaseWord::Answered {
+            at: db.addr().to_string(),
+        },
+        Err(e) => {
+            debug!(questdb = %qdb.name_any(), %node, "the database did not answer before the fence: {e}");
+            DatabaseWord::Silent
         }
     }
 }

@@ -3,8 +3,11 @@
 //! every change of its status, restart it after an exit with the kubelet's doubling back-off,
 //! and stop it on request (SIGTERM, SIGKILL after the grace period).
 //! The node's faults act on the process: a power-off SIGKILLs it (and a power-on starts it
-//! again, as a rebooted kubelet does for the pods still bound to its node); a partition only
-//! stops the status reports, the process keeps running and writing; a stopped instance ends it.
+//! again, as a rebooted kubelet does for the pods still bound to its node); a partition stops
+//! the status reports and pauses the process (SIGSTOP, SIGCONT when it heals or the instance
+//! shuts down) so that nothing outside the node reaches it; a kubelet cut off from the API
+//! server only stops the status reports, the process keeps running and answering; a stopped
+//! instance ends it.
 //! Sources: pkg/kubelet/kuberuntime/kuberuntime_container.go (start, kill with grace period,
 //! termination message), pkg/kubelet/kubelet.go and pod_workers.go (back-off, CrashLoopBackOff),
 //! pkg/kubelet/status/status_manager.go (status patches carry the pod's UID).
@@ -527,6 +530,17 @@ impl Runner {
         let memory_limit = memory_limit(&self.container);
         let mut memory_tick = tokio::time::interval(timings::MEMORY_CHECK_PERIOD);
         let mut stop = self.stop_rx.clone();
+        // Paused by a partition (see `Fault::Partition`): whatever ends the process first
+        // resumes it, so that a SIGTERM is acted on.
+        let mut paused = false;
+        let pause_for = |fault: Fault, paused: &mut bool| {
+            let pause = fault == Fault::Partition;
+            if pause != *paused {
+                process::signal(pid, if pause { libc::SIGSTOP } else { libc::SIGCONT });
+                *paused = pause;
+            }
+        };
+        pause_for(*self.faults.borrow(), &mut paused);
         loop {
             tokio::select! {
                 _ = memory_tick.tick(), if memory_limit.is_some() => {
@@ -551,10 +565,12 @@ impl Runner {
                     return (status, end);
                 }
                 grace = async { stop.wait_for(|g| g.is_some()).await.ok().and_then(|g| *g).unwrap_or_default() } => {
+                    pause_for(Fault::None, &mut paused);
                     return (terminate(child, pid, grace).await, End::Stopped);
                 }
                 _ = self.faults.changed() => {
                     let fault = *self.faults.borrow();
+                    pause_for(fault, &mut paused);
                     if fault == Fault::PowerOff {
                         // The node has cut its volume layers already (`Runtime::kill_node`).
                         process::signal(pid, libc::SIGKILL);
@@ -571,6 +587,11 @@ impl Runner {
                     return (wait(child).await, End::NodeGone);
                 }
                 Some((kind, ok)) = results.recv() => {
+                    if paused {
+                        // A paused process answers no probe, but a partition cuts the node
+                        // off from outside, not from itself: its kubelet's probes would pass.
+                        continue;
+                    }
                     let key = match kind { Kind::Startup => "startup", Kind::Readiness => "readiness", Kind::Liveness => "liveness" };
                     let c = counts.entry(key).or_default();
                     *c = if ok { (c.0 + 1, 0) } else { (0, c.1 + 1) };

@@ -189,7 +189,24 @@ fn step_view<'a>(m: &'a NodeMove<'_>, seen: &'a Observed) -> StepView<'a> {
             cloud,
             new_node.and_then(|n| n.metadata.name.as_deref()),
         ),
+        backup_holding_checkpoint: backup_holding_checkpoint(qdb, ctx),
     }
+}
+
+/// A backup of `qdb` whose step may hold the database's checkpoint now, from the backup
+/// controller's cache (none before that controller runs).
+fn backup_holding_checkpoint(qdb: &QuestDB, ctx: &Context) -> Option<String> {
+    let ns = qdb.namespace();
+    let name = qdb.name_any();
+    ctx.backups.get()?.state().iter().find_map(|b| {
+        let holds = b.namespace() == ns
+            && b.spec.questdb_name == name
+            && b.status
+                .as_ref()
+                .and_then(|s| s.step)
+                .is_some_and(|step| step.holds_checkpoint());
+        holds.then(|| b.name_any())
+    })
 }
 
 /// Performs `step`. A step that only records a transition returns through the end, looked
