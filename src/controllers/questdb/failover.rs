@@ -273,15 +273,20 @@ const DATABASE_ASK_TIMEOUT: Duration = Duration::from_secs(3);
 const DATABASE_ASKED_AGAIN: Duration = Duration::from_secs(5);
 
 /// The database's own word before a due fence ([`failover::heed_the_database`]): the held
-/// condition (reported once per change) when it answers on the silent node. Not asked when EC2
-/// says the instance is terminated: nothing runs there.
+/// condition (reported once per change) when it answers on the silent node. Asked only of a
+/// silent Lease, the one symptom a kubelet cut off from the API server shows. Not when EC2
+/// says the instance is terminated (nothing runs there), nor when the Node object is gone
+/// while its instance runs: pod garbage collection force-deletes a missing Node's pods, so
+/// Kubernetes itself is about to stop that database at once, and the fence's normal stop is
+/// the gentler end (seen: held back because it answered, the database was then killed by its
+/// pod's forced deletion).
 async fn database_answers(
     qdb: &QuestDB,
     ctx: &Context,
     status: &QuestDBStatus,
     symptom: &Symptom,
 ) -> Option<Verdict<FailoverReason>> {
-    if symptom.terminated || symptom.node.is_empty() {
+    if symptom.terminated || symptom.missing || symptom.node.is_empty() {
         return None;
     }
     let word = ask_the_database(ctx, qdb, &symptom.node).await;
