@@ -95,9 +95,14 @@ fn args() -> anyhow::Result<Args> {
             .parse()
             .with_context(|| format!("{flag}: not a number"))
     };
-    for (flag, value) in
-        support::args::flags(&["--rounds", "--rows", "--batch", "--writers", "--limit-mib", "--mode"])?
-    {
+    for (flag, value) in support::args::flags(&[
+        "--rounds",
+        "--rows",
+        "--batch",
+        "--writers",
+        "--limit-mib",
+        "--mode",
+    ])? {
         match flag.as_str() {
             "--rounds" => a.rounds = number(&flag, value)? as usize,
             "--rows" => a.rows = number(&flag, value)? as i64,
@@ -323,7 +328,15 @@ async fn one_run(
             // The rows split evenly; the first writers take the remainder.
             let rows = args.rows / writers + i64::from((w as i64) < args.rows % writers);
             tokio::spawn(async move {
-                write_ilp(&http, authorization.as_deref(), w as i64, writers, rows, batch).await
+                write_ilp(
+                    &http,
+                    authorization.as_deref(),
+                    w as i64,
+                    writers,
+                    rows,
+                    batch,
+                )
+                .await
             })
         })
         .collect();
