@@ -255,7 +255,8 @@ async fn write_ilp(http: &str, args: &Args) -> anyhow::Result<i64> {
         let lines: String = (acknowledged..acknowledged + args.batch)
             .map(|i| format!("t id={i}i {}\n", 1_700_000_000_000_000_000i64 + i * 1000))
             .collect();
-        let (code, body) = post(http, "/write", &lines).await?;
+        let (code, body) =
+            support::http::post(http, "/write", None, &lines, Duration::from_secs(30)).await?;
         anyhow::ensure!(code == 204, "ILP/HTTP answered {code}: {body}");
         acknowledged += args.batch;
     }
@@ -311,31 +312,6 @@ async fn write_pgwire(ip: &str, args: &Args) -> anyhow::Result<i64> {
     }
     drop(stdin);
     Ok(acknowledged)
-}
-
-async fn post(addr: &str, path: &str, body: &str) -> anyhow::Result<(u16, String)> {
-    use tokio::io::AsyncReadExt;
-    let mut stream = tokio::net::TcpStream::connect(addr).await?;
-    let request = format!(
-        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    stream.write_all(request.as_bytes()).await?;
-    // The status line is the acknowledgement; QuestDB may keep the connection open after it.
-    let mut answer = Vec::new();
-    let mut chunk = [0u8; 4096];
-    while !answer.windows(4).any(|w| w == b"\r\n\r\n") {
-        let n = tokio::time::timeout(Duration::from_secs(30), stream.read(&mut chunk)).await??;
-        anyhow::ensure!(n > 0, "connection closed before an answer");
-        answer.extend_from_slice(&chunk[..n]);
-    }
-    let text = String::from_utf8_lossy(&answer).into_owned();
-    let code = text
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or_default();
-    Ok((code, text))
 }
 
 async fn exec(addr: &str, query: &str) -> anyhow::Result<Value> {

@@ -42,7 +42,6 @@ use questdb_operator::desired::memory::MemorySplit;
 use questdb_operator::questdb_http;
 use questdb_testenv::{ControlPlane, ControlPlaneOptions, Databases, NodeRegistration};
 use serde_json::{json, Value};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use support::operator::{self, Operator, RunArgs};
 use support::{cluster, wait};
@@ -545,43 +544,18 @@ async fn write_ilp(
                 )
             })
             .collect();
-        let code = post(http, "/write", authorization, &lines).await?;
+        let (code, _) = support::http::post(
+            http,
+            "/write",
+            authorization,
+            &lines,
+            Duration::from_secs(60),
+        )
+        .await?;
         anyhow::ensure!(code == 204, "ILP/HTTP answered {code}");
         sent += n;
     }
     Ok(sent)
-}
-
-/// POSTs `body`; the answer's status code.
-async fn post(
-    addr: &str,
-    path: &str,
-    authorization: Option<&str>,
-    body: &str,
-) -> anyhow::Result<u16> {
-    let mut stream = tokio::net::TcpStream::connect(addr).await?;
-    let auth = authorization
-        .map(|a| format!("Authorization: {a}\r\n"))
-        .unwrap_or_default();
-    let request = format!(
-        "POST {path} HTTP/1.1\r\nHost: {addr}\r\n{auth}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    stream.write_all(request.as_bytes()).await?;
-    // The status line is the acknowledgement; QuestDB may keep the connection open after it.
-    let mut answer = Vec::new();
-    let mut chunk = [0u8; 4096];
-    while !answer.windows(4).any(|w| w == b"\r\n\r\n") {
-        let n = tokio::time::timeout(Duration::from_secs(60), stream.read(&mut chunk)).await??;
-        anyhow::ensure!(n > 0, "connection closed before an answer");
-        answer.extend_from_slice(&chunk[..n]);
-    }
-    let text = String::from_utf8_lossy(&answer);
-    Ok(text
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or_default())
 }
 
 /// A query through `/exec` with the database's login: its rows, as JSON values.

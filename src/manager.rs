@@ -328,7 +328,9 @@ async fn run_as_leader(
 }
 
 fn zero_known_labels(metrics: &crate::metrics::Metrics) {
-    let suppression = crate::plan::failover::SUPPRESSION_REASONS.map(<&str>::from);
+    let suppression: Vec<&str> = crate::api::SuppressionReason::all()
+        .map(<&str>::from)
+        .collect();
     let errors = crate::controllers::Error::REASONS.map(<&str>::from);
     let failover_steps = crate::plan::failover::STEPS.map(<&str>::from);
     let move_steps = crate::plan::node_move::STEPS.map(<&str>::from);

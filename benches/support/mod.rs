@@ -8,6 +8,7 @@
 pub mod args;
 pub mod cluster;
 pub mod control_plane;
+pub mod http;
 pub mod operator;
 pub mod pod;
 pub mod prom;

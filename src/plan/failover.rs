@@ -40,18 +40,6 @@ pub fn step_reason(phase: FailoverPhase) -> EventReason {
     }
 }
 
-/// `metadata.annotations` key that turns failover off for one QuestDB (maintenance).
-/// Every reason a due failover can be held back for (the label values of
-/// `questdb_operator_failovers_suppressed_total`).
-pub const SUPPRESSION_REASONS: [SuppressionReason; 6] = [
-    SuppressionReason::Disabled,
-    SuppressionReason::SkipAnnotation,
-    SuppressionReason::RecentFailover,
-    SuppressionReason::TooManyUnhealthyNodes,
-    SuppressionReason::AttemptsExhausted,
-    SuppressionReason::DatabaseAnswers,
-];
-
 /// The steps whose durations `questdb_operator_failover_step_duration_seconds` records.
 pub const STEPS: [FailoverPhase; 5] = [
     FailoverPhase::Fencing,
@@ -61,6 +49,7 @@ pub const STEPS: [FailoverPhase; 5] = [
     FailoverPhase::Draining,
 ];
 
+/// `metadata.annotations` key that turns failover off for one QuestDB (maintenance).
 pub const SKIP_ANNOTATION: &str = "crd.questdb.io/skip-failover";
 
 /// The taint that lets a fenced node's pods and volumes go (`v1.TaintNodeOutOfService`).

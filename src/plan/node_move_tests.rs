@@ -160,6 +160,20 @@ fn view<'a>(u: &'a NodeMoveStatus, spec: &'a NodeSpec, new: Option<&'a Instance>
     }
 }
 
+/// At `NodeReady` (per `u`), the new node `n2` joined, dedicated and Ready.
+fn new_node_ready<'a>(
+    u: &'a NodeMoveStatus,
+    spec: &'a NodeSpec,
+    new: &'a Instance,
+) -> StepView<'a> {
+    StepView {
+        new_node: Some("n2".into()),
+        new_node_dedicated: true,
+        new_node_ready: true,
+        ..view(u, spec, Some(new))
+    }
+}
+
 /// Until the new node is Ready, nothing touches the running database: every failure aborts.
 #[test]
 fn failures_before_the_database_stops_abort_without_touching_it() {
@@ -299,12 +313,7 @@ fn the_move_walks_launch_dedicate_ready_switch_stop_move_verify_finish() {
         Step::Advance(NodeMovePhase::NodeReady)
     );
     let u = upgrade(NodeMovePhase::NodeReady);
-    let ready = StepView {
-        new_node: Some("n2".into()),
-        new_node_dedicated: true,
-        new_node_ready: true,
-        ..view(&u, &s, Some(&new))
-    };
+    let ready = new_node_ready(&u, &s, &new);
     assert_eq!(next_step(&ready), Step::Switch);
     let u = upgrade(NodeMovePhase::Stopping);
     assert!(matches!(
@@ -825,12 +834,7 @@ fn the_switch_waits_for_a_backup_that_holds_the_checkpoint() {
     let s = spec("ami-2");
     let new = instance("i-2", "ami-2", InstanceState::Running);
     let u = upgrade(NodeMovePhase::NodeReady);
-    let ready = StepView {
-        new_node: Some("n2".into()),
-        new_node_dedicated: true,
-        new_node_ready: true,
-        ..view(&u, &s, Some(&new))
-    };
+    let ready = new_node_ready(&u, &s, &new);
     let held = StepView {
         backup_holding_checkpoint: Some("nightly-1".into()),
         in_phase_for: Duration::from_secs(3600),

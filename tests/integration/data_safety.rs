@@ -211,6 +211,21 @@ fn downtime(q: &QuestDB) -> Option<i64> {
         .or(s.node_move.as_ref().and_then(|u| u.downtime_seconds))
 }
 
+/// Waits until `db1`'s failover has ended on a healthy node; the QuestDB then.
+async fn failover_done(env: &CloudEnv, what: &str) -> QuestDB {
+    wait_for_within(&env.qdbs(), "db1", what, TIMEOUT, |q: Option<&QuestDB>| {
+        q.and_then(|q| {
+            q.status
+                .as_ref()?
+                .failover
+                .as_ref()
+                .map(|f| f.phase == "Healthy")
+        })
+        .unwrap_or(false)
+    })
+    .await
+}
+
 /// How the dedicated node fails.
 enum NodeFailure {
     PowerLoss,
@@ -273,23 +288,7 @@ async fn failover_keeps_every_acknowledged_row(
             kubelet.heal();
         }
     }
-    let q = wait_for_within(
-        &env.qdbs(),
-        "db1",
-        "failover done",
-        TIMEOUT,
-        |q: Option<&QuestDB>| {
-            q.and_then(|q| {
-                q.status
-                    .as_ref()?
-                    .failover
-                    .as_ref()
-                    .map(|f| f.phase == "Healthy")
-            })
-            .unwrap_or(false)
-        },
-    )
-    .await;
+    let q = failover_done(&env, "failover done").await;
     eprintln!(
         "data-safety figure ({what}): status downtimeSeconds {:?}",
         downtime(&q)
@@ -409,23 +408,7 @@ async fn a_database_that_still_answers_is_not_fenced_for_its_kubelets_silence_un
 
     // The second fault: the node loses power, the database stops answering.
     kubelet.power_off();
-    wait_for_within(
-        &env.qdbs(),
-        "db1",
-        "failover done after the power loss",
-        TIMEOUT,
-        |q: Option<&QuestDB>| {
-            q.and_then(|q| {
-                q.status
-                    .as_ref()?
-                    .failover
-                    .as_ref()
-                    .map(|f| f.phase == "Healthy")
-            })
-            .unwrap_or(false)
-        },
-    )
-    .await;
+    failover_done(&env, "failover done after the power loss").await;
     assert_no_acknowledged_row_lost(&env, writer, &login, "kubelet cut off, then power loss").await;
     env.stop().await;
 }
