@@ -311,6 +311,51 @@ impl Database {
                 .map(str::to_string),
         })
     }
+
+    /// `select reload_config()`: QuestDB re-reads `server.conf` and applies what it can reload;
+    /// true when it found something to apply.
+    pub async fn reload_config(&self) -> Result<bool, QueryError> {
+        let rows = self.exec("select reload_config()").await?;
+        Ok(rows
+            .dataset
+            .first()
+            .and_then(|r| r.first())
+            .and_then(serde_json::Value::as_bool)
+            .unwrap_or(false))
+    }
+
+    /// The `SHOW PARAMETERS` rows of `keys` (keys the version does not know are not there).
+    pub async fn parameters(
+        &self,
+        keys: &[&str],
+    ) -> Result<Vec<crate::desired::reload::Parameter>, QueryError> {
+        let list = keys
+            .iter()
+            .map(|k| format!("'{}'", k.replace('\'', "''")))
+            .collect::<Vec<_>>()
+            .join(",");
+        let rows = self
+            .exec(&format!(
+                "select property_path, value, value_source, sensitive, reloadable from (show parameters) where property_path in ({list})"
+            ))
+            .await?;
+        let text = |v: Option<&serde_json::Value>| {
+            v.and_then(|v| v.as_str()).unwrap_or_default().to_string()
+        };
+        let flag =
+            |v: Option<&serde_json::Value>| v.and_then(serde_json::Value::as_bool).unwrap_or(false);
+        Ok(rows
+            .dataset
+            .iter()
+            .map(|r| crate::desired::reload::Parameter {
+                key: text(r.first()),
+                value: text(r.get(1)),
+                source: text(r.get(2)),
+                sensitive: flag(r.get(3)),
+                reloadable: flag(r.get(4)),
+            })
+            .collect())
+    }
 }
 
 /// The version in `build()`'s answer: the word after "QuestDB", up to a comma or space.

@@ -563,6 +563,45 @@ pub struct QuestDBStatus {
     /// The node move under way, or the last one (the stored field keeps its first name).
     #[serde(default, skip_serializing_if = "Option::is_none", rename = "upgrade")]
     pub node_move: Option<NodeMoveStatus>,
+    /// How the settings QuestDB reloads in place last reached the running database.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config: Option<ConfigStatus>,
+}
+
+/// The reloadable settings of `spec.config.server` (those QuestDB's `SHOW PARAMETERS` marks
+/// `reloadable`): a change of only those is reloaded into the running database, without a
+/// restart, and recorded here once the database reports every new value.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct ConfigStatus {
+    /// Digest of the reloadable settings the database last reported running with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub applied_digest: Option<String>,
+    /// How they reached it: `Reload` (in place, same pod) or `Restart` (read at its start).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub applied_by: Option<ConfigApplied>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub applied_at: Option<Time>,
+    /// Digest of the settings being reloaded, and since when: the kubelet refreshes the
+    /// mounted file within about a minute, and a change not taken within
+    /// 3 minutes restarts the database instead.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reloading_digest: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reloading_since: Option<Time>,
+    /// Digest of the settings the database was restarted for because the running version
+    /// would not take them in place; the pod template carries it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restarted_for: Option<String>,
+}
+
+/// How a change of reloadable settings reached the database.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, strum::Display)]
+pub enum ConfigApplied {
+    /// `reload_config()` in the running database: no restart.
+    Reload,
+    /// Read from the file at the database's start.
+    Restart,
 }
 
 /// Coarse lifecycle phase shown by `kubectl get questdb`.

@@ -25,7 +25,8 @@ pub struct Children {
     pub pod_disruption_budget: Option<PodDisruptionBudget>,
     pub headless_service: Service,
     pub client_service: Service,
-    /// Its pod template carries the hash of every mounted ConfigMap above.
+    /// Its pod template carries the hash of every mounted ConfigMap above, less the settings
+    /// QuestDB reloads in place.
     pub statefulset: StatefulSet,
 }
 
@@ -41,7 +42,19 @@ pub fn children(
     let ilp_enabled = qdb.spec.ilp_auth.enabled;
     let config = config_map(qdb, ilp_enabled);
     let ilp_auth = ilp_auth_file.map(|txt| ilp_auth_config_map(qdb, txt));
-    let mounted: Vec<&ConfigMap> = std::iter::once(&config).chain(ilp_auth.as_ref()).collect();
+    // The settings QuestDB reloads in place are not in the hash: changing only those reloads
+    // the running database instead of restarting it (`super::reload`).
+    let mut restart_config = config.clone();
+    if let Some(text) = restart_config
+        .data
+        .as_mut()
+        .and_then(|d| d.get_mut(super::SERVER_CONF_KEY))
+    {
+        *text = super::reload::restart_view(text, qdb);
+    }
+    let mounted: Vec<&ConfigMap> = std::iter::once(&restart_config)
+        .chain(ilp_auth.as_ref())
+        .collect();
     let hash = config_hash(&mounted);
     Children {
         statefulset: statefulset(qdb, &hash, credentials, ilp_enabled, node),
@@ -67,6 +80,39 @@ mod tests {
             .and_then(|m| m.annotations.as_ref())
             .and_then(|a| a.get(CONFIG_HASH_ANNOTATION).cloned())
             .expect("the pod template carries the config hash")
+    }
+
+    #[test]
+    fn a_reloadable_setting_leaves_the_pod_template_alone_and_any_other_setting_restarts() {
+        let mut qdb = testing::questdb("db", "ns");
+        qdb.spec
+            .config
+            .server
+            .insert("pg.net.connection.limit".into(), "20".into());
+        let one = children(&qdb, None, None, None);
+        let mut reloadable = qdb.clone();
+        reloadable
+            .spec
+            .config
+            .server
+            .insert("pg.net.connection.limit".into(), "30".into());
+        let two = children(&reloadable, None, None, None);
+        assert_ne!(one.config, two.config, "the mounted file changes");
+        assert_eq!(
+            one.statefulset.spec.as_ref().map(|s| &s.template),
+            two.statefulset.spec.as_ref().map(|s| &s.template),
+            "the pod is not restarted for it"
+        );
+        let mut other = qdb.clone();
+        other
+            .spec
+            .config
+            .server
+            .insert("cairo.wal.enabled.default".into(), "false".into());
+        assert_ne!(
+            template_hash(&one),
+            template_hash(&children(&other, None, None, None))
+        );
     }
 
     #[test]

@@ -155,10 +155,17 @@ fn hash_field(hasher: &mut Sha256, field: &str) {
 }
 
 fn push_property(out: &mut String, key: &str, value: &str) {
-    out.push_str(&escape_property(key, true));
-    out.push('=');
-    out.push_str(&escape_property(value, false));
+    out.push_str(&property_line(key, value));
     out.push('\n');
+}
+
+/// One `key=value` line of `server.conf`, escaped, without its newline.
+pub(crate) fn property_line(key: &str, value: &str) -> String {
+    format!(
+        "{}={}",
+        escape_property(key, true),
+        escape_property(value, false)
+    )
 }
 
 /// Escapes like `java.util.Properties#store`, because QuestDB loads `server.conf` with

@@ -19,6 +19,7 @@ pub mod network_policy;
 pub mod pod_options;
 pub mod pvc;
 pub mod quantity;
+pub mod reload;
 pub mod service;
 pub mod shared_text;
 pub mod statefulset;
@@ -73,8 +74,13 @@ pub const QUESTDB_UID: i64 = 10001;
 /// Name of the database container in the pod.
 pub const CONTAINER_NAME: &str = "questdb";
 /// Pod-template annotation carrying [`config_hash`]: a changed hash is a changed template, so
-/// the StatefulSet controller restarts the pod whenever a mounted file changes.
+/// the StatefulSet controller restarts the pod whenever a mounted file changes, except for the
+/// settings QuestDB reloads in place ([`reload`]).
 pub const CONFIG_HASH_ANNOTATION: &str = "crd.questdb.io/config-hash";
+
+/// Pod-template annotation carrying `status.config.restartedFor`: the digest of reloadable
+/// settings the running version would not take in place, so the database restarts for them.
+pub const CONFIG_RESTART_ANNOTATION: &str = "crd.questdb.io/config-restarted-for";
 /// `server.conf` path of the ILP auth file, relative to the root directory (QuestDB resolves it
 /// against the root).
 pub const ILP_AUTH_DB_PATH: &str = "conf/auth.txt";

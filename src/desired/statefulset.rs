@@ -19,8 +19,9 @@ use super::labels::{
 };
 use super::pod_options::overlay;
 use super::{
-    names, port_names, CONFIG_HASH_ANNOTATION, CONTAINER_NAME, HEALTH_PORT, HTTP_PORT,
-    ILP_AUTH_KEY, ILP_PORT, LOG_CONF_KEY, PGWIRE_PORT, QUESTDB_UID, ROOT_DIR, SERVER_CONF_KEY,
+    names, port_names, CONFIG_HASH_ANNOTATION, CONFIG_RESTART_ANNOTATION, CONTAINER_NAME,
+    HEALTH_PORT, HTTP_PORT, ILP_AUTH_KEY, ILP_PORT, LOG_CONF_KEY, PGWIRE_PORT, QUESTDB_UID,
+    ROOT_DIR, SERVER_CONF_KEY,
 };
 use crate::api::QuestDB;
 
@@ -237,6 +238,31 @@ pub fn with_volume_instance_id(mut sts: StatefulSet, volume_uid: &str) -> Statef
     sts
 }
 
+/// Marks the pod template with the digest of reloadable settings the database is restarted for
+/// (`status.config.restartedFor`, see `plan::config_reload`); none, no mark.
+pub fn with_config_restart(mut sts: StatefulSet, restarted_for: Option<&str>) -> StatefulSet {
+    let Some(digest) = restarted_for else {
+        return sts;
+    };
+    if let Some(meta) = sts.spec.as_mut().and_then(|s| s.template.metadata.as_mut()) {
+        meta.annotations
+            .get_or_insert_with(BTreeMap::new)
+            .insert(CONFIG_RESTART_ANNOTATION.to_string(), digest.to_string());
+    }
+    sts
+}
+
+/// The template's config hash and restart mark: what a pod made from it carries.
+pub fn config_marks(sts: &StatefulSet) -> (Option<&str>, Option<&str>) {
+    let annotations = sts
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.metadata.as_ref())
+        .and_then(|m| m.annotations.as_ref());
+    let get = |key| annotations.and_then(|a| a.get(key)).map(String::as_str);
+    (get(CONFIG_HASH_ANNOTATION), get(CONFIG_RESTART_ANNOTATION))
+}
+
 /// QuestDB's `cairo.snapshot.instance.id`.
 pub const SNAPSHOT_INSTANCE_ID_ENV: &str = "QDB_CAIRO_SNAPSHOT_INSTANCE_ID";
 
@@ -264,7 +290,10 @@ fn pod_spec(qdb: &QuestDB, ilp_auth_enabled: bool, dedicated: Option<&DedicatedN
         // QuestDB never calls the Kubernetes API: a mounted token would only be something to
         // steal from a compromised database.
         automount_service_account_token: Some(false),
-        init_containers: Some(vec![init_conf_container(qdb)]),
+        init_containers: Some(vec![
+            init_conf_container(qdb),
+            link_server_conf_container(qdb),
+        ]),
         containers: vec![questdb_container(
             qdb,
             ilp_auth_enabled,
@@ -356,7 +385,7 @@ fn config_map_volume(name: &str, config_map: String) -> Volume {
 fn questdb_container(qdb: &QuestDB, ilp_auth_enabled: bool, on_dedicated_node: bool) -> Container {
     let mut mounts = vec![
         data_mount(),
-        file_mount(CONFIG_VOLUME, SERVER_CONF_KEY),
+        config_dir_mount(),
         file_mount(CONFIG_VOLUME, LOG_CONF_KEY),
     ];
     if ilp_auth_enabled {
@@ -421,6 +450,36 @@ fn init_conf_container(qdb: &QuestDB) -> Container {
     }
 }
 
+/// Links `conf/server.conf` to the file of the config directory ([`CONFIG_DIR`]). A ConfigMap
+/// mounted as a directory is refreshed in place by the kubelet (a subPath file never is), and
+/// QuestDB follows the link at every `reload_config()`: a change of a reloadable setting reaches
+/// the running database without a restart (`super::reload`). `-f` replaces what an earlier pod
+/// left there (a subPath mount leaves an empty file behind).
+fn link_server_conf_container(qdb: &QuestDB) -> Container {
+    Container {
+        name: "link-server-conf".to_string(),
+        command: Some(vec![
+            "ln".to_string(),
+            "-sfn".to_string(),
+            format!("{CONFIG_DIR}/{SERVER_CONF_KEY}"),
+            format!("{ROOT_DIR}/conf/{SERVER_CONF_KEY}"),
+        ]),
+        ..init_conf_container(qdb)
+    }
+}
+
+/// Where the config ConfigMap is mounted as a directory.
+pub const CONFIG_DIR: &str = "/etc/questdb/config";
+
+fn config_dir_mount() -> VolumeMount {
+    VolumeMount {
+        name: CONFIG_VOLUME.to_string(),
+        mount_path: CONFIG_DIR.to_string(),
+        read_only: Some(true),
+        ..VolumeMount::default()
+    }
+}
+
 fn data_mount() -> VolumeMount {
     VolumeMount {
         name: DATA_VOLUME.to_string(),
@@ -431,7 +490,7 @@ fn data_mount() -> VolumeMount {
 
 /// One file of a ConfigMap at `conf/<key>`. subPath, because mounting the whole ConfigMap over
 /// `conf/` would hide the files QuestDB keeps there; subPath files are not refreshed in place,
-/// which is fine since the config hash restarts the pod on change.
+/// which is fine for files QuestDB reads at start only (the config hash restarts the pod).
 fn file_mount(volume: &str, key: &str) -> VolumeMount {
     VolumeMount {
         name: volume.to_string(),
@@ -677,11 +736,7 @@ mod tests {
             mounts(&c),
             vec![
                 ("data".into(), "/var/lib/questdb".into(), None),
-                (
-                    "config".into(),
-                    "/var/lib/questdb/conf/server.conf".into(),
-                    Some("server.conf".into())
-                ),
+                ("config".into(), "/etc/questdb/config".into(), None),
                 (
                     "config".into(),
                     "/var/lib/questdb/conf/log.conf".into(),
@@ -724,7 +779,7 @@ mod tests {
     fn init_container_prepares_conf_as_the_questdb_user() {
         let sts = statefulset(&questdb("db1", "tenant-a"), HASH, None, true, None);
         let init = pod(&sts).init_containers.unwrap_or_default();
-        assert_eq!(init.len(), 1);
+        assert_eq!(init.len(), 2);
         assert_eq!(
             init[0].command,
             Some(vec![
@@ -738,6 +793,19 @@ mod tests {
             mounts(&init[0]),
             vec![("data".into(), "/var/lib/questdb".into(), None)]
         );
+        // Then server.conf becomes a link into the refreshed config directory: a reloadable
+        // setting reaches the running database with a reload, not a restart.
+        assert_eq!(
+            init[1].command,
+            Some(vec![
+                "ln".to_string(),
+                "-sfn".to_string(),
+                "/etc/questdb/config/server.conf".to_string(),
+                "/var/lib/questdb/conf/server.conf".to_string()
+            ])
+        );
+        assert_eq!(init[1].security_context, init[0].security_context);
+        assert_eq!(mounts(&init[1]), mounts(&init[0]));
     }
 
     #[test]

@@ -7,9 +7,11 @@
 //! - [`failover`]: when a silent node is fenced and replaced, and the breaker that holds back;
 //! - [`node_move`]: the node move (a new image or instance type, and its rollback);
 //! - [`maintenance`]: the windows a move waits for;
+//! - [`config_reload`]: settings reloaded into the running database, or restarted for;
 //! - [`conditions`]: status conditions as verdicts, merged with their transition times kept.
 
 pub mod conditions;
+pub mod config_reload;
 pub mod dns;
 pub mod failover;
 pub mod maintenance;

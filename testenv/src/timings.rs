@@ -111,6 +111,13 @@ pub const PROBE_PERIOD_MAX: Duration = Duration::from_secs(1);
 /// How often the stand-in's OOM killer compares a database's resident memory with its
 /// container's limit (a real kernel acts at the allocation that crosses it).
 pub const MEMORY_CHECK_PERIOD: Duration = Duration::from_millis(250);
+/// How often a running container's ConfigMap and Secret volumes (mounted as directories, not
+/// subPath) are refreshed from the API. Replaces the kubelet's periodic pod sync
+/// (`syncFrequency`, 1 minute) plus its object cache's delay: the Kubernetes documentation's
+/// "Mounted ConfigMaps are updated automatically" says the total can be as long as both. Still
+/// longer than the operator's first look after a change, so a reload that comes before the
+/// file is exercised.
+pub const VOLUME_REFRESH: Duration = Duration::from_secs(5);
 /// Real databases: an unpullable image shows `ErrImagePull` this long before
 /// `ImagePullBackOff` (kubelet: the image back-off, 10 s at first).
 pub const IMAGE_PULL_BACKOFF: Duration = Duration::from_secs(1);

@@ -357,6 +357,125 @@ async fn the_configuration_in_the_spec_is_the_one_questdb_runs_with() {
     env.stop().await;
 }
 
+/// The pod's uid and its database container's restart count: the same pair means the same
+/// process never stopped.
+async fn pod_identity(env: &Env, name: &str) -> (Option<String>, i32) {
+    let pod = env
+        .api::<Pod>(NS)
+        .get(&format!("{name}-0"))
+        .await
+        .expect("database pod");
+    let restarts = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .and_then(|cs| cs.iter().find(|c| c.name == "questdb"))
+        .map_or(-1, |c| c.restart_count);
+    (pod.uid(), restarts)
+}
+
+/// A connection limit raised for a busy day must not restart the database (every client cut
+/// off, a replay of its WAL): a setting QuestDB reloads reaches the running database in
+/// place, and the operator says so only once QuestDB reports the new value.
+#[tokio::test]
+async fn a_reloadable_setting_reaches_the_running_database_without_a_restart() {
+    use questdb_operator::api::ConfigApplied;
+    use questdb_operator::desired::reload::reloadable_digest;
+    const KEY: &str = "pg.net.connection.limit";
+    let env = env().await;
+    create_with_server_property(&env, KEY, "20").await;
+    ready(&env, "db1").await;
+    let qdbs: Api<QuestDB> = env.api(NS);
+    /// How the spec's reloadable settings were applied, once the status says they were.
+    fn recorded(q: Option<&QuestDB>) -> Option<ConfigApplied> {
+        q.and_then(|q| {
+            let config = q.status.as_ref()?.config.as_ref()?;
+            (config.applied_digest.as_deref() == Some(reloadable_digest(q).as_str()))
+                .then_some(config.applied_by)
+                .flatten()
+        })
+    }
+    // The database started with its settings: recorded as read at start.
+    let q = wait_for(
+        &qdbs,
+        "db1",
+        "the settings it started with recorded",
+        |q: Option<&QuestDB>| recorded(q).is_some(),
+    )
+    .await;
+    assert_eq!(recorded(Some(&q)), Some(ConfigApplied::Restart));
+    let before = pod_identity(&env, "db1").await;
+    let creds = Credentials::of(&env, "db1-credentials").await;
+    let http = format!("{}:9000", pod_ip(&env, "db1").await);
+    assert_eq!(
+        parameter(&http, KEY, creds.http()).await,
+        Some(("20".into(), "conf".into()))
+    );
+
+    qdbs.patch(
+        "db1",
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({"spec": {"config": {"server": {KEY: "30"}}}})),
+    )
+    .await
+    .unwrap();
+    wait_for(
+        &qdbs,
+        "db1",
+        "the new value reloaded",
+        |q: Option<&QuestDB>| recorded(q) == Some(ConfigApplied::Reload),
+    )
+    .await;
+    assert_eq!(
+        parameter(&http, KEY, creds.http()).await,
+        Some(("30".into(), "conf".into())),
+        "the operator reports only what QuestDB runs with"
+    );
+    assert_eq!(
+        pod_identity(&env, "db1").await,
+        before,
+        "the same pod, never restarted"
+    );
+    wait_for_event(&env, NS, "ConfigReloaded", |e| {
+        e.reason.as_deref() == Some("ConfigReloaded")
+            && e.note.as_deref().is_some_and(|n| n.contains(KEY))
+    })
+    .await;
+
+    // Taken out of the spec: back to QuestDB's default, still in place.
+    qdbs.patch(
+        "db1",
+        &PatchParams::default(),
+        &Patch::Json::<()>(
+            serde_json::from_value(serde_json::json!([
+                {"op": "remove", "path": "/spec/config/server/pg.net.connection.limit"}
+            ]))
+            .unwrap(),
+        ),
+    )
+    .await
+    .unwrap();
+    let q = wait_for(
+        &qdbs,
+        "db1",
+        "the removal reloaded",
+        |q: Option<&QuestDB>| {
+            recorded(q) == Some(ConfigApplied::Reload)
+                && q.is_some_and(|q| q.spec.config.server.is_empty())
+        },
+    )
+    .await;
+    assert!(q.spec.config.server.is_empty());
+    assert_eq!(
+        parameter(&http, KEY, creds.http())
+            .await
+            .map(|(_, source)| source),
+        Some("default".into())
+    );
+    assert_eq!(pod_identity(&env, "db1").await, before);
+    env.stop().await;
+}
+
 /// `resources.limits.memory` of the database container.
 fn memory_limit(q: &mut QuestDB, limit: &str) {
     q.spec.resources = Some(k8s_openapi::api::core::v1::ResourceRequirements {

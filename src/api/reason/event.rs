@@ -54,6 +54,11 @@ pub enum EventReason {
     /// A new operator version builds a different pod template: the restart waits for an
     /// upgrade slot or the maintenance window.
     OperatorRolloutHeld,
+    // Settings.
+    /// Reloadable settings were reloaded into the running database, no restart.
+    ConfigReloaded,
+    /// Reloadable settings the running database would not take in place: it restarts.
+    ConfigRestart,
     /// A preflight check of what the operator needs failed (on the operator's own Pod).
     PreflightFailed,
     RelaunchBackoff,

@@ -127,7 +127,19 @@ impl From<Pod> for CachedPod {
     fn from(pod: Pod) -> Self {
         let mut metadata = pod.metadata;
         metadata.managed_fields = None;
-        metadata.annotations = None;
+        // Only the marks that say which config the pod was made for (the reload step compares
+        // them with the template's).
+        metadata.annotations = metadata
+            .annotations
+            .map(|a| {
+                a.into_iter()
+                    .filter(|(k, _)| {
+                        k == crate::desired::CONFIG_HASH_ANNOTATION
+                            || k == crate::desired::CONFIG_RESTART_ANNOTATION
+                    })
+                    .collect::<std::collections::BTreeMap<_, _>>()
+            })
+            .filter(|a| !a.is_empty());
         Self {
             metadata,
             node_name: pod.spec.and_then(|s| s.node_name),

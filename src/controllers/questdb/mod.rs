@@ -3,6 +3,7 @@
 
 mod apply;
 pub mod cloud;
+mod config_reload;
 pub mod container_state;
 mod credentials;
 pub mod failover;
@@ -116,7 +117,7 @@ pub async fn reconcile(qdb: Arc<QuestDB>, ctx: Arc<Context>) -> Result<Next, Err
     let volume_size = volume::step(&mut volume, &current, restore_from.as_deref()).await?;
     let report = volume.report;
     let cloud_out = cloud_step(&mut current, &ctx).await?;
-    let qdb = current;
+    let mut qdb = current;
 
     let auth = ilp::resolve(&qdb, &ctx).await?;
     let creds = credentials::resolve(&qdb, &ctx).await?;
@@ -145,6 +146,21 @@ pub async fn reconcile(qdb: Arc<QuestDB>, ctx: Arc<Context>) -> Result<Next, Err
             .network_policy
             .map(|np| desired::network_policy::admit_operator(np, ns));
     }
+    // A change the running version would not reload restarts the database (`status.config`).
+    let restarted_for = qdb
+        .status
+        .as_ref()
+        .and_then(|s| s.config.as_ref())
+        .and_then(|c| c.restarted_for.clone());
+    wanted.statefulset =
+        desired::statefulset::with_config_restart(wanted.statefulset, restarted_for.as_deref());
+    let template_marks = {
+        let (config_hash, restarted_for) = desired::statefulset::config_marks(&wanted.statefulset);
+        config_reload::TemplateMarks {
+            config_hash: config_hash.map(str::to_string),
+            restarted_for: restarted_for.map(str::to_string),
+        }
+    };
     let mut applier = Applier::new(&ctx, &qdb, report)?;
     let roll_held = children_step(&mut applier, &qdb, wanted, volume_known).await?;
     let report = applier.report;
@@ -158,6 +174,7 @@ pub async fn reconcile(qdb: Arc<QuestDB>, ctx: Arc<Context>) -> Result<Next, Err
     let pod = c
         .pods
         .get(&ObjectRef::new(&desired::names::pod(&qdb)).within(&ns));
+    let config = config_reload::step(&mut qdb, &ctx, &template_marks, pod.as_deref()).await?;
     let node = pod
         .as_ref()
         .and_then(|p| p.node_name.clone())
@@ -217,6 +234,7 @@ pub async fn reconcile(qdb: Arc<QuestDB>, ctx: Arc<Context>) -> Result<Next, Err
                 .cloned()
         }),
         cloud: Some(&cloud_out),
+        config: config.status,
         ..Default::default()
     };
     let deferred = write_status(&qdb, &ctx, &inputs, Coalesce::Progress).await?;
@@ -236,6 +254,7 @@ pub async fn reconcile(qdb: Arc<QuestDB>, ctx: Arc<Context>) -> Result<Next, Err
     };
     let next = deferred.map_or(next, |d| d.min(next));
     let next = roll_held.map_or(next, |d| d.min(next));
+    let next = config.again.map_or(next, |d| d.min(next));
     debug!(
         questdb = %qdb.name_any(),
         pod_ready = pod.as_deref().map(status::pod_ready),

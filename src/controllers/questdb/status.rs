@@ -53,6 +53,8 @@ pub struct StatusInputs<'a> {
     pub checkpoint: Option<Verdict<crate::api::CheckpointReason>>,
     /// The dedicated node and DNS record, when the cloud part ran.
     pub cloud: Option<&'a CloudOutcome>,
+    /// `status.config` as the reload step recorded it in this reconcile.
+    pub config: Option<crate::api::ConfigStatus>,
 }
 
 pub(super) fn pod_ready(pod: &CachedPod) -> bool {
@@ -337,6 +339,7 @@ pub fn compute(qdb: &QuestDB, obs: &StatusInputs, now: Timestamp) -> QuestDBStat
         ),
         failover: existing.failover.clone(),
         node_move: existing.node_move.clone(),
+        config: obs.config.clone().or(existing.config.clone()),
     }
 }
 

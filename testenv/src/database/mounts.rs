@@ -163,6 +163,53 @@ pub(crate) async fn write_files(
     Ok(())
 }
 
+/// Brings the ConfigMap and Secret volumes `container` mounts as directories up to date, as the
+/// kubelet does at its periodic pod sync: a file whose content changed is replaced atomically
+/// (the kubelet's atomic writer swaps a `..data` link; a rename gives a reader the same: the
+/// old file or the new one, never a torn one). subPath mounts are never refreshed (the
+/// Kubernetes documentation: "A container using a ConfigMap as a subPath volume mount will not
+/// receive ConfigMap updates"). A source that cannot be read now is tried at the next sync.
+pub(crate) async fn refresh_files(
+    sources: &mut Sources<'_>,
+    pod: &Pod,
+    container: &Container,
+    table: &MountTable,
+) {
+    let volumes = volumes(pod);
+    for m in container.volume_mounts.iter().flatten() {
+        if m.sub_path.as_deref().is_some_and(|s| !s.is_empty()) {
+            continue;
+        }
+        let Some(v) = volumes.get(&m.name) else {
+            continue;
+        };
+        let Ok(Some(files)) = volume_files(sources, v).await else {
+            continue;
+        };
+        let target = table.map(&m.mount_path);
+        for (rel, content) in &files {
+            let path = target.join(rel);
+            if std::fs::read(&path).is_ok_and(|now| now == *content) {
+                continue;
+            }
+            let staged = path.with_file_name(format!(
+                "..{}.refresh",
+                path.file_name().and_then(|n| n.to_str()).unwrap_or("file")
+            ));
+            let written = std::fs::write(&staged, content).and_then(|()| {
+                if m.read_only == Some(true) {
+                    use std::os::unix::fs::PermissionsExt;
+                    std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(0o444))?;
+                }
+                std::fs::rename(&staged, &path)
+            });
+            if let Err(e) = written {
+                tracing::debug!(path = %path.display(), error = %e, "refreshing a mounted file failed; trying at the next sync");
+            }
+        }
+    }
+}
+
 /// The files of a ConfigMap or Secret volume (path → content); `None` for other volumes.
 async fn volume_files(
     sources: &mut Sources<'_>,
@@ -214,8 +261,10 @@ async fn volume_files(
     Ok(Some(out))
 }
 
-/// Runs the init containers that only create directories (`mkdir [-p] DIR...`); the names of
-/// those it could not run are returned (they are reported completed all the same).
+/// Runs the init containers that only create directories (`mkdir [-p] DIR...`) or a symbolic
+/// link (`ln -s[fn] TARGET LINK`); the names of those it could not run are returned (they are
+/// reported completed all the same). A link's target is a path the pod's main container
+/// resolves, so it points where that container's mounts put it on the host.
 pub(crate) fn run_init(
     pod: &Pod,
     claims: &BTreeMap<String, PathBuf>,
@@ -234,17 +283,53 @@ pub(crate) fn run_init(
             .chain(c.args.iter().flatten())
             .cloned()
             .collect();
-        let is_mkdir = argv
+        let program = argv
             .first()
-            .is_some_and(|a| a == "mkdir" || a.ends_with("/mkdir"));
-        if !is_mkdir {
-            skipped.push(c.name.clone());
-            continue;
-        }
+            .map(|a| a.rsplit('/').next().unwrap_or(a))
+            .unwrap_or_default();
         let table = MountTable::of(pod, c, claims, pod_dir);
-        table.create()?;
-        for dir in argv.iter().skip(1).filter(|a| !a.starts_with('-')) {
-            std::fs::create_dir_all(table.map(dir))?;
+        match program {
+            "mkdir" => {
+                table.create()?;
+                for dir in argv.iter().skip(1).filter(|a| !a.starts_with('-')) {
+                    std::fs::create_dir_all(table.map(dir))?;
+                }
+            }
+            "ln" => {
+                let flags: String = argv
+                    .iter()
+                    .skip(1)
+                    .filter(|a| a.starts_with('-'))
+                    .flat_map(|a| a.chars().skip(1))
+                    .collect();
+                let paths: Vec<&String> = argv
+                    .iter()
+                    .skip(1)
+                    .filter(|a| !a.starts_with('-'))
+                    .collect();
+                let (Some(main), [target, link]) = (
+                    pod.spec.as_ref().and_then(|s| s.containers.first()),
+                    paths.as_slice(),
+                ) else {
+                    skipped.push(c.name.clone());
+                    continue;
+                };
+                if !flags.contains('s') {
+                    skipped.push(c.name.clone());
+                    continue;
+                }
+                table.create()?;
+                let target = MountTable::of(pod, main, claims, pod_dir).map(target);
+                let link = table.map(link);
+                if flags.contains('f') {
+                    match std::fs::remove_file(&link) {
+                        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+                        _ => {}
+                    }
+                }
+                std::os::unix::fs::symlink(target, link)?;
+            }
+            _ => skipped.push(c.name.clone()),
         }
     }
     Ok(skipped)

@@ -529,6 +529,9 @@ impl Runner {
         let mut tick = tokio::time::interval(timings::PROBE_PERIOD_MAX);
         let memory_limit = memory_limit(&self.container);
         let mut memory_tick = tokio::time::interval(timings::MEMORY_CHECK_PERIOD);
+        let mut volume_tick = tokio::time::interval(timings::VOLUME_REFRESH);
+        volume_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let volume_table = MountTable::of(&self.pod, &self.container, &self.claims, &self.pod_dir);
         let mut stop = self.stop_rx.clone();
         // Paused by a partition (see `Fault::Partition`): whatever ends the process first
         // resumes it, so that a SIGTERM is acted on.
@@ -624,6 +627,11 @@ impl Runner {
                     self.post().await;
                 }
                 _ = tick.tick() => self.post().await,
+                _ = volume_tick.tick() => {
+                    let client = self.rt.client.clone();
+                    let mut sources = Sources::new(&client, &self.ns);
+                    mounts::refresh_files(&mut sources, &self.pod, &self.container, &volume_table).await;
+                }
             }
         }
     }
