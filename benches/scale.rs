@@ -944,15 +944,18 @@ async fn plain_client_baseline(
                         &desired::credentials::generated_secret(&created, &mut rand::rng()),
                     )
                     .await?;
-                let digest =
-                    match desired::credentials::check(&secret.data.clone().unwrap_or_default()) {
-                        desired::credentials::Check::Usable { digest } => digest,
-                        other => anyhow::bail!("the generated credentials are unusable: {other:?}"),
-                    };
+                let data = secret.data.clone().unwrap_or_default();
+                let (digest, pg_digest) = match desired::credentials::check(&data) {
+                    desired::credentials::Check::Usable { digest, pg_digest } => {
+                        (digest, pg_digest)
+                    }
+                    other => anyhow::bail!("the generated credentials are unusable: {other:?}"),
+                };
                 let version = secret.metadata.resource_version.clone().unwrap_or_default();
                 let seen = desired::credentials::Seen {
                     version: &version,
                     digest: &digest,
+                    pg_digest: &pg_digest,
                 };
                 Api::<PersistentVolumeClaim>::namespaced(client.clone(), NS)
                     .create(&pp, &desired::pvc(&created))
@@ -967,6 +970,29 @@ async fn plain_client_baseline(
                 let children = desired::children(&created, auth_file.as_deref(), Some(seen), None);
                 let cms: Api<ConfigMap> = Api::namespaced(client.clone(), NS);
                 cms.create(&pp, &children.config).await?;
+                // The server.conf the pod reads, as the operator renders it.
+                let server_conf = children
+                    .config
+                    .data
+                    .as_ref()
+                    .and_then(|d| d.get(desired::SERVER_CONF_KEY))
+                    .cloned()
+                    .unwrap_or_default();
+                let pg =
+                    desired::credentials::PgCredentials::from_data(&data).ok_or_else(|| {
+                        anyhow::anyhow!("the generated credentials lack a pgwire key")
+                    })?;
+                Api::<Secret>::namespaced(client.clone(), NS)
+                    .create(
+                        &pp,
+                        &desired::credentials::server_conf_secret(
+                            &created,
+                            &server_conf,
+                            &pg,
+                            &desired::credentials::server_conf_source(&server_conf, &pg_digest),
+                        ),
+                    )
+                    .await?;
                 if let Some(cm) = &children.ilp_auth {
                     cms.create(&pp, cm).await?;
                 }

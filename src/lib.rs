@@ -15,4 +15,5 @@ pub mod manager;
 pub mod metrics;
 pub mod plan;
 pub mod questdb_http;
+pub mod questdb_pgwire;
 pub mod runtime;

@@ -140,7 +140,13 @@ mod tests {
                 .and_then(|m| m.annotations.as_ref())
                 .and_then(|a| a.get(credentials::CREDENTIALS_HASH_ANNOTATION).cloned())
         };
-        let seen = |version, digest| Some(credentials::Seen { version, digest });
+        let seen = |version, digest| {
+            Some(credentials::Seen {
+                version,
+                digest,
+                pg_digest: "pg",
+            })
+        };
         let one = children(&qdb, None, seen("1", "d1"), None);
         assert_eq!(digest(&one).as_deref(), Some("d1"));
         let two = children(&qdb, None, seen("2", "d2"), None);
@@ -163,7 +169,7 @@ mod tests {
             annotations
                 .get(credentials::CREDENTIALS_SEEN_ANNOTATION)
                 .map(String::as_str),
-            Some("3:d1")
+            Some("3:d1:pg")
         );
     }
 

@@ -47,6 +47,12 @@ pub fn credentials_secret(qdb: &QuestDB) -> String {
     format!("{}-credentials", qdb.name_any())
 }
 
+/// The Secret with the `server.conf` the database reads: the rendered settings and the pgwire
+/// users (`desired::credentials::server_conf_secret`).
+pub fn server_conf_secret(qdb: &QuestDB) -> String {
+    format!("{}-server-conf", qdb.name_any())
+}
+
 /// The PVC with the whole QuestDB root directory. The operator creates it itself (no
 /// volumeClaimTemplate) so it alone decides whether the data outlives the QuestDB.
 pub fn pvc(qdb: &QuestDB) -> String {

@@ -6,7 +6,7 @@ use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetSpec, StatefulSetUpdate
 use k8s_openapi::api::core::v1::{
     Capabilities, ConfigMapVolumeSource, Container, ContainerPort, HTTPGetAction,
     PersistentVolumeClaimVolumeSource, PodSecurityContext, PodSpec, PodTemplateSpec, Probe,
-    SeccompProfile, SecurityContext, Toleration, Volume, VolumeMount,
+    SeccompProfile, SecretVolumeSource, SecurityContext, Toleration, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -225,7 +225,7 @@ pub fn with_volume_instance_id(mut sts: StatefulSet, volume_uid: &str) -> Statef
         let env = c.env.get_or_insert_with(Vec::new);
         env.retain(|e| e.name != SNAPSHOT_INSTANCE_ID_ENV);
         // After the credentials, before the user's env (which may not name it: reserved).
-        let at = env.len().min(credentials::KEYS.len());
+        let at = env.len().min(credentials::HTTP_KEYS.len());
         env.insert(
             at,
             k8s_openapi::api::core::v1::EnvVar {
@@ -277,6 +277,16 @@ fn pod_spec(qdb: &QuestDB, ilp_auth_enabled: bool, dedicated: Option<&DedicatedN
             ..Volume::default()
         },
         config_map_volume(CONFIG_VOLUME, names::config_map(qdb)),
+        Volume {
+            name: SERVER_CONF_VOLUME.to_string(),
+            secret: Some(SecretVolumeSource {
+                secret_name: Some(names::server_conf_secret(qdb)),
+                // Only the QuestDB user reads it: it holds the pgwire passwords.
+                default_mode: Some(0o440),
+                ..SecretVolumeSource::default()
+            }),
+            ..Volume::default()
+        },
     ];
     if ilp_auth_enabled {
         volumes.push(config_map_volume(
@@ -385,7 +395,7 @@ fn config_map_volume(name: &str, config_map: String) -> Volume {
 fn questdb_container(qdb: &QuestDB, ilp_auth_enabled: bool, on_dedicated_node: bool) -> Container {
     let mut mounts = vec![
         data_mount(),
-        config_dir_mount(),
+        server_conf_dir_mount(),
         file_mount(CONFIG_VOLUME, LOG_CONF_KEY),
     ];
     if ilp_auth_enabled {
@@ -450,31 +460,33 @@ fn init_conf_container(qdb: &QuestDB) -> Container {
     }
 }
 
-/// Links `conf/server.conf` to the file of the config directory ([`CONFIG_DIR`]). A ConfigMap
-/// mounted as a directory is refreshed in place by the kubelet (a subPath file never is), and
-/// QuestDB follows the link at every `reload_config()`: a change of a reloadable setting reaches
-/// the running database without a restart (`super::reload`). `-f` replaces what an earlier pod
-/// left there (a subPath mount leaves an empty file behind).
+/// Links `conf/server.conf` to the file of the `server.conf` Secret's directory
+/// ([`SERVER_CONF_DIR`]). A Secret mounted as a directory is refreshed in place by the kubelet
+/// (a subPath file never is), and QuestDB follows the link at every `reload_config()`: a change
+/// of a reloadable setting or a pgwire password reaches the running database without a restart
+/// (`super::reload`). `-f` replaces what an earlier pod left there (a subPath mount leaves an
+/// empty file behind).
 fn link_server_conf_container(qdb: &QuestDB) -> Container {
     Container {
         name: "link-server-conf".to_string(),
         command: Some(vec![
             "ln".to_string(),
             "-sfn".to_string(),
-            format!("{CONFIG_DIR}/{SERVER_CONF_KEY}"),
+            format!("{SERVER_CONF_DIR}/{SERVER_CONF_KEY}"),
             format!("{ROOT_DIR}/conf/{SERVER_CONF_KEY}"),
         ]),
         ..init_conf_container(qdb)
     }
 }
 
-/// Where the config ConfigMap is mounted as a directory.
-pub const CONFIG_DIR: &str = "/etc/questdb/config";
+/// Where the `server.conf` Secret is mounted as a directory.
+pub const SERVER_CONF_DIR: &str = "/etc/questdb/server-conf";
+const SERVER_CONF_VOLUME: &str = "server-conf";
 
-fn config_dir_mount() -> VolumeMount {
+fn server_conf_dir_mount() -> VolumeMount {
     VolumeMount {
-        name: CONFIG_VOLUME.to_string(),
-        mount_path: CONFIG_DIR.to_string(),
+        name: SERVER_CONF_VOLUME.to_string(),
+        mount_path: SERVER_CONF_DIR.to_string(),
         read_only: Some(true),
         ..VolumeMount::default()
     }
@@ -678,25 +690,25 @@ mod tests {
         assert_eq!(c.image_pull_policy.as_deref(), Some("IfNotPresent"));
         assert_eq!(c.resources, Some(resources));
         let env = c.env.clone().unwrap_or_default();
-        assert_eq!(env[..6], credentials::env(&qdb)[..]);
+        assert_eq!(env[..2], credentials::env(&qdb)[..]);
         // The heap sized from the memory request, then the user's env.
-        assert_eq!(env[6].name, crate::desired::memory::JVM_OPTIONS_ENV);
-        assert_eq!(env[6].value.as_deref(), Some("-Xmx1024m"));
+        assert_eq!(env[2].name, crate::desired::memory::JVM_OPTIONS_ENV);
+        assert_eq!(env[2].value.as_deref(), Some("-Xmx1024m"));
         assert_eq!(
-            env[7..],
+            env[3..],
             qdb.spec.env[..],
             "the user's env follows the credentials and the heap"
         );
         let keyed = with_volume_instance_id(statefulset(&qdb, HASH, None, true, None), "pvc-uid");
         let env = container(&keyed).env.clone().unwrap_or_default();
-        assert_eq!(env[6].name, SNAPSHOT_INSTANCE_ID_ENV);
+        assert_eq!(env[2].name, SNAPSHOT_INSTANCE_ID_ENV);
         assert_eq!(
-            env[6].value.as_deref(),
+            env[2].value.as_deref(),
             Some("pvc-uid"),
             "keyed on the volume"
         );
-        assert_eq!(env[7].name, crate::desired::memory::JVM_OPTIONS_ENV);
-        assert_eq!(env[8..], qdb.spec.env[..]);
+        assert_eq!(env[3].name, crate::desired::memory::JVM_OPTIONS_ENV);
+        assert_eq!(env[4..], qdb.spec.env[..]);
         let again = with_volume_instance_id(keyed, "pvc-uid-2");
         let env = container(&again).env.clone().unwrap_or_default();
         assert_eq!(
@@ -736,7 +748,11 @@ mod tests {
             mounts(&c),
             vec![
                 ("data".into(), "/var/lib/questdb".into(), None),
-                ("config".into(), "/etc/questdb/config".into(), None),
+                (
+                    "server-conf".into(),
+                    "/etc/questdb/server-conf".into(),
+                    None
+                ),
                 (
                     "config".into(),
                     "/var/lib/questdb/conf/log.conf".into(),
@@ -800,7 +816,7 @@ mod tests {
             Some(vec![
                 "ln".to_string(),
                 "-sfn".to_string(),
-                "/etc/questdb/config/server.conf".to_string(),
+                "/etc/questdb/server-conf/server.conf".to_string(),
                 "/var/lib/questdb/conf/server.conf".to_string()
             ])
         );

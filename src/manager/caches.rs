@@ -428,6 +428,13 @@ pub(super) fn start_caches(
                 forward(ev, &tx, true, |s: &PartialObjectMeta<Secret>| {
                     ilp_auth::questdb_for_secret(&s.metadata).map(guarded)
                 });
+                // The server.conf Secret, edited or deleted by hand: written back.
+                forward(ev, &tx, true, |s: &PartialObjectMeta<Secret>| {
+                    questdb_of(s).filter(|q| {
+                        s.metadata.name.as_deref()
+                            == Some(format!("{}-server-conf", q.name).as_str())
+                    })
+                });
                 for r in credentials_users(ev, &questdbs) {
                     let _ = tx.unbounded_send(r);
                 }
@@ -545,7 +552,7 @@ pub(super) async fn wait_for_caches(c: &Caches, shutdown: &CancellationToken) {
 }
 
 /// Which annotations of a Secret the cluster-wide metadata cache keeps: only the operator's
-/// two, and only with a value they can hold (a QuestDB name, a uid). Any namespace's user can
+/// three, and only with a value they can hold (a QuestDB name, a uid). Any namespace's user can
 /// annotate a Secret, and a megabyte of annotation value kept for each of thousands of Secrets
 /// would be the operator's memory, not theirs.
 pub fn kept_secret_annotation(key: &str, value: &str) -> bool {
@@ -559,6 +566,10 @@ pub fn kept_secret_annotation(key: &str, value: &str) -> bool {
         crate::api::SECRET_QUESTDB_ANNOTATION => label(value),
         crate::desired::credentials::GENERATED_FOR_ANNOTATION => {
             value.len() <= 36 && value.chars().all(|c| c.is_ascii_hexdigit() || c == '-')
+        }
+        // `<16 hex>:<16 hex>` (`credentials::server_conf_source`).
+        crate::desired::credentials::SERVER_CONF_SOURCE_ANNOTATION => {
+            value.len() <= 33 && value.chars().all(|c| c.is_ascii_hexdigit() || c == ':')
         }
         _ => false,
     }
@@ -580,6 +591,11 @@ mod tests {
             "2f0c3a4e-1b2c-4d5e-8f90-123456789abc"
         ));
         assert!(!kept("crd.questdb.io/generated-for", &"0".repeat(37)));
+        assert!(kept(
+            "crd.questdb.io/server-conf-source",
+            "0123456789abcdef:fedcba9876543210"
+        ));
+        assert!(!kept("crd.questdb.io/server-conf-source", &"a".repeat(34)));
         assert!(!kept(
             "kubectl.kubernetes.io/last-applied-configuration",
             "{}"

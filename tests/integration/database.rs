@@ -352,8 +352,9 @@ async fn the_configuration_in_the_spec_is_the_one_questdb_runs_with() {
         p("pg.readonly.user.enabled").await,
         Some(("true".into(), "conf".into()))
     );
+    // From server.conf, where QuestDB reloads it (its environment would win over the file).
     let (user, source) = p("pg.user").await.expect("pg.user listed");
-    assert_eq!((user.as_str(), source.as_str()), ("admin", "env"));
+    assert_eq!((user.as_str(), source.as_str()), ("admin", "conf"));
     env.stop().await;
 }
 
@@ -374,36 +375,39 @@ async fn pod_identity(env: &Env, name: &str) -> (Option<String>, i32) {
     (pod.uid(), restarts)
 }
 
+/// `status.config`'s applied digest and how it was applied, once it is not `other` and no
+/// reload is under way.
+fn applied(
+    q: Option<&QuestDB>,
+    other: Option<&str>,
+) -> Option<(String, questdb_operator::api::ConfigApplied)> {
+    let config = q?.status.as_ref()?.config.as_ref()?;
+    let digest = config.applied_digest.clone()?;
+    (config.reloading_digest.is_none() && Some(digest.as_str()) != other)
+        .then_some((digest, config.applied_by?))
+}
+
 /// A connection limit raised for a busy day must not restart the database (every client cut
 /// off, a replay of its WAL): a setting QuestDB reloads reaches the running database in
 /// place, and the operator says so only once QuestDB reports the new value.
 #[tokio::test]
 async fn a_reloadable_setting_reaches_the_running_database_without_a_restart() {
     use questdb_operator::api::ConfigApplied;
-    use questdb_operator::desired::reload::reloadable_digest;
     const KEY: &str = "pg.net.connection.limit";
     let env = env().await;
     create_with_server_property(&env, KEY, "20").await;
     ready(&env, "db1").await;
     let qdbs: Api<QuestDB> = env.api(NS);
-    /// How the spec's reloadable settings were applied, once the status says they were.
-    fn recorded(q: Option<&QuestDB>) -> Option<ConfigApplied> {
-        q.and_then(|q| {
-            let config = q.status.as_ref()?.config.as_ref()?;
-            (config.applied_digest.as_deref() == Some(reloadable_digest(q).as_str()))
-                .then_some(config.applied_by)
-                .flatten()
-        })
-    }
     // The database started with its settings: recorded as read at start.
     let q = wait_for(
         &qdbs,
         "db1",
         "the settings it started with recorded",
-        |q: Option<&QuestDB>| recorded(q).is_some(),
+        |q: Option<&QuestDB>| applied(q, None).is_some(),
     )
     .await;
-    assert_eq!(recorded(Some(&q)), Some(ConfigApplied::Restart));
+    let (first, by) = applied(Some(&q), None).unwrap();
+    assert_eq!(by, ConfigApplied::Restart);
     let before = pod_identity(&env, "db1").await;
     let creds = Credentials::of(&env, "db1-credentials").await;
     let http = format!("{}:9000", pod_ip(&env, "db1").await);
@@ -419,13 +423,16 @@ async fn a_reloadable_setting_reaches_the_running_database_without_a_restart() {
     )
     .await
     .unwrap();
-    wait_for(
+    let q = wait_for(
         &qdbs,
         "db1",
         "the new value reloaded",
-        |q: Option<&QuestDB>| recorded(q) == Some(ConfigApplied::Reload),
+        |q: Option<&QuestDB>| {
+            applied(q, Some(&first)).is_some_and(|(_, by)| by == ConfigApplied::Reload)
+        },
     )
     .await;
+    let (second, _) = applied(Some(&q), None).unwrap();
     assert_eq!(
         parameter(&http, KEY, creds.http()).await,
         Some(("30".into(), "conf".into())),
@@ -455,17 +462,15 @@ async fn a_reloadable_setting_reaches_the_running_database_without_a_restart() {
     )
     .await
     .unwrap();
-    let q = wait_for(
+    wait_for(
         &qdbs,
         "db1",
         "the removal reloaded",
         |q: Option<&QuestDB>| {
-            recorded(q) == Some(ConfigApplied::Reload)
-                && q.is_some_and(|q| q.spec.config.server.is_empty())
+            applied(q, Some(&second)).is_some_and(|(_, by)| by == ConfigApplied::Reload)
         },
     )
     .await;
-    assert!(q.spec.config.server.is_empty());
     assert_eq!(
         parameter(&http, KEY, creds.http())
             .await
@@ -656,11 +661,24 @@ async fn a_database_that_cannot_start_says_why_in_status_and_one_event() {
     env.stop().await;
 }
 
+/// A leaked pgwire password is rotated at once, without cutting off every client or replaying
+/// the WAL: the new password works in the same database process, and the old one is refused.
 #[tokio::test]
-async fn a_changed_password_restarts_the_database_and_the_old_one_stops_working() {
+async fn a_rotated_pgwire_password_takes_without_a_restart_and_the_old_one_is_refused() {
+    use questdb_operator::api::ConfigApplied;
     let env = env().await;
     env.create_questdb(NS, "db1", real).await;
     ready(&env, "db1").await;
+    let qdbs: Api<QuestDB> = env.api(NS);
+    let q = wait_for(
+        &qdbs,
+        "db1",
+        "the users it started with recorded",
+        |q: Option<&QuestDB>| applied(q, None).is_some(),
+    )
+    .await;
+    let (first, _) = applied(Some(&q), None).unwrap();
+    let before = pod_identity(&env, "db1").await;
     let creds = Credentials::of(&env, "db1-credentials").await;
     let ip = pod_ip(&env, "db1").await;
     let (user, old) = creds.pg();
@@ -678,26 +696,25 @@ async fn a_changed_password_restarts_the_database_and_the_old_one_stops_working(
         )
         .await
         .unwrap();
-    wait_until("the new password works", || {
-        let pods: Api<Pod> = env.api(NS);
-        async move {
-            let Some(ip) = pods
-                .get_opt("db1-0")
-                .await
-                .ok()
-                .flatten()
-                .and_then(|p| p.status?.pod_ip)
-            else {
-                return false;
-            };
-            psql(&ip, 8812, "admin", "a-new-password-1", "select 1")
-                .await
-                .is_ok()
-        }
-    })
+    wait_for(
+        &qdbs,
+        "db1",
+        "the rotation reloaded",
+        |q: Option<&QuestDB>| {
+            applied(q, Some(&first)).is_some_and(|(_, by)| by == ConfigApplied::Reload)
+        },
+    )
     .await;
-    let ip = pod_ip(&env, "db1").await;
-    assert!(psql(&ip, 8812, user, old, "select 1").await.is_err());
+    psql(&ip, 8812, user, "a-new-password-1", "select 1")
+        .await
+        .expect("the new password works once the operator says so");
+    let refused = psql(&ip, 8812, user, old, "select 1").await.unwrap_err();
+    assert!(refused.contains("invalid username/password"), "{refused}");
+    assert_eq!(
+        pod_identity(&env, "db1").await,
+        before,
+        "the same pod, never restarted"
+    );
     // Never rewritten by the operator: the user's password stays.
     let after = Credentials::of(&env, "db1-credentials").await;
     assert_eq!(after.0[credentials::PG_PASSWORD], "a-new-password-1");

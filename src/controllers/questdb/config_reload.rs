@@ -12,11 +12,14 @@ use tracing::{debug, info};
 use crate::api::{ConfigApplied, ConfigStatus, EventReason, QuestDB};
 use crate::controllers::cached_pod::CachedPod;
 use crate::controllers::context::Context;
-use crate::controllers::write_health::{self, Logins};
 use crate::controllers::Error;
+use crate::desired::credentials::{self, PgCredentials};
 use crate::desired::reload::{self, Settle};
 use crate::plan::config_reload::{decide, record, ConfigStep, ConfigView, RELOAD_RETRY};
-use crate::questdb_http::Database;
+use crate::questdb_http::{Database, Login};
+use crate::questdb_pgwire;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::Api;
 
 use super::record as status_record;
 
@@ -39,14 +42,28 @@ pub(super) struct Outcome {
 /// query refused) waits for the next question, unless a reload is under way.
 const ASK_AGAIN: Duration = Duration::from_secs(60);
 
-/// Runs one step.
+/// How long a pgwire login may take before the database counts as not answering.
+const LOGIN_LIMIT: Duration = Duration::from_secs(3);
+
+/// The digest `status.config` records: the spec's reloadable settings and the pgwire users of
+/// the credentials Secret (`pg_digest`, from its check), which reach `server.conf` too.
+pub fn wanted_digest(qdb: &QuestDB, pg_digest: Option<&str>) -> String {
+    let settings = reload::reloadable_digest(qdb);
+    match pg_digest {
+        Some(pg) => format!("{settings}-{}", pg.get(..8).unwrap_or(pg)),
+        None => settings,
+    }
+}
+
+/// Runs one step. `pg_digest`: the credentials Secret's pgwire digest, once it is usable.
 pub(super) async fn step(
     qdb: &mut QuestDB,
     ctx: &Context,
     template: &TemplateMarks,
     pod: Option<&CachedPod>,
+    pg_digest: Option<&str>,
 ) -> Result<Outcome, Error> {
-    let wanted = reload::reloadable_digest(qdb);
+    let wanted = wanted_digest(qdb, pg_digest);
     let status = qdb.status.as_ref().and_then(|s| s.config.clone());
     let mark = |key: &str| {
         pod.and_then(|p| p.metadata.annotations.as_ref())
@@ -68,7 +85,7 @@ pub(super) async fn step(
     let mut step = decide(&view, None);
     let mut database = None;
     if step == ConfigStep::Ask {
-        let Some((db, settle)) = ask(qdb, ctx).await else {
+        let Some((db, settle)) = ask(qdb, ctx, pod).await else {
             let reloading = status
                 .as_ref()
                 .is_some_and(|s| s.reloading_digest.as_deref() == Some(wanted.as_str()));
@@ -119,7 +136,7 @@ pub(super) async fn step(
             let Some(db) = database else {
                 return Ok(retry);
             };
-            if let Err(e) = db.reload_config().await {
+            if let Err(e) = db.http.reload_config().await {
                 debug!(questdb = %qdb.name_any(), error = %e, "reload_config() failed; trying again");
                 return Ok(retry);
             }
@@ -142,23 +159,83 @@ pub(super) async fn step(
     }
 }
 
-/// Connects to the database and compares its parameters with the spec's settings; `None`
-/// when it cannot be asked now.
-async fn ask(qdb: &QuestDB, ctx: &Context) -> Option<(Database, Settle)> {
-    let mut logins = Logins::new();
-    let db = write_health::connect(ctx, qdb, None, &mut logins).await?;
-    let settle = settle_of(qdb, &db).await?;
-    Some((db, settle))
+/// The database at the pod's address, with the credentials Secret's logins.
+struct Asked {
+    http: Database,
+    pgwire: std::net::SocketAddr,
+    pg: Option<PgCredentials>,
 }
 
-async fn settle_of(qdb: &QuestDB, db: &Database) -> Option<Settle> {
-    match db.parameters(reload::RELOADABLE_KEYS).await {
-        Ok(rows) => Some(reload::settle(&reload::reloadable_in_file(qdb), &rows)),
+/// Connects to the database and compares its parameters (and, for the pgwire users, a login
+/// with each) with what `server.conf` holds; `None` when it cannot be asked now.
+async fn ask(qdb: &QuestDB, ctx: &Context, pod: Option<&CachedPod>) -> Option<(Asked, Settle)> {
+    let ip: std::net::IpAddr = pod?.status.as_ref()?.pod_ip.as_deref()?.parse().ok()?;
+    let ns = qdb.namespace()?;
+    let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
+    let secret = api
+        .get_opt(&credentials::secret_name(qdb))
+        .await
+        .ok()
+        .flatten();
+    let login = secret.as_ref().and_then(Login::from_secret);
+    let pg = secret
+        .and_then(|s| s.data)
+        .and_then(|d| PgCredentials::from_data(&d));
+    let asked = Asked {
+        http: Database::at(
+            std::net::SocketAddr::new(ip, crate::desired::HTTP_PORT as u16),
+            login.as_ref(),
+        ),
+        pgwire: std::net::SocketAddr::new(ip, crate::desired::PGWIRE_PORT as u16),
+        pg,
+    };
+    let settle = settle_of(qdb, &asked).await?;
+    Some((asked, settle))
+}
+
+async fn settle_of(qdb: &QuestDB, asked: &Asked) -> Option<Settle> {
+    let mut wanted = reload::reloadable_in_file(qdb);
+    if let Some(pg) = &asked.pg {
+        wanted.insert("pg.user".into(), pg.user.clone());
+        wanted.insert("pg.readonly.user".into(), pg.readonly_user.clone());
+    }
+    let settle = match asked.http.parameters(reload::RELOADABLE_KEYS).await {
+        Ok(rows) => reload::settle(&wanted, &rows),
         Err(e) => {
             debug!(questdb = %qdb.name_any(), error = %e, "could not read the database's parameters");
-            None
+            return None;
+        }
+    };
+    if settle != Settle::Settled {
+        return Some(settle);
+    }
+    // Passwords are masked in the parameters: a login says whether the new one took.
+    let Some(pg) = &asked.pg else {
+        return Some(settle);
+    };
+    let mut refused = vec![];
+    for (key, user, password) in [
+        ("pg.password", &pg.user, &pg.password),
+        (
+            "pg.readonly.password",
+            &pg.readonly_user,
+            &pg.readonly_password,
+        ),
+    ] {
+        match questdb_pgwire::logs_in(asked.pgwire, user, password, LOGIN_LIMIT).await {
+            Ok(true) => {}
+            Ok(false) => refused.push(key.to_string()),
+            Err(e) => {
+                debug!(questdb = %qdb.name_any(), error = %e, "could not log in over pgwire");
+                return None;
+            }
         }
     }
+    Some(if refused.is_empty() {
+        Settle::Settled
+    } else {
+        Settle::Pending(refused)
+    })
 }
 
 async fn announce_applied(qdb: &QuestDB, ctx: &Context, by: ConfigApplied) {

@@ -27,8 +27,8 @@ use crate::plan::conditions::Verdict;
 /// the condition.
 pub struct Resolution {
     pub secret: String,
-    /// The Secret's resourceVersion and digest, when it is usable.
-    pub usable: Option<(String, String)>,
+    /// The Secret's resourceVersion, HTTP digest and pgwire digest, when it is usable.
+    pub usable: Option<(String, String, String)>,
     pub condition: Verdict<CredentialsReason>,
 }
 
@@ -36,7 +36,11 @@ impl Resolution {
     pub fn seen(&self) -> Option<credentials::Seen<'_>> {
         self.usable
             .as_ref()
-            .map(|(version, digest)| credentials::Seen { version, digest })
+            .map(|(version, digest, pg_digest)| credentials::Seen {
+                version,
+                digest,
+                pg_digest,
+            })
     }
 }
 
@@ -60,7 +64,7 @@ pub async fn resolve(qdb: &QuestDB, ctx: &Context) -> Result<Resolution, Error> 
     let condition = verdict(qdb, &name, read.as_ref().map(|(_, c)| c));
     report(qdb, ctx, &condition).await;
     let usable = match read {
-        Some((version, Check::Usable { digest })) => Some((version, digest)),
+        Some((version, Check::Usable { digest, pg_digest })) => Some((version, digest, pg_digest)),
         _ => None,
     };
     Ok(Resolution {
@@ -70,8 +74,9 @@ pub async fn resolve(qdb: &QuestDB, ctx: &Context) -> Result<Resolution, Error> 
     })
 }
 
-/// What the StatefulSet says it was built from (`<resourceVersion>:<digest>`), if anything.
-fn seen_by_statefulset(qdb: &QuestDB, ctx: &Context) -> Option<(String, String)> {
+/// What the StatefulSet says it was built from (`<resourceVersion>:<digest>:<pg digest>`), if
+/// anything.
+fn seen_by_statefulset(qdb: &QuestDB, ctx: &Context) -> Option<(String, Check)> {
     let ns = qdb.namespace()?;
     let sts = ctx
         .caches
@@ -79,7 +84,13 @@ fn seen_by_statefulset(qdb: &QuestDB, ctx: &Context) -> Option<(String, String)>
         .get(&ObjectRef::new(&crate::desired::names::statefulset(qdb)).within(&ns))?;
     let value = sts.annotation(credentials::CREDENTIALS_SEEN_ANNOTATION)?;
     let seen = credentials::Seen::parse(value)?;
-    Some((seen.version.to_string(), seen.digest.to_string()))
+    Some((
+        seen.version.to_string(),
+        Check::Usable {
+            digest: seen.digest.to_string(),
+            pg_digest: seen.pg_digest.to_string(),
+        },
+    ))
 }
 
 /// The condition for what was found; messages name the Secret and keys, never a value.
@@ -201,8 +212,7 @@ async fn read(
     if let Some(check) = cached {
         return Ok(Some((rv, check)));
     }
-    if let Some((version, digest)) = seen_by_statefulset(qdb, ctx).filter(|(v, _)| *v == rv) {
-        let check = Check::Usable { digest };
+    if let Some((version, check)) = seen_by_statefulset(qdb, ctx).filter(|(v, _)| *v == rv) {
         ctx.credentials
             .lock()
             .expect("credentials cache lock")

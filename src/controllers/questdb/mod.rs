@@ -17,6 +17,7 @@ mod placement;
 mod provision;
 mod record;
 mod restore;
+mod server_conf;
 pub mod status;
 mod stop_first;
 mod volume;
@@ -162,6 +163,16 @@ pub async fn reconcile(qdb: Arc<QuestDB>, ctx: Arc<Context>) -> Result<Next, Err
         }
     };
     let mut applier = Applier::new(&ctx, &qdb, report)?;
+    // Before the StatefulSet: its pod reads server.conf from this Secret.
+    let server_conf_text = wanted
+        .config
+        .data
+        .as_ref()
+        .and_then(|d| d.get(desired::SERVER_CONF_KEY))
+        .cloned()
+        .unwrap_or_default();
+    let written = server_conf::step(&qdb, &ctx, &creds, &server_conf_text).await?;
+    applier.record(written).await;
     let roll_held = children_step(&mut applier, &qdb, wanted, volume_known).await?;
     let report = applier.report;
 
@@ -174,7 +185,9 @@ pub async fn reconcile(qdb: Arc<QuestDB>, ctx: Arc<Context>) -> Result<Next, Err
     let pod = c
         .pods
         .get(&ObjectRef::new(&desired::names::pod(&qdb)).within(&ns));
-    let config = config_reload::step(&mut qdb, &ctx, &template_marks, pod.as_deref()).await?;
+    let pg_digest = creds.usable.as_ref().map(|(_, _, pg)| pg.as_str());
+    let config =
+        config_reload::step(&mut qdb, &ctx, &template_marks, pod.as_deref(), pg_digest).await?;
     let node = pod
         .as_ref()
         .and_then(|p| p.node_name.clone())
