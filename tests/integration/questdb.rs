@@ -1046,14 +1046,15 @@ async fn a_volume_without_a_storage_class_says_why_instead_of_waiting_forever() 
 
 /// Every write a new database costs is a request the apiserver serves and etcd stores; at a
 /// thousand databases a few extra per database are thousands. Counted at the apiserver (the
-/// proxy in front of every client), events apart: eight objects (StatefulSet, two Services,
-/// two ConfigMaps, NetworkPolicy, credentials Secret, PVC) and one status are the minimum of
-/// nine; ten are reached (a second status write: created, then running), and 10.0 to 10.3 were
-/// measured with four tests at once on two cores (a database whose progress lands outside the
+/// proxy in front of every client), events apart: nine objects (StatefulSet, two Services,
+/// two ConfigMaps, NetworkPolicy, credentials Secret, the server.conf Secret that holds the
+/// pgwire users, PVC) and one status are the minimum of ten; eleven are reached (a second status
+/// write: created, then running), and 10.0 to 10.3 were measured with four tests at once on two
+/// cores before the server.conf Secret, 11.0 after (a database whose progress lands outside the
 /// operator's hold window costs a third status write). Half a write more on average is allowed,
 /// not two.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn new_databases_cost_ten_writes_each_and_at_most_half_a_write_more_on_average() {
+async fn new_databases_cost_eleven_writes_each_and_at_most_half_a_write_more_on_average() {
     const N: u64 = 10;
     let env = Env::start().await;
     env.namespace(NS).await;
@@ -1091,8 +1092,8 @@ async fn new_databases_cost_ten_writes_each_and_at_most_half_a_write_more_on_ave
         events as f64 / N as f64
     );
     assert!(
-        operator_writes * 2 <= N * 21,
-        "{operator_writes} writes for {N} new databases, more than 10.5 each: {by_kind:?}"
+        operator_writes * 2 <= N * 23,
+        "{operator_writes} writes for {N} new databases, more than 11.5 each: {by_kind:?}"
     );
     env.stop().await;
 }

@@ -1,0 +1,407 @@
+//! What a change costs the database's clients (issue 50, item 4): client-observed
+//! unavailability while the operator applies a reloadable setting, a pgwire password rotation,
+//! a setting QuestDB cannot reload, and a version upgrade, each on a real QuestDB under the
+//! operator.
+//!
+//! ```text
+//! cargo bench --profile dev --bench downtime                 # 3 runs of each change
+//! cargo bench --profile dev --bench downtime -- --runs 1
+//! ```
+//!
+//! A client asks `select 1` over HTTP every 100 ms (a 1 s answer limit), at the database pod's
+//! address as the API reports it now (the test environment has no Service proxy, so a client
+//! of the Service is stood in for by following the pod), with the database's HTTP login, which
+//! none of the changes touches. A change begins when the bench writes it and ends when the
+//! operator says it is applied (`status.config` for a reload; Ready on the new pod, or the new
+//! version, for a restart), plus 3 s. Unavailability is the time from a failed question to the
+//! next answered one, summed over the change; the longest such gap is printed too. A restart is
+//! told by the pod's uid and its container's restart count.
+//!
+//! Prints a line per change, a table, then one JSON line.
+
+mod support;
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context as _};
+use k8s_openapi::api::core::v1::{Namespace, Pod, Secret};
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
+use questdb_operator::api::{ConfigApplied, QuestDB};
+use questdb_operator::questdb_http;
+use questdb_testenv::{ControlPlane, ControlPlaneOptions, Databases, NodeRegistration};
+use serde_json::json;
+
+use support::operator::{self, Operator, RunArgs};
+use support::{cluster, wait};
+
+const NODE: &str = "worker-a1";
+const TIMEOUT: Duration = Duration::from_secs(300);
+const POLL: Duration = Duration::from_millis(100);
+const ANSWER_LIMIT: Duration = Duration::from_secs(1);
+const SETTLE: Duration = Duration::from_secs(3);
+const OLD_VERSION: &str = "9.1.0";
+const NEW_VERSION: &str = "9.2.0";
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Change {
+    ReloadableSetting,
+    PgwireRotation,
+    OtherSetting,
+    VersionUpgrade,
+}
+
+impl Change {
+    const ALL: [Change; 4] = [
+        Change::ReloadableSetting,
+        Change::PgwireRotation,
+        Change::OtherSetting,
+        Change::VersionUpgrade,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            Change::ReloadableSetting => "reloadable setting (pg.net.connection.limit)",
+            Change::PgwireRotation => "pgwire password rotation",
+            Change::OtherSetting => "setting QuestDB cannot reload (cairo.max.uncommitted.rows)",
+            Change::VersionUpgrade => "version upgrade (9.1.0 to 9.2.0)",
+        }
+    }
+}
+
+struct Measured {
+    change: Change,
+    unavailable: Duration,
+    longest: Duration,
+    restarted: bool,
+    took: Duration,
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> anyhow::Result<()> {
+    let mut runs = 3;
+    for (flag, value) in support::args::flags(&["--runs"])? {
+        match flag.as_str() {
+            "--runs" => runs = value.context("--runs N")?.parse().context("--runs N")?,
+            other => bail!("unknown flag {other}"),
+        }
+    }
+    let cp = ControlPlane::start(ControlPlaneOptions {
+        nodes: vec![NodeRegistration::worker(NODE, "sim-zone-a")],
+        databases: Databases::Real,
+        ..ControlPlaneOptions::empty()
+    })
+    .await
+    .context("starting the control plane")?;
+    let client = cp.direct_client();
+    cluster::install_crd(&client, TIMEOUT).await?;
+    let dir = tempfile::tempdir()
+        .context("creating a temporary directory")?
+        .keep();
+    let kubeconfig = dir.join("kubeconfig");
+    std::fs::write(&kubeconfig, cp.operator_kubeconfig_yaml()).context("writing the kubeconfig")?;
+    let run_args = RunArgs {
+        kubeconfig,
+        metrics: SocketAddr::from(([127, 0, 0, 1], 0)),
+        health: operator::free_addr()?,
+        concurrency: None,
+    };
+    let health = run_args.health;
+    let mut op = Operator::start(&operator::binary()?, &run_args, dir.join("operator.log"))?;
+    wait::until("the operator's /readyz", TIMEOUT, &mut op, || async move {
+        operator::http_get(health, "/readyz").await.is_some()
+    })
+    .await?;
+
+    let mut measured = Vec::new();
+    for run in 0..runs {
+        let ns = format!("downtime-{run}");
+        let namespace: Namespace = serde_json::from_value(json!({"metadata": {"name": ns}}))?;
+        Api::<Namespace>::all(client.clone())
+            .create(&PostParams::default(), &namespace)
+            .await?;
+        for change in Change::ALL {
+            let m = one_change(&client, &mut op, &ns, change).await?;
+            println!(
+                "run {run}: {:<60} unavailable {:>6.1} s (longest gap {:.1} s), restarted: {}, applied in {:.1} s",
+                change.name(),
+                m.unavailable.as_secs_f64(),
+                m.longest.as_secs_f64(),
+                if m.restarted { "yes" } else { "no" },
+                m.took.as_secs_f64()
+            );
+            measured.push(m);
+        }
+    }
+
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied().unwrap_or_default()
+    };
+    println!();
+    println!(
+        "| change | runs | unavailable, s (median / max) | restarted | applied in, s (median) |"
+    );
+    println!("|---|---|---|---|---|");
+    let mut summary = Vec::new();
+    for change in Change::ALL {
+        let of: Vec<&Measured> = measured.iter().filter(|m| m.change == change).collect();
+        let down: Vec<f64> = of.iter().map(|m| m.unavailable.as_secs_f64()).collect();
+        let max = down.iter().copied().fold(0.0, f64::max);
+        let took = median(of.iter().map(|m| m.took.as_secs_f64()).collect());
+        let restarted = of.iter().filter(|m| m.restarted).count();
+        println!(
+            "| {} | {} | {:.1} / {:.1} | {restarted} of {} | {took:.1} |",
+            change.name(),
+            of.len(),
+            median(down.clone()),
+            max,
+            of.len()
+        );
+        summary.push(json!({"change": change.name(), "runs": of.len(),
+            "unavailable_s_median": median(down), "unavailable_s_max": max,
+            "restarted": restarted, "applied_s_median": took}));
+    }
+    println!("{}", json!({"downtime": summary}));
+    drop(op);
+    drop(cp);
+    Ok(())
+}
+
+/// One database, made for the change (the upgrade's at the old version), then the change,
+/// measured; the database goes afterwards so that two JVMs never share the machine long.
+async fn one_change(
+    client: &Client,
+    op: &mut Operator,
+    ns: &str,
+    change: Change,
+) -> anyhow::Result<Measured> {
+    let name = match change {
+        Change::ReloadableSetting => "reload",
+        Change::PgwireRotation => "rotate",
+        Change::OtherSetting => "restart",
+        Change::VersionUpgrade => "upgrade",
+    };
+    let version = if change == Change::VersionUpgrade {
+        OLD_VERSION
+    } else {
+        NEW_VERSION
+    };
+    let qdb: QuestDB = serde_json::from_value(json!({
+        "apiVersion": "crd.questdb.io/v1beta1",
+        "kind": "QuestDB",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {
+            "image": format!("questdb/questdb:{version}"),
+            "volume": {"size": "10Gi"},
+            "config": {"server": {"pg.net.connection.limit": "20", "cairo.max.uncommitted.rows": "1000"}},
+        },
+    }))?;
+    let qdbs: Api<QuestDB> = Api::namespaced(client.clone(), ns);
+    qdbs.create(&PostParams::default(), &qdb).await?;
+    wait::until(
+        "the QuestDB Running with its settings recorded",
+        TIMEOUT,
+        op,
+        || async {
+            qdbs.get_opt(name).await.ok().flatten().is_some_and(|q| {
+                running(&q) && (change == Change::VersionUpgrade || applied(&q).is_some())
+            })
+        },
+    )
+    .await?;
+    let before_config = qdbs.get(name).await?.status.and_then(|s| s.config);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let pod_name = format!("{name}-0");
+    let before_pod = identity(&pods.get(&pod_name).await?);
+    let secret = Api::<Secret>::namespaced(client.clone(), ns)
+        .get(&format!("{name}-credentials"))
+        .await?;
+    let data = secret.data.unwrap_or_default();
+    let text = |k: &str| -> anyhow::Result<String> {
+        let v = data.get(k).with_context(|| format!("{k} missing"))?;
+        Ok(String::from_utf8(v.0.clone())?)
+    };
+    let login = (text("QDB_HTTP_USER")?, text("QDB_HTTP_PASSWORD")?);
+
+    let answers = Arc::new(Mutex::new(Vec::<(Instant, bool)>::new()));
+    let client_task = tokio::spawn(ask_forever(
+        pods.clone(),
+        pod_name.clone(),
+        login,
+        answers.clone(),
+    ));
+    // The client answered before the change: it measures the change, not its own start.
+    wait::until("the client's first answer", TIMEOUT, op, || async {
+        answers.lock().expect("answers").iter().any(|(_, ok)| *ok)
+    })
+    .await?;
+
+    let began = Instant::now();
+    let pp = PatchParams::default();
+    match change {
+        Change::ReloadableSetting => {
+            let p = json!({"spec": {"config": {"server": {"pg.net.connection.limit": "30"}}}});
+            qdbs.patch(name, &pp, &Patch::Merge(&p)).await?;
+        }
+        Change::PgwireRotation => {
+            let p = json!({"stringData": {"QDB_PG_PASSWORD": format!("rotated-{}", began.elapsed().as_nanos())}});
+            Api::<Secret>::namespaced(client.clone(), ns)
+                .patch(&format!("{name}-credentials"), &pp, &Patch::Merge(&p))
+                .await?;
+        }
+        Change::OtherSetting => {
+            let p = json!({"spec": {"config": {"server": {"cairo.max.uncommitted.rows": "2000"}}}});
+            qdbs.patch(name, &pp, &Patch::Merge(&p)).await?;
+        }
+        Change::VersionUpgrade => {
+            let p = json!({"spec": {"image": format!("questdb/questdb:{NEW_VERSION}")}});
+            qdbs.patch(name, &pp, &Patch::Merge(&p)).await?;
+        }
+    }
+    let before_pod_ref = &before_pod;
+    let before_config_ref = &before_config;
+    let pods_ref = &pods;
+    let pod_name_ref = &pod_name;
+    let qdbs_ref = &qdbs;
+    wait::until(
+        "the operator saying the change is applied",
+        TIMEOUT,
+        op,
+        || async move {
+            let Some(q) = qdbs_ref.get_opt(name).await.ok().flatten() else {
+                return false;
+            };
+            let Some(pod) = pods_ref.get_opt(pod_name_ref).await.ok().flatten() else {
+                return false;
+            };
+            let generation_seen =
+                q.status.as_ref().and_then(|s| s.observed_generation) == q.metadata.generation;
+            match change {
+                Change::ReloadableSetting | Change::PgwireRotation => {
+                    let now = q.status.as_ref().and_then(|s| s.config.clone());
+                    applied(&q) == Some(ConfigApplied::Reload)
+                        && now.map(|c| c.applied_digest)
+                            != before_config_ref.clone().map(|c| c.applied_digest)
+                }
+                Change::OtherSetting => {
+                    generation_seen && running(&q) && identity(&pod) != *before_pod_ref
+                }
+                Change::VersionUpgrade => {
+                    generation_seen
+                        && running(&q)
+                        && q.status.as_ref().and_then(|s| s.version.as_deref()) == Some(NEW_VERSION)
+                }
+            }
+        },
+    )
+    .await?;
+    let took = began.elapsed();
+    tokio::time::sleep(SETTLE).await;
+    client_task.abort();
+    let after_pod = identity(&pods.get(&pod_name).await?);
+    let answers: Vec<(Instant, bool)> = answers
+        .lock()
+        .expect("answers")
+        .iter()
+        .copied()
+        .filter(|(at, _)| *at >= began)
+        .collect();
+    let (unavailable, longest) = gaps(&answers);
+    qdbs.delete(name, &Default::default()).await?;
+    wait::until("the database pod gone", TIMEOUT, op, || async {
+        pods.get_opt(&pod_name).await.ok().flatten().is_none()
+    })
+    .await?;
+    Ok(Measured {
+        change,
+        unavailable,
+        longest,
+        restarted: after_pod != before_pod,
+        took,
+    })
+}
+
+/// Asks `select 1` every [`POLL`] at the pod's current address, recording each answer.
+async fn ask_forever(
+    pods: Api<Pod>,
+    pod: String,
+    login: (String, String),
+    answers: Arc<Mutex<Vec<(Instant, bool)>>>,
+) {
+    let mut ticks = tokio::time::interval(POLL);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
+        let addr = pods
+            .get_opt(&pod)
+            .await
+            .ok()
+            .flatten()
+            .and_then(|p| p.status?.pod_ip)
+            .and_then(|ip| format!("{ip}:9000").parse::<SocketAddr>().ok());
+        let ok = match addr {
+            Some(addr) => questdb_http::Database::new(addr, Some((&login.0, &login.1)))
+                .exec_within("select 1", ANSWER_LIMIT)
+                .await
+                .is_ok(),
+            None => false,
+        };
+        answers.lock().expect("answers").push((Instant::now(), ok));
+    }
+}
+
+/// The summed and the longest time from a failed answer to the next good one.
+fn gaps(answers: &[(Instant, bool)]) -> (Duration, Duration) {
+    let mut total = Duration::ZERO;
+    let mut longest = Duration::ZERO;
+    let mut down_since: Option<Instant> = None;
+    for (at, ok) in answers {
+        match (ok, down_since) {
+            (false, None) => down_since = Some(*at),
+            (true, Some(since)) => {
+                let gap = at.duration_since(since);
+                total += gap;
+                longest = longest.max(gap);
+                down_since = None;
+            }
+            _ => {}
+        }
+    }
+    if let (Some(since), Some((last, _))) = (down_since, answers.last()) {
+        let gap = last.duration_since(since);
+        total += gap;
+        longest = longest.max(gap);
+    }
+    (total, longest)
+}
+
+fn running(q: &QuestDB) -> bool {
+    q.status.as_ref().is_some_and(|s| {
+        s.conditions
+            .iter()
+            .any(|c| c.type_ == "Ready" && c.status == "True")
+    })
+}
+
+fn applied(q: &QuestDB) -> Option<ConfigApplied> {
+    let config = q.status.as_ref()?.config.as_ref()?;
+    config
+        .reloading_digest
+        .is_none()
+        .then_some(config.applied_by)
+        .flatten()
+}
+
+/// The pod's uid and its database container's restart count.
+fn identity(pod: &Pod) -> (Option<String>, i32) {
+    let restarts = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .and_then(|cs| cs.iter().find(|c| c.name == "questdb"))
+        .map_or(-1, |c| c.restart_count);
+    (pod.uid(), restarts)
+}
