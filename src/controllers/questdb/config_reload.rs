@@ -243,18 +243,22 @@ async fn announce_applied(qdb: &QuestDB, ctx: &Context, by: ConfigApplied) {
         return;
     }
     let keys: Vec<String> = reload::reloadable_settings(qdb).into_keys().collect();
-    let what = if keys.is_empty() {
-        "the reloadable settings' defaults".to_string()
+    let settings = if keys.is_empty() {
+        "no reloadable setting in spec.config.server (QuestDB's defaults)".to_string()
     } else {
         keys.join(", ")
     };
-    info!(questdb = %qdb.name_any(), settings = %what, "settings reloaded without a restart");
+    let secret = credentials::secret_name(qdb);
+    info!(questdb = %qdb.name_any(), %settings, %secret, "settings and pgwire users reloaded without a restart");
+    // The note names what is in force, not what changed: the digest alone says a change.
     ctx.event(
         qdb,
         EventType::Normal,
         EventReason::ConfigReloaded,
         "Reload",
-        format!("reloaded in place, no restart ({what}); the database reports every value"),
+        format!(
+            "reloaded in place, no restart: {settings}, and the pgwire users of Secret {secret}; the database reports every value and accepts their logins"
+        ),
     )
     .await;
 }
