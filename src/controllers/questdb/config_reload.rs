@@ -16,7 +16,7 @@ use crate::controllers::Error;
 use crate::desired::credentials::{self, PgCredentials};
 use crate::desired::reload::{self, Settle};
 use crate::plan::config_reload::{decide, record, ConfigStep, ConfigView, RELOAD_RETRY};
-use crate::questdb_http::{Database, Login};
+use crate::questdb_http::{Database, Login, QueryError};
 use crate::questdb_pgwire;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::Api;
@@ -95,6 +95,15 @@ pub(super) async fn step(
             });
         };
         step = decide(&view, Some(&settle));
+        // A version that cannot report its parameters, looked at for the first time: it read
+        // its file at start, so what it runs is recorded, not restarted for.
+        let first_look = status
+            .as_ref()
+            .and_then(|s| s.applied_digest.as_ref())
+            .is_none();
+        if first_look && settle == refused_parameters() {
+            step = ConfigStep::Record(ConfigApplied::Restart);
+        }
         database = Some(db);
     }
     let recorded = record(&view, &step);
@@ -159,6 +168,13 @@ pub(super) async fn step(
     }
 }
 
+/// What a database that refuses `SHOW PARAMETERS` needs for any change of its file.
+fn refused_parameters() -> Settle {
+    Settle::NeedsRestart(vec![
+        "every reloadable setting (this version refuses SHOW PARAMETERS)".to_string(),
+    ])
+}
+
 /// The database at the pod's address, with the credentials Secret's logins.
 struct Asked {
     http: Database,
@@ -201,6 +217,13 @@ async fn settle_of(qdb: &QuestDB, asked: &Asked) -> Option<Settle> {
     }
     let settle = match asked.http.parameters(reload::RELOADABLE_KEYS).await {
         Ok(rows) => reload::settle(&wanted, &rows),
+        // It answered, and refused: a version without `SHOW PARAMETERS`' columns (or without
+        // the function) cannot say what it reloads, so what the file brings needs a restart;
+        // polling it would never end.
+        Err(QueryError::Refused { message, .. }) => {
+            debug!(questdb = %qdb.name_any(), %message, "the database refused SHOW PARAMETERS");
+            return Some(refused_parameters());
+        }
         Err(e) => {
             debug!(questdb = %qdb.name_any(), error = %e, "could not read the database's parameters");
             return None;
