@@ -43,7 +43,7 @@ use questdb_operator::questdb_http;
 use questdb_testenv::{ControlPlane, ControlPlaneOptions, Databases, NodeRegistration};
 use serde_json::{json, Value};
 
-use support::operator::{self, Operator, RunArgs};
+use support::operator::{self, Operator};
 use support::{cluster, wait};
 
 const IMAGE: &str = "questdb/questdb:9.2.0";
@@ -188,22 +188,11 @@ async fn main() -> anyhow::Result<()> {
     let client = cp.direct_client();
     cluster::install_crd(&client, TIMEOUT).await?;
 
-    let dir = tempfile::tempdir()
-        .context("creating a temporary directory")?
-        .keep();
-    let kubeconfig = dir.join("kubeconfig");
-    std::fs::write(&kubeconfig, cp.operator_kubeconfig_yaml()).context("writing the kubeconfig")?;
-    let run_args = RunArgs {
-        kubeconfig,
-        metrics: SocketAddr::from(([127, 0, 0, 1], 0)),
-        health: operator::free_addr()?,
-        concurrency: None,
-    };
-    let health = run_args.health;
-    let mut op = Operator::start(&operator::binary()?, &run_args, dir.join("operator.log"))?;
-    wait::until("the operator's /readyz", TIMEOUT, &mut op, || async move {
-        operator::http_get(health, "/readyz").await.is_some()
-    })
+    let mut op = operator::start_ready(
+        &operator::binary()?,
+        &cp.operator_kubeconfig_yaml(),
+        TIMEOUT,
+    )
     .await?;
 
     let mut runs = Vec::new();

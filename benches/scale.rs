@@ -971,13 +971,7 @@ async fn plain_client_baseline(
                 let cms: Api<ConfigMap> = Api::namespaced(client.clone(), NS);
                 cms.create(&pp, &children.config).await?;
                 // The server.conf the pod reads, as the operator renders it.
-                let server_conf = children
-                    .config
-                    .data
-                    .as_ref()
-                    .and_then(|d| d.get(desired::SERVER_CONF_KEY))
-                    .cloned()
-                    .unwrap_or_default();
+                let server_conf = children.server_conf();
                 let pg =
                     desired::credentials::PgCredentials::from_data(&data).ok_or_else(|| {
                         anyhow::anyhow!("the generated credentials lack a pgwire key")
@@ -987,9 +981,9 @@ async fn plain_client_baseline(
                         &pp,
                         &desired::credentials::server_conf_secret(
                             &created,
-                            &server_conf,
+                            server_conf,
                             &pg,
-                            &desired::credentials::server_conf_source(&server_conf, &pg_digest),
+                            &desired::credentials::server_conf_source(server_conf, &pg_digest),
                         ),
                     )
                     .await?;

@@ -88,6 +88,37 @@ pub struct Operator {
     log: PathBuf,
 }
 
+/// Runs `binary` against the cluster of `kubeconfig_yaml` as a user would, once it answers
+/// `/readyz`: the kubeconfig and `operator.log` in a temporary directory kept after the run (so
+/// a failure can be investigated), metrics on any free port (not scraped).
+pub async fn start_ready(
+    binary: &Path,
+    kubeconfig_yaml: &str,
+    timeout: Duration,
+) -> anyhow::Result<Operator> {
+    let dir = tempfile::tempdir()
+        .context("creating a temporary directory")?
+        .keep();
+    let kubeconfig = dir.join("kubeconfig");
+    std::fs::write(&kubeconfig, kubeconfig_yaml).context("writing the kubeconfig")?;
+    let args = RunArgs {
+        kubeconfig,
+        metrics: SocketAddr::from(([127, 0, 0, 1], 0)),
+        health: free_addr()?,
+        concurrency: None,
+    };
+    let health = args.health;
+    let mut operator = Operator::start(binary, &args, dir.join("operator.log"))?;
+    super::wait::until(
+        "the operator's /readyz",
+        timeout,
+        &mut operator,
+        || async move { http_get(health, "/readyz").await.is_some() },
+    )
+    .await?;
+    Ok(operator)
+}
+
 impl Operator {
     /// Starts `binary run ...`; its stdout and stderr go to `log` (warnings and errors only,
     /// unless `QDB_BENCH_OPERATOR_LOG` gives another `RUST_LOG` filter).

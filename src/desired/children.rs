@@ -30,6 +30,18 @@ pub struct Children {
     pub statefulset: StatefulSet,
 }
 
+impl Children {
+    /// The rendered `server.conf` (the config ConfigMap's), which the server.conf Secret also
+    /// carries, followed by the pgwire users.
+    pub fn server_conf(&self) -> &str {
+        self.config
+            .data
+            .as_ref()
+            .and_then(|d| d.get(super::SERVER_CONF_KEY))
+            .map_or("", String::as_str)
+    }
+}
+
 /// `ilp_auth_file`: the rendered auth file, when ILP auth is on and has keys.
 /// `credentials`: the credentials Secret as last read, once it is.
 /// `node`: the dedicated node the pod is pinned to, if any.

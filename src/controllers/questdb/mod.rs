@@ -164,14 +164,7 @@ pub async fn reconcile(qdb: Arc<QuestDB>, ctx: Arc<Context>) -> Result<Next, Err
     };
     let mut applier = Applier::new(&ctx, &qdb, report)?;
     // Before the StatefulSet: its pod reads server.conf from this Secret.
-    let server_conf_text = wanted
-        .config
-        .data
-        .as_ref()
-        .and_then(|d| d.get(desired::SERVER_CONF_KEY))
-        .cloned()
-        .unwrap_or_default();
-    let written = server_conf::step(&qdb, &ctx, &creds, &server_conf_text).await?;
+    let written = server_conf::step(&qdb, &ctx, &creds, wanted.server_conf()).await?;
     applier.record(written).await;
     let roll_held = children_step(&mut applier, &qdb, wanted, volume_known).await?;
     let report = applier.report;

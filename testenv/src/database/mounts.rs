@@ -128,24 +128,13 @@ pub(crate) async fn write_files(
         let target = table.map(&m.mount_path);
         let read_only = m.read_only == Some(true);
         let write = |path: &Path, content: &[u8]| -> Result<(), String> {
-            let fail = |e: std::io::Error| {
+            replace_file(path, content, read_only).map_err(|e| {
                 format!(
                     "MountVolume.SetUp failed for volume {:?} : writing {}: {e}",
                     m.name,
                     path.display()
                 )
-            };
-            if let Some(parent) = path.parent() {
-                std::fs::create_dir_all(parent).map_err(fail)?;
-            }
-            // A read-only file of the last start would refuse the write.
-            let _ = std::fs::remove_file(path);
-            std::fs::write(path, content).map_err(fail)?;
-            if read_only {
-                use std::os::unix::fs::PermissionsExt;
-                let _ = std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o444));
-            }
-            Ok(())
+            })
         };
         match m.sub_path.as_deref().filter(|s| !s.is_empty()) {
             Some(sub) => {
@@ -165,8 +154,8 @@ pub(crate) async fn write_files(
 
 /// Brings the ConfigMap and Secret volumes `container` mounts as directories up to date, as the
 /// kubelet does at its periodic pod sync: a file whose content changed is replaced atomically
-/// (the kubelet's atomic writer swaps a `..data` link; a rename gives a reader the same: the
-/// old file or the new one, never a torn one). subPath mounts are never refreshed (the
+/// ([`replace_file`]; the kubelet's atomic writer swaps a `..data` link, which a reader sees the
+/// same way). subPath mounts are never refreshed (the
 /// Kubernetes documentation: "A container using a ConfigMap as a subPath volume mount will not
 /// receive ConfigMap updates"). A source that cannot be read now is tried at the next sync.
 pub(crate) async fn refresh_files(
@@ -192,22 +181,30 @@ pub(crate) async fn refresh_files(
             if std::fs::read(&path).is_ok_and(|now| now == *content) {
                 continue;
             }
-            let staged = path.with_file_name(format!(
-                "..{}.refresh",
-                path.file_name().and_then(|n| n.to_str()).unwrap_or("file")
-            ));
-            let written = std::fs::write(&staged, content).and_then(|()| {
-                if m.read_only == Some(true) {
-                    use std::os::unix::fs::PermissionsExt;
-                    std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(0o444))?;
-                }
-                std::fs::rename(&staged, &path)
-            });
-            if let Err(e) = written {
+            if let Err(e) = replace_file(&path, content, m.read_only == Some(true)) {
                 tracing::debug!(path = %path.display(), error = %e, "refreshing a mounted file failed; trying at the next sync");
             }
         }
     }
+}
+
+/// Writes `content` at `path` as the kubelet's atomic writer does: staged beside it, then
+/// renamed over it, so a reader sees the old file or the new one, never a torn one (and a
+/// read-only file of the last start does not refuse the write).
+fn replace_file(path: &Path, content: &[u8], read_only: bool) -> std::io::Result<()> {
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent)?;
+    }
+    let staged = path.with_file_name(format!(
+        "..{}.staged",
+        path.file_name().and_then(|n| n.to_str()).unwrap_or("file")
+    ));
+    std::fs::write(&staged, content)?;
+    if read_only {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(0o444))?;
+    }
+    std::fs::rename(&staged, path)
 }
 
 /// The files of a ConfigMap or Secret volume (path → content); `None` for other volumes.
