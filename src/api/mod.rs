@@ -84,4 +84,8 @@ pub mod conditions {
     /// True naming the newest backup proven by restoring it and when it was taken, False
     /// when the newest verification failed. Absent until a backup of it is verified.
     pub const BACKUP_VERIFIED: &str = "BackupVerified";
+    /// A change of QuestDB version (`spec.image`) of a database that has run: False with the
+    /// step while it waits, stops, snapshots, starts or rolls back; True `Upgraded` once the
+    /// new version ran ready; False `RolledBack` while the old one runs again.
+    pub const VERSION_UPGRADE: &str = "VersionUpgrade";
 }

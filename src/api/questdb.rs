@@ -108,6 +108,13 @@ pub struct QuestDBSpec {
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub allow_version_downgrade: bool,
 
+    /// How a change of `image` (the QuestDB version) of a database that has run is made: the
+    /// old version is stopped and its volume snapshotted, then the new version starts; one
+    /// that is not ready within `readyTimeout` is rolled back to the old version and the data
+    /// as it was when the old version stopped.
+    #[serde(default, skip_serializing_if = "VersionUpgradeSpec::is_default")]
+    pub version_upgrade: VersionUpgradeSpec,
+
     /// Who may reach the database ports (a NetworkPolicy per QuestDB, on by default).
     #[serde(default)]
     pub network_policy: NetworkPolicySpec,
@@ -120,6 +127,43 @@ pub struct QuestDBSpec {
     /// context, extra volumes.
     #[serde(default, skip_serializing_if = "PodOptions::is_default")]
     pub pod: PodOptions,
+}
+
+/// How an image change of a database that has run is made (`spec.versionUpgrade`).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct VersionUpgradeSpec {
+    /// `Snapshot` (the default): a VolumeSnapshot of the volume is cut after the old version
+    /// stopped (every acknowledged row is in it) and before the new one starts; the image
+    /// change waits, saying so, while the snapshot cannot be taken. `Skip`: no snapshot, and no
+    /// way back once the new version has run on the data (QuestDB does not support
+    /// downgrades); a new version that is not ready is then left for a person to decide.
+    #[serde(default)]
+    pub backup: UpgradeBackup,
+    /// How long the new version may take to become ready before the database goes back to
+    /// the old one (e.g. `10m`, the default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 16))]
+    #[x_kube(validation = Rule::new("self.matches('^[0-9]+(s|m|h)$')").message("versionUpgrade.readyTimeout must be a duration such as 90s, 10m or 1h"))]
+    pub ready_timeout: Option<String>,
+    /// The VolumeSnapshotClass of the pre-upgrade snapshot (unset: the cluster's default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self.size() > 0 && self.size() <= 253").message("versionUpgrade.volumeSnapshotClassName must be a VolumeSnapshotClass name"))]
+    pub volume_snapshot_class_name: Option<String>,
+}
+
+impl VersionUpgradeSpec {
+    pub fn is_default(&self) -> bool {
+        self == &Self::default()
+    }
+}
+
+/// Whether an image change takes a snapshot first (`spec.versionUpgrade.backup`).
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum UpgradeBackup {
+    #[default]
+    Snapshot,
+    Skip,
 }
 
 /// Where the database's credentials come from. By default the operator generates a Secret
@@ -566,6 +610,67 @@ pub struct QuestDBStatus {
     /// How the settings QuestDB reloads in place last reached the running database.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub config: Option<ConfigStatus>,
+    /// The change of QuestDB version under way, held, or rolled back (absent once the new
+    /// version ran ready: the `VersionUpgrade` condition keeps what happened).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version_upgrade: Option<VersionUpgradeStatus>,
+}
+
+/// A change of `spec.image` of a database that has run, recorded before each side effect.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct VersionUpgradeStatus {
+    /// The image the database ran before, which it runs again in a rollback.
+    pub from_image: String,
+    /// The image it is upgraded to.
+    pub to_image: String,
+    pub step: VersionUpgradeStep,
+    /// When `step` began.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since: Option<Time>,
+    /// The VolumeSnapshot cut after the old version stopped (none with `backup: Skip`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<String>,
+    /// In a rollback: the uid of the claim the new version ran on (deleted, its volume kept)
+    /// and the PersistentVolume kept with `Retain` for a person to delete.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claim_uid: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retained_volume: Option<String>,
+    /// Why it waits, is held, or rolled back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// `Held`: the spec generation it was held at; an edit of the spec tries again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generation: Option<i64>,
+}
+
+/// The steps of a version upgrade and its rollback.
+#[derive(
+    JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, strum::Display,
+)]
+pub enum VersionUpgradeStep {
+    /// The old version runs until nothing else is under way (a failover, a node move, a
+    /// pause).
+    #[default]
+    Waiting,
+    /// The old version is stopped (the StatefulSet at zero replicas).
+    Stopping,
+    /// The volume's snapshot is being cut.
+    Snapshotting,
+    /// The new version starts and has `readyTimeout` to become ready.
+    Starting,
+    /// Rollback: the new version is stopped.
+    StoppingNew,
+    /// Rollback: the claim the new version ran on goes, its volume kept (`Retain`).
+    ReleasingVolume,
+    /// Rollback: a claim from the snapshot, and the old version on it.
+    Restoring,
+    /// The old version runs again on the data it left; `spec.image` still names the version
+    /// that failed until a person changes it.
+    RolledBack,
+    /// The snapshot could not be taken: the old version runs; an edit of the spec tries again.
+    Held,
 }
 
 /// The reloadable settings of `spec.config.server` (those QuestDB's `SHOW PARAMETERS` marks

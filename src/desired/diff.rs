@@ -249,6 +249,8 @@ pub struct StatefulSetKept {
     /// A container of the pod template binds a host port (see
     /// [`crate::desired::statefulset::binds_host_ports`]).
     pub host_ports: bool,
+    /// The database container's image: the version a change of `spec.image` upgrades from.
+    pub image: Option<String>,
 }
 
 /// A StatefulSet as the caches hold it.
@@ -452,7 +454,10 @@ impl OwnedChild for StatefulSet {
                     .flat_map(|c| c.ports.iter().flatten())
                     .any(|p| p.host_port.is_some_and(|h| h > 0))
             });
+        let image =
+            crate::desired::statefulset::database_image(existing.spec.as_ref()).map(str::to_string);
         let kept = StatefulSetKept {
+            image,
             replicas: existing.spec.as_ref().and_then(|s| s.replicas),
             status: existing.status,
             host_ports,

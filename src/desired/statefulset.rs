@@ -252,6 +252,47 @@ pub fn with_config_restart(mut sts: StatefulSet, restarted_for: Option<&str>) ->
     sts
 }
 
+/// The StatefulSet as a version upgrade's step wants it (see
+/// [`crate::plan::version_upgrade::template`]): every container built from `spec_image` runs
+/// `image` instead, and none at all while `stopped`.
+pub fn with_version(
+    mut sts: StatefulSet,
+    spec_image: &str,
+    image: &str,
+    stopped: bool,
+) -> StatefulSet {
+    let Some(spec) = sts.spec.as_mut() else {
+        return sts;
+    };
+    if stopped {
+        spec.replicas = Some(0);
+    }
+    if image != spec_image {
+        if let Some(pod) = spec.template.spec.as_mut() {
+            let init = pod.init_containers.iter_mut().flatten();
+            for c in pod.containers.iter_mut().chain(init) {
+                if c.image.as_deref() == Some(spec_image) {
+                    c.image = Some(image.to_string());
+                }
+            }
+        }
+    }
+    sts
+}
+
+/// The image of the database container (what runs, for a StatefulSet the caches hold).
+pub fn database_image(spec: Option<&StatefulSetSpec>) -> Option<&str> {
+    spec?
+        .template
+        .spec
+        .as_ref()?
+        .containers
+        .iter()
+        .find(|c| c.name == CONTAINER_NAME)?
+        .image
+        .as_deref()
+}
+
 /// The template's config hash and restart mark: what a pod made from it carries.
 pub fn config_marks(sts: &StatefulSet) -> (Option<&str>, Option<&str>) {
     let annotations = sts

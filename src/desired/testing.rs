@@ -47,6 +47,7 @@ pub fn spec() -> QuestDBSpec {
         ilp_auth: IlpAuthSpec::default(),
         paused: false,
         allow_version_downgrade: false,
+        version_upgrade: Default::default(),
         network_policy: NetworkPolicySpec::default(),
         credentials: Default::default(),
         pod: Default::default(),

@@ -8,6 +8,7 @@
 //! - [`node_move`]: the node move (a new image or instance type, and its rollback);
 //! - [`maintenance`]: the windows a move waits for;
 //! - [`config_reload`]: settings reloaded into the running database, or restarted for;
+//! - [`version_upgrade`]: a change of QuestDB version, with a snapshot and a way back;
 //! - [`conditions`]: status conditions as verdicts, merged with their transition times kept.
 
 pub mod conditions;
@@ -19,3 +20,4 @@ pub mod node;
 pub mod node_move;
 pub mod operator_rollout;
 pub mod preflight;
+pub mod version_upgrade;

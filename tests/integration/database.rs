@@ -765,16 +765,7 @@ async fn every_acknowledged_row_survives_a_questdb_version_upgrade() {
             .unwrap();
         assert_eq!(code, 204);
     }
-    env.api::<QuestDB>(NS)
-        .patch(
-            "db1",
-            &PatchParams::default(),
-            &Patch::Merge(
-                serde_json::json!({"spec": {"image": format!("questdb/questdb:{VERSION}")}}),
-            ),
-        )
-        .await
-        .unwrap();
+    set_image(&env, &format!("questdb/questdb:{VERSION}")).await;
     wait_until("the database runs 9.2.0 with every row", || {
         let pods: Api<Pod> = env.api(NS);
         let creds = &creds;
@@ -818,6 +809,126 @@ async fn every_acknowledged_row_survives_a_questdb_version_upgrade() {
         "no table suspended after the upgrade: {body}"
     );
     env.stop().await;
+}
+
+/// An upgrade to a version that exits at start is undone with every acknowledged row: QuestDB
+/// 9.3.2 no longer knows `cairo.sql.backup.root`, which 9.2.0 reads, and under
+/// `config.validation.strict` it exits (code 55) at start. The operator snapshots the volume
+/// after 9.2.0 stopped, gives 9.3.2 its timeout, then keeps the volume 9.3.2 ran on, restores
+/// the snapshot into the claim and runs 9.2.0 on it.
+#[tokio::test]
+async fn an_upgrade_to_a_version_that_exits_at_start_is_rolled_back_with_every_acknowledged_row() {
+    use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+    use questdb_operator::api::VersionUpgradeStep;
+    const FAILING: &str = "questdb/questdb:9.3.2";
+    let env = env().await;
+    env.create_questdb(NS, "db1", |q| {
+        real(q);
+        let server = &mut q.spec.config.server;
+        server.insert("config.validation.strict".into(), "true".into());
+        server.insert(
+            "cairo.sql.backup.root".into(),
+            "/var/lib/questdb/backup".into(),
+        );
+        q.spec.version_upgrade.ready_timeout = Some("30s".into());
+    })
+    .await;
+    ready(&env, "db1").await;
+    let creds = Credentials::of(&env, "db1-credentials").await;
+    let http = format!("{}:9000", pod_ip(&env, "db1").await);
+    for batch in 0..5 {
+        write_acked(&http, &format!("t{batch}"), 100, &creds).await;
+    }
+    let claims: Api<PersistentVolumeClaim> = env.api(NS);
+    let before = claims.get("db1-data").await.expect("the claim");
+    let volume_before = before.spec.as_ref().and_then(|s| s.volume_name.clone());
+    set_image(&env, FAILING).await;
+    let q = wait_for(
+        &env.api(NS),
+        "db1",
+        "VersionUpgrade=False RolledBack",
+        has_condition("VersionUpgrade", "RolledBack"),
+    )
+    .await;
+    let record = q
+        .status
+        .as_ref()
+        .and_then(|s| s.version_upgrade.clone())
+        .unwrap();
+    assert_eq!(record.step, VersionUpgradeStep::RolledBack);
+    assert_eq!(record.to_image, FAILING);
+    let message = record.message.clone().unwrap_or_default();
+    assert!(message.contains("not ready within 30s"), "{message}");
+    // The volume 9.3.2 ran on is kept, and named.
+    assert_eq!(record.retained_volume, volume_before);
+    let pvs: Api<PersistentVolume> = Api::all(env.client.clone());
+    let kept = pvs
+        .get(volume_before.as_deref().unwrap())
+        .await
+        .expect("the kept volume");
+    assert_eq!(
+        kept.spec
+            .and_then(|s| s.persistent_volume_reclaim_policy)
+            .as_deref(),
+        Some("Retain")
+    );
+    let after = claims.get("db1-data").await.expect("the restored claim");
+    assert_ne!(
+        after.uid(),
+        before.uid(),
+        "the claim is the one from the snapshot"
+    );
+    // 9.2.0 runs again, with every row acknowledged before the change.
+    let q = ready(&env, "db1").await;
+    let status = q.status.unwrap_or_default();
+    assert_eq!(status.version.as_deref(), Some(VERSION));
+    assert_eq!(status.data_version.as_deref(), Some(VERSION));
+    let pod: Pod = env.api(NS).get("db1-0").await.unwrap();
+    let image = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.containers[0].image.clone());
+    assert_eq!(image, Some(format!("questdb/questdb:{VERSION}")));
+    let http = format!("{}:9000", pod_ip(&env, "db1").await);
+    for batch in 0..5 {
+        assert_eq!(
+            count(&http, &format!("t{batch}"), creds.http()).await,
+            Some(100),
+            "table t{batch} after the rollback"
+        );
+    }
+    wait_for_event(&env, NS, "a VersionRolledBack Warning", |e| {
+        e.reason.as_deref() == Some("VersionRolledBack")
+    })
+    .await;
+    // The image set back: the record goes, the database keeps running on the same pod.
+    let uid = pod.uid();
+    set_image(&env, &format!("questdb/questdb:{VERSION}")).await;
+    wait_for(
+        &env.api(NS),
+        "db1",
+        "the record gone",
+        |q: Option<&QuestDB>| {
+            q.and_then(|q| q.status.as_ref())
+                .is_some_and(|s| s.version_upgrade.is_none())
+        },
+    )
+    .await;
+    let pod: Pod = env.api(NS).get("db1-0").await.unwrap();
+    assert_eq!(pod.uid(), uid, "setting the image back restarts nothing");
+    env.stop().await;
+}
+
+/// Sets `db1`'s `spec.image`.
+async fn set_image(env: &Env, image: &str) {
+    env.api::<QuestDB>(NS)
+        .patch(
+            "db1",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"image": image}})),
+        )
+        .await
+        .unwrap();
 }
 
 /// The address of the running database, once its pod is Ready again.

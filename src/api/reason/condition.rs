@@ -227,6 +227,29 @@ pub enum RestoreReason {
     RestoreRefused,
 }
 
+/// `VersionUpgrade`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Display, IntoStaticStr, EnumIter, EnumString)]
+pub enum VersionUpgradeReason {
+    /// The new version ran ready.
+    NewVersionRunning,
+    /// A failover, node move or pause is under way: the old version runs until it ends.
+    Waiting,
+    /// The old version is stopping, or its volume's snapshot is being cut.
+    BackingUp,
+    /// The new version is starting (within `readyTimeout`).
+    StartingNewVersion,
+    /// The new version was not ready in time, or the image was set back: the old version and
+    /// its data are being put back.
+    RollingBack,
+    /// The old version runs again on the data it left.
+    RolledBack,
+    /// The snapshot could not be taken: the old version runs; an edit of the spec tries again.
+    SnapshotFailed,
+    /// The new version is not ready in time and there is no snapshot to go back to
+    /// (`backup: Skip`): a person decides.
+    NotReadyNoSnapshot,
+}
+
 /// `WriteHealthy`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Display, IntoStaticStr, EnumIter, EnumString)]
 pub enum WriteHealthReason {
@@ -281,6 +304,7 @@ condition_of! {
     WriteHealthReason => conditions::WRITE_HEALTHY,
     CheckpointReason => conditions::CHECKPOINT_RELEASED,
     BackupVerifiedReason => conditions::BACKUP_VERIFIED,
+    VersionUpgradeReason => conditions::VERSION_UPGRADE,
 }
 
 reason_text!(
@@ -297,6 +321,7 @@ reason_text!(
     WriteHealthReason,
     CheckpointReason,
     BackupVerifiedReason,
+    VersionUpgradeReason,
 );
 
 /// Every condition's reasons, for the tests that check them all.
@@ -319,6 +344,7 @@ pub fn every_condition_reason() -> Vec<(&'static str, &'static str)> {
         of::<WriteHealthReason>(),
         of::<CheckpointReason>(),
         of::<BackupVerifiedReason>(),
+        of::<VersionUpgradeReason>(),
     ]
     .concat()
 }

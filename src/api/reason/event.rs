@@ -72,6 +72,17 @@ pub enum EventReason {
     DnsRejected,
     RecordOwnedElsewhere,
 
+    // Version upgrades (`spec.image`).
+    /// The upgrade waits: the snapshot cannot be taken (Warning).
+    VersionUpgradeHeld,
+    /// The new version ran ready.
+    VersionUpgraded,
+    /// The new version was not ready in time (or the image was set back): it is stopped and
+    /// the old version and its data are put back (Warning).
+    VersionRollingBack,
+    /// The old version runs again on the data from the snapshot (Warning).
+    VersionRolledBack,
+
     // Failover: one per step entered.
     FailoverSuppressed,
     FailoverStarted,

@@ -64,6 +64,7 @@ fn every_condition_reason_text_is_pinned_so_a_rename_cannot_break_alerts() {
         ("WriteHealthy", "WalHealthy TablesSuspended WalApplyLagging"),
         ("CheckpointReleased", "NoCheckpointOpen HeldByBackup CheckpointWithinLimit CheckpointLeftOpen"),
         ("BackupVerified", "BackupVerified VerificationFailed"),
+        ("VersionUpgrade", "NewVersionRunning Waiting BackingUp StartingNewVersion RollingBack RolledBack SnapshotFailed NotReadyNoSnapshot"),
     ];
     let all = every_condition_reason();
     for (condition, reasons) in expect {

@@ -173,6 +173,7 @@ pub fn throwaway(backup: &QuestDBBackup, source: Option<&QuestDB>) -> Result<Que
         ilp_auth: Default::default(),
         paused: false,
         allow_version_downgrade: false,
+        version_upgrade: Default::default(),
         network_policy: Default::default(),
         credentials: Default::default(),
         pod: Default::default(),

@@ -20,6 +20,7 @@ mod restore;
 mod server_conf;
 pub mod status;
 mod stop_first;
+mod version_upgrade;
 mod volume;
 
 use std::sync::Arc;
@@ -114,6 +115,9 @@ pub async fn reconcile(qdb: Arc<QuestDB>, ctx: Arc<Context>) -> Result<Next, Err
             return Ok(retry.map_or(Next::AwaitChange, Next::RequeueAfter));
         }
     };
+    // Before the volume: a rollback's claim comes from the pre-upgrade snapshot.
+    let upgrade = version_upgrade::step(&mut current, &ctx).await?;
+    let restore_from = restore_from.or(upgrade.restore_snapshot.clone());
     let mut volume = Applier::new(&ctx, &current, Report::default())?;
     let volume_size = volume::step(&mut volume, &current, restore_from.as_deref()).await?;
     let report = volume.report;
@@ -128,6 +132,16 @@ pub async fn reconcile(qdb: Arc<QuestDB>, ctx: Arc<Context>) -> Result<Next, Err
         creds.seen(),
         cloud_out.dedicated.as_ref(),
     );
+    // A version change runs the image (and replica count) of its step.
+    if upgrade.image.is_some() || upgrade.stopped {
+        let image = upgrade.image.as_deref().unwrap_or(&qdb.spec.image);
+        wanted.statefulset = desired::statefulset::with_version(
+            wanted.statefulset,
+            &qdb.spec.image,
+            image,
+            upgrade.stopped,
+        );
+    }
     // The StatefulSet runs only on a volume it knows the identity of (see
     // `with_volume_instance_id`): the claim just made is in the cache on the next reconcile.
     let volume_uid = ctx
@@ -241,6 +255,7 @@ pub async fn reconcile(qdb: Arc<QuestDB>, ctx: Arc<Context>) -> Result<Next, Err
         }),
         cloud: Some(&cloud_out),
         config: config.status,
+        version_upgrade: upgrade.verdict,
         ..Default::default()
     };
     let deferred = write_status(&qdb, &ctx, &inputs, Coalesce::Progress).await?;
@@ -261,6 +276,7 @@ pub async fn reconcile(qdb: Arc<QuestDB>, ctx: Arc<Context>) -> Result<Next, Err
     let next = deferred.map_or(next, |d| d.min(next));
     let next = roll_held.map_or(next, |d| d.min(next));
     let next = config.again.map_or(next, |d| d.min(next));
+    let next = upgrade.again.map_or(next, |d| d.min(next));
     debug!(
         questdb = %qdb.name_any(),
         pod_ready = pod.as_deref().map(status::pod_ready),

@@ -52,6 +52,7 @@ pub async fn hold(ctx: &Context, qdb: &QuestDB, desired: &StatefulSet) -> Option
     let status = qdb.status.clone().unwrap_or_default();
     let steering = crate::plan::failover::in_progress(&status)
         || crate::plan::node_move::in_progress(&status)
+        || crate::plan::version_upgrade::in_progress(status.version_upgrade.as_ref())
         || desired.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1) != existing.replicas();
     // Also frees the slots of rolls that finished (this database's own among them).
     let rolling = rolling_besides(ctx, &uid);

@@ -55,6 +55,8 @@ pub struct StatusInputs<'a> {
     pub cloud: Option<&'a CloudOutcome>,
     /// `status.config` as the reload step recorded it in this reconcile.
     pub config: Option<crate::api::ConfigStatus>,
+    /// The `VersionUpgrade` condition, when a version change has something to say.
+    pub version_upgrade: Option<Verdict<crate::api::VersionUpgradeReason>>,
 }
 
 pub(super) fn pod_ready(pod: &CachedPod) -> bool {
@@ -81,6 +83,35 @@ fn node_internal_ip(node: &Node) -> Option<String> {
         .iter()
         .find(|a| a.type_ == "InternalIP")
         .map(|a| a.address.clone())
+}
+
+/// Whether `pod` is Ready on the StatefulSet's current template (rolled out, the pod of the
+/// update revision): what runs is the template's image.
+pub(super) fn ready_on_template(sts: &CachedStatefulSet, pod: &CachedPod) -> bool {
+    let update = sts
+        .kept
+        .status
+        .as_ref()
+        .and_then(|s| s.update_revision.as_deref());
+    pod_ready(pod) && rolled_out(sts) && update.is_some_and(|u| pod_revision(pod) == Some(u))
+}
+
+/// Whether the pod's QuestDB container has started at least once (it may have touched the
+/// data). The cache keeps a container's status only while it waits or failed: a pod with
+/// none kept is taken to have run.
+pub(super) fn database_ran(pod: &CachedPod) -> bool {
+    let Some(c) = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .and_then(|all| all.iter().find(|c| c.name == desired::CONTAINER_NAME))
+    else {
+        return true;
+    };
+    let waiting_first = c.restart_count == 0
+        && c.last_state.as_ref().is_none_or(|s| s.terminated.is_none())
+        && c.state.as_ref().is_some_and(|s| s.waiting.is_some());
+    !waiting_first
 }
 
 /// True once the StatefulSet controller has rolled the current template out (whether or not
@@ -257,6 +288,7 @@ pub fn compute(qdb: &QuestDB, obs: &StatusInputs, now: Timestamp) -> QuestDBStat
     desired.extend(obs.write_health.as_ref().map(Verdict::desired));
     desired.extend(obs.checkpoint.as_ref().map(Verdict::desired));
     desired.extend(obs.backup_verified.as_ref().map(Verdict::desired));
+    desired.extend(obs.version_upgrade.as_ref().map(Verdict::desired));
     let cloud = obs.cloud.filter(|_| obs.invalid.is_empty());
     if let Some(c) = cloud {
         desired.extend(c.node_condition.as_ref().map(Verdict::desired));
@@ -267,7 +299,9 @@ pub fn compute(qdb: &QuestDB, obs: &StatusInputs, now: Timestamp) -> QuestDBStat
     // A failover under way says so, whatever the pod looks like meanwhile (until the database
     // answers again: draining the old address is no outage).
     let failing_over = crate::plan::failover::database_down(&existing) && !spec.paused;
-    let upgrading = crate::plan::node_move::in_progress(&existing) && !spec.paused;
+    let upgrading = (crate::plan::node_move::in_progress(&existing)
+        || crate::plan::version_upgrade::in_progress(existing.version_upgrade.as_ref()))
+        && !spec.paused;
     let phase = if failing_over {
         Phase::FailingOver
     } else if upgrading {
@@ -298,13 +332,17 @@ pub fn compute(qdb: &QuestDB, obs: &StatusInputs, now: Timestamp) -> QuestDBStat
             .or_else(|| obs.pod.and_then(|p| p.node_name.clone()))
     };
 
+    let running_image =
+        crate::plan::version_upgrade::template(existing.version_upgrade.as_ref(), &spec.image)
+            .image;
     QuestDBStatus {
         phase: Some(phase),
         observed_generation: generation,
-        version: desired::version_of(&spec.image),
-        // Running means the pod of this spec's image is ready on the data.
+        version: desired::version_of(running_image),
+        // Running means the pod of the image that runs (the spec's, or the version a rollback
+        // went back to) is ready on the data.
         data_version: if phase == Phase::Running {
-            desired::version_of(&spec.image).or(existing.data_version.clone())
+            desired::version_of(running_image).or(existing.data_version.clone())
         } else {
             existing.data_version.clone()
         },
@@ -340,6 +378,7 @@ pub fn compute(qdb: &QuestDB, obs: &StatusInputs, now: Timestamp) -> QuestDBStat
         failover: existing.failover.clone(),
         node_move: existing.node_move.clone(),
         config: obs.config.clone().or(existing.config.clone()),
+        version_upgrade: existing.version_upgrade.clone(),
     }
 }
 

@@ -2,7 +2,7 @@
 //! part of a QuestDB's reconcile: never two reconciles of one object at once, every step
 //! persisted in `status.upgrade` before its side effect, a failover always first.
 
-mod steps;
+pub(super) mod steps;
 
 use super::owner_uid;
 use std::collections::{HashMap, HashSet};
@@ -106,6 +106,12 @@ pub async fn reconcile(
                 return Ok(Some(Turn::settled(verdict)));
             }
         }
+        return Ok(None);
+    }
+    if crate::plan::version_upgrade::in_progress(status.version_upgrade.as_ref())
+        && !node_move::active(&status)
+    {
+        // A version upgrade has the database stopped or starting: a move begins after it.
         return Ok(None);
     }
     if node_move::active(&status) {

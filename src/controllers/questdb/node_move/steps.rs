@@ -195,7 +195,10 @@ fn step_view<'a>(m: &'a NodeMove<'_>, seen: &'a Observed) -> StepView<'a> {
 
 /// A backup of `qdb` whose step may hold the database's checkpoint now, from the backup
 /// controller's cache (none before that controller runs).
-fn backup_holding_checkpoint(qdb: &QuestDB, ctx: &Context) -> Option<String> {
+pub(in crate::controllers::questdb) fn backup_holding_checkpoint(
+    qdb: &QuestDB,
+    ctx: &Context,
+) -> Option<String> {
     let ns = qdb.namespace();
     let name = qdb.name_any();
     ctx.backups.get()?.state().iter().find_map(|b| {
