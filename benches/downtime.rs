@@ -1,7 +1,7 @@
 //! What a change costs the database's clients (issue 50, item 4): client-observed
 //! unavailability while the operator applies a reloadable setting, a pgwire password rotation,
-//! a setting QuestDB cannot reload, and a version upgrade, each on a real QuestDB under the
-//! operator.
+//! a setting QuestDB cannot reload, a version upgrade, and an upgrade to a version that exits
+//! at start, rolled back, each on a real QuestDB under the operator.
 //!
 //! ```text
 //! cargo bench --profile dev --bench downtime                 # 3 runs of each change
@@ -44,6 +44,8 @@ const ANSWER_LIMIT: Duration = Duration::from_secs(1);
 const SETTLE: Duration = Duration::from_secs(3);
 const OLD_VERSION: &str = "9.1.0";
 const NEW_VERSION: &str = "9.2.0";
+/// A version that exits at start on the failed upgrade's settings.
+const FAILING_VERSION: &str = "9.3.2";
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Change {
@@ -51,14 +53,16 @@ enum Change {
     PgwireRotation,
     OtherSetting,
     VersionUpgrade,
+    FailedUpgrade,
 }
 
 impl Change {
-    const ALL: [Change; 4] = [
+    const ALL: [Change; 5] = [
         Change::ReloadableSetting,
         Change::PgwireRotation,
         Change::OtherSetting,
         Change::VersionUpgrade,
+        Change::FailedUpgrade,
     ];
 
     fn name(self) -> &'static str {
@@ -67,6 +71,9 @@ impl Change {
             Change::PgwireRotation => "pgwire password rotation",
             Change::OtherSetting => "setting QuestDB cannot reload (cairo.max.uncommitted.rows)",
             Change::VersionUpgrade => "version upgrade (9.1.0 to 9.2.0)",
+            Change::FailedUpgrade => {
+                "failed upgrade rolled back (9.2.0 to 9.3.2, readyTimeout 30s)"
+            }
         }
     }
 }
@@ -172,12 +179,19 @@ async fn one_change(
         Change::PgwireRotation => "rotate",
         Change::OtherSetting => "restart",
         Change::VersionUpgrade => "upgrade",
+        Change::FailedUpgrade => "failed-upgrade",
     };
     let version = if change == Change::VersionUpgrade {
         OLD_VERSION
     } else {
         NEW_VERSION
     };
+    let mut server = json!({"pg.net.connection.limit": "20", "cairo.max.uncommitted.rows": "1000"});
+    if change == Change::FailedUpgrade {
+        // A key 9.3.2 no longer knows: under strict validation it exits (55) at start.
+        server["config.validation.strict"] = json!("true");
+        server["cairo.sql.backup.root"] = json!("/var/lib/questdb/backup");
+    }
     let qdb: QuestDB = serde_json::from_value(json!({
         "apiVersion": "crd.questdb.io/v1beta1",
         "kind": "QuestDB",
@@ -185,7 +199,8 @@ async fn one_change(
         "spec": {
             "image": format!("questdb/questdb:{version}"),
             "volume": {"size": "10Gi"},
-            "config": {"server": {"pg.net.connection.limit": "20", "cairo.max.uncommitted.rows": "1000"}},
+            "config": {"server": server},
+            "versionUpgrade": {"readyTimeout": "30s"},
         },
     }))?;
     let qdbs: Api<QuestDB> = Api::namespaced(client.clone(), ns);
@@ -196,7 +211,9 @@ async fn one_change(
         op,
         || async {
             qdbs.get_opt(name).await.ok().flatten().is_some_and(|q| {
-                running(&q) && (change == Change::VersionUpgrade || applied(&q).is_some())
+                running(&q)
+                    && (matches!(change, Change::VersionUpgrade | Change::FailedUpgrade)
+                        || applied(&q).is_some())
             })
         },
     )
@@ -249,6 +266,10 @@ async fn one_change(
             let p = json!({"spec": {"image": format!("questdb/questdb:{NEW_VERSION}")}});
             qdbs.patch(name, &pp, &Patch::Merge(&p)).await?;
         }
+        Change::FailedUpgrade => {
+            let p = json!({"spec": {"image": format!("questdb/questdb:{FAILING_VERSION}")}});
+            qdbs.patch(name, &pp, &Patch::Merge(&p)).await?;
+        }
     }
     let before_pod_ref = &before_pod;
     let before_config_ref = &before_config;
@@ -282,6 +303,14 @@ async fn one_change(
                     generation_seen
                         && running(&q)
                         && q.status.as_ref().and_then(|s| s.version.as_deref()) == Some(NEW_VERSION)
+                }
+                Change::FailedUpgrade => {
+                    running(&q)
+                        && q.status.as_ref().is_some_and(|s| {
+                            s.conditions
+                                .iter()
+                                .any(|c| c.type_ == "VersionUpgrade" && c.reason == "RolledBack")
+                        })
                 }
             }
         },

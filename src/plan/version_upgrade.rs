@@ -16,7 +16,7 @@
 //! version ran on is set to `Retain`, then its claim, named by uid, deleted: nothing that held
 //! data is lost) → `Restoring` (the claim again, from the snapshot; the old version on it) →
 //! `RolledBack` (the old version runs; `spec.image` still names the failed version until a
-//! person changes it). `Held`: the snapshot could not be taken; the old version runs again and
+//! person changes it, or edits the spec to try it again). `Held`: the snapshot could not be taken; the old version runs again and
 //! an edit of the spec tries once more. With `backup: Skip` there is no snapshot: the new
 //! version starts at once, and one that is not ready is left for a person (setting the image
 //! back runs the old version on the data as the new one left it).
@@ -35,8 +35,9 @@ use crate::plan::conditions::Verdict;
 /// How long a new version has to become ready by default.
 pub const DEFAULT_READY_TIMEOUT: Duration = Duration::from_secs(10 * 60);
 
-/// How often a snapshot being cut is looked at (its status is not watched).
-pub const SNAPSHOT_POLL: Duration = Duration::from_secs(2);
+/// How often a snapshot being cut is looked at (its status is not watched): the database is
+/// down meanwhile, and a cut takes about a second (EBS answers CreateSnapshot with it).
+pub const SNAPSHOT_POLL: Duration = Duration::from_millis(500);
 
 /// What the database pod is, for the step that waits on it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -320,7 +321,10 @@ pub fn decide(v: &View) -> Decision {
             {
                 let message = rolled_back_message(r);
                 Decision::Record(
-                    entered(r, RolledBack, v.now),
+                    VersionUpgradeStatus {
+                        generation: Some(v.generation),
+                        ..entered(r, RolledBack, v.now)
+                    },
                     Some(Say {
                         reason: crate::api::EventReason::VersionRolledBack,
                         message,
@@ -330,6 +334,19 @@ pub fn decide(v: &View) -> Decision {
             }
             _ => Decision::Wait(None),
         },
+        // The same version after an edit of the spec (the setting that stopped it fixed): one
+        // more try, from the version that runs.
+        RolledBack
+            if v.spec_image == r.to_image && v.generation > r.generation.unwrap_or(i64::MAX) =>
+        {
+            go(
+                &View {
+                    record: None,
+                    ..v.clone()
+                },
+                &r.from_image,
+            )
+        }
         RolledBack if v.spec_image == r.to_image => Decision::Wait(None),
         RolledBack if set_back => Decision::Clear(None),
         // Another version: an upgrade from the version that runs, on the data it runs on.
@@ -446,6 +463,7 @@ fn starting(v: &View, r: &VersionUpgradeStatus) -> Decision {
             VersionUpgradeStatus {
                 message: Some(format!("{why}; it never started, so the data is as it was")),
                 snapshot: None,
+                generation: Some(v.generation),
                 ..entered(r, RolledBack, v.now)
             },
             Some(Say {
@@ -508,7 +526,7 @@ fn rolled_back_message(r: &VersionUpgradeStatus) -> String {
         ));
     }
     m.push_str(&format!(
-        ". spec.image still names {}: set it to {} or to another version",
+        ". spec.image still names {}: set it to {} or to another version, or fix what stopped it and edit the spec to try again",
         r.to_image, r.from_image
     ));
     m
@@ -583,7 +601,7 @@ pub fn verdict(
             if r.snapshot.is_some() {
                 rolled_back_message(r)
             } else {
-                format!("{message}. spec.image still names {to}: set it to {from} or to another version")
+                format!("{message}. spec.image still names {to}: set it to {from} or to another version, or fix what stopped it and edit the spec to try again")
             },
         ),
         Held => Verdict::new(false, R::SnapshotFailed, message),

@@ -512,7 +512,7 @@ fn the_rollback_ends_when_the_old_version_is_ready_on_the_restored_claim() {
         }
         .decide(),
     );
-    assert_eq!(done.step, RolledBack);
+    assert_eq!((done.step, done.generation), (RolledBack, Some(4)));
     let say = say.unwrap();
     assert_eq!(say.reason, EventReason::VersionRolledBack);
     assert!(
@@ -529,8 +529,19 @@ fn the_rollback_ends_when_the_old_version_is_ready_on_the_restored_claim() {
 }
 
 #[test]
-fn a_rolled_back_database_stays_on_the_old_version_until_the_image_changes() {
-    let r = record(RolledBack);
+fn a_rolled_back_database_stays_on_the_old_version_until_the_spec_changes() {
+    let r = VersionUpgradeStatus {
+        generation: Some(4),
+        ..record(RolledBack)
+    };
+    // The same version after an edit (the setting that stopped it removed): tried again.
+    let edited = Case {
+        record: Some(r.clone()),
+        generation: 5,
+        ..Case::default()
+    };
+    let (again, _) = recorded(edited.decide());
+    assert_eq!((again.step, again.from_image.as_str()), (Stopping, OLD));
     let same = Case {
         record: Some(r.clone()),
         ..Case::default()

@@ -919,6 +919,92 @@ async fn an_upgrade_to_a_version_that_exits_at_start_is_rolled_back_with_every_a
     env.stop().await;
 }
 
+/// The manager killed at each recorded step of an upgrade and its rollback: every step is
+/// recorded before its side effect and safe to do again, so the end is the same as without the
+/// crashes: one snapshot, one kept volume, the old version on the restored claim with every row.
+#[tokio::test]
+async fn killing_the_manager_at_every_upgrade_and_rollback_step_still_restores_every_row_once() {
+    use futures::StreamExt;
+    use k8s_openapi::api::core::v1::PersistentVolume;
+    use kube::runtime::{watcher, WatchStreamExt};
+    use questdb_operator::api::VersionUpgradeStep;
+    let mut env = env().await;
+    env.create_questdb(NS, "db1", |q| {
+        real(q);
+        let server = &mut q.spec.config.server;
+        server.insert("config.validation.strict".into(), "true".into());
+        server.insert(
+            "cairo.sql.backup.root".into(),
+            "/var/lib/questdb/backup".into(),
+        );
+        q.spec.version_upgrade.ready_timeout = Some("20s".into());
+    })
+    .await;
+    ready(&env, "db1").await;
+    let creds = Credentials::of(&env, "db1-credentials").await;
+    let http = format!("{}:9000", pod_ip(&env, "db1").await);
+    write_acked(&http, "t", 300, &creds).await;
+    set_image(&env, "questdb/questdb:9.3.2").await;
+
+    let cfg = watcher::Config::default().fields("metadata.name=db1");
+    let mut events = std::pin::pin!(watcher(env.api::<QuestDB>(NS), cfg).applied_objects());
+    let mut killed = std::collections::BTreeSet::new();
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(300);
+    loop {
+        let q = tokio::time::timeout_at(deadline, events.next())
+            .await
+            .unwrap_or_else(|_| panic!("rolled back in time; killed in {killed:?}"))
+            .expect("watch open")
+            .expect("watch event");
+        let Some(step) = q
+            .status
+            .as_ref()
+            .and_then(|s| s.version_upgrade.as_ref())
+            .map(|r| r.step)
+        else {
+            continue;
+        };
+        if step == VersionUpgradeStep::RolledBack {
+            break;
+        }
+        if killed.insert(step.to_string()) {
+            env.kill_and_restart_manager(Default::default()).await;
+        }
+    }
+    for step in [
+        "Stopping",
+        "Snapshotting",
+        "Starting",
+        "StoppingNew",
+        "ReleasingVolume",
+        "Restoring",
+    ] {
+        assert!(killed.contains(step), "killed at {step}: {killed:?}");
+    }
+    assert_eq!(
+        env.cp.ebs_snapshots().len(),
+        1,
+        "one snapshot for one upgrade"
+    );
+    let pvs: Api<PersistentVolume> = Api::all(env.client.clone());
+    let kept: Vec<PersistentVolume> = pvs
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|pv| {
+            pv.annotations()
+                .contains_key("crd.questdb.io/kept-by-version-rollback")
+        })
+        .collect();
+    assert_eq!(kept.len(), 1, "one kept volume");
+    ready(&env, "db1").await;
+    let http = format!("{}:9000", pod_ip(&env, "db1").await);
+    assert_eq!(count(&http, "t", creds.http()).await, Some(300));
+    env.stop().await;
+}
+
 /// Sets `db1`'s `spec.image`.
 async fn set_image(env: &Env, image: &str) {
     env.api::<QuestDB>(NS)
