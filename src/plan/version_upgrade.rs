@@ -462,7 +462,6 @@ fn starting(v: &View, r: &VersionUpgradeStatus) -> Decision {
         Some(_) | None if !ran && v.pod != PodState::Gone => Decision::Record(
             VersionUpgradeStatus {
                 message: Some(format!("{why}; it never started, so the data is as it was")),
-                snapshot: None,
                 generation: Some(v.generation),
                 ..entered(r, RolledBack, v.now)
             },
@@ -598,10 +597,17 @@ pub fn verdict(
         RolledBack => Verdict::new(
             false,
             R::RolledBack,
-            if r.snapshot.is_some() {
+            // Restored (a claim released): the snapshot and the kept volume are named.
+            if r.claim_uid.is_some() {
                 rolled_back_message(r)
             } else {
-                format!("{message}. spec.image still names {to}: set it to {from} or to another version, or fix what stopped it and edit the spec to try again")
+                format!(
+                    "{message}{}. spec.image still names {to}: set it to {from} or to another version, or fix what stopped it and edit the spec to try again",
+                    r.snapshot
+                        .as_deref()
+                        .map(|s| format!("; the snapshot {s} of the data before it is kept"))
+                        .unwrap_or_default()
+                )
             },
         ),
         Held => Verdict::new(false, R::SnapshotFailed, message),

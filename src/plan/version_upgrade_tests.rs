@@ -384,8 +384,12 @@ fn a_new_version_that_never_started_goes_back_without_a_restore() {
         }
         .decide(),
     );
-    assert_eq!((r.step, r.snapshot.as_deref()), (RolledBack, None));
+    // No claim released; the snapshot stays named (the QuestDB owns it).
+    assert_eq!((r.step, r.claim_uid.as_deref()), (RolledBack, None));
+    assert_eq!(r.snapshot.as_deref(), Some("db1-before-9.3.2-4"));
     assert!(say.unwrap().message.contains("never started"));
+    let v = verdict(&r, &VersionUpgradeSpec::default(), now());
+    assert!(v.message.contains("never started"), "{}", v.message);
     assert_eq!(
         template(Some(&r), OLD),
         Template {
