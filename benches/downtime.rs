@@ -6,7 +6,11 @@
 //! ```text
 //! cargo bench --profile dev --bench downtime                 # 3 runs of each change
 //! cargo bench --profile dev --bench downtime -- --runs 1
+//! cargo bench --profile dev --bench downtime -- --node-move-only   # or --no-node-move
 //! ```
+//!
+//! The node move runs on the sandbox (`cargo build -p questdb-sandbox` first): a dedicated node
+//! needs the in-memory EC2, which the sandbox wires; its client asks at `status.dnsIP`.
 //!
 //! A client asks `select 1` over HTTP every 100 ms (a 1 s answer limit), at the database pod's
 //! address as the API reports it now (the test environment has no Service proxy, so a client
@@ -54,6 +58,8 @@ enum Change {
     OtherSetting,
     VersionUpgrade,
     FailedUpgrade,
+    /// Measured on the sandbox (its in-memory EC2 and a dedicated node), not with the others.
+    NodeMove,
 }
 
 impl Change {
@@ -74,6 +80,7 @@ impl Change {
             Change::FailedUpgrade => {
                 "failed upgrade rolled back (9.2.0 to 9.3.2, readyTimeout 30s)"
             }
+            Change::NodeMove => "node move (a new node image, dedicated node)",
         }
     }
 }
@@ -89,9 +96,13 @@ struct Measured {
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> anyhow::Result<()> {
     let mut runs = 3;
+    let mut node_moves = true;
+    let mut node_move_only = false;
     for (flag, value) in support::args::flags(&["--runs"])? {
         match flag.as_str() {
             "--runs" => runs = value.context("--runs N")?.parse().context("--runs N")?,
+            "--no-node-move" => node_moves = false,
+            "--node-move-only" => node_move_only = true,
             other => bail!("unknown flag {other}"),
         }
     }
@@ -118,11 +129,28 @@ async fn main() -> anyhow::Result<()> {
         Api::<Namespace>::all(client.clone())
             .create(&PostParams::default(), &namespace)
             .await?;
-        for change in Change::ALL {
+        for change in Change::ALL.into_iter().filter(|_| !node_move_only) {
             let m = one_change(&client, &mut op, &ns, change).await?;
             println!(
                 "run {run}: {:<60} unavailable {:>6.1} s (longest gap {:.1} s), restarted: {}, applied in {:.1} s",
                 change.name(),
+                m.unavailable.as_secs_f64(),
+                m.longest.as_secs_f64(),
+                if m.restarted { "yes" } else { "no" },
+                m.took.as_secs_f64()
+            );
+            measured.push(m);
+        }
+    }
+
+    if node_moves {
+        drop(op);
+        drop(cp);
+        for run in 0..runs {
+            let m = node_move(run).await?;
+            println!(
+                "run {run}: {:<60} unavailable {:>6.1} s (longest gap {:.1} s), restarted: {}, applied in {:.1} s",
+                Change::NodeMove.name(),
                 m.unavailable.as_secs_f64(),
                 m.longest.as_secs_f64(),
                 if m.restarted { "yes" } else { "no" },
@@ -142,8 +170,11 @@ async fn main() -> anyhow::Result<()> {
     );
     println!("|---|---|---|---|---|");
     let mut summary = Vec::new();
-    for change in Change::ALL {
+    for change in Change::ALL.into_iter().chain([Change::NodeMove]) {
         let of: Vec<&Measured> = measured.iter().filter(|m| m.change == change).collect();
+        if of.is_empty() {
+            continue;
+        }
         let down: Vec<f64> = of.iter().map(|m| m.unavailable.as_secs_f64()).collect();
         let max = down.iter().copied().fold(0.0, f64::max);
         let took = median(of.iter().map(|m| m.took.as_secs_f64()).collect());
@@ -161,8 +192,6 @@ async fn main() -> anyhow::Result<()> {
             "restarted": restarted, "applied_s_median": took}));
     }
     println!("{}", json!({"downtime": summary}));
-    drop(op);
-    drop(cp);
     Ok(())
 }
 
@@ -180,6 +209,7 @@ async fn one_change(
         Change::OtherSetting => "restart",
         Change::VersionUpgrade => "upgrade",
         Change::FailedUpgrade => "failed-upgrade",
+        Change::NodeMove => bail!("a node move is measured on the sandbox"),
     };
     let version = if change == Change::VersionUpgrade {
         OLD_VERSION
@@ -270,6 +300,7 @@ async fn one_change(
             let p = json!({"spec": {"image": format!("questdb/questdb:{FAILING_VERSION}")}});
             qdbs.patch(name, &pp, &Patch::Merge(&p)).await?;
         }
+        Change::NodeMove => unreachable!("refused above"),
     }
     let before_pod_ref = &before_pod;
     let before_config_ref = &before_config;
@@ -304,6 +335,7 @@ async fn one_change(
                         && running(&q)
                         && q.status.as_ref().and_then(|s| s.version.as_deref()) == Some(NEW_VERSION)
                 }
+                Change::NodeMove => false,
                 Change::FailedUpgrade => {
                     running(&q)
                         && q.status.as_ref().is_some_and(|s| {
@@ -340,6 +372,171 @@ async fn one_change(
         restarted: after_pod != before_pod,
         took,
     })
+}
+
+/// A node move on the sandbox (`questdb-sandbox`, built beside the operator binary, or
+/// `QUESTDB_SANDBOX_BIN`): its example database is a real QuestDB on a dedicated node of the
+/// in-memory EC2, which launches the new node. The client asks at `status.dnsIP`, the address
+/// the database's DNS record names (what its clients resolve). Each run is a sandbox of its
+/// own, so each move launches a node (a move back within the rollback window would not).
+async fn node_move(run: usize) -> anyhow::Result<Measured> {
+    const NEW_AMI: &str = "ami-0fedcba9876543210";
+    let sandbox = match std::env::var_os("QUESTDB_SANDBOX_BIN") {
+        Some(p) => std::path::PathBuf::from(p),
+        None => operator::binary()?.with_file_name("questdb-sandbox"),
+    };
+    if !sandbox.is_file() {
+        bail!(
+            "{} not found: build it with `cargo build -p questdb-sandbox` or set QUESTDB_SANDBOX_BIN",
+            sandbox.display()
+        );
+    }
+    let dir =
+        std::env::temp_dir().join(format!("qdb-downtime-sandbox-{}-{run}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let kubeconfig = dir.join("sandbox.kubeconfig");
+    let log = std::fs::File::create(dir.join("sandbox.log"))?;
+    let mut child = std::process::Command::new(&sandbox)
+        .arg("--kubeconfig")
+        .arg(&kubeconfig)
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .spawn()
+        .with_context(|| format!("starting {}", sandbox.display()))?;
+    let result = node_move_on(&kubeconfig, NEW_AMI, &dir).await;
+    // SIGINT: the sandbox stops its databases, kubelets and control plane itself.
+    let _ = std::process::Command::new("kill")
+        .arg("-INT")
+        .arg(child.id().to_string())
+        .status();
+    let _ = tokio::task::spawn_blocking(move || child.wait()).await;
+    result
+}
+
+async fn node_move_on(
+    kubeconfig: &std::path::Path,
+    new_ami: &str,
+    dir: &std::path::Path,
+) -> anyhow::Result<Measured> {
+    let started = Instant::now();
+    while !kubeconfig.is_file() {
+        if started.elapsed() > TIMEOUT * 2 {
+            bail!("the sandbox wrote no kubeconfig (log in {})", dir.display());
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let config = kube::Config::from_custom_kubeconfig(
+        kube::config::Kubeconfig::read_from(kubeconfig)?,
+        &Default::default(),
+    )
+    .await?;
+    let client = Client::try_from(config)?;
+    let qdbs: Api<QuestDB> = Api::namespaced(client.clone(), "default");
+    let ready_with_address =
+        |q: &QuestDB| running(q) && q.status.as_ref().and_then(|s| s.dns_ip.as_ref()).is_some();
+    let deadline = Instant::now() + TIMEOUT * 2;
+    loop {
+        if let Some(q) = qdbs.get_opt("example").await.ok().flatten() {
+            if ready_with_address(&q) {
+                break;
+            }
+        }
+        if Instant::now() > deadline {
+            bail!("the sandbox's example never ran (log in {})", dir.display());
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let secret = Api::<Secret>::namespaced(client.clone(), "default")
+        .get("example-credentials")
+        .await?;
+    let data = secret.data.unwrap_or_default();
+    let text = |k: &str| -> anyhow::Result<String> {
+        let v = data.get(k).with_context(|| format!("{k} missing"))?;
+        Ok(String::from_utf8(v.0.clone())?)
+    };
+    let login = (text("QDB_HTTP_USER")?, text("QDB_HTTP_PASSWORD")?);
+    let answers = Arc::new(Mutex::new(Vec::<(Instant, bool)>::new()));
+    let client_task = tokio::spawn(ask_at_dns_address(qdbs.clone(), login, answers.clone()));
+    let first_answer = Instant::now();
+    while !answers.lock().expect("answers").iter().any(|(_, ok)| *ok) {
+        if first_answer.elapsed() > TIMEOUT {
+            bail!("the client never got an answer at status.dnsIP");
+        }
+        tokio::time::sleep(POLL).await;
+    }
+    let before_node = qdbs.get("example").await?.status.and_then(|s| s.node_name);
+    let began = Instant::now();
+    let p = json!({"spec": {"node": {"image": new_ami}}});
+    qdbs.patch("example", &PatchParams::default(), &Patch::Merge(&p))
+        .await?;
+    loop {
+        let q = qdbs.get("example").await?;
+        let moved = q
+            .status
+            .as_ref()
+            .and_then(|s| s.node_move.as_ref())
+            .is_some_and(|m| {
+                m.to_image.as_deref() == Some(new_ami)
+                    && matches!(m.phase.as_str(), "Retaining" | "Completed")
+            });
+        if moved && ready_with_address(&q) {
+            break;
+        }
+        if began.elapsed() > TIMEOUT {
+            bail!(
+                "the move did not end within {TIMEOUT:?}: {:?}",
+                q.status.and_then(|s| s.node_move)
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let took = began.elapsed();
+    tokio::time::sleep(SETTLE).await;
+    client_task.abort();
+    let after_node = qdbs.get("example").await?.status.and_then(|s| s.node_name);
+    let answers: Vec<(Instant, bool)> = answers
+        .lock()
+        .expect("answers")
+        .iter()
+        .copied()
+        .filter(|(at, _)| *at >= began)
+        .collect();
+    let (unavailable, longest) = gaps(&answers);
+    Ok(Measured {
+        change: Change::NodeMove,
+        unavailable,
+        longest,
+        restarted: after_node != before_node,
+        took,
+    })
+}
+
+/// Asks `select 1` every [`POLL`] at the QuestDB's `status.dnsIP`.
+async fn ask_at_dns_address(
+    qdbs: Api<QuestDB>,
+    login: (String, String),
+    answers: Arc<Mutex<Vec<(Instant, bool)>>>,
+) {
+    let mut ticks = tokio::time::interval(POLL);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
+        let addr = qdbs
+            .get_opt("example")
+            .await
+            .ok()
+            .flatten()
+            .and_then(|q| q.status?.dns_ip)
+            .and_then(|ip| format!("{ip}:9000").parse::<SocketAddr>().ok());
+        let ok = match addr {
+            Some(addr) => questdb_http::Database::new(addr, Some((&login.0, &login.1)))
+                .exec_within("select 1", ANSWER_LIMIT)
+                .await
+                .is_ok(),
+            None => false,
+        };
+        answers.lock().expect("answers").push((Instant::now(), ok));
+    }
 }
 
 /// Asks `select 1` every [`POLL`] at the pod's current address, recording each answer.
