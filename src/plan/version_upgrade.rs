@@ -91,6 +91,10 @@ pub struct View<'a> {
     pub pod: PodState<'a>,
     /// What the pod's containers report when it cannot run (the exit, the last log lines).
     pub trouble: Option<&'a str>,
+    /// When the database pod was created: a new version's timeout counts from the later of
+    /// its step and its pod, so a pod replaced meanwhile (a failover, a pause and unpause)
+    /// gets its whole timeout.
+    pub pod_created: Option<Timestamp>,
     pub snapshot: SnapshotState,
     /// Whether the VolumeSnapshot API is served (`None`: not asked).
     pub snapshot_api: Option<bool>,
@@ -418,7 +422,7 @@ fn go(v: &View, from: &str) -> Decision {
 
 fn starting(v: &View, r: &VersionUpgradeStatus) -> Decision {
     use VersionUpgradeStep::*;
-    let since = r.since.as_ref().map(|t| t.0).unwrap_or(v.now);
+    let since = starting_since(r, v.pod_created, v.now);
     let timeout = ready_timeout(v.policy);
     let overdue = v.now.duration_since(since).unsigned_abs() >= timeout;
     let why = if v.spec_image != r.to_image {
@@ -511,6 +515,16 @@ fn starting(v: &View, r: &VersionUpgradeStatus) -> Decision {
     }
 }
 
+/// When the new version's timeout began: its step, or its pod if that came later.
+fn starting_since(
+    r: &VersionUpgradeStatus,
+    pod_created: Option<Timestamp>,
+    now: Timestamp,
+) -> Timestamp {
+    let step = r.since.as_ref().map(|t| t.0).unwrap_or(now);
+    pod_created.map_or(step, |p| p.max(step))
+}
+
 fn rolled_back_message(r: &VersionUpgradeStatus) -> String {
     let mut m = format!(
         "{}; {} runs again on the data from the snapshot {} taken when it stopped",
@@ -536,6 +550,7 @@ fn rolled_back_message(r: &VersionUpgradeStatus) -> String {
 pub fn verdict(
     r: &VersionUpgradeStatus,
     policy: &VersionUpgradeSpec,
+    pod_created: Option<Timestamp>,
     now: Timestamp,
 ) -> Verdict<VersionUpgradeReason> {
     use VersionUpgradeReason as R;
@@ -562,7 +577,7 @@ pub fn verdict(
             ),
         ),
         Starting => {
-            let since = r.since.as_ref().map(|t| t.0).unwrap_or(now);
+            let since = starting_since(r, pod_created, now);
             let timeout = ready_timeout(policy);
             if r.snapshot.is_none() && now.duration_since(since).unsigned_abs() >= timeout {
                 Verdict::new(

@@ -36,6 +36,7 @@ struct Case {
     busy: Option<String>,
     pod: PodState<'static>,
     trouble: Option<&'static str>,
+    pod_created: Option<Timestamp>,
     snapshot: SnapshotState,
     snapshot_api: Option<bool>,
     claim: Option<Claim<'static>>,
@@ -53,6 +54,7 @@ impl Default for Case {
             busy: None,
             pod: PodState::Ready { image: OLD },
             trouble: None,
+            pod_created: None,
             snapshot: SnapshotState::NotLooked,
             snapshot_api: None,
             claim: Some(Claim {
@@ -77,6 +79,7 @@ impl Case {
             busy: self.busy.clone(),
             pod: self.pod,
             trouble: self.trouble,
+            pod_created: self.pod_created,
             snapshot: self.snapshot.clone(),
             snapshot_api: self.snapshot_api,
             claim: self.claim,
@@ -359,6 +362,25 @@ fn a_new_version_not_ready_within_its_timeout_is_rolled_back_from_the_snapshot()
 }
 
 #[test]
+fn a_new_versions_pod_replaced_meanwhile_gets_its_whole_timeout() {
+    // A failover or a pause and unpause made a new pod 10 s ago; the step began 120 s ago.
+    let case = Case {
+        record: Some(VersionUpgradeStatus {
+            since: secs_ago(120),
+            ..record(Starting)
+        }),
+        policy: VersionUpgradeSpec {
+            ready_timeout: Some("60s".into()),
+            ..Default::default()
+        },
+        pod: PodState::NotReady { ran: true },
+        pod_created: secs_ago(10).map(|t| t.0),
+        ..Case::default()
+    };
+    assert_eq!(case.decide(), Decision::Wait(Some(Duration::from_secs(50))));
+}
+
+#[test]
 fn the_image_set_back_while_the_new_version_starts_rolls_back_at_once() {
     let (r, _) = recorded(
         Case {
@@ -388,7 +410,7 @@ fn a_new_version_that_never_started_goes_back_without_a_restore() {
     assert_eq!((r.step, r.claim_uid.as_deref()), (RolledBack, None));
     assert_eq!(r.snapshot.as_deref(), Some("db1-before-9.3.2-4"));
     assert!(say.unwrap().message.contains("never started"));
-    let v = verdict(&r, &VersionUpgradeSpec::default(), now());
+    let v = verdict(&r, &VersionUpgradeSpec::default(), None, now());
     assert!(v.message.contains("never started"), "{}", v.message);
     assert_eq!(
         template(Some(&r), OLD),
@@ -418,7 +440,7 @@ fn without_a_snapshot_an_overdue_new_version_is_left_for_a_person() {
         ..Case::default()
     };
     assert_eq!(case.decide(), Decision::Wait(None));
-    let v = verdict(&r, &skip, now());
+    let v = verdict(&r, &skip, None, now());
     assert_eq!(v.reason, VersionUpgradeReason::NotReadyNoSnapshot);
     // The image set back: the old version on the data as it is, which Skip chose.
     let set_back = Case {
@@ -525,7 +547,7 @@ fn the_rollback_ends_when_the_old_version_is_ready_on_the_restored_claim() {
         say.message
     );
     assert!(say.message.contains("db1-before-9.3.2-4"));
-    let v = verdict(&done, &VersionUpgradeSpec::default(), now());
+    let v = verdict(&done, &VersionUpgradeSpec::default(), None, now());
     assert_eq!(
         (v.status, v.reason),
         (false, VersionUpgradeReason::RolledBack)

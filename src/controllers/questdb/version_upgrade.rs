@@ -112,6 +112,10 @@ pub async fn step(qdb: &mut QuestDB, ctx: &Context) -> Result<Outcome, Error> {
         busy,
         pod: pod_state,
         trouble: trouble.as_deref(),
+        pod_created: pod
+            .as_ref()
+            .and_then(|p| p.metadata.creation_timestamp.as_ref())
+            .map(|t| t.0),
         snapshot: snapshot_state,
         snapshot_api: None,
         claim: claim_view,
@@ -128,6 +132,7 @@ pub async fn step(qdb: &mut QuestDB, ctx: &Context) -> Result<Outcome, Error> {
         decision = plan::decide(&view);
     }
     let now = view.now;
+    let pod_created = view.pod_created;
     let mut again = None;
     let mut finished = None;
     match decision {
@@ -196,7 +201,8 @@ pub async fn step(qdb: &mut QuestDB, ctx: &Context) -> Result<Outcome, Error> {
         image: (t.image != spec.image).then(|| t.image.to_string()),
         stopped: t.stopped,
         restore_snapshot: plan::restore_snapshot(record).map(str::to_string),
-        verdict: finished.or_else(|| record.map(|r| plan::verdict(r, &spec.version_upgrade, now))),
+        verdict: finished
+            .or_else(|| record.map(|r| plan::verdict(r, &spec.version_upgrade, pod_created, now))),
         again,
     })
 }
