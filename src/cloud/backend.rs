@@ -27,7 +27,8 @@ pub struct RunSpec {
     /// A public IPv4 address on the primary interface.
     pub public_ip: bool,
     /// Ask EC2 whether it would launch, launching nothing: the answer is always an error,
-    /// [`DRY_RUN_PASSED`] when the caller may make this launch (the preflight's launch check).
+    /// `DryRunOperation` (`DRY_RUN_PASSED`) when the caller may make this launch (the
+    /// preflight's launch check).
     pub dry_run: bool,
 }
 
