@@ -822,17 +822,8 @@ async fn an_upgrade_to_a_version_that_exits_at_start_is_rolled_back_with_every_a
     use questdb_operator::api::VersionUpgradeStep;
     const FAILING: &str = "questdb/questdb:9.3.2";
     let env = env().await;
-    env.create_questdb(NS, "db1", |q| {
-        real(q);
-        let server = &mut q.spec.config.server;
-        server.insert("config.validation.strict".into(), "true".into());
-        server.insert(
-            "cairo.sql.backup.root".into(),
-            "/var/lib/questdb/backup".into(),
-        );
-        q.spec.version_upgrade.ready_timeout = Some("30s".into());
-    })
-    .await;
+    env.create_questdb(NS, "db1", |q| refused_by_9_3_2(q, "30s"))
+        .await;
     ready(&env, "db1").await;
     let creds = Credentials::of(&env, "db1-credentials").await;
     let http = format!("{}:9000", pod_ip(&env, "db1").await);
@@ -929,17 +920,8 @@ async fn killing_the_manager_at_every_upgrade_and_rollback_step_still_restores_e
     use kube::runtime::{watcher, WatchStreamExt};
     use questdb_operator::api::VersionUpgradeStep;
     let mut env = env().await;
-    env.create_questdb(NS, "db1", |q| {
-        real(q);
-        let server = &mut q.spec.config.server;
-        server.insert("config.validation.strict".into(), "true".into());
-        server.insert(
-            "cairo.sql.backup.root".into(),
-            "/var/lib/questdb/backup".into(),
-        );
-        q.spec.version_upgrade.ready_timeout = Some("20s".into());
-    })
-    .await;
+    env.create_questdb(NS, "db1", |q| refused_by_9_3_2(q, "20s"))
+        .await;
     ready(&env, "db1").await;
     let creds = Credentials::of(&env, "db1-credentials").await;
     let http = format!("{}:9000", pod_ip(&env, "db1").await);
@@ -1003,6 +985,72 @@ async fn killing_the_manager_at_every_upgrade_and_rollback_step_still_restores_e
     let http = format!("{}:9000", pod_ip(&env, "db1").await);
     assert_eq!(count(&http, "t", creds.http()).await, Some(300));
     env.stop().await;
+}
+
+/// The one field a user has to ask for a rollback: `spec.image` set back while the new version
+/// starts (its timeout far away) rolls back at once, from the snapshot, with every row.
+#[tokio::test]
+async fn setting_the_image_back_while_the_new_version_starts_rolls_back_at_once_with_every_row() {
+    use questdb_operator::api::VersionUpgradeStep;
+    let env = env().await;
+    env.create_questdb(NS, "db1", |q| refused_by_9_3_2(q, "1h"))
+        .await;
+    ready(&env, "db1").await;
+    let creds = Credentials::of(&env, "db1-credentials").await;
+    let http = format!("{}:9000", pod_ip(&env, "db1").await);
+    write_acked(&http, "t", 200, &creds).await;
+    set_image(&env, "questdb/questdb:9.3.2").await;
+    wait_for(
+        &env.api(NS),
+        "db1",
+        "9.3.2 starting",
+        |q: Option<&QuestDB>| {
+            q.and_then(|q| q.status.as_ref())
+                .and_then(|s| s.version_upgrade.as_ref())
+                .is_some_and(|r| r.step == VersionUpgradeStep::Starting)
+        },
+    )
+    .await;
+    set_image(&env, &format!("questdb/questdb:{VERSION}")).await;
+    let q = wait_for(
+        &env.api(NS),
+        "db1",
+        "rolled back, the record gone",
+        |q: Option<&QuestDB>| {
+            q.and_then(|q| q.status.as_ref()).is_some_and(|s| {
+                s.version_upgrade.is_none()
+                    && s.conditions
+                        .iter()
+                        .any(|c| c.type_ == "Ready" && c.status == "True")
+            })
+        },
+    )
+    .await;
+    assert_eq!(
+        q.status.and_then(|s| s.version).as_deref(),
+        Some(VERSION),
+        "the old version runs"
+    );
+    wait_for_event(&env, NS, "a VersionRolledBack Warning", |e| {
+        e.reason.as_deref() == Some("VersionRolledBack")
+    })
+    .await;
+    let http = format!("{}:9000", pod_ip(&env, "db1").await);
+    assert_eq!(count(&http, "t", creds.http()).await, Some(200));
+    env.stop().await;
+}
+
+/// QuestDB 9.2.0 with a key 9.3.2 no longer knows (`cairo.sql.backup.root`) under strict
+/// validation: 9.3.2 exits (code 55) at start on it. `ready_timeout`: the new version's.
+fn refused_by_9_3_2(q: &mut QuestDB, ready_timeout: &str) {
+    real(q);
+    let server = &mut q.spec.config.server;
+    server.insert("config.validation.strict".into(), "true".into());
+    server.insert(
+        "cairo.sql.backup.root".into(),
+        "/var/lib/questdb/backup".into(),
+    );
+    q.spec.version_upgrade.ready_timeout = Some(ready_timeout.into());
 }
 
 /// Sets `db1`'s `spec.image`.
