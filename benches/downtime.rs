@@ -252,23 +252,11 @@ async fn one_change(
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
     let pod_name = format!("{name}-0");
     let before_pod = identity(&pods.get(&pod_name).await?);
-    let secret = Api::<Secret>::namespaced(client.clone(), ns)
-        .get(&format!("{name}-credentials"))
-        .await?;
-    let data = secret.data.unwrap_or_default();
-    let text = |k: &str| -> anyhow::Result<String> {
-        let v = data.get(k).with_context(|| format!("{k} missing"))?;
-        Ok(String::from_utf8(v.0.clone())?)
-    };
-    let login = (text("QDB_HTTP_USER")?, text("QDB_HTTP_PASSWORD")?);
+    let login = http_login(client, ns, name).await?;
 
     let answers = Arc::new(Mutex::new(Vec::<(Instant, bool)>::new()));
-    let client_task = tokio::spawn(ask_forever(
-        pods.clone(),
-        pod_name.clone(),
-        login,
-        answers.clone(),
-    ));
+    let target = Target::Pod(pods.clone(), pod_name.clone());
+    let client_task = tokio::spawn(ask_forever(target, login, answers.clone()));
     // The client answered before the change: it measures the change, not its own start.
     wait::until("the client's first answer", TIMEOUT, op, || async {
         answers.lock().expect("answers").iter().any(|(_, ok)| *ok)
@@ -446,17 +434,10 @@ async fn node_move_on(
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
-    let secret = Api::<Secret>::namespaced(client.clone(), "default")
-        .get("example-credentials")
-        .await?;
-    let data = secret.data.unwrap_or_default();
-    let text = |k: &str| -> anyhow::Result<String> {
-        let v = data.get(k).with_context(|| format!("{k} missing"))?;
-        Ok(String::from_utf8(v.0.clone())?)
-    };
-    let login = (text("QDB_HTTP_USER")?, text("QDB_HTTP_PASSWORD")?);
+    let login = http_login(&client, "default", "example").await?;
     let answers = Arc::new(Mutex::new(Vec::<(Instant, bool)>::new()));
-    let client_task = tokio::spawn(ask_at_dns_address(qdbs.clone(), login, answers.clone()));
+    let target = Target::DnsAddress(qdbs.clone(), "example".into());
+    let client_task = tokio::spawn(ask_forever(target, login, answers.clone()));
     let first_answer = Instant::now();
     while !answers.lock().expect("answers").iter().any(|(_, ok)| *ok) {
         if first_answer.elapsed() > TIMEOUT {
@@ -511,38 +492,39 @@ async fn node_move_on(
     })
 }
 
-/// Asks `select 1` every [`POLL`] at the QuestDB's `status.dnsIP`.
-async fn ask_at_dns_address(
-    qdbs: Api<QuestDB>,
-    login: (String, String),
-    answers: Arc<Mutex<Vec<(Instant, bool)>>>,
-) {
-    let mut ticks = tokio::time::interval(POLL);
-    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        ticks.tick().await;
-        let addr = qdbs
-            .get_opt("example")
-            .await
-            .ok()
-            .flatten()
-            .and_then(|q| q.status?.dns_ip)
-            .and_then(|ip| format!("{ip}:9000").parse::<SocketAddr>().ok());
-        let ok = match addr {
-            Some(addr) => questdb_http::Database::new(addr, Some((&login.0, &login.1)))
-                .exec_within("select 1", ANSWER_LIMIT)
-                .await
-                .is_ok(),
-            None => false,
-        };
-        answers.lock().expect("answers").push((Instant::now(), ok));
+/// The database's HTTP user and password, from its credentials Secret (no change touches them).
+async fn http_login(client: &Client, ns: &str, db: &str) -> anyhow::Result<(String, String)> {
+    let secret = Api::<Secret>::namespaced(client.clone(), ns)
+        .get(&format!("{db}-credentials"))
+        .await?;
+    let data = secret.data.unwrap_or_default();
+    let text = |k: &str| -> anyhow::Result<String> {
+        let v = data.get(k).with_context(|| format!("{k} missing"))?;
+        Ok(String::from_utf8(v.0.clone())?)
+    };
+    Ok((text("QDB_HTTP_USER")?, text("QDB_HTTP_PASSWORD")?))
+}
+
+/// Where the client finds the database: the pod's own address (no Service proxy in the test
+/// environment), or the address the QuestDB's DNS record names (`status.dnsIP`).
+#[derive(Clone)]
+enum Target {
+    Pod(Api<Pod>, String),
+    DnsAddress(Api<QuestDB>, String),
+}
+
+impl Target {
+    async fn ip(&self) -> Option<String> {
+        match self {
+            Target::Pod(pods, name) => pods.get_opt(name).await.ok()??.status?.pod_ip,
+            Target::DnsAddress(qdbs, name) => qdbs.get_opt(name).await.ok()??.status?.dns_ip,
+        }
     }
 }
 
-/// Asks `select 1` every [`POLL`] at the pod's current address, recording each answer.
+/// Asks `select 1` every [`POLL`] at the target's current address, recording each answer.
 async fn ask_forever(
-    pods: Api<Pod>,
-    pod: String,
+    target: Target,
     login: (String, String),
     answers: Arc<Mutex<Vec<(Instant, bool)>>>,
 ) {
@@ -550,12 +532,9 @@ async fn ask_forever(
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         ticks.tick().await;
-        let addr = pods
-            .get_opt(&pod)
+        let addr = target
+            .ip()
             .await
-            .ok()
-            .flatten()
-            .and_then(|p| p.status?.pod_ip)
             .and_then(|ip| format!("{ip}:9000").parse::<SocketAddr>().ok());
         let ok = match addr {
             Some(addr) => questdb_http::Database::new(addr, Some((&login.0, &login.1)))

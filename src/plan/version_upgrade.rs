@@ -386,6 +386,33 @@ fn held(v: &View, r: &VersionUpgradeStatus, why: String) -> Decision {
     )
 }
 
+/// `ReleasingVolume` refused to keep the volume (`refusal`: a namespaced install may not patch
+/// PersistentVolumes): the claim is not replaced, the old version runs on the data as the new
+/// one left it, and the snapshot stays for a restore into a new QuestDB.
+pub fn volume_not_kept(r: &VersionUpgradeStatus, refusal: &str) -> (VersionUpgradeStatus, Say) {
+    let why = format!(
+        "the operator may not keep the volume the new version ran on ({refusal}), so its claim is not replaced: {} runs on the data as the new version left it; if it cannot read it, restore the snapshot {} into a new QuestDB (spec.volume.restoreFrom.volumeSnapshot)",
+        r.from_image,
+        r.snapshot.as_deref().unwrap_or_default()
+    );
+    let next = VersionUpgradeStatus {
+        step: VersionUpgradeStep::Restoring,
+        claim_uid: None,
+        retained_volume: None,
+        message: Some(format!(
+            "{}; {why}",
+            r.message.as_deref().unwrap_or_default()
+        )),
+        ..r.clone()
+    };
+    let say = Say {
+        reason: crate::api::EventReason::VersionRollingBack,
+        message: why,
+        warning: true,
+    };
+    (next, say)
+}
+
 /// A record for a change of image, if the database has run on another one.
 fn begin(v: &View) -> Decision {
     match v.statefulset_image {

@@ -622,3 +622,24 @@ fn snapshot_names_are_valid_object_names() {
     let long = "d".repeat(253);
     assert!(snapshot_name(&long, NEW, 7).len() <= 253);
 }
+
+#[test]
+fn a_volume_the_operator_may_not_keep_leaves_the_claim_and_says_so() {
+    let r = VersionUpgradeStatus {
+        claim_uid: Some("claim-1".into()),
+        retained_volume: Some("pv-1".into()),
+        message: Some("questdb/questdb:9.3.2 was not ready within 1m".into()),
+        ..record(ReleasingVolume)
+    };
+    let (next, say) = volume_not_kept(&r, "forbidden");
+    assert_eq!((next.step, next.claim_uid.as_deref()), (Restoring, None));
+    assert_eq!(next.retained_volume, None);
+    assert!(say.message.contains("forbidden") && say.message.contains("db1-before-9.3.2-4"));
+    // Restoring with no claim recorded: the old version ready on the claim that stayed ends it.
+    let restoring = Case {
+        record: Some(next),
+        pod: PodState::Ready { image: OLD },
+        ..Case::default()
+    };
+    assert_eq!(recorded(restoring.decide()).0.step, RolledBack);
+}

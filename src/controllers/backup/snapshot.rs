@@ -46,8 +46,20 @@ pub async fn api_served(client: &Client, ns: &str) -> kube::Result<bool> {
 /// The backup's snapshot as the plan sees it.
 pub async fn observe(client: &Client, backup: &QuestDBBackup) -> kube::Result<Snapshot> {
     let ns = backup.namespace().unwrap_or_default();
-    match api(client, &ns).get_opt(&backup.name_any()).await {
-        Ok(Some(obj)) => Ok(view(&obj, backup)),
+    observe_named(client, &ns, &backup.name_any(), |obj| is_ours(obj, backup)).await
+}
+
+/// The VolumeSnapshot `name` as a plan sees it, `ours` telling whether it is the caller's (a
+/// backup's by uid annotation, a version upgrade's by owner).
+pub async fn observe_named(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    ours: impl Fn(&DynamicObject) -> bool,
+) -> kube::Result<Snapshot> {
+    match api(client, ns).get_opt(name).await {
+        Ok(Some(obj)) if !ours(&obj) => Ok(Snapshot::NotOurs),
+        Ok(Some(obj)) => Ok(progress(&obj)),
         Ok(None) => Ok(Snapshot::Absent),
         // The resource itself is not served.
         Err(kube::Error::Api(s)) if s.code == 404 => Ok(Snapshot::ApiMissing),
@@ -55,10 +67,17 @@ pub async fn observe(client: &Client, backup: &QuestDBBackup) -> kube::Result<Sn
     }
 }
 
+/// The backup's snapshot as `observe` judges it.
+#[cfg(test)]
 fn view(obj: &DynamicObject, backup: &QuestDBBackup) -> Snapshot {
     if !is_ours(obj, backup) {
         return Snapshot::NotOurs;
     }
+    progress(obj)
+}
+
+/// How far a VolumeSnapshot got: its error, ready to use, or asked for (cut or not).
+fn progress(obj: &DynamicObject) -> Snapshot {
     let status = obj.data.get("status");
     let field = |name: &str| status.and_then(|s| s.get(name));
     if let Some(message) = field("error").and_then(|e| e.get("message")?.as_str()) {
@@ -110,22 +129,35 @@ pub fn desired(backup: &QuestDBBackup, pvc: &str) -> DynamicObject {
     if backup.spec.deletion_policy == BackupDeletionPolicy::Delete {
         metadata.owner_references = backup.controller_owner_ref(&()).map(|o| vec![o]);
     }
-    let mut spec = json!({"source": {"persistentVolumeClaimName": pvc}});
-    if let Some(class) = &backup.spec.volume_snapshot_class_name {
-        spec["volumeSnapshotClassName"] = json!(class);
-    }
+    let spec = spec_of(pvc, backup.spec.volume_snapshot_class_name.as_deref());
     let mut obj = DynamicObject::new(&backup.name_any(), &resource()).data(json!({"spec": spec}));
     obj.metadata = metadata;
     obj
 }
 
+/// The spec of a VolumeSnapshot of `pvc` (`class` unset: the cluster's default class).
+pub fn spec_of(pvc: &str, class: Option<&str>) -> serde_json::Value {
+    let mut spec = json!({"source": {"persistentVolumeClaimName": pvc}});
+    if let Some(class) = class {
+        spec["volumeSnapshotClassName"] = json!(class);
+    }
+    spec
+}
+
 /// Creates the snapshot; one that already exists (a retried step) is left as it is.
 pub async fn create(client: &Client, backup: &QuestDBBackup, pvc: &str) -> kube::Result<()> {
     let ns = backup.namespace().unwrap_or_default();
-    match api(client, &ns)
-        .create(&PostParams::default(), &desired(backup, pvc))
-        .await
-    {
+    create_once(client, &ns, &desired(backup, pvc)).await
+}
+
+/// Creates `obj`; one of its name that already exists (asked before a crash) is left as it
+/// is, for the caller's next look to judge.
+pub async fn create_once(client: &Client, ns: &str, obj: &DynamicObject) -> kube::Result<()> {
+    let pp = PostParams {
+        field_manager: Some(crate::api::MANAGER.into()),
+        ..PostParams::default()
+    };
+    match api(client, ns).create(&pp, obj).await {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
         Err(e) => Err(e),

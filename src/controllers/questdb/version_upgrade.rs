@@ -6,14 +6,15 @@
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 use tracing::info;
 
-use crate::api::{QuestDB, VersionUpgradeReason, MANAGER};
+use crate::api::{QuestDB, VersionUpgradeReason};
+use crate::controllers::backup::plan::Snapshot;
 use crate::controllers::backup::snapshot;
 use crate::controllers::context::Context;
 use crate::controllers::Error;
@@ -168,27 +169,13 @@ pub async fn step(qdb: &mut QuestDB, ctx: &Context) -> Result<Outcome, Error> {
             match release_volume(ctx, qdb, &ns, volume.as_deref(), &claim_uid).await {
                 Err(Error::Kube(kube::Error::Api(e))) if e.code == 403 => {
                     // A namespaced install may not touch PersistentVolumes: the claim is never
-                    // deleted without its volume kept. The old version runs on the data as the
-                    // new one left it; the snapshot stays for a restore into a new QuestDB.
-                    let why = format!("the operator may not keep the volume the new version ran on ({}), so its claim is not replaced: {} runs on the data as the new version left it; if it cannot read it, restore the snapshot {} into a new QuestDB (spec.volume.restoreFrom.volumeSnapshot)", e.message, record.as_ref().map(|r| r.from_image.clone()).unwrap_or_default(), record.as_ref().and_then(|r| r.snapshot.clone()).unwrap_or_default());
-                    let next = record.clone().map(|r| crate::api::VersionUpgradeStatus {
-                        step: crate::api::VersionUpgradeStep::Restoring,
-                        claim_uid: None,
-                        retained_volume: None,
-                        message: Some(format!("{}; {why}", r.message.clone().unwrap_or_default())),
-                        ..r
-                    });
-                    record::persist(qdb, ctx, |s| s.version_upgrade = next.clone()).await?;
-                    say_it(
-                        ctx,
-                        qdb,
-                        Some(Say {
-                            reason: crate::api::EventReason::VersionRollingBack,
-                            message: why,
-                            warning: true,
-                        }),
-                    )
-                    .await;
+                    // deleted without its volume kept.
+                    if let Some(r) = &record {
+                        let (next, say) = plan::volume_not_kept(r, &e.message);
+                        record::persist(qdb, ctx, |s| s.version_upgrade = Some(next.clone()))
+                            .await?;
+                        say_it(ctx, qdb, Some(say)).await;
+                    }
                 }
                 other => other?,
             }
@@ -225,40 +212,35 @@ async fn observe_snapshot(
     ns: &str,
     name: &str,
 ) -> Result<SnapshotState, Error> {
-    let obj = match snapshot::api(&ctx.client, ns).get_opt(name).await {
-        Ok(Some(obj)) => obj,
-        Ok(None) => return Ok(SnapshotState::Absent),
-        Err(kube::Error::Api(s)) if s.code == 404 => return Ok(SnapshotState::ApiMissing),
-        Err(e) => return Err(Error::Kube(e)),
+    let uid = qdb.meta().uid.clone();
+    let ours = |obj: &kube::api::DynamicObject| {
+        obj.owner_references()
+            .iter()
+            .any(|o| Some(&o.uid) == uid.as_ref())
     };
-    let ours = obj
-        .owner_references()
-        .iter()
-        .any(|o| Some(&o.uid) == qdb.meta().uid.as_ref());
-    if !ours {
-        return Ok(SnapshotState::Failed(format!(
+    let seen = snapshot::observe_named(&ctx.client, ns, name, ours)
+        .await
+        .map_err(Error::Kube)?;
+    Ok(match seen {
+        Snapshot::ApiMissing => SnapshotState::ApiMissing,
+        Snapshot::Absent => SnapshotState::Absent,
+        Snapshot::NotOurs => SnapshotState::Failed(format!(
             "a VolumeSnapshot {name} exists and is not this database's"
-        )));
-    }
-    let status = obj.data.get("status");
-    let field = |f: &str| status.and_then(|s| s.get(f));
-    if let Some(message) = field("error").and_then(|e| e.get("message")?.as_str()) {
-        return Ok(SnapshotState::Failed(message.to_string()));
-    }
-    if field("readyToUse").and_then(|v| v.as_bool()) == Some(true) {
-        return Ok(SnapshotState::Ready);
-    }
-    Ok(SnapshotState::Pending {
-        cut: field("creationTime").is_some_and(|v| !v.is_null()),
+        )),
+        Snapshot::Pending { cut } => SnapshotState::Pending { cut },
+        Snapshot::Ready { .. } => SnapshotState::Ready,
+        Snapshot::Error(e) => SnapshotState::Failed(e),
     })
 }
 
 /// A VolumeSnapshot of the database's claim, owned by the QuestDB (it goes with it).
 async fn create_snapshot(ctx: &Context, qdb: &QuestDB, ns: &str, name: &str) -> Result<(), Error> {
-    let mut spec = json!({"source": {"persistentVolumeClaimName": desired::names::pvc(qdb)}});
-    if let Some(class) = &qdb.spec.version_upgrade.volume_snapshot_class_name {
-        spec["volumeSnapshotClassName"] = json!(class);
-    }
+    let class = qdb
+        .spec
+        .version_upgrade
+        .volume_snapshot_class_name
+        .as_deref();
+    let spec = snapshot::spec_of(&desired::names::pvc(qdb), class);
     let mut obj = kube::api::DynamicObject::new(name, &snapshot::resource())
         .within(ns)
         .data(json!({"spec": spec}));
@@ -267,19 +249,11 @@ async fn create_snapshot(ctx: &Context, qdb: &QuestDB, ns: &str, name: &str) -> 
         o.controller = Some(false);
         vec![o]
     });
-    let pp = PostParams {
-        field_manager: Some(MANAGER.into()),
-        ..PostParams::default()
-    };
-    match snapshot::api(&ctx.client, ns).create(&pp, &obj).await {
-        Ok(_) => {
-            info!(questdb = %qdb.name_any(), snapshot = %name, "pre-upgrade snapshot asked for");
-            Ok(())
-        }
-        // Asked before a crash: observed on the next pass.
-        Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
-        Err(e) => Err(Error::Kube(e)),
-    }
+    snapshot::create_once(&ctx.client, ns, &obj)
+        .await
+        .map_err(Error::Kube)?;
+    info!(questdb = %qdb.name_any(), snapshot = %name, "pre-upgrade snapshot asked for");
+    Ok(())
 }
 
 /// Keeps the PersistentVolume the new version ran on (`Retain`, annotated with its database),
