@@ -415,6 +415,19 @@ async fn a_power_off_kills_questdb_at_once_a_cut_off_kubelet_leaves_it_writing_a
     // Partitioned: nothing outside the node reaches the database (a connection that never
     // answers) until the partition heals; the process is the same throughout.
     node.partition();
+    wait_for(
+        &cp,
+        (ns, "db-0"),
+        "the partitioned node's database paused",
+        TIMEOUT,
+        || async {
+            cp.database_processes()
+                .iter()
+                .all(|p| p.paused())
+                .then_some(())
+        },
+    )
+    .await;
     let unanswered = http_get(&http, "/exec?query=select%201", Duration::from_secs(3)).await;
     assert!(
         unanswered.is_err(),

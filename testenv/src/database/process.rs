@@ -115,6 +115,19 @@ pub(crate) fn exit_code(status: std::process::ExitStatus) -> i32 {
         .unwrap_or(-1)
 }
 
+/// Whether `pid` is stopped (state `T` in `/proc/<pid>/stat`): paused by a partition's
+/// SIGSTOP, which the node's supervisor sends when it sees the fault, not when it is set.
+pub(crate) fn is_stopped(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            // The command name, in parentheses, may hold spaces: the state follows its end.
+            let after = &stat[stat.rfind(')')? + 1..];
+            after.split_whitespace().next().map(|state| state == "T")
+        })
+        .unwrap_or(false)
+}
+
 /// The memory `pid` holds resident (`VmRSS` of `/proc/<pid>/status`). A container's cgroup is
 /// charged this and the page cache of the files it writes: the stand-in's OOM killer counts
 /// the resident memory only, so it kills no sooner than a real node would.

@@ -22,6 +22,14 @@ pub struct DatabaseProcess {
     pub(crate) node_index: u32,
 }
 
+impl DatabaseProcess {
+    /// Paused by a partition of its node (see `Fault::Partition`). The pause follows the
+    /// fault asynchronously: a test that needs the database silent waits for this.
+    pub fn paused(&self) -> bool {
+        super::process::is_stopped(self.pid)
+    }
+}
+
 /// A QuestDB that ended, and how.
 #[derive(Clone, Debug)]
 pub struct DatabaseExit {
