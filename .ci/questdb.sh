@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # What the real-QuestDB tests need: Java 17 (QuestDB's jar), Maven (to fetch it from Maven
-# Central) and psql (a real pgwire client). Installs what is missing from Debian's packages when
+# Central), psql (a real pgwire client) and xfsprogs (volumes of a real size, the gp3-xfs
+# StorageClass: mkfs.xfs, xfs_growfs). Installs what is missing from Debian's packages when
 # it can (root and apt-get), then fetches the QuestDB versions the tests run into ~/.m2 once,
 # with a line per version. Prints what it could not do and exits non-zero: the tests that need
 # a real database would fail with the same message.
@@ -13,13 +14,14 @@ missing=()
 command -v java >/dev/null || missing+=(openjdk-17-jre-headless)
 command -v mvn >/dev/null || missing+=(maven)
 command -v psql >/dev/null || missing+=(postgresql-client)
+command -v mkfs.xfs >/dev/null || missing+=(xfsprogs)
 if ((${#missing[@]})); then
     if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
         echo "questdb: installing ${missing[*]} from Debian's packages"
         DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}" >/dev/null ||
             { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}" >/dev/null; }
     else
-        echo "questdb: missing ${missing[*]} (install them: the real-QuestDB tests need Java 17, Maven and psql)" >&2
+        echo "questdb: missing ${missing[*]} (install them: the real-QuestDB tests need Java 17, Maven, psql and xfsprogs)" >&2
         exit 1
     fi
 fi

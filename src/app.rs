@@ -531,6 +531,13 @@ pub fn options_from(args: &RunArgs) -> anyhow::Result<ManagerOptions> {
         operator_pod: crate::controllers::preflight::operator_pod_from_env(),
         operator_version: env!("CARGO_PKG_VERSION").into(),
         max_concurrent_operator_rollouts: usize::from(args.max_concurrent_operator_rollouts),
+        kubelet_ca: match &args.kubelet_ca_file {
+            Some(path) => Some(
+                std::fs::read_to_string(path)
+                    .with_context(|| format!("reading --kubelet-ca-file {}", path.display()))?,
+            ),
+            None => None,
+        },
         tenancy: crate::desired::TenancyPolicy {
             allowed_image_registries: args.allowed_image_registries.clone(),
             allowed_priority_classes: args.allowed_priority_classes.clone(),

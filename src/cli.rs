@@ -165,7 +165,14 @@ pub struct RunArgs {
     #[arg(long, env = "BACKUP_UPLOAD_TIMEOUT", default_value_t = 21600)]
     pub backup_upload_timeout: u64,
 
-    /// Seconds between reads of each Running database's `wal_tables()` (`WriteHealthy`).
+    /// A PEM file with the CA that signs the kubelets' serving certificates, which the
+    /// operator reads the volumes' usage from (`/stats/summary`). Unset: the cluster's CA
+    /// (EKS signs kubelet serving certificates with it).
+    #[arg(long, env = "KUBELET_CA_FILE")]
+    pub kubelet_ca_file: Option<std::path::PathBuf>,
+
+    /// Seconds between reads of each Running database's `wal_tables()` (`WriteHealthy`) and of
+    /// its volume's usage (`DiskSpace`).
     #[arg(long, env = "WRITE_HEALTH_INTERVAL", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
     pub write_health_interval: u64,
 

@@ -10,6 +10,7 @@ pub mod desired;
 pub mod http_server;
 pub mod ilp_auth;
 pub mod inventory;
+pub mod kubelet_stats;
 pub mod leadership;
 pub mod manager;
 pub mod metrics;

@@ -75,6 +75,9 @@ pub struct ManagerOptions {
     /// version (not by the user) rolls at most `max_concurrent_operator_rollouts` databases at once.
     pub operator_version: String,
     pub max_concurrent_operator_rollouts: usize,
+    /// The CA (PEM) that signs the kubelets' serving certificates, read for the volumes'
+    /// usage; the cluster's CA when `None` (`--kubelet-ca-file`).
+    pub kubelet_ca: Option<String>,
 }
 
 pub use crate::leadership::LeaderElection;
@@ -97,6 +100,7 @@ impl Default for ManagerOptions {
             operator_pod: None,
             operator_version: env!("CARGO_PKG_VERSION").into(),
             max_concurrent_operator_rollouts: 1,
+            kubelet_ca: None,
         }
     }
 }
@@ -143,6 +147,16 @@ pub async fn run_with(
         in_flight,
         stopping,
     } = handle;
+    // The volumes' usage comes from the kubelets, with the operator's own credentials; only
+    // where the nodes are watched (their addresses come from the Node cache).
+    let kubelets = if watches_nodes(&opts) {
+        Some(Arc::new(
+            crate::kubelet_stats::Kubelets::new(&config, opts.kubelet_ca.as_deref())
+                .context("reading the kubelet CA")?,
+        ))
+    } else {
+        None
+    };
     let client = crate::metrics::instrumented_client(config, metrics.clone())
         .context("building the Kubernetes client")?;
 
@@ -192,6 +206,7 @@ pub async fn run_with(
         readiness.set_ready();
         info!("caches synced");
         let shared = Shared {
+            kubelets: &kubelets,
             client: &client,
             opts: &opts,
             metrics: &metrics,
@@ -239,6 +254,7 @@ const STOPPING_REPORT_EVERY: Duration = Duration::from_secs(10);
 
 /// What every controller of this manager shares.
 struct Shared<'a> {
+    kubelets: &'a Option<Arc<crate::kubelet_stats::Kubelets>>,
     client: &'a Client,
     opts: &'a ManagerOptions,
     metrics: &'a Arc<Metrics>,
@@ -351,6 +367,7 @@ fn zero_known_labels(metrics: &crate::metrics::Metrics) {
 /// Runs every controller until `token` is cancelled; returns once all of them stopped.
 async fn run_controllers(shared: &Shared<'_>, subs: Subscriptions, token: CancellationToken) {
     let Shared {
+        kubelets,
         client,
         opts,
         metrics,
@@ -384,6 +401,8 @@ async fn run_controllers(shared: &Shared<'_>, subs: Subscriptions, token: Cancel
             .filter(|n| !n.is_empty()),
         write_health: Default::default(),
         checkpoints: Default::default(),
+        disk: Default::default(),
+        kubelets: kubelets.clone(),
         backups: Default::default(),
         status_writes: Default::default(),
         tenancy: opts.tenancy.clone(),

@@ -368,6 +368,15 @@ fn parse_version(build: &str) -> Option<String> {
     (!version.is_empty()).then_some(version)
 }
 
+impl Database {
+    /// `ALTER TABLE ... RESUME WAL`: a suspended table takes writes and applies its WAL again.
+    pub async fn resume_wal(&self, table: &str) -> Result<(), QueryError> {
+        self.exec(&format!("ALTER TABLE {} RESUME WAL", quote_ident(table)))
+            .await
+            .map(|_| ())
+    }
+}
+
 /// A double-quoted identifier (QuestDB doubles an embedded quote).
 fn quote_ident(name: &str) -> String {
     format!("\"{}\"", name.replace('"', "\"\""))

@@ -652,7 +652,7 @@ fn namespaced_install_is_deploy_namespaced_and_grants_exactly_its_role() {
         for resource in rule["resources"].as_array().unwrap() {
             let r = resource.as_str().unwrap();
             assert!(
-                ["namespaces", "nodes", "csinodes", "leases", "volumeattachments"].contains(&r),
+                ["namespaces", "nodes", "nodes/stats", "csinodes", "leases", "volumeattachments"].contains(&r),
                 "{r}: a namespaced install is granted nothing namespaced cluster-wide beyond the kubelets' leases"
             );
         }
@@ -811,6 +811,16 @@ fn every_flag_the_chart_renders_is_accepted_by_the_operator() {
         spec["volumes"][0]["configMap"]["name"],
         "questdb-node-user-data"
     );
+
+    // The kubelet CA is the file its ConfigMap is mounted as.
+    let kubelet_ca = run.kubelet_ca_file.as_ref().expect("--kubelet-ca-file");
+    let mount = &spec["containers"][0]["volumeMounts"][1];
+    assert_eq!(
+        kubelet_ca,
+        &Path::new(mount["mountPath"].as_str().unwrap()).join("kubelet-ca.pem")
+    );
+    assert_eq!(spec["volumes"][1]["name"], mount["name"]);
+    assert_eq!(spec["volumes"][1]["configMap"]["name"], "kubelet-ca");
 
     // Every flag of `run` a user sets is reachable from a value: a flag added to RunArgs
     // without a value fails here.

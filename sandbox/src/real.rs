@@ -130,6 +130,7 @@ pub async fn run(mut args: SandboxArgs, shutdown: CancellationToken) -> anyhow::
         metrics_addr: parse_bind_address(&args.metrics_bind_address)?,
         health_addr: parse_bind_address(&args.health_probe_bind_address)?,
         cloud: built.map(|b| b.cloud),
+        kubelet_ca: Some(cp.kubelet_ca_pem()),
         ..Default::default()
     };
     let manager_token = shutdown.child_token();

@@ -88,4 +88,9 @@ pub mod conditions {
     /// step while it waits, stops, snapshots, starts or rolls back; True `Upgraded` once the
     /// new version ran ready; False `RolledBack` while the old one runs again.
     pub const VERSION_UPGRADE: &str = "VersionUpgrade";
+    /// The volume's file system, from the kubelet's volume statistics: True `Room` or
+    /// `Growing`; False past the threshold when nothing grows it (`Filling`, `AtMaximum`,
+    /// `NotExpandable`) or when the statistics cannot be read. Absent until the first poll
+    /// of a Running database.
+    pub const DISK_SPACE: &str = "DiskSpace";
 }

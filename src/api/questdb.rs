@@ -37,6 +37,7 @@ use serde::{Deserialize, Serialize};
     printcolumn = r#"{"name":"DNS","type":"string","jsonPath":".status.dnsName"}"#,
     printcolumn = r#"{"name":"Failover","type":"string","priority":1,"jsonPath":".status.failover.phase"}"#,
     printcolumn = r#"{"name":"NodeMove","type":"string","priority":1,"jsonPath":".status.upgrade.phase"}"#,
+    printcolumn = r#"{"name":"Disk%","type":"integer","jsonPath":".status.disk.usedPercent"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
@@ -238,6 +239,38 @@ pub struct VolumeSpec {
     /// one is never overwritten (condition `VolumeRestored=False`, reason `RestoreRefused`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restore_from: Option<RestoreSource>,
+    /// Grow the volume before it fills: a full volume suspends QuestDB's WAL tables and
+    /// refuses writes. The operator reads the file system's usage from the kubelet and, past
+    /// `thresholdPercent`, expands the claim by `stepPercent` up to `maximum`; tables
+    /// suspended while it was full are resumed once there is room. Absent: usage is reported,
+    /// nothing grows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auto_grow: Option<AutoGrowSpec>,
+}
+
+/// `spec.volume.autoGrow`.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct AutoGrowSpec {
+    /// Grow once the file system is this full, in percent of its capacity.
+    #[serde(default = "default_grow_threshold")]
+    #[x_kube(validation = Rule::new("self >= 50 && self <= 95").message("volume.autoGrow.thresholdPercent must be between 50 and 95"))]
+    pub threshold_percent: i32,
+    /// Each growth adds this much, in percent of the size the claim requests. Generous by
+    /// default: EBS takes one modification of a volume per six hours.
+    #[serde(default = "default_grow_step")]
+    #[x_kube(validation = Rule::new("self >= 10 && self <= 400").message("volume.autoGrow.stepPercent must be between 10 and 400"))]
+    pub step_percent: i32,
+    /// The largest size the operator grows the volume to, a quantity such as `1Ti`.
+    #[x_kube(validation = Rule::new("isQuantity(self)").message("volume.autoGrow.maximum must be a quantity such as 1Ti"))]
+    pub maximum: String,
+}
+
+fn default_grow_threshold() -> i32 {
+    80
+}
+fn default_grow_step() -> i32 {
+    50
 }
 
 /// Where a restored volume's data comes from: a `QuestDBBackup` or a VolumeSnapshot, in the
@@ -614,6 +647,40 @@ pub struct QuestDBStatus {
     /// version ran ready: the `VersionUpgrade` condition keeps what happened).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub version_upgrade: Option<VersionUpgradeStatus>,
+    /// The volume's file system as the kubelet last reported it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk: Option<DiskStatus>,
+}
+
+/// `status.disk`: the database volume's file system, from the kubelet's volume statistics
+/// (the operator's metrics carry the exact bytes; status changes only with the percentage).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DiskStatus {
+    /// The file system's size, as a quantity (`Mi` or `Gi`).
+    pub capacity: String,
+    /// How full it is, in percent of its size.
+    pub used_percent: i32,
+    /// WAL tables seen suspended while the volume was full (or tagged `DISK FULL`): the ones
+    /// the operator resumes once there is room. A table suspended for any other reason is
+    /// left to `WriteHealthy` and a person.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub suspended_when_full: Vec<String>,
+    /// The growth asked of the claim, recorded before it is asked, until the file system is
+    /// larger than it was: a look at the file system from before the growth never asks for
+    /// another.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub growth: Option<DiskGrowth>,
+}
+
+/// `status.disk.growth`.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DiskGrowth {
+    /// The size asked of the claim.
+    pub to: String,
+    /// The file system's size (bytes) when it was asked.
+    pub from_capacity_bytes: i64,
 }
 
 /// A change of `spec.image` of a database that has run, recorded before each side effect.

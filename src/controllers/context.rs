@@ -123,6 +123,17 @@ pub type CredentialsCache =
 pub type WriteHealth =
     Mutex<HashMap<ObjectRef<GuardedQuestDB>, crate::plan::conditions::Verdict<WriteHealthReason>>>;
 
+/// What the write-health poll last saw of each QuestDB's volume: the file system's usage from
+/// its node's kubelet (or why it could not be read) and the WAL tables QuestDB reports
+/// suspended (`None`: QuestDB did not answer).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DiskObservation {
+    pub usage: Result<crate::plan::disk::VolumeUsage, String>,
+    pub suspended: Option<Vec<crate::plan::disk::SuspendedTable>>,
+}
+
+pub type DiskWatch = Mutex<HashMap<ObjectRef<GuardedQuestDB>, DiskObservation>>;
+
 /// The newest `CheckpointReleased` verdict per QuestDB, written by the same poll.
 pub type CheckpointWatch = Mutex<
     HashMap<
@@ -153,6 +164,11 @@ pub struct Context {
     pub write_health: WriteHealth,
     /// The newest `CheckpointReleased` verdict per QuestDB (see `checkpoint_watch`).
     pub checkpoints: CheckpointWatch,
+    /// The volumes' usage and suspended tables, written by the same poll.
+    pub disk: DiskWatch,
+    /// Clients for the kubelets' Summary API (`None`: the nodes are not watched, as in a
+    /// namespaced install, and no usage is read).
+    pub kubelets: Option<Arc<crate::kubelet_stats::Kubelets>>,
     /// The backup controller's cache of QuestDBBackups, once it runs (the checkpoint watchdog
     /// reads which backup opened a checkpoint).
     pub backups: std::sync::OnceLock<Store<crate::api::QuestDBBackup>>,

@@ -19,9 +19,10 @@ use tracing::debug;
 
 use crate::api::{Phase, QuestDB, WriteHealthReason};
 use crate::controllers::checkpoint_watch;
-use crate::controllers::context::{questdb_ref, Context};
+use crate::controllers::context::{questdb_ref, Context, DiskObservation};
 use crate::desired;
 use crate::plan::conditions::Verdict;
+use crate::plan::disk::{SuspendedTable, VolumeUsage};
 use crate::questdb_http::{Database, Login, Rows};
 
 /// A writer this many transactions behind its sequencer is lagging.
@@ -114,13 +115,19 @@ pub async fn run(
                 polls.push((key, qdb, db));
             }
         }
+        // The kubelets' volume statistics: one Summary per node, whatever it runs.
+        let usage = match &ctx.kubelets {
+            Some(kubelets) => volume_usage(&ctx, kubelets, polls.iter().map(|(_, q, _)| q)).await,
+            None => HashMap::new(),
+        };
         // A few databases at a time, each within its budget: one slow or hostile database
         // delays only its own verdicts, never the others' (their last verdict stands).
         futures::stream::iter(polls)
             .for_each_concurrent(POLL_PARALLELISM, |(key, qdb, db)| {
                 let ctx = ctx.clone();
+                let usage = usage.get(&key).cloned();
                 async move {
-                    let poll = poll_one(&ctx, key, &qdb, &db, timeouts);
+                    let poll = poll_one(&ctx, key, &qdb, &db, usage, timeouts);
                     if tokio::time::timeout(POLL_BUDGET, poll).await.is_err() {
                         debug!(questdb = %qdb.name_any(), "write health poll over its budget; the last verdict stands");
                     }
@@ -135,7 +142,67 @@ pub async fn run(
             .lock()
             .expect("checkpoint watch lock")
             .retain(|k, _| seen.contains(k));
+        ctx.disk
+            .lock()
+            .expect("disk watch lock")
+            .retain(|k, _| seen.contains(k));
     }
+}
+
+/// Each database's volume usage from its node's kubelet (one Summary per node), or why it
+/// could not be read.
+async fn volume_usage<'a>(
+    ctx: &Context,
+    kubelets: &crate::kubelet_stats::Kubelets,
+    databases: impl Iterator<Item = &'a QuestDB>,
+) -> HashMap<ObjectRef<crate::controllers::context::GuardedQuestDB>, Result<VolumeUsage, String>> {
+    let mut by_node: HashMap<String, Vec<(ObjectRef<_>, String, String)>> = HashMap::new();
+    for qdb in databases {
+        let (Some(key), Some(ns)) = (questdb_ref(qdb), qdb.namespace()) else {
+            continue;
+        };
+        let node = ctx
+            .caches
+            .pods
+            .get(&ObjectRef::new(&desired::names::pod(qdb)).within(&ns))
+            .and_then(|p| p.node_name.clone());
+        if let Some(node) = node {
+            by_node
+                .entry(node)
+                .or_default()
+                .push((key, ns, desired::names::pvc(qdb)));
+        }
+    }
+    let summaries = futures::stream::iter(by_node)
+        .map(|(node, claims)| async move {
+            let summary = match ctx.caches.nodes.get(&ObjectRef::new(&node)) {
+                Some(n) => kubelets.summary(&n).await,
+                None => Err(format!("node {node} is not in the cache")),
+            };
+            (node, claims, summary)
+        })
+        .buffer_unordered(POLL_PARALLELISM)
+        .collect::<Vec<_>>()
+        .await;
+    let mut out = HashMap::new();
+    for (node, claims, summary) in summaries {
+        for (key, ns, claim) in claims {
+            let usage = match &summary {
+                // The kubelet measures a volume some time after it is mounted: until then
+                // there is nothing to say.
+                Ok(s) => match s.claim(&ns, &claim) {
+                    Some(u) => Ok(u),
+                    None => continue,
+                },
+                Err(why) => {
+                    debug!(%node, error = %why, "kubelet volume statistics");
+                    Err(why.clone())
+                }
+            };
+            out.insert(key, usage);
+        }
+    }
+    out
 }
 
 /// How many databases are polled at once.
@@ -149,10 +216,30 @@ async fn poll_one(
     key: ObjectRef<crate::controllers::context::GuardedQuestDB>,
     qdb: &QuestDB,
     db: &Database,
+    usage: Option<Result<VolumeUsage, String>>,
     timeouts: crate::controllers::backup::plan::Timeouts,
 ) {
     let mut changed = false;
-    if let Some(verdict) = wal_verdict(qdb, db).await {
+    let wal = wal_verdict(qdb, db).await;
+    if let Some(usage) = usage {
+        if let Ok(u) = &usage {
+            ctx.metrics.set_volume_usage(
+                &qdb.namespace().unwrap_or_default(),
+                &qdb.name_any(),
+                u.capacity,
+                u.used,
+            );
+        }
+        let seen = DiskObservation {
+            usage,
+            suspended: wal.as_ref().map(|(_, s)| s.clone()),
+        };
+        let mut map = ctx.disk.lock().expect("disk watch lock");
+        // The bytes change with every write: only what the decision reads wakes it.
+        changed |= !map.get(&key).is_some_and(|old| decides_alike(old, &seen));
+        map.insert(key.clone(), seen);
+    }
+    if let Some((verdict, _)) = wal {
         let suspended = if verdict.reason == WriteHealthReason::TablesSuspended {
             1
         } else {
@@ -217,12 +304,43 @@ pub(crate) async fn connect(
     ))
 }
 
-async fn wal_verdict(qdb: &QuestDB, db: &Database) -> Option<Verdict<WriteHealthReason>> {
+/// Whether two observations make the same disk decision: the whole percentage, the
+/// capacity, the suspended tables, the error (the bytes change with every write).
+fn decides_alike(a: &DiskObservation, b: &DiskObservation) -> bool {
+    let coarse = |o: &DiskObservation| {
+        o.usage
+            .as_ref()
+            .map(|u| (crate::plan::disk::used_percent(*u), u.capacity))
+            .map_err(Clone::clone)
+    };
+    coarse(a) == coarse(b) && a.suspended == b.suspended
+}
+
+/// The suspended tables of `wal_tables()` (columns name, suspended, ..., errorTag).
+pub fn suspended_tables(rows: &Rows) -> Vec<SuspendedTable> {
+    rows.dataset
+        .iter()
+        .filter(|row| row.get(1).and_then(|v| v.as_bool()) == Some(true))
+        .map(|row| SuspendedTable {
+            name: row
+                .first()
+                .and_then(|v| v.as_str())
+                .unwrap_or("?")
+                .to_string(),
+            disk_full: row.get(4).and_then(|v| v.as_str()) == Some("DISK FULL"),
+        })
+        .collect()
+}
+
+async fn wal_verdict(
+    qdb: &QuestDB,
+    db: &Database,
+) -> Option<(Verdict<WriteHealthReason>, Vec<SuspendedTable>)> {
     match db
-        .exec("select name, suspended, writerTxn, sequencerTxn from wal_tables()")
+        .exec("select name, suspended, writerTxn, sequencerTxn, errorTag from wal_tables()")
         .await
     {
-        Ok(rows) => Some(verdict(&rows)),
+        Ok(rows) => Some((verdict(&rows), suspended_tables(&rows))),
         Err(e) => {
             // Unreachable or refusing: Ready already says so; the last verdict stands.
             debug!(questdb = %qdb.name_any(), error = %e, "write health poll failed");
@@ -249,6 +367,28 @@ mod tests {
         assert!(!v.status);
         assert_eq!(v.reason, WriteHealthReason::TablesSuspended);
         assert!(v.message.contains("trades") && !v.message.contains("quotes"));
+    }
+
+    #[test]
+    fn suspended_tables_are_named_with_their_disk_full_tag() {
+        let t = suspended_tables(&rows(json!([
+            ["trades", true, 5, 9, ""],
+            ["quotes", true, 3, 4, "DISK FULL"],
+            ["ok", false, 3, 3, ""]
+        ])));
+        assert_eq!(
+            t,
+            vec![
+                SuspendedTable {
+                    name: "trades".into(),
+                    disk_full: false
+                },
+                SuspendedTable {
+                    name: "quotes".into(),
+                    disk_full: true
+                }
+            ]
+        );
     }
 
     #[test]

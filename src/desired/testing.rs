@@ -37,6 +37,7 @@ pub fn spec() -> QuestDBSpec {
             storage_class_name: Some("gp3".to_string()),
             retain_on_delete: true,
             restore_from: None,
+            auto_grow: None,
         },
         resources: None,
         config: ConfigSpec::default(),

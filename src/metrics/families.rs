@@ -73,6 +73,8 @@ pub(super) struct Families {
     pub backup_duration: Histogram,
     pub last_successful_backup: IntGaugeVec,
     pub suspended_wal_tables: IntGaugeVec,
+    pub volume_capacity: IntGaugeVec,
+    pub volume_used: IntGaugeVec,
     pub checkpoint_open: IntGaugeVec,
     pub last_verified_backup: IntGaugeVec,
     pub preflight_failures: IntGaugeVec,
@@ -255,6 +257,16 @@ impl Families {
             suspended_wal_tables: r.gauge_vec(
                 "questdb_operator_wal_suspended",
                 "1 while a QuestDB reports a suspended WAL table (WriteHealthy=False), else 0",
+                &["namespace", "questdb"],
+            ),
+            volume_capacity: r.gauge_vec(
+                "questdb_operator_volume_capacity_bytes",
+                "Size of each QuestDB volume's file system, from its kubelet's volume statistics",
+                &["namespace", "questdb"],
+            ),
+            volume_used: r.gauge_vec(
+                "questdb_operator_volume_used_bytes",
+                "Bytes used on each QuestDB volume's file system, from its kubelet's volume statistics",
                 &["namespace", "questdb"],
             ),
             checkpoint_open: r.gauge_vec(

@@ -313,6 +313,17 @@ impl Metrics {
             .set(suspended);
     }
 
+    /// A QuestDB volume's file system size and use, in bytes.
+    pub fn set_volume_usage(&self, namespace: &str, questdb: &str, capacity: u64, used: u64) {
+        let f = &self.families;
+        f.volume_capacity
+            .with_label_values(&[namespace, questdb])
+            .set(i64::try_from(capacity).unwrap_or(i64::MAX));
+        f.volume_used
+            .with_label_values(&[namespace, questdb])
+            .set(i64::try_from(used).unwrap_or(i64::MAX));
+    }
+
     /// A reconcile failed with an error of kind `reason` (conflicts are retried, not counted).
     pub fn reconcile_error(&self, controller: &str, reason: &str) {
         self.families

@@ -13,6 +13,7 @@
 
 pub mod conditions;
 pub mod config_reload;
+pub mod disk;
 pub mod dns;
 pub mod failover;
 pub mod maintenance;

@@ -137,6 +137,7 @@ pub struct ControlPlane {
     /// The CSI attacher's and snapshotter's switches (fail or stall attachments, snapshots).
     pub csi: Arc<csi::Switches>,
     snapshots: Arc<csi::Snapshots>,
+    kubelet_ca: Arc<crate::kubelet_api::KubeletCa>,
     pub started_in: Duration,
 }
 
@@ -565,11 +566,14 @@ impl ControlPlane {
             databases.clone(),
             snapshots.clone(),
         );
+        let kubelet_ca =
+            Arc::new(crate::kubelet_api::KubeletCa::generate().context("making the kubelets' CA")?);
         let kubelets = Kubelets::start(
             admin.clone(),
             stop.clone(),
             databases.clone(),
             switches.clone(),
+            kubelet_ca.clone(),
         );
         for node in opts.nodes {
             kubelets.join(node).await?;
@@ -606,12 +610,21 @@ impl ControlPlane {
             dir,
             csi: switches,
             snapshots,
+            kubelet_ca,
             started_in,
         })
     }
 
     pub fn dir(&self) -> &Path {
         self.dir.path()
+    }
+
+    /// The CA (PEM) a client verifies the kubelets' serving certificates with: each node's
+    /// kubelet serves its API (`GET /stats/summary`) on `https://<InternalIP>:10250` with a
+    /// certificate for its address signed by it, as on EKS the kubelets' serving certificates
+    /// are signed by the cluster's CA (see [`crate::kubelet_api`]).
+    pub fn kubelet_ca_pem(&self) -> String {
+        self.kubelet_ca.pem().to_string()
     }
 
     /// The kube-apiserver's own URL (clients of tests should use the proxy's).
@@ -851,6 +864,8 @@ impl Drop for ControlPlane {
                 }
             }
             db.kill_all();
+            // Then what the machine holds for it: the sized volumes' mounts and loop devices.
+            db.detach_disks();
         }
         if std::thread::panicking() {
             for (name, log) in self.logs() {

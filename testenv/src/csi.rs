@@ -5,6 +5,12 @@
 //! Like EBS, a volume never attaches to a second instance while it is attached to one.
 //! With real databases each volume is a directory (`database::Runtime::volume_dir`), made
 //! when the volume is provisioned and removed when its PV is deleted (once no process holds it).
+//! A claim whose StorageClass sets `csi.storage.k8s.io/fstype: xfs` ([`SIZED_STORAGE_CLASS`])
+//! gets a file system of its own of the claim's size mounted on that directory (see
+//! `database::disk`), which an expansion grows online; the PV's `spec.csi.fsType` is the
+//! class's (ext4 by default). XFS refuses a claim under 300 MiB: the provisioning fails, with
+//! a `ProvisioningFailed` Event on the claim as external-provisioner records it (with fake
+//! databases too, so that both modes provision alike).
 //!
 //! Snapshots: the real snapshot-controller (hack/snapshot-controller) binds VolumeSnapshots to
 //! VolumeSnapshotContents; this module plays the csi-snapshotter sidecar and the driver behind
@@ -49,7 +55,7 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
-use crate::database::Runtime;
+use crate::database::{Runtime, VolumeSize};
 use crate::timings;
 
 pub const DRIVER: &str = "ebs.csi.aws.com";
@@ -59,9 +65,50 @@ const SELECTED_NODE: &str = "volume.kubernetes.io/selected-node";
 const STORAGE_PROVISIONER: &str = "volume.kubernetes.io/storage-provisioner";
 const PROVISIONED_BY: &str = "pv.kubernetes.io/provisioned-by";
 
-/// Storage classes the test cluster offers: `gp3` (expandable, the default) and `gp3-fixed`
-/// (no expansion).
-pub const STORAGE_CLASSES: &[(&str, bool)] = &[("gp3", true), ("gp3-fixed", false)];
+/// One StorageClass the test cluster offers.
+#[derive(Clone, Copy, Debug)]
+pub struct TestStorageClass {
+    pub name: &'static str,
+    /// `allowVolumeExpansion`.
+    pub expandable: bool,
+    /// The `csi.storage.k8s.io/fstype` parameter, when the class sets one (external-provisioner
+    /// defaults to ext4).
+    pub fs_type: Option<&'static str>,
+}
+
+/// The class whose volumes have a real size (see [`SIZED_FS_TYPE`]).
+pub const SIZED_STORAGE_CLASS: &str = "gp3-xfs";
+
+/// Storage classes the test cluster offers: `gp3` (expandable, the default), `gp3-fixed` (no
+/// expansion) and [`SIZED_STORAGE_CLASS`] (expandable, XFS: with real databases a volume of
+/// the claim's size, which fills up and grows online).
+pub const STORAGE_CLASSES: &[TestStorageClass] = &[
+    TestStorageClass {
+        name: "gp3",
+        expandable: true,
+        fs_type: None,
+    },
+    TestStorageClass {
+        name: "gp3-fixed",
+        expandable: false,
+        fs_type: None,
+    },
+    TestStorageClass {
+        name: SIZED_STORAGE_CLASS,
+        expandable: true,
+        fs_type: Some(SIZED_FS_TYPE),
+    },
+];
+
+/// The StorageClass parameter external-provisioner takes the file system type from (and
+/// strips before CreateVolume); the EBS driver also reads a deprecated `fsType`.
+pub const FS_TYPE_PARAMETER: &str = "csi.storage.k8s.io/fstype";
+/// A claim of a class with this file system type gets, with real databases, a file system of
+/// its own of the claim's size (an XFS image on a loop device, mounted on the volume's
+/// directory); every other type gets a directory of the host's file system, as before.
+pub const SIZED_FS_TYPE: &str = "xfs";
+/// external-provisioner's `--default-fstype` as the EBS CSI driver's chart sets it.
+const DEFAULT_FS_TYPE: &str = "ext4";
 
 /// Switches a test flips to make the fake EBS misbehave.
 #[derive(Default)]
@@ -142,7 +189,7 @@ pub async fn install(admin: &Client) -> anyhow::Result<()> {
     Api::<CSIDriver>::all(admin.clone())
         .create(&pp, &driver)
         .await?;
-    for (i, (name, expand)) in STORAGE_CLASSES.iter().enumerate() {
+    for (i, class) in STORAGE_CLASSES.iter().enumerate() {
         let mut annotations = serde_json::Map::new();
         if i == 0 {
             annotations.insert(
@@ -150,13 +197,17 @@ pub async fn install(admin: &Client) -> anyhow::Result<()> {
                 "true".into(),
             );
         }
+        let mut parameters = json!({"type": "gp3", "encrypted": "true"});
+        if let Some(fs) = class.fs_type {
+            parameters[FS_TYPE_PARAMETER] = fs.into();
+        }
         let sc: StorageClass = serde_json::from_value(json!({
-            "metadata": {"name": name, "annotations": annotations},
+            "metadata": {"name": class.name, "annotations": annotations},
             "provisioner": DRIVER,
             "volumeBindingMode": "WaitForFirstConsumer",
             "reclaimPolicy": "Delete",
-            "allowVolumeExpansion": expand,
-            "parameters": {"type": "gp3", "encrypted": "true"},
+            "allowVolumeExpansion": class.expandable,
+            "parameters": parameters,
         }))?;
         Api::<StorageClass>::all(admin.clone())
             .create(&pp, &sc)
@@ -233,7 +284,7 @@ async fn provisioner(
                 .is_none_or(|s| s.volume_name.as_deref().unwrap_or("").is_empty());
             if !ours || !unbound || pvc.metadata.deletion_timestamp.is_some() {
                 if ours && !unbound {
-                    resize(&client, &pvc, &pvs, &busy);
+                    resize(&client, &pvc, &pvs, &busy, volumes.clone(), &failed);
                 }
                 continue;
             }
@@ -267,7 +318,16 @@ async fn provisioner(
                 if let Err(e) = made.await {
                     // Retried every pass: said once per claim and error.
                     if failed.lock().unwrap().insert(format!("{pv_name}: {e:#}")) {
-                        warn!(pv = %pv_name, error = %e, "fake CSI: provisioning failed");
+                        warn!(pv = %pv_name, error = %format!("{e:#}"), "fake CSI: provisioning failed");
+                        let class = pvc
+                            .spec
+                            .as_ref()
+                            .and_then(|s| s.storage_class_name.clone())
+                            .unwrap_or_default();
+                        let message = format!(
+                            "failed to provision volume with StorageClass \"{class}\": {e:#}"
+                        );
+                        claim_event(&client, &pvc, "ProvisioningFailed", &message).await;
                     }
                 }
                 busy.lock().unwrap().remove(&pv_name);
@@ -296,7 +356,7 @@ async fn provisioner(
                     tokio::spawn(async move {
                         let deleted = api.delete(&name, &Default::default()).await;
                         if let (Ok(_), Some(rt), Some(handle)) = (deleted, volumes, handle) {
-                            rt.release(&handle);
+                            rt.release(&handle).await;
                         }
                         busy.lock().unwrap().remove(&name);
                     });
@@ -304,7 +364,7 @@ async fn provisioner(
             }
         }
         if let Some(rt) = &volumes {
-            rt.sweep();
+            rt.sweep().await;
         }
     }
 }
@@ -326,6 +386,19 @@ async fn create_pv(
         .map(|q| q.0.clone())
         .unwrap_or_else(|| "1Gi".into());
     let handle = aws_id("vol", &pvc.uid().unwrap_or_default());
+    let fs_type = class_fs_type(client, spec.storage_class_name.as_deref()).await?;
+    let requested = u64::try_from(bytes(&size)).unwrap_or(u64::MAX);
+    let volume_size = if fs_type == SIZED_FS_TYPE {
+        if requested < crate::database::XFS_MIN_BYTES {
+            bail!(
+                "rpc error: code = InvalidArgument desc = {}",
+                crate::database::disk_too_small(requested)
+            );
+        }
+        VolumeSize::Xfs(requested)
+    } else {
+        VolumeSize::Unbounded
+    };
     let source = match snapshot_source(client, pvc, bytes(&size)).await? {
         Restore::None => None,
         Restore::NotReady(why) => {
@@ -340,8 +413,12 @@ async fn create_pv(
     };
     if let Some(rt) = volumes {
         match &source {
-            Some(snapshot) => snapshots.restore(snapshot, rt, &handle).await?,
-            None => rt.provision(&handle)?,
+            Some(snapshot) => {
+                snapshots
+                    .restore(snapshot, rt, &handle, volume_size)
+                    .await?
+            }
+            None => rt.provision(&handle, volume_size).await?,
         }
     }
     let pv: PersistentVolume = serde_json::from_value(json!({
@@ -359,7 +436,7 @@ async fn create_pv(
                 "apiVersion": "v1", "kind": "PersistentVolumeClaim",
                 "namespace": pvc.namespace(), "name": pvc.name_any(), "uid": pvc.uid(),
             },
-            "csi": {"driver": DRIVER, "volumeHandle": handle, "fsType": "ext4"},
+            "csi": {"driver": DRIVER, "volumeHandle": handle, "fsType": fs_type},
             "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
                 {"key": ZONE_LABEL, "operator": "In", "values": [zone]}
             ]}]}},
@@ -378,12 +455,65 @@ async fn create_pv(
     }
 }
 
-/// Online expansion: the external-resizer grows the volume, then the claim's status.
+/// The file system type a claim of StorageClass `class` gets (external-provisioner: the
+/// `csi.storage.k8s.io/fstype` parameter, else its default; the EBS driver's deprecated `fsType`
+/// parameter too). A class that does not exist provisions nothing.
+async fn class_fs_type(client: &Client, class: Option<&str>) -> anyhow::Result<String> {
+    let Some(class) = class.filter(|c| !c.is_empty()) else {
+        return Ok(DEFAULT_FS_TYPE.into());
+    };
+    let Some(sc) = Api::<StorageClass>::all(client.clone())
+        .get_opt(class)
+        .await?
+    else {
+        bail!("storageclass.storage.k8s.io \"{class}\" not found");
+    };
+    let parameters = sc.parameters.unwrap_or_default();
+    Ok(parameters
+        .get(FS_TYPE_PARAMETER)
+        .or_else(|| parameters.get("fsType"))
+        .filter(|f| !f.is_empty())
+        .map_or_else(|| DEFAULT_FS_TYPE.into(), |f| f.to_lowercase()))
+}
+
+/// A Warning Event on the claim, as external-provisioner and external-resizer record their
+/// failures (`ProvisioningFailed`, `VolumeResizeFailed`).
+async fn claim_event(client: &Client, pvc: &PersistentVolumeClaim, reason: &str, message: &str) {
+    let ns = pvc.namespace().unwrap_or_default();
+    let now =
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now());
+    let event = json!({
+        "metadata": {"generateName": format!("{}.", pvc.name_any()), "namespace": ns},
+        "involvedObject": {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "namespace": ns,
+            "name": pvc.name_any(), "uid": pvc.uid(), "resourceVersion": pvc.resource_version()},
+        "reason": reason, "message": message, "type": "Warning",
+        "source": {"component": format!("{DRIVER}_ebs-csi-controller")},
+        "reportingComponent": format!("{DRIVER}_ebs-csi-controller"),
+        "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+    });
+    let created = match serde_json::from_value::<k8s_openapi::api::core::v1::Event>(event) {
+        Ok(e) => Api::namespaced(client.clone(), &ns)
+            .create(&PostParams::default(), &e)
+            .await
+            .map(drop)
+            .map_err(anyhow::Error::new),
+        Err(e) => Err(e.into()),
+    };
+    if let Err(e) = created {
+        debug!(pvc = %pvc.name_any(), error = %e, "fake CSI: event not recorded");
+    }
+}
+
+/// Online expansion: the external-resizer grows the volume (with real databases a sized
+/// volume's image and then its mounted file system, as NodeExpandVolume does), then the PV's
+/// capacity and the claim's status.
 fn resize(
     client: &Client,
     pvc: &PersistentVolumeClaim,
     pvs: &Store<PersistentVolume>,
     busy: &Arc<Mutex<BTreeSet<String>>>,
+    volumes: Option<Arc<Runtime>>,
+    failed: &Arc<Mutex<BTreeSet<String>>>,
 ) {
     let want = pvc
         .spec
@@ -407,16 +537,39 @@ fn resize(
     let Some(pv_name) = pvc.spec.as_ref().and_then(|s| s.volume_name.clone()) else {
         return;
     };
-    if pvs.get(&reflector::ObjectRef::new(&pv_name)).is_none() {
+    let Some(pv) = pvs.get(&reflector::ObjectRef::new(&pv_name)) else {
         return;
-    }
+    };
+    let handle = pv
+        .spec
+        .as_ref()
+        .and_then(|s| s.csi.as_ref())
+        .map(|c| c.volume_handle.clone());
     let key = format!("resize/{}", pvc.uid().unwrap_or_default());
     if !busy.lock().unwrap().insert(key.clone()) {
         return;
     }
-    let (client, busy) = (client.clone(), busy.clone());
+    let (client, busy, failed, pvc) = (client.clone(), busy.clone(), failed.clone(), pvc.clone());
     let (ns, name) = (pvc.namespace().unwrap_or_default(), pvc.name_any());
     tokio::spawn(async move {
+        if let (Some(rt), Some(handle)) = (volumes, handle) {
+            let to = u64::try_from(bytes(&want.0)).unwrap_or(u64::MAX);
+            if let Err(e) = rt.expand(&handle, to).await {
+                // Tried again every pass, said once per claim and error.
+                let message =
+                    format!("resize volume \"{pv_name}\" by resizer \"{DRIVER}\" failed: {e:#}");
+                if failed
+                    .lock()
+                    .unwrap()
+                    .insert(format!("{pv_name}: {message}"))
+                {
+                    warn!(pvc = %name, error = %message, "fake CSI: resize failed");
+                    claim_event(&client, &pvc, "VolumeResizeFailed", &message).await;
+                }
+                busy.lock().unwrap().remove(&key);
+                return;
+            }
+        }
         let pp = PatchParams::default();
         let pv_patch = json!({"spec": {"capacity": {"storage": want.0}}});
         let pvc_patch = json!({"status": {"capacity": {"storage": want.0}}});
@@ -433,19 +586,39 @@ fn resize(
     });
 }
 
-/// Bytes of a binary-suffixed quantity (enough for storage and memory sizes); 0 when it is
-/// not one.
+/// Bytes of a quantity (binary or decimal suffix, or an exponent: `320Mi`, `1G`, `5e8`; a
+/// fraction is rounded up, as a volume size is); 0 when it is not one.
 pub(crate) fn bytes(q: &str) -> u128 {
-    let (num, mult) = [
-        ("Ki", 1u128 << 10),
+    const SUFFIXES: &[(&str, u128)] = &[
+        ("Ki", 1 << 10),
         ("Mi", 1 << 20),
         ("Gi", 1 << 30),
         ("Ti", 1 << 40),
-    ]
-    .iter()
-    .find_map(|(s, m)| q.strip_suffix(s).map(|n| (n, *m)))
-    .unwrap_or((q, 1));
-    num.parse::<u128>().unwrap_or(0) * mult
+        ("Pi", 1 << 50),
+        ("Ei", 1 << 60),
+        ("k", 1_000),
+        ("M", 1_000_000),
+        ("G", 1_000_000_000),
+        ("T", 1_000_000_000_000),
+        ("P", 1_000_000_000_000_000),
+        ("E", 1_000_000_000_000_000_000),
+    ];
+    let q = q.trim();
+    let (num, mult) = SUFFIXES
+        .iter()
+        .find_map(|(s, m)| q.strip_suffix(s).map(|n| (n, *m)))
+        .or_else(|| {
+            let (n, e) = q.split_once(['e', 'E'])?;
+            Some((n, 10u128.checked_pow(e.parse().ok()?)?))
+        })
+        .unwrap_or((q, 1));
+    if let Ok(n) = num.parse::<u128>() {
+        return n.saturating_mul(mult);
+    }
+    match num.parse::<f64>() {
+        Ok(f) if f.is_finite() && f >= 0.0 => (f * mult as f64).ceil() as u128,
+        _ => 0,
+    }
 }
 
 async fn attacher(client: Client, switches: Arc<Switches>, stop: CancellationToken) {
@@ -886,11 +1059,17 @@ impl Snapshots {
     }
 
     /// CreateVolume from a snapshot: the new volume's directory starts as the snapshot's copy.
-    async fn restore(&self, handle: &str, rt: &Runtime, volume_handle: &str) -> anyhow::Result<()> {
+    async fn restore(
+        &self,
+        handle: &str,
+        rt: &Runtime,
+        volume_handle: &str,
+        size: VolumeSize,
+    ) -> anyhow::Result<()> {
         let Some(snapshot) = self.get(handle) else {
             bail!("InvalidSnapshot.NotFound: the snapshot '{handle}' does not exist");
         };
-        rt.provision(volume_handle)?;
+        rt.provision(volume_handle, size).await?;
         if let Some(from) = snapshot.dir {
             let to = rt.volume_dir(volume_handle);
             tokio::task::spawn_blocking(move || copy_tree(&from, &to)).await??;
@@ -1300,5 +1479,12 @@ mod tests {
     fn sizes() {
         assert_eq!(super::bytes("1Gi"), 1 << 30);
         assert!(super::bytes("20Gi") > super::bytes("10Gi"));
+        assert_eq!(super::bytes("320Mi"), 320 << 20);
+        assert_eq!(super::bytes("1G"), 1_000_000_000);
+        assert_eq!(super::bytes("500M"), 500_000_000);
+        assert_eq!(super::bytes("5e8"), 500_000_000);
+        assert_eq!(super::bytes("1.5Gi"), 3 << 29);
+        assert_eq!(super::bytes("1073741824"), 1 << 30);
+        assert_eq!(super::bytes("lots"), 0);
     }
 }

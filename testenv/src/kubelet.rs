@@ -10,6 +10,8 @@
 //! answers, and its volumes are unmounted only after the process has exited. A power-off or a
 //! stopped instance SIGKILLs the node's databases; a partition pauses them, a kubelet cut off
 //! leaves them running.
+//! Each kubelet serves its HTTPS API (the Summary API: volume figures) on its InternalIP,
+//! port 10250, while it runs (`crate::kubelet_api`).
 //! Sources: pkg/kubelet/nodelease, kubelet_node_status.go, volumemanager (volumesInUse is
 //! reported before mount and dropped after unmount), status_manager.go (the kubelet deletes a
 //! terminated pod with grace 0 once its volumes are unmounted).
@@ -34,6 +36,7 @@ use tracing::{debug, info, warn};
 
 use crate::csi::{DRIVER, ZONE_LABEL};
 use crate::database::{self, Runtime};
+use crate::kubelet_api::{self, KubeletCa};
 use crate::timings;
 
 pub const KUBELET_VERSION: &str = "v1.37.2";
@@ -688,6 +691,8 @@ pub struct Kubelets {
     on_halted: Arc<Mutex<Option<HaltedHook>>>,
     /// See [`Kubelets::on_pod_addresses`].
     on_pod_addresses: Arc<Mutex<Option<PodAddressHook>>>,
+    /// Signs each kubelet's serving certificate (`crate::kubelet_api`).
+    ca: Arc<KubeletCa>,
 }
 
 /// See [`Kubelets::on_os_halted`].
@@ -699,11 +704,13 @@ pub type PodAddressHook =
 
 impl Kubelets {
     /// `databases`: run real QuestDB for database pods (else they are only reported running).
+    /// `ca` signs the serving certificate of each kubelet's API (`crate::kubelet_api`).
     pub fn start(
         client: Client,
         stop: CancellationToken,
         databases: Option<Arc<Runtime>>,
         csi: Arc<crate::csi::Switches>,
+        ca: Arc<KubeletCa>,
     ) -> Kubelets {
         let k = Kubelets {
             client,
@@ -714,6 +721,7 @@ impl Kubelets {
             csi,
             on_halted: Arc::default(),
             on_pod_addresses: Arc::default(),
+            ca,
         };
         tokio::spawn(run_pods(k.clone()));
         k
@@ -801,6 +809,19 @@ impl Kubelets {
             // Joining again is a reboot: the OS starts with nothing mounted.
             self.csi.unmount_all(&reg.name);
         }
+        kubelet_api::spawn(
+            kubelet_api::NodeApi {
+                name: reg.name.clone(),
+                ip: node_ip(&state),
+                started: std::time::SystemTime::now(),
+                node_index: index,
+                client: self.client.clone(),
+                databases: self.databases.clone(),
+                faults: state.faults.subscribe(),
+                stop: state.stop.clone(),
+            },
+            &self.ca,
+        );
         tokio::spawn(heartbeat(self.client.clone(), state));
         info!(node = %reg.name, "node joined");
         Ok(handle)

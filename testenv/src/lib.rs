@@ -15,6 +15,7 @@ pub mod database;
 pub mod hostile;
 pub mod instances;
 pub mod kubelet;
+pub mod kubelet_api;
 pub mod moto;
 pub mod process;
 pub mod proxy;

@@ -285,3 +285,176 @@ async fn a_pod_back_on_its_node_while_its_volume_detaches_gets_the_volume_again(
     let pod = running_pod(&pods, "db-0").await;
     assert_eq!(pod.spec.unwrap().node_name.as_deref(), Some(node.as_str()));
 }
+
+/// A token for a new ServiceAccount `default/<name>`, granted `nodes/stats` with `stats`.
+async fn service_account_token(client: &Client, name: &str, stats: bool) -> String {
+    questdb_testenv::kubelet_api::service_account_token(client, "default", name, stats)
+        .await
+        .expect("a ServiceAccount token")
+}
+
+/// Each kubelet serves the Summary API on its InternalIP, port 10250, under TLS from the
+/// control plane's kubelet CA, and answers as a kubelet with webhook authentication and
+/// authorization does: no token or a bad one is 401, a user without `get` on `nodes/stats` is
+/// 403 naming the user (at once after a revocation: nothing is cached), a granted one gets the
+/// Summary. A powered-off node answers nothing, a stopped kubelet's port is closed. A claim of
+/// the XFS class under 300 MiB is never provisioned, and says why on the claim.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_kubelets_summary_api_answers_only_users_granted_nodes_stats() {
+    use questdb_testenv::kubelet_api;
+    let cp = ControlPlane::start(ControlPlaneOptions::sandbox())
+        .await
+        .unwrap();
+    let client = cp.client().await;
+    let ca = cp.kubelet_ca_pem();
+    let node = cp.node("worker-a1").unwrap();
+    let ip = node.internal_ip();
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
+    let status = nodes.get("worker-a1").await.unwrap().status.unwrap();
+    let reported = status.addresses.unwrap();
+    assert!(
+        reported
+            .iter()
+            .any(|a| a.type_ == "InternalIP" && a.address == ip),
+        "{reported:?}"
+    );
+    assert_eq!(
+        status
+            .daemon_endpoints
+            .unwrap()
+            .kubelet_endpoint
+            .unwrap()
+            .port,
+        i32::from(kubelet_api::KUBELET_PORT)
+    );
+    let get = |path: &'static str, token: Option<String>| {
+        let (ip, ca) = (ip.clone(), ca.clone());
+        async move {
+            kubelet_api::get(&ip, path, token.as_deref(), &ca, Duration::from_secs(20))
+                .await
+                .unwrap()
+        }
+    };
+
+    assert_eq!(
+        get("/stats/summary", None).await,
+        (401, "Unauthorized".into())
+    );
+    assert_eq!(
+        get("/stats/summary", Some("not-a-token".into())).await.0,
+        401
+    );
+    let nobody = service_account_token(&client, "nobody", false).await;
+    assert_eq!(
+        get("/stats/summary", Some(nobody)).await,
+        (
+            403,
+            "Forbidden (user=system:serviceaccount:default:nobody, verb=get, resource=nodes, subresource=stats)".into()
+        )
+    );
+    let reader = service_account_token(&client, "stats-reader", true).await;
+    let (code, body) = get("/stats/summary", Some(reader.clone())).await;
+    assert_eq!(code, 200, "{body}");
+    let summary: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(summary["node"]["nodeName"], "worker-a1", "{summary}");
+    assert!(summary["node"]["startTime"].is_string(), "{summary}");
+    assert_eq!(
+        summary["pods"],
+        json!([]),
+        "fake databases: no pod to report"
+    );
+    assert_eq!(get("/pods", Some(reader.clone())).await.0, 404);
+
+    // Revoked: refused at once.
+    Api::<k8s_openapi::api::rbac::v1::ClusterRoleBinding>::all(client.clone())
+        .delete("default-stats-reader", &DeleteParams::default())
+        .await
+        .unwrap();
+    assert_eq!(get("/stats/summary", Some(reader.clone())).await.0, 403);
+    let reader = service_account_token(&client, "stats-reader-2", true).await;
+
+    // Another node's API is its own: another address, the same CA.
+    let other = cp.node("worker-b1").unwrap().internal_ip();
+    let (code, body) = kubelet_api::get(
+        &other,
+        "/stats/summary",
+        Some(&reader),
+        &ca,
+        Duration::from_secs(20),
+    )
+    .await
+    .unwrap();
+    assert_eq!(code, 200, "{body}");
+    assert!(body.contains("\"worker-b1\""), "{body}");
+
+    // Powered off: nothing answers; back on: answers again; gone: refused.
+    node.power_off();
+    let silent = kubelet_api::get(
+        &ip,
+        "/stats/summary",
+        Some(&reader),
+        &ca,
+        Duration::from_secs(2),
+    )
+    .await
+    .unwrap_err();
+    assert!(format!("{silent:#}").contains("no answer"), "{silent:#}");
+    node.heal();
+    assert_eq!(get("/stats/summary", Some(reader.clone())).await.0, 200);
+    cp.kubelets().leave("worker-a1");
+    // (A request the kubelet took as it stopped is cut: reset, not refused.)
+    wait_until("the stopped kubelet's port closed", || async {
+        kubelet_api::get(&ip, "/stats/summary", Some(&reader), &ca, TIMEOUT)
+            .await
+            .is_err_and(|e| format!("{e:#}").contains("refused"))
+    })
+    .await;
+
+    // XFS refuses a file system under 300 MiB: the claim stays Pending, and says why.
+    namespace(&client, "small").await;
+    let pvc = serde_json::from_value(json!({"metadata": {"name": "small"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "gp3-xfs",
+                 "resources": {"requests": {"storage": "256Mi"}}}}))
+    .unwrap();
+    Api::<k8s_openapi::api::core::v1::PersistentVolumeClaim>::namespaced(client.clone(), "small")
+        .create(&PostParams::default(), &pvc)
+        .await
+        .unwrap();
+    let pod = serde_json::from_value(json!({"metadata": {"name": "user"},
+        "spec": {"containers": [{"name": "c", "image": "busybox:1.36",
+            "volumeMounts": [{"name": "data", "mountPath": "/data"}]}],
+        "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "small"}}]}}))
+    .unwrap();
+    Api::<Pod>::namespaced(client.clone(), "small")
+        .create(&PostParams::default(), &pod)
+        .await
+        .unwrap();
+    let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(client.clone(), "small");
+    wait_until("a ProvisioningFailed event on the small claim", || async {
+        events
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .any(|e| {
+                e.reason.as_deref() == Some("ProvisioningFailed")
+                    && e.involved_object.name.as_deref() == Some("small")
+                    && e.message
+                        .as_deref()
+                        .is_some_and(|m| m.contains("gp3-xfs") && m.contains("at least 300Mi"))
+            })
+    })
+    .await;
+    let claim = Api::<k8s_openapi::api::core::v1::PersistentVolumeClaim>::namespaced(
+        client.clone(),
+        "small",
+    )
+    .get("small")
+    .await
+    .unwrap();
+    assert_eq!(
+        claim.status.and_then(|s| s.phase).as_deref(),
+        Some("Pending")
+    );
+}

@@ -768,3 +768,209 @@ async fn an_out_of_service_taint_on_a_partitioned_node_that_still_runs_questdb_i
     .await;
     assert_ne!(first.metadata.uid, None);
 }
+
+/// A token for a new ServiceAccount `<ns>/stats-reader` granted `get` on `nodes/stats`.
+async fn stats_reader_token(client: &Client, ns: &str) -> String {
+    questdb_testenv::kubelet_api::service_account_token(client, ns, "stats-reader", true)
+        .await
+        .expect("a ServiceAccount token")
+}
+
+/// The `volume` entry of pod `ns/pod`'s claim volume `volume` in the Summary of the node at
+/// `ip`, if the kubelet reports one.
+async fn volume_stats(
+    ip: &str,
+    token: &str,
+    ca: &str,
+    (ns, pod, volume): (&str, &str, &str),
+) -> Option<Value> {
+    let (code, body) = questdb_testenv::kubelet_api::get(
+        ip,
+        "/stats/summary",
+        Some(token),
+        ca,
+        Duration::from_secs(20),
+    )
+    .await
+    .ok()?;
+    assert_eq!(code, 200, "{body}");
+    let summary: Value = serde_json::from_str(&body).unwrap();
+    let pods = summary["pods"].as_array()?;
+    let entry = pods
+        .iter()
+        .find(|p| p["podRef"]["namespace"] == ns && p["podRef"]["name"] == pod)?;
+    entry["volume"]
+        .as_array()?
+        .iter()
+        .find(|v| v["name"] == volume)
+        .cloned()
+}
+
+/// `fallocate(2)` of `len` bytes for a new file `path`: the errno when the file system refuses.
+fn fallocate(path: &std::path::Path, len: u64) -> Result<(), i32> {
+    use std::os::fd::AsRawFd as _;
+    let file = std::fs::File::create(path).unwrap();
+    // SAFETY: a valid descriptor; no memory is passed.
+    let r = unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, len as libc::off_t) };
+    let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
+    drop(file);
+    std::fs::remove_file(path).unwrap();
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(errno)
+    }
+}
+
+const MIB: u64 = 1 << 20;
+
+/// A claim of the XFS class has a file system of the claim's size, which the kubelet's Summary
+/// API reports (as its statfs does) and which fills up; grown (the claim's request raised),
+/// the same running QuestDB sees the larger file system, and what did not fit now fits. Its
+/// volume's loop device and image go with its PV, and nothing is left attached after the
+/// control plane stops.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_of_the_xfs_class_fills_up_and_grows_under_the_running_database() {
+    let cp = start().await;
+    let client = cp.client().await;
+    let ns = "grow";
+    namespace(&client, ns).await;
+    config(&client, ns, SERVER_CONF).await;
+    create::<PersistentVolumeClaim>(
+        &client,
+        ns,
+        json!({"metadata": {"name": "db-data"}, "spec": {"accessModes": ["ReadWriteOnce"],
+            "storageClassName": questdb_testenv::csi::SIZED_STORAGE_CLASS,
+            "resources": {"requests": {"storage": "320Mi"}}}}),
+    )
+    .await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    create::<Pod>(&client, ns, database_pod("worker-a1", IMAGE)).await;
+    let pod = ready_pod(&cp, &pods, ns, None).await;
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), ns);
+    let pv_name = claims
+        .get("db-data")
+        .await
+        .unwrap()
+        .spec
+        .unwrap()
+        .volume_name
+        .unwrap();
+    let pvs: Api<k8s_openapi::api::core::v1::PersistentVolume> = Api::all(client.clone());
+    let csi = pvs.get(&pv_name).await.unwrap().spec.unwrap().csi.unwrap();
+    assert_eq!(csi.fs_type.as_deref(), Some("xfs"));
+    let dir = cp.volume_dir(&csi.volume_handle).unwrap();
+    let pid = cp.database_processes()[0].pid;
+
+    let token = stats_reader_token(&client, ns).await;
+    let (ca, ip) = (
+        cp.kubelet_ca_pem(),
+        cp.node("worker-a1").unwrap().internal_ip(),
+    );
+    let stats = || volume_stats(&ip, &token, &ca, (ns, "db-0", "data"));
+    let before = wait_for(&cp, (ns, "db-0"), "the volume's figures", TIMEOUT, stats).await;
+    eprintln!("320Mi volume with QuestDB started: {before}");
+    assert_eq!(
+        before["pvcRef"],
+        json!({"name": "db-data", "namespace": ns})
+    );
+    let figure = |v: &Value, k: &str| v[k].as_u64().unwrap_or_else(|| panic!("{k}: {v}"));
+    let capacity = figure(&before, "capacityBytes");
+    // XFS keeps its log (64 MiB here) out of the capacity statfs reports.
+    assert!(
+        (200 * MIB..=320 * MIB).contains(&capacity),
+        "capacity {capacity}"
+    );
+    // QuestDB allocates its files' space as it starts (~220 MiB: a 320 MiB claim starts with
+    // ~15% free).
+    let used = figure(&before, "usedBytes");
+    assert!(
+        used > 100 * MIB && used + figure(&before, "availableBytes") <= capacity,
+        "{before}"
+    );
+    assert!(figure(&before, "inodes") > figure(&before, "inodesFree"));
+    let available = figure(&before, "availableBytes");
+    let too_much = available + 64 * MIB;
+    assert_eq!(
+        fallocate(&dir.join("filler"), too_much),
+        Err(libc::ENOSPC),
+        "{too_much} bytes on a volume with {available} available"
+    );
+
+    claims
+        .patch(
+            "db-data",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"resources": {"requests": {"storage": "640Mi"}}}})),
+        )
+        .await
+        .unwrap();
+    let after = wait_for(&cp, (ns, "db-0"), "the volume grown", TIMEOUT, || async {
+        let v = stats().await?;
+        (figure(&v, "capacityBytes") >= capacity + 300 * MIB).then_some(v)
+    })
+    .await;
+    eprintln!("grown to 640Mi: {after}");
+    let claim = claims.get("db-data").await.unwrap();
+    assert_eq!(
+        claim.status.unwrap().capacity.unwrap()["storage"].0,
+        "640Mi"
+    );
+    let live = cp.database_processes();
+    assert_eq!(live.len(), 1);
+    assert_eq!(live[0].pid, pid, "the same process, never restarted");
+    assert_eq!(fallocate(&dir.join("filler"), too_much), Ok(()));
+    let http = format!("{}:9000", pod_ip(&pod));
+    exec(&http, "create table if not exists t (x long)")
+        .await
+        .unwrap();
+    assert_eq!(
+        count(&http).await,
+        Some(0),
+        "QuestDB answers after the grow"
+    );
+
+    // Deleted with its PV: unmounted, detached, its image gone.
+    pods.delete("db-0", &DeleteParams::default()).await.unwrap();
+    claims
+        .delete("db-data", &DeleteParams::default())
+        .await
+        .unwrap();
+    let images = cp.dir().join("volume-images");
+    let image_count = || {
+        std::fs::read_dir(&images)
+            .unwrap()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().ends_with(".img"))
+            .count()
+    };
+    wait_for(&cp, (ns, "db-0"), "the volume deleted", TIMEOUT, || async {
+        (!dir.exists() && image_count() == 0).then_some(())
+    })
+    .await;
+    cp.assert_no_two_writers();
+
+    // A second volume left in use: the control plane's stop detaches it.
+    create::<PersistentVolumeClaim>(
+        &client,
+        ns,
+        json!({"metadata": {"name": "db-data"}, "spec": {"accessModes": ["ReadWriteOnce"],
+            "storageClassName": questdb_testenv::csi::SIZED_STORAGE_CLASS,
+            "resources": {"requests": {"storage": "300Mi"}}}}),
+    )
+    .await;
+    create::<Pod>(&client, ns, database_pod("worker-a2", IMAGE)).await;
+    wait_for(&cp, (ns, "db-0"), "a second image", TIMEOUT, || async {
+        (image_count() == 1).then_some(())
+    })
+    .await;
+    let root = cp.dir().to_path_buf();
+    drop(cp);
+    let attached: Vec<String> = std::fs::read_dir("/sys/block")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| std::fs::read_to_string(e.path().join("loop/backing_file")).ok())
+        .filter(|b| b.starts_with(root.to_str().unwrap()))
+        .collect();
+    assert!(attached.is_empty(), "loop devices left: {attached:?}");
+}

@@ -1130,19 +1130,24 @@ async fn every_acknowledged_row_survives_pause_unpause_and_delete_with_retained_
     env.stop().await;
 }
 
-#[tokio::test]
-async fn a_suspended_wal_table_makes_write_healthy_false_naming_it_until_resumed() {
-    use questdb_operator::manager::ManagerOptions;
+/// [`env`], with the write-health poll (WAL tables, volume usage) every second.
+pub(crate) async fn env_polled_every_second() -> Env {
     let options = ControlPlaneOptions {
         databases: Databases::Real,
         ..cluster()
     };
-    let opts = ManagerOptions {
+    let opts = questdb_operator::manager::ManagerOptions {
         write_health_interval: std::time::Duration::from_secs(1),
         ..Default::default()
     };
     let env = Env::start_on(options, opts, crate::harness::questdb_crd()).await;
     env.namespace(NS).await;
+    env
+}
+
+#[tokio::test]
+async fn a_suspended_wal_table_makes_write_healthy_false_naming_it_until_resumed() {
+    let env = env_polled_every_second().await;
     env.create_questdb(NS, "db1", |q| {
         real(q);
         // QuestDB suspends a table by hand only in dev mode (a real suspension follows a

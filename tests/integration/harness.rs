@@ -145,9 +145,12 @@ impl Env {
         .await;
     }
 
-    async fn start_manager(&mut self, opts: ManagerOptions) {
+    async fn start_manager(&mut self, mut opts: ManagerOptions) {
         // The operator's own credentials: deploy/'s ClusterRole and Role, nothing more.
         let config = self.cp.operator_config().await;
+        // The stand-in kubelets' serving certificates come from the test cluster's own CA.
+        opts.kubelet_ca
+            .get_or_insert_with(|| self.cp.kubelet_ca_pem());
         let token = self.shutdown.clone();
         let handle = self.handle.clone();
         self.task = Some(spawn_manager(

@@ -7,6 +7,7 @@ mod backup;
 mod cloud;
 mod database;
 mod db_client;
+mod disk;
 mod eks;
 mod harness;
 mod helm;

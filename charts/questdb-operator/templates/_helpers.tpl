@@ -109,6 +109,10 @@ list is joined with commas (the operator's value delimiter); a number is printed
 {{- if $nodes.userDataTemplate.configMap }}
 {{- $userData = printf "%s/%s" (include "questdb-operator.userDataDir" .) $nodes.userDataTemplate.key }}
 {{- end }}
+{{- $kubeletCa := "" }}
+{{- if $v.kubeletCa.configMap }}
+{{- $kubeletCa = printf "%s/%s" (include "questdb-operator.kubeletCaDir" .) $v.kubeletCa.key }}
+{{- end }}
 {{- $flags := list
   (list "namespace" (ternary "" $v.watchNamespace (eq $v.rbac.scope "namespace")))
   (list "leader-election-id" $v.leaderElection.leaseName)
@@ -125,6 +129,7 @@ list is joined with commas (the operator's value delimiter); a number is printed
   (list "backup-schedule-min-interval" $v.backup.scheduleMinInterval)
   (list "backup-retention-max" $v.backup.retentionMax)
   (list "write-health-interval" $v.writeHealthIntervalSeconds)
+  (list "kubelet-ca-file" $kubeletCa)
   (list "cloud-provider" (ternary "" $v.cloudProvider (eq $v.cloudProvider "none")))
   (list "cluster-name" $aws.clusterName)
   (list "aws-region" $aws.region)
@@ -201,4 +206,11 @@ Where the user-data template ConfigMap is mounted.
 */}}
 {{- define "questdb-operator.userDataDir" -}}
 /etc/questdb-operator/user-data
+{{- end }}
+
+{{/*
+Where the kubelet CA ConfigMap is mounted.
+*/}}
+{{- define "questdb-operator.kubeletCaDir" -}}
+/etc/questdb-operator/kubelet-ca
 {{- end }}

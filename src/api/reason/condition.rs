@@ -227,6 +227,24 @@ pub enum RestoreReason {
     RestoreRefused,
 }
 
+/// `DiskSpace`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Display, IntoStaticStr, EnumIter, EnumString)]
+pub enum DiskSpaceReason {
+    /// Below the threshold (or no `autoGrow` and below 80%).
+    Room,
+    /// Past the threshold: the claim asks for a larger volume and the storage grows it.
+    Growing,
+    /// Past the threshold with no `autoGrow`: a person grows `spec.volume.size` or frees
+    /// space.
+    Filling,
+    /// Past the threshold and at `autoGrow.maximum`.
+    AtMaximum,
+    /// Past the threshold and the StorageClass does not allow expansion.
+    NotExpandable,
+    /// The kubelet's volume statistics cannot be read (the message says why).
+    UsageUnknown,
+}
+
 /// `VersionUpgrade`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Display, IntoStaticStr, EnumIter, EnumString)]
 pub enum VersionUpgradeReason {
@@ -305,6 +323,7 @@ condition_of! {
     CheckpointReason => conditions::CHECKPOINT_RELEASED,
     BackupVerifiedReason => conditions::BACKUP_VERIFIED,
     VersionUpgradeReason => conditions::VERSION_UPGRADE,
+    DiskSpaceReason => conditions::DISK_SPACE,
 }
 
 reason_text!(
@@ -322,6 +341,7 @@ reason_text!(
     CheckpointReason,
     BackupVerifiedReason,
     VersionUpgradeReason,
+    DiskSpaceReason,
 );
 
 /// Every condition's reasons, for the tests that check them all.
@@ -345,6 +365,7 @@ pub fn every_condition_reason() -> Vec<(&'static str, &'static str)> {
         of::<CheckpointReason>(),
         of::<BackupVerifiedReason>(),
         of::<VersionUpgradeReason>(),
+        of::<DiskSpaceReason>(),
     ]
     .concat()
 }

@@ -83,6 +83,14 @@ pub enum EventReason {
     /// The old version runs again on the data from the snapshot (Warning).
     VersionRolledBack,
 
+    // The volume's space (`spec.volume.autoGrow`).
+    /// The volume is past its threshold: its claim is expanded by a step.
+    VolumeGrowing,
+    /// The volume is past its threshold and already at `autoGrow.maximum` (Warning).
+    VolumeAtMaximum,
+    /// WAL tables suspended while the volume was full were resumed once there was room.
+    TablesResumed,
+
     // Failover: one per step entered.
     FailoverSuppressed,
     FailoverStarted,

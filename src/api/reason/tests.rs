@@ -65,6 +65,7 @@ fn every_condition_reason_text_is_pinned_so_a_rename_cannot_break_alerts() {
         ("CheckpointReleased", "NoCheckpointOpen HeldByBackup CheckpointWithinLimit CheckpointLeftOpen"),
         ("BackupVerified", "BackupVerified VerificationFailed"),
         ("VersionUpgrade", "NewVersionRunning Waiting BackingUp StartingNewVersion RollingBack RolledBack SnapshotFailed NotReadyNoSnapshot"),
+        ("DiskSpace", "Room Growing Filling AtMaximum NotExpandable UsageUnknown"),
     ];
     let all = every_condition_reason();
     for (condition, reasons) in expect {

@@ -159,6 +159,8 @@ pub fn throwaway(backup: &QuestDBBackup, source: Option<&QuestDB>) -> Result<Que
             size,
             storage_class_name: source.and_then(|q| q.spec.volume.storage_class_name.clone()),
             retain_on_delete: false,
+            // A verification's copy lives minutes and is deleted: nothing to grow.
+            auto_grow: None,
             restore_from: Some(RestoreSource {
                 backup: Some(backup.name_any()),
                 volume_snapshot: None,

@@ -189,6 +189,8 @@ mod tests {
             operator_namespace: None,
             write_health: Default::default(),
             checkpoints: Default::default(),
+            disk: Default::default(),
+            kubelets: None,
             backups: Default::default(),
             status_writes: Default::default(),
             tenancy: Default::default(),

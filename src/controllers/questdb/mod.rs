@@ -6,6 +6,7 @@ pub mod cloud;
 mod config_reload;
 pub mod container_state;
 mod credentials;
+mod disk;
 pub mod failover;
 mod ilp;
 mod machine;
@@ -226,6 +227,8 @@ pub async fn reconcile(qdb: Arc<QuestDB>, ctx: Arc<Context>) -> Result<Next, Err
     } else {
         None
     };
+    // After the children: the claim exists; the poll's last look says how full it is.
+    let disk = disk::step(&mut qdb, &ctx).await?;
     let inputs = status::StatusInputs {
         statefulset: sts.as_deref(),
         pod: pod.as_deref(),
@@ -256,6 +259,8 @@ pub async fn reconcile(qdb: Arc<QuestDB>, ctx: Arc<Context>) -> Result<Next, Err
         cloud: Some(&cloud_out),
         config: config.status,
         version_upgrade: upgrade.verdict,
+        disk_space: disk.verdict,
+        disk: disk.status,
         ..Default::default()
     };
     let deferred = write_status(&qdb, &ctx, &inputs, Coalesce::Progress).await?;

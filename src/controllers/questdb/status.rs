@@ -57,6 +57,9 @@ pub struct StatusInputs<'a> {
     pub config: Option<crate::api::ConfigStatus>,
     /// The `VersionUpgrade` condition, when a version change has something to say.
     pub version_upgrade: Option<Verdict<crate::api::VersionUpgradeReason>>,
+    /// `DiskSpace` and `status.disk`, from the volume step's last look at the file system.
+    pub disk_space: Option<Verdict<crate::api::DiskSpaceReason>>,
+    pub disk: Option<crate::api::DiskStatus>,
 }
 
 pub(super) fn pod_ready(pod: &CachedPod) -> bool {
@@ -289,6 +292,7 @@ pub fn compute(qdb: &QuestDB, obs: &StatusInputs, now: Timestamp) -> QuestDBStat
     desired.extend(obs.checkpoint.as_ref().map(Verdict::desired));
     desired.extend(obs.backup_verified.as_ref().map(Verdict::desired));
     desired.extend(obs.version_upgrade.as_ref().map(Verdict::desired));
+    desired.extend(obs.disk_space.as_ref().map(Verdict::desired));
     let cloud = obs.cloud.filter(|_| obs.invalid.is_empty());
     if let Some(c) = cloud {
         desired.extend(c.node_condition.as_ref().map(Verdict::desired));
@@ -379,6 +383,7 @@ pub fn compute(qdb: &QuestDB, obs: &StatusInputs, now: Timestamp) -> QuestDBStat
         node_move: existing.node_move.clone(),
         config: obs.config.clone().or(existing.config.clone()),
         version_upgrade: existing.version_upgrade.clone(),
+        disk: obs.disk.clone().or(existing.disk.clone()),
     }
 }
 

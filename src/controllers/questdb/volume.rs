@@ -90,13 +90,13 @@ fn size_condition(plan: &desired::SizePlan) -> Verdict<VolumeSizeReason> {
 /// does not allow expansion (plugin/pkg/admission/storage/persistentvolume/resize: 403, "only
 /// dynamically provisioned pvc can be resized and the storageclass that provisions the pvc
 /// must support resize").
-fn refused_resize(e: &kube::core::Status) -> bool {
+pub(super) fn refused_resize(e: &kube::core::Status) -> bool {
     e.code == 403 && e.message.contains("must support resize")
 }
 
 /// `allowVolumeExpansion` of a StorageClass; `None` when it cannot be read (the apiserver's
 /// admission then has the last word).
-async fn storage_class_expands(ctx: &Context, class: &str) -> Option<bool> {
+pub(super) async fn storage_class_expands(ctx: &Context, class: &str) -> Option<bool> {
     let api: Api<StorageClass> = Api::all(ctx.client.clone());
     match api.get_opt(class).await {
         Ok(Some(sc)) => Some(sc.allow_volume_expansion == Some(true)),

@@ -10,6 +10,7 @@
 //! without `subPath` is written next to what the directory holds instead of hiding it),
 //! `$(VAR)` references in env values are not expanded, exec probes always succeed.
 
+mod disk;
 mod env;
 mod forward;
 mod jar;
@@ -28,6 +29,8 @@ use k8s_openapi::api::core::v1::{Container, Pod};
 use kube::Client;
 use tokio_util::sync::CancellationToken;
 
+pub(crate) use disk::too_small as disk_too_small;
+pub use disk::XFS_MIN_BYTES;
 pub use probe::http_get;
 pub use watcher::{DatabaseExit, DatabaseProcess};
 
@@ -216,6 +219,45 @@ pub struct Runtime {
     /// written back, as a disk does (see [`VolumeLayer`]).
     layers: Mutex<BTreeMap<(u32, String), lossyfs::LossyVolume>>,
     layer: VolumeLayer,
+    /// The volumes of a real size (XFS on a loop device), by handle.
+    disks: Arc<disk::Disks>,
+    /// The database pods whose claims are mounted now, by pod uid: what each node's kubelet
+    /// reports volume figures of (`crate::kubelet_api`).
+    mounted_pods: Mutex<BTreeMap<String, MountedPod>>,
+}
+
+/// How big a volume is, as CreateVolume makes it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum VolumeSize {
+    /// A directory of the host's file system (its free space is the host's).
+    Unbounded,
+    /// An XFS file system of this many bytes ([`disk`]).
+    Xfs(u64),
+}
+
+/// A database pod whose PersistentVolumeClaims are mounted on its node (from its container's
+/// first start until its pod stops, restarts included).
+#[derive(Clone, Debug)]
+pub(crate) struct MountedPod {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    pub node_index: u32,
+    /// When its volumes were first mounted on the node.
+    pub since: std::time::SystemTime,
+    pub claims: Vec<MountedClaim>,
+}
+
+/// One PersistentVolumeClaim volume of a [`MountedPod`].
+#[derive(Clone, Debug)]
+pub(crate) struct MountedClaim {
+    /// The pod's name for the volume (`spec.volumes[].name`).
+    pub volume: String,
+    /// `spec.volumes[].persistentVolumeClaim.claimName`.
+    pub claim: String,
+    /// The directory the pod's process sees for it (a lossy layer's mount point, or the
+    /// volume's directory).
+    pub dir: PathBuf,
 }
 
 /// How a database pod sees its PersistentVolume.
@@ -251,6 +293,8 @@ impl Runtime {
             mounts: dir.join("node-mounts"),
             layers: Mutex::default(),
             layer: VolumeLayer::from_env(),
+            disks: Arc::new(disk::Disks::new(dir.join(disk::IMAGES_DIR))?),
+            mounted_pods: Mutex::default(),
         };
         for d in [&rt.volumes, &rt.logs, &rt.rootfs, &rt.mounts] {
             std::fs::create_dir_all(d)?;
@@ -263,33 +307,116 @@ impl Runtime {
         self.volumes.join(handle.replace(['/', '\\'], "_"))
     }
 
-    /// CreateVolume: the volume's directory exists from now on.
-    pub(crate) fn provision(&self, handle: &str) -> std::io::Result<()> {
+    /// CreateVolume: the volume's directory exists from now on; for [`VolumeSize::Xfs`] it is
+    /// the mount point of a file system of that size.
+    pub(crate) async fn provision(&self, handle: &str, size: VolumeSize) -> anyhow::Result<()> {
         self.released.lock().unwrap().remove(handle);
-        std::fs::create_dir_all(self.volume_dir(handle))
-    }
-
-    /// DeleteVolume: the directory goes once no process runs on it (a partitioned node's
-    /// QuestDB may still hold it, as an EBS volume stays while attached).
-    pub(crate) fn release(&self, handle: &str) {
-        self.released.lock().unwrap().insert(handle.to_string());
-        self.sweep();
-    }
-
-    pub(crate) fn sweep(&self) {
-        let mut released = self.released.lock().unwrap();
-        released.retain(|handle| {
-            let dir = self.volume_dir(handle);
-            if self.registry.holds(&dir) {
-                return true;
+        let dir = self.volume_dir(handle);
+        match size {
+            VolumeSize::Unbounded => Ok(std::fs::create_dir_all(dir)?),
+            VolumeSize::Xfs(bytes) => {
+                let (disks, handle) = (self.disks.clone(), handle.to_string());
+                tokio::task::spawn_blocking(move || disks.create_xfs(&handle, &dir, bytes)).await?
             }
-            if let Err(e) = std::fs::remove_dir_all(&dir) {
-                if e.kind() != std::io::ErrorKind::NotFound {
-                    tracing::warn!(dir = %dir.display(), error = %e, "deleting a volume's directory");
+        }
+    }
+
+    /// ControllerExpandVolume and NodeExpandVolume: a sized volume's file system grows to
+    /// `bytes` while it is mounted (and used); a directory has nothing to grow.
+    pub(crate) async fn expand(&self, handle: &str, bytes: u64) -> anyhow::Result<()> {
+        let (disks, handle) = (self.disks.clone(), handle.to_string());
+        tokio::task::spawn_blocking(move || disks.grow(&handle, bytes)).await??;
+        Ok(())
+    }
+
+    /// DeleteVolume: the directory (and a sized volume's file system) goes once no process
+    /// runs on it (a partitioned node's QuestDB may still hold it, as an EBS volume stays while
+    /// attached).
+    pub(crate) async fn release(&self, handle: &str) {
+        self.released.lock().unwrap().insert(handle.to_string());
+        self.sweep().await;
+    }
+
+    pub(crate) async fn sweep(&self) {
+        let due: Vec<String> = {
+            let mut released = self.released.lock().unwrap();
+            let due: Vec<String> = released
+                .iter()
+                .filter(|h| !self.registry.holds(&self.volume_dir(h)))
+                .cloned()
+                .collect();
+            for h in &due {
+                released.remove(h);
+            }
+            due
+        };
+        for handle in due {
+            let (disks, dir, h) = (self.disks.clone(), self.volume_dir(&handle), handle.clone());
+            let deleted = tokio::task::spawn_blocking(move || {
+                // A sized volume is unmounted first: a node's layer may still hold it (busy),
+                // and it is tried again at the next sweep.
+                disks.delete(&h)?;
+                match std::fs::remove_dir_all(&dir) {
+                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                        Err(anyhow::Error::new(e)
+                            .context(format!("deleting the volume's directory {}", dir.display())))
+                    }
+                    _ => Ok(()),
+                }
+            })
+            .await
+            .map_err(anyhow::Error::new)
+            .and_then(|r| r);
+            if let Err(e) = deleted {
+                tracing::warn!(%handle, error = %format!("{e:#}"), "deleting a volume; tried again");
+                if self.disks.is_sized(&handle) {
+                    self.released.lock().unwrap().insert(handle);
                 }
             }
-            false
-        });
+        }
+    }
+
+    /// The pod's claims are mounted on its node (again, after a restart of its container):
+    /// `claims` holds each claim volume's name, claim name and the directory the pod sees.
+    pub(crate) fn pod_mounted(
+        &self,
+        namespace: &str,
+        name: &str,
+        uid: &str,
+        node_index: u32,
+        claims: Vec<MountedClaim>,
+    ) {
+        let mut pods = self.mounted_pods.lock().unwrap();
+        let since = pods
+            .get(uid)
+            .map_or_else(std::time::SystemTime::now, |p| p.since);
+        pods.insert(
+            uid.to_string(),
+            MountedPod {
+                namespace: namespace.into(),
+                name: name.into(),
+                uid: uid.into(),
+                node_index,
+                since,
+                claims,
+            },
+        );
+    }
+
+    /// The pod's claims are unmounted from its node (its containers stopped for good).
+    pub(crate) fn pod_unmounted(&self, uid: &str) {
+        self.mounted_pods.lock().unwrap().remove(uid);
+    }
+
+    /// The database pods whose claims are mounted on the node now.
+    pub(crate) fn mounted_pods(&self, node_index: u32) -> Vec<MountedPod> {
+        self.mounted_pods
+            .lock()
+            .unwrap()
+            .values()
+            .filter(|p| p.node_index == node_index)
+            .cloned()
+            .collect()
     }
 
     /// The node's power goes: its volume layers are cut first (from then on nothing more
@@ -318,6 +445,13 @@ impl Runtime {
         self.registry.reap_killed();
         let layers = std::mem::take(&mut *self.layers.lock().unwrap());
         drop(layers);
+    }
+
+    /// The control plane stops, its processes are dead and its layers unmounted
+    /// ([`Runtime::kill_all`]): every sized volume is unmounted and its loop device detached
+    /// (loop devices belong to the machine, and outlive a process that does not free them).
+    pub(crate) fn detach_disks(&self) {
+        self.disks.detach_all();
     }
 
     /// The cut handles of every layer of the volume, to settle them: a `sync()` (QuestDB's

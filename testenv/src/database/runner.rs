@@ -212,6 +212,11 @@ impl Runner {
         self.run_until_stopped().await;
         // The kubelet unmounts a pod's volumes once its containers are gone: a clean unmount
         // writes back what the node's kernel holds (unless the power went first).
+        self.unmount_claims().await;
+    }
+
+    async fn unmount_claims(&self) {
+        self.rt.pod_unmounted(&self.uid);
         for handle in self.claim_handles.values() {
             self.rt.unmount_volume(self.node.index(), handle).await;
         }
@@ -337,9 +342,7 @@ impl Runner {
                 End::ShutDown => {
                     // The OS stopped the container and unmounts its volumes cleanly; the node
                     // reports nothing more until its instance is gone.
-                    for handle in self.claim_handles.values() {
-                        self.rt.unmount_volume(self.node.index(), handle).await;
-                    }
+                    self.unmount_claims().await;
                     until_stopped(self.stop_rx.clone(), self.node_stopped.clone()).await;
                     return;
                 }
@@ -461,6 +464,31 @@ impl Runner {
                 .map_err(|e| ("CreateContainerError", e.to_string()))?;
             self.claims.insert(volume.clone(), dir);
         }
+        let claim_names: BTreeMap<String, String> = self
+            .pod
+            .spec
+            .iter()
+            .flat_map(|s| s.volumes.iter().flatten())
+            .filter_map(|v| {
+                Some((
+                    v.name.clone(),
+                    v.persistent_volume_claim.as_ref()?.claim_name.clone(),
+                ))
+            })
+            .collect();
+        let mounted = self
+            .claims
+            .iter()
+            .filter_map(|(volume, dir)| {
+                Some(super::MountedClaim {
+                    volume: volume.clone(),
+                    claim: claim_names.get(volume)?.clone(),
+                    dir: dir.clone(),
+                })
+            })
+            .collect();
+        self.rt
+            .pod_mounted(&self.ns, &self.name, &self.uid, self.node.index(), mounted);
         mounts::run_init(&self.pod, &self.claims, &self.pod_dir).map_err(failed)?;
         self.model.initialized();
         let table = MountTable::of(&self.pod, &self.container, &self.claims, &self.pod_dir);
