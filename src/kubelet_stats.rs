@@ -137,6 +137,16 @@ impl Kubelets {
         })
     }
 
+    /// Forgets the clients of kubelets not in `nodes` (dedicated nodes come and go).
+    pub fn keep_only<'a>(&self, nodes: impl IntoIterator<Item = &'a Node>) {
+        let keep: std::collections::HashSet<String> =
+            nodes.into_iter().filter_map(|n| endpoint(n).ok()).collect();
+        self.clients
+            .lock()
+            .expect("kubelet clients lock")
+            .retain(|e, _| keep.contains(e));
+    }
+
     fn client(&self, endpoint: &str) -> Result<kube::Client, String> {
         let mut clients = self.clients.lock().expect("kubelet clients lock");
         if let Some(c) = clients.get(endpoint) {

@@ -2,7 +2,9 @@
 //! table takes no more writes until someone resumes it; a writer far behind its sequencer
 //! serves stale reads). Polled at a modest interval, only for Running databases, over the same
 //! authenticated HTTP channel as backups; the QuestDB reconcile only reads the last answer.
-//! The same poll asks each database's checkpoint ([`checkpoint_watch`]).
+//! The same poll asks each database's checkpoint ([`checkpoint_watch`]), and each node's
+//! kubelet for the volumes' usage ([`crate::kubelet_stats`]) of every database that should run,
+//! Running or not: a volume too full for QuestDB to start is one to grow.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -95,33 +97,39 @@ pub async fn run(
             _ = token.cancelled() => return,
             _ = tokio::time::sleep(interval) => {}
         }
-        let running: Vec<QuestDB> = ctx
+        // Every database that should run: a volume too full for QuestDB to start keeps it from
+        // Running, and its usage is what gets it going again.
+        let watched: Vec<QuestDB> = ctx
             .caches
             .questdbs
             .state()
             .iter()
             .filter_map(|g| g.0.as_ref().ok())
-            .filter(|q| q.status.as_ref().and_then(|s| s.phase) == Some(Phase::Running))
+            .filter(|q| q.metadata.deletion_timestamp.is_none() && !q.spec.paused)
             .cloned()
             .collect();
         let mut seen = Vec::new();
         let mut polls = Vec::new();
-        for qdb in running {
-            let Some(key) = questdb_ref(&qdb) else {
+        for qdb in watched
+            .iter()
+            .filter(|q| q.status.as_ref().and_then(|s| s.phase) == Some(Phase::Running))
+        {
+            let Some(key) = questdb_ref(qdb) else {
                 continue;
             };
             seen.push(key.clone());
-            if let Some(db) = connect(&ctx, &qdb, None, &mut logins).await {
-                polls.push((key, qdb, db));
+            if let Some(db) = connect(&ctx, qdb, None, &mut logins).await {
+                polls.push((key, qdb.clone(), db));
             }
         }
         // The kubelets' volume statistics: one Summary per node, whatever it runs.
-        let usage = match &ctx.kubelets {
-            Some(kubelets) => volume_usage(&ctx, kubelets, polls.iter().map(|(_, q, _)| q)).await,
+        let mut usage = match &ctx.kubelets {
+            Some(kubelets) => volume_usage(&ctx, kubelets, watched.iter()).await,
             None => HashMap::new(),
         };
         // A few databases at a time, each within its budget: one slow or hostile database
         // delays only its own verdicts, never the others' (their last verdict stands).
+        let polled: Vec<_> = polls.iter().map(|(k, _, _)| k.clone()).collect();
         futures::stream::iter(polls)
             .for_each_concurrent(POLL_PARALLELISM, |(key, qdb, db)| {
                 let ctx = ctx.clone();
@@ -134,6 +142,22 @@ pub async fn run(
                 }
             })
             .await;
+        // The databases not asked (not Running, or no address): their volume alone.
+        let mut disk_seen = polled;
+        for qdb in &watched {
+            let Some(key) = questdb_ref(qdb) else {
+                continue;
+            };
+            if disk_seen.contains(&key) {
+                continue;
+            }
+            if let Some(u) = usage.remove(&key) {
+                if observe_disk(&ctx, &key, qdb, u, None) {
+                    wake(&ctx, key.clone());
+                }
+                disk_seen.push(key);
+            }
+        }
         ctx.write_health
             .lock()
             .expect("write health lock")
@@ -145,7 +169,7 @@ pub async fn run(
         ctx.disk
             .lock()
             .expect("disk watch lock")
-            .retain(|k, _| seen.contains(k));
+            .retain(|k, _| disk_seen.contains(k));
     }
 }
 
@@ -184,6 +208,7 @@ async fn volume_usage<'a>(
         .buffer_unordered(POLL_PARALLELISM)
         .collect::<Vec<_>>()
         .await;
+    kubelets.keep_only(ctx.caches.nodes.state().iter().map(|n| n.as_ref()));
     let mut out = HashMap::new();
     for (node, claims, summary) in summaries {
         for (key, ns, claim) in claims {
@@ -222,22 +247,8 @@ async fn poll_one(
     let mut changed = false;
     let wal = wal_verdict(qdb, db).await;
     if let Some(usage) = usage {
-        if let Ok(u) = &usage {
-            ctx.metrics.set_volume_usage(
-                &qdb.namespace().unwrap_or_default(),
-                &qdb.name_any(),
-                u.capacity,
-                u.used,
-            );
-        }
-        let seen = DiskObservation {
-            usage,
-            suspended: wal.as_ref().map(|(_, s)| s.clone()),
-        };
-        let mut map = ctx.disk.lock().expect("disk watch lock");
-        // The bytes change with every write: only what the decision reads wakes it.
-        changed |= !map.get(&key).is_some_and(|old| decides_alike(old, &seen));
-        map.insert(key.clone(), seen);
+        let suspended = wal.as_ref().map(|(_, s)| s.clone());
+        changed |= observe_disk(ctx, &key, qdb, usage, suspended);
     }
     if let Some((verdict, _)) = wal {
         let suspended = if verdict.reason == WriteHealthReason::TablesSuspended {
@@ -258,10 +269,40 @@ async fn poll_one(
         changed |= map.insert(key.clone(), verdict.clone()) != Some(verdict);
     }
     if changed {
-        if let Some(wake) = &ctx.wake {
-            let _ = wake.unbounded_send(key);
-        }
+        wake(ctx, key);
     }
+}
+
+/// Wakes the QuestDB's reconcile.
+fn wake(ctx: &Context, key: ObjectRef<crate::controllers::context::GuardedQuestDB>) {
+    if let Some(wake) = &ctx.wake {
+        let _ = wake.unbounded_send(key);
+    }
+}
+
+/// Records what was seen of the volume (`suspended`: `None` when QuestDB was not asked or did
+/// not answer); whether the disk decision may change.
+fn observe_disk(
+    ctx: &Context,
+    key: &ObjectRef<crate::controllers::context::GuardedQuestDB>,
+    qdb: &QuestDB,
+    usage: Result<VolumeUsage, String>,
+    suspended: Option<Vec<SuspendedTable>>,
+) -> bool {
+    if let Ok(u) = &usage {
+        ctx.metrics.set_volume_usage(
+            &qdb.namespace().unwrap_or_default(),
+            &qdb.name_any(),
+            u.capacity,
+            u.used,
+        );
+    }
+    let seen = DiskObservation { usage, suspended };
+    let mut map = ctx.disk.lock().expect("disk watch lock");
+    // The bytes change with every write: only what the decision reads wakes it.
+    let changed = !map.get(key).is_some_and(|old| decides_alike(old, &seen));
+    map.insert(key.clone(), seen);
+    changed
 }
 
 /// A client for the database's HTTP port with its credentials, while its pod has an address

@@ -25,6 +25,19 @@ async fn suspended(http: &str, table: &str, creds: &Credentials) -> bool {
     v["dataset"][0][0].as_bool() == Some(true)
 }
 
+/// Whether `table`'s writer caught up with its sequencer, or the table is suspended.
+async fn applied_or_suspended(http: &str, table: &str, creds: &Credentials) -> bool {
+    let sql = format!(
+        "select suspended, writerTxn, sequencerTxn from wal_tables() where name = '{table}'"
+    );
+    let Ok((200, body)) = exec(http, &sql, creds.http()).await else {
+        return false;
+    };
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+    let row = &v["dataset"][0];
+    row[0].as_bool() == Some(true) || (row[1].as_i64().is_some() && row[1] == row[2])
+}
+
 /// A full volume at its maximum suspends the table it filled; raising the maximum grows the
 /// volume online (the same QuestDB process throughout) and the operator resumes the table,
 /// which then holds every row QuestDB acknowledged, and takes more.
@@ -82,31 +95,43 @@ async fn a_full_volume_is_grown_and_its_suspended_table_resumed_with_every_ackno
     let mut acknowledged = 0;
     let mut insert = async |sql: String, rows: i64| -> bool {
         let (code, body) = exec(&http, &sql, creds.http()).await.unwrap();
+        // A closed connection with no answer: QuestDB 9.2.0 died (it was seen to crash with
+        // SIGSEGV in its WAL writer when written to again after an ENOSPC).
+        assert_ne!(code, 0, "QuestDB died on the full volume");
         if code == 200 && !body.contains("\"error\"") {
             acknowledged += rows;
             true
         } else {
             assert!(
                 body.contains("No space left"),
-                "only a full disk refuses: {body}"
+                "only a full disk refuses: {code} {body}"
             );
             false
         }
     };
     for batch in 0..100i64 {
         let start = 1_000_000 + batch * BATCH;
-        insert(
+        let late = batch * LATE;
+        // Refused (the WAL itself found no room): nothing more is written to a full volume.
+        let taken = insert(
             format!("insert into t select x, rnd_varchar(100,200,0), timestamp_sequence({start}, 1) from long_sequence({BATCH})"),
             BATCH,
         )
+        .await
+            && insert(
+                format!("insert into t select x, 'late', timestamp_sequence({late}, 1) from long_sequence({LATE})"),
+                LATE,
+            )
+            .await;
+        // Nothing more is written before QuestDB applied these or gave up: a writer that runs
+        // ahead of a slow apply fills the volume with WAL first (and, written to on a full
+        // volume, 9.2.0 may crash), which is not what this test is about.
+        wait_until("the rows applied or the table suspended", || {
+            let (http, creds) = (&http, &creds);
+            async move { applied_or_suspended(http, "t", creds).await }
+        })
         .await;
-        let late = batch * LATE;
-        insert(
-            format!("insert into t select x, 'late', timestamp_sequence({late}, 1) from long_sequence({LATE})"),
-            LATE,
-        )
-        .await;
-        if suspended(&http, "t", &creds).await {
+        if !taken || suspended(&http, "t", &creds).await {
             break;
         }
     }
