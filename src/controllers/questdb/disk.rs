@@ -26,8 +26,6 @@ pub(super) struct DiskOut {
     pub status: Option<DiskStatus>,
 }
 
-const FIELD_MANAGER: &str = "questdb-operator";
-
 pub(super) async fn step(qdb: &mut QuestDB, ctx: &Context) -> Result<DiskOut, Error> {
     let Some(seen) =
         questdb_ref(qdb).and_then(|k| ctx.disk.lock().expect("disk watch lock").get(&k).cloned())
@@ -85,7 +83,7 @@ pub(super) async fn step(qdb: &mut QuestDB, ctx: &Context) -> Result<DiskOut, Er
                 .patch(
                     &claim_name,
                     &PatchParams {
-                        field_manager: Some(FIELD_MANAGER.into()),
+                        field_manager: Some(crate::api::MANAGER.into()),
                         ..PatchParams::default()
                     },
                     &Patch::Merge(&patch),
