@@ -400,6 +400,7 @@ pub fn cloud_settings(args: &CloudArgs) -> CloudSettings {
     CloudSettings {
         instance_sync_interval: args.instance_sync_interval,
         orphan_sweep_interval: args.orphan_sweep_interval,
+        scheduled_event_interval: args.scheduled_event_interval,
         orphan_grace_period: args.orphan_grace_period,
         node_move_join_timeout: args.node_move_join_timeout,
         node_join_timeout: args.node_join_timeout,

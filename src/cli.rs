@@ -360,6 +360,11 @@ pub struct CloudArgs {
     #[arg(long, env = "ORPHAN_SWEEP_INTERVAL", default_value = "5m", value_parser = parse_duration)]
     pub orphan_sweep_interval: Duration,
 
+    /// How often EC2's scheduled events of the dedicated instances (retirement, stop, reboot,
+    /// maintenance) are read: each becomes a planned node move in the maintenance window.
+    #[arg(long, env = "SCHEDULED_EVENT_INTERVAL", default_value = "5m", value_parser = parse_duration)]
+    pub scheduled_event_interval: Duration,
+
     /// How long an instance without a QuestDB is left alone before it is terminated.
     #[arg(long, env = "ORPHAN_GRACE_PERIOD", default_value = "10m", value_parser = parse_duration)]
     pub orphan_grace_period: Duration,
@@ -534,6 +539,10 @@ mod tests {
         assert_eq!(args.cloud.aws_security_group_ids, ["sg-1", "sg-2"]);
         assert_eq!(args.cloud.orphan_grace_period, Duration::from_secs(90));
         assert_eq!(args.cloud.orphan_sweep_interval, Duration::from_secs(300));
+        assert_eq!(
+            args.cloud.scheduled_event_interval,
+            Duration::from_secs(300)
+        );
         let subnets = parse_subnets(&args.cloud.aws_subnets).unwrap();
         assert_eq!(subnets["us-east-1b"], "subnet-b");
     }

@@ -413,6 +413,7 @@ async fn run_controllers(shared: &Shared<'_>, subs: Subscriptions, token: Cancel
         ),
     });
     let sweeper = sweep::run(ctx.clone(), opts.namespace.clone(), token.clone());
+    let scheduled_events = crate::controllers::scheduled_events::run(ctx.clone(), token.clone());
     let Subscriptions {
         triggers,
         sender: _,
@@ -465,6 +466,7 @@ async fn run_controllers(shared: &Shared<'_>, subs: Subscriptions, token: Cancel
                 run_questdb_controller(controller, ctx, ctrl_metrics, in_flight.clone())
             ),
             stopping.run("orphan sweep", sweeper),
+            stopping.run("scheduled-event look", scheduled_events),
             stopping.run("node-health controller", health),
             stopping.run("backup controllers", backups),
             stopping.run("write-health poll", write_health),

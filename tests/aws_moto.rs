@@ -216,6 +216,27 @@ async fn launch_describe_by_tags_and_terminate() {
     assert_eq!(counter.count("RunInstances", "ok"), 3);
 }
 
+/// The request the scheduled-event look makes (DescribeInstanceStatus filtered by every event
+/// code) is one EC2's API takes and its answer parses; moto schedules no events, so a running
+/// instance has none.
+#[tokio::test]
+async fn scheduled_events_are_read_with_one_filtered_describe_instance_status() {
+    let Some(moto) = start_moto().await else {
+        return;
+    };
+    let (config, sdk, ami) = ec2_setup(&moto).await;
+    let counter = CallCounter::new();
+    let cloud = AwsCloud::from_sdk_config(&sdk, config, Arc::new(counter.clone())).unwrap();
+    let nodes: Arc<dyn NodeProvider> = cloud.nodes.clone();
+    nodes.launch(&request("uid-1", 1, &ami)).await.unwrap();
+    let events = nodes
+        .scheduled_events()
+        .await
+        .expect("DescribeInstanceStatus answers");
+    assert!(events.is_empty(), "{events:?}");
+    assert_eq!(counter.count("DescribeInstanceStatus", "ok"), 1);
+}
+
 /// What a security review checks on a node: in its volume's zone, IMDSv2 with one hop (pods
 /// cannot reach the node role's credentials), an encrypted gp3 root, the cluster's ownership tag.
 #[tokio::test]

@@ -75,6 +75,11 @@ pub async fn run(mut args: SandboxArgs, shutdown: CancellationToken) -> anyhow::
     args.cloud
         .node_lease_duration
         .get_or_insert(questdb_testenv::timings::node_lease_duration());
+    // A scheduled event annotated from kubectl is seen within seconds, not the production
+    // default's five minutes (unless the flag says otherwise).
+    if args.cloud.scheduled_event_interval == std::time::Duration::from_secs(300) {
+        args.cloud.scheduled_event_interval = std::time::Duration::from_secs(5);
+    }
     let built = questdb_operator::app::build_cloud_with(
         &args.cloud,
         CloudProvider::Memory,
@@ -124,7 +129,11 @@ pub async fn run(mut args: SandboxArgs, shutdown: CancellationToken) -> anyhow::
     };
     #[cfg(not(feature = "moto"))]
     let ec2_join: Option<tokio::task::JoinHandle<anyhow::Result<()>>> = None;
-    let faults = crate::faults::spawn(&cp, client.clone(), join_token.clone());
+    let memory_ec2 = built
+        .as_ref()
+        .and_then(|b| b.memory.as_ref())
+        .map(|(ec2, _)| ec2.clone());
+    let faults = crate::faults::spawn(&cp, client.clone(), memory_ec2, join_token.clone());
     let opts = ManagerOptions {
         questdb_concurrency: args.questdb_concurrency,
         metrics_addr: parse_bind_address(&args.metrics_bind_address)?,

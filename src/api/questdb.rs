@@ -1084,6 +1084,31 @@ pub struct NodeMoveStatus {
     /// When the retained old node is terminated (end of `spec.node.rollbackWindow`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retain_until: Option<Time>,
+    /// The EC2 scheduled event (a retirement, stop, reboot or maintenance of the old instance)
+    /// this move answers: it replaces the node before AWS acts, in the maintenance window.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scheduled_event: Option<ScheduledEventRecord>,
+    /// The database's node that was cordoned (`kubectl drain`, `kubectl cordon`, the AWS Node
+    /// Termination Handler): this move replaces it, so the drain can finish.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drained_node: Option<String>,
+}
+
+/// An EC2 scheduled event as a node move records it.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct ScheduledEventRecord {
+    /// `instance-retirement`, `instance-stop`, `instance-reboot`, `system-reboot` or
+    /// `system-maintenance`.
+    pub code: String,
+    /// EC2's `instanceEventId`.
+    #[serde(default, skip_serializing_if = "Option::is_none", rename = "eventID")]
+    pub event_id: Option<String>,
+    #[serde(rename = "instanceID")]
+    pub instance_id: String,
+    /// The earliest time AWS may act.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_before: Option<Time>,
 }
 
 #[cfg(test)]

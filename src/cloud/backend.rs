@@ -79,6 +79,12 @@ pub trait Ec2Api: Send + Sync {
     /// `StopInstances`, normal (`force` false: the OS shuts down and flushes its caches) or
     /// with `Force` (a hung instance must still be stopped: it is a fence).
     async fn stop_instances(&self, ids: &[String], force: bool) -> Result<(), ApiError>;
+    /// `DescribeInstanceStatus` filtered by `event.code` (every code EC2 schedules): the
+    /// scheduled events of running instances, completed and canceled ones included, one page.
+    async fn describe_instance_events(
+        &self,
+        next_token: Option<&str>,
+    ) -> Result<Page<super::ScheduledEvent>, ApiError>;
     /// `DescribeSubnets` with a `subnet-id` filter: each subnet's availability zone and VPC;
     /// an unknown id is absent, not an error.
     async fn describe_subnets(&self, ids: &[String]) -> Result<Vec<Subnet>, ApiError>;

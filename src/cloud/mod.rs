@@ -40,7 +40,8 @@ pub use dns::{Route53DnsProvider, OWNED_ELSEWHERE};
 pub use error::{classify, ApiError, CloudError, ErrorClass};
 pub use model::{
     display_name, fqdn, ARecord, ImageDevice, ImageFacts, Instance, InstanceState,
-    InstanceTypeFacts, LaunchRequest, NodeFacts, PodAddresses, Taint,
+    InstanceTypeFacts, LaunchRequest, NodeFacts, PodAddresses, ScheduledEvent, Taint,
+    SCHEDULED_EVENT_CODES,
 };
 pub use node_volumes::{block_devices, BlockDevice, NodeVolumes, DEFAULT_ROOT_DEVICE};
 pub use nodes::{Ec2NodeProvider, INSTANCE_NOT_OWNED, LAUNCH_NOT_ALLOWED};
@@ -121,6 +122,11 @@ pub trait NodeProvider: Send + Sync {
 
     /// The exact types and family patterns of `--allowed-node-instance-types`.
     fn allowed_instance_types(&self) -> Vec<String>;
+
+    /// The pending scheduled events of running instances (`DescribeInstanceStatus` filtered
+    /// by `event.code`, every page): one call for the whole region, whatever the number of
+    /// databases; the caller keeps the events of its own instances.
+    async fn scheduled_events(&self) -> Result<Vec<ScheduledEvent>, CloudError>;
 
     /// What EC2 knows of `image` and of `instance_type` in `zone` (a node move checks them
     /// before it launches anything).

@@ -207,6 +207,47 @@ impl Instance {
     }
 }
 
+/// One scheduled event of an instance, as `DescribeInstanceStatus` reports it
+/// (`InstanceStatusEvent`, EC2 API reference): AWS will stop, retire or reboot the instance,
+/// or reboot or cut off its host, at a time of its choosing after `not_before`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ScheduledEvent {
+    pub instance_id: String,
+    /// `instanceEventId`.
+    pub id: Option<String>,
+    /// `instance-stop`, `instance-retirement`, `instance-reboot`, `system-reboot`,
+    /// `system-maintenance`.
+    pub code: String,
+    /// Starts with `[Completed]` once it took place (it is still described for up to a week)
+    /// and `[Canceled]` once AWS called it off.
+    pub description: String,
+    /// The earliest time the event may start.
+    pub not_before: Option<SystemTime>,
+    /// The latest time it may end.
+    pub not_after: Option<SystemTime>,
+}
+
+/// Every event code EC2 schedules (`InstanceStatusEvent.code`). Each costs the database its
+/// node for a while: a stop or retirement stops the instance, a reboot restarts it, and power
+/// maintenance reboots it ("unavailable for a brief period of time and then rebooted"); none
+/// lets QuestDB close its tables the way a planned move does, and a reboot loses what the
+/// kernel had not written back.
+pub const SCHEDULED_EVENT_CODES: [&str; 5] = [
+    "instance-stop",
+    "instance-retirement",
+    "instance-reboot",
+    "system-reboot",
+    "system-maintenance",
+];
+
+impl ScheduledEvent {
+    /// Still to come: not `[Completed]` nor `[Canceled]`.
+    pub fn pending(&self) -> bool {
+        let d = self.description.trim_start();
+        !(d.starts_with("[Completed]") || d.starts_with("[Canceled]"))
+    }
+}
+
 /// One A record as DNS holds it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ARecord {
@@ -250,6 +291,21 @@ mod tests {
         assert_eq!(InstanceState::parse("exploded"), None);
         assert!(InstanceState::ShuttingDown.is_gone());
         assert!(!InstanceState::Stopped.is_gone());
+    }
+
+    #[test]
+    fn a_completed_or_canceled_event_is_not_pending() {
+        let event = |description: &str| ScheduledEvent {
+            instance_id: "i-1".into(),
+            id: Some("instance-event-1".into()),
+            code: "instance-retirement".into(),
+            description: description.into(),
+            not_before: None,
+            not_after: None,
+        };
+        assert!(event("The instance is running on degraded hardware").pending());
+        assert!(!event("[Completed] The instance is running on degraded hardware").pending());
+        assert!(!event("[Canceled] Scheduled reboot").pending());
     }
 
     #[test]

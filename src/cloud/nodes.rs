@@ -565,6 +565,25 @@ impl<A: Ec2Api + 'static> NodeProvider for Ec2NodeProvider<A> {
         })
     }
 
+    async fn scheduled_events(&self) -> Result<Vec<crate::cloud::ScheduledEvent>, CloudError> {
+        let mut out = Vec::new();
+        let mut token: Option<String> = None;
+        loop {
+            let page = self
+                .calls
+                .call("DescribeInstanceStatus", NotFound::Return, || {
+                    self.api.describe_instance_events(token.as_deref())
+                })
+                .await
+                .map_err(|e| CloudError::from_api("DescribeInstanceStatus", e))?;
+            out.extend(page.items.into_iter().filter(|e| e.pending()));
+            match page.next_token {
+                Some(next) if !next.is_empty() => token = Some(next),
+                _ => return Ok(out),
+            }
+        }
+    }
+
     async fn stop(&self, id: &str, owner: &str, mode: StopMode) -> Result<(), CloudError> {
         self.check_owner("StopInstances", id, owner).await?;
         let ids = [id.to_string()];

@@ -34,6 +34,10 @@ pub struct CloudSettings {
     /// steady-state cost is one DescribeInstances per this interval for the whole operator.
     pub instance_sync_interval: Duration,
     pub orphan_sweep_interval: Duration,
+    /// `--scheduled-event-interval`: how often EC2's scheduled events (retirements, stops,
+    /// reboots) of the dedicated instances are read (one DescribeInstanceStatus per look for
+    /// the whole operator). AWS announces retirements days or weeks ahead.
+    pub scheduled_event_interval: Duration,
     /// How long an instance without a QuestDB is left alone before it is terminated (covers a
     /// QuestDB cache that lags a brand-new object, and a human restoring a deleted QuestDB).
     pub orphan_grace_period: Duration,
@@ -76,6 +80,7 @@ impl Default for CloudSettings {
         Self {
             instance_sync_interval: Duration::from_secs(30),
             orphan_sweep_interval: Duration::from_secs(300),
+            scheduled_event_interval: Duration::from_secs(300),
             orphan_grace_period: Duration::from_secs(600),
             node_move_join_timeout: Duration::from_secs(600),
             // Karpenter's registration TTL: long enough for a slow image pull and nodeadm.
@@ -117,6 +122,11 @@ pub struct CloudRuntime {
     /// Node moves that ended moments ago, by QuestDB uid: the cache may still show them under
     /// way, and the moves their end wakes must not wait behind them.
     pub move_ends: Mutex<std::collections::HashMap<String, Instant>>,
+    /// The pending scheduled event of each dedicated instance that has one (the earliest), as
+    /// the last look found them ([`crate::controllers::scheduled_events`]).
+    pub scheduled_events: Mutex<HashMap<String, crate::cloud::ScheduledEvent>>,
+    /// The dedicated Nodes seen cordoned, so a cordon wakes its database once.
+    cordons_seen: Mutex<std::collections::HashSet<String>>,
 }
 
 /// The cluster's identity: the uid of `kube-system` (created with the cluster, never deleted).
@@ -147,7 +157,29 @@ impl CloudRuntime {
             relaunches: Default::default(),
             move_claims: Default::default(),
             move_ends: Default::default(),
+            scheduled_events: Default::default(),
+            cordons_seen: Default::default(),
         }
+    }
+
+    /// Whether Node `name` has just been cordoned (true once per cordon).
+    pub fn cordon_news(&self, name: &str, cordoned: bool) -> bool {
+        let mut seen = self.cordons_seen.lock().unwrap_or_else(|p| p.into_inner());
+        if cordoned {
+            seen.insert(name.to_string())
+        } else {
+            seen.remove(name);
+            false
+        }
+    }
+
+    /// The pending scheduled event of `instance_id`, if the last look found one.
+    pub fn scheduled_event(&self, instance_id: &str) -> Option<crate::cloud::ScheduledEvent> {
+        self.scheduled_events
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(instance_id)
+            .cloned()
     }
 }
 

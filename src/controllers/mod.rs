@@ -14,6 +14,7 @@ pub mod preflight;
 pub mod questdb;
 pub mod refusals;
 pub mod schedule;
+pub mod scheduled_events;
 pub mod sweep;
 pub mod write_health;
 

@@ -1,9 +1,12 @@
 //! The PodDisruptionBudget of a database with a dedicated node: the answer to `kubectl drain`
 //! (and to the AWS Node Termination Handler, which drains). An evicted database pod would come
 //! back pinned to the same cordoned node and stay Pending for good, so the eviction is refused
-//! instead: the drain waits and says why, and the way off the node is a node move (change
-//! `spec.node.image` or `instanceType`). A database that is not Ready may still be evicted
-//! (`unhealthyPodEvictionPolicy: AlwaysAllow`): blocking a drain protects nothing then.
+//! instead: the drain waits and says why, while the operator answers the cordon with a move to
+//! a new node (`plan::node_move`), after which the old node holds nothing and the drain ends.
+//! A database that is not Ready is not evicted either (`unhealthyPodEvictionPolicy:
+//! IfHealthyBudget`, the budget never healthy with its one pod down): evicted, its pod would
+//! come back Pending on the cordoned node, a database starting (replaying its WAL) turned into
+//! an outage until someone uncordons.
 
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
@@ -25,7 +28,7 @@ pub fn pod_disruption_budget(qdb: &QuestDB) -> Option<PodDisruptionBudget> {
                 match_labels: Some(selector_labels(qdb)),
                 ..LabelSelector::default()
             }),
-            unhealthy_pod_eviction_policy: Some("AlwaysAllow".to_string()),
+            unhealthy_pod_eviction_policy: Some("IfHealthyBudget".to_string()),
             ..PodDisruptionBudgetSpec::default()
         }),
         ..PodDisruptionBudget::default()
@@ -38,7 +41,7 @@ mod tests {
     use crate::desired::testing::questdb;
 
     #[test]
-    fn a_dedicated_database_refuses_voluntary_eviction_of_its_ready_pod_only() {
+    fn a_dedicated_database_refuses_voluntary_eviction_of_its_pod_ready_or_not() {
         let mut qdb = questdb("db1", "tenant-a");
         qdb.spec.node = None;
         assert!(
@@ -51,7 +54,7 @@ mod tests {
         assert_eq!(spec.max_unavailable, Some(IntOrString::Int(0)));
         assert_eq!(
             spec.unhealthy_pod_eviction_policy.as_deref(),
-            Some("AlwaysAllow")
+            Some("IfHealthyBudget")
         );
         assert_eq!(
             spec.selector.unwrap().match_labels,

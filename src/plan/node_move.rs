@@ -14,12 +14,12 @@
 
 use std::time::Duration;
 
-use k8s_openapi::jiff::Timestamp;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
 use super::maintenance::{self, WindowState};
 use crate::api::{EventReason, NodeMoveReason};
-use crate::api::{NodeMovePhase, NodeMoveStatus, NodeSpec, QuestDBStatus};
-use crate::cloud::{Instance, NodeFacts};
+use crate::api::{NodeMovePhase, NodeMoveStatus, NodeSpec, QuestDBStatus, ScheduledEventRecord};
+use crate::cloud::{Instance, NodeFacts, ScheduledEvent};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 /// The event reason of entering `phase`.
@@ -99,11 +99,51 @@ pub fn targets(u: &NodeMoveStatus, spec: &NodeSpec) -> bool {
         && u.to_instance_type.as_deref() == Some(spec.instance_type.as_str())
 }
 
-/// Whether `spec` asks for the node `u` moves away from.
+/// The spec moved on from the move's target before the database stopped: the move ends
+/// (`Superseded`). Not a replacement, which goes on whatever the spec asks meanwhile: AWS
+/// takes the old node anyway, and a new target is a move of its own afterwards.
+pub fn superseded(u: &NodeMoveStatus, spec: &NodeSpec) -> bool {
+    !targets(u, spec) && !replaces_node(u)
+}
+
+/// Whether `spec` asks for the node `u` moves away from. Never for a replacement: its old
+/// node is the image and type it moves to, and the one AWS is about to take away.
 pub fn reverts(u: &NodeMoveStatus, spec: &NodeSpec) -> bool {
-    u.from_image.as_deref() == Some(spec.image.as_str())
+    !replaces_node(u)
+        && u.from_image.as_deref() == Some(spec.image.as_str())
         && u.from_instance_type.as_deref() == Some(spec.instance_type.as_str())
 }
+
+/// A move for an EC2 scheduled event or a drain to a node of the image and type the database
+/// runs on: a new instance of the same node, off the hardware AWS is about to stop or reboot,
+/// or off the node someone wants emptied.
+pub fn replaces_node(u: &NodeMoveStatus) -> bool {
+    (u.scheduled_event.is_some() || u.drained_node.is_some())
+        && u.to_image == u.from_image
+        && (u.to_instance_type == u.from_instance_type || u.from_instance_type.is_none())
+}
+
+/// The node spec the move's steps check and launch: `spec` with the move's recorded image and
+/// type (a replacement's may be the node the database runs on, not a target of the spec that
+/// failed before).
+pub fn target_spec(u: &NodeMoveStatus, spec: &NodeSpec) -> NodeSpec {
+    let mut target = spec.clone();
+    if let Some(image) = &u.to_image {
+        target.image = image.clone();
+    }
+    if let Some(kind) = &u.to_instance_type {
+        target.instance_type = kind.clone();
+    }
+    target
+}
+
+/// How long before an event's start a planned move must have begun: a node's launch and join
+/// (up to `--node-move-join-timeout`), the switch, and one failed attempt tried again.
+pub const SCHEDULED_EVENT_LEAD: Duration = Duration::from_secs(3600);
+
+/// How long after a replacement for a scheduled event failed it is tried again while the
+/// event stands (a capacity shortage passes; a failover at AWS's time is worse than a retry).
+pub const SCHEDULED_EVENT_RETRY: Duration = Duration::from_secs(600);
 
 /// `spec.node.rollbackWindow`, or the default (the schema only admits readable values).
 pub fn rollback_window(spec: &NodeSpec) -> Duration {
@@ -138,6 +178,10 @@ pub struct StartView<'a> {
     /// Of those, the ones in this QuestDB's namespace, and how many may run at once there.
     pub moves_in_namespace: usize,
     pub namespace_concurrency: usize,
+    /// EC2's pending scheduled event of the database's instance, if any.
+    pub scheduled_event: Option<&'a ScheduledEvent>,
+    /// The database's node, when someone cordoned it (a drain): it is to be emptied now.
+    pub cordoned_node: Option<&'a str>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -149,7 +193,8 @@ pub enum Start {
         why: String,
         retry: Duration,
     },
-    Go,
+    /// Start with this record.
+    Go(Box<NodeMoveStatus>),
 }
 
 /// Whether the recorded instance differs from what the spec asks for (an instance type not
@@ -166,21 +211,79 @@ pub fn differs(spec: &NodeSpec, status: &QuestDBStatus) -> bool {
     image || kind
 }
 
-pub fn should_start(v: &StartView) -> Start {
-    if v.status.instance_id.is_none() || active(v.status) || !differs(v.spec, v.status) {
-        return Start::No;
-    }
-    // The same target failed before: not retried in a loop; a new edit (another target) is.
-    // A move a failover pre-empted is not a failure of the target: it starts again.
-    let failed_same = v.status.node_move.as_ref().is_some_and(|u| {
+/// The event of `v`'s instance (an event of another instance, one the database left, is not
+/// this node's).
+fn event_of<'a>(v: &StartView<'a>) -> Option<&'a ScheduledEvent> {
+    v.scheduled_event
+        .filter(|e| v.status.instance_id.as_deref() == Some(e.instance_id.as_str()))
+}
+
+/// The spec's target failed before: not retried in a loop; a new edit (another target) is. A
+/// move a failover pre-empted is not a failure of the target: it starts again.
+fn failed_same(v: &StartView) -> bool {
+    v.status.node_move.as_ref().is_some_and(|u| {
         matches!(u.phase, NodeMovePhase::Aborted | NodeMovePhase::RolledBack)
             && targets(u, v.spec)
             && u.reason != Some(NodeMoveReason::Preempted)
-    });
-    if failed_same {
+    })
+}
+
+/// When the event may start, as a timestamp.
+fn event_start(e: &ScheduledEvent) -> Option<Timestamp> {
+    e.not_before.and_then(|t| Timestamp::try_from(t).ok())
+}
+
+pub fn should_start(v: &StartView) -> Start {
+    let event = event_of(v);
+    if v.status.instance_id.is_none()
+        || active(v.status)
+        || (!differs(v.spec, v.status) && event.is_none() && v.cordoned_node.is_none())
+    {
         return Start::No;
     }
     let waiting = |why: String, retry| Start::Waiting { why, retry };
+    if failed_same(v) {
+        if event.is_none() && v.cordoned_node.is_none() {
+            return Start::No;
+        }
+        // A replacement for this very event (or drain) that failed is tried again after a
+        // while: AWS acts whatever happens, and an unplanned failover then is the worse
+        // outcome; a drain waits until the node is empty.
+        let last = v.status.node_move.as_ref();
+        let same_event = last.is_some_and(|u| {
+            let same_event = match (&u.scheduled_event, event) {
+                (Some(r), Some(e)) => r.event_id == e.id && r.instance_id == e.instance_id,
+                _ => false,
+            };
+            let same_drain =
+                u.drained_node.is_some() && u.drained_node.as_deref() == v.cordoned_node;
+            same_event || same_drain
+        });
+        if same_event {
+            let ended = last
+                .and_then(|u| u.finished_at.as_ref())
+                .map(|t| t.0)
+                .unwrap_or(v.now);
+            let again = ended
+                .checked_add(SignedDuration::try_from(SCHEDULED_EVENT_RETRY).unwrap_or_default())
+                .unwrap_or(ended);
+            if again > v.now {
+                let wait = Duration::try_from(again.duration_since(v.now)).unwrap_or_default();
+                let cause = match (event, v.cordoned_node) {
+                    (Some(e), _) => format!("EC2's {}", e.code),
+                    (None, Some(node)) => format!("the drain of node {node}"),
+                    (None, None) => String::new(),
+                };
+                return waiting(
+                    format!(
+                        "the replacement of the node for {cause} failed ({}); tried again at {again}",
+                        last.and_then(|u| u.message.clone()).unwrap_or_default()
+                    ),
+                    wait.clamp(Duration::from_secs(1), SCHEDULED_EVENT_RETRY),
+                );
+            }
+        }
+    }
     if v.failover_in_progress {
         return waiting("a failover is under way".into(), Duration::from_secs(10));
     }
@@ -190,17 +293,45 @@ pub fn should_start(v: &StartView) -> Start {
             Duration::from_secs(10),
         );
     }
-    if let Some(w) = &v.spec.maintenance_window {
-        match maintenance::state(w, v.now) {
-            Ok(WindowState::Open) => {}
-            Ok(WindowState::OpensAt(at)) => {
+    // The latest a move may start before the event: AWS's time is not negotiable, the window
+    // is. Without a start time the event is taken as due now.
+    let latest = event.map(|e| {
+        event_start(e)
+            .unwrap_or(v.now)
+            .checked_sub(SignedDuration::try_from(SCHEDULED_EVENT_LEAD).unwrap_or_default())
+            .unwrap_or(v.now)
+    });
+    // A drain asks for the node now: whoever drains (a human, the Node Termination Handler)
+    // waits for it, and the maintenance window is not theirs.
+    let window = v
+        .spec
+        .maintenance_window
+        .as_ref()
+        .filter(|_| v.cordoned_node.is_none());
+    if let Some(w) = window {
+        match (maintenance::state(w, v.now), latest, event) {
+            (Ok(WindowState::Open), _, _) => {}
+            (Ok(WindowState::OpensAt(at)), Some(latest), Some(e)) if at <= latest => {
+                let wait = Duration::try_from(at.duration_since(v.now)).unwrap_or_default();
+                return waiting(
+                    format!(
+                        "{}: the node is replaced in the maintenance window opening at {at}",
+                        describe_event(e)
+                    ),
+                    wait.clamp(Duration::from_secs(1), Duration::from_secs(3600)),
+                );
+            }
+            // The window opens too late for the event (or cannot be read): the move starts
+            // now, before AWS acts.
+            (_, Some(_), Some(_)) => {}
+            (Ok(WindowState::OpensAt(at)), _, _) => {
                 let wait = Duration::try_from(at.duration_since(v.now)).unwrap_or_default();
                 return waiting(
                     format!("outside the maintenance window; the move starts at {at}"),
                     wait.clamp(Duration::from_secs(1), Duration::from_secs(3600)),
                 );
             }
-            Err(e) => return waiting(e, Duration::from_secs(3600)),
+            (Err(e), _, _) => return waiting(e, Duration::from_secs(3600)),
         }
     }
     if v.moves_in_namespace >= v.namespace_concurrency {
@@ -221,7 +352,61 @@ pub fn should_start(v: &StartView) -> Start {
             Duration::from_secs(10),
         );
     }
-    Start::Go
+    Start::Go(Box::new(start_record(v, &Time(v.now))))
+}
+
+/// A line naming an event for the condition and the move's record.
+pub fn describe_event(e: &ScheduledEvent) -> String {
+    let when = event_start(e)
+        .map(|t| format!(" not before {t}"))
+        .unwrap_or_default();
+    format!(
+        "EC2 scheduled {} of instance {}{when}",
+        e.code, e.instance_id
+    )
+}
+
+/// The record a move starts with: to the spec's node, or, for a scheduled event or a drain
+/// when the spec asks for nothing new or its target failed before, a new instance of the node
+/// the database runs on (the last one that worked).
+pub fn start_record(v: &StartView, now: &Time) -> NodeMoveStatus {
+    let event = event_of(v);
+    let to_spec = differs(v.spec, v.status) && !failed_same(v);
+    let (to_image, to_instance_type) = if to_spec {
+        (
+            Some(v.spec.image.clone()),
+            Some(v.spec.instance_type.clone()),
+        )
+    } else {
+        (
+            v.status
+                .node_image
+                .clone()
+                .or_else(|| Some(v.spec.image.clone())),
+            v.status
+                .node_instance_type
+                .clone()
+                .or_else(|| Some(v.spec.instance_type.clone())),
+        )
+    };
+    NodeMoveStatus {
+        phase: NodeMovePhase::Validating,
+        from_image: v.status.node_image.clone(),
+        to_image,
+        from_instance_type: v.status.node_instance_type.clone(),
+        to_instance_type,
+        old_instance_id: v.status.instance_id.clone(),
+        started_at: Some(now.clone()),
+        phase_started_at: Some(now.clone()),
+        scheduled_event: event.map(|e| ScheduledEventRecord {
+            code: e.code.clone(),
+            event_id: e.id.clone(),
+            instance_id: e.instance_id.clone(),
+            not_before: event_start(e).map(Time),
+        }),
+        drained_node: v.cordoned_node.map(str::to_string),
+        ..Default::default()
+    }
 }
 
 /// Whether the new node fits: the image exists, is available, boots from EBS and is built for
@@ -377,7 +562,7 @@ pub enum Step {
 
 pub fn next_step(v: &StepView) -> Step {
     let u = v.node_move;
-    if before_stopping(u.phase) && !targets(u, v.spec) {
+    if before_stopping(u.phase) && superseded(u, v.spec) {
         return Step::Abort {
             reason: NodeMoveReason::Superseded,
             message: format!(
@@ -590,7 +775,7 @@ pub fn next_step(v: &StepView) -> Step {
             if reverts(u, v.spec) && !v.old_node_dead {
                 Step::Revert
             } else if v.retention_over
-                || ((!targets(u, v.spec) || v.old_node_dead) && v.dns_ttl_over)
+                || ((!targets(u, v.spec) || v.old_node_dead || replaces_node(u)) && v.dns_ttl_over)
             {
                 Step::Release
             } else if v.old_node_dead {

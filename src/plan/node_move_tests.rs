@@ -49,6 +49,16 @@ fn start_view<'a>(spec: &'a NodeSpec, status: &'a QuestDBStatus) -> StartView<'a
         concurrency: 2,
         moves_in_namespace: 0,
         namespace_concurrency: 1,
+        scheduled_event: None,
+        cordoned_node: None,
+    }
+}
+
+/// Whether a move starts, and to which image.
+fn goes_to(start: &Start) -> Option<String> {
+    match start {
+        Start::Go(record) => record.to_image.clone(),
+        _ => None,
     }
 }
 
@@ -77,7 +87,7 @@ fn one_namespaces_moves_never_hold_every_slot() {
         moves_in_namespace: 0,
         ..start_view(&s, &st)
     };
-    assert_eq!(should_start(&other_tenant), Start::Go);
+    assert!(matches!(should_start(&other_tenant), Start::Go(_)));
 }
 
 fn start(spec: &NodeSpec, status: &QuestDBStatus, ready: bool) -> Start {
@@ -91,10 +101,10 @@ fn start(spec: &NodeSpec, status: &QuestDBStatus, ready: bool) -> Start {
 fn a_new_image_or_instance_type_starts_a_move_from_a_healthy_database_only() {
     let status = running_on("ami-1");
     assert_eq!(start(&spec("ami-1"), &status, true), Start::No);
-    assert_eq!(start(&spec("ami-2"), &status, true), Start::Go);
+    assert!(matches!(start(&spec("ami-2"), &status, true), Start::Go(_)));
     let mut bigger = spec("ami-1");
     bigger.instance_type = "m6i.xlarge".into();
-    assert_eq!(start(&bigger, &status, true), Start::Go);
+    assert!(matches!(start(&bigger, &status, true), Start::Go(_)));
     assert!(matches!(
         start(&spec("ami-2"), &status, false),
         Start::Waiting { .. }
@@ -114,10 +124,13 @@ fn an_aborted_target_is_not_retried_in_a_loop_but_a_new_edit_is() {
         ..Default::default()
     });
     assert_eq!(start(&spec("ami-bad"), &status, true), Start::No);
-    assert_eq!(start(&spec("ami-2"), &status, true), Start::Go);
+    assert!(matches!(start(&spec("ami-2"), &status, true), Start::Go(_)));
     // A failover pre-empted it: the target did not fail, the move starts again.
     status.node_move.as_mut().unwrap().reason = Some(NodeMoveReason::Preempted);
-    assert_eq!(start(&spec("ami-bad"), &status, true), Start::Go);
+    assert!(matches!(
+        start(&spec("ami-bad"), &status, true),
+        Start::Go(_)
+    ));
 }
 
 fn upgrade(phase: NodeMovePhase) -> NodeMoveStatus {
@@ -361,7 +374,7 @@ fn a_move_waits_for_its_maintenance_window_and_says_when_it_opens() {
         now: "2026-11-28T03:00:00Z".parse().unwrap(),
         ..start_view(&s, &status)
     };
-    assert_eq!(should_start(&inside), Start::Go);
+    assert!(matches!(should_start(&inside), Start::Go(_)));
 }
 
 #[test]
@@ -377,7 +390,7 @@ fn no_more_moves_start_than_the_concurrency_flag_allows() {
         moves_elsewhere: 1,
         ..start_view(&s, &status)
     };
-    assert_eq!(should_start(&room), Start::Go);
+    assert!(matches!(should_start(&room), Start::Go(_)));
 }
 
 #[test]
@@ -390,7 +403,7 @@ fn a_rolled_back_target_is_not_retried_and_a_retained_node_is_not_a_new_move() {
         ..Default::default()
     });
     assert_eq!(start(&spec("ami-2"), &status, true), Start::No);
-    assert_eq!(start(&spec("ami-3"), &status, true), Start::Go);
+    assert!(matches!(start(&spec("ami-3"), &status, true), Start::Go(_)));
     status.node_move.as_mut().unwrap().phase = NodeMovePhase::Retaining;
     assert_eq!(start(&spec("ami-3"), &status, true), Start::No);
     assert!(!in_progress(&status) && active(&status));
@@ -401,7 +414,7 @@ fn running_on_an_allowed_fallback_type_is_not_a_difference() {
     let mut status = running_on("ami-1");
     status.node_instance_type = Some("m6a.large".into());
     let mut s = spec("ami-1");
-    assert_eq!(start(&s, &status, true), Start::Go);
+    assert!(matches!(start(&s, &status, true), Start::Go(_)));
     s.fallback_instance_types = vec!["m6a.large".into()];
     assert_eq!(start(&s, &status, true), Start::No);
 }
@@ -849,4 +862,251 @@ fn the_switch_waits_for_a_backup_that_holds_the_checkpoint() {
         ..held
     };
     assert_eq!(next_step(&released), Step::Switch);
+}
+
+fn retirement(instance: &str, in_secs: u64) -> crate::cloud::ScheduledEvent {
+    let monday_noon: Timestamp = "2026-11-23T12:00:00Z".parse().unwrap();
+    crate::cloud::ScheduledEvent {
+        instance_id: instance.into(),
+        id: Some("instance-event-1".into()),
+        code: "instance-retirement".into(),
+        description: "The instance is running on degraded hardware".into(),
+        not_before: Some(std::time::SystemTime::from(
+            monday_noon
+                .checked_add(SignedDuration::from_secs(in_secs as i64))
+                .unwrap(),
+        )),
+        not_after: None,
+    }
+}
+
+/// The harm: AWS retires the hardware at its own time, and the database goes down in an
+/// unplanned failover (a forced stop under `nosync`) where a planned move would have cost
+/// seconds. An event on the database's instance replaces its node, with the node it runs on.
+#[test]
+fn a_scheduled_retirement_replaces_a_converged_node_with_one_of_the_same_image_and_type() {
+    let status = running_on("ami-1");
+    let s = spec("ami-1");
+    let event = retirement("i-1", 14 * 24 * 3600);
+    let view = StartView {
+        scheduled_event: Some(&event),
+        ..start_view(&s, &status)
+    };
+    let Start::Go(record) = should_start(&view) else {
+        panic!("a replacement starts");
+    };
+    assert_eq!(record.to_image.as_deref(), Some("ami-1"));
+    assert_eq!(record.to_instance_type.as_deref(), Some("m6i.large"));
+    assert_eq!(record.old_instance_id.as_deref(), Some("i-1"));
+    let answered = record
+        .scheduled_event
+        .clone()
+        .expect("the event is recorded");
+    assert_eq!(answered.code, "instance-retirement");
+    assert_eq!(answered.instance_id, "i-1");
+    assert!(replaces_node(&record) && !reverts(&record, &s) && !superseded(&record, &s));
+    // An event of another instance (one the database left) is not this node's.
+    let elsewhere = retirement("i-0", 3600);
+    let other = StartView {
+        scheduled_event: Some(&elsewhere),
+        ..start_view(&s, &status)
+    };
+    assert_eq!(should_start(&other), Start::No);
+    // A database that is not Ready waits, as for any move.
+    let not_ready = StartView {
+        database_ready: false,
+        ..view
+    };
+    assert!(matches!(should_start(&not_ready), Start::Waiting { .. }));
+}
+
+#[test]
+fn a_scheduled_event_waits_for_the_maintenance_window_only_if_it_opens_in_time() {
+    let status = running_on("ami-1");
+    let mut s = spec("ami-1");
+    // Saturday 02:00; now is Monday noon.
+    s.maintenance_window = Some(crate::api::MaintenanceWindow {
+        days: vec!["Sat".into()],
+        start: "02:00".into(),
+        duration: "4h".into(),
+    });
+    let in_two_weeks = retirement("i-1", 14 * 24 * 3600);
+    let view = StartView {
+        scheduled_event: Some(&in_two_weeks),
+        ..start_view(&s, &status)
+    };
+    match should_start(&view) {
+        Start::Waiting { why, .. } => {
+            assert!(why.contains("instance-retirement"), "{why}");
+            assert!(why.contains("2026-11-28T02:00:00Z"), "{why}");
+        }
+        other => panic!("waits for Saturday's window, not {other:?}"),
+    }
+    // Due on Friday: Saturday's window is too late, the move starts now.
+    let on_friday = retirement("i-1", 4 * 24 * 3600);
+    let early = StartView {
+        scheduled_event: Some(&on_friday),
+        ..start_view(&s, &status)
+    };
+    assert_eq!(goes_to(&should_start(&early)).as_deref(), Some("ami-1"));
+    // Due just after the window opens, within the lead a move needs: now, too.
+    let tight = retirement("i-1", (4 * 24 + 14) * 3600 + 1800);
+    let late = StartView {
+        scheduled_event: Some(&tight),
+        ..start_view(&s, &status)
+    };
+    assert!(matches!(should_start(&late), Start::Go(_)));
+    // A move the spec asks for waits for its window without an event, as before.
+    let s2 = crate::api::NodeSpec {
+        image: "ami-2".into(),
+        ..s.clone()
+    };
+    assert!(matches!(
+        should_start(&start_view(&s2, &status)),
+        Start::Waiting { .. }
+    ));
+    // With an early event, that move (to the spec's new image) is the one that starts.
+    let both = StartView {
+        scheduled_event: Some(&on_friday),
+        ..start_view(&s2, &status)
+    };
+    assert_eq!(goes_to(&should_start(&both)).as_deref(), Some("ami-2"));
+}
+
+/// The harm: a spec target that failed (an AMI that never joins) would be launched again as
+/// the replacement and fail again, and AWS then stops the only good node.
+#[test]
+fn a_replacement_for_an_event_uses_the_node_that_works_when_the_specs_target_failed() {
+    let mut status = running_on("ami-1");
+    status.node_move = Some(NodeMoveStatus {
+        phase: NodeMovePhase::Aborted,
+        to_image: Some("ami-bad".into()),
+        to_instance_type: Some("m6i.large".into()),
+        reason: Some(NodeMoveReason::NodeNeverJoined),
+        ..Default::default()
+    });
+    let s = spec("ami-bad");
+    assert_eq!(start(&s, &status, true), Start::No);
+    let event = retirement("i-1", 3 * 24 * 3600);
+    let view = StartView {
+        scheduled_event: Some(&event),
+        ..start_view(&s, &status)
+    };
+    let Start::Go(record) = should_start(&view) else {
+        panic!("a replacement starts");
+    };
+    assert_eq!(record.to_image.as_deref(), Some("ami-1"));
+    assert!(replaces_node(&record));
+    // It is not superseded by the spec that asks for the failed image.
+    assert!(!superseded(&record, &s));
+    assert_eq!(target_spec(&record, &s).image, "ami-1");
+}
+
+#[test]
+fn a_failed_replacement_is_tried_again_after_a_while_while_the_event_stands() {
+    let now: Timestamp = "2026-11-23T12:00:00Z".parse().unwrap();
+    let event = retirement("i-1", 3 * 24 * 3600);
+    let mut status = running_on("ami-1");
+    status.node_move = Some(NodeMoveStatus {
+        phase: NodeMovePhase::Aborted,
+        from_image: Some("ami-1".into()),
+        to_image: Some("ami-1".into()),
+        from_instance_type: Some("m6i.large".into()),
+        to_instance_type: Some("m6i.large".into()),
+        reason: Some(NodeMoveReason::LaunchFailed),
+        message: Some("no capacity".into()),
+        finished_at: Some(Time(
+            now.checked_sub(SignedDuration::from_secs(60)).unwrap(),
+        )),
+        scheduled_event: Some(crate::api::ScheduledEventRecord {
+            code: event.code.clone(),
+            event_id: event.id.clone(),
+            instance_id: "i-1".into(),
+            not_before: None,
+        }),
+        ..Default::default()
+    });
+    let s = spec("ami-1");
+    let view = StartView {
+        scheduled_event: Some(&event),
+        ..start_view(&s, &status)
+    };
+    match should_start(&view) {
+        Start::Waiting { why, retry } => {
+            assert!(why.contains("no capacity"), "{why}");
+            assert_eq!(retry, SCHEDULED_EVENT_RETRY - Duration::from_secs(60));
+        }
+        other => panic!("waits, not {other:?}"),
+    }
+    let later = StartView {
+        now: now.checked_add(SignedDuration::from_secs(600)).unwrap(),
+        ..view
+    };
+    assert!(matches!(should_start(&later), Start::Go(_)));
+    // Without the event (canceled), nothing is tried again.
+    let canceled = StartView {
+        scheduled_event: None,
+        ..later
+    };
+    assert_eq!(should_start(&canceled), Start::No);
+}
+
+/// A replacement's old node is the one AWS takes: no rollback to it is offered, and it is
+/// released once resolvers dropped its address.
+#[test]
+fn a_replacements_old_node_is_released_after_the_dns_ttl_not_the_rollback_window() {
+    let s = spec("ami-1");
+    let mut u = upgrade(NodeMovePhase::Retaining);
+    u.from_image = Some("ami-1".into());
+    u.to_image = Some("ami-1".into());
+    u.from_instance_type = Some("m6i.large".into());
+    u.to_instance_type = Some("m6i.large".into());
+    u.scheduled_event = Some(crate::api::ScheduledEventRecord {
+        code: "instance-stop".into(),
+        instance_id: "i-old".into(),
+        ..Default::default()
+    });
+    let waiting = StepView {
+        dns_ttl_over: false,
+        ..view(&u, &s, None)
+    };
+    assert!(matches!(next_step(&waiting), Step::Wait(_)));
+    assert_eq!(next_step(&view(&u, &s, None)), Step::Release);
+    // A move the spec asked for keeps its old node for the rollback window.
+    let mut asked = u.clone();
+    asked.scheduled_event = None;
+    asked.from_image = Some("ami-0".into());
+    assert!(matches!(next_step(&view(&asked, &s, None)), Step::Wait(_)));
+}
+
+/// The harm: `kubectl drain` (or the Node Termination Handler) of a dedicated node waits for
+/// ever on the database's disruption budget, or, allowed, leaves the pod Pending on the
+/// cordoned node. A cordoned node of a Ready database is replaced now, whatever the window.
+#[test]
+fn a_cordoned_node_is_replaced_at_once_even_outside_the_maintenance_window() {
+    let status = running_on("ami-1");
+    let mut s = spec("ami-1");
+    s.maintenance_window = Some(crate::api::MaintenanceWindow {
+        days: vec!["Sat".into()],
+        start: "02:00".into(),
+        duration: "4h".into(),
+    });
+    assert_eq!(should_start(&start_view(&s, &status)), Start::No);
+    let drained = StartView {
+        cordoned_node: Some("node-1"),
+        ..start_view(&s, &status)
+    };
+    let Start::Go(record) = should_start(&drained) else {
+        panic!("a replacement starts");
+    };
+    assert_eq!(record.drained_node.as_deref(), Some("node-1"));
+    assert_eq!(record.to_image.as_deref(), Some("ami-1"));
+    assert!(replaces_node(&record) && !reverts(&record, &s));
+    // A database that is not Ready is not moved off it (it would not be Ready on the new node
+    // either): the drain waits, and its disruption budget keeps the pod where it can start.
+    let not_ready = StartView {
+        database_ready: false,
+        ..drained
+    };
+    assert!(matches!(should_start(&not_ready), Start::Waiting { .. }));
 }

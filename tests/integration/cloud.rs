@@ -48,7 +48,7 @@ struct CloudEnv {
 /// The groups a kubelet's identity carries.
 const NODE_GROUPS: &[&str] = &["system:nodes", "system:authenticated"];
 
-fn cloud_config() -> CloudConfig {
+pub(crate) fn cloud_config() -> CloudConfig {
     let mut config = CloudConfig::new("it", "sim-region-1");
     for zone in ["sim-zone-a", "sim-zone-b"] {
         config
@@ -417,7 +417,7 @@ impl CloudEnv {
 
 /// The memory cloud's instances as a cloud reports them: each running one boots from its
 /// user data and registers its Node, a terminated one's Node goes.
-fn spawn_node_join(
+pub(crate) fn spawn_node_join(
     cp: &ControlPlane,
     ec2: Arc<MemoryEc2>,
     stop: CancellationToken,
@@ -458,10 +458,12 @@ fn spawn_node_join(
     spawn_instance_join(cp.kubelets().clone(), changes, stop)
 }
 
-fn settings() -> CloudSettings {
+pub(crate) fn settings() -> CloudSettings {
     CloudSettings {
         instance_sync_interval: Duration::from_secs(30),
         orphan_sweep_interval: Duration::from_secs(3600),
+        // EC2's scheduled events a test sets are seen within a second.
+        scheduled_event_interval: Duration::from_secs(1),
         orphan_grace_period: Duration::from_secs(3600),
         node_move_join_timeout: Duration::from_secs(20),
         node_join_timeout: Duration::from_secs(20),

@@ -14,7 +14,7 @@ use questdb_operator::api::{CommitMode, QuestDB};
 use questdb_operator::desired::credentials;
 
 use super::{node_name_for, settings, CloudEnv, NS};
-use crate::db_client::{count, exec, ilp_http};
+use crate::db_client::{count, ilp_http, wal_applied};
 use crate::harness::{is_running, wait_for_within, wait_until};
 use kube::runtime::wait::Condition;
 
@@ -178,15 +178,7 @@ async fn assert_no_acknowledged_row_lost(
     // Rows sent but unanswered may or may not be there; acknowledged ones must be.
     wait_until(&format!("{what}: WAL applied"), || {
         let addr = addr.clone();
-        async move {
-            exec(
-                &addr,
-                "select * from wal_tables() where writerTxn = sequencerTxn and not suspended",
-                l,
-            )
-            .await
-            .is_ok_and(|(code, body)| code == 200 && body.contains(TABLE))
-        }
+        async move { wal_applied(&addr, TABLE, l).await }
     })
     .await;
     let rows = count(&addr, TABLE, l).await.expect("count");
@@ -499,6 +491,176 @@ async fn every_acknowledged_row_survives_a_node_image_move_and_the_move_back() {
     )
     .await;
     assert_no_acknowledged_row_lost(&env, writer, &login, "node image move and back").await;
+    env.stop().await;
+}
+
+/// Waits until `db1` runs on a new instance of the same image after a move off `old` (done, its
+/// old node retained or released), with no failover and nothing fenced: what a replacement for
+/// a scheduled event or a drain ends in.
+async fn replaced(env: &CloudEnv, old: &str, what: &str) -> QuestDB {
+    let moved_from = old.to_string();
+    let q = wait_for_within(
+        &env.qdbs(),
+        "db1",
+        &format!("{what}, the database Running on the new node"),
+        TIMEOUT,
+        move |q: Option<&QuestDB>| {
+            is_running().matches_object(q)
+                && q.and_then(|q| q.status.as_ref()).is_some_and(|s| {
+                    s.instance_id.as_deref() != Some(moved_from.as_str())
+                        && s.node_move
+                            .as_ref()
+                            .is_some_and(|u| u.phase == "Retaining" || u.phase == "Completed")
+                })
+        },
+    )
+    .await;
+    let status = q.status.as_ref().expect("status");
+    assert_eq!(status.node_image.as_deref(), Some(super::AMI), "same image");
+    assert!(
+        status.failover.is_none(),
+        "{what}: a failover started: {:?}",
+        status.failover
+    );
+    assert_eq!(
+        env.cloud.ec2.call_count("StopInstances"),
+        0,
+        "{what}: the operator fenced a node"
+    );
+    q
+}
+
+/// The harm: AWS retires the instance at its own time, an unplanned power cut for a database
+/// on `nosync` (what the kernel had not written back is lost) and a failover after the
+/// threshold. EC2's scheduled retirement is read, and a planned move to a new node of the same
+/// image and type goes first: the old node is left cleanly, every acknowledged row is kept,
+/// the operator fences nothing and no failover starts, and the retirement then finds the old
+/// instance retained or gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scheduled_retirement_moves_the_database_to_a_new_node_before_aws_stops_the_old_one() {
+    let env = CloudEnv::start_with_real_databases(settings()).await;
+    let (writer, old, login) = writing(&env, Some(CommitMode::Nosync)).await;
+    // Well within the move's reach on this machine, and far inside the hour a planned move
+    // keeps ahead of an event: the move starts at once. The memory EC2 stops the instance at
+    // this time if it still runs, as AWS would.
+    let not_before = std::time::SystemTime::now() + Duration::from_secs(150);
+    let event_id = env
+        .cloud
+        .ec2
+        .schedule_event(&old, "instance-retirement", not_before);
+    let q = replaced(&env, &old, "a planned move off the retiring instance").await;
+    assert!(
+        std::time::SystemTime::now() < not_before,
+        "the move ended before AWS's time"
+    );
+    let status = q.status.clone().expect("status");
+    let record = status.node_move.clone().expect("move record");
+    let answered = record
+        .scheduled_event
+        .clone()
+        .expect("the move names the event");
+    assert_eq!(answered.code, "instance-retirement");
+    assert_eq!(answered.event_id.as_deref(), Some(event_id.as_str()));
+    assert_eq!(answered.instance_id, old);
+    assert_eq!(record.old_instance_id.as_deref(), Some(old.as_str()));
+    let new = status.instance_id.clone().expect("new instance");
+    assert!(
+        env.cloud
+            .ec2
+            .instances()
+            .iter()
+            .any(|i| i.id == new && i.image == super::AMI),
+        "the new instance runs the same image"
+    );
+    assert_no_acknowledged_row_lost(&env, writer, &login, "a scheduled retirement").await;
+    let after = env.qdbs().get("db1").await.expect("db1");
+    assert!(
+        after.status.as_ref().is_some_and(|s| s.failover.is_none()),
+        "still no failover"
+    );
+    env.stop().await;
+}
+
+/// The harm: `kubectl drain` (or the Node Termination Handler) of a dedicated node waits for
+/// ever on the database's disruption budget, or, allowed to evict, strands the pod Pending on
+/// the cordoned node: a database still starting becomes an outage. A database that is not
+/// Ready is never evicted; the cordon is answered by a move to a new node (the eviction refused
+/// meanwhile), after which the drained node holds no pod of the database, every acknowledged
+/// row kept, nothing fenced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drained_dedicated_node_is_emptied_by_a_move_and_a_database_not_ready_is_never_evicted() {
+    use k8s_openapi::api::core::v1::{Node, Pod};
+    use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+    let env = CloudEnv::start_with_real_databases(settings()).await;
+    let (writer, old, login) = writing(&env, Some(CommitMode::Nosync)).await;
+    let old_node = node_name_for(&old);
+    // As kubectl drain asks: once per try, reading the 429 (a retrying client would wait).
+    let mut config = env.cp.client_config().await;
+    config.default_retry = false;
+    let once = kube::Client::try_from(config).expect("client");
+    let pods: Api<Pod> = Api::namespaced(once, NS);
+    let pdbs: Api<PodDisruptionBudget> = Api::namespaced(env.client.clone(), NS);
+    let budget_counts = |healthy: i32| {
+        let pdbs = pdbs.clone();
+        async move {
+            pdbs.get_opt("db1")
+                .await
+                .ok()
+                .flatten()
+                .and_then(|p| p.status)
+                .is_some_and(|s| s.current_healthy == healthy)
+        }
+    };
+
+    // Not Ready: the process stopped, its readiness probe failing.
+    let pids = questdb_pids(&env);
+    assert_eq!(pids.len(), 1, "{pids:?}");
+    // SAFETY: kill(2) with a pid of a QuestDB this test environment started.
+    unsafe { libc::kill(pids[0] as i32, libc::SIGSTOP) };
+    wait_until("the budget counts the database not Ready", || {
+        budget_counts(0)
+    })
+    .await;
+    match pods.evict("db1-0", &Default::default()).await {
+        Err(kube::Error::Api(s)) => assert_eq!(s.code, 429, "{s:?}"),
+        other => panic!("a database that is not Ready was evicted: {other:?}"),
+    }
+    // SAFETY: as above.
+    unsafe { libc::kill(pids[0] as i32, libc::SIGCONT) };
+    wait_until("the budget counts the database Ready again", || {
+        budget_counts(1)
+    })
+    .await;
+    let resumed = writer.acked();
+    wait_until("writes acknowledged again", || {
+        let acked = writer.acked();
+        async move { acked >= resumed + 3 * BATCH }
+    })
+    .await;
+
+    // The drain: the node cordoned first, as kubectl drain does, then evictions tried.
+    let nodes: Api<Node> = Api::all(env.client.clone());
+    nodes
+        .patch(
+            &old_node,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"unschedulable": true}})),
+        )
+        .await
+        .expect("node cordoned");
+    match pods.evict("db1-0", &Default::default()).await {
+        Err(kube::Error::Api(s)) => assert_eq!(s.code, 429, "{s:?}"),
+        other => panic!("the database was evicted off its node: {other:?}"),
+    }
+    let q = replaced(&env, &old, "the database moved off the drained node").await;
+    let status = q.status.clone().expect("status");
+    let record = status.node_move.clone().expect("move record");
+    assert_eq!(record.drained_node.as_deref(), Some(old_node.as_str()));
+    // What the drain lists next: no pod of the database on the drained node.
+    let pod = pods.get("db1-0").await.expect("pod");
+    let on = pod.spec.and_then(|s| s.node_name).unwrap_or_default();
+    assert_ne!(on, old_node, "the drained node still holds the database");
+    assert_no_acknowledged_row_lost(&env, writer, &login, "a drain").await;
     env.stop().await;
 }
 

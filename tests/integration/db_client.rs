@@ -244,3 +244,15 @@ fn sign(key: &questdb_operator::ilp_auth::testing::TestKey, challenge: &[u8]) ->
     let sig = pair.sign(&rng, challenge).expect("signing works");
     STANDARD.encode(sig.as_ref())
 }
+
+/// Every WAL table named `table` has applied what its sequencer took and is not suspended: rows
+/// acknowledged before are now readable.
+pub async fn wal_applied(addr: &str, table: &str, login: Option<(&str, &str)>) -> bool {
+    exec(
+        addr,
+        "select * from wal_tables() where writerTxn = sequencerTxn and not suspended",
+        login,
+    )
+    .await
+    .is_ok_and(|(code, body)| code == 200 && body.contains(table))
+}

@@ -4,6 +4,7 @@
 
 mod admission;
 mod backup;
+mod chaos;
 mod cloud;
 mod database;
 mod db_client;

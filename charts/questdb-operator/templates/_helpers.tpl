@@ -159,6 +159,7 @@ list is joined with commas (the operator's value delimiter); a number is printed
   (list "node-data-volume-gib" $nodes.dataVolume.sizeGiB)
   (list "node-lease-duration" $nodes.leaseDuration)
   (list "orphan-sweep-interval" $nodes.orphanSweepInterval)
+  (list "scheduled-event-interval" $nodes.scheduledEventInterval)
   (list "orphan-grace-period" $nodes.orphanGracePeriod)
   (list "instance-sync-interval" $nodes.instanceSyncInterval)
   (list "node-join-timeout" $nodes.joinTimeout)

@@ -116,6 +116,9 @@ pub enum EventReason {
 
     // Node moves: one per step entered.
     NodeMoveStarted,
+    /// EC2 scheduled a retirement, stop, reboot or maintenance of the database's instance: a
+    /// planned move replaces the node before it.
+    ScheduledEvent,
     NodeMoveValidating,
     NodeMoveProvisioning,
     NodeMoveNodeReady,

@@ -222,6 +222,52 @@ impl Ec2Api for AwsEc2 {
         })
     }
 
+    async fn describe_instance_events(
+        &self,
+        next_token: Option<&str>,
+    ) -> Result<Page<crate::cloud::ScheduledEvent>, ApiError> {
+        let codes = crate::cloud::SCHEDULED_EVENT_CODES
+            .map(str::to_string)
+            .to_vec();
+        let out = self
+            .client
+            .describe_instance_status()
+            .filters(filter("event.code", codes))
+            .set_next_token(next_token.map(str::to_string))
+            .send()
+            .await
+            .map_err(api_error)?;
+        let time = |t: Option<&aws_sdk_ec2::primitives::DateTime>| {
+            t.and_then(|t| SystemTime::try_from(*t).ok())
+        };
+        let items = out
+            .instance_statuses()
+            .iter()
+            .flat_map(|status| {
+                let id = status.instance_id().unwrap_or_default().to_string();
+                status
+                    .events()
+                    .iter()
+                    .filter_map(move |e| {
+                        Some(crate::cloud::ScheduledEvent {
+                            instance_id: id.clone(),
+                            id: e.instance_event_id().map(str::to_string),
+                            code: e.code()?.as_str().to_string(),
+                            description: e.description().unwrap_or_default().to_string(),
+                            not_before: time(e.not_before()),
+                            not_after: time(e.not_after()),
+                        })
+                    })
+                    .collect::<Vec<_>>()
+            })
+            .filter(|e| !e.instance_id.is_empty())
+            .collect();
+        Ok(Page {
+            items,
+            next_token: out.next_token().map(str::to_string),
+        })
+    }
+
     async fn describe_subnets(
         &self,
         ids: &[String],

@@ -152,6 +152,8 @@ struct State {
     by_token: HashMap<String, String>,
     next_serial: u64,
     calls: Vec<(&'static str, Instant)>,
+    /// Events AWS scheduled ([`MemoryEc2::schedule_event`]), completed ones included.
+    scheduled: Vec<crate::cloud::ScheduledEvent>,
 }
 
 /// The fake. Cheap to share: wrap it in an `Arc` and hand it to [`crate::cloud::Ec2NodeProvider`].
@@ -181,6 +183,7 @@ impl MemoryEc2 {
                 by_token: HashMap::new(),
                 next_serial: 1,
                 calls: Vec::new(),
+                scheduled: Vec::new(),
             }),
             events,
             me: me.clone(),
@@ -302,6 +305,66 @@ impl MemoryEc2 {
             let _ = self.events.send(InstanceEvent::Stopped(id.to_string()));
         }
         stopped
+    }
+
+    /// AWS schedules `code` (one of [`crate::cloud::SCHEDULED_EVENT_CODES`]) for instance `id`,
+    /// not before `not_before`: `DescribeInstanceStatus` reports it from now on, and at
+    /// `not_before` it takes place unless canceled. A stop or a retirement stops the instance
+    /// as EC2 does (`stopped`, the kubelet gone: what the OS had not written back is lost, as
+    /// at [`MemoryEc2::power_off`]); the event then reads `[Completed]`. Reboots and power
+    /// maintenance are only marked completed: the fake has no reboot. Returns the event's id.
+    pub fn schedule_event(&self, id: &str, code: &str, not_before: SystemTime) -> String {
+        let event_id = {
+            let mut state = self.lock();
+            let event_id = format!("instance-event-{:017x}", state.next_serial);
+            state.next_serial += 1;
+            state.scheduled.push(crate::cloud::ScheduledEvent {
+                instance_id: id.to_string(),
+                id: Some(event_id.clone()),
+                code: code.to_string(),
+                description: format!("The instance is scheduled for {code}"),
+                not_before: Some(not_before),
+                not_after: not_before.checked_add(Duration::from_secs(2 * 3600)),
+            });
+            event_id
+        };
+        let me = self.me.clone();
+        let (instance, event, code) = (id.to_string(), event_id.clone(), code.to_string());
+        let delay = not_before
+            .duration_since(SystemTime::now())
+            .unwrap_or_default();
+        tokio::spawn(async move {
+            tokio::time::sleep(delay).await;
+            let Some(ec2) = me.upgrade() else { return };
+            let due = {
+                let mut state = ec2.lock();
+                let Some(e) = state
+                    .scheduled
+                    .iter_mut()
+                    .find(|e| e.id.as_deref() == Some(event.as_str()) && e.pending())
+                else {
+                    return;
+                };
+                e.description = format!("[Completed] {}", e.description);
+                true
+            };
+            if due && matches!(code.as_str(), "instance-stop" | "instance-retirement") {
+                ec2.power_off(&instance);
+            }
+        });
+        event_id
+    }
+
+    /// AWS calls the event off: it reads `[Canceled]` and never takes place.
+    pub fn cancel_event(&self, event_id: &str) {
+        let mut state = self.lock();
+        if let Some(e) = state
+            .scheduled
+            .iter_mut()
+            .find(|e| e.id.as_deref() == Some(event_id) && e.pending())
+        {
+            e.description = format!("[Canceled] {}", e.description);
+        }
     }
 
     /// The OS of an instance that is being stopped normally has halted: EC2 reports it
@@ -622,6 +685,31 @@ impl Ec2Api for MemoryEc2 {
     }
 
     /// The sandbox's subnets are named `subnet-<zone>`, all in one VPC.
+    /// Only running instances, as `DescribeInstanceStatus` without `IncludeAllInstances`.
+    async fn describe_instance_events(
+        &self,
+        next_token: Option<&str>,
+    ) -> Result<Page<crate::cloud::ScheduledEvent>, ApiError> {
+        let mut state = self.lock();
+        Self::begin(&mut state, "DescribeInstanceStatus")?;
+        let running: Vec<crate::cloud::ScheduledEvent> = state
+            .scheduled
+            .iter()
+            .filter(|e| {
+                state
+                    .records
+                    .get(&e.instance_id)
+                    .is_some_and(|r| r.instance.state == InstanceState::Running)
+            })
+            .cloned()
+            .collect();
+        let start: usize = next_token.and_then(|t| t.parse().ok()).unwrap_or(0);
+        let size = state.options.page_size.max(1);
+        let items: Vec<_> = running.iter().skip(start).take(size).cloned().collect();
+        let next_token = (start + size < running.len()).then(|| (start + size).to_string());
+        Ok(Page { items, next_token })
+    }
+
     async fn describe_subnets(
         &self,
         ids: &[String],

@@ -225,7 +225,10 @@ pub async fn reconcile(node: Arc<Node>, ctx: Arc<Context>) -> Result<Next, Error
     // Once per silence: a database whose failover is held back looks again by itself, so
     // waking it every second as well would only crowd out the others.
     let due = cloud.health.take_threshold(name, threshold, now);
-    if due || ready_changed || news {
+    // A cordon (a drain) asks for the node to be emptied: the database's move replaces it.
+    let cordoned = node.spec.as_ref().and_then(|s| s.unschedulable) == Some(true);
+    let drain = cloud.cordon_news(name, cordoned);
+    if due || ready_changed || news || drain {
         // After the breaker is set: the reconcile reads it.
         wake(&ctx, questdb);
     }

@@ -122,8 +122,21 @@ pub async fn reconcile(
     let status = qdb.status.clone().unwrap_or_default();
     // A converged QuestDB (node as the spec asks) never waits for a slot: no lock, no scan of
     // the other QuestDBs, no pod lookup on its reconcile.
-    let decision = if node_move::differs(&spec, &status) {
-        decide(qdb, ctx, cloud, &spec, &status)
+    let event = status
+        .instance_id
+        .as_deref()
+        .and_then(|id| cloud.scheduled_event(id));
+    let cordoned = cordoned_node(ctx, &status);
+    let decision = if node_move::differs(&spec, &status) || event.is_some() || cordoned.is_some() {
+        decide(
+            qdb,
+            ctx,
+            cloud,
+            &spec,
+            &status,
+            event.as_ref(),
+            cordoned.as_deref(),
+        )
     } else {
         Start::No
     };
@@ -145,29 +158,29 @@ pub async fn reconcile(
             condition(false, NodeMoveReason::Waiting, why),
             retry,
         ))),
-        Start::Go => {
+        Start::Go(record) => {
+            let record = *record;
             let next_generation = status.node_generation.unwrap_or(1) + 1;
-            let record = NodeMoveStatus {
-                phase: NodeMovePhase::Validating,
-                from_image: status.node_image.clone(),
-                to_image: Some(spec.image.clone()),
-                from_instance_type: status.node_instance_type.clone(),
-                to_instance_type: Some(spec.instance_type.clone()),
-                old_instance_id: status.instance_id.clone(),
-                started_at: Some(now()),
-                phase_started_at: Some(now()),
-                ..Default::default()
-            };
             // The new node's generation is recorded before it is launched.
             persist(qdb, ctx, |s| {
                 s.node_move = Some(record.clone());
                 s.node_generation = Some(next_generation);
             })
             .await?;
-            let note = format!(
-                "moving to a node of {} ({}); the database keeps running until the new node is Ready",
-                spec.image, spec.instance_type
-            );
+            let image = record.to_image.clone().unwrap_or_default();
+            let kind = record.to_instance_type.clone().unwrap_or_default();
+            let note = match (&record.scheduled_event, event.as_ref(), &record.drained_node) {
+                (Some(_), Some(e), _) => format!(
+                    "{}: replacing the node with a new one of {image} ({kind}); the database keeps running until the new node is Ready",
+                    node_move::describe_event(e)
+                ),
+                (_, _, Some(node)) => format!(
+                    "node {node} was cordoned (a drain): replacing it with a new one of {image} ({kind}); the database keeps running until the new node is Ready, then the drain can finish"
+                ),
+                _ => format!(
+                    "moving to a node of {image} ({kind}); the database keeps running until the new node is Ready"
+                ),
+            };
             started(qdb, ctx, note).await;
             // The record is this reconcile's step: its watch event brings the validation.
             Ok(Some(Turn::again_within(moving(&record), STEP_POLL)))
@@ -183,6 +196,8 @@ fn decide(
     cloud: &CloudRuntime,
     spec: &crate::api::NodeSpec,
     status: &QuestDBStatus,
+    event: Option<&crate::cloud::ScheduledEvent>,
+    cordoned: Option<&str>,
 ) -> Start {
     let uid = qdb.uid().unwrap_or_default();
     let mut claims = cloud
@@ -210,8 +225,10 @@ fn decide(
         concurrency: cloud.settings.node_move_concurrency,
         moves_in_namespace: others.iter().filter(|(_, ns)| *ns == namespace).count(),
         namespace_concurrency: cloud.settings.node_move_concurrency_per_namespace,
+        scheduled_event: event,
+        cordoned_node: cordoned,
     });
-    if decision == Start::Go {
+    if matches!(decision, Start::Go(_)) {
         claims.insert(uid.clone(), Instant::now());
         cloud
             .move_ends
@@ -220,6 +237,21 @@ fn decide(
             .remove(&uid);
     }
     decision
+}
+
+/// The database's node, when it is cordoned (`kubectl drain`, `kubectl cordon`, the Node
+/// Termination Handler). The operator cordons only a move's retained old node, never the one
+/// the database runs on.
+fn cordoned_node(ctx: &Context, status: &QuestDBStatus) -> Option<String> {
+    let instance = status.instance_id.as_deref()?;
+    let nodes = ctx.caches.nodes.state();
+    let node = node_for(&nodes, instance)?;
+    node.spec
+        .as_ref()
+        .and_then(|s| s.unschedulable)
+        .unwrap_or(false)
+        .then(|| node.metadata.name.clone())
+        .flatten()
 }
 
 /// A move ended and freed its slot (its claim goes at once): the QuestDBs whose node differs
@@ -534,6 +566,7 @@ async fn launch(
     qdb: &QuestDB,
     cloud: &CloudRuntime,
     status: &QuestDBStatus,
+    target: &crate::api::NodeSpec,
 ) -> Result<(Option<Instance>, Option<String>), Error> {
     let uid = qdb.uid().unwrap_or_default();
     let generation = status.node_generation.unwrap_or(1);
@@ -541,6 +574,8 @@ async fn launch(
     let Some(mut req) = launch_request(qdb, &uid, generation, &dedicated) else {
         return Ok((None, None));
     };
+    req.image = target.image.clone();
+    req.instance_type = target.instance_type.clone();
     req.cluster_id = cloud.cluster_id.clone();
     match cloud.nodes.launch(&req).await {
         Ok(i) => Ok((Some(i), None)),

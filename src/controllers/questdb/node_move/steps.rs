@@ -89,22 +89,25 @@ async fn observe(
     u: &NodeMoveStatus,
     spec: &crate::api::NodeSpec,
 ) -> Result<Observed, Error> {
-    let validation = if u.phase == NodeMovePhase::Validating && node_move::targets(u, spec) {
+    // What the move launches: its recorded target (a replacement's may be the node the
+    // database runs on rather than the spec's).
+    let target = node_move::target_spec(u, spec);
+    let current = !node_move::superseded(u, spec);
+    let validation = if u.phase == NodeMovePhase::Validating && current {
         let facts = cloud
             .nodes
-            .node_facts(&spec.image, &spec.instance_type, &spec.zone)
+            .node_facts(&target.image, &target.instance_type, &target.zone)
             .await
             .map_err(Error::Cloud)?;
-        Some(node_move::check_node(&facts, spec))
+        Some(node_move::check_node(&facts, &target))
     } else {
         None
     };
-    let (new_instance, launch_error) =
-        if u.phase == NodeMovePhase::Provisioning && node_move::targets(u, spec) {
-            launch(qdb, cloud, status).await?
-        } else {
-            (None, None)
-        };
+    let (new_instance, launch_error) = if u.phase == NodeMovePhase::Provisioning && current {
+        launch(qdb, cloud, status, &target).await?
+    } else {
+        (None, None)
+    };
     let nodes = ctx.caches.nodes.state();
     let old_node = u
         .old_instance_id
