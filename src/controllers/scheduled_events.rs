@@ -81,7 +81,9 @@ pub async fn run(ctx: Arc<Context>, token: CancellationToken) {
         return;
     };
     let period = cloud.settings.scheduled_event_interval;
-    let mut tick = tokio::time::interval(period);
+    // The first look waits one interval, as the orphan sweep's does: a restart (a new leader)
+    // costs no extra AWS call, and AWS announces its events days ahead.
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {

@@ -538,7 +538,12 @@ async fn replaced(env: &CloudEnv, old: &str, what: &str) -> QuestDB {
 /// instance retained or gone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_scheduled_retirement_moves_the_database_to_a_new_node_before_aws_stops_the_old_one() {
-    let env = CloudEnv::start_with_real_databases(settings()).await;
+    let env = CloudEnv::start_with_real_databases(questdb_operator::manager::CloudSettings {
+        // Seen within a second of being scheduled.
+        scheduled_event_interval: Duration::from_secs(1),
+        ..settings()
+    })
+    .await;
     let (writer, old, login) = writing(&env, Some(CommitMode::Nosync)).await;
     // Well within the move's reach on this machine, and far inside the hour a planned move
     // keeps ahead of an event: the move starts at once. The memory EC2 stops the instance at
