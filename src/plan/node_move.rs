@@ -156,11 +156,16 @@ pub fn rollback_window(spec: &NodeSpec) -> Duration {
 /// When a retained old node goes: the window of the spec as it is now (a user may shorten it
 /// to release the node early) from the start of `Retaining`, but never before the DNS record's
 /// TTL has passed (resolvers may still send clients to the old address, and a terminated
-/// instance's address can go to another instance at once).
+/// instance's address can go to another instance at once). A replacement's old node is kept
+/// for the TTL alone: there is no rolling back to the node AWS or a drain takes.
 pub fn retention_end(u: &NodeMoveStatus, spec: &NodeSpec, dns_ttl: Duration) -> Option<Timestamp> {
     let since = u.phase_started_at.as_ref()?.0;
-    let window =
-        k8s_openapi::jiff::SignedDuration::try_from(rollback_window(spec).max(dns_ttl)).ok()?;
+    let kept = if replaces_node(u) {
+        dns_ttl
+    } else {
+        rollback_window(spec).max(dns_ttl)
+    };
+    let window = k8s_openapi::jiff::SignedDuration::try_from(kept).ok()?;
     since.checked_add(window).ok()
 }
 
@@ -781,6 +786,11 @@ pub fn next_step(v: &StepView) -> Step {
             } else if v.old_node_dead {
                 Step::Wait(format!(
                     "old instance {} stopped answering: no rollback to it; released once resolvers dropped its address (DNS TTL)",
+                    u.old_instance_id.clone().unwrap_or_default()
+                ))
+            } else if replaces_node(u) {
+                Step::Wait(format!(
+                    "old instance {} kept, cordoned, until resolvers dropped its address (DNS TTL, until retainUntil); no rollback to a replaced node",
                     u.old_instance_id.clone().unwrap_or_default()
                 ))
             } else {

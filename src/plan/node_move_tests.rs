@@ -1070,7 +1070,17 @@ fn a_replacements_old_node_is_released_after_the_dns_ttl_not_the_rollback_window
         dns_ttl_over: false,
         ..view(&u, &s, None)
     };
-    assert!(matches!(next_step(&waiting), Step::Wait(_)));
+    match next_step(&waiting) {
+        Step::Wait(why) => assert!(why.contains("no rollback"), "{why}"),
+        other => panic!("waits for the TTL, not {other:?}"),
+    }
+    // retainUntil says the TTL, not the rollback window.
+    let mut started = u.clone();
+    started.phase_started_at = Some(Time("2026-11-23T12:00:00Z".parse().unwrap()));
+    assert_eq!(
+        retention_end(&started, &s, Duration::from_secs(60)),
+        Some("2026-11-23T12:01:00Z".parse().unwrap())
+    );
     assert_eq!(next_step(&view(&u, &s, None)), Step::Release);
     // A move the spec asked for keeps its old node for the rollback window.
     let mut asked = u.clone();
