@@ -276,6 +276,14 @@ impl Context {
         }
     }
 
+    /// Asks for a reconcile of the QuestDB `key` now (a background look saw something that
+    /// changes its decision). Nothing when the controller is not running.
+    pub fn wake_questdb(&self, key: ObjectRef<GuardedQuestDB>) {
+        if let Some(wake) = &self.wake {
+            let _ = wake.unbounded_send(key);
+        }
+    }
+
     pub fn metrics_conditions(&self, before: &[Condition], after: &[Condition]) {
         for c in crate::plan::conditions::transitions(before, after) {
             self.metrics

@@ -15,14 +15,13 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use kube::runtime::events::EventType;
-use kube::runtime::reflector::ObjectRef;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::api::{EventReason, QuestDB};
 use crate::cloud::ScheduledEvent;
 use crate::controllers::context::Context;
-use crate::controllers::keys::{questdb_ref, GuardedQuestDB};
+use crate::controllers::keys::questdb_ref;
 
 /// The earliest pending event of each of `ours` (instance ids), from everything EC2 reported.
 pub fn earliest_per_instance(
@@ -64,14 +63,10 @@ pub fn changed(
 
 /// A line naming the event for conditions, events and logs.
 pub fn describe(e: &ScheduledEvent) -> String {
-    let when = e
-        .not_before
-        .and_then(|t| k8s_openapi::jiff::Timestamp::try_from(t).ok())
-        .map(|t| format!(" not before {t}"))
-        .unwrap_or_default();
     format!(
-        "EC2 scheduled {} of instance {}{when} ({})",
-        e.code, e.instance_id, e.description
+        "{} ({})",
+        crate::plan::node_move::describe_event(e),
+        e.description
     )
 }
 
@@ -137,14 +132,10 @@ pub async fn run(ctx: Arc<Context>, token: CancellationToken) {
                 )
                 .await;
             }
-            wake(&ctx, questdb_ref(qdb));
+            if let Some(key) = questdb_ref(qdb) {
+                ctx.wake_questdb(key);
+            }
         }
-    }
-}
-
-fn wake(ctx: &Context, key: Option<ObjectRef<GuardedQuestDB>>) {
-    if let (Some(wake), Some(key)) = (&ctx.wake, key) {
-        let _ = wake.unbounded_send(key);
     }
 }
 

@@ -153,7 +153,7 @@ pub async fn run(
             }
             if let Some(u) = usage.remove(&key) {
                 if observe_disk(&ctx, &key, qdb, u, None) {
-                    wake(&ctx, key.clone());
+                    ctx.wake_questdb(key.clone());
                 }
                 disk_seen.push(key);
             }
@@ -269,14 +269,7 @@ async fn poll_one(
         changed |= map.insert(key.clone(), verdict.clone()) != Some(verdict);
     }
     if changed {
-        wake(ctx, key);
-    }
-}
-
-/// Wakes the QuestDB's reconcile.
-fn wake(ctx: &Context, key: ObjectRef<crate::controllers::context::GuardedQuestDB>) {
-    if let Some(wake) = &ctx.wake {
-        let _ = wake.unbounded_send(key);
+        ctx.wake_questdb(key);
     }
 }
 

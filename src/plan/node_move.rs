@@ -233,6 +233,13 @@ fn failed_same(v: &StartView) -> bool {
     })
 }
 
+/// How long from `now` to `at`, looked at again at least every second and at most every `max`.
+fn until(at: Timestamp, now: Timestamp, max: Duration) -> Duration {
+    Duration::try_from(at.duration_since(now))
+        .unwrap_or_default()
+        .clamp(Duration::from_secs(1), max)
+}
+
 /// When the event may start, as a timestamp.
 fn event_start(e: &ScheduledEvent) -> Option<Timestamp> {
     e.not_before.and_then(|t| Timestamp::try_from(t).ok())
@@ -255,7 +262,7 @@ pub fn should_start(v: &StartView) -> Start {
         // while: AWS acts whatever happens, and an unplanned failover then is the worse
         // outcome; a drain waits until the node is empty.
         let last = v.status.node_move.as_ref();
-        let same_event = last.is_some_and(|u| {
+        let same_cause = last.is_some_and(|u| {
             let same_event = match (&u.scheduled_event, event) {
                 (Some(r), Some(e)) => r.event_id == e.id && r.instance_id == e.instance_id,
                 _ => false,
@@ -264,7 +271,7 @@ pub fn should_start(v: &StartView) -> Start {
                 u.drained_node.is_some() && u.drained_node.as_deref() == v.cordoned_node;
             same_event || same_drain
         });
-        if same_event {
+        if same_cause {
             let ended = last
                 .and_then(|u| u.finished_at.as_ref())
                 .map(|t| t.0)
@@ -273,7 +280,6 @@ pub fn should_start(v: &StartView) -> Start {
                 .checked_add(SignedDuration::try_from(SCHEDULED_EVENT_RETRY).unwrap_or_default())
                 .unwrap_or(ended);
             if again > v.now {
-                let wait = Duration::try_from(again.duration_since(v.now)).unwrap_or_default();
                 let cause = match (event, v.cordoned_node) {
                     (Some(e), _) => format!("EC2's {}", e.code),
                     (None, Some(node)) => format!("the drain of node {node}"),
@@ -284,7 +290,7 @@ pub fn should_start(v: &StartView) -> Start {
                         "the replacement of the node for {cause} failed ({}); tried again at {again}",
                         last.and_then(|u| u.message.clone()).unwrap_or_default()
                     ),
-                    wait.clamp(Duration::from_secs(1), SCHEDULED_EVENT_RETRY),
+                    until(again, v.now, SCHEDULED_EVENT_RETRY),
                 );
             }
         }
@@ -317,23 +323,21 @@ pub fn should_start(v: &StartView) -> Start {
         match (maintenance::state(w, v.now), latest, event) {
             (Ok(WindowState::Open), _, _) => {}
             (Ok(WindowState::OpensAt(at)), Some(latest), Some(e)) if at <= latest => {
-                let wait = Duration::try_from(at.duration_since(v.now)).unwrap_or_default();
                 return waiting(
                     format!(
                         "{}: the node is replaced in the maintenance window opening at {at}",
                         describe_event(e)
                     ),
-                    wait.clamp(Duration::from_secs(1), Duration::from_secs(3600)),
+                    until(at, v.now, Duration::from_secs(3600)),
                 );
             }
             // The window opens too late for the event (or cannot be read): the move starts
             // now, before AWS acts.
             (_, Some(_), Some(_)) => {}
             (Ok(WindowState::OpensAt(at)), _, _) => {
-                let wait = Duration::try_from(at.duration_since(v.now)).unwrap_or_default();
                 return waiting(
                     format!("outside the maintenance window; the move starts at {at}"),
-                    wait.clamp(Duration::from_secs(1), Duration::from_secs(3600)),
+                    until(at, v.now, Duration::from_secs(3600)),
                 );
             }
             (Err(e), _, _) => return waiting(e, Duration::from_secs(3600)),

@@ -211,7 +211,7 @@ pub async fn reconcile(node: Arc<Node>, ctx: Arc<Context>) -> Result<Next, Error
     if closed {
         // The failovers it held back may go now, at once rather than at their next look.
         for questdb in &fleet.past_threshold {
-            wake(&ctx, questdb.clone());
+            ctx.wake_questdb(questdb.clone());
         }
     }
     let Some((questdb, threshold, recorded_ready)) = owner_of(&node, &index) else {
@@ -230,7 +230,7 @@ pub async fn reconcile(node: Arc<Node>, ctx: Arc<Context>) -> Result<Next, Error
     let drain = cloud.cordon_news(name, cordoned);
     if due || ready_changed || news || drain {
         // After the breaker is set: the reconcile reads it.
-        wake(&ctx, questdb);
+        ctx.wake_questdb(questdb);
     }
     Ok(Next::RequeueAfter(next_look(
         &cloud.health,
@@ -238,12 +238,6 @@ pub async fn reconcile(node: Arc<Node>, ctx: Arc<Context>) -> Result<Next, Error
         threshold,
         now,
     )))
-}
-
-fn wake(ctx: &Context, questdb: ObjectRef<GuardedQuestDB>) {
-    if let Some(wake) = ctx.wake.as_ref() {
-        let _ = wake.unbounded_send(questdb);
-    }
 }
 
 /// When to look at `name` again without an event: at the next mark its silence crosses if no
