@@ -396,7 +396,7 @@ where
     Ok(())
 }
 
-/// The operator's pod shape (src/desired/statefulset.rs), pinned to the node.
+/// The operator's pod shape (core/src/desired/statefulset.rs), pinned to the node.
 fn database_pod() -> Value {
     support::pod::database_pod(IMAGE, NODE, json!([]), json!({}))
 }

@@ -1,6 +1,7 @@
 //! Command line: `run`, `crd`, `version`. Every flag can also come from an env var.
 //! Flag names follow controller-runtime's where one exists.
 
+pub use questdb_core::duration::parse_duration;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -460,25 +461,6 @@ pub fn adopt_deprecated_env() -> Vec<&'static str> {
         }
     }
     adopted
-}
-
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let text = text.trim();
-    let (number, unit) = match text.find(|c: char| !c.is_ascii_digit()) {
-        Some(i) => text.split_at(i),
-        None => (text, "s"),
-    };
-    let n: u64 = number
-        .parse()
-        .map_err(|_| format!("`{text}` is not a duration such as 90s, 5m or 1h"))?;
-    let seconds = match unit {
-        "ms" => return Ok(Duration::from_millis(n)),
-        "s" => n,
-        "m" => n * 60,
-        "h" => n * 3600,
-        _ => return Err(format!("`{text}`: unknown unit `{unit}` (ms, s, m, h)")),
-    };
-    Ok(Duration::from_secs(seconds))
 }
 
 /// `zone=subnet,zone=subnet` as a map.

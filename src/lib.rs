@@ -1,12 +1,13 @@
 //! questdb-operator: runs the whole lifecycle of QuestDB databases on Kubernetes.
+//!
+//! What it decides is `questdb_core` (API types, builders, planners), re-exported here under
+//! the same paths; this crate observes (caches, EC2, the databases), calls those, and performs.
 
-pub mod api;
 pub mod app;
+pub mod cache;
 pub mod cli;
 pub mod cloud;
 pub mod controllers;
-pub mod crd;
-pub mod desired;
 pub mod http_server;
 pub mod ilp_auth;
 pub mod inventory;
@@ -14,7 +15,8 @@ pub mod kubelet_stats;
 pub mod leadership;
 pub mod manager;
 pub mod metrics;
-pub mod plan;
 pub mod questdb_http;
 pub mod questdb_pgwire;
 pub mod runtime;
+
+pub use questdb_core::{api, crd, desired, plan};

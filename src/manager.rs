@@ -32,10 +32,8 @@ use crate::metrics::{ControllerMetrics, Metrics, ReconcileOutcome};
 use crate::runtime::in_flight::InFlight;
 use crate::runtime::stopping::{until_stopped, Parts};
 
-mod caches;
-
-pub use caches::kept_secret_annotation;
-use caches::{api_for, start_caches, wait_for_caches, Subscriptions};
+pub use crate::cache::kept_secret_annotation;
+use crate::cache::{api_for, start_caches, wait_for_caches, Subscriptions};
 
 /// Nodes are cluster-scoped: a namespaced install without a cloud provider (Role-only RBAC)
 /// never reads them; its NodeIP column comes from the pod's hostIP and NodeReady stays empty.

@@ -1,4 +1,4 @@
-//! A QuestDB pod without the operator: the operator's pod shape (src/desired/statefulset.rs)
+//! A QuestDB pod without the operator: the operator's pod shape (core/src/desired/statefulset.rs)
 //! pinned to a node, its server.conf from the ConfigMap `db`, its data on the claim `db-data`.
 
 use serde_json::{json, Value};

@@ -14,14 +14,11 @@ mod backend;
 mod config;
 pub mod discovery;
 mod dns;
-mod error;
-mod model;
 mod node_volumes;
 mod nodes;
 mod observer;
 mod rate_limit;
 mod retry;
-mod tags;
 pub mod user_data;
 
 #[cfg(feature = "aws")]
@@ -31,27 +28,18 @@ pub mod memory;
 
 use async_trait::async_trait;
 
+pub use questdb_core::cloud::*;
+
 pub use allow_list::{ImageVerdict, LaunchAllowList};
 pub use backend::{
     ChangeAction, Ec2Api, InstanceQuery, Page, RecordSet, Route53Api, RunSpec, Subnet,
 };
 pub use config::{pick_subnet, CloudConfig, EksCluster, RateLimit, RetryPolicy};
 pub use dns::{Route53DnsProvider, OWNED_ELSEWHERE};
-pub use error::{classify, ApiError, CloudError, ErrorClass};
-pub use model::{
-    display_name, fqdn, ARecord, ImageDevice, ImageFacts, Instance, InstanceState,
-    InstanceTypeFacts, LaunchRequest, NodeFacts, PodAddresses, ScheduledEvent, Taint,
-    SCHEDULED_EVENT_CODES,
-};
 pub use node_volumes::{block_devices, BlockDevice, NodeVolumes, DEFAULT_ROOT_DEVICE};
 pub use nodes::{Ec2NodeProvider, INSTANCE_NOT_OWNED, LAUNCH_NOT_ALLOWED};
 pub use observer::{
     noop_observer, AwsCallObserver, CallCounter, CallKey, NoopObserver, SharedObserver,
-};
-pub use tags::{
-    client_token, desired_instance_tags, fallback_client_token, identity_tags, parse_node_tags,
-    parse_provider_id, provider_id, reserved_tag_key, ProviderId, TAG_CLUSTER, TAG_CLUSTER_ID,
-    TAG_NAME, TAG_NAMESPACE, TAG_NAME_AWS, TAG_NODE_GENERATION, TAG_UID,
 };
 pub use user_data::render_user_data;
 
@@ -136,30 +124,6 @@ pub trait NodeProvider: Send + Sync {
         instance_type: &str,
         zone: &str,
     ) -> Result<NodeFacts, CloudError>;
-}
-
-/// How an instance is stopped (`StopInstances` and its `Force`).
-#[derive(
-    Clone,
-    Copy,
-    Debug,
-    PartialEq,
-    Eq,
-    serde::Serialize,
-    serde::Deserialize,
-    schemars::JsonSchema,
-    strum::Display,
-)]
-pub enum StopMode {
-    /// The OS shuts down: containers get their termination signal and its grace period, and
-    /// the kernel writes its file system caches to the volumes. What a database acknowledged
-    /// is kept even when it never synced (QuestDB's default `nosync`).
-    Graceful,
-    /// `Force`: "the instances do not have an opportunity to flush file system caches or file
-    /// system metadata" (EC2 API reference, StopInstances, in the wording of most SDKs; the
-    /// newest says a forced stop first tries a graceful shutdown within a timeout). Taken as
-    /// a power cut: what the database wrote and did not sync is lost.
-    Forced,
 }
 
 /// DNS A records in the operator's hosted zone. Names are fully qualified, with or without

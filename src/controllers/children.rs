@@ -15,8 +15,8 @@ use std::borrow::Cow;
 use std::fmt::Debug;
 
 use crate::api::{labels, ADOPT_ANNOTATION, MANAGER};
-use crate::desired::diff::CachedMeta;
-use crate::desired::{needs_update, OwnedChild};
+use crate::cache::compacted::CachedMeta;
+use crate::cache::compacted::{needs_update, OwnedChild};
 
 /// What to do with one child object.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -146,7 +146,7 @@ pub enum Applied {
     Stale,
 }
 
-pub use crate::desired::diff::APPLIED_HASH_ANNOTATION;
+pub use crate::cache::compacted::APPLIED_HASH_ANNOTATION;
 
 /// Adds [`APPLIED_HASH_ANNOTATION`] to `desired`: a hash of everything else in it.
 pub fn stamp_applied_hash<K: Resource + Serialize>(desired: &mut K) {

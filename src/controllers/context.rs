@@ -19,9 +19,9 @@ use tracing::warn;
 
 use crate::api::{EventReason, QuestDB};
 
+use crate::cache::compacted::OwnedChild;
 use crate::controllers::cloud_runtime::CloudRuntime;
 pub use crate::controllers::keys::{questdb_ref, GuardedQuestDB};
-use crate::desired::OwnedChild;
 use crate::ilp_auth::{KeyError, PublicKey};
 use crate::metrics::Metrics;
 

@@ -104,7 +104,7 @@ fn status_probe(period: i32, timeout: i32, failures: i32) -> Value {
            "timeoutSeconds": timeout, "failureThreshold": failures})
 }
 
-/// The pod the operator's StatefulSet renders (src/desired/statefulset.rs), pinned to `node`;
+/// The pod the operator's StatefulSet renders (core/src/desired/statefulset.rs), pinned to `node`;
 /// the HTTP port is also a host port, as on a dedicated node.
 fn database_pod(node: &str, image: &str) -> Value {
     json!({

@@ -18,11 +18,10 @@ use crate::api::{EventReason, ReadyReason};
 use crate::controllers::children::{self, Applied, ChildAction};
 use crate::controllers::context::{Caches, Context};
 use crate::controllers::Error;
-use crate::desired;
 
 /// A kind of child the operator applies, and the cache it is read from.
 pub trait Child:
-    desired::OwnedChild
+    crate::cache::compacted::OwnedChild
     + Resource<DynamicType = (), Scope = kube::core::NamespaceResourceScope>
     + Serialize
     + DeserializeOwned

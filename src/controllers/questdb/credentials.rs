@@ -15,10 +15,10 @@ use serde_json::json;
 use tracing::{info, warn};
 
 use crate::api::{CredentialsReason, EventReason, QuestDB, MANAGER};
+use crate::cache::compacted::CachedMeta;
 use crate::controllers::context::Context;
 use crate::controllers::Error;
 use crate::desired::credentials::{self, Check};
-use crate::desired::diff::CachedMeta;
 use crate::desired::owner_references;
 use crate::plan::conditions::Verdict;
 

@@ -368,7 +368,7 @@ const RIPEN_MARGIN: std::time::Duration = std::time::Duration::from_millis(200);
 /// old refusal since resolved must not explain a pod that is merely being replaced).
 const REFUSAL_FRESH: std::time::Duration = std::time::Duration::from_secs(120);
 
-fn wants_a_pod(sts: &desired::CachedStatefulSet) -> bool {
+fn wants_a_pod(sts: &crate::cache::compacted::CachedStatefulSet) -> bool {
     sts.replicas() > 0
 }
 

@@ -9,9 +9,9 @@ use kube::runtime::reflector::ObjectRef;
 use kube::ResourceExt;
 
 use crate::api::QuestDB;
+use crate::cache::compacted::OwnedChild;
+use crate::cache::compacted::{CachedMeta, CachedStatefulSet};
 use crate::controllers::context::Context;
-use crate::desired::diff::{CachedMeta, CachedStatefulSet};
-use crate::desired::OwnedChild;
 use crate::plan::operator_rollout::{gate, recheck, RollGate, RollInputs, ROLL_PATIENCE};
 
 /// The operator version that last wrote a StatefulSet (its metadata, not its pod template: a

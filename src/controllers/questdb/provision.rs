@@ -450,7 +450,9 @@ impl NodeRun<'_> {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner());
             let history = all.entry(self.uid.clone()).or_default();
-            let verdict = node::relaunch(history, now);
+            // tokio's instants (a paused test clock moves them) as the planner's std ones.
+            let earlier: Vec<_> = history.iter().map(|t| t.into_std()).collect();
+            let verdict = node::relaunch(&earlier, now.into_std());
             if verdict == node::Relaunch::Now {
                 history.push(now);
             }

@@ -10,9 +10,9 @@ use crate::api::{
     CredentialsReason, IlpAuthReason, RestoreReason, VolumeSizeReason, WriteHealthReason,
 };
 use crate::api::{ReadyReason, SpecValidReason};
+use crate::cache::compacted::CachedStatefulSet;
 use crate::controllers::questdb::outcome::CloudOutcome;
 use crate::desired;
-use crate::desired::CachedStatefulSet;
 use crate::plan::conditions::{merge, Verdict};
 use crate::plan::node::node_is_ready;
 

@@ -12,9 +12,10 @@ use k8s_openapi::jiff::Timestamp;
 
 use super::{compute, StatusInputs};
 use crate::api::{FailoverPhase, Phase, QuestDB};
+use crate::cache::compacted::{CachedStatefulSet, OwnedChild};
 use crate::controllers::cached_pod::CachedPod;
 use crate::controllers::questdb::apply::Report;
-use crate::desired::{testing, CachedStatefulSet, OwnedChild};
+use crate::desired::testing;
 use crate::plan::conditions::Verdict;
 
 fn now() -> Timestamp {

@@ -13,10 +13,10 @@ use kube::ResourceExt;
 use serde_json::json;
 
 use crate::api::{QuestDB, MANAGER};
+use crate::cache::compacted::CachedStatefulSet;
 use crate::controllers::context::Caches;
 use crate::controllers::Error;
 use crate::desired;
-use crate::desired::CachedStatefulSet;
 
 /// True when no database pod exists and the StatefulSet (if any) wants none and has none.
 pub fn database_stopped(qdb: &QuestDB, caches: &Caches) -> bool {

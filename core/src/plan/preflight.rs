@@ -1,4 +1,4 @@
-//! The preflight's findings (see [`crate::controllers::preflight`]): what each check's answer
+//! The preflight's findings (the operator's `controllers::preflight` asks): what each check's answer
 //! means, and which finding holds launches back. Pure.
 
 use std::sync::{Arc, Mutex};
@@ -161,7 +161,7 @@ pub fn hosted_zone(zone_id: &str, answer: Result<(), CloudError>) -> Vec<Finding
 }
 
 /// The findings of asking whether the VolumeSnapshot API is served.
-pub fn snapshot_api(answer: kube::Result<bool>) -> Vec<Finding> {
+pub fn snapshot_api(answer: Result<bool, impl std::fmt::Display>) -> Vec<Finding> {
     match answer {
         Ok(true) => vec![],
         Ok(false) => vec![Finding {
@@ -180,7 +180,11 @@ pub fn snapshot_api(answer: kube::Result<bool>) -> Vec<Finding> {
 }
 
 /// The findings of reading StorageClass `name`, which `asked_by` (a QuestDB, in words) names.
-pub fn storage_class(name: &str, asked_by: &str, answer: kube::Result<bool>) -> Vec<Finding> {
+pub fn storage_class(
+    name: &str,
+    asked_by: &str,
+    answer: Result<bool, impl std::fmt::Display>,
+) -> Vec<Finding> {
     match answer {
         Ok(true) => vec![],
         Ok(false) => vec![Finding {
@@ -352,8 +356,8 @@ mod tests {
 
     #[test]
     fn a_storage_class_no_one_made_is_named_with_the_class_the_stack_ships() {
-        assert!(storage_class("questdb-gp3", "team-a/orders", Ok(true)).is_empty());
-        let missing = storage_class("questdb-gp3", "team-a/orders", Ok(false));
+        assert!(storage_class("questdb-gp3", "team-a/orders", Ok::<_, String>(true)).is_empty());
+        let missing = storage_class("questdb-gp3", "team-a/orders", Ok::<_, String>(false));
         assert!(missing[0].certain);
         assert!(missing[0].problem.contains("team-a/orders"));
         assert!(missing[0].fix.contains("deploy/aws/storageclass.yaml"));
@@ -361,9 +365,9 @@ mod tests {
 
     #[test]
     fn a_missing_snapshot_api_is_named_with_its_fix() {
-        let missing = snapshot_api(Ok(false));
+        let missing = snapshot_api(Ok::<_, String>(false));
         assert_eq!(missing[0].check, Check::SnapshotApi);
         assert!(missing[0].fix.contains("snapshot-controller"));
-        assert!(snapshot_api(Ok(true)).is_empty());
+        assert!(snapshot_api(Ok::<_, String>(true)).is_empty());
     }
 }

@@ -185,7 +185,7 @@ pub fn ready_timeout(policy: &VersionUpgradeSpec) -> Duration {
     policy
         .ready_timeout
         .as_deref()
-        .and_then(|t| crate::cli::parse_duration(t).ok())
+        .and_then(|t| crate::duration::parse_duration(t).ok())
         .unwrap_or(DEFAULT_READY_TIMEOUT)
 }
 

@@ -6,7 +6,7 @@
 //! launch, and the instance (tags + ClientToken) is a function of uid + that generation, so
 //! repeating any step after a crash finds the same instance instead of creating a second one.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
@@ -406,7 +406,7 @@ pub enum Relaunch {
     Capped(Duration),
 }
 
-pub fn relaunch(history: &[tokio::time::Instant], now: tokio::time::Instant) -> Relaunch {
+pub fn relaunch(history: &[Instant], now: Instant) -> Relaunch {
     let recent: Vec<_> = history
         .iter()
         .filter(|t| now.saturating_duration_since(**t) < HOUR)

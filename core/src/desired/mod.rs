@@ -7,11 +7,9 @@
 pub mod children;
 pub mod config;
 pub mod credentials;
-pub mod diff;
 pub mod disruption_budget;
 pub mod endpoints;
 pub mod image_ref;
-pub mod interned;
 pub mod labels;
 pub mod memory;
 pub mod names;
@@ -21,7 +19,6 @@ pub mod pvc;
 pub mod quantity;
 pub mod reload;
 pub mod service;
-pub mod shared_text;
 pub mod statefulset;
 pub mod tenancy;
 #[cfg(any(test, feature = "testing"))]
@@ -31,7 +28,6 @@ pub mod version;
 
 pub use children::{children, Children};
 pub use config::{config_hash, config_map, ilp_auth_config_map, log_conf, server_conf};
-pub use diff::{json_subset, needs_update, CachedStatefulSet, Compacted, OwnedChild};
 pub use disruption_budget::pod_disruption_budget;
 pub use endpoints::{endpoints, version_of};
 pub use labels::{child_annotations, child_labels, owner_references, selector_labels};

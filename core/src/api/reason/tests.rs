@@ -109,7 +109,7 @@ fn a_reason_recorded_before_the_node_move_rename_still_reads() {
 /// on-call engineer never meets one it does not explain.
 #[test]
 fn the_runbook_explains_every_condition_reason() {
-    let runbook = include_str!("../../../docs/operations/runbook.md");
+    let runbook = include_str!("../../../../docs/operations/runbook.md");
     let mut missing = Vec::new();
     for (condition, reason) in every_condition_reason() {
         let heading = format!("\n## `{condition}`\n");
@@ -129,7 +129,7 @@ fn the_runbook_explains_every_condition_reason() {
 /// The runbook's event table names every event reason the operator publishes.
 #[test]
 fn the_runbook_explains_every_event_reason() {
-    let runbook = include_str!("../../../docs/operations/runbook.md");
+    let runbook = include_str!("../../../../docs/operations/runbook.md");
     let start = runbook.find("\n## Events\n").expect("an Events section");
     let events = &runbook[start..];
     let missing: Vec<&str> = EventReason::all()

@@ -8,7 +8,7 @@ use k8s_openapi::jiff::tz::TimeZone;
 use k8s_openapi::jiff::{SignedDuration, Timestamp, ToSpan};
 
 use crate::api::MaintenanceWindow;
-use crate::cli::parse_duration;
+use crate::duration::parse_duration;
 
 const WEEK: Duration = Duration::from_secs(7 * 24 * 3600);
 

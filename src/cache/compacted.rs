@@ -22,8 +22,8 @@ use std::borrow::Cow;
 use std::sync::{Arc, LazyLock};
 
 use super::interned::Table;
-use super::quantity::parse_quantity;
 use super::shared_text::Templated;
+use crate::desired::quantity::parse_quantity;
 
 /// Annotation holding a hash of the desired object the operator last applied. A field the
 /// operator stops setting (a removed `spec.node`, env var or resource limit) is invisible to
@@ -413,24 +413,24 @@ fn statefulset_tokens(spec: Option<&k8s_openapi::api::apps::v1::StatefulSetSpec>
         .spec
         .iter()
         .flat_map(|s| &s.containers)
-        .filter(|c| c.name == super::CONTAINER_NAME)
+        .filter(|c| c.name == crate::desired::CONTAINER_NAME)
         .flat_map(|c| c.env.iter().flatten())
-        .find(|e| e.name == super::statefulset::SNAPSHOT_INSTANCE_ID_ENV)
+        .find(|e| e.name == crate::desired::statefulset::SNAPSHOT_INSTANCE_ID_ENV)
         .and_then(|e| e.value.as_ref());
     let annotations = template
         .metadata
         .as_ref()
         .and_then(|m| m.annotations.as_ref());
     let hashes = [
-        super::CONFIG_HASH_ANNOTATION,
-        super::credentials::CREDENTIALS_HASH_ANNOTATION,
+        crate::desired::CONFIG_HASH_ANNOTATION,
+        crate::desired::credentials::CREDENTIALS_HASH_ANNOTATION,
     ]
     .into_iter()
     .filter_map(|k| annotations?.get(k));
     let pin = template
         .spec
         .as_ref()
-        .and_then(|s| s.node_selector.as_ref()?.get(super::PIN_LABEL_KEY));
+        .and_then(|s| s.node_selector.as_ref()?.get(crate::desired::PIN_LABEL_KEY));
     hashes
         .chain(pin)
         .chain(volume_uid)
@@ -582,6 +582,20 @@ mod tests {
     /// `needs_update` on `existing` as the cache holds it ([`OwnedChild::to_cached`]).
     fn decides_alike<K: OwnedChild + Clone>(desired: &K, existing: &K) -> bool {
         needs_update(desired, &K::to_cached(existing.clone()))
+    }
+
+    #[test]
+    fn the_cached_statefulset_says_whether_it_binds_host_ports() {
+        for bind in [true, false] {
+            let mut qdb = questdb("db1", "tenant-a");
+            qdb.spec
+                .node
+                .get_or_insert_with(Default::default)
+                .host_ports = Some(bind);
+            let node = crate::desired::DedicatedNode::for_questdb(&qdb);
+            let sts = statefulset(&qdb, "0f1e2d3c", None, true, Some(&node));
+            assert_eq!(StatefulSet::to_cached(sts).kept.host_ports, bind);
+        }
     }
 
     #[test]

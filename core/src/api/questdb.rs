@@ -1422,7 +1422,7 @@ mod tests {
     /// rules and the operator's validation accept, with no field either would drop.
     #[test]
     fn the_eks_example_filled_in_is_a_valid_questdb() {
-        let text = include_str!("../../examples/eks-questdb.yaml").to_string();
+        let text = include_str!("../../../examples/eks-questdb.yaml").to_string();
         let filled = text
             .replace("<team namespace>", "team-a")
             .replace("<ami-...>", "ami-0123456789abcdef0")
@@ -1456,7 +1456,7 @@ mod tests {
             "the class of deploy/aws/storageclass.yaml"
         );
         let class: k8s_openapi::api::storage::v1::StorageClass =
-            serde_yaml_ng::from_str(include_str!("../../deploy/aws/storageclass.yaml")).unwrap();
+            serde_yaml_ng::from_str(include_str!("../../../deploy/aws/storageclass.yaml")).unwrap();
         assert_eq!(class.metadata.name.as_deref(), Some("questdb-gp3"));
     }
 }

@@ -202,7 +202,7 @@ fn fencing_with(mode: StopMode) -> FailoverStatus {
         fence_stop: Some(crate::api::FenceStop {
             instance: "i-old".into(),
             mode,
-            requested_at: crate::runtime::clock::now(),
+            requested_at: crate::clock::now(),
         }),
         ..failover(FailoverPhase::Fencing)
     }
@@ -750,7 +750,7 @@ fn a_replacement_is_replaced_under_the_breaker_and_the_spec_but_not_the_interval
     // Started a minute ago: the interval between failovers does not hold back its own
     // replacement's replacement.
     let mut recent = status.clone();
-    recent.failover.as_mut().unwrap().started_at = Some(crate::runtime::clock::now());
+    recent.failover.as_mut().unwrap().started_at = Some(crate::clock::now());
     assert_eq!(again(&recent, Some(31), false), Start::Go);
 }
 
@@ -782,7 +782,7 @@ fn the_third_failed_replacement_stops_the_loop_and_says_what_to_do() {
 /// and counts the downtime from the first fence.
 #[test]
 fn the_next_attempt_keeps_every_fenced_instance_and_the_first_start() {
-    let first_start = crate::runtime::clock::now();
+    let first_start = crate::clock::now();
     let first = FailoverStatus {
         started_at: Some(first_start.clone()),
         ..failover(FailoverPhase::Recovering)
@@ -792,7 +792,7 @@ fn the_next_attempt_keeps_every_fenced_instance_and_the_first_start() {
         FailoverCause::NodeLeaseExpired,
         "i-new",
         "node-new",
-        crate::runtime::clock::now(),
+        crate::clock::now(),
     );
     assert_eq!(second.phase, FailoverPhase::Fencing);
     assert_eq!(second.old_instance_id.as_deref(), Some("i-new"));
@@ -809,7 +809,7 @@ fn the_next_attempt_keeps_every_fenced_instance_and_the_first_start() {
         FailoverCause::NodeNeverJoined,
         "i-third",
         "",
-        crate::runtime::clock::now(),
+        crate::clock::now(),
     );
     assert_eq!(
         third.old_node, None,

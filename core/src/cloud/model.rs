@@ -272,6 +272,30 @@ pub fn display_name(name: &str) -> String {
     fqdn(name).trim_end_matches('.').to_string()
 }
 
+/// How an instance is stopped (`StopInstances` and its `Force`).
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    serde::Serialize,
+    serde::Deserialize,
+    schemars::JsonSchema,
+    strum::Display,
+)]
+pub enum StopMode {
+    /// The OS shuts down: containers get their termination signal and its grace period, and
+    /// the kernel writes its file system caches to the volumes. What a database acknowledged
+    /// is kept even when it never synced (QuestDB's default `nosync`).
+    Graceful,
+    /// `Force`: "the instances do not have an opportunity to flush file system caches or file
+    /// system metadata" (EC2 API reference, StopInstances, in the wording of most SDKs; the
+    /// newest says a forced stop first tries a graceful shutdown within a timeout). Taken as
+    /// a power cut: what the database wrote and did not sync is lost.
+    Forced,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1048,19 +1048,6 @@ mod tests {
         }
         let shared = pod_of_shared(&questdb("db1", "tenant-a"));
         assert!(host_ports_of(&shared).iter().all(|(_, h)| h.is_none()));
-        // What the cache keeps of a StatefulSet says which it runs with.
-        use crate::desired::diff::OwnedChild;
-        for bind in [true, false] {
-            let qdb = with(Some(bind), false);
-            let sts = statefulset(
-                &qdb,
-                HASH,
-                None,
-                true,
-                Some(&DedicatedNode::for_questdb(&qdb)),
-            );
-            assert_eq!(StatefulSet::to_cached(sts).kept.host_ports, bind);
-        }
     }
 
     fn pod_of_shared(qdb: &QuestDB) -> PodSpec {

@@ -43,7 +43,7 @@ impl AuthOutcome {
 }
 
 /// Parses the key Secrets of ONE QuestDB: the caller passes exactly the Secrets that
-/// [`super::questdb_for_secret`] maps to it (all from its namespace).
+/// the operator's `ilp_auth::questdb_for_secret` maps to it (all from its namespace).
 ///
 /// A kid used by more than one Secret is a problem for each of them and none of their keys is
 /// kept: which one the user meant cannot be known, and QuestDB refuses to start on a duplicate.

@@ -2,14 +2,17 @@
 //! what each keeps of its objects (trimmed and compacted), and the reconcile requests they
 //! forward once an event reached its cache.
 
+pub mod compacted;
+pub mod interned;
+pub mod shared_text;
+
 use crate::api::{labels, QuestDB};
 use crate::controllers::cached_pod::CachedPod;
 use crate::controllers::context::{Caches, GuardedQuestDB, SecretIndex};
 use crate::controllers::node_health;
 use crate::controllers::refusals;
-use crate::desired::diff::CachedMeta;
-use crate::desired::OwnedChild;
 use crate::ilp_auth;
+use compacted::{CachedMeta, OwnedChild};
 use futures::{Stream, StreamExt, TryStreamExt};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::coordination::v1::Lease;
@@ -33,16 +36,16 @@ use tracing::warn;
 /// applied objects (no deletions), and a subscription whose object vanished from the cache
 /// before it was read returns `Pending` without a wake-up, which can stall that trigger stream.
 pub struct Subscriptions {
-    pub(super) triggers: TriggerReceiver,
+    pub(crate) triggers: TriggerReceiver,
     /// For reconciles that ask for reconciles of other QuestDBs (node health, node moves).
-    pub(super) sender: TriggerSender,
+    pub(crate) sender: TriggerSender,
     /// The node-health controller's requests: a dedicated Node or its kubelet Lease changed.
-    pub(super) node_triggers: futures::channel::mpsc::UnboundedReceiver<ObjectRef<Node>>,
+    pub(crate) node_triggers: futures::channel::mpsc::UnboundedReceiver<ObjectRef<Node>>,
 }
 
-pub(super) type TriggerReceiver =
+pub(crate) type TriggerReceiver =
     futures::channel::mpsc::UnboundedReceiver<ObjectRef<GuardedQuestDB>>;
-pub(super) type TriggerSender = crate::controllers::context::Wake;
+pub(crate) type TriggerSender = crate::controllers::context::Wake;
 
 /// A watch event with its object in another form.
 fn project<K, C>(event: watcher::Event<K>, f: impl Fn(K) -> C) -> watcher::Event<C> {
@@ -132,7 +135,7 @@ fn guarded(r: ObjectRef<QuestDB>) -> ObjectRef<GuardedQuestDB> {
 impl Subscriptions {
     /// Discards requests until `until` completes; the controllers reconcile everything when
     /// they start, so nothing drained is lost.
-    pub(super) async fn drain_while<T>(mut self, until: impl Future<Output = T>) -> (Self, T) {
+    pub(crate) async fn drain_while<T>(mut self, until: impl Future<Output = T>) -> (Self, T) {
         let mut until = std::pin::pin!(until);
         loop {
             tokio::select! {
@@ -145,7 +148,7 @@ impl Subscriptions {
     }
 }
 
-pub(super) fn api_for<K>(client: &Client, ns: Option<&str>) -> Api<K>
+pub(crate) fn api_for<K>(client: &Client, ns: Option<&str>) -> Api<K>
 where
     K: Resource<Scope = kube::core::NamespaceResourceScope, DynamicType = ()>,
 {
@@ -173,7 +176,7 @@ const LIST_PAGE_SIZE: u32 = 100;
 /// Starts every reflector. Children are watched by the operator's managed-by label so the
 /// caches hold only what the operator manages; Secrets are watched metadata-only so no Secret
 /// data of the cluster is ever cached.
-pub(super) fn start_caches(
+pub(crate) fn start_caches(
     client: &Client,
     ns: Option<&str>,
     secret_namespaces: &[String],
@@ -506,7 +509,7 @@ fn trim_node(node: &mut Node) {
     }
 }
 
-pub(super) fn spawn_drain<S, T>(
+pub(crate) fn spawn_drain<S, T>(
     stream: S,
     token: CancellationToken,
     what: &'static str,
@@ -531,7 +534,7 @@ where
     })
 }
 
-pub(super) async fn wait_for_caches(c: &Caches, shutdown: &CancellationToken) {
+pub(crate) async fn wait_for_caches(c: &Caches, shutdown: &CancellationToken) {
     let all = async {
         let _ = c.questdbs.wait_until_ready().await;
         let _ = c.statefulsets.wait_until_ready().await;
@@ -606,7 +609,7 @@ mod tests {
 
     #[test]
     fn a_bound_claim_in_the_cache_still_matches_the_claim_desired() {
-        use crate::desired::diff::needs_update;
+        use crate::cache::compacted::needs_update;
         use crate::desired::{pvc_with_ownership, testing::questdb, PvcOwnership};
         let mut qdb = questdb("db1", "tenant-a");
         qdb.metadata.annotations = Some(std::collections::BTreeMap::from([(

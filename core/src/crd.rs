@@ -97,7 +97,7 @@ mod tests {
     #[test]
     fn checked_in_crd_matches_generated() {
         let generated = super::yaml().unwrap();
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/crds/questdb.yaml");
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../crds/questdb.yaml");
         let on_disk = std::fs::read_to_string(path).unwrap_or_default();
         assert!(
             on_disk == generated,

@@ -149,7 +149,7 @@ pub const SCHEDULED_EVENT_RETRY: Duration = Duration::from_secs(600);
 pub fn rollback_window(spec: &NodeSpec) -> Duration {
     spec.rollback_window
         .as_deref()
-        .and_then(|w| crate::cli::parse_duration(w).ok())
+        .and_then(|w| crate::duration::parse_duration(w).ok())
         .unwrap_or(DEFAULT_ROLLBACK_WINDOW)
 }
 
