@@ -234,8 +234,10 @@ pub struct BuiltCloud {
 
 /// The sandbox's memory provider: subnets for the simulator's zones and a hosted zone, unless
 /// the flags say otherwise.
-pub const SANDBOX_ZONES: [&str; 2] = ["sim-zone-a", "sim-zone-b"];
-pub const SANDBOX_HOSTED_ZONE: &str = "ZSANDBOX";
+#[cfg(feature = "memory-cloud")]
+pub(crate) const SANDBOX_ZONES: [&str; 2] = ["sim-zone-a", "sim-zone-b"];
+#[cfg(feature = "memory-cloud")]
+pub(crate) const SANDBOX_HOSTED_ZONE: &str = "ZSANDBOX";
 
 /// The operator-wide cloud configuration the flags describe.
 pub fn cloud_config(args: &CloudArgs, provider: CloudProvider) -> anyhow::Result<CloudConfig> {
@@ -333,7 +335,10 @@ pub fn cloud_config(args: &CloudArgs, provider: CloudProvider) -> anyhow::Result
 /// What the operator cannot start without, once the flags (and, on AWS, the EKS cluster:
 /// [`crate::cloud::aws::discover`]) have said all they will: subnets, security groups, a
 /// bootstrap whose every placeholder has a value, an IPv4 service range.
-pub fn check_cloud_config(config: &CloudConfig, provider: CloudProvider) -> anyhow::Result<()> {
+pub(crate) fn check_cloud_config(
+    config: &CloudConfig,
+    provider: CloudProvider,
+) -> anyhow::Result<()> {
     if provider == CloudProvider::Aws {
         let missing = crate::cloud::discovery::still_missing(config, None);
         if !missing.is_empty() {
@@ -365,7 +370,8 @@ pub fn check_cloud_config(config: &CloudConfig, provider: CloudProvider) -> anyh
 
 /// [`cloud_config`] and [`check_cloud_config`] without asking AWS: the flags alone must say
 /// everything (offline checks, tests of the flags).
-pub fn checked_cloud_config(
+#[cfg(test)]
+pub(crate) fn checked_cloud_config(
     args: &CloudArgs,
     provider: CloudProvider,
 ) -> anyhow::Result<CloudConfig> {
@@ -429,7 +435,7 @@ pub fn cloud_settings(args: &CloudArgs) -> CloudSettings {
 
 /// Builds the node and DNS providers the flags ask for (`default` when `--cloud-provider` is
 /// not given). `observer` is usually `ManagerHandle::metrics.aws_observer()`.
-pub async fn build_cloud(
+pub(crate) async fn build_cloud(
     args: &CloudArgs,
     default: CloudProvider,
     observer: SharedObserver,

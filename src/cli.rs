@@ -439,7 +439,7 @@ pub struct CloudArgs {
 /// The node-move flags' names before they were node moves (`--upgrade-*`, `UPGRADE_*`): the
 /// flags are hidden aliases, and each old environment variable is read when its new one is
 /// unset, for one release. Returns the old names found, for a deprecation line.
-pub const DEPRECATED_ENV: [(&str, &str); 4] = [
+pub(crate) const DEPRECATED_ENV: [(&str, &str); 4] = [
     ("UPGRADE_NODE_TIMEOUT", "NODE_MOVE_JOIN_TIMEOUT"),
     ("UPGRADE_STEP_TIMEOUT", "NODE_MOVE_STEP_TIMEOUT"),
     ("UPGRADE_CONCURRENCY", "NODE_MOVE_CONCURRENCY"),
@@ -451,7 +451,7 @@ pub const DEPRECATED_ENV: [(&str, &str); 4] = [
 
 /// Copies each deprecated variable to its new name when only the old one is set; call before
 /// parsing, while the process is single-threaded. Returns the old names it copied.
-pub fn adopt_deprecated_env() -> Vec<&'static str> {
+pub(crate) fn adopt_deprecated_env() -> Vec<&'static str> {
     let mut adopted = Vec::new();
     for (old, new) in DEPRECATED_ENV {
         if let (Some(value), None) = (std::env::var_os(old), std::env::var_os(new)) {

@@ -32,7 +32,7 @@ const ACCEPT_ERROR_BACKOFF: Duration = Duration::from_millis(100);
 pub struct Readiness(Arc<AtomicBool>);
 
 impl Readiness {
-    pub fn set_ready(&self) {
+    pub(crate) fn set_ready(&self) {
         self.0.store(true, Ordering::Release);
     }
 
@@ -63,14 +63,14 @@ pub fn parse_bind_address(s: &str) -> anyhow::Result<Option<SocketAddr>> {
 }
 
 /// Binds a listener; port 0 picks a free port (read it back with `local_addr`).
-pub async fn bind(addr: SocketAddr) -> anyhow::Result<TcpListener> {
+pub(crate) async fn bind(addr: SocketAddr) -> anyhow::Result<TcpListener> {
     TcpListener::bind(addr)
         .await
         .with_context(|| format!("cannot listen on {addr}"))
 }
 
 /// Serves `GET /metrics` on `addr` until `shutdown` is cancelled.
-pub async fn serve_metrics(
+pub(crate) async fn serve_metrics(
     addr: SocketAddr,
     metrics: Arc<Metrics>,
     shutdown: CancellationToken,
@@ -79,7 +79,7 @@ pub async fn serve_metrics(
 }
 
 /// Serves `GET /metrics` on an already bound listener until `shutdown` is cancelled.
-pub async fn serve_metrics_on(
+pub(crate) async fn serve_metrics_on(
     listener: TcpListener,
     metrics: Arc<Metrics>,
     shutdown: CancellationToken,
@@ -91,7 +91,7 @@ pub async fn serve_metrics_on(
 }
 
 /// Serves `/healthz` and `/readyz` on `addr` until `shutdown` is cancelled.
-pub async fn serve_health(
+pub(crate) async fn serve_health(
     addr: SocketAddr,
     readiness: Readiness,
     shutdown: CancellationToken,
@@ -100,7 +100,7 @@ pub async fn serve_health(
 }
 
 /// Serves `/healthz` and `/readyz` on an already bound listener until `shutdown` is cancelled.
-pub async fn serve_health_on(
+pub(crate) async fn serve_health_on(
     listener: TcpListener,
     readiness: Readiness,
     shutdown: CancellationToken,

@@ -38,7 +38,7 @@ pub struct Inventory {
 
 impl Inventory {
     /// What would remain after `helm uninstall` (instances, records, claims, snapshots).
-    pub fn remaining(&self) -> impl Iterator<Item = &Item> {
+    pub(crate) fn remaining(&self) -> impl Iterator<Item = &Item> {
         self.items.iter().filter(|i| i.remains)
     }
 

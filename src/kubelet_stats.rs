@@ -20,35 +20,34 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Node;
 use serde::Deserialize;
 
-pub use crate::plan::disk::VolumeUsage;
+pub(crate) use crate::plan::disk::VolumeUsage;
 
 /// How long one Summary request may take.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The parts of the kubelet's `Summary` (k8s.io/kubelet/pkg/apis/stats/v1alpha1) read here.
 #[derive(Deserialize, Debug, Default)]
-pub struct Summary {
+pub(crate) struct Summary {
     #[serde(default)]
     pub pods: Vec<PodStats>,
 }
 
 #[derive(Deserialize, Debug)]
 #[serde(rename_all = "camelCase")]
-pub struct PodStats {
+pub(crate) struct PodStats {
     pub pod_ref: PodReference,
     #[serde(default)]
     pub volume: Vec<VolumeStats>,
 }
 
 #[derive(Deserialize, Debug)]
-pub struct PodReference {
-    pub name: String,
+pub(crate) struct PodReference {
     pub namespace: String,
 }
 
 #[derive(Deserialize, Debug)]
 #[serde(rename_all = "camelCase")]
-pub struct VolumeStats {
+pub(crate) struct VolumeStats {
     #[serde(default)]
     pub pvc_ref: Option<PvcReference>,
     #[serde(default)]
@@ -60,14 +59,14 @@ pub struct VolumeStats {
 }
 
 #[derive(Deserialize, Debug)]
-pub struct PvcReference {
+pub(crate) struct PvcReference {
     pub name: String,
     pub namespace: String,
 }
 
 impl Summary {
     /// The usage of claim `namespace/claim`, as the pod that mounts it reports it.
-    pub fn claim(&self, namespace: &str, claim: &str) -> Option<VolumeUsage> {
+    pub(crate) fn claim(&self, namespace: &str, claim: &str) -> Option<VolumeUsage> {
         self.pods
             .iter()
             .filter(|p| p.pod_ref.namespace == namespace)
@@ -88,7 +87,7 @@ impl Summary {
 }
 
 /// Clients for the kubelets, one per endpoint, with the operator's credentials.
-pub struct Kubelets {
+pub(crate) struct Kubelets {
     base: kube::Config,
     /// The CA the kubelets' serving certificates are verified with (DER); the cluster's when
     /// `None`.
@@ -99,7 +98,7 @@ pub struct Kubelets {
 impl Kubelets {
     /// `ca_pem`: the CA that signs the kubelets' serving certificates, when it is not the
     /// cluster's (`--kubelet-ca-file`).
-    pub fn new(base: &kube::Config, ca_pem: Option<&str>) -> anyhow::Result<Self> {
+    pub(crate) fn new(base: &kube::Config, ca_pem: Option<&str>) -> anyhow::Result<Self> {
         let ca = match ca_pem {
             Some(pem) => {
                 let certs = pem_certificates(pem)?;
@@ -116,7 +115,7 @@ impl Kubelets {
     }
 
     /// The Summary of `node`'s kubelet: refused, unreachable or unreadable, the reason.
-    pub async fn summary(&self, node: &Node) -> Result<Summary, String> {
+    pub(crate) async fn summary(&self, node: &Node) -> Result<Summary, String> {
         let endpoint = endpoint(node)?;
         let client = self.client(&endpoint)?;
         let request = http::Request::get("/stats/summary")
@@ -138,7 +137,7 @@ impl Kubelets {
     }
 
     /// Forgets the clients of kubelets not in `nodes` (dedicated nodes come and go).
-    pub fn keep_only<'a>(&self, nodes: impl IntoIterator<Item = &'a Node>) {
+    pub(crate) fn keep_only<'a>(&self, nodes: impl IntoIterator<Item = &'a Node>) {
         let keep: std::collections::HashSet<String> =
             nodes.into_iter().filter_map(|n| endpoint(n).ok()).collect();
         self.clients
@@ -168,7 +167,7 @@ impl Kubelets {
 }
 
 /// `https://<InternalIP>:<port>` of the node's kubelet.
-pub fn endpoint(node: &Node) -> Result<String, String> {
+pub(crate) fn endpoint(node: &Node) -> Result<String, String> {
     let status = node.status.as_ref();
     let ip = status
         .and_then(|s| s.addresses.as_ref())

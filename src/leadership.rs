@@ -25,7 +25,7 @@ pub struct LeaderElection {
 }
 
 /// How long renewals may go unseen before the leader stops, and how often it looks.
-pub fn deadline_and_period(le: &LeaderElection) -> (Duration, Duration) {
+pub(crate) fn deadline_and_period(le: &LeaderElection) -> (Duration, Duration) {
     let deadline = le.duration.saturating_sub(le.grace / 2);
     let period = (le.grace / 10).clamp(Duration::from_millis(50), Duration::from_secs(1));
     (deadline, period)
@@ -33,7 +33,7 @@ pub fn deadline_and_period(le: &LeaderElection) -> (Duration, Duration) {
 
 /// What one look at the Lease showed.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Seen {
+pub(crate) enum Seen {
     /// We hold it; its renewTime as the apiserver has it.
     Held(Option<String>),
     /// Someone else holds it.
@@ -43,7 +43,7 @@ pub enum Seen {
 }
 
 /// Pure: the instant renewals were last seen to progress, after one more look.
-pub fn confirm(
+pub(crate) fn confirm(
     last_change: Instant,
     last_renew: &mut Option<String>,
     seen: &Seen,
@@ -75,7 +75,7 @@ async fn look(leases: &Api<Lease>, name: &str, identity: &str, timeout: Duration
 
 /// Returns when leadership can no longer be trusted (renewals unseen past the deadline, or
 /// another holder). Call it once leadership was won.
-pub async fn watch_renewals(client: Client, le: &LeaderElection) {
+pub(crate) async fn watch_renewals(client: Client, le: &LeaderElection) {
     let (deadline, period) = deadline_and_period(le);
     let leases: Api<Lease> = Api::namespaced(client, &le.namespace);
     let mut last_change = Instant::now();

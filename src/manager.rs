@@ -32,13 +32,12 @@ use crate::metrics::{ControllerMetrics, Metrics, ReconcileOutcome};
 use crate::runtime::in_flight::InFlight;
 use crate::runtime::stopping::{until_stopped, Parts};
 
-pub use crate::cache::kept_secret_annotation;
 use crate::cache::{api_for, start_caches, wait_for_caches, Subscriptions};
 
 /// Nodes are cluster-scoped: a namespaced install without a cloud provider (Role-only RBAC)
 /// never reads them; its NodeIP column comes from the pod's hostIP and NodeReady stays empty.
 /// Dedicated nodes need them (labels, taints, the pin), whatever the namespace.
-pub fn watches_nodes(opts: &ManagerOptions) -> bool {
+pub(crate) fn watches_nodes(opts: &ManagerOptions) -> bool {
     opts.cloud.is_some() || opts.namespace.is_none()
 }
 
@@ -125,14 +124,6 @@ impl Default for ManagerHandle {
 }
 
 /// Runs the manager until `shutdown` is cancelled (Ok) or leadership is lost (Err).
-pub async fn run(
-    opts: ManagerOptions,
-    config: kube::Config,
-    shutdown: CancellationToken,
-) -> anyhow::Result<()> {
-    run_with(opts, config, shutdown, ManagerHandle::default()).await
-}
-
 pub async fn run_with(
     opts: ManagerOptions,
     config: kube::Config,

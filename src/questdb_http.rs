@@ -23,9 +23,9 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// The largest answer read: the operator's queries return a row per table at most. A database
 /// (any image a tenant chose) answering with an endless body is cut off here, never buffered
 /// into the operator's memory.
-pub const MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
+pub(crate) const MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
 /// At most this many tables are counted for a backup's record.
-pub const MAX_TABLES_RECORDED: usize = 64;
+pub(crate) const MAX_TABLES_RECORDED: usize = 64;
 
 /// A QuestDB's HTTP endpoint and the basic-auth login it requires.
 #[derive(Clone)]
@@ -89,7 +89,7 @@ struct Answer {
 
 /// The HTTP user and password of a credentials Secret (never printed).
 #[derive(Clone, PartialEq, Eq)]
-pub struct Login {
+pub(crate) struct Login {
     pub user: String,
     pub password: String,
 }
@@ -104,7 +104,7 @@ impl std::fmt::Debug for Login {
 
 impl Login {
     /// `QDB_HTTP_USER` and `QDB_HTTP_PASSWORD` of a credentials Secret.
-    pub fn from_secret(secret: &k8s_openapi::api::core::v1::Secret) -> Option<Login> {
+    pub(crate) fn from_secret(secret: &k8s_openapi::api::core::v1::Secret) -> Option<Login> {
         let data = secret.data.as_ref()?;
         let get = |k: &str| Some(String::from_utf8_lossy(&data.get(k)?.0).into_owned());
         Some(Login {
@@ -116,7 +116,7 @@ impl Login {
 
 impl Database {
     /// The database's HTTP endpoint at `addr`, with `login` when it requires one.
-    pub fn at(addr: SocketAddr, login: Option<&Login>) -> Self {
+    pub(crate) fn at(addr: SocketAddr, login: Option<&Login>) -> Self {
         Self::new(addr, login.map(|l| (l.user.as_str(), l.password.as_str())))
     }
 
@@ -133,12 +133,12 @@ impl Database {
     }
 
     /// Where it is asked.
-    pub fn addr(&self) -> SocketAddr {
+    pub(crate) fn addr(&self) -> SocketAddr {
         self.addr
     }
 
     /// Runs one statement or query through `/exec`.
-    pub async fn exec(&self, query: &str) -> Result<Rows, QueryError> {
+    pub(crate) async fn exec(&self, query: &str) -> Result<Rows, QueryError> {
         self.exec_within(query, REQUEST_TIMEOUT).await
     }
 
@@ -215,19 +215,19 @@ impl Database {
     /// `CHECKPOINT CREATE`, waiting up to `limit` for its answer (it syncs the database's
     /// files first). QuestDB refuses a second one until RELEASE. Only its successful answer says
     /// the checkpoint is complete: `checkpoint_status()` reports it from its start.
-    pub async fn checkpoint_create(&self, limit: Duration) -> Result<(), QueryError> {
+    pub(crate) async fn checkpoint_create(&self, limit: Duration) -> Result<(), QueryError> {
         self.exec_within("CHECKPOINT CREATE", limit).await.map(drop)
     }
 
     /// `CHECKPOINT RELEASE`; a release without an open checkpoint is accepted.
-    pub async fn checkpoint_release(&self) -> Result<(), QueryError> {
+    pub(crate) async fn checkpoint_release(&self) -> Result<(), QueryError> {
         self.exec("CHECKPOINT RELEASE").await.map(drop)
     }
 
     /// The open checkpoint's `started_at` (the database's clock, as it reports it), or `None`
     /// when none is open, from `checkpoint_status()`: the only thing that tells one checkpoint
     /// from another.
-    pub async fn checkpoint_started_at(&self) -> Result<Option<String>, QueryError> {
+    pub(crate) async fn checkpoint_started_at(&self) -> Result<Option<String>, QueryError> {
         let rows = self
             .exec("select in_progress, started_at from checkpoint_status()")
             .await?;
@@ -246,7 +246,7 @@ impl Database {
 
     /// The QuestDB version the database reports (`build()`: "Build Information: QuestDB 9.2.0,
     /// JDK ..."), `None` when its answer names none.
-    pub async fn version(&self) -> Result<Option<String>, QueryError> {
+    pub(crate) async fn version(&self) -> Result<Option<String>, QueryError> {
         let rows = self.exec("select build()").await?;
         let text = rows
             .dataset
@@ -259,7 +259,7 @@ impl Database {
 
     /// Row count and newest designated timestamp of each table (the first
     /// [`MAX_TABLES_RECORDED`] by name).
-    pub async fn table_facts(&self) -> Result<Vec<TableFacts>, QueryError> {
+    pub(crate) async fn table_facts(&self) -> Result<Vec<TableFacts>, QueryError> {
         let mut facts = Vec::new();
         for (name, ts) in self.tables().await?.into_iter().take(MAX_TABLES_RECORDED) {
             facts.push(self.table_fact(&name, ts.as_deref()).await?);
@@ -268,7 +268,7 @@ impl Database {
     }
 
     /// Every table's name and designated timestamp column, by name.
-    pub async fn tables(&self) -> Result<Vec<(String, Option<String>)>, QueryError> {
+    pub(crate) async fn tables(&self) -> Result<Vec<(String, Option<String>)>, QueryError> {
         let tables = self
             .exec("select table_name, designatedTimestamp from tables() order by table_name")
             .await?;
@@ -288,7 +288,11 @@ impl Database {
     }
 
     /// One table's row count and newest designated timestamp (`ts`: its column).
-    pub async fn table_fact(&self, name: &str, ts: Option<&str>) -> Result<TableFacts, QueryError> {
+    pub(crate) async fn table_fact(
+        &self,
+        name: &str,
+        ts: Option<&str>,
+    ) -> Result<TableFacts, QueryError> {
         let query = match ts {
             Some(ts) => format!(
                 "select count(), max({}) from {}",
@@ -314,7 +318,7 @@ impl Database {
 
     /// `select reload_config()`: QuestDB re-reads `server.conf` and applies what it can reload;
     /// true when it found something to apply.
-    pub async fn reload_config(&self) -> Result<bool, QueryError> {
+    pub(crate) async fn reload_config(&self) -> Result<bool, QueryError> {
         let rows = self.exec("select reload_config()").await?;
         Ok(rows
             .dataset
@@ -325,7 +329,7 @@ impl Database {
     }
 
     /// The `SHOW PARAMETERS` rows of `keys` (keys the version does not know are not there).
-    pub async fn parameters(
+    pub(crate) async fn parameters(
         &self,
         keys: &[&str],
     ) -> Result<Vec<crate::desired::reload::Parameter>, QueryError> {
@@ -370,7 +374,7 @@ fn parse_version(build: &str) -> Option<String> {
 
 impl Database {
     /// `ALTER TABLE ... RESUME WAL`: a suspended table takes writes and applies its WAL again.
-    pub async fn resume_wal(&self, table: &str) -> Result<(), QueryError> {
+    pub(crate) async fn resume_wal(&self, table: &str) -> Result<(), QueryError> {
         self.exec(&format!("ALTER TABLE {} RESUME WAL", quote_ident(table)))
             .await
             .map(|_| ())

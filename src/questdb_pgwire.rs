@@ -19,7 +19,7 @@ const MAX_MESSAGE: usize = 64 * 1024;
 /// Whether `user` logs in with `password` at `addr` within `limit`: `Ok(false)` is a refusal,
 /// `Err` anything else (unreachable, timed out, not pgwire, an authentication method other
 /// than a cleartext password).
-pub async fn logs_in(
+pub(crate) async fn logs_in(
     addr: SocketAddr,
     user: &str,
     password: &str,

@@ -29,11 +29,11 @@ use crate::desired::quantity::parse_quantity;
 /// operator stops setting (a removed `spec.node`, env var or resource limit) is invisible to
 /// the "desired ⊆ existing" comparison; it changes the hash, so the child is applied again and
 /// server-side apply removes the field.
-pub const APPLIED_HASH_ANNOTATION: &str = "crd.questdb.io/applied-hash";
+pub(crate) const APPLIED_HASH_ANNOTATION: &str = "crd.questdb.io/applied-hash";
 
 /// The metadata of a child as the caches hold it, read the same way whatever the form: a
 /// child kept whole, or a [`Compacted`] one whose labels and owner references are shared.
-pub trait CachedMeta {
+pub(crate) trait CachedMeta {
     fn annotation(&self, key: &str) -> Option<&str>;
     fn label_map(&self) -> &BTreeMap<String, String>;
     fn owners(&self) -> &[OwnerReference];
@@ -57,7 +57,7 @@ impl<K: Resource> CachedMeta for K {
 }
 
 /// A child kind the operator builds, with its own notion of "already as desired".
-pub trait OwnedChild: Resource<DynamicType = ()> + Sized {
+pub(crate) trait OwnedChild: Resource<DynamicType = ()> + Sized {
     /// Written with server-side apply, so a field the operator stops setting is removed. False
     /// for the PVC: most of its spec is immutable once bound, and only its size and metadata
     /// are ever written after creation (a JSON merge patch of exactly those).
@@ -87,7 +87,7 @@ pub trait OwnedChild: Resource<DynamicType = ()> + Sized {
 /// typed fields the controllers read. A reader gets what is there, or a compile error: there
 /// is no empty pod template to be misled by.
 #[derive(Clone, Debug)]
-pub struct Compacted<K, E = ()> {
+pub(crate) struct Compacted<K, E = ()> {
     /// Without labels, owner references and [`APPLIED_HASH_ANNOTATION`], held apart: read
     /// them through [`CachedMeta`]. Private, so no reader finds the fields empty.
     metadata: ObjectMeta,
@@ -198,11 +198,11 @@ impl<K, E> CachedMeta for Compacted<K, E> {
 }
 
 impl<K, E> Compacted<K, E> {
-    pub fn name_any(&self) -> String {
+    pub(crate) fn name_any(&self) -> String {
         self.metadata.name.clone().unwrap_or_default()
     }
     /// `metadata.generation`: what a controller's `observedGeneration` is compared with.
-    pub fn generation(&self) -> Option<i64> {
+    pub(crate) fn generation(&self) -> Option<i64> {
         self.metadata.generation
     }
 }
@@ -243,7 +243,7 @@ where
 /// What the caches hold of a StatefulSet besides its metadata and compared spec: the replica
 /// count (pausing and deletion read it) and the status (rollout, readiness).
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct StatefulSetKept {
+pub(crate) struct StatefulSetKept {
     pub replicas: Option<i32>,
     pub status: Option<StatefulSetStatus>,
     /// A container of the pod template binds a host port (see
@@ -254,11 +254,11 @@ pub struct StatefulSetKept {
 }
 
 /// A StatefulSet as the caches hold it.
-pub type CachedStatefulSet = Compacted<StatefulSet, StatefulSetKept>;
+pub(crate) type CachedStatefulSet = Compacted<StatefulSet, StatefulSetKept>;
 
 impl CachedStatefulSet {
     /// `spec.replicas` (1 when unset, as the apiserver defaults it).
-    pub fn replicas(&self) -> i32 {
+    pub(crate) fn replicas(&self) -> i32 {
         self.kept.replicas.unwrap_or(1)
     }
 }
@@ -278,7 +278,7 @@ fn digest(value: &impl Serialize) -> [u8; 32] {
 /// annotations missing or different, a different controller reference (adoption, or detaching a
 /// retained PVC), a missing non-controller owner reference, or [`OwnedChild::spec_matches`] false.
 /// Labels and annotations a user added to the child by hand are left alone.
-pub fn needs_update<T: OwnedChild>(desired: &T, existing: &T::Cached) -> bool {
+pub(crate) fn needs_update<T: OwnedChild>(desired: &T, existing: &T::Cached) -> bool {
     !(meta_matches(desired.meta(), existing) && T::spec_matches(desired, existing))
 }
 
@@ -322,7 +322,7 @@ fn controller_ref(meta: &ObjectMeta) -> Option<&OwnerReference> {
 /// have extra keys in `existing`; arrays must have the same length and match element by element;
 /// numbers compare by value. A `null`, empty array or empty object in `desired` also matches an
 /// absent key, because the API server drops empty fields.
-pub fn json_subset(desired: &Value, existing: &Value) -> bool {
+pub(crate) fn json_subset(desired: &Value, existing: &Value) -> bool {
     match (desired, existing) {
         (Value::Object(d), Value::Object(e)) => d.iter().all(|(key, dv)| match e.get(key) {
             Some(ev) => json_subset(dv, ev) || (is_empty(dv) && ev.is_null()),

@@ -9,10 +9,10 @@ use std::sync::{Arc, Mutex};
 
 /// Values no longer held outside the table are dropped when it has doubled since its last
 /// sweep, so it never holds more than twice what is alive (and at least this many).
-pub const MIN_SWEEP_AT: usize = 64;
+pub(crate) const MIN_SWEEP_AT: usize = 64;
 
 #[derive(Debug)]
-pub struct Table<T: ?Sized>(Mutex<Interned<T>>);
+pub(crate) struct Table<T: ?Sized>(Mutex<Interned<T>>);
 
 #[derive(Debug)]
 struct Interned<T: ?Sized> {
@@ -31,7 +31,7 @@ impl<T: ?Sized> Default for Table<T> {
 
 impl<T: ?Sized + Eq + Hash> Table<T> {
     /// The table's copy of `value`, which becomes it if there is none.
-    pub fn intern<V>(&self, value: V) -> Arc<T>
+    pub(crate) fn intern<V>(&self, value: V) -> Arc<T>
     where
         V: Borrow<T> + Into<Arc<T>>,
     {
@@ -50,7 +50,7 @@ impl<T: ?Sized + Eq + Hash> Table<T> {
     }
 
     #[cfg(test)]
-    pub fn held(&self) -> usize {
+    pub(crate) fn held(&self) -> usize {
         self.0.lock().unwrap().values.len()
     }
 }

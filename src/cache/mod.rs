@@ -2,9 +2,9 @@
 //! what each keeps of its objects (trimmed and compacted), and the reconcile requests they
 //! forward once an event reached its cache.
 
-pub mod compacted;
-pub mod interned;
-pub mod shared_text;
+pub(crate) mod compacted;
+pub(crate) mod interned;
+pub(crate) mod shared_text;
 
 use crate::api::{labels, QuestDB};
 use crate::controllers::cached_pod::CachedPod;
@@ -35,7 +35,7 @@ use tracing::warn;
 /// kube-runtime's shared-stream subscriptions are not used for triggers: they fan out only
 /// applied objects (no deletions), and a subscription whose object vanished from the cache
 /// before it was read returns `Pending` without a wake-up, which can stall that trigger stream.
-pub struct Subscriptions {
+pub(crate) struct Subscriptions {
     pub(crate) triggers: TriggerReceiver,
     /// For reconciles that ask for reconciles of other QuestDBs (node health, node moves).
     pub(crate) sender: TriggerSender,
@@ -558,7 +558,7 @@ pub(crate) async fn wait_for_caches(c: &Caches, shutdown: &CancellationToken) {
 /// three, and only with a value they can hold (a QuestDB name, a uid). Any namespace's user can
 /// annotate a Secret, and a megabyte of annotation value kept for each of thousands of Secrets
 /// would be the operator's memory, not theirs.
-pub fn kept_secret_annotation(key: &str, value: &str) -> bool {
+pub(crate) fn kept_secret_annotation(key: &str, value: &str) -> bool {
     let label = |v: &str| {
         !v.is_empty()
             && v.len() <= 63

@@ -19,7 +19,7 @@ const MARKS: [char; 8] = [
 /// A text with some tokens cut out, shared with every other text that differs from it only in
 /// those tokens.
 #[derive(Clone, Debug)]
-pub struct Templated {
+pub(crate) struct Templated {
     template: Arc<str>,
     /// The tokens cut out of `template`, in the order they were cut.
     tokens: Box<[Box<str>]>,
@@ -29,7 +29,7 @@ impl Templated {
     /// `text` with every occurrence of each token cut out (in order), interned. Tokens are
     /// names, hashes and addresses: one that is empty or holds a character JSON would escape
     /// is left in the text.
-    pub fn new(text: &str, tokens: Vec<&str>) -> Self {
+    pub(crate) fn new(text: &str, tokens: Vec<&str>) -> Self {
         Self::in_table(&SHARED, text, tokens)
     }
 
@@ -57,7 +57,7 @@ impl Templated {
     }
 
     /// The text as it was given.
-    pub fn text(&self) -> Cow<'_, str> {
+    pub(crate) fn text(&self) -> Cow<'_, str> {
         if self.tokens.is_empty() {
             return Cow::Borrowed(&self.template);
         }

@@ -31,7 +31,7 @@ pub enum ImageVerdict {
 }
 
 impl LaunchAllowList {
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.images.is_empty() && self.image_owners.is_empty() && self.instance_types.is_empty()
     }
 
@@ -52,7 +52,7 @@ impl LaunchAllowList {
     }
 
     /// The image check from the id alone.
-    pub fn image(&self, image: &str) -> ImageVerdict {
+    pub(crate) fn image(&self, image: &str) -> ImageVerdict {
         if self.images.is_empty() && self.image_owners.is_empty() {
             return ImageVerdict::Allowed;
         }
@@ -69,7 +69,7 @@ impl LaunchAllowList {
     }
 
     /// The image check once DescribeImages answered (`None`: EC2 does not know the image).
-    pub fn image_owned(&self, image: &str, facts: Option<&ImageFacts>) -> Option<String> {
+    pub(crate) fn image_owned(&self, image: &str, facts: Option<&ImageFacts>) -> Option<String> {
         match facts {
             Some(f)
                 if self

@@ -34,11 +34,11 @@ pub struct RunSpec {
 
 /// The error code of a dry run EC2 would have carried out ("Request would have succeeded, but
 /// DryRun flag is set": EC2 API reference, common parameters, `DryRun`).
-pub const DRY_RUN_PASSED: &str = "DryRunOperation";
+pub(crate) const DRY_RUN_PASSED: &str = "DryRunOperation";
 
 /// How a dry-run RunInstances is named in the AWS call metrics and counts: apart from the
 /// launches.
-pub const DRY_RUN_OPERATION: &str = "RunInstances(DryRun)";
+pub(crate) const DRY_RUN_OPERATION: &str = "RunInstances(DryRun)";
 
 /// What `DescribeSubnets` says of one subnet.
 #[derive(Clone, Debug, PartialEq, Eq)]

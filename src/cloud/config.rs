@@ -130,7 +130,7 @@ impl Default for RateLimit {
 
 impl RateLimit {
     /// Below Route53's five requests per second per account, leaving room for other tools.
-    pub fn route53() -> Self {
+    pub(crate) fn route53() -> Self {
         Self {
             per_second: 3.0,
             burst: 5,

@@ -6,15 +6,19 @@
 //! Pure: [`wanted`] says what to ask, the AWS shell (`aws::eks`) asks, [`fill`] takes the
 //! answer into the configuration and says, for the start-up log line, what it took.
 
+// The EKS discovery is the AWS provider's: a build without it (the sandbox's) calls only the
+// checks, and the rest stays compiled and unit-tested there.
+#![cfg_attr(not(feature = "aws"), allow(dead_code))]
+
 use std::collections::BTreeMap;
 
 use super::CloudConfig;
 
 /// The subnet tag EKS documents for private subnets (internal load balancers): "Subnet
 /// requirements and considerations", Amazon EKS user guide.
-pub const INTERNAL_ELB_TAG: &str = "kubernetes.io/role/internal-elb";
+pub(crate) const INTERNAL_ELB_TAG: &str = "kubernetes.io/role/internal-elb";
 /// ... and for public ones (internet-facing load balancers).
-pub const PUBLIC_ELB_TAG: &str = "kubernetes.io/role/elb";
+pub(crate) const PUBLIC_ELB_TAG: &str = "kubernetes.io/role/elb";
 
 /// The instance profile the CloudFormation stack makes (`deploy/aws`), and so the default of
 /// `--aws-instance-profile`: `<cluster>-questdb-node`.
@@ -24,7 +28,7 @@ pub fn default_instance_profile(cluster_name: &str) -> String {
 
 /// What AWS says of the cluster the operator runs in.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct ClusterFacts {
+pub(crate) struct ClusterFacts {
     /// `cluster.endpoint`.
     pub endpoint: Option<String>,
     /// `cluster.certificateAuthority.data` (base64 PEM).
@@ -43,7 +47,7 @@ pub struct ClusterFacts {
 
 /// One of the cluster's subnets.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ClusterSubnet {
+pub(crate) struct ClusterSubnet {
     pub id: String,
     pub zone: String,
     /// Tagged for internet-facing load balancers, or giving instances public addresses.
@@ -54,7 +58,7 @@ pub struct ClusterSubnet {
 impl ClusterSubnet {
     /// From DescribeSubnets' answer: a subnet is public when tagged `kubernetes.io/role/elb`,
     /// private when tagged `.../internal-elb`, and otherwise as `MapPublicIpOnLaunch` says.
-    pub fn classify(
+    pub(crate) fn classify(
         id: String,
         zone: String,
         tags: &BTreeMap<String, String>,
@@ -88,7 +92,7 @@ pub struct Wanted {
 }
 
 impl Wanted {
-    pub fn any(self) -> bool {
+    pub(crate) fn any(self) -> bool {
         self.eks || self.subnets || self.public_subnets || self.security_groups
     }
 }
@@ -113,7 +117,7 @@ pub fn wanted(config: &CloudConfig) -> Wanted {
 
 /// Per zone, the subnet with the most free addresses (then the lowest id, so two replicas of
 /// the operator choose alike) among the private or the public ones.
-pub fn subnets_by_zone(subnets: &[ClusterSubnet], public: bool) -> BTreeMap<String, String> {
+pub(crate) fn subnets_by_zone(subnets: &[ClusterSubnet], public: bool) -> BTreeMap<String, String> {
     let mut best: BTreeMap<String, &ClusterSubnet> = BTreeMap::new();
     for s in subnets.iter().filter(|s| s.public == public) {
         let better = match best.get(&s.zone) {
@@ -132,7 +136,7 @@ pub fn subnets_by_zone(subnets: &[ClusterSubnet], public: bool) -> BTreeMap<Stri
 
 /// Takes what the flags left out from `facts`; returns one phrase per value taken (for the
 /// start-up line: ids and addresses only, nothing secret; the CA is named, not printed).
-pub fn fill(config: &mut CloudConfig, wanted: Wanted, facts: &ClusterFacts) -> Vec<String> {
+pub(crate) fn fill(config: &mut CloudConfig, wanted: Wanted, facts: &ClusterFacts) -> Vec<String> {
     let mut taken = Vec::new();
     if wanted.eks {
         let eks = &mut config.eks;
@@ -193,7 +197,7 @@ pub fn fill(config: &mut CloudConfig, wanted: Wanted, facts: &ClusterFacts) -> V
 }
 
 /// What is still missing after discovery, each naming its flag and where discovery looked.
-pub fn still_missing(config: &CloudConfig, facts: Option<&ClusterFacts>) -> Vec<String> {
+pub(crate) fn still_missing(config: &CloudConfig, facts: Option<&ClusterFacts>) -> Vec<String> {
     let mut out = Vec::new();
     if config.subnets_by_zone.is_empty() {
         out.push(match facts {

@@ -22,7 +22,7 @@ pub struct Route53DnsProvider<A> {
 
 impl<A: Route53Api> Route53DnsProvider<A> {
     /// Fails when the configuration names no hosted zone.
-    pub fn new(
+    pub(crate) fn new(
         api: Arc<A>,
         config: &CloudConfig,
         observer: SharedObserver,
@@ -42,10 +42,6 @@ impl<A: Route53Api> Route53DnsProvider<A> {
             cluster: config.cluster_name.clone(),
             calls,
         })
-    }
-
-    pub fn api(&self) -> &Arc<A> {
-        &self.api
     }
 
     async fn read(&self, fqdn: &str) -> Result<Vec<RecordSet>, CloudError> {
@@ -84,7 +80,7 @@ fn owned_elsewhere(name: &str, why: &str) -> CloudError {
 }
 
 /// The error code of a name that is not this QuestDB's to write.
-pub const OWNED_ELSEWHERE: &str = "RecordOwnedElsewhere";
+pub(crate) const OWNED_ELSEWHERE: &str = "RecordOwnedElsewhere";
 
 /// What a name's record sets say about who owns it.
 #[derive(Debug, PartialEq, Eq)]

@@ -35,13 +35,12 @@ pub use backend::{
     ChangeAction, Ec2Api, InstanceQuery, Page, RecordSet, Route53Api, RunSpec, Subnet,
 };
 pub use config::{pick_subnet, CloudConfig, EksCluster, RateLimit, RetryPolicy};
-pub use dns::{Route53DnsProvider, OWNED_ELSEWHERE};
-pub use node_volumes::{block_devices, BlockDevice, NodeVolumes, DEFAULT_ROOT_DEVICE};
-pub use nodes::{Ec2NodeProvider, INSTANCE_NOT_OWNED, LAUNCH_NOT_ALLOWED};
+pub(crate) use dns::{Route53DnsProvider, OWNED_ELSEWHERE};
+pub(crate) use node_volumes::{block_devices, BlockDevice, NodeVolumes};
+pub(crate) use nodes::{Ec2NodeProvider, INSTANCE_NOT_OWNED};
 pub use observer::{
     noop_observer, AwsCallObserver, CallCounter, CallKey, NoopObserver, SharedObserver,
 };
-pub use user_data::render_user_data;
 
 /// Dedicated nodes. Object safe: the controllers hold an `Arc<dyn NodeProvider>`.
 #[async_trait]
@@ -166,7 +165,7 @@ pub struct DnsOwner {
 
 impl DnsOwner {
     /// The ownership TXT value (unquoted) in the hosted zone of `cluster`'s operator.
-    pub fn txt(&self, cluster: &str) -> String {
+    pub(crate) fn txt(&self, cluster: &str) -> String {
         format!(
             "heritage=questdb-operator,cluster={cluster},uid={}",
             self.uid

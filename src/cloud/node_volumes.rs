@@ -5,7 +5,7 @@
 use super::ImageFacts;
 
 /// The root device of the EKS-optimized AL2023 and Bottlerocket images.
-pub const DEFAULT_ROOT_DEVICE: &str = "/dev/xvda";
+pub(crate) const DEFAULT_ROOT_DEVICE: &str = "/dev/xvda";
 
 /// The operator's settings for a dedicated node's own volumes (`--node-root-*`,
 /// `--node-data-volume-gib`).
@@ -48,7 +48,7 @@ pub struct BlockDevice {
 /// sized up to the image's snapshot; then every other EBS device of the image, so none of them
 /// boots with the image's unencrypted default. `image` is `None` when EC2 does not describe the
 /// image (RunInstances then names the real problem).
-pub fn block_devices(volumes: &NodeVolumes, image: Option<&ImageFacts>) -> Vec<BlockDevice> {
+pub(crate) fn block_devices(volumes: &NodeVolumes, image: Option<&ImageFacts>) -> Vec<BlockDevice> {
     let image_root = image
         .and_then(|i| i.root_device_name.as_deref())
         .filter(|d| !d.is_empty());

@@ -23,10 +23,10 @@ use super::{
 
 /// The code of the refusal to stop or terminate an instance that is not provably the
 /// caller's (`Ec2NodeProvider::check_owner`).
-pub const INSTANCE_NOT_OWNED: &str = "InstanceNotOwned";
+pub(crate) const INSTANCE_NOT_OWNED: &str = "InstanceNotOwned";
 
 /// The code of a launch the allow-list refuses ([`super::LaunchAllowList`]).
-pub const LAUNCH_NOT_ALLOWED: &str = "LaunchNotAllowed";
+pub(crate) const LAUNCH_NOT_ALLOWED: &str = "LaunchNotAllowed";
 
 /// RunInstances' answer when the zone has no capacity for the type (EC2 API reference, error
 /// codes): the one error a fallback instance type can help with.
@@ -46,7 +46,7 @@ pub struct Ec2NodeProvider<A> {
 }
 
 impl<A: Ec2Api> Ec2NodeProvider<A> {
-    pub fn new(api: Arc<A>, config: CloudConfig, observer: SharedObserver) -> Self {
+    pub(crate) fn new(api: Arc<A>, config: CloudConfig, observer: SharedObserver) -> Self {
         let limiter = Arc::new(TokenBucket::new(&config.rate_limit));
         let calls = CallRunner::new("ec2", observer, limiter, config.retry.clone());
         Self {
@@ -75,11 +75,6 @@ impl<A: Ec2Api> Ec2NodeProvider<A> {
         self.recent()
             .get(id)
             .is_some_and(|at| at.elapsed() < window)
-    }
-
-    /// The backend, e.g. to inject faults into the memory fake.
-    pub fn api(&self) -> &Arc<A> {
-        &self.api
     }
 
     async fn describe_all(

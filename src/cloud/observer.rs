@@ -71,12 +71,13 @@ impl CallCounter {
     }
 
     /// All calls so far.
-    pub fn total(&self) -> u64 {
+    #[cfg(test)]
+    pub(crate) fn total(&self) -> u64 {
         self.snapshot().values().sum()
     }
 
     /// `(service, operation, outcome) -> count`.
-    pub fn snapshot(&self) -> BTreeMap<CallKey, u64> {
+    pub(crate) fn snapshot(&self) -> BTreeMap<CallKey, u64> {
         self.counts
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())

@@ -11,7 +11,7 @@ use super::RateLimit;
 ///
 /// tokio's clock (not `std`'s) so tests with a paused clock are exact and instant.
 #[derive(Debug)]
-pub struct TokenBucket {
+pub(crate) struct TokenBucket {
     per_second: f64,
     burst: f64,
     state: Mutex<BucketState>,
@@ -24,7 +24,7 @@ struct BucketState {
 }
 
 impl TokenBucket {
-    pub fn new(limit: &RateLimit) -> Self {
+    pub(crate) fn new(limit: &RateLimit) -> Self {
         let burst = f64::from(limit.burst.max(1));
         Self {
             per_second: limit.per_second,
@@ -37,7 +37,7 @@ impl TokenBucket {
     }
 
     /// Wait for the right to make one call. A non-positive rate means "no limit".
-    pub async fn acquire(&self) {
+    pub(crate) async fn acquire(&self) {
         if self.per_second <= 0.0 || !self.per_second.is_finite() {
             return;
         }

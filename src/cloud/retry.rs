@@ -11,7 +11,7 @@ use super::{classify, ApiError, ErrorClass, RetryPolicy, SharedObserver};
 
 /// Shared by all calls of one provider (the rate limit is per provider, not per call).
 #[derive(Clone)]
-pub struct CallRunner {
+pub(crate) struct CallRunner {
     service: &'static str,
     observer: SharedObserver,
     limiter: Arc<TokenBucket>,
@@ -21,13 +21,13 @@ pub struct CallRunner {
 /// Whether `InvalidInstanceID.NotFound` may be retried for this call (only where the id came
 /// from our own recent launch, i.e. describing ids; a terminate treats it as "already gone").
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum NotFound {
+pub(crate) enum NotFound {
     Retry,
     Return,
 }
 
 impl CallRunner {
-    pub fn new(
+    pub(crate) fn new(
         service: &'static str,
         observer: SharedObserver,
         limiter: Arc<TokenBucket>,
@@ -43,7 +43,7 @@ impl CallRunner {
 
     /// Run `attempt` until it succeeds, fails permanently, or its class's retry budget is
     /// spent; the last error is returned as the API reported it.
-    pub async fn call<T, F, Fut>(
+    pub(crate) async fn call<T, F, Fut>(
         &self,
         operation: &'static str,
         not_found: NotFound,

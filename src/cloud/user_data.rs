@@ -65,12 +65,12 @@ sysctl --load /etc/sysctl.d/90-questdb.conf
 /// The open-file limit and `vm.max_map_count` QuestDB's documentation asks for (capacity
 /// planning, "OS configuration": 1,048,576 for both), which the default template and the
 /// Bottlerocket example set on every dedicated node.
-pub const KERNEL_LIMIT: u64 = 1_048_576;
+pub(crate) const KERNEL_LIMIT: u64 = 1_048_576;
 
 /// Whether `template` sets the kernel limits QuestDB needs ([`KERNEL_LIMIT`]), in any of the
 /// bootstrap formats the operator ships: a custom template that does not is allowed (the image
 /// may set them), and the operator warns at start-up.
-pub fn sets_kernel_limits(template: &str) -> bool {
+pub(crate) fn sets_kernel_limits(template: &str) -> bool {
     let value = KERNEL_LIMIT.to_string();
     let map_count = template
         .lines()
@@ -81,14 +81,14 @@ pub fn sets_kernel_limits(template: &str) -> bool {
 
 /// What a template must hand to the kubelet; without either, the Node is born undedicated or
 /// untainted.
-pub const REQUIRED_PLACEHOLDERS: [&str; 2] = ["node_labels", "node_taints"];
+pub(crate) const REQUIRED_PLACEHOLDERS: [&str; 2] = ["node_labels", "node_taints"];
 
 /// The same for formats that take labels and taints as TOML tables (Bottlerocket's
 /// `settings.kubernetes.node-labels` and `node-taints`).
-pub const REQUIRED_TOML_PLACEHOLDERS: [&str; 2] = ["node_labels_toml", "node_taints_toml"];
+pub(crate) const REQUIRED_TOML_PLACEHOLDERS: [&str; 2] = ["node_labels_toml", "node_taints_toml"];
 
 /// The placeholders of `template`, in order (`{{ x }}` and `{{x}}` alike).
-pub fn placeholders(template: &str) -> Vec<String> {
+pub(crate) fn placeholders(template: &str) -> Vec<String> {
     let mut out = Vec::new();
     let mut rest = template;
     while let Some(start) = rest.find("{{") {
@@ -179,7 +179,7 @@ fn flag_for(placeholder: &str) -> Option<&'static str> {
 ///
 /// A placeholder without a value is an error, not an empty string: a bootstrap script with a
 /// silently blank `--register-with-taints` would create an untainted node.
-pub fn render_user_data(
+pub(crate) fn render_user_data(
     template: &str,
     vars: &BTreeMap<String, String>,
 ) -> Result<String, CloudError> {
@@ -213,7 +213,7 @@ pub fn render_user_data(
 }
 
 /// `k=v,k2=v2`, the kubelet's `--node-labels` syntax.
-pub fn kubelet_labels(labels: &BTreeMap<String, String>) -> String {
+pub(crate) fn kubelet_labels(labels: &BTreeMap<String, String>) -> String {
     labels
         .iter()
         .map(|(k, v)| format!("{k}={v}"))
@@ -222,7 +222,7 @@ pub fn kubelet_labels(labels: &BTreeMap<String, String>) -> String {
 }
 
 /// `k=v:Effect,k2:Effect`, the kubelet's `--register-with-taints` syntax.
-pub fn kubelet_taints(req: &LaunchRequest) -> String {
+pub(crate) fn kubelet_taints(req: &LaunchRequest) -> String {
     req.taints
         .iter()
         .map(|t| match &t.value {
@@ -235,7 +235,7 @@ pub fn kubelet_taints(req: &LaunchRequest) -> String {
 
 /// Labels as the lines of a TOML table (`"k" = "v"`), Bottlerocket's
 /// `[settings.kubernetes.node-labels]`.
-pub fn toml_labels(labels: &BTreeMap<String, String>) -> String {
+pub(crate) fn toml_labels(labels: &BTreeMap<String, String>) -> String {
     labels
         .iter()
         .map(|(k, v)| format!("{} = {}", toml_string(k), toml_string(v)))
@@ -245,7 +245,7 @@ pub fn toml_labels(labels: &BTreeMap<String, String>) -> String {
 
 /// Taints as the lines of a TOML table (`"k" = ["v:Effect"]`), Bottlerocket's
 /// `[settings.kubernetes.node-taints]`.
-pub fn toml_taints(req: &LaunchRequest) -> String {
+pub(crate) fn toml_taints(req: &LaunchRequest) -> String {
     req.taints
         .iter()
         .map(|t| {
@@ -265,7 +265,7 @@ fn toml_string(s: &str) -> String {
 /// The cluster DNS Service's address: the tenth of the service CIDR, where EKS puts kube-dns
 /// (`10.100.0.10`, `172.20.0.10`). Bottlerocket would otherwise ask EKS's DescribeCluster
 /// for it, which the node role is not granted.
-pub fn cluster_dns_ip(service_cidr: &str) -> Option<String> {
+pub(crate) fn cluster_dns_ip(service_cidr: &str) -> Option<String> {
     let (ip, bits) = service_cidr.trim().split_once('/')?;
     let ip: std::net::Ipv4Addr = ip.parse().ok()?;
     let bits: u32 = bits.parse().ok().filter(|b| *b <= 28)?;
@@ -275,7 +275,10 @@ pub fn cluster_dns_ip(service_cidr: &str) -> Option<String> {
 
 /// Everything a template may refer to. The EKS cluster's endpoint, CA and service CIDR are
 /// present only when configured, so a template that needs them fails [`check_template`].
-pub fn bootstrap_vars(req: &LaunchRequest, config: &CloudConfig) -> BTreeMap<String, String> {
+pub(crate) fn bootstrap_vars(
+    req: &LaunchRequest,
+    config: &CloudConfig,
+) -> BTreeMap<String, String> {
     let mut vars = BTreeMap::from([
         ("cluster_name".to_string(), config.cluster_name.clone()),
         ("region".to_string(), config.region.clone()),
@@ -317,7 +320,10 @@ pub fn bootstrap_vars(req: &LaunchRequest, config: &CloudConfig) -> BTreeMap<Str
 }
 
 /// The user data for `req`: the configured template rendered with [`bootstrap_vars`].
-pub fn user_data_for(req: &LaunchRequest, config: &CloudConfig) -> Result<String, CloudError> {
+pub(crate) fn user_data_for(
+    req: &LaunchRequest,
+    config: &CloudConfig,
+) -> Result<String, CloudError> {
     render_user_data(&config.user_data_template, &bootstrap_vars(req, config))
 }
 

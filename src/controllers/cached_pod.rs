@@ -13,7 +13,7 @@ use kube::Resource;
 /// cost 2.2 KiB each before its strings. Made `From<Pod>` in `questdb::container_state`,
 /// which decides which container statuses to keep and reads them back.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct CachedPod {
+pub(crate) struct CachedPod {
     pub metadata: ObjectMeta,
     /// `spec.nodeName`: where the scheduler bound the pod.
     pub node_name: Option<String>,

@@ -23,14 +23,14 @@ use crate::plan::conditions::Verdict;
 use crate::questdb_http::Database;
 
 /// A backup of the database, as the watchdog sees it.
-pub struct BackupView<'a> {
+pub(crate) struct BackupView<'a> {
     pub name: &'a str,
     pub status: &'a QuestDBBackupStatus,
 }
 
 /// What the watchdog found and does.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Watch {
+pub(crate) struct Watch {
     pub verdict: Verdict<CheckpointReason>,
     /// Seconds the open checkpoint has been open (0: none).
     pub open_seconds: i64,
@@ -39,7 +39,7 @@ pub struct Watch {
 }
 
 /// `open`: the open checkpoint's `started_at` as the database reports it, `None` when none is.
-pub fn watch(
+pub(crate) fn watch(
     open: Option<&str>,
     now: Timestamp,
     backups: &[BackupView<'_>],
@@ -128,7 +128,7 @@ pub fn watch(
 /// Asks `db` for its checkpoint, releases it when [`watch`] says so, and reports: the metric
 /// always, a Warning event when a checkpoint is first found left open, a Normal one when the
 /// operator released it. `None`: the database did not answer (the last verdict stands).
-pub async fn check(
+pub(crate) async fn check(
     ctx: &Context,
     qdb: &QuestDB,
     db: &Database,

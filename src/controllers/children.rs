@@ -20,7 +20,7 @@ use crate::cache::compacted::{needs_update, OwnedChild};
 
 /// What to do with one child object.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum ChildAction {
+pub(crate) enum ChildAction {
     /// Absent: create it.
     Create,
     /// Present without a controller, and provably ours (our labels for this QuestDB, or the
@@ -44,7 +44,7 @@ fn controller_of(owners: &[OwnerReference]) -> Option<&OwnerReference> {
 ///
 /// Only fields the operator sets are compared ([`needs_update`]), so values the apiserver
 /// defaults (clusterIP, container defaults, volumeName, ...) never cause a write.
-pub fn decide<K>(desired: &K, existing: Option<&K::Cached>, owner_uid: &str) -> ChildAction
+pub(crate) fn decide<K>(desired: &K, existing: Option<&K::Cached>, owner_uid: &str) -> ChildAction
 where
     K: OwnedChild,
 {
@@ -83,13 +83,13 @@ fn provably_ours<K: Resource, E: CachedMeta>(desired: &K, existing: &E) -> bool 
 }
 
 /// Whether `obj`'s controller is the QuestDB with `uid`.
-pub fn controlled_by<K: CachedMeta>(obj: &K, uid: &str) -> bool {
+pub(crate) fn controlled_by<K: CachedMeta>(obj: &K, uid: &str) -> bool {
     controller_of(obj.owners()).is_some_and(|c| c.uid == uid)
 }
 
 /// Deletes a child the operator controls and no longer wants; the uid precondition makes sure
 /// it is the object that was looked at, never a successor with the same name.
-pub async fn delete_owned<K, O>(api: &Api<K>, obj: &O) -> kube::Result<()>
+pub(crate) async fn delete_owned<K, O>(api: &Api<K>, obj: &O) -> kube::Result<()>
 where
     K: Resource + Clone + DeserializeOwned + Debug,
     O: Lookup,
@@ -110,7 +110,10 @@ where
 }
 
 /// Keeps the non-controller owner references an adopted object already had.
-pub fn merge_owner_references<K: Resource, E: CachedMeta>(desired: &mut K, existing: Option<&E>) {
+pub(crate) fn merge_owner_references<K: Resource, E: CachedMeta>(
+    desired: &mut K,
+    existing: Option<&E>,
+) {
     let Some(existing) = existing else { return };
     let ours: Vec<OwnerReference> = desired.owner_references().to_vec();
     if ours.is_empty() && desired.meta().owner_references.is_some() {
@@ -135,7 +138,7 @@ pub fn merge_owner_references<K: Resource, E: CachedMeta>(desired: &mut K, exist
 
 /// Outcome of an apply, for events and requeue decisions.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Applied {
+pub(crate) enum Applied {
     Created,
     Adopted,
     Updated,
@@ -146,10 +149,10 @@ pub enum Applied {
     Stale,
 }
 
-pub use crate::cache::compacted::APPLIED_HASH_ANNOTATION;
+pub(crate) use crate::cache::compacted::APPLIED_HASH_ANNOTATION;
 
 /// Adds [`APPLIED_HASH_ANNOTATION`] to `desired`: a hash of everything else in it.
-pub fn stamp_applied_hash<K: Resource + Serialize>(desired: &mut K) {
+pub(crate) fn stamp_applied_hash<K: Resource + Serialize>(desired: &mut K) {
     desired.annotations_mut().remove(APPLIED_HASH_ANNOTATION);
     let bytes = serde_json::to_vec(desired).unwrap_or_default();
     let hash = hex::encode(&Sha256::digest(&bytes)[..8]);
@@ -173,7 +176,7 @@ fn api_error(code: u16) -> bool {
 /// resourceVersion as precondition, so fields the operator no longer sets are removed by the
 /// apiserver and fields others set (defaults, other controllers, a user's extra labels) stay.
 /// The PVC is merge-patched with exactly its metadata and size.
-pub async fn apply<K>(
+pub(crate) async fn apply<K>(
     api: &Api<K>,
     desired: &K,
     existing: Option<&K::Cached>,
@@ -300,7 +303,7 @@ fn is_legacy_entry(m: &ManagedFieldsEntry) -> bool {
 }
 
 /// The patch that `upgrade_managed_fields` sends, if one is needed. Pure.
-pub fn managed_fields_upgrade(meta: &ObjectMeta) -> Option<serde_json::Value> {
+pub(crate) fn managed_fields_upgrade(meta: &ObjectMeta) -> Option<serde_json::Value> {
     let entries = meta.managed_fields.as_deref().unwrap_or_default();
     let legacy = entries.iter().position(is_legacy_entry)?;
     let rv = meta.resource_version.clone().unwrap_or_default();

@@ -100,7 +100,7 @@ impl Default for CloudSettings {
 }
 
 /// What the controllers hold: the configuration plus the shared instance cache.
-pub struct CloudRuntime {
+pub(crate) struct CloudRuntime {
     /// The uid of this cluster's `kube-system` namespace, tagged on every instance beside the
     /// cluster name: two clusters can share a name (a small test cluster reusing a big one's),
     /// never this uid. `None` when the operator may not read it: the sweep is then off.
@@ -130,7 +130,7 @@ pub struct CloudRuntime {
 }
 
 /// The cluster's identity: the uid of `kube-system` (created with the cluster, never deleted).
-pub async fn cluster_id(client: &kube::Client) -> Option<String> {
+pub(crate) async fn cluster_id(client: &kube::Client) -> Option<String> {
     let namespaces: kube::Api<k8s_openapi::api::core::v1::Namespace> =
         kube::Api::all(client.clone());
     match namespaces.get_opt("kube-system").await {
@@ -144,7 +144,7 @@ pub async fn cluster_id(client: &kube::Client) -> Option<String> {
 }
 
 impl CloudRuntime {
-    pub fn new(cloud: Cloud, cluster_id: Option<String>) -> Self {
+    pub(crate) fn new(cloud: Cloud, cluster_id: Option<String>) -> Self {
         let lease_duration = cloud.settings.node_lease_duration;
         Self {
             cluster_id,
@@ -163,7 +163,7 @@ impl CloudRuntime {
     }
 
     /// Whether Node `name` has just been cordoned (true once per cordon).
-    pub fn cordon_news(&self, name: &str, cordoned: bool) -> bool {
+    pub(crate) fn cordon_news(&self, name: &str, cordoned: bool) -> bool {
         let mut seen = self.cordons_seen.lock().unwrap_or_else(|p| p.into_inner());
         if cordoned {
             seen.insert(name.to_string())
@@ -174,7 +174,10 @@ impl CloudRuntime {
     }
 
     /// The pending scheduled event of `instance_id`, if the last look found one.
-    pub fn scheduled_event(&self, instance_id: &str) -> Option<crate::cloud::ScheduledEvent> {
+    pub(crate) fn scheduled_event(
+        &self,
+        instance_id: &str,
+    ) -> Option<crate::cloud::ScheduledEvent> {
         self.scheduled_events
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -191,14 +194,14 @@ struct Snapshot {
 /// One `describe_cluster()` answer shared by every reconcile until it is older than `max_age`
 /// or invalidated (after a launch or terminate, or by a reconcile waiting for a state change).
 /// Concurrent readers of a stale cache wait for a single refresh instead of each calling AWS.
-pub struct InstanceCache {
+pub(crate) struct InstanceCache {
     max_age: Duration,
     snapshot: Mutex<Option<Snapshot>>,
     refresh: tokio::sync::Mutex<()>,
 }
 
 impl InstanceCache {
-    pub fn new(max_age: Duration) -> Self {
+    pub(crate) fn new(max_age: Duration) -> Self {
         Self {
             max_age,
             snapshot: Mutex::new(None),
@@ -215,13 +218,16 @@ impl InstanceCache {
     }
 
     /// Every instance tagged for this cluster, at most the cache's `max_age` old.
-    pub async fn get(&self, nodes: &dyn NodeProvider) -> Result<Arc<Vec<Instance>>, CloudError> {
+    pub(crate) async fn get(
+        &self,
+        nodes: &dyn NodeProvider,
+    ) -> Result<Arc<Vec<Instance>>, CloudError> {
         self.get_within(nodes, self.max_age).await
     }
 
     /// Like [`InstanceCache::get`] with a tighter bound, for a reconcile waiting on a state
     /// change: however many QuestDBs wait, the operator asks at most once per `max_age`.
-    pub async fn get_within(
+    pub(crate) async fn get_within(
         &self,
         nodes: &dyn NodeProvider,
         max_age: Duration,
@@ -244,7 +250,7 @@ impl InstanceCache {
     }
 
     /// The next `get` asks AWS again.
-    pub fn invalidate(&self) {
+    pub(crate) fn invalidate(&self) {
         *self.snapshot.lock().unwrap_or_else(|p| p.into_inner()) = None;
     }
 }
@@ -291,7 +297,7 @@ mod tests {
 
 /// A permanent launch failure, remembered so the launch is not repeated on every reconcile.
 #[derive(Clone, Debug)]
-pub struct LaunchFailure {
+pub(crate) struct LaunchFailure {
     /// `metadata.generation` of the QuestDB when it failed: a spec edit retries at once.
     pub spec_generation: Option<i64>,
     pub node_generation: i64,
@@ -301,4 +307,4 @@ pub struct LaunchFailure {
     pub retry_after: std::time::Duration,
 }
 
-pub type LaunchFailures = std::sync::Mutex<HashMap<String, LaunchFailure>>;
+pub(crate) type LaunchFailures = std::sync::Mutex<HashMap<String, LaunchFailure>>;

@@ -21,16 +21,16 @@ use crate::api::{EventReason, QuestDB};
 
 use crate::cache::compacted::OwnedChild;
 use crate::controllers::cloud_runtime::CloudRuntime;
-pub use crate::controllers::keys::{questdb_ref, GuardedQuestDB};
+pub(crate) use crate::controllers::keys::{questdb_ref, GuardedQuestDB};
 use crate::ilp_auth::{KeyError, PublicKey};
 use crate::metrics::Metrics;
 
 /// A child as its cache holds it.
-pub type Cached<K> = <K as OwnedChild>::Cached;
+pub(crate) type Cached<K> = <K as OwnedChild>::Cached;
 
 /// Reflector caches the reconcilers read instead of the apiserver.
 #[derive(Clone)]
-pub struct Caches {
+pub(crate) struct Caches {
     /// Guarded: one QuestDB that does not deserialize must not stop the watch of all others.
     pub questdbs: Store<GuardedQuestDB>,
     /// The operator's children, in the form [`OwnedChild::Cached`] says.
@@ -56,21 +56,21 @@ pub struct Caches {
 /// the watched namespace's), or one per namespace of `--secret-namespaces`, so an install
 /// grants Secret reads only in the namespaces its databases live in.
 #[derive(Clone)]
-pub struct SecretIndex {
+pub(crate) struct SecretIndex {
     /// Each cache with the namespace it holds (`None`: every namespace it may list).
     stores: Vec<(Option<String>, Store<PartialObjectMeta<Secret>>)>,
 }
 
 impl SecretIndex {
     /// One cache of every Secret the operator lists.
-    pub fn single(store: Store<PartialObjectMeta<Secret>>) -> Self {
+    pub(crate) fn single(store: Store<PartialObjectMeta<Secret>>) -> Self {
         Self {
             stores: vec![(None, store)],
         }
     }
 
     /// One cache per namespace.
-    pub fn per_namespace(stores: Vec<(String, Store<PartialObjectMeta<Secret>>)>) -> Self {
+    pub(crate) fn per_namespace(stores: Vec<(String, Store<PartialObjectMeta<Secret>>)>) -> Self {
         Self {
             stores: stores.into_iter().map(|(ns, s)| (Some(ns), s)).collect(),
         }
@@ -84,7 +84,7 @@ impl SecretIndex {
     }
 
     /// The Secret `r` names, when it is cached (never when its namespace is not read).
-    pub fn get(
+    pub(crate) fn get(
         &self,
         r: &ObjectRef<PartialObjectMeta<Secret>>,
     ) -> Option<Arc<PartialObjectMeta<Secret>>> {
@@ -92,7 +92,7 @@ impl SecretIndex {
     }
 
     /// Every cached Secret of namespace `ns`.
-    pub fn in_namespace(&self, ns: &str) -> Vec<Arc<PartialObjectMeta<Secret>>> {
+    pub(crate) fn in_namespace(&self, ns: &str) -> Vec<Arc<PartialObjectMeta<Secret>>> {
         self.store_of(ns).map_or_else(Vec::new, |s| {
             s.state()
                 .into_iter()
@@ -102,7 +102,7 @@ impl SecretIndex {
     }
 
     /// Once every cache has listed its Secrets.
-    pub async fn wait_until_ready(&self) {
+    pub(crate) async fn wait_until_ready(&self) {
         for (_, store) in &self.stores {
             let _ = store.wait_until_ready().await;
         }
@@ -111,38 +111,38 @@ impl SecretIndex {
 
 /// Parsed public keys by Secret and resourceVersion, so a resync reads no Secret again. Holds
 /// only the public half (`kid`, `x`, `y`) or the problem found.
-pub type KeyCache = Mutex<HashMap<ObjectRef<Secret>, (String, Result<PublicKey, KeyError>)>>;
+pub(crate) type KeyCache = Mutex<HashMap<ObjectRef<Secret>, (String, Result<PublicKey, KeyError>)>>;
 
 /// What each credentials Secret's data said, by Secret and resourceVersion: the check and
 /// digest only, never a value.
-pub type CredentialsCache =
+pub(crate) type CredentialsCache =
     Mutex<HashMap<ObjectRef<Secret>, (String, crate::desired::credentials::Check)>>;
 
 /// The newest `WriteHealthy` verdict per QuestDB, written by the write-health poll and read
 /// by the QuestDB's reconcile.
-pub type WriteHealth =
+pub(crate) type WriteHealth =
     Mutex<HashMap<ObjectRef<GuardedQuestDB>, crate::plan::conditions::Verdict<WriteHealthReason>>>;
 
 /// What the write-health poll last saw of each QuestDB's volume: the file system's usage from
 /// its node's kubelet (or why it could not be read) and the WAL tables QuestDB reports
 /// suspended (`None`: QuestDB did not answer).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct DiskObservation {
+pub(crate) struct DiskObservation {
     pub usage: Result<crate::plan::disk::VolumeUsage, String>,
     pub suspended: Option<Vec<crate::plan::disk::SuspendedTable>>,
 }
 
-pub type DiskWatch = Mutex<HashMap<ObjectRef<GuardedQuestDB>, DiskObservation>>;
+pub(crate) type DiskWatch = Mutex<HashMap<ObjectRef<GuardedQuestDB>, DiskObservation>>;
 
 /// The newest `CheckpointReleased` verdict per QuestDB, written by the same poll.
-pub type CheckpointWatch = Mutex<
+pub(crate) type CheckpointWatch = Mutex<
     HashMap<
         ObjectRef<GuardedQuestDB>,
         crate::plan::conditions::Verdict<crate::api::CheckpointReason>,
     >,
 >;
 
-pub struct Context {
+pub(crate) struct Context {
     pub client: Client,
     /// One recorder for the whole manager so its event series cache is shared.
     pub recorder: Recorder,
@@ -190,11 +190,11 @@ pub struct Context {
 /// The first such progress waits this long after the last write: past the scheduler's first
 /// retry (1-2 s), and as long as a database on an idle cluster takes to start, so most start
 /// with one write of progress at most.
-pub const STATUS_COALESCE: std::time::Duration = std::time::Duration::from_secs(5);
+pub(crate) const STATUS_COALESCE: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// The longest progress waits: a database that stays on its way (a thousand created at once,
 /// a volume slow to attach) still shows where it is twice a minute.
-pub const STATUS_COALESCE_MAX: std::time::Duration = std::time::Duration::from_secs(30);
+pub(crate) const STATUS_COALESCE_MAX: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// How long progress is held back once seen, however long ago the last write was: the steps
 /// of a database on its way come in bursts (placed on a node, then ready a second or two later:
@@ -204,7 +204,7 @@ pub const STATUS_SETTLE: std::time::Duration = std::time::Duration::from_secs(5)
 /// A QuestDB's last status write, how many progress-only writes came since the last write of
 /// a change (a phase, a condition's status), and since when progress not yet written waits.
 #[derive(Clone, Copy, Debug)]
-pub struct StatusWrite {
+pub(crate) struct StatusWrite {
     pub at: std::time::Instant,
     pub progress: u32,
     pub held: Option<std::time::Instant>,
@@ -214,13 +214,13 @@ impl StatusWrite {
     /// How long progress waits after this write: doubling with each progress-only write
     /// since the last change, from [`STATUS_COALESCE`] up to [`STATUS_COALESCE_MAX`]. A
     /// database that takes a minute to start costs four progress writes, not twelve.
-    pub fn window(&self) -> std::time::Duration {
+    pub(crate) fn window(&self) -> std::time::Duration {
         crate::controllers::keys::doubling(STATUS_COALESCE, self.progress, STATUS_COALESCE_MAX)
     }
 
     /// How much longer progress seen `now` waits: until the window after the last write has
     /// passed and the progress has settled for [`STATUS_SETTLE`]. `None`: write it now.
-    pub fn wait(&self, now: std::time::Instant) -> Option<std::time::Duration> {
+    pub(crate) fn wait(&self, now: std::time::Instant) -> Option<std::time::Duration> {
         let window = self
             .window()
             .checked_sub(now.saturating_duration_since(self.at));
@@ -230,7 +230,7 @@ impl StatusWrite {
     }
 
     /// Whether this entry still decides anything: a window or a settle not yet over.
-    pub fn live(&self, now: std::time::Instant) -> bool {
+    pub(crate) fn live(&self, now: std::time::Instant) -> bool {
         now.saturating_duration_since(self.at) < STATUS_COALESCE_MAX
             || self
                 .held
@@ -238,11 +238,11 @@ impl StatusWrite {
     }
 }
 
-pub type Wake = futures::channel::mpsc::UnboundedSender<ObjectRef<GuardedQuestDB>>;
+pub(crate) type Wake = futures::channel::mpsc::UnboundedSender<ObjectRef<GuardedQuestDB>>;
 
 impl Context {
     /// Publishes an event about `qdb`. Failing to record an event must never fail a reconcile.
-    pub async fn event(
+    pub(crate) async fn event(
         &self,
         qdb: &QuestDB,
         type_: EventType,
@@ -256,7 +256,7 @@ impl Context {
 
     /// Publishes an event about any object. Failing to record an event must never fail a
     /// reconcile.
-    pub async fn event_for(
+    pub(crate) async fn event_for(
         &self,
         reference: &ObjectReference,
         type_: EventType,
@@ -278,13 +278,13 @@ impl Context {
 
     /// Asks for a reconcile of the QuestDB `key` now (a background look saw something that
     /// changes its decision). Nothing when the controller is not running.
-    pub fn wake_questdb(&self, key: ObjectRef<GuardedQuestDB>) {
+    pub(crate) fn wake_questdb(&self, key: ObjectRef<GuardedQuestDB>) {
         if let Some(wake) = &self.wake {
             let _ = wake.unbounded_send(key);
         }
     }
 
-    pub fn metrics_conditions(&self, before: &[Condition], after: &[Condition]) {
+    pub(crate) fn metrics_conditions(&self, before: &[Condition], after: &[Condition]) {
         for c in crate::plan::conditions::transitions(before, after) {
             self.metrics
                 .condition_transition(&c.type_, &c.status, &c.reason);

@@ -6,15 +6,15 @@ use kube::runtime::reflector::ObjectRef;
 use crate::api::QuestDB;
 
 /// A QuestDB as the watch delivers it: parsed, or the metadata and the parse error.
-pub type GuardedQuestDB = kube::core::DeserializeGuard<QuestDB>;
+pub(crate) type GuardedQuestDB = kube::core::DeserializeGuard<QuestDB>;
 
 /// The controller's key for a QuestDB.
-pub fn questdb_ref(qdb: &QuestDB) -> Option<ObjectRef<GuardedQuestDB>> {
+pub(crate) fn questdb_ref(qdb: &QuestDB) -> Option<ObjectRef<GuardedQuestDB>> {
     Some(ObjectRef::new(&qdb.metadata.name.clone()?).within(qdb.metadata.namespace.as_deref()?))
 }
 
 /// `first`, doubled `n` times, never above `max`: how long a repeated look or write waits.
-pub fn doubling(
+pub(crate) fn doubling(
     first: std::time::Duration,
     n: u32,
     max: std::time::Duration,

@@ -3,20 +3,20 @@
 //! apply -> update status.
 
 pub mod backup;
-pub mod cached_pod;
-pub mod checkpoint_watch;
-pub mod children;
-pub mod cloud_runtime;
+pub(crate) mod cached_pod;
+pub(crate) mod checkpoint_watch;
+pub(crate) mod children;
+pub(crate) mod cloud_runtime;
 pub mod context;
-pub mod keys;
-pub mod node_health;
-pub mod preflight;
+pub(crate) mod keys;
+pub(crate) mod node_health;
+pub(crate) mod preflight;
 pub mod questdb;
-pub mod refusals;
-pub mod schedule;
-pub mod scheduled_events;
-pub mod sweep;
-pub mod write_health;
+pub(crate) mod refusals;
+pub(crate) mod schedule;
+pub(crate) mod scheduled_events;
+pub(crate) mod sweep;
+pub(crate) mod write_health;
 
 use std::time::Duration;
 
@@ -30,7 +30,7 @@ use crate::metrics::ReconcileOutcome;
 /// and the `result` of `controller_runtime_reconcile_total`, with its delay, without looking
 /// inside `Action` (which keeps the delay private).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Next {
+pub(crate) enum Next {
     /// Nothing to do until something changes.
     AwaitChange,
     /// Look again after this long even without a change.
@@ -38,14 +38,14 @@ pub enum Next {
 }
 
 impl Next {
-    pub fn action(self) -> Action {
+    pub(crate) fn action(self) -> Action {
         match self {
             Next::AwaitChange => Action::await_change(),
             Next::RequeueAfter(d) => Action::requeue(d),
         }
     }
 
-    pub fn outcome(self) -> ReconcileOutcome {
+    pub(crate) fn outcome(self) -> ReconcileOutcome {
         match self {
             Next::AwaitChange => ReconcileOutcome::Success,
             Next::RequeueAfter(d) => ReconcileOutcome::RequeueAfter(d),
@@ -56,7 +56,7 @@ impl Next {
 /// Reconcile failures. [`Error::reason`] is the label of `questdb_operator_reconcile_errors_total`
 /// and the reason of the Warning event a failing streak starts with.
 #[derive(Debug, thiserror::Error)]
-pub enum Error {
+pub(crate) enum Error {
     #[error("object has no namespace")]
     MissingNamespace,
     #[error("object has no uid")]
@@ -65,8 +65,6 @@ pub enum Error {
     StaleCache(String),
     #[error("optimistic-concurrency conflict")]
     Conflict,
-    #[error("serializing an object failed")]
-    Serialize(#[source] serde_json::Error),
     #[error("Kubernetes API call failed")]
     Kube(#[source] kube::Error),
     /// Throttled or transient after the provider's own retries; the reconcile backs off.
@@ -77,29 +75,27 @@ pub enum Error {
 impl Error {
     /// Conflicts and stale caches are normal in a controller: retried quickly, never logged as
     /// errors.
-    pub fn is_transient_conflict(&self) -> bool {
+    pub(crate) fn is_transient_conflict(&self) -> bool {
         matches!(self, Error::StaleCache(_) | Error::Conflict)
     }
 
     /// Every value [`Error::reason`] can take.
-    pub const REASONS: [EventReason; 8] = [
+    pub(crate) const REASONS: [EventReason; 7] = [
         EventReason::MissingNamespace,
         EventReason::MissingUid,
         EventReason::StaleCache,
         EventReason::Conflict,
-        EventReason::SerializeFailed,
         EventReason::KubernetesApiError,
         EventReason::CloudApiError,
         EventReason::InstanceNotOwned,
     ];
 
-    pub fn reason(&self) -> EventReason {
+    pub(crate) fn reason(&self) -> EventReason {
         match self {
             Error::MissingNamespace => EventReason::MissingNamespace,
             Error::MissingUid => EventReason::MissingUid,
             Error::StaleCache(_) => EventReason::StaleCache,
             Error::Conflict => EventReason::Conflict,
-            Error::Serialize(_) => EventReason::SerializeFailed,
             Error::Kube(_) => EventReason::KubernetesApiError,
             Error::Cloud(crate::cloud::CloudError::Permanent { code, .. })
                 if code == crate::cloud::INSTANCE_NOT_OWNED =>
@@ -119,7 +115,7 @@ impl Error {
 }
 
 /// A one-line description of a kube error for events and conditions (no object bodies).
-pub fn short_error(e: &kube::Error) -> String {
+pub(crate) fn short_error(e: &kube::Error) -> String {
     match e {
         kube::Error::Api(s) => format!("{} ({}): {}", s.reason, s.code, s.message),
         other => other.to_string(),
@@ -127,7 +123,7 @@ pub fn short_error(e: &kube::Error) -> String {
 }
 
 /// Backoff for failed reconciles of one object: exponential with jitter, capped.
-pub fn retry_delay(attempt: u32, conflict: bool) -> Duration {
+pub(crate) fn retry_delay(attempt: u32, conflict: bool) -> Duration {
     use backon::BackoffBuilder;
     let (min, max) = if conflict {
         (Duration::from_millis(200), Duration::from_secs(5))

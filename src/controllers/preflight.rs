@@ -39,7 +39,7 @@ use crate::plan::preflight::{
 
 /// At most this many distinct launches (image, instance type, zone, public address) are
 /// dry-run per preflight run.
-pub const LAUNCH_SAMPLES: usize = 8;
+pub(crate) const LAUNCH_SAMPLES: usize = 8;
 
 /// The distinct launches the QuestDBs ask for, each with words for the finding.
 fn launch_samples(questdbs: &[&QuestDB]) -> Vec<(String, crate::cloud::LaunchRequest)> {
@@ -84,7 +84,7 @@ fn launch_samples(questdbs: &[&QuestDB]) -> Vec<(String, crate::cloud::LaunchReq
 }
 
 /// Every finding of one preflight run, checks in their order.
-pub async fn run_checks(ctx: &Context, snapshot_namespace: &str) -> Vec<Finding> {
+pub(crate) async fn run_checks(ctx: &Context, snapshot_namespace: &str) -> Vec<Finding> {
     // Borrowed from the cache, not copied: the checks read a few fields of each.
     let cached = ctx.caches.questdbs.state();
     let questdbs: Vec<&QuestDB> = cached.iter().filter_map(|q| q.0.as_ref().ok()).collect();
@@ -100,7 +100,7 @@ pub async fn run_checks(ctx: &Context, snapshot_namespace: &str) -> Vec<Finding>
 
 /// The checks themselves, on what they need: the running operator's caches
 /// ([`run_checks`]), or `questdb-operator preflight`'s one-off reads (the chart's `helm test`).
-pub async fn check(
+pub(crate) async fn check(
     nodes: Option<&dyn crate::cloud::NodeProvider>,
     dns: Option<&dyn crate::cloud::DnsProvider>,
     client: &kube::Client,
@@ -169,11 +169,11 @@ fn storage_classes(questdbs: &[&QuestDB]) -> Vec<(String, String)> {
 }
 
 /// How often the checks run while one fails, and while none does.
-pub const AGAIN_WHILE_FAILING: Duration = Duration::from_secs(60);
-pub const AGAIN_WHILE_PASSING: Duration = Duration::from_secs(600);
+pub(crate) const AGAIN_WHILE_FAILING: Duration = Duration::from_secs(60);
+pub(crate) const AGAIN_WHILE_PASSING: Duration = Duration::from_secs(600);
 
 /// Runs the checks until `token` is cancelled, reporting each change (see the module doc).
-pub async fn run(
+pub(crate) async fn run(
     ctx: Arc<Context>,
     operator_pod: Option<ObjectReference>,
     snapshot_namespace: String,
@@ -253,7 +253,7 @@ fn wake_waiting_for_a_node(ctx: &Context) {
 
 /// The operator's own Pod, from the downward API's `POD_NAME` and `POD_NAMESPACE`: what its
 /// preflight Events are about. `None` outside a pod.
-pub fn operator_pod_from_env() -> Option<ObjectReference> {
+pub(crate) fn operator_pod_from_env() -> Option<ObjectReference> {
     let name = std::env::var("POD_NAME").ok().filter(|n| !n.is_empty())?;
     let namespace = std::env::var("POD_NAMESPACE")
         .ok()

@@ -14,18 +14,18 @@ use kube::runtime::reflector::Store;
 use kube::Resource;
 
 /// The StatefulSet controller refused to create the database pod (Pod Security, a quota).
-pub const FAILED_CREATE: &str = "FailedCreate";
+pub(crate) const FAILED_CREATE: &str = "FailedCreate";
 /// The persistent volume controller cannot bind the claim.
-pub const FAILED_BINDING: &str = "FailedBinding";
+pub(crate) const FAILED_BINDING: &str = "FailedBinding";
 /// A provisioner failed to make the claim's volume.
-pub const PROVISIONING_FAILED: &str = "ProvisioningFailed";
+pub(crate) const PROVISIONING_FAILED: &str = "ProvisioningFailed";
 
 /// Every reason watched, one watch each.
-pub const REASONS: [&str; 3] = [FAILED_CREATE, FAILED_BINDING, PROVISIONING_FAILED];
+pub(crate) const REASONS: [&str; 3] = [FAILED_CREATE, FAILED_BINDING, PROVISIONING_FAILED];
 
 /// An event as the refusal caches hold it.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct Refusal {
+pub(crate) struct Refusal {
     /// Name, namespace and resourceVersion only.
     pub metadata: ObjectMeta,
     /// `involvedObject.kind` and `.name`.
@@ -40,7 +40,7 @@ pub struct Refusal {
 impl Refusal {
     /// The name of the QuestDB this refusal would be about, if the refused object is one the
     /// operator names: a StatefulSet is named after its QuestDB, a claim `<name>-data`.
-    pub fn questdb_name(&self) -> Option<&str> {
+    pub(crate) fn questdb_name(&self) -> Option<&str> {
         match self.kind.as_str() {
             "StatefulSet" => Some(self.name.as_str()),
             "PersistentVolumeClaim" => crate::desired::names::questdb_of_pvc(&self.name),
@@ -48,7 +48,7 @@ impl Refusal {
         }
     }
 
-    pub fn from_event(e: Event) -> Self {
+    pub(crate) fn from_event(e: Event) -> Self {
         let at = e
             .series
             .as_ref()
@@ -73,7 +73,7 @@ impl Refusal {
 
 /// The most of a refusal's message a cache keeps and a condition shows: Events are written by
 /// anyone who may create them in a namespace, and the cache is the operator's memory.
-pub const MAX_MESSAGE_BYTES: usize = 1024;
+pub(crate) const MAX_MESSAGE_BYTES: usize = 1024;
 
 fn truncated(mut message: String) -> String {
     if message.len() > MAX_MESSAGE_BYTES {
@@ -114,7 +114,7 @@ impl Resource for Refusal {
 /// The newest message of one of `reasons` about the `kind` object `name` in `ns`, if it is
 /// younger than `fresh` at `now` (events live an hour: an old refusal since resolved must not
 /// explain a pod that is merely being replaced). Pure over what the caches hold.
-pub fn newest<'a>(
+pub(crate) fn newest<'a>(
     refusals: impl IntoIterator<Item = &'a Refusal>,
     ns: &str,
     kind: &str,
@@ -137,7 +137,7 @@ pub fn newest<'a>(
 }
 
 /// [`newest`] over every refusal cache.
-pub fn newest_cached(
+pub(crate) fn newest_cached(
     stores: &[Store<Refusal>],
     ns: &str,
     kind: &str,

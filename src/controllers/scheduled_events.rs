@@ -24,7 +24,7 @@ use crate::controllers::context::Context;
 use crate::controllers::keys::questdb_ref;
 
 /// The earliest pending event of each of `ours` (instance ids), from everything EC2 reported.
-pub fn earliest_per_instance(
+pub(crate) fn earliest_per_instance(
     events: &[ScheduledEvent],
     ours: &HashSet<String>,
 ) -> HashMap<String, ScheduledEvent> {
@@ -46,7 +46,7 @@ pub fn earliest_per_instance(
 }
 
 /// The instances whose event appeared, changed or went away between two looks.
-pub fn changed(
+pub(crate) fn changed(
     before: &HashMap<String, ScheduledEvent>,
     after: &HashMap<String, ScheduledEvent>,
 ) -> Vec<String> {
@@ -62,7 +62,7 @@ pub fn changed(
 }
 
 /// A line naming the event for conditions, events and logs.
-pub fn describe(e: &ScheduledEvent) -> String {
+pub(crate) fn describe(e: &ScheduledEvent) -> String {
     format!(
         "{} ({})",
         crate::plan::node_move::describe_event(e),
@@ -71,7 +71,7 @@ pub fn describe(e: &ScheduledEvent) -> String {
 }
 
 /// Reads the events every interval until `token` is cancelled.
-pub async fn run(ctx: Arc<Context>, token: CancellationToken) {
+pub(crate) async fn run(ctx: Arc<Context>, token: CancellationToken) {
     let Some(cloud) = ctx.cloud.clone() else {
         return;
     };

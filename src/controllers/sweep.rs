@@ -31,13 +31,13 @@ use crate::plan::node::node_for;
 
 /// What a live QuestDB claims: its node generation and the instances its records name.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct Claim {
+pub(crate) struct Claim {
     pub generation: Option<i64>,
     pub named: BTreeSet<String>,
 }
 
 impl Claim {
-    pub fn of(status: Option<&QuestDBStatus>) -> Self {
+    pub(crate) fn of(status: Option<&QuestDBStatus>) -> Self {
         let Some(s) = status else {
             return Self::default();
         };
@@ -77,7 +77,9 @@ impl Claim {
 }
 
 /// The claims of every QuestDB in the cache, by uid.
-pub fn claims<'a>(questdbs: impl IntoIterator<Item = &'a QuestDB>) -> HashMap<String, Claim> {
+pub(crate) fn claims<'a>(
+    questdbs: impl IntoIterator<Item = &'a QuestDB>,
+) -> HashMap<String, Claim> {
     questdbs
         .into_iter()
         .filter_map(|q| Some((q.uid()?, Claim::of(q.status.as_ref()))))
@@ -86,7 +88,7 @@ pub fn claims<'a>(questdbs: impl IntoIterator<Item = &'a QuestDB>) -> HashMap<St
 
 /// When each orphan or leak was first seen; the grace period counts from there.
 #[derive(Default)]
-pub struct OrphanClock {
+pub(crate) struct OrphanClock {
     first_seen: HashMap<String, Instant>,
 }
 
@@ -94,7 +96,7 @@ impl OrphanClock {
     /// The live instances carrying a QuestDB uid that no live QuestDB has (orphans), or whose
     /// QuestDB's records no longer name them (leaks), for at least `grace`. Instances that
     /// stopped being either are forgotten.
-    pub fn due<'a>(
+    pub(crate) fn due<'a>(
         &mut self,
         instances: &'a [Instance],
         claims: &HashMap<String, Claim>,
@@ -127,7 +129,7 @@ impl OrphanClock {
 /// Sweeps every `interval` until `token` is cancelled. With `namespace` set (an operator that
 /// watches one namespace) only instances of that namespace are considered: the QuestDBs of
 /// other namespaces are not in the cache, and their instances are not ours to judge.
-pub async fn run(ctx: Arc<Context>, namespace: Option<String>, token: CancellationToken) {
+pub(crate) async fn run(ctx: Arc<Context>, namespace: Option<String>, token: CancellationToken) {
     let Some(cloud) = ctx.cloud.clone() else {
         return;
     };
@@ -210,7 +212,7 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<String>, token: Cancellati
 }
 
 /// One pass terminates at most max(1, 10%) of the managed instances; more is held back whole.
-pub fn within_bound(orphans: usize, managed: usize) -> bool {
+pub(crate) fn within_bound(orphans: usize, managed: usize) -> bool {
     orphans <= (managed / 10).max(1)
 }
 

@@ -28,13 +28,13 @@ use crate::plan::disk::{SuspendedTable, VolumeUsage};
 use crate::questdb_http::{Database, Login, Rows};
 
 /// A writer this many transactions behind its sequencer is lagging.
-pub const LAG_TXNS: i64 = 10_000;
+pub(crate) const LAG_TXNS: i64 = 10_000;
 
 /// Logins by credentials Secret, with the resourceVersion they were read at.
 pub(crate) type Logins = HashMap<ObjectRef<Secret>, (String, Option<Login>)>;
 
 /// The verdict `wal_tables()` (columns name, suspended, writerTxn, sequencerTxn) gives.
-pub fn verdict(rows: &Rows) -> Verdict<WriteHealthReason> {
+pub(crate) fn verdict(rows: &Rows) -> Verdict<WriteHealthReason> {
     let mut suspended = Vec::new();
     let mut lagging = Vec::new();
     for row in &rows.dataset {
@@ -85,7 +85,7 @@ pub fn verdict(rows: &Rows) -> Verdict<WriteHealthReason> {
 /// Polls every Running QuestDB each `interval` until `token` is cancelled: its WAL tables and
 /// its checkpoint (the watchdog, with the backups' checkpoint limit from `timeouts`); a
 /// changed verdict wakes that QuestDB's reconcile.
-pub async fn run(
+pub(crate) async fn run(
     ctx: Arc<Context>,
     interval: Duration,
     timeouts: crate::controllers::backup::plan::Timeouts,
@@ -351,7 +351,7 @@ fn decides_alike(a: &DiskObservation, b: &DiskObservation) -> bool {
 }
 
 /// The suspended tables of `wal_tables()` (columns name, suspended, ..., errorTag).
-pub fn suspended_tables(rows: &Rows) -> Vec<SuspendedTable> {
+pub(crate) fn suspended_tables(rows: &Rows) -> Vec<SuspendedTable> {
     rows.dataset
         .iter()
         .filter(|row| row.get(1).and_then(|v| v.as_bool()) == Some(true))

@@ -14,7 +14,7 @@ use crate::api::{QuestDB, SECRET_QUESTDB_ANNOTATION};
 /// `None` for a Secret without the annotation, without a namespace, or whose annotation is not a
 /// possible QuestDB name (blank, surrounding spaces, upper case, ...): such a Secret can belong
 /// to no QuestDB, and guessing (e.g. trimming) would make two spellings name the same database.
-pub fn questdb_for_secret(secret_meta: &ObjectMeta) -> Option<ObjectRef<QuestDB>> {
+pub(crate) fn questdb_for_secret(secret_meta: &ObjectMeta) -> Option<ObjectRef<QuestDB>> {
     let name = secret_meta
         .annotations
         .as_ref()?
@@ -31,7 +31,7 @@ pub fn questdb_for_secret(secret_meta: &ObjectMeta) -> Option<ObjectRef<QuestDB>
 /// Whether `name` can be the name of a QuestDB object: a Kubernetes DNS-1123 subdomain (lower
 /// case alphanumerics, `-` and `.`, alphanumeric at both ends of every label, at most 253
 /// characters), which is what the apiserver enforces for custom resource names.
-pub fn is_valid_questdb_name(name: &str) -> bool {
+pub(crate) fn is_valid_questdb_name(name: &str) -> bool {
     const MAX_LEN: usize = 253;
     const MAX_LABEL_LEN: usize = 63;
     if name.is_empty() || name.len() > MAX_LEN {

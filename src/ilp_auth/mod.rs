@@ -3,5 +3,5 @@
 
 mod mapping;
 
-pub use mapping::{is_valid_questdb_name, questdb_for_secret};
+pub(crate) use mapping::questdb_for_secret;
 pub use questdb_core::ilp_auth::*;

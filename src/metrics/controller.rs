@@ -22,7 +22,7 @@ use super::lock;
 pub struct QueueKey(String);
 
 impl QueueKey {
-    pub fn new(namespace: Option<&str>, name: &str) -> Self {
+    pub(crate) fn new(namespace: Option<&str>, name: &str) -> Self {
         match namespace {
             Some(ns) if !ns.is_empty() => QueueKey(format!("{ns}/{name}")),
             _ => QueueKey(name.to_string()),
@@ -65,17 +65,6 @@ pub enum ReconcileOutcome {
     Requeue,
     RequeueAfter(Duration),
     Error,
-}
-
-impl ReconcileOutcome {
-    pub fn as_label(self) -> &'static str {
-        match self {
-            ReconcileOutcome::Success => "success",
-            ReconcileOutcome::Requeue => "requeue",
-            ReconcileOutcome::RequeueAfter(_) => "requeue_after",
-            ReconcileOutcome::Error => "error",
-        }
-    }
 }
 
 tokio::task_local! {
@@ -211,20 +200,15 @@ impl ControllerMetrics {
         ControllerMetrics { shared }
     }
 
-    /// The controller's name (the `controller` label).
-    pub fn name(&self) -> &str {
-        &self.shared.name
-    }
-
     /// A watch handed the controller a request (exact: counted as it is sent; how many the
     /// controller merged is its own, private, business).
-    pub fn observe_trigger(&self) {
+    pub(crate) fn observe_trigger(&self) {
         self.shared.triggers.inc();
     }
 
     /// A reconcile of `key` starts. Finish the guard with its outcome; a guard dropped without
     /// [`ReconcileGuard::finish`] (panic, cancelled future) counts as an error.
-    pub fn start(&self, key: impl Into<QueueKey>) -> ReconcileGuard {
+    pub(crate) fn start(&self, key: impl Into<QueueKey>) -> ReconcileGuard {
         let key = key.into();
         let now = Instant::now();
         let shared = &self.shared;
@@ -293,25 +277,25 @@ impl fmt::Debug for ReconcileGuard {
 
 impl ReconcileGuard {
     /// The `reconcile` span (fields `controller`, `object`).
-    pub fn span(&self) -> &tracing::Span {
+    pub(crate) fn span(&self) -> &tracing::Span {
         &self.span
     }
 
     /// Runs the reconcile's future inside the `reconcile` span and attributes the Kubernetes and
     /// AWS calls it makes to this reconcile. Calls made by tasks it spawns are not attributed.
-    pub fn scope<F: Future>(&self, reconcile: F) -> impl Future<Output = F::Output> {
+    pub(crate) fn scope<F: Future>(&self, reconcile: F) -> impl Future<Output = F::Output> {
         CURRENT_RECONCILE
             .scope(Arc::clone(&self.tally), reconcile)
             .instrument(self.span.clone())
     }
 
     /// Records the reconcile's outcome.
-    pub fn finish(mut self, outcome: ReconcileOutcome) {
+    pub(crate) fn finish(mut self, outcome: ReconcileOutcome) {
         self.record(outcome);
     }
 
     /// Records an error and logs it once, with its whole cause chain, in the reconcile's span.
-    pub fn finish_with_error(self, error: &(dyn std::error::Error + 'static)) {
+    pub(crate) fn finish_with_error(self, error: &(dyn std::error::Error + 'static)) {
         self.span.in_scope(|| {
             tracing::warn!(error = %ErrorChain(error), "reconcile failed");
         });

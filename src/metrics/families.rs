@@ -88,7 +88,7 @@ const BACKUP_DURATION_BUCKETS: [f64; 10] = [
 impl Families {
     /// Builds and registers every family. Names and help texts are constants, so a failure here
     /// is a programming error caught by the first test that creates a `Metrics`.
-    pub fn register(registry: &Registry) -> Families {
+    pub(crate) fn register(registry: &Registry) -> Families {
         let r = Registrar(registry);
         let controller = &["controller"];
         let queue = &["name", "controller"];

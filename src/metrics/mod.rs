@@ -51,10 +51,10 @@ pub use rest_client::{
 use families::Families;
 
 /// Content type of the Prometheus text exposition format served on `/metrics`.
-pub const TEXT_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+pub(crate) const TEXT_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 /// Label value for QuestDBs that have no phase yet (status not written).
-pub const PHASE_UNKNOWN: &str = "Unknown";
+pub(crate) const PHASE_UNKNOWN: &str = "Unknown";
 
 /// Every phase a QuestDB can report, so the phase gauge exposes zeros instead of gaps.
 const ALL_PHASES: [Phase; 9] = [
@@ -83,7 +83,7 @@ pub enum FailoverResult {
 impl FailoverResult {
     const ALL: [FailoverResult; 3] = [Self::Succeeded, Self::Failed, Self::Suppressed];
 
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Self::Succeeded => "succeeded",
             Self::Failed => "failed",
@@ -106,7 +106,7 @@ pub enum NodeMoveResult {
 impl NodeMoveResult {
     const ALL: [NodeMoveResult; 3] = [Self::Completed, Self::Aborted, Self::RolledBack];
 
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Self::Completed => "completed",
             Self::Aborted => "aborted",
@@ -117,7 +117,7 @@ impl NodeMoveResult {
 
 /// The label values [`Metrics::zero_known_labels`] sets to zero: the controllers' own lists,
 /// so a new step or reason is initialised the day it is added.
-pub struct KnownLabels<'a> {
+pub(crate) struct KnownLabels<'a> {
     pub suppression_reasons: &'a [&'a str],
     pub failover_steps: &'a [&'a str],
     pub node_move_steps: &'a [&'a str],
@@ -298,7 +298,7 @@ impl Metrics {
     }
 
     /// How many findings the newest preflight has for `check` (0: it passes).
-    pub fn set_preflight_failures(&self, check: &str, findings: i64) {
+    pub(crate) fn set_preflight_failures(&self, check: &str, findings: i64) {
         self.families
             .preflight_failures
             .with_label_values(&[check])
@@ -306,7 +306,7 @@ impl Metrics {
     }
 
     /// Whether a QuestDB reports a suspended WAL table.
-    pub fn set_suspended_wal_tables(&self, namespace: &str, questdb: &str, suspended: i64) {
+    pub(crate) fn set_suspended_wal_tables(&self, namespace: &str, questdb: &str, suspended: i64) {
         self.families
             .suspended_wal_tables
             .with_label_values(&[namespace, questdb])
@@ -314,7 +314,13 @@ impl Metrics {
     }
 
     /// A QuestDB volume's file system size and use, in bytes.
-    pub fn set_volume_usage(&self, namespace: &str, questdb: &str, capacity: u64, used: u64) {
+    pub(crate) fn set_volume_usage(
+        &self,
+        namespace: &str,
+        questdb: &str,
+        capacity: u64,
+        used: u64,
+    ) {
         let f = &self.families;
         f.volume_capacity
             .with_label_values(&[namespace, questdb])
@@ -335,7 +341,7 @@ impl Metrics {
     /// Label values known in advance, set to zero at start (as controller-runtime does for its
     /// reconcile results): `rate()` and alert rules see the series before the first event
     /// instead of nothing at all.
-    pub fn zero_known_labels(&self, known: &KnownLabels) {
+    pub(crate) fn zero_known_labels(&self, known: &KnownLabels) {
         for reason in known.suppression_reasons {
             self.families
                 .failovers_suppressed
@@ -400,7 +406,7 @@ impl Metrics {
     }
 
     /// The sweep terminated an instance its live QuestDB no longer names (leaked).
-    pub fn leaked_instance_terminated(&self) {
+    pub(crate) fn leaked_instance_terminated(&self) {
         self.families.leaked_instances_terminated.inc();
     }
 
@@ -426,7 +432,7 @@ impl Metrics {
 
     /// Lets every scrape count phases afresh (e.g. from the controller's reflector store), so the
     /// gauge never lags behind deletions the reconciler does not see.
-    pub fn set_phase_source(
+    pub(crate) fn set_phase_source(
         &self,
         source: impl Fn() -> Vec<Option<Phase>> + Send + Sync + 'static,
     ) {
@@ -434,7 +440,8 @@ impl Metrics {
     }
 
     /// Kubernetes API calls made through [`instrumented_client`] so far, by verb and resource.
-    pub fn api_calls(&self) -> ApiCallSnapshot {
+    #[cfg(test)]
+    pub(crate) fn api_calls(&self) -> ApiCallSnapshot {
         self.api_calls.snapshot()
     }
 

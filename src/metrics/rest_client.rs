@@ -47,7 +47,7 @@ pub struct ApiCall {
 
 impl ApiCall {
     /// Classifies a request by method and path, the way the API server's request info does.
-    pub fn classify(method: &Method, uri: &http::Uri) -> ApiCall {
+    pub(crate) fn classify(method: &Method, uri: &http::Uri) -> ApiCall {
         let segments: Vec<&str> = uri.path().split('/').filter(|s| !s.is_empty()).collect();
         let rest = match segments.first() {
             Some(&"api") if segments.len() >= 2 => &segments[2..],
@@ -86,6 +86,7 @@ impl ApiCall {
         }
     }
 
+    #[cfg(test)]
     fn is_write(&self) -> bool {
         matches!(
             self.verb.as_str(),
@@ -104,6 +105,7 @@ impl ApiCallCounter {
         *lock(&self.counts).entry(call.clone()).or_default() += 1;
     }
 
+    #[cfg(test)]
     pub(super) fn snapshot(&self) -> ApiCallSnapshot {
         ApiCallSnapshot {
             counts: lock(&self.counts).clone(),
@@ -118,28 +120,29 @@ pub struct ApiCallSnapshot {
     counts: BTreeMap<ApiCall, u64>,
 }
 
+#[cfg(test)]
 impl ApiCallSnapshot {
     /// Calls of `verb` on `resource` (e.g. `("patch", "questdbs/status")`).
-    pub fn count(&self, verb: &str, resource: &str) -> u64 {
+    pub(crate) fn count(&self, verb: &str, resource: &str) -> u64 {
         self.sum(|call| call.verb == verb && call.resource == resource)
     }
 
     /// Calls of `verb`, any resource.
-    pub fn by_verb(&self, verb: &str) -> u64 {
+    pub(crate) fn by_verb(&self, verb: &str) -> u64 {
         self.sum(|call| call.verb == verb)
     }
 
     /// Calls that change state: create, update, patch, delete, deletecollection.
-    pub fn writes(&self) -> u64 {
+    pub(crate) fn writes(&self) -> u64 {
         self.sum(ApiCall::is_write)
     }
 
-    pub fn total(&self) -> u64 {
+    pub(crate) fn total(&self) -> u64 {
         self.sum(|_| true)
     }
 
     /// What happened between `earlier` and this snapshot.
-    pub fn since(&self, earlier: &ApiCallSnapshot) -> ApiCallSnapshot {
+    pub(crate) fn since(&self, earlier: &ApiCallSnapshot) -> ApiCallSnapshot {
         let counts = self
             .counts
             .iter()
@@ -152,7 +155,7 @@ impl ApiCallSnapshot {
     }
 
     /// Every `(call, count)` pair, ordered by verb then resource.
-    pub fn iter(&self) -> impl Iterator<Item = (&ApiCall, u64)> {
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (&ApiCall, u64)> {
         self.counts.iter().map(|(call, n)| (call, *n))
     }
 
@@ -175,7 +178,7 @@ pub struct RestMetricsLayer {
 impl RestMetricsLayer {
     /// `cluster_url` gives the `host` label (host:port, as client-go reports it). The layer sits
     /// outside kube's base-URI layer, so requests it sees carry only a path.
-    pub fn new(metrics: Arc<Metrics>, cluster_url: &http::Uri) -> Self {
+    pub(crate) fn new(metrics: Arc<Metrics>, cluster_url: &http::Uri) -> Self {
         let host = cluster_url
             .authority()
             .map_or_else(String::new, |authority| authority.as_str().to_string());

@@ -31,7 +31,7 @@ struct Series {
     last: Timestamp,
 }
 
-pub struct Recorder {
+pub(crate) struct Recorder {
     client: Client,
     controller: String,
     instance: String,
@@ -39,7 +39,7 @@ pub struct Recorder {
 }
 
 impl Recorder {
-    pub fn new(client: Client, controller: &str, instance: Option<String>) -> Self {
+    pub(crate) fn new(client: Client, controller: &str, instance: Option<String>) -> Self {
         Self {
             client,
             controller: controller.to_string(),
@@ -50,7 +50,11 @@ impl Recorder {
 
     /// Publishes `ev` about `regarding` (cluster-scoped objects' events go to `default`, as
     /// with kube's recorder).
-    pub async fn publish(&self, ev: &Event, regarding: &ObjectReference) -> kube::Result<()> {
+    pub(crate) async fn publish(
+        &self,
+        ev: &Event,
+        regarding: &ObjectReference,
+    ) -> kube::Result<()> {
         let now = Timestamp::now();
         let key = series_key(ev, regarding);
         let namespace = regarding

@@ -14,7 +14,7 @@ pub const TRIM_EVERY: Duration = Duration::from_secs(10);
 
 /// At most two malloc arenas. Called before the async runtime starts its threads (an arena
 /// is made for a thread when it first allocates under contention).
-pub fn limit_arenas() {
+pub(crate) fn limit_arenas() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: mallopt only sets a malloc tunable; it is called before any thread but main
     // exists.
@@ -24,7 +24,7 @@ pub fn limit_arenas() {
 }
 
 /// Hands every whole free page of the heap back to the OS.
-pub fn trim() {
+pub(crate) fn trim() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: malloc_trim takes the arenas' locks itself; it frees nothing in use.
     unsafe {
@@ -34,7 +34,7 @@ pub fn trim() {
 
 /// Trims at once and then every [`TRIM_EVERY`] until `stop`, off the async workers (a trim
 /// walks the heap: a few milliseconds at a thousand databases).
-pub async fn trim_until(stop: CancellationToken) {
+pub(crate) async fn trim_until(stop: CancellationToken) {
     let mut tick = tokio::time::interval(TRIM_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {

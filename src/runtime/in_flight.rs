@@ -20,7 +20,7 @@ struct State {
 }
 
 impl InFlight {
-    pub fn enter(self: &Arc<Self>, key: String) -> InFlightGuard {
+    pub(crate) fn enter(self: &Arc<Self>, key: String) -> InFlightGuard {
         let mut s = self.state.lock().expect("in-flight lock");
         s.total += 1;
         s.max_total = s.max_total.max(s.total);
@@ -48,7 +48,7 @@ impl InFlight {
     }
 }
 
-pub struct InFlightGuard {
+pub(crate) struct InFlightGuard {
     owner: Arc<InFlight>,
     key: String,
 }

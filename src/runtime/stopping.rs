@@ -19,7 +19,7 @@ pub struct Parts(Arc<Mutex<BTreeMap<&'static str, usize>>>);
 
 impl Parts {
     /// Runs `work` under `name`: [`Parts::running`] lists it until it ends (or is dropped).
-    pub async fn run<F: Future>(&self, name: &'static str, work: F) -> F::Output {
+    pub(crate) async fn run<F: Future>(&self, name: &'static str, work: F) -> F::Output {
         let _entered = Entered::new(self, name);
         work.await
     }
@@ -31,7 +31,7 @@ impl Parts {
 
     /// Once `token` is cancelled, logs every `every` what has not stopped yet. Never ends:
     /// run it beside the work it watches.
-    pub async fn report_while_stopping(&self, token: &CancellationToken, every: Duration) {
+    pub(crate) async fn report_while_stopping(&self, token: &CancellationToken, every: Duration) {
         token.cancelled().await;
         let mut waited = Duration::ZERO;
         loop {
@@ -80,7 +80,7 @@ impl Drop for Entered {
 /// that cache's first list answered, it ends at once: kube-runtime's runner starts no
 /// reconcile before the first list, and after a graceful shutdown drops the watch that would
 /// bring it, the runner waits for it forever (found when a backup list failed at shutdown).
-pub async fn until_stopped<K>(
+pub(crate) async fn until_stopped<K>(
     name: &'static str,
     run: impl Future<Output = ()>,
     store: &Store<K>,

@@ -24,7 +24,7 @@ pub struct AwsEc2 {
 }
 
 impl AwsEc2 {
-    pub fn new(sdk: &SdkConfig) -> Self {
+    pub(crate) fn new(sdk: &SdkConfig) -> Self {
         Self {
             client: Client::new(sdk),
         }
@@ -427,7 +427,7 @@ impl AwsEc2 {
     }
 
     /// The cluster's subnets, each told private or public.
-    pub async fn cluster_subnets(
+    pub(crate) async fn cluster_subnets(
         &self,
         ids: &[String],
     ) -> Result<Vec<crate::cloud::discovery::ClusterSubnet>, ApiError> {
@@ -456,7 +456,7 @@ impl AwsEc2 {
     }
 
     /// Ids of the security groups carrying `key=value`.
-    pub async fn security_groups_tagged(
+    pub(crate) async fn security_groups_tagged(
         &self,
         key: &str,
         value: &str,

@@ -15,14 +15,17 @@ pub struct AwsEks {
 }
 
 impl AwsEks {
-    pub fn new(sdk: &SdkConfig) -> Self {
+    pub(crate) fn new(sdk: &SdkConfig) -> Self {
         Self {
             client: Client::new(sdk),
         }
     }
 
     /// The endpoint, CA, service range, cluster security group and subnet ids of `name`.
-    pub async fn cluster_facts(&self, name: &str) -> Result<(ClusterFacts, Vec<String>), ApiError> {
+    pub(crate) async fn cluster_facts(
+        &self,
+        name: &str,
+    ) -> Result<(ClusterFacts, Vec<String>), ApiError> {
         let out = self
             .client
             .describe_cluster()

@@ -16,9 +16,9 @@ use aws_config::timeout::TimeoutConfig;
 use aws_config::{BehaviorVersion, ConfigLoader, Region, SdkConfig};
 use aws_sdk_ec2::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
 
-pub use ec2::AwsEc2;
+pub(crate) use ec2::AwsEc2;
 pub use eks::{discover, AwsEks};
-pub use route53::AwsRoute53;
+pub(crate) use route53::AwsRoute53;
 
 use super::{
     ApiError, CloudConfig, CloudError, Ec2NodeProvider, Route53DnsProvider, SharedObserver,

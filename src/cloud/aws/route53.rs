@@ -16,7 +16,7 @@ pub struct AwsRoute53 {
 }
 
 impl AwsRoute53 {
-    pub fn new(sdk: &SdkConfig) -> Self {
+    pub(crate) fn new(sdk: &SdkConfig) -> Self {
         Self {
             client: Client::new(sdk),
         }

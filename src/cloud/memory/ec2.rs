@@ -173,7 +173,7 @@ fn switch<T: Ord>(set: &mut BTreeSet<T>, key: T, member: bool) {
 }
 
 impl MemoryEc2 {
-    pub fn new(options: MemoryEc2Options) -> Arc<Self> {
+    pub(crate) fn new(options: MemoryEc2Options) -> Arc<Self> {
         let (events, _) = broadcast::channel(1024);
         Arc::new_cyclic(|me| Self {
             state: Mutex::new(State {
@@ -353,18 +353,6 @@ impl MemoryEc2 {
             }
         });
         event_id
-    }
-
-    /// AWS calls the event off: it reads `[Canceled]` and never takes place.
-    pub fn cancel_event(&self, event_id: &str) {
-        let mut state = self.lock();
-        if let Some(e) = state
-            .scheduled
-            .iter_mut()
-            .find(|e| e.id.as_deref() == Some(event_id) && e.pending())
-        {
-            e.description = format!("[Canceled] {}", e.description);
-        }
     }
 
     /// The OS of an instance that is being stopped normally has halted: EC2 reports it
@@ -759,10 +747,10 @@ impl Ec2Api for MemoryEc2 {
                 state: "available".into(),
                 architecture: arch.into(),
                 root_device_type: "ebs".into(),
-                root_device_name: Some(crate::cloud::DEFAULT_ROOT_DEVICE.into()),
+                root_device_name: Some(crate::cloud::node_volumes::DEFAULT_ROOT_DEVICE.into()),
                 // The EKS-optimized AL2023 image's one volume.
                 ebs_devices: vec![crate::cloud::ImageDevice {
-                    device_name: crate::cloud::DEFAULT_ROOT_DEVICE.into(),
+                    device_name: crate::cloud::node_volumes::DEFAULT_ROOT_DEVICE.into(),
                     size_gib: Some(20),
                 }],
                 owner: state

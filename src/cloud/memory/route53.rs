@@ -24,7 +24,7 @@ pub struct MemoryRoute53 {
 }
 
 impl MemoryRoute53 {
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self::default()
     }
 
@@ -60,7 +60,8 @@ impl MemoryRoute53 {
 
     /// Someone else's record set, put there behind the operator's back (another tenant, a
     /// person with the console).
-    pub fn put_foreign(&self, zone_id: &str, set: RecordSet) {
+    #[cfg(test)]
+    pub(crate) fn put_foreign(&self, zone_id: &str, set: RecordSet) {
         let name = fqdn(&set.name);
         self.lock().records.insert(
             (zone_id.to_string(), name.clone(), set.kind.clone()),

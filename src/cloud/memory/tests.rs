@@ -652,7 +652,7 @@ async fn calls_per_provisioned_questdb_and_per_steady_state_sync() {
 fn refusal(result: Result<crate::cloud::Instance, CloudError>) -> String {
     match result {
         Err(CloudError::Permanent { code, message, .. }) => {
-            assert_eq!(code, crate::cloud::LAUNCH_NOT_ALLOWED, "{message}");
+            assert_eq!(code, crate::cloud::nodes::LAUNCH_NOT_ALLOWED, "{message}");
             message
         }
         other => panic!("refused, not {other:?}"),

@@ -7,7 +7,7 @@
 
 pub mod plan;
 pub mod snapshot;
-pub mod verify;
+pub(crate) mod verify;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -38,10 +38,10 @@ pub const CONTROLLER_NAME: &str = "questdbbackup";
 
 /// How long counting every recorded table may take in all (at the checkpoint, and again in a
 /// verification's restore).
-pub const TABLE_FACTS_BUDGET: Duration = Duration::from_secs(60);
+pub(crate) const TABLE_FACTS_BUDGET: Duration = Duration::from_secs(60);
 
 /// What the backup reconciles share beyond the manager's context.
-pub struct BackupContext {
+pub(crate) struct BackupContext {
     pub ctx: Arc<Context>,
     /// The controller's own cache of backups (who holds which database's checkpoint).
     pub backups: Store<QuestDBBackup>,
@@ -54,10 +54,10 @@ pub struct BackupContext {
 }
 
 /// Sends reconcile requests to the backup controller.
-pub type Wake = futures::channel::mpsc::UnboundedSender<ObjectRef<QuestDBBackup>>;
+pub(crate) type Wake = futures::channel::mpsc::UnboundedSender<ObjectRef<QuestDBBackup>>;
 
 impl BackupContext {
-    pub fn new(
+    pub(crate) fn new(
         ctx: Arc<Context>,
         backups: Store<QuestDBBackup>,
         timeouts: Timeouts,
@@ -75,7 +75,7 @@ impl BackupContext {
 
 /// The waiting backups a change of the QuestDB `questdb` wakes (see
 /// [`plan::waiting_on_database`]).
-pub fn woken_by_questdb(
+pub(crate) fn woken_by_questdb(
     backups: &Store<QuestDBBackup>,
     questdb: &ObjectRef<crate::controllers::keys::GuardedQuestDB>,
 ) -> Vec<ObjectRef<QuestDBBackup>> {
@@ -96,7 +96,7 @@ fn wake_next(bctx: &BackupContext, backup: &QuestDBBackup) {
     }
 }
 
-pub async fn reconcile(
+pub(crate) async fn reconcile(
     backup: Arc<QuestDBBackup>,
     bctx: Arc<BackupContext>,
 ) -> Result<Next, Error> {

@@ -16,9 +16,9 @@ use crate::api::{labels, BackupDeletionPolicy, QuestDBBackup, BACKUP_LABEL};
 
 /// Annotation with the uid of the backup a VolumeSnapshot belongs to (a `Retain` snapshot
 /// carries no owner reference).
-pub const BACKUP_UID_ANNOTATION: &str = "crd.questdb.io/backup-uid";
+pub(crate) const BACKUP_UID_ANNOTATION: &str = "crd.questdb.io/backup-uid";
 
-pub fn resource() -> ApiResource {
+pub(crate) fn resource() -> ApiResource {
     ApiResource::from_gvk(&GroupVersionKind::gvk(
         "snapshot.storage.k8s.io",
         "v1",
@@ -32,7 +32,7 @@ pub fn api(client: &Client, ns: &str) -> Api<DynamicObject> {
 
 /// Whether the VolumeSnapshot API is served: a list of at most one object answers 404 when
 /// the CRDs are not installed.
-pub async fn api_served(client: &Client, ns: &str) -> kube::Result<bool> {
+pub(crate) async fn api_served(client: &Client, ns: &str) -> kube::Result<bool> {
     match api(client, ns)
         .list_metadata(&kube::api::ListParams::default().limit(1))
         .await
@@ -44,14 +44,14 @@ pub async fn api_served(client: &Client, ns: &str) -> kube::Result<bool> {
 }
 
 /// The backup's snapshot as the plan sees it.
-pub async fn observe(client: &Client, backup: &QuestDBBackup) -> kube::Result<Snapshot> {
+pub(crate) async fn observe(client: &Client, backup: &QuestDBBackup) -> kube::Result<Snapshot> {
     let ns = backup.namespace().unwrap_or_default();
     observe_named(client, &ns, &backup.name_any(), |obj| is_ours(obj, backup)).await
 }
 
 /// The VolumeSnapshot `name` as a plan sees it, `ours` telling whether it is the caller's (a
 /// backup's by uid annotation, a version upgrade's by owner).
-pub async fn observe_named(
+pub(crate) async fn observe_named(
     client: &Client,
     ns: &str,
     name: &str,
@@ -101,7 +101,7 @@ fn is_ours(obj: &DynamicObject, backup: &QuestDBBackup) -> bool {
 
 /// The VolumeSnapshot of `pvc` for `backup`, named like the backup. With `deletionPolicy:
 /// Delete` it is owned by the backup, so it goes when the backup goes, whoever deletes it.
-pub fn desired(backup: &QuestDBBackup, pvc: &str) -> DynamicObject {
+pub(crate) fn desired(backup: &QuestDBBackup, pvc: &str) -> DynamicObject {
     let ns = backup.namespace().unwrap_or_default();
     let mut metadata = ObjectMeta {
         name: Some(backup.name_any()),
@@ -136,7 +136,7 @@ pub fn desired(backup: &QuestDBBackup, pvc: &str) -> DynamicObject {
 }
 
 /// The spec of a VolumeSnapshot of `pvc` (`class` unset: the cluster's default class).
-pub fn spec_of(pvc: &str, class: Option<&str>) -> serde_json::Value {
+pub(crate) fn spec_of(pvc: &str, class: Option<&str>) -> serde_json::Value {
     let mut spec = json!({"source": {"persistentVolumeClaimName": pvc}});
     if let Some(class) = class {
         spec["volumeSnapshotClassName"] = json!(class);
@@ -145,14 +145,18 @@ pub fn spec_of(pvc: &str, class: Option<&str>) -> serde_json::Value {
 }
 
 /// Creates the snapshot; one that already exists (a retried step) is left as it is.
-pub async fn create(client: &Client, backup: &QuestDBBackup, pvc: &str) -> kube::Result<()> {
+pub(crate) async fn create(client: &Client, backup: &QuestDBBackup, pvc: &str) -> kube::Result<()> {
     let ns = backup.namespace().unwrap_or_default();
     create_once(client, &ns, &desired(backup, pvc)).await
 }
 
 /// Creates `obj`; one of its name that already exists (asked before a crash) is left as it
 /// is, for the caller's next look to judge.
-pub async fn create_once(client: &Client, ns: &str, obj: &DynamicObject) -> kube::Result<()> {
+pub(crate) async fn create_once(
+    client: &Client,
+    ns: &str,
+    obj: &DynamicObject,
+) -> kube::Result<()> {
     let pp = PostParams {
         field_manager: Some(crate::api::MANAGER.into()),
         ..PostParams::default()
@@ -166,7 +170,7 @@ pub async fn create_once(client: &Client, ns: &str, obj: &DynamicObject) -> kube
 
 /// Deletes the backup's own snapshot (checked by uid annotation; the delete is preconditioned
 /// on the uid read, so never a successor of the same name).
-pub async fn delete(client: &Client, backup: &QuestDBBackup) -> kube::Result<()> {
+pub(crate) async fn delete(client: &Client, backup: &QuestDBBackup) -> kube::Result<()> {
     let ns = backup.namespace().unwrap_or_default();
     let api = api(client, &ns);
     let Some(obj) = api.get_opt(&backup.name_any()).await? else {

@@ -35,14 +35,14 @@ use crate::runtime::clock;
 
 use super::BackupContext;
 
-pub const VERIFIED: &str = "Verified";
+pub(crate) const VERIFIED: &str = "Verified";
 
 /// How long the throwaway database may take to restore, start and answer.
-pub const VERIFY_TIMEOUT: Duration = Duration::from_secs(30 * 60);
+pub(crate) const VERIFY_TIMEOUT: Duration = Duration::from_secs(30 * 60);
 
 /// Why a verification ended as it did (`Verified`'s reason).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum VerifyReason {
+pub(crate) enum VerifyReason {
     Verifying,
     Verified,
     /// A table recorded at the checkpoint is missing, unreadable, or holds less.
@@ -52,7 +52,7 @@ pub enum VerifyReason {
 }
 
 impl VerifyReason {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Self::Verifying => "Verifying",
             Self::Verified => "Verified",
@@ -64,7 +64,7 @@ impl VerifyReason {
 
 /// The throwaway database's name: `verify-<backup>` (a QuestDB name: lower-case letters,
 /// digits and '-', at most 52 characters), shortened with a hash of the backup's name.
-pub fn database_name(backup: &str) -> String {
+pub(crate) fn database_name(backup: &str) -> String {
     let clean: String = backup
         .chars()
         .map(|c| {
@@ -89,7 +89,7 @@ pub fn database_name(backup: &str) -> String {
 
 /// What differs between the tables recorded at the checkpoint and the restore's (`Err` per
 /// table: it could not be read). Empty: every recorded table holds at least what was recorded.
-pub fn differences(
+pub(crate) fn differences(
     recorded: &[TableFacts],
     restored: &[(String, Result<TableFacts, String>)],
 ) -> Vec<String> {
@@ -134,7 +134,10 @@ fn older(got: Option<&str>, want: Option<&str>) -> bool {
 /// The throwaway database: the source's image, configuration and resources, a volume
 /// restored from the backup and deleted with it, no dedicated node, no DNS, its own generated
 /// credentials, only the operator admitted; owned by the backup.
-pub fn throwaway(backup: &QuestDBBackup, source: Option<&QuestDB>) -> Result<QuestDB, String> {
+pub(crate) fn throwaway(
+    backup: &QuestDBBackup,
+    source: Option<&QuestDB>,
+) -> Result<QuestDB, String> {
     let status = backup.status.clone().unwrap_or_default();
     let image = match (source, &status.questdb_version) {
         (Some(q), _) => q.spec.image.clone(),
@@ -222,7 +225,7 @@ fn ours(qdb: &QuestDB, backup: &QuestDBBackup) -> bool {
 }
 
 /// One pass of the verification of a `Succeeded` backup with `spec.verify`.
-pub async fn step(backup: &mut QuestDBBackup, bctx: &BackupContext) -> Result<Next, Error> {
+pub(crate) async fn step(backup: &mut QuestDBBackup, bctx: &BackupContext) -> Result<Next, Error> {
     let ctx = &bctx.ctx;
     let ns = backup.namespace().ok_or(Error::MissingNamespace)?;
     let api: Api<QuestDBBackup> = Api::namespaced(ctx.client.clone(), &ns);
@@ -486,7 +489,7 @@ fn wake_source(backup: &QuestDBBackup, bctx: &BackupContext) {
 
 /// The source database's `BackupVerified`, from its backups' finished verifications: the
 /// newest by checkpoint decides; `None` when none of its backups was verified.
-pub fn database_verdict(
+pub(crate) fn database_verdict(
     backups: &[&QuestDBBackup],
 ) -> Option<crate::plan::conditions::Verdict<crate::api::BackupVerifiedReason>> {
     use crate::api::BackupVerifiedReason as R;
@@ -534,7 +537,7 @@ pub fn database_verdict(
 }
 
 /// When the backup was taken, if a restore proved it (for the verified-backup gauge).
-pub fn verified_at(backup: &QuestDBBackup) -> Option<i64> {
+pub(crate) fn verified_at(backup: &QuestDBBackup) -> Option<i64> {
     let s = backup.status.as_ref()?;
     s.conditions
         .iter()

@@ -2,8 +2,8 @@
 //! Lease's events, feeds the [`tracker`], recomputes the failover breaker and wakes the QuestDB
 //! of a node past its threshold.
 
-pub mod owners;
-pub mod tracker;
+pub(crate) mod owners;
+pub(crate) mod tracker;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,13 +19,13 @@ use crate::controllers::{Error, Next};
 use crate::plan::failover::{breaker_count, breaker_open, together};
 use crate::plan::node::node_is_ready;
 use owners::OwnerIndex;
-pub use tracker::{pinned_instance, Breaker, NodeHealth, NODE_LEASE_NAMESPACE};
+pub(crate) use tracker::{pinned_instance, Breaker, NodeHealth, NODE_LEASE_NAMESPACE};
 
 /// The well-known label of a Node's zone.
-pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
+pub(crate) const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
 
 /// Name of the node-health controller in metrics and logs.
-pub const CONTROLLER_NAME: &str = "node-health";
+pub(crate) const CONTROLLER_NAME: &str = "node-health";
 
 /// The shortest wait before a silent node is looked at again: no event arrives from a silent
 /// kubelet, so the clock, not the watch, decides when it crosses each mark (news, the breaker's
@@ -44,7 +44,7 @@ pub(crate) const FLEET_COUNT_REUSE: Duration = Duration::from_millis(250);
 /// The dedicated nodes and the databases on them, as the caches said at one walk of the Node
 /// cache.
 #[derive(Debug, Default)]
-pub struct Fleet {
+pub(crate) struct Fleet {
     unhealthy: usize,
     /// Per zone: the managed dedicated nodes, and the suspects as the breaker counts them
     /// (each namespace's capped, [`breaker_count`], among silences that began together).
@@ -167,7 +167,7 @@ fn owner_of(
 /// asks for a reconcile of the node's QuestDB once it is unhealthy past that database's
 /// threshold (the QuestDB reconcile confirms with live reads and decides). In memory only: no
 /// API or AWS call, so a reconcile costs microseconds and never fails.
-pub async fn reconcile(node: Arc<Node>, ctx: Arc<Context>) -> Result<Next, Error> {
+pub(crate) async fn reconcile(node: Arc<Node>, ctx: Arc<Context>) -> Result<Next, Error> {
     let Some(cloud) = ctx.cloud.as_ref() else {
         return Ok(Next::AwaitChange);
     };
@@ -256,7 +256,7 @@ fn next_look(health: &NodeHealth, name: &str, threshold: Duration, now: Instant)
 }
 
 /// The Node a kubelet Lease belongs to (same name, in `kube-node-lease`).
-pub fn node_of_lease(lease: &Lease) -> Option<ObjectRef<Node>> {
+pub(crate) fn node_of_lease(lease: &Lease) -> Option<ObjectRef<Node>> {
     if lease.metadata.namespace.as_deref() != Some(NODE_LEASE_NAMESPACE) {
         return None;
     }

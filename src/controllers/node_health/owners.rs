@@ -14,7 +14,7 @@ use crate::controllers::keys::{questdb_ref, GuardedQuestDB};
 
 /// The database an instance serves, with the failover threshold it gets.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Owner {
+pub(crate) struct Owner {
     pub questdb: ObjectRef<GuardedQuestDB>,
     pub threshold: Duration,
     /// The node readiness the QuestDB's status last recorded (`None` for a move's instances).
@@ -23,7 +23,7 @@ pub struct Owner {
 
 /// Instances by id: those databases run on, and the other instances of node moves under way.
 #[derive(Debug, Default, PartialEq, Eq)]
-pub struct OwnerIndex {
+pub(crate) struct OwnerIndex {
     /// `status.instanceId` of every QuestDB: databases at risk for the breaker.
     pub owners: HashMap<String, Owner>,
     /// The instances a node move leaves or moves to: not at risk for the breaker, but the move
@@ -33,7 +33,7 @@ pub struct OwnerIndex {
 
 impl OwnerIndex {
     /// `threshold`: the threshold a database's `unhealthyAfterSeconds` really gets.
-    pub fn build<'a>(
+    pub(crate) fn build<'a>(
         questdbs: impl IntoIterator<Item = &'a QuestDB>,
         threshold: impl Fn(i64) -> Duration,
     ) -> OwnerIndex {
@@ -81,7 +81,7 @@ impl OwnerIndex {
 /// The index, rebuilt only when the QuestDB cache has changed since it was built. Clones share
 /// it, as clones of the cache's store share the cache.
 #[derive(Clone, Default)]
-pub struct OwnerIndexCache {
+pub(crate) struct OwnerIndexCache {
     /// Bumped by the QuestDB watch after each event reaches the cache.
     changes: Arc<AtomicU64>,
     built: Arc<Mutex<Option<Built>>>,
@@ -92,13 +92,13 @@ type Built = (u64, Arc<OwnerIndex>);
 
 impl OwnerIndexCache {
     /// What the QuestDB watch bumps.
-    pub fn changes(&self) -> Arc<AtomicU64> {
+    pub(crate) fn changes(&self) -> Arc<AtomicU64> {
         self.changes.clone()
     }
 
     /// The index as of the cache now. The count is read before the cache: an event that lands
     /// in between is in the index and only makes the next call rebuild it once more.
-    pub fn get(
+    pub(crate) fn get(
         &self,
         questdbs: &Store<GuardedQuestDB>,
         threshold: impl Fn(i64) -> Duration,

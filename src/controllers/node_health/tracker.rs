@@ -29,14 +29,14 @@ use crate::plan::failover::effective_threshold;
 /// a Lease duration behind from looking silent; beyond that, its next renewal (a quarter of
 /// the Lease duration later) resets the count, the live read before a fence sees it, and the
 /// database's own word is asked before any fence.
-pub fn seeded_silence(renew_age: Duration, lease_duration: Duration) -> Duration {
+pub(crate) fn seeded_silence(renew_age: Duration, lease_duration: Duration) -> Duration {
     renew_age.saturating_sub(lease_duration)
 }
 
 /// The namespace of the kubelets' Leases.
-pub const NODE_LEASE_NAMESPACE: &str = "kube-node-lease";
+pub(crate) const NODE_LEASE_NAMESPACE: &str = "kube-node-lease";
 
-pub use crate::crd::DEFAULT_NODE_LEASE_DURATION;
+pub(crate) use crate::crd::DEFAULT_NODE_LEASE_DURATION;
 
 #[derive(Clone, Debug)]
 struct Seen {
@@ -59,7 +59,7 @@ struct NodeOf {
 
 /// The tracker, shared by the health loop and the reconciles (one per leadership term).
 #[derive(Debug)]
-pub struct NodeHealth {
+pub(crate) struct NodeHealth {
     seen: Mutex<HashMap<String, Seen>>,
     /// The Node of each database's instance as last seen, and since when it is missing (the
     /// operator's clock), by instance id.
@@ -79,7 +79,7 @@ impl Default for NodeHealth {
 impl NodeHealth {
     /// `lease_duration`: the kubelets' `nodeLeaseDurationSeconds`, the shortest silence that
     /// counts as unhealthy (`--node-lease-duration`).
-    pub fn new(lease_duration: Duration) -> Self {
+    pub(crate) fn new(lease_duration: Duration) -> Self {
         Self {
             seen: Mutex::default(),
             missing: Mutex::default(),
@@ -90,12 +90,12 @@ impl NodeHealth {
     }
 
     /// The shortest silence that makes a node unhealthy, whatever a QuestDB asks.
-    pub fn min_unhealthy(&self) -> Duration {
+    pub(crate) fn min_unhealthy(&self) -> Duration {
         self.lease_duration
     }
 
     /// The threshold a database really gets: its own, but never under the Lease duration.
-    pub fn threshold(&self, unhealthy_after_seconds: i64) -> Duration {
+    pub(crate) fn threshold(&self, unhealthy_after_seconds: i64) -> Duration {
         effective_threshold(unhealthy_after_seconds, self.lease_duration)
     }
 
@@ -106,7 +106,7 @@ impl NodeHealth {
     /// Records what the caches say about `node`'s Lease at `now`. `renew_age` is how old its
     /// `renewTime` looks on the operator's wall clock: read only the first time the node is
     /// seen (see [`seeded_silence`]).
-    pub fn observe(
+    pub(crate) fn observe(
         &self,
         node: &str,
         renew: Option<&str>,
@@ -138,13 +138,13 @@ impl NodeHealth {
 
     /// True once per silence of `node`, when it first becomes news: the moment to ask EC2
     /// whether the instance is gone (that proof needs no threshold).
-    pub fn take_news(&self, node: &str, now: Instant) -> bool {
+    pub(crate) fn take_news(&self, node: &str, now: Instant) -> bool {
         self.take_once(node, self.lease_duration / 2, now, |s| &mut s.news_taken)
     }
 
     /// True once per silence of `node`, when it has lasted `threshold`: the moment to wake its
     /// database, which then looks again by itself while its failover is held back.
-    pub fn take_threshold(&self, node: &str, threshold: Duration, now: Instant) -> bool {
+    pub(crate) fn take_threshold(&self, node: &str, threshold: Duration, now: Instant) -> bool {
         self.take_once(node, threshold, now, |s| &mut s.threshold_taken)
     }
 
@@ -171,13 +171,13 @@ impl NodeHealth {
     }
 
     /// Whether the operator has seen `node`'s Lease renewed (without cloning the renewTime).
-    pub fn has_renewed(&self, node: &str) -> bool {
+    pub(crate) fn has_renewed(&self, node: &str) -> bool {
         self.lock().get(node).is_some_and(|s| s.renew.is_some())
     }
 
     /// How long `node`'s Lease has been silent once that is news (half the Lease duration:
     /// twice the renew interval); `None` when it renews or is unknown.
-    pub fn unhealthy_for(&self, node: &str, now: Instant) -> Option<Duration> {
+    pub(crate) fn unhealthy_for(&self, node: &str, now: Instant) -> Option<Duration> {
         let half = self.lease_duration / 2;
         self.lock().get(node).and_then(|s| {
             let silent = now.saturating_duration_since(s.renewed_at);
@@ -186,28 +186,29 @@ impl NodeHealth {
     }
 
     /// The renewTime last seen for `node` (a live read that disagrees means the watch lags).
-    pub fn last_renew(&self, node: &str) -> Option<String> {
+    pub(crate) fn last_renew(&self, node: &str) -> Option<String> {
         self.lock().get(node).and_then(|s| s.renew.clone())
     }
 
-    pub fn flaps(&self, node: &str) -> u32 {
+    #[cfg(test)]
+    pub(crate) fn flaps(&self, node: &str) -> u32 {
         self.lock().get(node).map_or(0, |s| s.flaps)
     }
 
     /// Time since the operator last saw `node`'s Lease renew (zero when unknown).
-    pub fn silent_for(&self, node: &str, now: Instant) -> Duration {
+    pub(crate) fn silent_for(&self, node: &str, now: Instant) -> Duration {
         self.lock().get(node).map_or(Duration::ZERO, |s| {
             now.saturating_duration_since(s.renewed_at)
         })
     }
 
     /// Forgets nodes that are no longer dedicated (or gone).
-    pub fn retain(&self, keep: impl Fn(&str) -> bool) {
+    pub(crate) fn retain(&self, keep: impl Fn(&str) -> bool) {
         self.lock().retain(|k, _| keep(k));
     }
 
     /// Records that the Node of `instance` is `node`, there now.
-    pub fn node_present(&self, instance: &str, node: &str) {
+    pub(crate) fn node_present(&self, instance: &str, node: &str) {
         let mut missing = self.missing.lock().unwrap_or_else(|p| p.into_inner());
         let entry = missing.entry(instance.to_string()).or_default();
         entry.since = None;
@@ -219,7 +220,7 @@ impl NodeHealth {
     /// How long the Node of `instance` has been missing as of `now`, timed from the first call
     /// since it was last present, and its name when it was seen. `None` when the operator never
     /// saw that Node and `joined_long_ago` is false (a node still joining is not missing).
-    pub fn node_missing(
+    pub(crate) fn node_missing(
         &self,
         instance: &str,
         joined_long_ago: bool,
@@ -235,7 +236,7 @@ impl NodeHealth {
     }
 
     /// Forgets the Nodes of instances no database runs on any more.
-    pub fn retain_instances(&self, keep: impl Fn(&str) -> bool) {
+    pub(crate) fn retain_instances(&self, keep: impl Fn(&str) -> bool) {
         self.missing
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -243,7 +244,7 @@ impl NodeHealth {
     }
 
     /// Sets the breaker; true when this closes it anywhere (held-back failovers may go now).
-    pub fn set_breaker(&self, open: Breaker) -> bool {
+    pub(crate) fn set_breaker(&self, open: Breaker) -> bool {
         let mut breaker = self.breaker.lock().unwrap_or_else(|p| p.into_inner());
         let closed = (breaker.cluster && !open.cluster)
             || breaker.zones.iter().any(|z| !open.zones.contains(z));
@@ -272,7 +273,7 @@ impl NodeHealth {
 
     /// Where the breaker holds back the fence of a node in `zone`: the cluster (most of its
     /// kubelets silent at once: the operator's own partition), or that zone. `None`: closed.
-    pub fn breaker_for(&self, zone: Option<&str>) -> Option<String> {
+    pub(crate) fn breaker_for(&self, zone: Option<&str>) -> Option<String> {
         let breaker = self.breaker.lock().unwrap_or_else(|p| p.into_inner());
         if breaker.cluster {
             return Some("the cluster".into());
@@ -285,13 +286,13 @@ impl NodeHealth {
 /// Where the breaker is open: silences that began together in too many of a zone's dedicated
 /// nodes hold back that zone's fences; in too many of all the cluster's nodes, every fence.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Breaker {
+pub(crate) struct Breaker {
     pub cluster: bool,
     pub zones: std::collections::BTreeSet<String>,
 }
 
 /// The instance a dedicated node is pinned to (the operator's pin label), if it is one.
-pub fn pinned_instance(node: &Node) -> Option<&str> {
+pub(crate) fn pinned_instance(node: &Node) -> Option<&str> {
     node.metadata
         .labels
         .as_ref()?

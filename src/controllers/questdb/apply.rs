@@ -20,7 +20,7 @@ use crate::controllers::context::{Caches, Context};
 use crate::controllers::Error;
 
 /// A kind of child the operator applies, and the cache it is read from.
-pub trait Child:
+pub(crate) trait Child:
     crate::cache::compacted::OwnedChild
     + Resource<DynamicType = (), Scope = kube::core::NamespaceResourceScope>
     + Serialize
@@ -72,7 +72,7 @@ impl Child for NetworkPolicy {
 
 /// What the applier did in one reconcile.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Report {
+pub(crate) struct Report {
     /// Children that exist but are controlled by another object ("Kind name").
     pub blocked: Vec<String>,
     /// Children created, adopted, updated or deleted (not yet visible as converged).
@@ -83,7 +83,7 @@ pub struct Report {
 
 impl Report {
     /// Whether this reconcile created the child `what` ("Kind name", as [`described`] says).
-    pub fn created(&self, what: &str) -> bool {
+    pub(crate) fn created(&self, what: &str) -> bool {
         self.applied
             .iter()
             .any(|(reason, w)| *reason == EventReason::Created && w == what)
@@ -91,13 +91,13 @@ impl Report {
 }
 
 /// A child as the report names it: "Kind name".
-pub fn described<K: Resource<DynamicType = ()>>(name: &str) -> String {
+pub(crate) fn described<K: Resource<DynamicType = ()>>(name: &str) -> String {
     format!("{} {name}", K::kind(&()))
 }
 
 /// What one write of a child did.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Written {
+pub(crate) enum Written {
     Unchanged,
     /// Controlled by another object (`by`): left alone.
     Blocked {
@@ -114,7 +114,7 @@ pub enum Written {
 }
 
 /// Applies the children of one QuestDB.
-pub struct Applier<'a> {
+pub(crate) struct Applier<'a> {
     ctx: &'a Context,
     qdb: &'a QuestDB,
     uid: String,
@@ -124,7 +124,7 @@ pub struct Applier<'a> {
 
 impl<'a> Applier<'a> {
     /// Goes on from `report` (what earlier steps of the same reconcile applied).
-    pub fn new(ctx: &'a Context, qdb: &'a QuestDB, report: Report) -> Result<Self, Error> {
+    pub(crate) fn new(ctx: &'a Context, qdb: &'a QuestDB, report: Report) -> Result<Self, Error> {
         Ok(Self {
             ctx,
             qdb,
@@ -134,17 +134,17 @@ impl<'a> Applier<'a> {
         })
     }
 
-    pub fn context(&self) -> &'a Context {
+    pub(crate) fn context(&self) -> &'a Context {
         self.ctx
     }
 
     /// The existing child of this name, from its cache.
-    pub fn cached<K: Child>(&self, name: &str) -> Option<std::sync::Arc<K::Cached>> {
+    pub(crate) fn cached<K: Child>(&self, name: &str) -> Option<std::sync::Arc<K::Cached>> {
         K::cache(&self.ctx.caches).get(&ObjectRef::new(name).within(&self.ns))
     }
 
     /// Brings one child in line with `desired`.
-    pub async fn apply<K: Child>(&mut self, desired: K) -> Result<(), Error> {
+    pub(crate) async fn apply<K: Child>(&mut self, desired: K) -> Result<(), Error> {
         let written = self.write(desired).await?;
         self.record(written).await;
         Ok(())
@@ -153,7 +153,7 @@ impl<'a> Applier<'a> {
     /// Brings one child in line with `desired` and says what it did, for [`Self::record`]:
     /// independent children are written at once, each reconcile of a new database being
     /// otherwise a chain of round trips to the apiserver.
-    pub async fn write<K: Child>(&self, mut desired: K) -> Result<Written, Error> {
+    pub(crate) async fn write<K: Child>(&self, mut desired: K) -> Result<Written, Error> {
         let name = desired.name_any();
         let what = described::<K>(&name);
         if K::SERVER_SIDE_APPLY {
@@ -211,7 +211,7 @@ impl<'a> Applier<'a> {
 
     /// Deletes the child `name` when this QuestDB controls it (never one it does not), `why`
     /// for the log, and says what it did for [`Self::record`].
-    pub async fn remove<K: Child>(&self, name: &str, why: &str) -> Result<Written, Error> {
+    pub(crate) async fn remove<K: Child>(&self, name: &str, why: &str) -> Result<Written, Error> {
         let Some(existing) = self
             .cached::<K>(name)
             .filter(|o| children::controlled_by(o.as_ref(), &self.uid))
@@ -229,7 +229,7 @@ impl<'a> Applier<'a> {
 
     /// Adds what a write did to the report, in the order the caller records them (the events
     /// and the status name children in that order), and warns of a conflict.
-    pub async fn record(&mut self, written: Written) {
+    pub(crate) async fn record(&mut self, written: Written) {
         match written {
             Written::Unchanged => {}
             Written::Blocked { what, by } => self.blocked(what, by).await,
@@ -271,7 +271,7 @@ impl Report {
     /// writes, and every child named. The recorder folds events with the same key into one
     /// series that keeps its first note, so the action carries a digest of the note: a repeat
     /// of the same change is counted in its series, a different change is a new event.
-    pub async fn publish(&self, qdb: &QuestDB, ctx: &Context) {
+    pub(crate) async fn publish(&self, qdb: &QuestDB, ctx: &Context) {
         for reason in [
             EventReason::Created,
             EventReason::Adopted,

@@ -18,7 +18,7 @@ use kube::ResourceExt;
 use serde_json::json;
 use tracing::{info, warn};
 
-pub use super::outcome::CloudOutcome;
+pub(crate) use super::outcome::CloudOutcome;
 use super::placement;
 use super::provision::{cloud_error, node_steps, ready_condition};
 use super::record::{already_reported, persist};
@@ -33,19 +33,23 @@ use crate::plan::conditions::Verdict;
 use crate::plan::dns::{self, DnsStep, DnsView, PodAddress};
 use crate::plan::node;
 
-pub use super::provision::WAITING_SYNC;
+pub(crate) use super::provision::WAITING_SYNC;
 
 /// True when `qdb` needs the finalizer (it has, or may get, cloud resources).
-pub fn wants_finalizer(qdb: &QuestDB) -> bool {
+pub(crate) fn wants_finalizer(qdb: &QuestDB) -> bool {
     qdb.spec.node.is_some() || qdb.spec.dns.is_some()
 }
 
-pub fn has_finalizer(qdb: &QuestDB) -> bool {
+pub(crate) fn has_finalizer(qdb: &QuestDB) -> bool {
     qdb.finalizers().iter().any(|f| f == FINALIZER)
 }
 
 /// Adds or removes the finalizer; the resourceVersion makes it a no-op on a stale object.
-pub async fn set_finalizer(qdb: &mut QuestDB, ctx: &Context, present: bool) -> Result<(), Error> {
+pub(crate) async fn set_finalizer(
+    qdb: &mut QuestDB,
+    ctx: &Context,
+    present: bool,
+) -> Result<(), Error> {
     let mut finalizers: Vec<String> = qdb
         .finalizers()
         .iter()
@@ -82,7 +86,7 @@ fn not_configured<R: ConditionReason>(reason: R) -> Verdict<R> {
 
 /// Runs the node and DNS steps. `release` = paused or being deleted. `hold`: the node is no
 /// longer wanted but the database pod still runs on it, so it is not released yet.
-pub async fn reconcile(
+pub(crate) async fn reconcile(
     qdb: &mut QuestDB,
     ctx: &Context,
     release: bool,

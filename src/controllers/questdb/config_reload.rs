@@ -47,7 +47,7 @@ const LOGIN_LIMIT: Duration = Duration::from_secs(3);
 
 /// The digest `status.config` records: the spec's reloadable settings and the pgwire users of
 /// the credentials Secret (`pg_digest`, from its check), which reach `server.conf` too.
-pub fn wanted_digest(qdb: &QuestDB, pg_digest: Option<&str>) -> String {
+pub(crate) fn wanted_digest(qdb: &QuestDB, pg_digest: Option<&str>) -> String {
     let settings = reload::reloadable_digest(qdb);
     match pg_digest {
         Some(pg) => format!("{settings}-{}", pg.get(..8).unwrap_or(pg)),

@@ -18,26 +18,26 @@ const LOG_TAIL_MAX: usize = 1500;
 
 /// How long the scheduler's refusal must last before it is the database's trouble: its
 /// retries of a pod that failed for an unbound claim come within a second or two.
-pub const SCHEDULER_RETRY_GRACE: std::time::Duration = std::time::Duration::from_secs(3);
+pub(crate) const SCHEDULER_RETRY_GRACE: std::time::Duration = std::time::Duration::from_secs(3);
 
 /// Why the database container cannot run: the reason and a message whose first line is the
 /// cause (what one Warning event is sent for) and whose rest is the last log lines.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Trouble {
+pub(crate) struct Trouble {
     pub reason: ReadyReason,
     pub message: String,
 }
 
 impl Trouble {
     /// The first line: the same cause gives the same line, however often it repeats.
-    pub fn cause(message: &str) -> &str {
+    pub(crate) fn cause(message: &str) -> &str {
         message.lines().next().unwrap_or_default()
     }
 }
 
 /// The event said once per cause while `Ready` carries `reason`: only the reasons that say the
 /// database cannot run have one.
-pub fn event_reason(reason: ReadyReason) -> Option<EventReason> {
+pub(crate) fn event_reason(reason: ReadyReason) -> Option<EventReason> {
     Some(match reason {
         ReadyReason::CrashLoop => EventReason::CrashLoop,
         ReadyReason::OutOfMemory => EventReason::OutOfMemory,
@@ -66,7 +66,7 @@ pub fn event_reason(reason: ReadyReason) -> Option<EventReason> {
 /// attempt routinely fails for a claim not bound yet ("pod has unbound immediate
 /// PersistentVolumeClaims") and succeeds a moment later, and reporting that costs a status
 /// write and says nothing a user should act on.
-pub fn unschedulable(pod: &CachedPod, now: Timestamp) -> Option<Trouble> {
+pub(crate) fn unschedulable(pod: &CachedPod, now: Timestamp) -> Option<Trouble> {
     let condition = not_scheduled(pod)?;
     let fresh = condition.last_transition_time.as_ref().is_some_and(|t| {
         now.duration_since(t.0).as_secs() < SCHEDULER_RETRY_GRACE.as_secs() as i64
@@ -81,7 +81,7 @@ pub fn unschedulable(pod: &CachedPod, now: Timestamp) -> Option<Trouble> {
 }
 
 /// The pod's `PodScheduled=False` condition, while the scheduler has not placed it.
-pub fn not_scheduled(pod: &CachedPod) -> Option<&k8s_openapi::api::core::v1::PodCondition> {
+pub(crate) fn not_scheduled(pod: &CachedPod) -> Option<&k8s_openapi::api::core::v1::PodCondition> {
     pod.status
         .as_ref()?
         .conditions
@@ -92,7 +92,7 @@ pub fn not_scheduled(pod: &CachedPod) -> Option<&k8s_openapi::api::core::v1::Pod
 
 /// The StatefulSet controller's last refusal to create the pod (its `FailedCreate` event),
 /// while there is no pod: "pods "db1-0" is forbidden: violates PodSecurity ...".
-pub fn refused(message: &str) -> Trouble {
+pub(crate) fn refused(message: &str) -> Trouble {
     Trouble {
         reason: ReadyReason::PodRefused,
         message: format!("the database pod cannot be created: {message}"),
@@ -102,7 +102,7 @@ pub fn refused(message: &str) -> Trouble {
 /// The persistent volume controller's (or provisioner's) last word on the database's claim,
 /// while it is unbound and the pod waits for it: "no persistent volumes available for this
 /// claim and no storage class is set", or `storageclass.storage.k8s.io "gp3" not found`.
-pub fn volume_pending(message: &str) -> Trouble {
+pub(crate) fn volume_pending(message: &str) -> Trouble {
     Trouble {
         reason: ReadyReason::VolumePending,
         message: format!("the database volume cannot be bound: {message}"),
@@ -110,7 +110,7 @@ pub fn volume_pending(message: &str) -> Trouble {
 }
 
 /// The trouble of the database container (or of the init container before it), if any.
-pub fn trouble(pod: &CachedPod) -> Option<Trouble> {
+pub(crate) fn trouble(pod: &CachedPod) -> Option<Trouble> {
     let status = pod.status.as_ref()?;
     let init = status.init_container_statuses.iter().flatten();
     let main = status
@@ -160,7 +160,7 @@ impl From<Pod> for CachedPod {
 /// What the pod cache keeps of container statuses: only those [`trouble`] may read (a
 /// container waiting or ended with an error), each without what it never reads. A healthy pod
 /// keeps none, so the cache stays as small as before.
-pub fn for_cache(statuses: Option<Vec<ContainerStatus>>) -> Option<Vec<ContainerStatus>> {
+pub(crate) fn for_cache(statuses: Option<Vec<ContainerStatus>>) -> Option<Vec<ContainerStatus>> {
     let kept: Vec<ContainerStatus> = statuses
         .into_iter()
         .flatten()
@@ -280,7 +280,7 @@ fn exited(c: &ContainerStatus) -> Trouble {
 
 /// An out-of-memory trouble with the limit it crossed and how the operator shares it out, so
 /// the engineer reading `Ready` knows what to raise; any other trouble as it is.
-pub fn with_memory_split(trouble: Trouble, spec: &crate::api::QuestDBSpec) -> Trouble {
+pub(crate) fn with_memory_split(trouble: Trouble, spec: &crate::api::QuestDBSpec) -> Trouble {
     if trouble.reason != ReadyReason::OutOfMemory {
         return trouble;
     }

@@ -25,7 +25,7 @@ use crate::plan::conditions::Verdict;
 /// What the children step needs: the digest for the pod template (None until the Secret is
 /// usable: the template then keeps no digest and the kubelet reports the missing Secret), and
 /// the condition.
-pub struct Resolution {
+pub(crate) struct Resolution {
     pub secret: String,
     /// The Secret's resourceVersion, HTTP digest and pgwire digest, when it is usable.
     pub usable: Option<(String, String, String)>,
@@ -33,7 +33,7 @@ pub struct Resolution {
 }
 
 impl Resolution {
-    pub fn seen(&self) -> Option<credentials::Seen<'_>> {
+    pub(crate) fn seen(&self) -> Option<credentials::Seen<'_>> {
         self.usable
             .as_ref()
             .map(|(version, digest, pg_digest)| credentials::Seen {
@@ -44,7 +44,7 @@ impl Resolution {
     }
 }
 
-pub async fn resolve(qdb: &QuestDB, ctx: &Context) -> Result<Resolution, Error> {
+pub(crate) async fn resolve(qdb: &QuestDB, ctx: &Context) -> Result<Resolution, Error> {
     prune(ctx);
     let ns = qdb.namespace().ok_or(Error::MissingNamespace)?;
     let name = credentials::secret_name(qdb);

@@ -63,7 +63,7 @@ async fn refused(
 /// Starts a failover when the node of the recorded instance is unhealthy past the threshold
 /// (and nothing holds it back), or advances the one under way. Returns the turn with the
 /// `Failover` condition; `None` for a QuestDB without a dedicated node.
-pub async fn reconcile(
+pub(crate) async fn reconcile(
     qdb: &mut QuestDB,
     ctx: &Context,
     cloud: &CloudRuntime,
@@ -413,7 +413,7 @@ fn start_view<'a>(
 }
 
 /// Whether the QuestDB carries the annotation that turns its failover off.
-pub fn skip_requested(qdb: &QuestDB) -> bool {
+pub(crate) fn skip_requested(qdb: &QuestDB) -> bool {
     qdb.annotations()
         .get(SKIP_ANNOTATION)
         .is_some_and(|v| v == "true")
@@ -443,7 +443,7 @@ async fn terminate_fenced(
 }
 
 /// The zone of the database's dedicated node (its volume's): whose breaker holds its fence.
-pub fn zone_of(qdb: &QuestDB) -> Option<&str> {
+pub(crate) fn zone_of(qdb: &QuestDB) -> Option<&str> {
     qdb.spec.node.as_ref().map(|n| n.zone.as_str())
 }
 
@@ -460,7 +460,10 @@ fn armed(qdb: &QuestDB, cloud: &CloudRuntime) -> Verdict<FailoverReason> {
 /// instance it fenced is terminated and the record says why; the release then lets the
 /// replacement go as it would any node, and nothing resumes later with the ids of terminated
 /// instances. `Some(what it waits for)` while the fence or the old node's release is under way.
-pub async fn during_release(qdb: &mut QuestDB, ctx: &Context) -> Result<Option<String>, Error> {
+pub(crate) async fn during_release(
+    qdb: &mut QuestDB,
+    ctx: &Context,
+) -> Result<Option<String>, Error> {
     let Some(cloud) = ctx.cloud.as_deref() else {
         return Ok(None);
     };
@@ -519,7 +522,10 @@ pub async fn during_release(qdb: &mut QuestDB, ctx: &Context) -> Result<Option<S
 /// stopped renewing its Lease past the failover threshold: the pod would never go, so the node
 /// is fenced and tainted out-of-service as a failover does (see
 /// [`failover::release_fence`]). `Some(what it waits for)` while that is under way.
-pub async fn fence_for_release(qdb: &mut QuestDB, ctx: &Context) -> Result<Option<String>, Error> {
+pub(crate) async fn fence_for_release(
+    qdb: &mut QuestDB,
+    ctx: &Context,
+) -> Result<Option<String>, Error> {
     let Some(id) = qdb.status.as_ref().and_then(|s| s.instance_id.clone()) else {
         return Ok(None);
     };
@@ -533,7 +539,7 @@ pub async fn fence_for_release(qdb: &mut QuestDB, ctx: &Context) -> Result<Optio
 /// needs fencing. `during` says what the database is doing, for the event. `stuck`: the node
 /// answers but will not let the pod or volume go; it is fenced as a dead one is, whatever
 /// its Lease and the breaker say (a node that answers is no sign of an outage).
-pub async fn fence_dead_node(
+pub(crate) async fn fence_dead_node(
     qdb: &mut QuestDB,
     ctx: &Context,
     id: &str,

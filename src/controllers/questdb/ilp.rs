@@ -19,12 +19,12 @@ use crate::ilp_auth;
 use crate::plan::conditions::Verdict;
 
 /// The auth file to mount (None: ILP auth disabled) and the condition to report.
-pub struct Resolution {
+pub(crate) struct Resolution {
     pub file: Option<String>,
     pub condition: Option<Verdict<IlpAuthReason>>,
 }
 
-pub async fn resolve(qdb: &QuestDB, ctx: &Context) -> Result<Resolution, Error> {
+pub(crate) async fn resolve(qdb: &QuestDB, ctx: &Context) -> Result<Resolution, Error> {
     prune_key_cache(ctx);
     if !qdb.spec.ilp_auth.enabled {
         return Ok(Resolution {

@@ -2,24 +2,24 @@
 //! differs) -> status (only when it differs). A reconcile of a converged QuestDB makes no write.
 
 mod apply;
-pub mod cloud;
+pub(crate) mod cloud;
 mod config_reload;
-pub mod container_state;
+pub(crate) mod container_state;
 mod credentials;
 mod disk;
-pub mod failover;
+pub(crate) mod failover;
 mod ilp;
 mod machine;
 mod node_marks;
-pub mod node_move;
+pub(crate) mod node_move;
 pub mod operator_rollout;
-pub mod outcome;
+pub(crate) mod outcome;
 mod placement;
 mod provision;
 mod record;
 mod restore;
 mod server_conf;
-pub mod status;
+pub(crate) mod status;
 mod stop_first;
 mod version_upgrade;
 mod volume;
@@ -47,7 +47,7 @@ use crate::controllers::Error;
 use crate::desired;
 use apply::{Applier, Report};
 
-pub const CONTROLLER_NAME: &str = "questdb";
+pub(crate) const CONTROLLER_NAME: &str = "questdb";
 
 /// How often a converged QuestDB is looked at again even without any event (a safety net for
 /// missed events; it makes no write when nothing changed).
@@ -89,7 +89,7 @@ fn backup_verified(
 /// One reconcile, as named steps: validate, finalizer, volume, cloud (node, DNS, failover,
 /// moves), ILP auth, children, status. Each step reads what the ones before it produced; the
 /// QuestDB flows down them once (the cloud step returns it with its own status records).
-pub async fn reconcile(qdb: Arc<QuestDB>, ctx: Arc<Context>) -> Result<Next, Error> {
+pub(crate) async fn reconcile(qdb: Arc<QuestDB>, ctx: Arc<Context>) -> Result<Next, Error> {
     qdb.namespace().ok_or(Error::MissingNamespace)?;
     if qdb.meta().deletion_timestamp.is_some() {
         return finalize(qdb, &ctx).await;
@@ -807,7 +807,7 @@ async fn report_container_trouble(
 
 /// A QuestDB the operator cannot parse (e.g. written against another schema version): it is
 /// left alone, said once in the log and as a Warning event, and every other QuestDB carries on.
-pub async fn report_unreadable(
+pub(crate) async fn report_unreadable(
     obj: &crate::controllers::context::GuardedQuestDB,
     invalid: &kube::core::error_boundary::InvalidObject,
     ctx: &Context,

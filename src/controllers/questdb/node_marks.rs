@@ -19,7 +19,7 @@ use crate::desired::{
 /// list it. On EKS the EBS CSI node plugin registers after the Node is Ready; an attach before
 /// that fails ("CSINode ... does not contain driver") and backs off for up to minutes, so a
 /// node is dedicated (the database's pod can land there) only once the driver is there.
-pub async fn csi_driver_missing(ctx: &Context, node: &str) -> Result<Option<String>, Error> {
+pub(crate) async fn csi_driver_missing(ctx: &Context, node: &str) -> Result<Option<String>, Error> {
     let Some(driver) = ctx
         .cloud
         .as_ref()
@@ -38,12 +38,12 @@ pub async fn csi_driver_missing(ctx: &Context, node: &str) -> Result<Option<Stri
 }
 
 /// What a node waits for while its CSI driver registers.
-pub fn waiting_for_csi(node: &str, driver: &str) -> String {
+pub(crate) fn waiting_for_csi(node: &str, driver: &str) -> String {
     format!("node {node} waits for the CSI driver {driver} to register on it (its CSINode) before it takes the database")
 }
 
 /// Adds the dedicated label and taint to the Node, keeping its other taints.
-pub async fn dedicate(
+pub(crate) async fn dedicate(
     ctx: &Context,
     name: &str,
     dedicated: &DedicatedNode,
@@ -66,7 +66,7 @@ pub async fn dedicate(
 
 /// Adds `taint` to the live Node (replacing one with its key) and sets `labels`. The
 /// resourceVersion guards the taint list: a merge patch replaces it whole.
-pub async fn patch_node(
+pub(crate) async fn patch_node(
     ctx: &Context,
     live: &Node,
     taint: serde_json::Value,

@@ -19,7 +19,7 @@ use crate::plan::operator_rollout::{gate, recheck, RollGate, RollInputs, ROLL_PA
 pub const OPERATOR_VERSION_ANNOTATION: &str = "crd.questdb.io/operator-version";
 
 /// Records this operator's version on the StatefulSet it builds.
-pub fn stamp_version(sts: &mut StatefulSet, version: &str) {
+pub(crate) fn stamp_version(sts: &mut StatefulSet, version: &str) {
     sts.metadata
         .annotations
         .get_or_insert_with(Default::default)
@@ -41,7 +41,7 @@ fn serving(sts: &CachedStatefulSet) -> bool {
 
 /// What the gate decides for `desired` (stamped with this operator's version): `None` to write
 /// it, else when to look again (the database was told why it waits).
-pub async fn hold(ctx: &Context, qdb: &QuestDB, desired: &StatefulSet) -> Option<Duration> {
+pub(crate) async fn hold(ctx: &Context, qdb: &QuestDB, desired: &StatefulSet) -> Option<Duration> {
     let rolls = &ctx.rolls;
     let uid = qdb.uid().unwrap_or_default();
     let ns = qdb.namespace().unwrap_or_default();

@@ -11,7 +11,7 @@ use crate::plan::conditions::Verdict;
 
 /// What the rest of the reconcile needs from the cloud part.
 #[derive(Default)]
-pub struct CloudOutcome {
+pub(crate) struct CloudOutcome {
     /// Pin the pod to the dedicated node.
     pub dedicated: Option<DedicatedNode>,
     pub node_condition: Option<Verdict<NodeReadyReason>>,
@@ -29,7 +29,7 @@ pub struct CloudOutcome {
 
 impl CloudOutcome {
     /// The node is not ready yet: the phase is Provisioning.
-    pub fn provisioning(&self) -> bool {
+    pub(crate) fn provisioning(&self) -> bool {
         self.node_condition.as_ref().is_some_and(|c| !c.status)
     }
 
@@ -39,7 +39,7 @@ impl CloudOutcome {
 }
 
 /// The sooner of two requeues, either of which may be absent.
-pub fn sooner(a: Option<Duration>, b: Option<Duration>) -> Option<Duration> {
+pub(crate) fn sooner(a: Option<Duration>, b: Option<Duration>) -> Option<Duration> {
     match (a, b) {
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),
@@ -50,14 +50,14 @@ pub fn sooner(a: Option<Duration>, b: Option<Duration>) -> Option<Duration> {
 /// the condition it reports and how soon it wants to be looked at again. `None` waits for a
 /// watch event: the one its own status write causes, or a change of what it waits on.
 #[derive(Debug)]
-pub struct Turn<R> {
+pub(crate) struct Turn<R> {
     pub condition: Verdict<R>,
     pub requeue: Option<Duration>,
 }
 
 impl<R: crate::api::ConditionReason> Turn<R> {
     /// Nothing to look at again unless a watch event says so.
-    pub fn settled(condition: Verdict<R>) -> Self {
+    pub(crate) fn settled(condition: Verdict<R>) -> Self {
         Self {
             condition,
             requeue: None,
@@ -65,7 +65,7 @@ impl<R: crate::api::ConditionReason> Turn<R> {
     }
 
     /// Waits on something no watch reports (EC2, a clock): looked at again within `d`.
-    pub fn again_within(condition: Verdict<R>, d: Duration) -> Self {
+    pub(crate) fn again_within(condition: Verdict<R>, d: Duration) -> Self {
         Self {
             condition,
             requeue: Some(d),
@@ -73,7 +73,7 @@ impl<R: crate::api::ConditionReason> Turn<R> {
     }
 
     /// The sooner of this turn's requeue and `d`, if any.
-    pub fn sooner(mut self, d: Option<Duration>) -> Self {
+    pub(crate) fn sooner(mut self, d: Option<Duration>) -> Self {
         self.requeue = sooner(self.requeue, d);
         self
     }
@@ -81,7 +81,7 @@ impl<R: crate::api::ConditionReason> Turn<R> {
 
 impl CloudOutcome {
     /// Keeps `turn`'s requeue; returns its condition.
-    pub fn absorb<R>(&mut self, turn: Turn<R>) -> Verdict<R> {
+    pub(crate) fn absorb<R>(&mut self, turn: Turn<R>) -> Verdict<R> {
         self.requeue = sooner(self.requeue, turn.requeue);
         turn.condition
     }

@@ -15,13 +15,13 @@ use crate::desired::{names, DedicatedNode};
 
 /// The DNS record's TTL (zero without `spec.dns`): how long resolvers may still send clients
 /// to an address the record no longer names.
-pub fn dns_ttl(qdb: &QuestDB) -> std::time::Duration {
+pub(crate) fn dns_ttl(qdb: &QuestDB) -> std::time::Duration {
     std::time::Duration::from_secs(qdb.spec.dns.as_ref().map_or(0, |d| d.ttl.max(0) as u64))
 }
 
 /// The dedicated node the pod is pinned to, binding host ports as
 /// [`crate::desired::statefulset::binds_host_ports`] decides for the StatefulSet that runs now.
-pub fn dedicated_node(qdb: &QuestDB, ctx: &Context) -> DedicatedNode {
+pub(crate) fn dedicated_node(qdb: &QuestDB, ctx: &Context) -> DedicatedNode {
     let running = ctx
         .caches
         .statefulsets
@@ -31,7 +31,7 @@ pub fn dedicated_node(qdb: &QuestDB, ctx: &Context) -> DedicatedNode {
 }
 
 /// The database pod's Node and address, as the scheduler bound it and its kubelet reports it.
-pub fn pod_placement(qdb: &QuestDB, ctx: &Context) -> (Option<String>, Option<String>) {
+pub(crate) fn pod_placement(qdb: &QuestDB, ctx: &Context) -> (Option<String>, Option<String>) {
     let Some(pod) = ctx
         .caches
         .pods
@@ -48,7 +48,7 @@ pub fn pod_placement(qdb: &QuestDB, ctx: &Context) -> (Option<String>, Option<St
 }
 
 /// The database pod's address as its kubelet reports it, when the pod is bound to `node`.
-pub fn pod_ip_on(qdb: &QuestDB, ctx: &Context, node: &str) -> Option<String> {
+pub(crate) fn pod_ip_on(qdb: &QuestDB, ctx: &Context, node: &str) -> Option<String> {
     match pod_placement(qdb, ctx) {
         (Some(bound), ip) if bound == node => ip,
         _ => None,
@@ -58,7 +58,7 @@ pub fn pod_ip_on(qdb: &QuestDB, ctx: &Context, node: &str) -> Option<String> {
 /// `spec.dns` is unset (or cannot be served), or the record names `node`'s address (the
 /// database pod's on it, without host ports). The DNS step writes a pod's address only once
 /// EC2 shows it assigned to the instance, so a record equal to it is a verified one.
-pub fn dns_follows(
+pub(crate) fn dns_follows(
     qdb: &QuestDB,
     ctx: &Context,
     cloud: &CloudRuntime,
@@ -90,7 +90,11 @@ pub fn dns_follows(
 
 /// Whether the QuestDB's volume still has a VolumeAttachment on `node`. Matched by the PV
 /// name in `spec.source` (the object's name is a CSI implementation detail).
-pub async fn volume_attached_to(qdb: &QuestDB, ctx: &Context, node: &str) -> Result<bool, Error> {
+pub(crate) async fn volume_attached_to(
+    qdb: &QuestDB,
+    ctx: &Context,
+    node: &str,
+) -> Result<bool, Error> {
     let ns = qdb.namespace().unwrap_or_default();
     let pv = ctx
         .caches
@@ -110,7 +114,7 @@ pub async fn volume_attached_to(qdb: &QuestDB, ctx: &Context, node: &str) -> Res
 }
 
 /// The database pod as the cache has it, and the node it is bound to.
-pub fn database_pod(
+pub(crate) fn database_pod(
     qdb: &QuestDB,
     ctx: &Context,
 ) -> (

@@ -29,7 +29,7 @@ use crate::plan::node::launch_request;
 use crate::plan::node::{self, NodeStep, NodeView, PERMANENT_FAILURE_RETRY};
 
 /// How fresh instance data must be while a node is launching or being released.
-pub const WAITING_SYNC: Duration = Duration::from_secs(2);
+pub(crate) const WAITING_SYNC: Duration = Duration::from_secs(2);
 /// How soon a reconcile that took a node step looks again if no watch event of its own write
 /// wakes it first (a launch or a terminate writes nothing the watch sees).
 const AFTER_A_STEP: Duration = Duration::from_secs(1);

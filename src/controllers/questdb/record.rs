@@ -19,7 +19,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 /// Writes `edit` of the status (with the object's resourceVersion, so a stale view of the
 /// status yields a conflict instead of being acted on) and continues with the stored object.
-pub async fn persist(
+pub(crate) async fn persist(
     qdb: &mut QuestDB,
     ctx: &Context,
     edit: impl FnMut(&mut QuestDBStatus),
@@ -84,7 +84,7 @@ fn same_status(a: Option<&QuestDBStatus>, b: Option<&QuestDBStatus>) -> bool {
 }
 
 /// The condition already says this: its event was sent when it first did.
-pub fn already_reported<R: ConditionReason>(status: &QuestDBStatus, c: &Verdict<R>) -> bool {
+pub(crate) fn already_reported<R: ConditionReason>(status: &QuestDBStatus, c: &Verdict<R>) -> bool {
     status
         .conditions
         .iter()
@@ -94,7 +94,7 @@ pub fn already_reported<R: ConditionReason>(status: &QuestDBStatus, c: &Verdict<
 /// A multi-step operation recorded in status (`status.failover`, `status.upgrade`): each step
 /// is entered by one status write (phase, start time, message cleared), then an event, and the
 /// step it leaves is timed into its duration histogram.
-pub trait StepRecord: Clone {
+pub(crate) trait StepRecord: Clone {
     /// The record's steps.
     type Phase: Copy + std::fmt::Display + Into<&'static str>;
     /// The event action ("Failover", "NodeMove").
@@ -113,7 +113,7 @@ pub trait StepRecord: Clone {
 
 /// Leaves the record's current step for `next`: times the step left, records `next` (before
 /// anything `next` does), then says so in an event.
-pub async fn advance<R: StepRecord>(
+pub(crate) async fn advance<R: StepRecord>(
     qdb: &mut QuestDB,
     ctx: &Context,
     record: &R,

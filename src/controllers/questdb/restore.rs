@@ -18,7 +18,7 @@ use crate::plan::conditions::Verdict;
 
 /// Whether the rest of the reconcile may go on.
 #[derive(Debug, PartialEq)]
-pub enum Gate {
+pub(crate) enum Gate {
     /// Nothing to restore, or the volume was restored.
     Open(Option<Verdict<RestoreReason>>),
     /// Create the volume from this VolumeSnapshot.
@@ -30,7 +30,7 @@ pub enum Gate {
     Blocked(Verdict<RestoreReason>, Option<Duration>),
 }
 
-pub async fn gate(qdb: &QuestDB, ctx: &Context) -> Result<Gate, Error> {
+pub(crate) async fn gate(qdb: &QuestDB, ctx: &Context) -> Result<Gate, Error> {
     let Some(source) = &qdb.spec.volume.restore_from else {
         return Ok(Gate::Open(None));
     };

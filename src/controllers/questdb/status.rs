@@ -22,7 +22,7 @@ use super::container_state;
 /// What status is computed from ([`compute`]): what the reconcile saw in the caches and the
 /// cloud, and what its applier did.
 #[derive(Default)]
-pub struct StatusInputs<'a> {
+pub(crate) struct StatusInputs<'a> {
     pub statefulset: Option<&'a CachedStatefulSet>,
     pub pod: Option<&'a CachedPod>,
     /// No pod, and the StatefulSet controller was just refused its creation, with this message.
@@ -158,7 +158,7 @@ fn first_revision(sts: &CachedStatefulSet, pod: Option<&CachedPod>) -> bool {
 
 /// Computes the full status. Conditions keep their `lastTransitionTime` unless they flip, so the
 /// result equals the existing status when nothing changed — the caller then skips the write.
-pub fn compute(qdb: &QuestDB, obs: &StatusInputs, now: Timestamp) -> QuestDBStatus {
+pub(crate) fn compute(qdb: &QuestDB, obs: &StatusInputs, now: Timestamp) -> QuestDBStatus {
     let existing = qdb.status.clone().unwrap_or_default();
     let generation = qdb.metadata.generation;
     if !obs.invalid.is_empty() && built_before(&existing) {
@@ -484,7 +484,7 @@ fn not_answering(existing: &QuestDBStatus, pod: Option<&CachedPod>) -> Phase {
 /// and the node's fields differs (no step of a failover or node move, no instance). Such a
 /// write may wait a moment for the next piece of progress; any other change, and any news
 /// of a database that ran (its node going NotReady), is written at once.
-pub fn progress_only(old: &QuestDBStatus, new: &QuestDBStatus) -> bool {
+pub(crate) fn progress_only(old: &QuestDBStatus, new: &QuestDBStatus) -> bool {
     if old.phase != Some(Phase::Pending) || new.phase != Some(Phase::Pending) {
         return false;
     }

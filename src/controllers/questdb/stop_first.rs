@@ -19,7 +19,7 @@ use crate::controllers::Error;
 use crate::desired;
 
 /// True when no database pod exists and the StatefulSet (if any) wants none and has none.
-pub fn database_stopped(qdb: &QuestDB, caches: &Caches) -> bool {
+pub(crate) fn database_stopped(qdb: &QuestDB, caches: &Caches) -> bool {
     let ns = qdb.namespace().unwrap_or_default();
     let pod = ObjectRef::new(&desired::names::pod(qdb)).within(&ns);
     if caches.pods.get(&pod).is_some() {
@@ -34,7 +34,7 @@ pub fn database_stopped(qdb: &QuestDB, caches: &Caches) -> bool {
 
 /// True while the database pod still runs on the node of the instance status records: the
 /// node must not go yet when `spec.node` was removed and the pod is moving to a shared node.
-pub fn pod_on_recorded_node(qdb: &QuestDB, caches: &Caches) -> bool {
+pub(crate) fn pod_on_recorded_node(qdb: &QuestDB, caches: &Caches) -> bool {
     let Some(id) = qdb.status.as_ref().and_then(|s| s.instance_id.as_deref()) else {
         return false;
     };
@@ -56,7 +56,7 @@ fn scaled_to_zero(sts: &CachedStatefulSet) -> bool {
 
 /// On deletion the StatefulSet outlives the QuestDB's finalizer (garbage collection comes
 /// after), so it is scaled to zero here first. One write, only when it still wants a pod.
-pub async fn scale_to_zero(
+pub(crate) async fn scale_to_zero(
     qdb: &QuestDB,
     caches: &Caches,
     client: &kube::Client,

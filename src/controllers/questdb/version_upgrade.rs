@@ -26,11 +26,11 @@ use crate::runtime::clock;
 use super::{record, status};
 
 /// Annotation on a PersistentVolume a rollback kept: the QuestDB it was the volume of.
-pub const KEPT_BY_ROLLBACK_ANNOTATION: &str = "crd.questdb.io/kept-by-version-rollback";
+pub(crate) const KEPT_BY_ROLLBACK_ANNOTATION: &str = "crd.questdb.io/kept-by-version-rollback";
 
 /// What the rest of the reconcile builds with.
 #[derive(Debug, Default)]
-pub struct Outcome {
+pub(crate) struct Outcome {
     /// The image the StatefulSet runs (`None`: `spec.image`) and whether it is stopped.
     pub image: Option<String>,
     pub stopped: bool,
@@ -42,7 +42,7 @@ pub struct Outcome {
     pub again: Option<Duration>,
 }
 
-pub async fn step(qdb: &mut QuestDB, ctx: &Context) -> Result<Outcome, Error> {
+pub(crate) async fn step(qdb: &mut QuestDB, ctx: &Context) -> Result<Outcome, Error> {
     let ns = qdb.namespace().ok_or(Error::MissingNamespace)?;
     let caches = &ctx.caches;
     let sts = caches

@@ -22,7 +22,7 @@ use super::apply::Applier;
 /// survive a deletion even when the operator is down or a finalizer is removed by hand.
 ///
 /// `restore_from` names the VolumeSnapshot a claim that does not exist yet is created from.
-pub async fn step(
+pub(crate) async fn step(
     applier: &mut Applier<'_>,
     qdb: &QuestDB,
     restore_from: Option<&str>,

@@ -2,8 +2,8 @@
 //! changes, by its backups' (labelled with its name) and by its next scheduled minute. Its
 //! backups are not owned by it: deleting a schedule keeps them (see the API's docs).
 
-pub mod cron;
-pub mod plan;
+pub(crate) mod cron;
+pub(crate) mod plan;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,17 +24,17 @@ use crate::controllers::{Error, Next};
 
 use plan::{Inputs, Owned};
 
-pub const CONTROLLER_NAME: &str = "questdbbackupschedule";
+pub(crate) const CONTROLLER_NAME: &str = "questdbbackupschedule";
 /// How many of a schedule's newest backups its status lists.
 const HISTORY: usize = 10;
 
-pub struct ScheduleContext {
+pub(crate) struct ScheduleContext {
     pub ctx: Arc<Context>,
     /// The backup controller's cache of every QuestDBBackup.
     pub backups: Store<QuestDBBackup>,
 }
 
-pub async fn reconcile(
+pub(crate) async fn reconcile(
     schedule: Arc<QuestDBBackupSchedule>,
     sctx: Arc<ScheduleContext>,
 ) -> Result<Next, Error> {

@@ -159,7 +159,6 @@ pub enum EventReason {
     MissingUid,
     StaleCache,
     Conflict,
-    SerializeFailed,
     KubernetesApiError,
     CloudApiError,
 }

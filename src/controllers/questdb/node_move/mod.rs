@@ -71,7 +71,7 @@ fn up_to_date() -> Verdict<NodeMoveReason> {
 /// Starts a move when the recorded node differs from `spec.node`, or advances the one under
 /// way (or releases a retained old node). Returns the turn with the `NodeMove` condition;
 /// `None` without a dedicated node.
-pub async fn reconcile(
+pub(crate) async fn reconcile(
     qdb: &mut QuestDB,
     ctx: &Context,
     cloud: &CloudRuntime,
