@@ -10,6 +10,7 @@ pub mod cloud;
 pub mod controllers;
 pub mod http_server;
 pub mod ilp_auth;
+mod installed_crd;
 pub mod inventory;
 pub mod kubelet_stats;
 pub mod leadership;

@@ -149,6 +149,10 @@ pub async fn run_with(
     let client = crate::metrics::instrumented_client(config, metrics.clone())
         .context("building the Kubernetes client")?;
 
+    // Before anything is served or cached: an operator newer than its CRD would have the
+    // apiserver drop what it writes; its predecessor keeps running meanwhile.
+    crate::installed_crd::refuse_an_older_crd(&client).await?;
+
     let mut servers = Vec::new();
     if let Some(addr) = opts.metrics_addr {
         let (m, s) = (metrics.clone(), shutdown.clone());

@@ -49,6 +49,53 @@ pub fn questdb(lease_duration: Duration) -> CustomResourceDefinition {
     crd
 }
 
+/// The fields this operator's `QuestDB` schema has under `spec` and `status` that `served` (the
+/// schema the apiserver serves for the installed CRD, as its OpenAPI v3 document gives it)
+/// lacks, as dotted paths. Non-empty: the installed CRD is older than the operator, and the
+/// apiserver would drop those fields from every write (a node move's record under
+/// `status.nodeMove`, say, mid-move). A subtree the served schema keeps whole
+/// (`x-kubernetes-preserve-unknown-fields`) lacks nothing.
+pub fn missing_fields(served: &serde_json::Value) -> Vec<String> {
+    let ours = serde_json::to_value(QuestDB::crd()).unwrap_or_default();
+    let ours = &ours["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"];
+    let mut missing = Vec::new();
+    for top in ["spec", "status"] {
+        match served["properties"].get(top) {
+            Some(theirs) => missing_below(&ours[top], theirs, top, &mut missing),
+            None => missing.push(top.to_string()),
+        }
+    }
+    missing
+}
+
+fn missing_below(
+    ours: &serde_json::Value,
+    theirs: &serde_json::Value,
+    path: &str,
+    missing: &mut Vec<String>,
+) {
+    if theirs["x-kubernetes-preserve-unknown-fields"] == serde_json::Value::Bool(true) {
+        return;
+    }
+    if let Some(properties) = ours["properties"].as_object() {
+        for (name, schema) in properties {
+            let here = format!("{path}.{name}");
+            match theirs["properties"].get(name) {
+                Some(served) => missing_below(schema, served, &here, missing),
+                None => missing.push(here),
+            }
+        }
+    }
+    if ours.get("items").is_some() && theirs.get("items").is_some() {
+        missing_below(
+            &ours["items"],
+            &theirs["items"],
+            &format!("{path}[]"),
+            missing,
+        );
+    }
+}
+
 /// [`all`] as one multi-document YAML stream.
 pub fn yaml() -> anyhow::Result<String> {
     yaml_for_lease(DEFAULT_NODE_LEASE_DURATION)
@@ -90,6 +137,50 @@ mod tests {
             floor_rule(&super::questdb(Duration::from_secs(12))),
             "self >= 12"
         );
+    }
+
+    fn served_schema() -> serde_json::Value {
+        let crd =
+            serde_json::to_value(<crate::api::QuestDB as kube::CustomResourceExt>::crd()).unwrap();
+        crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"].clone()
+    }
+
+    #[test]
+    fn the_installed_crd_of_this_version_lacks_nothing() {
+        assert_eq!(
+            super::missing_fields(&served_schema()),
+            Vec::<String>::new()
+        );
+    }
+
+    /// The harm: an operator upgraded before its CRD writes a node move's record the old
+    /// schema does not name, and the apiserver drops it, mid-move.
+    #[test]
+    fn an_older_crd_is_named_by_the_fields_it_would_drop() {
+        let mut older = served_schema();
+        let status = older["properties"]["status"]["properties"]
+            .as_object_mut()
+            .unwrap();
+        status.remove("nodeMove");
+        let node_move = status["upgrade"]["properties"].as_object_mut().unwrap();
+        node_move.remove("drainedNode");
+        older["properties"]["spec"]["properties"]["env"]["items"]["properties"]
+            .as_object_mut()
+            .unwrap()
+            .remove("valueFrom");
+        assert_eq!(
+            super::missing_fields(&older),
+            vec![
+                "spec.env[].valueFrom".to_string(),
+                "status.nodeMove".to_string(),
+                "status.upgrade.drainedNode".to_string(),
+            ]
+        );
+        // A subtree kept whole lacks nothing.
+        older["properties"]["status"] =
+            serde_json::json!({"type": "object", "x-kubernetes-preserve-unknown-fields": true});
+        older["properties"]["spec"] = older["properties"]["status"].clone();
+        assert!(super::missing_fields(&older).is_empty());
     }
 
     /// The checked-in CRD must be exactly what the code generates; regenerate it with

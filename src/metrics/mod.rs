@@ -57,7 +57,7 @@ pub(crate) const TEXT_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=u
 pub(crate) const PHASE_UNKNOWN: &str = "Unknown";
 
 /// Every phase a QuestDB can report, so the phase gauge exposes zeros instead of gaps.
-const ALL_PHASES: [Phase; 9] = [
+const ALL_PHASES: [Phase; 10] = [
     Phase::Pending,
     Phase::Provisioning,
     Phase::Running,
@@ -66,6 +66,7 @@ const ALL_PHASES: [Phase; 9] = [
     Phase::Paused,
     Phase::FailingOver,
     Phase::Upgrading,
+    Phase::MovingNode,
     Phase::Terminating,
 ];
 

@@ -1201,3 +1201,108 @@ async fn an_operator_upgrade_that_changes_the_pod_template_restarts_one_database
     }
     env.stop().await;
 }
+
+/// The harm: a node move an older operator recorded under `status.upgrade` (its new instance
+/// launched, the database stopping) pruned away when the CRD is upgraded (the apiserver prunes
+/// what the schema does not name from etcd's copy too), leaving an instance nobody releases
+/// and a database between two nodes. On the real apiserver: the old field is kept and read as
+/// the node move, and the operator's next status write stores it under `nodeMove` only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_move_an_older_operator_recorded_survives_the_crd_upgrade_and_is_read() {
+    let (_cp, client) = crate::harness::control_plane().await;
+    let api: Api<QuestDB> = Api::namespaced(client.clone(), "default");
+    let raw: Api<kube::api::DynamicObject> = Api::namespaced_with(
+        client.clone(),
+        "default",
+        &kube::api::ApiResource::erase::<QuestDB>(&()),
+    );
+    let qdb = questdb_operator::desired::testing::questdb("moving", "default");
+    let mut qdb = QuestDB::new("moving", qdb.spec);
+    qdb.metadata.namespace = Some("default".into());
+    api.create(&PostParams::default(), &qdb).await.unwrap();
+    let older = json!({"status": {"phase": "Upgrading", "upgrade": {
+        "phase": "Stopping", "fromImage": "ami-1", "toImage": "ami-2",
+        "oldInstanceID": "i-1", "newInstanceID": "i-2",
+    }}});
+    api.patch_status("moving", &PatchParams::default(), &Patch::Merge(&older))
+        .await
+        .unwrap();
+
+    let stored = raw.get("moving").await.unwrap();
+    assert_eq!(
+        stored.data["status"]["upgrade"]["newInstanceID"], "i-2",
+        "the apiserver kept the old field: {}",
+        stored.data["status"]
+    );
+    let read = api.get("moving").await.unwrap();
+    let record = read
+        .status
+        .as_ref()
+        .and_then(|s| s.node_move.as_ref())
+        .expect("the move the older operator recorded is read");
+    assert_eq!(
+        (record.phase.to_string(), record.new_instance_id.as_deref()),
+        ("Stopping".to_string(), Some("i-2"))
+    );
+
+    // The operator writes its status whole (PUT): the record moves to its new name.
+    api.replace_status("moving", &PostParams::default(), &read)
+        .await
+        .unwrap();
+    let stored = raw.get("moving").await.unwrap();
+    assert_eq!(stored.data["status"]["nodeMove"]["newInstanceID"], "i-2");
+    assert!(
+        stored.data["status"].get("upgrade").is_none(),
+        "{}",
+        stored.data["status"]
+    );
+}
+
+/// The harm: an operator upgraded before its CRD (a `helm upgrade` without applying the CRDs
+/// first) writes fields the old schema does not name, and the apiserver drops them: a node
+/// move's record lost mid-move. Such an operator refuses to start, naming what it would lose,
+/// and its predecessor keeps running; the check reads only what every client may read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_newer_than_its_crd_refuses_to_start_naming_the_fields_it_would_lose() {
+    let mut older = crate::harness::questdb_crd();
+    older.spec.versions[0]
+        .schema
+        .as_mut()
+        .and_then(|s| s.open_api_v3_schema.as_mut())
+        .and_then(|s| s.properties.as_mut()?.get_mut("status"))
+        .and_then(|s| s.properties.as_mut())
+        .expect("a status schema")
+        .remove("nodeMove");
+    let env = Env::without_manager(crate::harness::cluster(), older).await;
+    // The apiserver publishes a CRD's schema in its OpenAPI document shortly after serving it.
+    wait_until("the installed schema is published", || {
+        let client = env.client.clone();
+        async move {
+            let request = http::Request::get("/openapi/v3/apis/crd.questdb.io/v1beta1")
+                .body(Vec::new())
+                .unwrap();
+            client
+                .request_text(request)
+                .await
+                .is_ok_and(|doc| doc.contains("\"kind\":\"QuestDB\""))
+        }
+    })
+    .await;
+    let config = env.cp.operator_config().await;
+    let ended = tokio::time::timeout(
+        Duration::from_secs(60),
+        questdb_operator::manager::run_with(
+            ManagerOptions::default(),
+            config,
+            tokio_util::sync::CancellationToken::new(),
+            questdb_operator::manager::ManagerHandle::default(),
+        ),
+    )
+    .await
+    .expect("the operator ends by itself");
+    let error = format!("{:#}", ended.expect_err("the operator refuses to start"));
+    assert!(
+        error.contains("lacks status.nodeMove") && error.contains("crds/questdb.yaml"),
+        "{error}"
+    );
+}

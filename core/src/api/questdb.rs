@@ -36,7 +36,7 @@ use serde::{Deserialize, Serialize};
     printcolumn = r#"{"name":"NodeIP","type":"string","jsonPath":".status.nodeIP"}"#,
     printcolumn = r#"{"name":"DNS","type":"string","jsonPath":".status.dnsName"}"#,
     printcolumn = r#"{"name":"Failover","type":"string","priority":1,"jsonPath":".status.failover.phase"}"#,
-    printcolumn = r#"{"name":"NodeMove","type":"string","priority":1,"jsonPath":".status.upgrade.phase"}"#,
+    printcolumn = r#"{"name":"NodeMove","type":"string","priority":1,"jsonPath":".status.nodeMove.phase"}"#,
     printcolumn = r#"{"name":"Disk%","type":"integer","jsonPath":".status.disk.usedPercent"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
@@ -560,6 +560,29 @@ fn peers_schema(schema: &mut schemars::Schema) {
     schema.insert("maxItems".into(), MAX_PEERS.into());
 }
 
+/// The status as the schema stores it: `upgrade`, the node move's field before this release, is
+/// kept beside `nodeMove` for one release, marked deprecated. The apiserver prunes a field its
+/// schema does not name from what it reads out of etcd as well: without it a move an older
+/// operator recorded (its instances, its step) would vanish at the CRD's upgrade.
+fn status_schema(schema: &mut schemars::Schema) {
+    let Some(properties) = schema.get_mut("properties").and_then(|p| p.as_object_mut()) else {
+        return;
+    };
+    let Some(mut legacy) = properties.get("nodeMove").cloned() else {
+        return;
+    };
+    if let Some(legacy) = legacy.as_object_mut() {
+        legacy.insert(
+            "description".into(),
+            format!("Deprecated: `{LEGACY_NODE_MOVE_FIELD}`, the name of `nodeMove` before it; read once and replaced by `nodeMove` at the next status write.").into(),
+        );
+    }
+    properties.insert(LEGACY_NODE_MOVE_FIELD.into(), legacy);
+}
+
+/// The stored name of `status.nodeMove` before it was called so (read for one release).
+pub const LEGACY_NODE_MOVE_FIELD: &str = "upgrade";
+
 fn server_schema(schema: &mut schemars::Schema) {
     schema.insert("maxProperties".into(), MAX_SERVER_PROPERTIES.into());
     if let Some(values) = schema
@@ -578,6 +601,7 @@ fn server_schema(schema: &mut schemars::Schema) {
 /// Observed state, written only by the operator.
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 #[serde(rename_all = "camelCase")]
+#[schemars(transform = status_schema)]
 pub struct QuestDBStatus {
     /// Coarse lifecycle phase, see [`Phase`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -637,8 +661,10 @@ pub struct QuestDBStatus {
     /// for (a failover records its own in `failover.fenceStop`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fence_stop: Option<FenceStop>,
-    /// The node move under way, or the last one (the stored field keeps its first name).
-    #[serde(default, skip_serializing_if = "Option::is_none", rename = "upgrade")]
+    /// The node move under way, or the last one.
+    // Read from `upgrade` too, the field's name before this release: a move an older operator
+    // recorded is taken over, and the next status write (a whole replacement) stores it here.
+    #[serde(default, skip_serializing_if = "Option::is_none", alias = "upgrade")]
     pub node_move: Option<NodeMoveStatus>,
     /// How the settings QuestDB reloads in place last reached the running database.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -794,8 +820,11 @@ pub enum Phase {
     Paused,
     /// A dedicated node is being replaced after a failure.
     FailingOver,
-    /// The database is moving to a node with a new image.
+    /// A version upgrade is under way (or rolling back).
     Upgrading,
+    /// The database is moving to another node (another image or instance type, a replacement
+    /// for AWS's maintenance, a drain).
+    MovingNode,
     /// Deletion in progress (finalizer work).
     Terminating,
 }
@@ -811,6 +840,7 @@ impl Phase {
             Phase::Paused => "Paused",
             Phase::FailingOver => "FailingOver",
             Phase::Upgrading => "Upgrading",
+            Phase::MovingNode => "MovingNode",
             Phase::Terminating => "Terminating",
         }
     }
@@ -971,7 +1001,7 @@ pub struct FenceStop {
     pub requested_at: Time,
 }
 
-/// The steps of a node move, as `status.upgrade.phase` records them, in order; the last
+/// The steps of a node move, as `status.nodeMove.phase` records them, in order; the last
 /// three end it.
 #[derive(
     JsonSchema,
@@ -1031,7 +1061,7 @@ macro_rules! phase_eq_str {
 phase_eq_str!(FailoverPhase, NodeMovePhase, FailoverCause);
 
 /// Progress of a move to a node of another image or instance type; persisted before every
-/// side effect. Stored as `status.upgrade`, the field's name since the first version.
+/// side effect. Stored as `status.nodeMove` (`status.upgrade` before; read for one release).
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 #[serde(rename_all = "camelCase")]
 pub struct NodeMoveStatus {
@@ -1109,6 +1139,47 @@ pub struct ScheduledEventRecord {
     /// The earliest time AWS may act.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub not_before: Option<Time>,
+}
+
+#[cfg(test)]
+mod legacy_status_tests {
+    use super::*;
+    use kube::CustomResourceExt;
+
+    /// The harm: a node move an older operator recorded under `status.upgrade` (its new
+    /// instance launched, its step half done) forgotten at the operator's upgrade, leaving an
+    /// instance nobody releases and a database between two nodes.
+    #[test]
+    fn a_node_move_recorded_under_its_old_name_is_read_and_written_back_under_the_new_one() {
+        let stored = serde_json::json!({
+            "phase": "MovingNode",
+            "upgrade": {"phase": "Stopping", "fromImage": "ami-1", "toImage": "ami-2", "newInstanceID": "i-2"},
+        });
+        let status: QuestDBStatus = serde_json::from_value(stored).unwrap();
+        let record = status.node_move.as_ref().expect("the old field is read");
+        assert_eq!(record.phase, NodeMovePhase::Stopping);
+        assert_eq!(record.new_instance_id.as_deref(), Some("i-2"));
+        let written = serde_json::to_value(&status).unwrap();
+        assert_eq!(written["nodeMove"]["phase"], "Stopping");
+        assert!(written.get(LEGACY_NODE_MOVE_FIELD).is_none(), "{written}");
+    }
+
+    /// The apiserver prunes what the schema does not name, from etcd's copy as well: the old
+    /// field stays in the schema for the release that reads it.
+    #[test]
+    fn the_schema_keeps_the_old_field_so_the_apiserver_does_not_prune_a_recorded_move() {
+        let crd = serde_json::to_value(QuestDB::crd()).unwrap();
+        let status = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]
+            ["status"]["properties"];
+        assert_eq!(
+            status["upgrade"]["properties"],
+            status["nodeMove"]["properties"]
+        );
+        assert!(status["upgrade"]["description"]
+            .as_str()
+            .unwrap()
+            .starts_with("Deprecated"));
+    }
 }
 
 #[cfg(test)]

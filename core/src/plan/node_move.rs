@@ -10,7 +10,7 @@
 //! on the new node with the same volume. A failure after the stop (or the field set back then)
 //! switches back to the old node, which is still there. After the move the old node is kept,
 //! cordoned, for the rollback window: setting the field back within it moves the database back
-//! without a launch. Each step is recorded in `status.upgrade` before its side effect.
+//! without a launch. Each step is recorded in `status.nodeMove` before its side effect.
 
 use std::time::Duration;
 

@@ -91,7 +91,7 @@ pub(crate) fn already_reported<R: ConditionReason>(status: &QuestDBStatus, c: &V
         .any(|k| k.type_ == R::CONDITION && k.reason == c.reason.into() && k.message == c.message)
 }
 
-/// A multi-step operation recorded in status (`status.failover`, `status.upgrade`): each step
+/// A multi-step operation recorded in status (`status.failover`, `status.nodeMove`): each step
 /// is entered by one status write (phase, start time, message cleared), then an event, and the
 /// step it leaves is timed into its duration histogram.
 pub(crate) trait StepRecord: Clone {

@@ -303,11 +303,14 @@ pub(crate) fn compute(qdb: &QuestDB, obs: &StatusInputs, now: Timestamp) -> Ques
     // A failover under way says so, whatever the pod looks like meanwhile (until the database
     // answers again: draining the old address is no outage).
     let failing_over = crate::plan::failover::database_down(&existing) && !spec.paused;
-    let upgrading = (crate::plan::node_move::in_progress(&existing)
-        || crate::plan::version_upgrade::in_progress(existing.version_upgrade.as_ref()))
+    // A version upgrade waits for a node move (and a move for nothing a version step holds).
+    let moving_node = crate::plan::node_move::in_progress(&existing) && !spec.paused;
+    let upgrading = crate::plan::version_upgrade::in_progress(existing.version_upgrade.as_ref())
         && !spec.paused;
     let phase = if failing_over {
         Phase::FailingOver
+    } else if moving_node {
+        Phase::MovingNode
     } else if upgrading {
         Phase::Upgrading
     } else {

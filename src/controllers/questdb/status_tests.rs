@@ -847,3 +847,35 @@ fn a_refusal_names_its_questdb_only_for_objects_the_operator_names() {
     );
     assert_eq!(refusal("Deployment", "db1").questdb_name(), None);
 }
+
+/// The phase column names what is under way: a move to another node is `MovingNode`, a QuestDB
+/// version upgrade `Upgrading` (on-call reads them apart; one name for both hid which).
+#[test]
+fn a_node_move_and_a_version_upgrade_have_phases_of_their_own() {
+    use crate::api::{NodeMovePhase, NodeMoveStatus, VersionUpgradeStatus, VersionUpgradeStep};
+    let (s, p, n) = (sts(1, true), pod(true, "node-a"), node("True", "10.0.0.7"));
+    let obs = StatusInputs {
+        statefulset: Some(&s),
+        pod: Some(&p),
+        node: Some(&n),
+        ..Default::default()
+    };
+    let with = |moving: bool, upgrading: bool| {
+        let mut q = testing::questdb("db", "ns");
+        let status = q.status.get_or_insert_with(Default::default);
+        status.node_move = moving.then(|| NodeMoveStatus {
+            phase: NodeMovePhase::Stopping,
+            ..Default::default()
+        });
+        status.version_upgrade = upgrading.then(|| VersionUpgradeStatus {
+            step: VersionUpgradeStep::Starting,
+            ..Default::default()
+        });
+        compute(&q, &obs, now()).phase
+    };
+    assert_eq!(with(false, false), Some(Phase::Running));
+    assert_eq!(with(true, false), Some(Phase::MovingNode));
+    assert_eq!(with(false, true), Some(Phase::Upgrading));
+    // A version upgrade waits for a move: the move is what is under way.
+    assert_eq!(with(true, true), Some(Phase::MovingNode));
+}

@@ -154,7 +154,7 @@ pub enum FailoverReason {
     NotConfigured,
 }
 
-/// `NodeMove`, and `status.upgrade.reason`: why a move waits, was aborted or rolled back.
+/// `NodeMove`, and `status.nodeMove.reason`: why a move waits, was aborted or rolled back.
 #[derive(
     Clone,
     Copy,
@@ -191,7 +191,7 @@ pub enum NodeMoveReason {
     /// replaces the node.
     NodesFailed,
     /// The node a move leaves holds the database's pod or volume past its grace period and the
-    /// step timeout: it is fenced. Kept in `status.upgrade.reason`, where an operator before
+    /// step timeout: it is fenced. Kept in `status.nodeMove.reason`, where an operator before
     /// the rename wrote `UpgradeStuck`, which still reads as this.
     #[strum(to_string = "NodeMoveStuck", serialize = "UpgradeStuck")]
     #[serde(alias = "UpgradeStuck")]

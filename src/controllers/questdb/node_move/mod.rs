@@ -1,6 +1,6 @@
 //! Performs the node-image (and instance-type) move `plan::node_move` plans, in the cloud
 //! part of a QuestDB's reconcile: never two reconciles of one object at once, every step
-//! persisted in `status.upgrade` before its side effect, a failover always first.
+//! persisted in `status.nodeMove` before its side effect, a failover always first.
 
 pub(super) mod steps;
 
