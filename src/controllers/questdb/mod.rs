@@ -86,9 +86,11 @@ fn backup_verified(
     crate::controllers::backup::verify::database_verdict(&mine)
 }
 
-/// One reconcile, as named steps: validate, finalizer, volume, cloud (node, DNS, failover,
-/// moves), ILP auth, children, status. Each step reads what the ones before it produced; the
-/// QuestDB flows down them once (the cloud step returns it with its own status records).
+/// One reconcile, as named stages: validate, finalizer, restore gate, version upgrade,
+/// volume, cloud (node, DNS, failover, moves), children (ILP auth, credentials, server.conf,
+/// the rest), observe (pod, node, refusals, disk), status, next look. Each stage reads what the
+/// ones before it produced; the QuestDB flows down them once (the cloud stage returns it with
+/// its own status records).
 pub(crate) async fn reconcile(qdb: Arc<QuestDB>, ctx: Arc<Context>) -> Result<Next, Error> {
     qdb.namespace().ok_or(Error::MissingNamespace)?;
     if qdb.meta().deletion_timestamp.is_some() {
@@ -125,10 +127,109 @@ pub(crate) async fn reconcile(qdb: Arc<QuestDB>, ctx: Arc<Context>) -> Result<Ne
     let cloud_out = cloud_step(&mut current, &ctx).await?;
     let mut qdb = current;
 
-    let auth = ilp::resolve(&qdb, &ctx).await?;
-    let creds = credentials::resolve(&qdb, &ctx).await?;
+    let applied = children_stage(&qdb, &ctx, &cloud_out, &upgrade, report).await?;
+    let seen = Observed::read(&qdb, &ctx);
+    let pg_digest = applied.creds.usable.as_ref().map(|(_, _, pg)| pg.as_str());
+    let config = config_reload::step(
+        &mut qdb,
+        &ctx,
+        &applied.marks,
+        seen.pod.as_deref(),
+        pg_digest,
+    )
+    .await?;
+    // After the children: the claim exists; the poll's last look says how full it is.
+    let disk = disk::step(&mut qdb, &ctx).await?;
+    let converged = applied.report.changed.is_empty() && applied.report.blocked.is_empty();
+    let changed = applied.report.changed.len();
+    let inputs = status::StatusInputs {
+        statefulset: seen.sts.as_deref(),
+        pod: seen.pod.as_deref(),
+        pod_refused: seen.pod_refused.clone(),
+        volume_pending: seen.volume_pending.clone(),
+        node: seen.node.as_deref(),
+        children: applied.report,
+        ilp_auth: applied.ilp_auth,
+        credentials: Some(applied.creds.condition),
+        credentials_secret: Some(applied.creds.secret.clone()),
+        volume_size,
+        restore: restored,
+        write_health: polled(&qdb, &ctx.write_health),
+        backup_verified: backup_verified(&qdb, &ctx),
+        checkpoint: polled(&qdb, &ctx.checkpoints),
+        cloud: Some(&cloud_out),
+        config: config.status,
+        version_upgrade: upgrade.verdict,
+        disk_space: disk.verdict,
+        disk: disk.status,
+        ..Default::default()
+    };
+    let deferred = write_status(&qdb, &ctx, &inputs, Coalesce::Progress).await?;
+    let next = [
+        deferred,
+        applied.roll_held,
+        config.again,
+        upgrade.again,
+        cloud_out.requeue,
+    ]
+    .into_iter()
+    .flatten()
+    .fold(seen.next_look(&qdb, converged), std::time::Duration::min);
+    debug!(
+        questdb = %qdb.name_any(),
+        pod_ready = seen.pod.as_deref().map(status::pod_ready),
+        pod_revision = seen.pod.as_deref().and_then(status::pod_revision),
+        revisions = ?seen.sts.as_ref().and_then(|s| s.kept.status.as_ref()).map(|s| {
+            (s.current_revision.clone(), s.update_revision.clone(), s.updated_replicas)
+        }),
+        changed,
+        status_held = ?deferred,
+        next = ?next,
+        "reconciled"
+    );
+    Ok(Next::RequeueAfter(next))
+}
+
+/// A poll's newest verdict on this database (write health, the checkpoint watch).
+fn polled<V: Clone>(
+    qdb: &QuestDB,
+    verdicts: &std::sync::Mutex<
+        std::collections::HashMap<ObjectRef<crate::controllers::context::GuardedQuestDB>, V>,
+    >,
+) -> Option<V> {
+    let key = crate::controllers::context::questdb_ref(qdb)?;
+    verdicts
+        .lock()
+        .expect("poll verdicts lock")
+        .get(&key)
+        .cloned()
+}
+
+/// What the children stage applied and what the stages after it read from it.
+struct Applied {
+    report: Report,
+    ilp_auth: Option<crate::plan::conditions::Verdict<crate::api::IlpAuthReason>>,
+    creds: credentials::Resolution,
+    /// The StatefulSet held for an operator rollout slot: look again within this long.
+    roll_held: Option<std::time::Duration>,
+    /// The template's config marks, which the reload step compares with the running pod's.
+    marks: config_reload::TemplateMarks,
+}
+
+/// The children: ILP auth and credentials resolved, every child built from the spec and the
+/// cloud stage's pinning, the server.conf Secret written before the StatefulSet that mounts
+/// it, then the rest; the report's news published as events.
+async fn children_stage(
+    qdb: &QuestDB,
+    ctx: &Context,
+    cloud_out: &cloud::CloudOutcome,
+    upgrade: &version_upgrade::Outcome,
+    report: Report,
+) -> Result<Applied, Error> {
+    let auth = ilp::resolve(qdb, ctx).await?;
+    let creds = credentials::resolve(qdb, ctx).await?;
     let mut wanted = desired::children(
-        &qdb,
+        qdb,
         auth.file.as_deref(),
         creds.seen(),
         cloud_out.dedicated.as_ref(),
@@ -149,8 +250,7 @@ pub(crate) async fn reconcile(qdb: Arc<QuestDB>, ctx: Arc<Context>) -> Result<Ne
         .caches
         .pvcs
         .get(
-            &ObjectRef::new(&desired::names::pvc(&qdb))
-                .within(&qdb.namespace().unwrap_or_default()),
+            &ObjectRef::new(&desired::names::pvc(qdb)).within(&qdb.namespace().unwrap_or_default()),
         )
         .and_then(|p| p.uid());
     let volume_known = volume_uid.is_some();
@@ -170,133 +270,117 @@ pub(crate) async fn reconcile(qdb: Arc<QuestDB>, ctx: Arc<Context>) -> Result<Ne
         .and_then(|c| c.restarted_for.clone());
     wanted.statefulset =
         desired::statefulset::with_config_restart(wanted.statefulset, restarted_for.as_deref());
-    let template_marks = {
+    let marks = {
         let (config_hash, restarted_for) = desired::statefulset::config_marks(&wanted.statefulset);
         config_reload::TemplateMarks {
             config_hash: config_hash.map(str::to_string),
             restarted_for: restarted_for.map(str::to_string),
         }
     };
-    let mut applier = Applier::new(&ctx, &qdb, report)?;
+    let mut applier = Applier::new(ctx, qdb, report)?;
     // Before the StatefulSet: its pod reads server.conf from this Secret.
-    let written = server_conf::step(&qdb, &ctx, &creds, wanted.server_conf()).await?;
+    let written = server_conf::step(qdb, ctx, &creds, wanted.server_conf()).await?;
     applier.record(written).await;
-    let roll_held = children_step(&mut applier, &qdb, wanted, volume_known).await?;
+    let roll_held = children_step(&mut applier, qdb, wanted, volume_known).await?;
     let report = applier.report;
-
-    report.publish(&qdb, &ctx).await;
-    let c = &ctx.caches;
-    let ns = qdb.namespace().unwrap_or_default();
-    let sts = c
-        .statefulsets
-        .get(&ObjectRef::new(&desired::names::statefulset(&qdb)).within(&ns));
-    let pod = c
-        .pods
-        .get(&ObjectRef::new(&desired::names::pod(&qdb)).within(&ns));
-    let pg_digest = creds.usable.as_ref().map(|(_, _, pg)| pg.as_str());
-    let config =
-        config_reload::step(&mut qdb, &ctx, &template_marks, pod.as_deref(), pg_digest).await?;
-    let node = pod
-        .as_ref()
-        .and_then(|p| p.node_name.clone())
-        .and_then(|n| c.nodes.get(&ObjectRef::new(&n)));
-    let converged = report.changed.is_empty() && report.blocked.is_empty();
-    // Without a pod, the StatefulSet controller may have been refused one: only its events say.
-    let pod_missing = matches!((&sts, &pod), (Some(s), None) if wants_a_pod(s));
-    // Events are read live: only once the database has waited a while, not on every
-    // reconcile of a pod that is merely on its way (creation, a restart).
-    let waited = waited_long_enough(&qdb, Timestamp::now());
-    let pod_refused = match &sts {
-        Some(sts) if pod_missing && waited => pod_refusal(&ctx, &ns, &sts.name_any()),
-        _ => None,
-    };
-    let unscheduled = pod.as_ref().is_some_and(|p| p.node_name.is_none());
-    // The scheduler's refusal counts only once it has lasted a while, and no event says when
-    // that is: look again (a dedicated node's pod waits for its node, which the node's own
-    // events report).
-    let refusal_ripens = unscheduled && qdb.spec.node.is_none();
-    // A pod waiting for its volume: only the claim's events say why the claim is unbound.
-    let volume_waits = unscheduled
-        && c.pvcs
-            .get(&ObjectRef::new(&desired::names::pvc(&qdb)).within(&ns))
-            .is_some_and(|claim| {
-                claim.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Pending")
-            });
-    let volume_pending = if volume_waits && waited {
-        volume_refusal(&ctx, &ns, &desired::names::pvc(&qdb))
-    } else {
-        None
-    };
-    // After the children: the claim exists; the poll's last look says how full it is.
-    let disk = disk::step(&mut qdb, &ctx).await?;
-    let inputs = status::StatusInputs {
-        statefulset: sts.as_deref(),
-        pod: pod.as_deref(),
-        pod_refused,
-        volume_pending,
-        node: node.as_deref(),
-        children: report,
+    report.publish(qdb, ctx).await;
+    Ok(Applied {
+        report,
         ilp_auth: auth.condition,
-        credentials: Some(creds.condition),
-        credentials_secret: Some(creds.secret.clone()),
-        volume_size,
-        restore: restored,
-        write_health: crate::controllers::context::questdb_ref(&qdb).and_then(|k| {
-            ctx.write_health
-                .lock()
-                .expect("write health lock")
-                .get(&k)
-                .cloned()
-        }),
-        backup_verified: backup_verified(&qdb, &ctx),
-        checkpoint: crate::controllers::context::questdb_ref(&qdb).and_then(|k| {
-            ctx.checkpoints
-                .lock()
-                .expect("checkpoint watch lock")
-                .get(&k)
-                .cloned()
-        }),
-        cloud: Some(&cloud_out),
-        config: config.status,
-        version_upgrade: upgrade.verdict,
-        disk_space: disk.verdict,
-        disk: disk.status,
-        ..Default::default()
-    };
-    let deferred = write_status(&qdb, &ctx, &inputs, Coalesce::Progress).await?;
-    let next = if converged && !pod_missing && !volume_waits && !refusal_ripens {
-        RESYNC
-    } else if converged {
-        // The pod, the claim and the refusal events that say why either is missing all wake
-        // the database; only time does not: a refusal counts once the database (or the
-        // scheduler's refusal) has waited its grace. Look again then, and at worst later.
-        refusals_ripen_in(&qdb, pod.as_deref(), Timestamp::now())
-            .map_or(WAITING_BACKSTOP, |d| d.min(WAITING_BACKSTOP))
-    } else {
-        // Our own writes come back as watch events, and a blocking child usually belongs to a
-        // predecessor of the same name that garbage collection is about to remove; this is only
-        // a backstop.
-        std::time::Duration::from_secs(30)
-    };
-    let next = deferred.map_or(next, |d| d.min(next));
-    let next = roll_held.map_or(next, |d| d.min(next));
-    let next = config.again.map_or(next, |d| d.min(next));
-    let next = upgrade.again.map_or(next, |d| d.min(next));
-    debug!(
-        questdb = %qdb.name_any(),
-        pod_ready = pod.as_deref().map(status::pod_ready),
-        pod_revision = pod.as_deref().and_then(status::pod_revision),
-        revisions = ?sts.as_ref().and_then(|s| s.kept.status.as_ref()).map(|s| {
-            (s.current_revision.clone(), s.update_revision.clone(), s.updated_replicas)
-        }),
-        changed = inputs.children.changed.len(),
-        status_held = ?deferred,
-        next = ?next,
-        "reconciled"
-    );
-    Ok(Next::RequeueAfter(
-        cloud_out.requeue.map_or(next, |r| r.min(next)),
-    ))
+        creds,
+        roll_held,
+        marks,
+    })
+}
+
+/// The database's StatefulSet, pod and node as the caches show them after the children stage,
+/// and, for a pod that is missing or waits, what the events say about why.
+struct Observed {
+    sts: Option<Arc<crate::cache::compacted::CachedStatefulSet>>,
+    pod: Option<Arc<CachedPod>>,
+    node: Option<Arc<k8s_openapi::api::core::v1::Node>>,
+    /// The StatefulSet wants a pod and has none.
+    pod_missing: bool,
+    pod_refused: Option<String>,
+    /// The pod is not scheduled and its claim is Pending.
+    volume_waits: bool,
+    volume_pending: Option<String>,
+    /// A scheduler's refusal of an unscheduled pod on a shared node counts only after a while.
+    refusal_ripens: bool,
+}
+
+impl Observed {
+    fn read(qdb: &QuestDB, ctx: &Context) -> Self {
+        let c = &ctx.caches;
+        let ns = qdb.namespace().unwrap_or_default();
+        let sts = c
+            .statefulsets
+            .get(&ObjectRef::new(&desired::names::statefulset(qdb)).within(&ns));
+        let pod = c
+            .pods
+            .get(&ObjectRef::new(&desired::names::pod(qdb)).within(&ns));
+        let node = pod
+            .as_ref()
+            .and_then(|p| p.node_name.clone())
+            .and_then(|n| c.nodes.get(&ObjectRef::new(&n)));
+        // Without a pod, the StatefulSet controller may have been refused one: only its events
+        // say.
+        let pod_missing = matches!((&sts, &pod), (Some(s), None) if wants_a_pod(s));
+        // Events are read live: only once the database has waited a while, not on every
+        // reconcile of a pod that is merely on its way (creation, a restart).
+        let waited = waited_long_enough(qdb, Timestamp::now());
+        let pod_refused = match &sts {
+            Some(sts) if pod_missing && waited => pod_refusal(ctx, &ns, &sts.name_any()),
+            _ => None,
+        };
+        let unscheduled = pod.as_ref().is_some_and(|p| p.node_name.is_none());
+        // The scheduler's refusal counts only once it has lasted a while, and no event says
+        // when that is: look again (a dedicated node's pod waits for its node, which the
+        // node's own events report).
+        let refusal_ripens = unscheduled && qdb.spec.node.is_none();
+        // A pod waiting for its volume: only the claim's events say why the claim is unbound.
+        let volume_waits = unscheduled
+            && c.pvcs
+                .get(&ObjectRef::new(&desired::names::pvc(qdb)).within(&ns))
+                .is_some_and(|claim| {
+                    claim.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Pending")
+                });
+        let volume_pending = if volume_waits && waited {
+            volume_refusal(ctx, &ns, &desired::names::pvc(qdb))
+        } else {
+            None
+        };
+        Observed {
+            sts,
+            pod,
+            node,
+            pod_missing,
+            pod_refused,
+            volume_waits,
+            volume_pending,
+            refusal_ripens,
+        }
+    }
+
+    /// When to look again without an event: the resync for a converged database, the end of a
+    /// refusal's grace for one waiting on its pod or volume, a backstop otherwise.
+    fn next_look(&self, qdb: &QuestDB, converged: bool) -> std::time::Duration {
+        if converged && !self.pod_missing && !self.volume_waits && !self.refusal_ripens {
+            RESYNC
+        } else if converged {
+            // The pod, the claim and the refusal events that say why either is missing all
+            // wake the database; only time does not: a refusal counts once the database (or
+            // the scheduler's refusal) has waited its grace. Look again then, and at worst
+            // later.
+            refusals_ripen_in(qdb, self.pod.as_deref(), Timestamp::now())
+                .map_or(WAITING_BACKSTOP, |d| d.min(WAITING_BACKSTOP))
+        } else {
+            // Our own writes come back as watch events, and a blocking child usually belongs
+            // to a predecessor of the same name that garbage collection is about to remove;
+            // this is only a backstop.
+            std::time::Duration::from_secs(30)
+        }
+    }
 }
 
 /// Whether a status write may wait (see [`crate::controllers::context::STATUS_COALESCE`]).
