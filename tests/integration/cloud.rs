@@ -1914,7 +1914,7 @@ async fn a_name_held_before_the_namespaced_rule_keeps_its_record_after_the_upgra
     env.stop().await;
 }
 
-#[path = "failover.rs"]
+#[path = "failover/mod.rs"]
 mod failover;
 
 #[path = "node_move.rs"]
