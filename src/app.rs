@@ -518,7 +518,7 @@ pub fn options_from(args: &RunArgs) -> anyhow::Result<ManagerOptions> {
         backup_concurrency: args.backup_concurrency,
         backup_schedule_concurrency: args.backup_schedule_concurrency,
         write_health_interval: std::time::Duration::from_secs(args.write_health_interval),
-        backup_timeouts: crate::controllers::backup::plan::Timeouts {
+        backup_timeouts: crate::plan::backup::Timeouts {
             cut: std::time::Duration::from_secs(args.backup_checkpoint_timeout),
             upload: std::time::Duration::from_secs(args.backup_upload_timeout),
             create: std::time::Duration::from_secs(args.backup_checkpoint_create_timeout),

@@ -53,7 +53,7 @@ pub struct ManagerOptions {
     pub backup_concurrency: u16,
     /// Concurrent reconciles of the backup-schedule controller.
     pub backup_schedule_concurrency: u16,
-    pub backup_timeouts: crate::controllers::backup::plan::Timeouts,
+    pub backup_timeouts: crate::plan::backup::Timeouts,
     /// How often each Running database's `wal_tables()` is read for `WriteHealthy`.
     pub write_health_interval: Duration,
     pub leader_election: Option<LeaderElection>,

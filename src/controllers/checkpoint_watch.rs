@@ -17,8 +17,8 @@ use kube::{Resource, ResourceExt};
 use tracing::{debug, info, warn};
 
 use crate::api::{BackupStep, CheckpointReason, EventReason, QuestDB, QuestDBBackupStatus};
-use crate::controllers::backup::plan::{owner, Owner, Timeouts};
 use crate::controllers::context::Context;
+use crate::plan::backup::{owner, Owner, Timeouts};
 use crate::plan::conditions::Verdict;
 use crate::questdb_http::Database;
 

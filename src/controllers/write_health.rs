@@ -88,7 +88,7 @@ pub(crate) fn verdict(rows: &Rows) -> Verdict<WriteHealthReason> {
 pub(crate) async fn run(
     ctx: Arc<Context>,
     interval: Duration,
-    timeouts: crate::controllers::backup::plan::Timeouts,
+    timeouts: crate::plan::backup::Timeouts,
     token: CancellationToken,
 ) {
     let mut logins = Logins::new();
@@ -242,7 +242,7 @@ async fn poll_one(
     qdb: &QuestDB,
     db: &Database,
     usage: Option<Result<VolumeUsage, String>>,
-    timeouts: crate::controllers::backup::plan::Timeouts,
+    timeouts: crate::plan::backup::Timeouts,
 ) {
     let mut changed = false;
     let wal = wal_verdict(qdb, db).await;

@@ -13,7 +13,8 @@ use questdb_operator::api::{
     BackupDeletionPolicy, BackupReason, BackupStep, QuestDB, QuestDBBackup, QuestDBBackupSpec,
     RestoreSource, VerifyStep,
 };
-use questdb_operator::controllers::backup::{self, plan, snapshot};
+use questdb_operator::controllers::backup::{self, snapshot};
+use questdb_operator::plan::backup as plan;
 
 use crate::database::{env, lines, pod_ip, ready, real, rows_become, Credentials, NS};
 use crate::db_client::{exec, ilp_http, Login};
@@ -826,8 +827,8 @@ async fn a_verified_backup_is_proven_by_restoring_it_and_a_damaged_one_names_its
 /// operator's own backup left (its status names its `started_at`) is released.
 #[tokio::test]
 async fn a_checkpoint_left_open_is_reported_and_released_only_when_the_operators() {
-    use questdb_operator::controllers::backup::plan::Timeouts;
     use questdb_operator::manager::ManagerOptions;
+    use questdb_operator::plan::backup::Timeouts;
     let options = ControlPlaneOptions {
         databases: Databases::Real,
         ..crate::harness::cluster()

@@ -5,7 +5,6 @@
 //! released), so a manager killed at any line finds its way on. A finalizer holds the backup
 //! while its checkpoint may be open.
 
-pub mod plan;
 pub mod snapshot;
 pub(crate) mod verify;
 
@@ -32,6 +31,7 @@ use crate::desired;
 use crate::questdb_http::{Database as Db, Login, QueryError};
 use crate::runtime::clock;
 
+use crate::plan::backup as plan;
 use plan::{Database, Decision, Observed, OpenCheckpoint, ReleaseAction, Snapshot, Timeouts};
 
 pub const CONTROLLER_NAME: &str = "questdbbackup";

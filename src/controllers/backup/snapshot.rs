@@ -11,8 +11,8 @@ use kube::core::ObjectMeta;
 use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 
-use super::plan::Snapshot;
 use crate::api::{labels, BackupDeletionPolicy, QuestDBBackup, BACKUP_LABEL};
+use crate::plan::backup::Snapshot;
 
 /// Annotation with the uid of the backup a VolumeSnapshot belongs to (a `Retain` snapshot
 /// carries no owner reference).

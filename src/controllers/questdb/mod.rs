@@ -7,6 +7,7 @@ mod config_reload;
 pub(crate) mod container_state;
 mod credentials;
 mod disk;
+mod dns;
 pub(crate) mod failover;
 mod ilp;
 mod machine;

@@ -110,7 +110,7 @@ pub(crate) async fn gate(qdb: &QuestDB, ctx: &Context) -> Result<Gate, Error> {
         Err(kube::Error::Api(s)) if s.code == 404 => {
             return Ok(blocked(
                 RestoreReason::RestoreSourceNotFound,
-                crate::controllers::backup::plan::SNAPSHOT_API_MISSING.to_string(),
+                crate::plan::backup::SNAPSHOT_API_MISSING.to_string(),
                 60,
             ))
         }

@@ -14,11 +14,11 @@ use serde_json::json;
 use tracing::info;
 
 use crate::api::{QuestDB, VersionUpgradeReason};
-use crate::controllers::backup::plan::Snapshot;
 use crate::controllers::backup::snapshot;
 use crate::controllers::context::Context;
 use crate::controllers::Error;
 use crate::desired;
+use crate::plan::backup::Snapshot;
 use crate::plan::conditions::Verdict;
 use crate::plan::version_upgrade::{self as plan, Claim, Decision, PodState, Say, SnapshotState};
 use crate::runtime::clock;

@@ -2,9 +2,6 @@
 //! changes, by its backups' (labelled with its name) and by its next scheduled minute. Its
 //! backups are not owned by it: deleting a schedule keeps them (see the API's docs).
 
-pub(crate) mod cron;
-pub(crate) mod plan;
-
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -22,6 +19,8 @@ use crate::api::{
 use crate::controllers::context::Context;
 use crate::controllers::{Error, Next};
 
+use crate::plan::cron;
+use crate::plan::schedule as plan;
 use plan::{Inputs, Owned};
 
 pub(crate) const CONTROLLER_NAME: &str = "questdbbackupschedule";

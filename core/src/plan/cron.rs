@@ -8,7 +8,7 @@ use k8s_openapi::jiff::tz::TimeZone;
 use k8s_openapi::jiff::{Timestamp, ToSpan};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct Cron {
+pub struct Cron {
     minutes: u64,
     hours: u32,
     days: u32,
@@ -126,7 +126,7 @@ impl Cron {
 
     /// The first scheduled minute strictly after `t`; `None` when none comes within five
     /// years (`0 0 30 2 *`).
-    pub(crate) fn next_after(&self, t: Timestamp) -> Option<Timestamp> {
+    pub fn next_after(&self, t: Timestamp) -> Option<Timestamp> {
         let start = t.to_zoned(TimeZone::UTC).datetime();
         let mut date = start.date();
         for _ in 0..(366 * 5) {
@@ -157,7 +157,7 @@ impl Cron {
     /// The shortest time between two runs over the year after `from` (at most 3,000 runs
     /// looked at: a schedule that dense has shown its shortest gap long before), `None` for a
     /// schedule that runs once or never in that year.
-    pub(crate) fn shortest_gap(&self, from: Timestamp) -> Option<std::time::Duration> {
+    pub fn shortest_gap(&self, from: Timestamp) -> Option<std::time::Duration> {
         let end = from
             .checked_add(k8s_openapi::jiff::SignedDuration::from_hours(24 * 366))
             .ok()?;
@@ -175,7 +175,7 @@ impl Cron {
     }
 
     /// The newest scheduled minute in `(after, now]`, if any.
-    pub(crate) fn latest_between(&self, after: Timestamp, now: Timestamp) -> Option<Timestamp> {
+    pub fn latest_between(&self, after: Timestamp, now: Timestamp) -> Option<Timestamp> {
         // Far behind (an old lastScheduleTime): a frequent schedule has its newest run in the
         // last day; only a sparser one (weekly, monthly) needs the whole stretch walked.
         let floor = now

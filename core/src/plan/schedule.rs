@@ -11,7 +11,7 @@ use crate::api::BackupStep;
 
 /// A backup the schedule made.
 #[derive(Clone, Debug, PartialEq)]
-pub(crate) struct Owned {
+pub struct Owned {
     pub name: String,
     pub created: Timestamp,
     pub step: Option<BackupStep>,
@@ -25,7 +25,7 @@ impl Owned {
     }
 }
 
-pub(crate) struct Inputs<'a> {
+pub struct Inputs<'a> {
     pub schedule_name: &'a str,
     pub cron: &'a Cron,
     pub suspend: bool,
@@ -42,7 +42,7 @@ pub(crate) struct Inputs<'a> {
 }
 
 #[derive(Clone, Debug, Default, PartialEq)]
-pub(crate) struct Plan {
+pub struct Plan {
     /// Make this backup (name, scheduled time).
     pub create: Option<(String, Timestamp)>,
     /// Make it with `spec.verify`: none of the newest `verifyEvery - 1` backups was.
@@ -55,7 +55,7 @@ pub(crate) struct Plan {
     pub next: Option<Timestamp>,
 }
 
-pub(crate) fn plan(i: &Inputs) -> Plan {
+pub fn plan(i: &Inputs) -> Plan {
     let mut newest_first: Vec<&Owned> = i.owned.iter().collect();
     newest_first.sort_by(|a, b| b.created.cmp(&a.created).then(b.name.cmp(&a.name)));
     let active = newest_first
@@ -99,7 +99,7 @@ pub(crate) fn plan(i: &Inputs) -> Plan {
 
 /// `<schedule>-<scheduled minute since the epoch>`, as a CronJob names its Jobs: the same run
 /// always gets the same name, so a retried create cannot make two.
-pub(crate) fn run_name(schedule: &str, due: Timestamp) -> String {
+pub fn run_name(schedule: &str, due: Timestamp) -> String {
     format!("{schedule}-{}", due.as_second() / 60)
 }
 

@@ -49,11 +49,11 @@ impl Default for Timeouts {
 
 /// How far the database's clock (`started_at`) and the operator's (`checkpointRequestedAt`) may
 /// disagree: machines of one cluster keep time by NTP.
-pub(crate) const CLOCK_SKEW: Duration = Duration::from_secs(5);
+pub const CLOCK_SKEW: Duration = Duration::from_secs(5);
 
 /// The database's checkpoint, from `checkpoint_status()`.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum OpenCheckpoint {
+pub enum OpenCheckpoint {
     /// Not asked, or the database did not answer.
     Unknown,
     /// None is open.
@@ -64,7 +64,7 @@ pub(crate) enum OpenCheckpoint {
 
 /// Whose an open checkpoint is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Owner {
+pub enum Owner {
     /// This backup's: CREATE answered and got this `started_at`.
     Ours,
     /// Started within the CREATE this backup sent last, whose answer it never had (a crash, a
@@ -74,7 +74,7 @@ pub(crate) enum Owner {
     Foreign,
 }
 
-pub(crate) fn owner(status: &QuestDBBackupStatus, started_at: &str, timeouts: Timeouts) -> Owner {
+pub fn owner(status: &QuestDBBackupStatus, started_at: &str, timeouts: Timeouts) -> Owner {
     if status.checkpoint_started_at.as_deref() == Some(started_at) {
         return Owner::Ours;
     }
@@ -97,7 +97,7 @@ pub(crate) fn owner(status: &QuestDBBackupStatus, started_at: &str, timeouts: Ti
 
 /// What a release does with the database's checkpoint.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum ReleaseAction {
+pub enum ReleaseAction {
     /// `CHECKPOINT RELEASE`: the open checkpoint is the backup's.
     Release,
     /// Nothing of the backup's is open (none, another's, or the process that held it is gone).
@@ -109,7 +109,7 @@ pub(crate) enum ReleaseAction {
 
 /// `holder_runs`: the process the checkpoint was opened in still runs (its pod and container,
 /// ready or not).
-pub(crate) fn release_action(
+pub fn release_action(
     status: &QuestDBBackupStatus,
     checkpoint: &OpenCheckpoint,
     holder_runs: bool,
@@ -129,7 +129,7 @@ pub(crate) fn release_action(
 
 /// The database, as far as a backup cares.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum Database {
+pub enum Database {
     Missing,
     Deleting,
     /// The QuestDB's own status says it is not Running (paused, pending, failed): only a change
@@ -153,7 +153,7 @@ fn foreign_checkpoint(started_at: &str) -> String {
 
 /// The backup's VolumeSnapshot.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum Snapshot {
+pub enum Snapshot {
     /// The VolumeSnapshot API is not served (the CSI snapshot CRDs are not installed).
     ApiMissing,
     Absent,
@@ -169,7 +169,7 @@ pub(crate) enum Snapshot {
     Error(String),
 }
 
-pub(crate) struct Observed {
+pub struct Observed {
     pub database: Database,
     /// Another backup of the same database that may hold its checkpoint.
     pub other_backup: Option<String>,
@@ -187,7 +187,7 @@ pub(crate) struct Observed {
 }
 
 #[derive(Clone, Debug, PartialEq)]
-pub(crate) enum Decision {
+pub enum Decision {
     /// Stay in `Pending`, saying why; look again after `requeue`.
     Wait {
         reason: BackupReason,
@@ -225,13 +225,13 @@ pub(crate) enum Decision {
 }
 
 /// Why a backup waits while `holder`, another backup of its database, may hold the checkpoint.
-pub(crate) fn queued_behind(holder: &str) -> String {
+pub fn queued_behind(holder: &str) -> String {
     format!("backup {holder} holds the database's checkpoint")
 }
 
-pub(crate) const WAIT_POLL: Duration = Duration::from_secs(10);
+pub const WAIT_POLL: Duration = Duration::from_secs(10);
 /// A wait that a change of the QuestDB (or the end of the backup ahead of it) ends is woken by
-/// that change ([`crate::controllers::backup::woken_by_questdb`], and the end of the backup ahead); this is only the fallback. A tenant's
+/// that change (the backup controller's `woken_by_questdb`, and the end of the backup ahead); this is only the fallback. A tenant's
 /// hundreds of waiting backups so cost the shared workers nothing while nothing changes, where a
 /// 10 s poll of each kept them busy and held back every other tenant's backup.
 pub const WOKEN_WAIT_FALLBACK: Duration = Duration::from_secs(300);
@@ -261,7 +261,7 @@ fn queued(backup: &QuestDBBackup) -> bool {
 /// `Pending` for the database itself. Those queued behind another backup of it are woken one
 /// at a time by the end of the backup ahead ([`next_in_queue`]), so a change of a database with
 /// hundreds queued costs one reconcile, not hundreds.
-pub(crate) fn waiting_on_database<'a>(
+pub fn waiting_on_database<'a>(
     backups: &'a [Arc<QuestDBBackup>],
     namespace: &'a str,
     questdb: &'a str,
@@ -276,7 +276,7 @@ pub(crate) fn waiting_on_database<'a>(
 /// The backup of QuestDB `questdb` in `namespace` to wake when the one ahead of it ends: the
 /// oldest queued (by creation, then name), so queued backups run in the order they were asked
 /// for.
-pub(crate) fn next_in_queue<'a>(
+pub fn next_in_queue<'a>(
     backups: &'a [Arc<QuestDBBackup>],
     namespace: &str,
     questdb: &str,
@@ -296,7 +296,7 @@ fn of(backup: &QuestDBBackup, namespace: &str, questdb: &str) -> bool {
     backup.metadata.namespace.as_deref() == Some(namespace) && backup.spec.questdb_name == questdb
 }
 
-pub(crate) fn decide(status: &QuestDBBackupStatus, obs: &Observed, timeouts: Timeouts) -> Decision {
+pub fn decide(status: &QuestDBBackupStatus, obs: &Observed, timeouts: Timeouts) -> Decision {
     let step = status.step.unwrap_or(BackupStep::Pending);
     match step {
         BackupStep::Succeeded | BackupStep::Failed => Decision::Done,
@@ -349,7 +349,7 @@ pub(crate) fn decide(status: &QuestDBBackupStatus, obs: &Observed, timeouts: Tim
 
 /// Time since the backup last sent (or was about to send) `CHECKPOINT CREATE`.
 fn since_request(status: &QuestDBBackupStatus) -> Option<Duration> {
-    crate::runtime::clock::since(status.checkpoint_requested_at.as_ref())
+    crate::clock::since(status.checkpoint_requested_at.as_ref())
 }
 
 fn pending(status: &QuestDBBackupStatus, obs: &Observed, timeouts: Timeouts) -> Decision {
@@ -415,7 +415,7 @@ fn pending(status: &QuestDBBackupStatus, obs: &Observed, timeouts: Timeouts) -> 
     }
 }
 
-pub(crate) const SNAPSHOT_API_MISSING: &str = "the VolumeSnapshot API (snapshot.storage.k8s.io/v1) is not served: install the CSI snapshot CRDs and the snapshot-controller, and a VolumeSnapshotClass for the volume's CSI driver";
+pub const SNAPSHOT_API_MISSING: &str = "the VolumeSnapshot API (snapshot.storage.k8s.io/v1) is not served: install the CSI snapshot CRDs and the snapshot-controller, and a VolumeSnapshotClass for the volume's CSI driver";
 
 fn snapshotting(status: &QuestDBBackupStatus, obs: &Observed, timeouts: Timeouts) -> Decision {
     let fail = |reason, message: String| Decision::Release {
@@ -959,7 +959,7 @@ mod tests {
             ..observed(ready(), Snapshot::Absent)
         };
         let mut recent = status(BackupStep::Checkpointing);
-        recent.checkpoint_requested_at = Some(crate::runtime::clock::now());
+        recent.checkpoint_requested_at = Some(crate::clock::now());
         assert!(matches!(decide(&recent, &unknown, t), Decision::Poll(_)));
         assert_eq!(
             failure(decide(&status(BackupStep::Checkpointing), &unknown, t)),
