@@ -184,10 +184,16 @@ pub(crate) fn start_caches(
     watch_leases: bool,
     token: &CancellationToken,
 ) -> (Caches, Subscriptions, Vec<tokio::task::JoinHandle<()>>) {
-    let mut tasks = Vec::new();
     let (tx, triggers) = futures::channel::mpsc::unbounded();
     let sender = tx.clone();
     let (node_tx, node_triggers) = futures::channel::mpsc::unbounded::<ObjectRef<Node>>();
+    let start = Starter {
+        client,
+        ns,
+        tx: tx.clone(),
+        token,
+        tasks: Default::default(),
+    };
 
     // `inspect` runs after `reflect`: a request is only sent once its event is in the cache.
     macro_rules! cached {
@@ -215,28 +221,7 @@ pub(crate) fn start_caches(
                     }
                     forward(ev, &tx, $deletions, $map)
                 });
-            tasks.push(spawn_drain(stream, token.clone(), stringify!($k)));
-            reader
-        }};
-    }
-
-    // A child kind, held in the form `OwnedChild::Cached` says: projected before the store.
-    macro_rules! child {
-        ($k:ty, $api:expr) => {{
-            type C = <$k as OwnedChild>::Cached;
-            let (reader, writer) = reflector::store::<C>();
-            let tx = tx.clone();
-            let stream = watcher($api, managed_selector())
-                .default_backoff()
-                .map_ok(|ev| {
-                    project(ev, |mut o: $k| {
-                        o.meta_mut().managed_fields = None;
-                        <$k as OwnedChild>::to_cached(o)
-                    })
-                })
-                .map_ok(reflect_into(writer))
-                .inspect(move |ev| forward(ev, &tx, true, questdb_of::<C>));
-            tasks.push(spawn_drain(stream, token.clone(), stringify!($k)));
+            start.spawn(stream, stringify!($k));
             reader
         }};
     }
@@ -257,9 +242,9 @@ pub(crate) fn start_caches(
         },
         Some(owner_index.changes())
     );
-    let statefulsets = child!(StatefulSet, api_for::<StatefulSet>(client, ns));
-    let configmaps = child!(ConfigMap, api_for::<ConfigMap>(client, ns));
-    let services = child!(Service, api_for::<Service>(client, ns));
+    let statefulsets = start.child(api_for::<StatefulSet>(client, ns), "StatefulSet");
+    let configmaps = start.child(api_for::<ConfigMap>(client, ns), "ConfigMap");
+    let services = start.child(api_for::<Service>(client, ns), "Service");
     let pvcs = cached!(
         PersistentVolumeClaim,
         api_for::<PersistentVolumeClaim>(client, ns),
@@ -268,193 +253,22 @@ pub(crate) fn start_caches(
         questdb_of::<PersistentVolumeClaim>,
         trim_pvc
     );
-    // Held as `CachedPod`: the pod spec never reaches the cache.
-    let pods = {
-        let (reader, writer) = reflector::store::<CachedPod>();
-        let tx = tx.clone();
-        let stream = watcher(api_for::<Pod>(client, ns), managed_selector())
-            .default_backoff()
-            .map_ok(|ev| project(ev, CachedPod::from))
-            .reflect(writer)
-            .inspect(move |ev| forward(ev, &tx, true, questdb_of::<CachedPod>));
-        tasks.push(spawn_drain(stream, token.clone(), "Pod"));
-        reader
-    };
+    let pods = start.pods();
 
-    let network_policies = child!(NetworkPolicy, api_for::<NetworkPolicy>(client, ns));
+    let network_policies = start.child(api_for::<NetworkPolicy>(client, ns), "NetworkPolicy");
 
-    let pdbs = child!(
-        PodDisruptionBudget,
-        api_for::<PodDisruptionBudget>(client, ns)
+    let pdbs = start.child(
+        api_for::<PodDisruptionBudget>(client, ns),
+        "PodDisruptionBudget",
     );
 
-    // One watch per refusal reason: the field selector keeps every other event (probes,
-    // back-offs, other applications' warnings) out of the operator's memory.
-    let refusals: Vec<_> = refusals::REASONS
-        .iter()
-        .map(|reason| {
-            let (reader, writer) = reflector::store::<refusals::Refusal>();
-            let config = watcher::Config::default()
-                .fields(&format!("reason={reason}"))
-                .page_size(LIST_PAGE_SIZE);
-            let stream = watcher(
-                api_for::<k8s_openapi::api::core::v1::Event>(client, ns),
-                config,
-            )
-            .default_backoff()
-            .map_ok(|ev| project(ev, refusals::Refusal::from_event))
-            .reflect(writer)
-            .inspect({
-                // A refusal wakes its database, which would otherwise poll for it; events
-                // about another application's objects wake nothing.
-                let (tx, questdbs) = (tx.clone(), questdbs.clone());
-                move |ev| {
-                    forward(ev, &tx, false, |r: &refusals::Refusal| {
-                        let key = ObjectRef::new(r.questdb_name()?)
-                            .within(r.metadata.namespace.as_deref()?);
-                        questdbs.get(&key).map(|_| key)
-                    })
-                }
-            });
-            tasks.push(spawn_drain(stream, token.clone(), "Event"));
-            reader
-        })
-        .collect();
+    let refusals = refusal_caches(&start, &questdbs);
 
-    let (nodes, mut node_writer) = reflector::store::<Node>();
-    if watch_nodes {
-        let node_stream = watcher(Api::<Node>::all(client.clone()), watcher::Config::default())
-            .default_backoff()
-            .modify(trim_node)
-            .reflect(node_writer)
-            .inspect({
-                let node_tx = node_tx.clone();
-                let questdbs = questdbs.clone();
-                let tx = tx.clone();
-                move |ev| match ev {
-                    // Only dedicated nodes have a health to judge; every node's Lease counts
-                    // for the breaker, and its events reach the controller anyway.
-                    Ok(watcher::Event::Apply(n) | watcher::Event::InitApply(n))
-                        if node_health::pinned_instance(n).is_some() =>
-                    {
-                        let _ = node_tx.unbounded_send(ObjectRef::from_obj(n));
-                    }
-                    // A deleted dedicated Node is forgotten by the next survey, but its
-                    // database must hear of it: its instance may still run (failover).
-                    Ok(watcher::Event::Delete(n)) => {
-                        if let Some(instance) = node_health::pinned_instance(n) {
-                            for q in questdbs.state() {
-                                let runs_there = q.0.as_ref().ok().is_some_and(|q| {
-                                    q.status.as_ref().and_then(|s| s.instance_id.as_deref())
-                                        == Some(instance)
-                                });
-                                if runs_there {
-                                    let _ = tx.unbounded_send(ObjectRef::from_obj(q.as_ref()));
-                                }
-                            }
-                        }
-                    }
-                    _ => {}
-                }
-            });
-        tasks.push(spawn_drain(node_stream, token.clone(), "Node"));
-    } else {
-        // An empty, ready store: nothing waits on a watch the RBAC would refuse.
-        node_writer.apply_watcher_event(&watcher::Event::Init);
-        node_writer.apply_watcher_event(&watcher::Event::InitDone);
-    }
+    let nodes = node_cache(&start, watch_nodes, &node_tx, &questdbs);
 
-    // Dedicated nodes' health: the kubelets' Leases, trimmed to their renewTime.
-    let (leases, mut lease_writer) = reflector::store::<Lease>();
-    if watch_leases {
-        let api: Api<Lease> = Api::namespaced(
-            client.clone(),
-            crate::controllers::node_health::NODE_LEASE_NAMESPACE,
-        );
-        let lease_stream = watcher(api, watcher::Config::default())
-            .default_backoff()
-            .modify(|l: &mut Lease| {
-                l.metadata.managed_fields = None;
-                l.metadata.owner_references = None;
-                l.metadata.labels = None;
-                if let Some(spec) = l.spec.as_mut() {
-                    *spec = k8s_openapi::api::coordination::v1::LeaseSpec {
-                        renew_time: spec.renew_time.take(),
-                        ..Default::default()
-                    };
-                }
-            })
-            .reflect(lease_writer)
-            .inspect(move |ev| {
-                if let Ok(watcher::Event::Apply(l) | watcher::Event::InitApply(l)) = ev {
-                    if let Some(node) = node_health::node_of_lease(l) {
-                        let _ = node_tx.unbounded_send(node);
-                    }
-                }
-            });
-        tasks.push(spawn_drain(lease_stream, token.clone(), "Lease"));
-    } else {
-        lease_writer.apply_watcher_event(&watcher::Event::Init);
-        lease_writer.apply_watcher_event(&watcher::Event::InitDone);
-    }
+    let leases = lease_cache(&start, watch_leases, node_tx);
 
-    // One watch of every Secret it may list, or one per namespace of --secret-namespaces (an
-    // install that grants Secret reads only there).
-    let secret_namespaces: Vec<Option<&str>> = if secret_namespaces.is_empty() {
-        vec![ns]
-    } else {
-        secret_namespaces.iter().map(|n| Some(n.as_str())).collect()
-    };
-    let mut secret_stores = Vec::new();
-    for secret_ns in secret_namespaces {
-        let (store, secret_writer) = reflector::store::<PartialObjectMeta<Secret>>();
-        let secret_stream = watcher(
-            api_for::<PartialObjectMeta<Secret>>(client, secret_ns),
-            watcher::Config::default(),
-        )
-        .default_backoff()
-        .modify(|s: &mut PartialObjectMeta<Secret>| {
-            // Only the mapping annotation matters; drop the rest to keep the cache small when
-            // the cluster holds thousands of unrelated Secrets.
-            s.metadata.managed_fields = None;
-            s.metadata.labels = None;
-            s.types = None;
-            if let Some(a) = s.metadata.annotations.as_mut() {
-                a.retain(|k, v| kept_secret_annotation(k, v));
-            }
-        })
-        .reflect(secret_writer)
-        .inspect({
-            let questdbs = questdbs.clone();
-            let tx = tx.clone();
-            move |ev| {
-                forward(ev, &tx, true, |s: &PartialObjectMeta<Secret>| {
-                    ilp_auth::questdb_for_secret(&s.metadata).map(guarded)
-                });
-                // The server.conf Secret, edited or deleted by hand: written back.
-                forward(ev, &tx, true, |s: &PartialObjectMeta<Secret>| {
-                    questdb_of(s).filter(|q| {
-                        s.metadata.name.as_deref()
-                            == Some(format!("{}-server-conf", q.name).as_str())
-                    })
-                });
-                for r in credentials_users(ev, &questdbs) {
-                    let _ = tx.unbounded_send(r);
-                }
-            }
-        });
-        tasks.push(spawn_drain(secret_stream, token.clone(), "Secret"));
-        secret_stores.push((secret_ns.map(str::to_string), store));
-    }
-    let secrets = match secret_stores.as_slice() {
-        [(None, store)] => SecretIndex::single(store.clone()),
-        _ => SecretIndex::per_namespace(
-            secret_stores
-                .into_iter()
-                .map(|(ns, store)| (ns.unwrap_or_default(), store))
-                .collect(),
-        ),
-    };
+    let secrets = secret_caches(&start, ns, secret_namespaces, &questdbs);
 
     let caches = Caches {
         questdbs,
@@ -478,8 +292,271 @@ pub(crate) fn start_caches(
             sender,
             node_triggers,
         },
-        tasks,
+        start.tasks.into_inner(),
     )
+}
+
+/// What every reflector is started with: the client, the namespace watched (every one when
+/// `None`), the reconcile requests' sender, the shutdown token, and the drain tasks so far.
+struct Starter<'a> {
+    client: &'a Client,
+    ns: Option<&'a str>,
+    tx: TriggerSender,
+    token: &'a CancellationToken,
+    tasks: std::cell::RefCell<Vec<tokio::task::JoinHandle<()>>>,
+}
+
+impl Starter<'_> {
+    /// Drains `stream` (which feeds a cache) until shutdown.
+    fn spawn<S, T>(&self, stream: S, what: &'static str)
+    where
+        S: Stream<Item = Result<T, watcher::Error>> + Send + 'static,
+        T: Send + 'static,
+    {
+        let task = spawn_drain(stream, self.token.clone(), what);
+        self.tasks.borrow_mut().push(task);
+    }
+    /// A child kind, held in the form `OwnedChild::Cached` says (projected before the store);
+    /// its changes and deletions wake the QuestDB whose instance label it carries.
+    fn child<K>(&self, api: Api<K>, what: &'static str) -> reflector::Store<K::Cached>
+    where
+        K: OwnedChild + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+    {
+        let (reader, writer) = reflector::store::<K::Cached>();
+        let tx = self.tx.clone();
+        let stream = watcher(api, managed_selector())
+            .default_backoff()
+            .map_ok(|ev| {
+                project(ev, |mut o: K| {
+                    o.meta_mut().managed_fields = None;
+                    K::to_cached(o)
+                })
+            })
+            .map_ok(reflect_into(writer))
+            .inspect(move |ev| forward(ev, &tx, true, questdb_of::<K::Cached>));
+        self.spawn(stream, what);
+        reader
+    }
+
+    /// The database pods, held as `CachedPod`: the pod spec never reaches the cache.
+    fn pods(&self) -> reflector::Store<CachedPod> {
+        let (reader, writer) = reflector::store::<CachedPod>();
+        let tx = self.tx.clone();
+        let stream = watcher(api_for::<Pod>(self.client, self.ns), managed_selector())
+            .default_backoff()
+            .map_ok(|ev| project(ev, CachedPod::from))
+            .reflect(writer)
+            .inspect(move |ev| forward(ev, &tx, true, questdb_of::<CachedPod>));
+        self.spawn(stream, "Pod");
+        reader
+    }
+}
+
+/// The controllers' refusal events (a pod or a claim the cluster refused), one watch per
+/// reason.
+fn refusal_caches(
+    start: &Starter,
+    questdbs: &reflector::Store<GuardedQuestDB>,
+) -> Vec<reflector::Store<refusals::Refusal>> {
+    // One watch per refusal reason: the field selector keeps every other event (probes,
+    // back-offs, other applications' warnings) out of the operator's memory.
+    refusals::REASONS
+        .iter()
+        .map(|reason| {
+            let (reader, writer) = reflector::store::<refusals::Refusal>();
+            let config = watcher::Config::default()
+                .fields(&format!("reason={reason}"))
+                .page_size(LIST_PAGE_SIZE);
+            let stream = watcher(
+                api_for::<k8s_openapi::api::core::v1::Event>(start.client, start.ns),
+                config,
+            )
+            .default_backoff()
+            .map_ok(|ev| project(ev, refusals::Refusal::from_event))
+            .reflect(writer)
+            .inspect({
+                // A refusal wakes its database, which would otherwise poll for it; events
+                // about another application's objects wake nothing.
+                let (tx, questdbs) = (start.tx.clone(), questdbs.clone());
+                move |ev| {
+                    forward(ev, &tx, false, |r: &refusals::Refusal| {
+                        let key = ObjectRef::new(r.questdb_name()?)
+                            .within(r.metadata.namespace.as_deref()?);
+                        questdbs.get(&key).map(|_| key)
+                    })
+                }
+            });
+            start.spawn(stream, "Event");
+            reader
+        })
+        .collect()
+}
+
+/// Every Node (trimmed to its conditions and addresses) when the nodes are watched; an empty,
+/// ready store otherwise. A dedicated Node's change is a node-health request; a deleted one
+/// wakes the databases that ran on it.
+fn node_cache(
+    start: &Starter,
+    watch_nodes: bool,
+    node_tx: &futures::channel::mpsc::UnboundedSender<ObjectRef<Node>>,
+    questdbs: &reflector::Store<GuardedQuestDB>,
+) -> reflector::Store<Node> {
+    let (nodes, mut node_writer) = reflector::store::<Node>();
+    if watch_nodes {
+        let node_stream = watcher(
+            Api::<Node>::all(start.client.clone()),
+            watcher::Config::default(),
+        )
+        .default_backoff()
+        .modify(trim_node)
+        .reflect(node_writer)
+        .inspect({
+            let node_tx = node_tx.clone();
+            let questdbs = questdbs.clone();
+            let tx = start.tx.clone();
+            move |ev| match ev {
+                // Only dedicated nodes have a health to judge; every node's Lease counts
+                // for the breaker, and its events reach the controller anyway.
+                Ok(watcher::Event::Apply(n) | watcher::Event::InitApply(n))
+                    if node_health::pinned_instance(n).is_some() =>
+                {
+                    let _ = node_tx.unbounded_send(ObjectRef::from_obj(n));
+                }
+                // A deleted dedicated Node is forgotten by the next survey, but its
+                // database must hear of it: its instance may still run (failover).
+                Ok(watcher::Event::Delete(n)) => {
+                    if let Some(instance) = node_health::pinned_instance(n) {
+                        for q in questdbs.state() {
+                            let runs_there = q.0.as_ref().ok().is_some_and(|q| {
+                                q.status.as_ref().and_then(|s| s.instance_id.as_deref())
+                                    == Some(instance)
+                            });
+                            if runs_there {
+                                let _ = tx.unbounded_send(ObjectRef::from_obj(q.as_ref()));
+                            }
+                        }
+                    }
+                }
+                _ => {}
+            }
+        });
+        start.spawn(node_stream, "Node");
+    } else {
+        // An empty, ready store: nothing waits on a watch the RBAC would refuse.
+        node_writer.apply_watcher_event(&watcher::Event::Init);
+        node_writer.apply_watcher_event(&watcher::Event::InitDone);
+    }
+    nodes
+}
+
+/// The kubelets' Leases (the dedicated nodes' health), trimmed to their renewTime, when they
+/// are watched; an empty, ready store otherwise.
+fn lease_cache(
+    start: &Starter,
+    watch_leases: bool,
+    node_tx: futures::channel::mpsc::UnboundedSender<ObjectRef<Node>>,
+) -> reflector::Store<Lease> {
+    // Dedicated nodes' health: the kubelets' Leases, trimmed to their renewTime.
+    let (leases, mut lease_writer) = reflector::store::<Lease>();
+    if watch_leases {
+        let api: Api<Lease> = Api::namespaced(
+            start.client.clone(),
+            crate::controllers::node_health::NODE_LEASE_NAMESPACE,
+        );
+        let lease_stream = watcher(api, watcher::Config::default())
+            .default_backoff()
+            .modify(|l: &mut Lease| {
+                l.metadata.managed_fields = None;
+                l.metadata.owner_references = None;
+                l.metadata.labels = None;
+                if let Some(spec) = l.spec.as_mut() {
+                    *spec = k8s_openapi::api::coordination::v1::LeaseSpec {
+                        renew_time: spec.renew_time.take(),
+                        ..Default::default()
+                    };
+                }
+            })
+            .reflect(lease_writer)
+            .inspect(move |ev| {
+                if let Ok(watcher::Event::Apply(l) | watcher::Event::InitApply(l)) = ev {
+                    if let Some(node) = node_health::node_of_lease(l) {
+                        let _ = node_tx.unbounded_send(node);
+                    }
+                }
+            });
+        start.spawn(lease_stream, "Lease");
+    } else {
+        lease_writer.apply_watcher_event(&watcher::Event::Init);
+        lease_writer.apply_watcher_event(&watcher::Event::InitDone);
+    }
+    leases
+}
+
+/// The Secrets' metadata (only the mapping annotation kept), in the watched namespace or in
+/// each of `--secret-namespaces`.
+fn secret_caches(
+    start: &Starter,
+    ns: Option<&str>,
+    secret_namespaces: &[String],
+    questdbs: &reflector::Store<GuardedQuestDB>,
+) -> SecretIndex {
+    // One watch of every Secret it may list, or one per namespace of --secret-namespaces (an
+    // install that grants Secret reads only there).
+    let secret_namespaces: Vec<Option<&str>> = if secret_namespaces.is_empty() {
+        vec![ns]
+    } else {
+        secret_namespaces.iter().map(|n| Some(n.as_str())).collect()
+    };
+    let mut secret_stores = Vec::new();
+    for secret_ns in secret_namespaces {
+        let (store, secret_writer) = reflector::store::<PartialObjectMeta<Secret>>();
+        let secret_stream = watcher(
+            api_for::<PartialObjectMeta<Secret>>(start.client, secret_ns),
+            watcher::Config::default(),
+        )
+        .default_backoff()
+        .modify(|s: &mut PartialObjectMeta<Secret>| {
+            // Only the mapping annotation matters; drop the rest to keep the cache small when
+            // the cluster holds thousands of unrelated Secrets.
+            s.metadata.managed_fields = None;
+            s.metadata.labels = None;
+            s.types = None;
+            if let Some(a) = s.metadata.annotations.as_mut() {
+                a.retain(|k, v| kept_secret_annotation(k, v));
+            }
+        })
+        .reflect(secret_writer)
+        .inspect({
+            let questdbs = questdbs.clone();
+            let tx = start.tx.clone();
+            move |ev| {
+                forward(ev, &tx, true, |s: &PartialObjectMeta<Secret>| {
+                    ilp_auth::questdb_for_secret(&s.metadata).map(guarded)
+                });
+                // The server.conf Secret, edited or deleted by hand: written back.
+                forward(ev, &tx, true, |s: &PartialObjectMeta<Secret>| {
+                    questdb_of(s).filter(|q| {
+                        s.metadata.name.as_deref()
+                            == Some(format!("{}-server-conf", q.name).as_str())
+                    })
+                });
+                for r in credentials_users(ev, &questdbs) {
+                    let _ = tx.unbounded_send(r);
+                }
+            }
+        });
+        start.spawn(secret_stream, "Secret");
+        secret_stores.push((secret_ns.map(str::to_string), store));
+    }
+    match secret_stores.as_slice() {
+        [(None, store)] => SecretIndex::single(store.clone()),
+        _ => SecretIndex::per_namespace(
+            secret_stores
+                .into_iter()
+                .map(|(ns, store)| (ns.unwrap_or_default(), store))
+                .collect(),
+        ),
+    }
 }
 
 /// The volume machinery's annotations on a claim (binding, provisioner, selected node) are
