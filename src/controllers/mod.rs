@@ -70,13 +70,70 @@ pub(crate) enum Error {
     /// Throttled or transient after the provider's own retries; the reconcile backs off.
     #[error("cloud API call failed")]
     Cloud(#[source] crate::cloud::CloudError),
+    /// A write to one object failed: which, for the event and the log line.
+    #[error("{verb} {what}")]
+    Write {
+        verb: &'static str,
+        what: String,
+        #[source]
+        source: kube::Error,
+    },
+    /// A stage of a reconcile failed with `source`: which stage, for the event and the log
+    /// line (whose span names the object).
+    #[error("{stage} step")]
+    During {
+        stage: Stage,
+        #[source]
+        source: Box<Error>,
+    },
+}
+
+/// The stages of a QuestDB reconcile, as a failure names them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, strum::Display)]
+#[strum(serialize_all = "lowercase")]
+pub(crate) enum Stage {
+    Finalizer,
+    Restore,
+    #[strum(serialize = "version upgrade")]
+    VersionUpgrade,
+    Volume,
+    #[strum(serialize = "cloud (node, DNS, failover, node move)")]
+    Cloud,
+    Children,
+    #[strum(serialize = "config reload")]
+    ConfigReload,
+    Disk,
+    Status,
+    #[strum(serialize = "deletion cleanup")]
+    Deletion,
+}
+
+/// Names the stage a failure happened in.
+pub(crate) trait During<T> {
+    fn during(self, stage: Stage) -> Result<T, Error>;
+}
+
+impl<T> During<T> for Result<T, Error> {
+    fn during(self, stage: Stage) -> Result<T, Error> {
+        self.map_err(|source| match source {
+            // The first stage named is the one that failed.
+            e @ Error::During { .. } => e,
+            e => Error::During {
+                stage,
+                source: Box::new(e),
+            },
+        })
+    }
 }
 
 impl Error {
     /// Conflicts and stale caches are normal in a controller: retried quickly, never logged as
     /// errors.
     pub(crate) fn is_transient_conflict(&self) -> bool {
-        matches!(self, Error::StaleCache(_) | Error::Conflict)
+        match self {
+            Error::During { source, .. } => source.is_transient_conflict(),
+            e => matches!(e, Error::StaleCache(_) | Error::Conflict),
+        }
     }
 
     /// Every value [`Error::reason`] can take.
@@ -96,7 +153,8 @@ impl Error {
             Error::MissingUid => EventReason::MissingUid,
             Error::StaleCache(_) => EventReason::StaleCache,
             Error::Conflict => EventReason::Conflict,
-            Error::Kube(_) => EventReason::KubernetesApiError,
+            Error::Kube(_) | Error::Write { .. } => EventReason::KubernetesApiError,
+            Error::During { source, .. } => source.reason(),
             Error::Cloud(crate::cloud::CloudError::Permanent { code, .. })
                 if code == crate::cloud::INSTANCE_NOT_OWNED =>
             {
@@ -163,5 +221,42 @@ mod tests {
         assert!(retry_delay(20, false) <= Duration::from_secs(600));
         assert!(retry_delay(20, false) >= Duration::from_secs(300));
         assert!(retry_delay(30, true) <= Duration::from_secs(10));
+    }
+
+    /// On-call reads which stage of which object failed in the event and the log line, and
+    /// the metric's reason and the retry pace stay those of the cause.
+    #[test]
+    fn a_failure_names_its_stage_and_object_and_keeps_its_causes_reason() {
+        let refused = kube::Error::Api(
+            serde_json::from_value(serde_json::json!({
+                "status": "Failure", "message": "admission webhook denied the request",
+                "reason": "Forbidden", "code": 403,
+            }))
+            .unwrap(),
+        );
+        let failed: Result<(), Error> = Err(Error::Write {
+            verb: "writing",
+            what: "StatefulSet db1".into(),
+            source: refused,
+        });
+        let e = failed.during(Stage::Children).unwrap_err();
+        let chain = crate::metrics::ErrorChain(&e).to_string();
+        assert!(
+            chain.starts_with("children step: writing StatefulSet db1: ")
+                && chain.contains("admission webhook denied the request"),
+            "{chain}"
+        );
+        assert_eq!(e.reason(), EventReason::KubernetesApiError);
+        // The stage a failure is first named in is the one that failed.
+        let e = Err::<(), _>(e).during(Stage::Status).unwrap_err();
+        assert!(crate::metrics::ErrorChain(&e)
+            .to_string()
+            .starts_with("children step"));
+        // A conflict is still a conflict: retried quickly, not logged as an error.
+        let conflict = Err::<(), _>(Error::Conflict)
+            .during(Stage::Cloud)
+            .unwrap_err();
+        assert!(conflict.is_transient_conflict());
+        assert_eq!(conflict.reason(), EventReason::Conflict);
     }
 }

@@ -204,7 +204,11 @@ impl<'a> Applier<'a> {
                         note,
                     )
                     .await;
-                Err(Error::Kube(e))
+                Err(Error::Write {
+                    verb: "writing",
+                    what,
+                    source: e,
+                })
             }
         }
     }
@@ -219,10 +223,14 @@ impl<'a> Applier<'a> {
             return Ok(Written::Unchanged);
         };
         let api: Api<K> = Api::namespaced(self.ctx.client.clone(), &self.ns);
+        let what = described::<K>(name);
         children::delete_owned(&api, existing.as_ref())
             .await
-            .map_err(Error::Kube)?;
-        let what = described::<K>(name);
+            .map_err(|source| Error::Write {
+                verb: "deleting",
+                what: what.clone(),
+                source,
+            })?;
         info!(questdb = %self.qdb.name_any(), child = %what, "deleted ({why})");
         Ok(Written::Removed(what))
     }

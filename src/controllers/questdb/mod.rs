@@ -44,7 +44,7 @@ use crate::api::{QuestDB, MANAGER};
 use crate::controllers::children;
 use crate::controllers::context::Context;
 use crate::controllers::refusals;
-use crate::controllers::Error;
+use crate::controllers::{During, Error, Stage};
 use crate::desired;
 use apply::{Applier, Report};
 
@@ -95,7 +95,7 @@ fn backup_verified(
 pub(crate) async fn reconcile(qdb: Arc<QuestDB>, ctx: Arc<Context>) -> Result<Next, Error> {
     qdb.namespace().ok_or(Error::MissingNamespace)?;
     if qdb.meta().deletion_timestamp.is_some() {
-        return finalize(qdb, &ctx).await;
+        return finalize(qdb, &ctx).await.during(Stage::Deletion);
     }
     qdb.uid().ok_or(Error::MissingUid)?;
     backup_age_series(&qdb, &ctx);
@@ -105,30 +105,41 @@ pub(crate) async fn reconcile(qdb: Arc<QuestDB>, ctx: Arc<Context>) -> Result<Ne
     // Cloud steps write status (intent before side effects), so they work on an owned copy
     // whose resourceVersion follows those writes; the final status write then builds on it.
     let mut current = (*qdb).clone();
-    finalizer_step(&mut current, &ctx).await?;
-    let (restore_from, restored) = match restore::gate(&current, &ctx).await? {
-        restore::Gate::Open(verdict) => (None, verdict),
-        restore::Gate::Create { snapshot, verdict } => (Some(snapshot), Some(verdict)),
-        restore::Gate::Blocked(verdict, retry) => {
-            // Nothing is built (no volume, no node, no pod) until the source is there.
-            let inputs = status::StatusInputs {
-                restore: Some(verdict),
-                ..Default::default()
-            };
-            write_status(&current, &ctx, &inputs, Coalesce::Never).await?;
-            return Ok(retry.map_or(Next::AwaitChange, Next::RequeueAfter));
-        }
-    };
+    finalizer_step(&mut current, &ctx)
+        .await
+        .during(Stage::Finalizer)?;
+    let (restore_from, restored) =
+        match restore::gate(&current, &ctx).await.during(Stage::Restore)? {
+            restore::Gate::Open(verdict) => (None, verdict),
+            restore::Gate::Create { snapshot, verdict } => (Some(snapshot), Some(verdict)),
+            restore::Gate::Blocked(verdict, retry) => {
+                // Nothing is built (no volume, no node, no pod) until the source is there.
+                let inputs = status::StatusInputs {
+                    restore: Some(verdict),
+                    ..Default::default()
+                };
+                write_status(&current, &ctx, &inputs, Coalesce::Never)
+                    .await
+                    .during(Stage::Status)?;
+                return Ok(retry.map_or(Next::AwaitChange, Next::RequeueAfter));
+            }
+        };
     // Before the volume: a rollback's claim comes from the pre-upgrade snapshot.
-    let upgrade = version_upgrade::step(&mut current, &ctx).await?;
+    let upgrade = version_upgrade::step(&mut current, &ctx)
+        .await
+        .during(Stage::VersionUpgrade)?;
     let restore_from = restore_from.or(upgrade.restore_snapshot.clone());
     let mut volume = Applier::new(&ctx, &current, Report::default())?;
-    let volume_size = volume::step(&mut volume, &current, restore_from.as_deref()).await?;
+    let volume_size = volume::step(&mut volume, &current, restore_from.as_deref())
+        .await
+        .during(Stage::Volume)?;
     let report = volume.report;
-    let cloud_out = cloud_step(&mut current, &ctx).await?;
+    let cloud_out = cloud_step(&mut current, &ctx).await.during(Stage::Cloud)?;
     let mut qdb = current;
 
-    let applied = children_stage(&qdb, &ctx, &cloud_out, &upgrade, report).await?;
+    let applied = children_stage(&qdb, &ctx, &cloud_out, &upgrade, report)
+        .await
+        .during(Stage::Children)?;
     let seen = Observed::read(&qdb, &ctx);
     let pg_digest = applied.creds.usable.as_ref().map(|(_, _, pg)| pg.as_str());
     let config = config_reload::step(
@@ -138,9 +149,10 @@ pub(crate) async fn reconcile(qdb: Arc<QuestDB>, ctx: Arc<Context>) -> Result<Ne
         seen.pod.as_deref(),
         pg_digest,
     )
-    .await?;
+    .await
+    .during(Stage::ConfigReload)?;
     // After the children: the claim exists; the poll's last look says how full it is.
-    let disk = disk::step(&mut qdb, &ctx).await?;
+    let disk = disk::step(&mut qdb, &ctx).await.during(Stage::Disk)?;
     let converged = applied.report.changed.is_empty() && applied.report.blocked.is_empty();
     let changed = applied.report.changed.len();
     let inputs = status::StatusInputs {
@@ -165,7 +177,9 @@ pub(crate) async fn reconcile(qdb: Arc<QuestDB>, ctx: Arc<Context>) -> Result<Ne
         disk: disk.status,
         ..Default::default()
     };
-    let deferred = write_status(&qdb, &ctx, &inputs, Coalesce::Progress).await?;
+    let deferred = write_status(&qdb, &ctx, &inputs, Coalesce::Progress)
+        .await
+        .during(Stage::Status)?;
     let next = [
         deferred,
         applied.roll_held,

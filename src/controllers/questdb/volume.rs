@@ -68,7 +68,10 @@ pub(crate) async fn step(
         // The class could not be read (a namespaced install has no StorageClass grant): the
         // apiserver's resize admission decides, and its refusal is the answer.
         match applier.apply(grown).await {
-            Err(Error::Kube(kube::Error::Api(e))) if refused_resize(&e) => {
+            Err(Error::Write {
+                source: kube::Error::Api(e),
+                ..
+            }) if refused_resize(&e) => {
                 plan = desired::size_plan(want, &have, Some(false), &class);
                 pvc = desired::pvc_update(&pvc, &plan.request);
             }
