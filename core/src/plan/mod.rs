@@ -3,6 +3,7 @@
 //! reach for; the operator's `controllers/` carry the steps out.
 //!
 //! - [`node`]: the dedicated node (launch, pin, release);
+//! - [`cloud`]: which cloud machine acts in a reconcile (failover, node move), and in what role;
 //! - [`dns`]: the Route53 record that follows it;
 //! - [`failover`]: when a silent node is fenced and replaced, and the breaker that holds back;
 //! - [`node_move`]: the node move (a new image or instance type, and its rollback);
@@ -16,6 +17,7 @@
 //! - [`conditions`]: status conditions as verdicts, merged with their transition times kept.
 
 pub mod backup;
+pub mod cloud;
 pub mod conditions;
 pub mod config_reload;
 pub mod cron;

@@ -22,7 +22,7 @@ pub(crate) use super::outcome::CloudOutcome;
 use super::placement;
 use super::provision::{node_steps, ready_condition};
 use crate::api::{ConditionReason, DnsReason, NodeReadyReason};
-use crate::api::{QuestDB, FINALIZER, MANAGER};
+use crate::api::{QuestDB, QuestDBStatus, FINALIZER, MANAGER};
 use crate::controllers::context::Context;
 use crate::controllers::Error;
 use crate::desired::DedicatedNode;
@@ -70,6 +70,19 @@ pub(crate) async fn set_finalizer(
         .await
         .map_err(Error::from_status_write)?;
     Ok(())
+}
+
+/// What the precedence between the cloud machines is decided on (`plan::cloud`).
+pub(super) fn view<'a>(
+    qdb: &QuestDB,
+    status: &'a QuestDBStatus,
+) -> crate::plan::cloud::CloudView<'a> {
+    crate::plan::cloud::CloudView {
+        dedicated: qdb.spec.node.is_some(),
+        paused: qdb.spec.paused,
+        deleting: qdb.metadata.deletion_timestamp.is_some(),
+        status,
+    }
 }
 
 fn not_configured<R: ConditionReason>(reason: R) -> Verdict<R> {

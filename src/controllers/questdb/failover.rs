@@ -30,13 +30,13 @@ use crate::controllers::write_health::{self, Logins};
 use crate::controllers::Error;
 use crate::desired::names;
 use crate::metrics::FailoverResult;
+use crate::plan::cloud::FailoverTurn;
 use crate::plan::conditions::Verdict;
 use crate::plan::failover::{
     self, DatabaseWord, Escalation, ReleaseFence, ReleaseView, Start, StartView, Step, StepView,
     OUT_OF_SERVICE_EFFECT, OUT_OF_SERVICE_TAINT, OUT_OF_SERVICE_VALUE, SKIP_ANNOTATION,
 };
 use crate::plan::node::node_for;
-use crate::plan::node_move;
 use crate::questdb_http::QueryError;
 use crate::runtime::clock::{between, now, since};
 
@@ -69,30 +69,34 @@ pub(crate) async fn reconcile(
     cloud: &CloudRuntime,
 ) -> Result<Option<Turn<FailoverReason>>, Error> {
     let status = qdb.status.clone().unwrap_or_default();
-    if qdb.spec.node.is_none() || qdb.spec.paused || qdb.metadata.deletion_timestamp.is_some() {
+    match crate::plan::cloud::failover_turn(&super::cloud::view(qdb, &status)) {
+        FailoverTurn::Nothing => return Ok(None),
         // A failover under way is finished or ended by `during_release`; this shows where.
-        return Ok(status
-            .failover
-            .as_ref()
-            .filter(|_| failover::in_progress(&status))
-            .map(|f| Turn::again_within(in_progress(f), STEP_POLL)));
-    }
-    if failover::in_progress(&status) {
-        if let Some(turn) = replace_failed_replacement(qdb, ctx, cloud, &status).await? {
-            return Ok(Some(turn));
+        FailoverTurn::ShowProgress => {
+            return Ok(status
+                .failover
+                .as_ref()
+                .map(|f| Turn::again_within(in_progress(f), STEP_POLL)))
         }
-        return steps(qdb, ctx, cloud).await.map(Some);
+        FailoverTurn::Steps => {
+            if let Some(turn) = replace_failed_replacement(qdb, ctx, cloud, &status).await? {
+                return Ok(Some(turn));
+            }
+            return steps(qdb, ctx, cloud).await.map(Some);
+        }
+        FailoverTurn::Armed => return Ok(Some(Turn::settled(armed(qdb, cloud)))),
+        FailoverTurn::HeldByMove => {
+            return Ok(Some(Turn::settled(condition(
+                true,
+                FailoverReason::Armed,
+                "a node move is switching nodes: it fences a node that dies and returns the database to the live one itself".into(),
+            ))))
+        }
+        FailoverTurn::Judge => {}
     }
     let Some(id) = status.instance_id.clone() else {
         return Ok(Some(Turn::settled(armed(qdb, cloud))));
     };
-    if node_move::owns_the_database(&status) {
-        return Ok(Some(Turn::settled(condition(
-            true,
-            FailoverReason::Armed,
-            "a node move is switching nodes: it fences a node that dies and returns the database to the live one itself".into(),
-        ))));
-    }
     let Some(Judged {
         symptom,
         unhealthy_for,

@@ -31,8 +31,8 @@ use crate::controllers::context::Context;
 use crate::controllers::Error;
 use crate::desired::{names, DedicatedNode};
 use crate::metrics::NodeMoveResult;
+use crate::plan::cloud::NodeMoveTurn;
 use crate::plan::conditions::Verdict;
-use crate::plan::failover;
 use crate::plan::node::launch_request;
 use crate::plan::node::{is_dedicated, node_for, node_is_ready};
 use crate::plan::node_move::{self, Start, StartView, Step, StepView};
@@ -79,18 +79,15 @@ pub(crate) async fn reconcile(
     let Some(spec) = qdb.spec.node.clone() else {
         return Ok(None);
     };
-    if qdb.spec.paused || qdb.metadata.deletion_timestamp.is_some() {
-        return Ok(None);
-    }
     let status = qdb.status.clone().unwrap_or_default();
-    if failover::in_progress(&status) {
+    match crate::plan::cloud::node_move_turn(&super::cloud::view(qdb, &status)) {
+        NodeMoveTurn::Nothing | NodeMoveTurn::HeldByVersionUpgrade => return Ok(None),
         // A failover pre-empts a move that has not stopped the database yet.
-        if let Some(u) = status
-            .node_move
-            .as_ref()
-            .filter(|u| node_move::before_stopping(u.phase))
-        {
-            let new = u.new_instance_id.clone();
+        NodeMoveTurn::PreemptedByFailover => {
+            let new = status
+                .node_move
+                .as_ref()
+                .and_then(|u| u.new_instance_id.clone());
             let verdict = abort(
                 qdb,
                 ctx,
@@ -105,21 +102,13 @@ pub(crate) async fn reconcile(
             if node_move::active(qdb.status.as_ref().unwrap_or(&status)) {
                 return Ok(Some(Turn::settled(verdict)));
             }
+            return Ok(None);
         }
-        return Ok(None);
-    }
-    if crate::plan::version_upgrade::in_progress(status.version_upgrade.as_ref())
-        && !node_move::active(&status)
-    {
-        // A version upgrade has the database stopped or starting: a move begins after it.
-        return Ok(None);
-    }
-    if node_move::active(&status) {
         // Even the step that ends the move is this reconcile's one step: a move queued behind
         // it starts on the next.
-        return steps::steps(qdb, ctx, cloud).await.map(Some);
+        NodeMoveTurn::Steps => return steps::steps(qdb, ctx, cloud).await.map(Some),
+        NodeMoveTurn::MayStart => {}
     }
-    let status = qdb.status.clone().unwrap_or_default();
     // A converged QuestDB (node as the spec asks) never waits for a slot: no lock, no scan of
     // the other QuestDBs, no pod lookup on its reconcile.
     let event = status
