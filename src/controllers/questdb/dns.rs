@@ -166,25 +166,7 @@ pub(super) async fn dns_step(
     let status = qdb.status.clone().unwrap_or_default();
     let deleting = qdb.metadata.deletion_timestamp.is_some();
     let release = qdb.spec.paused || deleting;
-    // A name outside this namespace's zone is not wanted: never written (and a recorded one
-    // of an earlier spec is deleted as for any rename). A name this QuestDB already holds is
-    // kept: a rule tightened by an upgrade or a flag never deletes records clients use.
-    let refusal = qdb.spec.dns.as_ref().and_then(|d| {
-        let names = match (
-            cloud.settings.dns_namespace_suffix.as_deref(),
-            cloud.settings.dns_names_first_come,
-        ) {
-            (Some(suffix), _) => dns::DnsNames::UnderSuffix(suffix),
-            (None, true) => dns::DnsNames::FirstCome,
-            (None, false) => dns::DnsNames::Namespaced,
-        };
-        dns::refusal(
-            &d.name,
-            &qdb.namespace().unwrap_or_default(),
-            names,
-            status.dns_name.as_deref(),
-        )
-    });
+    let refusal = refused_name(qdb, cloud, &status);
     if let Some(c) = &refusal {
         if !already_reported(&status, c) {
             warn!(questdb = %qdb.name_any(), "{}", c.message);
@@ -226,43 +208,7 @@ pub(super) async fn dns_step(
         DnsStep::Upsert { .. } if from_node => Ok(DnsDecision::Undecided),
         DnsStep::Blocked(c) => Ok(DnsDecision::Decided(Some(c))),
         DnsStep::Upsert { name, ip, ttl } => {
-            let owner = dns_owner(qdb, &status, &name);
-            if let Err(e) = provider.upsert_a(&name, &ip, ttl, &owner).await {
-                return match dns_refusal(&e) {
-                    Some((reason, event_reason)) => {
-                        let c = Verdict::new(false, reason, e.to_string());
-                        if !already_reported(&status, &c) {
-                            warn!(questdb = %qdb.name_any(), record = %name, error = %e, "DNS record not written");
-                            ctx.event(
-                                qdb,
-                                EventType::Warning,
-                                event_reason,
-                                "UpsertRecord",
-                                e.to_string(),
-                            )
-                            .await;
-                        }
-                        Ok(DnsDecision::Decided(Some(c)))
-                    }
-                    None => Err(cloud_error(e)),
-                };
-            }
-            info!(questdb = %qdb.name_any(), record = %name, %ip, "DNS record published");
-            let (n, a) = (name.clone(), ip.clone());
-            persist(qdb, ctx, |s| {
-                s.dns_name = Some(n.clone());
-                s.dns_ip = Some(a.clone());
-            })
-            .await?;
-            ctx.event(
-                qdb,
-                EventType::Normal,
-                EventReason::DnsPublished,
-                "UpsertRecord",
-                format!("{name} -> {ip}"),
-            )
-            .await;
-            Ok(DnsDecision::Decided(Some(dns::published(&name, &ip))))
+            upsert(qdb, ctx, provider.as_ref(), &status, (name, ip, ttl)).await
         }
         DnsStep::Withdraw { name } => {
             let owner = dns_owner(qdb, &status, &name);
@@ -301,4 +247,79 @@ pub(super) async fn dns_step(
             ))
         }
     }
+}
+
+/// Writes the record `name` -> `ip` (ours, or adopted), then records what it published. A
+/// name Route53 or another owner refuses is a condition and one event, not a retry.
+async fn upsert(
+    qdb: &mut QuestDB,
+    ctx: &Context,
+    provider: &dyn crate::cloud::DnsProvider,
+    status: &QuestDBStatus,
+    (name, ip, ttl): (String, String, i64),
+) -> Result<DnsDecision, Error> {
+    let owner = dns_owner(qdb, status, &name);
+    if let Err(e) = provider.upsert_a(&name, &ip, ttl, &owner).await {
+        return match dns_refusal(&e) {
+            Some((reason, event_reason)) => {
+                let c = Verdict::new(false, reason, e.to_string());
+                if !already_reported(status, &c) {
+                    warn!(questdb = %qdb.name_any(), record = %name, error = %e, "DNS record not written");
+                    ctx.event(
+                        qdb,
+                        EventType::Warning,
+                        event_reason,
+                        "UpsertRecord",
+                        e.to_string(),
+                    )
+                    .await;
+                }
+                Ok(DnsDecision::Decided(Some(c)))
+            }
+            None => Err(cloud_error(e)),
+        };
+    }
+    info!(questdb = %qdb.name_any(), record = %name, %ip, "DNS record published");
+    let (n, a) = (name.clone(), ip.clone());
+    persist(qdb, ctx, |s| {
+        s.dns_name = Some(n.clone());
+        s.dns_ip = Some(a.clone());
+    })
+    .await?;
+    ctx.event(
+        qdb,
+        EventType::Normal,
+        EventReason::DnsPublished,
+        "UpsertRecord",
+        format!("{name} -> {ip}"),
+    )
+    .await;
+    Ok(DnsDecision::Decided(Some(dns::published(&name, &ip))))
+}
+
+/// Why the spec's name may not be written here, if it may not.
+// A name outside this namespace's zone is not wanted: never written (and a recorded one
+// of an earlier spec is deleted as for any rename). A name this QuestDB already holds is
+// kept: a rule tightened by an upgrade or a flag never deletes records clients use.
+fn refused_name(
+    qdb: &QuestDB,
+    cloud: &CloudRuntime,
+    status: &QuestDBStatus,
+) -> Option<Verdict<DnsReason>> {
+    qdb.spec.dns.as_ref().and_then(|d| {
+        let names = match (
+            cloud.settings.dns_namespace_suffix.as_deref(),
+            cloud.settings.dns_names_first_come,
+        ) {
+            (Some(suffix), _) => dns::DnsNames::UnderSuffix(suffix),
+            (None, true) => dns::DnsNames::FirstCome,
+            (None, false) => dns::DnsNames::Namespaced,
+        };
+        dns::refusal(
+            &d.name,
+            &qdb.namespace().unwrap_or_default(),
+            names,
+            status.dns_name.as_deref(),
+        )
+    })
 }
