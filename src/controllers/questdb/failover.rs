@@ -163,28 +163,7 @@ pub(crate) async fn reconcile(
                     .threshold(qdb.spec.failover.unhealthy_after_seconds);
                 ctx.metrics.failover_detected(u.saturating_sub(threshold));
             }
-            let note = if reason == FailoverCause::InstanceTerminated {
-                format!(
-                    "EC2 reports instance {id} ({node}) terminated, {}s into its silence: releasing its volume, launching a replacement",
-                    symptom.for_.as_secs()
-                )
-            } else if reason == FailoverCause::NodeNeverJoined {
-                format!(
-                    "instance {id} has run past --node-join-timeout ({}s) without a Node registering for it: fencing instance {id}, launching a replacement. {}",
-                    cloud.settings.node_join_timeout.as_secs(),
-                    crate::plan::node::NEVER_JOINED_HINT
-                )
-            } else if symptom.missing {
-                format!(
-                    "the Node object of instance {id} ({node}) has been gone for {}s while the instance runs ({reason}): fencing instance {id}, launching a replacement",
-                    symptom.for_.as_secs()
-                )
-            } else {
-                format!(
-                    "node {node} has not renewed its Lease for {}s ({reason}): fencing instance {id}, launching a replacement",
-                    symptom.for_.as_secs()
-                )
-            };
+            let note = start_note(reason, &id, &node, &symptom, cloud);
             warn!(questdb = %qdb.name_any(), "{note}");
             ctx.event(
                 qdb,
@@ -197,6 +176,38 @@ pub(crate) async fn reconcile(
             // The record is this reconcile's step: its watch event brings the fence.
             Ok(Some(Turn::again_within(in_progress(&record), STEP_POLL)))
         }
+    }
+}
+
+/// What the `FailoverStarted` event and log line say: the symptom and what happens next.
+fn start_note(
+    reason: FailoverCause,
+    id: &str,
+    node: &str,
+    symptom: &Symptom,
+    cloud: &CloudRuntime,
+) -> String {
+    if reason == FailoverCause::InstanceTerminated {
+        format!(
+            "EC2 reports instance {id} ({node}) terminated, {}s into its silence: releasing its volume, launching a replacement",
+            symptom.for_.as_secs()
+        )
+    } else if reason == FailoverCause::NodeNeverJoined {
+        format!(
+            "instance {id} has run past --node-join-timeout ({}s) without a Node registering for it: fencing instance {id}, launching a replacement. {}",
+            cloud.settings.node_join_timeout.as_secs(),
+            crate::plan::node::NEVER_JOINED_HINT
+        )
+    } else if symptom.missing {
+        format!(
+            "the Node object of instance {id} ({node}) has been gone for {}s while the instance runs ({reason}): fencing instance {id}, launching a replacement",
+            symptom.for_.as_secs()
+        )
+    } else {
+        format!(
+            "node {node} has not renewed its Lease for {}s ({reason}): fencing instance {id}, launching a replacement",
+            symptom.for_.as_secs()
+        )
     }
 }
 

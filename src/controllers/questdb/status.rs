@@ -166,122 +166,7 @@ pub(crate) fn compute(qdb: &QuestDB, obs: &StatusInputs, now: Timestamp) -> Ques
     }
     let spec = &qdb.spec;
 
-    let (phase, ready) = if !obs.invalid.is_empty() {
-        (
-            Phase::Failed,
-            Verdict::new(false, ReadyReason::InvalidSpec, obs.invalid.join("; ")),
-        )
-    } else if !obs.children.blocked.is_empty() {
-        (
-            Phase::Failed,
-            Verdict::new(
-                false,
-                ReadyReason::ChildConflict,
-                format!(
-                    "objects that are not this QuestDB's block it (never adopted, never mounted): {}",
-                    obs.children.blocked.join(", ")
-                ),
-            ),
-        )
-    } else if spec.paused {
-        (
-            Phase::Paused,
-            Verdict::new(false, ReadyReason::Paused, "compute released, data kept"),
-        )
-    } else {
-        // A dedicated database's pod waits for its node to join, which the node condition
-        // tells; elsewhere a pod the scheduler cannot place is the user's placement to fix.
-        let trouble = obs
-            .pod
-            .and_then(container_state::trouble)
-            .map(|t| container_state::with_memory_split(t, spec))
-            // Before the scheduler's word: its "unbound PersistentVolumeClaims" does not say why.
-            .or_else(|| {
-                obs.volume_pending
-                    .as_deref()
-                    .filter(|_| obs.pod.is_some_and(|p| !is_scheduled(p)))
-                    .map(container_state::volume_pending)
-            })
-            .or_else(|| {
-                obs.pod
-                    .filter(|_| spec.node.is_none())
-                    .and_then(|p| container_state::unschedulable(p, now))
-            })
-            .or_else(|| {
-                obs.pod_refused
-                    .as_deref()
-                    .filter(|_| obs.pod.is_none())
-                    .map(container_state::refused)
-            });
-        match obs.statefulset {
-            // Before the rollout check: a pod that never becomes ready never completes one.
-            Some(_) if trouble.is_some() => {
-                let t = trouble.expect("checked by the guard");
-                (
-                    if matches!(
-                        t.reason,
-                        ReadyReason::Unschedulable | ReadyReason::VolumePending
-                    ) {
-                        Phase::Pending
-                    } else {
-                        Phase::Failed
-                    },
-                    Verdict::new(false, t.reason, t.message),
-                )
-            }
-            // Nothing is built while the volume's restore source is missing or in the way.
-            None if obs.restore.as_ref().is_some_and(|r| !r.status) => {
-                let r = obs.restore.as_ref().expect("checked by the guard");
-                (
-                    Phase::Pending,
-                    Verdict::new(
-                        false,
-                        restore_blocks(r.reason),
-                        format!("waiting for the volume's restore: {}", r.message),
-                    ),
-                )
-            }
-            None => (
-                Phase::Pending,
-                Verdict::new(false, ReadyReason::Creating, "creating the StatefulSet"),
-            ),
-            Some(sts) if rolls_out(sts, obs) => {
-                let what = if obs.children.changed.is_empty() {
-                    "waiting for the database pod to become ready".to_string()
-                } else {
-                    format!("applied {}", obs.children.changed.join(", "))
-                };
-                (
-                    not_answering(&existing, obs.pod),
-                    Verdict::new(false, ReadyReason::RollingOut, what),
-                )
-            }
-            Some(_) if obs.pod.is_some_and(pod_ready) => (
-                Phase::Running,
-                Verdict::new(true, ReadyReason::Running, "the database pod is ready"),
-            ),
-            Some(_) => {
-                let phase = not_answering(&existing, obs.pod);
-                let dead_node = obs.node.filter(|n| !node_is_ready(n));
-                let ready = match dead_node {
-                    Some(n) => Verdict::new(
-                        false,
-                        ReadyReason::NodeNotReady,
-                        format!(
-                            "the database pod's node {} is not ready: the database does not answer",
-                            n.metadata.name.clone().unwrap_or_default()
-                        ),
-                    ),
-                    None => Verdict::new(
-                        false,
-                        ReadyReason::PodNotReady,
-                        "waiting for the database pod to become ready",
-                    ),
-                };
-                (phase, ready)
-            }
-        }
-    };
+    let (phase, ready) = readiness(&existing, spec, obs, now);
 
     let mut desired = vec![ready.desired(), spec_valid(obs).desired()];
     desired.extend(obs.ilp_auth.as_ref().map(Verdict::desired));
@@ -300,29 +185,7 @@ pub(crate) fn compute(qdb: &QuestDB, obs: &StatusInputs, now: Timestamp) -> Ques
         desired.extend(c.failover_condition.as_ref().map(Verdict::desired));
         desired.extend(c.node_move_condition.as_ref().map(Verdict::desired));
     }
-    // A failover under way says so, whatever the pod looks like meanwhile (until the database
-    // answers again: draining the old address is no outage).
-    let failing_over = crate::plan::failover::database_down(&existing) && !spec.paused;
-    // A version upgrade waits for a node move (and a move for nothing a version step holds).
-    let moving_node = crate::plan::node_move::in_progress(&existing) && !spec.paused;
-    let upgrading = crate::plan::version_upgrade::in_progress(existing.version_upgrade.as_ref())
-        && !spec.paused;
-    let phase = if failing_over {
-        Phase::FailingOver
-    } else if moving_node {
-        Phase::MovingNode
-    } else if upgrading {
-        Phase::Upgrading
-    } else {
-        phase
-    };
-    // A database waiting for its dedicated node is Provisioning, not merely Pending.
-    let phase = match cloud {
-        Some(c) if c.provisioning() && !spec.paused && phase == Phase::Pending => {
-            Phase::Provisioning
-        }
-        _ => phase,
-    };
+    let phase = shown_phase(phase, &existing, spec, cloud);
 
     // With a dedicated node, the node fields describe it (even before the pod is scheduled).
     let dedicated = cloud.and_then(|c| c.node.as_deref());
@@ -387,6 +250,176 @@ pub(crate) fn compute(qdb: &QuestDB, obs: &StatusInputs, now: Timestamp) -> Ques
         config: obs.config.clone().or(existing.config.clone()),
         version_upgrade: existing.version_upgrade.clone(),
         disk: obs.disk.clone().or(existing.disk.clone()),
+    }
+}
+
+/// The phase the database's own objects show and the `Ready` verdict: an invalid spec, a
+/// blocking object, a pause, or what the StatefulSet and its pod say.
+fn readiness(
+    existing: &QuestDBStatus,
+    spec: &crate::api::QuestDBSpec,
+    obs: &StatusInputs,
+    now: Timestamp,
+) -> (Phase, Verdict<ReadyReason>) {
+    if !obs.invalid.is_empty() {
+        (
+            Phase::Failed,
+            Verdict::new(false, ReadyReason::InvalidSpec, obs.invalid.join("; ")),
+        )
+    } else if !obs.children.blocked.is_empty() {
+        (
+            Phase::Failed,
+            Verdict::new(
+                false,
+                ReadyReason::ChildConflict,
+                format!(
+                    "objects that are not this QuestDB's block it (never adopted, never mounted): {}",
+                    obs.children.blocked.join(", ")
+                ),
+            ),
+        )
+    } else if spec.paused {
+        (
+            Phase::Paused,
+            Verdict::new(false, ReadyReason::Paused, "compute released, data kept"),
+        )
+    } else {
+        from_objects(existing, spec, obs, now)
+    }
+}
+
+/// `readiness` of a valid, unpaused database with nothing in its way: what its StatefulSet,
+/// pod and node say (a pod in trouble, a restore waited for, a rollout, a node not ready).
+fn from_objects(
+    existing: &QuestDBStatus,
+    spec: &crate::api::QuestDBSpec,
+    obs: &StatusInputs,
+    now: Timestamp,
+) -> (Phase, Verdict<ReadyReason>) {
+    // A dedicated database's pod waits for its node to join, which the node condition
+    // tells; elsewhere a pod the scheduler cannot place is the user's placement to fix.
+    let trouble = obs
+        .pod
+        .and_then(container_state::trouble)
+        .map(|t| container_state::with_memory_split(t, spec))
+        // Before the scheduler's word: its "unbound PersistentVolumeClaims" does not say why.
+        .or_else(|| {
+            obs.volume_pending
+                .as_deref()
+                .filter(|_| obs.pod.is_some_and(|p| !is_scheduled(p)))
+                .map(container_state::volume_pending)
+        })
+        .or_else(|| {
+            obs.pod
+                .filter(|_| spec.node.is_none())
+                .and_then(|p| container_state::unschedulable(p, now))
+        })
+        .or_else(|| {
+            obs.pod_refused
+                .as_deref()
+                .filter(|_| obs.pod.is_none())
+                .map(container_state::refused)
+        });
+    match obs.statefulset {
+        // Before the rollout check: a pod that never becomes ready never completes one.
+        Some(_) if trouble.is_some() => {
+            let t = trouble.expect("checked by the guard");
+            (
+                if matches!(
+                    t.reason,
+                    ReadyReason::Unschedulable | ReadyReason::VolumePending
+                ) {
+                    Phase::Pending
+                } else {
+                    Phase::Failed
+                },
+                Verdict::new(false, t.reason, t.message),
+            )
+        }
+        // Nothing is built while the volume's restore source is missing or in the way.
+        None if obs.restore.as_ref().is_some_and(|r| !r.status) => {
+            let r = obs.restore.as_ref().expect("checked by the guard");
+            (
+                Phase::Pending,
+                Verdict::new(
+                    false,
+                    restore_blocks(r.reason),
+                    format!("waiting for the volume's restore: {}", r.message),
+                ),
+            )
+        }
+        None => (
+            Phase::Pending,
+            Verdict::new(false, ReadyReason::Creating, "creating the StatefulSet"),
+        ),
+        Some(sts) if rolls_out(sts, obs) => {
+            let what = if obs.children.changed.is_empty() {
+                "waiting for the database pod to become ready".to_string()
+            } else {
+                format!("applied {}", obs.children.changed.join(", "))
+            };
+            (
+                not_answering(existing, obs.pod),
+                Verdict::new(false, ReadyReason::RollingOut, what),
+            )
+        }
+        Some(_) if obs.pod.is_some_and(pod_ready) => (
+            Phase::Running,
+            Verdict::new(true, ReadyReason::Running, "the database pod is ready"),
+        ),
+        Some(_) => {
+            let phase = not_answering(existing, obs.pod);
+            let dead_node = obs.node.filter(|n| !node_is_ready(n));
+            let ready = match dead_node {
+                Some(n) => Verdict::new(
+                    false,
+                    ReadyReason::NodeNotReady,
+                    format!(
+                        "the database pod's node {} is not ready: the database does not answer",
+                        n.metadata.name.clone().unwrap_or_default()
+                    ),
+                ),
+                None => Verdict::new(
+                    false,
+                    ReadyReason::PodNotReady,
+                    "waiting for the database pod to become ready",
+                ),
+            };
+            (phase, ready)
+        }
+    }
+}
+
+/// The phase a machine under way shows over the one the objects show: a failover, a node
+/// move, a version upgrade; a database waiting for its dedicated node is Provisioning.
+fn shown_phase(
+    phase: Phase,
+    existing: &QuestDBStatus,
+    spec: &crate::api::QuestDBSpec,
+    cloud: Option<&CloudOutcome>,
+) -> Phase {
+    // A failover under way says so, whatever the pod looks like meanwhile (until the database
+    // answers again: draining the old address is no outage).
+    let failing_over = crate::plan::failover::database_down(existing) && !spec.paused;
+    // A version upgrade waits for a node move (and a move for nothing a version step holds).
+    let moving_node = crate::plan::node_move::in_progress(existing) && !spec.paused;
+    let upgrading = crate::plan::version_upgrade::in_progress(existing.version_upgrade.as_ref())
+        && !spec.paused;
+    let phase = if failing_over {
+        Phase::FailingOver
+    } else if moving_node {
+        Phase::MovingNode
+    } else if upgrading {
+        Phase::Upgrading
+    } else {
+        phase
+    };
+    // A database waiting for its dedicated node is Provisioning, not merely Pending.
+    match cloud {
+        Some(c) if c.provisioning() && !spec.paused && phase == Phase::Pending => {
+            Phase::Provisioning
+        }
+        _ => phase,
     }
 }
 
