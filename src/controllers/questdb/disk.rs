@@ -76,40 +76,8 @@ pub(super) async fn step(qdb: &mut QuestDB, ctx: &Context) -> Result<DiskOut, Er
             // growth does not ask for another.
             let record = plan.status.clone();
             super::record::persist(qdb, ctx, |s| s.disk = record.clone()).await?;
-            let size = disk::quantity(target);
-            let patch = json!({"spec": {"resources": {"requests": {"storage": size}}}});
-            let api: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &ns);
-            match api
-                .patch(
-                    &claim_name,
-                    &PatchParams {
-                        field_manager: Some(crate::api::MANAGER.into()),
-                        ..PatchParams::default()
-                    },
-                    &Patch::Merge(&patch),
-                )
-                .await
-            {
-                Ok(_) => {
-                    let note = plan
-                        .verdict
-                        .as_ref()
-                        .map(|v| v.message.clone())
-                        .unwrap_or_default();
-                    info!(questdb = %qdb.name_any(), claim = %claim_name, %size, "growing the volume");
-                    ctx.event(
-                        qdb,
-                        EventType::Normal,
-                        EventReason::VolumeGrowing,
-                        "GrowVolume",
-                        note,
-                    )
-                    .await;
-                }
-                Err(kube::Error::Api(e)) if super::volume::refused_resize(&e) => {
-                    plan = disk::not_expandable(plan, &class);
-                }
-                Err(e) => return Err(Error::Kube(e)),
+            if !grow(qdb, ctx, &claim_name, target, &plan).await? {
+                plan = disk::not_expandable(plan, &class);
             }
         }
     }
@@ -148,6 +116,52 @@ pub(super) async fn step(qdb: &mut QuestDB, ctx: &Context) -> Result<DiskOut, Er
         verdict: plan.verdict,
         status: plan.status,
     })
+}
+
+/// Asks for the claim to grow to `target` bytes; `false` when the apiserver refuses the
+/// resize (the class cannot expand).
+async fn grow(
+    qdb: &QuestDB,
+    ctx: &Context,
+    claim_name: &str,
+    target: u64,
+    plan: &disk::Plan,
+) -> Result<bool, Error> {
+    let ns = qdb.namespace().unwrap_or_default();
+    let size = disk::quantity(target);
+    let patch = json!({"spec": {"resources": {"requests": {"storage": size}}}});
+    let api: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &ns);
+    match api
+        .patch(
+            claim_name,
+            &PatchParams {
+                field_manager: Some(crate::api::MANAGER.into()),
+                ..PatchParams::default()
+            },
+            &Patch::Merge(&patch),
+        )
+        .await
+    {
+        Ok(_) => {
+            let note = plan
+                .verdict
+                .as_ref()
+                .map(|v| v.message.clone())
+                .unwrap_or_default();
+            info!(questdb = %qdb.name_any(), claim = %claim_name, %size, "growing the volume");
+            ctx.event(
+                qdb,
+                EventType::Normal,
+                EventReason::VolumeGrowing,
+                "GrowVolume",
+                note,
+            )
+            .await;
+            Ok(true)
+        }
+        Err(kube::Error::Api(e)) if super::volume::refused_resize(&e) => Ok(false),
+        Err(e) => Err(Error::Kube(e)),
+    }
 }
 
 /// Resumes `tables`; returns the ones that could not be.
