@@ -89,17 +89,7 @@ pub(crate) async fn step(qdb: &mut QuestDB, ctx: &Context) -> Result<Outcome, Er
         _ => SnapshotState::NotLooked,
     };
     let status_now = qdb.status.clone().unwrap_or_default();
-    let busy = if qdb.spec.paused {
-        Some("the database is paused".to_string())
-    } else if crate::plan::failover::in_progress(&status_now) {
-        Some("a failover is under way".to_string())
-    } else if crate::plan::node_move::in_progress(&status_now) {
-        Some("a node move is under way".to_string())
-    } else {
-        super::node_move::steps::backup_holding_checkpoint(qdb, ctx).map(|backup| {
-            format!("backup {backup} holds the database's checkpoint: stopping it now would fail the backup")
-        })
-    };
+    let busy = busy(qdb, ctx, &status_now);
     let name = qdb.name_any();
     let spec = qdb.spec.clone();
     let mut view = plan::View {
@@ -134,6 +124,30 @@ pub(crate) async fn step(qdb: &mut QuestDB, ctx: &Context) -> Result<Outcome, Er
     }
     let now = view.now;
     let pod_created = view.pod_created;
+    let (again, finished) = perform(qdb, ctx, &ns, record.as_ref(), decision).await?;
+    let record = qdb.status.as_ref().and_then(|s| s.version_upgrade.as_ref());
+    let t = plan::template(record, &spec.image);
+    Ok(Outcome {
+        image: (t.image != spec.image).then(|| t.image.to_string()),
+        stopped: t.stopped,
+        restore_snapshot: plan::restore_snapshot(record).map(str::to_string),
+        verdict: finished
+            .or_else(|| record.map(|r| plan::verdict(r, &spec.version_upgrade, pod_created, now))),
+        again,
+    })
+}
+
+/// Takes `decision`'s step: records it, or acts once (a snapshot, the old volume released)
+/// and records the outcome. Returns how soon to look again and, when the upgrade finished,
+/// its verdict.
+async fn perform(
+    qdb: &mut QuestDB,
+    ctx: &Context,
+    ns: &str,
+    record: Option<&crate::api::VersionUpgradeStatus>,
+    decision: Decision,
+) -> Result<(Option<Duration>, Option<Verdict<VersionUpgradeReason>>), Error> {
+    let name = qdb.name_any();
     let mut again = None;
     let mut finished = None;
     match decision {
@@ -162,15 +176,15 @@ pub(crate) async fn step(qdb: &mut QuestDB, ctx: &Context) -> Result<Outcome, Er
             say_it(ctx, qdb, say).await;
         }
         Decision::CreateSnapshot { name: snap } => {
-            create_snapshot(ctx, qdb, &ns, &snap).await?;
+            create_snapshot(ctx, qdb, ns, &snap).await?;
             again = Some(plan::SNAPSHOT_POLL);
         }
         Decision::ReleaseVolume { volume, claim_uid } => {
-            match release_volume(ctx, qdb, &ns, volume.as_deref(), &claim_uid).await {
+            match release_volume(ctx, qdb, ns, volume.as_deref(), &claim_uid).await {
                 Err(Error::Kube(kube::Error::Api(e))) if e.code == 403 => {
                     // A namespaced install may not touch PersistentVolumes: the claim is never
                     // deleted without its volume kept.
-                    if let Some(r) = &record {
+                    if let Some(r) = record {
                         let (next, say) = plan::volume_not_kept(r, &e.message);
                         record::persist(qdb, ctx, |s| s.version_upgrade = Some(next.clone()))
                             .await?;
@@ -182,16 +196,23 @@ pub(crate) async fn step(qdb: &mut QuestDB, ctx: &Context) -> Result<Outcome, Er
             again = Some(Duration::from_secs(2));
         }
     }
-    let record = qdb.status.as_ref().and_then(|s| s.version_upgrade.as_ref());
-    let t = plan::template(record, &spec.image);
-    Ok(Outcome {
-        image: (t.image != spec.image).then(|| t.image.to_string()),
-        stopped: t.stopped,
-        restore_snapshot: plan::restore_snapshot(record).map(str::to_string),
-        verdict: finished
-            .or_else(|| record.map(|r| plan::verdict(r, &spec.version_upgrade, pod_created, now))),
-        again,
-    })
+    Ok((again, finished))
+}
+
+/// What holds a version step back now: a pause, a failover, a node move, a backup holding the
+/// checkpoint.
+fn busy(qdb: &QuestDB, ctx: &Context, status_now: &crate::api::QuestDBStatus) -> Option<String> {
+    if qdb.spec.paused {
+        Some("the database is paused".to_string())
+    } else if crate::plan::failover::in_progress(status_now) {
+        Some("a failover is under way".to_string())
+    } else if crate::plan::node_move::in_progress(status_now) {
+        Some("a node move is under way".to_string())
+    } else {
+        super::node_move::steps::backup_holding_checkpoint(qdb, ctx).map(|backup| {
+            format!("backup {backup} holds the database's checkpoint: stopping it now would fail the backup")
+        })
+    }
 }
 
 async fn say_it(ctx: &Context, qdb: &QuestDB, say: Option<Say>) {
