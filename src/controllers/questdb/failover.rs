@@ -885,39 +885,7 @@ async fn perform(
     step: Step,
 ) -> Result<Turn<FailoverReason>, Error> {
     match step {
-        Step::RecordStop(mode) => {
-            let requested_at = crate::runtime::clock::now();
-            super::record::persist(qdb, ctx, |s| {
-                if let Some(r) = s.failover.as_mut() {
-                    r.fence_stop = Some(crate::api::FenceStop {
-                        instance: r.old_instance_id.clone().unwrap_or_default(),
-                        mode,
-                        requested_at: requested_at.clone(),
-                    });
-                }
-            })
-            .await?;
-            if mode == StopMode::Forced {
-                let note = failover::forced_stop_note(
-                    f.old_instance_id.as_deref().unwrap_or_default(),
-                    cloud.settings.escalation.graceful_stop,
-                );
-                warn!(questdb = %qdb.name_any(), "{note}");
-                ctx.event(
-                    qdb,
-                    EventType::Warning,
-                    EventReason::FenceForced,
-                    "Failover",
-                    note,
-                )
-                .await;
-            }
-            let recorded = qdb.status.as_ref().and_then(|s| s.failover.clone());
-            Ok(Turn::again_within(
-                in_progress(recorded.as_ref().unwrap_or(f)),
-                Duration::ZERO,
-            ))
-        }
+        Step::RecordStop(mode) => record_stop(qdb, ctx, cloud, f, mode).await,
         Step::Fence(id, mode) => {
             match cloud.nodes.stop(&id, &owner_uid(qdb), mode).await {
                 Ok(()) => {
@@ -1004,57 +972,109 @@ async fn perform(
             Ok(Turn::again_within(condition, STEP_POLL))
         }
         // The planner's instance is the record's `oldInstanceID`, among those `fenced()` lists.
-        Step::Finish(_) => {
-            if let Some(refusal) = terminate_fenced(qdb, ctx, cloud, status, f).await? {
-                return Ok(Turn::again_within(refusal, Duration::from_secs(60)));
-            }
-            // Downtime ends when the database answered again (Draining began), not when
-            // the fenced instance is let go.
-            let downtime = between(f.started_at.as_ref(), f.phase_started_at.as_ref());
-            if let Some(took) = since(f.phase_started_at.as_ref()) {
-                ctx.metrics.failover_step(f.phase.into(), took);
-            }
-            persist(qdb, ctx, |s| {
-                if let Some(f) = s.failover.as_mut() {
-                    f.phase = FailoverPhase::Healthy;
-                    f.phase_started_at = Some(now());
-                    f.finished_at = Some(now());
-                    f.downtime_seconds = downtime.map(|d| d.as_secs() as i64);
-                    f.new_instance_id = s.instance_id.clone();
-                    f.message = Some(format!(
-                        "fenced instance {} terminated",
-                        f.fenced().collect::<Vec<_>>().join(", ")
-                    ));
-                }
-            })
-            .await?;
-            ctx.metrics
-                .failover_finished(FailoverResult::Succeeded, downtime);
-            let note = format!(
-                "the database answers again on instance {} after {}s; instance {} terminated",
-                qdb.status
-                    .as_ref()
-                    .and_then(|s| s.instance_id.clone())
-                    .unwrap_or_default(),
-                downtime.unwrap_or_default().as_secs(),
-                f.fenced().collect::<Vec<_>>().join(", ")
-            );
-            info!(questdb = %qdb.name_any(), "failover done: {note}");
-            ctx.event(
-                qdb,
-                EventType::Normal,
-                EventReason::FailoverSucceeded,
-                "Failover",
-                note,
-            )
-            .await;
-            Ok(Turn::settled(condition(
-                true,
-                FailoverReason::Recovered,
-                "the last failover succeeded".into(),
-            )))
-        }
+        Step::Finish(_) => finish(qdb, ctx, cloud, status, f).await,
     }
+}
+
+/// Records the stop a fence asks EC2 for before asking (a forced one is a Warning event: what
+/// the database did not sync is lost).
+async fn record_stop(
+    qdb: &mut QuestDB,
+    ctx: &Context,
+    cloud: &CloudRuntime,
+    f: &FailoverStatus,
+    mode: StopMode,
+) -> Result<Turn<FailoverReason>, Error> {
+    let requested_at = crate::runtime::clock::now();
+    super::record::persist(qdb, ctx, |s| {
+        if let Some(r) = s.failover.as_mut() {
+            r.fence_stop = Some(crate::api::FenceStop {
+                instance: r.old_instance_id.clone().unwrap_or_default(),
+                mode,
+                requested_at: requested_at.clone(),
+            });
+        }
+    })
+    .await?;
+    if mode == StopMode::Forced {
+        let note = failover::forced_stop_note(
+            f.old_instance_id.as_deref().unwrap_or_default(),
+            cloud.settings.escalation.graceful_stop,
+        );
+        warn!(questdb = %qdb.name_any(), "{note}");
+        ctx.event(
+            qdb,
+            EventType::Warning,
+            EventReason::FenceForced,
+            "Failover",
+            note,
+        )
+        .await;
+    }
+    let recorded = qdb.status.as_ref().and_then(|s| s.failover.clone());
+    Ok(Turn::again_within(
+        in_progress(recorded.as_ref().unwrap_or(f)),
+        Duration::ZERO,
+    ))
+}
+
+/// Ends a failover whose database answers again: the fenced instances terminated, the record
+/// `Healthy` with its downtime, the result counted and told.
+async fn finish(
+    qdb: &mut QuestDB,
+    ctx: &Context,
+    cloud: &CloudRuntime,
+    status: &QuestDBStatus,
+    f: &FailoverStatus,
+) -> Result<Turn<FailoverReason>, Error> {
+    if let Some(refusal) = terminate_fenced(qdb, ctx, cloud, status, f).await? {
+        return Ok(Turn::again_within(refusal, Duration::from_secs(60)));
+    }
+    // Downtime ends when the database answered again (Draining began), not when
+    // the fenced instance is let go.
+    let downtime = between(f.started_at.as_ref(), f.phase_started_at.as_ref());
+    if let Some(took) = since(f.phase_started_at.as_ref()) {
+        ctx.metrics.failover_step(f.phase.into(), took);
+    }
+    persist(qdb, ctx, |s| {
+        if let Some(f) = s.failover.as_mut() {
+            f.phase = FailoverPhase::Healthy;
+            f.phase_started_at = Some(now());
+            f.finished_at = Some(now());
+            f.downtime_seconds = downtime.map(|d| d.as_secs() as i64);
+            f.new_instance_id = s.instance_id.clone();
+            f.message = Some(format!(
+                "fenced instance {} terminated",
+                f.fenced().collect::<Vec<_>>().join(", ")
+            ));
+        }
+    })
+    .await?;
+    ctx.metrics
+        .failover_finished(FailoverResult::Succeeded, downtime);
+    let note = format!(
+        "the database answers again on instance {} after {}s; instance {} terminated",
+        qdb.status
+            .as_ref()
+            .and_then(|s| s.instance_id.clone())
+            .unwrap_or_default(),
+        downtime.unwrap_or_default().as_secs(),
+        f.fenced().collect::<Vec<_>>().join(", ")
+    );
+    info!(questdb = %qdb.name_any(), "failover done: {note}");
+    ctx.event(
+        qdb,
+        EventType::Normal,
+        EventReason::FailoverSucceeded,
+        "Failover",
+        note,
+    )
+    .await;
+    Ok(Turn::settled(condition(
+        true,
+        FailoverReason::Recovered,
+        "the last failover succeeded".into(),
+    )))
 }
 
 fn in_progress(f: &FailoverStatus) -> Verdict<FailoverReason> {
