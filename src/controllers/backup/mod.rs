@@ -160,191 +160,227 @@ pub(crate) async fn reconcile(
         let status = current.status.clone().unwrap_or_default();
         let decision = plan::decide(&status, &obs.plan, bctx.timeouts);
         debug!(backup = %current.name_any(), step = ?status.step, ?decision, "backup");
-        match decision {
-            Decision::Done => return Ok(Next::AwaitChange),
-            Decision::Wait {
-                reason,
-                message,
-                requeue,
-            } => {
-                release_claim(&bctx, &current);
-                let mut s = status.clone();
-                s.step = Some(BackupStep::Pending);
-                s.reason = Some(reason.to_string());
-                s.message = Some(message);
-                if s != status {
-                    write_status(&api, &mut current, s).await?;
-                }
-                return Ok(Next::RequeueAfter(requeue));
-            }
-            Decision::StartCheckpoint(holder) => {
-                if !claim(&bctx, &current) {
-                    return Ok(Next::RequeueAfter(Duration::from_secs(2)));
-                }
-                if !has_finalizer(&current) {
-                    // Before anything could open a checkpoint: a deletion then always
-                    // releases it.
-                    let status = current.status.clone();
-                    set_finalizer(&api, &mut current, true).await?;
-                    // The patch answers with the stored status; the step decided on stays.
-                    current.status = status;
-                }
-                let mut s = status.clone();
-                s.step = Some(BackupStep::Checkpointing);
-                s.checkpoint = Some(holder);
-                s.reason = None;
-                s.message = None;
-                write_status(&api, &mut current, s).await?;
-                if status.step == Some(BackupStep::Pending) {
-                    event(
-                        ctx,
-                        &current,
-                        EventType::Normal,
-                        EventReason::BackupStarted,
-                        format!("checkpointing QuestDB {}", current.spec.questdb_name),
-                    )
-                    .await;
-                }
-            }
-            Decision::Checkpoint => {
-                claim(&bctx, &current);
-                let Some(db) = obs.db else {
-                    return Ok(Next::RequeueAfter(Duration::from_secs(2)));
-                };
-                // Recorded before CREATE is sent: a checkpoint found open after a crash is this
-                // backup's only if it started after this.
-                let mut s = status.clone();
-                s.checkpoint_requested_at = Some(clock::now());
-                s.checkpoint_started_at = None;
-                write_status(&api, &mut current, s).await?;
-                match checkpoint(&db, bctx.timeouts).await {
-                    Ok((tables, started_at, version)) => {
-                        let mut s = current.status.clone().unwrap_or_default();
-                        s.step = Some(BackupStep::Snapshotting);
-                        s.questdb_version = version;
-                        s.checkpoint_started_at = Some(started_at);
-                        s.checkpoint_at = Some(clock::now());
-                        s.snapshot_name = Some(current.name_any());
-                        s.tables = tables;
-                        write_status(&api, &mut current, s).await?;
-                        event(
-                            ctx,
-                            &current,
-                            EventType::Normal,
-                            EventReason::BackupCheckpointed,
-                            format!("checkpoint open; snapshotting volume {}", obs.pvc),
-                        )
-                        .await;
-                        snapshot::create(&ctx.client, &current, &obs.pvc)
-                            .await
-                            .map_err(Error::Kube)?;
-                    }
-                    // Refused or unauthorized will not change by retrying.
-                    Err(e @ (QueryError::Refused { .. } | QueryError::Unauthorized(_))) => {
-                        begin_release(
-                            &api,
-                            &mut current,
-                            BackupReason::CheckpointFailed,
-                            e.to_string(),
-                        )
-                        .await?;
-                    }
-                    // Unanswered (a timeout, a cut connection): the next pass asks the database
-                    // what is open, and releases the backup's own unconfirmed checkpoint.
-                    Err(e) => {
-                        warn!(backup = %current.name_any(), error = %e, "CHECKPOINT CREATE went unanswered; asking the database what is open");
-                        return Ok(Next::RequeueAfter(Duration::from_secs(5)));
-                    }
-                }
-            }
-            Decision::ReleaseOwn => {
-                let Some(db) = obs.db else {
-                    return Ok(Next::RequeueAfter(Duration::from_secs(2)));
-                };
-                if let Err(e) = db.checkpoint_release().await {
-                    warn!(backup = %current.name_any(), error = %e, "CHECKPOINT RELEASE of the backup's unconfirmed checkpoint failed; retrying");
-                    return Ok(Next::RequeueAfter(Duration::from_secs(5)));
-                }
-                info!(backup = %current.name_any(), "released the backup's own checkpoint, whose CREATE was never confirmed; opening a new one");
-            }
-            Decision::CreateSnapshot => {
-                snapshot::create(&ctx.client, &current, &obs.pvc)
-                    .await
-                    .map_err(Error::Kube)?;
-                return Ok(Next::RequeueAfter(Duration::from_secs(1)));
-            }
-            Decision::Poll(d) => return Ok(Next::RequeueAfter(d)),
-            Decision::Release { failure } => {
-                let mut s = status.clone();
-                s.step = Some(BackupStep::Releasing);
-                if let Some((reason, message)) = failure {
-                    s.failed = true;
-                    s.reason = Some(reason.to_string());
-                    s.message = Some(message);
-                }
-                write_status(&api, &mut current, s).await?;
-            }
-            Decision::FinishRelease => {
-                if let Some(retry) = release_own(&current, &obs, bctx.timeouts).await {
-                    return Ok(retry);
-                }
-                release_claim(&bctx, &current);
-                if status.failed {
-                    let reason = status
-                        .reason
-                        .as_deref()
-                        .and_then(BackupReason::parse)
-                        .unwrap_or(BackupReason::BackupFailed);
-                    let message = status.message.clone().unwrap_or_default();
-                    fail(&api, &mut current, &bctx, reason, message).await?;
-                    return Ok(Next::AwaitChange);
-                }
-                let mut s = status.clone();
-                s.step = Some(BackupStep::Uploading);
-                s.released_at = Some(clock::now());
-                write_status(&api, &mut current, s).await?;
-                return Ok(Next::RequeueAfter(Duration::from_secs(1)));
-            }
-            Decision::Succeed { restore_size } => {
-                let mut s = status.clone();
-                let now = clock::now();
-                s.step = Some(BackupStep::Succeeded);
-                s.restore_size = restore_size;
-                s.duration_seconds =
-                    clock::between(s.started_at.as_ref(), Some(&now)).map(|d| d.as_secs() as i64);
-                s.finished_at = Some(now);
-                s.reason = None;
-                s.message = None;
-                write_status(&api, &mut current, s.clone()).await?;
-                let took = s.duration_seconds.map(|d| Duration::from_secs(d as u64));
-                ctx.metrics.backup_finished(true, took);
-                note_final(&current, ctx);
-                info!(backup = %current.name_any(), questdb = %current.spec.questdb_name, seconds = ?s.duration_seconds, "backup succeeded");
-                event(
-                    ctx,
-                    &current,
-                    EventType::Normal,
-                    EventReason::BackupSucceeded,
-                    format!(
-                        "snapshot {} of QuestDB {} is ready to use ({} table{})",
-                        current.name_any(),
-                        current.spec.questdb_name,
-                        s.tables.len(),
-                        if s.tables.len() == 1 { "" } else { "s" }
-                    ),
-                )
-                .await;
-                set_finalizer(&api, &mut current, false).await?;
-                return Ok(Next::AwaitChange);
-            }
-            Decision::Fail { reason, message } => {
-                release_claim(&bctx, &current);
-                fail(&api, &mut current, &bctx, reason, message).await?;
-                return Ok(Next::AwaitChange);
-            }
+        if let Some(next) = take(&api, &mut current, &bctx, obs, &status, decision).await? {
+            return Ok(next);
         }
     }
     Ok(Next::RequeueAfter(Duration::from_secs(1)))
+}
+
+/// Takes one decided step: records it (each recorded step goes straight on to its effect
+/// within the same reconcile) or acts. `Some`: the reconcile ends with that; `None`: decide
+/// again on what this step recorded.
+async fn take(
+    api: &Api<QuestDBBackup>,
+    current: &mut QuestDBBackup,
+    bctx: &BackupContext,
+    obs: Observation,
+    status: &QuestDBBackupStatus,
+    decision: Decision,
+) -> Result<Option<Next>, Error> {
+    let ctx = &bctx.ctx;
+    match decision {
+        Decision::Done => return Ok(Some(Next::AwaitChange)),
+        Decision::Wait {
+            reason,
+            message,
+            requeue,
+        } => {
+            release_claim(bctx, current);
+            let mut s = status.clone();
+            s.step = Some(BackupStep::Pending);
+            s.reason = Some(reason.to_string());
+            s.message = Some(message);
+            if s != *status {
+                write_status(api, current, s).await?;
+            }
+            return Ok(Some(Next::RequeueAfter(requeue)));
+        }
+        Decision::StartCheckpoint(holder) => {
+            if !claim(bctx, current) {
+                return Ok(Some(Next::RequeueAfter(Duration::from_secs(2))));
+            }
+            if !has_finalizer(current) {
+                // Before anything could open a checkpoint: a deletion then always
+                // releases it.
+                let status = current.status.clone();
+                set_finalizer(api, current, true).await?;
+                // The patch answers with the stored status; the step decided on stays.
+                current.status = status;
+            }
+            let mut s = status.clone();
+            s.step = Some(BackupStep::Checkpointing);
+            s.checkpoint = Some(holder);
+            s.reason = None;
+            s.message = None;
+            write_status(api, current, s).await?;
+            if status.step == Some(BackupStep::Pending) {
+                event(
+                    ctx,
+                    current,
+                    EventType::Normal,
+                    EventReason::BackupStarted,
+                    format!("checkpointing QuestDB {}", current.spec.questdb_name),
+                )
+                .await;
+            }
+        }
+        Decision::Checkpoint => return open_checkpoint(api, current, bctx, obs, status).await,
+        Decision::ReleaseOwn => {
+            let Some(db) = obs.db else {
+                return Ok(Some(Next::RequeueAfter(Duration::from_secs(2))));
+            };
+            if let Err(e) = db.checkpoint_release().await {
+                warn!(backup = %current.name_any(), error = %e, "CHECKPOINT RELEASE of the backup's unconfirmed checkpoint failed; retrying");
+                return Ok(Some(Next::RequeueAfter(Duration::from_secs(5))));
+            }
+            info!(backup = %current.name_any(), "released the backup's own checkpoint, whose CREATE was never confirmed; opening a new one");
+        }
+        Decision::CreateSnapshot => {
+            snapshot::create(&ctx.client, current, &obs.pvc)
+                .await
+                .map_err(Error::Kube)?;
+            return Ok(Some(Next::RequeueAfter(Duration::from_secs(1))));
+        }
+        Decision::Poll(d) => return Ok(Some(Next::RequeueAfter(d))),
+        Decision::Release { failure } => {
+            let mut s = status.clone();
+            s.step = Some(BackupStep::Releasing);
+            if let Some((reason, message)) = failure {
+                s.failed = true;
+                s.reason = Some(reason.to_string());
+                s.message = Some(message);
+            }
+            write_status(api, current, s).await?;
+        }
+        Decision::FinishRelease => {
+            if let Some(retry) = release_own(current, &obs, bctx.timeouts).await {
+                return Ok(Some(retry));
+            }
+            release_claim(bctx, current);
+            if status.failed {
+                let reason = status
+                    .reason
+                    .as_deref()
+                    .and_then(BackupReason::parse)
+                    .unwrap_or(BackupReason::BackupFailed);
+                let message = status.message.clone().unwrap_or_default();
+                fail(api, current, bctx, reason, message).await?;
+                return Ok(Some(Next::AwaitChange));
+            }
+            let mut s = status.clone();
+            s.step = Some(BackupStep::Uploading);
+            s.released_at = Some(clock::now());
+            write_status(api, current, s).await?;
+            return Ok(Some(Next::RequeueAfter(Duration::from_secs(1))));
+        }
+        Decision::Succeed { restore_size } => {
+            succeed(api, current, ctx, status, restore_size).await?;
+            return Ok(Some(Next::AwaitChange));
+        }
+        Decision::Fail { reason, message } => {
+            release_claim(bctx, current);
+            fail(api, current, bctx, reason, message).await?;
+            return Ok(Some(Next::AwaitChange));
+        }
+    }
+    Ok(None)
+}
+
+/// Opens the database's checkpoint (recorded as asked for before CHECKPOINT CREATE is sent),
+/// then records it and starts the volume's snapshot.
+async fn open_checkpoint(
+    api: &Api<QuestDBBackup>,
+    current: &mut QuestDBBackup,
+    bctx: &BackupContext,
+    obs: Observation,
+    status: &QuestDBBackupStatus,
+) -> Result<Option<Next>, Error> {
+    let ctx = &bctx.ctx;
+    claim(bctx, current);
+    let Some(db) = obs.db else {
+        return Ok(Some(Next::RequeueAfter(Duration::from_secs(2))));
+    };
+    // Recorded before CREATE is sent: a checkpoint found open after a crash is this
+    // backup's only if it started after this.
+    let mut s = status.clone();
+    s.checkpoint_requested_at = Some(clock::now());
+    s.checkpoint_started_at = None;
+    write_status(api, current, s).await?;
+    match checkpoint(&db, bctx.timeouts).await {
+        Ok((tables, started_at, version)) => {
+            let mut s = current.status.clone().unwrap_or_default();
+            s.step = Some(BackupStep::Snapshotting);
+            s.questdb_version = version;
+            s.checkpoint_started_at = Some(started_at);
+            s.checkpoint_at = Some(clock::now());
+            s.snapshot_name = Some(current.name_any());
+            s.tables = tables;
+            write_status(api, current, s).await?;
+            event(
+                ctx,
+                current,
+                EventType::Normal,
+                EventReason::BackupCheckpointed,
+                format!("checkpoint open; snapshotting volume {}", obs.pvc),
+            )
+            .await;
+            snapshot::create(&ctx.client, current, &obs.pvc)
+                .await
+                .map_err(Error::Kube)?;
+        }
+        // Refused or unauthorized will not change by retrying.
+        Err(e @ (QueryError::Refused { .. } | QueryError::Unauthorized(_))) => {
+            begin_release(api, current, BackupReason::CheckpointFailed, e.to_string()).await?;
+        }
+        // Unanswered (a timeout, a cut connection): the next pass asks the database
+        // what is open, and releases the backup's own unconfirmed checkpoint.
+        Err(e) => {
+            warn!(backup = %current.name_any(), error = %e, "CHECKPOINT CREATE went unanswered; asking the database what is open");
+            return Ok(Some(Next::RequeueAfter(Duration::from_secs(5))));
+        }
+    }
+    Ok(None)
+}
+
+/// Records the backup's success, counts and tells it, and lets the finalizer go.
+async fn succeed(
+    api: &Api<QuestDBBackup>,
+    current: &mut QuestDBBackup,
+    ctx: &Context,
+    status: &QuestDBBackupStatus,
+    restore_size: Option<String>,
+) -> Result<(), Error> {
+    let mut s = status.clone();
+    let now = clock::now();
+    s.step = Some(BackupStep::Succeeded);
+    s.restore_size = restore_size;
+    s.duration_seconds =
+        clock::between(s.started_at.as_ref(), Some(&now)).map(|d| d.as_secs() as i64);
+    s.finished_at = Some(now);
+    s.reason = None;
+    s.message = None;
+    write_status(api, current, s.clone()).await?;
+    let took = s.duration_seconds.map(|d| Duration::from_secs(d as u64));
+    ctx.metrics.backup_finished(true, took);
+    note_final(current, ctx);
+    info!(backup = %current.name_any(), questdb = %current.spec.questdb_name, seconds = ?s.duration_seconds, "backup succeeded");
+    event(
+        ctx,
+        current,
+        EventType::Normal,
+        EventReason::BackupSucceeded,
+        format!(
+            "snapshot {} of QuestDB {} is ready to use ({} table{})",
+            current.name_any(),
+            current.spec.questdb_name,
+            s.tables.len(),
+            if s.tables.len() == 1 { "" } else { "s" }
+        ),
+    )
+    .await;
+    set_finalizer(api, current, false).await?;
+    Ok(())
 }
 
 /// What one pass observed: the plan's view, the database client and the volume's name.
