@@ -49,41 +49,8 @@ pub(crate) async fn reconcile(
     let backups: Api<QuestDBBackup> = Api::namespaced(ctx.client.clone(), &ns);
     let status = schedule.status.clone().unwrap_or_default();
 
-    let parsed = schedule
-        .spec
-        .schedule
-        .parse::<cron::Cron>()
-        .map_err(|e| format!("invalid schedule: {e}"))
-        .and_then(|c| {
-            let gap = c.shortest_gap(Timestamp::now());
-            match ctx
-                .tenancy
-                .backup_schedules
-                .refusal(gap, schedule.spec.retention)
-            {
-                Some(why) => Err(why),
-                None => Ok(c),
-            }
-        });
-    let cron: cron::Cron = match parsed {
-        Ok(c) => c,
-        Err(message) => {
-            if status.message.as_deref() != Some(message.as_str()) {
-                event(
-                    ctx,
-                    &schedule,
-                    EventType::Warning,
-                    EventReason::InvalidSpec,
-                    message.clone(),
-                )
-                .await;
-                let mut s = status.clone();
-                s.message = Some(message);
-                s.next_schedule_time = None;
-                write_status(&api, &schedule, s).await?;
-            }
-            return Ok(Next::AwaitChange);
-        }
+    let Some(cron) = valid_cron(&schedule, ctx, &api, &status).await? else {
+        return Ok(Next::AwaitChange);
     };
 
     let mine: Vec<Arc<QuestDBBackup>> = sctx
@@ -142,60 +109,7 @@ pub(crate) async fn reconcile(
     });
     debug!(schedule = %name, ?p, "backup schedule");
 
-    let mut active = p.active.clone();
-    if let Some((run, due)) = &p.create {
-        // Made first, recorded after: a crash in between makes the same name again, which
-        // the apiserver refuses.
-        match backups
-            .create(
-                &PostParams::default(),
-                &backup_for(&schedule, run, p.verify),
-            )
-            .await
-        {
-            Ok(_) => {
-                info!(schedule = %name, backup = %run, scheduled = %due, "scheduled backup made");
-                event(
-                    ctx,
-                    &schedule,
-                    EventType::Normal,
-                    EventReason::BackupScheduled,
-                    format!("made backup {run} for the run of {due}"),
-                )
-                .await;
-            }
-            Err(kube::Error::Api(s)) if s.code == 409 => {}
-            Err(e) => return Err(Error::Kube(e)),
-        }
-        active = Some(run.clone());
-    }
-    if p.record.is_some() && p.create.is_none() {
-        if let Some(message) = &p.message {
-            event(
-                ctx,
-                &schedule,
-                EventType::Warning,
-                EventReason::BackupSkipped,
-                message.clone(),
-            )
-            .await;
-        }
-    }
-    for old in &p.delete {
-        let uid = owned_uid(&sctx.backups, &ns, old);
-        let dp = DeleteParams {
-            preconditions: uid.map(|uid| kube::api::Preconditions {
-                uid: Some(uid),
-                resource_version: None,
-            }),
-            ..Default::default()
-        };
-        match backups.delete(old, &dp).await {
-            Ok(_) => info!(schedule = %name, backup = %old, "deleted a backup beyond retention"),
-            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
-            Err(e) => return Err(Error::Kube(e)),
-        }
-    }
+    let active = run_and_prune(&schedule, &sctx, &backups, &p).await?;
 
     let mut newest_first = owned.clone();
     newest_first.sort_by_key(|b| std::cmp::Reverse(b.created));
@@ -237,6 +151,118 @@ pub(crate) async fn reconcile(
         }
         None => Next::AwaitChange,
     })
+}
+
+/// The schedule's cron, when it parses and the tenancy rules allow its pace and retention;
+/// otherwise `None`, said once in status and one Warning event.
+async fn valid_cron(
+    schedule: &QuestDBBackupSchedule,
+    ctx: &Context,
+    api: &Api<QuestDBBackupSchedule>,
+    status: &QuestDBBackupScheduleStatus,
+) -> Result<Option<cron::Cron>, Error> {
+    let parsed = schedule
+        .spec
+        .schedule
+        .parse::<cron::Cron>()
+        .map_err(|e| format!("invalid schedule: {e}"))
+        .and_then(|c| {
+            let gap = c.shortest_gap(Timestamp::now());
+            match ctx
+                .tenancy
+                .backup_schedules
+                .refusal(gap, schedule.spec.retention)
+            {
+                Some(why) => Err(why),
+                None => Ok(c),
+            }
+        });
+    match parsed {
+        Ok(c) => Ok(Some(c)),
+        Err(message) => {
+            if status.message.as_deref() != Some(message.as_str()) {
+                event(
+                    ctx,
+                    schedule,
+                    EventType::Warning,
+                    EventReason::InvalidSpec,
+                    message.clone(),
+                )
+                .await;
+                let mut s = status.clone();
+                s.message = Some(message);
+                s.next_schedule_time = None;
+                write_status(api, schedule, s).await?;
+            }
+            Ok(None)
+        }
+    }
+}
+
+/// Makes the run the plan says is due (a name made twice is refused by the apiserver, so a
+/// crash between making and recording makes nothing twice), tells a skipped run, and deletes
+/// the backups beyond retention. Returns the active run.
+async fn run_and_prune(
+    schedule: &QuestDBBackupSchedule,
+    sctx: &ScheduleContext,
+    backups: &Api<QuestDBBackup>,
+    p: &plan::Plan,
+) -> Result<Option<String>, Error> {
+    let ctx = &sctx.ctx;
+    let ns = schedule.namespace().unwrap_or_default();
+    let name = schedule.name_any();
+    let mut active = p.active.clone();
+    if let Some((run, due)) = &p.create {
+        // Made first, recorded after: a crash in between makes the same name again, which
+        // the apiserver refuses.
+        match backups
+            .create(&PostParams::default(), &backup_for(schedule, run, p.verify))
+            .await
+        {
+            Ok(_) => {
+                info!(schedule = %name, backup = %run, scheduled = %due, "scheduled backup made");
+                event(
+                    ctx,
+                    schedule,
+                    EventType::Normal,
+                    EventReason::BackupScheduled,
+                    format!("made backup {run} for the run of {due}"),
+                )
+                .await;
+            }
+            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Err(e) => return Err(Error::Kube(e)),
+        }
+        active = Some(run.clone());
+    }
+    if p.record.is_some() && p.create.is_none() {
+        if let Some(message) = &p.message {
+            event(
+                ctx,
+                schedule,
+                EventType::Warning,
+                EventReason::BackupSkipped,
+                message.clone(),
+            )
+            .await;
+        }
+    }
+    for old in &p.delete {
+        let uid = owned_uid(&sctx.backups, &ns, old);
+        let dp = DeleteParams {
+            preconditions: uid.map(|uid| kube::api::Preconditions {
+                uid: Some(uid),
+                resource_version: None,
+            }),
+            ..Default::default()
+        };
+        match backups.delete(old, &dp).await {
+            Ok(_) => info!(schedule = %name, backup = %old, "deleted a backup beyond retention"),
+            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
+            Err(e) => return Err(Error::Kube(e)),
+        }
+    }
+    Ok(active)
 }
 
 fn owned_uid(store: &Store<QuestDBBackup>, ns: &str, name: &str) -> Option<String> {
