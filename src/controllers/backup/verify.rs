@@ -255,88 +255,7 @@ pub(crate) async fn step(backup: &mut QuestDBBackup, bctx: &BackupContext) -> Re
     match v.step {
         Some(VerifyStep::Done) | None => Ok(Next::AwaitChange),
         Some(VerifyStep::Restoring) => {
-            let existing = qdbs.get_opt(&v.database).await.map_err(Error::Kube)?;
-            let elapsed = clock::since(v.started_at.as_ref()).unwrap_or_default();
-            let result = match existing {
-                Some(q) if !ours(&q, backup) => Some((
-                    false,
-                    VerifyReason::VerifyFailed,
-                    format!(
-                        "a QuestDB named {} exists and is not this backup's: it is left alone",
-                        v.database
-                    ),
-                )),
-                None => {
-                    let source = ctx
-                        .caches
-                        .questdbs
-                        .get(
-                            &kube::runtime::reflector::ObjectRef::new(&backup.spec.questdb_name)
-                                .within(&ns),
-                        )
-                        .and_then(|g| g.0.as_ref().ok().cloned());
-                    match throwaway(backup, source.as_ref()) {
-                        Ok(q) => match qdbs.create(&PostParams::default(), &q).await {
-                            Ok(_) => {
-                                info!(backup = %backup.name_any(), questdb = %v.database, "restoring the backup into a throwaway QuestDB to verify it");
-                                None
-                            }
-                            // Made by an earlier pass: found by name on the next.
-                            Err(kube::Error::Api(s)) if s.code == 409 => None,
-                            Err(kube::Error::Api(s)) if s.code == 422 || s.code == 400 => Some((
-                                false,
-                                VerifyReason::VerifyFailed,
-                                format!("the throwaway QuestDB was refused: {}", s.message),
-                            )),
-                            Err(e) => return Err(Error::Kube(e)),
-                        },
-                        Err(message) => Some((false, VerifyReason::VerifyFailed, message)),
-                    }
-                }
-                // QuestDB refuses to start on data it cannot open (it exits; the pod crash-loops):
-                // the verification's answer, with QuestDB's own last words.
-                Some(q) if q.status.as_ref().and_then(|s| s.phase) == Some(Phase::Failed) => {
-                    let ready = q
-                        .status
-                        .as_ref()
-                        .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"))
-                        .map(|c| format!("{}: {}", c.reason, c.message))
-                        .unwrap_or_default();
-                    Some((
-                        false,
-                        VerifyReason::VerifyFailed,
-                        format!(
-                            "the restored QuestDB {} does not start on the backup's data: {}",
-                            v.database,
-                            ready.chars().take(1500).collect::<String>()
-                        ),
-                    ))
-                }
-                Some(_) if elapsed > VERIFY_TIMEOUT => Some((
-                    false,
-                    VerifyReason::VerifyFailed,
-                    format!(
-                        "the throwaway QuestDB {} did not run within {}s",
-                        v.database,
-                        VERIFY_TIMEOUT.as_secs()
-                    ),
-                )),
-                Some(q) if q.status.as_ref().and_then(|s| s.phase) == Some(Phase::Running) => {
-                    let compared =
-                        tokio::time::timeout(super::TABLE_FACTS_BUDGET, compare(&q, backup, bctx))
-                            .await
-                            .unwrap_or_else(|_| Err("counting the tables took too long".into()));
-                    match compared {
-                        Ok(found) => Some(found),
-                        // Running but not answering yet (its pod just became Ready): ask again.
-                        Err(e) => {
-                            info!(backup = %backup.name_any(), error = %e, "the throwaway QuestDB does not answer yet");
-                            None
-                        }
-                    }
-                }
-                Some(_) => None,
-            };
+            let result = restored_verdict(backup, bctx, &qdbs, &v).await?;
             let Some((ok, reason, message)) = result else {
                 return Ok(Next::RequeueAfter(Duration::from_secs(5)));
             };
@@ -380,41 +299,146 @@ pub(crate) async fn step(backup: &mut QuestDBBackup, bctx: &BackupContext) -> Re
             wake_source(backup, bctx);
             Ok(Next::RequeueAfter(Duration::from_secs(1)))
         }
-        Some(VerifyStep::CleaningUp) => {
-            // A QuestDB of that name that is not the backup's is never ours to delete.
-            let throwaway = qdbs
-                .get_opt(&v.database)
-                .await
-                .map_err(Error::Kube)?
-                .filter(|q| ours(q, backup));
-            if let Some(q) = throwaway {
-                if q.metadata.deletion_timestamp.is_none() {
-                    let dp = DeleteParams {
-                        preconditions: Some(Preconditions {
-                            uid: q.uid(),
-                            resource_version: None,
-                        }),
-                        ..Default::default()
-                    };
-                    match qdbs.delete(&v.database, &dp).await {
-                        Ok(_) => {}
-                        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
-                        Err(e) => return Err(Error::Kube(e)),
+        Some(VerifyStep::CleaningUp) => clean_up(backup, &api, &qdbs, &status, &v).await,
+    }
+}
+
+/// The verification's answer once it has one: the throwaway QuestDB made (`None` meanwhile), a
+/// name that is not the backup's, QuestDB's refusal to start on the data, a timeout, or the
+/// restored tables compared with the backup's.
+async fn restored_verdict(
+    backup: &QuestDBBackup,
+    bctx: &BackupContext,
+    qdbs: &Api<QuestDB>,
+    v: &Verification,
+) -> Result<Option<(bool, VerifyReason, String)>, Error> {
+    let ctx = &bctx.ctx;
+    let ns = backup.namespace().unwrap_or_default();
+    let existing = qdbs.get_opt(&v.database).await.map_err(Error::Kube)?;
+    let elapsed = clock::since(v.started_at.as_ref()).unwrap_or_default();
+    Ok(match existing {
+        Some(q) if !ours(&q, backup) => Some((
+            false,
+            VerifyReason::VerifyFailed,
+            format!(
+                "a QuestDB named {} exists and is not this backup's: it is left alone",
+                v.database
+            ),
+        )),
+        None => {
+            let source = ctx
+                .caches
+                .questdbs
+                .get(
+                    &kube::runtime::reflector::ObjectRef::new(&backup.spec.questdb_name)
+                        .within(&ns),
+                )
+                .and_then(|g| g.0.as_ref().ok().cloned());
+            match throwaway(backup, source.as_ref()) {
+                Ok(q) => match qdbs.create(&PostParams::default(), &q).await {
+                    Ok(_) => {
+                        info!(backup = %backup.name_any(), questdb = %v.database, "restoring the backup into a throwaway QuestDB to verify it");
+                        None
                     }
-                    return Ok(Next::RequeueAfter(Duration::from_secs(2)));
-                } else {
-                    // Its finalizer deletes the volume; done once it is gone.
-                    return Ok(Next::RequeueAfter(Duration::from_secs(2)));
+                    // Made by an earlier pass: found by name on the next.
+                    Err(kube::Error::Api(s)) if s.code == 409 => None,
+                    Err(kube::Error::Api(s)) if s.code == 422 || s.code == 400 => Some((
+                        false,
+                        VerifyReason::VerifyFailed,
+                        format!("the throwaway QuestDB was refused: {}", s.message),
+                    )),
+                    Err(e) => return Err(Error::Kube(e)),
+                },
+                Err(message) => Some((false, VerifyReason::VerifyFailed, message)),
+            }
+        }
+        // QuestDB refuses to start on data it cannot open (it exits; the pod crash-loops):
+        // the verification's answer, with QuestDB's own last words.
+        Some(q) if q.status.as_ref().and_then(|s| s.phase) == Some(Phase::Failed) => {
+            let ready = q
+                .status
+                .as_ref()
+                .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"))
+                .map(|c| format!("{}: {}", c.reason, c.message))
+                .unwrap_or_default();
+            Some((
+                false,
+                VerifyReason::VerifyFailed,
+                format!(
+                    "the restored QuestDB {} does not start on the backup's data: {}",
+                    v.database,
+                    ready.chars().take(1500).collect::<String>()
+                ),
+            ))
+        }
+        Some(_) if elapsed > VERIFY_TIMEOUT => Some((
+            false,
+            VerifyReason::VerifyFailed,
+            format!(
+                "the throwaway QuestDB {} did not run within {}s",
+                v.database,
+                VERIFY_TIMEOUT.as_secs()
+            ),
+        )),
+        Some(q) if q.status.as_ref().and_then(|s| s.phase) == Some(Phase::Running) => {
+            let compared =
+                tokio::time::timeout(super::TABLE_FACTS_BUDGET, compare(&q, backup, bctx))
+                    .await
+                    .unwrap_or_else(|_| Err("counting the tables took too long".into()));
+            match compared {
+                Ok(found) => Some(found),
+                // Running but not answering yet (its pod just became Ready): ask again.
+                Err(e) => {
+                    info!(backup = %backup.name_any(), error = %e, "the throwaway QuestDB does not answer yet");
+                    None
                 }
             }
-            let mut s = status.clone();
-            let mut v = v.clone();
-            v.step = Some(VerifyStep::Done);
-            s.verification = Some(v);
-            super::write_status(&api, backup, s).await?;
-            Ok(Next::AwaitChange)
+        }
+        Some(_) => None,
+    })
+}
+
+/// Deletes the throwaway QuestDB (only one that is the backup's) and, once it is gone with its
+/// volume, records the verification done.
+async fn clean_up(
+    backup: &mut QuestDBBackup,
+    api: &Api<QuestDBBackup>,
+    qdbs: &Api<QuestDB>,
+    status: &crate::api::QuestDBBackupStatus,
+    v: &Verification,
+) -> Result<Next, Error> {
+    // A QuestDB of that name that is not the backup's is never ours to delete.
+    let throwaway = qdbs
+        .get_opt(&v.database)
+        .await
+        .map_err(Error::Kube)?
+        .filter(|q| ours(q, backup));
+    if let Some(q) = throwaway {
+        if q.metadata.deletion_timestamp.is_none() {
+            let dp = DeleteParams {
+                preconditions: Some(Preconditions {
+                    uid: q.uid(),
+                    resource_version: None,
+                }),
+                ..Default::default()
+            };
+            match qdbs.delete(&v.database, &dp).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
+                Err(e) => return Err(Error::Kube(e)),
+            }
+            return Ok(Next::RequeueAfter(Duration::from_secs(2)));
+        } else {
+            // Its finalizer deletes the volume; done once it is gone.
+            return Ok(Next::RequeueAfter(Duration::from_secs(2)));
         }
     }
+    let mut s = status.clone();
+    let mut v = v.clone();
+    v.step = Some(VerifyStep::Done);
+    s.verification = Some(v);
+    super::write_status(api, backup, s).await?;
+    Ok(Next::AwaitChange)
 }
 
 /// Counts the restored tables and compares them with the recorded ones.
