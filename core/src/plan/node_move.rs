@@ -571,136 +571,19 @@ pub enum Step {
 
 pub fn next_step(v: &StepView) -> Step {
     let u = v.node_move;
-    if before_stopping(u.phase) && superseded(u, v.spec) {
-        return Step::Abort {
-            reason: NodeMoveReason::Superseded,
-            message: format!(
-                "spec.node changed to {} ({}) while moving to {} ({}); the database stays on its node",
-                v.spec.image,
-                v.spec.instance_type,
-                u.to_image.clone().unwrap_or_default(),
-                u.to_instance_type.clone().unwrap_or_default()
-            ),
-        };
+    if let Some(step) = interrupted(v) {
+        return step;
     }
     let abort = |reason, message: String| Step::Abort { reason, message };
-    let after_stop = matches!(
-        u.phase,
-        NodeMovePhase::Stopping | NodeMovePhase::Moving | NodeMovePhase::Verifying
-    );
-    if after_stop && !u.rolling_back && reverts(u, v.spec) {
-        return Step::RollBack {
-            reason: NodeMoveReason::Reverted,
-            message: format!(
-                "spec.node set back to {} ({}); the database returns to instance {}",
-                v.spec.image,
-                v.spec.instance_type,
-                u.old_instance_id.clone().unwrap_or_default()
-            ),
-        };
-    }
     let leaves_old = v.pod_on_old_node || v.volume_on_old_node;
-    if after_stop && v.new_node_dead {
-        let target = u.new_instance_id.clone().unwrap_or_default();
-        if !u.rolling_back && !v.old_node_dead {
-            return Step::RollBack {
-                reason: NodeMoveReason::TargetNodeFailed,
-                message: format!(
-                    "the node of instance {target} stopped renewing its Lease after the switch; the database returns to instance {}",
-                    u.old_instance_id.clone().unwrap_or_default()
-                ),
-            };
-        }
-        if !leaves_old {
-            return Step::HandOver {
-                message: format!(
-                    "the nodes of instances {target} and {} both stopped answering after the switch; a failover replaces the node of instance {target}",
-                    u.old_instance_id.clone().unwrap_or_default()
-                ),
-            };
-        }
-    }
-    // A step after the stop that takes too long sends the database back (once: a move back
-    // that also stalls waits, with the reason in the record, for a human), never to a dead node.
-    let timed_out = |what: &str, limit: Duration| -> Option<Step> {
-        if v.in_phase_for <= limit {
-            return None;
-        }
-        if !u.rolling_back && v.old_node_dead {
-            return Some(Step::Wait(format!(
-                "{what} for {}s, and the node of instance {} is dead, so there is nothing to go back to; needs attention",
-                v.in_phase_for.as_secs(),
-                u.old_instance_id.clone().unwrap_or_default()
-            )));
-        }
-        if u.rolling_back {
-            return Some(Step::Wait(format!(
-                "moving back: {what} for {}s; needs attention",
-                v.in_phase_for.as_secs()
-            )));
-        }
-        Some(Step::RollBack {
-            reason: NodeMoveReason::MoveFailed,
-            message: format!(
-                "{what} within {}s; the database returns to instance {}",
-                limit.as_secs(),
-                u.old_instance_id.clone().unwrap_or_default()
-            ),
-        })
-    };
+    let timed_out = |what: &str, limit: Duration| timed_out(v, what, limit);
     match u.phase {
         NodeMovePhase::Validating => match &v.validation {
             Some(Ok(())) => Step::Advance(NodeMovePhase::Provisioning),
             Some(Err(e)) => abort(NodeMoveReason::InvalidNode, e.clone()),
             None => Step::Wait("checking the image and instance type".into()),
         },
-        NodeMovePhase::Provisioning => {
-            if let Some(e) = v.launch_error {
-                return abort(NodeMoveReason::LaunchFailed, e.to_string());
-            }
-            let Some(i) = v.new_instance else {
-                return Step::Launch;
-            };
-            if u.new_instance_id.as_deref() != Some(i.id.as_str()) {
-                return Step::Launch;
-            }
-            if i.state.is_gone() {
-                return abort(
-                    NodeMoveReason::InstanceGone,
-                    format!(
-                        "new instance {} ended before it joined ({})",
-                        i.id,
-                        i.state_reason
-                            .clone()
-                            .unwrap_or_else(|| i.state.as_str().into())
-                    ),
-                );
-            }
-            match (&v.new_node, v.new_node_dedicated) {
-                (_, false) if v.new_node_distrusted.is_some() => {
-                    let why = v.new_node_distrusted.clone().unwrap_or_default();
-                    if v.in_phase_for > v.node_timeout {
-                        abort(NodeMoveReason::NodeNeverJoined, why)
-                    } else {
-                        Step::Wait(why)
-                    }
-                }
-                (Some(node), false) => Step::Dedicate {
-                    node: node.clone(),
-                    instance: i.id.clone(),
-                },
-                (Some(_), true) => Step::Advance(NodeMovePhase::NodeReady),
-                (None, _) if v.in_phase_for > v.node_timeout => abort(
-                    NodeMoveReason::NodeNeverJoined,
-                    format!(
-                        "instance {} did not join the cluster within {}s",
-                        i.id,
-                        v.node_timeout.as_secs()
-                    ),
-                ),
-                (None, _) => Step::Wait(format!("waiting for instance {} to join", i.id)),
-            }
-        }
+        NodeMovePhase::Provisioning => provisioning(v),
         NodeMovePhase::NodeReady => match &v.new_node {
             Some(node) if v.new_node_cordoned => Step::Uncordon { node: node.clone() },
             Some(_) if v.new_node_ready => match &v.backup_holding_checkpoint {
@@ -721,40 +604,7 @@ pub fn next_step(v: &StepView) -> Step {
             ),
             _ => Step::Wait("waiting for the new node to become Ready".into()),
         },
-        NodeMovePhase::Stopping => {
-            if leaves_old && v.old_node_dead {
-                Step::FenceOld
-            } else if leaves_old {
-                // The database is never cut off in the middle of the stop it was granted: the
-                // step's time starts after the grace period.
-                let limit = v.stop_grace + v.move_timeout;
-                // Once begun, the fence goes on: the stopped node falls silent.
-                let fencing = u.reason == Some(NodeMoveReason::NodeMoveStuck);
-                if fencing || (v.in_phase_for > limit && v.old_node_renews) {
-                    Step::FenceStuck {
-                        message: format!(
-                            "the database did not stop and release its volume on instance {} within {}s (its {}s grace period and the {}s step timeout)",
-                            u.old_instance_id.clone().unwrap_or_default(),
-                            limit.as_secs(),
-                            v.stop_grace.as_secs(),
-                            v.move_timeout.as_secs()
-                        ),
-                    }
-                } else if v.in_phase_for > limit {
-                    // Silent but not judged dead (the breaker holds, or failover is off): the
-                    // database may still run there, so nothing is fenced.
-                    timed_out("the database did not stop and release its volume", limit)
-                        .unwrap_or_else(|| Step::Wait("the old node is silent".into()))
-                } else {
-                    Step::Wait(format!(
-                        "the database stops on the old node (within its {}s grace period) and its volume detaches",
-                        v.stop_grace.as_secs()
-                    ))
-                }
-            } else {
-                Step::Advance(NodeMovePhase::Moving)
-            }
-        }
+        NodeMovePhase::Stopping => stopping(v, leaves_old),
         NodeMovePhase::Moving => {
             if v.pod_running_on_new_node {
                 Step::Advance(NodeMovePhase::Verifying)
@@ -807,6 +657,183 @@ pub fn next_step(v: &StepView) -> Step {
         NodeMovePhase::Completed | NodeMovePhase::Aborted | NodeMovePhase::RolledBack => {
             Step::Wait(String::new())
         }
+    }
+}
+
+/// `Provisioning`: the new node is launched and joins, dedicated to the database, or the move
+/// is aborted (a launch refused, a node that never joins).
+fn provisioning(v: &StepView) -> Step {
+    let u = v.node_move;
+    let abort = |reason, message: String| Step::Abort { reason, message };
+    if let Some(e) = v.launch_error {
+        return abort(NodeMoveReason::LaunchFailed, e.to_string());
+    }
+    let Some(i) = v.new_instance else {
+        return Step::Launch;
+    };
+    if u.new_instance_id.as_deref() != Some(i.id.as_str()) {
+        return Step::Launch;
+    }
+    if i.state.is_gone() {
+        return abort(
+            NodeMoveReason::InstanceGone,
+            format!(
+                "new instance {} ended before it joined ({})",
+                i.id,
+                i.state_reason
+                    .clone()
+                    .unwrap_or_else(|| i.state.as_str().into())
+            ),
+        );
+    }
+    match (&v.new_node, v.new_node_dedicated) {
+        (_, false) if v.new_node_distrusted.is_some() => {
+            let why = v.new_node_distrusted.clone().unwrap_or_default();
+            if v.in_phase_for > v.node_timeout {
+                abort(NodeMoveReason::NodeNeverJoined, why)
+            } else {
+                Step::Wait(why)
+            }
+        }
+        (Some(node), false) => Step::Dedicate {
+            node: node.clone(),
+            instance: i.id.clone(),
+        },
+        (Some(_), true) => Step::Advance(NodeMovePhase::NodeReady),
+        (None, _) if v.in_phase_for > v.node_timeout => abort(
+            NodeMoveReason::NodeNeverJoined,
+            format!(
+                "instance {} did not join the cluster within {}s",
+                i.id,
+                v.node_timeout.as_secs()
+            ),
+        ),
+        (None, _) => Step::Wait(format!("waiting for instance {} to join", i.id)),
+    }
+}
+
+/// What ends or turns a move whatever its phase: a spec edit that supersedes a move that has
+/// not stopped the database, one that sets the node back after the stop, a new node that dies
+/// after the switch.
+fn interrupted(v: &StepView) -> Option<Step> {
+    let u = v.node_move;
+    if before_stopping(u.phase) && superseded(u, v.spec) {
+        return Some(Step::Abort {
+            reason: NodeMoveReason::Superseded,
+            message: format!(
+                "spec.node changed to {} ({}) while moving to {} ({}); the database stays on its node",
+                v.spec.image,
+                v.spec.instance_type,
+                u.to_image.clone().unwrap_or_default(),
+                u.to_instance_type.clone().unwrap_or_default()
+            ),
+        });
+    }
+    let after_stop = matches!(
+        u.phase,
+        NodeMovePhase::Stopping | NodeMovePhase::Moving | NodeMovePhase::Verifying
+    );
+    if after_stop && !u.rolling_back && reverts(u, v.spec) {
+        return Some(Step::RollBack {
+            reason: NodeMoveReason::Reverted,
+            message: format!(
+                "spec.node set back to {} ({}); the database returns to instance {}",
+                v.spec.image,
+                v.spec.instance_type,
+                u.old_instance_id.clone().unwrap_or_default()
+            ),
+        });
+    }
+    let leaves_old = v.pod_on_old_node || v.volume_on_old_node;
+    if after_stop && v.new_node_dead {
+        let target = u.new_instance_id.clone().unwrap_or_default();
+        if !u.rolling_back && !v.old_node_dead {
+            return Some(Step::RollBack {
+                reason: NodeMoveReason::TargetNodeFailed,
+                message: format!(
+                    "the node of instance {target} stopped renewing its Lease after the switch; the database returns to instance {}",
+                    u.old_instance_id.clone().unwrap_or_default()
+                ),
+            });
+        }
+        if !leaves_old {
+            return Some(Step::HandOver {
+                message: format!(
+                    "the nodes of instances {target} and {} both stopped answering after the switch; a failover replaces the node of instance {target}",
+                    u.old_instance_id.clone().unwrap_or_default()
+                ),
+            });
+        }
+    }
+    None
+}
+
+/// A step after the stop that takes too long sends the database back (once: a move back
+/// that also stalls waits, with the reason in the record, for a human), never to a dead node.
+fn timed_out(v: &StepView, what: &str, limit: Duration) -> Option<Step> {
+    let u = v.node_move;
+    if v.in_phase_for <= limit {
+        return None;
+    }
+    if !u.rolling_back && v.old_node_dead {
+        return Some(Step::Wait(format!(
+                "{what} for {}s, and the node of instance {} is dead, so there is nothing to go back to; needs attention",
+                v.in_phase_for.as_secs(),
+                u.old_instance_id.clone().unwrap_or_default()
+            )));
+    }
+    if u.rolling_back {
+        return Some(Step::Wait(format!(
+            "moving back: {what} for {}s; needs attention",
+            v.in_phase_for.as_secs()
+        )));
+    }
+    Some(Step::RollBack {
+        reason: NodeMoveReason::MoveFailed,
+        message: format!(
+            "{what} within {}s; the database returns to instance {}",
+            limit.as_secs(),
+            u.old_instance_id.clone().unwrap_or_default()
+        ),
+    })
+}
+
+/// `Stopping`: the database stops on the old node and its volume detaches; a node that dies
+/// or will not let go is fenced.
+fn stopping(v: &StepView, leaves_old: bool) -> Step {
+    let u = v.node_move;
+    let timed_out = |what: &str, limit: Duration| timed_out(v, what, limit);
+    if leaves_old && v.old_node_dead {
+        Step::FenceOld
+    } else if leaves_old {
+        // The database is never cut off in the middle of the stop it was granted: the
+        // step's time starts after the grace period.
+        let limit = v.stop_grace + v.move_timeout;
+        // Once begun, the fence goes on: the stopped node falls silent.
+        let fencing = u.reason == Some(NodeMoveReason::NodeMoveStuck);
+        if fencing || (v.in_phase_for > limit && v.old_node_renews) {
+            Step::FenceStuck {
+                message: format!(
+                    "the database did not stop and release its volume on instance {} within {}s (its {}s grace period and the {}s step timeout)",
+                    u.old_instance_id.clone().unwrap_or_default(),
+                    limit.as_secs(),
+                    v.stop_grace.as_secs(),
+                    v.move_timeout.as_secs()
+                ),
+            }
+        } else if v.in_phase_for > limit {
+            // Silent but not judged dead (the breaker holds, or failover is off): the
+            // database may still run there, so nothing is fenced.
+            timed_out("the database did not stop and release its volume", limit)
+                .unwrap_or_else(|| Step::Wait("the old node is silent".into()))
+        } else {
+            Step::Wait(format!(
+                "the database stops on the old node (within its {}s grace period) and its volume detaches",
+                v.stop_grace.as_secs()
+            ))
+        }
+    } else {
+        Step::Advance(NodeMovePhase::Moving)
     }
 }
 
