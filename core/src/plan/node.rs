@@ -236,35 +236,9 @@ fn waiting(reason: NodeReadyReason, message: impl Into<String>) -> NodeStep {
 pub fn plan(v: &NodeView) -> NodeStep {
     let mine = owned_by(v.instances, v.uid);
     let wanted = v.spec.filter(|_| !v.release);
-    let Some(_spec) = wanted else {
-        let live: Vec<String> = mine
-            .iter()
-            .filter(|i| !i.state.is_gone())
-            .map(|i| i.id.clone())
-            .collect();
-        if !live.is_empty() {
-            return NodeStep::Terminate(live);
-        }
-        // Only "terminated" is final: a shutting-down instance may still hold the volume.
-        if let Some(i) = mine.iter().find(|i| i.state == InstanceState::ShuttingDown) {
-            return waiting(
-                NodeReadyReason::Releasing,
-                format!("waiting for instance {} to terminate", i.id),
-            );
-        }
-        if let Some(id) = &v.status.instance_id {
-            // The cache has never seen it (or lost it): make sure before forgetting it.
-            if !mine.iter().any(|i| &i.id == id) {
-                return NodeStep::LookUp(id.clone());
-            }
-        }
-        return match (&v.status.instance_id, v.status.node_generation) {
-            (Some(_), generation) => NodeStep::Released {
-                next_generation: generation.map(|g| g + 1),
-            },
-            (None, _) => NodeStep::Nothing,
-        };
-    };
+    if wanted.is_none() {
+        return released(v, &mine);
+    }
 
     let Some(generation) = v.status.node_generation else {
         return NodeStep::PersistGeneration(1);
@@ -274,44 +248,7 @@ pub fn plan(v: &NodeView) -> NodeStep {
             Some(i) => *i,
             None => return NodeStep::LookUp(id.clone()),
         },
-        None => {
-            let of_generation: Vec<&Instance> = mine
-                .iter()
-                .copied()
-                .filter(|i| gen_of(i) == Some(generation))
-                .collect();
-            // The same rule as the provider's launch: a live one wins; a gone one means this
-            // generation is spent.
-            let pick = of_generation
-                .iter()
-                .find(|i| !i.state.is_gone())
-                .or_else(|| of_generation.first());
-            return match pick {
-                Some(i) if i.state.is_gone() => NodeStep::Replace {
-                    next_generation: generation + 1,
-                    gone: i.id.clone(),
-                    reason: i.state_reason.clone(),
-                },
-                Some(i) => NodeStep::RecordInstance(Box::new((*i).clone())),
-                None => match v.recent_permanent_failure {
-                    Some(message) => NodeStep::Failed(Verdict::new(
-                        false,
-                        NodeReadyReason::LaunchFailed,
-                        message,
-                    )),
-                    None => match v.namespace_node_cap {
-                        Some(cap) if generation == 1 && v.namespace_nodes >= cap => waiting(
-                            NodeReadyReason::NamespaceQuota,
-                            format!(
-                                "this namespace already has {} databases on dedicated nodes, the most one namespace may have (--max-dedicated-nodes-per-namespace {cap}); the node is launched once one goes",
-                                v.namespace_nodes
-                            ),
-                        ),
-                        _ => NodeStep::Launch(generation),
-                    },
-                },
-            };
-        }
+        None => return unrecorded(v, &mine, generation),
     };
 
     match instance.state {
@@ -333,45 +270,7 @@ pub fn plan(v: &NodeView) -> NodeStep {
             ),
         ),
         InstanceState::Running => match node_for(v.nodes, &instance.id) {
-            None => {
-                let claimants = claimants(v.nodes, &instance.id);
-                match claimants
-                    .first()
-                    .and_then(|n| untrusted(&claimants, n, instance))
-                {
-                    Some(why) => waiting(NodeReadyReason::NodeIdentityConflict, why),
-                    None => match instance
-                        .launched_at
-                        .and_then(|t| v.now.duration_since(t).ok())
-                        .filter(|ran| *ran >= v.join_timeout)
-                    {
-                        Some(_) if !v.failover_replaces => NodeStep::TerminateNeverJoined {
-                            instance: instance.id.clone(),
-                            message: format!(
-                                "instance {} ran longer than --node-join-timeout ({}s) and no Node registered for it: terminated, another is launched. {NEVER_JOINED_HINT}",
-                                instance.id,
-                                v.join_timeout.as_secs()
-                            ),
-                        },
-                        // The message stays the same while it lasts: one event, not one a minute.
-                        Some(_) => waiting(
-                            NodeReadyReason::NodeNeverJoined,
-                            format!(
-                                "instance {} has run longer than --node-join-timeout ({}s) and no Node has registered for it; failover replaces it. {NEVER_JOINED_HINT}",
-                                instance.id,
-                                v.join_timeout.as_secs()
-                            ),
-                        ),
-                        None => waiting(
-                            NodeReadyReason::WaitingForNode,
-                            format!(
-                                "instance {} is running; waiting for its Node to register",
-                                instance.id
-                            ),
-                        ),
-                    },
-                }
-            }
+            None => without_node(v, instance),
             Some(node) if !is_dedicated(node, v.dedicated, &instance.id) => {
                 match untrusted(&claimants(v.nodes, &instance.id), node, instance) {
                     Some(why) => waiting(NodeReadyReason::NodeIdentityConflict, why),
@@ -385,6 +284,121 @@ pub fn plan(v: &NodeView) -> NodeStep {
                 node: node.metadata.name.clone().unwrap_or_default(),
                 ready: node_is_ready(node),
             },
+        },
+    }
+}
+
+/// The node is not wanted (no `spec.node`, paused, being deleted): every live instance of the
+/// database terminated, then the record forgotten once EC2 shows them gone.
+fn released(v: &NodeView, mine: &[&Instance]) -> NodeStep {
+    let live: Vec<String> = mine
+        .iter()
+        .filter(|i| !i.state.is_gone())
+        .map(|i| i.id.clone())
+        .collect();
+    if !live.is_empty() {
+        return NodeStep::Terminate(live);
+    }
+    // Only "terminated" is final: a shutting-down instance may still hold the volume.
+    if let Some(i) = mine.iter().find(|i| i.state == InstanceState::ShuttingDown) {
+        return waiting(
+            NodeReadyReason::Releasing,
+            format!("waiting for instance {} to terminate", i.id),
+        );
+    }
+    if let Some(id) = &v.status.instance_id {
+        // The cache has never seen it (or lost it): make sure before forgetting it.
+        if !mine.iter().any(|i| &i.id == id) {
+            return NodeStep::LookUp(id.clone());
+        }
+    }
+    match (&v.status.instance_id, v.status.node_generation) {
+        (Some(_), generation) => NodeStep::Released {
+            next_generation: generation.map(|g| g + 1),
+        },
+        (None, _) => NodeStep::Nothing,
+    }
+}
+
+/// No instance recorded for this generation: the one launched for it is recorded (or replaced
+/// when gone), or one is launched, unless a permanent failure or the namespace's cap says no.
+fn unrecorded(v: &NodeView, mine: &[&Instance], generation: i64) -> NodeStep {
+    let of_generation: Vec<&Instance> = mine
+        .iter()
+        .copied()
+        .filter(|i| gen_of(i) == Some(generation))
+        .collect();
+    // The same rule as the provider's launch: a live one wins; a gone one means this
+    // generation is spent.
+    let pick = of_generation
+        .iter()
+        .find(|i| !i.state.is_gone())
+        .or_else(|| of_generation.first());
+    match pick {
+        Some(i) if i.state.is_gone() => NodeStep::Replace {
+            next_generation: generation + 1,
+            gone: i.id.clone(),
+            reason: i.state_reason.clone(),
+        },
+        Some(i) => NodeStep::RecordInstance(Box::new((*i).clone())),
+        None => match v.recent_permanent_failure {
+            Some(message) => NodeStep::Failed(Verdict::new(
+                false,
+                NodeReadyReason::LaunchFailed,
+                message,
+            )),
+            None => match v.namespace_node_cap {
+                Some(cap) if generation == 1 && v.namespace_nodes >= cap => waiting(
+                    NodeReadyReason::NamespaceQuota,
+                    format!(
+                        "this namespace already has {} databases on dedicated nodes, the most one namespace may have (--max-dedicated-nodes-per-namespace {cap}); the node is launched once one goes",
+                        v.namespace_nodes
+                    ),
+                ),
+                _ => NodeStep::Launch(generation),
+            },
+        },
+    }
+}
+
+/// A running instance whose Node has not registered: waiting for it, a Node that claims it
+/// without proof, or one that never joins (terminated, or left to failover).
+fn without_node(v: &NodeView, instance: &Instance) -> NodeStep {
+    let claimants = claimants(v.nodes, &instance.id);
+    match claimants
+        .first()
+        .and_then(|n| untrusted(&claimants, n, instance))
+    {
+        Some(why) => waiting(NodeReadyReason::NodeIdentityConflict, why),
+        None => match instance
+            .launched_at
+            .and_then(|t| v.now.duration_since(t).ok())
+            .filter(|ran| *ran >= v.join_timeout)
+        {
+            Some(_) if !v.failover_replaces => NodeStep::TerminateNeverJoined {
+                instance: instance.id.clone(),
+                message: format!(
+                    "instance {} ran longer than --node-join-timeout ({}s) and no Node registered for it: terminated, another is launched. {NEVER_JOINED_HINT}",
+                    instance.id,
+                    v.join_timeout.as_secs()
+                ),
+            },
+            // The message stays the same while it lasts: one event, not one a minute.
+            Some(_) => waiting(
+                NodeReadyReason::NodeNeverJoined,
+                format!(
+                    "instance {} has run longer than --node-join-timeout ({}s) and no Node has registered for it; failover replaces it. {NEVER_JOINED_HINT}",
+                    instance.id,
+                    v.join_timeout.as_secs()
+                ),
+            ),
+            None => waiting(
+                NodeReadyReason::WaitingForNode,
+                format!(
+                    "instance {} is running; waiting for its Node to register",
+                    instance.id
+                ),
+            ),
         },
     }
 }
