@@ -269,35 +269,7 @@ pub fn decide(v: &View) -> Decision {
             ),
             _ => Decision::Wait(None),
         },
-        Snapshotting => {
-            let Some(name) = r.snapshot.clone() else {
-                // A record without its snapshot's name cannot be cut: name it first.
-                return Decision::Record(
-                    VersionUpgradeStatus {
-                        snapshot: Some(snapshot_name(v.name, &r.to_image, v.generation)),
-                        ..r.clone()
-                    },
-                    None,
-                );
-            };
-            match &v.snapshot {
-                SnapshotState::Absent => Decision::CreateSnapshot { name },
-                SnapshotState::NotLooked | SnapshotState::Pending { cut: false } => {
-                    Decision::Wait(Some(SNAPSHOT_POLL))
-                }
-                SnapshotState::Pending { cut: true } | SnapshotState::Ready => Decision::Record(
-                    VersionUpgradeStatus {
-                        to_image: v.spec_image.to_string(),
-                        ..entered(r, Starting, v.now)
-                    },
-                    None,
-                ),
-                SnapshotState::Failed(why) => {
-                    held(v, r, format!("the snapshot {name} failed: {why}"))
-                }
-                SnapshotState::ApiMissing => held(v, r, API_MISSING.to_string()),
-            }
-        }
+        Snapshotting => snapshotting(v, r),
         Starting => starting(v, r),
         StoppingNew => match (v.pod, v.claim) {
             (PodState::Gone, Some(c)) => Decision::Record(
@@ -361,6 +333,37 @@ pub fn decide(v: &View) -> Decision {
             },
             &r.from_image,
         ),
+    }
+}
+
+/// `Snapshotting`: the volume's snapshot is named, cut and waited for; a failed snapshot or a
+/// missing API holds the upgrade (the old version runs again).
+fn snapshotting(v: &View, r: &VersionUpgradeStatus) -> Decision {
+    use VersionUpgradeStep::*;
+    let Some(name) = r.snapshot.clone() else {
+        // A record without its snapshot's name cannot be cut: name it first.
+        return Decision::Record(
+            VersionUpgradeStatus {
+                snapshot: Some(snapshot_name(v.name, &r.to_image, v.generation)),
+                ..r.clone()
+            },
+            None,
+        );
+    };
+    match &v.snapshot {
+        SnapshotState::Absent => Decision::CreateSnapshot { name },
+        SnapshotState::NotLooked | SnapshotState::Pending { cut: false } => {
+            Decision::Wait(Some(SNAPSHOT_POLL))
+        }
+        SnapshotState::Pending { cut: true } | SnapshotState::Ready => Decision::Record(
+            VersionUpgradeStatus {
+                to_image: v.spec_image.to_string(),
+                ..entered(r, Starting, v.now)
+            },
+            None,
+        ),
+        SnapshotState::Failed(why) => held(v, r, format!("the snapshot {name} failed: {why}")),
+        SnapshotState::ApiMissing => held(v, r, API_MISSING.to_string()),
     }
 }
 
