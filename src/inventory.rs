@@ -107,26 +107,7 @@ pub async fn collect(
         .filter_map(|q| Some((q.uid()?, display(q))))
         .collect();
 
-    let mut items = Vec::new();
-    for q in &questdbs {
-        let s = q.status.clone().unwrap_or_default();
-        let mut detail = vec![format!(
-            "phase {}",
-            s.phase.map(|p| p.as_str()).unwrap_or("unknown")
-        )];
-        if let Some(id) = &s.instance_id {
-            detail.push(format!("instance {id}"));
-        }
-        if let Some(name) = &s.dns_name {
-            detail.push(format!("record {name}"));
-        }
-        items.push(Item {
-            kind: "QuestDB",
-            name: display(q),
-            detail: detail.join(", "),
-            remains: false,
-        });
-    }
+    let mut items: Vec<Item> = questdbs.iter().map(questdb_item).collect();
     if let Some(nodes) = nodes {
         for i in nodes.describe_cluster().await? {
             if matches!(
@@ -167,35 +148,7 @@ pub async fn collect(
             }
         }
     }
-    for c in &claims {
-        let owned = c.owner_references().iter().any(|o| o.kind == "QuestDB");
-        let size = c
-            .spec
-            .as_ref()
-            .and_then(|s| s.resources.as_ref())
-            .and_then(|r| r.requests.as_ref())
-            .and_then(|r| r.get("storage"))
-            .map(|q| q.0.clone())
-            .unwrap_or_default();
-        let volume = c
-            .spec
-            .as_ref()
-            .and_then(|s| s.volume_name.clone())
-            .unwrap_or_else(|| "unbound".into());
-        items.push(Item {
-            kind: "claim",
-            name: display(c),
-            detail: format!(
-                "{size}, volume {volume}, {}",
-                if owned {
-                    "deleted with its QuestDB"
-                } else {
-                    "retained: outlives its QuestDB"
-                }
-            ),
-            remains: true,
-        });
-    }
+    items.extend(claims.iter().map(claim_item));
     for b in &backups {
         let Some(snapshot) = b.status.as_ref().and_then(|s| s.snapshot_name.clone()) else {
             continue;
@@ -216,6 +169,58 @@ pub async fn collect(
         items,
         cloud_not_asked: nodes.is_none() && dns.is_none(),
     })
+}
+
+/// A QuestDB as the inventory lists it: its phase, instance and record.
+fn questdb_item(q: &QuestDB) -> Item {
+    let s = q.status.clone().unwrap_or_default();
+    let mut detail = vec![format!(
+        "phase {}",
+        s.phase.map(|p| p.as_str()).unwrap_or("unknown")
+    )];
+    if let Some(id) = &s.instance_id {
+        detail.push(format!("instance {id}"));
+    }
+    if let Some(name) = &s.dns_name {
+        detail.push(format!("record {name}"));
+    }
+    Item {
+        kind: "QuestDB",
+        name: display(q),
+        detail: detail.join(", "),
+        remains: false,
+    }
+}
+
+/// A database volume's claim: its size, its volume, and whether it outlives its QuestDB.
+fn claim_item(c: &PersistentVolumeClaim) -> Item {
+    let owned = c.owner_references().iter().any(|o| o.kind == "QuestDB");
+    let size = c
+        .spec
+        .as_ref()
+        .and_then(|s| s.resources.as_ref())
+        .and_then(|r| r.requests.as_ref())
+        .and_then(|r| r.get("storage"))
+        .map(|q| q.0.clone())
+        .unwrap_or_default();
+    let volume = c
+        .spec
+        .as_ref()
+        .and_then(|s| s.volume_name.clone())
+        .unwrap_or_else(|| "unbound".into());
+    Item {
+        kind: "claim",
+        name: display(c),
+        detail: format!(
+            "{size}, volume {volume}, {}",
+            if owned {
+                "deleted with its QuestDB"
+            } else {
+                "retained: outlives its QuestDB"
+            }
+        ),
+        remains: true,
+    }
 }
 
 fn display(o: &impl ResourceExt) -> String {
