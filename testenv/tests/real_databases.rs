@@ -911,11 +911,21 @@ async fn a_claim_of_the_xfs_class_fills_up_and_grows_under_the_running_database(
     })
     .await;
     eprintln!("grown to 640Mi: {after}");
-    let claim = claims.get("db-data").await.unwrap();
-    assert_eq!(
-        claim.status.unwrap().capacity.unwrap()["storage"].0,
-        "640Mi"
-    );
+    // As a real kubelet, the stand-in records the claim's new capacity after the file system
+    // grew (node expansion finished): the claim says 640Mi shortly after the mount does.
+    let capacity = wait_for(
+        &cp,
+        (ns, "db-0"),
+        "the claim's capacity",
+        TIMEOUT,
+        || async {
+            let claim = claims.get("db-data").await.ok()?;
+            let capacity = claim.status?.capacity?.get("storage")?.0.clone();
+            (capacity != "320Mi").then_some(capacity)
+        },
+    )
+    .await;
+    assert_eq!(capacity, "640Mi");
     let live = cp.database_processes();
     assert_eq!(live.len(), 1);
     assert_eq!(live[0].pid, pid, "the same process, never restarted");
