@@ -2,6 +2,11 @@
 //!
 //! What it decides is `questdb_core` (API types, builders, planners), re-exported here under
 //! the same paths; this crate observes (caches, EC2, the databases), calls those, and performs.
+//!
+//! Most of it is crate-private (what a test, bench or the sandbox uses is public): read its
+//! documentation with `cargo doc --document-private-items`, where links to private items lead
+//! somewhere.
+#![allow(rustdoc::private_intra_doc_links)]
 
 pub mod app;
 pub mod cache;

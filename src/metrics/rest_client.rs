@@ -113,8 +113,8 @@ impl ApiCallCounter {
     }
 }
 
-/// Counts of API calls at one moment; subtract an earlier snapshot with [`ApiCallSnapshot::since`]
-/// to count what one step did.
+/// Counts of API calls at one moment; subtract an earlier snapshot with `ApiCallSnapshot::since`
+/// (in tests) to count what one step did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ApiCallSnapshot {
     counts: BTreeMap<ApiCall, u64>,

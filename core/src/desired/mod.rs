@@ -1,8 +1,9 @@
 //! Pure builders: a `QuestDB` (plus what the controller observed) in, Kubernetes objects out.
 //!
 //! Nothing here talks to the API server, sleeps or reads the clock, so every function is a plain
-//! value-to-value mapping that unit tests pin down. The controller decides *whether* to write;
-//! [`diff`] tells it when an existing object already matches what these builders produce.
+//! value-to-value mapping that unit tests pin down. The controller decides *whether* to write
+//! (the operator's `cache::compacted` tells it when an existing object already matches what
+//! these builders produce).
 
 pub mod children;
 pub mod config;
