@@ -165,13 +165,7 @@ pub(crate) async fn check(
     let w = watch(open.as_deref(), Timestamp::now(), &views, timeouts);
     ctx.metrics
         .set_checkpoint_open_seconds(&ns, &qdb.name_any(), w.open_seconds);
-    let before = crate::controllers::context::questdb_ref(qdb).and_then(|k| {
-        ctx.checkpoints
-            .lock()
-            .expect("checkpoint watch lock")
-            .get(&k)
-            .cloned()
-    });
+    let before = crate::controllers::context::polled(qdb, &ctx.checkpoints);
     let newly_left_open = !w.verdict.status && before.as_ref().is_none_or(|b| b.status);
     if newly_left_open {
         warn!(questdb = %qdb.name_any(), namespace = %ns, message = %w.verdict.message, "checkpoint left open");

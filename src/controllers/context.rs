@@ -21,7 +21,7 @@ use crate::api::{EventReason, QuestDB};
 
 use crate::cache::compacted::OwnedChild;
 use crate::controllers::cloud_runtime::CloudRuntime;
-pub(crate) use crate::controllers::keys::{questdb_ref, GuardedQuestDB};
+pub(crate) use crate::controllers::keys::{polled, questdb_ref, GuardedQuestDB};
 use crate::ilp_auth::{KeyError, PublicKey};
 use crate::metrics::Metrics;
 

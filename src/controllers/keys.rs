@@ -13,6 +13,20 @@ pub(crate) fn questdb_ref(qdb: &QuestDB) -> Option<ObjectRef<GuardedQuestDB>> {
     Some(ObjectRef::new(&qdb.metadata.name.clone()?).within(qdb.metadata.namespace.as_deref()?))
 }
 
+/// A poll's newest word on `qdb` (write health, the checkpoint watch, the volume's usage), as
+/// the pollers keep it per QuestDB.
+pub(crate) fn polled<V: Clone>(
+    qdb: &QuestDB,
+    by_questdb: &std::sync::Mutex<std::collections::HashMap<ObjectRef<GuardedQuestDB>, V>>,
+) -> Option<V> {
+    let key = questdb_ref(qdb)?;
+    by_questdb
+        .lock()
+        .expect("poll results lock")
+        .get(&key)
+        .cloned()
+}
+
 /// `first`, doubled `n` times, never above `max`: how long a repeated look or write waits.
 pub(crate) fn doubling(
     first: std::time::Duration,

@@ -576,7 +576,6 @@ pub fn next_step(v: &StepView) -> Step {
     }
     let abort = |reason, message: String| Step::Abort { reason, message };
     let leaves_old = v.pod_on_old_node || v.volume_on_old_node;
-    let timed_out = |what: &str, limit: Duration| timed_out(v, what, limit);
     match u.phase {
         NodeMovePhase::Validating => match &v.validation {
             Some(Ok(())) => Step::Advance(NodeMovePhase::Provisioning),
@@ -609,7 +608,7 @@ pub fn next_step(v: &StepView) -> Step {
             if v.pod_running_on_new_node {
                 Step::Advance(NodeMovePhase::Verifying)
             } else {
-                timed_out("the database did not start on the new node", v.move_timeout)
+                timed_out(v, "the database did not start on the new node", v.move_timeout)
                     .unwrap_or_else(|| Step::Wait("the database starts on the new node".into()))
             }
         }
@@ -622,6 +621,7 @@ pub fn next_step(v: &StepView) -> Step {
                 }
             } else {
                 timed_out(
+                    v,
                     "the database did not become Ready on the new node",
                     v.move_timeout,
                 )
@@ -802,7 +802,6 @@ fn timed_out(v: &StepView, what: &str, limit: Duration) -> Option<Step> {
 /// or will not let go is fenced.
 fn stopping(v: &StepView, leaves_old: bool) -> Step {
     let u = v.node_move;
-    let timed_out = |what: &str, limit: Duration| timed_out(v, what, limit);
     if leaves_old && v.old_node_dead {
         Step::FenceOld
     } else if leaves_old {
@@ -824,7 +823,7 @@ fn stopping(v: &StepView, leaves_old: bool) -> Step {
         } else if v.in_phase_for > limit {
             // Silent but not judged dead (the breaker holds, or failover is off): the
             // database may still run there, so nothing is fenced.
-            timed_out("the database did not stop and release its volume", limit)
+            timed_out(v, "the database did not stop and release its volume", limit)
                 .unwrap_or_else(|| Step::Wait("the old node is silent".into()))
         } else {
             Step::Wait(format!(

@@ -13,7 +13,7 @@ use serde_json::json;
 use tracing::{info, warn};
 
 use crate::api::{DiskSpaceReason, DiskStatus, EventReason, QuestDB};
-use crate::controllers::context::{questdb_ref, Context};
+use crate::controllers::context::{polled, Context};
 use crate::controllers::Error;
 use crate::desired;
 use crate::plan::conditions::Verdict;
@@ -27,9 +27,7 @@ pub(super) struct DiskOut {
 }
 
 pub(super) async fn step(qdb: &mut QuestDB, ctx: &Context) -> Result<DiskOut, Error> {
-    let Some(seen) =
-        questdb_ref(qdb).and_then(|k| ctx.disk.lock().expect("disk watch lock").get(&k).cloned())
-    else {
+    let Some(seen) = polled(qdb, &ctx.disk) else {
         return Ok(DiskOut::default());
     };
     let ns = qdb.namespace().unwrap_or_default();

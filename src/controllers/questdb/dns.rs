@@ -297,10 +297,10 @@ async fn upsert(
     Ok(DnsDecision::Decided(Some(dns::published(&name, &ip))))
 }
 
-/// Why the spec's name may not be written here, if it may not.
-// A name outside this namespace's zone is not wanted: never written (and a recorded one
-// of an earlier spec is deleted as for any rename). A name this QuestDB already holds is
-// kept: a rule tightened by an upgrade or a flag never deletes records clients use.
+/// Why the spec's name may not be written here, if it may not. A name outside this
+/// namespace's zone is not wanted: never written (and a recorded one of an earlier spec is
+/// deleted as for any rename). A name this QuestDB already holds is kept: a rule tightened by
+/// an upgrade or a flag never deletes records clients use.
 fn refused_name(
     qdb: &QuestDB,
     cloud: &CloudRuntime,

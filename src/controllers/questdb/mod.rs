@@ -167,9 +167,9 @@ pub(crate) async fn reconcile(qdb: Arc<QuestDB>, ctx: Arc<Context>) -> Result<Ne
         credentials_secret: Some(applied.creds.secret.clone()),
         volume_size,
         restore: restored,
-        write_health: polled(&qdb, &ctx.write_health),
+        write_health: crate::controllers::context::polled(&qdb, &ctx.write_health),
         backup_verified: backup_verified(&qdb, &ctx),
-        checkpoint: polled(&qdb, &ctx.checkpoints),
+        checkpoint: crate::controllers::context::polled(&qdb, &ctx.checkpoints),
         cloud: Some(&cloud_out),
         config: config.status,
         version_upgrade: upgrade.verdict,
@@ -203,21 +203,6 @@ pub(crate) async fn reconcile(qdb: Arc<QuestDB>, ctx: Arc<Context>) -> Result<Ne
         "reconciled"
     );
     Ok(Next::RequeueAfter(next))
-}
-
-/// A poll's newest verdict on this database (write health, the checkpoint watch).
-fn polled<V: Clone>(
-    qdb: &QuestDB,
-    verdicts: &std::sync::Mutex<
-        std::collections::HashMap<ObjectRef<crate::controllers::context::GuardedQuestDB>, V>,
-    >,
-) -> Option<V> {
-    let key = crate::controllers::context::questdb_ref(qdb)?;
-    verdicts
-        .lock()
-        .expect("poll verdicts lock")
-        .get(&key)
-        .cloned()
 }
 
 /// What the children stage applied and what the stages after it read from it.
