@@ -23,9 +23,10 @@ use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
 use crate::api::{QuestDBBackup, QuestDBBackupSchedule, MANAGER};
+use crate::cache::Caches;
 use crate::controllers::cloud_runtime::CloudRuntime;
 pub use crate::controllers::cloud_runtime::{Cloud, CloudSettings};
-use crate::controllers::context::{Caches, Context, GuardedQuestDB};
+use crate::controllers::context::{Context, GuardedQuestDB};
 use crate::controllers::{backup, node_health, questdb, retry_delay, schedule, sweep, Error, Next};
 use crate::http_server::{self, Readiness};
 use crate::metrics::{ControllerMetrics, Metrics, ReconcileOutcome};

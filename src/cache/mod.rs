@@ -5,10 +5,16 @@
 pub(crate) mod compacted;
 pub(crate) mod interned;
 pub(crate) mod shared_text;
+mod stores;
+
+pub(crate) use stores::{
+    Caches, CheckpointWatch, CredentialsCache, DiskObservation, DiskWatch, KeyCache, SecretIndex,
+    WriteHealth,
+};
 
 use crate::api::{labels, QuestDB};
 use crate::controllers::cached_pod::CachedPod;
-use crate::controllers::context::{Caches, GuardedQuestDB, SecretIndex};
+use crate::controllers::keys::GuardedQuestDB;
 use crate::controllers::node_health;
 use crate::controllers::refusals;
 use crate::ilp_auth;

@@ -10,6 +10,7 @@ pub(crate) mod cloud_runtime;
 pub mod context;
 pub(crate) mod keys;
 pub(crate) mod node_health;
+pub(crate) mod own_writes;
 pub(crate) mod preflight;
 pub mod questdb;
 pub(crate) mod refusals;

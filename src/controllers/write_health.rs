@@ -20,8 +20,9 @@ use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
 use crate::api::{Phase, QuestDB, WriteHealthReason};
+use crate::cache::DiskObservation;
 use crate::controllers::checkpoint_watch;
-use crate::controllers::context::{questdb_ref, Context, DiskObservation};
+use crate::controllers::context::{questdb_ref, Context};
 use crate::desired;
 use crate::plan::conditions::Verdict;
 use crate::plan::disk::{SuspendedTable, VolumeUsage};

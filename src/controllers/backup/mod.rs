@@ -14,11 +14,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Pod, Secret};
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::Api;
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Resource, ResourceExt};
-use serde_json::json;
 use tracing::{debug, info, warn};
 
 use crate::api::{
@@ -26,6 +25,7 @@ use crate::api::{
     QuestDBBackupStatus, BACKUP_FINALIZER,
 };
 use crate::controllers::context::Context;
+use crate::controllers::own_writes;
 use crate::controllers::{Error, Next};
 use crate::desired;
 use crate::questdb_http::{Database as Db, Login, QueryError};
@@ -798,45 +798,15 @@ fn note_final(backup: &QuestDBBackup, ctx: &Context) {
 }
 
 fn has_finalizer(backup: &QuestDBBackup) -> bool {
-    backup.finalizers().iter().any(|f| f == BACKUP_FINALIZER)
+    own_writes::has_finalizer(backup, BACKUP_FINALIZER)
 }
 
-/// Adds or removes the finalizer with a merge patch that carries the resourceVersion read, so
-/// a list changed meanwhile is a conflict, never overwritten.
 async fn set_finalizer(
     api: &Api<QuestDBBackup>,
     backup: &mut QuestDBBackup,
     present: bool,
 ) -> Result<(), Error> {
-    let mut finalizers: Vec<String> = backup
-        .finalizers()
-        .iter()
-        .filter(|f| *f != BACKUP_FINALIZER)
-        .cloned()
-        .collect();
-    if present {
-        finalizers.push(BACKUP_FINALIZER.to_string());
-    }
-    let patch = json!({"metadata": {
-        "finalizers": finalizers,
-        "resourceVersion": backup.resource_version(),
-    }});
-    match api
-        .patch(
-            &backup.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(&patch),
-        )
-        .await
-    {
-        Ok(updated) => {
-            *backup = updated;
-            Ok(())
-        }
-        // Gone while its last finalizer was removed: nothing left to do.
-        Err(kube::Error::Api(s)) if s.code == 404 && !present => Ok(()),
-        Err(e) => Err(Error::from_status_write(e)),
-    }
+    own_writes::set_finalizer(api, backup, BACKUP_FINALIZER, present).await
 }
 
 /// Replaces the status (optimistic concurrency on the resourceVersion read).
@@ -847,11 +817,9 @@ async fn write_status(
 ) -> Result<(), Error> {
     let mut obj = backup.clone();
     obj.status = Some(status);
-    let updated = api
-        .replace_status(&backup.name_any(), &PostParams::default(), &obj)
+    *backup = own_writes::replace_status(api, &obj)
         .await
         .map_err(Error::from_status_write)?;
-    *backup = updated;
     Ok(())
 }
 

@@ -15,8 +15,9 @@ use tracing::{debug, info};
 
 use crate::api::QuestDB;
 use crate::api::{EventReason, ReadyReason};
+use crate::cache::Caches;
 use crate::controllers::children::{self, Applied, ChildAction};
-use crate::controllers::context::{Caches, Context};
+use crate::controllers::context::Context;
 use crate::controllers::Error;
 
 /// A kind of child the operator applies, and the cache it is read from.

@@ -1,6 +1,6 @@
-//! The cloud part of a QuestDB reconcile: one turn of each cloud machine in their order
-//! (failover, node move, the dedicated node that `plan::node` plans), then the DNS step
-//! (`dns.rs`), each persisting intent in status before its side effect.
+//! The cloud part of a QuestDB reconcile: the turns `plan::cloud` decides (the release fences,
+//! failover, node move, the dedicated node that `plan::node` plans, then the DNS step in
+//! `dns.rs`), given in that order until one records a step, which ends the reconcile.
 //!
 //! AWS cost: a converged QuestDB (its instance recorded, its Node registered, dedicated and
 //! Ready, DNS recorded at the Node's address) costs no AWS call at all: the kubelet's Node is
@@ -13,23 +13,25 @@
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Node;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::Api;
 use kube::ResourceExt;
-use serde_json::json;
 
 use super::dns::{dns_step, node_address, pod_address, report_untrusted_address, DnsDecision, Ips};
+use super::node::{node_steps, ready_condition};
 pub(crate) use super::outcome::CloudOutcome;
 use super::placement;
-use super::provision::{node_steps, ready_condition};
+use super::stop_first;
 use crate::api::{ConditionReason, DnsReason, NodeReadyReason};
-use crate::api::{QuestDB, QuestDBStatus, FINALIZER, MANAGER};
+use crate::api::{QuestDB, QuestDBStatus, FINALIZER};
 use crate::controllers::context::Context;
+use crate::controllers::own_writes;
 use crate::controllers::Error;
 use crate::desired::DedicatedNode;
+use crate::plan::cloud::{CloudTurns, CloudView, NodeTurn};
 use crate::plan::conditions::Verdict;
-use crate::plan::node;
+use crate::plan::{self, node};
 
-pub(crate) use super::provision::WAITING_SYNC;
+pub(crate) use super::node::WAITING_SYNC;
 
 /// True when `qdb` needs the finalizer (it has, or may get, cloud resources).
 pub(crate) fn wants_finalizer(qdb: &QuestDB) -> bool {
@@ -37,7 +39,7 @@ pub(crate) fn wants_finalizer(qdb: &QuestDB) -> bool {
 }
 
 pub(crate) fn has_finalizer(qdb: &QuestDB) -> bool {
-    qdb.finalizers().iter().any(|f| f == FINALIZER)
+    own_writes::has_finalizer(qdb, FINALIZER)
 }
 
 /// Adds or removes the finalizer; the resourceVersion makes it a no-op on a stale object.
@@ -46,42 +48,41 @@ pub(crate) async fn set_finalizer(
     ctx: &Context,
     present: bool,
 ) -> Result<(), Error> {
-    let mut finalizers: Vec<String> = qdb
-        .finalizers()
-        .iter()
-        .filter(|f| *f != FINALIZER)
-        .cloned()
-        .collect();
-    if present {
-        finalizers.push(FINALIZER.to_string());
-    }
-    let patch = json!({"metadata": {
-        "finalizers": finalizers,
-        "resourceVersion": qdb.resource_version(),
-    }});
     let api: Api<QuestDB> =
         Api::namespaced(ctx.client.clone(), &qdb.namespace().unwrap_or_default());
-    let pp = PatchParams {
-        field_manager: Some(MANAGER.into()),
-        ..PatchParams::default()
-    };
-    *qdb = api
-        .patch(&qdb.name_any(), &pp, &Patch::Merge(&patch))
-        .await
-        .map_err(Error::from_status_write)?;
-    Ok(())
+    own_writes::set_finalizer(&api, qdb, FINALIZER, present).await
 }
 
-/// What the precedence between the cloud machines is decided on (`plan::cloud`).
-pub(super) fn view<'a>(
-    qdb: &QuestDB,
-    status: &'a QuestDBStatus,
-) -> crate::plan::cloud::CloudView<'a> {
-    crate::plan::cloud::CloudView {
+/// What the precedence between the cloud machines is decided on (`plan::cloud`): the spec, the
+/// status and whether the database pod has stopped or still sits on the recorded node.
+fn view<'a>(qdb: &QuestDB, status: &'a QuestDBStatus, ctx: &Context) -> CloudView<'a> {
+    CloudView {
         dedicated: qdb.spec.node.is_some(),
         paused: qdb.spec.paused,
         deleting: qdb.metadata.deletion_timestamp.is_some(),
+        stopped: stop_first::database_stopped(qdb, &ctx.caches),
+        pod_on_recorded_node: stop_first::pod_on_recorded_node(qdb, &ctx.caches),
         status,
+    }
+}
+
+/// Every cloud machine's turn for `qdb` as it is now.
+pub(super) fn turns_for(qdb: &QuestDB, ctx: &Context) -> CloudTurns {
+    let status = qdb.status.clone().unwrap_or_default();
+    plan::cloud::turns(&view(qdb, &status, ctx))
+}
+
+/// Whether a turn wrote the QuestDB (a step's status record): the resourceVersion moved.
+/// Kubernetes does not bump it for an update that changes nothing.
+pub(super) struct Since(Option<String>);
+
+impl Since {
+    pub(super) fn of(qdb: &QuestDB) -> Self {
+        Self(qdb.resource_version())
+    }
+
+    pub(super) fn recorded(&self, qdb: &QuestDB) -> bool {
+        qdb.resource_version() != self.0
     }
 }
 
@@ -93,13 +94,44 @@ fn not_configured<R: ConditionReason>(reason: R) -> Verdict<R> {
     )
 }
 
-/// Runs the node and DNS steps. `release` = paused or being deleted. `hold`: the node is no
-/// longer wanted but the database pod still runs on it, so it is not released yet.
-pub(crate) async fn reconcile(
+/// How long a release waits before looking at a fence again (a stop is no watch event).
+const FENCE_POLL: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// The cloud stage of a reconcile: the release fences, then each machine's turn in the order
+/// `plan::cloud` gives, each persisting intent in status before its side effect. It works on
+/// its own copy of the QuestDB: the first turn that records a step ends the stage with
+/// [`CloudOutcome::recorded`], and the reconcile with it, so nothing after is decided or built
+/// on a status this pass wrote (the watch event of the write starts the next reconcile).
+pub(crate) async fn stage(qdb: &QuestDB, ctx: &Context) -> Result<CloudOutcome, Error> {
+    let mut qdb = qdb.clone();
+    let turns = turns_for(&qdb, ctx);
+    let since = Since::of(&qdb);
+    let mut waits_on_a_fence = None;
+    if turns.release_fence.finish_failover {
+        waits_on_a_fence = super::failover::during_release(&mut qdb, ctx).await?;
+    }
+    // Either fence waits for the pod to leave the node: a dead node never lets it.
+    if waits_on_a_fence.is_none() && turns.release_fence.fence_dead_node {
+        waits_on_a_fence = super::failover::fence_for_release(&mut qdb, ctx).await?;
+    }
+    let mut out = if since.recorded(&qdb) {
+        CloudOutcome::ended_by_a_record()
+    } else {
+        machines(&mut qdb, ctx, turns, &since).await?
+    };
+    if waits_on_a_fence.is_some() {
+        out.requeue_within(FENCE_POLL);
+    }
+    Ok(out)
+}
+
+/// The machines' turns after the release fences: failover, node move, the dedicated node
+/// (`plan::node`), DNS; the first that records a step ends them.
+pub(super) async fn machines(
     qdb: &mut QuestDB,
     ctx: &Context,
-    release: bool,
-    hold: bool,
+    turns: CloudTurns,
+    since: &Since,
 ) -> Result<CloudOutcome, Error> {
     let mut out = CloudOutcome::default();
     let Some(cloud) = ctx.cloud.as_deref() else {
@@ -119,48 +151,65 @@ pub(crate) async fn reconcile(
         return Ok(out);
     };
     // Before the steady-state shortcut: a node whose Lease stopped may still look Ready.
-    let failover = super::failover::reconcile(qdb, ctx, cloud).await?;
+    let failover = super::failover::reconcile(qdb, ctx, cloud, turns.failover).await?;
     out.failover_condition = failover.map(|turn| out.absorb(turn));
-    let node_move = super::node_move::reconcile(qdb, ctx, cloud).await?;
+    if since.recorded(qdb) {
+        return Ok(out.ended());
+    }
+    let node_move = super::node_move::reconcile(qdb, ctx, cloud, turns.node_move).await?;
     out.node_move_condition = node_move.map(|turn| out.absorb(turn));
+    if since.recorded(qdb) {
+        return Ok(out.ended());
+    }
+    // Nothing recorded so far: the status the pod's pinning is read from is the one observed.
     let dedicated = placement::dedicated_node(qdb, ctx);
+    if qdb.spec.node.is_some() {
+        out.dedicated = Some(dedicated.clone());
+    }
 
-    if !release {
+    if turns.node == (NodeTurn::Steps { release: false }) {
         if let Some(fast) = steady_state(qdb, ctx, &dedicated) {
             if let DnsDecision::Decided(done) = dns_step(qdb, ctx, cloud, &fast.ips, true).await? {
                 out.node_condition = Some(ready_condition(&fast.name, true));
                 out.node = Some(fast.node);
                 out.dns_condition = done;
-                out.dedicated = Some(dedicated);
+                if since.recorded(qdb) {
+                    return Ok(out.ended());
+                }
                 return Ok(out);
             }
         }
     }
 
-    let status = qdb.status.clone().unwrap_or_default();
-    let involved =
-        qdb.spec.node.is_some() || status.node_generation.is_some() || status.instance_id.is_some();
-    let current = if involved && hold {
-        out.node_condition = Some(Verdict::new(
-            false,
-            NodeReadyReason::MovingOff,
-            format!(
-                "spec.node was removed; instance {} is released once the database pod has left it",
-                status.instance_id.as_deref().unwrap_or("-")
-            ),
-        ));
-        out.requeue_within(WAITING_SYNC);
-        None
-    } else if involved {
-        let turn = node_steps(qdb, ctx, cloud, &dedicated, release).await?;
-        out.node_condition = turn.condition;
-        out.node = turn.node;
-        out.released = turn.released;
-        out.requeue = super::outcome::sooner(out.requeue, turn.requeue);
-        turn.instance
-    } else {
-        out.released = true;
-        None
+    let current = match turns.node {
+        NodeTurn::HeldForThePod => {
+            let status = qdb.status.clone().unwrap_or_default();
+            out.node_condition = Some(Verdict::new(
+                false,
+                NodeReadyReason::MovingOff,
+                format!(
+                    "spec.node was removed; instance {} is released once the database pod has left it",
+                    status.instance_id.as_deref().unwrap_or("-")
+                ),
+            ));
+            out.requeue_within(WAITING_SYNC);
+            None
+        }
+        NodeTurn::Steps { release } => {
+            let turn = node_steps(qdb, ctx, cloud, &dedicated, release).await?;
+            out.node_condition = turn.condition;
+            out.node = turn.node;
+            out.released = turn.released;
+            out.requeue = super::outcome::sooner(out.requeue, turn.requeue);
+            if since.recorded(qdb) {
+                return Ok(out.ended());
+            }
+            turn.instance
+        }
+        NodeTurn::Uninvolved => {
+            out.released = true;
+            None
+        }
     };
     let node_ip = current.as_ref().and_then(|i| i.private_ip.clone());
     report_untrusted_address(qdb, ctx, out.node.as_deref(), node_ip.as_deref()).await;
@@ -184,12 +233,11 @@ pub(crate) async fn reconcile(
         DnsDecision::Decided(c) => c,
         DnsDecision::Undecided => None,
     };
+    if since.recorded(qdb) {
+        return Ok(out.ended());
+    }
     let dns_left = qdb.status.as_ref().is_some_and(|s| s.dns_name.is_some());
     out.released = out.released && !dns_left;
-    // Read again: the node steps may have recorded (or forgotten) the instance the pod pins.
-    if qdb.spec.node.is_some() {
-        out.dedicated = Some(placement::dedicated_node(qdb, ctx));
-    }
     Ok(out)
 }
 

@@ -7,8 +7,8 @@ use kube::runtime::events::EventType;
 use kube::ResourceExt;
 use tracing::{info, warn};
 
+use super::node::{cloud_error, WAITING_SYNC};
 use super::placement;
-use super::provision::{cloud_error, WAITING_SYNC};
 use super::record::{already_reported, persist};
 use crate::api::{DnsReason, EventReason, QuestDB, QuestDBStatus};
 use crate::cloud::{display_name, CloudError, DnsOwner, OWNED_ELSEWHERE};

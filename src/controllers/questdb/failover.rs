@@ -67,9 +67,10 @@ pub(crate) async fn reconcile(
     qdb: &mut QuestDB,
     ctx: &Context,
     cloud: &CloudRuntime,
+    turn: FailoverTurn,
 ) -> Result<Option<Turn<FailoverReason>>, Error> {
     let status = qdb.status.clone().unwrap_or_default();
-    match crate::plan::cloud::failover_turn(&super::cloud::view(qdb, &status)) {
+    match turn {
         FailoverTurn::Nothing => return Ok(None),
         // A failover under way is finished or ended by `during_release`; this shows where.
         FailoverTurn::ShowProgress => {

@@ -140,7 +140,7 @@ mod tests {
 
     use super::*;
     use crate::api::SECRET_QUESTDB_ANNOTATION;
-    use crate::controllers::context::Caches;
+    use crate::cache::Caches;
     use crate::ilp_auth::testing::TestKey;
     use crate::metrics::Metrics;
 
@@ -173,7 +173,7 @@ mod tests {
             nodes: reflector::store().0,
             leases: reflector::store().0,
             refusals: Vec::new(),
-            secrets: crate::controllers::context::SecretIndex::single(secrets),
+            secrets: crate::cache::SecretIndex::single(secrets),
             owner_index: Default::default(),
         };
         let ctx = Context {

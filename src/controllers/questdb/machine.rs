@@ -1,4 +1,4 @@
-//! The shape the cloud state machines share (node provisioning, failover, node move). Each
+//! The shape the cloud state machines share (the dedicated node, failover, node move). Each
 //! reconcile gives each machine one turn: observe, decide one step (the pure planner in
 //! `plan::`), perform it once, and return what to wait for. The step after it is decided by
 //! the next reconcile, woken by the watch event of this one's status write or by the requeue

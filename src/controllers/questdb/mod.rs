@@ -11,42 +11,43 @@ mod dns;
 pub(crate) mod failover;
 mod ilp;
 mod machine;
+mod node;
 mod node_marks;
 pub(crate) mod node_move;
 pub mod operator_rollout;
 pub(crate) mod outcome;
 mod placement;
-mod provision;
 mod record;
 mod restore;
 mod server_conf;
 pub(crate) mod status;
+pub mod status_write;
 mod stop_first;
 mod version_upgrade;
 mod volume;
 
 use std::sync::Arc;
 
-use crate::api::{EventReason, ReadyReason};
+use crate::api::EventReason;
 use crate::controllers::Next;
 use k8s_openapi::api::core::v1::ConfigMap;
 
 use crate::controllers::cached_pod::CachedPod;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, PostParams};
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 use tracing::{debug, info, warn};
 
-use crate::api::{QuestDB, MANAGER};
+use crate::api::QuestDB;
 use crate::controllers::children;
 use crate::controllers::context::Context;
 use crate::controllers::refusals;
 use crate::controllers::{During, Error, Stage};
 use crate::desired;
 use apply::{Applier, Report};
+use status_write::{write_status, Coalesce};
 
 pub(crate) const CONTROLLER_NAME: &str = "questdb";
 
@@ -134,7 +135,16 @@ pub(crate) async fn reconcile(qdb: Arc<QuestDB>, ctx: Arc<Context>) -> Result<Ne
         .await
         .during(Stage::Volume)?;
     let report = volume.report;
-    let cloud_out = cloud_step(&mut current, &ctx).await.during(Stage::Cloud)?;
+    let cloud_out = cloud::stage(&current, &ctx).await.during(Stage::Cloud)?;
+    if cloud_out.recorded {
+        // The volume's writes of this pass are news whichever stage ends it.
+        report.publish(&current, &ctx).await;
+        debug!(questdb = %current.name_any(), "a cloud step was recorded; the watch event of its write starts the next reconcile");
+        let backstop = std::time::Duration::from_secs(30);
+        return Ok(Next::RequeueAfter(
+            cloud_out.requeue.map_or(backstop, |d| d.min(backstop)),
+        ));
+    }
     let mut qdb = current;
 
     let applied = children_stage(&qdb, &ctx, &cloud_out, &upgrade, report)
@@ -383,15 +393,6 @@ impl Observed {
     }
 }
 
-/// Whether a status write may wait (see [`crate::controllers::context::STATUS_COALESCE`]).
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Coalesce {
-    /// Progress within a phase waits out the window after the last write.
-    Progress,
-    /// Written now: the caller does not look again soon.
-    Never,
-}
-
 /// How long a database is not Ready before the events may say why: a pod on its way is
 /// usually there within a second, and each look is an uncached list.
 const LOOK_FOR_REFUSALS_AFTER: std::time::Duration = std::time::Duration::from_secs(3);
@@ -521,37 +522,6 @@ async fn finalizer_step(qdb: &mut QuestDB, ctx: &Context) -> Result<(), Error> {
     Ok(())
 }
 
-/// The dedicated node, its DNS record, failover and node moves.
-async fn cloud_step(qdb: &mut QuestDB, ctx: &Context) -> Result<cloud::CloudOutcome, Error> {
-    // A paused database keeps its node until its pod has stopped (the StatefulSet is scaled to
-    // zero first, by the children step).
-    let stopped = stop_first::database_stopped(qdb, &ctx.caches);
-    let release = qdb.spec.paused && stopped;
-    // spec.node removed: the unpinned pod moves to a shared node first, then the node goes.
-    let hold = qdb.spec.node.is_none()
-        && !qdb.spec.paused
-        && stop_first::pod_on_recorded_node(qdb, &ctx.caches);
-    // A failover under way finishes its fence first (or ends, once the old node let go).
-    let failover_fence = if qdb.spec.paused || qdb.spec.node.is_none() {
-        failover::during_release(qdb, ctx).await?
-    } else {
-        None
-    };
-    // Either waits for the pod to leave the node: a dead node never lets it.
-    let fencing = if failover_fence.is_some() {
-        failover_fence
-    } else if (qdb.spec.paused && !stopped) || hold {
-        failover::fence_for_release(qdb, ctx).await?
-    } else {
-        None
-    };
-    let mut out = cloud::reconcile(qdb, ctx, release, hold).await?;
-    if fencing.is_some() {
-        out.requeue_within(std::time::Duration::from_secs(2));
-    }
-    Ok(out)
-}
-
 /// Every child but the PVC; what is switched off goes (only if it is ours). The children the
 /// pod reads are written at once (each a round trip to the apiserver, eight in a row for a new
 /// database before), then the StatefulSet, which must not run a pod before they are there.
@@ -665,22 +635,32 @@ async fn release_and_unblock(qdb: Arc<QuestDB>, ctx: &Context) -> Result<Next, E
     if !stopped {
         stop_first::scale_to_zero(&current, &ctx.caches, &ctx.client).await?;
     }
+    let turns = cloud::turns_for(&current, ctx);
+    let since = cloud::Since::of(&current);
     // A failover under way fences its old node first: the finalizer never goes while an
     // instance that may still write runs unfenced.
-    if let Some(fencing) = failover::during_release(&mut current, ctx).await? {
-        debug!(questdb = %current.name_any(), "deletion waits on a failover's fence: {fencing}");
-        return Ok(Next::RequeueAfter(std::time::Duration::from_secs(2)));
+    if turns.release_fence.finish_failover {
+        if let Some(fencing) = failover::during_release(&mut current, ctx).await? {
+            debug!(questdb = %current.name_any(), "deletion waits on a failover's fence: {fencing}");
+            return Ok(Next::RequeueAfter(std::time::Duration::from_secs(2)));
+        }
     }
-    if !stopped {
+    if turns.release_fence.fence_dead_node {
         if let Some(fencing) = failover::fence_for_release(&mut current, ctx).await? {
             debug!(questdb = %current.name_any(), "deletion waits on a dead node: {fencing}");
             return Ok(Next::RequeueAfter(std::time::Duration::from_secs(2)));
         }
+    }
+    if !stopped {
         debug!(questdb = %current.name_any(), "waiting for the database pod to stop before releasing its node");
         // The pod's deletion is a watch event; this is a backstop.
         return Ok(Next::RequeueAfter(cloud::WAITING_SYNC));
     }
-    let out = cloud::reconcile(&mut current, ctx, true, false).await?;
+    let out = if since.recorded(&current) {
+        cloud::CloudOutcome::ended_by_a_record()
+    } else {
+        cloud::machines(&mut current, ctx, turns, &since).await?
+    };
     if !out.released {
         if ctx.cloud.is_none() {
             let note = "the operator runs without a cloud provider; the finalizer stays until the instance and DNS record recorded in status are cleaned up".to_string();
@@ -745,148 +725,6 @@ fn already_reported_invalid(qdb: &QuestDB, note: &str) -> bool {
                     && c.message == note
             })
     })
-}
-
-/// Replaces the status only when it differs; `replace_status` carries the cached
-/// resourceVersion so a concurrent writer yields a conflict instead of being overwritten.
-/// `Ok(Some(wait))`: progress held back for `wait` (the caller looks again then).
-async fn write_status(
-    qdb: &QuestDB,
-    ctx: &Context,
-    inputs: &status::StatusInputs<'_>,
-    coalesce: Coalesce,
-) -> Result<Option<std::time::Duration>, Error> {
-    use crate::controllers::context::{StatusWrite, STATUS_COALESCE_MAX};
-    let new = status::compute(qdb, inputs, Timestamp::now());
-    let old = qdb.status.clone().unwrap_or_default();
-    if old == new {
-        return Ok(None);
-    }
-    let key = crate::controllers::context::questdb_ref(qdb);
-    let last = key.as_ref().and_then(|k| {
-        ctx.status_writes
-            .lock()
-            .expect("status writes lock")
-            .get(k)
-            .copied()
-    });
-    let progress = status::progress_only(&old, &new);
-    if coalesce == Coalesce::Progress && progress {
-        let now = std::time::Instant::now();
-        // Nothing remembered (a restart, or the last write long ago): the window is over, the
-        // settle starts now.
-        let mut entry = last.unwrap_or(StatusWrite {
-            at: now.checked_sub(STATUS_COALESCE_MAX).unwrap_or(now),
-            progress: 0,
-            held: None,
-        });
-        if let Some(wait) = entry.wait(now) {
-            entry.held = entry.held.or(Some(now));
-            if let Some(k) = &key {
-                remember(ctx, k.clone(), entry);
-            }
-            return Ok(Some(wait.max(std::time::Duration::from_millis(50))));
-        }
-    }
-    let mut obj = qdb.clone();
-    obj.status = Some(new.clone());
-    obj.metadata.managed_fields = None;
-    let api: Api<QuestDB> =
-        Api::namespaced(ctx.client.clone(), &qdb.namespace().unwrap_or_default());
-    let pp = PostParams {
-        field_manager: Some(MANAGER.into()),
-        ..Default::default()
-    };
-    api.replace_status(&qdb.name_any(), &pp, &obj)
-        .await
-        .map_err(Error::from_status_write)?;
-    debug!(
-        questdb = %qdb.name_any(),
-        phase = ?new.phase,
-        changed = %changed_conditions(&old, &new),
-        node = new.node_name.as_deref().unwrap_or(""),
-        "status written"
-    );
-    if let Some(k) = key {
-        let progress = match last {
-            Some(w) if progress => w.progress.saturating_add(1),
-            _ => 0,
-        };
-        let written = StatusWrite {
-            at: std::time::Instant::now(),
-            progress,
-            held: None,
-        };
-        remember(ctx, k, written);
-    }
-    // Counted once it is written: a conflict retry would otherwise count the same transition
-    // twice.
-    ctx.metrics_conditions(&old.conditions, &new.conditions);
-    report_container_trouble(qdb, ctx, &old, &new).await;
-    Ok(None)
-}
-
-fn remember(
-    ctx: &Context,
-    key: kube::runtime::reflector::ObjectRef<crate::controllers::keys::GuardedQuestDB>,
-    write: crate::controllers::context::StatusWrite,
-) {
-    let mut writes = ctx.status_writes.lock().expect("status writes lock");
-    // Only entries whose window or settle still runs matter: the map stays as small as the
-    // burst.
-    if writes.len() >= 64 {
-        let now = std::time::Instant::now();
-        writes.retain(|_, w| w.live(now));
-    }
-    writes.insert(key, write);
-}
-
-/// `Type=Status/Reason` of each condition a status write changed, for the debug log.
-fn changed_conditions(old: &crate::api::QuestDBStatus, new: &crate::api::QuestDBStatus) -> String {
-    new.conditions
-        .iter()
-        .filter(|n| {
-            !old.conditions.iter().any(|o| {
-                o.type_ == n.type_
-                    && o.status == n.status
-                    && o.reason == n.reason
-                    && o.message == n.message
-            })
-        })
-        .map(|c| format!("{}={}/{}", c.type_, c.status, c.reason))
-        .collect::<Vec<_>>()
-        .join(",")
-}
-
-/// One Warning event (and log line) per distinct cause of a database that cannot run: the
-/// same exit code over and over is one event, a new cause another.
-async fn report_container_trouble(
-    qdb: &QuestDB,
-    ctx: &Context,
-    old: &crate::api::QuestDBStatus,
-    new: &crate::api::QuestDBStatus,
-) {
-    let ready = |s: &crate::api::QuestDBStatus| {
-        s.conditions
-            .iter()
-            .find(|c| c.type_ == crate::api::conditions::READY)
-            .map(|c| (c.reason.clone(), c.message.clone()))
-    };
-    let Some((reason, message)) = ready(new) else {
-        return;
-    };
-    let Some(reason) = ReadyReason::parse(&reason).and_then(container_state::event_reason) else {
-        return;
-    };
-    let cause = container_state::Trouble::cause(&message);
-    let seen = ready(old)
-        .is_some_and(|(r, m)| r == reason && container_state::Trouble::cause(&m) == cause);
-    if seen {
-        return;
-    }
-    warn!(questdb = %qdb.name_any(), %reason, cause, "the database cannot run");
-    ctx.event(qdb, EventType::Warning, reason, "Run", message)
-        .await;
 }
 
 /// A QuestDB the operator cannot parse (e.g. written against another schema version): it is

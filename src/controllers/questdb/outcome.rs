@@ -25,12 +25,28 @@ pub(crate) struct CloudOutcome {
     /// Nothing left in the cloud for this QuestDB (the finalizer may go).
     pub released: bool,
     pub requeue: Option<Duration>,
+    /// A turn recorded a step (a status write): the reconcile ends here, and the watch event
+    /// of that write starts the next, which decides on the record read back.
+    pub recorded: bool,
 }
 
 impl CloudOutcome {
     /// The node is not ready yet: the phase is Provisioning.
     pub(crate) fn provisioning(&self) -> bool {
         self.node_condition.as_ref().is_some_and(|c| !c.status)
+    }
+
+    /// A release fence recorded a step before any machine's turn.
+    pub(super) fn ended_by_a_record() -> Self {
+        Self::default().ended()
+    }
+
+    /// A turn recorded a step: nothing is released yet (the next reconcile says), and what
+    /// the turns so far reported is kept only for their requeue.
+    pub(super) fn ended(mut self) -> Self {
+        self.recorded = true;
+        self.released = false;
+        self
     }
 
     pub(super) fn requeue_within(&mut self, d: Duration) {
@@ -46,7 +62,7 @@ pub(crate) fn sooner(a: Option<Duration>, b: Option<Duration>) -> Option<Duratio
     }
 }
 
-/// One reconcile's turn of a cloud state machine (node provisioning, failover, node move):
+/// One reconcile's turn of a cloud state machine (the dedicated node, failover, node move):
 /// the condition it reports and how soon it wants to be looked at again. `None` waits for a
 /// watch event: the one its own status write causes, or a change of what it waits on.
 #[derive(Debug)]

@@ -1,14 +1,14 @@
 //! Status records of the cloud steps: each is written (with the object's resourceVersion)
 //! before the side effect it announces, and an event goes out only when a condition is news.
 
-use kube::api::{Api, PostParams};
+use kube::api::Api;
 use kube::runtime::events::EventType;
 use kube::ResourceExt;
 use tracing::info;
 
 use crate::api::{
     ConditionReason, EventReason, FailoverPhase, FailoverStatus, NodeMovePhase, NodeMoveStatus,
-    QuestDB, QuestDBStatus, MANAGER,
+    QuestDB, QuestDBStatus,
 };
 use crate::controllers::context::Context;
 use crate::controllers::Error;
@@ -34,10 +34,6 @@ async fn persist_to(
     qdb: &mut QuestDB,
     mut edit: impl FnMut(&mut QuestDBStatus),
 ) -> Result<(), Error> {
-    let pp = PostParams {
-        field_manager: Some(MANAGER.into()),
-        ..PostParams::default()
-    };
     // A user's edit of the spec or metadata between two writes of one reconcile bumps
     // resourceVersion: the record of a side effect already done (a DNS record written, an
     // instance switched) must not be lost to that conflict, so the edit is applied again to
@@ -50,8 +46,7 @@ async fn persist_to(
         let mut status = obj.status.take().unwrap_or_default();
         edit(&mut status);
         obj.status = Some(status);
-        obj.metadata.managed_fields = None;
-        match api.replace_status(&qdb.name_any(), &pp, &obj).await {
+        match crate::controllers::own_writes::replace_status(api, &obj).await {
             Ok(written) => {
                 *qdb = written;
                 return Ok(());

@@ -14,7 +14,7 @@ use serde_json::json;
 
 use crate::api::{QuestDB, MANAGER};
 use crate::cache::compacted::CachedStatefulSet;
-use crate::controllers::context::Caches;
+use crate::cache::Caches;
 use crate::controllers::Error;
 use crate::desired;
 

@@ -359,7 +359,7 @@ async fn write_status(
 ) -> Result<(), Error> {
     let mut obj = schedule.clone();
     obj.status = Some(status);
-    api.replace_status(&schedule.name_any(), &PostParams::default(), &obj)
+    crate::controllers::own_writes::replace_status(api, &obj)
         .await
         .map_err(Error::from_status_write)?;
     Ok(())

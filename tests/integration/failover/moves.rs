@@ -226,11 +226,26 @@ async fn killing_the_manager_at_every_step_of_a_move_whose_old_node_dies_complet
         node: old_node,
         pvc_uid,
     } = running_database(&env).await;
-    let (new_id, new_kubelet) = move_held_before_the_switch(&env).await;
+    let (new_id, new_kubelet) = move_launched_onto_a_node_not_ready(&env).await;
     let stop = CancellationToken::new();
     let violations = two_writer_watch(&env, old_node.clone(), old_id.clone(), stop.clone());
-    env.cp.node(&old_node).expect("old kubelet").partition();
-    new_kubelet.heal();
+    // The old node dies and the new one goes Ready once the move waits for it, while the
+    // manager is killed at every step: the move's record of NodeReady included (it would be
+    // before the kills if the test waited for it first).
+    let old_kubelet = env.cp.node(&old_node).expect("old kubelet");
+    let qdbs = env.qdbs();
+    let switch = tokio::spawn(async move {
+        wait_for_within(
+            &qdbs,
+            "db1",
+            "move waits for the new node",
+            FAILOVER_TIMEOUT,
+            |q: Option<&QuestDB>| node_move_of(q).is_some_and(|u| u.phase == "NodeReady"),
+        )
+        .await;
+        old_kubelet.partition();
+        new_kubelet.heal();
+    });
     let killed = env
         .kill_at_every_step(
             move_step,
@@ -240,6 +255,7 @@ async fn killing_the_manager_at_every_step_of_a_move_whose_old_node_dies_complet
         )
         .await;
     stop.cancel();
+    switch.await.expect("the switch's faults");
     assert_killed_at(
         &killed,
         &["NodeReady", "Stopping", "Moving", "Verifying", "Retaining"],
@@ -576,6 +592,22 @@ async fn both_nodes_of_a_move_dying_after_the_switch_hand_the_database_to_a_fail
 /// runtime is not up yet) until the move waits for it in `NodeReady`: the test then decides
 /// what happens at the switch. Returns the new instance and its kubelet.
 async fn move_held_before_the_switch(env: &CloudEnv) -> (String, questdb_testenv::NodeHandle) {
+    let (new_id, kubelet) = move_launched_onto_a_node_not_ready(env).await;
+    wait_for(
+        &env.qdbs(),
+        "db1",
+        "move waits for the new node",
+        |q: Option<&QuestDB>| node_move_of(q).is_some_and(|u| u.phase == "NodeReady"),
+    )
+    .await;
+    (new_id, kubelet)
+}
+
+/// An image move of `db1` whose new node joins NotReady (and stays so until healed); the new
+/// instance and its kubelet.
+async fn move_launched_onto_a_node_not_ready(
+    env: &CloudEnv,
+) -> (String, questdb_testenv::NodeHandle) {
     env.qdbs()
         .patch(
             "db1",
@@ -603,13 +635,6 @@ async fn move_held_before_the_switch(env: &CloudEnv) -> (String, questdb_testenv
     .await;
     let kubelet = env.cp.node(&name).expect("kubelet");
     kubelet.set_fault(questdb_testenv::NodeFault::NotReady);
-    wait_for(
-        &env.qdbs(),
-        "db1",
-        "move waits for the new node",
-        |q: Option<&QuestDB>| node_move_of(q).is_some_and(|u| u.phase == "NodeReady"),
-    )
-    .await;
     (new_id, kubelet)
 }
 

@@ -75,12 +75,13 @@ pub(crate) async fn reconcile(
     qdb: &mut QuestDB,
     ctx: &Context,
     cloud: &CloudRuntime,
+    turn: NodeMoveTurn,
 ) -> Result<Option<Turn<NodeMoveReason>>, Error> {
     let Some(spec) = qdb.spec.node.clone() else {
         return Ok(None);
     };
     let status = qdb.status.clone().unwrap_or_default();
-    match crate::plan::cloud::node_move_turn(&super::cloud::view(qdb, &status)) {
+    match turn {
         NodeMoveTurn::Nothing | NodeMoveTurn::HeldByVersionUpgrade => return Ok(None),
         // A failover pre-empts a move that has not stopped the database yet.
         NodeMoveTurn::PreemptedByFailover => {

@@ -1,6 +1,7 @@
-//! Node provisioning, the first of the cloud state machines: launches the dedicated instance,
-//! records it, dedicates its Node, replaces it when it goes, and releases it. One step per
-//! reconcile (see [`machine`](super::machine)); `plan::node` decides it.
+//! The dedicated node's machine, the first of the cloud state machines (the executor of
+//! `plan::node`, same name on both sides): launches the dedicated instance, records it,
+//! dedicates its Node, replaces it when it goes, and releases it. One step per reconcile (see
+//! [`machine`](super::machine)).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -36,7 +37,7 @@ const AFTER_A_STEP: Duration = Duration::from_secs(1);
 
 /// What a node turn hands back to the cloud half of the reconcile.
 #[derive(Default)]
-pub(super) struct NodeTurn {
+pub(super) struct NodeOutcome {
     /// `NodeReady`.
     pub condition: Option<Verdict<NodeReadyReason>>,
     /// The dedicated Node, once registered.
@@ -48,7 +49,7 @@ pub(super) struct NodeTurn {
     pub instance: Option<Instance>,
 }
 
-impl NodeTurn {
+impl NodeOutcome {
     fn requeue_within(&mut self, d: Duration) {
         self.requeue = sooner(self.requeue, Some(d));
     }
@@ -62,16 +63,16 @@ pub(super) async fn node_steps(
     cloud: &CloudRuntime,
     dedicated: &DedicatedNode,
     release: bool,
-) -> Result<NodeTurn, Error> {
+) -> Result<NodeOutcome, Error> {
     let uid = qdb.uid().ok_or(Error::MissingUid)?;
-    turn(&mut NodeRun {
+    turn(&mut NodeMachine {
         qdb,
         ctx,
         cloud,
         dedicated,
         uid,
         release,
-        turn: NodeTurn::default(),
+        turn: NodeOutcome::default(),
         learnt: Vec::new(),
     })
     .await
@@ -86,10 +87,10 @@ struct Observed {
     nodes: Vec<Arc<Node>>,
 }
 
-impl StateMachine for NodeRun<'_> {
+impl StateMachine for NodeMachine<'_> {
     type Observed = Observed;
     type Step = NodeStep;
-    type Outcome = NodeTurn;
+    type Outcome = NodeOutcome;
 
     async fn observe(&mut self) -> Result<Observed, Error> {
         let status = self.qdb.status.clone().unwrap_or_default();
@@ -158,7 +159,7 @@ impl StateMachine for NodeRun<'_> {
         })
     }
 
-    async fn perform(&mut self, step: NodeStep, o: Observed) -> Result<NodeTurn, Error> {
+    async fn perform(&mut self, step: NodeStep, o: Observed) -> Result<NodeOutcome, Error> {
         let nodes = &o.nodes;
         let current = o
             .status
@@ -292,7 +293,7 @@ enum Flow {
 }
 
 /// One run of node steps for one QuestDB.
-struct NodeRun<'a> {
+struct NodeMachine<'a> {
     qdb: &'a mut QuestDB,
     ctx: &'a Context,
     cloud: &'a CloudRuntime,
@@ -300,12 +301,12 @@ struct NodeRun<'a> {
     uid: String,
     /// Paused or being deleted: the node goes.
     release: bool,
-    turn: NodeTurn,
+    turn: NodeOutcome,
     /// What this run learnt beyond the shared snapshot (its own launch, a lookup).
     learnt: Vec<Instance>,
 }
 
-impl NodeRun<'_> {
+impl NodeMachine<'_> {
     /// The other databases of this QuestDB's namespace that hold a dedicated node.
     fn namespace_nodes(&self) -> usize {
         let ns = self.qdb.metadata.namespace.as_deref();
