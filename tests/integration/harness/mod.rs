@@ -1,6 +1,8 @@
 //! Starts a real control plane (questdb-testenv), installs the CRD, runs the manager under
 //! `deploy/`'s RBAC, and waits on conditions.
 
+pub(crate) mod cloud;
+
 use std::fmt::Debug;
 use std::future::Future;
 use std::time::Duration;
@@ -465,11 +467,12 @@ where
 }
 
 /// Waits until no write has gone through the proxy for longer than the operator holds back a
-/// status write ([`STATUS_SETTLE`](questdb_operator::controllers::context::STATUS_SETTLE)):
+/// status write ([`STATUS_SETTLE`](questdb_operator::controllers::questdb::status_write::STATUS_SETTLE)):
 /// in-flight reconciles have finished and no held progress is still to come.
 pub async fn writes_settle(cp: &ControlPlane) {
     use std::sync::atomic::{AtomicU64, Ordering};
-    let quiet = questdb_operator::controllers::context::STATUS_SETTLE + Duration::from_secs(1);
+    let quiet = questdb_operator::controllers::questdb::status_write::STATUS_SETTLE
+        + Duration::from_secs(1);
     let last = std::sync::Arc::new(AtomicU64::new(cp.request_counts().writes()));
     wait_until("writes settle", || {
         let last = last.clone();
