@@ -12,30 +12,10 @@ use tracing::{info, warn};
 
 use crate::SandboxArgs;
 
-/// Installs the QuestDB CRD and waits until the apiserver serves the resource: a real
-/// apiserver establishes a new CRD a moment after accepting it, and the example is applied next.
+/// Installs the operator's CRDs and waits until the apiserver serves `QuestDB` (the example
+/// is applied next).
 pub async fn install_crd(client: &kube::Client) -> anyhow::Result<()> {
-    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-    for crd in questdb_operator::crd::for_lease(questdb_testenv::timings::node_lease_duration()) {
-        Api::<CustomResourceDefinition>::all(client.clone())
-            .create(&PostParams::default(), &crd)
-            .await
-            .with_context(|| {
-                format!(
-                    "installing the CRD {}",
-                    crd.metadata.name.unwrap_or_default()
-                )
-            })?;
-    }
-    let served: Api<QuestDB> = Api::all(client.clone());
-    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
-    while served.list(&Default::default()).await.is_err() {
-        if tokio::time::Instant::now() > deadline {
-            anyhow::bail!("the QuestDB resource is not served 60 s after installing its CRD");
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
-    Ok(())
+    questdb_testenv::crds::install(client, std::time::Duration::from_secs(60)).await
 }
 
 /// Applies the example, reports progress until it is Ready (and exits then with

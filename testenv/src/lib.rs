@@ -10,6 +10,7 @@
 pub mod binaries;
 mod cache;
 pub mod control_plane;
+pub mod crds;
 pub mod csi;
 pub mod database;
 pub mod hostile;

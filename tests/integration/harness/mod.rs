@@ -256,22 +256,13 @@ pub fn questdb_crd() -> CustomResourceDefinition {
     questdb_operator::crd::questdb(questdb_testenv::timings::node_lease_duration())
 }
 
+/// `crd` (the QuestDB CRD, or a test's variant of it) and the backup CRDs beside it.
 async fn install(client: &Client, crd: &CustomResourceDefinition) {
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    crds.create(&PostParams::default(), crd)
+    let mut crds = questdb_testenv::crds::all();
+    crds[0] = crd.clone();
+    questdb_testenv::crds::install_these(client, &crds, TIMEOUT)
         .await
-        .expect("CRD installed");
-    // The backup CRDs beside the QuestDB one (which a test may replace).
-    for other in &questdb_operator::crd::all()[1..] {
-        crds.create(&PostParams::default(), other)
-            .await
-            .expect("backup CRDs installed");
-    }
-    wait_until("QuestDB resource served", || {
-        let api: Api<QuestDB> = Api::all(client.clone());
-        async move { api.list(&Default::default()).await.is_ok() }
-    })
-    .await;
+        .expect("CRDs installed and served");
 }
 
 /// Waits (watch-based) until `cond` holds for the named object.
