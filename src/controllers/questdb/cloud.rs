@@ -16,7 +16,7 @@ use k8s_openapi::api::core::v1::Node;
 use kube::api::Api;
 use kube::ResourceExt;
 
-use super::dns::{dns_step, node_address, pod_address, report_untrusted_address, DnsDecision, Ips};
+use super::dns::{dns_step, node_address, pod_address, report_untrusted_address, Ips};
 use super::node::{node_steps, ready_condition};
 pub(crate) use super::outcome::CloudOutcome;
 use super::placement;
@@ -152,12 +152,12 @@ pub(super) async fn machines(
     };
     // Before the steady-state shortcut: a node whose Lease stopped may still look Ready.
     let failover = super::failover::reconcile(qdb, ctx, cloud, turns.failover).await?;
-    out.failover_condition = failover.map(|turn| out.absorb(turn));
+    out.failover_condition = failover.and_then(|turn| out.absorb(turn));
     if since.recorded(qdb) {
         return Ok(out.ended());
     }
     let node_move = super::node_move::reconcile(qdb, ctx, cloud, turns.node_move).await?;
-    out.node_move_condition = node_move.map(|turn| out.absorb(turn));
+    out.node_move_condition = node_move.and_then(|turn| out.absorb(turn));
     if since.recorded(qdb) {
         return Ok(out.ended());
     }
@@ -169,10 +169,10 @@ pub(super) async fn machines(
 
     if turns.node == (NodeTurn::Steps { release: false }) {
         if let Some(fast) = steady_state(qdb, ctx, &dedicated) {
-            if let DnsDecision::Decided(done) = dns_step(qdb, ctx, cloud, &fast.ips, true).await? {
+            if let Some(done) = dns_step(qdb, ctx, cloud, &fast.ips, true).await? {
                 out.node_condition = Some(ready_condition(&fast.name, true));
                 out.node = Some(fast.node);
-                out.dns_condition = done;
+                out.dns_condition = done.condition;
                 if since.recorded(qdb) {
                     return Ok(out.ended());
                 }
@@ -198,13 +198,13 @@ pub(super) async fn machines(
         NodeTurn::Steps { release } => {
             let turn = node_steps(qdb, ctx, cloud, &dedicated, release).await?;
             out.node_condition = turn.condition;
-            out.node = turn.node;
-            out.released = turn.released;
+            out.node = turn.also.node;
+            out.released = turn.also.released;
             out.requeue = super::outcome::sooner(out.requeue, turn.requeue);
             if since.recorded(qdb) {
                 return Ok(out.ended());
             }
-            turn.instance
+            turn.also.instance
         }
         NodeTurn::Uninvolved => {
             out.released = true;
@@ -229,10 +229,9 @@ pub(super) async fn machines(
             ..Ips::default()
         },
     };
-    out.dns_condition = match dns_step(qdb, ctx, cloud, &ips, false).await? {
-        DnsDecision::Decided(c) => c,
-        DnsDecision::Undecided => None,
-    };
+    out.dns_condition = dns_step(qdb, ctx, cloud, &ips, false)
+        .await?
+        .and_then(|turn| turn.condition);
     if since.recorded(qdb) {
         return Ok(out.ended());
     }

@@ -8,6 +8,7 @@ use kube::ResourceExt;
 use tracing::{info, warn};
 
 use super::node::{cloud_error, WAITING_SYNC};
+use super::outcome::Turn;
 use super::placement;
 use super::record::{already_reported, persist};
 use crate::api::{DnsReason, EventReason, QuestDB, QuestDBStatus};
@@ -147,13 +148,14 @@ fn dns_refusal(e: &CloudError) -> Option<(DnsReason, EventReason)> {
     }
 }
 
-/// What the DNS step concluded.
-pub(super) enum DnsDecision {
-    /// The fast path (`from_node`: addresses read from the Node only) cannot decide.
-    Undecided,
-    /// `DnsReady`, if `spec.dns` asks for a record.
-    Decided(Option<Verdict<DnsReason>>),
+/// The DNS step decided: `DnsReady`, or none without `spec.dns`.
+fn decided(condition: Option<Verdict<DnsReason>>) -> DnsTurn {
+    Some(Turn::decided(condition))
 }
+
+/// The DNS step's turn: `DnsReady` if `spec.dns` asks for a record; `None` when the fast path
+/// (`from_node`: addresses read from the Node only) cannot decide.
+pub(super) type DnsTurn = Option<Turn<DnsReason>>;
 
 /// Performs the DNS step.
 pub(super) async fn dns_step(
@@ -162,7 +164,7 @@ pub(super) async fn dns_step(
     cloud: &CloudRuntime,
     ips: &Ips,
     from_node: bool,
-) -> Result<DnsDecision, Error> {
+) -> Result<DnsTurn, Error> {
     let status = qdb.status.clone().unwrap_or_default();
     let deleting = qdb.metadata.deletion_timestamp.is_some();
     let release = qdb.spec.paused || deleting;
@@ -191,22 +193,22 @@ pub(super) async fn dns_step(
         provider_configured: cloud.dns.is_some(),
     });
     let Some(provider) = cloud.dns.as_ref() else {
-        return Ok(DnsDecision::Decided(match step {
+        return Ok(decided(match step {
             DnsStep::Blocked(c) => Some(c),
             _ => None,
         }));
     };
     match step {
-        DnsStep::Nothing => Ok(DnsDecision::Decided(refusal)),
-        DnsStep::InSync(c) => Ok(DnsDecision::Decided(Some(c))),
+        DnsStep::Nothing => Ok(decided(refusal)),
+        DnsStep::InSync(c) => Ok(decided(Some(c))),
         DnsStep::Blocked(c) if c.reason == DnsReason::WaitingForNode && from_node => {
             // The fast path read the Node only; let the instance data decide.
-            Ok(DnsDecision::Undecided)
+            Ok(None)
         }
         // A Node's addresses are what its kubelet reports, and a compromised node can report
         // any: they may confirm the record, never move it. EC2's word decides a write.
-        DnsStep::Upsert { .. } if from_node => Ok(DnsDecision::Undecided),
-        DnsStep::Blocked(c) => Ok(DnsDecision::Decided(Some(c))),
+        DnsStep::Upsert { .. } if from_node => Ok(None),
+        DnsStep::Blocked(c) => Ok(decided(Some(c))),
         DnsStep::Upsert { name, ip, ttl } => {
             upsert(qdb, ctx, provider.as_ref(), &status, (name, ip, ttl)).await
         }
@@ -218,9 +220,7 @@ pub(super) async fn dns_step(
                 .map_err(cloud_error)?;
             info!(questdb = %qdb.name_any(), record = %name, "DNS record withdrawn; the name stays reserved");
             persist(qdb, ctx, |s| s.dns_ip = None).await?;
-            Ok(DnsDecision::Decided(Some(dns::reserved_while_paused(
-                &name,
-            ))))
+            Ok(decided(Some(dns::reserved_while_paused(&name))))
         }
         DnsStep::Delete { name } => {
             let owner = dns_owner(qdb, &status, &name);
@@ -236,15 +236,15 @@ pub(super) async fn dns_step(
             .await?;
             // The new record (if any) is written by the next reconcile, which the watch event
             // of this status write brings.
-            Ok(DnsDecision::Decided(
-                qdb.spec.dns.as_ref().filter(|_| release).map(|_| {
+            Ok(decided(qdb.spec.dns.as_ref().filter(|_| release).map(
+                |_| {
                     Verdict::new(
                         false,
                         DnsReason::Removed,
                         format!("record {name} removed while compute is released"),
                     )
-                }),
-            ))
+                },
+            )))
         }
     }
 }
@@ -257,7 +257,7 @@ async fn upsert(
     provider: &dyn crate::cloud::DnsProvider,
     status: &QuestDBStatus,
     (name, ip, ttl): (String, String, i64),
-) -> Result<DnsDecision, Error> {
+) -> Result<DnsTurn, Error> {
     let owner = dns_owner(qdb, status, &name);
     if let Err(e) = provider.upsert_a(&name, &ip, ttl, &owner).await {
         return match dns_refusal(&e) {
@@ -274,7 +274,7 @@ async fn upsert(
                     )
                     .await;
                 }
-                Ok(DnsDecision::Decided(Some(c)))
+                Ok(decided(Some(c)))
             }
             None => Err(cloud_error(e)),
         };
@@ -294,7 +294,7 @@ async fn upsert(
         format!("{name} -> {ip}"),
     )
     .await;
-    Ok(DnsDecision::Decided(Some(dns::published(&name, &ip))))
+    Ok(decided(Some(dns::published(&name, &ip))))
 }
 
 /// Why the spec's name may not be written here, if it may not. A name outside this

@@ -496,7 +496,7 @@ pub(crate) async fn during_release(
         FailoverPhase::Fencing | FailoverPhase::Releasing
     ) {
         let turn = steps(qdb, ctx, cloud).await?;
-        return Ok(Some(turn.condition.message));
+        return Ok(Some(turn.condition.map(|c| c.message).unwrap_or_default()));
     }
     if let Some(refusal) = terminate_fenced(qdb, ctx, cloud, &status, &record).await? {
         return Ok(Some(refusal.message));

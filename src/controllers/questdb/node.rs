@@ -13,7 +13,7 @@ use tracing::{info, warn};
 
 use super::machine::{turn, StateMachine};
 use super::node_marks::dedicate;
-use super::outcome::sooner;
+use super::outcome::Turn;
 use super::owner_uid;
 use super::record::{already_reported, persist};
 use crate::api::{conditions, QuestDB, QuestDBStatus};
@@ -35,25 +35,20 @@ pub(crate) const WAITING_SYNC: Duration = Duration::from_secs(2);
 /// wakes it first (a launch or a terminate writes nothing the watch sees).
 const AFTER_A_STEP: Duration = Duration::from_secs(1);
 
-/// What a node turn hands back to the cloud half of the reconcile.
-#[derive(Default)]
-pub(super) struct NodeOutcome {
-    /// `NodeReady`.
-    pub condition: Option<Verdict<NodeReadyReason>>,
+/// What the dedicated node's turn saw beyond its condition, which the DNS step and the status
+/// read.
+#[derive(Default, Debug)]
+pub(super) struct NodeFacts {
     /// The dedicated Node, once registered.
     pub node: Option<Arc<Node>>,
     /// No instance is left for this QuestDB.
     pub released: bool,
-    pub requeue: Option<Duration>,
     /// The instance DNS may name.
     pub instance: Option<Instance>,
 }
 
-impl NodeOutcome {
-    fn requeue_within(&mut self, d: Duration) {
-        self.requeue = sooner(self.requeue, Some(d));
-    }
-}
+/// The dedicated node's turn.
+pub(super) type NodeOutcome = Turn<NodeReadyReason, NodeFacts>;
 
 /// Takes the one node step the plan calls for and returns; the next reconcile (woken by the
 /// watch event of this one's write, or by its requeue) takes the next.
@@ -169,7 +164,7 @@ impl StateMachine for NodeMachine<'_> {
             .cloned();
         let flow = match step {
             NodeStep::Nothing => {
-                self.turn.released = true;
+                self.turn.also.released = true;
                 Flow::Stop
             }
             NodeStep::PersistGeneration(g) => {
@@ -238,7 +233,7 @@ impl StateMachine for NodeMachine<'_> {
             }
             NodeStep::Ready { node, ready } => {
                 self.turn.condition = Some(ready_condition(&node, ready));
-                self.turn.node = nodes
+                self.turn.also.node = nodes
                     .iter()
                     .find(|n| n.metadata.name.as_deref() == Some(node.as_str()))
                     .cloned();
@@ -268,14 +263,14 @@ impl StateMachine for NodeMachine<'_> {
                 turn.requeue_within(AFTER_A_STEP);
                 // The instance this step recorded, if any: DNS may name it at once.
                 let recorded = self.qdb.status.as_ref().and_then(|s| s.instance_id.clone());
-                turn.instance = recorded.and_then(|id| {
+                turn.also.instance = recorded.and_then(|id| {
                     self.instances(&o.instances)
                         .into_iter()
                         .find(|i| i.id == id)
                 });
             }
             Flow::Stop => {}
-            Flow::StopAt => turn.instance = current,
+            Flow::StopAt => turn.also.instance = current,
         }
         Ok(turn)
     }
@@ -584,7 +579,7 @@ impl NodeMachine<'_> {
                 "the dedicated node was released; the volume is kept",
             )
         });
-        self.turn.released = true;
+        self.turn.also.released = true;
         Ok(Flow::Stop)
     }
 }

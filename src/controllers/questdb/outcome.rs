@@ -62,29 +62,50 @@ pub(crate) fn sooner(a: Option<Duration>, b: Option<Duration>) -> Option<Duratio
     }
 }
 
-/// One reconcile's turn of a cloud state machine (the dedicated node, failover, node move):
-/// the condition it reports and how soon it wants to be looked at again. `None` waits for a
-/// watch event: the one its own status write causes, or a change of what it waits on.
+/// One reconcile's turn of a cloud machine (the dedicated node, failover, node move, DNS), the
+/// one shape every machine's turn returns: the condition it reports, how soon it wants to be
+/// looked at again, and what else it saw that the rest of the stage reads (`also`: the
+/// dedicated node's Node, instance and release; nothing for the others). A requeue of `None`
+/// waits for a watch event: the one its own status write causes, or a change of what it waits
+/// on.
 #[derive(Debug)]
-pub(crate) struct Turn<R> {
-    pub condition: Verdict<R>,
+pub(crate) struct Turn<R, Also = ()> {
+    /// `None`: the machine has no condition to report (no `spec.dns`, say).
+    pub condition: Option<Verdict<R>>,
     pub requeue: Option<Duration>,
+    pub also: Also,
 }
 
-impl<R: crate::api::ConditionReason> Turn<R> {
-    /// Nothing to look at again unless a watch event says so.
-    pub(crate) fn settled(condition: Verdict<R>) -> Self {
+impl<R, Also: Default> Default for Turn<R, Also> {
+    fn default() -> Self {
+        Self {
+            condition: None,
+            requeue: None,
+            also: Also::default(),
+        }
+    }
+}
+
+impl<R: crate::api::ConditionReason, Also: Default> Turn<R, Also> {
+    /// Reports `condition` (or none); nothing to look at again unless a watch event says so.
+    pub(crate) fn decided(condition: Option<Verdict<R>>) -> Self {
         Self {
             condition,
-            requeue: None,
+            ..Self::default()
         }
+    }
+
+    /// Nothing to look at again unless a watch event says so.
+    pub(crate) fn settled(condition: Verdict<R>) -> Self {
+        Self::decided(Some(condition))
     }
 
     /// Waits on something no watch reports (EC2, a clock): looked at again within `d`.
     pub(crate) fn again_within(condition: Verdict<R>, d: Duration) -> Self {
         Self {
-            condition,
+            condition: Some(condition),
             requeue: Some(d),
+            ..Self::default()
         }
     }
 
@@ -93,11 +114,16 @@ impl<R: crate::api::ConditionReason> Turn<R> {
         self.requeue = sooner(self.requeue, d);
         self
     }
+
+    /// Looked at again within `d` at the latest.
+    pub(crate) fn requeue_within(&mut self, d: Duration) {
+        self.requeue = sooner(self.requeue, Some(d));
+    }
 }
 
 impl CloudOutcome {
     /// Keeps `turn`'s requeue; returns its condition.
-    pub(crate) fn absorb<R>(&mut self, turn: Turn<R>) -> Verdict<R> {
+    pub(crate) fn absorb<R, Also>(&mut self, turn: Turn<R, Also>) -> Option<Verdict<R>> {
         self.requeue = sooner(self.requeue, turn.requeue);
         turn.condition
     }
