@@ -88,11 +88,12 @@ fn backup_verified(
     crate::controllers::backup::verify::database_verdict(&mine)
 }
 
-/// One reconcile, as named stages: validate, finalizer, restore gate, version upgrade,
-/// volume, cloud (node, DNS, failover, moves), children (ILP auth, credentials, server.conf,
-/// the rest), observe (pod, node, refusals, disk), status, next look. Each stage reads what the
-/// ones before it produced; the QuestDB flows down them once (the cloud stage returns it with
-/// its own status records).
+/// One reconcile, as named stages: validate, finalizer, storage (restore gate, version upgrade,
+/// volume), cloud (the turns `plan::cloud` gives: release fences, failover, node move, the
+/// dedicated node, DNS; a recorded step ends the reconcile there), children (ILP auth,
+/// credentials, server.conf, the rest), observe (StatefulSet, pod, node, refusals), the
+/// database's own steps (config reload, disk), status, next look. Each stage reads what the ones
+/// before it produced.
 pub(crate) async fn reconcile(qdb: Arc<QuestDB>, ctx: Arc<Context>) -> Result<Next, Error> {
     qdb.namespace().ok_or(Error::MissingNamespace)?;
     if qdb.meta().deletion_timestamp.is_some() {
@@ -103,103 +104,49 @@ pub(crate) async fn reconcile(qdb: Arc<QuestDB>, ctx: Arc<Context>) -> Result<Ne
     if let Err(problems) = desired::validate_with(&qdb, &ctx.tenancy) {
         return invalid_spec(&qdb, &ctx, &problems).await;
     }
-    // Cloud steps write status (intent before side effects), so they work on an owned copy
-    // whose resourceVersion follows those writes; the final status write then builds on it.
+    // The finalizer and a version upgrade's records write the object: an owned copy follows
+    // them (its resourceVersion) into the stages after.
     let mut current = (*qdb).clone();
     finalizer_step(&mut current, &ctx)
         .await
         .during(Stage::Finalizer)?;
-    let (restore_from, restored) =
-        match restore::gate(&current, &ctx).await.during(Stage::Restore)? {
-            restore::Gate::Open(verdict) => (None, verdict),
-            restore::Gate::Create { snapshot, verdict } => (Some(snapshot), Some(verdict)),
-            restore::Gate::Blocked(verdict, retry) => {
-                // Nothing is built (no volume, no node, no pod) until the source is there.
-                let inputs = status::StatusInputs {
-                    restore: Some(verdict),
-                    ..Default::default()
-                };
-                write_status(&current, &ctx, &inputs, Coalesce::Never)
-                    .await
-                    .during(Stage::Status)?;
-                return Ok(retry.map_or(Next::AwaitChange, Next::RequeueAfter));
-            }
-        };
-    // Before the volume: a rollback's claim comes from the pre-upgrade snapshot.
-    let upgrade = version_upgrade::step(&mut current, &ctx)
-        .await
-        .during(Stage::VersionUpgrade)?;
-    let restore_from = restore_from.or(upgrade.restore_snapshot.clone());
-    let mut volume = Applier::new(&ctx, &current, Report::default())?;
-    let volume_size = volume::step(&mut volume, &current, restore_from.as_deref())
-        .await
-        .during(Stage::Volume)?;
-    let report = volume.report;
+    let mut storage = match storage_stage(&mut current, &ctx).await? {
+        Ok(storage) => storage,
+        Err(blocked) => return Ok(blocked),
+    };
     let cloud_out = cloud::stage(&current, &ctx).await.during(Stage::Cloud)?;
     if cloud_out.recorded {
-        // The volume's writes of this pass are news whichever stage ends it.
-        report.publish(&current, &ctx).await;
-        debug!(questdb = %current.name_any(), "a cloud step was recorded; the watch event of its write starts the next reconcile");
-        let backstop = std::time::Duration::from_secs(30);
-        return Ok(Next::RequeueAfter(
-            cloud_out.requeue.map_or(backstop, |d| d.min(backstop)),
-        ));
+        return Ok(ended_by_a_cloud_record(&current, &ctx, &storage.report, &cloud_out).await);
     }
     let mut qdb = current;
-
-    let applied = children_stage(&qdb, &ctx, &cloud_out, &upgrade, report)
-        .await
-        .during(Stage::Children)?;
-    let seen = Observed::read(&qdb, &ctx);
-    let pg_digest = applied.creds.usable.as_ref().map(|(_, _, pg)| pg.as_str());
-    let config = config_reload::step(
-        &mut qdb,
+    let applied = children_stage(
+        &qdb,
         &ctx,
-        &applied.marks,
-        seen.pod.as_deref(),
-        pg_digest,
+        &cloud_out,
+        &storage.upgrade,
+        std::mem::take(&mut storage.report),
     )
     .await
-    .during(Stage::ConfigReload)?;
-    // After the children: the claim exists; the poll's last look says how full it is.
-    let disk = disk::step(&mut qdb, &ctx).await.during(Stage::Disk)?;
+    .during(Stage::Children)?;
+    let seen = Observed::read(&qdb, &ctx);
+    let database = database_stage(&mut qdb, &ctx, &applied, &seen).await?;
     let converged = applied.report.changed.is_empty() && applied.report.blocked.is_empty();
     let changed = applied.report.changed.len();
-    let inputs = status::StatusInputs {
-        statefulset: seen.sts.as_deref(),
-        pod: seen.pod.as_deref(),
-        pod_refused: seen.pod_refused.clone(),
-        volume_pending: seen.volume_pending.clone(),
-        node: seen.node.as_deref(),
-        children: applied.report,
-        ilp_auth: applied.ilp_auth,
-        credentials: Some(applied.creds.condition),
-        credentials_secret: Some(applied.creds.secret.clone()),
-        volume_size,
-        restore: restored,
-        write_health: crate::controllers::context::polled(&qdb, &ctx.write_health),
-        backup_verified: backup_verified(&qdb, &ctx),
-        checkpoint: crate::controllers::context::polled(&qdb, &ctx.checkpoints),
-        cloud: Some(&cloud_out),
-        config: config.status,
-        version_upgrade: upgrade.verdict,
-        disk_space: disk.verdict,
-        disk: disk.status,
-        ..Default::default()
-    };
+    let again = [
+        applied.roll_held,
+        database.config.again,
+        storage.upgrade.again,
+        cloud_out.requeue,
+    ];
+    let inputs = status_inputs(&qdb, &ctx, &seen, applied, storage, database, &cloud_out);
     let deferred = write_status(&qdb, &ctx, &inputs, Coalesce::Progress)
         .await
         .during(Stage::Status)?;
-    let next = [
-        deferred,
-        applied.roll_held,
-        config.again,
-        upgrade.again,
-        cloud_out.requeue,
-    ]
-    .into_iter()
-    .flatten()
-    .fold(seen.next_look(&qdb, converged), std::time::Duration::min);
+    let next = again
+        .into_iter()
+        .chain([deferred])
+        .flatten()
+        .fold(seen.next_look(&qdb, converged), std::time::Duration::min);
     debug!(
         questdb = %qdb.name_any(),
         pod_ready = seen.pod.as_deref().map(status::pod_ready),
@@ -213,6 +160,121 @@ pub(crate) async fn reconcile(qdb: Arc<QuestDB>, ctx: Arc<Context>) -> Result<Ne
         "reconciled"
     );
     Ok(Next::RequeueAfter(next))
+}
+/// What the storage stage settled: the restore gate's verdict, a version upgrade's step, the
+/// volume's size verdict and the volume's writes.
+struct Storage {
+    restored: Option<crate::plan::conditions::Verdict<crate::api::RestoreReason>>,
+    upgrade: version_upgrade::Outcome,
+    volume_size: Option<crate::plan::conditions::Verdict<crate::api::VolumeSizeReason>>,
+    report: Report,
+}
+
+/// The restore gate, a version upgrade's step (before the volume: a rollback's claim comes from
+/// the pre-upgrade snapshot), the volume. `Err(next)`: the restore's source is not there yet,
+/// nothing is built (no volume, no node, no pod) and the status says why.
+async fn storage_stage(
+    current: &mut QuestDB,
+    ctx: &Context,
+) -> Result<Result<Storage, Next>, Error> {
+    let (restore_from, restored) = match restore::gate(current, ctx).await.during(Stage::Restore)? {
+        restore::Gate::Open(verdict) => (None, verdict),
+        restore::Gate::Create { snapshot, verdict } => (Some(snapshot), Some(verdict)),
+        restore::Gate::Blocked(verdict, retry) => {
+            let inputs = status::StatusInputs {
+                restore: Some(verdict),
+                ..Default::default()
+            };
+            write_status(current, ctx, &inputs, Coalesce::Never)
+                .await
+                .during(Stage::Status)?;
+            return Ok(Err(retry.map_or(Next::AwaitChange, Next::RequeueAfter)));
+        }
+    };
+    let upgrade = version_upgrade::step(current, ctx)
+        .await
+        .during(Stage::VersionUpgrade)?;
+    let restore_from = restore_from.or(upgrade.restore_snapshot.clone());
+    let mut volume = Applier::new(ctx, current, Report::default())?;
+    let volume_size = volume::step(&mut volume, current, restore_from.as_deref())
+        .await
+        .during(Stage::Volume)?;
+    Ok(Ok(Storage {
+        restored,
+        upgrade,
+        volume_size,
+        report: volume.report,
+    }))
+}
+
+/// A cloud step was recorded: the reconcile ends, and the watch event of its write starts the
+/// next (the requeue is a backstop). The volume's writes of this pass are news all the same.
+async fn ended_by_a_cloud_record(
+    qdb: &QuestDB,
+    ctx: &Context,
+    volume: &Report,
+    cloud_out: &cloud::CloudOutcome,
+) -> Next {
+    volume.publish(qdb, ctx).await;
+    debug!(questdb = %qdb.name_any(), "a cloud step was recorded; the watch event of its write starts the next reconcile");
+    let backstop = std::time::Duration::from_secs(30);
+    Next::RequeueAfter(cloud_out.requeue.map_or(backstop, |d| d.min(backstop)))
+}
+
+/// What the database's own steps after its children decided.
+struct Database {
+    config: config_reload::Outcome,
+    disk: disk::DiskOut,
+}
+
+/// The database's own steps, once its children are written: a settings reload (or restart),
+/// the disk (the claim exists; the poll's last look says how full it is).
+async fn database_stage(
+    qdb: &mut QuestDB,
+    ctx: &Context,
+    applied: &Applied,
+    seen: &Observed,
+) -> Result<Database, Error> {
+    let pg_digest = applied.creds.usable.as_ref().map(|(_, _, pg)| pg.as_str());
+    let config = config_reload::step(qdb, ctx, &applied.marks, seen.pod.as_deref(), pg_digest)
+        .await
+        .during(Stage::ConfigReload)?;
+    let disk = disk::step(qdb, ctx).await.during(Stage::Disk)?;
+    Ok(Database { config, disk })
+}
+
+/// What the status is computed from, gathered from every stage.
+fn status_inputs<'a>(
+    qdb: &QuestDB,
+    ctx: &Context,
+    seen: &'a Observed,
+    applied: Applied,
+    storage: Storage,
+    database: Database,
+    cloud_out: &'a cloud::CloudOutcome,
+) -> status::StatusInputs<'a> {
+    status::StatusInputs {
+        statefulset: seen.sts.as_deref(),
+        pod: seen.pod.as_deref(),
+        pod_refused: seen.pod_refused.clone(),
+        volume_pending: seen.volume_pending.clone(),
+        node: seen.node.as_deref(),
+        children: applied.report,
+        ilp_auth: applied.ilp_auth,
+        credentials: Some(applied.creds.condition),
+        credentials_secret: Some(applied.creds.secret),
+        volume_size: storage.volume_size,
+        restore: storage.restored,
+        write_health: crate::controllers::context::polled(qdb, &ctx.write_health),
+        backup_verified: backup_verified(qdb, ctx),
+        checkpoint: crate::controllers::context::polled(qdb, &ctx.checkpoints),
+        cloud: Some(cloud_out),
+        config: database.config.status,
+        version_upgrade: storage.upgrade.verdict,
+        disk_space: database.disk.verdict,
+        disk: database.disk.status,
+        ..Default::default()
+    }
 }
 
 /// What the children stage applied and what the stages after it read from it.
