@@ -33,6 +33,10 @@ pub(crate) struct ScheduleContext {
     pub backups: Store<QuestDBBackup>,
 }
 
+/// One reconcile, as named stages: validate (the cron and the tenancy's rules), observe (the
+/// schedule's backups, released from an older operator's ownership), plan (pure: what is due,
+/// what retention drops), apply (create and delete backups), status (written only when it
+/// differs), next look (a second after the next run is due).
 pub(crate) async fn reconcile(
     schedule: Arc<QuestDBBackupSchedule>,
     sctx: Arc<ScheduleContext>,
@@ -43,29 +47,55 @@ pub(crate) async fn reconcile(
     }
     let ctx = &sctx.ctx;
     let ns = schedule.namespace().ok_or(Error::MissingNamespace)?;
-    let uid = schedule.uid().ok_or(Error::MissingUid)?;
-    let name = schedule.name_any();
     let api: Api<QuestDBBackupSchedule> = Api::namespaced(ctx.client.clone(), &ns);
     let backups: Api<QuestDBBackup> = Api::namespaced(ctx.client.clone(), &ns);
     let status = schedule.status.clone().unwrap_or_default();
-
     let Some(cron) = valid_cron(&schedule, ctx, &api, &status).await? else {
         return Ok(Next::AwaitChange);
     };
+    let owned = observe(&schedule, &sctx, &backups, &ns).await?;
+    let now = Timestamp::now();
+    let p = plan::plan(&inputs(&schedule, &status, &cron, &owned, now));
+    debug!(schedule = %schedule.name_any(), ?p, "backup schedule");
+    let active = run_and_prune(&schedule, &sctx, &backups, &p).await?;
+    let mut s = status_of(&owned, &p, active, &status);
+    if let Some(b) = &s.last_successful_backup {
+        s.last_successful_time = successful_time(&sctx.backups, &ns, b).or(s.last_successful_time);
+    }
+    if s != status {
+        write_status(&api, &schedule, s).await?;
+    }
+    Ok(match p.next {
+        // A second after the minute turns, so the run is due when the reconcile comes.
+        Some(next) => {
+            let wait = Duration::try_from(next.duration_since(now)).unwrap_or_default();
+            Next::RequeueAfter((wait + Duration::from_secs(1)).min(Duration::from_secs(3600)))
+        }
+        None => Next::AwaitChange,
+    })
+}
 
+/// The schedule's backups as the planner reads them. Backups made before schedules stopped
+/// owning them would be deleted with the schedule by the garbage collector: each is released
+/// once here (its label keeps it the schedule's).
+async fn observe(
+    schedule: &QuestDBBackupSchedule,
+    sctx: &ScheduleContext,
+    backups: &Api<QuestDBBackup>,
+    ns: &str,
+) -> Result<Vec<Owned>, Error> {
+    let uid = schedule.uid().ok_or(Error::MissingUid)?;
     let mine: Vec<Arc<QuestDBBackup>> = sctx
         .backups
         .state()
         .into_iter()
-        .filter(|b| b.namespace().as_deref() == Some(ns.as_str()))
-        .filter(|b| made_by(b, &schedule))
+        .filter(|b| b.namespace().as_deref() == Some(ns))
+        .filter(|b| made_by(b, schedule))
         .collect();
-    // Backups made before schedules stopped owning them: the garbage collector would delete
-    // them with the schedule. Released once each (their label keeps them the schedule's).
     for b in mine.iter().filter(|b| owned_by(b, &uid)) {
-        release_ownership(&backups, b, &uid).await?;
+        release_ownership(backups, b, &uid).await?;
     }
-    let owned: Vec<Owned> = mine
+    Ok(mine
         .iter()
         .map(|b| Owned {
             name: b.name_any(),
@@ -77,8 +107,18 @@ pub(crate) async fn reconcile(
             step: b.status.as_ref().and_then(|s| s.step),
             verify: b.spec.verify,
         })
-        .collect();
-    let now = Timestamp::now();
+        .collect())
+}
+
+/// What the planner decides on: the spec, when the schedule last ran (its creation before
+/// that), the backups it made, now.
+fn inputs<'a>(
+    schedule: &'a QuestDBBackupSchedule,
+    status: &QuestDBBackupScheduleStatus,
+    cron: &'a cron::Cron,
+    owned: &'a [Owned],
+    now: Timestamp,
+) -> Inputs<'a> {
     let created = schedule
         .metadata
         .creation_timestamp
@@ -89,34 +129,39 @@ pub(crate) async fn reconcile(
         .as_deref()
         .and_then(|t| t.parse().ok())
         .unwrap_or(created);
-    let p = plan::plan(&Inputs {
-        schedule_name: &name,
-        cron: &cron,
-        suspend: schedule.spec.suspend,
-        retention: schedule.spec.retention.max(1) as usize,
-        max_age: schedule
-            .spec
+    let spec = &schedule.spec;
+    Inputs {
+        schedule_name: schedule.metadata.name.as_deref().unwrap_or_default(),
+        cron,
+        suspend: spec.suspend,
+        retention: spec.retention.max(1) as usize,
+        max_age: spec
             .retention_days
             .map(|d| Duration::from_secs(d.max(1) as u64 * 86_400)),
-        starting_deadline: schedule
-            .spec
+        starting_deadline: spec
             .starting_deadline_seconds
             .map(|s| Duration::from_secs(s.max(0) as u64)),
         last,
         now,
-        owned: &owned,
-        verify_every: schedule.spec.verify_every.map(|n| n.max(1) as usize),
-    });
-    debug!(schedule = %name, ?p, "backup schedule");
+        owned,
+        verify_every: spec.verify_every.map(|n| n.max(1) as usize),
+    }
+}
 
-    let active = run_and_prune(&schedule, &sctx, &backups, &p).await?;
-
-    let mut newest_first = owned.clone();
+/// The status after this reconcile's runs and deletions (pure; the last success's time is
+/// read from its backup by the caller).
+fn status_of(
+    owned: &[Owned],
+    p: &plan::Plan,
+    active: Option<String>,
+    status: &QuestDBBackupScheduleStatus,
+) -> QuestDBBackupScheduleStatus {
+    let mut newest_first = owned.to_vec();
     newest_first.sort_by_key(|b| std::cmp::Reverse(b.created));
     let last_ok = newest_first
         .iter()
         .find(|b| b.step == Some(BackupStep::Succeeded));
-    let mut s = QuestDBBackupScheduleStatus {
+    QuestDBBackupScheduleStatus {
         last_schedule_time: p
             .record
             .map(|t| t.to_string())
@@ -135,22 +180,7 @@ pub(crate) async fn reconcile(
                 step: b.step.map(|s| s.as_str().to_string()),
             })
             .collect(),
-    };
-    if let Some(b) = last_ok {
-        s.last_successful_time =
-            successful_time(&sctx.backups, &ns, &b.name).or(s.last_successful_time);
     }
-    if s != status {
-        write_status(&api, &schedule, s).await?;
-    }
-    Ok(match p.next {
-        // A second after the minute turns, so the run is due when the reconcile comes.
-        Some(next) => {
-            let wait = Duration::try_from(next.duration_since(now)).unwrap_or_default();
-            Next::RequeueAfter((wait + Duration::from_secs(1)).min(Duration::from_secs(3600)))
-        }
-        None => Next::AwaitChange,
-    })
 }
 
 /// The schedule's cron, when it parses and the tenancy rules allow its pace and retention;
@@ -374,4 +404,49 @@ async fn event(
 ) {
     ctx.event_for(&schedule.object_ref(&()), type_, reason, "Schedule", note)
         .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn owned(name: &str, minute: i64, step: Option<BackupStep>) -> Owned {
+        Owned {
+            name: name.into(),
+            created: Timestamp::from_second(1_800_000_000 + minute * 60).unwrap(),
+            step,
+            verify: false,
+        }
+    }
+
+    /// The status lists the newest backups first without the ones this reconcile deletes,
+    /// names the newest that succeeded (not a newer failed or running one) and keeps the last
+    /// run recorded when this reconcile ran none.
+    #[test]
+    fn the_status_names_the_newest_success_and_never_a_backup_being_deleted() {
+        let backups = [
+            owned("b-1", 1, Some(BackupStep::Succeeded)),
+            owned("b-2", 2, Some(BackupStep::Succeeded)),
+            owned("b-3", 3, Some(BackupStep::Failed)),
+            owned("b-4", 4, None),
+        ];
+        let p = plan::Plan {
+            delete: vec!["b-1".into()],
+            active: Some("b-4".into()),
+            ..plan::Plan::default()
+        };
+        let before = QuestDBBackupScheduleStatus {
+            last_schedule_time: Some("2027-01-15T08:00:00Z".into()),
+            last_successful_time: Some("2027-01-15T08:00:30Z".into()),
+            ..Default::default()
+        };
+        let s = status_of(&backups, &p, p.active.clone(), &before);
+        let listed: Vec<&str> = s.history.iter().map(|b| b.name.as_str()).collect();
+        assert_eq!(listed, ["b-4", "b-3", "b-2"]);
+        assert_eq!(s.last_successful_backup.as_deref(), Some("b-2"));
+        assert_eq!(s.active.as_deref(), Some("b-4"));
+        assert_eq!(s.last_schedule_time, before.last_schedule_time);
+        assert_eq!(s.last_successful_time, before.last_successful_time);
+        assert_eq!(s.next_schedule_time, None);
+    }
 }
