@@ -31,7 +31,7 @@ pub(crate) struct BackupView<'a> {
 /// What the watchdog found and does.
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) struct Watch {
-    pub verdict: Verdict<CheckpointReason>,
+    pub condition: Verdict<CheckpointReason>,
     /// Seconds the open checkpoint has been open (0: none).
     pub open_seconds: i64,
     /// Release the open checkpoint: the operator's backup of this name opened it and left it.
@@ -47,7 +47,7 @@ pub(crate) fn watch(
 ) -> Watch {
     let Some(started_at) = open else {
         return Watch {
-            verdict: Verdict::new(
+            condition: Verdict::new(
                 true,
                 CheckpointReason::NoCheckpointOpen,
                 "no checkpoint is open",
@@ -69,7 +69,7 @@ pub(crate) fn watch(
     let held = ours.filter(|b| b.status.step.is_some_and(BackupStep::holds_checkpoint));
     if let Some(b) = held {
         return Watch {
-            verdict: Verdict::new(
+            condition: Verdict::new(
                 true,
                 CheckpointReason::HeldByBackup,
                 format!(
@@ -83,7 +83,7 @@ pub(crate) fn watch(
     }
     if age <= timeouts.cut {
         return Watch {
-            verdict: Verdict::new(
+            condition: Verdict::new(
                 true,
                 CheckpointReason::CheckpointWithinLimit,
                 format!(
@@ -97,7 +97,7 @@ pub(crate) fn watch(
     }
     match ours {
         Some(b) => Watch {
-            verdict: Verdict::new(
+            condition: Verdict::new(
                 false,
                 CheckpointReason::CheckpointLeftOpen,
                 format!(
@@ -111,7 +111,7 @@ pub(crate) fn watch(
             release_for: Some(b.name.to_string()),
         },
         None => Watch {
-            verdict: Verdict::new(
+            condition: Verdict::new(
                 false,
                 CheckpointReason::CheckpointLeftOpen,
                 format!(
@@ -166,15 +166,15 @@ pub(crate) async fn check(
     ctx.metrics
         .set_checkpoint_open_seconds(&ns, &qdb.name_any(), w.open_seconds);
     let before = crate::controllers::context::polled(qdb, &ctx.checkpoints);
-    let newly_left_open = !w.verdict.status && before.as_ref().is_none_or(|b| b.status);
+    let newly_left_open = !w.condition.status && before.as_ref().is_none_or(|b| b.status);
     if newly_left_open {
-        warn!(questdb = %qdb.name_any(), namespace = %ns, message = %w.verdict.message, "checkpoint left open");
+        warn!(questdb = %qdb.name_any(), namespace = %ns, message = %w.condition.message, "checkpoint left open");
         ctx.event_for(
             &qdb.object_ref(&()),
             EventType::Warning,
             EventReason::CheckpointLeftOpen,
             "CheckpointWatch",
-            w.verdict.message.clone(),
+            w.condition.message.clone(),
         )
         .await;
     }
@@ -198,7 +198,7 @@ pub(crate) async fn check(
             }
         }
     }
-    Some(w.verdict)
+    Some(w.condition)
 }
 
 #[cfg(test)]
@@ -224,7 +224,7 @@ mod tests {
     #[test]
     fn no_checkpoint_open_is_healthy_and_counts_zero() {
         let w = watch(None, at("2026-11-28T12:00:00Z"), &[], Timeouts::default());
-        assert!(w.verdict.status);
+        assert!(w.condition.status);
         assert_eq!((w.open_seconds, w.release_for), (0, None));
     }
 
@@ -249,8 +249,8 @@ mod tests {
                 }],
                 t,
             );
-            assert!(!w.verdict.status, "{step:?}");
-            assert_eq!(w.verdict.reason, CheckpointReason::CheckpointLeftOpen);
+            assert!(!w.condition.status, "{step:?}");
+            assert_eq!(w.condition.reason, CheckpointReason::CheckpointLeftOpen);
             assert_eq!(w.release_for.as_deref(), Some("b1"), "{step:?}");
             assert_eq!(w.open_seconds, 1800);
         }
@@ -288,12 +288,12 @@ mod tests {
             }],
             t,
         );
-        assert!(!w.verdict.status);
+        assert!(!w.condition.status);
         assert_eq!(w.release_for, None);
         assert!(
-            w.verdict.message.contains("CHECKPOINT RELEASE"),
+            w.condition.message.contains("CHECKPOINT RELEASE"),
             "{}",
-            w.verdict.message
+            w.condition.message
         );
     }
 
@@ -311,13 +311,13 @@ mod tests {
             t,
         );
         assert_eq!(
-            (w.verdict.status, w.verdict.reason),
+            (w.condition.status, w.condition.reason),
             (true, CheckpointReason::HeldByBackup)
         );
         assert_eq!(w.release_for, None);
         let w = watch(Some(STARTED), at("2026-11-28T10:05:00Z"), &[], t);
         assert_eq!(
-            (w.verdict.status, w.verdict.reason, w.release_for),
+            (w.condition.status, w.condition.reason, w.release_for),
             (true, CheckpointReason::CheckpointWithinLimit, None)
         );
         assert_eq!(w.open_seconds, 300);

@@ -54,7 +54,7 @@ pub struct Observed {
 pub struct Plan {
     /// `status.disk` (unchanged when the usage is unknown).
     pub status: Option<DiskStatus>,
-    pub verdict: Option<Verdict<DiskSpaceReason>>,
+    pub condition: Option<Verdict<DiskSpaceReason>>,
     /// The size (bytes) to request of the claim.
     pub grow_to: Option<u64>,
     /// Tables to `RESUME WAL`.
@@ -71,7 +71,7 @@ pub fn decide(
         None => {
             return Plan {
                 status: previous.cloned(),
-                verdict: None,
+                condition: None,
                 grow_to: None,
                 resume: vec![],
             }
@@ -79,7 +79,7 @@ pub fn decide(
         Some(Err(why)) => {
             return Plan {
                 status: previous.cloned(),
-                verdict: Some(Verdict::new(
+                condition: Some(Verdict::new(
                     false,
                     DiskSpaceReason::UsageUnknown,
                     format!("the volume's usage cannot be read: {why}"),
@@ -172,7 +172,7 @@ pub fn decide(
     }
     Plan {
         status: Some(status),
-        verdict: Some(verdict),
+        condition: Some(verdict),
         grow_to,
         resume,
     }
@@ -246,12 +246,12 @@ pub fn next_size(requested: u64, step_percent: i32, maximum: u64) -> u64 {
 /// The StorageClass cannot expand the volume: what is said instead of growing.
 pub fn not_expandable(plan: Plan, class: &str) -> Plan {
     let message = plan
-        .verdict
+        .condition
         .as_ref()
         .map(|v| v.message.split(';').next().unwrap_or_default().to_string())
         .unwrap_or_default();
     Plan {
-        verdict: Some(Verdict::new(
+        condition: Some(Verdict::new(
             false,
             DiskSpaceReason::NotExpandable,
             format!("{message}; StorageClass {class} does not allow volume expansion"),

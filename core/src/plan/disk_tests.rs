@@ -51,7 +51,7 @@ fn a_volume_past_its_threshold_grows_by_a_step_before_it_fills() {
     let a = grow_up_to("1Gi");
     let plan = decide(Some(&a), &observed(usage(320, 85), 320, &[]), None);
     assert_eq!(plan.grow_to, Some(480 * MI));
-    let v = plan.verdict.unwrap();
+    let v = plan.condition.unwrap();
     assert_eq!((v.status, v.reason), (true, DiskSpaceReason::Growing));
     assert!(
         v.message.contains("85% of 320Mi used") && v.message.contains("to 480Mi"),
@@ -66,7 +66,7 @@ fn a_volume_below_its_threshold_is_left_alone() {
     let a = grow_up_to("1Gi");
     let plan = decide(Some(&a), &observed(usage(320, 79), 320, &[]), None);
     assert_eq!(plan.grow_to, None);
-    assert_eq!(plan.verdict.unwrap().reason, DiskSpaceReason::Room);
+    assert_eq!(plan.condition.unwrap().reason, DiskSpaceReason::Room);
 }
 
 #[test]
@@ -76,7 +76,7 @@ fn a_growth_under_way_is_not_stacked_with_another() {
     obs.claim_capacity = Some(320 * MI);
     let plan = decide(Some(&a), &obs, None);
     assert_eq!(plan.grow_to, None);
-    let v = plan.verdict.unwrap();
+    let v = plan.condition.unwrap();
     assert_eq!((v.status, v.reason), (true, DiskSpaceReason::Growing));
 }
 
@@ -87,7 +87,7 @@ fn growth_stops_at_the_maximum_and_says_so() {
     assert_eq!(plan.grow_to, Some(400 * MI), "capped at the maximum");
     let plan = decide(Some(&a), &observed(usage(400, 90), 400, &[]), None);
     assert_eq!(plan.grow_to, None);
-    let v = plan.verdict.unwrap();
+    let v = plan.condition.unwrap();
     assert_eq!((v.status, v.reason), (false, DiskSpaceReason::AtMaximum));
     assert!(v.message.contains("400Mi"), "{}", v.message);
 }
@@ -96,7 +96,7 @@ fn growth_stops_at_the_maximum_and_says_so() {
 fn without_auto_grow_a_filling_volume_is_reported_and_never_grown() {
     let plan = decide(None, &observed(usage(320, 85), 320, &[]), None);
     assert_eq!(plan.grow_to, None);
-    let v = plan.verdict.unwrap();
+    let v = plan.condition.unwrap();
     assert_eq!((v.status, v.reason), (false, DiskSpaceReason::Filling));
 }
 
@@ -180,12 +180,12 @@ fn unreadable_usage_keeps_the_record_and_says_why() {
     let plan = decide(Some(&grow_up_to("1Gi")), &obs, Some(&recorded(&["t"])));
     assert_eq!(plan.status, Some(recorded(&["t"])));
     assert_eq!(plan.grow_to, None);
-    let v = plan.verdict.unwrap();
+    let v = plan.condition.unwrap();
     assert_eq!((v.status, v.reason), (false, DiskSpaceReason::UsageUnknown));
     assert!(v.message.contains("403"));
     let none = decide(None, &Observed::default(), None);
     assert_eq!(
-        (none.verdict, none.status),
+        (none.condition, none.status),
         (None, None),
         "not polled yet: nothing said"
     );
@@ -205,7 +205,7 @@ fn a_class_that_cannot_expand_turns_the_growth_into_a_warning() {
         None,
         "nothing to wait for"
     );
-    let v = plan.verdict.unwrap();
+    let v = plan.condition.unwrap();
     assert_eq!(
         (v.status, v.reason),
         (false, DiskSpaceReason::NotExpandable)
@@ -264,7 +264,7 @@ fn a_look_at_the_file_system_from_before_a_growth_never_asks_for_another() {
     // The claim's capacity already says 480Mi, but the file system seen is the old one.
     let stale = decide(Some(&a), &observed(usage(320, 96), 480, &[]), Some(&record));
     assert_eq!(stale.grow_to, None);
-    assert_eq!(stale.verdict.unwrap().reason, DiskSpaceReason::Growing);
+    assert_eq!(stale.condition.unwrap().reason, DiskSpaceReason::Growing);
     assert_eq!(stale.status.unwrap().growth, Some(growth));
     // The file system grew: the record goes, and a volume still past its threshold grows on.
     let grown = decide(Some(&a), &observed(usage(480, 90), 480, &[]), Some(&record));

@@ -22,7 +22,7 @@ use crate::plan::disk::{self, Observed};
 /// `DiskSpace` and `status.disk` for the status write.
 #[derive(Default)]
 pub(super) struct DiskOut {
-    pub verdict: Option<Verdict<DiskSpaceReason>>,
+    pub condition: Option<Verdict<DiskSpaceReason>>,
     pub status: Option<DiskStatus>,
 }
 
@@ -89,7 +89,7 @@ pub(super) async fn step(qdb: &mut QuestDB, ctx: &Context) -> Result<DiskOut, Er
                 .find(|c| c.type_ == crate::api::conditions::DISK_SPACE)
         })
         .is_some_and(|c| c.reason == DiskSpaceReason::AtMaximum.as_str());
-    if let Some(v) = plan.verdict.as_ref() {
+    if let Some(v) = plan.condition.as_ref() {
         if v.reason == DiskSpaceReason::AtMaximum && !was_at_maximum {
             warn!(questdb = %qdb.name_any(), "{}", v.message);
             ctx.event(
@@ -111,7 +111,7 @@ pub(super) async fn step(qdb: &mut QuestDB, ctx: &Context) -> Result<DiskOut, Er
         }
     }
     Ok(DiskOut {
-        verdict: plan.verdict,
+        condition: plan.condition,
         status: plan.status,
     })
 }
@@ -142,7 +142,7 @@ async fn grow(
     {
         Ok(_) => {
             let note = plan
-                .verdict
+                .condition
                 .as_ref()
                 .map(|v| v.message.clone())
                 .unwrap_or_default();

@@ -179,7 +179,10 @@ async fn storage_stage(
 ) -> Result<Result<Storage, Next>, Error> {
     let (restore_from, restored) = match restore::gate(current, ctx).await.during(Stage::Restore)? {
         restore::Gate::Open(verdict) => (None, verdict),
-        restore::Gate::Create { snapshot, verdict } => (Some(snapshot), Some(verdict)),
+        restore::Gate::Create {
+            snapshot,
+            condition,
+        } => (Some(snapshot), Some(condition)),
         restore::Gate::Blocked(verdict, retry) => {
             let inputs = status::StatusInputs {
                 restore: Some(verdict),
@@ -270,8 +273,8 @@ fn status_inputs<'a>(
         checkpoint: crate::controllers::context::polled(qdb, &ctx.checkpoints),
         cloud: Some(cloud_out),
         config: database.config.status,
-        version_upgrade: storage.upgrade.verdict,
-        disk_space: database.disk.verdict,
+        version_upgrade: storage.upgrade.condition,
+        disk_space: database.disk.condition,
         disk: database.disk.status,
         ..Default::default()
     }

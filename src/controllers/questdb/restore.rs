@@ -24,7 +24,7 @@ pub(crate) enum Gate {
     /// Create the volume from this VolumeSnapshot.
     Create {
         snapshot: String,
-        verdict: Verdict<RestoreReason>,
+        condition: Verdict<RestoreReason>,
     },
     /// Build nothing yet; look again after this long (`None`: on the next change).
     Blocked(Verdict<RestoreReason>, Option<Duration>),
@@ -121,7 +121,10 @@ pub(crate) async fn gate(qdb: &QuestDB, ctx: &Context) -> Result<Gate, Error> {
         RestoreReason::Restored,
         format!("volume {pvc_name} created from {what} (VolumeSnapshot {snapshot})"),
     );
-    Ok(Gate::Create { snapshot, verdict })
+    Ok(Gate::Create {
+        snapshot,
+        condition: verdict,
+    })
 }
 
 /// The VolumeSnapshot `source` names: a backup's snapshot carries the backup's name (the

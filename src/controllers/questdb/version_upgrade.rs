@@ -37,7 +37,7 @@ pub(crate) struct Outcome {
     /// A claim created now comes from this VolumeSnapshot (a rollback's).
     pub restore_snapshot: Option<String>,
     /// The `VersionUpgrade` condition, when there is something to say.
-    pub verdict: Option<Verdict<VersionUpgradeReason>>,
+    pub condition: Option<Verdict<VersionUpgradeReason>>,
     /// Look again after this long.
     pub again: Option<Duration>,
 }
@@ -131,7 +131,7 @@ pub(crate) async fn step(qdb: &mut QuestDB, ctx: &Context) -> Result<Outcome, Er
         image: (t.image != spec.image).then(|| t.image.to_string()),
         stopped: t.stopped,
         restore_snapshot: plan::restore_snapshot(record).map(str::to_string),
-        verdict: finished
+        condition: finished
             .or_else(|| record.map(|r| plan::verdict(r, &spec.version_upgrade, pod_created, now))),
         again,
     })
