@@ -137,7 +137,12 @@ impl ControllerShared {
     pub(super) fn new(name: &str, families: &Families) -> Self {
         let c = &[name];
         let q = &[name, name];
-        let result = |r: &str| families.reconcile_total.with_label_values(&[name, r]);
+        let result = |r: &str| {
+            families
+                .runtime
+                .reconcile_total
+                .with_label_values(&[name, r])
+        };
         ControllerShared {
             name: name.to_string(),
             results: ResultCounters {
@@ -146,17 +151,29 @@ impl ControllerShared {
                 requeue_after: result("requeue_after"),
                 error: result("error"),
             },
-            errors: families.reconcile_errors.with_label_values(c),
-            reconcile_time: families.reconcile_time.with_label_values(c),
-            active_workers: families.active_workers.with_label_values(c),
-            max_concurrent: families.max_concurrent_reconciles.with_label_values(c),
-            work_duration: families.workqueue_work_duration.with_label_values(q),
-            retries: families.workqueue_retries.with_label_values(q),
-            longest_running: families.workqueue_longest_running.with_label_values(q),
-            unfinished_work: families.workqueue_unfinished_work.with_label_values(q),
-            api_calls: families.reconcile_api_calls.with_label_values(c),
-            triggers: families.triggers.with_label_values(c),
-            aws_calls: families.reconcile_aws_calls.with_label_values(c),
+            errors: families.runtime.reconcile_errors.with_label_values(c),
+            reconcile_time: families.runtime.reconcile_time.with_label_values(c),
+            active_workers: families.runtime.active_workers.with_label_values(c),
+            max_concurrent: families
+                .runtime
+                .max_concurrent_reconciles
+                .with_label_values(c),
+            work_duration: families
+                .runtime
+                .workqueue_work_duration
+                .with_label_values(q),
+            retries: families.runtime.workqueue_retries.with_label_values(q),
+            longest_running: families
+                .runtime
+                .workqueue_longest_running
+                .with_label_values(q),
+            unfinished_work: families
+                .runtime
+                .workqueue_unfinished_work
+                .with_label_values(q),
+            api_calls: families.reconciles.reconcile_api_calls.with_label_values(c),
+            triggers: families.reconciles.triggers.with_label_values(c),
+            aws_calls: families.reconciles.reconcile_aws_calls.with_label_values(c),
             queue: Mutex::new(QueueState::default()),
         }
     }

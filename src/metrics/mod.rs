@@ -151,16 +151,27 @@ impl Metrics {
         let families = Families::register(&registry);
         for phase in ALL_PHASES {
             families
+                .reconciles
                 .questdbs
                 .with_label_values(&[phase.as_str()])
                 .set(0);
         }
-        families.questdbs.with_label_values(&[PHASE_UNKNOWN]).set(0);
+        families
+            .reconciles
+            .questdbs
+            .with_label_values(&[PHASE_UNKNOWN])
+            .set(0);
         for result in FailoverResult::ALL {
-            families.failovers.with_label_values(&[result.as_str()]);
+            families
+                .cloud
+                .failovers
+                .with_label_values(&[result.as_str()]);
         }
         for result in NodeMoveResult::ALL {
-            families.node_moves.with_label_values(&[result.as_str()]);
+            families
+                .cloud
+                .node_moves
+                .with_label_values(&[result.as_str()]);
         }
         Arc::new(Metrics {
             registry,
@@ -200,6 +211,7 @@ impl Metrics {
     /// `leader_election_master_status{name}`: 1 while this process holds the lease.
     pub fn set_leader(&self, lease_name: &str, leader: bool) {
         self.families
+            .runtime
             .leader
             .with_label_values(&[lease_name])
             .set(i64::from(leader));
@@ -210,6 +222,7 @@ impl Metrics {
     /// `questdb_operator_reconcile_aws_calls`.
     pub fn aws_call(&self, service: &str, operation: &str, outcome: &str) {
         self.families
+            .reconciles
             .aws_requests
             .with_label_values(&[service, operation, outcome])
             .inc();
@@ -227,6 +240,7 @@ impl Metrics {
     /// A condition of a QuestDB changed status (or reason).
     pub fn condition_transition(&self, type_: &str, status: &str, reason: &str) {
         self.families
+            .reconciles
             .condition_transitions
             .with_label_values(&[type_, status, reason])
             .inc();
@@ -235,11 +249,13 @@ impl Metrics {
     /// A failover ended; `downtime` is from the database becoming unreachable to serving again.
     pub fn failover_finished(&self, result: FailoverResult, downtime: Option<Duration>) {
         self.families
+            .cloud
             .failovers
             .with_label_values(&[result.as_str()])
             .inc();
         if let Some(downtime) = downtime {
             self.families
+                .cloud
                 .failover_downtime
                 .observe(downtime.as_secs_f64());
         }
@@ -248,11 +264,13 @@ impl Metrics {
     /// A node move ended; `downtime` is from stopping the database to verifying it.
     pub fn node_move_finished(&self, result: NodeMoveResult, downtime: Option<Duration>) {
         self.families
+            .cloud
             .node_moves
             .with_label_values(&[result.as_str()])
             .inc();
         if let Some(downtime) = downtime {
             self.families
+                .cloud
                 .node_move_downtime
                 .observe(downtime.as_secs_f64());
         }
@@ -261,9 +279,16 @@ impl Metrics {
     /// A backup reached a final step; `took` from its start to the end.
     pub fn backup_finished(&self, succeeded: bool, took: Option<Duration>) {
         let result = if succeeded { "Succeeded" } else { "Failed" };
-        self.families.backups.with_label_values(&[result]).inc();
+        self.families
+            .data
+            .backups
+            .with_label_values(&[result])
+            .inc();
         if let (true, Some(took)) = (succeeded, took) {
-            self.families.backup_duration.observe(took.as_secs_f64());
+            self.families
+                .data
+                .backup_duration
+                .observe(took.as_secs_f64());
         }
     }
 
@@ -271,6 +296,7 @@ impl Metrics {
     pub fn last_successful_backup(&self, namespace: &str, questdb: &str, unix_seconds: i64) {
         let g = self
             .families
+            .data
             .last_successful_backup
             .with_label_values(&[namespace, questdb]);
         if unix_seconds > g.get() {
@@ -283,6 +309,7 @@ impl Metrics {
     pub fn last_verified_backup(&self, namespace: &str, questdb: &str, unix_seconds: i64) {
         let g = self
             .families
+            .data
             .last_verified_backup
             .with_label_values(&[namespace, questdb]);
         if unix_seconds > g.get() {
@@ -293,6 +320,7 @@ impl Metrics {
     /// How long a QuestDB's checkpoint has been open (0: none).
     pub fn set_checkpoint_open_seconds(&self, namespace: &str, questdb: &str, seconds: i64) {
         self.families
+            .data
             .checkpoint_open
             .with_label_values(&[namespace, questdb])
             .set(seconds);
@@ -301,6 +329,7 @@ impl Metrics {
     /// How many findings the newest preflight has for `check` (0: it passes).
     pub(crate) fn set_preflight_failures(&self, check: &str, findings: i64) {
         self.families
+            .reconciles
             .preflight_failures
             .with_label_values(&[check])
             .set(findings);
@@ -309,6 +338,7 @@ impl Metrics {
     /// Whether a QuestDB reports a suspended WAL table.
     pub(crate) fn set_suspended_wal_tables(&self, namespace: &str, questdb: &str, suspended: i64) {
         self.families
+            .data
             .suspended_wal_tables
             .with_label_values(&[namespace, questdb])
             .set(suspended);
@@ -323,10 +353,10 @@ impl Metrics {
         used: u64,
     ) {
         let f = &self.families;
-        f.volume_capacity
+        f.data.volume_capacity
             .with_label_values(&[namespace, questdb])
             .set(i64::try_from(capacity).unwrap_or(i64::MAX));
-        f.volume_used
+        f.data.volume_used
             .with_label_values(&[namespace, questdb])
             .set(i64::try_from(used).unwrap_or(i64::MAX));
     }
@@ -334,6 +364,7 @@ impl Metrics {
     /// A reconcile failed with an error of kind `reason` (conflicts are retried, not counted).
     pub fn reconcile_error(&self, controller: &str, reason: &str) {
         self.families
+            .reconciles
             .reconcile_errors_by_reason
             .with_label_values(&[controller, reason])
             .inc();
@@ -345,21 +376,29 @@ impl Metrics {
     pub(crate) fn zero_known_labels(&self, known: &KnownLabels) {
         for reason in known.suppression_reasons {
             self.families
+                .cloud
                 .failovers_suppressed
                 .with_label_values(&[reason]);
         }
         for step in known.failover_steps {
-            self.families.failover_steps.with_label_values(&[step]);
+            self.families
+                .cloud
+                .failover_steps
+                .with_label_values(&[step]);
         }
         for result in ["Succeeded", "Failed"] {
-            self.families.backups.with_label_values(&[result]);
+            self.families.data.backups.with_label_values(&[result]);
         }
         for step in known.node_move_steps {
-            self.families.node_move_steps.with_label_values(&[step]);
+            self.families
+                .cloud
+                .node_move_steps
+                .with_label_values(&[step]);
         }
         for controller in known.controllers {
             for reason in known.error_reasons {
                 self.families
+                    .reconciles
                     .reconcile_errors_by_reason
                     .with_label_values(&[controller, reason]);
             }
@@ -369,18 +408,20 @@ impl Metrics {
     /// A failover was due but held back (`reason` as in the `Failover` condition).
     pub fn failover_suppressed(&self, reason: &str) {
         self.families
+            .cloud
             .failovers_suppressed
             .with_label_values(&[reason])
             .inc();
     }
 
     pub fn set_unhealthy_dedicated_nodes(&self, n: usize) {
-        self.families.unhealthy_dedicated_nodes.set(n as i64);
+        self.families.cloud.unhealthy_dedicated_nodes.set(n as i64);
     }
 
     /// A failover step ended after `took`.
     pub fn failover_step(&self, step: &str, took: Duration) {
         self.families
+            .cloud
             .failover_steps
             .with_label_values(&[step])
             .observe(took.as_secs_f64());
@@ -389,6 +430,7 @@ impl Metrics {
     /// A node-move step ended after `took`.
     pub fn node_move_step(&self, step: &str, took: Duration) {
         self.families
+            .cloud
             .node_move_steps
             .with_label_values(&[step])
             .observe(took.as_secs_f64());
@@ -397,18 +439,19 @@ impl Metrics {
     /// From the threshold crossing to the fencing call.
     pub fn failover_detected(&self, latency: Duration) {
         self.families
+            .cloud
             .failover_detection
             .observe(latency.as_secs_f64());
     }
 
     /// The orphan sweep terminated an instance that no QuestDB claims.
     pub fn orphaned_instance_terminated(&self) {
-        self.families.orphaned_instances_terminated.inc();
+        self.families.cloud.orphaned_instances_terminated.inc();
     }
 
     /// The sweep terminated an instance its live QuestDB no longer names (leaked).
     pub(crate) fn leaked_instance_terminated(&self) {
-        self.families.leaked_instances_terminated.inc();
+        self.families.cloud.leaked_instances_terminated.inc();
     }
 
     /// Sets `questdb_operator_questdbs{phase}` from one entry per QuestDB (`None` = no phase yet).
@@ -425,6 +468,7 @@ impl Metrics {
         }
         for (phase, count) in counts {
             self.families
+                .reconciles
                 .questdbs
                 .with_label_values(&[phase])
                 .set(count);
@@ -458,10 +502,12 @@ impl Metrics {
     ) {
         let code = code.map_or_else(|| "<error>".to_string(), |c| c.to_string());
         self.families
+            .runtime
             .rest_requests
             .with_label_values(&[code.as_str(), method, host])
             .inc();
         self.families
+            .runtime
             .rest_request_duration
             .with_label_values(&[method, host])
             .observe(latency.as_secs_f64());
