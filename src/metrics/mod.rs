@@ -353,10 +353,12 @@ impl Metrics {
         used: u64,
     ) {
         let f = &self.families;
-        f.data.volume_capacity
+        f.data
+            .volume_capacity
             .with_label_values(&[namespace, questdb])
             .set(i64::try_from(capacity).unwrap_or(i64::MAX));
-        f.data.volume_used
+        f.data
+            .volume_used
             .with_label_values(&[namespace, questdb])
             .set(i64::try_from(used).unwrap_or(i64::MAX));
     }

@@ -114,20 +114,19 @@ pub(crate) async fn reconcile(qdb: Arc<QuestDB>, ctx: Arc<Context>) -> Result<Ne
         Ok(storage) => storage,
         Err(blocked) => return Ok(blocked),
     };
+    // One applier for the pass: the volume's writes first, then the children's.
+    let mut applier = Applier::new(&ctx, &current, Report::default())?;
+    storage.volume_size = volume::step(&mut applier, &current, storage.restore_from.as_deref())
+        .await
+        .during(Stage::Volume)?;
     let cloud_out = cloud::stage(&current, &ctx).await.during(Stage::Cloud)?;
     if cloud_out.recorded {
-        return Ok(ended_by_a_cloud_record(&current, &ctx, &storage.report, &cloud_out).await);
+        return Ok(ended_by_a_cloud_record(&current, &ctx, &applier.report, &cloud_out).await);
     }
+    let applied = children_stage(&current, &ctx, &cloud_out, &storage.upgrade, applier)
+        .await
+        .during(Stage::Children)?;
     let mut qdb = current;
-    let applied = children_stage(
-        &qdb,
-        &ctx,
-        &cloud_out,
-        &storage.upgrade,
-        std::mem::take(&mut storage.report),
-    )
-    .await
-    .during(Stage::Children)?;
     let seen = Observed::read(&qdb, &ctx);
     let database = database_stage(&mut qdb, &ctx, &applied, &seen).await?;
     let converged = applied.report.changed.is_empty() && applied.report.blocked.is_empty();
@@ -161,17 +160,18 @@ pub(crate) async fn reconcile(qdb: Arc<QuestDB>, ctx: Arc<Context>) -> Result<Ne
     );
     Ok(Next::RequeueAfter(next))
 }
-/// What the storage stage settled: the restore gate's verdict, a version upgrade's step, the
-/// volume's size verdict and the volume's writes.
+/// What the storage stage settled: the restore gate's verdict and the snapshot a new volume
+/// comes from, a version upgrade's step, and (once the volume step ran) the volume's size
+/// verdict.
 struct Storage {
     restored: Option<crate::plan::conditions::Verdict<crate::api::RestoreReason>>,
+    restore_from: Option<String>,
     upgrade: version_upgrade::Outcome,
     volume_size: Option<crate::plan::conditions::Verdict<crate::api::VolumeSizeReason>>,
-    report: Report,
 }
 
-/// The restore gate, a version upgrade's step (before the volume: a rollback's claim comes from
-/// the pre-upgrade snapshot), the volume. `Err(next)`: the restore's source is not there yet,
+/// The restore gate, then a version upgrade's step (before the volume: a rollback's claim
+/// comes from the pre-upgrade snapshot). `Err(next)`: the restore's source is not there yet,
 /// nothing is built (no volume, no node, no pod) and the status says why.
 async fn storage_stage(
     current: &mut QuestDB,
@@ -197,16 +197,11 @@ async fn storage_stage(
     let upgrade = version_upgrade::step(current, ctx)
         .await
         .during(Stage::VersionUpgrade)?;
-    let restore_from = restore_from.or(upgrade.restore_snapshot.clone());
-    let mut volume = Applier::new(ctx, current, Report::default())?;
-    let volume_size = volume::step(&mut volume, current, restore_from.as_deref())
-        .await
-        .during(Stage::Volume)?;
     Ok(Ok(Storage {
         restored,
+        restore_from: restore_from.or(upgrade.restore_snapshot.clone()),
         upgrade,
-        volume_size,
-        report: volume.report,
+        volume_size: None,
     }))
 }
 
@@ -299,7 +294,7 @@ async fn children_stage(
     ctx: &Context,
     cloud_out: &cloud::CloudOutcome,
     upgrade: &version_upgrade::Outcome,
-    report: Report,
+    mut applier: Applier<'_>,
 ) -> Result<Applied, Error> {
     let auth = ilp::resolve(qdb, ctx).await?;
     let creds = credentials::resolve(qdb, ctx).await?;
@@ -352,7 +347,6 @@ async fn children_stage(
             restarted_for: restarted_for.map(str::to_string),
         }
     };
-    let mut applier = Applier::new(ctx, qdb, report)?;
     // Before the StatefulSet: its pod reads server.conf from this Secret.
     let written = server_conf::step(qdb, ctx, &creds, wanted.server_conf()).await?;
     applier.record(written).await;
