@@ -54,7 +54,9 @@ pub enum ReadyReason {
 /// `SpecValid`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Display, IntoStaticStr, EnumIter, EnumString)]
 pub enum SpecValidReason {
+    /// The spec passes the operator's validation.
     Valid,
+    /// The spec fails the operator's validation; the message names the field.
     InvalidSpec,
 }
 
@@ -63,9 +65,13 @@ pub enum SpecValidReason {
 pub enum IlpAuthReason {
     /// `spec.ilpAuth.enabled` is false.
     Disabled,
+    /// Every annotated key Secret is valid and its key is in the ILP auth file.
     KeysLoaded,
+    /// ILP authentication is on and no Secret gives a key: every ILP client is refused.
     NoKeys,
+    /// An annotated key Secret is rejected (named, never its contents); the valid keys are used.
     InvalidSecret,
+    /// Two or more key Secrets give the same key id: none of their keys is used.
     DuplicateKid,
 }
 
@@ -85,8 +91,11 @@ pub enum CredentialsReason {
 /// `VolumeSizeReady`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Display, IntoStaticStr, EnumIter, EnumString)]
 pub enum VolumeSizeReason {
+    /// The volume's claim requests the size the spec asks for.
     AsRequested,
+    /// The spec asks for a larger volume: the claim was grown and the volume is being resized.
     Expanding,
+    /// The spec asks for more but the StorageClass does not allow expansion: the size is kept.
     NotExpandable,
     /// The volume requests more than the spec (volumes never shrink).
     Larger,
@@ -95,19 +104,26 @@ pub enum VolumeSizeReason {
 /// `NodeReady`: the dedicated node.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Display, IntoStaticStr, EnumIter, EnumString)]
 pub enum NodeReadyReason {
+    /// The dedicated node runs, has joined and is Ready.
     Ready,
+    /// The dedicated node's instance is being launched or is starting.
     Launching,
     /// The node is there, but the volume's CSI driver has not registered on it yet.
     WaitingForCsiDriver,
     /// The dedicated node has not joined (or has no address) yet.
     WaitingForNode,
+    /// The dedicated node has joined but is not Ready.
     NodeNotReady,
+    /// EC2 reports the dedicated instance stopping or stopped.
     InstanceStopped,
+    /// EC2 refused to launch the dedicated node (the message is EC2's); it is tried again later.
     LaunchFailed,
     /// The operator's preflight found a network mistake EC2 would refuse every launch for:
     /// nothing is launched until it is fixed.
     PreflightFailed,
+    /// The dedicated instance went away by itself: the next launch waits out a back-off.
     RelaunchBackoff,
+    /// The dedicated node was relaunched 5 times in the last hour: no launch until the hour passes.
     RelaunchCapped,
     /// An instance was launched and never joined: it is terminated and replaced.
     NodeNeverJoined,
@@ -130,24 +146,34 @@ pub enum NodeReadyReason {
 /// `DnsReady`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Display, IntoStaticStr, EnumIter, EnumString)]
 pub enum DnsReason {
+    /// The DNS record names the database's address.
     Published,
+    /// There is no address to publish yet (the dedicated node's, or the database pod's on it).
     WaitingForNode,
+    /// The record was removed while the database is paused (its name stays reserved) or deleted.
     Removed,
+    /// A record of this name exists that is not this database's: it is never overwritten.
     RecordOwnedElsewhere,
+    /// The name is outside what this namespace may use, or Route53 refused the record.
     DnsRejected,
+    /// The operator runs without the cloud provider or the Route53 hosted zone `spec.dns` needs.
     NotConfigured,
 }
 
 /// `Failover`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Display, IntoStaticStr, EnumIter, EnumString)]
 pub enum FailoverReason {
+    /// Failover is on and no failover is under way or due.
     Armed,
     /// `spec.failover.enabled` is false.
     Disabled,
+    /// A failover is under way: the node is fenced and replaced (the message names the step).
     InProgress,
+    /// The last failover succeeded: the database runs on the replacement node.
     Recovered,
     /// A due failover is held back ([`super::SuppressionReason`] says why, in the message).
     FailoverSuppressed,
+    /// A failover step has run past its timeout (the message names the step).
     FailoverStuck,
     /// The record names an instance that is not this QuestDB's: nothing is done to it.
     InstanceNotOwned,
@@ -170,20 +196,38 @@ pub enum FailoverReason {
     serde::Deserialize,
 )]
 pub enum NodeMoveReason {
+    /// The node runs the image and instance type the spec asks for.
     UpToDate,
+    /// A move to another node is under way (the message names the step).
     Moving,
+    /// The move is done; the old node is kept for the rollback window (at least the DNS TTL).
     Retaining,
+    /// A move is due but waits (the maintenance window, a move slot, a failover, a database not
+    /// Ready, the retry of a failed replacement); the message says why.
     Waiting,
+    /// The move ended before the switch; the database stays on its node.
     Aborted,
+    /// The move was rolled back after the switch: the database runs on its old node again.
     RolledBack,
+    /// The new image or instance type does not fit (unknown, unavailable, not EBS-backed, not
+    /// offered in the zone, another architecture): the move is aborted.
     InvalidNode,
+    /// EC2 refused to launch the new node: the move is aborted.
     LaunchFailed,
+    /// The new instance ended before it joined (EC2's reason in the message): the move is aborted.
     InstanceGone,
+    /// The new instance did not join as a Node the operator trusts in time: the move is aborted.
     NodeNeverJoined,
+    /// The new node joined but did not become Ready in time: the move is aborted.
     NodeNeverReady,
+    /// `spec.node` changed again before the database stopped: this move is aborted, the database
+    /// stays on its node, and a move to the new target follows.
     Superseded,
+    /// A failover started before the move stopped the database: the move starts again after it.
     Preempted,
+    /// The database did not become Ready on the new node in time: it goes back to the old node.
     MoveFailed,
+    /// `spec.node` was set back after the database stopped: it goes back to the old node.
     Reverted,
     /// The node the database was moving to stopped renewing its Lease after the switch.
     TargetNodeFailed,
@@ -271,6 +315,7 @@ pub enum VersionUpgradeReason {
 /// `WriteHealthy`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Display, IntoStaticStr, EnumIter, EnumString)]
 pub enum WriteHealthReason {
+    /// No WAL table is suspended or lagging: every WAL table applies its writes.
     WalHealthy,
     /// A WAL table is suspended: it refuses writes until resumed.
     TablesSuspended,
@@ -281,6 +326,7 @@ pub enum WriteHealthReason {
 /// `CheckpointReleased`: whether a checkpoint is left open (see the checkpoint watchdog).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Display, IntoStaticStr, EnumIter, EnumString)]
 pub enum CheckpointReason {
+    /// No checkpoint is open in the database.
     NoCheckpointOpen,
     /// A backup of the operator's holds it on its way to the snapshot's cut.
     HeldByBackup,
