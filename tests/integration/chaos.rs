@@ -39,8 +39,8 @@ use rand::{Rng, SeedableRng};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::cloud::{cloud_config, settings, spawn_node_join};
 use crate::db_client::{exec, ilp_http, wal_applied};
+use crate::harness::cloud::{cloud_config, settings, spawn_node_join};
 use crate::harness::is_running;
 
 const NS: &str = "chaos";

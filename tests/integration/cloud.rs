@@ -21,11 +21,8 @@ use tokio::task::JoinHandle;
 
 use crate::harness::{has_condition, is_ready, wait_for, wait_until};
 
-#[allow(unused_imports)]
-use crate::harness::cloud::*;
-#[allow(unused_imports)]
-pub(crate) use crate::harness::cloud::{
-    cloud_config, settings, spawn_node_join, CloudEnv, AMI, NS,
+use crate::harness::cloud::{
+    aws_calls_in_reconciles, cloud_config, reconciles, settings, CloudEnv, AMI, NODE_GROUPS, NS,
 };
 
 use crate::harness::writes_settle;

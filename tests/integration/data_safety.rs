@@ -243,7 +243,7 @@ async fn failover_keeps_every_acknowledged_row(
             let mut cluster = crate::harness::cluster().with_real_databases();
             cluster.attach_detach_max_wait_for_unmount = Some(Duration::from_secs(30));
             let ec2 = questdb_operator::cloud::memory::MemoryEc2Options {
-                private_ip_prefix: super::loopback_prefix(),
+                private_ip_prefix: crate::harness::cloud::loopback_prefix(),
                 ..Default::default()
             };
             CloudEnv::start_on(settings(), cluster, ec2).await

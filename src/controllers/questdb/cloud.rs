@@ -22,7 +22,7 @@ pub(crate) use super::outcome::CloudOutcome;
 use super::placement;
 use super::stop_first;
 use crate::api::{ConditionReason, DnsReason, NodeReadyReason};
-use crate::api::{QuestDB, QuestDBStatus, FINALIZER};
+use crate::api::{QuestDB, FINALIZER};
 use crate::controllers::context::Context;
 use crate::controllers::own_writes;
 use crate::controllers::Error;
@@ -53,23 +53,19 @@ pub(crate) async fn set_finalizer(
     own_writes::set_finalizer(&api, qdb, FINALIZER, present).await
 }
 
-/// What the precedence between the cloud machines is decided on (`plan::cloud`): the spec, the
-/// status and whether the database pod has stopped or still sits on the recorded node.
-fn view<'a>(qdb: &QuestDB, status: &'a QuestDBStatus, ctx: &Context) -> CloudView<'a> {
-    CloudView {
+/// Every cloud machine's turn for `qdb` as it is now (`plan::cloud`), decided on the spec, the
+/// status, whether the database has stopped (`stopped`, read by the caller, which acts on the
+/// same reading) and whether its pod still sits on the recorded node.
+pub(super) fn turns_for(qdb: &QuestDB, ctx: &Context, stopped: bool) -> CloudTurns {
+    let status = qdb.status.clone().unwrap_or_default();
+    plan::cloud::turns(&CloudView {
         dedicated: qdb.spec.node.is_some(),
         paused: qdb.spec.paused,
         deleting: qdb.metadata.deletion_timestamp.is_some(),
-        stopped: stop_first::database_stopped(qdb, &ctx.caches),
+        stopped,
         pod_on_recorded_node: stop_first::pod_on_recorded_node(qdb, &ctx.caches),
-        status,
-    }
-}
-
-/// Every cloud machine's turn for `qdb` as it is now.
-pub(super) fn turns_for(qdb: &QuestDB, ctx: &Context) -> CloudTurns {
-    let status = qdb.status.clone().unwrap_or_default();
-    plan::cloud::turns(&view(qdb, &status, ctx))
+        status: &status,
+    })
 }
 
 /// Whether a turn wrote the QuestDB (a step's status record): the resourceVersion moved.
@@ -104,7 +100,7 @@ const FENCE_POLL: std::time::Duration = std::time::Duration::from_secs(2);
 /// on a status this pass wrote (the watch event of the write starts the next reconcile).
 pub(crate) async fn stage(qdb: &QuestDB, ctx: &Context) -> Result<CloudOutcome, Error> {
     let mut qdb = qdb.clone();
-    let turns = turns_for(&qdb, ctx);
+    let turns = turns_for(&qdb, ctx, stop_first::database_stopped(&qdb, &ctx.caches));
     let since = Since::of(&qdb);
     let mut waits_on_a_fence = None;
     if turns.release_fence.finish_failover {
@@ -114,11 +110,7 @@ pub(crate) async fn stage(qdb: &QuestDB, ctx: &Context) -> Result<CloudOutcome, 
     if waits_on_a_fence.is_none() && turns.release_fence.fence_dead_node {
         waits_on_a_fence = super::failover::fence_for_release(&mut qdb, ctx).await?;
     }
-    let mut out = if since.recorded(&qdb) {
-        CloudOutcome::ended_by_a_record()
-    } else {
-        machines(&mut qdb, ctx, turns, &since).await?
-    };
+    let mut out = machines(&mut qdb, ctx, turns, &since).await?;
     if waits_on_a_fence.is_some() {
         out.requeue_within(FENCE_POLL);
     }
@@ -126,7 +118,8 @@ pub(crate) async fn stage(qdb: &QuestDB, ctx: &Context) -> Result<CloudOutcome, 
 }
 
 /// The machines' turns after the release fences: failover, node move, the dedicated node
-/// (`plan::node`), DNS; the first that records a step ends them.
+/// (`plan::node`), DNS; the first that records a step ends them (none is given when a release
+/// fence recorded one since `since`).
 pub(super) async fn machines(
     qdb: &mut QuestDB,
     ctx: &Context,
@@ -134,6 +127,9 @@ pub(super) async fn machines(
     since: &Since,
 ) -> Result<CloudOutcome, Error> {
     let mut out = CloudOutcome::default();
+    if since.recorded(qdb) {
+        return Ok(out.ended());
+    }
     let Some(cloud) = ctx.cloud.as_deref() else {
         out.node_condition = qdb
             .spec
@@ -173,10 +169,11 @@ pub(super) async fn machines(
                 out.node_condition = Some(ready_condition(&fast.name, true));
                 out.node = Some(fast.node);
                 out.dns_condition = done.condition;
-                if since.recorded(qdb) {
-                    return Ok(out.ended());
-                }
-                return Ok(out);
+                return Ok(if since.recorded(qdb) {
+                    out.ended()
+                } else {
+                    out
+                });
             }
         }
     }

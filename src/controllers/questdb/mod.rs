@@ -694,7 +694,7 @@ async fn release_and_unblock(qdb: Arc<QuestDB>, ctx: &Context) -> Result<Next, E
     if !stopped {
         stop_first::scale_to_zero(&current, &ctx.caches, &ctx.client).await?;
     }
-    let turns = cloud::turns_for(&current, ctx);
+    let turns = cloud::turns_for(&current, ctx, stopped);
     let since = cloud::Since::of(&current);
     // A failover under way fences its old node first: the finalizer never goes while an
     // instance that may still write runs unfenced.
@@ -715,11 +715,7 @@ async fn release_and_unblock(qdb: Arc<QuestDB>, ctx: &Context) -> Result<Next, E
         // The pod's deletion is a watch event; this is a backstop.
         return Ok(Next::RequeueAfter(cloud::WAITING_SYNC));
     }
-    let out = if since.recorded(&current) {
-        cloud::CloudOutcome::ended_by_a_record()
-    } else {
-        cloud::machines(&mut current, ctx, turns, &since).await?
-    };
+    let out = cloud::machines(&mut current, ctx, turns, &since).await?;
     if !out.released {
         if ctx.cloud.is_none() {
             let note = "the operator runs without a cloud provider; the finalizer stays until the instance and DNS record recorded in status are cleaned up".to_string();

@@ -36,11 +36,6 @@ impl CloudOutcome {
         self.node_condition.as_ref().is_some_and(|c| !c.status)
     }
 
-    /// A release fence recorded a step before any machine's turn.
-    pub(super) fn ended_by_a_record() -> Self {
-        Self::default().ended()
-    }
-
     /// A turn recorded a step: nothing is released yet (the next reconcile says), and what
     /// the turns so far reported is kept only for their requeue.
     pub(super) fn ended(mut self) -> Self {
